@@ -1,0 +1,48 @@
+"""The ``stackforge`` command line: each verb is a thin shell over a library function.
+
+Verbs live in ``stackforge.commands.<module>``; each module exposes
+``register(subparsers)`` which adds its parser(s) and sets ``func`` on them.
+``func(args)`` returns the exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import UserError
+
+# Order here is the order of `stackforge --help`.
+COMMAND_MODULES = [
+    "stack",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stackforge",
+        description="Render, build, gate and publish vLLM images for MUSA release trains.",
+    )
+    parser.add_argument("--root", default=None, help="repository root (default: found from the current directory)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"stackforge.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as err:
+        print(err.render(), file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

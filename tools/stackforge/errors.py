@@ -1,0 +1,46 @@
+"""One error type for everything a user can get wrong.
+
+A ``UserError`` carries where the problem is (file, line, column), what it is,
+and how to fix it. The CLI prints it without a traceback and exits with its code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class UserError(Exception):
+    message: str
+    file: str | Path | None = None
+    line: int | None = None
+    col: int | None = None
+    fix: str | None = None
+    exit_code: int = 2
+
+    def location(self) -> str:
+        if self.file is None:
+            return ""
+        loc = str(self.file)
+        if self.line is not None:
+            loc += f":{self.line}"
+            if self.col is not None:
+                loc += f":{self.col}"
+        return loc
+
+    def render(self) -> str:
+        loc = self.location()
+        head = f"error: {loc}: {self.message}" if loc else f"error: {self.message}"
+        if self.fix:
+            head += f"\n  fix: {self.fix}"
+        return head
+
+    def __str__(self) -> str:  # pragma: no cover - used by logs
+        return self.render()
+
+
+class BuildFailed(UserError):
+    """A build, gate or publish step failed; nothing was tagged."""
+
+    def __init__(self, message: str, *, fix: str | None = None, exit_code: int = 1, file=None, line=None):
+        super().__init__(message, file=file, line=line, fix=fix, exit_code=exit_code)
