@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(err.render(), file=sys.stderr)
         return err.exit_code
+    except BrokenPipeError:
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

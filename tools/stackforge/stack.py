@@ -1,0 +1,422 @@
+"""Load a stack: YAML → inheritance → ``--set`` overrides → validated ``Stack``.
+
+Errors name the file, line and column of the value at fault and say how to fix
+it; they are collected, so one run reports every problem in a file.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .errors import UserError
+from .model import Stack
+from .yamlsrc import Pos, load_with_positions
+
+STACKS_DIR = "stacks"
+
+
+class StackInvalid(UserError):
+    """One or more problems in a stack's input; renders every problem."""
+
+    def __init__(self, problems: list[UserError]):
+        first = problems[0]
+        super().__init__(first.message, file=first.file, line=first.line, col=first.col, fix=first.fix, exit_code=2)
+        self.problems = problems
+
+    def render(self) -> str:
+        return "\n".join(p.render() for p in self.problems)
+
+
+# --------------------------------------------------------------------------- repository
+
+def find_root(start: Path | None = None) -> Path:
+    """The repository root: the nearest directory upwards holding stacks/."""
+    env = os.environ.get("STACKFORGE_ROOT")
+    if env:
+        return Path(env).resolve()
+    here = (start or Path.cwd()).resolve()
+    for cand in (here, *here.parents):
+        if (cand / STACKS_DIR).is_dir():
+            return cand
+    raise UserError(
+        f"no {STACKS_DIR}/ directory here or in any parent of {here}",
+        fix="run stackforge inside a stackforge repository, or pass --root DIR",
+    )
+
+
+def stack_path(root: Path, name_or_path: str) -> Path:
+    cand = Path(name_or_path)
+    if cand.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        return cand if cand.is_absolute() else (Path.cwd() / cand)
+    return root / STACKS_DIR / f"{name_or_path}.yaml"
+
+
+def list_stacks(root: Path) -> list[str]:
+    return sorted(p.stem for p in (root / STACKS_DIR).glob("*.yaml"))
+
+
+def _display(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+# --------------------------------------------------------------------------- inheritance
+
+def _merge(base: Any, over: Any) -> Any:
+    """Deep-merge mappings (keys keep the parent's order, new keys follow); anything else is replaced."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = _merge(base[key], value) if key in base else value
+        return out
+    return over
+
+
+def _value_at(data: Any, path: tuple) -> Any:
+    for part in path:
+        data = data[part]
+    return data
+
+
+def _merge_positions(base: dict, over: dict, over_data: Any) -> dict:
+    out = dict(base)
+    # A replaced (non-mapping) value drops the parent's positions below it; mappings merge.
+    for path in over:
+        if isinstance(_value_at(over_data, path), dict):
+            continue
+        for old in [p for p in out if len(p) > len(path) and p[: len(path)] == path]:
+            del out[old]
+    out.update(over)
+    return out
+
+
+def _load_chain(root: Path, name_or_path: str, seen: list[str]) -> tuple[dict, dict, dict, list[str]]:
+    path = stack_path(root, name_or_path)
+    display = _display(path, root)
+    if not path.exists():
+        near = difflib.get_close_matches(Path(name_or_path).stem, list_stacks(root), n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise UserError(
+            f"no stack named '{name_or_path}' ({display} does not exist)",
+            fix=f"{hint}known stacks: {', '.join(list_stacks(root)) or 'none'}",
+        )
+    src = load_with_positions(path, display)
+    data = src.data
+    if not isinstance(data, dict):
+        raise UserError("a stack file must be a mapping of keys (name, platform, packages, …)", file=display, line=1,
+                        col=1, fix="start the file with 'name: <stack name>'")
+    name = data.get("name")
+    if name is not None and name != path.stem:
+        pos = src.values.get(("name",))
+        raise UserError(f"name '{name}' does not match the file name '{path.stem}'", **pos.as_error_kwargs(),
+                        fix=f"set name: {path.stem}, or rename the file to {name}.yaml")
+    parent = data.get("inherits")
+    if parent is None:
+        return data, src.values, src.keys, [display]
+    if not isinstance(parent, str):
+        raise UserError("inherits must be the name of another stack", **src.values[("inherits",)].as_error_kwargs(),
+                        fix="write e.g. 'inherits: post1'")
+    if parent in seen or parent == path.stem:
+        chain = " → ".join([*seen, path.stem, parent])
+        raise UserError(f"inheritance cycle: {chain}", **src.values[("inherits",)].as_error_kwargs(),
+                        fix="remove 'inherits' from one stack in the cycle")
+    if not stack_path(root, parent).exists():
+        near = difflib.get_close_matches(parent, list_stacks(root), n=1)
+        raise UserError(
+            f"parent stack '{parent}' does not exist ({STACKS_DIR}/{parent}.yaml)",
+            **src.values[("inherits",)].as_error_kwargs(),
+            fix=(f"did you mean '{near[0]}'?" if near else f"known stacks: {', '.join(list_stacks(root))}"),
+        )
+    pdata, pvals, pkeys, pfiles = _load_chain(root, parent, [*seen, path.stem])
+    merged = _merge(pdata, data)
+    merged.pop("inherits", None)
+    merged["inherits"] = parent
+    return (merged, _merge_positions(pvals, src.values, data), _merge_positions(pkeys, src.keys, data),
+            [*pfiles, display])
+
+
+# --------------------------------------------------------------------------- --set overrides
+
+def apply_overrides(data: dict, values: dict, keys: dict, overrides: list[str]) -> None:
+    """Apply ``key.path=value`` overrides in place; values are read as YAML scalars/lists."""
+    for raw in overrides:
+        where = Pos(f"--set {raw}")
+        if "=" not in raw:
+            raise UserError("an override must look like key.path=value", file=where.file,
+                            fix="e.g. --set upstreams.vllm.commit=0123abcd…")
+        key, _, text = raw.partition("=")
+        parts = [p for p in key.strip().split(".")]
+        if not key.strip() or any(not p for p in parts):
+            raise UserError(f"'{key}' is not a key path", file=where.file, fix="write dotted keys: packages.torch.version")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = text.strip()  # "3.10" stays "3.10"; pydantic converts where a number is meant
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part) if isinstance(node, dict) else None
+            if nxt is None:
+                nxt = {}
+                node[part] = nxt
+            if not isinstance(nxt, dict):
+                raise UserError(f"'{'.'.join(parts[:i + 1])}' is a value, not a mapping; cannot set '{key}'",
+                                file=where.file, fix="override the value itself, or a key below a mapping")
+            node = nxt
+        node[parts[-1]] = value
+        path = tuple(parts)
+        for old in [p for p in values if p[: len(path)] == path]:
+            del values[old]
+        values[path] = where
+        keys[path] = where
+        for n in range(1, len(path)):
+            values.setdefault(path[:n], where)
+            keys.setdefault(path[:n], where)
+
+
+# --------------------------------------------------------------------------- validation
+
+def _model_for(annotation) -> tuple[str, Any]:
+    """Classify a field annotation: ('model', cls) | ('dict', value-ann) | ('list', item-ann) | ('scalar', None)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:
+            return _model_for(non_none[0])
+        return "scalar", None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "model", annotation
+    if origin is dict:
+        return "dict", args[1]
+    if origin is list:
+        return "list", args[0]
+    return "scalar", None
+
+
+def _field_names(cls: type[BaseModel]) -> dict[str, str]:
+    """Accepted key → field name (aliases included)."""
+    out = {}
+    for fname, field in cls.model_fields.items():
+        out[field.alias or fname] = fname
+    return out
+
+
+def _check_keys(cls: type[BaseModel], data: Any, path: tuple, keys: dict, values: dict, problems: list) -> None:
+    if not isinstance(data, dict):
+        return
+    accepted = _field_names(cls)
+    for key, value in data.items():
+        if key not in accepted:
+            near = difflib.get_close_matches(key, list(accepted), n=1, cutoff=0.6)
+            pos = keys.get(path + (key,)) or values.get(path) or Pos("?")
+            where = ".".join(str(p) for p in path) or "the top level"
+            fix = f"did you mean '{near[0]}'?" if near else f"allowed keys in {where}: {', '.join(accepted)}"
+            problems.append(UserError(f"unknown key '{key}' in {where}", **pos.as_error_kwargs(), fix=fix))
+            continue
+        field = cls.model_fields[accepted[key]]
+        _check_value(field.annotation, value, path + (key,), keys, values, problems)
+
+
+def _check_value(annotation, value, path, keys, values, problems):
+    kind, inner = _model_for(annotation)
+    if kind == "model":
+        _check_keys(inner, value, path, keys, values, problems)
+    elif kind == "dict" and isinstance(value, dict):
+        for k, v in value.items():
+            _check_value(inner, v, path + (k,), keys, values, problems)
+    elif kind == "list" and isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_value(inner, v, path + (i,), keys, values, problems)
+
+
+_FIXES = {
+    "missing": "add it",
+    "string_type": "write a string (quote it if it looks like a number)",
+    "bool_type": "write true or false",
+    "list_type": "write a list, e.g. [a, b]",
+    "dict_type": "write a mapping of key: value",
+    "model_type": "write a mapping of key: value",
+    "literal_error": None,
+}
+
+
+def _pos_for(loc: tuple, values: dict, keys: dict, missing: bool) -> Pos:
+    if missing:
+        parent = loc[:-1]
+        while parent not in values and parent:
+            parent = parent[:-1]
+        return keys.get(parent) or values.get(parent) or Pos("?")
+    probe = loc
+    while probe and probe not in values:
+        probe = probe[:-1]
+    return values.get(probe) or Pos("?")
+
+
+def _validation_problems(exc: ValidationError, values: dict, keys: dict) -> list[UserError]:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        kind = err["type"]
+        dotted = ".".join(str(p) for p in loc)
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if kind == "missing":
+            text = f"missing required key '{loc[-1]}'" + (f" in {'.'.join(str(p) for p in loc[:-1])}" if len(loc) > 1 else "")
+            fix = f"add '{loc[-1]}:'" + (" here or in a parent stack" if len(loc) >= 1 else "")
+        else:
+            text = f"{dotted}: {msg}"
+            fix = _FIXES.get(kind)
+            if kind == "literal_error":
+                fix = f"use one of: {msg.split('Input should be ', 1)[-1]}"
+            elif kind == "value_error":
+                fix = _value_fix(msg)
+        pos = _pos_for(loc, values, keys, kind == "missing")
+        problems.append(UserError(text, **pos.as_error_kwargs(), fix=fix))
+    return problems
+
+
+def _value_fix(msg: str) -> str | None:
+    if "range" in msg or "bare version" in msg:
+        return "pin one exact version, as the index names it"
+    if "quote" in msg:
+        return "put the value in double quotes"
+    if "PEP 440" in msg:
+        return "use a version such as 2.11.0.post2+musa5.2.0"
+    if "commit" in msg:
+        return "write the full 40-hex commit id (git rev-parse TAG^{commit})"
+    return None
+
+
+def _cross_references(stack: Stack, values: dict) -> list[UserError]:
+    """Names used in one part of the stack must be declared in another."""
+    problems: list[UserError] = []
+
+    def ref(path: tuple, name: str, pool: dict | list, what: str, fix_add: str):
+        if name not in pool:
+            near = difflib.get_close_matches(name, list(pool), n=1)
+            fix = f"did you mean '{near[0]}'?" if near else fix_add
+            problems.append(UserError(f"{'.'.join(map(str, path))}: unknown {what} '{name}'",
+                                      **_pos_for(path, values, {}, False).as_error_kwargs(), fix=fix))
+
+    for name, pkg in stack.packages.items():
+        ref(("packages", name, "index"), pkg.index, stack.indexes, "index", "declare it under indexes:")
+    for name, idx in stack.indexes.items():
+        if idx.deps_from is not None:
+            ref(("indexes", name, "deps_from"), idx.deps_from, stack.indexes, "index", "declare it under indexes:")
+    for name, up in stack.upstreams.items():
+        if (up.git is None) == (up.sdist is None):
+            problems.append(UserError(f"upstreams.{name}: declare exactly one of 'git' or 'sdist'",
+                                      **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
+                                      fix="a git upstream needs git, tag and commit; a release needs sdist"))
+        if up.git is not None:
+            for field in ("tag", "commit"):
+                if getattr(up, field) is None:
+                    problems.append(UserError(f"upstreams.{name}: a git upstream needs '{field}'",
+                                              **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
+                                              fix=f"add {field}: … (the commit is checked against the tag)"))
+        if up.sdist is not None:
+            ref(("upstreams", name, "sdist", "index"), up.sdist.index, stack.indexes, "index", "declare it under indexes:")
+    for name, kern in stack.kernels.items():
+        ref(("kernels", name, "upstream"), kern.upstream, stack.upstreams, "upstream", "declare it under upstreams:")
+    r = stack.rules
+    for i, train in enumerate(r.trains):
+        for j, member in enumerate(train.members):
+            ref(("rules", "trains", i, "members", j), member, stack.packages, "package", "declare it under packages:")
+    for i, bf in enumerate(r.built_for):
+        ref(("rules", "built_for", i, "package"), bf.package, stack.packages, "package", "declare it under packages:")
+        ref(("rules", "built_for", i, "for"), bf.for_, stack.packages, "package", "declare it under packages:")
+    for i, fam in enumerate(r.aligned):
+        for j, member in enumerate(fam.members):
+            ref(("rules", "aligned", i, "members", j), member, stack.packages, "package", "declare it under packages:")
+    for i, vb in enumerate(r.vendor_build):
+        ref(("rules", "vendor_build", i, "package"), vb.package, stack.packages, "package", "declare it under packages:")
+    for i, mn in enumerate(r.minimums):
+        ref(("rules", "minimums", i, "package"), mn.package, stack.packages, "package", "declare it under packages:")
+        if mn.when is not None:
+            ref(("rules", "minimums", i, "when", "package"), mn.when.package, stack.packages, "package",
+                "declare it under packages:")
+    return problems
+
+
+def load_stack(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> Stack:
+    """Load, inherit, override and validate one stack. Raises StackInvalid / UserError (exit code 2)."""
+    root = Path(root).resolve() if root else find_root()
+    data, values, keys, files = _load_chain(root, name_or_path, [])
+    apply_overrides(data, values, keys, list(overrides or []))
+    problems: list[UserError] = []
+    _check_keys(Stack, data, (), keys, values, problems)
+    if problems:
+        raise StackInvalid(problems)
+    try:
+        stack = Stack.model_validate(data)
+    except ValidationError as exc:
+        raise StackInvalid(_validation_problems(exc, values, keys)) from None
+    for pname, pkg in stack.packages.items():
+        if pkg.import_ is None:
+            pkg.import_ = pname.replace("-", "_")
+    problems = _cross_references(stack, values)
+    if problems:
+        raise StackInvalid(problems)
+    stack._positions = values
+    stack._keypositions = keys
+    stack._files = files
+    stack._root = root
+    stack._overrides = list(overrides or [])
+    return stack
+
+
+def position(stack: Stack, path: tuple) -> Pos:
+    """Where the value at ``path`` (or its nearest declared parent) was written."""
+    return _pos_for(tuple(path), stack._positions, stack._keypositions, False)
+
+
+def stack_root(stack: Stack) -> Path:
+    return Path(stack._root)
+
+
+def stack_files(stack: Stack) -> list[str]:
+    return list(stack._files)
+
+
+def json_schema() -> dict:
+    """JSON Schema for stack files. Every key is optional because a child stack states only what it changes."""
+    schema = Stack.model_json_schema(by_alias=True)
+
+    def strip(node):
+        if isinstance(node, dict):
+            node.pop("required", None)
+            for value in node.values():
+                strip(value)
+        elif isinstance(node, list):
+            for value in node:
+                strip(value)
+
+    strip(schema)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "stackforge stack file"
+    return schema
+
+
+def resolved(stack: Stack) -> dict:
+    """The fully resolved stack as plain data (inheritance and overrides applied)."""
+    return stack.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def fingerprint(stack: Stack) -> str:
+    """sha256 of the resolved stack: equal fingerprints mean equal declared inputs."""
+    import hashlib
+    import json
+
+    blob = json.dumps(resolved(stack), sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
