@@ -1,0 +1,160 @@
+"""Pure parts of stackforge.engine: argv assembly and version parsing (no engine needed)."""
+from __future__ import annotations
+
+import pytest
+
+from stackforge.engine import (
+    Engine,
+    build_command,
+    check_build_args,
+    parse_buildx_inspect,
+    parse_buildx_version,
+    parse_version,
+)
+from stackforge.errors import UserError
+
+
+def _pairs(cmd: list[str], flag: str) -> list[str]:
+    return [cmd[i + 1] for i, a in enumerate(cmd) if a == flag]
+
+
+def test_build_command_assembles_every_option_in_place():
+    cmd = build_command(
+        "/ctx",
+        dockerfile="/ctx/build/Dockerfile",
+        target="vllm-openai",
+        tags=["a:1", "b:2"],
+        build_args={"PYTHON": "3.10", "SOURCE_DATE_EPOCH": "1700000000"},
+        secrets=[("cabundle", "/etc/ssl/certs/ca-certificates.crt"), ("netrc", "/tmp/netrc")],
+        labels={"org.opencontainers.image.revision": "abc"},
+        metadata_file="/out/meta.json",
+        builder="ci",
+    )
+    assert cmd[:5] == ["docker", "buildx", "--builder", "ci", "build"]
+    assert "--progress=plain" in cmd
+    assert _pairs(cmd, "--file") == ["/ctx/build/Dockerfile"]
+    assert _pairs(cmd, "--target") == ["vllm-openai"]
+    assert _pairs(cmd, "--tag") == ["a:1", "b:2"]
+    assert _pairs(cmd, "--build-arg") == ["PYTHON=3.10", "SOURCE_DATE_EPOCH=1700000000"]
+    assert _pairs(cmd, "--secret") == [
+        "id=cabundle,src=/etc/ssl/certs/ca-certificates.crt",
+        "id=netrc,src=/tmp/netrc",
+    ]
+    assert _pairs(cmd, "--label") == ["org.opencontainers.image.revision=abc"]
+    assert _pairs(cmd, "--metadata-file") == ["/out/meta.json"]
+    assert "--load" in cmd
+    assert cmd[-1] == "/ctx"
+
+
+def test_secrets_never_become_build_args():
+    cmd = build_command("/ctx", secrets=[("pip_token", "/run/creds/token")], build_args={"A": "1"})
+    build_args = _pairs(cmd, "--build-arg")
+    assert build_args == ["A=1"]
+    assert not any("pip_token" in a or "/run/creds/token" in a for a in build_args)
+    assert _pairs(cmd, "--secret") == ["id=pip_token,src=/run/creds/token"]
+
+
+def test_minimal_command_has_no_optional_flags():
+    cmd = build_command("ctx", load=False)
+    assert cmd == ["docker", "buildx", "build", "--progress=plain", "ctx"]
+
+
+@pytest.mark.parametrize("name", ["PIP_PASSWORD", "hf_token", "NPM_AUTH_TOKEN", "AWS_SECRET_ACCESS_KEY", "API_KEY"])
+def test_credential_like_build_args_are_refused(name):
+    with pytest.raises(UserError) as exc:
+        build_command("/ctx", build_args={name: "x"})
+    assert "secret" in exc.value.fix
+
+
+def test_url_with_password_in_build_arg_is_refused():
+    with pytest.raises(UserError):
+        check_build_args({"INDEX_URL": "https://user:hunter2@pypi.example.org/simple"})
+    # a URL without credentials is fine
+    check_build_args({"INDEX_URL": "https://pypi.example.org/simple", "PIP_USER": "alice"})
+
+
+@pytest.mark.parametrize("sid", ["bad id", "a,b", "", "x=y"])
+def test_invalid_secret_ids_are_refused(sid):
+    with pytest.raises(UserError):
+        build_command("/ctx", secrets=[(sid, "/tmp/f")])
+
+
+def test_duplicate_secret_id_and_comma_in_path_are_refused():
+    with pytest.raises(UserError):
+        build_command("/ctx", secrets=[("a", "/x"), ("a", "/y")])
+    with pytest.raises(UserError):
+        build_command("/ctx", secrets=[("a", "/tmp/a,b")])
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("v0.8+unknown", (0, 8)),
+        ("v0.13.1+ds1", (0, 13, 1)),
+        ("0.11.0", (0, 11, 0)),
+        ("v0.12.5-tp-docker", (0, 12, 5)),
+    ],
+)
+def test_parse_version(text, expected):
+    assert parse_version(text) == expected
+
+
+def test_parse_version_rejects_garbage():
+    with pytest.raises(ValueError):
+        parse_version("unknown")
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("github.com/docker/buildx 0.13.1+ds1 0.13.1+ds1-3\n", "0.13.1+ds1"),
+        ("github.com/docker/buildx v0.17.1 257815a\n", "0.17.1"),
+    ],
+)
+def test_parse_buildx_version(output, expected):
+    assert parse_buildx_version(output) == expected
+
+
+NEW_INSPECT = """\
+Name:   default
+Driver: docker
+
+Nodes:
+Name:             default
+Endpoint:         default
+Status:           running
+BuildKit version: v0.8+unknown
+Platforms:        linux/amd64, linux/386
+"""
+
+OLD_INSPECT = """\
+Name:   ci
+Driver: docker-container
+
+Nodes:
+Name:      ci0
+Endpoint:  unix:///var/run/docker.sock
+Status:    running
+Buildkit:  v0.12.5
+Platforms: linux/amd64
+"""
+
+
+def test_parse_buildx_inspect_new_and_old_layouts():
+    new = parse_buildx_inspect(NEW_INSPECT)
+    assert new == {"name": "default", "driver": "docker", "status": "running", "buildkit": "v0.8+unknown"}
+    old = parse_buildx_inspect(OLD_INSPECT)
+    assert old["name"] == "ci" and old["driver"] == "docker-container" and old["buildkit"] == "v0.12.5"
+
+
+@pytest.mark.parametrize("inspect, expected", [(NEW_INSPECT, False), (OLD_INSPECT, True)])
+def test_supports_source_date_epoch_follows_buildkit_version(inspect, expected):
+    engine = Engine()
+    engine._inspect = parse_buildx_inspect(inspect)  # what _inspect_builder would have cached
+    assert engine.supports_source_date_epoch() is expected
+
+
+def test_missing_cli_is_a_user_error_with_the_fix():
+    with pytest.raises(UserError) as exc:
+        Engine(docker="stackforge-no-such-docker").check()
+    assert "engine-setup.sh" in exc.value.fix
