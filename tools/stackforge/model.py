@@ -23,7 +23,7 @@ class Strict(BaseModel):
 
 def _exact_version(value: object) -> str:
     """A pin is one exact PEP 440 version, written bare."""
-    if isinstance(value, float):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         raise ValueError(f"version {value!r} was read as a number; quote it so no digit is lost, e.g. \"{value}\"")
     if not isinstance(value, str):
         raise ValueError("a version must be a string such as \"2.11.0\"")
@@ -163,7 +163,7 @@ class Gate(Strict):
 
 class Train(Strict):
     name: str
-    members: list[str]
+    members: list[str] = Field(min_length=1)
     agree: list[Literal["post", "local", "release"]] = Field(default_factory=lambda: ["post", "local"])
 
 
@@ -175,7 +175,7 @@ class BuiltFor(Strict):
 
 class Aligned(Strict):
     name: str
-    members: list[str]
+    members: list[str] = Field(min_length=1)
 
 
 class VendorBuild(Strict):

@@ -114,7 +114,11 @@ def _load_chain(root: Path, name_or_path: str, seen: list[str]) -> tuple[dict, d
         raise UserError("a stack file must be a mapping of keys (name, platform, packages, …)", file=display, line=1,
                         col=1, fix="start the file with 'name: <stack name>'")
     name = data.get("name")
-    if name is not None and name != path.stem:
+    if name is None:
+        # Without this a child stack would silently carry its parent's name.
+        raise UserError("missing required key 'name'", file=display, line=1, col=1,
+                        fix=f"add 'name: {path.stem}' (every stack file names itself)")
+    if name != path.stem:
         pos = src.values.get(("name",))
         raise UserError(f"name '{name}' does not match the file name '{path.stem}'", **pos.as_error_kwargs(),
                         fix=f"set name: {path.stem}, or rename the file to {name}.yaml")
@@ -247,6 +251,7 @@ _FIXES = {
     "dict_type": "write a mapping of key: value",
     "model_type": "write a mapping of key: value",
     "literal_error": None,
+    "too_short": "list at least one entry",
 }
 
 
@@ -295,6 +300,14 @@ def _value_fix(msg: str) -> str | None:
         return "use a version such as 2.11.0.post2+musa5.2.0"
     if "commit" in msg:
         return "write the full 40-hex commit id (git rev-parse TAG^{commit})"
+    if "sha256" in msg:
+        return "copy the wheel's or sdist's sha256 from the index (64 lowercase hex digits)"
+    if "environment variable name" in msg:
+        return "use letters, digits and '_', not starting with a digit"
+    if "URL" in msg:
+        return "write the full index URL, e.g. https://pypi.org/simple"
+    if "must be a string" in msg:
+        return "put the value in double quotes"
     return None
 
 

@@ -109,10 +109,12 @@ def _checked(stack: Stack, text: str, path: tuple) -> Ref:
                         **position(stack, path).as_error_kwargs(), fix="write the template as repository:tag") from None
     for reason in (check_repository(ref.repository), check_tag(ref.tag)):
         if reason:
-            what = "repository" if reason.startswith(("repository", "registry")) else f"tag '{ref.tag}'"
-            raise UserError(f"{'.'.join(map(str, path))} renders '{text}': {what} {reason}",
+            in_repo = reason.startswith(("repository", "registry"))
+            what = "" if in_repo else f"tag '{ref.tag}' "
+            raise UserError(f"{'.'.join(map(str, path))} renders '{text}': {what}{reason}",
                             **position(stack, path).as_error_kwargs(),
-                            fix="change the template (the tagsafe filter turns '+' into '_')")
+                            fix="change the template: repository names are lowercase" if in_repo else
+                            "change the template (the tagsafe filter turns '+' into '_')")
     return ref
 
 

@@ -30,6 +30,22 @@ class Pos:
         return {"file": self.file, "line": self.line, "col": self.col}
 
 
+class YamlFloat(float):
+    """A float read from YAML that remembers how it was written, so an unquoted
+    ``python: 3.10`` is reported as 3.10 (not 3.1) when it is rejected."""
+
+    def __new__(cls, value, text: str | None = None):
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __getnewargs__(self):
+        return (float(self), self.text)
+
+    def __repr__(self) -> str:
+        return self.text or float.__repr__(self)
+
+
 @dataclass
 class Sourced:
     data: Any
@@ -99,4 +115,7 @@ def _convert(loader, node, path, file, values, keys):
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_convert(loader, item, path + (i,), file, values, keys) for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    value = loader.construct_object(node, deep=True)
+    if isinstance(value, float):
+        return YamlFloat(value, node.value)
+    return value

@@ -139,7 +139,7 @@ def cmd_tags(args) -> int:
         if args.revision is None:
             print("note: revision 1 shown; `stackforge publish` takes the first free -rN for the date",
                   file=sys.stderr)
-        print(tags.publish_ref(stack, args.registry, args.date, args.revision or 1))
+        print(tags.publish_ref(stack, args.registry, args.date, 1 if args.revision is None else args.revision))
         for ref in tags.alias_refs(stack, args.registry):
             print(ref)
     return 0
