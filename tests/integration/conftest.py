@@ -1,0 +1,64 @@
+"""Session fixtures for integration tests: a real engine, the local base image, a registry.
+
+A test that needs the engine FAILS when it is missing (with the fix), it never skips:
+tests marked ``@pytest.mark.engine`` get the ``engine`` fixture automatically.
+Other fixtures belong in their own conftest files or test modules.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stackforge.engine import Engine, start_registry
+from stackforge.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The locally built stand-in for the vendor (MUSA) base image; see scripts/base-image.sh.
+BASE_IMAGE = os.environ.get("STACKFORGE_TEST_BASE_IMAGE", "stackforge/base:bookworm")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("engine") and "engine" not in item.fixturenames:
+            item.fixturenames.insert(0, "engine")
+
+
+@pytest.fixture(scope="session")
+def engine() -> Engine:
+    """A checked :class:`Engine`; fails the test (never skips) when dockerd/buildx are missing."""
+    eng = Engine()
+    try:
+        eng.check()
+    except UserError as err:
+        pytest.fail(f"build engine not usable: {err.render()}", pytrace=False)
+    return eng
+
+
+@pytest.fixture(scope="session")
+def base_image(engine: Engine) -> str:
+    """Reference of the local base image, built once by scripts/base-image.sh if missing."""
+    if not engine.image_exists(BASE_IMAGE):
+        proc = subprocess.run(
+            ["bash", str(REPO_ROOT / "scripts" / "base-image.sh"), BASE_IMAGE],
+            capture_output=True, text=True, timeout=1800,
+        )
+        if proc.returncode != 0:
+            pytest.fail(f"scripts/base-image.sh {BASE_IMAGE} failed:\n{proc.stdout}\n{proc.stderr}", pytrace=False)
+    assert engine.image_exists(BASE_IMAGE), f"{BASE_IMAGE} missing after scripts/base-image.sh"
+    return BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):
+    """``host:port`` of a docker-registry on 127.0.0.1 (filesystem storage), stopped at session end."""
+    try:
+        url, stop = start_registry(tmp_path_factory.mktemp("registry"))
+    except UserError as err:
+        pytest.fail(f"registry not usable: {err.render()}", pytrace=False)
+    try:
+        yield url
+    finally:
+        stop()
