@@ -15,6 +15,7 @@ from .errors import UserError
 # Order here is the order of `stackforge --help`.
 COMMAND_MODULES = [
     "stack",
+    "build",
 ]
 
 

@@ -241,3 +241,4 @@ class Stack(Strict):
     _files: list = PrivateAttr(default_factory=list)
     _root: object = PrivateAttr(default=None)
     _overrides: list = PrivateAttr(default_factory=list)
+    _credentials: dict = PrivateAttr(default_factory=dict)  # index name -> (user, password)

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import UserError
 from .model import Stack
+from .urls import credentials as url_credentials
+from .urls import redact
 from .yamlsrc import Pos, load_with_positions
 
 STACKS_DIR = "stacks"
@@ -375,6 +377,14 @@ def load_stack(name_or_path: str, root: Path | str | None = None, overrides: lis
         stack = Stack.model_validate(data)
     except ValidationError as exc:
         raise StackInvalid(_validation_problems(exc, values, keys)) from None
+    credentials = {}
+    for iname, idx in stack.indexes.items():
+        found = url_credentials(idx.url)
+        if found:
+            # Credentials never stay in the model: nothing that prints or hashes it can leak them.
+            credentials[iname] = found
+            idx.url = redact(idx.url)
+    stack._credentials = credentials
     for pname, pkg in stack.packages.items():
         if pkg.import_ is None:
             pkg.import_ = pname.replace("-", "_")

@@ -1,0 +1,244 @@
+"""Build one stack into a tagged, gated image, and write its evidence bundle.
+
+The order is: lint the stack → check the engine → resolve the base image →
+assemble the context (upstreams fetched, verified and patched on the host) →
+render the Dockerfile → ``docker buildx build`` (the gate is a build stage, so a
+FAIL means no image is loaded and no tag moves) → evidence.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from netrc import NetrcParseError, netrc
+from pathlib import Path
+from typing import Callable
+
+from . import rules, tags
+from .context import Context, assemble, write_dockerfile
+from .engine import Engine
+from .errors import BuildFailed, UserError
+from .model import Stack
+from .plan import image_labels
+from .stack import fingerprint, position, resolved
+from .urls import host as url_host
+
+SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:PASS|FAIL) (?:import|meta  |probe ) .*|gate result: .*)$")
+
+
+@dataclass
+class BuildOptions:
+    target: str | None = None
+    load: bool = True
+    syntax: str | None = None  # a `# syntax=` line; off by default (it pulls a frontend image)
+    ca_bundle: str | None = "auto"  # "auto": the host's system bundle if present; None: no bundle
+    builder: str | None = None
+    no_cache: bool = False
+    out: Path | None = None
+
+
+@dataclass
+class BuildOutcome:
+    stack: str
+    target: str
+    tag: str
+    image_id: str | None
+    evidence: Path
+    gate: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+
+
+def default_target(stack: Stack, target: str | None) -> str:
+    if not stack.targets:
+        raise UserError(f"stack '{stack.name}' declares no targets", **position(stack, ("name",)).as_error_kwargs(),
+                        fix="add targets: {vllm-openai: {entrypoint: [vllm, serve]}}")
+    if target is None:
+        return next(iter(stack.targets))
+    if target not in stack.targets:
+        raise UserError(f"stack '{stack.name}' has no target '{target}'", file="--target",
+                        fix=f"use one of: {', '.join(stack.targets)}")
+    return target
+
+
+def target_ref(stack: Stack, target: str) -> str:
+    """The local reference: the stack's local tag for its first target, `<tag>-<target>` for the others."""
+    ref = tags.local_ref(stack)
+    if target == next(iter(stack.targets)):
+        return str(ref)
+    return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
+
+
+def lint_or_fail(stack: Stack) -> None:
+    findings = rules.lint(stack)
+    if findings:
+        text = "\n".join(f.render(stack) for f in findings)
+        raise BuildFailed(f"stack '{stack.name}' fails lint; nothing was built:\n{text}",
+                          fix=f"fix the findings (stackforge lint {stack.name})")
+
+
+def _ca_bundle(option: str | None) -> Path | None:
+    if option is None or option == "none":
+        return None
+    if option == "auto":
+        env = os.environ.get("STACKFORGE_CA_BUNDLE")
+        if env:
+            option = env
+        else:
+            return next((Path(p) for p in SYSTEM_CA_BUNDLES if Path(p).is_file()), None)
+    path = Path(option)
+    if not path.is_file():
+        raise UserError(f"CA bundle {path} does not exist", file="--ca-bundle", fix="pass a PEM file, or --ca-bundle none")
+    return path
+
+
+def netrc_text(stack: Stack) -> str:
+    """Credentials for the stack's indexes: from their URLs (split off at load time) or the user's ~/.netrc."""
+    entries: dict[str, tuple[str, str]] = {}
+    user_netrc = None
+    try:
+        user_netrc = netrc() if Path(os.path.expanduser("~/.netrc")).is_file() else None
+    except (NetrcParseError, OSError):
+        user_netrc = None
+    for name, idx in stack.indexes.items():
+        h = url_host(idx.url)
+        if name in stack._credentials:
+            entries[h] = stack._credentials[name]
+        elif user_netrc is not None and h and user_netrc.authenticators(h):
+            login, _, password = user_netrc.authenticators(h)
+            entries[h] = (login or "", password or "")
+    return "".join(f"machine {h} login {u} password {p}\n" for h, (u, p) in entries.items())
+
+
+def _base_digest(engine: Engine, stack: Stack) -> str | None:
+    image = stack.base.image
+    if not engine.image_exists(image):
+        proc = engine._run("pull", image, timeout=1800)
+        if proc.returncode != 0:
+            raise BuildFailed(
+                f"base image '{image}' is not present and could not be pulled: {(proc.stderr or proc.stdout).strip()[-300:]}",
+                **position(stack, ("base", "image")).as_error_kwargs(),
+                fix="pull or build it first, or point the stack elsewhere with --set base.image=…")
+    info = engine.sdk().images.get(image).attrs
+    digests = info.get("RepoDigests") or []
+    found = digests[0].split("@", 1)[1] if digests else info.get("Id")
+    if stack.base.digest and found != stack.base.digest:
+        raise BuildFailed(f"base image '{image}' has digest {found}, but the stack pins {stack.base.digest}",
+                          **position(stack, ("base", "digest")).as_error_kwargs(),
+                          fix="pull the pinned image, or update base.digest")
+    return found
+
+
+def _failure_reason(log: str) -> str:
+    """The most useful lines of a failed build log."""
+    fails = [m.group(1) for m in (GATE_LINE.match(l) for l in log.splitlines()) if m and m.group(1).startswith("FAIL")]
+    if fails:
+        return "dependency gate failed:\n  " + "\n  ".join(fails)
+    errors = [l for l in log.splitlines() if re.search(r"\b(ERROR|error:|failed to|not found)\b", l)]
+    tail = errors[-6:] if errors else log.splitlines()[-10:]
+    return "build failed:\n  " + "\n  ".join(t.strip() for t in tail)
+
+
+def gate_lines(log: str) -> list[str]:
+    return [m.group(1) for m in (GATE_LINE.match(l) for l in log.splitlines()) if m]
+
+
+def read_gate_from_image(engine: Engine, ref: str) -> list[str]:
+    proc = engine._run("run", "--rm", "--network=none", "--entrypoint", "cat", ref, "/stackforge/gate/result.txt",
+                       timeout=300)
+    if proc.returncode != 0:
+        return []
+    return [l for l in proc.stdout.splitlines() if l.strip()]
+
+
+def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None = None,
+          echo: Callable[[str], None] | None = None) -> BuildOutcome:
+    opts = opts or BuildOptions()
+    echo = echo or (lambda line: print(line, flush=True))
+    started = time.monotonic()
+    lint_or_fail(stack)
+    target = default_target(stack, opts.target)
+    ref = target_ref(stack, target)
+    engine = engine or Engine(builder=opts.builder)
+    info = engine.check()
+    base_digest = _base_digest(engine, stack)
+    ctx = assemble(stack, opts.out)
+    evidence = ctx.build_dir / "evidence"
+    if evidence.exists():
+        shutil.rmtree(evidence)
+    evidence.mkdir(parents=True)
+    created = None
+    build_args = {}
+    if ctx.source_date_epoch is not None and engine.supports_source_date_epoch():
+        build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
+        created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    labels = image_labels(stack, base_digest=base_digest, created=created, series=ctx.series)
+    write_dockerfile(ctx, labels, syntax=opts.syntax)
+    shutil.copy2(ctx.dockerfile, evidence / "Dockerfile")
+    _write_inputs(evidence, stack, ctx, labels, info, target, ref)
+
+    secrets_dir = Path(tempfile.mkdtemp(prefix="stackforge-secrets-"))
+    try:
+        secrets = []
+        text = netrc_text(stack)
+        if text:
+            path = secrets_dir / "netrc"
+            path.touch(mode=0o600)
+            path.write_text(text)
+            secrets.append(("netrc", path))
+        bundle = _ca_bundle(opts.ca_bundle)
+        if bundle is not None:
+            secrets.append(("cabundle", bundle))
+        had = engine.image_id(ref)
+        result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref], build_args=build_args,
+                              secrets=secrets, load=opts.load, builder=opts.builder, no_cache=opts.no_cache,
+                              on_line=echo, log_file=evidence / "build.log")
+    finally:
+        shutil.rmtree(secrets_dir, ignore_errors=True)
+    log = result.log
+    (evidence / "gate.txt").write_text("\n".join(gate_lines(log)) + "\n")
+    if result.returncode != 0:
+        now = engine.image_id(ref)
+        if now is not None and now != had:  # never leave a tag pointing at an unchecked image
+            engine.remove_image(ref, force=True)
+        (evidence / "result.json").write_text(json.dumps({"ok": False, "reason": _failure_reason(log)}, indent=2))
+        raise BuildFailed(f"{stack.name}/{target}: {_failure_reason(log)}\n  (no image was tagged; log: "
+                          f"{evidence / 'build.log'})", fix="read the FAIL/ERROR lines above")
+    image_id = engine.image_id(ref) if opts.load else None
+    gate = read_gate_from_image(engine, ref) if opts.load else gate_lines(log)
+    if gate:
+        (evidence / "gate.txt").write_text("\n".join(gate) + "\n")
+    outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
+    (evidence / "result.json").write_text(json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)},
+                                                     indent=2, default=str))
+    return outcome
+
+
+def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info, target: str, ref: str) -> None:
+    data = {
+        "stack": stack.name,
+        "target": target,
+        "tag": ref,
+        "fingerprint": fingerprint(stack),
+        "pins": {n: p.version for n, p in stack.packages.items()},
+        "upstreams": [asdict(s) for s in ctx.sources],
+        "overrides": [_redact_override(o) for o in stack._overrides],
+        "labels": labels,
+        "engine": asdict(info),
+        "resolved": resolved(stack),
+        "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    (evidence / "inputs.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _redact_override(text: str) -> str:
+    from .urls import redact
+
+    key, _, value = text.partition("=")
+    return f"{key}={redact(value)}" if "://" in value else text

@@ -1,0 +1,94 @@
+"""Verbs that render, build and gate images."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..build import BuildOptions, build, default_target, target_ref
+from ..context import assemble, write_dockerfile
+from ..gate import run_gate
+from ..plan import image_labels
+from .common import add_set, load
+
+
+def register(sub) -> None:
+    p = sub.add_parser("render", help="write the Dockerfile and build context, print the plan, build nothing")
+    p.add_argument("stack")
+    p.add_argument("--target", help="target stage (default: the stack's first target)")
+    p.add_argument("--out", type=Path, help="output directory (default: build/<stack>)")
+    p.add_argument("--no-sources", action="store_true", help="do not fetch upstreams (plan and Dockerfile only)")
+    p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_set(p)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("build", help="build, gate and tag the image of a stack (BuildKit via docker buildx)")
+    p.add_argument("stack")
+    p.add_argument("--target", help="target stage (default: the stack's first target)")
+    p.add_argument("--load", action="store_true", default=True, help="load the image into the engine (default)")
+    p.add_argument("--no-load", dest="load", action="store_false", help="build and gate without loading or tagging")
+    p.add_argument("--builder", help="buildx builder to use (a remote or Kubernetes BuildKit works the same)")
+    p.add_argument("--ca-bundle", default="auto",
+                   help="extra CA bundle for downloads inside the build, passed as a BuildKit secret "
+                        "(default: $STACKFORGE_CA_BUNDLE or the host's system bundle; 'none' to disable)")
+    p.add_argument("--syntax", help="add a `# syntax=` line; off by default")
+    p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--out", type=Path, help="build directory (default: build/<stack>)")
+    add_set(p)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("gate", help="re-run a stack's dependency gate on a built image")
+    p.add_argument("image")
+    p.add_argument("--stack", required=True)
+    add_set(p)
+    p.set_defaults(func=cmd_gate)
+
+
+def cmd_render(args) -> int:
+    stack = load(args, args.stack)
+    target = default_target(stack, args.target)
+    ctx = assemble(stack, args.out, sources=not args.no_sources)
+    path = write_dockerfile(ctx, image_labels(stack, series=ctx.series), syntax=args.syntax)
+    if args.json:
+        print(ctx.plan.to_json())
+        return 0
+    plan = ctx.plan
+    print(f"stack:      {stack.name} ({plan.fingerprint})")
+    print(f"target:     {target} → {target_ref(stack, target)}")
+    print(f"base:       {plan.base_image}")
+    for i, ph in enumerate(plan.phases, 1):
+        flags = ", ".join(f for f, on in (("--no-deps", ph.no_deps), ("--require-hashes", ph.require_hashes)) if on)
+        print(f"pip {i}:      {ph.name}: {len(ph.pins)} pin(s) from {ph.index_url}" + (f" ({flags})" if flags else ""))
+    for s in ctx.sources:
+        extra = f", {len(s.patches)} patch(es), series {s.series_hash}" if s.series_hash else ""
+        print(f"source:     {s.name}: {s.kind} {s.pin}{extra}")
+    for k in plan.kernels:
+        print(f"kernel:     {k.name}: {k.run}")
+    print(f"gate:       {len(plan.gate['packages'])} pins, {len(plan.gate['imports'])} imports, "
+          f"{len(plan.gate['probes'])} probes")
+    print(f"dockerfile: {path}")
+    print(f"context:    {ctx.context_dir}")
+    return 0
+
+
+def cmd_build(args) -> int:
+    stack = load(args, args.stack)
+    opts = BuildOptions(target=args.target, load=args.load, syntax=args.syntax, ca_bundle=args.ca_bundle,
+                        builder=args.builder, no_cache=args.no_cache, out=args.out)
+    outcome = build(stack, opts)
+    print(f"\nbuilt {outcome.tag}" + (f" ({outcome.image_id})" if outcome.image_id else "")
+          + f" in {outcome.duration_s}s", file=sys.stderr)
+    for line in outcome.gate:
+        print(f"  {line}", file=sys.stderr)
+    print(f"evidence: {outcome.evidence}", file=sys.stderr)
+    print(outcome.tag)
+    return 0
+
+
+def cmd_gate(args) -> int:
+    stack = load(args, args.stack)
+    ok, lines = run_gate(stack, args.image)
+    for line in lines:
+        print(line)
+    return 0 if ok else 1

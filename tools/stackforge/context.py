@@ -1,0 +1,118 @@
+"""Assemble the build context on the host: patched upstream sources, pins, gate spec.
+
+Everything the engine needs is here before the build starts, so nothing inside
+the build talks to GitHub: upstreams come from the host-side cache (a verified
+git mirror or a checksummed release sdist), patched in order with the overlay.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import upstream as upstreams
+from .model import Stack
+from .plan import Plan, make_plan
+from .render import images_dir, render_dockerfile, requirements_text
+from .stack import stack_root
+
+
+@dataclass
+class SourceInfo:
+    name: str
+    kind: str  # git | sdist
+    pin: str  # tag@commit or name==version@sha256
+    commit_time: int | None = None
+    series_hash: str | None = None
+    patches: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    stack: Stack
+    plan: Plan
+    build_dir: Path  # build/<stack>/
+    context_dir: Path  # build/<stack>/context/
+    dockerfile: Path
+    sources: list[SourceInfo]
+
+    @property
+    def series(self) -> dict[str, str]:
+        return {s.name: s.series_hash for s in self.sources if s.series_hash}
+
+    @property
+    def source_date_epoch(self) -> int | None:
+        """The pinned upstream commit's time (of the first upstream), for reproducible `created`."""
+        for s in self.sources:
+            return s.commit_time
+        return None
+
+
+def build_dir_for(stack: Stack, out: Path | None = None) -> Path:
+    return Path(out) if out else stack_root(stack) / "build" / stack.name
+
+
+def cache_dir_for(stack: Stack) -> Path:
+    return upstreams.default_cache_dir(stack_root(stack))
+
+
+def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceInfo:
+    up = stack.upstreams[name]
+    root = stack_root(stack)
+    if up.sdist is not None:
+        spec = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
+        upstreams.export_sdist(spec, cache, dest)
+        info = SourceInfo(name, "sdist", f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}")
+    else:
+        spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
+        mirror = upstreams.fetch_upstream(spec, cache, root=root)
+        upstreams.export_commit(mirror, up.commit, dest)
+        info = SourceInfo(name, "git", f"{up.tag}@{up.commit}", commit_time=upstreams.commit_time(mirror, up.commit))
+    if up.patches:
+        from . import patches as overlay  # the patch overlay (apply, series hash)
+
+        patch_dir = root / up.patches
+        applied = overlay.apply_to_export(dest, patch_dir)
+        info.patches = [p.name for p in applied]
+        info.series_hash = overlay.series_hash(patch_dir)
+    return info
+
+
+def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> Context:
+    """Write build/<stack>/{Dockerfile,context/}. With ``sources=False`` upstreams are not fetched
+    (for `render --no-sources`, which shows the plan only)."""
+    plan = make_plan(stack)
+    bdir = build_dir_for(stack, out)
+    ctx_dir = bdir / "context"
+    staging = bdir / "context.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    (staging / "deps").mkdir(parents=True)
+    for phase in plan.phases:
+        if phase.copy:
+            hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
+            (staging / phase.requirements).write_text(requirements_text(phase.pins, hashes if phase.require_hashes else None))
+    gate_dir = staging / "gate"
+    gate_dir.mkdir()
+    shutil.copy2(images_dir() / "gate" / "gate.py", gate_dir / "gate.py")
+    (gate_dir / "gate.json").write_text(json.dumps(plan.gate, indent=2) + "\n")
+    infos: list[SourceInfo] = []
+    if sources:
+        cache = cache_dir_for(stack)
+        for name in stack.upstreams:
+            infos.append(_export_source(stack, name, staging / "src" / name, cache))
+    else:
+        for name in stack.upstreams:
+            (staging / "src" / name).mkdir(parents=True)
+    # Only a complete context replaces the previous one.
+    if ctx_dir.exists():
+        shutil.rmtree(ctx_dir)
+    staging.rename(ctx_dir)
+    dockerfile = bdir / "Dockerfile"
+    return Context(stack, plan, bdir, ctx_dir, dockerfile, infos)
+
+
+def write_dockerfile(ctx: Context, labels: dict[str, str], syntax: str | None = None) -> Path:
+    ctx.dockerfile.write_text(render_dockerfile(ctx.plan, labels, syntax=syntax))
+    return ctx.dockerfile
