@@ -478,6 +478,16 @@ class IndexClient:
             )
         return body, ctype, resp.url, False
 
+    def _get_file(self, url: str) -> str:
+        """A static PEP 503 tree on disk (``file:///srv/simple``): ``<project>/index.html``."""
+        path = Path(unquote(urlsplit(url).path)) / "index.html"
+        try:
+            return path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            raise ProjectNotFound(f"{url}: no such project on this index ({path} does not exist)") from None
+        except OSError as exc:
+            raise IndexQueryError(f"{url}: cannot read {path}: {exc.strerror}") from None
+
     def project(self, name: str) -> ProjectPage:
         """The project page for ``name`` (memoised for the life of the client)."""
         key = normalize(name)
@@ -486,7 +496,10 @@ class IndexClient:
         if page is not None:
             return page
         url = self.project_url(name)
-        body, ctype, final_url, from_cache = self._get(url, self.accept)
+        if url.startswith("file://"):
+            body, ctype, final_url, from_cache = self._get_file(url), "text/html", url, False
+        else:
+            body, ctype, final_url, from_cache = self._get(url, self.accept)
         if ctype == JSON_V1:
             page = parse_json_page(body, final_url, key)
         elif ctype in (HTML_V1, "text/html", "") or ctype.startswith("text/"):
