@@ -16,6 +16,10 @@ from .errors import UserError
 COMMAND_MODULES = [
     "stack",
     "build",
+    "newest",
+    "bump",
+    "wheel",
+    "audit",
 ]
 
 
