@@ -58,8 +58,9 @@ def check_trains(stack: Stack) -> list[Finding]:
             want = pins[lead].local
             for m, p in pins.items():
                 if p.local != want:
+                    label = f"local label '+{p.local}'" if p.local else "no local label"
                     out.append(Finding(
-                        "train", f"{m} {p.version} has local label '+{p.local}' but train '{train.name}' uses "
+                        "train", f"{m} {p.version} has {label} but train '{train.name}' uses "
                         f"'+{want}' ({lead} {pins[lead].version})",
                         ("packages", m, "version"), f"pin the +{want} build of {m}"))
         if "release" in train.agree:
@@ -88,8 +89,9 @@ def check_built_for(stack: Stack) -> list[Finding]:
             continue
         have = _pin(stack, bf.package)
         if have.local != want:
+            built = f"is built for '+{have.local}'" if have.local else "names no build (no local label)"
             out.append(Finding(
-                "built-for", f"{bf.package} {have.version} is built for '+{have.local}', but this stack's "
+                "built-for", f"{bf.package} {have.version} {built}, but this stack's "
                 f"{bf.for_} is {target.version} (expected local label '+{want}')",
                 ("packages", bf.package, "version"),
                 f"pin {bf.package}=={have.public}+{want}, or check the index for a build against {bf.for_} "
