@@ -8,7 +8,14 @@ path given as the first argument) and checks, in the stack's order:
   metadata and compare with the pin — ``exact`` (equal), ``prefix`` (starts
   with the pin) or ``metadata`` (no import, version only);
 * extra imports (vllm, the platform plugin): imported, version reported;
-* probes: small named snippets whose printed result must equal the expectation.
+* probes: small named snippets whose printed result must equal the expectation;
+* writes: an audit hook watches every check; an import that writes, links or
+  creates anything under site-packages fails and names the file (such files
+  would be missing on a read-only root filesystem), and so does a dangling
+  symlink under site-packages.
+
+``--read-only`` re-runs the package and import checks in an image whose
+site-packages is mounted read-only, prefixing each line with ``read-only:``.
 
 Prints one line per check (``PASS import torch      version=…``), then a
 summary, and exits 1 on any FAIL. Standard library only: it runs in any image.
@@ -20,10 +27,106 @@ import importlib
 import importlib.metadata as md
 import io
 import json
+import os
+import site
 import sys
+import sysconfig
 from pathlib import Path
 
 WIDTH = 10
+SHOWN_WRITES = 5
+
+
+def site_dirs() -> list[str]:
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
+    return sorted({os.path.realpath(d) for d in dirs if os.path.isdir(d)})
+
+
+class WriteAudit:
+    """Records attempts to change anything under site-packages (an audit hook cannot be removed,
+    so it is installed once and switched by ``who``)."""
+
+    EVENTS = {"os.symlink": (1,), "os.link": (1,), "os.mkdir": (0,), "os.rename": (0, 1), "os.replace": (0, 1),
+              "os.remove": (0,), "os.rmdir": (0,), "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,),
+              "shutil.copyfile": (1,), "shutil.copytree": (1,), "shutil.rmtree": (0,)}
+    WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+    def __init__(self, roots: list[str]):
+        self.roots = [r.rstrip("/") + "/" for r in roots]
+        self.who: str | None = None
+        self.writes: dict[str, list[tuple[str, str]]] = {}
+        sys.addaudithook(self.hook)
+
+    def _inside(self, path) -> str | None:
+        if isinstance(path, int) or path is None:
+            return None
+        try:
+            text = os.fsdecode(os.fspath(path))
+        except TypeError:
+            return None
+        full = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(text))), os.path.basename(text))
+        if "__pycache__" in full.split("/"):
+            return None
+        for root in self.roots:
+            if full.startswith(root):
+                return full
+        return None
+
+    def hook(self, event: str, args: tuple) -> None:
+        if self.who is None:
+            return
+        if event == "open":
+            path, mode, flags = (list(args) + [None, None, 0])[:3]
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & self.WRITE_FLAGS)
+            hits = [path] if writing else []
+        elif event in self.EVENTS:
+            hits = [args[i] for i in self.EVENTS[event] if i < len(args)]
+        else:
+            return
+        for hit in hits:
+            inside = self._inside(hit)
+            if inside:
+                self.writes.setdefault(self.who, []).append((inside, event))
+
+    @contextlib.contextmanager
+    def watching(self, who: str):
+        self.who = who
+        try:
+            yield
+        finally:
+            self.who = None
+
+
+AUDIT: WriteAudit | None = None
+
+
+def _audited(who: str, fn, *args):
+    if AUDIT is None:
+        return fn(*args)
+    with AUDIT.watching(who):
+        return fn(*args)
+
+
+def write_failures() -> list[str]:
+    lines = []
+    for who, writes in (AUDIT.writes.items() if AUDIT else []):
+        seen = list(dict.fromkeys(writes))
+        shown = ", ".join(f"{path} ({event})" for path, event in seen[:SHOWN_WRITES])
+        more = f" and {len(seen) - SHOWN_WRITES} more" if len(seen) > SHOWN_WRITES else ""
+        lines.append(f"FAIL write  {who:<{WIDTH}} wrote into site-packages at import: {shown}{more}"
+                     " — on a read-only root these are lost; create them at build time (gate.prepare)")
+    return lines
+
+
+def dangling_symlinks() -> list[str]:
+    lines = []
+    for root in site_dirs():
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                if os.path.islink(path) and not os.path.exists(path):
+                    lines.append(f"FAIL link   {path} -> {os.readlink(path)} (dangling symlink)")
+    return lines
 
 
 def _version(dist: str) -> str | None:
@@ -80,24 +183,33 @@ def check_probe(probe: dict) -> tuple[bool, str]:
     return False, f"FAIL probe  {probe['name']} expected={probe['expect']} found={found}"
 
 
-def run(spec: dict, out=sys.stdout) -> int:
+def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
+    global AUDIT
+    AUDIT = AUDIT or WriteAudit(site_dirs())
     failed = passed = 0
-    checks = ([(check_package, p) for p in spec.get("packages", [])]
-              + [(check_import, i) for i in spec.get("imports", [])]
-              + [(check_probe, p) for p in spec.get("probes", [])])
-    for fn, item in checks:
-        ok, line = fn(item)
-        print(line, file=out, flush=True)
+    prefix = "read-only: " if read_only else ""
+    checks = ([(check_package, p, p["name"]) for p in spec.get("packages", [])]
+              + [(check_import, i, i["module"]) for i in spec.get("imports", [])])
+    if not read_only:
+        checks += [(check_probe, p, f"probe {p['name']}") for p in spec.get("probes", [])]
+    for fn, item, who in checks:
+        ok, line = _audited(who, fn, item)
+        print(prefix + line, file=out, flush=True)
         passed += ok
         failed += not ok
-    print(f"gate result: {passed} PASS, {failed} FAIL", file=out, flush=True)
+    extra = write_failures() + ([] if read_only else dangling_symlinks())
+    for line in extra:
+        print(prefix + line, file=out, flush=True)
+    failed += len(extra)
+    print(f"{prefix}gate result: {passed} PASS, {failed} FAIL", file=out, flush=True)
     return 1 if failed else 0
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[1]) if len(argv) > 1 else Path(__file__).with_name("gate.json")
+    args = [a for a in argv[1:] if not a.startswith("--")]
+    path = Path(args[0]) if args else Path(__file__).with_name("gate.json")
     spec = json.loads(path.read_text())
-    return run(spec)
+    return run(spec, read_only="--read-only" in argv)
 
 
 if __name__ == "__main__":

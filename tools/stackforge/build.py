@@ -30,7 +30,8 @@ from .stack import fingerprint, position, resolved
 from .urls import host as url_host
 
 SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
-GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:PASS|FAIL) (?:import|meta  |probe ) .*|gate result: .*)$")
+GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) (?:import|meta  |probe |write |link  |abi  ) .*"
+                       r"|gate result: .*)|abi result: .*)$")
 
 
 @dataclass
@@ -42,6 +43,7 @@ class BuildOptions:
     builder: str | None = None
     no_cache: bool = False
     out: Path | None = None
+    network: str | None = None  # RUN steps' network, e.g. "host" to reach an index on the host's loopback
 
 
 @dataclass
@@ -149,12 +151,18 @@ def gate_lines(log: str) -> list[str]:
     return [m.group(1) for m in (GATE_LINE.match(l) for l in log.splitlines()) if m]
 
 
-def read_gate_from_image(engine: Engine, ref: str) -> list[str]:
-    proc = engine._run("run", "--rm", "--network=none", "--entrypoint", "cat", ref, "/stackforge/gate/result.txt",
-                       timeout=300)
-    if proc.returncode != 0:
-        return []
-    return [l for l in proc.stdout.splitlines() if l.strip()]
+GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
+
+
+def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
+    """The gate's own reports, as the build left them in the image."""
+    out = {}
+    for name in GATE_FILES:
+        proc = engine._run("run", "--rm", "--network=none", "--entrypoint", "cat", ref, f"/stackforge/gate/{name}",
+                           timeout=300)
+        if proc.returncode == 0:
+            out[name] = [l for l in proc.stdout.splitlines() if l.strip()]
+    return out
 
 
 def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None = None,
@@ -198,7 +206,7 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
         had = engine.image_id(ref)
         result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref], build_args=build_args,
                               secrets=secrets, load=opts.load, builder=opts.builder, no_cache=opts.no_cache,
-                              on_line=echo, log_file=evidence / "build.log")
+                              extra_args=[f"--network={opts.network}"] if opts.network else [], on_line=echo, log_file=evidence / "build.log")
     finally:
         shutil.rmtree(secrets_dir, ignore_errors=True)
     log = result.log
@@ -211,9 +219,12 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
         raise BuildFailed(f"{stack.name}/{target}: {_failure_reason(log)}\n  (no image was tagged; log: "
                           f"{evidence / 'build.log'})", fix="read the FAIL/ERROR lines above")
     image_id = engine.image_id(ref) if opts.load else None
-    gate = read_gate_from_image(engine, ref) if opts.load else gate_lines(log)
-    if gate:
-        (evidence / "gate.txt").write_text("\n".join(gate) + "\n")
+    reports = read_gate_from_image(engine, ref) if opts.load else {}
+    gate = reports.get("result.txt") or gate_lines(log)
+    (evidence / "gate.txt").write_text("\n".join(gate) + "\n")
+    for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt")):
+        if name in reports:
+            (evidence / evidence_name).write_text("\n".join(reports[name]) + "\n")
     outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
     (evidence / "result.json").write_text(json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)},
                                                      indent=2, default=str))

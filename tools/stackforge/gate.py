@@ -12,8 +12,9 @@ from .plan import gate_spec
 from .render import images_dir
 
 
-def run_gate(stack: Stack, image: str, engine: Engine | None = None) -> tuple[bool, list[str]]:
-    """Run images/gate/gate.py with this stack's spec inside ``image``; (all passed, output lines)."""
+def run_gate(stack: Stack, image: str, engine: Engine | None = None, script: str = "gate.py") -> tuple[bool, list[str]]:
+    """Run images/gate/<script> with this stack's spec inside ``image``, with a read-only root
+    filesystem and a writable /tmp, as a hardened runtime would; (all passed, output lines)."""
     engine = engine or Engine()
     engine.check()
     if not engine.image_exists(image):
@@ -21,9 +22,12 @@ def run_gate(stack: Stack, image: str, engine: Engine | None = None) -> tuple[bo
                         fix="build it (stackforge build STACK) or pull it first")
     with tempfile.TemporaryDirectory(prefix="stackforge-gate-") as tmp:
         d = Path(tmp)
-        (d / "gate.py").write_bytes((images_dir() / "gate" / "gate.py").read_bytes())
+        (d / script).write_bytes((images_dir() / "gate" / script).read_bytes())
         (d / "gate.json").write_text(json.dumps(gate_spec(stack)))
-        proc = engine._run("run", "--rm", "--network=none", "--entrypoint", "python", "-v", f"{d}:/stackforge-gate:ro",
-                           image, "/stackforge-gate/gate.py", "/stackforge-gate/gate.json", timeout=600)
+        d.chmod(0o755)
+        proc = engine._run("run", "--rm", "--network=none", "--read-only", "--tmpfs", "/tmp",
+                           "-e", "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", "python",
+                           "-v", f"{d}:/stackforge-gate:ro", image, f"/stackforge-gate/{script}",
+                           "/stackforge-gate/gate.json", timeout=600)
     lines = [l for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
     return proc.returncode == 0, lines

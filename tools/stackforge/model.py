@@ -156,9 +156,18 @@ class Probe(Strict):
 
 
 class Gate(Strict):
+    prepare: list[str] = Field(
+        default_factory=list,
+        description="commands run in the gate stage before the checks; what they write stays in the image layer "
+        "(e.g. files a package would otherwise create at import time)")
     imports: list[GateImport] = Field(default_factory=list)
     probes: list[Probe] = Field(default_factory=list)
-    read_only: bool = Field(True, description="re-run the imports with a read-only root filesystem")
+    read_only: bool = Field(True, description="re-run the imports with site-packages mounted read-only")
+    abi: bool = Field(True, description="resolve every DT_NEEDED of the vendor packages' shared objects")
+    library_path: list[str] = Field(
+        default_factory=list,
+        description="directories the loader searches for the ABI check, as the runtime would; {site} is "
+        "site-packages")
 
 
 class Train(Strict):

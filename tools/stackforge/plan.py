@@ -50,6 +50,7 @@ class Plan:
     upstreams: list[str]
     kernels: list[KernelStep]
     gate: dict
+    gate_prepare: list[str]
     targets: dict[str, dict]
     labels: dict[str, str]
     secrets: list[str] = field(default_factory=list)  # BuildKit secret ids the build may receive
@@ -95,6 +96,12 @@ def gate_spec(stack: Stack) -> dict:
         ],
         "imports": [i.model_dump() for i in stack.gate.imports],
         "probes": [p.model_dump() for p in stack.gate.probes],
+        "read_only": stack.gate.read_only,
+        "abi": {
+            "packages": [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]
+            if stack.gate.abi else [],
+            "library_path": list(stack.gate.library_path),
+        },
     }
 
 
@@ -146,6 +153,7 @@ def make_plan(stack: Stack) -> Plan:
         upstreams=list(stack.upstreams),
         kernels=[KernelStep(n, k.upstream, dict(k.env), k.run) for n, k in stack.kernels.items()],
         gate=gate_spec(stack),
+        gate_prepare=list(stack.gate.prepare),
         targets={n: t.model_dump() for n, t in stack.targets.items()},
         labels=image_labels(stack),
         secrets=["netrc", "cabundle"],

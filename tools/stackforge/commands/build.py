@@ -34,15 +34,22 @@ def register(sub) -> None:
                         "(default: $STACKFORGE_CA_BUNDLE or the host's system bundle; 'none' to disable)")
     p.add_argument("--syntax", help="add a `# syntax=` line; off by default")
     p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--network", help="network for RUN steps (e.g. host, to reach an index on the host's loopback)")
     p.add_argument("--out", type=Path, help="build directory (default: build/<stack>)")
     add_set(p)
     p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("gate", help="re-run a stack's dependency gate on a built image")
+    p = sub.add_parser("gate", help="re-run a stack's dependency gate on a built image (read-only root, /tmp writable)")
     p.add_argument("image")
     p.add_argument("--stack", required=True)
     add_set(p)
     p.set_defaults(func=cmd_gate)
+
+    p = sub.add_parser("abi", help="resolve every DT_NEEDED of a stack's vendor packages inside an image")
+    p.add_argument("image")
+    p.add_argument("--stack", required=True)
+    add_set(p)
+    p.set_defaults(func=cmd_abi)
 
 
 def cmd_render(args) -> int:
@@ -75,7 +82,7 @@ def cmd_render(args) -> int:
 def cmd_build(args) -> int:
     stack = load(args, args.stack)
     opts = BuildOptions(target=args.target, load=args.load, syntax=args.syntax, ca_bundle=args.ca_bundle,
-                        builder=args.builder, no_cache=args.no_cache, out=args.out)
+                        builder=args.builder, no_cache=args.no_cache, out=args.out, network=args.network)
     outcome = build(stack, opts)
     print(f"\nbuilt {outcome.tag}" + (f" ({outcome.image_id})" if outcome.image_id else "")
           + f" in {outcome.duration_s}s", file=sys.stderr)
@@ -84,6 +91,14 @@ def cmd_build(args) -> int:
     print(f"evidence: {outcome.evidence}", file=sys.stderr)
     print(outcome.tag)
     return 0
+
+
+def cmd_abi(args) -> int:
+    stack = load(args, args.stack)
+    ok, lines = run_gate(stack, args.image, script="abi.py")
+    for line in lines:
+        print(line)
+    return 0 if ok else 1
 
 
 def cmd_gate(args) -> int:

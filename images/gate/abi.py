@@ -1,0 +1,85 @@
+"""The ABI gate, run inside the image as a build step.
+
+For every shared object installed by the stack's vendor packages, ask the image's
+own loader (``ldd``) to resolve each needed library, with the library path the
+runtime uses (the stack's ``gate.library_path``; ``{site}`` is site-packages).
+A library that is "not found" fails the build and is named with its package and
+.so. A compiled distribution that declares no Requires-Dist gets a WARN line:
+no resolver guards its ABI, so this check is the only one that does.
+
+Reads gate.json (``abi`` section); prints one line per .so; exits 1 on any FAIL.
+Standard library only.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+WIDTH = 10
+SO = re.compile(r"\.so(\.\d+)*$")
+NOT_FOUND = re.compile(r"^\s*(\S+)\s+=>\s+not found")
+RESOLVED = re.compile(r"^\s*(\S+)\s+=>\s+(\S+)")
+
+
+def library_path(entries: list[str]) -> str:
+    site = sysconfig.get_paths()["purelib"]
+    dirs = [e.replace("{site}", site) for e in entries]
+    current = os.environ.get("LD_LIBRARY_PATH", "")
+    return ":".join([*dirs, *([current] if current else [])])
+
+
+def shared_objects(dist: md.Distribution) -> list[Path]:
+    return sorted(Path(str(f.locate())) for f in (dist.files or []) if SO.search(str(f)))
+
+
+def check_dist(name: str, env: dict) -> tuple[list[str], int]:
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        return [f"FAIL abi   {name:<{WIDTH}} not installed"], 1
+    lines, failed = [], 0
+    objects = shared_objects(dist)
+    for so in objects:
+        proc = subprocess.run(["ldd", str(so)], capture_output=True, text=True, env=env)
+        text = proc.stdout + proc.stderr
+        if "not a dynamic executable" in text:
+            continue
+        missing = [m.group(1) for m in map(NOT_FOUND.match, text.splitlines()) if m]
+        resolved = [m.group(1) for m in map(RESOLVED.match, text.splitlines()) if m and m.group(2) != "not"]
+        if missing:
+            failed += 1
+            lines.append(f"FAIL abi   {name:<{WIDTH}} {so.name} missing={','.join(missing)}")
+        else:
+            lines.append(f"PASS abi   {name:<{WIDTH}} {so.name} resolved={len(resolved)}")
+    if objects and not dist.requires:
+        lines.append(f"WARN abi   {name:<{WIDTH}} compiled ({len(objects)} .so) and declares no Requires-Dist: "
+                     "no resolver guards its ABI")
+    return lines, failed
+
+
+def run(spec: dict, out=sys.stdout) -> int:
+    abi = spec.get("abi") or {}
+    env = dict(os.environ, LD_LIBRARY_PATH=library_path(abi.get("library_path", [])))
+    failed = 0
+    for name in abi.get("packages", []):
+        lines, n = check_dist(name, env)
+        failed += n
+        for line in lines:
+            print(line, file=out, flush=True)
+    print(f"abi result: {failed} FAIL", file=out, flush=True)
+    return 1 if failed else 0
+
+
+def main(argv: list[str]) -> int:
+    path = Path(argv[1]) if len(argv) > 1 else Path(__file__).with_name("gate.json")
+    return run(json.loads(path.read_text()))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
