@@ -463,7 +463,10 @@ class IndexClient:
         if resp.status_code != 200:
             raise IndexQueryError(f"{redact(url)}: HTTP {resp.status_code}")
         ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        body = resp.text
+        # Decode ourselves: without a charset requests would guess the encoding with a slow detector.
+        # PEP 691 JSON is UTF-8; HTML uses its declared charset, else UTF-8.
+        charset = resp.encoding if "charset=" in resp.headers.get("Content-Type", "").lower() else "utf-8"
+        body = resp.content.decode(charset or "utf-8", errors="replace")
         if self.cache and (resp.headers.get("ETag") or resp.headers.get("Last-Modified")):
             self.cache.put(
                 url,
