@@ -637,6 +637,25 @@ class Publisher:
             duration_s=round(time.monotonic() - self.t0, 3), source=self.image.description,
             local_size=getattr(self.image, "local_size", None))
 
+    def left_behind(self) -> str:
+        """After a failure: say truthfully whether a tag of ours exists (one quick look, no retries)."""
+        tag = self.tag_written or self.tag_attempted
+        if tag is None:
+            return "no tag was created"
+        digest = self.prepared.digest if self.prepared else None
+        try:
+            client = RegistryClient(self.repository, policy=RetryPolicy(attempts=1, total_seconds=10),
+                                    credentials=self.client.credentials, timeout=(5.0, 10.0))
+            current = client.head_manifest(tag)
+        except RegistryError:
+            return (f"tag {tag} may have been written (the registry stopped answering); "
+                    "a re-run finds it and verifies it, or publishes under the next free revision")
+        if current is None:
+            return "no tag was created"
+        if current.digest == digest:
+            return f"tag {tag} holds the pushed image but was not verified; a re-run verifies it"
+        return f"tag {tag} belongs to another image; nothing of this publish is tagged"
+
     # -- steps --------------------------------------------------------------------------------
 
     def run(self) -> PublishResult:
@@ -874,9 +893,7 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
         try:
             result = pub.run()
         except RegistryError as exc:
-            left = (f"tag {pub.tag_written} was written and could not be verified" if pub.tag_written
-                    else f"tag {pub.tag_attempted} may have been written (its PUT got no answer); a re-run finds and verifies it"
-                    if pub.tag_attempted else "no tag was created")
+            left = pub.left_behind()
             raise BuildFailed(f"publish to {repo} failed: {exc}; {left}",
                               fix="re-run the same command once the registry answers; uploaded blobs are reused") from None
     except UserError as err:

@@ -1,0 +1,441 @@
+"""The publish algorithm against an in-process registry stub and the fault-injecting proxy.
+
+Images come from ``docker save``-format archives written here (both the legacy and the
+OCI-layout flavour), so these tests need no engine; tests/integration/test_publish_registry.py
+runs the same paths against a real docker-registry and real engine images.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from stackforge.errors import BuildFailed, UserError
+from stackforge.publish import (
+    OCI_LAYER_GZIP,
+    OCI_LAYER_TAR,
+    ArchiveImage,
+    TagScheme,
+    publish,
+    read_save_stream,
+    validate_date,
+)
+from stackforge.registry import RetryPolicy, parse_repository
+from tests.fixtures.faulty_proxy import BLOB_UPLOAD, MANIFEST_BY_DIGEST, MANIFEST_BY_TAG, Fault, FaultyProxy
+from tests.fixtures.stub_registry import StubRegistry, digest_of
+
+PREFIX = "v0.28.0-ph1-5.2.0-torch2.11.0.post2"
+SCHEME = TagScheme.from_prefix(PREFIX)
+ALIAS = f"{PREFIX}-latest"
+DATE = "20260929"
+REPO = "mcconline/inference/vllm"
+FAST = RetryPolicy(attempts=5, base_delay=0.001, max_delay=0.01, total_seconds=10)
+
+
+# ------------------------------------------------------------------------------ archive helpers
+
+
+def layer_tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime = len(data), 0
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _link(tar: tarfile.TarFile, name: str, target: str) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, target
+    tar.addfile(info)
+
+
+def save_archive(path: Path, layers: list[bytes], *, flavour: str = "legacy", note: str = "",
+                 diff_ids: list[str] | None = None, stored: list[bytes] | None = None) -> str:
+    """Write a docker-save archive; returns the image id (sha256 of the config)."""
+    diff_ids = diff_ids or [digest_of(l) for l in layers]
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {"note": note}},
+                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}, sort_keys=True).encode()
+    image_id = digest_of(config)
+    stored = stored or layers
+    with tarfile.open(path, "w") as tar:
+        if flavour == "legacy":
+            names, first_of = [], {}
+            for i, (layer, raw) in enumerate(zip(layers, stored)):
+                v1 = hashlib.sha256(f"{i}-{digest_of(layer)}".encode()).hexdigest()
+                d = digest_of(layer)
+                if d in first_of:  # docker save links a repeated layer to its first copy
+                    _link(tar, f"{v1}/layer.tar", f"../{first_of[d]}/layer.tar")
+                else:
+                    first_of[d] = v1
+                    _add(tar, f"{v1}/layer.tar", raw)
+                _add(tar, f"{v1}/VERSION", b"1.0")
+                _add(tar, f"{v1}/json", json.dumps({"id": v1}).encode())
+                names.append(f"{v1}/layer.tar")
+            cfg_name = image_id.split(":")[1] + ".json"
+            _add(tar, cfg_name, config)
+        else:
+            _add(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+            names, seen = [], set()
+            for raw in stored:
+                d = digest_of(raw)
+                if d not in seen:
+                    seen.add(d)
+                    _add(tar, f"blobs/sha256/{d.split(':')[1]}", raw)
+                names.append(f"blobs/sha256/{d.split(':')[1]}")
+            cfg_name = f"blobs/sha256/{image_id.split(':')[1]}"
+            _add(tar, cfg_name, config)
+        _add(tar, "manifest.json", json.dumps([{"Config": cfg_name, "RepoTags": ["x:y"], "Layers": names}]).encode())
+    return image_id
+
+
+@pytest.fixture
+def images(tmp_path):
+    """A factory of distinct tiny image archives sharing a base layer."""
+    base = layer_tar({"etc/os-release": b"ID=debian\n"})
+    made = {}
+
+    def make(name: str, flavour: str = "legacy") -> ArchiveImage:
+        path = tmp_path / f"{name}-{flavour}.tar"
+        if path not in made:
+            made[path] = save_archive(path, [base, layer_tar({f"app/{name}.txt": name.encode() * 100})], flavour=flavour)
+        return ArchiveImage(path)
+
+    return make
+
+
+@pytest.fixture
+def stub():
+    with StubRegistry() as reg:
+        yield reg
+
+
+def run(address: str, image: ArchiveImage, tmp_path: Path, *, date: str = DATE, aliases=(ALIAS,), **kw):
+    return publish(image, f"{address}/{REPO}", SCHEME, date, aliases=aliases, policy=kw.pop("policy", FAST),
+                   lock_dir=tmp_path / "locks", **kw)
+
+
+def immutable(reg: StubRegistry) -> dict[str, str]:
+    return {t: d for t, d in reg.tags.get(REPO, {}).items() if SCHEME.parse(t)}
+
+
+# ------------------------------------------------------------------------------------ tag scheme
+
+
+def test_tag_scheme_renders_and_parses():
+    assert SCHEME.tag(DATE, 2) == f"{PREFIX}-20260929-r2"
+    assert SCHEME.parse(f"{PREFIX}-20260929-r2") == ("20260929", 2)
+    for other in [f"{PREFIX}-20260929-r0", f"{PREFIX}-20260929-r02", f"{PREFIX}-2026092-r1", ALIAS,
+                  f"{PREFIX}-20260929-r1-extra", f"x{PREFIX}-20260929-r1"]:
+        assert SCHEME.parse(other) is None, other
+    tags = [SCHEME.tag(DATE, 1), SCHEME.tag(DATE, 3), SCHEME.tag("20260930", 1), ALIAS, "unrelated"]
+    assert SCHEME.revisions(tags, DATE) == {1: SCHEME.tag(DATE, 1), 3: SCHEME.tag(DATE, 3)}
+    assert SCHEME.newest(tags) == SCHEME.tag("20260930", 1)
+
+
+def test_tag_scheme_from_render_and_validation():
+    s = TagScheme.from_render(lambda d, r: f"vllm-{d}-r{r}-vllm-openai")
+    assert (s.head, s.mid, s.tail) == ("vllm-", "-r", "-vllm-openai")
+    assert s.tag(DATE, 4) == "vllm-20260929-r4-vllm-openai"
+    with pytest.raises(UserError, match="date once"):
+        TagScheme.from_render(lambda d, r: f"fixed-r{r}")
+    with pytest.raises(UserError, match="not a valid OCI tag"):
+        TagScheme.from_prefix("x" * 120).tag(DATE, 1)
+
+
+def test_validate_date():
+    assert validate_date("20260929") == "20260929"
+    assert len(validate_date(None)) == 8
+    for bad in ["2026-09-29", "20261399", "2026092", "today"]:
+        with pytest.raises(UserError, match="YYYYMMDD|invalid publish date"):
+            validate_date(bad)
+
+
+# ------------------------------------------------------------------------------ archive reading
+
+
+def test_both_save_flavours_give_the_same_deterministic_manifest(tmp_path):
+    layers = [layer_tar({"a": b"1"}), layer_tar({"b": b"2" * 5000}), layer_tar({"a": b"1"})]
+    save_archive(tmp_path / "legacy.tar", layers, flavour="legacy")
+    save_archive(tmp_path / "oci.tar", layers, flavour="oci")
+    out = []
+    for name in ["legacy.tar", "oci.tar", "legacy.tar"]:
+        with open(tmp_path / name, "rb") as fh:
+            out.append(read_save_stream(fh, tmp_path / f"work-{len(out)}"))
+    assert out[0].digest == out[1].digest == out[2].digest
+    img = out[0]
+    assert [l.media_type for l in img.layers] == [OCI_LAYER_GZIP] * 3
+    assert img.layers[0].digest == img.layers[2].digest  # the repeated (symlinked) layer
+    assert len(img.unique_blobs()) == 3  # config + two distinct layers
+    assert [l.diff_id for l in img.layers] == [digest_of(l) for l in layers]
+    assert gzip.decompress(img.layers[1].path.read_bytes()) == layers[1]
+    doc = json.loads(img.manifest)
+    assert doc["config"]["digest"] == img.image_id and doc["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    assert img.size == len(img.manifest) + sum(b.size for b in img.unique_blobs())
+
+
+def test_uncompressed_and_precompressed_layers(tmp_path):
+    layer = layer_tar({"f": b"data" * 100})
+    save_archive(tmp_path / "a.tar", [layer])
+    with open(tmp_path / "a.tar", "rb") as fh:
+        img = read_save_stream(fh, tmp_path / "w1", compression="none")
+    assert img.layers[0].media_type == OCI_LAYER_TAR and img.layers[0].digest == digest_of(layer)
+    gz = gzip.compress(layer, mtime=0)
+    save_archive(tmp_path / "b.tar", [layer], flavour="oci", stored=[gz])
+    with open(tmp_path / "b.tar", "rb") as fh:
+        img = read_save_stream(fh, tmp_path / "w2")
+    assert img.layers[0].media_type == OCI_LAYER_GZIP and img.layers[0].digest == digest_of(gz)
+
+
+def test_corrupt_layer_is_caught(tmp_path):
+    layer = layer_tar({"f": b"x"})
+    save_archive(tmp_path / "bad.tar", [layer], diff_ids=[digest_of(b"something else")])
+    with open(tmp_path / "bad.tar", "rb") as fh, pytest.raises(BuildFailed, match="hashes to"):
+        read_save_stream(fh, tmp_path / "w")
+
+
+def test_archive_without_manifest_is_refused(tmp_path):
+    with tarfile.open(tmp_path / "x.tar", "w") as tar:
+        _add(tar, "hello.txt", b"hi")
+    with open(tmp_path / "x.tar", "rb") as fh, pytest.raises(BuildFailed, match="no manifest.json"):
+        read_save_stream(fh, tmp_path / "w")
+
+
+# -------------------------------------------------------------------------------- the algorithm
+
+
+def test_r1_then_r2_on_the_same_date_and_r1_on_the_next(stub, images, tmp_path):
+    a = run(stub.address, images("a"), tmp_path)
+    b = run(stub.address, images("b"), tmp_path)
+    c = run(stub.address, images("c"), tmp_path, date="20260930")
+    assert (a.status, a.tag) == ("published", SCHEME.tag(DATE, 1))
+    assert (b.status, b.tag) == ("published", SCHEME.tag(DATE, 2))
+    assert c.tag == SCHEME.tag("20260930", 1)
+    assert immutable(stub) == {a.tag: a.digest, b.tag: b.digest, c.tag: c.digest}
+    assert len({a.digest, b.digest, c.digest}) == 3
+    assert stub.tag_digest(REPO, ALIAS) == c.digest
+    assert stub.overwrites == [(REPO, ALIAS, a.digest, b.digest), (REPO, ALIAS, b.digest, c.digest)]
+    for r in (a, b, c):
+        assert r.verification["tag_digest"] == r.digest == r.verification["pushed_digest"]
+        assert r.verification["image_id_matches"] is True
+        assert r.image_id == digest_of(stub.blobs[r.image_id])
+
+
+def test_same_image_again_publishes_nothing(stub, images, tmp_path):
+    first = run(stub.address, images("a"), tmp_path)
+    stub.requests.clear()
+    again = run(stub.address, images("a", flavour="oci"), tmp_path)
+    assert again.status == "already-published" and again.tag == first.tag and again.digest == first.digest
+    assert again.aliases == {ALIAS: "unchanged"}
+    assert [m for m, _ in stub.requests if m in ("PUT", "POST", "DELETE")] == []
+    assert immutable(stub) == {first.tag: first.digest}
+
+
+def test_existing_tags_of_other_images_are_never_overwritten(stub, images, tmp_path):
+    other = [stub.put_image(REPO, SCHEME.tag(DATE, n), json.dumps({"o": n, "rootfs": {"diff_ids": []}}).encode(), [])
+             for n in (1, 2)]
+    r = run(stub.address, images("a"), tmp_path)
+    assert r.tag == SCHEME.tag(DATE, 3)
+    assert immutable(stub) == {SCHEME.tag(DATE, 1): other[0], SCHEME.tag(DATE, 2): other[1], r.tag: r.digest}
+    assert [o for o in stub.overwrites if o[1] != ALIAS] == []
+
+
+def test_tag_that_appears_before_the_check_takes_the_next_revision(stub, images, tmp_path):
+    intruder = {}
+
+    def concurrent(_proxy):
+        intruder["d"] = stub.put_image(REPO, SCHEME.tag(DATE, 1), b'{"intruder":1,"rootfs":{"diff_ids":[]}}', [])
+
+    with FaultyProxy(stub.address, [Fault("hook", MANIFEST_BY_TAG.replace("[^/?]+$", SCHEME.tag(DATE, 1) + "$"),
+                                          "HEAD", hook=concurrent)]) as proxy:
+        r = run(proxy.address, images("a"), tmp_path)
+    assert r.tag == SCHEME.tag(DATE, 2)
+    assert stub.tag_digest(REPO, SCHEME.tag(DATE, 1)) == intruder["d"]
+    assert [e["event"] for e in r.push_log].count("tag-appeared") == 1
+    assert [o for o in stub.overwrites if o[1] != ALIAS] == []
+
+
+def test_tag_taken_over_after_the_put_moves_on_to_the_next_revision(stub, images, tmp_path):
+    """Another host writes the same tag right after our PUT (no conditional PUT in the API)."""
+    tag1 = SCHEME.tag(DATE, 1)
+    other = {}
+
+    def overwrite_ours(_proxy):
+        other["d"] = stub.put_image(REPO, tag1, b'{"other-host":1,"rootfs":{"diff_ids":[]}}', [])
+
+    with FaultyProxy(stub.address, [Fault("hook", rf"/manifests/{tag1}$", "GET", hook=overwrite_ours)]) as proxy:
+        r = run(proxy.address, images("a"), tmp_path)
+    assert r.status == "published" and r.tag == SCHEME.tag(DATE, 2)
+    assert stub.tag_digest(REPO, tag1) == other["d"]
+    assert stub.tag_digest(REPO, ALIAS) == r.digest
+    assert "tag-lost" in [e["event"] for e in r.push_log]
+
+
+def test_publishers_on_one_host_never_race(stub, images, tmp_path):
+    """Two publishers, one date, widened HEAD→PUT window: the host lock serialises tagging."""
+    def slow_put(repo, tag):
+        time.sleep(0.2)
+
+    stub.before_tag_put = slow_put
+    imgs = [images("a"), images("b")]
+    results, errors = [None, None], []
+
+    def go(i):
+        try:
+            results[i] = run(stub.address, imgs[i], tmp_path, aliases=())
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(r.tag for r in results) == [SCHEME.tag(DATE, 1), SCHEME.tag(DATE, 2)]
+    assert stub.overwrites == []
+    assert immutable(stub) == {r.tag: r.digest for r in results}
+
+
+def test_faults_on_blob_and_manifest_uploads_are_retried(stub, images, tmp_path):
+    faults = [
+        Fault("status", BLOB_UPLOAD, "POST", status=503, times=2),
+        Fault("reset", BLOB_UPLOAD + ".+digest=", "PUT"),
+        Fault("status", BLOB_UPLOAD + ".+digest=", "PUT", status=429, retry_after="0"),
+        Fault("status", MANIFEST_BY_DIGEST, "PUT", status=500),
+        Fault("reset", MANIFEST_BY_DIGEST, "PUT"),
+        Fault("reset-after-forward", MANIFEST_BY_TAG, "PUT"),  # the tag lands, the answer is lost
+    ]
+    with FaultyProxy(stub.address, faults) as proxy:
+        r = run(proxy.address, images("a"), tmp_path)
+        fired = [e.action for e in proxy.fired()]
+    assert r.status == "published" and r.tag == SCHEME.tag(DATE, 1)
+    assert sorted(fired) == sorted(f.action for f in faults for _ in range(f.times))
+    assert immutable(stub) == {r.tag: r.digest}
+    assert stub.overwrites == []
+    assert sum(1 for e in r.push_log if e["event"] == "retry") >= 7
+
+
+def test_persistent_upload_failure_leaves_no_tag_and_a_rerun_succeeds(stub, images, tmp_path):
+    with FaultyProxy(stub.address, [Fault("status", BLOB_UPLOAD + ".+digest=", "PUT", status=503, times=None)]) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("a"), tmp_path, evidence=tmp_path / "ev")
+        assert "no tag was created" in exc.value.message and "gave up after 5 attempt" in exc.value.message
+        assert exc.value.exit_code == 1
+        assert stub.tags.get(REPO, {}) == {}
+        failed = json.loads((tmp_path / "ev" / "publish.json").read_text())
+        assert failed["status"] == "failed" and failed["tag_left"] is None and failed["push_log"]
+        proxy.clear()
+        r = run(proxy.address, images("a"), tmp_path, evidence=tmp_path / "ev")
+    assert r.tag == SCHEME.tag(DATE, 1)
+    assert json.loads((tmp_path / "ev" / "publish.json").read_text())["status"] == "published"
+
+
+def test_persistent_failure_while_tagging_leaves_no_tag(stub, images, tmp_path):
+    with FaultyProxy(stub.address, [Fault("status", MANIFEST_BY_TAG, "PUT", status=503, times=None)]) as proxy:
+        with pytest.raises(BuildFailed, match="no tag was created"):
+            run(proxy.address, images("a"), tmp_path)
+    assert stub.tags.get(REPO, {}) == {}
+
+
+def test_rewritten_manifest_is_caught_and_rolled_back(stub, images, tmp_path):
+    with FaultyProxy(stub.address, [Fault("rewrite-request", MANIFEST_BY_TAG, "PUT", times=None)]) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("a"), tmp_path)
+    msg = exc.value.message
+    assert "manifest digest mismatch" in msg and "Rolled back" in msg and "no tag remains" in msg
+    assert stub.tags.get(REPO, {}) == {}  # neither the immutable tag nor the alias
+
+
+def test_rewritten_manifest_without_deletion_names_the_tag_to_delete(images, tmp_path):
+    with StubRegistry(delete_enabled=False) as reg, \
+            FaultyProxy(reg.address, [Fault("rewrite-request", MANIFEST_BY_TAG, "PUT", times=None)]) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("a"), tmp_path)
+        tag = SCHEME.tag(DATE, 1)
+        assert f"tag {tag} points to" in exc.value.message and "administrator" in exc.value.message
+        assert ALIAS not in reg.tags.get(REPO, {})
+
+
+def test_manifest_rewritten_on_the_way_back_is_not_trusted(stub, images, tmp_path):
+    with FaultyProxy(stub.address, [Fault("rewrite-response", MANIFEST_BY_TAG, "GET", times=None)]) as proxy:
+        with pytest.raises(BuildFailed, match="cannot be verified"):
+            run(proxy.address, images("a"), tmp_path)
+    assert ALIAS not in stub.tags.get(REPO, {})
+
+
+def test_manifest_rewritten_when_pushed_by_digest_is_refused_before_any_tag(stub, images, tmp_path):
+    with FaultyProxy(stub.address, [Fault("rewrite-request", MANIFEST_BY_DIGEST, "PUT", times=None)]) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("a"), tmp_path)
+    assert "DIGEST_INVALID" in exc.value.message and "no tag was created" in exc.value.message
+    assert stub.tags.get(REPO, {}) == {}
+
+
+def test_alias_moves_only_forward_and_a_failed_alias_is_completed_by_a_rerun(stub, images, tmp_path):
+    a = run(stub.address, images("a"), tmp_path)
+    with FaultyProxy(stub.address, [Fault("status", rf"/manifests/{ALIAS}$", "PUT", status=503, times=None)]) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("b"), tmp_path)
+    assert "is published and verified" in exc.value.message
+    b_tag = SCHEME.tag(DATE, 2)
+    assert b_tag in stub.tags[REPO] and stub.tag_digest(REPO, ALIAS) == a.digest
+    b = run(stub.address, images("b"), tmp_path)  # the re-run finds r2 and completes the alias
+    assert b.status == "already-published" and b.tag == b_tag and b.aliases == {ALIAS: "moved"}
+    assert stub.tag_digest(REPO, ALIAS) == b.digest
+    old = run(stub.address, images("a"), tmp_path)  # re-publishing the older image moves nothing back
+    assert old.status == "already-published" and stub.tag_digest(REPO, ALIAS) == b.digest
+    assert "newer tag" in old.aliases[ALIAS]
+
+
+def test_alias_that_looks_immutable_is_refused(stub, images, tmp_path):
+    with pytest.raises(UserError, match="immutable publish tag"):
+        run(stub.address, images("a"), tmp_path, aliases=(SCHEME.tag(DATE, 9),))
+    with pytest.raises(UserError, match="not a valid OCI tag"):
+        run(stub.address, images("a"), tmp_path, aliases=("bad tag",))
+
+
+def test_unreachable_registry_is_a_user_error_and_creates_nothing(images, tmp_path):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(UserError) as exc:
+        run(f"127.0.0.1:{port}", images("a"), tmp_path)
+    assert exc.value.exit_code == 2 and "connection refused" in exc.value.message
+    assert "no tag was created" in exc.value.fix
+
+
+def test_bad_registry_reference(images, tmp_path):
+    for bad in ["http://127.0.0.1:5000/x", "127.0.0.1:5000/UPPER", "nohost/x"]:
+        with pytest.raises(UserError):
+            publish(images("a"), bad, SCHEME, DATE, policy=FAST, lock_dir=tmp_path)
+
+
+def test_evidence_records_what_was_published(stub, images, tmp_path):
+    r = run(stub.address, images("a"), tmp_path, evidence=tmp_path / "evidence")
+    ev = json.loads((tmp_path / "evidence" / "publish.json").read_text())
+    assert ev["repository"] == f"{stub.address}/{REPO}" and ev["tag"] == r.tag and ev["digest"] == r.digest
+    assert ev["pinned_reference"] == f"{stub.address}/{REPO}@{r.digest}"
+    assert ev["size"] == len(stub.manifests[r.digest][0]) + sum(
+        d["size"] for d in [json.loads(stub.manifests[r.digest][0])["config"], *json.loads(stub.manifests[r.digest][0])["layers"]])
+    assert ev["verification"]["tag_digest"] == r.digest and ev["verification"]["image_id_matches"]
+    assert ev["started_at"].endswith("Z") and ev["duration_s"] >= 0
+    events = [e["event"] for e in ev["push_log"]]
+    assert events[0] == "start" and events[-1] == "done"
+    assert events.index("manifest-by-digest") < events.index("tag-written") < events.index("tag-reread") < events.index("alias")
