@@ -75,6 +75,10 @@ def load_with_positions(path: Path, display: str | None = None) -> Sourced:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
+        ctx = exc.context_mark
+        if exc.problem and exc.context and ctx and exc.problem_mark and ctx.line != exc.problem_mark.line:
+            # e.g. an unclosed bracket: the parser notices at the end of the file; say where it opened
+            problem += f" ({exc.context} started at line {ctx.line + 1}, column {ctx.column + 1})"
         raise UserError(
             f"invalid YAML: {problem}",
             file=display,
