@@ -1,0 +1,83 @@
+"""The patch overlay's public API (implemented in ``stackforge.overlay``).
+
+Series layout: ``patches/<upstream>/series`` + ``NNNN-<Area>-<summary>.patch``
++ a generated ``README.md``; layered ranges live in
+``overlays/<overlay>/patches/<upstream>/`` and apply after the base series.
+
+For the build:
+
+- ``series_hash(patch_dir_or_series, *layers) -> str``: sha256 over the series
+  order and patch bytes (labels, evidence);
+- ``apply_series(tree_dir, patch_paths) -> ApplyReport``: apply onto an
+  exported tree on the host; raises UserError naming the failing patch.
+"""
+from __future__ import annotations
+
+from .overlay.apply import (
+    CLEAN,
+    FAILS,
+    NOT_RUN,
+    OFFSET,
+    STATE_FILE,
+    THREEWAY,
+    UPSTREAMED,
+    ApplyReport,
+    Diagnosis,
+    PatchResult,
+    abort_apply,
+    apply_layers,
+    apply_series,
+    continue_apply,
+    failure_error,
+    failure_message,
+    read_state,
+    summary_lines,
+)
+from .overlay.export import FORMAT_PATCH_ARGS, Change, ExportPlan, export_series, format_commit, plan_export
+from .overlay.index import render_index, write_index
+from .overlay.lint import DEFAULT_TRACKER_PATTERN, Finding, lint_layers, lint_repository, lint_series
+from .overlay.ops import (
+    RangeEntry,
+    Target,
+    Upstreamed,
+    apply_to,
+    check,
+    drop_upstreamed,
+    export_check,
+    find_upstreamed,
+    make_target,
+    range_diff,
+    target_from_stack,
+)
+from .overlay.patchfile import PatchFile, parse_patch
+from .overlay.series import (
+    BASE_LAYER,
+    PatchRef,
+    Series,
+    drop_entries,
+    flatten,
+    layer_dirs,
+    load_layers,
+    read_series,
+    renumber,
+    series_hash,
+    write_series,
+)
+
+
+
+def apply_to_export(tree_dir, patch_dir, *layer_dirs, keep_git: bool = False) -> list[PatchResult]:
+    """Apply the series in ``patch_dir`` (then any layered range dirs) onto an exported tree.
+
+    For the build's source stage: the tree ends up holding the patched files
+    only (``keep_git=False``). Raises UserError naming the failing patch.
+    Returns one result per patch, in order.
+    """
+    from pathlib import Path
+
+    layers = [read_series(patch_dir)]
+    layers += [read_series(d, layer=Path(d).parent.parent.name or f"layer{i}") for i, d in enumerate(layer_dirs, start=1)]
+    return apply_series(tree_dir, layers, keep_git=keep_git).results
+
+
+__all__ = [name for name in dir() if not name.startswith("_") and name != "annotations"]
