@@ -1,0 +1,134 @@
+"""The example stack built for real with BuildKit: gate lines, labels, tag, layer caching, a failing pin."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.engine
+
+
+def make_root(tmp: Path) -> Path:
+    """A private copy of the repository's stacks and patches, so each test owns its build/ dir."""
+    root = tmp / "repo"
+    root.mkdir()
+    shutil.copytree(REPO / "stacks", root / "stacks")
+    shutil.copytree(REPO / "patches", root / "patches")
+    return root
+
+
+def stackforge(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "stackforge", "--root", str(root), *args],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"stackforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def steps(log: str) -> dict[str, bool]:
+    """BuildKit plain progress → {"[stage n/m] INSTRUCTION": cached?}."""
+    names: dict[str, str] = {}
+    cached: dict[str, bool] = {}
+    for line in log.splitlines():
+        m = re.match(r"^#(\d+) (\[[^\]]+\] .*)$", line)
+        if m and m.group(1) not in names:
+            names[m.group(1)] = m.group(2)
+            cached.setdefault(m.group(2), False)
+        m = re.match(r"^#(\d+) CACHED$", line)
+        if m and m.group(1) in names:
+            cached[names[m.group(1)]] = True
+    return cached
+
+
+def docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True).stdout
+
+
+def image_exists(ref: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, base_image):
+    root = make_root(tmp_path_factory.mktemp("example"))
+    tag = "stackforge-test/example:built"
+    proc = stackforge(root, "build", "example", "--set", f"tags.local={tag}")
+    return root, tag, proc
+
+
+def test_example_image_is_gated_labelled_and_tagged(built):
+    root, tag, proc = built
+    assert proc.stdout.strip().splitlines()[-1] == tag
+    gate = (root / "build" / "example" / "evidence" / "gate.txt").read_text().splitlines()
+    assert gate == [
+        "PASS import setuptools version=80.9.0",
+        "PASS import packaging  version=25.0",
+        "PASS import idna       version=3.10",
+        "PASS import markupsafe version=3.0.3",
+        "PASS probe  speedups-compiled result=compiled",
+        "gate result: 5 PASS, 0 FAIL",
+    ]
+    readonly = (root / "build" / "example" / "evidence" / "gate-readonly.txt").read_text()
+    assert "read-only: gate result: 4 PASS, 0 FAIL" in readonly
+    labels = json.loads(docker("image", "inspect", tag, "--format", "{{json .Config.Labels}}"))
+    assert labels["org.stackforge.pin.setuptools"] == "80.9.0"
+    assert labels["org.stackforge.pin.idna"] == "3.10"
+    assert labels["org.stackforge.stack"] == "example"
+    assert labels["org.opencontainers.image.version"] == "3.0.3"
+    assert labels["org.opencontainers.image.base.name"] == "stackforge/base:bookworm"
+    assert labels["org.opencontainers.image.base.digest"].startswith("sha256:")
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", labels["org.stackforge.series.markupsafe"])
+    inputs = json.loads((root / "build" / "example" / "evidence" / "inputs.json").read_text())
+    assert labels["org.stackforge.fingerprint"] == inputs["fingerprint"]
+    # The engine here predates SOURCE_DATE_EPOCH, and an sdist has no commit time: no invented "created".
+    assert "org.opencontainers.image.created" not in labels
+    # The patch is in the image: the build fails without compiled speedups, and the target runs.
+    out = subprocess.run(["docker", "run", "--rm", "-i", tag], input="<a & b>", capture_output=True, text=True)
+    assert out.stdout == "&lt;a &amp; b&gt;"
+    evidence = sorted(p.name for p in (root / "build" / "example" / "evidence").iterdir())
+    for name in ("Dockerfile", "build.log", "gate.txt", "inputs.json", "result.json"):
+        assert name in evidence
+
+
+def test_patch_change_reruns_src_kernels_gate_but_not_deps(built, tmp_path):
+    root, tag, _ = built
+    patch = next((root / "patches" / "markupsafe").glob("0001-*.patch"))
+    text = patch.read_text()
+    assert "+# A build that must ship the C speedups" in text
+    # A change never built before (BuildKit's cache outlives this test), same line count.
+    token = uuid.uuid4().hex[:8]
+    patch.write_text(text.replace("+# A build that must ship the C speedups", f"+# A build ({token}) that must ship the C speedups"))
+    stackforge(root, "build", "example", "--set", f"tags.local={tag}-2")
+    log = (root / "build" / "example" / "evidence" / "build.log").read_text()
+    result = steps(log)
+    deps = {k: v for k, v in result.items()
+            if k.startswith(("[deps ", "[base ")) and re.search(r"\] (RUN|COPY) ", k)}
+    assert deps and all(deps.values()), f"dependency steps re-ran after a patch change: {deps}"
+    rerun = [k for k, v in result.items() if not v]
+    assert any(k.startswith("[src-markupsafe ") for k in rerun), rerun
+    assert any(k.startswith("[kernel-markupsafe ") and " RUN " in f" {k} " for k in rerun), rerun
+    assert any(k.startswith("[gate ") and "gate.py" in k for k in rerun), rerun
+
+
+def test_pin_that_does_not_match_the_install_fails_and_tags_nothing(built):
+    root, tag, _ = built
+    bad = "stackforge-test/example:mismatch"
+    if image_exists(bad):
+        docker("image", "rm", "-f", bad)
+    # markupsafe pinned at 3.0.2 from PyPI, but the kernel stage builds and installs 3.0.3 over it.
+    proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}",
+                      "--set", "packages.markupsafe={version: 3.0.2, index: pypi}", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "FAIL import markupsafe expected=3.0.2 found=3.0.3" in proc.stderr
+    assert "no image was tagged" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not image_exists(bad)
