@@ -36,7 +36,6 @@ import json
 import os
 import posixpath
 import re
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Protocol
 
+from .engine import Engine
 from .errors import BuildFailed, UserError
 from .registry import (
     DOCKER_MANIFEST,
@@ -57,6 +57,7 @@ from .registry import (
     Repository,
     RetriesExhausted,
     RetryPolicy,
+    parse_registry,
     parse_repository,
     sha256_digest,
     with_retries,
@@ -374,12 +375,34 @@ class ArchiveImage:
         return img
 
 
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (the SDK's streamed ``docker save``)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._chunks = iter(chunks)
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
 @dataclass
 class DockerImage:
-    """A local image of the engine, exported with ``docker save`` (by id, so a re-tag cannot race)."""
+    """A local image of the engine, exported by id (so a re-tag meanwhile cannot change what is pushed)."""
 
     ref: str
-    docker: str = "docker"
+    engine: Engine | None = None
     image_id: str | None = None
     local_size: int | None = None
 
@@ -387,43 +410,35 @@ class DockerImage:
     def description(self) -> str:
         return self.ref
 
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            self.engine = Engine()
+        return self.engine
+
     def inspect(self) -> None:
+        image_id = self._engine().image_id(self.ref)
+        if image_id is None:
+            raise UserError(f"local image {self.ref} does not exist", fix="build it first (stackforge build STACK)")
+        self.image_id = image_id
         try:
-            proc = subprocess.run([self.docker, "image", "inspect", "--format", "{{json .}}", self.ref],
-                                  capture_output=True, text=True, timeout=120)
-        except FileNotFoundError:
-            raise UserError(f"{self.docker!r} not found", fix="install the docker CLI (scripts/engine-setup.sh)") from None
-        if proc.returncode != 0:
-            msg = proc.stderr.strip()
-            if "No such image" in msg or "No such object" in msg:
-                raise UserError(f"local image {self.ref} does not exist", fix="build it first (stackforge build STACK)")
-            raise UserError(f"docker image inspect {self.ref} failed: {msg}",
-                            fix="check that the engine runs (docker info; scripts/engine-setup.sh)")
-        info = json.loads(proc.stdout)
-        self.image_id = info["Id"]
-        self.local_size = info.get("Size")
+            self.local_size = self._engine().sdk().api.inspect_image(image_id).get("Size")
+        except Exception:  # noqa: BLE001 - the size is informative only
+            self.local_size = None
 
     def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None]) -> PreparedImage:
         if self.image_id is None:
             self.inspect()
-        proc = subprocess.Popen([self.docker, "save", self.image_id], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert proc.stdout is not None
+        import docker.errors  # the SDK streams `docker save` without a temporary tar file
+
         try:
-            img = read_save_stream(proc.stdout, workdir, compression=compression, expected_id=self.image_id)
+            chunks = self._engine().sdk().api.get_image(self.image_id)
+            with io.BufferedReader(_ChunkReader(chunks), buffer_size=_CHUNK) as stream:
+                return read_save_stream(stream, workdir, compression=compression, expected_id=self.image_id)
+        except docker.errors.DockerException as exc:
+            raise BuildFailed(f"exporting {self.ref} ({self.image_id}) from the engine failed: {exc}",
+                              fix="check the engine (docker info) and re-run") from None
         except tarfile.TarError as exc:
-            proc.kill()
-            err = proc.communicate()[1].decode(errors="replace").strip()
-            raise BuildFailed(f"docker save {self.ref} produced an unreadable stream: {exc} {err}") from None
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            proc.stdout.close()
-        err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-        if proc.wait() != 0:
-            raise BuildFailed(f"docker save {self.ref} failed: {err}")
-        return img
+            raise BuildFailed(f"the engine's export of {self.ref} is unreadable: {exc}", fix="re-run the publish") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -575,7 +590,7 @@ class Publisher:
     lock_dir: Path = field(default_factory=default_lock_dir)
     lock_timeout: float = 600.0
     verify_pull: bool = False
-    docker: str = "docker"
+    engine: Engine | None = None
     workdir: Path | None = None
     log: PushLog = field(default_factory=PushLog)
     max_revisions: int = 100
@@ -710,7 +725,7 @@ class Publisher:
         newest = self.scheme.newest(tags)
         for alias in self.aliases:
             if newest != tag:
-                aliases[alias] = f"unchanged (a newer tag {newest} exists)"
+                aliases[alias] = f"not moved: newer tag {newest} exists"
                 continue
             current = self._tag_digest(alias)
             if current == manifest.digest:
@@ -851,34 +866,40 @@ class Publisher:
         return out
 
     def _verify_pull(self, tag: str, image_id: str) -> dict[str, Any]:
+        """Pull the tag through the engine, as a node would, and compare the image id."""
         ref = self.repository.ref(tag)
+        engine = self.engine or Engine()
         t = time.monotonic()
-        proc = subprocess.run([self.docker, "pull", ref], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BuildFailed(f"re-pull of {ref} failed: {proc.stderr.strip()}")
-        got = subprocess.run([self.docker, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True).stdout.strip()
+        had = engine.image_id(ref)
+        try:
+            engine.sdk().api.pull(str(self.repository), tag=tag)
+        except Exception as exc:  # noqa: BLE001 - any SDK/daemon error
+            raise BuildFailed(f"re-pull of {ref} failed: {exc}", fix="check the registry from the engine's side") from None
+        got = engine.image_id(ref)
         ok = got == image_id
         self.log("re-pull", reference=ref, image_id=got, ok=ok)
         if not ok:
             raise BuildFailed(f"re-pull of {ref} yields image id {got}, the published image is {image_id}")
-        # Drop the pulled reference again when the image keeps another name, so the engine is left as it was.
-        tags = subprocess.run([self.docker, "image", "inspect", "--format", "{{json .RepoTags}}", ref],
-                              capture_output=True, text=True).stdout.strip()
-        if len(json.loads(tags or "[]") or []) > 1:
-            subprocess.run([self.docker, "image", "rm", "--no-prune", ref], capture_output=True, text=True)
+        if had is None:
+            # Drop the pulled name again when the image keeps another one, so the engine is left as it was.
+            tags = engine.sdk().api.inspect_image(got).get("RepoTags") or []
+            if len(tags) > 1:
+                engine.remove_image(ref)
         return {"reference": ref, "image_id": got, "identical": ok, "seconds": round(time.monotonic() - t, 3)}
 
 
 def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme, date: str | None = None, *,
             aliases: tuple[str, ...] | list[str] = (), policy: RetryPolicy | None = None,
             client: RegistryClient | None = None, compression: str = "gzip", lock_dir: Path | None = None,
-            verify_pull: bool = False, docker: str = "docker", workdir: Path | None = None,
-            echo: Callable[[str], None] | None = None, evidence: Path | None = None) -> PublishResult:
+            verify_pull: bool = False, engine: Engine | None = None, workdir: Path | None = None,
+            echo: Callable[[str], None] | None = None, evidence: Path | None = None,
+            extra: dict[str, Any] | None = None) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``. See the module docstring.
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.
-    When ``evidence`` is given, ``publish.json`` is written there (also for a failure).
+    When ``evidence`` is given, ``publish.json`` is written there (also for a failure), with
+    ``extra`` fields (e.g. stack, target) first.
     """
     date = validate_date(date)
     repo = parse_repository(repository) if isinstance(repository, str) else repository
@@ -888,7 +909,7 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
     else:
         client.log = client.log or log
     pub = Publisher(client=client, image=image, scheme=scheme, date=date, aliases=tuple(aliases), compression=compression,
-                    lock_dir=lock_dir or default_lock_dir(), verify_pull=verify_pull, docker=docker, workdir=workdir, log=log)
+                    lock_dir=lock_dir or default_lock_dir(), verify_pull=verify_pull, engine=engine, workdir=workdir, log=log)
     try:
         try:
             result = pub.run()
@@ -899,13 +920,13 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
     except UserError as err:
         log("failed", error=err.message)
         if evidence is not None:
-            write_evidence(evidence, {"status": "failed", "repository": str(repo), "error": err.message,
+            write_evidence(evidence, {"status": "failed", **(extra or {}), "repository": str(repo), "error": err.message,
                                       "tag_left": pub.tag_written, "image_id": pub.prepared.image_id if pub.prepared else image.image_id,
                                       "started_at": pub.started_at, "finished_at": _now(),
                                       "duration_s": round(time.monotonic() - pub.t0, 3), "push_log": log.events})
         raise
     if evidence is not None:
-        write_evidence(evidence, result.evidence())
+        write_evidence(evidence, {**(extra or {}), **result.evidence()})
     return result
 
 
@@ -920,3 +941,71 @@ def write_evidence(evidence_dir: Path, record: dict[str, Any]) -> Path:
 
 def stderr_echo(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# A stack's image
+# --------------------------------------------------------------------------------------------
+
+
+def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:
+    """The local image must be the one the last ``stackforge build`` of this stack and target gated."""
+    path = evidence_dir / "result.json"
+    fix = f"run `stackforge build {stack_name} --target {target}` first (publish only ships gated images)"
+    try:
+        result = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"no gated build of {stack_name}/{target}: {path} does not exist; nothing was published",
+                        fix=fix + ", or pass --allow-ungated") from None
+    except ValueError:
+        raise UserError(f"{path} is not valid JSON; nothing was published", fix=fix) from None
+    if not result.get("ok"):
+        raise BuildFailed(f"the last build of {stack_name} failed ({result.get('reason', 'see its evidence')}); "
+                          "nothing was published", fix=fix)
+    if result.get("target") != target:
+        raise UserError(f"the last build of {stack_name} was for target {result.get('target')!r}, not {target!r}; "
+                        "nothing was published", fix=fix)
+    if result.get("image_id") != image_id:
+        raise BuildFailed(f"local image {local_ref} is {image_id}, but the gated build produced {result.get('image_id')}; "
+                          "nothing was published", fix=fix)
+    return {"evidence": str(path), "image_id": result.get("image_id"), "tag": result.get("tag")}
+
+
+def publish_stack(stack: Any, registry: str, *, date: str | None = None, target: str | None = None,
+                  out: Path | None = None, allow_ungated: bool = False, verify_pull: bool = False,
+                  policy: RetryPolicy | None = None, compression: str = "gzip", engine: Engine | None = None,
+                  lock_dir: Path | None = None, echo: Callable[[str], None] | None = None) -> PublishResult:
+    """Publish the local image that ``stackforge build`` made for ``stack``/``target``.
+
+    Repository, immutable tag scheme and aliases come from the stack's ``tags:`` templates
+    under ``registry``; a target other than the stack's first one gets ``-<target>`` after
+    the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``.
+    """
+    from . import tags as tagsmod
+    from .build import default_target, lint_or_fail, target_ref
+    from .context import build_dir_for
+
+    reg = parse_registry(registry, what="--registry")
+    date = validate_date(date)
+    lint_or_fail(stack)
+    target = default_target(stack, target)
+    suffix = "" if target == next(iter(stack.targets)) else f"-{target}"
+    first = tagsmod.publish_ref(stack, str(reg), date, 1)
+    repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
+    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(stack, str(reg), d, r).tag + suffix)
+    aliases = []
+    for alias in tagsmod.alias_refs(stack, str(reg)):
+        if alias.repository != first.repository:
+            raise UserError(f"alias {alias} is not in the publish repository {first.repository}",
+                            fix="aliases name the same repository as tags.publish")
+        aliases.append(alias.tag + suffix)
+    local = target_ref(stack, target)
+    evidence = build_dir_for(stack, out) / "evidence"
+    engine = engine or Engine()
+    image = DockerImage(local, engine=engine)
+    image.inspect()
+    assert image.image_id is not None
+    gated = None if allow_ungated else check_gated(evidence, stack.name, target, image.image_id, local)
+    extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
+    return publish(image, repository, scheme, date, aliases=aliases, policy=policy, compression=compression,
+                   lock_dir=lock_dir, verify_pull=verify_pull, engine=engine, echo=echo, evidence=evidence, extra=extra)
