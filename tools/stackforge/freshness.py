@@ -31,7 +31,6 @@ Publish times are the index's PEP 700 ``upload-time``; where the index gives non
 """
 from __future__ import annotations
 
-import fnmatch
 import re
 import subprocess
 import time
@@ -930,7 +929,7 @@ def _glob_match(path: str, pattern: str) -> bool:
             ch = pattern[i]
             rx += "[^/]*" if ch == "*" else "[^/]" if ch == "?" else re.escape(ch)
             i += 1
-    return re.fullmatch(rx, path) is not None or fnmatch.fnmatch(path, pattern) and "/" not in pattern
+    return re.fullmatch(rx, path) is not None
 
 
 def load_allow_list(path: Path, display: str = ALLOW_FILE) -> list[AllowRule]:
