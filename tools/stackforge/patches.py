@@ -47,6 +47,7 @@ from .overlay.ops import (
     find_upstreamed,
     make_target,
     range_diff,
+    stack_root,
     target_from_stack,
 )
 from .overlay.patchfile import PatchFile, parse_patch

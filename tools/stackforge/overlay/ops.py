@@ -71,7 +71,21 @@ def make_target(
     return Target(name, spec, load_layers(dirs), root, cache_dir or up.default_cache_dir(root), offline)
 
 
-def target_from_stack(stack: Any, upstream: str | None = None, *, overlays: Sequence[str] = (), cache_dir: Path | None = None, offline: bool = False) -> Target:
+def stack_root(stack: Any) -> Path:
+    root = getattr(stack, "root", None) or getattr(stack, "_root", None)
+    if root is None:
+        raise UserError(f"stack {getattr(stack, 'name', '?')} does not say where its repository is")
+    return Path(root)
+
+
+def target_from_stack(
+    stack: Any,
+    upstream: str | None = None,
+    *,
+    overlays: Sequence[str] = (),
+    cache_dir: Path | None = None,
+    offline: bool = False,
+) -> Target:
     """Pick the upstream (the only one with a series, unless named) of a stack model."""
     ups = dict(stack.upstreams)
     if upstream is None:
@@ -85,7 +99,7 @@ def target_from_stack(stack: Any, upstream: str | None = None, *, overlays: Sequ
     if upstream not in ups:
         raise UserError(f"stack {stack.name} has no upstream {upstream!r} (it has: {', '.join(ups)})", fix="check --upstream")
     spec = _resolve_sdist_index(stack, ups[upstream])
-    return make_target(upstream, spec, root=Path(stack.root), cache_dir=cache_dir, overlays=overlays, offline=offline)
+    return make_target(upstream, spec, root=stack_root(stack), cache_dir=cache_dir, overlays=overlays, offline=offline)
 
 
 def _resolve_sdist_index(stack: Any, spec: Any) -> Any:
