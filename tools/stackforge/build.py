@@ -155,13 +155,17 @@ GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
 
 
 def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
-    """The gate's own reports, as the build left them in the image."""
-    out = {}
-    for name in GATE_FILES:
-        proc = engine._run("run", "--rm", "--network=none", "--entrypoint", "cat", ref, f"/stackforge/gate/{name}",
-                           timeout=300)
-        if proc.returncode == 0:
-            out[name] = [l for l in proc.stdout.splitlines() if l.strip()]
+    """The gate's own reports, as the build left them in the image (one container run)."""
+    script = "; ".join(f'if [ -f /stackforge/gate/{n} ]; then echo "==> {n}"; cat /stackforge/gate/{n}; fi'
+                       for n in GATE_FILES)
+    proc = engine._run("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+        if line.startswith("==> ") and line[4:] in GATE_FILES:
+            current = out.setdefault(line[4:], [])
+        elif current is not None and line.strip():
+            current.append(line)
     return out
 
 
