@@ -125,6 +125,7 @@ def stub():
 
 
 def run(address: str, image: ArchiveImage, tmp_path: Path, *, date: str = DATE, aliases=(ALIAS,), **kw):
+    kw.setdefault("layer_cache", tmp_path / "layers")
     return publish(image, f"{address}/{REPO}", SCHEME, date, aliases=aliases, policy=kw.pop("policy", FAST),
                    lock_dir=tmp_path / "locks", **kw)
 
@@ -424,7 +425,7 @@ def test_unreachable_registry_is_a_user_error_and_creates_nothing(images, tmp_pa
 def test_bad_registry_reference(images, tmp_path):
     for bad in ["http://127.0.0.1:5000/x", "127.0.0.1:5000/UPPER", "nohost/x"]:
         with pytest.raises(UserError):
-            publish(images("a"), bad, SCHEME, DATE, policy=FAST, lock_dir=tmp_path)
+            publish(images("a"), bad, SCHEME, DATE, policy=FAST, lock_dir=tmp_path, layer_cache=False)
 
 
 def test_evidence_records_what_was_published(stub, images, tmp_path):
@@ -439,3 +440,17 @@ def test_evidence_records_what_was_published(stub, images, tmp_path):
     events = [e["event"] for e in ev["push_log"]]
     assert events[0] == "start" and events[-1] == "done"
     assert events.index("manifest-by-digest") < events.index("tag-written") < events.index("tag-reread") < events.index("alias")
+
+
+def test_layer_cache_skips_recompressing_layers_the_registry_holds(stub, images, tmp_path):
+    a = run(stub.address, images("a"), tmp_path)
+    b = run(stub.address, images("b"), tmp_path)  # shares the base layer with a
+    exported = next(e for e in b.push_log if e["event"] == "exported")
+    assert exported["layers_already_in_registry"] == 1
+    assert next(e for e in a.push_log if e["event"] == "exported")["layers_already_in_registry"] == 0
+    with StubRegistry() as fresh:  # a registry without the blob: the cache entry is not trusted, the layer is uploaded
+        c = run(fresh.address, images("b"), tmp_path)
+        assert c.digest == b.digest
+        assert next(e for e in c.push_log if e["event"] == "exported")["layers_already_in_registry"] == 0
+    nocache = run(stub.address, images("b"), tmp_path / "other", layer_cache=False)
+    assert nocache.status == "already-published" and nocache.digest == b.digest

@@ -156,11 +156,14 @@ class Blob:
     path: Path | None = None
     data: bytes | None = None
     diff_id: str | None = None
+    remote: bool = False  # not exported again: the registry already held it (see LayerCache)
 
     def open(self) -> BinaryIO:
         if self.data is not None:
             return io.BytesIO(self.data)
-        assert self.path is not None
+        if self.path is None:
+            raise BuildFailed(f"layer {self.digest} vanished from the registry during the publish; no tag was created",
+                              fix="re-run the publish (it will upload the layer)")
         return open(self.path, "rb")
 
     def descriptor(self) -> dict[str, Any]:
@@ -212,7 +215,48 @@ class ImageSource(Protocol):
     description: str
     local_size: int | None
 
-    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None]) -> PreparedImage: ...
+    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
+                cache: "LayerCache | None" = None) -> PreparedImage: ...
+
+
+@dataclass
+class LayerCache:
+    """Remembers diff_id → compressed blob, so a layer the registry already holds is not compressed again.
+
+    Gzip is what makes exporting slow (tens of MB/s); base layers repeat from one publish to
+    the next. An entry is used only when ``has_blob`` confirms the registry holds that blob.
+    """
+
+    directory: Path
+    has_blob: Callable[[str], bool]
+    key: str = "gzip-6"
+    hits: int = 0
+
+    def _path(self, diff_id: str) -> Path:
+        return self.directory / f"{diff_id.split(':', 1)[1]}.json"
+
+    def lookup(self, diff_id: str) -> tuple[str, int] | None:
+        try:
+            entry = json.loads(self._path(diff_id).read_text())[self.key]
+            digest, size = entry["digest"], int(entry["size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return (digest, size) if re.fullmatch(r"sha256:[0-9a-f]{64}", digest) else None
+
+    def record(self, diff_id: str, digest: str, size: int) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self._path(diff_id)
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                data = {}
+            data[self.key] = {"digest": digest, "size": size}
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
 
 
 class _HashingWriter:
@@ -239,10 +283,11 @@ class _Entry:
     media_type: str = ""
     diff_id: str | None = None
     link: str | None = None
+    remote: bool = False
 
 
 def read_save_stream(stream: BinaryIO, workdir: Path, *, compression: str = "gzip", level: int = 6,
-                     expected_id: str | None = None) -> PreparedImage:
+                     expected_id: str | None = None, cache: LayerCache | None = None) -> PreparedImage:
     """Turn a ``docker save`` stream (legacy or OCI-layout flavour) into upload-ready blobs.
 
     One pass, streaming: small JSON files are kept in memory, layers go to ``workdir``,
@@ -277,11 +322,12 @@ def read_save_stream(stream: BinaryIO, workdir: Path, *, compression: str = "gzi
                 continue
             counter += 1
             path = workdir / f"blob-{counter}"
-            entries[name] = _store_layer(head, src, path, compression, level)
+            entries[name] = _store_layer(head, src, path, compression, level, cache)
     return _assemble(entries, expected_id)
 
 
-def _store_layer(head: bytes, src: BinaryIO, path: Path, compression: str, level: int) -> _Entry:
+def _store_layer(head: bytes, src: BinaryIO, path: Path, compression: str, level: int,
+                 cache: LayerCache | None = None) -> _Entry:
     with open(path, "wb") as out:
         writer = _HashingWriter(out)
         if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC) or compression == "none":
@@ -292,6 +338,8 @@ def _store_layer(head: bytes, src: BinaryIO, path: Path, compression: str, level
             digest = "sha256:" + writer.hash.hexdigest()
             return _Entry(path=path, digest=digest, size=writer.size, media_type=media,
                           diff_id=digest if media == OCI_LAYER_TAR else None)
+        if cache is not None:
+            return _store_layer_cached(head, src, path, writer, level, cache)
         diff = hashlib.sha256(head)
         with gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz:
             gz.write(head)
@@ -300,6 +348,31 @@ def _store_layer(head: bytes, src: BinaryIO, path: Path, compression: str, level
                 gz.write(chunk)
     return _Entry(path=path, digest="sha256:" + writer.hash.hexdigest(), size=writer.size, media_type=OCI_LAYER_GZIP,
                   diff_id="sha256:" + diff.hexdigest())
+
+
+def _store_layer_cached(head: bytes, src: BinaryIO, path: Path, writer: _HashingWriter, level: int,
+                        cache: LayerCache) -> _Entry:
+    """Spool the raw layer first; compress it only when the registry lacks its cached blob."""
+    raw = path.with_suffix(".tar")
+    diff = hashlib.sha256(head)
+    with open(raw, "wb") as out:
+        out.write(head)
+        while chunk := src.read(_CHUNK):
+            diff.update(chunk)
+            out.write(chunk)
+    diff_id = "sha256:" + diff.hexdigest()
+    hit = cache.lookup(diff_id)
+    if hit is not None and cache.has_blob(hit[0]):
+        raw.unlink()
+        cache.hits += 1
+        return _Entry(path=None, digest=hit[0], size=hit[1], media_type=OCI_LAYER_GZIP, diff_id=diff_id, remote=True)
+    with open(raw, "rb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz:
+        while chunk := fh.read(_CHUNK):
+            gz.write(chunk)
+    raw.unlink()
+    digest = "sha256:" + writer.hash.hexdigest()
+    cache.record(diff_id, digest, writer.size)
+    return _Entry(path=path, digest=digest, size=writer.size, media_type=OCI_LAYER_GZIP, diff_id=diff_id)
 
 
 def _resolve(entries: dict[str, _Entry], name: str) -> _Entry:
@@ -340,9 +413,10 @@ def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedIm
     layers = []
     for name in chosen["Layers"]:
         e = _resolve(entries, name)
-        if e.path is None:
+        if e.path is None and not e.remote:
             raise BuildFailed(f"image archive layer {name!r} is not a layer file")
-        layers.append(Blob(digest=e.digest, size=e.size, media_type=e.media_type, path=e.path, diff_id=e.diff_id))
+        layers.append(Blob(digest=e.digest, size=e.size, media_type=e.media_type, path=e.path, diff_id=e.diff_id,
+                           remote=e.remote))
     try:
         diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
     except (ValueError, KeyError, TypeError):
@@ -368,9 +442,10 @@ class ArchiveImage:
     def description(self) -> str:
         return str(self.path)
 
-    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None]) -> PreparedImage:
+    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
+                cache: LayerCache | None = None) -> PreparedImage:
         with open(self.path, "rb") as fh:
-            img = read_save_stream(fh, workdir, compression=compression, expected_id=self.image_id)
+            img = read_save_stream(fh, workdir, compression=compression, expected_id=self.image_id, cache=cache)
         self.image_id = img.image_id
         return img
 
@@ -425,7 +500,8 @@ class DockerImage:
         except Exception:  # noqa: BLE001 - the size is informative only
             self.local_size = None
 
-    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None]) -> PreparedImage:
+    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
+                cache: LayerCache | None = None) -> PreparedImage:
         if self.image_id is None:
             self.inspect()
         import docker.errors  # the SDK streams `docker save` without a temporary tar file
@@ -433,7 +509,8 @@ class DockerImage:
         try:
             chunks = self._engine().sdk().api.get_image(self.image_id)
             with io.BufferedReader(_ChunkReader(chunks), buffer_size=_CHUNK) as stream:
-                return read_save_stream(stream, workdir, compression=compression, expected_id=self.image_id)
+                return read_save_stream(stream, workdir, compression=compression, expected_id=self.image_id,
+                                        cache=cache)
         except docker.errors.DockerException as exc:
             raise BuildFailed(f"exporting {self.ref} ({self.image_id}) from the engine failed: {exc}",
                               fix="check the engine (docker info) and re-run") from None
@@ -463,6 +540,12 @@ class PushLog:
 # --------------------------------------------------------------------------------------------
 # Host-local lock
 # --------------------------------------------------------------------------------------------
+
+
+def default_layer_cache() -> Path:
+    env = os.environ.get("STACKFORGE_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stackforge"
+    return base / "layers"
 
 
 def default_lock_dir() -> Path:
@@ -592,6 +675,7 @@ class Publisher:
     verify_pull: bool = False
     engine: Engine | None = None
     workdir: Path | None = None
+    layer_cache: Path | None = None
     log: PushLog = field(default_factory=PushLog)
     max_revisions: int = 100
 
@@ -695,8 +779,11 @@ class Publisher:
 
         with tempfile.TemporaryDirectory(prefix="stackforge-publish-", dir=self.workdir) as tmp:
             self.log("export", source=self.image.description, compression=self.compression)
-            self.prepared = img = self.image.prepare(Path(tmp), compression=self.compression, log=self.log)
-            self.log("exported", image_id=img.image_id, digest=img.digest, layers=len(img.layers), size=img.size)
+            cache = (LayerCache(self.layer_cache, self.client.blob_exists)
+                     if self.layer_cache is not None and self.compression == "gzip" else None)
+            self.prepared = img = self.image.prepare(Path(tmp), compression=self.compression, log=self.log, cache=cache)
+            self.log("exported", image_id=img.image_id, digest=img.digest, layers=len(img.layers), size=img.size,
+                     layers_already_in_registry=cache.hits if cache else 0)
             if not pre_checked:
                 found = self._find_published(tags, img.image_id, img.digest, checked)
                 if found:
@@ -892,12 +979,15 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
             aliases: tuple[str, ...] | list[str] = (), policy: RetryPolicy | None = None,
             client: RegistryClient | None = None, compression: str = "gzip", lock_dir: Path | None = None,
             verify_pull: bool = False, engine: Engine | None = None, workdir: Path | None = None,
+            layer_cache: Path | None | bool = True,
             echo: Callable[[str], None] | None = None, evidence: Path | None = None,
             extra: dict[str, Any] | None = None) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``. See the module docstring.
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.
+    ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or
+    ``~/.cache/stackforge/layers``), a path, or False for none.
     When ``evidence`` is given, ``publish.json`` is written there (also for a failure), with
     ``extra`` fields (e.g. stack, target) first.
     """
@@ -909,7 +999,8 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
     else:
         client.log = client.log or log
     pub = Publisher(client=client, image=image, scheme=scheme, date=date, aliases=tuple(aliases), compression=compression,
-                    lock_dir=lock_dir or default_lock_dir(), verify_pull=verify_pull, engine=engine, workdir=workdir, log=log)
+                    lock_dir=lock_dir or default_lock_dir(), verify_pull=verify_pull, engine=engine, workdir=workdir, log=log,
+                    layer_cache=default_layer_cache() if layer_cache is True else (layer_cache or None))
     try:
         try:
             result = pub.run()
@@ -1007,5 +1098,9 @@ def publish_stack(stack: Any, registry: str, *, date: str | None = None, target:
     assert image.image_id is not None
     gated = None if allow_ungated else check_gated(evidence, stack.name, target, image.image_id, local)
     extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
+    from .stack import stack_root
+    from .upstream import default_cache_dir
+
     return publish(image, repository, scheme, date, aliases=aliases, policy=policy, compression=compression,
-                   lock_dir=lock_dir, verify_pull=verify_pull, engine=engine, echo=echo, evidence=evidence, extra=extra)
+                   lock_dir=lock_dir, verify_pull=verify_pull, engine=engine, echo=echo, evidence=evidence, extra=extra,
+                   layer_cache=default_cache_dir(stack_root(stack)) / "layers")
