@@ -128,27 +128,38 @@ def write_series(series: Series) -> None:
 
 # --- names -----------------------------------------------------------------
 
-def sanitize_subject(subject: str, max_len: int = NAME_MAX) -> str:
-    """The file-name part git format-patch derives from a subject."""
+def sanitize_subject(subject: str, max_len: int | None = None) -> str:
+    """The file-name part ``git format-patch`` derives from a subject.
+
+    Runs of characters other than ASCII letters, digits, ``.`` and ``_`` become
+    one ``-``; runs of dots become one dot; trailing dots and dashes go.
+    """
     out: list[str] = []
-    dash = False
-    for ch in subject:
+    space = 2
+    i = 0
+    while i < len(subject):
+        ch = subject[i]
         if ch.isascii() and (ch.isalnum() or ch in "._"):
-            if dash and out:
+            if space == 1:
                 out.append("-")
-            dash = False
+            space = 0
             out.append(ch)
+            if ch == ".":
+                while i + 1 < len(subject) and subject[i + 1] == ".":
+                    i += 1
         else:
-            dash = True
-    name = "".join(out)
-    while ".." in name:
-        name = name.replace("..", ".")
-    name = name[:max_len]
-    return name.strip(".-") or "patch"
+            space |= 1
+        i += 1
+    name = "".join(out).rstrip(".-")
+    if max_len is not None:
+        name = name[:max_len]
+    return name or "patch"
 
 
 def patch_name(number: int, subject: str) -> str:
-    return f"{number:04d}-{sanitize_subject(subject)}.patch"
+    """``NNNN-<subject>.patch`` exactly as git format-patch names it (64 characters at most)."""
+    stem = f"{number:04d}-{sanitize_subject(subject)}"
+    return stem[: NAME_MAX - len(".patch") - 1] + ".patch"
 
 
 def renumbered(name: str, number: int) -> str:
