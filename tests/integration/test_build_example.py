@@ -119,9 +119,40 @@ def test_patch_change_reruns_src_kernels_gate_but_not_deps(built, tmp_path):
     assert any(k.startswith("[gate ") and "gate.py" in k for k in rerun), rerun
 
 
+def test_stale_lock_stops_before_the_build(built):
+    root, _, _ = built
+    bad = "stackforge-test/example:stale"
+    proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}", "--set", "packages.idna.version=3.9",
+                      check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: stacks/locks/example/pypi.txt: lock file is stale: idna is pinned at 3.9")
+    assert "fix: run: stackforge lock example" in proc.stderr
+    assert not image_exists(bad)
+
+
+def test_hash_mismatch_fails_the_build_and_tags_nothing(built):
+    root, _, _ = built
+    bad = "stackforge-test/example:badhash"
+    lock = root / "stacks" / "locks" / "example" / "pypi.txt"
+    good = lock.read_text()
+    first = re.search(r"idna==3\.10 \\\n    --hash=sha256:([0-9a-f]{64})", good).group(1)
+    second = re.findall(r"--hash=sha256:([0-9a-f]{64})", good.split("idna==3.10", 1)[1])[1]
+    lock.write_text(good.replace(first, "0" * 64).replace(second, "1" * 64))
+    try:
+        proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}", check=False)
+    finally:
+        lock.write_text(good)
+    assert proc.returncode == 1
+    assert "DO NOT MATCH THE HASHES" in proc.stderr
+    assert "no image was tagged" in proc.stderr
+    assert not image_exists(bad)
+
+
 def test_pin_that_does_not_match_the_install_fails_and_tags_nothing(built):
     root, tag, _ = built
     bad = "stackforge-test/example:mismatch"
+    # This case changes the public pins, so it runs without the lock file.
+    shutil.rmtree(root / "stacks" / "locks" / "example")
     if image_exists(bad):
         docker("image", "rm", "-f", bad)
     # markupsafe pinned at 3.0.2 from PyPI, but the kernel stage builds and installs 3.0.3 over it.

@@ -16,6 +16,7 @@ from .errors import UserError
 COMMAND_MODULES = [
     "stack",
     "build",
+    "lock",
     "patches",
     "publish",
     "newest",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import upstream as upstreams
 from .model import Stack
+from .lock import read_locks
 from .plan import Plan, make_plan
 from .render import images_dir, render_dockerfile, requirements_text
 from .stack import stack_root
@@ -84,17 +85,22 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
 def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> Context:
     """Write build/<stack>/{Dockerfile,context/}. With ``sources=False`` upstreams are not fetched
     (for `render --no-sources`, which shows the plan only)."""
-    plan = make_plan(stack)
+    locks = read_locks(stack)
+    root = stack_root(stack)
+    plan = make_plan(stack, {i: str(l.path.relative_to(root)) for i, l in locks.items()})
     bdir = build_dir_for(stack, out)
     ctx_dir = bdir / "context"
     staging = bdir / "context.partial"
     if staging.exists():
         shutil.rmtree(staging)
     (staging / "deps").mkdir(parents=True)
+    hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
     for phase in plan.phases:
-        if phase.copy:
-            hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
-            (staging / phase.requirements).write_text(requirements_text(phase.pins, hashes if phase.require_hashes else None))
+        if phase.lock:
+            text = locks[phase.index].text
+        else:
+            text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
+        (staging / phase.requirements).write_text(text)
     gate_dir = staging / "gate"
     gate_dir.mkdir()
     shutil.copy2(images_dir() / "gate" / "gate.py", gate_dir / "gate.py")

@@ -28,7 +28,7 @@ class PipPhase:
     no_deps: bool
     require_hashes: bool
     pins: list[str]  # "name==version" lines
-    copy: bool = True  # False when an earlier phase already copied the same requirements file
+    lock: str | None = None  # the lock file this phase installs from (repository-relative)
 
 
 @dataclass
@@ -59,13 +59,17 @@ class Plan:
         return json.dumps(asdict(self), indent=2)
 
 
-def pip_phases(stack: Stack) -> list[PipPhase]:
-    """Vendor wheels first (--no-deps), then public pins, then the vendor wheels' own dependencies."""
+def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPhase]:
+    """Vendor wheels first (--no-deps), then public pins, then the vendor wheels' own dependencies.
+
+    ``locked`` names the indexes that have a lock file: their phases require hashes."""
     by_index: dict[str, list[str]] = {name: [] for name in stack.indexes}
     hashes: dict[str, bool] = {name: True for name in stack.indexes}
     for pname, pkg in stack.packages.items():
         by_index[pkg.index].append(pname)
         hashes[pkg.index] &= bool(pkg.sha256)
+    for name in locked:
+        hashes[name] = True
 
     def pins(index: str) -> list[str]:
         return [f"{n}=={stack.packages[n].version}" for n in by_index[index]]
@@ -82,8 +86,8 @@ def pip_phases(stack: Stack) -> list[PipPhase]:
         if idx.role == "vendor" and idx.deps_from and by_index[name]:
             src = stack.indexes[idx.deps_from]
             # Already-installed exact pins; pip resolves only what they require, from the public index.
-            phases.append(PipPhase(f"{name}-deps", idx.deps_from, redact(src.url), f"deps/{name}.txt", False,
-                                   False, pins(name), copy=False))
+            phases.append(PipPhase(f"{name}-deps", idx.deps_from, redact(src.url), f"deps/{name}.deps.txt", False,
+                                   False, pins(name)))
     return phases
 
 
@@ -141,8 +145,13 @@ def image_labels(stack: Stack, *, base_digest: str | None = None, created: str |
     return out
 
 
-def make_plan(stack: Stack) -> Plan:
-    phases = pip_phases(stack)
+def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
+    """``locks``: {index: repository-relative lock file} for the indexes that have one."""
+    locks = locks or {}
+    phases = pip_phases(stack, frozenset(locks))
+    for phase in phases:
+        if phase.require_hashes and phase.index in locks and not phase.name.endswith("-deps"):
+            phase.lock = locks[phase.index]
     return Plan(
         stack=stack.name,
         fingerprint=fingerprint(stack),
