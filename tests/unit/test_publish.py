@@ -126,6 +126,7 @@ def stub():
 
 def run(address: str, image: ArchiveImage, tmp_path: Path, *, date: str = DATE, aliases=(ALIAS,), **kw):
     kw.setdefault("layer_cache", tmp_path / "layers")
+    kw.setdefault("settle_seconds", 0)
     return publish(image, f"{address}/{REPO}", SCHEME, date, aliases=aliases, policy=kw.pop("policy", FAST),
                    lock_dir=tmp_path / "locks", **kw)
 
@@ -454,3 +455,20 @@ def test_layer_cache_skips_recompressing_layers_the_registry_holds(stub, images,
         assert next(e for e in c.push_log if e["event"] == "exported")["layers_already_in_registry"] == 0
     nocache = run(stub.address, images("b"), tmp_path / "other", layer_cache=False)
     assert nocache.status == "already-published" and nocache.digest == b.digest
+
+
+def test_late_writer_from_another_host_is_caught_by_the_settled_reread(stub, images, tmp_path):
+    tag1 = SCHEME.tag(DATE, 1)
+    reads = []
+
+    def late_writer(_proxy):
+        reads.append(1)
+        if len(reads) == 2:  # after our first re-read succeeded: the other host's PUT lands
+            stub.put_image(REPO, tag1, b'{"late":1,"rootfs":{"diff_ids":[]}}', [])
+
+    with FaultyProxy(stub.address, [Fault("hook", rf"/manifests/{tag1}$", "GET", hook=late_writer, times=None)]) as proxy:
+        r = run(proxy.address, images("a"), tmp_path, settle_seconds=0.05)
+    events = [e["event"] for e in r.push_log]
+    assert r.tag == SCHEME.tag(DATE, 2) and "tag-lost" in events
+    assert r.verification["settled_reread"] is True
+    assert stub.tag_digest(REPO, tag1) != r.digest and stub.tag_digest(REPO, r.tag) == r.digest

@@ -13,16 +13,19 @@ The algorithm (one registry repository, one tag scheme ``<head><YYYYMMDD><mid><N
    after the highest one of the date, HEAD that tag right before writing it; if it
    appeared meanwhile, take the next one. PUT the manifest under the tag.
 6. Re-read the manifest by tag and compare the digest of the bytes received with the
-   pushed digest (and the config digest with the image id). A mismatch caused by a
-   rewritten manifest fails the publish and rolls the tag back where the registry
-   allows deletion; a tag taken over by a concurrent publisher on another host makes
-   this one move on to the next revision.
+   pushed digest (and the config digest with the image id); read it once more after
+   ``settle_seconds``. A mismatch caused by a rewritten manifest fails the publish and
+   rolls the tag back where the registry allows deletion; a tag taken over by a
+   concurrent publisher on another host makes this one move on to the next revision.
 7. Only then move the declared aliases (e.g. ``…-latest``) and verify each.
 
 The OCI distribution API has no conditional PUT, so two publishers on different
-hosts can still both write one tag within the milliseconds between HEAD and PUT;
-step 6 detects it and the loser re-tags its image under the next revision.
-Publishers on one host never race: step 5 runs under an exclusive file lock.
+hosts can still both write one tag within the gap between one's HEAD and its PUT;
+step 6 detects it (if the gap is shorter than ``settle_seconds``) and the publisher
+whose write was replaced re-tags its image under the next revision, so the end state
+has distinct revisions, each holding the image its publisher reports. For a moment
+the replaced tag named the other image. Publishers on one host never race: step 5
+runs under an exclusive file lock.
 """
 from __future__ import annotations
 
@@ -676,6 +679,7 @@ class Publisher:
     engine: Engine | None = None
     workdir: Path | None = None
     layer_cache: Path | None = None
+    settle_seconds: float = 2.0
     log: PushLog = field(default_factory=PushLog)
     max_revisions: int = 100
 
@@ -878,27 +882,34 @@ class Publisher:
                 checked.discard(tag)
                 continue
             verdict = self._verify_tag(tag, img)
+            if verdict is not None and self.settle_seconds > 0:
+                # A publisher on another host that HEADed this tag before our PUT may still write it:
+                # read it once more after a pause longer than any sane HEAD→PUT gap.
+                time.sleep(self.settle_seconds)
+                verdict = self._verify_tag(tag, img, again=True)
             if verdict is None:
                 taken.add(revision)
                 continue
             return tag, verdict
         raise BuildFailed(f"no free revision found after {self.max_revisions} tries for date {self.date}")
 
-    def _verify_tag(self, tag: str, img: PreparedImage) -> dict[str, Any] | None:
+    def _verify_tag(self, tag: str, img: PreparedImage, again: bool = False) -> dict[str, Any] | None:
         """Re-read the tag. Returns the verification record, None when a concurrent publisher took it."""
         m = self.client.get_manifest(tag)
         if m is None:
             raise BuildFailed(f"tag {tag} vanished right after it was written", fix="check the registry; re-run the publish")
         config_digest = _config_digest(m)
         ok = m.digest == img.digest and (m.header_digest in (None, img.digest))
-        self.log("tag-reread", tag=tag, digest=m.digest, header_digest=m.header_digest, expected=img.digest, ok=ok)
+        self.log("tag-reread-settled" if again else "tag-reread", tag=tag, digest=m.digest, header_digest=m.header_digest,
+                 expected=img.digest, ok=ok)
         if ok:
             config = self.client.get_blob(img.config.digest)
             config_ok = sha256_digest(config) == img.image_id
             if not config_ok:
                 raise BuildFailed(f"config blob {img.config.digest} read back from the registry does not hash to the image id")
             return {"tag_digest": m.digest, "header_digest": m.header_digest, "pushed_digest": img.digest,
-                    "config_digest": img.image_id, "image_id_matches": True}
+                    "config_digest": img.image_id, "image_id_matches": True,
+                    "settled_reread": again, "settle_seconds": self.settle_seconds if again else 0}
         if config_digest is not None and config_digest != img.image_id and m.header_digest in (None, m.digest):
             # Another image now holds the tag: a publisher on another host wrote it between our HEAD and PUT.
             self.log("tag-lost", tag=tag, digest=m.digest, image_id=config_digest)
@@ -979,7 +990,7 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
             aliases: tuple[str, ...] | list[str] = (), policy: RetryPolicy | None = None,
             client: RegistryClient | None = None, compression: str = "gzip", lock_dir: Path | None = None,
             verify_pull: bool = False, engine: Engine | None = None, workdir: Path | None = None,
-            layer_cache: Path | None | bool = True,
+            layer_cache: Path | None | bool = True, settle_seconds: float = 2.0,
             echo: Callable[[str], None] | None = None, evidence: Path | None = None,
             extra: dict[str, Any] | None = None) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``. See the module docstring.
@@ -1000,7 +1011,8 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
         client.log = client.log or log
     pub = Publisher(client=client, image=image, scheme=scheme, date=date, aliases=tuple(aliases), compression=compression,
                     lock_dir=lock_dir or default_lock_dir(), verify_pull=verify_pull, engine=engine, workdir=workdir, log=log,
-                    layer_cache=default_layer_cache() if layer_cache is True else (layer_cache or None))
+                    layer_cache=default_layer_cache() if layer_cache is True else (layer_cache or None),
+                    settle_seconds=settle_seconds)
     try:
         try:
             result = pub.run()
