@@ -204,3 +204,16 @@ def test_cli_process_exit_codes(dirs):
                                   cwd=REPO, capture_output=True, text=True, timeout=120, env=dict(os.environ))
             assert proc.returncode == expected, proc.stderr
             assert "Traceback" not in proc.stderr
+
+
+def test_pins_missing_from_the_index(capsys, dirs):
+    extra = ["packages.triton.version=3.9.9", "packages.not-on-index={version: \"1.0\", index: mthreads}"]
+    with serve(*dirs) as (overrides, *_):
+        code, data = newest_json(capsys, "post2", overrides + extra)
+    assert code == 1
+    pkgs = by_name(data)
+    assert pkgs["triton"]["status"] == "pin missing from index"
+    assert pkgs["triton"]["newest"] == "3.2.0"  # what the line offers instead
+    assert "lists no file of the pinned version" in pkgs["triton"]["note"]
+    assert pkgs["not-on-index"]["status"] == "pin missing from index"
+    assert "HTTP 404" in pkgs["not-on-index"]["note"]

@@ -45,7 +45,8 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.version import Version
 
 from .errors import UserError
-from .index import IndexClient, IndexFile, IndexQueryError, ProjectPage, env_credentials, format_time, redact
+from .index import (IndexClient, IndexFile, IndexQueryError, ProjectNotFound, ProjectPage, env_credentials,
+                    format_time, redact)
 from .model import Stack
 from .pins import Pin
 from .stack import load_stack, stack_files, stack_path, stack_root
@@ -468,7 +469,7 @@ def newest(stack: Stack, *, packages: list[str] | None = None, cache_dir: Path |
         page = catalog.pages.get(name)
         if not isinstance(page, ProjectPage):
             err = page
-            status = STATUS_MISSING if type(err).__name__ == "ProjectNotFound" else STATUS_UNKNOWN
+            status = STATUS_MISSING if isinstance(err, ProjectNotFound) else STATUS_UNKNOWN
             reports[name] = PackageReport(name, pkg.index, pkg.version, status, note=err.message if err else "")
             continue
         line = catalog.line(name)

@@ -503,7 +503,7 @@ class IndexClient:
             body, ctype, final_url, from_cache = self._get_file(url), "text/html", url, False
         else:
             body, ctype, final_url, from_cache = self._get(url, self.accept)
-        if ctype == JSON_V1:
+        if ctype in (JSON_V1, "application/json"):
             page = parse_json_page(body, final_url, key)
         elif ctype in (HTML_V1, "text/html", "") or ctype.startswith("text/"):
             page = parse_html_page(body, final_url, key)
