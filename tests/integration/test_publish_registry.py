@@ -153,6 +153,26 @@ def test_r1_then_r2_on_one_date_and_the_repull_gives_the_same_image_id(registry,
     assert evidence["verification"]["pull"]["identical"] is True and evidence["push_log"]
 
 
+@pytest.mark.parametrize("compression", ["gzip", "none"])
+def test_a_node_without_the_image_pulls_it_back_identical(registry, engine, ns, tmp_path, compression):
+    """Remove the local image after publishing, pull by tag and by digest: same image id, layers verified by the engine."""
+    ref = f"stackforge-test/publish-pull:{ns}"
+    docker("import", "-", ref, input=rootfs_tar({"srv/data": f"{ns} {compression}".encode() * 1000}))
+    local_id = image_id(ref)
+    r = lib_publish(registry, ns, ref, tmp_path, compression=compression, aliases=())
+    assert r.verification["layers_present"] == 1
+    docker("image", "rm", ref)
+    pulled = f"{registry}/{ns}/vllm"
+    try:
+        docker("pull", f"{pulled}:{r.tag}")
+        assert image_id(f"{pulled}:{r.tag}") == local_id
+        docker("image", "rm", f"{pulled}:{r.tag}")
+        docker("pull", f"{pulled}@{r.digest}")
+        assert image_id(f"{pulled}@{r.digest}") == local_id
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", local_id], capture_output=True)
+
+
 def test_a_tag_pushed_by_docker_is_never_overwritten(registry, images, ns, tmp_path):
     repo = f"{ns}/vllm"
     foreign = f"{registry}/{repo}:{SCHEME.tag(DATE, 1)}"

@@ -690,6 +690,7 @@ class Publisher:
         self.prepared: PreparedImage | None = None
         self.tag_written: str | None = None
         self.tag_attempted: str | None = None
+        self._verified: dict[str, Any] = {}
         for alias in self.aliases:
             if not TAG_RE.match(alias):
                 raise UserError(f"alias {alias!r} is not a valid OCI tag", fix="tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -903,12 +904,20 @@ class Publisher:
         self.log("tag-reread-settled" if again else "tag-reread", tag=tag, digest=m.digest, header_digest=m.header_digest,
                  expected=img.digest, ok=ok)
         if ok:
+            if again:
+                return {**self._verified, "settled_reread": True, "settle_seconds": self.settle_seconds}
             config = self.client.get_blob(img.config.digest)
             config_ok = sha256_digest(config) == img.image_id
             if not config_ok:
                 raise BuildFailed(f"config blob {img.config.digest} read back from the registry does not hash to the image id")
-            return {"tag_digest": m.digest, "header_digest": m.header_digest, "pushed_digest": img.digest,
-                    "config_digest": img.image_id, "image_id_matches": True,
+            missing = [b.digest for b in img.unique_blobs() if b is not img.config and not self.client.blob_exists(b.digest)]
+            if missing:
+                raise BuildFailed(f"the registry lacks layer(s) {', '.join(missing)} of {tag}",
+                                  fix="check the registry's storage; re-run the publish")
+            self._verified = {"tag_digest": m.digest, "header_digest": m.header_digest, "pushed_digest": img.digest,
+                              "config_digest": img.image_id, "image_id_matches": True,
+                              "layers_present": len(img.unique_blobs()) - 1}
+            return {**self._verified,
                     "settled_reread": again, "settle_seconds": self.settle_seconds if again else 0}
         if config_digest is not None and config_digest != img.image_id and m.header_digest in (None, m.digest):
             # Another image now holds the tag: a publisher on another host wrote it between our HEAD and PUT.
@@ -1085,12 +1094,17 @@ def publish_stack(stack: Any, registry: str, *, date: str | None = None, target:
     the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``.
     """
     from . import tags as tagsmod
-    from .build import default_target, lint_or_fail, target_ref
+    from . import rules
+    from .build import default_target, target_ref
     from .context import build_dir_for
 
     reg = parse_registry(registry, what="--registry")
     date = validate_date(date)
-    lint_or_fail(stack)
+    findings = rules.lint(stack)
+    if findings:
+        text = "\n".join(f.render(stack) for f in findings)
+        raise BuildFailed(f"stack '{stack.name}' fails lint; nothing was published:\n{text}",
+                          fix=f"fix the findings (stackforge lint {stack.name}), rebuild, then publish")
     target = default_target(stack, target)
     suffix = "" if target == next(iter(stack.targets)) else f"-{target}"
     first = tagsmod.publish_ref(stack, str(reg), date, 1)

@@ -1,0 +1,99 @@
+"""`stackforge build example` then `stackforge publish example`: only the gated image is published.
+
+The whole production path: the stack's tag templates, the build's evidence, the engine export,
+the registry, the alias, the re-pull through the engine, and the evidence bundle.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry]
+
+REPO = Path(__file__).resolve().parents[2]
+DATE = "20260929"
+
+
+def stackforge(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
+    return subprocess.run([sys.executable, "-m", "stackforge", "--root", str(root), *args],
+                          capture_output=True, text=True, env=env, timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, base_image):
+    root = tmp_path_factory.mktemp("pubexample") / "repo"
+    root.mkdir()
+    shutil.copytree(REPO / "stacks", root / "stacks")
+    shutil.copytree(REPO / "patches", root / "patches")
+    tag = f"stackforge-test/example:publish-{uuid.uuid4().hex[:8]}"
+    proc = stackforge(root, "build", "example", "--set", f"tags.local={tag}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    yield root, tag
+    subprocess.run(["docker", "image", "rm", tag], capture_output=True)
+
+
+def test_the_gated_example_image_is_published_verified_and_not_twice(built, registry):
+    root, tag = built
+    ns = f"e{uuid.uuid4().hex[:8]}"
+    args = ("publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE, "--set", f"tags.local={tag}")
+    proc = stackforge(root, *args, "--verify-pull")
+    assert proc.returncode == 0, proc.stderr
+    evidence_dir = root / "build" / "example" / "evidence"
+    ev = json.loads((evidence_dir / "publish.json").read_text())
+    result = json.loads((evidence_dir / "result.json").read_text())
+    assert ev["status"] == "published" and ev["stack"] == "example" and ev["target"] == "escape"
+    assert ev["repository"] == f"{registry}/{ns}/stackforge-example"
+    assert ev["tag"].endswith(f"-{DATE}-r1") and ev["tag"].startswith("py")
+    assert ev["image_id"] == result["image_id"] == ev["gated_build"]["image_id"]
+    assert ev["verification"]["pull"]["identical"] is True
+    assert f"published: {ev['repository']}:{ev['tag']}" in proc.stdout
+    r = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()
+    assert sorted(r["tags"]) == sorted([ev["tag"], *ev["aliases"]])
+    head = requests.head(f"http://{registry}/v2/{ns}/stackforge-example/manifests/{ev['tag']}",
+                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}, timeout=10)
+    assert head.headers["Docker-Content-Digest"] == ev["digest"]
+
+    again = stackforge(root, *args)
+    assert again.returncode == 0, again.stderr
+    assert "already published" in again.stdout and ev["tag"] in again.stdout
+    assert sorted(requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]) \
+        == sorted(r["tags"])
+
+
+def test_an_image_that_is_not_the_gated_one_is_refused(built, registry, tmp_path):
+    root, tag = built
+    ns = f"e{uuid.uuid4().hex[:8]}"
+    other = f"stackforge-test/example:ungated-{ns}"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("not-gated")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"no\n"))
+    subprocess.run(["docker", "import", "-", other], input=buf.getvalue(), capture_output=True, check=True)
+    try:
+        proc = stackforge(root, "publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE,
+                          "--set", f"tags.local={other}")
+    finally:
+        subprocess.run(["docker", "image", "rm", other], capture_output=True)
+    assert proc.returncode == 1 and "but the gated build produced" in proc.stderr
+    assert requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).status_code == 404
+
+
+def test_a_stack_that_fails_lint_publishes_nothing(built, registry):
+    root, tag = built
+    ns = f"e{uuid.uuid4().hex[:8]}"
+    proc = stackforge(root, "publish", "post2", "--registry", f"{registry}/{ns}", "--allow-ungated",
+                      "--set", f"tags.local={tag}", "--set", "packages.torchvision.version=0.26.0.post1+musa5.2.0")
+    assert proc.returncode == 1 and "fails lint; nothing was published" in proc.stderr
+    assert requests.get(f"http://{registry}/v2/{ns}/vllm/tags/list", timeout=10).status_code == 404
