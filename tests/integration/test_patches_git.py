@@ -139,6 +139,19 @@ def test_abort_and_skip_after_a_failure(sc, tmp_path):
         P.continue_apply(dest2)
 
 
+def test_continue_after_the_user_finished_the_patch_with_git(sc, tmp_path):
+    dest = tmp_path / "applied"
+    P.apply_to(target(sc, sc.conflict, tag="v1.0-conflict"), dest)
+    text = (dest / "src" / "kernels.c").read_text()
+    (dest / "src" / "kernels.c").write_text(re.sub(r"<<<<<<<.*?>>>>>>>[^\n]*\n", "    return musa_kernel_2(x);\n", text, flags=re.S))
+    git(dest, "add", "src/kernels.c")
+    git(dest, "am", "--continue")
+    done = P.continue_apply(dest)
+    assert done.ok and done.results[4].status == "resolved"
+    assert read_note(dest, done.results[4].commit) == ("base", sc.names[4])
+    assert len(log_subjects(dest, f"{sc.conflict}..HEAD")) == 12
+
+
 def test_apply_refuses_a_non_empty_destination_without_force(sc, tmp_path):
     dest = tmp_path / "applied"
     dest.mkdir()

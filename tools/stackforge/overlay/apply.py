@@ -28,6 +28,7 @@ from .series import BASE_LAYER, PatchRef, Series, flatten
 STATE_FILE = ".stackforge-apply-state"
 
 CLEAN = "clean"
+RESOLVED = "resolved"
 OFFSET = "offset"
 THREEWAY = "3-way"
 FAILS = "fails"
@@ -264,6 +265,7 @@ def _write_state(repo: Path, refs: Sequence[PatchRef], results: list[PatchResult
         "status": "stopped: a patch does not apply",
         "failed": refs[failed_index].name,
         "failed_index": failed_index,
+        "head": rev_parse(repo, "HEAD"),
         "resume": resume,
         "context": context,
         "patches": [{"layer": r.layer, "name": r.name, "path": str(r.path.resolve()), "total": r.total, "position": r.position} for r in refs],
@@ -352,10 +354,18 @@ def continue_apply(repo: Path, *, skip: bool = False) -> ApplyReport:
     resume = state.get("resume", "")
     context = state.get("context")
     if not am_in_progress(repo) and not skip:
+        head = rev_parse(repo, "HEAD")
+        if state.get("head") and head != state["head"]:
+            # The user finished the patch with git directly (git am --continue, or a commit).
+            r = PatchResult(ref.layer, ref.name, str(ref.path), ref.position, ref.total, RESOLVED, head, "resolved by hand")
+            _add_note(repo, head, ref.layer, ref.name)
+            results.append(r)
+            results = run_patches(repo, refs, start=idx + 1, results=results, resume=resume, context=context)
+            return ApplyReport(repo, base, results)
         # Nothing half-applied (e.g. the patch file itself was fixed): try the stopped patch again.
         results = run_patches(repo, refs, start=idx, results=results, resume=resume, context=context)
         return ApplyReport(repo, base, results)
-    r = PatchResult(ref.layer, ref.name, str(ref.path), ref.position, ref.total, "resolved")
+    r = PatchResult(ref.layer, ref.name, str(ref.path), ref.position, ref.total, RESOLVED)
     if am_in_progress(repo):
         before = rev_parse(repo, "HEAD")
         res = git(repo, "am", "--skip" if skip else "--continue", check=False)
