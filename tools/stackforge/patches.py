@@ -67,7 +67,7 @@ from .overlay.series import (
 
 
 
-def apply_to_export(tree_dir, patch_dir, *layer_dirs, keep_git: bool = False) -> list[PatchResult]:
+def apply_to_export(tree_dir, patch_dir, *range_dirs, keep_git: bool = False) -> list[PatchResult]:
     """Apply the series in ``patch_dir`` (then any layered range dirs) onto an exported tree.
 
     For the build's source stage: the tree ends up holding the patched files
@@ -77,8 +77,66 @@ def apply_to_export(tree_dir, patch_dir, *layer_dirs, keep_git: bool = False) ->
     from pathlib import Path
 
     layers = [read_series(patch_dir)]
-    layers += [read_series(d, layer=Path(d).parent.parent.name or f"layer{i}") for i, d in enumerate(layer_dirs, start=1)]
+    layers += [read_series(d, layer=Path(d).parent.parent.name or f"layer{i}") for i, d in enumerate(range_dirs, start=1)]
     return apply_series(tree_dir, layers, keep_git=keep_git).results
 
 
-__all__ = [name for name in dir() if not name.startswith("_") and name != "annotations"]
+__all__ = [
+    "ApplyReport",
+    "BASE_LAYER",
+    "CLEAN",
+    "Change",
+    "DEFAULT_TRACKER_PATTERN",
+    "Diagnosis",
+    "ExportPlan",
+    "FAILS",
+    "FORMAT_PATCH_ARGS",
+    "Finding",
+    "NOT_RUN",
+    "OFFSET",
+    "PatchFile",
+    "PatchRef",
+    "PatchResult",
+    "RangeEntry",
+    "STATE_FILE",
+    "Series",
+    "THREEWAY",
+    "Target",
+    "UPSTREAMED",
+    "Upstreamed",
+    "abort_apply",
+    "apply_layers",
+    "apply_series",
+    "apply_to",
+    "apply_to_export",
+    "check",
+    "continue_apply",
+    "drop_entries",
+    "drop_upstreamed",
+    "export_check",
+    "export_series",
+    "failure_error",
+    "failure_message",
+    "find_upstreamed",
+    "flatten",
+    "format_commit",
+    "layer_dirs",
+    "lint_layers",
+    "lint_repository",
+    "lint_series",
+    "load_layers",
+    "make_target",
+    "parse_patch",
+    "plan_export",
+    "range_diff",
+    "read_series",
+    "read_state",
+    "render_index",
+    "renumber",
+    "series_hash",
+    "stack_root",
+    "summary_lines",
+    "target_from_stack",
+    "write_index",
+    "write_series",
+]

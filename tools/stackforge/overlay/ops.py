@@ -11,7 +11,7 @@ import re
 import shutil
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -23,7 +23,6 @@ from .git import git, rev_parse
 from .index import render_index, write_index
 from .patchfile import parse_patch
 from .series import (
-    BASE_LAYER,
     INDEX_FILE,
     SERIES_FILE,
     PatchRef,
