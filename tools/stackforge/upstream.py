@@ -217,8 +217,10 @@ def export_commit(mirror: Path, commit: str, dest_dir: Path | str) -> Path:
     dest = _prepare_dest(dest_dir)
     with tempfile.TemporaryDirectory(prefix="stackforge-index-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        _git("--git-dir", str(mirror), "--work-tree", str(dest), "read-tree", commit, env=env)
-        _git("--git-dir", str(mirror), "--work-tree", str(dest), "checkout-index", "--all", "--force", env=env)
+        # Line-ending conversion from the user's configuration would change the bytes.
+        plain = ["-c", "core.autocrlf=false", "-c", "core.eol=lf", "--git-dir", str(mirror), "--work-tree", str(dest)]
+        _git(*plain, "read-tree", commit, env=env)
+        _git(*plain, "checkout-index", "--all", "--force", env=env)
     return dest
 
 
