@@ -42,7 +42,9 @@ def render_index(series: Series, *, first_number: int | None = None, patch_bytes
     first = series.entries[0].number if first_number is None else first_number
     last = series.entries[-1].number
     if first is not None and last is not None:
-        lines.append(f"{len(series.entries)} patches, {first:04d}-{last:04d}.")
+        n = len(series.entries)
+        span = f"{first:04d}" if first == last else f"{first:04d}-{last:04d}"
+        lines.append(f"{n} patch{'' if n == 1 else 'es'}, {span}.")
         lines.append("")
     lines.append("| # | Patch | Subject | Description |")
     lines.append("| --- | --- | --- | --- |")
