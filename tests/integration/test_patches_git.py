@@ -167,6 +167,9 @@ def test_check_classifies_each_patch(sc):
     rep = P.check(target(sc), commit=sc.v1_1)
     status = {r.name: r.status for r in rep.results}
     assert {n for n, s in status.items() if s == "upstreamed"} == set(sc.upstreamed)
+    details = {r.name: r.detail for r in rep.results}
+    assert "(Engine: cap batch size on musa)" in details[sc.names[2]]
+    assert "(Config: dtype defaults and a README note)" in details[sc.names[5]]
     assert {n for n, s in status.items() if s == "offset"} == engine - set(sc.upstreamed)
     assert {n for n, s in status.items() if s == "clean"} == set(sc.names) - engine - set(sc.upstreamed)
     assert not rep.failed

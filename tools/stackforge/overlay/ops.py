@@ -170,8 +170,16 @@ def check(target: Target, *, commit: str | None = None, seed_commit: str | None 
     """
     with scratch() as tmp:
         head = prepare(target.spec, target.cache_dir, tmp, root=target.root, commit=commit, history="shared", offline=target.offline, label=target.name)
-        _seed(tmp, head, seed_commit or (up.field(target.spec, "commit") if commit else None), target.refs)
+        seed = seed_commit or (up.field(target.spec, "commit") if commit else None)
+        _seed(tmp, head, seed, target.refs)
         report = apply_layers(tmp, target.layers, stop_on_failure=False)
+        if not up.field(target.spec, "sdist"):
+            old = rev_parse(tmp, seed) if seed else None
+            for r in report.upstreamed:
+                carrier = _find_carrier(tmp, Path(r.path), head, old if old != head else None)
+                if carrier:
+                    subject = git(tmp, "log", "-1", "--format=%s", carrier).stdout.strip()
+                    r.detail = f"already applied upstream in {carrier[:12]} ({subject})"
         report.repo = Path("(scratch)")
         return report
 
