@@ -11,7 +11,7 @@ ARGS ?=
 
 STACKFORGE = $(PYTHON) -m stackforge
 
-.PHONY: help install engine base image render lint demo test bench
+.PHONY: help install engine base image render lint demo test bench bake nightly
 
 help:
 	@sed -n '2,5p' Makefile
@@ -50,3 +50,18 @@ test: install
 
 bench: install base
 	$(PYTHON) bench/build_bench.py
+
+# Nightly: lint every stack with `nightly: true` (or STACKS=…), bake them together, gate each,
+# publish each that passed, write build/nightly/<date>/summary.{md,json}; fails if any failed.
+#   make nightly REGISTRY=registry.example.com/team [DATE=YYYYMMDD] [STACKS='a b'] [ROOT=dir] [ARGS='--builder B']
+REGISTRY ?=
+DATE ?=
+STACKS ?=
+ROOT ?=
+nightly: install engine
+	$(if $(REGISTRY),,$(error REGISTRY is required, e.g. make nightly REGISTRY=127.0.0.1:5000/mcconline/inference))
+	$(STACKFORGE) $(if $(ROOT),--root $(ROOT)) nightly --registry $(REGISTRY) $(if $(DATE),--date $(DATE)) $(STACKS) $(ARGS)
+
+# the bake plan of the nightly stacks (or STACKS=…), printed; `stackforge bake` builds it
+bake: install
+	$(STACKFORGE) $(if $(ROOT),--root $(ROOT)) bake --print $(STACKS) $(ARGS)

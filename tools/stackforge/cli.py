@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "lock",
     "patches",
     "publish",
+    "bake",
+    "nightly",
     "newest",
     "bump",
     "wheel",
