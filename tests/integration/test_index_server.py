@@ -30,7 +30,7 @@ def wheel_dir(tmp_path_factory):
         for py in ("cp310", "cp312"):
             whl = build_wheel(d / "torch", "torch", v, python_tag=py, abi_tag=py, platform_tag="linux_x86_64")
             os.utime(whl, (when, when))
-    build_wheel(d, "flashinfer-python", "0.2.7")
+    build_wheel(d, "flashinfer-python", "0.2.7", requires_python=">=3.9")
     return d
 
 
@@ -66,7 +66,12 @@ def test_negotiation_html_only_and_switches(wheel_dir):
         data = requests.get(f"{srv.url}/torch/", headers={"Accept": JSON_V1}).json()
         assert data["meta"]["api-version"] == "1.0"
         assert all("upload-time" not in f and "size" not in f for f in data["files"])
+        srv.hashes = False
+        assert all(f["hashes"] == {} for f in requests.get(f"{srv.url}/torch/", headers={"Accept": JSON_V1}).json()["files"])
+        assert all(f.sha256 is None for f in IndexClient(srv.url).project("torch").files)
         srv.json = False
+        assert "#sha256=" not in requests.get(f"{srv.url}/torch/").text
+        srv.hashes = True
         r = requests.get(f"{srv.url}/torch/", headers={"Accept": JSON_V1})
         assert r.headers["Content-Type"] == "text/html" and "#sha256=" in r.text
 
@@ -91,6 +96,9 @@ def test_client_reads_json_and_html_alike(wheel_dir):
         assert all(f.upload_time is not None and f.size for f in j.files)
         assert all(f.upload_time is None and f.size is None for f in h.files)
         assert IndexClient(srv.url).project("flashinfer_python").files[0].yanked == "bad build"
+        for prefer_json in (True, False):
+            (fi,) = IndexClient(srv.url, prefer_json=prefer_json).project("flashinfer-python").files
+            assert fi.requires_python == ">=3.9"
         with pytest.raises(ProjectNotFound):
             IndexClient(srv.url).project("nope")
 
