@@ -1,0 +1,163 @@
+"""Bad input for the build path: one clear message, a non-zero exit, and no tagged image.
+
+Every case builds the real post2 stack from the stand-in endpoints (tests/fixtures/musa_standins.py)
+with one thing wrong: a ``--set`` value, or what a stand-in endpoint serves (a vendor index whose
+deep_ep has a lazily loaded .so needing a library the image lacks; a public index whose torchada lost
+a config file; ...). The post2 cases are fast because every good layer is shared through BuildKit's
+cache; only the broken phase and what follows it run.
+"""
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+
+from tests.fixtures import musa_builds as mb
+from tests.fixtures import musa_standins as ms
+
+pytestmark = pytest.mark.engine
+
+POST2_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
+SITE = "/opt/venv/lib/python3.11/site-packages"
+BAD_SHA = "deadbeef" * 8
+
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory, base_image):
+    return mb.session(tmp_path_factory.getbasetemp(), base_image)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- what the endpoints serve
+
+def deep_ep_needs_missing_library(stack, specs):
+    """deep_ep's wheel gains a lazily loaded extension that needs libmlx5.so.1 (rdma-core), absent here:
+    ``import deep_ep`` still works, only the ABI check can see it."""
+    return ms.replace_specs(specs, ms.deep_ep_spec(stack.packages["deep_ep"].version, internode_needs=["libmlx5.so.1"]))
+
+
+def torchada_lost_a_config(stack, specs):
+    """torchada 0.1.90 as published without one of its spaced fused-MoE configs."""
+    return ms.replace_specs(specs, ms.torchada_spec(stack.packages["torchada"].version, spaced=40))
+
+
+def vendor_wheel_moves_a_public_pin(stack, specs):
+    """mate 0.2.7 (vendor) declares ``torchada>=0.1.91`` and the public index has 0.1.91: the vendor
+    wheels' dependency phase silently replaces the pinned torchada 0.1.90."""
+    mate = stack.packages["mate"]
+    out = ms.replace_specs(specs, ms.plain_spec("mate", mate.version, mate.import_name, ["torchada>=0.1.91"]))
+    return ms.add_specs(out, "pypi", ms.torchada_spec("0.1.91"))
+
+
+JIT_WRITER = '''import os, subprocess
+__version__ = "{version}"
+# JIT cache next to the package, written by a child process (no Python-level write to audit).
+subprocess.run(["touch", os.path.join(os.path.dirname(__file__), "jit-cache.bin")], check=True)
+'''
+
+
+def mate_writes_at_import_through_a_subprocess(stack, specs):
+    """mate's import writes a JIT cache file into site-packages from a child process: only the
+    read-only re-run of the imports can see it."""
+    mate = stack.packages["mate"]
+    spec = ms.WheelSpec("mate", mate.version, ms.PURE,
+                        files={"mate/__init__.py": JIT_WRITER.format(version=mate.version)})
+    return ms.replace_specs(specs, spec)
+
+
+# --------------------------------------------------------------------------- the table
+
+@dataclass
+class Case:
+    id: str
+    overrides: list[str] | Callable = field(default_factory=list)  # list, or f(standins) -> list
+    serve: Callable | None = None  # f(stack, specs) -> specs the stand-in indexes serve instead
+    code: int = 1
+    expect: list[str] = field(default_factory=list)  # regexes the error must match
+    marks: tuple = ()
+
+
+CASES = [
+    Case("malformed-override", ["packages.torch"], code=2,
+         expect=[r"^error: --set packages\.torch: an override must look like key\.path=value",
+                 r"fix: e\.g\. --set "]),
+    Case("unknown-key-override", ["packages.torch.verison=2.11.0.post2+musa5.2.0"], code=2,
+         expect=[r"unknown key 'verison' in packages\.torch", r"did you mean 'version'\?"]),
+    Case("stack-fails-lint", ["packages.torchada.version=0.1.83"], code=1,
+         expect=[r"stack 'post2' fails lint; nothing was built",
+                 r"torchada 0\.1\.83 is below the declared minimum 0\.1\.90 when torch_musa >= 2\.11\.0\.post2"]),
+    Case("commit-not-on-tag", lambda s: [f"upstreams.vllm.commit={s.repos['vllm'].off_tag}"], code=2,
+         expect=[r"tag v0\.28\.0 points at [0-9a-f]{40}, but the stack pins commit [0-9a-f]{40}"]),
+    Case("upstream-unreachable", ["upstreams.vllm.git=/nonexistent/upstream/vllm"], code=2,
+         expect=[r"upstream git path /nonexistent/upstream/vllm does not exist"]),
+    Case("base-image-missing", lambda s: [f"base.image=127.0.0.1:{closed_port()}/stackforge/missing:base"], code=1,
+         expect=[r"base image '127\.0\.0\.1:\d+/stackforge/missing:base' is not present and could not be pulled"],
+         marks=(pytest.mark.xfail(strict=True, reason="build.py _base_digest raises BuildFailed(col=...), which "
+                                  "BuildFailed.__init__ does not accept: a TypeError traceback instead of the message"),)),
+    Case("index-unreachable", lambda s: [f"indexes.mthreads.url=http://127.0.0.1:{closed_port()}/simple"], code=1,
+         expect=[r"127\.0\.0\.1:\d+", r"(?i)unreachable|cannot reach|connection refused|could not connect"],
+         marks=(pytest.mark.xfail(strict=True, reason="the error shows pip's 'No matching distribution found for "
+                                  "torch==…' and never says the index could not be reached"),)),
+    Case("missing-wheel-version", ["packages.triton.version=3.2.1"], code=1,
+         expect=[r"No matching distribution found for triton==3\.2\.1"]),
+    Case("hash-mismatch-public", [f"packages.torchada.sha256=[{BAD_SHA}]"], code=1,
+         expect=[r"THESE PACKAGES DO NOT MATCH THE HASHES"]),
+    Case("hash-mismatch-vendor", [f"packages.triton.sha256=[{BAD_SHA}]"], code=1,
+         expect=[r"(?i)hash"],
+         marks=(pytest.mark.xfail(strict=True, reason="plan.py pip_phases: a sha256 on one pin of a multi-package "
+                                  "index does not enable --require-hashes and the hash is dropped: the build passes"),)),
+    Case("gate-fail-version-moved", serve=vendor_wheel_moves_a_public_pin, code=1,
+         expect=[r"dependency gate failed", r"FAIL import torchada   expected=0\.1\.90 found=0\.1\.91"]),
+    Case("abi-miss", serve=deep_ep_needs_missing_library, code=1,
+         expect=[rf"FAIL abi +deep_ep +internode{re.escape(ms.EXT)} missing=libmlx5\.so\.1$"]),
+    Case("import-writes-symlinks", ["gate.prepare=[]"], code=1,
+         expect=[r"FAIL write  torchada   wrote into site-packages at import: "
+                 rf"{re.escape(SITE)}/{re.escape(ms.CONFIG_DIR)}/E=\d+,N=\d+,device_name=MTTS5000\.json \(os\.symlink\)",
+                 r"and 36 more"]),
+    Case("dangling-symlink",
+         [f'gate.prepare=["python -c \'import torchada\'", "ln -s /nonexistent {SITE}/torchada/moved-config.json"]'],
+         code=1, expect=[rf"FAIL link   {re.escape(SITE)}/torchada/moved-config\.json -> /nonexistent \(dangling symlink\)"]),
+    Case("read-only-import-fails", serve=mate_writes_at_import_through_a_subprocess, code=1,
+         expect=[r"read-only: FAIL import mate +expected=0\.2\.7 error=import mate: CalledProcessError: "
+                 rf".*'touch', '{re.escape(SITE)}/mate/jit-cache\.bin'"],
+         marks=(pytest.mark.xfail(strict=True, reason="build.py _failure_reason: GATE_LINE's group keeps the "
+                                  "'read-only: ' prefix, so startswith('FAIL') misses read-only FAIL lines and the "
+                                  "error shows only 'executor failed running [...]'"),)),
+    Case("probe-mismatch", serve=torchada_lost_a_config, code=1,
+         expect=[r"FAIL probe  fused-moe-configs expected=100 space-free \+ 41 spaced = 141 "
+                 r"found=99 space-free \+ 40 spaced = 139"]),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks) for c in CASES])
+def test_bad_input(case: Case, standins):
+    stack = standins.stack("post2")
+    specs = standins.specs("post2")
+    if case.serve is not None:
+        specs = case.serve(stack, specs)
+    endpoints = standins.endpoints(specs, label=f"{case.id}-" if case.serve else "")
+    extra = case.overrides(standins) if callable(case.overrides) else case.overrides
+    mb.docker("image", "rm", POST2_TAG, check=False)
+    assert mb.image_id(POST2_TAG) is None
+
+    build = standins.build("post2", standins.overrides(endpoints) + extra, label="bad-input")
+
+    err = build.proc.stderr
+    assert build.proc.returncode == case.code, build.describe()
+    assert "Traceback" not in err, build.describe()
+    # One message: a single "error:" line opens it, and it is the first thing on stderr.
+    assert err.startswith("error: ") and len(re.findall(r"^error:", err, re.M)) == 1, err
+    for pattern in case.expect:
+        assert re.search(pattern, err, re.M), f"{pattern!r} not in:\n{err}"
+    # No tag: neither the stack's tag nor any image the failed build could have left under it.
+    assert mb.image_id(POST2_TAG) is None
+    if build.proc.returncode == 1 and (build.evidence / "result.json").is_file():
+        assert '"ok": false' in (build.evidence / "result.json").read_text()
