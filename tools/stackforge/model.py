@@ -110,7 +110,8 @@ class Upstream(Strict):
 
 class Kernel(Strict):
     upstream: str = Field(description="the upstream whose patched tree this step builds")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict,
+                                description="environment of the build command; values may use {{ … }} like tags")
     run: str = Field(description="shell command run in the upstream tree; it writes wheels to /out/wheels")
 
     @field_validator("env", mode="before")

@@ -160,7 +160,9 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         local_ref=str(tags.local_ref(stack)),
         phases=phases,
         upstreams=list(stack.upstreams),
-        kernels=[KernelStep(n, k.upstream, dict(k.env), k.run) for n, k in stack.kernels.items()],
+        kernels=[KernelStep(n, k.upstream, {key: tags.render_template(stack, value, ("kernels", n, "env", key))
+                                            for key, value in k.env.items()}, k.run)
+                 for n, k in stack.kernels.items()],
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
         targets={n: t.model_dump() for n, t in stack.targets.items()},
