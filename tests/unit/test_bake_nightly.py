@@ -1,0 +1,129 @@
+"""The bake plan and the nightly's stack selection and summary (no engine: plans and data only)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stackforge import bake as bakemod
+from stackforge.errors import UserError
+from stackforge.nightly import Row, Summary, _gate_summary, select_stacks
+from stackforge.stack import load_stack
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def root(tmp_path):
+    r = tmp_path / "repo"
+    r.mkdir()
+    shutil.copytree(REPO / "stacks", r / "stacks")
+    shutil.copytree(REPO / "patches", r / "patches")
+    (r / "stacks" / "nightly-good.yaml").write_text(
+        "name: nightly-good\ninherits: example\nnightly: true\n")
+    (r / "stacks" / "nightly-bad.yaml").write_text(
+        "name: nightly-bad\ninherits: example\nnightly: true\n"
+        "packages:\n  markupsafe: {version: 3.0.2, index: pypi}\n")
+    return r
+
+
+def item(name="s-t", **kw):
+    defaults = dict(name=name, stack="s", target="t", ref="img:1", context=Path("/ctx"), dockerfile=Path("/ctx/Dockerfile"))
+    defaults.update(kw)
+    return bakemod.BakeTarget(**defaults)
+
+
+def test_target_names_are_bake_safe():
+    assert bakemod.target_name("post2", "vllm-openai") == "post2-vllm-openai"
+    assert bakemod.target_name("a.b", "c d") == "a_b-c_d"
+
+
+def test_plan_has_one_group_and_a_target_per_stack_and_target():
+    items = [item("a-x", stack="a", target="x", args={"SOURCE_DATE_EPOCH": "1"}, secrets=[("cabundle", "/ca.pem")]),
+             item("b-x", stack="b", target="x", ref="img:2")]
+    doc = bakemod.plan(items)
+    assert doc["group"] == {"default": {"targets": ["a-x", "b-x"]}}
+    a = doc["target"]["a-x"]
+    assert a == {"context": "/ctx", "dockerfile": "/ctx/Dockerfile", "target": "x", "tags": ["img:1"],
+                 "args": {"SOURCE_DATE_EPOCH": "1"}, "secret": ["id=cabundle,src=/ca.pem"], "output": ["type=docker"]}
+    assert "output" not in bakemod.plan(items, load=False)["target"]["b-x"]
+    with pytest.raises(UserError, match="same bake target name"):
+        bakemod.plan([item("same"), item("same")])
+
+
+def test_bake_command():
+    cmd = bakemod.bake_command(Path("/w/bake.json"), builder="k8s", no_cache=True, metadata_file=Path("/w/m.json"))
+    assert cmd == ["docker", "buildx", "--builder", "k8s", "bake", "--file", "/w/bake.json", "--progress=plain",
+                   "--no-cache", "--metadata-file", "/w/m.json"]
+    assert bakemod.bake_command(Path("p.json"))[:3] == ["docker", "buildx", "bake"]
+
+
+def test_stack_targets(root):
+    stack = load_stack("example", root=root)
+    assert bakemod.stack_targets(stack, None) == list(stack.targets)
+    assert bakemod.stack_targets(stack, ["nope", "escape"]) == ["escape"]
+    with pytest.raises(UserError, match="has no target"):
+        bakemod.stack_targets(stack, ["nope"])
+
+
+def test_bake_print_renders_the_matrix_of_nightly_stacks(root):
+    proc = subprocess.run([sys.executable, "-m", "stackforge", "--root", str(root), "bake", "--print", "--ca-bundle", "none"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["group"]["default"]["targets"] == ["nightly-bad-escape", "nightly-good-escape"]
+    good = doc["target"]["nightly-good-escape"]
+    assert good["context"] == str(root / "build" / "nightly-good" / "context")
+    assert good["target"] == "escape" and good["output"] == ["type=docker"] and "secret" not in good
+    assert (root / "build" / "nightly-good" / "Dockerfile").is_file()
+
+
+def test_bake_without_nightly_stacks_says_what_to_do(tmp_path):
+    r = tmp_path / "repo"
+    shutil.copytree(REPO / "stacks", r / "stacks")
+    shutil.copytree(REPO / "patches", r / "patches")
+    proc = subprocess.run([sys.executable, "-m", "stackforge", "--root", str(r), "bake", "--print"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "nightly: true" in proc.stderr and "fix:" in proc.stderr
+
+
+def test_select_stacks_reports_load_and_lint_failures_and_skips_non_nightly(root):
+    (root / "stacks" / "broken.yaml").write_text("name: broken\ninherits: example\nnightly: true\npackges: {}\n")
+    (root / "stacks" / "unlinted.yaml").write_text(
+        "name: unlinted\ninherits: post2\nnightly: true\n"
+        "packages:\n  torchvision: {version: 0.26.0.post1+musa5.2.0}\n")
+    loaded, rows = select_stacks(root, None)
+    assert sorted(s.name for s in loaded) == ["nightly-bad", "nightly-good"]
+    by = {r.stack: r for r in rows}
+    assert by["broken"].stage == "load" and "packges" in by["broken"].reason
+    assert by["unlinted"].stage == "lint" and "torchvision" in by["unlinted"].reason
+    assert all(r.status == "failed" for r in rows)
+    named, _ = select_stacks(root, ["example"])  # named stacks need no nightly flag
+    assert [s.name for s in named] == ["example"]
+
+
+def test_gate_summary():
+    assert _gate_summary(["PASS import a", "gate result: 5 PASS, 0 FAIL"]) == "gate result: 5 PASS, 0 FAIL"
+    assert _gate_summary(["PASS import a", "FAIL import b expected=1 found=2"]) == "1 FAIL"
+    assert _gate_summary([]) is None
+
+
+def test_summary_rows_markdown_and_json(tmp_path):
+    s = Summary(date="20260929", registry="r.example.com/x", duration_s=12.0)
+    s.rows = [Row("good", "escape", "published", tag="r/x:t-20260929-r1", digest="sha256:" + "a" * 64,
+                  gate="gate result: 5 PASS, 0 FAIL", duration_s=3.2),
+              Row("bad", "escape", "failed", stage="gate", gate="gate result: 5 PASS, 1 FAIL",
+                  reason="bad/escape: dependency gate failed:\n  FAIL import markupsafe expected=3.0.2 | found=3.0.3")]
+    assert not s.ok
+    md = s.markdown()
+    assert "| good | escape | published | `r/x:t-20260929-r1` |" in md
+    assert "FAILED (gate)" in md and "expected=3.0.2 \\| found=3.0.3" in md
+    assert "1 of 2 passed" in md
+    doc = s.to_json()
+    assert doc["ok"] is False and [r["status"] for r in doc["rows"]] == ["published", "failed"]
+    assert doc["rows"][1]["stage"] == "gate"
+    assert Summary(date="d", registry="r").ok is False  # nothing ran: not a success
