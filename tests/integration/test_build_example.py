@@ -89,6 +89,8 @@ def test_example_image_is_gated_labelled_and_tagged(built):
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", labels["org.stackforge.series.markupsafe"])
     inputs = json.loads((root / "build" / "example" / "evidence" / "inputs.json").read_text())
     assert labels["org.stackforge.fingerprint"] == inputs["fingerprint"]
+    assert labels["org.stackforge.inputs"] == inputs["inputs_fingerprint"]
+    assert set(inputs["locks"]) == {"pypi"}
     # The engine here predates SOURCE_DATE_EPOCH, and an sdist has no commit time: no invented "created".
     assert "org.opencontainers.image.created" not in labels
     # The patch is in the image: the build fails without compiled speedups, and the target runs.

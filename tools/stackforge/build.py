@@ -190,7 +190,8 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
     if ctx.source_date_epoch is not None and engine.supports_source_date_epoch():
         build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
         created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    labels = image_labels(stack, base_digest=base_digest, created=created, series=ctx.series)
+    labels = image_labels(stack, base_digest=base_digest, created=created, series=ctx.series,
+                          inputs=ctx.inputs_fingerprint())
     write_dockerfile(ctx, labels, syntax=opts.syntax)
     shutil.copy2(ctx.dockerfile, evidence / "Dockerfile")
     _write_inputs(evidence, stack, ctx, labels, info, target, ref)
@@ -241,6 +242,8 @@ def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info
         "target": target,
         "tag": ref,
         "fingerprint": fingerprint(stack),
+        "inputs_fingerprint": ctx.inputs_fingerprint(),
+        "locks": ctx.locks,
         "pins": {n: p.version for n, p in stack.packages.items()},
         "upstreams": [asdict(s) for s in ctx.sources],
         "overrides": [_redact_override(o) for o in stack._overrides],

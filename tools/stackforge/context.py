@@ -6,9 +6,10 @@ git mirror or a checksummed release sdist), patched in order with the overlay.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import upstream as upstreams
@@ -16,7 +17,7 @@ from .model import Stack
 from .lock import read_locks
 from .plan import Plan, make_plan
 from .render import images_dir, render_dockerfile, requirements_text
-from .stack import stack_root
+from .stack import fingerprint, stack_root
 
 
 @dataclass
@@ -37,6 +38,16 @@ class Context:
     context_dir: Path  # build/<stack>/context/
     dockerfile: Path
     sources: list[SourceInfo]
+    locks: dict[str, str] = field(default_factory=dict)  # index -> sha256 of its lock file
+
+    def inputs_fingerprint(self) -> str:
+        """sha256 over everything the image is built from: the resolved stack, the upstream pins and
+        patch series, the lock files, and the templates and gate scripts of this stackforge."""
+        templates = {p.relative_to(images_dir()).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                     for p in sorted(images_dir().rglob("*")) if p.is_file() and "base" not in p.parts}
+        blob = json.dumps({"stack": fingerprint(self.stack), "sources": [asdict(s) for s in self.sources],
+                           "locks": self.locks, "templates": templates}, sort_keys=True).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
 
     @property
     def series(self) -> dict[str, str]:
@@ -118,7 +129,8 @@ def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> 
         shutil.rmtree(ctx_dir)
     staging.rename(ctx_dir)
     dockerfile = bdir / "Dockerfile"
-    return Context(stack, plan, bdir, ctx_dir, dockerfile, infos)
+    lock_hashes = {i: hashlib.sha256(l.text.encode()).hexdigest() for i, l in locks.items()}
+    return Context(stack, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes)
 
 
 def write_dockerfile(ctx: Context, labels: dict[str, str], syntax: str | None = None) -> Path:

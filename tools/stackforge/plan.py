@@ -110,7 +110,7 @@ def gate_spec(stack: Stack) -> dict:
 
 
 def image_labels(stack: Stack, *, base_digest: str | None = None, created: str | None = None,
-                 series: dict[str, str] | None = None) -> dict[str, str]:
+                 series: dict[str, str] | None = None, inputs: str | None = None) -> dict[str, str]:
     """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible."""
     out: dict[str, str] = {
         "org.opencontainers.image.title": f"{stack.name}",
@@ -132,6 +132,8 @@ def image_labels(stack: Stack, *, base_digest: str | None = None, created: str |
         out["org.opencontainers.image.base.digest"] = base_digest
     out[f"{LABEL_NS}.stack"] = stack.name
     out[f"{LABEL_NS}.fingerprint"] = fingerprint(stack)
+    if inputs:
+        out[f"{LABEL_NS}.inputs"] = inputs
     for uname, up in stack.upstreams.items():
         if up.git:
             out[f"{LABEL_NS}.upstream.{uname}"] = f"{up.tag}@{up.commit}"
