@@ -1,7 +1,7 @@
 """The publish algorithm against an in-process registry stub and the fault-injecting proxy.
 
 Images come from ``docker save``-format archives written here (both the legacy and the
-OCI-layout flavour), so these tests need no engine; tests/integration/test_publish_registry.py
+OCI-layout flavour), so these tests need no engine; tests/integration/test_publish_real_registry.py
 runs the same paths against a real docker-registry and real engine images.
 """
 from __future__ import annotations
