@@ -36,6 +36,7 @@ render: install
 
 lint: install
 	$(STACKFORGE) lint
+	$(STACKFORGE) audit post2
 	$(STACKFORGE) patches lint
 	$(STACKFORGE) patches export --check
 
