@@ -6,6 +6,7 @@ See tests/fixtures/musa_standins.py for what the stand-ins are.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -113,6 +114,9 @@ def test_post2_image_tag_and_labels(post2, standins):
     pins = {k[len("org.stackforge.pin."):]: v for k, v in labels.items() if k.startswith("org.stackforge.pin.")}
     assert pins == {n: p.version for n, p in stack.packages.items()}
     assert labels["org.stackforge.fingerprint"] == fingerprint(stack)
+    inputs = json.loads((post2.evidence / "inputs.json").read_text())
+    assert labels["org.stackforge.inputs"] == inputs["inputs_fingerprint"]
+    assert inputs["upstreams"][0]["pin"] == f"v0.28.0@{standins.repos['vllm'].commit}"
     assert labels["org.opencontainers.image.revision"] == standins.repos["vllm"].commit
     assert labels["org.opencontainers.image.version"] == "v0.28.0"
     assert labels["org.stackforge.upstream.vllm_musa"] == f"v0.1.24@{standins.repos['vllm_musa'].commit}"
