@@ -32,6 +32,8 @@ def standins(tmp_path_factory, base_image):
 def post2(standins):
     build = standins.happy("post2")
     assert build.ok, build.describe()
+    # The stack's local tag names the image just built (later tests use its id: other tests re-tag).
+    assert mb.image_id(POST2_TAG) == build.image
     return build
 
 
@@ -39,6 +41,7 @@ def post2(standins):
 def post1(standins):
     build = standins.happy("post1")
     assert build.ok, build.describe()
+    assert mb.image_id(POST1_TAG) == build.image
     return build
 
 
@@ -95,7 +98,7 @@ def test_post2_readonly_rerun_and_abi_stage_pass(post2, standins):
 def test_post2_vendor_wheels_own_dependencies_come_from_the_public_index(post2):
     # flashinfer-python (vendor, installed --no-deps) requires ninja, which only the public stand-in serves
     # and nothing public requires: the vendor wheels' dependency phase installed it.
-    proc = mb.docker("run", "--rm", "--network=none", "--entrypoint", "python", POST2_TAG, "-m", "pip", "show", "ninja")
+    proc = mb.docker("run", "--rm", "--network=none", "--entrypoint", "python", post2.image, "-m", "pip", "show", "ninja")
     fields = dict(l.split(": ", 1) for l in proc.stdout.splitlines() if ": " in l)
     assert fields["Version"] == ms.PUBLIC_DEPS["ninja"]
     assert fields["Required-by"] == "flashinfer-python"
@@ -107,9 +110,7 @@ def test_post2_vendor_wheels_own_dependencies_come_from_the_public_index(post2):
 
 def test_post2_image_tag_and_labels(post2, standins):
     assert post2.tag == POST2_TAG
-    image = mb.image_id(POST2_TAG)
-    assert image is not None
-    labels = mb.labels_of(POST2_TAG)
+    labels = mb.labels_of(post2.image)
     stack = standins.stack("post2", post2.overrides)
     pins = {k[len("org.stackforge.pin."):]: v for k, v in labels.items() if k.startswith("org.stackforge.pin.")}
     assert pins == {n: p.version for n, p in stack.packages.items()}
@@ -126,12 +127,12 @@ def test_post2_image_tag_and_labels(post2, standins):
 
 
 def test_post2_target_runs_vllm_serve(post2):
-    proc = mb.docker("run", "--rm", "--network=none", POST2_TAG, "stand-in/model", "--port", "8123")
+    proc = mb.docker("run", "--rm", "--network=none", post2.image, "stand-in/model", "--port", "8123")
     assert proc.stdout.strip().splitlines()[-1] == "vllm 0.28.0 serve stand-in/model on port 8123 (stand-in)"
 
 
 def test_gate_verb_reruns_the_gate_on_the_built_image(post2):
-    proc = mb.stackforge("gate", POST2_TAG, "--stack", "post2")
+    proc = mb.stackforge("gate", post2.image, "--stack", "post2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout.splitlines()
     for line in ("PASS import torchada   version=0.1.90", "PASS import deep_ep    version=1.1.0+musa5.2.0torch2.11.0.post2",
@@ -141,13 +142,13 @@ def test_gate_verb_reruns_the_gate_on_the_built_image(post2):
 
 
 def test_abi_verb_reports_deep_ep_resolved(post2, standins):
-    proc = mb.stackforge("abi", POST2_TAG, "--stack", "post2")
+    proc = mb.stackforge("abi", post2.image, "--stack", "post2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout.splitlines()
     assert any(re.fullmatch(rf"PASS abi +deep_ep +{re.escape(DEEP_EP_SO)} resolved=\d+", l) for l in out), proc.stdout
     assert out[-1] == "abi result: 0 FAIL"
     # Without the stack's library path the same .so does not resolve: the ABI check uses it.
-    proc = mb.stackforge("abi", POST2_TAG, "--stack", "post2", "--set", "gate.library_path=[]")
+    proc = mb.stackforge("abi", post2.image, "--stack", "post2", "--set", "gate.library_path=[]")
     assert proc.returncode != 0
     line = next(l for l in proc.stdout.splitlines() if l.startswith("FAIL abi") and "deep_ep" in l)
     assert re.fullmatch(rf"FAIL abi +deep_ep +{re.escape(DEEP_EP_SO)} missing=(\S+)", line), line
@@ -166,6 +167,6 @@ def test_post1_builds_end_to_end(post1, standins):
     assert checks == expected_gate(stack)
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"
     assert post1.evidence_lines("abi.txt")[-1] == "abi result: 0 FAIL"
-    labels = mb.labels_of(POST1_TAG)
+    labels = mb.labels_of(post1.image)
     assert labels["org.stackforge.pin.torch"] == "2.11.0.post1+musa5.2.0"
     assert labels["org.opencontainers.image.revision"] == standins.repos["vllm"].commit

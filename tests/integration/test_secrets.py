@@ -52,7 +52,7 @@ def canary_build(standins, tmp_path_factory):
     assert f"indexes.mthreads.url=http://builder:{password}@127.0.0.1:{server.port}/simple" in overrides
     build = standins.build("post2", overrides, "--ca-bundle", str(bundle), label="post2-secrets")
     assert build.ok, build.describe()
-    image = json.loads((build.evidence / "result.json").read_text())["image_id"]
+    image = build.image
     canaries = {
         "password": password,
         "basic-auth header": base64.b64encode(f"builder:{password}".encode()).decode(),
