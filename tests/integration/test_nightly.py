@@ -65,6 +65,9 @@ def test_make_nightly_fails_but_publishes_the_stack_that_passed(nightly_run, reg
     evidence = Path(good["evidence"])
     assert json.loads((evidence / "publish.json").read_text())["digest"] == good["digest"]
     assert json.loads((evidence / "result.json").read_text())["ok"] is True
+    # The bake prepared exactly the Dockerfile the build used (same labels, same cache keys).
+    assert (root / "build" / "nightly" / DATE / "nightly-good.Dockerfile").read_text() == \
+        (evidence / "Dockerfile").read_text()
 
     bad = rows["nightly-bad"]
     assert bad["status"] == "failed" and bad["stage"] == "gate"

@@ -97,7 +97,9 @@ def prepare(stacks: list[Stack], *, targets: list[str] | None = None, engine: En
         if sources and ctx.source_date_epoch is not None and engine.supports_source_date_epoch():
             args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
             created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        labels = image_labels(stack, base_digest=base_digest, created=created, series=ctx.series)
+        # Keep in step with build.build(): the same labels give the same Dockerfile, hence shared cache.
+        labels = image_labels(stack, base_digest=base_digest, created=created, series=ctx.series,
+                              inputs=ctx.inputs_fingerprint())
         write_dockerfile(ctx, labels, syntax=syntax)
         secrets: list[tuple[str, str]] = []
         text = netrc_text(stack)
@@ -200,6 +202,9 @@ def bake(stacks: list[Stack], *, targets: list[str] | None = None, builder: str 
     os.chmod(secrets_dir, 0o700)
     try:
         items = prepare(stacks, targets=targets, engine=engine, secrets_dir=secrets_dir, ca_bundle=ca_bundle)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for i in items:  # what the bake built, beside its plan (a later `build` rewrites build/<stack>/)
+            shutil.copy2(i.dockerfile, workdir / f"{i.stack}.Dockerfile")
         result = run(items, workdir, engine=engine, builder=builder, load=load, no_cache=no_cache, on_line=on_line)
     finally:
         shutil.rmtree(secrets_dir, ignore_errors=True)
