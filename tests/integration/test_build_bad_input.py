@@ -44,6 +44,14 @@ def deep_ep_needs_missing_library(stack, specs):
     return ms.replace_specs(specs, ms.deep_ep_spec(stack.packages["deep_ep"].version, internode_needs=["libmlx5.so.1"]))
 
 
+def vendor_wheel_metadata_says_another_version(stack, specs):
+    """torch_musa's wheel is named for the pin, but its METADATA says post1 (a mislabelled upload)."""
+    pkg = stack.packages["torch_musa"]
+    spec = ms.torch_musa_spec(pkg.version, stack.packages["torch"].version)
+    spec.metadata_version = pkg.version.replace(".post2", ".post1")
+    return ms.replace_specs(specs, spec)
+
+
 def torchada_lost_a_config(stack, specs):
     """torchada 0.1.90 as published without one of its spaced fused-MoE configs."""
     return ms.replace_specs(specs, ms.torchada_spec(stack.packages["torchada"].version, spaced=40))
@@ -114,6 +122,12 @@ CASES = [
          expect=[r"(?i)hash"],
          marks=(pytest.mark.xfail(strict=True, reason="plan.py pip_phases: a sha256 on one pin of a multi-package "
                                   "index does not enable --require-hashes and the hash is dropped: the build passes"),)),
+    Case("wheel-metadata-differs-from-pin", serve=vendor_wheel_metadata_says_another_version, code=1,
+         expect=[r"torch_musa.*inconsistent version: expected '2\.11\.0\.post2\+musa5\.2\.0', "
+                 r"but metadata has '2\.11\.0\.post1\+musa5\.2\.0'"],
+         marks=(pytest.mark.xfail(strict=True, reason="build.py _failure_reason keeps only ERROR lines: pip's "
+                                  "'Discarding … has inconsistent version' is dropped and the error reads 'No matching "
+                                  "distribution found for torch_musa==… (from versions: <that version>)'"),)),
     Case("gate-fail-version-moved", serve=vendor_wheel_moves_a_public_pin, code=1,
          expect=[r"dependency gate failed", r"FAIL import torchada   expected=0\.1\.90 found=0\.1\.91"]),
     Case("abi-miss", serve=deep_ep_needs_missing_library, code=1,
