@@ -171,7 +171,7 @@ def test_bad_input(case: Case, standins):
     assert err.startswith("error: ") and len(re.findall(r"^error:", err, re.M)) == 1, err
     for pattern in case.expect:
         assert re.search(pattern, err, re.M), f"{pattern!r} not in:\n{err}"
-    # No tag: neither the stack's tag nor any image the failed build could have left under it.
+    # No tag: the stack's local tag, removed before the build, still names nothing.
     assert mb.image_id(POST2_TAG) is None
     if build.proc.returncode == 1 and (build.evidence / "result.json").is_file():
         assert '"ok": false' in (build.evidence / "result.json").read_text()
