@@ -13,7 +13,6 @@ gate output and evidence per stack.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import re
@@ -81,39 +80,17 @@ def prepare(stacks: list[Stack], *, targets: list[str] | None = None, engine: En
     ``sources=False`` renders the plan without fetching upstreams (for ``--print``); the secret
     files are then not written either and their ``src`` is a placeholder.
     """
-    from .build import _base_digest, _ca_bundle, lint_or_fail, netrc_text, target_ref
-    from .context import assemble, write_dockerfile
-    from .plan import image_labels
+    from .build import prepare as prepare_build
+    from .build import secret_files, target_ref
 
     engine = engine or Engine()
     out: list[BakeTarget] = []
     for stack in stacks:
-        lint_or_fail(stack)
         names = stack_targets(stack, targets)
-        base_digest = _base_digest(engine, stack) if sources else None
-        ctx = assemble(stack, None, sources=sources)
-        args: dict[str, str] = {}
-        created = None
-        if sources and ctx.source_date_epoch is not None and engine.supports_source_date_epoch():
-            args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
-            created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        # Keep in step with build.build(): the same labels give the same Dockerfile, hence shared cache.
-        labels = image_labels(stack, base_digest=base_digest, created=created, series=ctx.series,
-                              inputs=ctx.inputs_fingerprint())
-        write_dockerfile(ctx, labels, syntax=syntax)
-        secrets: list[tuple[str, str]] = []
-        text = netrc_text(stack)
-        if text:
-            if secrets_dir is not None:
-                path = secrets_dir / f"{stack.name}.netrc"
-                path.touch(mode=0o600)
-                path.write_text(text)
-                secrets.append(("netrc", str(path)))
-            else:
-                secrets.append(("netrc", SECRET_PLACEHOLDER))
-        bundle = _ca_bundle(ca_bundle)
-        if bundle is not None:
-            secrets.append(("cabundle", str(bundle)))
+        prepared = prepare_build(stack, engine, sources=sources, syntax=syntax)
+        ctx, args = prepared.ctx, prepared.build_args
+        secrets = [(sid, str(path) if path is not None else SECRET_PLACEHOLDER)
+                   for sid, path in secret_files(stack, secrets_dir, ca_bundle)]
         for t in names:
             out.append(BakeTarget(name=target_name(stack.name, t), stack=stack.name, target=t, ref=target_ref(stack, t),
                                   context=ctx.context_dir, dockerfile=ctx.dockerfile, args=dict(args), secrets=list(secrets)))

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -169,45 +168,72 @@ def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
     return out
 
 
+@dataclass
+class Prepared:
+    """A stack ready for the engine: context and Dockerfile written, labels and build args fixed."""
+
+    ctx: Context
+    labels: dict[str, str]
+    build_args: dict[str, str]
+
+
+def prepare(stack: Stack, engine: Engine, *, out: Path | None = None, sources: bool = True,
+            syntax: str | None = None) -> Prepared:
+    """Everything before the engine runs; shared by `build` and `bake` so both render the same bytes
+    (and so share BuildKit's cache). ``sources=False`` skips fetching upstreams and the base image."""
+    lint_or_fail(stack)
+    base_digest = _base_digest(engine, stack) if sources else None
+    ctx = assemble(stack, out, sources=sources)
+    created = None
+    build_args: dict[str, str] = {}
+    if sources and ctx.source_date_epoch is not None and engine.supports_source_date_epoch():
+        build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
+        created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    labels = image_labels(stack, base_digest=base_digest, created=created, series=ctx.series,
+                          inputs=ctx.inputs_fingerprint())
+    write_dockerfile(ctx, labels, syntax=syntax)
+    return Prepared(ctx, labels, build_args)
+
+
+def secret_files(stack: Stack, secrets_dir: Path | None, ca_bundle: str | None) -> list[tuple[str, Path | None]]:
+    """The BuildKit secrets of a build: a netrc with the index credentials (written into
+    ``secrets_dir``, mode 600; ``None`` when no directory is given) and the CA bundle."""
+    secrets: list[tuple[str, Path | None]] = []
+    text = netrc_text(stack)
+    if text:
+        path = None
+        if secrets_dir is not None:
+            path = secrets_dir / f"{stack.name}.netrc"
+            path.touch(mode=0o600)
+            path.write_text(text)
+        secrets.append(("netrc", path))
+    bundle = _ca_bundle(ca_bundle)
+    if bundle is not None:
+        secrets.append(("cabundle", bundle))
+    return secrets
+
+
 def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None = None,
           echo: Callable[[str], None] | None = None) -> BuildOutcome:
     opts = opts or BuildOptions()
     echo = echo or (lambda line: print(line, flush=True))
     started = time.monotonic()
-    lint_or_fail(stack)
     target = default_target(stack, opts.target)
     ref = target_ref(stack, target)
     engine = engine or Engine(builder=opts.builder)
     info = engine.check()
-    base_digest = _base_digest(engine, stack)
-    ctx = assemble(stack, opts.out)
+    prepared = prepare(stack, engine, out=opts.out, syntax=opts.syntax)
+    ctx, labels, build_args = prepared.ctx, prepared.labels, prepared.build_args
     evidence = ctx.build_dir / "evidence"
     if evidence.exists():
         shutil.rmtree(evidence)
     evidence.mkdir(parents=True)
-    created = None
-    build_args = {}
-    if ctx.source_date_epoch is not None and engine.supports_source_date_epoch():
-        build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
-        created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    labels = image_labels(stack, base_digest=base_digest, created=created, series=ctx.series,
-                          inputs=ctx.inputs_fingerprint())
-    write_dockerfile(ctx, labels, syntax=opts.syntax)
     shutil.copy2(ctx.dockerfile, evidence / "Dockerfile")
     _write_inputs(evidence, stack, ctx, labels, info, target, ref)
 
     secrets_dir = Path(tempfile.mkdtemp(prefix="stackforge-secrets-"))
     try:
-        secrets = []
-        text = netrc_text(stack)
-        if text:
-            path = secrets_dir / "netrc"
-            path.touch(mode=0o600)
-            path.write_text(text)
-            secrets.append(("netrc", path))
-        bundle = _ca_bundle(opts.ca_bundle)
-        if bundle is not None:
-            secrets.append(("cabundle", bundle))
+        secrets = secret_files(stack, secrets_dir, opts.ca_bundle)
         had = engine.image_id(ref)
         result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref], build_args=build_args,
                               secrets=secrets, load=opts.load, builder=opts.builder, no_cache=opts.no_cache,

@@ -1,7 +1,6 @@
 """Verbs that render, build and gate images."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
