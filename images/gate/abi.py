@@ -24,7 +24,8 @@ from pathlib import Path
 WIDTH = 10
 SO = re.compile(r"\.so(\.\d+)*$")
 NOT_FOUND = re.compile(r"^\s*(\S+)\s+=>\s+not found")
-RESOLVED = re.compile(r"^\s*(\S+)\s+=>\s+(\S+)")
+RESOLVED = re.compile(r"^\s*(\S+)\s+=>\s+(/\S+)")
+LOADER = re.compile(r"^\s*(/\S+)\s+\(0x")
 
 
 def library_path(entries: list[str]) -> str:
@@ -50,13 +51,17 @@ def check_dist(name: str, env: dict) -> tuple[list[str], int]:
         text = proc.stdout + proc.stderr
         if "not a dynamic executable" in text:
             continue
-        missing = [m.group(1) for m in map(NOT_FOUND.match, text.splitlines()) if m]
-        resolved = [m.group(1) for m in map(RESOLVED.match, text.splitlines()) if m and m.group(2) != "not"]
+        rows = text.splitlines()
+        missing = [m.group(1) for m in map(NOT_FOUND.match, rows) if m]
+        resolved = [(m.group(1), m.group(2)) for m in map(RESOLVED.match, rows) if m]
+        resolved += [(Path(m.group(1)).name, m.group(1)) for m in map(LOADER.match, rows) if m]
         if missing:
             failed += 1
             lines.append(f"FAIL abi   {name:<{WIDTH}} {so.name} missing={','.join(missing)}")
         else:
             lines.append(f"PASS abi   {name:<{WIDTH}} {so.name} resolved={len(resolved)}")
+        # Where each library was found (or not): the evidence a reviewer would otherwise run ldd for.
+        lines += [f"    {lib} => {path}" for lib, path in resolved] + [f"    {lib} => not found" for lib in missing]
     if objects and not dist.requires:
         lines.append(f"WARN abi   {name:<{WIDTH}} compiled ({len(objects)} .so) and declares no Requires-Dist: "
                      "no resolver guards its ABI")

@@ -107,27 +107,19 @@ CASES = [
     Case("upstream-unreachable", ["upstreams.vllm.git=/nonexistent/upstream/vllm"], code=2,
          expect=[r"upstream git path /nonexistent/upstream/vllm does not exist"]),
     Case("base-image-missing", lambda s: [f"base.image=127.0.0.1:{closed_port()}/stackforge/missing:base"], code=1,
-         expect=[r"base image '127\.0\.0\.1:\d+/stackforge/missing:base' is not present and could not be pulled"],
-         marks=(pytest.mark.xfail(strict=True, reason="build.py _base_digest raises BuildFailed(col=...), which "
-                                  "BuildFailed.__init__ does not accept: a TypeError traceback instead of the message"),)),
+         expect=[r"base image '127\.0\.0\.1:\d+/stackforge/missing:base' is not present and could not be pulled"]),
     Case("index-unreachable", lambda s: [f"indexes.mthreads.url=http://127.0.0.1:{closed_port()}/simple"], code=1,
-         expect=[r"127\.0\.0\.1:\d+", r"(?i)unreachable|cannot reach|connection refused|could not connect"],
-         marks=(pytest.mark.xfail(strict=True, reason="the error shows pip's 'No matching distribution found for "
-                                  "torch==…' and never says the index could not be reached"),)),
+         expect=[r"127\.0\.0\.1:\d+", r"(?i)unreachable|cannot reach|connection refused|could not connect"]),
     Case("missing-wheel-version", ["packages.triton.version=3.2.1"], code=1,
          expect=[r"No matching distribution found for triton==3\.2\.1"]),
     Case("hash-mismatch-public", [f"packages.torchada.sha256=[{BAD_SHA}]"], code=1,
          expect=[r"THESE PACKAGES DO NOT MATCH THE HASHES"]),
-    Case("hash-mismatch-vendor", [f"packages.triton.sha256=[{BAD_SHA}]"], code=1,
-         expect=[r"(?i)hash"],
-         marks=(pytest.mark.xfail(strict=True, reason="plan.py pip_phases: a sha256 on one pin of a multi-package "
-                                  "index does not enable --require-hashes and the hash is dropped: the build passes"),)),
+    Case("hash-on-some-vendor-pins", [f"packages.triton.sha256=[{BAD_SHA}]"], code=2,
+         expect=[r"packages\.triton\.sha256: only some pins of index 'mthreads' carry hashes",
+                 r"fix: give every pin of 'mthreads' its sha256, or drop them and run `stackforge lock post2`"]),
     Case("wheel-metadata-differs-from-pin", serve=vendor_wheel_metadata_says_another_version, code=1,
          expect=[r"torch_musa.*inconsistent version: expected '2\.11\.0\.post2\+musa5\.2\.0', "
-                 r"but metadata has '2\.11\.0\.post1\+musa5\.2\.0'"],
-         marks=(pytest.mark.xfail(strict=True, reason="build.py _failure_reason keeps only ERROR lines: pip's "
-                                  "'Discarding … has inconsistent version' is dropped and the error reads 'No matching "
-                                  "distribution found for torch_musa==… (from versions: <that version>)'"),)),
+                 r"but metadata has '2\.11\.0\.post1\+musa5\.2\.0'"]),
     Case("gate-fail-version-moved", serve=vendor_wheel_moves_a_public_pin, code=1,
          expect=[r"dependency gate failed", r"FAIL import torchada   expected=0\.1\.90 found=0\.1\.91"]),
     Case("abi-miss", serve=deep_ep_needs_missing_library, code=1,
@@ -141,10 +133,7 @@ CASES = [
          code=1, expect=[rf"FAIL link   {re.escape(SITE)}/torchada/moved-config\.json -> /nonexistent \(dangling symlink\)"]),
     Case("read-only-import-fails", serve=mate_writes_at_import_through_a_subprocess, code=1,
          expect=[r"read-only: FAIL import mate +expected=0\.2\.7 error=import mate: CalledProcessError: "
-                 rf".*'touch', '{re.escape(SITE)}/mate/jit-cache\.bin'"],
-         marks=(pytest.mark.xfail(strict=True, reason="build.py _failure_reason: GATE_LINE's group keeps the "
-                                  "'read-only: ' prefix, so startswith('FAIL') misses read-only FAIL lines and the "
-                                  "error shows only 'executor failed running [...]'"),)),
+                 rf".*'touch', '{re.escape(SITE)}/mate/jit-cache\.bin'"]),
     Case("probe-mismatch", serve=torchada_lost_a_config, code=1,
          expect=[r"FAIL probe  fused-moe-configs expected=100 space-free \+ 41 spaced = 141 "
                  r"found=99 space-free \+ 40 spaced = 139"]),

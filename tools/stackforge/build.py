@@ -136,14 +136,31 @@ def _base_digest(engine: Engine, stack: Stack) -> str | None:
     return found
 
 
+CAUSE = re.compile(r"Discarding|inconsistent version|Retrying|Connection refused|Name or service not known|"
+                   r"Temporary failure in name resolution|\b40[13]\b|DO NOT MATCH THE HASHES|Expected sha256|"
+                   r"No matching distribution|Could not find a version|^ERROR: |error:|Error|not found|No such file")
+
+
+def _dedupe(lines):
+    return list(dict.fromkeys(l.strip() for l in lines if l.strip()))
+
+
 def _failure_reason(log: str) -> str:
-    """The most useful lines of a failed build log."""
-    fails = [m.group(1) for m in (GATE_LINE.match(l) for l in log.splitlines()) if m and m.group(1).startswith("FAIL")]
+    """The most useful lines of a failed build log: gate FAILs, or the failing step and its cause."""
+    lines = log.splitlines()
+    fails = [m.group(1).strip() for m in (GATE_LINE.match(l) for l in lines)
+             if m and m.group(1).removeprefix("read-only: ").startswith("FAIL")]
     if fails:
-        return "dependency gate failed:\n  " + "\n  ".join(fails)
-    errors = [l for l in log.splitlines() if re.search(r"\b(ERROR|error:|failed to|not found)\b", l)]
-    tail = errors[-6:] if errors else log.splitlines()[-10:]
-    return "build failed:\n  " + "\n  ".join(t.strip() for t in tail)
+        return "dependency gate failed:\n  " + "\n  ".join(_dedupe(fails))
+    names = {m.group(1): m.group(2) for m in (re.match(r"^#(\d+) (\[.*)$", l) for l in lines) if m}
+    failing = [m.group(1) for m in (re.match(r"^#(\d+) ERROR", l) for l in lines) if m]
+    step = failing[-1] if failing else None
+    output = [m.group(2) for m in (re.match(r"^#(\d+) [\d.]+ (.*)$", l) for l in lines) if m and m.group(1) == step]
+    causes = _dedupe(l for l in output if CAUSE.search(l))[-8:]
+    summary = _dedupe(l for l in lines if l.startswith("ERROR: ") or re.match(r"^#\d+ ERROR", l))[-2:]
+    head = f"step {names[step][:160]} failed:" if step in names else "build failed:"
+    body = causes + summary if (causes or summary) else _dedupe(lines[-10:])
+    return head + "\n  " + "\n  ".join(body)
 
 
 def gate_lines(log: str) -> list[str]:

@@ -113,8 +113,7 @@ def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> 
             text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
         (staging / phase.requirements).write_text(text)
     gate_dir = staging / "gate"
-    gate_dir.mkdir()
-    shutil.copy2(images_dir() / "gate" / "gate.py", gate_dir / "gate.py")
+    shutil.copytree(images_dir() / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (gate_dir / "gate.json").write_text(json.dumps(plan.gate, indent=2) + "\n")
     infos: list[SourceInfo] = []
     if sources:

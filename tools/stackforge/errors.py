@@ -42,5 +42,5 @@ class UserError(Exception):
 class BuildFailed(UserError):
     """A build, gate or publish step failed; nothing was tagged."""
 
-    def __init__(self, message: str, *, fix: str | None = None, exit_code: int = 1, file=None, line=None):
-        super().__init__(message, file=file, line=line, fix=fix, exit_code=exit_code)
+    def __init__(self, message: str, *, fix: str | None = None, exit_code: int = 1, file=None, line=None, col=None):
+        super().__init__(message, file=file, line=line, col=col, fix=fix, exit_code=exit_code)

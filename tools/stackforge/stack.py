@@ -151,6 +151,14 @@ def _load_chain(root: Path, name_or_path: str, seen: list[str]) -> tuple[dict, d
 
 # --------------------------------------------------------------------------- --set overrides
 
+def _nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _nulls(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nulls(v) for v in value]
+    return None if value in ("null", "~") else value
+
+
 def apply_overrides(data: dict, values: dict, keys: dict, overrides: list[str]) -> None:
     """Apply ``key.path=value`` overrides in place; values are read as YAML scalars/lists."""
     for raw in overrides:
@@ -163,11 +171,11 @@ def apply_overrides(data: dict, values: dict, keys: dict, overrides: list[str]) 
         if not key.strip() or any(not p for p in parts):
             raise UserError(f"'{key}' is not a key path", file=where.file, fix="write dotted keys: packages.torch.version")
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            # Every scalar stays text ("3.10" stays "3.10", a hex digest stays a string); pydantic
+            # converts where a number or a boolean is meant. null/~ mean "unset".
+            value = _nulls(yaml.load(text, Loader=yaml.BaseLoader)) if text.strip() else ""
         except yaml.YAMLError:
             value = text
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = text.strip()  # "3.10" stays "3.10"; pydantic converts where a number is meant
         node = data
         for i, part in enumerate(parts[:-1]):
             nxt = node.get(part) if isinstance(node, dict) else None
@@ -326,6 +334,17 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
 
     for name, pkg in stack.packages.items():
         ref(("packages", name, "index"), pkg.index, stack.indexes, "index", "declare it under indexes:")
+    for iname in stack.indexes:
+        members = [n for n, p in stack.packages.items() if p.index == iname]
+        hashed = [n for n in members if stack.packages[n].sha256]
+        if hashed and len(hashed) != len(members):
+            first = hashed[0]
+            bare = [n for n in members if n not in hashed]
+            problems.append(UserError(
+                f"packages.{first}.sha256: only some pins of index '{iname}' carry hashes (none on "
+                f"{', '.join(bare[:4])}{' …' if len(bare) > 4 else ''}); pip checks hashes for a whole phase or not at all",
+                **_pos_for(("packages", first, "sha256"), values, {}, False).as_error_kwargs(),
+                fix=f"give every pin of '{iname}' its sha256, or drop them and run `stackforge lock {stack.name}`"))
     for name, idx in stack.indexes.items():
         if idx.deps_from is not None:
             ref(("indexes", name, "deps_from"), idx.deps_from, stack.indexes, "index", "declare it under indexes:")
