@@ -156,9 +156,16 @@ def _failure_reason(log: str) -> str:
     failing = [m.group(1) for m in (re.match(r"^#(\d+) ERROR", l) for l in lines) if m]
     step = failing[-1] if failing else None
     output = [m.group(2) for m in (re.match(r"^#(\d+) [\d.]+ (.*)$", l) for l in lines) if m and m.group(1) == step]
-    causes = _dedupe(l for l in output if CAUSE.search(l))[-8:]
-    summary = _dedupe(l for l in lines if l.startswith("ERROR: ") or re.match(r"^#\d+ ERROR", l))[-2:]
-    head = f"step {names[step][:160]} failed:" if step in names else "build failed:"
+    causes = _dedupe(l for l in output if CAUSE.search(l))
+    retries = [l for l in causes if "Retrying" in l]
+    causes = [l for l in causes if "Retrying" not in l or l == retries[-1]][-8:]  # one retry line says it
+    summary = _dedupe(l[:240] for l in lines if l.startswith("ERROR: failed to solve"))[-1:]
+    head = "build failed:"
+    if step in names:
+        label = names[step].split("]", 1)[0] + "]"
+        pip = re.search(r"pip install --index-url (\S+)", names[step])
+        what = f" (pip install from {pip.group(1)})" if pip else ""
+        head = f"build step {label}{what} failed:"
     body = causes + summary if (causes or summary) else _dedupe(lines[-10:])
     return head + "\n  " + "\n  ".join(body)
 
