@@ -17,13 +17,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .engine import SETUP_FIX, Engine
+from .engine import Engine
 from .errors import UserError
 from .model import Stack
 
@@ -141,27 +140,9 @@ def run(items: list[BakeTarget], workdir: Path, *, engine: Engine | None = None,
     cmd = bake_command(plan_file, builder=builder or engine.builder, no_cache=no_cache, metadata_file=metadata_file,
                        docker=engine.docker)
     log_file = workdir / "bake.log"
+    log_file.unlink(missing_ok=True)
     started = time.monotonic()
-    with open(log_file, "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-        try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=engine.env, text=True, encoding="utf-8", errors="replace", bufsize=1)
-        except FileNotFoundError:
-            raise UserError(f"'{engine.docker}' (the docker CLI) is not installed", fix=SETUP_FIX) from None
-        assert proc.stdout is not None
-        try:
-            for raw in proc.stdout:
-                line = raw.rstrip("\n")
-                log.write(line + "\n")
-                log.flush()
-                if on_line:
-                    on_line(line)
-            rc = proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
+    rc = engine.stream(cmd, on_line=on_line, log_file=log_file).returncode
     try:
         metadata = json.loads(metadata_file.read_text()) if metadata_file.exists() else {}
     except ValueError:

@@ -353,6 +353,12 @@ class Engine:
             secrets=secrets, labels=labels, load=load, progress="plain", metadata_file=metadata_file,
             builder=builder or self.builder, no_cache=no_cache, extra_args=extra_args, docker=self.docker,
         )
+        return self.stream(cmd, on_line=on_line, log_file=log_file, env=env)
+
+    def stream(self, cmd: Sequence[str], *, on_line: Callable[[str], None] | None = None,
+               log_file: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> BuildResult:
+        """Run an engine command (build, bake), streaming each output line to ``on_line`` and ``log_file``
+        (appended, flushed per line). Returns ``(returncode, full log)``; a failure is not raised."""
         run_env = dict(self.env)
         run_env.update(env or {})
         lines: list[str] = []

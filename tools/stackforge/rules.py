@@ -61,8 +61,9 @@ def check_trains(stack: Stack) -> list[Finding]:
                     label = f"local label '+{p.local}'" if p.local else "no local label"
                     out.append(Finding(
                         "train", f"{m} {p.version} has {label} but train '{train.name}' uses "
-                        f"'+{want}' ({lead} {pins[lead].version})",
-                        ("packages", m, "version"), f"pin the +{want} build of {m}"))
+                        + (f"'+{want}'" if want else "no local label") + f" ({lead} {pins[lead].version})",
+                        ("packages", m, "version"),
+                        f"pin the +{want} build of {m}" if want else f"pin the build of {m} without a local label"))
         if "release" in train.agree:
             want = pins[lead].release
             for m, p in pins.items():

@@ -48,14 +48,18 @@ def register(sub) -> None:
 
 
 def cmd_list(args) -> int:
+    """Every stack with its description; exit 2 when one of them does not load."""
     root = root_of(args)
+    invalid = False
     for name in list_stacks(root):
         try:
             stack = load(args, name)
             print(f"{name:<16} {stack.description}")
         except UserError as err:
-            print(f"{name:<16} INVALID: {err.message}")
-    return 0
+            invalid = True
+            print(f"{name:<16} INVALID: {err.location()}: {err.message}" if err.location() else
+                  f"{name:<16} INVALID: {err.message}")
+    return 2 if invalid else 0
 
 
 def cmd_show(args) -> int:
