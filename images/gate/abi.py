@@ -35,8 +35,36 @@ def library_path(entries: list[str]) -> str:
     return ":".join([*dirs, *([current] if current else [])])
 
 
+ELF_MACHINES = {3: "x86", 40: "arm", 62: "x86_64", 183: "aarch64", 243: "riscv"}
+
+
+def elf_machine(path: Path) -> int | None:
+    """e_machine of an ELF file, or None when it is not ELF (e.g. a linker script named .so)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    return int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+
+
+def machine_name(number: int | None) -> str:
+    return ELF_MACHINES.get(number, f"machine {number}") if number is not None else "not ELF"
+
+
 def shared_objects(dist: md.Distribution) -> list[Path]:
     return sorted(Path(str(f.locate())) for f in (dist.files or []) if SO.search(str(f)))
+
+
+def parse_ldd(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """ldd output → ([(library, path it resolved to)], [libraries not found])."""
+    rows = text.splitlines()
+    missing = [m.group(1) for m in map(NOT_FOUND.match, rows) if m]
+    resolved = [(m.group(1), m.group(2)) for m in map(RESOLVED.match, rows) if m]
+    resolved += [(Path(m.group(1)).name, m.group(1)) for m in map(LOADER.match, rows) if m]
+    return resolved, missing
 
 
 def check_dist(name: str, env: dict) -> tuple[list[str], int]:
@@ -46,15 +74,21 @@ def check_dist(name: str, env: dict) -> tuple[list[str], int]:
         return [f"FAIL abi   {name:<{WIDTH}} not installed"], 1
     lines, failed = [], 0
     objects = shared_objects(dist)
+    host = elf_machine(Path(os.path.realpath(sys.executable)))
     for so in objects:
+        machine = elf_machine(so)
+        if machine is None:
+            continue
+        if host is not None and machine != host:
+            failed += 1
+            lines.append(f"FAIL abi   {name:<{WIDTH}} {so.name} is built for {machine_name(machine)}, "
+                         f"this image runs {machine_name(host)}")
+            continue
         proc = subprocess.run(["ldd", str(so)], capture_output=True, text=True, env=env)
         text = proc.stdout + proc.stderr
         if "not a dynamic executable" in text:
             continue
-        rows = text.splitlines()
-        missing = [m.group(1) for m in map(NOT_FOUND.match, rows) if m]
-        resolved = [(m.group(1), m.group(2)) for m in map(RESOLVED.match, rows) if m]
-        resolved += [(Path(m.group(1)).name, m.group(1)) for m in map(LOADER.match, rows) if m]
+        resolved, missing = parse_ldd(text)
         if missing:
             failed += 1
             lines.append(f"FAIL abi   {name:<{WIDTH}} {so.name} missing={','.join(missing)}")

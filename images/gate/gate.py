@@ -153,7 +153,8 @@ def check_package(pkg: dict) -> tuple[bool, str]:
     found = _version(dist)
     if found is None:
         return False, f"FAIL {label} expected={want} found=not-installed"
-    ok = found == want if mode == "exact" else found.startswith(want)
+    # prefix: the public version must be the pin's; any local label (e.g. a vendor build tag) is accepted.
+    ok = found == want if mode == "exact" else found.split("+", 1)[0] == want.split("+", 1)[0]
     if ok:
         return True, f"PASS {label} version={found}"
     return False, f"FAIL {label} expected={want} found={found}"

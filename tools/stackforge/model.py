@@ -131,8 +131,8 @@ class Package(Strict):
     index: str = Field(description="the one index this package comes from")
     gate: Literal["exact", "prefix", "metadata"] = Field(
         "exact",
-        description="exact: import, then installed version == pin; prefix: import, then the installed version "
-        "starts with the pin's public part; metadata: no import, version from package metadata",
+        description="exact: import, then installed version == pin; prefix: import, then the installed version's "
+        "public part == the pin's (any local label); metadata: no import, version from package metadata",
     )
     import_: str | None = Field(None, alias="import", description="module to import (default: name with - → _)")
     sha256: list[str] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")

@@ -29,6 +29,7 @@ class PipPhase:
     require_hashes: bool
     pins: list[str]  # "name==version" lines
     lock: str | None = None  # the lock file this phase installs from (repository-relative)
+    credentials: bool = False  # mount the netrc secret: only for a private index or one with credentials
 
 
 @dataclass
@@ -152,6 +153,8 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
     locks = locks or {}
     phases = pip_phases(stack, frozenset(locks))
     for phase in phases:
+        # Third-party build scripts of a public phase never see the vendor credentials.
+        phase.credentials = stack.indexes[phase.index].private or phase.index in stack._credentials
         if phase.require_hashes and phase.index in locks and not phase.name.endswith("-deps"):
             phase.lock = locks[phase.index]
     return Plan(

@@ -38,7 +38,16 @@ def _env() -> jinja2.Environment:
     env.filters["tagsafe"] = lambda v: str(v).replace("+", "_")
     env.filters["public"] = lambda v: Pin(str(v)).public
     env.filters["local"] = lambda v: Pin(str(v)).local or ""
+    env.filters["musa_arch"] = musa_arch
     return env
+
+
+def musa_arch(value: str) -> str:
+    """A MUSA GPU architecture as compute capability: mp_31 → 3.1 (MATE_MUSA_ARCH_LIST's form)."""
+    m = re.fullmatch(r"mp_(\d)(\d+)", str(value))
+    if not m:
+        raise jinja2.TemplateError(f"'{value}' is not a MUSA GPU architecture like mp_31")
+    return f"{m.group(1)}.{m.group(2)}"
 
 
 def context(stack: Stack, **extra) -> dict:

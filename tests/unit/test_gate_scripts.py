@@ -1,0 +1,135 @@
+"""The scripts shipped into images (images/gate/gate.py, abi.py), tested directly on this host."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import io
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+GATE_DIR = Path(__file__).resolve().parents[2] / "images" / "gate"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"stackforge_image_{name}", GATE_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gate = load("gate")
+abi = load("abi")
+PACKAGING = md.version("packaging")
+
+
+def pkg(version: str, mode: str = "exact", name: str = "packaging", module: str = "packaging") -> dict:
+    return {"name": name, "dist": name, "import": module, "mode": mode, "version": version}
+
+
+def test_exact_pass_and_fail_lines_match_the_seed_format():
+    assert gate.check_package(pkg(PACKAGING)) == (True, f"PASS import packaging  version={PACKAGING}")
+    ok, line = gate.check_package(pkg("0.0.1"))
+    assert not ok and line == f"FAIL import packaging  expected=0.0.1 found={PACKAGING}"
+
+
+def test_prefix_compares_the_public_version_and_accepts_a_local_label():
+    assert gate.check_package(pkg(PACKAGING, "prefix"))[0]
+    assert gate.check_package(pkg(PACKAGING + "+musa.1", "prefix"))[0]
+    # A pin of "2" must not accept "26.2": prefix is not a string prefix.
+    assert not gate.check_package(pkg(PACKAGING.split(".")[0][:1], "prefix"))[0]
+
+
+def test_metadata_mode_does_not_import():
+    ok, line = gate.check_package(pkg(PACKAGING, "metadata", module="no_such_module_anywhere"))
+    assert ok and line.startswith("PASS meta   packaging")
+
+
+def test_import_failure_is_a_fail_that_names_the_module():
+    ok, line = gate.check_package(pkg("1.0", module="no_such_module_anywhere", name="nope"))
+    assert not ok
+    assert "error=import no_such_module_anywhere: ModuleNotFoundError" in line
+
+
+def test_probe_compares_the_last_printed_line():
+    assert gate.check_probe({"name": "p", "code": "print('x')\nprint('42')", "expect": "42"}) == (True, "PASS probe  p result=42")
+    ok, line = gate.check_probe({"name": "p", "code": "print(41)", "expect": "42"})
+    assert not ok and line == "FAIL probe  p expected=42 found=41"
+
+
+def test_write_audit_names_files_created_under_site_packages(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    (site / "writer").mkdir(parents=True)
+    (site / "writer" / "__init__.py").write_text(textwrap.dedent("""
+        import os
+        here = os.path.dirname(__file__)
+        os.symlink("target.json", os.path.join(here, "alias.json"))
+        with open(os.path.join(here, "cache.bin"), "w") as fh:
+            fh.write("x")
+    """))
+    monkeypatch.syspath_prepend(str(site))
+    audit = gate.WriteAudit([str(site)])
+    monkeypatch.setattr(gate, "AUDIT", audit)
+    gate._audited("writer", gate.check_import, {"module": "writer", "dist": "writer"})
+    lines = gate.write_failures()
+    assert len(lines) == 1 and lines[0].startswith("FAIL write  writer")
+    assert f"{site}/writer/alias.json (os.symlink)" in lines[0]
+    assert f"{site}/writer/cache.bin (open)" in lines[0]
+    # Reading is not writing.
+    audit.writes.clear()
+    gate._audited("reader", lambda: open(site / "writer" / "__init__.py").read())
+    assert gate.write_failures() == []
+
+
+def test_dangling_symlinks_are_found(tmp_path, monkeypatch):
+    (tmp_path / "ok").write_text("")
+    os.symlink(tmp_path / "ok", tmp_path / "good")
+    os.symlink(tmp_path / "missing", tmp_path / "bad")
+    monkeypatch.setattr(gate, "site_dirs", lambda: [str(tmp_path)])
+    assert gate.dangling_symlinks() == [f"FAIL link   {tmp_path}/bad -> {tmp_path}/missing (dangling symlink)"]
+
+
+def test_run_counts_fails_and_exits_nonzero():
+    out = io.StringIO()
+    rc = gate.run({"packages": [pkg(PACKAGING), pkg("0.0.1")]}, out=out)
+    assert rc == 1
+    assert out.getvalue().splitlines()[-1] == "gate result: 1 PASS, 1 FAIL"
+
+
+LDD = """\
+\tlinux-vdso.so.1 (0x00007ffd)
+\tlibmusa_kernels.so => /opt/venv/lib/python3.11/site-packages/torch_musa/lib/libmusa_kernels.so (0x00007f1)
+\tlibmlx5.so.1 => not found
+\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f2)
+\t/lib64/ld-linux-x86-64.so.2 (0x00007f3)
+"""
+
+
+def test_parse_ldd_separates_resolved_and_missing():
+    resolved, missing = abi.parse_ldd(LDD)
+    assert missing == ["libmlx5.so.1"]
+    assert ("libmusa_kernels.so", "/opt/venv/lib/python3.11/site-packages/torch_musa/lib/libmusa_kernels.so") in resolved
+    assert ("ld-linux-x86-64.so.2", "/lib64/ld-linux-x86-64.so.2") in resolved
+    assert len(resolved) == 3
+
+
+def test_elf_machine_tells_a_foreign_architecture(tmp_path):
+    host = abi.elf_machine(Path(os.path.realpath(sys.executable)))
+    assert host is not None
+    fake = tmp_path / "aarch64.so"
+    fake.write_bytes(b"\x7fELF\x02\x01\x01" + b"\x00" * 11 + (183).to_bytes(2, "little") + b"\x00" * 40)
+    assert abi.elf_machine(fake) == 183 and abi.machine_name(183) == "aarch64"
+    script = tmp_path / "libfoo.so"
+    script.write_text("/* GNU ld script */ INPUT(libfoo.so.1)")
+    assert abi.elf_machine(script) is None
+
+
+def test_library_path_expands_site(monkeypatch):
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    import sysconfig
+
+    assert abi.library_path(["{site}/torch/lib", "/usr/local/musa-5.2/lib"]) == \
+        f"{sysconfig.get_paths()['purelib']}/torch/lib:/usr/local/musa-5.2/lib"
