@@ -58,7 +58,6 @@ from .registry import (
     RegistryClient,
     RegistryError,
     Repository,
-    RetriesExhausted,
     RetryPolicy,
     parse_registry,
     parse_repository,
