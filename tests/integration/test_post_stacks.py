@@ -118,8 +118,9 @@ def test_post2_image_tag_and_labels(post2, standins):
     inputs = json.loads((post2.evidence / "inputs.json").read_text())
     assert labels["org.stackforge.inputs"] == inputs["inputs_fingerprint"]
     assert inputs["upstreams"][0]["pin"] == f"v0.28.0@{standins.repos['vllm'].commit}"
-    assert labels["org.opencontainers.image.revision"] == standins.repos["vllm"].commit
-    assert labels["org.opencontainers.image.version"] == "v0.28.0"
+    assert labels["org.opencontainers.image.revision"] == standins.repos["vllm_musa"].commit
+    assert labels["org.stackforge.upstream.vllm"] == f"v0.28.0@{standins.repos['vllm'].commit}"
+    assert labels["org.opencontainers.image.version"] == "v0.1.24"  # the source upstream (vllm_musa)
     assert labels["org.stackforge.upstream.vllm_musa"] == f"v0.1.24@{standins.repos['vllm_musa'].commit}"
     assert labels["com.mthreads.vllm.version"] == "v0.28.0"
     assert labels["org.stackforge.stack"] == "post2"
@@ -169,4 +170,5 @@ def test_post1_builds_end_to_end(post1, standins):
     assert post1.evidence_lines("abi.txt")[-1] == "abi result: 0 FAIL"
     labels = mb.labels_of(post1.image)
     assert labels["org.stackforge.pin.torch"] == "2.11.0.post1+musa5.2.0"
-    assert labels["org.opencontainers.image.revision"] == standins.repos["vllm"].commit
+    assert labels["org.opencontainers.image.revision"] == standins.repos["vllm_musa"].commit
+    assert labels["org.stackforge.upstream.vllm"] == f"v0.28.0@{standins.repos['vllm'].commit}"

@@ -27,6 +27,8 @@ from .model import Stack
 from .plan import image_labels
 from .stack import fingerprint, position, resolved
 from .urls import host as url_host
+from .urls import redact_text
+from .index import env_credentials
 
 SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) (?:import|meta  |probe |write |link  |abi  ) .*"
@@ -100,7 +102,8 @@ def _ca_bundle(option: str | None) -> Path | None:
 
 
 def netrc_text(stack: Stack) -> str:
-    """Credentials for the stack's indexes: from their URLs (split off at load time) or the user's ~/.netrc."""
+    """Credentials for the stack's indexes: from their URLs (split off at load time), from
+    STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, or from the user's ~/.netrc."""
     entries: dict[str, tuple[str, str]] = {}
     user_netrc = None
     try:
@@ -111,13 +114,16 @@ def netrc_text(stack: Stack) -> str:
         h = url_host(idx.url)
         if name in stack._credentials:
             entries[h] = stack._credentials[name]
+        elif env_credentials(name):
+            entries[h] = env_credentials(name)
         elif user_netrc is not None and h and user_netrc.authenticators(h):
             login, _, password = user_netrc.authenticators(h)
             entries[h] = (login or "", password or "")
     return "".join(f"machine {h} login {u} password {p}\n" for h, (u, p) in entries.items())
 
 
-def _base_digest(engine: Engine, stack: Stack) -> str | None:
+def _base_identity(engine: Engine, stack: Stack) -> tuple[str | None, str]:
+    """(registry manifest digest or None for a local-only image, image id) of the base image."""
     image = stack.base.image
     if not engine.image_exists(image):
         proc = engine._run("pull", image, timeout=1800)
@@ -128,12 +134,13 @@ def _base_digest(engine: Engine, stack: Stack) -> str | None:
                 fix="pull or build it first, or point the stack elsewhere with --set base.image=…")
     info = engine.sdk().images.get(image).attrs
     digests = info.get("RepoDigests") or []
-    found = digests[0].split("@", 1)[1] if digests else info.get("Id")
-    if stack.base.digest and found != stack.base.digest:
-        raise BuildFailed(f"base image '{image}' has digest {found}, but the stack pins {stack.base.digest}",
+    digest = digests[0].split("@", 1)[1] if digests else None
+    image_id = info.get("Id")
+    if stack.base.digest and stack.base.digest not in (digest, image_id):
+        raise BuildFailed(f"base image '{image}' has digest {digest or image_id}, but the stack pins {stack.base.digest}",
                           **position(stack, ("base", "digest")).as_error_kwargs(),
                           fix="pull the pinned image, or update base.digest")
-    return found
+    return digest, image_id
 
 
 CAUSE = re.compile(r"Discarding|inconsistent version|Retrying|Connection refused|Name or service not known|"
@@ -206,14 +213,15 @@ def prepare(stack: Stack, engine: Engine, *, out: Path | None = None, sources: b
     """Everything before the engine runs; shared by `build` and `bake` so both render the same bytes
     (and so share BuildKit's cache). ``sources=False`` skips fetching upstreams and the base image."""
     lint_or_fail(stack)
-    base_digest = _base_digest(engine, stack) if sources else None
+    base_digest, base_id = _base_identity(engine, stack) if sources else (None, None)
     ctx = assemble(stack, out, sources=sources)
+    ctx.base = base_digest or base_id
     created = None
     build_args: dict[str, str] = {}
     if sources and ctx.source_date_epoch is not None and engine.supports_source_date_epoch():
         build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
         created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    labels = image_labels(stack, base_digest=base_digest, created=created, series=ctx.series,
+    labels = image_labels(stack, base_digest=base_digest, base_id=base_id, created=created, series=ctx.series,
                           inputs=ctx.inputs_fingerprint())
     write_dockerfile(ctx, labels, syntax=syntax)
     return Prepared(ctx, labels, build_args)
@@ -296,17 +304,10 @@ def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info
         "locks": ctx.locks,
         "pins": {n: p.version for n, p in stack.packages.items()},
         "upstreams": [asdict(s) for s in ctx.sources],
-        "overrides": [_redact_override(o) for o in stack._overrides],
+        "overrides": [redact_text(o) for o in stack._overrides],
         "labels": labels,
         "engine": asdict(info),
         "resolved": resolved(stack),
         "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     (evidence / "inputs.json").write_text(json.dumps(data, indent=2) + "\n")
-
-
-def _redact_override(text: str) -> str:
-    from .urls import redact
-
-    key, _, value = text.partition("=")
-    return f"{key}={redact(value)}" if "://" in value else text

@@ -39,13 +39,17 @@ class Context:
     dockerfile: Path
     sources: list[SourceInfo]
     locks: dict[str, str] = field(default_factory=dict)  # index -> sha256 of its lock file
+    base: str | None = None  # the base image's digest (or id), once resolved
 
     def inputs_fingerprint(self) -> str:
-        """sha256 over everything the image is built from: the resolved stack, the upstream pins and
-        patch series, the lock files, and the templates and gate scripts of this stackforge."""
-        templates = {p.relative_to(images_dir()).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                     for p in sorted(images_dir().rglob("*")) if p.is_file() and "base" not in p.parts}
-        blob = json.dumps({"stack": fingerprint(self.stack), "sources": [asdict(s) for s in self.sources],
+        """sha256 over everything the image is built from: the resolved stack, the base image's digest,
+        the upstream pins and patch series, the lock files, and the templates and gate scripts."""
+        images = images_dir(stack_root(self.stack))
+        templates = {p.relative_to(images).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                     for p in sorted(images.rglob("*")) if p.is_file() and "base" not in p.parts
+                     and "__pycache__" not in p.parts}
+        blob = json.dumps({"stack": fingerprint(self.stack), "base": self.base,
+                           "sources": [asdict(s) for s in self.sources],
                            "locks": self.locks, "templates": templates}, sort_keys=True).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
 
@@ -113,7 +117,7 @@ def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> 
             text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
         (staging / phase.requirements).write_text(text)
     gate_dir = staging / "gate"
-    shutil.copytree(images_dir() / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(images_dir(root) / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (gate_dir / "gate.json").write_text(json.dumps(plan.gate, indent=2) + "\n")
     infos: list[SourceInfo] = []
     if sources:
@@ -133,5 +137,5 @@ def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> 
 
 
 def write_dockerfile(ctx: Context, labels: dict[str, str], syntax: str | None = None) -> Path:
-    ctx.dockerfile.write_text(render_dockerfile(ctx.plan, labels, syntax=syntax))
+    ctx.dockerfile.write_text(render_dockerfile(ctx.plan, labels, syntax=syntax, root=stack_root(ctx.stack)))
     return ctx.dockerfile

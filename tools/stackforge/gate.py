@@ -10,6 +10,7 @@ from .errors import UserError
 from .model import Stack
 from .plan import gate_spec
 from .render import images_dir
+from .stack import stack_root
 
 
 def run_gate(stack: Stack, image: str, engine: Engine | None = None, script: str = "gate.py") -> tuple[bool, list[str]]:
@@ -22,7 +23,7 @@ def run_gate(stack: Stack, image: str, engine: Engine | None = None, script: str
                         fix="build it (stackforge build STACK) or pull it first")
     with tempfile.TemporaryDirectory(prefix="stackforge-gate-") as tmp:
         d = Path(tmp)
-        (d / script).write_bytes((images_dir() / "gate" / script).read_bytes())
+        (d / script).write_bytes((images_dir(stack_root(stack)) / "gate" / script).read_bytes())
         (d / "gate.json").write_text(json.dumps(gate_spec(stack)))
         d.chmod(0o755)
         proc = engine._run("run", "--rm", "--network=none", "--read-only", "--tmpfs", "/tmp",

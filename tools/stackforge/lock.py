@@ -117,7 +117,9 @@ def lock_vendor(stack: Stack, index: str) -> str:
     from .index import IndexClient
 
     idx = stack.indexes[index]
-    client = IndexClient(idx.url, auth=stack._credentials.get(index))
+    from .index import env_credentials
+
+    client = IndexClient(idx.url, auth=stack._credentials.get(index) or env_credentials(index))
     lines = [f"# Lock of the '{index}' pins of stack '{stack.name}', made by `stackforge lock {stack.name}`\n"
              f"# from the index's own file hashes ({idx.url}). Do not edit.\n"]
     for name, pkg in stack.packages.items():

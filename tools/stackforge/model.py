@@ -72,8 +72,16 @@ class Index(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        from .urls import redact
+
         if not re.match(r"^(https?|file)://", value):
-            raise ValueError(f"'{value}' is not an http(s):// or file:// URL")
+            raise ValueError(f"'{redact(value)}' is not an http(s):// or file:// URL")
+        try:
+            urlsplit(value).port
+        except ValueError as exc:
+            raise ValueError(f"'{redact(value)}' is not a valid URL: {exc}") from None
         return value.rstrip("/")
 
 
@@ -108,11 +116,23 @@ class Upstream(Strict):
         return value
 
 
+def _one_line(value: str) -> str:
+    if "\n" in value.strip():
+        raise ValueError("must be a single line: it becomes one RUN instruction")
+    return value.strip()
+
+
+PROJECT_NAME = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
+RESERVED_STAGES = {"base", "deps", "gate", "gate-readonly"}
+
+
 class Kernel(Strict):
     upstream: str = Field(description="the upstream whose patched tree this step builds")
     env: dict[str, str] = Field(default_factory=dict,
                                 description="environment of the build command; values may use {{ … }} like tags")
     run: str = Field(description="shell command run in the upstream tree; it writes wheels to /out/wheels")
+
+    _run = field_validator("run")(classmethod(lambda cls, v: _one_line(v)))
 
     @field_validator("env", mode="before")
     @classmethod
@@ -163,6 +183,8 @@ class Gate(Strict):
         "(e.g. files a package would otherwise create at import time)")
     imports: list[GateImport] = Field(default_factory=list)
     probes: list[Probe] = Field(default_factory=list)
+
+    _prepare = field_validator("prepare")(classmethod(lambda cls, v: [_one_line(c) for c in v]))
     read_only: bool = Field(True, description="re-run the imports with site-packages mounted read-only")
     abi: bool = Field(True, description="resolve every DT_NEEDED of the vendor packages' shared objects")
     library_path: list[str] = Field(
@@ -233,6 +255,8 @@ class Stack(Strict):
     description: str = ""
     inherits: str | None = Field(None, description="parent stack name (stacks/<name>.yaml)")
     nightly: bool = Field(False, description="built and published by `stackforge nightly`")
+    source: str | None = Field(None, description="the upstream whose repository, commit and tag become the "
+                               "image's org.opencontainers.image.{source,revision,version} (default: the first)")
     platform: Platform
     base: Base
     indexes: dict[str, Index]

@@ -111,14 +111,16 @@ def gate_spec(stack: Stack) -> dict:
 
 
 def image_labels(stack: Stack, *, base_digest: str | None = None, created: str | None = None,
-                 series: dict[str, str] | None = None, inputs: str | None = None) -> dict[str, str]:
+                 series: dict[str, str] | None = None, inputs: str | None = None,
+                 base_id: str | None = None) -> dict[str, str]:
     """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible."""
     out: dict[str, str] = {
         "org.opencontainers.image.title": f"{stack.name}",
         "org.opencontainers.image.description": stack.description,
     }
     if stack.upstreams:
-        name, up = next(iter(stack.upstreams.items()))
+        name = stack.source or next(iter(stack.upstreams))
+        up = stack.upstreams[name]
         if up.git:
             out["org.opencontainers.image.source"] = redact(up.git) if "://" in up.git else up.git
             out["org.opencontainers.image.revision"] = up.commit or ""
@@ -129,8 +131,10 @@ def image_labels(stack: Stack, *, base_digest: str | None = None, created: str |
     if created:
         out["org.opencontainers.image.created"] = created
     out["org.opencontainers.image.base.name"] = stack.base.image
-    if base_digest:
+    if base_digest:  # a registry manifest digest; a local-only base has none
         out["org.opencontainers.image.base.digest"] = base_digest
+    if base_id:
+        out[f"{LABEL_NS}.base.id"] = base_id
     out[f"{LABEL_NS}.stack"] = stack.name
     out[f"{LABEL_NS}.fingerprint"] = fingerprint(stack)
     if inputs:

@@ -14,9 +14,11 @@ The algorithm (one registry repository, one tag scheme ``<head><YYYYMMDD><mid><N
    appeared meanwhile, take the next one. PUT the manifest under the tag.
 6. Re-read the manifest by tag and compare the digest of the bytes received with the
    pushed digest (and the config digest with the image id); read it once more after
-   ``settle_seconds``. A mismatch caused by a rewritten manifest fails the publish and
-   rolls the tag back where the registry allows deletion; a tag taken over by a
-   concurrent publisher on another host makes this one move on to the next revision.
+   ``settle_seconds``. A failed check (a rewritten manifest, a config blob that does not
+   hash to the image id, a missing layer) fails the publish and rolls the tag back where
+   the registry allows deletion, never deleting a manifest that another tag holds; a tag
+   taken over by a concurrent publisher on another host makes this one move on to the
+   next revision.
 7. Only then move the declared aliases (e.g. ``…-latest``) and verify each.
 
 The OCI distribution API has no conditional PUT, so two publishers on different
@@ -908,10 +910,13 @@ class Publisher:
             config = self.client.get_blob(img.config.digest)
             config_ok = sha256_digest(config) == img.image_id
             if not config_ok:
-                raise BuildFailed(f"config blob {img.config.digest} read back from the registry does not hash to the image id")
+                raise BuildFailed(f"config blob {img.config.digest} read back from the registry does not hash to the "
+                                  f"image id {img.image_id}. " + self._remove_tag(tag, img.digest),
+                                  fix="check the registry's storage; re-run the publish")
             missing = [b.digest for b in img.unique_blobs() if b is not img.config and not self.client.blob_exists(b.digest)]
             if missing:
-                raise BuildFailed(f"the registry lacks layer(s) {', '.join(missing)} of {tag}",
+                raise BuildFailed(f"the registry lacks layer(s) {', '.join(missing)} of {tag}. "
+                                  + self._remove_tag(tag, img.digest),
                                   fix="check the registry's storage; re-run the publish")
             self._verified = {"tag_digest": m.digest, "header_digest": m.header_digest, "pushed_digest": img.digest,
                               "config_digest": img.image_id, "image_id_matches": True,
@@ -931,24 +936,56 @@ class Publisher:
             fix="publish around the proxy that rewrites manifests, then re-run")
 
     def _roll_back(self, tag: str, m: Manifest, img: PreparedImage) -> str:
+        """The tag read back differently from what was pushed: delete it. Returns what is left, as a sentence."""
         stored = self._tag_digest(tag)
         if stored is None:
             self.tag_written = self.tag_attempted = None
             return "The tag is gone."
         if stored == img.digest:
-            return (f"The registry itself holds the pushed manifest under {tag}, but it cannot be verified from here: "
-                    "do not use the tag until it is.")
+            return (f"The registry itself holds the pushed manifest under {tag}, but it cannot be verified from here. "
+                    + self._remove_tag(tag, stored))
+        return self._remove_tag(tag, stored)
+
+    def _remove_tag(self, tag: str, digest: str) -> str:
+        """Delete ``tag`` (written by this publish, holding ``digest``) after its verification failed.
+
+        A DELETE by digest also removes every other tag of that manifest, so it is used only when no
+        other tag holds it; otherwise only a DELETE of the tag itself (OCI distribution 1.1) is tried,
+        which docker-registry 2.x refuses. Returns what is left, as a sentence for the error message.
+        """
         try:
-            deleted = self.client.delete_manifest(stored)
+            stored = self._tag_digest(tag)
+            if stored is None:
+                self.tag_written = self.tag_attempted = None
+                return "The tag is gone; no tag remains."
+            if stored != digest:
+                self.tag_written = self.tag_attempted = None
+                return f"Tag {tag} now holds another image ({stored}); nothing of this publish is tagged."
+            others = [t for t in self.client.list_tags() if t != tag and self._tag_digest(t) == digest]
+        except RegistryError as exc:
+            self.log("rollback-failed", tag=tag, digest=digest, error=str(exc))
+            return (f"The registry stopped answering during the roll-back: tag {tag} may still point to {digest}; "
+                    "re-run the publish, or have the registry's administrator delete the tag.")
+        try:
+            deleted = self.client.delete_manifest(tag if others else digest)
         except RegistryError as exc:
             deleted = False
-            self.log("rollback-failed", tag=tag, digest=stored, error=str(exc))
-        if deleted and self._tag_digest(tag) is None:
+            self.log("rollback-failed", tag=tag, digest=digest, error=str(exc))
+        try:
+            gone = deleted and self._tag_digest(tag) is None
+        except RegistryError:
+            gone = False
+        if gone:
             self.tag_written = self.tag_attempted = None
-            self.log("rolled-back", tag=tag, digest=stored)
-            return f"Rolled back: the altered manifest {stored} and the tag {tag} were deleted; no tag remains."
-        self.log("rollback-impossible", tag=tag, digest=stored)
-        return (f"The registry does not allow deleting it: tag {tag} points to {stored} and must be deleted by "
+            self.log("rolled-back", tag=tag, digest=digest, kept=others)
+            if others:
+                return f"Rolled back: tag {tag} was deleted ({', '.join(others)} still hold {digest}); no tag of this publish remains."
+            return f"Rolled back: the manifest {digest} and the tag {tag} were deleted; no tag remains."
+        self.log("rollback-impossible", tag=tag, digest=digest, others=others)
+        if others:
+            return (f"The registry does not delete a tag on its own, and deleting the manifest {digest} would also remove "
+                    f"{', '.join(others)}: tag {tag} points to {digest} and must be deleted by the registry's administrator.")
+        return (f"The registry does not allow deleting it: tag {tag} points to {digest} and must be deleted by "
                 "the registry's administrator.")
 
     def _move_aliases(self, img: PreparedImage, tag: str) -> dict[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .errors import UserError
-from .model import Stack
+from .model import PROJECT_NAME, RESERVED_STAGES, Stack
 from .urls import credentials as url_credentials
-from .urls import redact
+from .urls import redact, redact_text
 from .yamlsrc import Pos, load_with_positions
 
 STACKS_DIR = "stacks"
@@ -162,7 +163,7 @@ def _nulls(value: Any) -> Any:
 def apply_overrides(data: dict, values: dict, keys: dict, overrides: list[str]) -> None:
     """Apply ``key.path=value`` overrides in place; values are read as YAML scalars/lists."""
     for raw in overrides:
-        where = Pos(f"--set {raw}")
+        where = Pos(f"--set {redact_text(raw)}")
         if "=" not in raw:
             raise UserError("an override must look like key.path=value", file=where.file,
                             fix="e.g. --set upstreams.vllm.commit=0123abcd…")
@@ -302,6 +303,14 @@ def _validation_problems(exc: ValidationError, values: dict, keys: dict) -> list
 
 
 def _value_fix(msg: str) -> str | None:
+    if "URL" in msg:
+        return "write the full index URL, e.g. https://pypi.org/simple"
+    if "single line" in msg:
+        return "join the commands with && on one line, or put a script in the upstream and run it"
+    if "reserved" in msg:
+        return "rename the target"
+    if "project name" in msg:
+        return "use the distribution's name as the index lists it (letters, digits, '.', '_', '-')"
     if "range" in msg or "bare version" in msg:
         return "pin one exact version, as the index names it"
     if "quote" in msg:
@@ -334,6 +343,20 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
 
     for name, pkg in stack.packages.items():
         ref(("packages", name, "index"), pkg.index, stack.indexes, "index", "declare it under indexes:")
+    for name in stack.packages:
+        if not PROJECT_NAME.match(name):
+            problems.append(UserError(f"packages: '{name}' is not a valid project name",
+                                      **_pos_for(("packages", name), values, {}, False).as_error_kwargs(),
+                                      fix=_value_fix("project name")))
+    for name in stack.targets:
+        reason = None
+        if name in RESERVED_STAGES or name.startswith(("src-", "kernel-")):
+            reason = f"target name '{name}' is reserved for a build stage"
+        elif not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+            reason = f"target name '{name}' must be lowercase letters, digits, '.', '_' or '-'"
+        if reason:
+            problems.append(UserError(f"targets: {reason}", **_pos_for(("targets", name), values, {}, False)
+                                      .as_error_kwargs(), fix="rename the target"))
     for iname in stack.indexes:
         members = [n for n, p in stack.packages.items() if p.index == iname]
         hashed = [n for n in members if stack.packages[n].sha256]
@@ -363,6 +386,8 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
             ref(("upstreams", name, "sdist", "index"), up.sdist.index, stack.indexes, "index", "declare it under indexes:")
     for name, kern in stack.kernels.items():
         ref(("kernels", name, "upstream"), kern.upstream, stack.upstreams, "upstream", "declare it under upstreams:")
+    if stack.source is not None:
+        ref(("source",), stack.source, stack.upstreams, "upstream", "name one of the stack's upstreams")
     r = stack.rules
     for i, train in enumerate(r.trains):
         for j, member in enumerate(train.members):

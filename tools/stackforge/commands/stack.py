@@ -8,11 +8,13 @@ from .. import diff as diffmod
 from .. import rules, tags
 from ..errors import UserError
 from ..stack import fingerprint, list_stacks, resolved, stack_files
+from ..urls import redact_text
 from .common import add_set, load, root_of
 
 
 def register(sub) -> None:
     p = sub.add_parser("list", help="list the stacks in stacks/")
+    add_set(p)
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("show", help="the resolved stack, its tags and the fingerprint of its inputs")
@@ -67,7 +69,7 @@ def cmd_show(args) -> int:
     info = {
         "stack": resolved(stack),
         "files": stack_files(stack),
-        "overrides": list(args.overrides),
+        "overrides": [redact_text(o) for o in args.overrides],
         "local_tag": str(tags.local_ref(stack)),
         "labels": tags.labels(stack),
         "fingerprint": fingerprint(stack),
@@ -78,7 +80,7 @@ def cmd_show(args) -> int:
     print(f"stack:        {stack.name} — {stack.description}")
     print(f"files:        {' → '.join(info['files'])}")
     if args.overrides:
-        print(f"overrides:    {' '.join(args.overrides)}")
+        print(f"overrides:    {' '.join(redact_text(o) for o in args.overrides)}")
     print(f"local tag:    {info['local_tag']}")
     print(f"fingerprint:  {info['fingerprint']}")
     p = stack.platform
