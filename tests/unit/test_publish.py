@@ -472,3 +472,86 @@ def test_late_writer_from_another_host_is_caught_by_the_settled_reread(stub, ima
     assert r.tag == SCHEME.tag(DATE, 2) and "tag-lost" in events
     assert r.verification["settled_reread"] is True
     assert stub.tag_digest(REPO, tag1) != r.digest and stub.tag_digest(REPO, r.tag) == r.digest
+
+
+# ------------------------------------------------------------- failures after the tag was written
+
+
+def _config_of(reg: StubRegistry, tag: str) -> tuple[str, list[str]]:
+    doc = json.loads(reg.manifests[reg.tags[REPO][tag]][0])
+    return doc["config"]["digest"], [layer["digest"] for layer in doc["layers"]]
+
+
+def _break_after_tag_put(reg: StubRegistry, tag: str, how: str):
+    """A hook for the re-read of ``tag``: the registry's storage loses or corrupts blobs right after the PUT."""
+    def hook(_proxy):
+        if tag not in reg.tags.get(REPO, {}):
+            return
+        config, layers = _config_of(reg, tag)
+        with reg.lock:
+            if how == "corrupt-config":
+                reg.blobs[config] = b'{"corrupted": true}'
+            else:
+                for layer in layers:
+                    reg.blobs.pop(layer, None)
+    return hook
+
+
+@pytest.mark.parametrize("how, needle", [("corrupt-config", "does not hash to the image id"),
+                                         ("lose-layers", "the registry lacks layer(s)")])
+def test_blob_failures_after_tagging_roll_the_tag_back(stub, images, tmp_path, how, needle):
+    tag = SCHEME.tag(DATE, 1)
+    with FaultyProxy(stub.address, [Fault("hook", rf"/manifests/{tag}$", "GET",
+                                          hook=_break_after_tag_put(stub, tag, how))]) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("a"), tmp_path, evidence=tmp_path / "ev")
+    msg = exc.value.message
+    assert needle in msg and "Rolled back" in msg and tag in msg
+    assert stub.tags.get(REPO, {}) == {}  # neither the immutable tag nor the alias
+    failed = json.loads((tmp_path / "ev" / "publish.json").read_text())
+    assert failed["status"] == "failed" and failed["tag_left"] is None
+    assert "rolled-back" in [e["event"] for e in failed["push_log"]]
+
+
+def test_blob_failure_after_tagging_without_deletion_names_the_tag_to_delete(images, tmp_path):
+    tag = SCHEME.tag(DATE, 1)
+    with StubRegistry(delete_enabled=False) as reg, \
+            FaultyProxy(reg.address, [Fault("hook", rf"/manifests/{tag}$", "GET",
+                                            hook=_break_after_tag_put(reg, tag, "lose-layers"))]) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("a"), tmp_path, evidence=tmp_path / "ev")
+        msg = exc.value.message
+        assert "the registry lacks layer(s)" in msg
+        assert f"tag {tag} points to" in msg and "administrator" in msg
+        assert ALIAS not in reg.tags.get(REPO, {})
+        assert json.loads((tmp_path / "ev" / "publish.json").read_text())["tag_left"] == tag
+
+
+def test_roll_back_never_removes_another_tag_of_the_same_manifest(stub, images, tmp_path):
+    """The image was published on an earlier date; deleting its manifest by digest would drop that tag too."""
+    earlier = run(stub.address, images("a"), tmp_path, date="20260928")
+    tag = SCHEME.tag(DATE, 1)
+
+    def lose_config(_proxy):
+        if tag in stub.tags.get(REPO, {}):
+            stub.blobs[_config_of(stub, tag)[0]] = b"{}"
+
+    with FaultyProxy(stub.address, [Fault("hook", rf"/manifests/{tag}$", "GET", hook=lose_config)]) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("a"), tmp_path)
+    msg = exc.value.message
+    assert f"tag {tag}" in msg and "administrator" in msg and earlier.tag in msg
+    assert stub.tag_digest(REPO, earlier.tag) == earlier.digest  # the earlier publish is untouched
+    assert stub.tag_digest(REPO, ALIAS) == earlier.digest
+    assert stub.tag_digest(REPO, tag) == earlier.digest  # left for the administrator, as the message says
+
+
+def test_manifest_rewritten_on_the_way_back_leaves_no_tag(stub, images, tmp_path):
+    with FaultyProxy(stub.address, [Fault("rewrite-response", MANIFEST_BY_TAG, "GET", times=None)]) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("a"), tmp_path)
+        assert "cannot be verified" in exc.value.message and "Rolled back" in exc.value.message
+        assert stub.tags.get(REPO, {}) == {}
+        proxy.clear()
+        r = run(proxy.address, images("a"), tmp_path)  # the re-run publishes it afresh
+    assert r.status == "published" and r.tag == SCHEME.tag(DATE, 1)
