@@ -256,6 +256,36 @@ def test_existing_tags_of_other_images_are_never_overwritten(stub, images, tmp_p
     assert [o for o in stub.overwrites if o[1] != ALIAS] == []
 
 
+def test_revision_is_the_first_free_one_of_the_date(stub, images, tmp_path):
+    """A gap left by a deleted tag is reused: r1 and r3 exist, so the next publish is r2, the one after r4."""
+    other = {n: stub.put_image(REPO, SCHEME.tag(DATE, n), json.dumps({"o": n, "rootfs": {"diff_ids": []}}).encode(), [])
+             for n in (1, 3)}
+    stub.put_image(REPO, SCHEME.tag("20260928", 2), b'{"o":"yesterday","rootfs":{"diff_ids":[]}}', [])  # another date
+    a = run(stub.address, images("a"), tmp_path)
+    b = run(stub.address, images("b"), tmp_path)
+    assert (a.tag, b.tag) == (SCHEME.tag(DATE, 2), SCHEME.tag(DATE, 4))
+    assert immutable(stub) == {SCHEME.tag(DATE, 1): other[1], SCHEME.tag(DATE, 3): other[3], a.tag: a.digest,
+                               b.tag: b.digest, SCHEME.tag("20260928", 2): stub.tag_digest(REPO, SCHEME.tag("20260928", 2))}
+    assert [o for o in stub.overwrites if o[1] != ALIAS] == []
+
+
+def test_tag_that_appears_in_a_gap_before_the_check_takes_the_next_free_revision(stub, images, tmp_path):
+    """r2 exists; r1 appears between the tag list and the HEAD: r2 is skipped too, r3 is written."""
+    stub.put_image(REPO, SCHEME.tag(DATE, 2), b'{"r2":1,"rootfs":{"diff_ids":[]}}', [])
+    intruder = {}
+
+    def concurrent(_proxy):
+        intruder["d"] = stub.put_image(REPO, SCHEME.tag(DATE, 1), b'{"intruder":1,"rootfs":{"diff_ids":[]}}', [])
+
+    with FaultyProxy(stub.address, [Fault("hook", MANIFEST_BY_TAG.replace("[^/?]+$", SCHEME.tag(DATE, 1) + "$"),
+                                          "HEAD", hook=concurrent)]) as proxy:
+        r = run(proxy.address, images("a"), tmp_path)
+    assert r.tag == SCHEME.tag(DATE, 3)
+    assert stub.tag_digest(REPO, SCHEME.tag(DATE, 1)) == intruder["d"]
+    assert [e["event"] for e in r.push_log].count("tag-appeared") == 1
+    assert [o for o in stub.overwrites if o[1] != ALIAS] == []
+
+
 def test_tag_that_appears_before_the_check_takes_the_next_revision(stub, images, tmp_path):
     intruder = {}
 

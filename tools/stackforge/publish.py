@@ -9,9 +9,10 @@ The algorithm (one registry repository, one tag scheme ``<head><YYYYMMDD><mid><N
    and build an OCI image manifest. Upload every blob the registry lacks.
 4. PUT the manifest *by digest*: the registry now holds the image, but no tag names it.
    A failure up to here leaves no tag at all; a re-run reuses the uploaded blobs.
-5. Under a host-local lock for the repository: re-list the tags, take the revision
-   after the highest one of the date, HEAD that tag right before writing it; if it
-   appeared meanwhile, take the next one. PUT the manifest under the tag.
+5. Under a host-local lock for the repository: re-list the tags, take the first
+   revision of the date that the list lacks (a gap left by a deleted tag is reused),
+   HEAD that tag right before writing it; if it appeared meanwhile, take the next free
+   one. PUT the manifest under the tag.
 6. Re-read the manifest by tag and compare the digest of the bytes received with the
    pushed digest (and the config digest with the image id); read it once more after
    ``settle_seconds``. A failed check (a rewritten manifest, a config blob that does not
@@ -873,7 +874,7 @@ class Publisher:
                 self.log("published-meanwhile", tag=found[0])
                 return _Found(*found)
             revisions = set(self.scheme.revisions(tags, self.date)) | taken
-            revision = max(revisions, default=0) + 1
+            revision = next(n for n in range(1, len(revisions) + 2) if n not in revisions)  # the first free one
             tag = self.scheme.tag(self.date, revision)
             self.log("tag-candidate", tag=tag)
             try:
