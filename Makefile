@@ -28,8 +28,9 @@ engine:
 base: engine
 	bash scripts/base-image.sh $(BASE_IMAGE)
 
+# (not echoed: ARGS may carry --set values with index credentials)
 image: install engine
-	$(STACKFORGE) build $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)
+	@$(STACKFORGE) build $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)
 
 render: install
 	$(STACKFORGE) render $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)

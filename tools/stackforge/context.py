@@ -89,10 +89,8 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
         from . import patches as overlay  # the patch overlay (apply, series hash)
 
         patch_dir = root / up.patches
-        series = overlay.read_series(patch_dir)
-        report = overlay.apply_series(dest, series, keep_git=False, message=f"{name} {info.pin}")
-        info.patches = [r.name for r in report.results]
-        digest = overlay.series_hash(series)
+        info.patches = [r.name for r in overlay.apply_to_export(dest, patch_dir)]
+        digest = overlay.series_hash(patch_dir)
         info.series_hash = digest if digest.startswith("sha256:") else f"sha256:{digest}"
     return info
 

@@ -5,7 +5,7 @@ Pure: no I/O. ``show``, ``render --dry-run`` and tests read it directly.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from . import tags
 from .model import Stack
@@ -13,8 +13,6 @@ from .stack import fingerprint
 from .urls import redact
 
 LABEL_NS = "org.stackforge"
-CCACHE_DIR = "/root/.cache/ccache"
-PIP_CACHE = "/root/.cache/pip"
 
 
 @dataclass
@@ -53,8 +51,6 @@ class Plan:
     gate: dict
     gate_prepare: list[str]
     targets: dict[str, dict]
-    labels: dict[str, str]
-    secrets: list[str] = field(default_factory=list)  # BuildKit secret ids the build may receive
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -175,6 +171,4 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
         targets={n: t.model_dump() for n, t in stack.targets.items()},
-        labels=image_labels(stack),
-        secrets=["netrc", "cabundle"],
     )

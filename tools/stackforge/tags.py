@@ -159,17 +159,5 @@ def alias_refs(stack: Stack, registry: str) -> list[Ref]:
                      ("tags", "aliases", i)) for i, t in enumerate(stack.tags.aliases)]
 
 
-def publish_prefix(stack: Stack, registry: str, date: str) -> tuple[str, str]:
-    """(repository, tag prefix before the revision number) for the given date, e.g.
-    ('reg/…/vllm', 'v0.28.0-ph1-5.2.0-torch2.11.0.post2-20260929-r')."""
-    one = publish_ref(stack, registry, date, 1)
-    probe = publish_ref(stack, registry, date, 987654321)
-    if not probe.tag.endswith("987654321") or probe.tag[:-9] + "1" != one.tag:
-        raise UserError("tags.publish must end with the revision ({{ revision }})",
-                        **position(stack, ("tags", "publish")).as_error_kwargs(),
-                        fix="end the template with -r{{ revision }}")
-    return one.repository, probe.tag[:-9]
-
-
 def labels(stack: Stack) -> dict[str, str]:
     return {k: render_template(stack, v, ("labels", k)) for k, v in stack.labels.items()}
