@@ -218,3 +218,21 @@ def test_allow_list_parsing(tmp_path):
     with pytest.raises(UserError) as err:
         freshness.load_allow_list(f, "allow.txt")
     assert err.value.line == 1
+
+
+def test_write_bump_that_fails_lint_leaves_no_file(tmp_path):
+    import shutil
+
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "stacks", root / "stacks")
+    shutil.copytree(ROOT / "patches", root / "patches")
+    stack = load_stack("post1", root=root)
+    before = stack.packages["torchvision"].version
+    plan = freshness.BumpPlan("post1", "half", [freshness.Move("torchvision", before, "0.26.0.post2+musa5.2.0", "x")],
+                              [], [])  # torchvision alone leaves its train
+    with pytest.raises(UserError) as exc:
+        freshness.write_bump(stack, plan)
+    assert exc.value.exit_code == 1
+    assert "would not pass lint, so it was not written" in exc.value.message and "torchvision" in exc.value.message
+    assert exc.value.fix == "check the index for the builds named above"
+    assert not (root / "stacks" / "half.yaml").exists()

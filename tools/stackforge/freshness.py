@@ -44,7 +44,7 @@ import yaml
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.version import Version
 
-from .errors import UserError
+from .errors import BuildFailed, UserError
 from .index import (IndexClient, IndexFile, IndexQueryError, ProjectNotFound, ProjectPage, env_credentials,
                     format_time, redact)
 from .model import Stack
@@ -757,7 +757,7 @@ def render_bump(stack: Stack, plan: BumpPlan, description: str | None = None) ->
 
 def write_bump(stack: Stack, plan: BumpPlan, *, force: bool = False, description: str | None = None) -> Path:
     """Write ``stacks/<new>.yaml``, then load and lint it; a file that fails either is removed again."""
-    from . import rules  # the lint rules; imported here to keep this module importable on its own
+    from .build import lint_or_fail  # imported here to keep this module importable on its own
 
     root = stack_root(stack)
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", plan.new):
@@ -770,15 +770,14 @@ def write_bump(stack: Stack, plan: BumpPlan, *, force: bool = False, description
     path.write_text(text)
     try:
         new = load_stack(plan.new, root=root, overrides=list(getattr(stack, "_overrides", [])))
-        findings = rules.lint(new)
+        lint_or_fail(new)
+    except BuildFailed as err:  # lint findings, every one rendered
+        _restore(path, previous)
+        raise UserError(f"the bumped stack would not pass lint, so it was not written: {err.message}",
+                        fix="check the index for the builds named above", exit_code=1) from None
     except UserError:
         _restore(path, previous)
         raise
-    if findings:
-        rendered = "\n".join(f.render(new) for f in findings)
-        _restore(path, previous)
-        raise UserError(f"the bumped stack would not pass lint, so it was not written:\n{rendered}",
-                        fix="check the index for the builds named above", exit_code=1)
     return path
 
 

@@ -104,7 +104,7 @@ def _gate_summary(lines: list[str]) -> str | None:
 
 def select_stacks(root: Path, names: list[str] | None) -> tuple[list[Any], list[Row]]:
     """Load the named stacks (default: every stack with ``nightly: true``) and lint them."""
-    from . import rules
+    from .build import lint_or_fail
     from .stack import list_stacks, load_stack
 
     loaded, rows = [], []
@@ -116,10 +116,10 @@ def select_stacks(root: Path, names: list[str] | None) -> tuple[list[Any], list[
             continue
         if not names and not stack.nightly:
             continue
-        findings = rules.lint(stack)
-        if findings:
-            text = "\n".join(f.render(stack) for f in findings)
-            rows.append(Row(stack=stack.name, target="*", status="failed", stage="lint", reason=text))
+        try:
+            lint_or_fail(stack)
+        except BuildFailed as err:
+            rows.append(Row(stack=stack.name, target="*", status="failed", stage="lint", reason=err.message))
             continue
         loaded.append(stack)
     return loaded, rows

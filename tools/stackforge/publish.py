@@ -1131,17 +1131,15 @@ def publish_stack(stack: Any, registry: str, *, date: str | None = None, target:
     the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``.
     """
     from . import tags as tagsmod
-    from . import rules
-    from .build import default_target, target_ref
+    from .build import default_target, lint_or_fail, target_ref
     from .context import build_dir_for
 
     reg = parse_registry(registry, what="--registry")
     date = validate_date(date)
-    findings = rules.lint(stack)
-    if findings:
-        text = "\n".join(f.render(stack) for f in findings)
-        raise BuildFailed(f"stack '{stack.name}' fails lint; nothing was published:\n{text}",
-                          fix=f"fix the findings (stackforge lint {stack.name}), rebuild, then publish")
+    try:
+        lint_or_fail(stack)
+    except BuildFailed as err:
+        raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
     target = default_target(stack, target)
     suffix = "" if target == next(iter(stack.targets)) else f"-{target}"
     first = tagsmod.publish_ref(stack, str(reg), date, 1)
