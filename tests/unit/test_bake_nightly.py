@@ -127,3 +127,37 @@ def test_summary_rows_markdown_and_json(tmp_path):
     assert doc["ok"] is False and [r["status"] for r in doc["rows"]] == ["published", "failed"]
     assert doc["rows"][1]["stage"] == "gate"
     assert Summary(date="d", registry="r").ok is False  # nothing ran: not a success
+
+
+def test_select_stacks_applies_overrides_to_every_stack(root):
+    loaded, rows = select_stacks(root, None, overrides=["description=from --set"])
+    assert rows == [] and sorted(s.name for s in loaded) == ["nightly-bad", "nightly-good"]
+    assert all(s.description == "from --set" for s in loaded)
+    named, _ = select_stacks(root, ["example", "post2"], overrides=["description=named"])
+    assert [s.description for s in named] == ["named", "named"]
+
+
+def test_an_override_that_breaks_a_stack_fails_its_row_only_if_it_is_a_nightly_stack(root):
+    """post1/post2 have no markupsafe upstream: the override makes them invalid, but they are not nightly stacks."""
+    loaded, rows = select_stacks(root, None, overrides=["upstreams.markupsafe.sdist.version=3.0.3"])
+    assert sorted(s.name for s in loaded) == ["nightly-bad", "nightly-good"] and rows == []
+    loaded, rows = select_stacks(root, None, overrides=["upstreams.markupsafe.sdist.version=3.0.3", "packges.x=1"])
+    assert loaded == [] and sorted(r.stack for r in rows) == ["nightly-bad", "nightly-good"]
+    assert all(r.stage == "load" and "packges" in r.reason for r in rows)
+
+
+def test_nightly_command_takes_set_and_passes_it_on(monkeypatch, tmp_path):
+    from stackforge.cli import build_parser
+    from stackforge.commands import nightly as cmd
+
+    seen = {}
+
+    def fake_nightly(root, registry, **kw):
+        seen.update(kw, registry=registry)
+        return Summary(date="20260929", registry=registry, rows=[Row("s", "t", "published")])
+
+    monkeypatch.setattr(cmd, "nightly", fake_nightly)
+    args = build_parser().parse_args(["--root", str(tmp_path), "nightly", "--registry", "127.0.0.1:5000/x",
+                                      "--set", "base.image=a/b:c", "--set", "description=d", "--json"])
+    assert args.func(args) == 0
+    assert seen["overrides"] == ["base.image=a/b:c", "description=d"] and seen["registry"] == "127.0.0.1:5000/x"

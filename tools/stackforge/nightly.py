@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from .errors import BuildFailed, UserError
 from .registry import RetryPolicy, parse_registry
+from .urls import redact_text
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Summary:
     finished_at: str = ""
     duration_s: float = 0.0
     directory: Path | None = None
+    overrides: list[str] = field(default_factory=list)  # the --set values every stack was loaded with
 
     @property
     def ok(self) -> bool:
@@ -62,13 +64,15 @@ class Summary:
 
     def to_json(self) -> dict[str, Any]:
         return {"date": self.date, "registry": self.registry, "ok": self.ok, "started_at": self.started_at,
-                "finished_at": self.finished_at, "duration_s": self.duration_s, "bake": self.bake,
-                "rows": [asdict(r) for r in self.rows]}
+                "finished_at": self.finished_at, "duration_s": self.duration_s, "overrides": self.overrides,
+                "bake": self.bake, "rows": [asdict(r) for r in self.rows]}
 
     def markdown(self) -> str:
         lines = [f"# Nightly {self.date}", "",
                  f"Registry `{self.registry}` — {sum(r.ok for r in self.rows)} of {len(self.rows)} passed"
                  f" in {self.duration_s:.0f} s.", ""]
+        if self.overrides:
+            lines += ["Overrides: " + " ".join(f"`--set {o}`" for o in self.overrides), ""]
         if self.bake:
             lines += [f"Bake: exit {self.bake.get('returncode')} in {self.bake.get('duration_s')} s "
                       f"({self.bake.get('targets')} targets; log `{self.bake.get('log')}`).", ""]
@@ -102,16 +106,23 @@ def _gate_summary(lines: list[str]) -> str | None:
     return f"{len(fails)} FAIL" if fails else None
 
 
-def select_stacks(root: Path, names: list[str] | None) -> tuple[list[Any], list[Row]]:
-    """Load the named stacks (default: every stack with ``nightly: true``) and lint them."""
+def select_stacks(root: Path, names: list[str] | None,
+                  overrides: list[str] | None = None) -> tuple[list[Any], list[Row]]:
+    """Load the named stacks (default: every stack with ``nightly: true``) and lint them.
+
+    ``overrides`` (``--set key.path=value``) apply to every stack. A stack they make invalid
+    gets a failed row, unless it is not a nightly stack anyway (it would not have run).
+    """
     from .build import lint_or_fail
     from .stack import list_stacks, load_stack
 
     loaded, rows = [], []
     for name in names or list_stacks(root):
         try:
-            stack = load_stack(name, root=root)
+            stack = load_stack(name, root=root, overrides=overrides)
         except UserError as err:
+            if not names and overrides and not _nightly_as_declared(root, name):
+                continue
             rows.append(Row(stack=name, target="*", status="failed", stage="load", reason=err.render()))
             continue
         if not names and not stack.nightly:
@@ -125,10 +136,20 @@ def select_stacks(root: Path, names: list[str] | None) -> tuple[list[Any], list[
     return loaded, rows
 
 
+def _nightly_as_declared(root: Path, name: str) -> bool:
+    """Whether the stack file, without overrides, is a nightly stack (True when it does not load either)."""
+    from .stack import load_stack
+
+    try:
+        return bool(load_stack(name, root=root).nightly)
+    except UserError:
+        return True
+
+
 def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[str] | None = None,
             targets: list[str] | None = None, builder: str | None = None, use_bake: bool = True,
             policy: RetryPolicy | None = None, ca_bundle: str | None = "auto", out: Path | None = None,
-            echo: Callable[[str], None] = print) -> Summary:
+            overrides: list[str] | None = None, echo: Callable[[str], None] = print) -> Summary:
     from . import bake as bakemod
     from .build import BuildOptions, build
     from .engine import Engine
@@ -139,9 +160,10 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
     date = validate_date(date)
     outdir = out or root / "build" / "nightly" / date
     outdir.mkdir(parents=True, exist_ok=True)
-    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir)
+    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir,
+                      overrides=[redact_text(o) for o in overrides or []])
 
-    loaded, summary.rows = select_stacks(root, stacks)
+    loaded, summary.rows = select_stacks(root, stacks, overrides)
     for row in summary.rows:
         echo(f"nightly: {row.stack}: {row.stage} failed")
     if not loaded and not summary.rows:

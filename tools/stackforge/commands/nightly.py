@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..nightly import nightly
 from ..registry import RetryPolicy
-from .common import root_of
+from .common import add_set, root_of
 
 
 def register(sub) -> None:
@@ -28,6 +28,7 @@ def register(sub) -> None:
                    help="time budget per registry operation (default 120)")
     p.add_argument("--out", type=Path, help="summary directory (default: build/nightly/<date>)")
     p.add_argument("--json", action="store_true", help="print summary.json")
+    add_set(p)
     p.set_defaults(func=cmd_nightly)
 
 
@@ -35,7 +36,7 @@ def cmd_nightly(args) -> int:
     policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
     summary = nightly(root_of(args), args.registry, date=args.date, stacks=args.stacks or None, targets=args.targets,
                       builder=args.builder, use_bake=args.bake, policy=policy, ca_bundle=args.ca_bundle, out=args.out,
-                      echo=lambda line: print(line, file=sys.stderr, flush=True))
+                      overrides=args.overrides, echo=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))
     else:
