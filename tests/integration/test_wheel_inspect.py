@@ -126,3 +126,23 @@ def test_inspect_by_url_downloads_and_checks_the_hash(deep_ep, tmp_path, capsys,
         assert main(["wheel", "inspect", bad]) == 2
         err = capsys.readouterr().err
         assert "sha256 mismatch" in err and "s3cret" not in err
+
+
+def test_a_shared_object_spooled_to_disk_reads_the_same(deep_ep, monkeypatch):
+    """Large ELF members go through a temporary file instead of memory; the report is the same."""
+    import stackforge.wheel as wheelmod
+
+    in_memory = inspect_wheel(deep_ep["post2"]).to_json()
+    monkeypatch.setattr(wheelmod, "_SPOOL_MAX", 1)  # every ELF member rolls over to disk
+    rolled = []
+    real = wheelmod.tempfile.SpooledTemporaryFile
+
+    def spy(*args, **kwargs):
+        spool = real(*args, **kwargs)
+        rolled.append(spool)
+        return spool
+
+    monkeypatch.setattr(wheelmod.tempfile, "SpooledTemporaryFile", spy)
+    on_disk = inspect_wheel(deep_ep["post2"]).to_json()
+    assert rolled and all(s._rolled for s in rolled)
+    assert on_disk == in_memory and on_disk["shared_objects"][0]["needed"] == DEEP_EP_NEEDED["post2"]

@@ -113,3 +113,82 @@ def test_identical_wheels_diff_empty(tmp_path):
     d = diff_wheels(inspect_wheel(a), inspect_wheel(b))
     assert d.is_empty
     assert "no differences" in render_diff(d)
+
+
+def _b64(digest: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _big_wheel(tmp_path, big: int):
+    """A wheel whose members uncompress to ``big`` bytes each (zeros: the file itself stays small).
+
+    One plain data file and one "shared object" (ELF magic, then zeros: pyelftools cannot read
+    it, which the report says), both written in chunks so the test itself stays small.
+    """
+    whl = tmp_path / "torch-2.11.0-cp310-cp310-linux_x86_64.whl"
+    chunk = b"\0" * (1 << 20)
+    members = {"torch/data.bin": b"", "torch/lib/libbig.so": b"\x7fELF"}
+    record = []
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, head in members.items():
+            h = hashlib.sha256(head)
+            with zf.open(name, "w", force_zip64=True) as out:
+                out.write(head)
+                left = big - len(head)
+                while left:
+                    piece = chunk[:min(left, len(chunk))]
+                    out.write(piece)
+                    h.update(piece)
+                    left -= len(piece)
+            record.append(f"{name},sha256={_b64(h.digest())},{big}")
+        meta = b"Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0\n"
+        zf.writestr("torch-2.11.0.dist-info/METADATA", meta)
+        record.append(f"torch-2.11.0.dist-info/METADATA,sha256={_b64(hashlib.sha256(meta).digest())},{len(meta)}")
+        record.append("torch-2.11.0.dist-info/RECORD,,")
+        zf.writestr("torch-2.11.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return whl
+
+
+def test_inspect_streams_large_members(tmp_path):
+    """Memory stays far below one member's size: members are hashed in chunks, not read whole."""
+    import tracemalloc
+
+    big = 48 << 20
+    whl = _big_wheel(tmp_path, big)
+    tracemalloc.start()
+    try:
+        info = inspect_wheel(whl)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 << 20, f"peak {peak >> 20} MiB for {big >> 20} MiB members"
+    assert info.files["torch/data.bin"].size == big == info.files["torch/lib/libbig.so"].size
+    assert info.files["torch/data.bin"].sha256 == hashlib.sha256(b"\0" * big).hexdigest()
+    assert info.record_problems == []
+    (so,) = info.shared_objects
+    assert so.path == "torch/lib/libbig.so" and so.elf_type.startswith("unreadable ELF")
+    assert info.size == whl.stat().st_size and info.sha256 == hashlib.sha256(whl.read_bytes()).hexdigest()
+
+
+def test_record_hashes_other_than_sha256_are_checked(tmp_path):
+    whl = build_wheel(tmp_path / "src", "mate", "0.2.7", files={"mate/__init__.py": "X = 1\n", "mate/ops.py": "Y = 2\n"})
+    out = tmp_path / whl.name
+
+    def change(name, data):
+        if name.endswith("/RECORD"):
+            rows = []
+            for line in data.decode().splitlines():
+                path = line.split(",")[0]
+                if path == "mate/__init__.py":
+                    line = f"{path},sha384={_b64(hashlib.sha384(b'X = 1' + bytes([10])).digest())},6"
+                elif path == "mate/ops.py":
+                    line = f"{path},sha512={_b64(hashlib.sha512(b'wrong').digest())},6"
+                rows.append(line)
+            return ("\n".join(rows) + "\n").encode()
+        return data
+
+    _rewrite(whl, out, change)
+    problems = inspect_wheel(out).record_problems
+    assert problems == ["mate/ops.py: content does not match the RECORD sha512"]

@@ -5,6 +5,8 @@ the file name and ``WHEEL``, the core metadata (``Requires-Dist`` above all), ``
 the actual content, and for every ELF file its SONAME, ``DT_NEEDED`` entries and RPATH/RUNPATH, read
 with pyelftools. A compiled wheel that declares no ``Requires-Dist`` gets a loud warning: no resolver
 can then notice that it was built against a different torch than the one installed next to it.
+Members are hashed in chunks; only ELF members (recognised by their first 4 bytes) and the
+``*.dist-info`` files are read whole, so a multi-GB torch wheel is inspected in little memory.
 
 ``diff_wheels(a, b)`` compares two of them: files added, removed and changed (by the sha256 of the
 content, with the ``*.dist-info`` / ``*.data`` directory names normalised so a version bump does not
@@ -21,6 +23,7 @@ import hashlib
 import io
 import json
 import re
+import tempfile
 import zipfile
 from dataclasses import asdict, dataclass, field
 from email.parser import HeaderParser
@@ -35,6 +38,8 @@ from .errors import UserError
 from .index import download, redact
 
 ELF_MAGIC = b"\x7fELF"
+_CHUNK = 1 << 20
+_SPOOL_MAX = 8 << 20  # an ELF member larger than this is spooled to a temporary file for pyelftools
 _DIST_INFO_RE = re.compile(r"^[^/]+-[^/]+\.dist-info/")
 _DATA_RE = re.compile(r"^[^/]+-[^/]+\.data/")
 
@@ -119,17 +124,17 @@ def _headers(text: str) -> dict[str, list[str]]:
     return out
 
 
-def _record_digest(data: bytes, algo: str) -> str:
-    h = hashlib.new(algo, data)
-    return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-
-
 def read_elf(path: str, data: bytes) -> SharedObject | None:
     """Dynamic-section facts of an ELF image, or ``None`` if ``data`` is not ELF."""
     if not data.startswith(ELF_MAGIC):
         return None
+    return _read_elf_stream(path, io.BytesIO(data))
+
+
+def _read_elf_stream(path: str, stream) -> SharedObject:
+    """Dynamic-section facts of the ELF image in the seekable ``stream`` (which starts with ELF_MAGIC)."""
     try:
-        elf = ELFFile(io.BytesIO(data))
+        elf = ELFFile(stream)
         soname, needed, rpath, runpath = None, [], [], []
         dynamic = [s for s in elf.iter_sections() if isinstance(s, DynamicSection)]
         if not dynamic:  # section headers stripped: fall back to the PT_DYNAMIC segment
@@ -170,9 +175,9 @@ def inspect_wheel(path: str | Path, *, source: str | None = None) -> WheelInfo:
         name, version, build, tags = parse_wheel_filename(filename)
     except InvalidWheelFilename as exc:
         raise UserError(f"{path}: not a wheel file name ({exc})") from None
-    raw = path.read_bytes()
+    size, sha256 = _file_digest(path)
     try:
-        zf = zipfile.ZipFile(io.BytesIO(raw))
+        zf = zipfile.ZipFile(path)
     except zipfile.BadZipFile:
         raise UserError(f"{path}: not a zip archive, so not a wheel") from None
 
@@ -183,11 +188,10 @@ def inspect_wheel(path: str | Path, *, source: str | None = None) -> WheelInfo:
         for info in zf.infolist():
             if info.is_dir():
                 continue
-            data = zf.read(info)
-            files[info.filename] = FileEntry(info.filename, len(data), hashlib.sha256(data).hexdigest())
+            entry, elf = _scan_member(zf, info)
+            files[info.filename] = entry
             if info.filename.endswith(".dist-info/METADATA") and info.filename.count("/") == 1:
                 dist_info = info.filename.split("/", 1)[0]
-            elf = read_elf(info.filename, data)
             if elf is not None:
                 shared.append(elf)
         if dist_info is None:
@@ -202,8 +206,8 @@ def inspect_wheel(path: str | Path, *, source: str | None = None) -> WheelInfo:
     info = WheelInfo(
         source=source or str(path),
         filename=filename,
-        size=len(raw),
-        sha256=hashlib.sha256(raw).hexdigest(),
+        size=size,
+        sha256=sha256,
         name=(metadata.get("Name") or [str(name)])[0],
         version=str(version),
         build="".join(map(str, build)) or None,
@@ -228,6 +232,54 @@ def inspect_wheel(path: str | Path, *, source: str | None = None) -> WheelInfo:
     if problems:
         info.warnings.append(f"RECORD does not match the archive ({len(problems)} problem(s))")
     return info
+
+
+def _file_digest(path: Path) -> tuple[int, str]:
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def _scan_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[FileEntry, SharedObject | None]:
+    """Hash one member in chunks; an ELF member (by its first 4 bytes) is also spooled and read with pyelftools.
+
+    Only ELF members are kept whole (in memory up to ``_SPOOL_MAX``, on disk beyond), so a wheel
+    of a few GB is inspected in little memory.
+    """
+    h, size = hashlib.sha256(), 0
+    elf = None
+    with zf.open(info) as src:
+        head = src.read(len(ELF_MAGIC))
+        h.update(head)
+        size += len(head)
+        if head == ELF_MAGIC:
+            with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MAX) as spool:
+                spool.write(head)
+                while chunk := src.read(_CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
+                    spool.write(chunk)
+                spool.seek(0)
+                elf = _read_elf_stream(info.filename, spool)
+        else:
+            while chunk := src.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+    return FileEntry(info.filename, size, h.hexdigest()), elf
+
+
+def _member_record_digest(zf: zipfile.ZipFile, entry: FileEntry, algo: str) -> str:
+    """The RECORD form (urlsafe base64, unpadded) of a member's digest, hashed in chunks if not sha256."""
+    if algo == "sha256":
+        return base64.urlsafe_b64encode(bytes.fromhex(entry.sha256)).rstrip(b"=").decode()
+    h = hashlib.new(algo)
+    with zf.open(entry.path) as src:
+        while chunk := src.read(_CHUNK):
+            h.update(chunk)
+    return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
 
 
 def _norm(name: str) -> str:
@@ -263,7 +315,7 @@ def _check_record(zf: zipfile.ZipFile, files: dict[str, FileEntry], record: str 
         if algo not in hashlib.algorithms_available or algo in ("md5", "sha1"):
             problems.append(f"{rpath}: RECORD uses unsupported hash {algo!r}")
             continue
-        if _record_digest(zf.read(rpath), algo) != value:
+        if _member_record_digest(zf, entry, algo) != value:
             problems.append(f"{rpath}: content does not match the RECORD {algo}")
         if entry.record_size is not None and entry.record_size != entry.size:
             problems.append(f"{rpath}: RECORD size {entry.record_size} but {entry.size} bytes in the archive")
