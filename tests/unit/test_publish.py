@@ -27,7 +27,7 @@ from stackforge.publish import (
     read_save_stream,
     validate_date,
 )
-from stackforge.registry import RetryPolicy, parse_repository
+from stackforge.registry import RetryPolicy
 from tests.fixtures.faulty_proxy import BLOB_UPLOAD, MANIFEST_BY_DIGEST, MANIFEST_BY_TAG, Fault, FaultyProxy
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
