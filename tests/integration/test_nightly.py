@@ -20,6 +20,14 @@ import requests
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def copy_stacks(dest):
+    """The repository's stacks, with none of them nightly: these tests declare their own nightly stacks."""
+    shutil.copytree(REPO / "stacks", dest)
+    for path in dest.glob("*.yaml"):
+        path.write_text(re.sub(r"(?m)^nightly: true\b.*$", "nightly: false", path.read_text()))
+
 DATE = "20260929"
 
 
@@ -28,7 +36,7 @@ def nightly_run(tmp_path_factory, base_image, registry):
     run = uuid.uuid4().hex[:8]
     root = tmp_path_factory.mktemp("nightly") / "repo"
     root.mkdir()
-    shutil.copytree(REPO / "stacks", root / "stacks")
+    copy_stacks(root / "stacks")
     shutil.copytree(REPO / "patches", root / "patches")
     (root / "stacks" / "nightly-good.yaml").write_text(
         f"name: nightly-good\ninherits: example\nnightly: true\n"
