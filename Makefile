@@ -62,7 +62,7 @@ STACKS ?=
 ROOT ?=
 nightly: install engine
 	$(if $(REGISTRY),,$(error REGISTRY is required, e.g. make nightly REGISTRY=127.0.0.1:5000/mcconline/inference))
-	$(STACKFORGE) $(if $(ROOT),--root $(ROOT)) nightly --registry $(REGISTRY) $(if $(DATE),--date $(DATE)) $(STACKS) $(ARGS)
+	@$(STACKFORGE) $(if $(ROOT),--root $(ROOT)) nightly --registry $(REGISTRY) $(if $(DATE),--date $(DATE)) $(STACKS) $(ARGS)
 
 # the bake plan of the nightly stacks (or STACKS=…), printed; `stackforge bake` builds it
 bake: install
