@@ -26,7 +26,6 @@ import tarfile
 import tempfile
 import urllib.parse
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -244,18 +243,6 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            for k, v in attrs:
-                if k == "href" and v:
-                    self.links.append(v)
-
-
 def _read_url(url: str, what: str) -> bytes:
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
@@ -278,22 +265,20 @@ def _read_url(url: str, what: str) -> bytes:
 
 
 def find_sdist_url(index_url: str, name: str, version: str) -> str:
-    """The URL of ``name-version.tar.gz`` on a PEP 503 simple index."""
-    page = index_url.rstrip("/") + "/" + normalize_name(name) + "/"
-    parser = _Links()
-    parser.feed(_read_url(page, "index page").decode("utf-8", "replace"))
-    want = normalize_name(name)
-    for href in parser.links:
-        url = urllib.parse.urljoin(page, href)
-        fname = urllib.parse.unquote(urllib.parse.urlparse(url).path.rsplit("/", 1)[-1])
-        if not fname.endswith(".tar.gz"):
-            continue
-        stem = fname[: -len(".tar.gz")]
-        suffix = "-" + version
-        if stem.lower().endswith(suffix.lower()) and normalize_name(stem[: -len(suffix)]) == want:
-            return urllib.parse.urldefrag(url)[0]
+    """The URL of ``name-version.tar.gz`` on a PEP 691/503 simple index (through the index client)."""
+    from .index import IndexClient, IndexQueryError
+
+    client = IndexClient(index_url)
+    try:
+        files = client.project(name).files_for(version)
+    except IndexQueryError as exc:
+        raise UserError(f"cannot read the index page of {name}: {exc.message}",
+                        fix="check the index URL and the project name") from None
+    for f in files:
+        if f.kind == "sdist" and f.filename.endswith(".tar.gz"):
+            return urllib.parse.urldefrag(f.url)[0]
     raise UserError(
-        f"no sdist {name}-{version}.tar.gz on {page}",
+        f"no sdist {name}-{version}.tar.gz on {client.display_url}/{normalize_name(name)}/",
         fix="check sdist.name and sdist.version against the index",
     )
 
