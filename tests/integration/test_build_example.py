@@ -104,6 +104,23 @@ def test_example_image_is_gated_labelled_and_tagged(built):
         assert name in evidence
 
 
+def test_verify_checks_labels_pins_and_reruns_the_gate(built):
+    root, tag, _ = built
+    ok = stackforge(root, "verify", tag, "--set", f"tags.local={tag}")
+    lines = ok.stdout.splitlines()
+    assert "PASS pin     idna       label=3.10 stack=3.10" in lines
+    assert any(l.startswith("PASS fingerprint") for l in lines)
+    assert "  PASS probe  speedups-compiled result=compiled" in lines
+    assert lines[-1] == f"verify {tag} against example: ok"
+    # Checked against another declaration, the pins and the fingerprint disagree: exit 1, each named.
+    bad = stackforge(root, "verify", tag, "--set", f"tags.local={tag}", "--set", "packages.idna.version=3.9",
+                     check=False)
+    assert bad.returncode == 1
+    assert "FAIL pin     idna       label=3.10 stack=3.9" in bad.stdout
+    assert "FAIL import idna       expected=3.9 found=3.10" in bad.stdout
+    assert bad.stdout.splitlines()[-1].endswith("3 FAIL")
+
+
 def test_patch_change_reruns_src_kernels_gate_but_not_deps(built, tmp_path):
     root, tag, _ = built
     patch = next((root / "patches" / "markupsafe").glob("0001-*.patch"))

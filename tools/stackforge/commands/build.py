@@ -44,6 +44,12 @@ def register(sub) -> None:
     add_set(p)
     p.set_defaults(func=cmd_gate)
 
+    p = sub.add_parser("verify", help="check a pulled or built image against its stack: labels, pins, gate, ABI")
+    p.add_argument("image")
+    p.add_argument("--stack", help="default: the stack named by the image's org.stackforge.stack label")
+    add_set(p)
+    p.set_defaults(func=cmd_verify)
+
     p = sub.add_parser("abi", help="resolve every DT_NEEDED of a stack's vendor packages inside an image")
     p.add_argument("image")
     p.add_argument("--stack", required=True)
@@ -90,6 +96,21 @@ def cmd_build(args) -> int:
     print(f"evidence: {outcome.evidence}", file=sys.stderr)
     print(outcome.tag)
     return 0
+
+
+def cmd_verify(args) -> int:
+    from ..engine import Engine
+    from ..verify import image_labels, stack_of, verify
+
+    engine = Engine()
+    engine.check()
+    labels = image_labels(engine, args.image)
+    stack = load(args, args.stack or stack_of(labels, args.image))
+    result = verify(stack, args.image, labels, engine)
+    for line in result.lines:
+        print(line)
+    print(f"verify {args.image} against {stack.name}: " + ("ok" if not result.failed else f"{result.failed} FAIL"))
+    return 1 if result.failed else 0
 
 
 def cmd_abi(args) -> int:
