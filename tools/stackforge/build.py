@@ -126,7 +126,7 @@ def _base_identity(engine: Engine, stack: Stack) -> tuple[str | None, str]:
     """(registry manifest digest or None for a local-only image, image id) of the base image."""
     image = stack.base.image
     if not engine.image_exists(image):
-        proc = engine._run("pull", image, timeout=1800)
+        proc = engine.cli("pull", image, timeout=1800)
         if proc.returncode != 0:
             raise BuildFailed(
                 f"base image '{image}' is not present and could not be pulled: {(proc.stderr or proc.stdout).strip()[-300:]}",
@@ -188,7 +188,7 @@ def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
     """The gate's own reports, as the build left them in the image (one container run)."""
     script = "; ".join(f'if [ -f /stackforge/gate/{n} ]; then echo "==> {n}"; cat /stackforge/gate/{n}; fi'
                        for n in GATE_FILES)
-    proc = engine._run("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
+    proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
     out: dict[str, list[str]] = {}
     current = None
     for line in proc.stdout.splitlines() if proc.returncode == 0 else []:

@@ -207,7 +207,8 @@ class Engine:
         self._inspect: dict[str, str | None] | None = None
 
     # -- plumbing
-    def _run(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+        """Run ``docker ARGS`` against this engine (bounded in time); engine trouble is a UserError."""
         try:
             proc = subprocess.run([self.docker, *args], capture_output=True, text=True, timeout=timeout, env=self.env)
         except FileNotFoundError:
@@ -221,18 +222,18 @@ class Engine:
 
     def _buildx(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
         pre = ["buildx", "--builder", self.builder] if self.builder else ["buildx"]
-        return self._run(*pre, *args, timeout=timeout, check=check)
+        return self.cli(*pre, *args, timeout=timeout, check=check)
 
     # -- checks and versions
     def check(self) -> EngineInfo:
         """Raise :class:`UserError` (with the fix) unless daemon, buildx and BuildKit are usable."""
         if shutil.which(self.docker, path=self.env.get("PATH")) is None and not os.path.isabs(self.docker):
             raise UserError("the docker CLI is not installed (no 'docker' on PATH)", fix=SETUP_FIX)
-        info = self._run("version", "--format", "{{.Server.Version}}", timeout=20)
+        info = self.cli("version", "--format", "{{.Server.Version}}", timeout=20)
         if info.returncode != 0 or not info.stdout.strip():
             raise UserError(f"no Docker daemon answers: {_last_line(info.stderr) or 'docker version failed'}",
                             fix=SETUP_FIX)
-        bx = self._run("buildx", "version", timeout=20)
+        bx = self.cli("buildx", "version", timeout=20)
         if bx.returncode != 0:
             raise UserError("the docker buildx plugin is missing ('docker buildx version' fails)", fix=SETUP_FIX)
         insp = self._inspect_builder()
@@ -266,7 +267,7 @@ class Engine:
         return self._inspect
 
     def buildx_version(self) -> str:
-        proc = self._run("buildx", "version", timeout=20)
+        proc = self.cli("buildx", "version", timeout=20)
         if proc.returncode != 0:
             raise UserError("the docker buildx plugin is missing ('docker buildx version' fails)", fix=SETUP_FIX)
         return parse_buildx_version(proc.stdout)
@@ -288,7 +289,7 @@ class Engine:
 
     def image_id(self, ref: str) -> str | None:
         """``sha256:…`` id of a local image, or None when there is no such image."""
-        proc = self._run("image", "inspect", "--format", "{{.Id}}", ref, timeout=30)
+        proc = self.cli("image", "inspect", "--format", "{{.Id}}", ref, timeout=30)
         if proc.returncode != 0:
             if "no such image" in proc.stderr.lower() or "not found" in proc.stderr.lower():
                 return None
@@ -300,12 +301,12 @@ class Engine:
         if not self.image_exists(ref):
             return False
         args = ["image", "rm"] + (["--force"] if force else []) + [ref]
-        self._run(*args, timeout=60, check=True)
+        self.cli(*args, timeout=60, check=True)
         return True
 
     def history(self, ref: str) -> str:
         """``docker history --no-trunc`` of an image (every layer's command, untruncated)."""
-        return self._run("history", "--no-trunc", ref, timeout=30, check=True).stdout
+        return self.cli("history", "--no-trunc", ref, timeout=30, check=True).stdout
 
     def sdk(self):
         """A docker SDK client for the daemon the CLI uses (current context or DOCKER_HOST)."""
@@ -313,7 +314,7 @@ class Engine:
 
         if self.env.get("DOCKER_HOST"):
             return docker.DockerClient(base_url=self.env["DOCKER_HOST"])
-        proc = self._run("context", "inspect", "--format", "{{.Endpoints.docker.Host}}", timeout=10)
+        proc = self.cli("context", "inspect", "--format", "{{.Endpoints.docker.Host}}", timeout=10)
         host = proc.stdout.strip() if proc.returncode == 0 else ""
         return docker.DockerClient(base_url=host or "unix:///var/run/docker.sock")
 

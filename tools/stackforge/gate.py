@@ -26,7 +26,7 @@ def run_gate(stack: Stack, image: str, engine: Engine | None = None, script: str
         (d / script).write_bytes((images_dir(stack_root(stack)) / "gate" / script).read_bytes())
         (d / "gate.json").write_text(json.dumps(gate_spec(stack)))
         d.chmod(0o755)
-        proc = engine._run("run", "--rm", "--network=none", "--read-only", "--tmpfs", "/tmp",
+        proc = engine.cli("run", "--rm", "--network=none", "--read-only", "--tmpfs", "/tmp",
                            "-e", "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", "python",
                            "-v", f"{d}:/stackforge-gate:ro", image, f"/stackforge-gate/{script}",
                            "/stackforge-gate/gate.json", timeout=600)
