@@ -1,69 +1,86 @@
-# stackforge entry points.
-#   make demo                     set up the engine, build the example stack, run its image
-#   make image STACK=post2        build, gate and tag one stack (TARGET=… for another target)
-#   make test                     the test suite (what CI runs through .ci/run)
+# stackforge entry points; `make help` lists them.
+#
+# Every target runs stackforge from the project's virtual environment ($(VENV)), created on first use
+# and reinstalled only when pyproject.toml changes: nothing is installed into the system Python, so it
+# works on externally managed (PEP 668) hosts and as a non-root user where the engine is already there.
+
 PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.stackforge-installed
 BASE_IMAGE ?= stackforge/base:bookworm
 STACK ?= post2
 TARGET ?=
-# Extra arguments for `stackforge build`, e.g. ARGS='--set base.image=… --network host'
+# Extra arguments for the stackforge verb, e.g. ARGS='--set base.image=… --network host'
 ARGS ?=
+REGISTRY ?=
+DATE ?=
+STACKS ?=
+ROOT ?=
 
-STACKFORGE = $(PYTHON) -m stackforge
+STACKFORGE = $(PY) -m stackforge
 
-.PHONY: help install engine base image render lint demo test bench bake nightly
+# Required variables are checked before any setup runs.
+ifneq ($(filter nightly,$(MAKECMDGOALS)),)
+ifeq ($(strip $(REGISTRY)),)
+$(error REGISTRY is required, e.g. make nightly REGISTRY=127.0.0.1:5000/mcconline/inference)
+endif
+endif
 
-help:
-	@sed -n '2,5p' Makefile
+.PHONY: help venv install engine base image render lint unit test demo bench bake nightly clean
 
-# the stackforge package and its test tools (editable)
-install:
-	$(PYTHON) -m pip install -q -e '.[test]'
+help: ## list the targets
+	@printf 'usage: make TARGET [STACK=…] [TARGET=…] [ARGS=…]\n\n'
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-9s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-# dockerd + buildx (+ docker-registry, debootstrap); a fast no-op when already up
-engine:
-	bash scripts/engine-setup.sh
+$(STAMP): pyproject.toml scripts/venv.sh
+	@bash scripts/venv.sh $(VENV) $(PYTHON)
 
-# the local base image (Debian bookworm + python); the example stack and the tests start from it
-base: engine
-	bash scripts/base-image.sh $(BASE_IMAGE)
+venv: $(STAMP) ## create .venv (VENV=…) and install stackforge into it (only when pyproject.toml changed)
 
-# (not echoed: ARGS may carry --set values with index credentials)
-image: install engine
+install: $(STAMP) ## same as venv
+
+engine: ## dockerd + buildx (+ docker-registry, debootstrap); a fast no-op when already up
+	@bash scripts/engine-setup.sh
+
+base: engine ## the local base image (Debian bookworm + python) the example stack and the tests start from
+	@bash scripts/base-image.sh $(BASE_IMAGE)
+
+# (recipes that pass ARGS are not echoed: ARGS may carry --set values with index credentials)
+image: $(STAMP) engine ## build, gate and tag one stack: STACK=post2 [TARGET=…] [ARGS='--set …']
 	@$(STACKFORGE) build $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)
 
-render: install
-	$(STACKFORGE) render $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)
+render: $(STAMP) ## render STACK's Dockerfile and plan without building
+	@$(STACKFORGE) render $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)
 
-lint: install
+lint: $(STAMP) ## stack rules, the stale-reference audit, patch-series lint and byte-stable export
 	$(STACKFORGE) lint
 	$(STACKFORGE) audit post2
 	$(STACKFORGE) patches lint
 	$(STACKFORGE) patches export --check
 
-demo: install base
-	$(STACKFORGE) build example $(ARGS)
+demo: $(STAMP) base ## fresh machine: set up the engine, build the example stack, run its image
+	@$(STACKFORGE) build example $(ARGS)
 	@echo '--- running the example image: it HTML-escapes its input with the compiled speedups'
 	printf '<stackforge> & "friends"\n' | docker run --rm -i $$($(STACKFORGE) tags example)
 	@echo
 
-test: install
-	$(PYTHON) -m pytest -q
+unit: $(STAMP) ## the unit tests only (no engine, about 30 s)
+	$(PY) -m pytest -q tests/unit
 
-bench: install base
-	$(PYTHON) bench/build_bench.py
+test: $(STAMP) ## the whole test suite (unit + integration against a real engine); CI runs it via .ci/run
+	$(PY) -m pytest -q
+
+bench: $(STAMP) base ## build benchmark: stackforge vs a naive single-stage Dockerfile
+	$(PY) bench/build_bench.py
 
 # Nightly: lint every stack with `nightly: true` (or STACKS=…), bake them together, gate each,
 # publish each that passed, write build/nightly/<date>/summary.{md,json}; fails if any failed.
-#   make nightly REGISTRY=registry.example.com/team [DATE=YYYYMMDD] [STACKS='a b'] [ROOT=dir] [ARGS='--builder B']
-REGISTRY ?=
-DATE ?=
-STACKS ?=
-ROOT ?=
-nightly: install engine
-	$(if $(REGISTRY),,$(error REGISTRY is required, e.g. make nightly REGISTRY=127.0.0.1:5000/mcconline/inference))
+nightly: $(STAMP) engine ## REGISTRY=host/path [DATE=YYYYMMDD] [STACKS='a b'] [ROOT=dir]: bake, gate, publish
 	@$(STACKFORGE) $(if $(ROOT),--root $(ROOT)) nightly --registry $(REGISTRY) $(if $(DATE),--date $(DATE)) $(STACKS) $(ARGS)
 
-# the bake plan of the nightly stacks (or STACKS=…), printed; `stackforge bake` builds it
-bake: install
-	$(STACKFORGE) $(if $(ROOT),--root $(ROOT)) bake --print $(STACKS) $(ARGS)
+bake: $(STAMP) ## print the bake plan of the nightly stacks (or STACKS=…); `stackforge bake` builds it
+	@$(STACKFORGE) $(if $(ROOT),--root $(ROOT)) bake --print $(STACKS) $(ARGS)
+
+clean: ## remove build/ (rendered files, contexts, evidence, caches) and the virtual environment
+	rm -rf build $(VENV)
