@@ -98,7 +98,11 @@ def test_series_hash_covers_order_and_bytes_not_comments(tmp_path):
     names = ["0001-A-a.patch", "0002-B-b.patch"]
     d = make_dir(tmp_path, names)
     h1 = series_hash(d)
-    assert len(h1) == 64 and int(h1, 16) >= 0
+    # The documented construction, recomputed independently: a version line, the layer, then name + sha256 per patch.
+    expected = hashlib.sha256(b"stackforge-series-v1\nlayer base\n")
+    for name in names:
+        expected.update(f"{name} {hashlib.sha256((d / name).read_bytes()).hexdigest()}\n".encode())
+    assert h1 == expected.hexdigest()
     assert series_hash(d / "series") == h1
     # Comments do not count.
     (d / "series").write_text("# a comment\n" + "\n".join(names) + "\n# Applied-Upstream: x\n")

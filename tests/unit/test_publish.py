@@ -6,6 +6,7 @@ runs the same paths against a real docker-registry and real engine images.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import gzip
 import hashlib
 import io
@@ -460,14 +461,18 @@ def test_bad_registry_reference(images, tmp_path):
 
 
 def test_evidence_records_what_was_published(stub, images, tmp_path):
+    before, t0 = _dt.datetime.now(_dt.timezone.utc), time.monotonic()
     r = run(stub.address, images("a"), tmp_path, evidence=tmp_path / "evidence")
+    elapsed = time.monotonic() - t0
     ev = json.loads((tmp_path / "evidence" / "publish.json").read_text())
     assert ev["repository"] == f"{stub.address}/{REPO}" and ev["tag"] == r.tag and ev["digest"] == r.digest
     assert ev["pinned_reference"] == f"{stub.address}/{REPO}@{r.digest}"
     assert ev["size"] == len(stub.manifests[r.digest][0]) + sum(
         d["size"] for d in [json.loads(stub.manifests[r.digest][0])["config"], *json.loads(stub.manifests[r.digest][0])["layers"]])
     assert ev["verification"]["tag_digest"] == r.digest and ev["verification"]["image_id_matches"]
-    assert ev["started_at"].endswith("Z") and ev["duration_s"] >= 0
+    started = _dt.datetime.strptime(ev["started_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc)
+    assert before.replace(microsecond=0) <= started <= before + _dt.timedelta(seconds=elapsed + 1)
+    assert 0 < ev["duration_s"] <= elapsed
     events = [e["event"] for e in ev["push_log"]]
     assert events[0] == "start" and events[-1] == "done"
     assert events.index("manifest-by-digest") < events.index("tag-written") < events.index("tag-reread") < events.index("alias")
