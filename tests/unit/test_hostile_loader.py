@@ -256,3 +256,14 @@ def test_a_symlink_inside_stacks_is_followed(tmp_path):
     proc = run(root, "show", "p2")
     assert proc.returncode == 2  # the file names itself post2, not p2
     assert "name 'post2' does not match the file name 'p2'" in proc.stderr
+
+
+def test_a_file_name_with_control_characters_is_listed_escaped(tmp_path):
+    root = make_repo(tmp_path, {"x\x1b[2J.yaml": "name: x\n"})
+    proc = run(root, "list")
+    assert proc.returncode == 2, proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("'x"))
+    assert row.startswith("'x\\x1b[2J'") and "invalid: 'x\\x1b[2J' is not a stack name" in row
+    proc = run(root, "show", "post3")
+    assert "\x1b" not in proc.stderr and "known stacks: example, post1, post2" in proc.stderr

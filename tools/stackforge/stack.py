@@ -63,7 +63,7 @@ def _name_problem(root: Path, name: Any) -> tuple[str, str] | None:
     if isinstance(name, str) and STACK_NAME.fullmatch(name) and not name.endswith((".yaml", ".yml")):
         return None
     shown = repr(name) if isinstance(name, str) and len(name) <= 200 else "this value"
-    known = list_stacks(root)
+    known = _known(root)
     stem = Path(name).stem if isinstance(name, str) and len(name) <= 200 else ""
     if stem in known:
         fix = f"name the stack, not a path: '{stem}'"
@@ -92,7 +92,13 @@ def _confined(root: Path, path: Path, display: str) -> None:
 
 
 def list_stacks(root: Path) -> list[str]:
+    """The stem of every stacks/*.yaml, valid stack name or not (loading one that is not says why)."""
     return sorted(p.stem for p in (root / STACKS_DIR).glob("*.yaml"))
+
+
+def _known(root: Path) -> list[str]:
+    """The stacks that hints may name: files of stacks/ whose stem is a stack name."""
+    return [n for n in list_stacks(root) if STACK_NAME.fullmatch(n)]
 
 
 # --------------------------------------------------------------------------- inheritance
@@ -129,11 +135,11 @@ def _load_chain(root: Path, name: str, seen: list[str]) -> tuple[dict, dict, dic
     path = stack_path(root, name)
     display = f"{STACKS_DIR}/{name}.yaml"
     if not path.exists():
-        near = difflib.get_close_matches(name, list_stacks(root), n=1)
+        near = difflib.get_close_matches(name, _known(root), n=1)
         hint = f"did you mean '{near[0]}'? " if near else ""
         raise UserError(
             f"no stack named '{name}' ({display} does not exist)",
-            fix=f"{hint}known stacks: {', '.join(list_stacks(root)) or 'none'}",
+            fix=f"{hint}known stacks: {', '.join(_known(root)) or 'none'}",
         )
     _confined(root, path, display)
     src = load_with_positions(path, display)
@@ -183,10 +189,10 @@ def _check_parent(root: Path, parent: Any, pos: Pos, chain: list[str]) -> None:
         raise UserError(f"inheritance chain longer than {MAX_INHERITANCE} stacks ({' → '.join(chain)} → {parent})",
                         **pos.as_error_kwargs(), fix="inherit from a stack nearer the root of the chain")
     if not stack_path(root, parent).exists():
-        near = difflib.get_close_matches(parent, list_stacks(root), n=1)
+        near = difflib.get_close_matches(parent, _known(root), n=1)
         raise UserError(
             f"parent stack '{parent}' does not exist ({STACKS_DIR}/{parent}.yaml)", **pos.as_error_kwargs(),
-            fix=(f"did you mean '{near[0]}'?" if near else f"known stacks: {', '.join(list_stacks(root))}"),
+            fix=(f"did you mean '{near[0]}'?" if near else f"known stacks: {', '.join(_known(root))}"),
         )
 
 
