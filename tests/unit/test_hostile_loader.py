@@ -96,6 +96,8 @@ CASES = [
          "stacks/a.yaml:3:14", "cannot read this value", "quote it"),
     Case("oversized-file", {"a.yaml": CHILD + BIG}, ("show", "a"),
          "stacks/a.yaml", "stack files are limited to 1048576 bytes", "a stack file is a few KiB"),
+    Case("too-many-values-file", {"a.yaml": CHILD + "description: [" + ",".join(["a"] * 30_000) + "]\n"},
+         ("show", "a"), "stacks/a.yaml:3:40001", "more than 20000 values in one document", "a few hundred values"),
     Case("fifo-file", {}, ("show", "pipe"), "stacks/pipe.yaml", "not a regular file", "a plain .yaml file",
          setup=fifo),
     # --- the same limits on --set values
@@ -107,6 +109,9 @@ CASES = [
          "--set description", "a --set value is limited to 65536 bytes", "put large data in a stack file"),
     Case("oversized-set-120k", {}, ("show", "post2", "--set", "description=" + "a://" * 30_000),
          "--set description", "the value is 120000 bytes", "put large data in a stack file"),
+    Case("too-many-values-set", {}, ("show", "post2", "--set", "description=[" + ",".join(["a"] * 30_000) + "]"),
+         "--set description", "more than 20000 values in one document (line 1, column 40000 of the value)",
+         "a few hundred values"),
     Case("escape-char-set", {}, ("show", "post2", "--set", "description=ok\x1b]0;title\x07"),
          "--set description", "control character U+001B in the text (line 1, column 3 of the value)", "remove it"),
     Case("key-path-too-long-set", {}, ("show", "post2", "--set", ".".join(["k"] * 17) + "=1"),

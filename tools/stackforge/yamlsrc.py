@@ -7,7 +7,7 @@ key was written. Duplicate keys, which YAML would silently collapse, are errors.
 
 A stack file and a ``--set`` value are hostile input, so both are read under
 limits checked before the data is built: the size (checked before reading), control
-characters, nesting depth (counted while composing, so deep input stops at the
+characters, the number of values, nesting depth (counted while composing, so deep input stops at the
 limit instead of exhausting Python's stack) and alias expansion (the nodes every
 alias stands for are counted before any copy is made, so an alias bomb stops at
 the first alias over the budget).
@@ -28,6 +28,7 @@ from .errors import UserError
 MAX_FILE_BYTES = 1 << 20  # a stack file is a few KiB
 MAX_VALUE_BYTES = 64 << 10  # one --set value
 MAX_DEPTH = 64  # nested mappings and lists
+MAX_NODES = 20_000  # values (scalars, mappings, lists) written in one document; a stack has a few hundred
 MAX_ALIASES = 100  # alias uses (*name, <<: *name) per document
 MAX_ALIAS_NODES = 10_000  # nodes the aliases of one document may stand for, in total
 
@@ -95,7 +96,8 @@ def _refused_at(message: str, mark, fix: str) -> Refused:
 
 
 class _Limits:
-    """Composer mixin: refuses nesting beyond MAX_DEPTH and alias use beyond the budgets.
+    """Composer mixin: refuses more than MAX_NODES values, nesting beyond MAX_DEPTH and alias
+    use beyond the budgets.
 
     Each composed node's size counts the nodes its aliases stand for, so the size of
     an alias's target is what that alias would add to the data once expanded.
@@ -104,6 +106,7 @@ class _Limits:
     def __init__(self, stream):
         super().__init__(stream)
         self._depth = 0
+        self._nodes = 0
         self._aliases = 0
         self._alias_nodes = 0
         self._sizes: dict[int, int] = {}
@@ -112,6 +115,10 @@ class _Limits:
         if self.check_event(AliasEvent):
             self._count_alias(self.peek_event())
             return super().compose_node(parent, index)
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise _refused_at(f"more than {MAX_NODES} values in one document", self.peek_event().start_mark,
+                              "a stack holds a few hundred values; remove what does not belong")
         collection = self.check_event(SequenceStartEvent, MappingStartEvent)
         if collection and self._depth >= MAX_DEPTH:
             raise _refused_at(f"nesting deeper than {MAX_DEPTH} levels", self.peek_event().start_mark,
