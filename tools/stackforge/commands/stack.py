@@ -50,17 +50,19 @@ def register(sub) -> None:
 
 
 def cmd_list(args) -> int:
-    """Every stack with its description; exit 2 when one of them does not load."""
+    """A row per stack file: its description, or "invalid: <first error>"; exit 2 when any is invalid."""
     root = root_of(args)
     invalid = False
     for name in list_stacks(root):
+        shown = name if name.isprintable() and name.isascii() else ascii(name)
         try:
             stack = load(args, name)
-            print(f"{name:<16} {stack.description}")
         except UserError as err:
             invalid = True
-            print(f"{name:<16} INVALID: {err.location()}: {err.message}" if err.location() else
-                  f"{name:<16} INVALID: {err.message}")
+            where = err.location()
+            print(f"{shown:<16} invalid: {where + ': ' if where else ''}{err.message}")
+            continue
+        print(f"{shown:<16} {stack.description}")
     return 2 if invalid else 0
 
 
