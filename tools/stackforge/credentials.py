@@ -69,10 +69,12 @@ def netrc_credentials(hostname: str, environ: dict[str, str] | None = None) -> t
     return (login or "", password or "")
 
 
-def resolve(url: str, index_name: str | None = None, url_credential: Credential | None = None) -> Credential | None:
-    """The credential for ``url`` (userinfo in it is honoured too): URL > environment > netrc."""
+def resolve(url: str, index_name: str | None = None, url_credential: Credential | None = None, *,
+            remembered: bool = True) -> Credential | None:
+    """The credential for ``url`` (userinfo in it is honoured too): URL > environment > netrc.
+    ``remembered``: also look up what the stack loader split off this URL (``remember``)."""
     clean, in_url = split(url)
-    if in_url is None and url_credential is None:
+    if in_url is None and url_credential is None and remembered:
         with _LOCK:
             known_name, url_credential = _KNOWN.get(_key(clean), (None, None))
         index_name = index_name or known_name
@@ -90,7 +92,7 @@ def resolve(url: str, index_name: str | None = None, url_credential: Credential 
 def for_index(stack, index_name: str) -> Credential | None:
     """The credential of the stack's index ``index_name``."""
     idx = stack.indexes[index_name]
-    return resolve(idx.url, index_name, getattr(stack, "_credentials", {}).get(index_name))
+    return resolve(idx.url, index_name, getattr(stack, "_credentials", {}).get(index_name), remembered=False)
 
 
 def for_url(url: str) -> Credential | None:
