@@ -35,10 +35,10 @@ def _key(url: str) -> str:
 
 
 def remember(clean_url: str, credential: Credential | None, index_name: str | None = None) -> None:
-    """Record what the loader split off ``clean_url`` (and which stack index it is) for ``for_url``."""
+    """Record what the loader split off ``clean_url`` (and which stack index it is) for ``for_url``.
+    The stack loaded last decides: a URL it gives without a credential has none from the URL."""
     with _LOCK:
-        known_name, known = _KNOWN.get(_key(clean_url), (None, None))
-        _KNOWN[_key(clean_url)] = (index_name or known_name, credential or known)
+        _KNOWN[_key(clean_url)] = (index_name, credential)
 
 
 def env_credentials(index_name: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:

@@ -56,6 +56,7 @@ ACCEPT_JSON_FIRST = f"{JSON_V1}, {HTML_V1};q=0.2, text/html;q=0.01"
 ACCEPT_HTML_ONLY = f"{HTML_V1}, text/html;q=0.01"
 
 CACHE_FORMAT = 1
+_RESOLVE = object()  # IndexClient(credential=…) not given: ask credentials.for_url
 
 
 class IndexQueryError(UserError):
@@ -354,9 +355,10 @@ class _DiskCache:
 class IndexClient:
     """Query one simple index.
 
-    ``url`` is the index root (``https://pypi.org/simple``). ``credential`` (or ``auth``, a
-    ``(user, password)`` pair) overrides any other credentials; without it, what ``urls.split`` takes
-    off ``url`` is used, else ``credentials.for_url`` (stack URL, environment, ``$NETRC``/``~/.netrc``).
+    ``url`` is the index root (``https://pypi.org/simple``). ``auth`` (a ``(user, password)`` pair) or
+    ``credential`` (``None``: only what ``url`` itself carries) is the credential; without either, what
+    ``urls.split`` takes off ``url`` is used, else ``credentials.for_url`` (what the stack loader split
+    off, the environment, ``$NETRC``/``~/.netrc``).
     Sensitive query parameters of the credential go with every request to the index's own host.
     ``prefer_json=False`` asks for HTML only. ``cache_dir`` enables the on-disk conditional-request cache.
     """
@@ -366,7 +368,7 @@ class IndexClient:
         url: str,
         *,
         auth: tuple[str, str] | None = None,
-        credential: Credential | None = None,
+        credential: Credential | None | object = _RESOLVE,
         cache_dir: str | Path | None = None,
         prefer_json: bool = True,
         timeout: float = 30.0,
@@ -375,9 +377,11 @@ class IndexClient:
     ) -> None:
         clean, in_url = split(url)
         self.url = clean.rstrip("/") + "/"
-        if credential is None and auth is not None:
+        if auth is not None:
             credential = Credential(auth[0], auth[1], (), "explicit")
-        self.credential = credential or in_url or for_url(clean)
+        if credential is _RESOLVE:
+            credential = in_url or for_url(clean)
+        self.credential = credential or in_url
         self.auth = self.credential.auth if self.credential else None
         self.host = urlsplit(self.url).hostname
         self.cache = _DiskCache(Path(cache_dir)) if cache_dir else None
