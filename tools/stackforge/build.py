@@ -12,23 +12,21 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from netrc import NetrcParseError, netrc
 from pathlib import Path
 from typing import Callable
 
-from . import rules, tags
+from . import credentials, rules, tags
 from .context import Context, assemble, write_dockerfile
 from .engine import Engine
 from .errors import BuildFailed, UserError
+from .signals import Interrupted
 from .model import Stack
 from .plan import image_labels
 from .stack import fingerprint, position, resolved
-from .urls import host as url_host
 from .urls import redact_text
-from .index import env_credentials
 
 SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) (?:import|meta  |probe |write |link  |abi  ) .*"
@@ -102,24 +100,10 @@ def _ca_bundle(option: str | None) -> Path | None:
 
 
 def netrc_text(stack: Stack) -> str:
-    """Credentials for the stack's indexes: from their URLs (split off at load time), from
-    STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, or from the user's ~/.netrc."""
-    entries: dict[str, tuple[str, str]] = {}
-    user_netrc = None
-    try:
-        user_netrc = netrc() if Path(os.path.expanduser("~/.netrc")).is_file() else None
-    except (NetrcParseError, OSError):
-        user_netrc = None
-    for name, idx in stack.indexes.items():
-        h = url_host(idx.url)
-        if name in stack._credentials:
-            entries[h] = stack._credentials[name]
-        elif env_credentials(name):
-            entries[h] = env_credentials(name)
-        elif user_netrc is not None and h and user_netrc.authenticators(h):
-            login, _, password = user_netrc.authenticators(h)
-            entries[h] = (login or "", password or "")
-    return "".join(f"machine {h} login {u} password {p}\n" for h, (u, p) in entries.items())
+    """netrc lines for the stack's indexes, from the one resolver (``credentials.for_index``: the URL's
+    own credentials split off at load time, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, ~/.netrc)."""
+    return credentials.netrc_entries([(idx.url, credentials.for_index(stack, name))
+                                      for name, idx in stack.indexes.items()])
 
 
 def _base_identity(engine: Engine, stack: Stack) -> tuple[str | None, str]:
@@ -235,9 +219,7 @@ def secret_files(stack: Stack, secrets_dir: Path | None, ca_bundle: str | None) 
     if text:
         path = None
         if secrets_dir is not None:
-            path = secrets_dir / f"{stack.name}.netrc"
-            path.touch(mode=0o600)
-            path.write_text(text)
+            path = credentials.write_secret(secrets_dir / f"{stack.name}.netrc", text)
         secrets.append(("netrc", path))
     bundle = _ca_bundle(ca_bundle)
     if bundle is not None:
@@ -263,15 +245,14 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
     shutil.copy2(ctx.dockerfile, evidence / "Dockerfile")
     _write_inputs(evidence, stack, ctx, labels, info, target, ref)
 
-    secrets_dir = Path(tempfile.mkdtemp(prefix="stackforge-secrets-"))
-    try:
-        secrets = secret_files(stack, secrets_dir, opts.ca_bundle)
-        had = engine.image_id(ref)
-        result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref], build_args=build_args,
-                              secrets=secrets, load=opts.load, builder=opts.builder, no_cache=opts.no_cache,
-                              extra_args=[f"--network={opts.network}"] if opts.network else [], on_line=echo, log_file=evidence / "build.log")
-    finally:
-        shutil.rmtree(secrets_dir, ignore_errors=True)
+    had = engine.image_id(ref)
+    with _recording_interrupts(engine, evidence, ref, had, started):
+        with credentials.private_dir("stackforge-secrets-") as secrets_dir:
+            secrets = secret_files(stack, secrets_dir, opts.ca_bundle)
+            result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref], build_args=build_args,
+                                  secrets=secrets, load=opts.load, builder=opts.builder, no_cache=opts.no_cache,
+                                  extra_args=[f"--network={opts.network}"] if opts.network else [], on_line=echo,
+                                  log_file=evidence / "build.log")
     log = result.log
     (evidence / "gate.txt").write_text("\n".join(gate_lines(log)) + "\n")
     if result.returncode != 0:
@@ -292,6 +273,28 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
     (evidence / "result.json").write_text(json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)},
                                                      indent=2, default=str))
     return outcome
+
+
+@contextmanager
+def _recording_interrupts(engine: Engine, evidence: Path, ref: str, had: str | None, started: float):
+    """Around the engine run: on SIGINT/SIGTERM (the engine's process group is already stopped and the
+    secrets directory removed by the inner blocks) drop a tag the interrupted run may have moved, write
+    ``result.json`` with status ``interrupted`` and the signal, and let the interruption go on."""
+    try:
+        yield
+    except Interrupted as intr:
+        try:
+            now = engine.image_id(ref)
+            if now is not None and now != had:
+                engine.remove_image(ref, force=True)
+        except UserError:
+            pass
+        (evidence / "result.json").write_text(json.dumps({
+            "ok": False, "status": "interrupted", "signal": intr.name,
+            "reason": f"interrupted by {intr.name}", "duration_s": round(time.monotonic() - started, 1)}, indent=2))
+        intr.notes.append(f"the engine was stopped, the build's secrets removed and nothing was tagged "
+                          f"(record: {evidence / 'result.json'})")
+        raise
 
 
 def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info, target: str, ref: str) -> None:

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from .errors import UserError
+from .signals import Interrupted, handle_signals
 
 # Order here is the order of `stackforge --help`.
 COMMAND_MODULES = [
@@ -45,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with handle_signals():
+            return int(args.func(args) or 0)
+    except Interrupted as intr:
+        print(intr.render(), file=sys.stderr)
+        return intr.exit_code
     except UserError as err:
         print(err.render(), file=sys.stderr)
         return err.exit_code

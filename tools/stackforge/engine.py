@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -369,8 +370,11 @@ class Engine:
                 log.write("$ " + " ".join(cmd) + "\n")
                 log.flush()
             try:
+                # Its own session: a signal to stackforge does not reach it by accident, and
+                # stop_group() ends it with every process it started.
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env=run_env, text=True, encoding="utf-8", errors="replace", bufsize=1)
+                                        env=run_env, text=True, encoding="utf-8", errors="replace", bufsize=1,
+                                        start_new_session=True)
             except FileNotFoundError:
                 raise UserError(f"'{self.docker}' (the docker CLI) is not installed", fix=SETUP_FIX) from None
             assert proc.stdout is not None
@@ -385,13 +389,32 @@ class Engine:
                         on_line(line)
                 rc = proc.wait()
             except BaseException:
-                proc.kill()
-                proc.wait()
+                stop_group(proc)
                 raise
         finally:
             if log:
                 log.close()
         return BuildResult(rc, "\n".join(lines) + ("\n" if lines else ""))
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End ``proc`` and its process group (started with ``start_new_session``): SIGTERM first, so
+    buildx cancels the build in BuildKit, then SIGKILL after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        try:
+            proc.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # anything of the group still running after the leader exited
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 # --------------------------------------------------------------------------- registry (tests)

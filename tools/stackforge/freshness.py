@@ -45,8 +45,9 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.version import Version
 
 from .errors import BuildFailed, UserError
-from .index import (IndexClient, IndexFile, IndexQueryError, ProjectNotFound, ProjectPage, env_credentials,
-                    format_time, redact)
+from . import credentials
+from .index import IndexClient, IndexFile, IndexQueryError, ProjectNotFound, ProjectPage, format_time
+from .urls import redact
 from .model import Stack
 from .pins import Pin
 from .stack import load_stack, stack_files, stack_path, stack_root
@@ -208,11 +209,11 @@ def built_for_pattern(template: str, family_local: str) -> re.Pattern:
 
 
 def clients_for(stack: Stack, cache_dir: Path | None, *, max_workers: int = 8) -> dict[str, IndexClient]:
-    """One client per stack index; credentials from the stack URL, the environment, or ~/.netrc."""
+    """One client per stack index, with the credential ``credentials.for_index`` resolves for it."""
     out = {}
     for name, idx in stack.indexes.items():
-        auth = getattr(stack, "_credentials", {}).get(name) or env_credentials(name)
-        out[name] = IndexClient(idx.url, auth=auth, cache_dir=cache_dir, max_workers=max_workers)
+        out[name] = IndexClient(idx.url, credential=credentials.for_index(stack, name), cache_dir=cache_dir,
+                                max_workers=max_workers)
     return out
 
 

@@ -15,10 +15,10 @@ Queries run concurrently (``IndexClient.projects``) and use HTTP caching: pages 
 (``cache_dir``, normally ``build/cache/index/``) keyed by URL and revalidated with ``If-None-Match`` /
 ``If-Modified-Since``; a ``304`` answer re-uses the stored body.
 
-Credentials: ``user:password@`` in the index URL, the environment
-(``STACKFORGE_INDEX_<NAME>_USERNAME`` / ``STACKFORGE_INDEX_<NAME>_PASSWORD``, see ``env_credentials``),
-or ``~/.netrc`` (requests reads it when no other credentials are set). They are never printed: every URL
-this module puts in a message goes through ``redact``.
+Credentials: what ``urls.split`` takes off the index URL (userinfo, sensitive query parameters), an
+explicit ``credential``/``auth``, else ``credentials.for_url`` (what the stack loader split off, the
+environment, ``$NETRC`` or ``~/.netrc``). They are never printed: every URL or exception text this module
+puts in a message goes through ``urls.redact`` / ``urls.redact_text``.
 """
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from .credentials import env_credentials, for_url
 from .errors import UserError
+from .urls import Credential, redact, redact_text, split
 
 JSON_V1 = "application/vnd.pypi.simple.v1+json"
 HTML_V1 = "application/vnd.pypi.simple.v1+html"
@@ -54,6 +56,7 @@ ACCEPT_JSON_FIRST = f"{JSON_V1}, {HTML_V1};q=0.2, text/html;q=0.01"
 ACCEPT_HTML_ONLY = f"{HTML_V1}, text/html;q=0.01"
 
 CACHE_FORMAT = 1
+_RESOLVE = object()  # IndexClient(credential=…) not given: ask credentials.for_url
 
 
 class IndexQueryError(UserError):
@@ -68,43 +71,10 @@ class ProjectNotFound(IndexQueryError):
 # URLs and credentials
 
 
-def redact(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced by ``***@``: the only form a URL is ever shown in."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
-
-
 def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
-    """Return ``(url without userinfo, (user, password) or None)``."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url, None
-    userinfo, host = parts.netloc.rsplit("@", 1)
-    user, _, password = userinfo.partition(":")
-    clean = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return clean, (unquote(user), unquote(password))
-
-
-def env_credentials(index_name: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
-    """Credentials for the stack index ``index_name`` from the environment, or ``None``.
-
-    ``STACKFORGE_INDEX_<NAME>_USERNAME`` and ``STACKFORGE_INDEX_<NAME>_PASSWORD`` where ``<NAME>`` is the
-    index name upper-cased with every non-alphanumeric character replaced by ``_`` (``mthreads`` ->
-    ``STACKFORGE_INDEX_MTHREADS_USERNAME``). A password alone (a token) is sent with an empty user name.
-    """
-    env = os.environ if environ is None else environ
-    key = re.sub(r"[^A-Za-z0-9]", "_", index_name).upper()
-    user = env.get(f"STACKFORGE_INDEX_{key}_USERNAME")
-    password = env.get(f"STACKFORGE_INDEX_{key}_PASSWORD")
-    if user is None and password is None:
-        return None
-    return (user or "", password or "")
+    """Return ``(url without any credential, (user, password) or None)`` (see ``urls.split``)."""
+    clean, cred = split(url)
+    return clean, (cred.auth if cred else None)
 
 
 def normalize(name: str) -> str:
@@ -385,9 +355,12 @@ class _DiskCache:
 class IndexClient:
     """Query one simple index.
 
-    ``url`` is the index root (``https://pypi.org/simple``). ``auth`` overrides any credentials; without
-    it, userinfo in ``url`` is used, else requests falls back to ``~/.netrc``. ``prefer_json=False`` asks
-    for HTML only. ``cache_dir`` enables the on-disk conditional-request cache.
+    ``url`` is the index root (``https://pypi.org/simple``). ``auth`` (a ``(user, password)`` pair) or
+    ``credential`` (``None``: only what ``url`` itself carries) is the credential; without either, what
+    ``urls.split`` takes off ``url`` is used, else ``credentials.for_url`` (what the stack loader split
+    off, the environment, ``$NETRC``/``~/.netrc``).
+    Sensitive query parameters of the credential go with every request to the index's own host.
+    ``prefer_json=False`` asks for HTML only. ``cache_dir`` enables the on-disk conditional-request cache.
     """
 
     def __init__(
@@ -395,15 +368,22 @@ class IndexClient:
         url: str,
         *,
         auth: tuple[str, str] | None = None,
+        credential: Credential | None | object = _RESOLVE,
         cache_dir: str | Path | None = None,
         prefer_json: bool = True,
         timeout: float = 30.0,
         max_workers: int = 8,
         user_agent: str = "stackforge-index-client",
     ) -> None:
-        clean, userinfo = split_userinfo(url)
+        clean, in_url = split(url)
         self.url = clean.rstrip("/") + "/"
-        self.auth = auth or userinfo
+        if auth is not None:
+            credential = Credential(auth[0], auth[1], (), "explicit")
+        if credential is _RESOLVE:
+            credential = in_url or for_url(clean)
+        self.credential = credential or in_url
+        self.auth = self.credential.auth if self.credential else None
+        self.host = urlsplit(self.url).hostname
         self.cache = _DiskCache(Path(cache_dir)) if cache_dir else None
         self.accept = ACCEPT_JSON_FIRST if prefer_json else ACCEPT_HTML_ONLY
         self.timeout = timeout
@@ -413,6 +393,12 @@ class IndexClient:
         self._pages: dict[str, ProjectPage] = {}
         self._lock = threading.Lock()
         self.stats = {"requests": 0, "not_modified": 0}
+
+    def params_for(self, url: str) -> dict[str, str]:
+        """The credential's query parameters for a request to ``url`` (only on the index's own host)."""
+        if self.credential is None or not self.credential.query:
+            return {}
+        return self.credential.params() if urlsplit(url).hostname == self.host else {}
 
     @property
     def display_url(self) -> str:
@@ -441,10 +427,10 @@ class IndexClient:
             if cached.get("last_modified"):
                 headers["If-Modified-Since"] = cached["last_modified"]
         try:
-            resp = self._session().get(url, headers=headers, timeout=self.timeout)
+            resp = self._session().get(url, headers=headers, params=self.params_for(url), timeout=self.timeout)
         except requests.RequestException as exc:
             raise IndexQueryError(
-                f"cannot reach {redact(url)}: {type(exc).__name__}: {_redact_text(str(exc))}",
+                f"cannot reach {redact(url)}: {type(exc).__name__}: {redact_text(str(exc))}",
                 fix="check the index URL and your network; credentials come from the environment or ~/.netrc",
             ) from None
         with self._lock:
@@ -467,6 +453,7 @@ class IndexClient:
         # PEP 691 JSON is UTF-8; HTML uses its declared charset, else UTF-8.
         charset = resp.encoding if "charset=" in resp.headers.get("Content-Type", "").lower() else "utf-8"
         body = resp.content.decode(charset or "utf-8", errors="replace")
+        final_url = split(resp.url)[0]  # without the credential's query parameters
         if self.cache and (resp.headers.get("ETag") or resp.headers.get("Last-Modified")):
             self.cache.put(
                 url,
@@ -475,11 +462,11 @@ class IndexClient:
                     "etag": resp.headers.get("ETag"),
                     "last_modified": resp.headers.get("Last-Modified"),
                     "content_type": ctype,
-                    "final_url": resp.url,
+                    "final_url": final_url,
                     "body": body,
                 },
             )
-        return body, ctype, resp.url, False
+        return body, ctype, final_url, False
 
     def _get_file(self, url: str) -> str:
         """A static PEP 503 tree on disk (``file:///srv/simple``): ``<project>/index.html``."""
@@ -532,7 +519,7 @@ class IndexClient:
     def download(self, file: IndexFile, dest_dir: str | Path) -> Path:
         """Download ``file`` into ``dest_dir`` and check its sha256 (when the index declared one)."""
         return download(file.url, dest_dir, session=self._session(), sha256=file.sha256,
-                        filename=file.filename, timeout=self.timeout)
+                        filename=file.filename, timeout=self.timeout, params=self.params_for(file.url))
 
 
 def download(
@@ -543,12 +530,13 @@ def download(
     sha256: str | None = None,
     filename: str | None = None,
     timeout: float = 60.0,
+    params: dict[str, str] | None = None,
 ) -> Path:
     """Stream ``url`` to ``dest_dir/filename``; verify ``sha256`` (or a ``#sha256=`` fragment) if given.
 
     An existing file with the expected sha256 is reused without a request.
     """
-    clean, userinfo = split_userinfo(url)
+    clean, in_url = split(url)
     parts = urlsplit(clean)
     if sha256 is None and parts.fragment.startswith("sha256="):
         sha256 = parts.fragment.split("=", 1)[1].lower()
@@ -558,7 +546,13 @@ def download(
     if sha256 and dest.exists() and _file_sha256(dest) == sha256:
         return dest
     sess = session or requests.Session()
-    kwargs = {"auth": userinfo} if userinfo else {}
+    kwargs: dict = {"params": {**(in_url.params() if in_url else {}), **(params or {})}}
+    if in_url is not None and in_url.auth:
+        kwargs["auth"] = in_url.auth
+    elif session is None:
+        cred = for_url(clean)
+        if cred is not None and cred.auth:
+            kwargs["auth"] = cred.auth
     try:
         with sess.get(clean, stream=True, timeout=timeout, **kwargs) as resp:
             if resp.status_code != 200:
@@ -588,8 +582,3 @@ def _file_sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _redact_text(text: str) -> str:
-    """Redact any URL-with-userinfo inside free text (exception messages quote URLs)."""
-    return re.sub(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@", r"\1***@", text)

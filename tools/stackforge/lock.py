@@ -18,15 +18,16 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from . import credentials
 from .errors import UserError
 from .model import Stack
 from .stack import stack_root
+from .urls import redact, scrub
 
 REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -86,30 +87,52 @@ def _pins(stack: Stack, index: str) -> list[str]:
     return [f"{n}=={p.version}" for n, p in stack.packages.items() if p.index == index]
 
 
+def _pip_credentials(tmp: Path, url: str, credential) -> dict[str, str]:
+    """Environment that gives pip the index credential through files in the private directory ``tmp``
+    (never on the command line, never in the lock): a netrc (``NETRC``) for user/password, and a pip
+    configuration file holding the index URL when the credential has query parameters."""
+    env = {"PIP_CONFIG_FILE": os.devnull}
+    if credential is None:
+        return env
+    text = credentials.netrc_entries([(url, credential)])
+    if text:
+        env["NETRC"] = str(credentials.write_secret(tmp / "netrc", text))
+    if credential.query:
+        conf = credentials.write_secret(tmp / "pip.conf", f"[global]\nindex-url = {credential.with_query(url)}\n")
+        env["PIP_CONFIG_FILE"] = str(conf)
+    return env
+
+
 def lock_public(stack: Stack, index: str, ca_bundle: str | None = None) -> str:
-    """pip-compile the index's pins with hashes; vendor-provided packages stay out of the lock."""
+    """pip-compile the index's pins with hashes; vendor-provided packages stay out of the lock.
+    The index's credential (``credentials.for_index``) reaches pip only through a private temporary
+    directory that is removed afterwards; pip's messages are redacted."""
     url = stack.indexes[index].url
+    credential = credentials.for_index(stack, index)
     vendor = [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]
-    with tempfile.TemporaryDirectory(prefix="stackforge-lock-") as tmp:
-        req_in = Path(tmp) / "requirements.in"
+    with credentials.private_dir("stackforge-lock-") as tmp:
+        req_in = tmp / "requirements.in"
         req_in.write_text("\n".join(_pins(stack, index)) + "\n")
-        out = Path(tmp) / "requirements.txt"
+        out = tmp / "requirements.txt"
+        index_args = [] if credential is not None and credential.query else ["--index-url", url]
         cmd = [sys.executable, "-m", "piptools", "compile", "--quiet", "--generate-hashes", "--allow-unsafe",
-               "--no-header", "--no-emit-index-url", "--no-emit-find-links", "--strip-extras", "--index-url", url,
+               "--no-header", "--no-emit-index-url", "--no-emit-find-links", "--strip-extras", *index_args,
                "--output-file", str(out), *[a for n in vendor for a in ("--unsafe-package", n)], str(req_in)]
         # Only the stack's index counts: no pip configuration of this host leaks into the lock.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-        env.update(PIP_CONFIG_FILE=os.devnull, CUSTOM_COMPILE_COMMAND=f"stackforge lock {stack.name}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "NETRC"}
+        env.update(_pip_credentials(tmp, url, credential))
+        env.update(CUSTOM_COMPILE_COMMAND=f"stackforge lock {stack.name}")
         if ca_bundle:
             env["PIP_CERT"] = ca_bundle
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
         if proc.returncode != 0:
-            raise UserError(f"pip-compile failed for index '{index}': {proc.stderr.strip()[-800:]}",
-                            fix="check the pins and that the index is reachable")
+            raise UserError(f"pip-compile failed for index '{index}': {scrub(proc.stderr, credential).strip()[-800:]}",
+                            fix="check the pins and that the index is reachable (and its credentials: "
+                                "user:password@ in its URL, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD or ~/.netrc)")
         text = out.read_text().replace(str(req_in), "requirements.in")
     header = (f"# Lock of the '{index}' pins of stack '{stack.name}', made by `stackforge lock {stack.name}`\n"
-              f"# (pip-compile --generate-hashes against {url}). Do not edit.\n")
-    return header + text
+              f"# (pip-compile --generate-hashes against {redact(url)}). Do not edit.\n")
+    return header + scrub(text, credential)
 
 
 def lock_vendor(stack: Stack, index: str) -> str:
@@ -117,11 +140,9 @@ def lock_vendor(stack: Stack, index: str) -> str:
     from .index import IndexClient
 
     idx = stack.indexes[index]
-    from .index import env_credentials
-
-    client = IndexClient(idx.url, auth=stack._credentials.get(index) or env_credentials(index))
+    client = IndexClient(idx.url, credential=credentials.for_index(stack, index))
     lines = [f"# Lock of the '{index}' pins of stack '{stack.name}', made by `stackforge lock {stack.name}`\n"
-             f"# from the index's own file hashes ({idx.url}). Do not edit.\n"]
+             f"# from the index's own file hashes ({redact(idx.url)}). Do not edit.\n"]
     for name, pkg in stack.packages.items():
         if pkg.index != index:
             continue

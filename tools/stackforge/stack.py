@@ -17,8 +17,9 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import UserError
 from .model import PROJECT_NAME, RESERVED_STAGES, Stack
-from .urls import credentials as url_credentials
-from .urls import redact, redact_text
+from .credentials import remember as remember_credentials
+from .urls import redact_text
+from .urls import split as split_credentials
 from .yamlsrc import Pos, Refused, load_value, load_with_positions
 
 STACKS_DIR = "stacks"
@@ -519,13 +520,18 @@ def load_stack(name_or_path: str, root: Path | str | None = None, overrides: lis
         stack = Stack.model_validate(data)
     except ValidationError as exc:
         raise StackInvalid(_validation_problems(exc, values, keys)) from None
+    # Credentials (userinfo and sensitive query parameters) never stay in the model: nothing that
+    # prints or hashes it can leak them. The resolver keeps them for the steps that use them.
     credentials = {}
     for iname, idx in stack.indexes.items():
-        found = url_credentials(idx.url)
+        idx.url, found = split_credentials(idx.url)
         if found:
-            # Credentials never stay in the model: nothing that prints or hashes it can leak them.
             credentials[iname] = found
-            idx.url = redact(idx.url)
+        remember_credentials(idx.url, found, iname)
+    for up in stack.upstreams.values():
+        if up.git is not None:
+            up.git, found = split_credentials(up.git)
+            remember_credentials(up.git, found)
     stack._credentials = credentials
     for pname, pkg in stack.packages.items():
         if pkg.import_ is None:

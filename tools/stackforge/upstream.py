@@ -16,6 +16,7 @@ optional ``sdist`` (``index_url`` or ``index``, ``name``, ``version``,
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
@@ -29,7 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .credentials import for_url as credential_for_url
 from .errors import UserError
+from .urls import Credential, redact, redact_text, scrub
+from .urls import split as split_credentials
 
 CACHE_ENV = "STACKFORGE_CACHE"
 
@@ -80,14 +84,35 @@ def default_cache_dir(root: Path | None = None) -> Path:
 
 # --- git ------------------------------------------------------------------------
 
-def _git(*args: str, cwd: Path | None = None, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+def _git(*args: str, cwd: Path | None = None, check: bool = True, env: dict | None = None,
+         credential: Credential | None = None) -> subprocess.CompletedProcess:
     full_env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0")
     if env:
         full_env.update(env)
     proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=full_env)
     if check and proc.returncode != 0:
-        raise UserError(f"git {' '.join(args)} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr).strip()}")
+        raise UserError(f"git {scrub(' '.join(args), credential)} failed (exit {proc.returncode}):\n"
+                        f"{scrub(proc.stdout + proc.stderr, credential).strip()}")
     return proc
+
+
+def git_credential_env(url: str, credential: Credential | None) -> dict[str, str]:
+    """Environment that hands ``credential`` to git for ``url`` only, through ``GIT_CONFIG_*`` (never on
+    the command line, where ``ps`` shows it): an ``Authorization`` header for user/password, and a
+    ``url.<with token>.insteadOf`` rewrite for sensitive query parameters."""
+    if credential is None or not re.match(r"^https?://", url):
+        return {}
+    entries: list[tuple[str, str]] = []
+    if credential.auth:
+        token = base64.b64encode(":".join(credential.auth).encode()).decode()
+        entries.append((f"http.{url}.extraHeader", f"Authorization: Basic {token}"))
+    if credential.query:
+        entries.append((f"url.{credential.with_query(url)}.insteadOf", url))
+    env = {"GIT_CONFIG_COUNT": str(len(entries))}
+    for i, (key, value) in enumerate(entries):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    return env
 
 
 def _is_remote_url(url: str) -> bool:
@@ -160,8 +185,11 @@ def fetch_upstream(spec: Any, cache_dir: Path | str, *, root: Path | None = None
     if not url_in:
         raise UserError("the upstream has no git URL", fix="set upstreams.<name>.git")
     if not commit:
-        raise UserError(f"the upstream {url_in} has no pinned commit", fix="set upstreams.<name>.commit to a full commit id")
-    url = resolve_git_url(str(url_in), root)
+        raise UserError(f"the upstream {redact(str(url_in))} has no pinned commit", fix="set upstreams.<name>.commit to a full commit id")
+    url, in_url = split_credentials(str(url_in))
+    url = resolve_git_url(url, root)
+    credential = in_url or (credential_for_url(url) if _is_remote_url(url) else None)
+    auth_env = git_credential_env(url, credential)
     mirror = mirror_path(url, cache_dir)
     if offline:
         if not mirror.is_dir():
@@ -176,24 +204,24 @@ def fetch_upstream(spec: Any, cache_dir: Path | str, *, root: Path | None = None
                 _git("config", "--replace-all", "remote.origin.fetch", "+refs/heads/*:refs/heads/*", cwd=tmp)
                 _git("config", "--add", "remote.origin.fetch", "+refs/tags/*:refs/tags/*", cwd=tmp)
                 _git("config", "remote.origin.mirror", "true", cwd=tmp)
-                _fetch(tmp, url)
+                _fetch(tmp, url, auth_env, credential)
                 tmp.rename(mirror)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
         else:
-            _fetch(mirror, url)
+            _fetch(mirror, url, auth_env, credential)
         if not _has_commit(mirror, commit):
-            _git("fetch", "--quiet", "origin", commit, cwd=mirror, check=False)
+            _git("fetch", "--quiet", "origin", commit, cwd=mirror, check=False, env=auth_env)
     verify_pin(mirror, url, tag, commit)
     return mirror
 
 
-def _fetch(mirror: Path, url: str) -> None:
-    proc = _git("fetch", "--quiet", "--prune", "--force", "origin", cwd=mirror, check=False)
+def _fetch(mirror: Path, url: str, auth_env: dict[str, str], credential: Credential | None) -> None:
+    proc = _git("fetch", "--quiet", "--prune", "--force", "origin", cwd=mirror, check=False, env=auth_env)
     if proc.returncode != 0:
         raise UserError(
-            f"cannot fetch upstream {url}:\n{(proc.stdout + proc.stderr).strip()}",
+            f"cannot fetch upstream {redact(url)}:\n{scrub(proc.stdout + proc.stderr, credential).strip()}",
             fix="check the URL and the network; a local path or a file:// URL works for mirrors",
         )
 
@@ -243,7 +271,9 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _read_url(url: str, what: str) -> bytes:
+def _read_url(url: str, what: str, client=None) -> bytes:
+    """The bytes at ``url``: a local file, or an HTTP GET through ``client`` (an ``IndexClient``, whose
+    credential goes with the request) or anonymously. Messages show the URL redacted."""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
         path = Path(urllib.parse.unquote(parsed.path))
@@ -252,20 +282,29 @@ def _read_url(url: str, what: str) -> bytes:
         try:
             return path.read_bytes()
         except OSError as exc:
-            raise UserError(f"cannot read {what} {url}: {exc}") from exc
+            raise UserError(f"cannot read {what} {redact(url)}: {exc.strerror}") from None
     import requests
 
+    session = client._session() if client is not None else requests.Session()
+    params = client.params_for(url) if client is not None else {}
     try:
-        resp = requests.get(url, timeout=60, headers={"Accept": "text/html"})
+        resp = session.get(url, timeout=60, headers={"Accept": "text/html"}, params=params)
     except requests.RequestException as exc:
-        raise UserError(f"cannot reach {what} {url}: {exc}", fix="check the index URL and the network") from exc
+        raise UserError(f"cannot reach {what} {redact(url)}: {type(exc).__name__}: {redact_text(str(exc))}",
+                        fix="check the index URL and the network") from None
+    if resp.status_code in (401, 403):
+        raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code} (credentials missing or refused)",
+                        fix="give the index's credentials: user:password@ in its URL, "
+                            "STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, or a ~/.netrc entry for its host")
     if resp.status_code != 200:
-        raise UserError(f"{what} {url} answered HTTP {resp.status_code}", fix="check the index URL and the project name")
+        raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code}",
+                        fix="check the index URL and the project name")
     return resp.content
 
 
-def find_sdist_url(index_url: str, name: str, version: str) -> str:
-    """The URL of ``name-version.tar.gz`` on a PEP 691/503 simple index (through the index client)."""
+def find_sdist(index_url: str, name: str, version: str):
+    """``(URL of name-version.tar.gz, the IndexClient that found it)`` on a PEP 691/503 simple index;
+    the client carries the index's credential (``credentials.for_url``) for the download."""
     from .index import IndexClient, IndexQueryError
 
     client = IndexClient(index_url)
@@ -273,14 +312,19 @@ def find_sdist_url(index_url: str, name: str, version: str) -> str:
         files = client.project(name).files_for(version)
     except IndexQueryError as exc:
         raise UserError(f"cannot read the index page of {name}: {exc.message}",
-                        fix="check the index URL and the project name") from None
+                        fix=exc.fix or "check the index URL and the project name") from None
     for f in files:
         if f.kind == "sdist" and f.filename.endswith(".tar.gz"):
-            return urllib.parse.urldefrag(f.url)[0]
+            return urllib.parse.urldefrag(f.url)[0], client
     raise UserError(
         f"no sdist {name}-{version}.tar.gz on {client.display_url}/{normalize_name(name)}/",
         fix="check sdist.name and sdist.version against the index",
     )
+
+
+def find_sdist_url(index_url: str, name: str, version: str) -> str:
+    """The URL of ``name-version.tar.gz`` on a PEP 691/503 simple index (through the index client)."""
+    return find_sdist(index_url, name, version)[0]
 
 
 def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False) -> Path:
@@ -296,12 +340,12 @@ def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False) -> 
                 return f
     if offline:
         raise UserError(f"sdist {name}=={version} is not cached and offline mode is on", fix="run once with network access")
-    url = find_sdist_url(sdist_index_url(sdist), name, version)
-    data = _read_url(url, "sdist")
+    url, client = find_sdist(sdist_index_url(sdist), name, version)
+    data = _read_url(url, "sdist", client)
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
         raise UserError(
-            f"sha256 mismatch for {url}: expected {expected}, got {actual}",
+            f"sha256 mismatch for {redact(url)}: expected {expected}, got {actual}",
             fix="the file on the index is not the pinned one; check sdist.version and sdist.sha256",
         )
     cache.mkdir(parents=True, exist_ok=True)
