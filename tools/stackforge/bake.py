@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from .engine import Engine
 from .errors import UserError
+from .fslock import stack_lock, stack_locks
 from .model import Stack
 
 SECRET_PLACEHOLDER = "(a temporary file written by `stackforge bake` when it runs)"
@@ -81,12 +82,14 @@ def prepare(stacks: list[Stack], *, targets: list[str] | None = None, engine: En
     """
     from .build import prepare as prepare_build
     from .build import secret_files, target_ref
+    from .context import build_dir_for
 
     engine = engine or Engine()
     out: list[BakeTarget] = []
     for stack in stacks:
         names = stack_targets(stack, targets)
-        prepared = prepare_build(stack, engine, sources=sources, syntax=syntax)
+        with stack_lock(build_dir_for(stack)):
+            prepared = prepare_build(stack, engine, sources=sources, syntax=syntax)
         ctx, args = prepared.ctx, prepared.build_args
         secrets = [(sid, str(path) if path is not None else SECRET_PLACEHOLDER)
                    for sid, path in secret_files(stack, secrets_dir, ca_bundle)]
@@ -153,9 +156,19 @@ def run(items: list[BakeTarget], workdir: Path, *, engine: Engine | None = None,
 def bake(stacks: list[Stack], *, targets: list[str] | None = None, builder: str | None = None, load: bool = True,
          no_cache: bool = False, workdir: Path, engine: Engine | None = None, ca_bundle: str | None = "auto",
          on_line: Callable[[str], None] | None = None) -> tuple[list[BakeTarget], BakeRun]:
-    """Prepare every stack, then run one bake over all their targets. Secrets live only while it runs."""
+    """Prepare every stack, then run one bake over all their targets, holding every stack's build
+    directory lock until it ends. Secrets live only while it runs."""
+    from .context import build_dir_for
+
     engine = engine or Engine(builder=builder)
     engine.check()
+    with stack_locks(build_dir_for(s) for s in stacks):
+        return _bake(stacks, targets=targets, builder=builder, load=load, no_cache=no_cache, workdir=workdir,
+                     engine=engine, ca_bundle=ca_bundle, on_line=on_line)
+
+
+def _bake(stacks: list[Stack], *, targets, builder, load, no_cache, workdir: Path, engine: Engine, ca_bundle,
+          on_line) -> tuple[list[BakeTarget], BakeRun]:
     secrets_dir = Path(tempfile.mkdtemp(prefix="stackforge-bake-secrets-"))
     os.chmod(secrets_dir, 0o700)
     try:

@@ -8,6 +8,7 @@ FAIL means no image is loaded and no tag moves) → evidence.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import re
@@ -19,9 +20,10 @@ from pathlib import Path
 from typing import Callable
 
 from . import credentials, rules, tags
-from .context import Context, assemble, write_dockerfile
+from .context import Context, assemble, build_dir_for, write_dockerfile
 from .engine import Engine
 from .errors import BuildFailed, UserError
+from .fslock import atomic_write, stack_lock
 from .signals import Interrupted
 from .model import Stack
 from .plan import image_labels
@@ -43,6 +45,7 @@ class BuildOptions:
     no_cache: bool = False
     out: Path | None = None
     network: str | None = None  # RUN steps' network, e.g. "host" to reach an index on the host's loopback
+    lock_timeout: float | None = None  # seconds to wait for another build of this directory (0: none)
 
 
 @dataclass
@@ -227,6 +230,17 @@ def secret_files(stack: Stack, secrets_dir: Path | None, ca_bundle: str | None) 
     return secrets
 
 
+def _holding_build_dir(fn):
+    """Run ``fn(stack, opts, …)`` holding the lock of the stack's build directory for all of it."""
+    @functools.wraps(fn)
+    def locked(stack: Stack, opts: BuildOptions | None = None, *args, **kwargs):
+        opts = opts or BuildOptions()
+        with stack_lock(build_dir_for(stack, opts.out), timeout=opts.lock_timeout):
+            return fn(stack, opts, *args, **kwargs)
+    return locked
+
+
+@_holding_build_dir
 def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None = None,
           echo: Callable[[str], None] | None = None) -> BuildOutcome:
     opts = opts or BuildOptions()
@@ -242,7 +256,7 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
     if evidence.exists():
         shutil.rmtree(evidence)
     evidence.mkdir(parents=True)
-    shutil.copy2(ctx.dockerfile, evidence / "Dockerfile")
+    atomic_write(evidence / "Dockerfile", ctx.dockerfile.read_bytes())
     _write_inputs(evidence, stack, ctx, labels, info, target, ref)
 
     had = engine.image_id(ref)
@@ -254,24 +268,24 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
                                   extra_args=[f"--network={opts.network}"] if opts.network else [], on_line=echo,
                                   log_file=evidence / "build.log")
     log = result.log
-    (evidence / "gate.txt").write_text("\n".join(gate_lines(log)) + "\n")
+    atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
     if result.returncode != 0:
         now = engine.image_id(ref)
         if now is not None and now != had:  # never leave a tag pointing at an unchecked image
             engine.remove_image(ref, force=True)
-        (evidence / "result.json").write_text(json.dumps({"ok": False, "reason": _failure_reason(log)}, indent=2))
+        atomic_write(evidence / "result.json", json.dumps({"ok": False, "reason": _failure_reason(log)}, indent=2))
         raise BuildFailed(f"{stack.name}/{target}: {_failure_reason(log)}\n  (no image was tagged; log: "
                           f"{evidence / 'build.log'})", fix="read the FAIL/ERROR lines above")
     image_id = engine.image_id(ref) if opts.load else None
     reports = read_gate_from_image(engine, ref) if opts.load else {}
     gate = reports.get("result.txt") or gate_lines(log)
-    (evidence / "gate.txt").write_text("\n".join(gate) + "\n")
+    atomic_write(evidence / "gate.txt", "\n".join(gate) + "\n")
     for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt")):
         if name in reports:
-            (evidence / evidence_name).write_text("\n".join(reports[name]) + "\n")
+            atomic_write(evidence / evidence_name, "\n".join(reports[name]) + "\n")
     outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
-    (evidence / "result.json").write_text(json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)},
-                                                     indent=2, default=str))
+    atomic_write(evidence / "result.json", json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)},
+                                                      indent=2, default=str))
     return outcome
 
 
@@ -289,7 +303,7 @@ def _recording_interrupts(engine: Engine, evidence: Path, ref: str, had: str | N
                 engine.remove_image(ref, force=True)
         except UserError:
             pass
-        (evidence / "result.json").write_text(json.dumps({
+        atomic_write(evidence / "result.json", json.dumps({
             "ok": False, "status": "interrupted", "signal": intr.name,
             "reason": f"interrupted by {intr.name}", "duration_s": round(time.monotonic() - started, 1)}, indent=2))
         intr.notes.append(f"the engine was stopped, the build's secrets removed and nothing was tagged "
@@ -313,4 +327,4 @@ def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info
         "resolved": resolved(stack),
         "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    (evidence / "inputs.json").write_text(json.dumps(data, indent=2) + "\n")
+    atomic_write(evidence / "inputs.json", json.dumps(data, indent=2) + "\n")

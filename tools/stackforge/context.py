@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import upstream as upstreams
+from .fslock import atomic_write, stack_lock
 from .model import Stack
 from .lock import read_locks
 from .plan import Plan, make_plan
@@ -96,16 +99,45 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
 
 
 def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> Context:
-    """Write build/<stack>/{Dockerfile,context/}. With ``sources=False`` upstreams are not fetched
-    (for `render --no-sources`, which shows the plan only)."""
+    """Write build/<stack>/context/ under the build directory's lock. With ``sources=False`` upstreams
+    are not fetched (for `render --no-sources`, which shows the plan only).
+
+    The context is assembled in a temporary directory beside it and renamed into place, so
+    build/<stack>/context/ is the previous complete context or the new one; a failure removes
+    the temporary directory."""
     locks = read_locks(stack)
     root = stack_root(stack)
     plan = make_plan(stack, {i: str(l.path.relative_to(root)) for i, l in locks.items()})
     bdir = build_dir_for(stack, out)
     ctx_dir = bdir / "context"
-    staging = bdir / "context.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
+    with stack_lock(bdir):
+        _remove_leftovers(bdir)
+        staging = Path(tempfile.mkdtemp(prefix=".context-", suffix=STAGING_SUFFIX, dir=bdir))
+        try:
+            os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700
+            infos = _fill(stack, plan, locks, staging, sources)
+            _swap(staging, ctx_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    dockerfile = bdir / "Dockerfile"
+    lock_hashes = {i: hashlib.sha256(l.text.encode()).hexdigest() for i, l in locks.items()}
+    return Context(stack, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes)
+
+
+STAGING_SUFFIX = ".partial"
+
+
+def _remove_leftovers(bdir: Path) -> None:
+    """Remove staging directories a killed run left behind (the caller holds the lock)."""
+    for path in [bdir / "context.partial", *bdir.glob(f".context-*{STAGING_SUFFIX}*")]:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path, sources: bool) -> list[SourceInfo]:
+    """Requirements files, the gate and the (patched) upstream sources, written into ``staging``."""
+    root = stack_root(stack)
     (staging / "deps").mkdir(parents=True)
     hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
     for phase in plan.phases:
@@ -113,10 +145,10 @@ def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> 
             text = locks[phase.index].text
         else:
             text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
-        (staging / phase.requirements).write_text(text)
+        atomic_write(staging / phase.requirements, text)
     gate_dir = staging / "gate"
     shutil.copytree(images_dir(root) / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (gate_dir / "gate.json").write_text(json.dumps(plan.gate, indent=2) + "\n")
+    atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
     infos: list[SourceInfo] = []
     if sources:
         cache = cache_dir_for(stack)
@@ -125,15 +157,25 @@ def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> 
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)
-    # Only a complete context replaces the previous one.
-    if ctx_dir.exists():
-        shutil.rmtree(ctx_dir)
-    staging.rename(ctx_dir)
-    dockerfile = bdir / "Dockerfile"
-    lock_hashes = {i: hashlib.sha256(l.text.encode()).hexdigest() for i, l in locks.items()}
-    return Context(stack, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes)
+    return infos
+
+
+def _swap(staging: Path, ctx_dir: Path) -> None:
+    """Rename the complete ``staging`` to ``ctx_dir``; the previous context is moved aside, then removed."""
+    old = staging.with_name(staging.name + ".old")
+    if ctx_dir.exists() or ctx_dir.is_symlink():
+        ctx_dir.rename(old)
+    try:
+        staging.rename(ctx_dir)
+    except BaseException:
+        if old.exists() and not ctx_dir.exists():
+            old.rename(ctx_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_dockerfile(ctx: Context, labels: dict[str, str], syntax: str | None = None) -> Path:
-    ctx.dockerfile.write_text(render_dockerfile(ctx.plan, labels, syntax=syntax, root=stack_root(ctx.stack)))
+    """Write build/<stack>/Dockerfile (whole, under the build directory's lock)."""
+    with stack_lock(ctx.build_dir):
+        atomic_write(ctx.dockerfile, render_dockerfile(ctx.plan, labels, syntax=syntax, root=stack_root(ctx.stack)))
     return ctx.dockerfile

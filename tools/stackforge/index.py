@@ -46,7 +46,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from .credentials import env_credentials, for_url
+from .credentials import env_credentials, for_url  # noqa: F401  (env_credentials: re-exported)
 from .errors import UserError
 from .urls import Credential, redact, redact_text, split
 

@@ -152,7 +152,9 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
             overrides: list[str] | None = None, echo: Callable[[str], None] = print) -> Summary:
     from . import bake as bakemod
     from .build import BuildOptions, build
+    from .context import build_dir_for
     from .engine import Engine
+    from .fslock import stack_lock
     from .publish import publish_stack, validate_date
 
     started = time.monotonic()
@@ -192,8 +194,13 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
             summary.rows.append(Row(stack=stack.name, target="*", status="failed", stage="build", reason=err.render()))
             continue
         for target in names:
-            summary.rows.append(_one(stack, target, registry, date, builder, policy, ca_bundle, engine, outdir, echo,
-                                     build, BuildOptions, publish_stack))
+            try:
+                with stack_lock(build_dir_for(stack)):  # its build, publish and evidence copy, as one
+                    row = _one(stack, target, registry, date, builder, policy, ca_bundle, engine, outdir, echo,
+                               build, BuildOptions, publish_stack)
+            except UserError as err:  # the build directory is busy or cannot be written
+                row = Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render())
+            summary.rows.append(row)
 
     summary.finished_at = _now()
     summary.duration_s = round(time.monotonic() - started, 1)

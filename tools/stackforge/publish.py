@@ -1152,16 +1152,19 @@ def publish_stack(stack: Any, registry: str, *, date: str | None = None, target:
                             fix="aliases name the same repository as tags.publish")
         aliases.append(alias.tag + suffix)
     local = target_ref(stack, target)
-    evidence = build_dir_for(stack, out) / "evidence"
-    engine = engine or Engine()
-    image = DockerImage(local, engine=engine)
-    image.inspect()
-    assert image.image_id is not None
-    gated = None if allow_ungated else check_gated(evidence, stack.name, target, image.image_id, local)
-    extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
-    from .stack import stack_root
-    from .upstream import default_cache_dir
+    from .fslock import stack_lock
 
-    return publish(image, repository, scheme, date, aliases=aliases, policy=policy, compression=compression,
-                   lock_dir=lock_dir, verify_pull=verify_pull, engine=engine, echo=echo, evidence=evidence, extra=extra,
-                   layer_cache=default_cache_dir(stack_root(stack)) / "layers")
+    with stack_lock(build_dir_for(stack, out)):  # no build of this stack replaces its evidence meanwhile
+        evidence = build_dir_for(stack, out) / "evidence"
+        engine = engine or Engine()
+        image = DockerImage(local, engine=engine)
+        image.inspect()
+        assert image.image_id is not None
+        gated = None if allow_ungated else check_gated(evidence, stack.name, target, image.image_id, local)
+        extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
+        from .stack import stack_root
+        from .upstream import default_cache_dir
+
+        return publish(image, repository, scheme, date, aliases=aliases, policy=policy, compression=compression,
+                       lock_dir=lock_dir, verify_pull=verify_pull, engine=engine, echo=echo, evidence=evidence, extra=extra,
+                       layer_cache=default_cache_dir(stack_root(stack)) / "layers")

@@ -5,7 +5,8 @@ import sys
 from pathlib import Path
 
 from ..build import BuildOptions, build, default_target, target_ref
-from ..context import assemble, write_dockerfile
+from ..context import assemble, build_dir_for, write_dockerfile
+from ..fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 from ..gate import run_gate
 from ..plan import image_labels
 from .common import add_set, load
@@ -19,6 +20,7 @@ def register(sub) -> None:
     p.add_argument("--no-sources", action="store_true", help="do not fetch upstreams (plan and Dockerfile only)")
     p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_wait(p)
     add_set(p)
     p.set_defaults(func=cmd_render)
 
@@ -35,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--network", help="network for RUN steps (e.g. host, to reach an index on the host's loopback)")
     p.add_argument("--out", type=Path, help="build directory (default: build/<stack>)")
+    add_wait(p)
     add_set(p)
     p.set_defaults(func=cmd_build)
 
@@ -57,11 +60,20 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_abi)
 
 
+def add_wait(p) -> None:
+    """--no-wait / --lock-timeout: what to do while another stackforge writes the same build directory."""
+    p.add_argument("--no-wait", dest="lock_timeout", action="store_const", const=0.0,
+                   help="fail at once if another stackforge is writing this stack's build directory")
+    p.add_argument("--lock-timeout", type=float, metavar="SECONDS",
+                   help=f"how long to wait for it (default: ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT:.0f})")
+
+
 def cmd_render(args) -> int:
     stack = load(args, args.stack)
     target = default_target(stack, args.target)
-    ctx = assemble(stack, args.out, sources=not args.no_sources)
-    path = write_dockerfile(ctx, image_labels(stack, series=ctx.series), syntax=args.syntax)
+    with stack_lock(build_dir_for(stack, args.out), timeout=args.lock_timeout):
+        ctx = assemble(stack, args.out, sources=not args.no_sources)
+        path = write_dockerfile(ctx, image_labels(stack, series=ctx.series), syntax=args.syntax)
     if args.json:
         print(ctx.plan.to_json())
         return 0
@@ -87,7 +99,8 @@ def cmd_render(args) -> int:
 def cmd_build(args) -> int:
     stack = load(args, args.stack)
     opts = BuildOptions(target=args.target, load=args.load, syntax=args.syntax, ca_bundle=args.ca_bundle,
-                        builder=args.builder, no_cache=args.no_cache, out=args.out, network=args.network)
+                        builder=args.builder, no_cache=args.no_cache, out=args.out, network=args.network,
+                        lock_timeout=args.lock_timeout)
     outcome = build(stack, opts)
     print(f"\nbuilt {outcome.tag}" + (f" ({outcome.image_id})" if outcome.image_id else "")
           + f" in {outcome.duration_s}s", file=sys.stderr)

@@ -1,0 +1,226 @@
+"""One writer per build directory, and writes into it that land whole or not at all.
+
+``stack_lock(build/<stack>/)`` holds an exclusive ``flock`` on ``build/<stack>/.lock`` for a whole
+render, build, bake or publish of that stack. A second stackforge on the same directory waits
+(saying so on stderr, naming the holder's pid) up to a timeout, or refuses at once with a timeout
+of 0 (``--no-wait``). The kernel drops the lock when its holder exits, however it exits, so a lock
+is never stale. Different directories (other stacks, or ``--out DIR``) never wait for each other.
+
+Inside the lock, an ``OSError`` that means the disk is full, read-only or forbidden becomes one
+:class:`UserError` naming the path and the fix (:func:`fs_error`); ``atomic_write`` writes a file
+under a temporary name and renames it into place, so a reader sees the old file or the new one.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from .errors import UserError
+
+LOCK_NAME = ".lock"
+TIMEOUT_ENV = "STACKFORGE_LOCK_TIMEOUT"
+DEFAULT_TIMEOUT = 3600.0  # seconds a second writer of one build directory waits
+POLL = 0.2
+
+REASONS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+_held: dict[str, int] = {}  # realpath of a build directory -> nesting depth, in this process
+_held_guard = threading.Lock()
+
+
+def lock_timeout(seconds: float | None = None) -> float:
+    """``seconds`` if given, else ``$STACKFORGE_LOCK_TIMEOUT``, else :data:`DEFAULT_TIMEOUT`."""
+    if seconds is not None:
+        return max(0.0, float(seconds))
+    env = os.environ.get(TIMEOUT_ENV)
+    if not env:
+        return DEFAULT_TIMEOUT
+    try:
+        return max(0.0, float(env))
+    except ValueError:
+        raise UserError(f"{TIMEOUT_ENV}={env!r} is not a number of seconds", file=TIMEOUT_ENV,
+                        fix=f"set {TIMEOUT_ENV} to e.g. 600, or 0 to never wait") from None
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it, with a trailing slash."""
+    try:
+        text = str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        text = str(path)
+    return text.rstrip("/") + "/"
+
+
+def _holder(fd: int) -> str:
+    """The pid the current holder wrote into the lock file ("unknown" before it has written it)."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return "unknown"
+    return text if text.isdigit() else "unknown"
+
+
+def _acquire(fd: int, build_dir: Path, timeout: float, echo: Callable[[str], None]) -> None:
+    deadline = time.monotonic() + timeout
+    waited = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        pid = _holder(fd)
+        if time.monotonic() >= deadline:
+            how = "not waiting (--no-wait)" if timeout == 0 else f"gave up after waiting {timeout:.0f} s"
+            raise UserError(f"another stackforge (pid {pid}) is writing {_shown(build_dir)}; {how}; nothing was written",
+                            file=build_dir / LOCK_NAME,
+                            fix=f"wait for pid {pid} to finish (or stop it), write elsewhere with --out DIR, "
+                                f"or wait longer with --lock-timeout SECONDS / {TIMEOUT_ENV}")
+        if not waited:
+            echo(f"waiting for another stackforge on {_shown(build_dir)} (pid {pid})…")
+            waited = True
+        time.sleep(POLL)
+
+
+def _write_pid(fd: int) -> None:
+    """Record the holder's pid for waiters; best effort (a full disk is reported by the real write)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
+
+
+@contextmanager
+def stack_lock(build_dir: Path, *, timeout: float | None = None,
+               echo: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """Hold the exclusive lock of ``build_dir`` (created if missing) for the ``with`` block.
+
+    Re-entrant within a process (a build that assembles its context takes it once). ``timeout``
+    is how long to wait for another holder (see :func:`lock_timeout`; 0 refuses at once); giving
+    up is a :class:`UserError` naming the holder's pid. A full, read-only or forbidden file system
+    met inside the block is a :class:`UserError` too (:func:`fs_errors`).
+    """
+    build_dir = Path(build_dir)
+    with fs_errors(build_dir):
+        key = os.path.realpath(build_dir)
+        with _held_guard:
+            depth = _held.get(key, 0)
+            if depth:
+                _held[key] = depth + 1
+        if depth:
+            try:
+                yield build_dir
+            finally:
+                with _held_guard:
+                    _held[key] -= 1
+            return
+        build_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(build_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            _acquire(fd, build_dir, lock_timeout(timeout), echo or _stderr)
+            _write_pid(fd)
+            with _held_guard:
+                _held[key] = 1
+            try:
+                yield build_dir
+            finally:
+                with _held_guard:
+                    _held.pop(key, None)
+        finally:
+            os.close(fd)  # releases the flock
+
+
+@contextmanager
+def stack_locks(build_dirs: Iterable[Path], *, timeout: float | None = None) -> Iterator[None]:
+    """Hold the locks of several build directories, taken in one order (so two holders cannot deadlock)."""
+    with ExitStack() as stack:
+        for d in sorted({os.path.realpath(p): Path(p) for p in build_dirs}.items()):
+            stack.enter_context(stack_lock(d[1], timeout=timeout))
+        yield
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Writes
+# --------------------------------------------------------------------------------------------
+
+
+def atomic_write(path: Path, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file beside it and ``os.replace``.
+
+    On failure the temporary file is removed and the ``OSError`` names ``path``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename in (None, str(tmp)):
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+
+def _errno_and_path(exc: OSError) -> tuple[int | None, str | None]:
+    """errno and path of an OSError; a ``shutil.Error`` carries them as text in its first failure."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        first = exc.args[0][0]
+        if isinstance(first, tuple) and len(first) == 3:
+            m = re.search(r"\[Errno (\d+)\]", str(first[2]))
+            return (int(m.group(1)) if m else None), str(first[1])
+    return exc.errno, exc.filename
+
+
+def fs_error(exc: OSError, where: Path | None = None) -> UserError | None:
+    """The :class:`UserError` for a full, read-only or forbidden file system (None for other errors)."""
+    code, path = _errno_and_path(exc)
+    if code not in REASONS:
+        return None
+    path = path or (str(where) if where is not None else "build/")
+    cache = os.environ.get("STACKFORGE_CACHE")
+    in_cache = "/build/cache" in f"/{path}" or bool(cache and str(path).startswith(cache))
+    elsewhere = ("point the download cache elsewhere with STACKFORGE_CACHE=DIR" if in_cache else
+                 "write the build directory elsewhere with --out DIR (the download cache: STACKFORGE_CACHE=DIR)")
+    first = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there or raise the quota",
+             errno.EROFS: "make that file system writable"}.get(code, "make it writable for this user")
+    return UserError(f"cannot write {path}: {REASONS[code]}",
+                     fix=f"{first}, or {elsewhere}")
+
+
+@contextmanager
+def fs_errors(where: Path | None = None) -> Iterator[None]:
+    """Turn a full, read-only or forbidden file system met in the block into one :class:`UserError`."""
+    try:
+        yield
+    except OSError as exc:
+        err = fs_error(exc, where)
+        if err is None:
+            raise
+        raise err from None
