@@ -302,7 +302,7 @@ def test_a_proxy_that_rewrites_the_manifest_is_caught(registry, images, root, ns
     assert "manifest digest mismatch" in proc.stderr and "Rolled back" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert tags_of(registry, f"{ns}/vllm") == []
-    evidence = json.loads((tmp_path / "out" / "evidence" / "publish.json").read_text())
+    evidence = json.loads((tmp_path / "out" / "evidence" / "publish-failed.json").read_text())
     assert evidence["status"] == "failed" and "mismatch" in evidence["error"] and evidence["tag_left"] is None
 
     with FaultyProxy(registry, [Fault("rewrite-response", MANIFEST_BY_TAG, "GET", times=None)]) as proxy:
