@@ -147,7 +147,7 @@ def test_stale_lock_stops_before_the_build(built):
     proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}", "--set", "packages.idna.version=3.9",
                       check=False)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: stacks/locks/example/pypi.txt: lock file is stale: idna is pinned at 3.9")
+    assert proc.stderr.startswith("error: stacks/locks/example/pypi.txt:3: lock file is stale: idna is pinned at 3.9")
     assert "fix: run: stackforge lock example" in proc.stderr
     assert not image_exists(bad)
 

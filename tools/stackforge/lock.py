@@ -90,7 +90,8 @@ def _entry(rel: str, number: int, line: str, stack_name: str | None) -> tuple[st
     if head.startswith("-"):
         raise _refuse(rel, number, f"option '{head}' is not allowed in a lock file (only name==version "
                       "entries with --hash=sha256:… and comments)", stack_name)
-    if "://" in line or " @ " in f" {line} " or head.startswith((".", "/", "~")):
+    if "://" in head or "@" in head or words[1:2] == ["@"] or head.startswith((".", "/", "~")) or head.endswith(
+            (".whl", ".zip", ".tar.gz")):
         raise _refuse(rel, number, f"'{head}' is a URL or path requirement; a lock lists only name==version "
                       "entries with --hash=sha256:…", stack_name)
     m = ENTRY.match(head)
