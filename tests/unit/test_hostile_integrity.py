@@ -372,3 +372,28 @@ def test_nightly_whose_stacks_all_fail_lint_says_so_and_builds_nothing(root, tmp
     assert "Bake: not run: every stack failed lint." in md and "exit None" not in md
     assert json.loads((out / "summary.json").read_text())["bake"] == {"not_run": "every stack failed lint"}
     assert not (root / "build" / "lostlock").exists() and not (out / "bake.json").exists()
+
+
+def test_a_pip_compile_lock_with_transitive_dependencies_is_accepted(root, tmp_path):
+    """Packages no pin names are admitted only through pip-compile's `# via` chain back to a pin."""
+    def entry(name, version, via):
+        return f"{name}=={version} \\\n    --hash=sha256:{HASH_A}\n" + "".join(f"    {v}\n" for v in via)
+    lock = ("# made by `stackforge lock example`\n"
+            + entry("certifi", "2025.1.31", ["# via requests"])
+            + entry("charset-normalizer", "3.4.1", ["# via", "#   requests"])
+            + entry("idna", "3.10", ["# via", "#   -r requirements.in", "#   requests"])
+            + entry("packaging", "25.0", ["# via -r requirements.in"])
+            + entry("requests", "2.32.3", ["# via -r requirements.in"])
+            + entry("urllib3", "2.3.0", ["# via requests"])
+            + entry("zstandard", "0.23.0", ["# via urllib3"])  # two steps from the pin
+            + "\n# The following packages are considered to be unsafe in a requirements file:\n"
+            + entry("setuptools", "80.9.0", ["# via -r requirements.in"]))
+    (root / LOCK_REL).write_text(lock)
+    add = ["--set", "packages.requests={version: 2.32.3, index: pypi}"]
+    out = tmp_path / "out"
+    proc = sf(root, "render", "example", "--no-sources", "--out", str(out), *add)
+    assert proc.returncode == 0, proc.stderr
+    assert any(p.read_text() == lock for p in (out / "context" / "deps").iterdir())
+    # The same lock without the pin that leads to them: every package of the chain is refused.
+    proc = sf(root, "render", "example", "--no-sources", "--out", str(tmp_path / "out2"))
+    assert proc.returncode == 2 and f"{LOCK_REL}:2: certifi is not a pin of index 'pypi'" in proc.stderr

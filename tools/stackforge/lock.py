@@ -293,6 +293,8 @@ def write_locks(stack: Stack, indexes: list[str] | None = None, ca_bundle: str |
         role = stack.indexes[index].role
         text = lock_public(stack, index, ca_bundle) if role == "public" else lock_vendor(stack, index)
         path = lock_path(stack, index)
+        rel = str(path.relative_to(stack_root(stack)))
+        verify_lock(stack, index, parse_lock(path, text, rel, stack.name), rel)  # never write a lock the build refuses
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".txt.partial")
         tmp.write_text(text)
