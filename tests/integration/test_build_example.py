@@ -147,7 +147,7 @@ def test_stale_lock_stops_before_the_build(built):
     proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}", "--set", "packages.idna.version=3.9",
                       check=False)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: stacks/locks/example/pypi.txt: lock file is stale: idna is pinned at 3.9")
+    assert proc.stderr.startswith("error: stacks/locks/example/pypi.txt:3: lock file is stale: idna is pinned at 3.9")
     assert "fix: run: stackforge lock example" in proc.stderr
     assert not image_exists(bad)
 
@@ -173,12 +173,12 @@ def test_hash_mismatch_fails_the_build_and_tags_nothing(built):
 def test_pin_that_does_not_match_the_install_fails_and_tags_nothing(built):
     root, tag, _ = built
     bad = "stackforge-test/example:mismatch"
-    # This case changes the public pins, so it runs without the lock file.
+    # This case changes the public pins, so it runs without the lock file (and says so: lock=false).
     shutil.rmtree(root / "stacks" / "locks" / "example")
     if image_exists(bad):
         docker("image", "rm", "-f", bad)
     # markupsafe pinned at 3.0.2 from PyPI, but the kernel stage builds and installs 3.0.3 over it.
-    proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}",
+    proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}", "--set", "indexes.pypi.lock=false",
                       "--set", "packages.markupsafe={version: 3.0.2, index: pypi}", check=False)
     assert proc.returncode == 1, proc.stderr
     assert "FAIL import markupsafe expected=3.0.2 found=3.0.3" in proc.stderr

@@ -40,9 +40,11 @@ def nightly_run(tmp_path_factory, base_image, registry):
     shutil.copytree(REPO / "patches", root / "patches")
     (root / "stacks" / "nightly-good.yaml").write_text(
         f"name: nightly-good\ninherits: example\nnightly: true\n"
+        f"indexes:\n  pypi: {{lock: false}}\n"  # the example's lock is its own
         f"tags:\n  local: \"stackforge-test/nightly-good:{run}\"\n")
     (root / "stacks" / "nightly-bad.yaml").write_text(
         f"name: nightly-bad\ninherits: example\nnightly: true\n"
+        f"indexes:\n  pypi: {{lock: false}}\n"
         f"packages:\n  markupsafe: {{version: 3.0.2, index: pypi}}\n"
         f"tags:\n  local: \"stackforge-test/nightly-bad:{run}\"\n")
     ns = f"n{run}"

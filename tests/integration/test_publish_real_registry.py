@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -302,7 +301,7 @@ def test_a_proxy_that_rewrites_the_manifest_is_caught(registry, images, root, ns
     assert "manifest digest mismatch" in proc.stderr and "Rolled back" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert tags_of(registry, f"{ns}/vllm") == []
-    evidence = json.loads((tmp_path / "out" / "evidence" / "publish.json").read_text())
+    evidence = json.loads((tmp_path / "out" / "evidence" / "publish-failed.json").read_text())
     assert evidence["status"] == "failed" and "mismatch" in evidence["error"] and evidence["tag_left"] is None
 
     with FaultyProxy(registry, [Fault("rewrite-response", MANIFEST_BY_TAG, "GET", times=None)]) as proxy:
@@ -329,3 +328,30 @@ def test_bad_input_is_a_clear_error_with_no_tag(registry, images, root, ns, tmp_
                            if a != "--allow-ungated"], capture_output=True, text=True, env=cli_env(tmp_path))
     assert proc.returncode == 2 and "no gated build" in proc.stderr
     assert tags_of(registry, f"{ns}/vllm") == []
+
+
+def _older_date(registry, ns, images, tmp_path):
+    newer = lib_publish(registry, ns, images[0], tmp_path)
+    older = publish(DockerImage(images[1]), f"{registry}/{ns}/vllm", SCHEME, "20260901", aliases=(ALIAS,), policy=FAST,
+                    lock_dir=tmp_path / "locks", layer_cache=tmp_path / "layers", settle_seconds=0.2)
+    return newer, older
+
+
+def _gap_below_a_newer_revision(registry, ns, images, tmp_path):
+    lib_publish(registry, ns, images[0], tmp_path)
+    r2 = lib_publish(registry, ns, images[1], tmp_path)
+    newer = lib_publish(registry, ns, images[2], tmp_path)
+    gone = requests.delete(f"http://{registry}/v2/{ns}/vllm/manifests/{r2.digest}", timeout=10)
+    assert gone.status_code == 202, gone.text
+    gap = lib_publish(registry, ns, images[3], tmp_path)
+    assert gap.tag == r2.tag
+    return newer, gap
+
+
+@pytest.mark.parametrize("scenario", [_older_date, _gap_below_a_newer_revision], ids=["older-date", "gap-below-newer"])
+def test_alias_never_moves_back_on_a_real_registry(registry, images, ns, tmp_path, scenario):
+    newer, late = scenario(registry, ns, images, tmp_path)
+    repo = f"{ns}/vllm"
+    assert late.status == "published" and late.tag in tags_of(registry, repo)
+    assert late.aliases == {ALIAS: f"not moved: {newer.tag} is newer"}
+    assert tag_state(registry, repo, ALIAS)[0] == newer.digest

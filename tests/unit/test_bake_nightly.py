@@ -26,6 +26,10 @@ def copy_stacks(dest):
 
 
 
+# The example's lock is its own (stacks/locks/example/); these children install without one.
+UNLOCKED = "indexes:\n  pypi: {lock: false}\n"
+
+
 @pytest.fixture
 def root(tmp_path):
     r = tmp_path / "repo"
@@ -33,9 +37,9 @@ def root(tmp_path):
     copy_stacks(r / "stacks")
     shutil.copytree(REPO / "patches", r / "patches")
     (r / "stacks" / "nightly-good.yaml").write_text(
-        "name: nightly-good\ninherits: example\nnightly: true\n")
+        "name: nightly-good\ninherits: example\nnightly: true\n" + UNLOCKED)
     (r / "stacks" / "nightly-bad.yaml").write_text(
-        "name: nightly-bad\ninherits: example\nnightly: true\n"
+        "name: nightly-bad\ninherits: example\nnightly: true\n" + UNLOCKED +
         "packages:\n  markupsafe: {version: 3.0.2, index: pypi}\n")
     return r
 

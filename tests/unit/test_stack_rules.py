@@ -21,6 +21,7 @@ RULE_FUNCTIONS = {
     "vendor-build": rules.check_vendor_build,
     "minimum": rules.check_minimums,
     "index": rules.check_indexes,
+    "lock": rules.check_locks,
 }
 
 

@@ -163,7 +163,8 @@ def line_for(page: ProjectPage, pinned: str, ranks: dict[Tag, int], local: str |
 
 
 def versions_in_line(page: ProjectPage, line: Line, *, allow_pre: bool, keep: Version | None = None) -> dict[Version, IndexFile]:
-    """Newest-first map version → the line's best file for it (yanked files only for ``keep``)."""
+    """Newest-first map version → the line's best file for it. Yanked files count only for ``keep``
+    (the pin), and only when no non-yanked file of it is in the line (PEP 592, as pip selects)."""
     groups: dict[Version, list[IndexFile]] = {}
     for f in page.files:
         v = f.version
@@ -176,7 +177,8 @@ def versions_in_line(page: ProjectPage, line: Line, *, allow_pre: bool, keep: Ve
         groups.setdefault(v, []).append(f)
     out = {}
     for v in sorted(groups, reverse=True):
-        best = line.best(groups[v])
+        # PEP 592: pip takes a yanked file only when nothing else matches the exact pin.
+        best = line.best([f for f in groups[v] if not f.is_yanked]) or line.best(groups[v])
         if best is not None:
             out[v] = best
     return out
@@ -261,6 +263,7 @@ class PackageReport:
             "sha256": f.sha256 if f else None,
             "pinned_upload_time": format_time(self.pinned_file.upload_time, iso=True) if self.pinned_file else None,
             "pinned_sha256": self.pinned_file.sha256 if self.pinned_file else None,
+            "pinned_yanked": self.pinned_file.is_yanked if self.pinned_file else None,
             "note": self.note,
         }
 
@@ -481,6 +484,10 @@ def newest(stack: Stack, *, packages: list[str] | None = None, cache_dir: Path |
             top = next(iter(cands))
             rep.newest, rep.file = str(top), cands[top]
         rep.pinned_file = cands.get(pin_v)
+        if rep.pinned_file is not None and rep.pinned_file.is_yanked:
+            reason = rep.pinned_file.yanked if isinstance(rep.pinned_file.yanked, str) else ""
+            rep.note = "; ".join(filter(None, [rep.note, "the pinned version is available only yanked"
+                                               + (f" ({reason})" if reason else "")]))
         if pin_v not in cands:
             rep.status = STATUS_MISSING
             if not any(f.version == pin_v for f in page.files):

@@ -68,6 +68,8 @@ class Index(Strict):
     )
     deps_from: str | None = Field(None, description="vendor indexes: the index their wheels' own dependencies come from")
     private: bool = Field(False, description="credentials may be needed; they arrive only as a BuildKit secret")
+    lock: bool = Field(False, description="this index installs from stacks/locks/<stack>/<index>.txt (written by "
+                       "`stackforge lock`); lint and build fail when that file is missing")
 
     @field_validator("url")
     @classmethod

@@ -73,9 +73,7 @@ class Summary:
                  f" in {self.duration_s:.0f} s.", ""]
         if self.overrides:
             lines += ["Overrides: " + " ".join(f"`--set {o}`" for o in self.overrides), ""]
-        if self.bake:
-            lines += [f"Bake: exit {self.bake.get('returncode')} in {self.bake.get('duration_s')} s "
-                      f"({self.bake.get('targets')} targets; log `{self.bake.get('log')}`).", ""]
+        lines += [self.bake_line(), ""]
         lines += ["| stack | target | status | tag | digest | gate | duration | failure |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in self.rows:
@@ -83,6 +81,29 @@ class Summary:
                      f"`{r.digest}`" if r.digest else "", r.gate or "", f"{r.duration_s:.0f} s", _cell(r.reason)]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return "\n".join(lines) + "\n"
+
+
+    def bake_line(self) -> str:
+        """What the bake did: its exit and duration, or why it did not run."""
+        b = self.bake
+        if b.get("returncode") is not None:
+            return (f"Bake: exit {b['returncode']} in {b.get('duration_s')} s "
+                    f"({b.get('targets')} targets; log `{b.get('log')}`).")
+        return f"Bake: not run: {_cell(b.get('not_run') or b.get('error') or 'no bake was attempted')}."
+
+
+def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool) -> str | None:
+    """Why the bake does not run for this selection (None when it runs)."""
+    if loaded:
+        return None if use_bake else "--no-bake was given"
+    if not rows:
+        return "no stack selected"
+    stages = {r.stage for r in rows}
+    if stages == {"lint"}:
+        return "every stack failed lint"
+    if stages == {"load"}:
+        return "every stack failed to load"
+    return "every stack failed to load or lint"
 
 
 def _cell(text: str | None) -> str:
@@ -171,6 +192,10 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
     if not loaded and not summary.rows:
         raise UserError(f"no nightly stacks in {root / 'stacks'}",
                         fix="mark stacks with `nightly: true`, or name them: stackforge nightly STACK…")
+    not_run = bake_not_run(summary.rows, loaded, use_bake)
+    if not_run:
+        summary.bake = {"not_run": not_run}
+        echo(f"nightly: bake not run: {not_run}")
     engine = Engine(builder=builder)
     if loaded:
         engine.check()
@@ -184,7 +209,7 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
             echo(f"nightly: bake exit {run.returncode} in {run.duration_s} s"
                  + ("" if run.returncode == 0 else " (each stack is now built on its own for its verdict)"))
         except UserError as err:
-            summary.bake = {"error": err.render()}
+            summary.bake = {"not_run": f"the bake could not start: {err.message}", "error": err.render()}
             echo(f"nightly: bake could not run: {err.message}")
 
     for stack in loaded:

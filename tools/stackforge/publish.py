@@ -799,10 +799,11 @@ class Publisher:
         self._put_by_digest(img)
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             outcome = self._tag(img, checked)
+            if not isinstance(outcome, _Found):
+                tag, verification = outcome
+                aliases = self._advance_aliases(tag, img.manifest, img.manifest_media_type, img.digest)
         if isinstance(outcome, _Found):
             return self._already((outcome.tag, outcome.manifest), self.client.list_tags())
-        tag, verification = outcome
-        aliases = self._move_aliases(img, tag)
         if self.verify_pull:
             verification["pull"] = self._verify_pull(tag, img.image_id)
         self.log("done", tag=tag, digest=img.digest)
@@ -815,17 +816,8 @@ class Publisher:
         self.log("already-published", tag=tag, digest=manifest.digest)
         verification = {"tag_digest": manifest.digest, "config_digest": _config_digest(manifest),
                         "image_id_matches": _config_digest(manifest) == image_id}
-        aliases: dict[str, str] = {}
-        newest = self.scheme.newest(tags)
-        for alias in self.aliases:
-            if newest != tag:
-                aliases[alias] = f"not moved: newer tag {newest} exists"
-                continue
-            current = self._tag_digest(alias)
-            if current == manifest.digest:
-                aliases[alias] = "unchanged"
-                continue
-            aliases.update(self._move_aliases_raw(manifest.body, manifest.media_type or OCI_MANIFEST, manifest.digest, [alias]))
+        with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
+            aliases = self._advance_aliases(tag, manifest.body, manifest.media_type or OCI_MANIFEST, manifest.digest)
         if self.verify_pull:
             verification["pull"] = self._verify_pull(tag, image_id)
         return self._result("already-published", tag, manifest.digest, image_id, aliases, verification,
@@ -989,8 +981,25 @@ class Publisher:
         return (f"The registry does not allow deleting it: tag {tag} points to {digest} and must be deleted by "
                 "the registry's administrator.")
 
-    def _move_aliases(self, img: PreparedImage, tag: str) -> dict[str, str]:
-        return self._move_aliases_raw(img.manifest, img.manifest_media_type, img.digest, list(self.aliases), after=tag)
+    def _advance_aliases(self, tag: str, body: bytes, media_type: str, digest: str) -> dict[str, str]:
+        """Point the aliases at ``tag`` only when it is the newest immutable tag by (date, revision).
+
+        Called under the host lock. The registry's tag list is read afresh, so an older ``--date`` or a
+        revision filling a gap below a newer one leaves every alias where it is (``not moved: … is newer``).
+        """
+        if not self.aliases:
+            return {}
+        newest = self.scheme.newest([*self.client.list_tags(), tag])
+        out: dict[str, str] = {}
+        for alias in self.aliases:
+            if newest != tag:
+                out[alias] = f"not moved: {newest} is newer"
+                self.log("alias-kept", alias=alias, tag=tag, newest=newest)
+            elif self._tag_digest(alias) == digest:
+                out[alias] = "unchanged"
+            else:
+                out.update(self._move_aliases_raw(body, media_type, digest, [alias], after=tag))
+        return out
 
     def _move_aliases_raw(self, body: bytes, media_type: str, digest: str, aliases: list[str], after: str | None = None) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -1045,8 +1054,8 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
     fails; either way no new immutable tag is left behind unless the message says otherwise.
     ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or
     ``~/.cache/stackforge/layers``), a path, or False for none.
-    When ``evidence`` is given, ``publish.json`` is written there (also for a failure), with
-    ``extra`` fields (e.g. stack, target) first.
+    When ``evidence`` is given, a success writes ``publish.json`` there and a failure writes
+    ``publish-failed.json`` (an earlier ``publish.json`` stays), with ``extra`` fields (e.g. stack, target) first.
     """
     date = validate_date(date)
     repo = parse_repository(repository) if isinstance(repository, str) else repository
@@ -1072,19 +1081,36 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
             write_evidence(evidence, {"status": "failed", **(extra or {}), "repository": str(repo), "error": err.message,
                                       "tag_left": pub.tag_written, "image_id": pub.prepared.image_id if pub.prepared else image.image_id,
                                       "started_at": pub.started_at, "finished_at": _now(),
-                                      "duration_s": round(time.monotonic() - pub.t0, 3), "push_log": log.events})
+                                      "duration_s": round(time.monotonic() - pub.t0, 3), "push_log": log.events},
+                           name=FAILED_RECORD)
         raise
     if evidence is not None:
         write_evidence(evidence, {**(extra or {}), **result.evidence()})
     return result
 
 
-def write_evidence(evidence_dir: Path, record: dict[str, Any]) -> Path:
+PUBLISHED_RECORD = "publish.json"
+FAILED_RECORD = "publish-failed.json"
+
+
+def write_evidence(evidence_dir: Path, record: dict[str, Any], name: str = PUBLISHED_RECORD) -> Path:
+    """Write ``record`` to ``evidence_dir/name`` atomically (a unique temp file, then ``os.replace``).
+
+    ``publish.json`` holds the last successful publish and only a success writes it; a failure goes to
+    ``publish-failed.json``, which a later success removes, so neither file ever describes the other.
+    """
     evidence_dir.mkdir(parents=True, exist_ok=True)
-    path = evidence_dir / "publish.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    path = evidence_dir / name
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=evidence_dir)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(record, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if name == PUBLISHED_RECORD:
+        (evidence_dir / FAILED_RECORD).unlink(missing_ok=True)
     return path
 
 

@@ -153,7 +153,23 @@ def check_indexes(stack: Stack) -> list[Finding]:
     return out
 
 
-RULES = [check_trains, check_built_for, check_aligned, check_vendor_build, check_minimums, check_indexes]
+def check_locks(stack: Stack) -> list[Finding]:
+    """An index declared ``lock: true`` has its lock file: deleting it never drops ``--require-hashes``."""
+    from .lock import expects_lock, lock_path
+    from .stack import stack_root
+
+    out = []
+    for name in stack.indexes:
+        path = lock_path(stack, name)
+        if expects_lock(stack, name) and not path.is_file():
+            rel = path.relative_to(stack_root(stack)).as_posix()
+            out.append(Finding("lock", f"index '{name}' is declared `lock: true` but {rel} is missing",
+                               ("indexes", name, "lock"),
+                               f"run: stackforge lock {stack.name} (or restore {rel} from version control)"))
+    return out
+
+
+RULES = [check_trains, check_built_for, check_aligned, check_vendor_build, check_minimums, check_indexes, check_locks]
 
 
 def lint(stack: Stack) -> list[Finding]:

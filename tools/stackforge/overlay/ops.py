@@ -166,22 +166,25 @@ def check(target: Target, *, commit: str | None = None, seed_commit: str | None 
 
     ``commit`` checks against another commit of the upstream than the pin; the
     series is then first replayed on the pin (or ``seed_commit``) so 3-way
-    merges have the blobs they need.
+    merges have the blobs they need. Whether a patch is upstreamed is decided by
+    ``find_upstreamed`` (pin → ``commit``), the function ``patches upstreamed``
+    uses, so both verbs always agree; an upstreamed patch is never reported as failing.
     """
     with scratch() as tmp:
         head = prepare(target.spec, target.cache_dir, tmp, root=target.root, commit=commit, history="shared", offline=target.offline, label=target.name)
         seed = seed_commit or (up.field(target.spec, "commit") if commit else None)
         _seed(tmp, head, seed, target.refs)
         report = apply_layers(tmp, target.layers, stop_on_failure=False)
-        if not up.field(target.spec, "sdist"):
-            old = rev_parse(tmp, seed) if seed else None
-            for r in report.upstreamed:
-                carrier = _find_carrier(tmp, Path(r.path), head, old if old != head else None)
-                if carrier:
-                    subject = git(tmp, "log", "-1", "--format=%s", carrier).stdout.strip()
-                    r.detail = f"already applied upstream in {carrier[:12]} ({subject})"
         report.repo = Path("(scratch)")
+    if up.field(target.spec, "sdist"):
         return report
+    found = find_upstreamed(target, commit or up.field(target.spec, "commit"), old_commit=seed)
+    by_name = {(u.layer, u.name): u for u in found}
+    for r in report.results:
+        u = by_name.get((r.layer, r.name))
+        if u is not None:
+            r.status, r.detail, r.diagnosis, r.commit = UPSTREAMED, u.detail(), None, None
+    return report
 
 
 # --- export --check ------------------------------------------------------------------
@@ -222,6 +225,12 @@ class Upstreamed:
     how: str  # "patch-id" (git cherry) and/or "no changes" (git am)
     commit: str | None  # the upstream commit that carries it, where found
     commit_subject: str | None = None
+
+    def detail(self) -> str:
+        """One line for reports: which upstream commit carries the patch, and how that was found."""
+        if self.commit:
+            return f"already applied upstream in {self.commit[:12]} ({self.commit_subject}) [{self.how}]"
+        return f"already applied upstream (carrying commit not identified) [{self.how}]"
 
     def note(self, new_commit: str) -> str:
         where = f"upstream commit {self.commit}" if self.commit else "an upstream commit not identified"
