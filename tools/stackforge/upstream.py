@@ -327,6 +327,20 @@ def find_sdist_url(index_url: str, name: str, version: str) -> str:
     return find_sdist(index_url, name, version)[0]
 
 
+SAFE_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}\.tar\.gz")
+
+
+def sdist_file_name(url: str, name: str, version: str) -> str:
+    """The cache file name of a downloaded sdist: the last segment of its URL, decoded, when that is a plain
+    file name; an index that serves a name with a path in it (``..%2F..%2Fx.tar.gz``), a control character
+    or anything but a ``.tar.gz`` is refused, so nothing is written outside the cache."""
+    last = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
+    if SAFE_FILE_NAME.fullmatch(last) and ".." not in last:
+        return last
+    raise UserError(f"the index serves sdist {name}=={version} under an unsafe file name {last[:120]!r}",
+                    fix="the index is misconfigured or hostile: a file name is one path segment ending in .tar.gz")
+
+
 def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False) -> Path:
     """Download the pinned sdist (once) and check its sha256. Returns the cached file."""
     name, version = str(field(sdist, "name")), str(field(sdist, "version"))
@@ -341,6 +355,7 @@ def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False) -> 
     if offline:
         raise UserError(f"sdist {name}=={version} is not cached and offline mode is on", fix="run once with network access")
     url, client = find_sdist(sdist_index_url(sdist), name, version)
+    file_name = sdist_file_name(url, name, version)
     data = _read_url(url, "sdist", client)
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
@@ -348,8 +363,8 @@ def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False) -> 
             f"sha256 mismatch for {redact(url)}: expected {expected}, got {actual}",
             fix="the file on the index is not the pinned one; check sdist.version and sdist.sha256",
         )
+    out = cache / file_name
     cache.mkdir(parents=True, exist_ok=True)
-    out = cache / urllib.parse.unquote(urllib.parse.urlparse(url).path.rsplit("/", 1)[-1])
     tmp = out.with_suffix(out.suffix + ".part")
     tmp.write_bytes(data)
     tmp.replace(out)
