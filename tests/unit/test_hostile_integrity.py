@@ -397,3 +397,27 @@ def test_a_pip_compile_lock_with_transitive_dependencies_is_accepted(root, tmp_p
     # The same lock without the pin that leads to them: every package of the chain is refused.
     proc = sf(root, "render", "example", "--no-sources", "--out", str(tmp_path / "out2"))
     assert proc.returncode == 2 and f"{LOCK_REL}:2: certifi is not a pin of index 'pypi'" in proc.stderr
+
+
+def test_an_interrupted_publish_keeps_the_successful_record_and_says_what_it_left(stub, images, tmp_path):
+    """SIGTERM arrives while the manifest is being pushed: the publish stops, leaves no tag, records
+    ``interrupted`` in publish-failed.json, and the earlier publish.json stays as it was."""
+    import signal
+
+    from stackforge.signals import Interrupted, handle_signals
+
+    ev = tmp_path / "evidence"
+    pub(stub.address, images("a"), tmp_path, "20260929", evidence=ev)
+    before, tags_before = (ev / "publish.json").read_bytes(), dict(stub.tags[NAME])
+    kill = Fault("hook", r"/manifests/sha256:", "PUT", hook=lambda proxy: os.kill(os.getpid(), signal.SIGTERM))
+    with FaultyProxy(stub.address, [kill]) as proxy, pytest.raises(Interrupted) as exc, handle_signals():
+        pub(proxy.address, images("b"), tmp_path, "20260929", evidence=ev)
+    assert exc.value.exit_code == 143 and kill.hits == 1
+    rendered = exc.value.render()
+    assert rendered.startswith("error: interrupted by SIGTERM; publish stopped: no tag was created")
+    assert "publish-failed.json" in rendered
+    assert (ev / "publish.json").read_bytes() == before and stub.tags[NAME] == tags_before
+    failed = json.loads((ev / "publish-failed.json").read_text())
+    assert failed["status"] == "interrupted" and failed["tag_left"] is None
+    assert failed["error"] == "interrupted by SIGTERM; no tag was created"
+    assert not [p for p in ev.iterdir() if p.name.endswith(".tmp")]

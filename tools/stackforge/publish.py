@@ -53,6 +53,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Protocol
 
 from .engine import Engine
 from .errors import BuildFailed, UserError
+from .signals import Interrupted
 from .registry import (
     DOCKER_MANIFEST,
     OCI_MANIFEST,
@@ -1075,14 +1076,19 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
             left = pub.left_behind()
             raise BuildFailed(f"publish to {repo} failed: {exc}; {left}",
                               fix="re-run the same command once the registry answers; uploaded blobs are reused") from None
-    except UserError as err:
-        log("failed", error=err.message)
+    except (UserError, Interrupted) as err:
+        interrupted = isinstance(err, Interrupted)
+        message = f"interrupted by {err.name}; {pub.left_behind()}" if isinstance(err, Interrupted) else err.message
+        log("interrupted" if interrupted else "failed", error=message)
         if evidence is not None:
-            write_evidence(evidence, {"status": "failed", **(extra or {}), "repository": str(repo), "error": err.message,
-                                      "tag_left": pub.tag_written, "image_id": pub.prepared.image_id if pub.prepared else image.image_id,
-                                      "started_at": pub.started_at, "finished_at": _now(),
-                                      "duration_s": round(time.monotonic() - pub.t0, 3), "push_log": log.events},
-                           name=FAILED_RECORD)
+            path = write_evidence(evidence, {
+                "status": "interrupted" if interrupted else "failed", **(extra or {}), "repository": str(repo),
+                "error": message, "tag_left": pub.tag_written,
+                "image_id": pub.prepared.image_id if pub.prepared else image.image_id,
+                "started_at": pub.started_at, "finished_at": _now(),
+                "duration_s": round(time.monotonic() - pub.t0, 3), "push_log": log.events}, name=FAILED_RECORD)
+            if isinstance(err, Interrupted):
+                err.notes.append(f"publish stopped: {message.split('; ', 1)[1]} (record: {path})")
         raise
     if evidence is not None:
         write_evidence(evidence, {**(extra or {}), **result.evidence()})
