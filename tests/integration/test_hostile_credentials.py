@@ -7,44 +7,30 @@ lock, and a git upstream's credential reaches git as a header, not on its comman
 from __future__ import annotations
 
 import base64
-import hashlib
-import io
 import json
-import tarfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from stackforge import cli
 from stackforge import upstream as upstreams
 from stackforge.context import cache_dir_for
 from stackforge.errors import UserError
 from stackforge.stack import load_stack
+
 from tests.fixtures.index_server import IndexServer
-from tests.fixtures.wheels import build_wheel
+from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 
 PASSWORD = "Cnry-pw 4418"  # a space: the netrc and every path must carry it intact
 USER = "ci"
-
-
-def _sdist(out: Path) -> str:
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w:gz") as tf:
-        body = b"print('tiny')\n"
-        info = tarfile.TarInfo("tinysrc-1.0/setup.py")
-        info.size = len(body)
-        tf.addfile(info, io.BytesIO(body))
-    (out / "tinysrc-1.0.tar.gz").write_bytes(data.getvalue())
-    return hashlib.sha256(data.getvalue()).hexdigest()
 
 
 @pytest.fixture(scope="module")
 def private_index(tmp_path_factory):
     files = tmp_path_factory.mktemp("private-files")
     build_wheel(files, "tinypkg", "1.0")
-    sha = _sdist(files)
+    sha = build_tiny_sdist(files)
     root = tmp_path_factory.mktemp("repo")
     (root / "stacks").mkdir()
     with IndexServer(files, auth=(USER, PASSWORD)) as server:

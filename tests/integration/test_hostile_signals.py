@@ -6,37 +6,23 @@ URL) and whose kernel step runs ``sleep 60``; the signal is sent once the engine
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.index_server import IndexServer
-from tests.fixtures.wheels import build_wheel
+from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _sdist(out: Path) -> str:
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w:gz") as tf:
-        body = b"print('tiny')\n"
-        info = tarfile.TarInfo("tinysrc-1.0/setup.py")
-        info.size = len(body)
-        tf.addfile(info, io.BytesIO(body))
-    (out / "tinysrc-1.0.tar.gz").write_bytes(data.getvalue())
-    return hashlib.sha256(data.getvalue()).hexdigest()
 
 
 def _processes_with(needle: str) -> list[str]:
@@ -76,7 +62,7 @@ def test_a_signal_mid_build_stops_the_engine_and_leaves_no_secret(tmp_path, base
     started = time.time()
     files = tmp_path / "files"
     build_wheel(files, "tinypkg", "1.0")
-    sha = _sdist(files)
+    sha = build_tiny_sdist(files)
     password = "CANARYsig" + secrets.token_hex(10)
     root = tmp_path / "repo"
     (root / "stacks").mkdir(parents=True)
