@@ -421,3 +421,31 @@ def test_an_interrupted_publish_keeps_the_successful_record_and_says_what_it_lef
     assert failed["status"] == "interrupted" and failed["tag_left"] is None
     assert failed["error"] == "interrupted by SIGTERM; no tag was created"
     assert not [p for p in ev.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_an_interrupted_nightly_writes_its_summary_with_the_undecided_rows(root, tmp_path, monkeypatch):
+    """SIGTERM while the bake runs: the summary is written, every stack and target not decided is
+    ``interrupted``, and the command says where the summary is."""
+    import signal
+
+    from stackforge import bake as bakemod
+    from stackforge.engine import Engine
+    from stackforge.signals import Interrupted
+
+    monkeypatch.setattr(Engine, "check", lambda self: None)
+
+    def bake_interrupted(*args, **kwargs):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(bakemod, "bake", bake_interrupted)
+    out = tmp_path / "nightly"
+    with pytest.raises(Interrupted) as exc:
+        nightly(root, "127.0.0.1:9/team", date="20260929", stacks=["example"], out=out, echo=lambda line: None)
+    assert exc.value.render().endswith(f"nothing more was published (summary: {out / 'summary.md'})")
+    data = json.loads((out / "summary.json").read_text())
+    assert data["ok"] is False and data["bake"] == {"not_run": "interrupted by SIGTERM"}
+    assert [(r["stack"], r["target"], r["status"], r["stage"]) for r in data["rows"]] == [
+        ("example", "escape", "interrupted", "bake")]
+    md = (out / "summary.md").read_text()
+    assert "| example | escape | INTERRUPTED (bake) |" in md and "Bake: not run: interrupted by SIGTERM." in md
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import BuildFailed, UserError
+from .signals import Interrupted
 from .registry import RetryPolicy, parse_registry
 from .urls import redact_text
 
@@ -43,7 +44,7 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return self.status != "failed"
+        return self.status not in ("failed", "interrupted")
 
 
 @dataclass
@@ -77,7 +78,8 @@ class Summary:
         lines += ["| stack | target | status | tag | digest | gate | duration | failure |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in self.rows:
-            cells = [r.stack, r.target, r.status if r.ok else f"FAILED ({r.stage})", f"`{r.tag}`" if r.tag else "",
+            verdict = r.status if r.ok else ("INTERRUPTED" if r.status == "interrupted" else "FAILED")
+            cells = [r.stack, r.target, verdict if r.ok else f"{verdict} ({r.stage})", f"`{r.tag}`" if r.tag else "",
                      f"`{r.digest}`" if r.digest else "", r.gate or "", f"{r.duration_s:.0f} s", _cell(r.reason)]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return "\n".join(lines) + "\n"
@@ -172,11 +174,8 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
             policy: RetryPolicy | None = None, ca_bundle: str | None = "auto", out: Path | None = None,
             overrides: list[str] | None = None, echo: Callable[[str], None] = print) -> Summary:
     from . import bake as bakemod
-    from .build import BuildOptions, build
-    from .context import build_dir_for
     from .engine import Engine
-    from .fslock import stack_lock
-    from .publish import publish_stack, validate_date
+    from .publish import validate_date
 
     started = time.monotonic()
     parse_registry(registry, what="--registry")
@@ -197,6 +196,54 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
         summary.bake = {"not_run": not_run}
         echo(f"nightly: bake not run: {not_run}")
     engine = Engine(builder=builder)
+    try:
+        _bake_and_build(summary, loaded, targets, registry, date, builder, use_bake, policy, ca_bundle, engine,
+                        outdir, echo)
+    except Interrupted as intr:
+        # The rows not yet decided say so; the summary is written before the command stops.
+        decided = {(r.stack, r.target) for r in summary.rows}
+        for stack in loaded:
+            for target in _targets_or_star(bakemod, stack, targets):
+                if (stack.name, target) not in decided:
+                    summary.rows.append(Row(stack=stack.name, target=target, status="interrupted",
+                                            stage="bake" if not summary.bake else "build",
+                                            reason=f"interrupted by {intr.name} before it finished"))
+        if not summary.bake:
+            summary.bake = {"not_run": f"interrupted by {intr.name}"}
+        _write_summary(summary, outdir, started)
+        intr.notes.append(f"the engine was stopped and nothing more was published (summary: {outdir / 'summary.md'})")
+        raise
+    _write_summary(summary, outdir, started)
+    echo(f"nightly: {sum(r.ok for r in summary.rows)}/{len(summary.rows)} passed; summary {outdir / 'summary.md'}")
+    return summary
+
+
+def _targets_or_star(bakemod, stack, targets: list[str] | None) -> list[str]:
+    try:
+        return bakemod.stack_targets(stack, targets)
+    except UserError:
+        return ["*"]
+
+
+def _write_summary(summary: Summary, outdir: Path, started: float) -> None:
+    from .fslock import atomic_write
+
+    summary.finished_at = _now()
+    summary.duration_s = round(time.monotonic() - started, 1)
+    atomic_write(outdir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
+    atomic_write(outdir / "summary.md", summary.markdown())
+
+
+def _bake_and_build(summary: Summary, loaded: list, targets: list[str] | None, registry: str, date: str,
+                    builder: str | None, use_bake: bool, policy: RetryPolicy | None, ca_bundle: str | None,
+                    engine, outdir: Path, echo: Callable[[str], None]) -> None:
+    """The bake of every loaded stack, then each stack and target built, gated and published (rows appended)."""
+    from . import bake as bakemod
+    from .build import BuildOptions, build
+    from .context import build_dir_for
+    from .fslock import stack_lock
+    from .publish import publish_stack
+
     if loaded:
         engine.check()
     if loaded and use_bake:
@@ -226,13 +273,6 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
             except UserError as err:  # the build directory is busy or cannot be written
                 row = Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render())
             summary.rows.append(row)
-
-    summary.finished_at = _now()
-    summary.duration_s = round(time.monotonic() - started, 1)
-    (outdir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
-    (outdir / "summary.md").write_text(summary.markdown())
-    echo(f"nightly: {sum(r.ok for r in summary.rows)}/{len(summary.rows)} passed; summary {outdir / 'summary.md'}")
-    return summary
 
 
 def _one(stack, target, registry, date, builder, policy, ca_bundle, engine, outdir, echo, build, BuildOptions,
