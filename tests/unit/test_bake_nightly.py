@@ -174,3 +174,24 @@ def test_nightly_command_takes_set_and_passes_it_on(monkeypatch, tmp_path):
                                       "--set", "base.image=a/b:c", "--set", "description=d", "--json"])
     assert args.func(args) == 0
     assert seen["overrides"] == ["base.image=a/b:c", "description=d"] and seen["registry"] == "127.0.0.1:5000/x"
+
+
+def test_an_interrupted_bake_ends_its_log_with_the_signal_and_says_where_it_is(tmp_path):
+    import signal
+
+    from stackforge.signals import Interrupted
+
+    class InterruptedEngine:
+        builder, docker = None, "docker"
+
+        def stream(self, cmd, on_line=None, log_file=None):
+            log_file.write_text("#1 building\n")
+            raise Interrupted(signal.SIGINT)
+
+    with pytest.raises(Interrupted) as exc:
+        bakemod.run([item("a")], tmp_path, engine=InterruptedEngine())
+    assert exc.value.exit_code == 130
+    assert exc.value.render() == f"error: interrupted by SIGINT; the bake was stopped (log: {tmp_path / 'bake.log'})"
+    lines = (tmp_path / "bake.log").read_text().splitlines()
+    assert lines[0] == "#1 building" and lines[-1].startswith("stackforge: interrupted by SIGINT after ")
+    assert json.loads((tmp_path / "bake.json").read_text())["group"]["default"]["targets"] == ["a"]

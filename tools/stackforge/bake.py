@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .engine import Engine
+from .signals import Interrupted
 from .errors import UserError
 from .fslock import stack_lock, stack_locks
 from .model import Stack
@@ -145,7 +146,15 @@ def run(items: list[BakeTarget], workdir: Path, *, engine: Engine | None = None,
     log_file = workdir / "bake.log"
     log_file.unlink(missing_ok=True)
     started = time.monotonic()
-    rc = engine.stream(cmd, on_line=on_line, log_file=log_file).returncode
+    try:
+        rc = engine.stream(cmd, on_line=on_line, log_file=log_file).returncode
+    except Interrupted as intr:
+        # The engine's process group is already stopped; the log ends with what stopped it.
+        with log_file.open("a") as log:
+            log.write(f"stackforge: interrupted by {intr.name} after {time.monotonic() - started:.1f} s; "
+                      "the bake was stopped and loaded nothing further\n")
+        intr.notes.append(f"the bake was stopped (log: {log_file})")
+        raise
     try:
         metadata = json.loads(metadata_file.read_text()) if metadata_file.exists() else {}
     except ValueError:
