@@ -10,7 +10,9 @@ import argparse
 import importlib
 import sys
 
+from . import __version__
 from .errors import UserError
+from .fslock import fs_error
 from .signals import Interrupted, handle_signals
 
 # Order here is the order of `stackforge --help`.
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Render, build, gate and publish vLLM images for MUSA release trains.",
     )
     parser.add_argument("--root", default=None, help="repository root (default: found from the current directory)")
+    parser.add_argument("--version", action="version", version=f"stackforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -57,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        # A path given on the command line (--out, --to, --from …) that cannot be used: one line, no traceback.
+        err = fs_error(exc) or UserError(
+            f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}",
+            fix="check the path: its parent directory must exist and be writable")
+        print(err.render(), file=sys.stderr)
+        return err.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

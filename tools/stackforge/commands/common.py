@@ -5,7 +5,8 @@ import argparse
 from pathlib import Path
 
 from ..model import Stack
-from ..stack import find_root, load_stack
+from ..errors import UserError
+from ..stack import STACKS_DIR, find_root, load_stack
 
 
 def add_set(parser: argparse.ArgumentParser) -> None:
@@ -16,7 +17,18 @@ def add_set(parser: argparse.ArgumentParser) -> None:
 
 
 def root_of(args) -> Path:
-    return Path(args.root).resolve() if getattr(args, "root", None) else find_root()
+    """The repository root: ``--root DIR`` (which must hold stacks/) or the one found upwards from here."""
+    given = getattr(args, "root", None)
+    if not given:
+        return find_root()
+    root = Path(given).resolve()
+    if not root.is_dir():
+        raise UserError(f"no such directory: {given}", file="--root",
+                        fix="pass the stackforge repository's directory (the one holding stacks/)")
+    if not (root / STACKS_DIR).is_dir():
+        raise UserError(f"{root} has no {STACKS_DIR}/ directory", file="--root",
+                        fix="pass the stackforge repository's directory (the one holding stacks/)")
+    return root
 
 
 def load(args, name: str) -> Stack:
