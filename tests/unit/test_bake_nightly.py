@@ -170,6 +170,7 @@ def test_nightly_command_takes_set_and_passes_it_on(monkeypatch, tmp_path):
         return Summary(date="20260929", registry=registry, rows=[Row("s", "t", "published")])
 
     monkeypatch.setattr(cmd, "nightly", fake_nightly)
+    (tmp_path / "stacks").mkdir()
     args = build_parser().parse_args(["--root", str(tmp_path), "nightly", "--registry", "127.0.0.1:5000/x",
                                       "--set", "base.image=a/b:c", "--set", "description=d", "--json"])
     assert args.func(args) == 0
