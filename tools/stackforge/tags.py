@@ -128,28 +128,41 @@ _ALLOWED = (nodes.Template, nodes.Output, nodes.TemplateData, nodes.Const, nodes
 
 
 def check_template(env: Sandbox, source: str, names: set[str]) -> None:
-    """Refuse (TemplateRefused) any node outside the expression subset and private attributes; an unknown
-    name is a jinja2.UndefinedError, as at render time."""
+    """Refuse (TemplateRefused) private attributes and anything outside the expression subset; an unknown
+    name is a jinja2.UndefinedError, as at render time. The most telling problem is reported first:
+    a private attribute, a statement, an unknown name, then a call or an operator."""
     if len(source) > MAX_SOURCE:
         raise TemplateRefused(f"the template is {len(source)} characters long (at most {MAX_SOURCE})")
-    stack = [env.parse(source)]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, _ALLOWED):
-            raise TemplateRefused(f"it uses {_describe(node)}, which a template may not")
-        if isinstance(node, nodes.Name) and node.name not in names:
-            raise jinja2.UndefinedError(f"'{node.name}' is undefined")
-        attr = node.attr if isinstance(node, nodes.Getattr) else (
-            node.arg.value if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) else None)
-        if isinstance(attr, str) and attr.startswith("_"):
-            raise TemplateRefused(f"it reaches the private attribute '{attr}'")
-        if isinstance(node, nodes.Getitem) and not isinstance(node.arg, (nodes.Const, nodes.Slice)):
-            raise TemplateRefused("it indexes with a computed key")
-        if isinstance(node, nodes.Filter) and node.name not in env.filters:
-            raise TemplateRefused(f"it uses the filter '{node.name}', which is not available")
-        if isinstance(node, (nodes.Filter, nodes.Test)) and (node.dyn_args or node.dyn_kwargs):
-            raise TemplateRefused("it passes *args or **kwargs")
-        stack.extend(node.iter_child_nodes())
+    found: list[tuple[int, Exception]] = []
+    todo = [env.parse(source)]
+    while todo:
+        node = todo.pop()
+        problem = _problem(env, node, names)
+        if problem:
+            found.append(problem)
+        todo.extend(reversed(list(node.iter_child_nodes())))
+    if found:
+        raise min(found, key=lambda p: p[0])[1]
+
+
+def _problem(env: Sandbox, node: nodes.Node, names: set[str]) -> tuple[int, Exception] | None:
+    """(priority, exception) for a node a stack template may not hold, else None."""
+    attr = node.attr if isinstance(node, nodes.Getattr) else (
+        node.arg.value if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) else None)
+    if isinstance(attr, str) and attr.startswith("_"):
+        return 0, TemplateRefused(f"it reaches the private attribute '{attr}'")
+    if not isinstance(node, _ALLOWED):
+        return (1 if isinstance(node, nodes.Stmt) else 3), TemplateRefused(
+            f"it uses {_describe(node)}, which a template may not")
+    if isinstance(node, nodes.Name) and node.name not in names:
+        return 2, jinja2.UndefinedError(f"'{node.name}' is undefined")
+    if isinstance(node, nodes.Getitem) and not isinstance(node.arg, (nodes.Const, nodes.Slice)):
+        return 3, TemplateRefused("it indexes with a computed key")
+    if isinstance(node, nodes.Filter) and node.name not in env.filters:
+        return 3, TemplateRefused(f"it uses the filter '{node.name}', which is not available")
+    if isinstance(node, (nodes.Filter, nodes.Test)) and (node.dyn_args or node.dyn_kwargs):
+        return 3, TemplateRefused("it passes *args or **kwargs")
+    return None
 
 
 def _describe(node: nodes.Node) -> str:
