@@ -7,18 +7,91 @@ type errors into errors that name the file, line and column.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
+
+from . import grammar
+from .grammar import ENV_NAME_RE as ENV_NAME
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PROJECT_NAME = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
+PYTHON_VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
+TOOLKIT_VERSION = re.compile(r"^[0-9][0-9A-Za-z._+-]{0,63}$")
+
+
+def _grammar(check: Callable[[str], str | None]) -> AfterValidator:
+    """A pydantic validator from a ``grammar.check_*`` function (``None`` = valid, else the reason)."""
+    def validate(value: str) -> str:
+        reason = check(value)
+        if reason:
+            raise ValueError(reason)
+        return value
+    return AfterValidator(validate)
+
+
+def _project(name: str) -> str | None:
+    return None if PROJECT_NAME.match(name) else f"{name!r} is not a valid project name"
+
+
+def _python_version(text: str) -> str | None:
+    return None if PYTHON_VERSION.match(text) else f"{text!r} is not a Python version such as \"3.11\""
+
+
+def _toolkit_version(text: str) -> str | None:
+    return None if TOOLKIT_VERSION.match(text) else f"{text!r} is not a toolkit version such as 5.2.0"
+
+
+def _sha256(text: str) -> str | None:
+    return None if SHA256.match(text) else "sha256 must be 64 lowercase hex digits"
+
+
+# Values that name something: each type carries its grammar (see grammar.py).
+Name = Annotated[str, _grammar(grammar.check_name)]
+EnvName = Annotated[str, _grammar(grammar.check_env_name)]
+Module = Annotated[str, _grammar(grammar.check_module)]
+LabelKey = Annotated[str, _grammar(grammar.check_label_key)]
+ProjectName = Annotated[str, _grammar(_project)]
+Sha256 = Annotated[str, _grammar(_sha256)]
+
+
+def _unprintable(value: Any, multiline: bool) -> str | None:
+    """The reason a raw field value holds a control character: the string, a list item, a mapping key or value.
+
+    Nested mappings inside lists and mappings are models with their own check."""
+    if isinstance(value, str):
+        return grammar.check_text(value, multiline)
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            reason = isinstance(item, str) and grammar.check_text(item, multiline)
+            if reason:
+                return f"item {i} {reason}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            reason = isinstance(key, str) and grammar.check_text(key)
+            if reason:
+                return f"key {key!r} {reason}"
+            reason = isinstance(item, str) and grammar.check_text(item, multiline)
+            if reason:
+                return f"the value of {key!r} {reason}"
+    return None
 
 
 class Strict(BaseModel):
+    """Unknown keys are refused; no string holds a control character (``multiline_fields`` may hold \\n, \\t)."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    multiline_fields: ClassVar[frozenset[str]] = frozenset()
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _printable(cls, value: Any, info: ValidationInfo) -> Any:
+        reason = _unprintable(value, info.field_name in cls.multiline_fields)
+        if reason:
+            raise ValueError(reason)
+        return value
 
 
 def _exact_version(value: object) -> str:
@@ -40,12 +113,13 @@ def _exact_version(value: object) -> str:
 
 
 class Platform(Strict):
-    os: str = Field(description="base OS label used in tags, e.g. ubuntu22.04")
-    python: str = Field(description="Python version, quoted: \"3.10\"")
+    os: Name = Field(description="base OS label used in tags, e.g. ubuntu22.04")
+    python: Annotated[str, _grammar(_python_version)] = Field(description="Python version, quoted: \"3.10\"")
     arch: Literal["x86_64", "aarch64"] = "x86_64"
-    musa: str | None = Field(None, description="MUSA toolkit version, e.g. 5.2.0")
-    musa_runtime: str | None = Field(None, description="MUSA runtime apt series, e.g. \"5.2\"")
-    gpu_arch: list[str] = Field(default_factory=list, description="GPU architectures to compile for, e.g. [mp_31]")
+    musa: Annotated[str, _grammar(_toolkit_version)] | None = Field(None, description="MUSA toolkit version, e.g. 5.2.0")
+    musa_runtime: Annotated[str, _grammar(_toolkit_version)] | None = Field(
+        None, description="MUSA runtime apt series, e.g. \"5.2\"")
+    gpu_arch: list[Name] = Field(default_factory=list, description="GPU architectures to compile for, e.g. [mp_31]")
 
     @field_validator("python", "musa_runtime", "musa", mode="before")
     @classmethod
@@ -56,9 +130,12 @@ class Platform(Strict):
 
 
 class Base(Strict):
-    image: str = Field(description="base image reference; the stand-in for tests is set with --set base.image=…")
-    python: str = Field("python3", description="interpreter inside the base image")
-    digest: str | None = Field(None, description="sha256 digest the base image must have")
+    image: Annotated[str, _grammar(grammar.check_image_ref)] = Field(
+        description="base image reference; the stand-in for tests is set with --set base.image=…")
+    python: Annotated[str, _grammar(grammar.check_python)] = Field(
+        "python3", description="interpreter inside the base image")
+    digest: Annotated[str, _grammar(grammar.check_digest)] | None = Field(
+        None, description="sha256 digest the base image must have")
 
 
 class Index(Strict):
@@ -66,7 +143,7 @@ class Index(Strict):
     role: Literal["vendor", "public"] = Field(
         description="vendor: exact wheels installed with --no-deps; public: an ordinary resolution of exact pins"
     )
-    deps_from: str | None = Field(None, description="vendor indexes: the index their wheels' own dependencies come from")
+    deps_from: Name | None = Field(None, description="vendor indexes: the index their wheels' own dependencies come from")
     private: bool = Field(False, description="credentials may be needed; they arrive only as a BuildKit secret")
     lock: bool = Field(False, description="this index installs from stacks/locks/<stack>/<index>.txt (written by "
                        "`stackforge lock`); lint and build fail when that file is missing")
@@ -74,22 +151,17 @@ class Index(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        from urllib.parse import urlsplit
-
         from .urls import redact
 
-        if not re.match(r"^(https?|file)://", value):
-            raise ValueError(f"'{redact(value)}' is not an http(s):// or file:// URL")
-        try:
-            urlsplit(value).port
-        except ValueError as exc:
-            raise ValueError(f"'{redact(value)}' is not a valid URL: {exc}") from None
+        reason = grammar.check_url(value, redact(value))
+        if reason:
+            raise ValueError(reason)
         return value.rstrip("/")
 
 
 class Sdist(Strict):
-    index: str = Field(description="name of the index that serves the sdist")
-    name: str
+    index: Name = Field(description="name of the index that serves the sdist")
+    name: ProjectName
     version: str
     sha256: str
 
@@ -105,10 +177,22 @@ class Sdist(Strict):
 
 class Upstream(Strict):
     git: str | None = Field(None, description="git URL or local path of the upstream repository")
-    tag: str | None = Field(None, description="the release tag; the commit must be the one it points to")
+    tag: Annotated[str, _grammar(grammar.check_git_ref)] | None = Field(
+        None, description="the release tag; the commit must be the one it points to")
     commit: str | None = Field(None, description="full 40-hex commit id")
     sdist: Sdist | None = Field(None, description="a release sdist instead of git")
-    patches: str | None = Field(None, description="patch overlay directory, relative to the repository root")
+    patches: Annotated[str, _grammar(grammar.check_relative_path)] | None = Field(
+        None, description="patch overlay directory, relative to the repository root")
+
+    @field_validator("git")
+    @classmethod
+    def _git(cls, value):
+        from .urls import redact
+
+        reason = value is not None and grammar.check_git_source(value, redact(value))
+        if reason:
+            raise ValueError(reason)
+        return value
 
     @field_validator("commit")
     @classmethod
@@ -124,13 +208,12 @@ def _one_line(value: str) -> str:
     return value.strip()
 
 
-PROJECT_NAME = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
 RESERVED_STAGES = {"base", "deps", "gate", "gate-readonly"}
 
 
 class Kernel(Strict):
-    upstream: str = Field(description="the upstream whose patched tree this step builds")
-    env: dict[str, str] = Field(default_factory=dict,
+    upstream: Name = Field(description="the upstream whose patched tree this step builds")
+    env: dict[EnvName, str] = Field(default_factory=dict,
                                 description="environment of the build command; values may use {{ … }} like tags")
     run: str = Field(description="shell command run in the upstream tree; it writes wheels to /out/wheels")
 
@@ -150,14 +233,14 @@ class Kernel(Strict):
 
 class Package(Strict):
     version: str
-    index: str = Field(description="the one index this package comes from")
+    index: Name = Field(description="the one index this package comes from")
     gate: Literal["exact", "prefix", "metadata"] = Field(
         "exact",
         description="exact: import, then installed version == pin; prefix: import, then the installed version's "
         "public part == the pin's (any local label); metadata: no import, version from package metadata",
     )
-    import_: str | None = Field(None, alias="import", description="module to import (default: name with - → _)")
-    sha256: list[str] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
+    import_: Module | None = Field(None, alias="import", description="module to import (default: name with - → _)")
+    sha256: list[Sha256] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
 
     _v = field_validator("version", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
 
@@ -167,12 +250,14 @@ class Package(Strict):
 
 
 class GateImport(Strict):
-    module: str
-    dist: str | None = None
+    module: Module
+    dist: ProjectName | None = None
 
 
 class Probe(Strict):
-    name: str
+    multiline_fields: ClassVar[frozenset[str]] = frozenset({"code", "description"})
+
+    name: Name
     description: str = ""
     code: str = Field(description="Python run in the gate after the imports; it prints one result line")
     expect: str = Field(description="the exact line the code must print")
@@ -247,29 +332,32 @@ class Tags(Strict):
 
 
 class Target(Strict):
+    # The exec form is written as JSON: newlines and tabs inside an argument stay on one Dockerfile line.
+    multiline_fields: ClassVar[frozenset[str]] = frozenset({"entrypoint", "cmd"})
+
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict)
 
 
 class Stack(Strict):
-    name: str
-    description: str = ""
-    inherits: str | None = Field(None, description="parent stack name (stacks/<name>.yaml)")
+    name: Name
+    description: str = Field("", description="one line; it becomes the image's description label")
+    inherits: Name | None = Field(None, description="parent stack name (stacks/<name>.yaml)")
     nightly: bool = Field(False, description="built and published by `stackforge nightly`")
-    source: str | None = Field(None, description="the upstream whose repository, commit and tag become the "
+    source: Name | None = Field(None, description="the upstream whose repository, commit and tag become the "
                                "image's org.opencontainers.image.{source,revision,version} (default: the first)")
     platform: Platform
     base: Base
-    indexes: dict[str, Index]
-    upstreams: dict[str, Upstream] = Field(default_factory=dict)
-    kernels: dict[str, Kernel] = Field(default_factory=dict)
-    packages: dict[str, Package]
+    indexes: dict[Name, Index]
+    upstreams: dict[Name, Upstream] = Field(default_factory=dict)
+    kernels: dict[Name, Kernel] = Field(default_factory=dict)
+    packages: dict[ProjectName, Package]
     gate: Gate = Field(default_factory=Gate)
     rules: Rules = Field(default_factory=Rules)
     tags: Tags
-    labels: dict[str, str] = Field(default_factory=dict)
-    targets: dict[str, Target] = Field(default_factory=dict)
+    labels: dict[LabelKey, str] = Field(default_factory=dict)
+    targets: dict[Name, Target] = Field(default_factory=dict)
 
     # Filled by the loader: where each value came from, and the files read.
     _positions: dict = PrivateAttr(default_factory=dict)

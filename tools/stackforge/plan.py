@@ -151,6 +151,7 @@ def image_labels(stack: Stack, *, base_digest: str | None = None, created: str |
 def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
     """``locks``: {index: repository-relative lock file} for the indexes that have one."""
     locks = locks or {}
+    tags.labels(stack)  # the label templates render (or refuse) before anything is written
     phases = pip_phases(stack, frozenset(locks))
     for phase in phases:
         # Third-party build scripts of a public phase never see the vendor credentials.

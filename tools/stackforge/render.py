@@ -1,14 +1,23 @@
 """Render the multi-stage Dockerfile from the plan (templates live in images/)."""
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 
 import jinja2
+from jinja2.sandbox import SecurityError
 
+from . import grammar
 from .errors import UserError
 from .plan import Plan
+from .tags import Sandbox
 
 SOURCE_IMAGES = Path(__file__).resolve().parents[2] / "images"
+#: Longest Dockerfile the template may render.
+MAX_DOCKERFILE = 4 * 1024 * 1024
+# Line breaks JSON leaves as they are but str.splitlines (and a reader) would break a line at.
+_JSON_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
 def images_dir(root: Path | None = None) -> Path:
@@ -21,24 +30,60 @@ def images_dir(root: Path | None = None) -> Path:
     raise UserError("no images/Dockerfile.j2 found", fix="run stackforge inside its repository (or pass --root)")
 
 
-def _env(root: Path | None) -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(images_dir(root))),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=False,
-        lstrip_blocks=False,
-    )
+def dockerword(value: object) -> str:
+    """A double-quoted Dockerfile word (ENV and LABEL keys and values) that reads back as exactly ``value``.
+
+    Inside double quotes the Dockerfile parser takes ``\\"``, ``\\\\`` and ``\\$`` as escapes and expands
+    ``$NAME``; every other character, UTF-8 included, stands for itself. A line break cannot be written."""
+    text = str(value)
+    bad = grammar.bad_char(text)
+    if bad:
+        raise ValueError(f"{text!r} contains {bad}, which a Dockerfile value cannot hold")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def execform(value: list[str]) -> str:
+    """The JSON exec form of ENTRYPOINT/CMD on one line: UTF-8 kept, no HTML escaping, no substitution."""
+    text = json.dumps([str(v) for v in value], ensure_ascii=False)
+    for raw, escaped in _JSON_LINE_BREAKS.items():
+        text = text.replace(raw, escaped)
+    return text
+
+
+def shellword(value: object) -> str:
+    """A word of a RUN shell line, quoted only when it holds characters the shell would interpret."""
+    text = str(value)
+    if grammar.bad_char(text):
+        raise ValueError(f"{text!r} contains {grammar.bad_char(text)}, which a shell word cannot hold")
+    return shlex.quote(text)
+
+
+def _env(root: Path | None) -> Sandbox:
+    env = Sandbox(limit=MAX_DOCKERFILE, loader=jinja2.FileSystemLoader(str(images_dir(root))),
+                  keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False)
+    builtin = env.filters
+    env.filters = {"length": builtin["length"], "dockerword": dockerword, "execform": execform,
+                   "shellword": shellword}
+    return env
 
 
 def render_dockerfile(plan: Plan, labels: dict[str, str] | None = None, syntax: str | None = None,
                       root: Path | None = None) -> str:
     """The Dockerfile text. ``syntax`` adds a `# syntax=` line (off by default: it needs a registry)."""
-    text = _env(root).get_template("Dockerfile.j2").render(plan=plan, labels=labels or {}, syntax=syntax)
-    # Collapse the blank runs left by template control lines.
+    env = _env(root)
+    try:
+        template = env.get_template("Dockerfile.j2")
+        text = env.render_limited(template, {"plan": plan, "labels": labels or {}, "syntax": syntax})
+    except jinja2.TemplateSyntaxError as exc:
+        raise UserError(f"invalid Dockerfile template: {exc.message}", file="images/Dockerfile.j2", line=exc.lineno,
+                        fix="fix the template's {{ … }} / {% … %} syntax") from None
+    except (jinja2.TemplateError, SecurityError, ValueError, TypeError) as exc:
+        raise UserError(f"cannot render images/Dockerfile.j2: {exc}", file="images/Dockerfile.j2",
+                        fix="the template may use the plan, the filters length, dockerword, execform and shellword; "
+                            "values must be single lines of printable text") from None
+    # Collapse the blank runs left by template control lines (only \n breaks a Dockerfile line).
     out, blank = [], 0
-    for line in text.splitlines():
+    for line in text.split("\n"):
         blank = blank + 1 if not line.strip() else 0
         if blank <= 1:
             out.append(line.rstrip())

@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jinja2
+from jinja2.sandbox import SecurityError
 from packaging.version import Version
 
+from . import tags
+from .errors import UserError
 from .model import Stack
 from .pins import Pin
 from .stack import position
@@ -73,16 +76,17 @@ def check_trains(stack: Stack) -> list[Finding]:
     return out
 
 
-_TEMPLATES = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-
-
 def check_built_for(stack: Stack) -> list[Finding]:
     """A package built against another names that package's exact version in its local label."""
     out = []
     for i, bf in enumerate(stack.rules.built_for):
         target = _pin(stack, bf.for_)
         try:
-            want = _TEMPLATES.from_string(bf.local).render({"for": target.as_context()})
+            want = tags.render_sandboxed(bf.local, {"for": target.as_context()})
+        except (tags.TemplateRefused, SecurityError) as exc:
+            raise UserError(f"rules.built_for.{i}.local: template refused: {exc}",
+                            **position(stack, ("rules", "built_for", i, "local")).as_error_kwargs(),
+                            fix=tags.TEMPLATE_FIX) from None
         except jinja2.TemplateError as exc:
             out.append(Finding("built-for", f"template error in rules.built_for[{i}].local: {exc}",
                                ("rules", "built_for", i, "local"), "use {{ for.local }}, {{ for.public }}, "

@@ -402,8 +402,35 @@ def _validation_problems(exc: ValidationError, values: dict, keys: dict) -> list
 
 
 def _value_fix(msg: str) -> str | None:
+    if "only printable characters" in msg:
+        return "remove the control characters: the value must be printable text on one line"
+    if "git URL or path" in msg:
+        return ("write an https://, ssh://, git:// or file:// URL, user@host:path or a local path "
+                "(no spaces, quotes or shell characters, not starting with '-')")
+    if "image reference" in msg:
+        return "write [registry[:port]/]repository[:tag][@sha256:<64 hex>], e.g. stackforge/base:bookworm"
+    if "is not a digest" in msg:
+        return "write sha256: followed by the 64 lowercase hex digits of the image's digest"
     if "URL" in msg:
-        return "write the full index URL, e.g. https://pypi.org/simple"
+        return ("write an http(s):// URL with a host (or a file:/// path) without spaces, quotes, '?', '#' "
+                "or shell characters, e.g. https://pypi.org/simple")
+    if "is not a valid name" in msg:
+        return ("use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 128 characters): "
+                "the name becomes a build stage, a directory and a file name")
+    if "module name" in msg:
+        return "write a Python module name: identifiers joined by '.', e.g. deep_gemm or vllm.entrypoints"
+    if "label key" in msg:
+        return "write a reverse-DNS key: lowercase letters, digits, '-' and '_' between dots, e.g. com.example.version"
+    if "interpreter" in msg:
+        return "write a command name such as python3, or an absolute path such as /usr/bin/python3.11"
+    if "git tag name" in msg:
+        return "write the tag as git names it: letters, digits, '.', '_', '+', '-' and '/' (no '..', no spaces)"
+    if "relative path inside the repository" in msg:
+        return "write a directory relative to the repository root, e.g. patches/vllm (no '..', not absolute)"
+    if "Python version" in msg:
+        return "write major.minor in quotes, e.g. \"3.11\""
+    if "toolkit version" in msg:
+        return "write the version as digits and dots, e.g. 5.2.0"
     if "single line" in msg:
         return "join the commands with && on one line, or put a script in the upstream and run it"
     if "reserved" in msg:

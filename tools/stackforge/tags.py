@@ -1,7 +1,8 @@
 """Image references derived from the pins, never typed by hand.
 
-Templates live in the stack (``tags:``); every rendered reference is checked
-against the OCI distribution grammar for repository names and tags.
+Templates live in the stack (``tags:``, ``labels:``, kernel ``env:``) and render in a Jinja
+sandbox: values, a few filters and if/else only, with bounded output. Every rendered
+reference is checked against the OCI distribution grammar for repository names and tags.
 """
 from __future__ import annotations
 
@@ -10,18 +11,25 @@ import re
 from dataclasses import dataclass
 
 import jinja2
+from jinja2 import nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
+from . import grammar
 from .errors import UserError
+from .grammar import HOST_RE, PATH_COMPONENT, REPO_PATH_RE, TAG_RE, check_repository, check_tag  # noqa: F401
 from .model import Stack
 from .pins import Pin
 from .stack import position
 
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
-PATH_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
-REPO_PATH_RE = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$")
-HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
-                     r"|\[[0-9a-fA-F:]+\])(?::[0-9]+)?$")
 DATE_RE = re.compile(r"^\d{8}$")
+
+#: Longest template source and longest rendered text of a stack template (a tag, a label, an env value).
+MAX_SOURCE = 4096
+MAX_OUTPUT = 16384
+
+TEMPLATE_FIX = ("a template may use values ({{ platform.python }}, {{ packages.torch.version | public }}), "
+                "the filters tagsafe, public, local, musa_arch, replace, join, map, lower, upper, and if/else; "
+                "no calls, loops, assignments or names starting with '_'")
 
 
 @dataclass(frozen=True)
@@ -33,13 +41,137 @@ class Ref:
         return f"{self.repository}:{self.tag}"
 
 
-def _env() -> jinja2.Environment:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
-    env.filters["tagsafe"] = lambda v: str(v).replace("+", "_")
-    env.filters["public"] = lambda v: Pin(str(v)).public
-    env.filters["local"] = lambda v: Pin(str(v)).local or ""
-    env.filters["musa_arch"] = musa_arch
+class TemplateRefused(Exception):
+    """A stack template uses something a template may not (a call, a loop, a private attribute)."""
+
+
+class Sandbox(ImmutableSandboxedEnvironment):
+    """A Jinja sandbox without globals whose string arithmetic cannot build an unbounded value."""
+
+    intercepted_binops = frozenset({"*", "**", "%", "//", "/"})
+
+    def __init__(self, limit: int = MAX_OUTPUT, **kwargs):
+        super().__init__(undefined=jinja2.StrictUndefined, autoescape=False, **kwargs)
+        self.limit = limit
+        self.globals.clear()
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "%" and isinstance(left, str):
+            raise SecurityError("string formatting with % is not allowed in a template")
+        if operator == "**" and (not isinstance(right, int) or abs(right) > 64 or abs(left) > 2 ** 64):
+            raise SecurityError(f"{left!r} ** {right!r} is too large for a template")
+        if operator == "*":
+            seq, times = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
+            if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > self.limit:
+                raise SecurityError(f"a repetition of {len(seq) * times} items is over the limit of {self.limit}")
+        return super().call_binop(context, operator, left, right)
+
+    def render_limited(self, template: jinja2.Template, data: dict) -> str:
+        """Render, refusing (SecurityError) once the output is longer than the limit."""
+        out, size = [], 0
+        for chunk in template.generate(data):
+            size += len(chunk)
+            if size > self.limit:
+                raise SecurityError(f"the rendered text is longer than {self.limit} characters")
+            out.append(chunk)
+        return "".join(out)
+
+
+def bounded_replace(limit: int):
+    """The ``replace`` filter, refusing a result longer than ``limit`` (``'x'|replace('', long)`` grows fast)."""
+    def replace(value, old, new, count=None):
+        text, old, new = str(value), str(old), str(new)
+        hits = text.count(old) if count is None else min(int(count), text.count(old))
+        if len(text) + hits * (len(new) - len(old)) > limit:
+            raise SecurityError(f"replace would build a text longer than {limit} characters")
+        return text.replace(old, new, -1 if count is None else int(count))
+    return replace
+
+
+def bounded_join(limit: int):
+    def join(value, d="", attribute=None):
+        items = [str(getattr(v, attribute) if attribute else v) for v in value]
+        text = str(d).join(items)
+        if len(text) > limit:
+            raise SecurityError(f"join would build a text longer than {limit} characters")
+        return text
+    return join
+
+
+def sandbox(limit: int = MAX_OUTPUT) -> Sandbox:
+    """The environment of every stack template: stackforge's filters and a few bounded built-in ones."""
+    env = Sandbox(limit=limit, keep_trailing_newline=False)
+    builtin = env.filters
+    env.filters = {
+        "tagsafe": lambda v: str(v).replace("+", "_"),
+        "public": lambda v: Pin(str(v)).public,
+        "local": lambda v: Pin(str(v)).local or "",
+        "musa_arch": musa_arch,
+        "replace": bounded_replace(limit),
+        "join": bounded_join(limit),
+        "map": builtin["map"],
+        "lower": builtin["lower"],
+        "upper": builtin["upper"],
+    }
     return env
+
+
+def _env() -> Sandbox:
+    return sandbox()
+
+
+# Expressions a stack template may hold: values, attributes, filters, comparisons, if/else and '~'.
+_ALLOWED = (nodes.Template, nodes.Output, nodes.TemplateData, nodes.Const, nodes.Name, nodes.Getattr,
+            nodes.Getitem, nodes.Filter, nodes.Test, nodes.If, nodes.CondExpr, nodes.Concat, nodes.Compare,
+            nodes.Operand, nodes.And, nodes.Or, nodes.Not, nodes.Add, nodes.Sub, nodes.Neg, nodes.Pos,
+            nodes.List, nodes.Tuple, nodes.Keyword, nodes.Slice)
+
+
+def check_template(env: Sandbox, source: str, names: set[str]) -> None:
+    """Refuse (TemplateRefused) private attributes and anything outside the expression subset; an unknown
+    name is a jinja2.UndefinedError, as at render time. The most telling problem is reported first:
+    a private attribute, a statement, an unknown name, then a call or an operator."""
+    if len(source) > MAX_SOURCE:
+        raise TemplateRefused(f"the template is {len(source)} characters long (at most {MAX_SOURCE})")
+    found: list[tuple[int, Exception]] = []
+    todo = [env.parse(source)]
+    while todo:
+        node = todo.pop()
+        problem = _problem(env, node, names)
+        if problem:
+            found.append(problem)
+        todo.extend(reversed(list(node.iter_child_nodes())))
+    if found:
+        raise min(found, key=lambda p: p[0])[1]
+
+
+def _problem(env: Sandbox, node: nodes.Node, names: set[str]) -> tuple[int, Exception] | None:
+    """(priority, exception) for a node a stack template may not hold, else None."""
+    attr = node.attr if isinstance(node, nodes.Getattr) else (
+        node.arg.value if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) else None)
+    if isinstance(attr, str) and attr.startswith("_"):
+        return 0, TemplateRefused(f"it reaches the private attribute '{attr}'")
+    if not isinstance(node, _ALLOWED):
+        return (1 if isinstance(node, nodes.Stmt) else 3), TemplateRefused(
+            f"it uses {_describe(node)}, which a template may not")
+    if isinstance(node, nodes.Name) and node.name not in names:
+        return 2, jinja2.UndefinedError(f"'{node.name}' is undefined")
+    if isinstance(node, nodes.Getitem) and not isinstance(node.arg, (nodes.Const, nodes.Slice)):
+        return 3, TemplateRefused("it indexes with a computed key")
+    if isinstance(node, nodes.Filter) and node.name not in env.filters:
+        return 3, TemplateRefused(f"it uses the filter '{node.name}', which is not available")
+    if isinstance(node, (nodes.Filter, nodes.Test)) and (node.dyn_args or node.dyn_kwargs):
+        return 3, TemplateRefused("it passes *args or **kwargs")
+    return None
+
+
+def _describe(node: nodes.Node) -> str:
+    kinds = {nodes.Call: "a call", nodes.For: "a loop", nodes.Assign: "an assignment", nodes.AssignBlock: "an assignment",
+             nodes.Macro: "a macro", nodes.Mul: "'*'", nodes.Pow: "'**'", nodes.Mod: "'%'", nodes.Div: "'/'",
+             nodes.FloorDiv: "'//'", nodes.Include: "an include", nodes.Import: "an import",
+             nodes.FromImport: "an import", nodes.Extends: "extends", nodes.Block: "a block", nodes.With: "with",
+             nodes.CallBlock: "a call block", nodes.FilterBlock: "a filter block", nodes.Dict: "a mapping literal"}
+    return next((text for kind, text in kinds.items() if isinstance(node, kind)), f"'{type(node).__name__}'")
 
 
 def musa_arch(value: str) -> str:
@@ -62,43 +194,36 @@ def context(stack: Stack, **extra) -> dict:
     }
 
 
+def render_sandboxed(template: str, data: dict, env: Sandbox | None = None) -> str:
+    """Render a stack template in the sandbox; raises TemplateRefused, SecurityError or a jinja2.TemplateError."""
+    env = env or sandbox()
+    check_template(env, template, set(data))
+    return env.render_limited(env.from_string(template), data).strip()
+
+
 def render_template(stack: Stack, template: str, path: tuple, **extra) -> str:
+    """A stack template rendered in the sandbox; every refusal is a UserError naming the key and its place."""
+    key = ".".join(map(str, path))
+    where = position(stack, path).as_error_kwargs()
     try:
-        return _env().from_string(template).render(context(stack, **extra)).strip()
+        text = render_sandboxed(template, context(stack, **extra))
+    except TemplateRefused as exc:
+        raise UserError(f"{key}: template refused: {exc}", **where, fix=TEMPLATE_FIX) from None
+    except SecurityError as exc:
+        raise UserError(f"{key}: template refused: {exc}", **where, fix=TEMPLATE_FIX) from None
     except jinja2.UndefinedError as exc:
-        raise UserError(f"{'.'.join(map(str, path))}: template uses an unknown value ({exc.message})",
-                        **position(stack, path).as_error_kwargs(),
+        raise UserError(f"{key}: template uses an unknown value ({exc.message})", **where,
                         fix="use platform.*, packages.<name>.version|public|local, upstreams.<name>.tag, "
                             "stack.name, date, revision") from None
     except jinja2.TemplateError as exc:
-        raise UserError(f"{'.'.join(map(str, path))}: invalid template: {exc}",
-                        **position(stack, path).as_error_kwargs(), fix="check the {{ … }} braces and filters") from None
-
-
-def check_tag(tag: str) -> str | None:
-    """Return a reason when ``tag`` is not a valid OCI tag."""
-    if TAG_RE.match(tag):
-        return None
-    if len(tag) > 128:
-        return f"is {len(tag)} characters long (at most 128)"
-    bad = sorted({c for c in tag if not re.match(r"[A-Za-z0-9._-]", c)})
+        raise UserError(f"{key}: invalid template: {exc}", **where, fix="check the {{ … }} braces and filters") from None
+    except (ValueError, TypeError, ArithmeticError, LookupError, AttributeError, RecursionError) as exc:
+        raise UserError(f"{key}: template failed: {type(exc).__name__}: {exc}", **where, fix=TEMPLATE_FIX) from None
+    bad = grammar.bad_char(text)
     if bad:
-        return "contains " + ", ".join(repr(c) for c in bad) + " (allowed: letters, digits, '.', '_', '-')"
-    return "must start with a letter, digit or '_'"
-
-
-def check_repository(repo: str) -> str | None:
-    """Return a reason when ``repo`` (optionally with a registry host) is not a valid repository name."""
-    first, _, rest = repo.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        if not HOST_RE.match(first):
-            return f"registry host '{first}' is not a valid host[:port]"
-        path = rest
-    else:
-        path = repo
-    if not REPO_PATH_RE.match(path):
-        return f"repository path '{path}' must be lowercase letters, digits and separators (., _, __, -) between '/'"
-    return None
+        raise UserError(f"{key}: the template renders {text!r}, which contains {bad}", **where,
+                        fix="a rendered tag, label or environment value is one line of printable text")
+    return text
 
 
 def parse_ref(text: str) -> Ref:

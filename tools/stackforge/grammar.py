@@ -1,0 +1,178 @@
+"""The grammars of stack values that reach a Dockerfile, a shell line, a label or a file path.
+
+One implementation for the loader (``model.py``) and the tag checks (``tags.py``). Each
+``check_*`` function returns ``None`` for a valid value and otherwise the reason, worded so it
+completes "<key>: …" in an error message.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from urllib.parse import urlsplit
+
+# OCI distribution: tags, repository path components, registry host[:port].
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+PATH_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+REPO_PATH_RE = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$")
+HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+                     r"|\[[0-9a-fA-F:]+\])(?::[0-9]+)?$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+#: A name used as a map key: a stage-name suffix, a context directory, a cache directory, a file name.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+LABEL_KEY_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9_-]*[a-z0-9])?)*$")
+PYTHON_RE = re.compile(r"^(?:/[A-Za-z0-9._+-]+(?:/[A-Za-z0-9._+-]+)*|[A-Za-z0-9_][A-Za-z0-9._+-]*)$")
+GIT_REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9_][A-Za-z0-9._+-]*)*$")
+REL_PATH_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)*/?$")
+#: Characters a URL may hold beyond letters and digits: none of them means anything to a shell.
+URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/%+,=@\[\]-]*$")
+GIT_URL_SCHEMES = ("https", "http", "ssh", "git", "file")
+
+# Line breaks as Python's str.splitlines sees them, besides the C0/C1 control characters.
+_LINE_BREAKS = {"\u2028", "\u2029"}
+
+
+def bad_char(text: str, multiline: bool = False) -> str | None:
+    """The first control character (or line separator) in ``text``, described; ``multiline`` allows \\n and \\t."""
+    for ch in text:
+        if multiline and ch in "\n\t":
+            continue
+        if ch in _LINE_BREAKS or unicodedata.category(ch) == "Cc":
+            names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\x00": "a NUL byte"}
+            return names.get(ch, f"the control character U+{ord(ch):04X}")
+    return None
+
+
+def check_text(text: str, multiline: bool = False) -> str | None:
+    bad = bad_char(text, multiline)
+    return f"contains {bad} (only printable characters{', newlines and tabs' if multiline else ''} are allowed)" \
+        if bad else None
+
+
+def check_name(name: str) -> str | None:
+    if NAME_RE.match(name):
+        return None
+    return f"{name!r} is not a valid name"
+
+
+def check_env_name(name: str) -> str | None:
+    return None if ENV_NAME_RE.match(name) else f"{name!r} is not a valid environment variable name"
+
+
+def check_module(name: str) -> str | None:
+    return None if MODULE_RE.match(name) else f"{name!r} is not a Python module name (dotted identifiers)"
+
+
+def check_label_key(key: str) -> str | None:
+    if LABEL_KEY_RE.match(key):
+        return None
+    return f"{key!r} is not a label key in reverse-DNS notation"
+
+
+def check_python(cmd: str) -> str | None:
+    if PYTHON_RE.match(cmd):
+        return None
+    return f"{cmd!r} is not an interpreter command name or absolute path"
+
+
+def check_git_ref(ref: str) -> str | None:
+    if GIT_REF_RE.match(ref) and ".." not in ref and not ref.endswith((".lock", ".")) and "@{" not in ref:
+        return None
+    return f"{ref!r} is not a git tag name"
+
+
+def check_relative_path(path: str) -> str | None:
+    parts = path.rstrip("/").split("/")
+    if REL_PATH_RE.match(path) and not any(p in (".", "..") for p in parts):
+        return None
+    return f"{path!r} is not a relative path inside the repository"
+
+
+def check_digest(digest: str) -> str | None:
+    return None if DIGEST_RE.match(digest) else f"{digest!r} is not a digest sha256:<64 lowercase hex digits>"
+
+
+def check_tag(tag: str) -> str | None:
+    """Return a reason when ``tag`` is not a valid OCI tag."""
+    if TAG_RE.match(tag):
+        return None
+    if len(tag) > 128:
+        return f"is {len(tag)} characters long (at most 128)"
+    bad = sorted({c for c in tag if not re.match(r"[A-Za-z0-9._-]", c)})
+    if bad:
+        return "contains " + ", ".join(repr(c) for c in bad) + " (allowed: letters, digits, '.', '_', '-')"
+    return "must start with a letter, digit or '_'"
+
+
+def check_repository(repo: str) -> str | None:
+    """Return a reason when ``repo`` (optionally with a registry host) is not a valid repository name."""
+    first, _, rest = repo.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        if not HOST_RE.match(first):
+            return f"registry host '{first}' is not a valid host[:port]"
+        path = rest
+    else:
+        path = repo
+    if not REPO_PATH_RE.match(path):
+        return f"repository path '{path}' must be lowercase letters, digits and separators (., _, __, -) between '/'"
+    return None
+
+
+def check_image_ref(ref: str) -> str | None:
+    """Return a reason when ``ref`` is not an image reference ``[host[:port]/]path[:tag][@sha256:…]``."""
+    bad = bad_char(ref)
+    if bad or " " in ref:
+        return f"{ref!r} is not an image reference: it contains {bad or 'a space'}"
+    name, at, digest = ref.partition("@")
+    if at and not DIGEST_RE.match(digest):
+        return f"{ref!r} is not an image reference: '@{digest}' is not sha256:<64 hex digits>"
+    slash, colon = name.rfind("/"), name.rfind(":")
+    repo, tag = (name[:colon], name[colon + 1:]) if colon > slash else (name, None)
+    reason = check_repository(repo) or (check_tag(tag) and f"tag '{tag}' {check_tag(tag)}" if tag is not None else None)
+    return f"{ref!r} is not an image reference: {reason}" if reason else None
+
+
+def check_url(url: str, shown: str, schemes: tuple[str, ...] = ("http", "https", "file")) -> str | None:
+    """Return a reason when ``url`` is not a plain URL of ``schemes``; ``shown`` is the URL to name (redacted)."""
+    bad = bad_char(url)
+    if bad or any(c.isspace() for c in url):
+        return f"'{shown}' is not a valid URL: it contains {bad or 'whitespace'}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        return f"'{shown}' is not a valid URL: {exc}"
+    if parts.scheme not in schemes:
+        named = "http(s):// or file://" if set(schemes) == {"http", "https", "file"} else \
+            ", ".join(f"{s}://" for s in schemes)
+        return f"'{shown}' is not an {named} URL"
+    host = parts.netloc.rpartition("@")[2]
+    if parts.scheme != "file" and not (host and HOST_RE.match(host)):
+        return f"'{shown}' is not a valid URL: no valid host"
+    if parts.scheme == "file" and not parts.path.startswith("/"):
+        return f"'{shown}' is not a valid URL: a file:// URL needs an absolute path"
+    rest = f"{host}{parts.path}"
+    if parts.query or parts.fragment or "?" in url or "#" in url or not URL_CHARS.match(rest):
+        odd = sorted({c for c in rest if not URL_CHARS.match(c)} | ({"?"} if "?" in url else set())
+                     | ({"#"} if "#" in url else set()))
+        return f"'{shown}' is not a valid URL: it contains {', '.join(repr(c) for c in odd)}"
+    return None
+
+
+def check_git_source(src: str, shown: str) -> str | None:
+    """A git URL (https, http, ssh, git, file), ``user@host:path`` or a local path; never an option or a helper."""
+    bad = bad_char(src)
+    if bad or any(c.isspace() for c in src):
+        return f"'{shown}' is not a git URL or path: it contains {bad or 'whitespace'}"
+    if src.startswith("-"):
+        return f"'{shown}' is not a git URL or path: it starts with '-'"
+    if re.match(r"^[A-Za-z0-9+._-]*::", src):
+        return f"'{shown}' is not a git URL or path: transport helpers (<helper>::) are not allowed"
+    if "://" in src:
+        return check_url(src, shown, GIT_URL_SCHEMES) if src.split("://", 1)[0] != "file" else \
+            check_url(src, shown, ("file",))
+    if any(c in src for c in "\"'`$;&|<>(){}*?\\!"):
+        return f"'{shown}' is not a git URL or path: it contains shell characters"
+    return None
