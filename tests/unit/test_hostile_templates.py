@@ -26,6 +26,7 @@ def make_root(tmp_path: Path, stack: str | None = None, dockerfile: str | None =
     root = tmp_path / "repo"
     (root / "stacks").mkdir(parents=True)
     shutil.copy(REPO / "stacks" / "example.yaml", root / "stacks" / "example.yaml")
+    shutil.copytree(REPO / "stacks" / "locks" / "example", root / "stacks" / "locks" / "example")
     shutil.copytree(REPO / "patches" / "markupsafe", root / "patches" / "markupsafe")
     shutil.copytree(REPO / "images", root / "images", ignore=shutil.ignore_patterns("__pycache__"))
     if stack is not None:
@@ -99,10 +100,11 @@ CASES = [
     Case("built-for-globals", ["lint", "example",
                                *s("rules.built_for", "[{package: idna, for: packaging, local: "
                                   "\"{{ cycler.%s }}\"}]" % SYSTEM)], "rules.built_for.0.local"),
-    Case("stack-file-tag", ["render", "hostile", "--no-sources"], "tags.local", where="stacks/hostile.yaml:4:",
+    Case("stack-file-tag", ["render", "hostile", "--no-sources"], "tags.local", where="stacks/hostile.yaml:5:",
          stack="""\
              name: hostile
              inherits: example
+             indexes: {pypi: {lock: false}}
              tags:
                local: "x:{{ cycler.%s }}"
              """ % SYSTEM.replace("'", "''")),

@@ -543,22 +543,23 @@ def load_stack(name_or_path: str, root: Path | str | None = None, overrides: lis
     _check_keys(Stack, data, (), keys, values, problems)
     if problems:
         raise StackInvalid(problems)
+    # Credentials (userinfo and sensitive query parameters) are split off before validation, so they
+    # never reach the model, its error messages or anything that prints or hashes it. The resolver
+    # keeps them for the steps that use them.
+    index_found, git_found = _split_off_credentials(data)
     try:
         stack = Stack.model_validate(data)
     except ValidationError as exc:
         raise StackInvalid(_validation_problems(exc, values, keys)) from None
-    # Credentials (userinfo and sensitive query parameters) never stay in the model: nothing that
-    # prints or hashes it can leak them. The resolver keeps them for the steps that use them.
     credentials = {}
     for iname, idx in stack.indexes.items():
-        idx.url, found = split_credentials(idx.url)
+        found = index_found.get(iname)
         if found:
             credentials[iname] = found
         remember_credentials(idx.url, found, iname)
-    for up in stack.upstreams.values():
+    for uname, up in stack.upstreams.items():
         if up.git is not None:
-            up.git, found = split_credentials(up.git)
-            remember_credentials(up.git, found)
+            remember_credentials(up.git, git_found.get(uname))
     stack._credentials = credentials
     for pname, pkg in stack.packages.items():
         if pkg.import_ is None:
@@ -572,6 +573,22 @@ def load_stack(name_or_path: str, root: Path | str | None = None, overrides: lis
     stack._root = root
     stack._overrides = list(overrides or [])
     return stack
+
+
+def _split_off_credentials(data: dict) -> tuple[dict, dict]:
+    """Replace index URLs and git upstream URLs in the raw stack data by their credential-free form;
+    return the credentials found, by index name and by upstream name."""
+    found: tuple[dict, dict] = ({}, {})
+    for (section, key), out in ((("indexes", "url"), found[0]), (("upstreams", "git"), found[1])):
+        entries = data.get(section)
+        if not isinstance(entries, dict):
+            continue
+        for name, entry in entries.items():
+            if isinstance(entry, dict) and isinstance(entry.get(key), str):
+                entry[key], cred = split_credentials(entry[key])
+                if cred:
+                    out[name] = cred
+    return found
 
 
 def position(stack: Stack, path: tuple) -> Pos:
