@@ -28,9 +28,9 @@ CASES = [
     ("root-without-stacks", ["--root", "{tmp}", "show", "post2"],
      "error: --root: {tmp} has no stacks/ directory", "the one holding stacks/"),
     ("render-out-cannot-be-made", ["render", "example", "--no-sources", "--out", "/proc/stackforge-out"],
-     "error: cannot use /proc/stackforge-out", "parent directory must exist"),
+     "error: cannot use /proc/", "parent directory must exist"),
     ("render-out-is-a-file", ["render", "example", "--no-sources", "--out", "{tmp}/file"],
-     "error: cannot use {tmp}/file", "parent directory must exist"),
+     "error: cannot use {tmp}/file: it exists and is not a directory", "name a directory"),
 ]
 
 

@@ -147,29 +147,29 @@ def held(lock: Path, seconds: float):
 def case_held_no_wait(root, tmp_path):
     """Another process holds build/tiny/: --no-wait refuses at once, names its pid and the fix, writes nothing."""
     bdir = root / "build" / "tiny"
-    with held(bdir / ".lock", 60) as pid:
+    with held(fslock.lock_path(bdir), 60) as pid:
         res = finish(stackforge(root, "render", "tiny", "--no-wait"))
     assert_one_clean_error(res, f"another stackforge (pid {pid}) is writing", "--no-wait", "nothing was written",
-                           "--out DIR", str(bdir / ".lock"))
+                           "--out DIR", str(fslock.lock_path(bdir)))
     assert "waiting for another" not in res.err
-    assert sorted(p.name for p in bdir.iterdir()) == [".lock"]
+    assert not bdir.exists()  # nothing was written: the lock lives beside the directory
 
 
 def case_held_timeout(root, tmp_path):
     """A render waits (saying so, with the pid), then gives up after --lock-timeout with one clear error."""
     bdir = root / "build" / "tiny"
-    with held(bdir / ".lock", 60) as pid:
+    with held(fslock.lock_path(bdir), 60) as pid:
         res = finish(stackforge(root, "render", "tiny", "--lock-timeout", "1"))
     assert f"waiting for another stackforge on {bdir}/ (pid {pid})…" in res.err
     assert_one_clean_error(SimpleNamespace(rc=res.rc, out=res.out, err=res.err.split("\n", 1)[1]),
                            f"(pid {pid})", "gave up after waiting 1 s", "--lock-timeout SECONDS")
-    assert sorted(p.name for p in bdir.iterdir()) == [".lock"]
+    assert not bdir.exists()  # nothing was written: the lock lives beside the directory
 
 
 def case_held_then_released(root, tmp_path):
     """When the holder ends (the kernel drops its lock), the waiting render goes on and succeeds."""
     bdir = root / "build" / "tiny"
-    with held(bdir / ".lock", 1.5) as pid:
+    with held(fslock.lock_path(bdir), 1.5) as pid:
         res = finish(stackforge(root, "render", "tiny"))
     assert res.rc == 0, res.err
     assert f"waiting for another stackforge on {bdir}/ (pid {pid})…" in res.err
@@ -240,7 +240,7 @@ def run(root: Path, *args: str) -> SimpleNamespace:
 def case_read_only_build_dir(root, tmp_path, mounts, monkeypatch):
     ro = mounts("ro", tmp_path / "ro")
     res = run(root, "render", "tiny", "--out", str(ro / "tiny"))
-    assert_one_clean_error(res, f"cannot write {ro / 'tiny'}: read-only file system", "--out DIR")
+    assert_one_clean_error(res, f"cannot write {ro / '.tiny.lock'}: read-only file system", "--out DIR")
     assert list(ro.iterdir()) == []
 
 
@@ -353,8 +353,9 @@ def test_lock_is_reentrant_and_released(tmp_path):
     bdir = tmp_path / "b"
     with fslock.stack_lock(bdir, timeout=0):
         with fslock.stack_lock(bdir, timeout=0):
-            assert (bdir / ".lock").read_text().strip() == str(os.getpid())
-    fd = os.open(bdir / ".lock", os.O_RDWR)
+            assert fslock.lock_path(bdir).read_text().strip() == str(os.getpid())
+            assert not bdir.exists()  # taking the lock creates nothing inside the directory
+    fd = os.open(fslock.lock_path(bdir), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:

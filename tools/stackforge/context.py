@@ -112,6 +112,7 @@ def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> 
     ctx_dir = bdir / "context"
     with stack_lock(bdir):
         _remove_leftovers(bdir)
+        bdir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".context-", suffix=STAGING_SUFFIX, dir=bdir))
         try:
             os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700

@@ -40,12 +40,13 @@ from datetime import datetime
 from pathlib import Path
 
 import jinja2
+from jinja2.sandbox import SecurityError
 import yaml
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.version import Version
 
 from .errors import BuildFailed, UserError
-from . import credentials
+from . import credentials, tags
 from .index import IndexClient, IndexFile, IndexQueryError, ProjectNotFound, ProjectPage, format_time
 from .urls import redact
 from .model import Stack
@@ -62,7 +63,12 @@ STATUS_NEWER = "newer exists"
 STATUS_MISSING = "pin missing from index"
 STATUS_UNKNOWN = "unknown"
 
-_TEMPLATES = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+def _render_rule(template: str, data: dict) -> str:
+    """A built-for template of the stack's rules, rendered in the stack-template sandbox."""
+    try:
+        return tags.render_sandboxed(template, data)
+    except (tags.TemplateRefused, SecurityError, jinja2.TemplateError) as exc:
+        raise UserError(f"rules.built_for: template refused: {exc}", fix=tags.TEMPLATE_FIX) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,14 +195,14 @@ def versions_in_line(page: ProjectPage, line: Line, *, allow_pre: bool, keep: Ve
 
 
 def render_built_for(template: str, for_version: str) -> str:
-    return _TEMPLATES.from_string(template).render({"for": Pin(for_version).as_context()})
+    return _render_rule(template, {"for": Pin(for_version).as_context()})
 
 
 def built_for_pattern(template: str, family_local: str) -> re.Pattern:
     """A regex over normalised local labels: ``for.local`` fixed to ``family_local``, the rest captured."""
     sentinels = {"local": "zzlocalzz", "public": "zzpubliczz", "release": "zzreleasezz",
                  "version": "zzversionzz", "post": "zzpostzz"}
-    text = _TEMPLATES.from_string(template).render({"for": sentinels}).lower()
+    text = _render_rule(template, {"for": sentinels}).lower()
     rx = re.escape(text)
     rx = rx.replace("zzlocalzz", re.escape((Version("0+" + family_local).local or "") if family_local else ""))
     rx = rx.replace("zzpubliczz", r"(?P<public>[0-9][0-9a-z.]*?)")

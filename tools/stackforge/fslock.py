@@ -1,6 +1,6 @@
 """One writer per build directory, and writes into it that land whole or not at all.
 
-``stack_lock(build/<stack>/)`` holds an exclusive ``flock`` on ``build/<stack>/.lock`` for a whole
+``stack_lock(build/<stack>/)`` holds an exclusive ``flock`` on ``build/.<stack>.lock`` for a whole
 render, build, bake or publish of that stack. A second stackforge on the same directory waits
 (saying so on stderr, naming the holder's pid) up to a timeout, or refuses at once with a timeout
 of 0 (``--no-wait``). The kernel drops the lock when its holder exits, however it exits, so a lock
@@ -88,7 +88,7 @@ def _acquire(fd: int, build_dir: Path, timeout: float, echo: Callable[[str], Non
         if time.monotonic() >= deadline:
             how = "not waiting (--no-wait)" if timeout == 0 else f"gave up after waiting {timeout:.0f} s"
             raise UserError(f"another stackforge (pid {pid}) is writing {_shown(build_dir)}; {how}; nothing was written",
-                            file=build_dir / LOCK_NAME,
+                            file=lock_path(build_dir),
                             fix=f"wait for pid {pid} to finish (or stop it), write elsewhere with --out DIR, "
                                 f"or wait longer with --lock-timeout SECONDS / {TIMEOUT_ENV}")
         if not waited:
@@ -106,10 +106,17 @@ def _write_pid(fd: int) -> None:
         pass
 
 
+def lock_path(build_dir: Path) -> Path:
+    """The lock file of ``build_dir``: beside it (``build/.<stack>.lock``), so a command that fails before
+    writing anything leaves the directory itself untouched, and removing the directory never removes a
+    lock another process waits on."""
+    return build_dir.parent / f".{build_dir.name}{LOCK_NAME}"
+
+
 @contextmanager
 def stack_lock(build_dir: Path, *, timeout: float | None = None,
                echo: Callable[[str], None] | None = None) -> Iterator[Path]:
-    """Hold the exclusive lock of ``build_dir`` (created if missing) for the ``with`` block.
+    """Hold the exclusive lock of ``build_dir`` (see :func:`lock_path`) for the ``with`` block.
 
     Re-entrant within a process (a build that assembles its context takes it once). ``timeout``
     is how long to wait for another holder (see :func:`lock_timeout`; 0 refuses at once); giving
@@ -130,8 +137,11 @@ def stack_lock(build_dir: Path, *, timeout: float | None = None,
                 with _held_guard:
                     _held[key] -= 1
             return
-        build_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(build_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        if build_dir.exists() and not build_dir.is_dir():
+            raise UserError(f"cannot use {build_dir}: it exists and is not a directory; nothing was written",
+                            fix="name a directory (or a path that does not exist yet) with --out DIR")
+        build_dir.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path(build_dir), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             _acquire(fd, build_dir, lock_timeout(timeout), echo or _stderr)
             _write_pid(fd)

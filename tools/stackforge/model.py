@@ -7,6 +7,8 @@ type errors into errors that name the file, line and column.
 from __future__ import annotations
 
 import re
+import types
+import typing
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -79,6 +81,13 @@ def _unprintable(value: Any, multiline: bool) -> str | None:
     return None
 
 
+def _is_model(annotation: Any) -> bool:
+    """Whether a field holds a model (or an optional one)."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else (annotation,)
+    return any(isinstance(a, type) and issubclass(a, BaseModel) for a in options)
+
+
 class Strict(BaseModel):
     """Unknown keys are refused; no string holds a control character (``multiline_fields`` may hold \\n, \\t)."""
 
@@ -88,6 +97,8 @@ class Strict(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _printable(cls, value: Any, info: ValidationInfo) -> Any:
+        if _is_model(cls.model_fields[info.field_name].annotation):
+            return value  # a nested model checks its own fields
         reason = _unprintable(value, info.field_name in cls.multiline_fields)
         if reason:
             raise ValueError(reason)
@@ -225,7 +236,7 @@ class Kernel(Strict):
         if isinstance(value, dict):
             for key, val in value.items():
                 if not ENV_NAME.match(str(key)):
-                    raise ValueError(f"'{key}' is not a valid environment variable name")
+                    raise ValueError(f"{str(key)!r} is not a valid environment variable name")
                 if not isinstance(val, str):
                     raise ValueError(f"{key}: environment values must be strings; quote {val!r}")
         return value
