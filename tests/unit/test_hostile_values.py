@@ -160,3 +160,15 @@ def test_line_breaks_never_reach_a_dockerfile_line(value):
     with pytest.raises(ValueError):
         shellword(value)
     assert "\n" not in execform([value]) and len(execform([value]).splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["description=a\nerror: forged line", "base.image=a\rerror: forged line",
+                                   "description=a\u2028error: forged line", "tags.local=x\x85error: forged"])
+def test_an_error_about_a_value_cannot_forge_an_output_line(tmp_path, value):
+    """The `--set` value is echoed in the error's location with its line breaks escaped: the error stays
+    one line plus its fix, and no line of stderr starts with the forged text."""
+    proc = run(tmp_path, "show", "example", "--set", value)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: --set ") and lines[1].startswith("  fix: ")
+    assert "forged" in lines[0] and not any(line.startswith("error: forged") for line in lines)

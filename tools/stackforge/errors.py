@@ -5,8 +5,12 @@ and how to fix it. The CLI prints it without a traceback and exits with its code
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass
@@ -19,9 +23,11 @@ class UserError(Exception):
     exit_code: int = 2
 
     def location(self) -> str:
+        """``file[:line[:col]]`` on one line: control characters in a path or a ``--set`` value are
+        shown escaped, so no input can make an error print a line of its own."""
         if self.file is None:
             return ""
-        loc = str(self.file)
+        loc = _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(self.file))
         if self.line is not None:
             loc += f":{self.line}"
             if self.col is not None:
