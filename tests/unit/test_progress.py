@@ -1,0 +1,45 @@
+"""Progress lines: on stderr, with durations and byte counts, silenced by STACKFORGE_PROGRESS=0."""
+from __future__ import annotations
+
+import pytest
+
+from stackforge import progress
+
+
+def test_a_step_says_when_it_starts_and_how_long_it_took(capsys):
+    with progress.step("fetch vllm (git)"):
+        pass
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and lines[0] == "stackforge: fetch vllm (git)…"
+    assert lines[1].startswith("stackforge: fetch vllm (git): done in ") and lines[1].endswith(" s")
+
+
+def test_a_failing_step_says_it_failed(capsys):
+    with pytest.raises(RuntimeError), progress.step("pull base"):
+        raise RuntimeError("x")
+    assert capsys.readouterr().err.splitlines()[1].startswith("stackforge: pull base: failed after ")
+
+
+def test_a_transfer_reports_bytes_while_it_runs_and_at_the_end(capsys, monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    with progress.transfer("upload layer", total=3 * 1024 * 1024) as t:
+        for at in (1.0, 6.0, 8.0):  # within the interval, past it (a running line), within it again
+            now[0] = at
+            t.advance(1024 * 1024)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["stackforge: upload layer: 2.0 MiB of 3.0 MiB (341.3 KiB/s)",
+                     "stackforge: upload layer: 3.0 MiB of 3.0 MiB (384.0 KiB/s) in 8.0 s"]
+
+
+def test_silenced(capsys, monkeypatch):
+    monkeypatch.setenv("STACKFORGE_PROGRESS", "0")
+    with progress.step("x"):
+        progress.note("y")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (5 * 2**30, "5.0 GiB")])
+def test_human_bytes(n, text):
+    assert progress.human_bytes(n) == text

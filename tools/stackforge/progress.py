@@ -1,0 +1,89 @@
+"""Progress lines for steps that can take more than a few seconds (fetches, pulls, locks, uploads).
+
+Progress goes to stderr, so stdout carries only a command's result (`$(stackforge tags X)`, `--json`).
+A step says when it starts and when it ends with its duration; a transfer also says how many bytes
+moved, at most once every few seconds while it runs::
+
+    with step("fetch vllm (git)"):
+        ...
+    with transfer("upload layer sha256:ab12…", total=size) as t:
+        for chunk in chunks:
+            t.advance(len(chunk))
+
+``STACKFORGE_PROGRESS=0`` silences them (tests that compare stderr, scripted use).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+INTERVAL_S = 5.0  # at most one running-transfer line per interval
+
+
+def enabled() -> bool:
+    return os.environ.get("STACKFORGE_PROGRESS", "1") not in ("0", "false", "no")
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def note(text: str, echo: Callable[[str], None] | None = None) -> None:
+    """One progress line (``stackforge: <text>``) on stderr."""
+    if enabled():
+        (echo or _stderr)(f"stackforge: {text}")
+
+
+@contextmanager
+def step(what: str, echo: Callable[[str], None] | None = None) -> Iterator[None]:
+    """``<what>…`` when the step starts, ``<what>: done in N s`` (or ``failed after N s``) when it ends."""
+    started = time.monotonic()
+    note(f"{what}…", echo)
+    try:
+        yield
+    except BaseException:
+        note(f"{what}: failed after {time.monotonic() - started:.1f} s", echo)
+        raise
+    note(f"{what}: done in {time.monotonic() - started:.1f} s", echo)
+
+
+class Transfer:
+    """Bytes moved by one download or upload; reports while it runs and when it ends."""
+
+    def __init__(self, what: str, total: int | None, echo: Callable[[str], None] | None):
+        self.what, self.total, self.echo = what, total, echo
+        self.done = 0
+        self.started = self.last = time.monotonic()
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.last >= INTERVAL_S:
+            self.last = now
+            note(f"{self.what}: {self._amount()}", self.echo)
+
+    def _amount(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        of = f" of {human_bytes(self.total)}" if self.total else ""
+        return f"{human_bytes(self.done)}{of} ({human_bytes(self.done / elapsed)}/s)"
+
+    def finish(self) -> None:
+        note(f"{self.what}: {self._amount()} in {time.monotonic() - self.started:.1f} s", self.echo)
+
+
+@contextmanager
+def transfer(what: str, total: int | None = None, echo: Callable[[str], None] | None = None) -> Iterator[Transfer]:
+    t = Transfer(what, total, echo)
+    yield t
+    t.finish()
