@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stackforge.stack import load_stack  # noqa: E402
+from stackforge.stack.load import load_stack  # noqa: E402
+
 from tests.fixtures.musa_index import build_wheels, index_dirs, serve  # noqa: E402
 
 PIP_TARGET = ["--python-version", "3.10", "--platform", "linux_x86_64", "--implementation", "cp",

@@ -11,8 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from stackforge.engine import Engine, start_registry
+from stackforge.build.engine import Engine, start_registry
 from stackforge.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

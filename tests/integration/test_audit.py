@@ -6,8 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from stackforge.cli import main
+from stackforge.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 

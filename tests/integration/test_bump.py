@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from stackforge.cli.main import main
+from stackforge.stack import rules
+from stackforge.stack.load import load_stack
 
-from stackforge import rules
-from stackforge.cli import main
-from stackforge.stack import load_stack
 from tests.fixtures.musa_index import build_wheels, index_dirs, serve
 
 REPO = Path(__file__).resolve().parents[2]

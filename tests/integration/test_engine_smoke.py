@@ -8,8 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from stackforge.engine import Engine
+from stackforge.build.engine import Engine
 
 pytestmark = pytest.mark.engine
 

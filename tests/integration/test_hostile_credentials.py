@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from stackforge import cli
-from stackforge import upstream as upstreams
-from stackforge.context import cache_dir_for
+from stackforge.build import sources as upstreams
+from stackforge.build.context import cache_dir_for
+from stackforge.cli import main as cli
 from stackforge.errors import UserError
-from stackforge.stack import load_stack
+from stackforge.stack.load import load_stack
 
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel

@@ -11,9 +11,8 @@ import secrets
 from pathlib import Path
 
 import pytest
-
-from stackforge.engine import Engine
-from stackforge.render import dockerword, execform
+from stackforge.build.engine import Engine
+from stackforge.build.render import dockerword, execform
 
 pytestmark = pytest.mark.engine
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import requests
+from stackforge.freshness.index import IndexClient, IndexQueryError, ProjectNotFound
 
-from stackforge.index import IndexClient, IndexQueryError, ProjectNotFound
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_wheel
 

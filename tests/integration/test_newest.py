@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from stackforge.cli.main import main
 
-from stackforge.cli import main
 from tests.fixtures.musa_index import POST2_TIMES, build_wheels, index_dirs, serve
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,14 +16,21 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from stackforge import patches as P
+from stackforge.build.sources import export_upstream
 from stackforge.errors import UserError
-from stackforge.overlay.apply import read_note
-from stackforge.overlay.git import BASE_REF, git
-from stackforge.overlay.patchfile import parse_patch
-from stackforge.upstream import export_upstream
-from tests.fixtures.gitrepo import LAYER_CHANGES, SERIES_CHANGES, build_scenario, copy_scenario, git_env, make_layer
+from stackforge.patches.apply import read_note
+from stackforge.patches.git import BASE_REF, git
+from stackforge.patches.patchfile import parse_patch
+
+from tests.fixtures.gitrepo import (
+    LAYER_CHANGES,
+    SERIES_CHANGES,
+    build_scenario,
+    copy_scenario,
+    git_env,
+    make_layer,
+)
 
 
 @pytest.fixture(scope="module")

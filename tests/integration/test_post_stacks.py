@@ -10,8 +10,7 @@ import json
 import re
 
 import pytest
-
-from stackforge.stack import fingerprint
+from stackforge.stack.load import fingerprint
 
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms

@@ -19,11 +19,17 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from stackforge.errors import BuildFailed
-from stackforge.publish import DockerImage, TagScheme, publish
-from stackforge.registry import RetryPolicy
-from tests.fixtures.faulty_proxy import BLOB_UPLOAD, MANIFEST_BY_DIGEST, MANIFEST_BY_TAG, Fault, FaultyProxy
+from stackforge.publish.publisher import DockerImage, TagScheme, publish
+from stackforge.publish.registry import RetryPolicy
+
+from tests.fixtures.faulty_proxy import (
+    BLOB_UPLOAD,
+    MANIFEST_BY_DIGEST,
+    MANIFEST_BY_TAG,
+    Fault,
+    FaultyProxy,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 

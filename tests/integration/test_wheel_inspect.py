@@ -8,9 +8,9 @@ import subprocess
 import zipfile
 
 import pytest
+from stackforge.cli.main import main
+from stackforge.freshness.wheel import diff_wheels, inspect_wheel
 
-from stackforge.cli import main
-from stackforge.wheel import diff_wheels, inspect_wheel
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.musa_index import DEEP_EP_FILES, DEEP_EP_NEEDED, DEEP_EP_SO
 from tests.fixtures.wheels import SharedLib, build_wheel
@@ -109,7 +109,7 @@ def test_diff_finds_only_the_so_and_its_needed_changes(deep_ep, capsys):
 
 
 def test_inspect_by_url_downloads_and_checks_the_hash(deep_ep, tmp_path, capsys, monkeypatch):
-    from stackforge.index import IndexClient
+    from stackforge.freshness.index import IndexClient
 
     monkeypatch.chdir(tmp_path)  # no repository here: the download goes to a temporary cache
     serve_dir = tmp_path / "idx"
@@ -130,7 +130,7 @@ def test_inspect_by_url_downloads_and_checks_the_hash(deep_ep, tmp_path, capsys,
 
 def test_a_shared_object_spooled_to_disk_reads_the_same(deep_ep, monkeypatch):
     """Large ELF members go through a temporary file instead of memory; the report is the same."""
-    import stackforge.wheel as wheelmod
+    import stackforge.freshness.wheel as wheelmod
 
     in_memory = inspect_wheel(deep_ep["post2"]).to_json()
     monkeypatch.setattr(wheelmod, "_SPOOL_MAX", 1)  # every ELF member rolls over to disk

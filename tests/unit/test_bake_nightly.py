@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from stackforge import bake as bakemod
+from stackforge.build import bake as bakemod
 from stackforge.errors import UserError
-from stackforge.nightly import Row, Summary, _gate_summary, select_stacks
-from stackforge.stack import load_stack
+from stackforge.publish.nightly import Row, Summary, _gate_summary, select_stacks
+from stackforge.stack.load import load_stack
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,8 +159,8 @@ def test_an_override_that_breaks_a_stack_fails_its_row_only_if_it_is_a_nightly_s
 
 
 def test_nightly_command_takes_set_and_passes_it_on(monkeypatch, tmp_path):
-    from stackforge.cli import build_parser
-    from stackforge.commands import nightly as cmd
+    from stackforge.cli import nightly as cmd
+    from stackforge.cli.main import build_parser
 
     seen = {}
 

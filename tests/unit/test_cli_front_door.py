@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import stackforge
 
 REPO = Path(__file__).resolve().parents[2]

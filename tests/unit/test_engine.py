@@ -1,9 +1,8 @@
-"""Pure parts of stackforge.engine: argv assembly and version parsing (no engine needed)."""
+"""Pure parts of stackforge.build.engine: argv assembly and version parsing (no engine needed)."""
 from __future__ import annotations
 
 import pytest
-
-from stackforge.engine import (
+from stackforge.build.engine import (
     Engine,
     build_command,
     check_build_args,

@@ -8,11 +8,10 @@ import pytest
 import yaml
 from packaging.tags import Tag
 from packaging.version import Version
-
-from stackforge import freshness
 from stackforge.errors import UserError
-from stackforge.index import IndexFile, ProjectPage
-from stackforge.stack import load_stack
+from stackforge.freshness import newest as freshness
+from stackforge.freshness.index import IndexFile, ProjectPage
+from stackforge.stack.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 9, 23, 11, 59, tzinfo=timezone.utc)

@@ -9,7 +9,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-
 GATE_DIR = Path(__file__).resolve().parents[2] / "images" / "gate"
 
 

@@ -5,8 +5,7 @@ import hashlib
 from types import SimpleNamespace
 
 import pytest
-
-from stackforge import upstream
+from stackforge.build import sources as upstream
 from stackforge.errors import UserError
 
 DATA = b"not really a tarball, but the pinned bytes\n"

@@ -19,10 +19,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from stackforge import fslock
-from stackforge.cli import main
-from stackforge.engine import BuildResult, EngineInfo
+from stackforge.build.engine import BuildResult, EngineInfo
+from stackforge.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -318,7 +317,7 @@ class FillingEngine:
 
 
 def case_full_while_writing_evidence(root, tmp_path, mounts, monkeypatch, capsys):
-    from stackforge import build as buildmod
+    from stackforge.build import run as buildmod
 
     fs = mounts("small", tmp_path / "small")
     out = fs / "tiny"

@@ -16,15 +16,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-
-from stackforge import freshness
 from stackforge import patches as P
 from stackforge.errors import BuildFailed
-from stackforge.index import IndexFile, ProjectPage
-from stackforge.nightly import Row, Summary, bake_not_run, nightly
-from stackforge.publish import ArchiveImage, TagScheme, publish
-from stackforge.registry import RetryPolicy
-from stackforge.stack import load_stack
+from stackforge.freshness import newest as freshness
+from stackforge.freshness.index import IndexFile, ProjectPage
+from stackforge.publish.nightly import Row, Summary, bake_not_run, nightly
+from stackforge.publish.publisher import ArchiveImage, TagScheme, publish
+from stackforge.publish.registry import RetryPolicy
+from stackforge.stack.load import load_stack
+
 from tests.fixtures.faulty_proxy import BLOB_UPLOAD, Fault, FaultyProxy
 from tests.fixtures.gitrepo import build_upstream, make_series
 from tests.fixtures.stub_registry import StubRegistry
@@ -322,7 +322,7 @@ def whitespace_upstreamed(tmp_path):
     repo.replace("src/engine.py", "    value = x + 1\n", "    value = min( x + 1,  64 )\n")  # same change, other spacing
     carrier = repo.commit("Engine: cap the first step (upstream style)")
     repo.tag("v1.1")
-    from stackforge.upstream import UpstreamSpec
+    from stackforge.build.sources import UpstreamSpec
 
     spec = UpstreamSpec(git=str(repo.path), tag="v1.0", commit=v1_0, patches=str(patches), name="demo")
     target = P.make_target("demo", spec, root=tmp_path / "repo", cache_dir=tmp_path / "cache")
@@ -428,8 +428,8 @@ def test_an_interrupted_nightly_writes_its_summary_with_the_undecided_rows(root,
     ``interrupted``, and the command says where the summary is."""
     import signal
 
-    from stackforge import bake as bakemod
-    from stackforge.engine import Engine
+    from stackforge.build import bake as bakemod
+    from stackforge.build.engine import Engine
     from stackforge.signals import Interrupted
 
     monkeypatch.setattr(Engine, "check", lambda self: None)

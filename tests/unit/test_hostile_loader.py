@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from test_stack_support import REPO, parse_errors
 
 TIMEOUT = 20  # seconds; every refusal here takes well under one

@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from stackforge import cli
+from stackforge.cli import main as cli
 from stackforge.credentials import env_credentials, for_index, netrc_entries, resolve
-from stackforge.stack import load_stack
+from stackforge.stack.load import load_stack
 from stackforge.urls import Credential, redact, redact_text, split
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -159,8 +159,8 @@ def test_the_example_still_renders(tmp_path):
 @pytest.mark.parametrize("use", ["render_built_for", "built_for_pattern"])
 def test_newest_and_bump_render_built_for_rules_in_the_sandbox(use, tmp_path, monkeypatch):
     """`newest` and `bump` read the built-for rules without linting first: the same sandbox applies."""
-    from stackforge import freshness
     from stackforge.errors import UserError
+    from stackforge.freshness import newest as freshness
 
     monkeypatch.chdir(tmp_path)
     template = "{{ cycler.%s }}" % SYSTEM.format(c=tmp_path / CANARY)

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from stackforge import grammar
-from stackforge.render import dockerword, execform, shellword
+from stackforge.build.render import dockerword, execform, shellword
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT = "0" * 40

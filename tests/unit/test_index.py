@@ -7,8 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from packaging.tags import Tag
 from packaging.version import Version
-
-from stackforge.index import (
+from stackforge.freshness.index import (
     IndexFile,
     env_credentials,
     format_time,

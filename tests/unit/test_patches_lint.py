@@ -4,10 +4,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stackforge.overlay.index import render_index, write_index
-from stackforge.overlay.lint import DEFAULT_TRACKER_PATTERN, lint_layers, lint_repository, lint_series
-from stackforge.overlay.patchfile import parse_patch
-from stackforge.overlay.series import read_series
+from stackforge.patches.index import render_index, write_index
+from stackforge.patches.lint import (
+    DEFAULT_TRACKER_PATTERN,
+    lint_layers,
+    lint_repository,
+    lint_series,
+)
+from stackforge.patches.patchfile import parse_patch
+from stackforge.patches.series import read_series
 
 ZERO = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001"
 BLOB_A = "a" * 40

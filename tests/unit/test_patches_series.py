@@ -4,9 +4,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-
 from stackforge.errors import UserError
-from stackforge.overlay.series import (
+from stackforge.patches.series import (
     HISTORY_HEADING,
     Entry,
     Series,

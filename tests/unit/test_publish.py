@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from stackforge.errors import BuildFailed, UserError
-from stackforge.publish import (
+from stackforge.publish.publisher import (
     OCI_LAYER_GZIP,
     OCI_LAYER_TAR,
     ArchiveImage,
@@ -28,8 +27,15 @@ from stackforge.publish import (
     read_save_stream,
     validate_date,
 )
-from stackforge.registry import RetryPolicy
-from tests.fixtures.faulty_proxy import BLOB_UPLOAD, MANIFEST_BY_DIGEST, MANIFEST_BY_TAG, Fault, FaultyProxy
+from stackforge.publish.registry import RetryPolicy
+
+from tests.fixtures.faulty_proxy import (
+    BLOB_UPLOAD,
+    MANIFEST_BY_DIGEST,
+    MANIFEST_BY_TAG,
+    Fault,
+    FaultyProxy,
+)
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
 PREFIX = "v0.28.0-ph1-5.2.0-torch2.11.0.post2"
@@ -593,8 +599,8 @@ def test_manifest_rewritten_on_the_way_back_leaves_no_tag(stub, images, tmp_path
 
 
 def test_a_stack_that_fails_lint_is_refused_before_the_engine_or_registry(tmp_path):
-    from stackforge.publish import publish_stack
-    from stackforge.stack import load_stack
+    from stackforge.publish.publisher import publish_stack
+    from stackforge.stack.load import load_stack
 
     root = Path(__file__).resolve().parents[2]
     stack = load_stack("post2", root=root, overrides=["packages.torchvision.version=0.26.0.post1+musa5.2.0"])

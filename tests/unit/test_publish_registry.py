@@ -10,9 +10,8 @@ import socket
 
 import pytest
 import requests
-
 from stackforge.errors import UserError
-from stackforge.registry import (
+from stackforge.publish.registry import (
     RegistryClient,
     RegistryError,
     RetriesExhausted,
@@ -22,6 +21,7 @@ from stackforge.registry import (
     parse_repository,
     with_retries,
 )
+
 from tests.fixtures.faulty_proxy import Fault, FaultyProxy
 from tests.fixtures.stub_registry import StubRegistry
 

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from stackforge.urls import credentials, redact, redact_text, split
 
 REPO = Path(__file__).resolve().parents[2]

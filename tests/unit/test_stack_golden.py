@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from test_stack_support import REPO, make_root, run_cli
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

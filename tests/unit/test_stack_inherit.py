@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from stackforge import rules
-from stackforge.stack import load_stack, position, stack_files
-from stackforge.yamlsrc import Pos
-
+from stackforge.stack import rules
+from stackforge.stack.load import load_stack, position, stack_files
+from stackforge.stack.yamlsrc import Pos
 from test_stack_support import locate, make_root, parse_errors, run_cli
 
 A = """\

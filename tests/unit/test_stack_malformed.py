@@ -14,7 +14,6 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
-
 from test_stack_support import REPO, make_root, parse_errors, run_cli
 
 CHILD = "name: a\ninherits: post2\n"
@@ -197,7 +196,7 @@ def test_every_problem_in_a_file_is_reported(tmp_path, capsys):
 
 def test_errors_raised_by_the_library_carry_the_same_location(tmp_path):
     from stackforge.errors import UserError
-    from stackforge.stack import load_stack
+    from stackforge.stack.load import load_stack
 
     root = make_root(tmp_path, child("platform:\n  python: 3.10\n"))
     with pytest.raises(UserError) as info:

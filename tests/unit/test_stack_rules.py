@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from stackforge import rules
-from stackforge.stack import load_stack
-
+from stackforge.stack import rules
+from stackforge.stack.load import load_stack
 from test_stack_support import REPO, locate, make_root, run_cli
 
 RULE_FUNCTIONS = {

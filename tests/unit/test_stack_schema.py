@@ -6,13 +6,12 @@ import json
 import jsonschema
 import pytest
 import yaml
-
 from test_stack_support import REPO, run_cli
 
 
 @pytest.fixture(scope="module")
 def schema():
-    from stackforge.stack import json_schema
+    from stackforge.stack.load import json_schema
 
     return json_schema()
 

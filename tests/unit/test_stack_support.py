@@ -13,8 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from stackforge.cli import main
+from stackforge.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = REPO / "stacks"

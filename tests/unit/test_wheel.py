@@ -5,9 +5,14 @@ import hashlib
 import zipfile
 
 import pytest
-
 from stackforge.errors import UserError
-from stackforge.wheel import diff_wheels, inspect_wheel, render_diff, render_inspect
+from stackforge.freshness.wheel import (
+    diff_wheels,
+    inspect_wheel,
+    render_diff,
+    render_inspect,
+)
+
 from tests.fixtures.wheels import build_wheel, wheel_filename
 
 

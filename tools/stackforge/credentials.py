@@ -24,7 +24,7 @@ from netrc import NetrcParseError, netrc
 from pathlib import Path
 from typing import Iterator
 
-from .urls import Credential, host, split
+from stackforge.urls import Credential, host, split
 
 _KNOWN: dict[str, tuple[str | None, Credential | None]] = {}  # clean URL -> (index name, URL credential)
 _LOCK = threading.Lock()

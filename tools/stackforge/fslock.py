@@ -24,7 +24,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .errors import UserError
+from stackforge.errors import UserError
 
 LOCK_NAME = ".lock"
 TIMEOUT_ENV = "STACKFORGE_LOCK_TIMEOUT"

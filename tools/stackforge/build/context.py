@@ -1,0 +1,184 @@
+"""Assemble the build context on the host: patched upstream sources, pins, gate spec.
+
+Everything the engine needs is here before the build starts, so nothing inside
+the build talks to GitHub: upstreams come from the host-side cache (a verified
+git mirror or a checksummed release sdist), patched in order with the overlay.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stackforge.build import sources as upstreams
+from stackforge.build.locks import read_locks
+from stackforge.build.plan import Plan, make_plan
+from stackforge.build.render import images_dir, render_dockerfile, requirements_text
+from stackforge.fslock import atomic_write, stack_lock
+from stackforge.stack.load import fingerprint, stack_root
+from stackforge.stack.model import Stack
+
+
+@dataclass
+class SourceInfo:
+    name: str
+    kind: str  # git | sdist
+    pin: str  # tag@commit or name==version@sha256
+    commit_time: int | None = None
+    series_hash: str | None = None
+    patches: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    stack: Stack
+    plan: Plan
+    build_dir: Path  # build/<stack>/
+    context_dir: Path  # build/<stack>/context/
+    dockerfile: Path
+    sources: list[SourceInfo]
+    locks: dict[str, str] = field(default_factory=dict)  # index -> sha256 of its lock file
+    base: str | None = None  # the base image's digest (or id), once resolved
+
+    def inputs_fingerprint(self) -> str:
+        """sha256 over everything the image is built from: the resolved stack, the base image's digest,
+        the upstream pins and patch series, the lock files, and the templates and gate scripts."""
+        images = images_dir(stack_root(self.stack))
+        templates = {p.relative_to(images).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                     for p in sorted(images.rglob("*")) if p.is_file() and "base" not in p.parts
+                     and "__pycache__" not in p.parts}
+        blob = json.dumps({"stack": fingerprint(self.stack), "base": self.base,
+                           "sources": [asdict(s) for s in self.sources],
+                           "locks": self.locks, "templates": templates}, sort_keys=True).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+    @property
+    def series(self) -> dict[str, str]:
+        return {s.name: s.series_hash for s in self.sources if s.series_hash}
+
+    @property
+    def source_date_epoch(self) -> int | None:
+        """The pinned upstream commit's time (of the first upstream), for reproducible `created`."""
+        for s in self.sources:
+            return s.commit_time
+        return None
+
+
+def build_dir_for(stack: Stack, out: Path | None = None) -> Path:
+    return Path(out) if out else stack_root(stack) / "build" / stack.name
+
+
+def cache_dir_for(stack: Stack) -> Path:
+    return upstreams.default_cache_dir(stack_root(stack))
+
+
+def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceInfo:
+    up = stack.upstreams[name]
+    root = stack_root(stack)
+    if up.sdist is not None:
+        spec = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
+        upstreams.export_sdist(spec, cache, dest)
+        info = SourceInfo(name, "sdist", f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}")
+    else:
+        spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
+        mirror = upstreams.fetch_upstream(spec, cache, root=root)
+        upstreams.export_commit(mirror, up.commit, dest)
+        info = SourceInfo(name, "git", f"{up.tag}@{up.commit}", commit_time=upstreams.commit_time(mirror, up.commit))
+    if up.patches:
+        from stackforge import (
+            patches as overlay,  # the patch overlay (apply, series hash)
+        )
+
+        patch_dir = root / up.patches
+        info.patches = [r.name for r in overlay.apply_to_export(dest, patch_dir)]
+        digest = overlay.series_hash(patch_dir)
+        info.series_hash = digest if digest.startswith("sha256:") else f"sha256:{digest}"
+    return info
+
+
+def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> Context:
+    """Write build/<stack>/context/ under the build directory's lock. With ``sources=False`` upstreams
+    are not fetched (for `render --no-sources`, which shows the plan only).
+
+    The context is assembled in a temporary directory beside it and renamed into place, so
+    build/<stack>/context/ is the previous complete context or the new one; a failure removes
+    the temporary directory."""
+    locks = read_locks(stack)
+    root = stack_root(stack)
+    plan = make_plan(stack, {i: str(l.path.relative_to(root)) for i, l in locks.items()})
+    bdir = build_dir_for(stack, out)
+    ctx_dir = bdir / "context"
+    with stack_lock(bdir):
+        _remove_leftovers(bdir)
+        bdir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".context-", suffix=STAGING_SUFFIX, dir=bdir))
+        try:
+            os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700
+            infos = _fill(stack, plan, locks, staging, sources)
+            _swap(staging, ctx_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    dockerfile = bdir / "Dockerfile"
+    lock_hashes = {i: hashlib.sha256(l.text.encode()).hexdigest() for i, l in locks.items()}
+    return Context(stack, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes)
+
+
+STAGING_SUFFIX = ".partial"
+
+
+def _remove_leftovers(bdir: Path) -> None:
+    """Remove staging directories a killed run left behind (the caller holds the lock)."""
+    for path in [bdir / "context.partial", *bdir.glob(f".context-*{STAGING_SUFFIX}*")]:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path, sources: bool) -> list[SourceInfo]:
+    """Requirements files, the gate and the (patched) upstream sources, written into ``staging``."""
+    root = stack_root(stack)
+    (staging / "deps").mkdir(parents=True)
+    hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
+    for phase in plan.phases:
+        if phase.lock:
+            text = locks[phase.index].text
+        else:
+            text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
+        atomic_write(staging / phase.requirements, text)
+    gate_dir = staging / "gate"
+    shutil.copytree(images_dir(root) / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
+    infos: list[SourceInfo] = []
+    if sources:
+        cache = cache_dir_for(stack)
+        for name in stack.upstreams:
+            infos.append(_export_source(stack, name, staging / "src" / name, cache))
+    else:
+        for name in stack.upstreams:
+            (staging / "src" / name).mkdir(parents=True)
+    return infos
+
+
+def _swap(staging: Path, ctx_dir: Path) -> None:
+    """Rename the complete ``staging`` to ``ctx_dir``; the previous context is moved aside, then removed."""
+    old = staging.with_name(staging.name + ".old")
+    if ctx_dir.exists() or ctx_dir.is_symlink():
+        ctx_dir.rename(old)
+    try:
+        staging.rename(ctx_dir)
+    except BaseException:
+        if old.exists() and not ctx_dir.exists():
+            old.rename(ctx_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_dockerfile(ctx: Context, labels: dict[str, str], syntax: str | None = None) -> Path:
+    """Write build/<stack>/Dockerfile (whole, under the build directory's lock)."""
+    with stack_lock(ctx.build_dir):
+        atomic_write(ctx.dockerfile, render_dockerfile(ctx.plan, labels, syntax=syntax, root=stack_root(ctx.stack)))
+    return ctx.dockerfile

@@ -1,0 +1,175 @@
+"""The build plan: everything the Dockerfile and the build need, derived from the stack.
+
+Pure: no I/O. ``show``, ``render --dry-run`` and tests read it directly.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from stackforge.stack import tags
+from stackforge.stack.load import fingerprint
+from stackforge.stack.model import Stack
+from stackforge.urls import redact
+
+LABEL_NS = "org.stackforge"
+
+
+@dataclass
+class PipPhase:
+    """One `pip install` step against one index."""
+
+    name: str  # e.g. "mthreads-nodeps", "pypi", "mthreads-deps"
+    index: str  # index whose URL pip uses
+    index_url: str  # credential-free URL: written into the Dockerfile as part of the cache key
+    requirements: str  # context path of the requirements file
+    no_deps: bool
+    require_hashes: bool
+    pins: list[str]  # "name==version" lines
+    lock: str | None = None  # the lock file this phase installs from (repository-relative)
+    credentials: bool = False  # mount the netrc secret: only for a private index or one with credentials
+
+
+@dataclass
+class KernelStep:
+    name: str
+    upstream: str
+    env: dict[str, str]
+    run: str
+
+
+@dataclass
+class Plan:
+    stack: str
+    fingerprint: str
+    base_image: str
+    python: str
+    local_ref: str
+    phases: list[PipPhase]
+    upstreams: list[str]
+    kernels: list[KernelStep]
+    gate: dict
+    gate_prepare: list[str]
+    targets: dict[str, dict]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPhase]:
+    """Vendor wheels first (--no-deps), then public pins, then the vendor wheels' own dependencies.
+
+    ``locked`` names the indexes that have a lock file: their phases require hashes."""
+    by_index: dict[str, list[str]] = {name: [] for name in stack.indexes}
+    hashes: dict[str, bool] = {name: True for name in stack.indexes}
+    for pname, pkg in stack.packages.items():
+        by_index[pkg.index].append(pname)
+        hashes[pkg.index] &= bool(pkg.sha256)
+    for name in locked:
+        hashes[name] = True
+
+    def pins(index: str) -> list[str]:
+        return [f"{n}=={stack.packages[n].version}" for n in by_index[index]]
+
+    phases: list[PipPhase] = []
+    for name, idx in stack.indexes.items():
+        if idx.role == "vendor" and by_index[name]:
+            phases.append(PipPhase(f"{name}-nodeps", name, redact(idx.url), f"deps/{name}.txt", True,
+                                   hashes[name], pins(name)))
+    for name, idx in stack.indexes.items():
+        if idx.role == "public" and by_index[name]:
+            phases.append(PipPhase(name, name, redact(idx.url), f"deps/{name}.txt", False, hashes[name], pins(name)))
+    for name, idx in stack.indexes.items():
+        if idx.role == "vendor" and idx.deps_from and by_index[name]:
+            src = stack.indexes[idx.deps_from]
+            # Already-installed exact pins; pip resolves only what they require, from the public index.
+            phases.append(PipPhase(f"{name}-deps", idx.deps_from, redact(src.url), f"deps/{name}.deps.txt", False,
+                                   False, pins(name)))
+    return phases
+
+
+def gate_spec(stack: Stack) -> dict:
+    return {
+        "stack": stack.name,
+        "packages": [
+            {"name": n, "dist": n, "import": p.import_name, "mode": p.gate, "version": p.version}
+            for n, p in stack.packages.items()
+        ],
+        "imports": [i.model_dump() for i in stack.gate.imports],
+        "probes": [p.model_dump() for p in stack.gate.probes],
+        "read_only": stack.gate.read_only,
+        "abi": {
+            "packages": [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]
+            if stack.gate.abi else [],
+            "library_path": list(stack.gate.library_path),
+        },
+    }
+
+
+def image_labels(stack: Stack, *, base_digest: str | None = None, created: str | None = None,
+                 series: dict[str, str] | None = None, inputs: str | None = None,
+                 base_id: str | None = None) -> dict[str, str]:
+    """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible."""
+    out: dict[str, str] = {
+        "org.opencontainers.image.title": f"{stack.name}",
+        "org.opencontainers.image.description": stack.description,
+    }
+    if stack.upstreams:
+        name = stack.source or next(iter(stack.upstreams))
+        up = stack.upstreams[name]
+        if up.git:
+            out["org.opencontainers.image.source"] = redact(up.git) if "://" in up.git else up.git
+            out["org.opencontainers.image.revision"] = up.commit or ""
+            out["org.opencontainers.image.version"] = up.tag or ""
+        elif up.sdist:
+            out["org.opencontainers.image.source"] = f"{redact(stack.indexes[up.sdist.index].url)}/{up.sdist.name}/"
+            out["org.opencontainers.image.version"] = up.sdist.version
+    if created:
+        out["org.opencontainers.image.created"] = created
+    out["org.opencontainers.image.base.name"] = stack.base.image
+    if base_digest:  # a registry manifest digest; a local-only base has none
+        out["org.opencontainers.image.base.digest"] = base_digest
+    if base_id:
+        out[f"{LABEL_NS}.base.id"] = base_id
+    out[f"{LABEL_NS}.stack"] = stack.name
+    out[f"{LABEL_NS}.fingerprint"] = fingerprint(stack)
+    if inputs:
+        out[f"{LABEL_NS}.inputs"] = inputs
+    for uname, up in stack.upstreams.items():
+        if up.git:
+            out[f"{LABEL_NS}.upstream.{uname}"] = f"{up.tag}@{up.commit}"
+        elif up.sdist:
+            out[f"{LABEL_NS}.upstream.{uname}"] = f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
+    for uname, digest in (series or {}).items():
+        out[f"{LABEL_NS}.series.{uname}"] = digest
+    for pname, pkg in stack.packages.items():
+        out[f"{LABEL_NS}.pin.{pname}"] = pkg.version
+    out.update(tags.labels(stack))
+    return out
+
+
+def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
+    """``locks``: {index: repository-relative lock file} for the indexes that have one."""
+    locks = locks or {}
+    tags.labels(stack)  # the label templates render (or refuse) before anything is written
+    phases = pip_phases(stack, frozenset(locks))
+    for phase in phases:
+        # Third-party build scripts of a public phase never see the vendor credentials.
+        phase.credentials = stack.indexes[phase.index].private or phase.index in stack._credentials
+        if phase.require_hashes and phase.index in locks and not phase.name.endswith("-deps"):
+            phase.lock = locks[phase.index]
+    return Plan(
+        stack=stack.name,
+        fingerprint=fingerprint(stack),
+        base_image=stack.base.image,
+        python=stack.base.python,
+        local_ref=str(tags.local_ref(stack)),
+        phases=phases,
+        upstreams=list(stack.upstreams),
+        kernels=[KernelStep(n, k.upstream, {key: tags.render_template(stack, value, ("kernels", n, "env", key))
+                                            for key, value in k.env.items()}, k.run)
+                 for n, k in stack.kernels.items()],
+        gate=gate_spec(stack),
+        gate_prepare=list(stack.gate.prepare),
+        targets={n: t.model_dump() for n, t in stack.targets.items()},
+    )

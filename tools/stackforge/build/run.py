@@ -1,0 +1,331 @@
+"""Build one stack into a tagged, gated image, and write its evidence bundle.
+
+The order is: lint the stack → check the engine → resolve the base image →
+assemble the context (upstreams fetched, verified and patched on the host) →
+render the Dockerfile → ``docker buildx build`` (the gate is a build stage, so a
+FAIL means no image is loaded and no tag moves) → evidence.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import os
+import re
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from stackforge import credentials
+from stackforge.build.context import Context, assemble, build_dir_for, write_dockerfile
+from stackforge.build.engine import Engine
+from stackforge.build.plan import image_labels
+from stackforge.errors import BuildFailed, UserError
+from stackforge.fslock import atomic_write, stack_lock
+from stackforge.signals import Interrupted
+from stackforge.stack import rules, tags
+from stackforge.stack.load import fingerprint, position, resolved
+from stackforge.stack.model import Stack
+from stackforge.urls import redact_text
+
+SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) (?:import|meta  |probe |write |link  |abi  ) .*"
+                       r"|gate result: .*)|abi result: .*)$")
+
+
+@dataclass
+class BuildOptions:
+    target: str | None = None
+    load: bool = True
+    syntax: str | None = None  # a `# syntax=` line; off by default (it pulls a frontend image)
+    ca_bundle: str | None = "auto"  # "auto": the host's system bundle if present; None: no bundle
+    builder: str | None = None
+    no_cache: bool = False
+    out: Path | None = None
+    network: str | None = None  # RUN steps' network, e.g. "host" to reach an index on the host's loopback
+    lock_timeout: float | None = None  # seconds to wait for another build of this directory (0: none)
+
+
+@dataclass
+class BuildOutcome:
+    stack: str
+    target: str
+    tag: str
+    image_id: str | None
+    evidence: Path
+    gate: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+
+
+def default_target(stack: Stack, target: str | None) -> str:
+    if not stack.targets:
+        raise UserError(f"stack '{stack.name}' declares no targets", **position(stack, ("name",)).as_error_kwargs(),
+                        fix="add targets: {vllm-openai: {entrypoint: [vllm, serve]}}")
+    if target is None:
+        return next(iter(stack.targets))
+    if target not in stack.targets:
+        raise UserError(f"stack '{stack.name}' has no target '{target}'", file="--target",
+                        fix=f"use one of: {', '.join(stack.targets)}")
+    return target
+
+
+def target_ref(stack: Stack, target: str) -> str:
+    """The local reference: the stack's local tag for its first target, `<tag>-<target>` for the others."""
+    ref = tags.local_ref(stack)
+    if target == next(iter(stack.targets)):
+        return str(ref)
+    return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
+
+
+def lint_or_fail(stack: Stack) -> None:
+    findings = rules.lint(stack)
+    if findings:
+        text = "\n".join(f.render(stack) for f in findings)
+        raise BuildFailed(f"stack '{stack.name}' fails lint; nothing was built:\n{text}",
+                          fix=f"fix the findings (stackforge lint {stack.name})")
+
+
+def _ca_bundle(option: str | None) -> Path | None:
+    if option is None or option == "none":
+        return None
+    if option == "auto":
+        env = os.environ.get("STACKFORGE_CA_BUNDLE")
+        if env:
+            option = env
+        else:
+            return next((Path(p) for p in SYSTEM_CA_BUNDLES if Path(p).is_file()), None)
+    path = Path(option)
+    if not path.is_file():
+        raise UserError(f"CA bundle {path} does not exist", file="--ca-bundle", fix="pass a PEM file, or --ca-bundle none")
+    return path
+
+
+def netrc_text(stack: Stack) -> str:
+    """netrc lines for the stack's indexes, from the one resolver (``credentials.for_index``: the URL's
+    own credentials split off at load time, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, ~/.netrc)."""
+    return credentials.netrc_entries([(idx.url, credentials.for_index(stack, name))
+                                      for name, idx in stack.indexes.items()])
+
+
+def _base_identity(engine: Engine, stack: Stack) -> tuple[str | None, str]:
+    """(registry manifest digest or None for a local-only image, image id) of the base image."""
+    image = stack.base.image
+    if not engine.image_exists(image):
+        proc = engine.cli("pull", image, timeout=1800)
+        if proc.returncode != 0:
+            raise BuildFailed(
+                f"base image '{image}' is not present and could not be pulled: {(proc.stderr or proc.stdout).strip()[-300:]}",
+                **position(stack, ("base", "image")).as_error_kwargs(),
+                fix="pull or build it first, or point the stack elsewhere with --set base.image=…")
+    info = engine.sdk().images.get(image).attrs
+    digests = info.get("RepoDigests") or []
+    digest = digests[0].split("@", 1)[1] if digests else None
+    image_id = info.get("Id")
+    if stack.base.digest and stack.base.digest not in (digest, image_id):
+        raise BuildFailed(f"base image '{image}' has digest {digest or image_id}, but the stack pins {stack.base.digest}",
+                          **position(stack, ("base", "digest")).as_error_kwargs(),
+                          fix="pull the pinned image, or update base.digest")
+    return digest, image_id
+
+
+CAUSE = re.compile(r"Discarding|inconsistent version|Retrying|Connection refused|Name or service not known|"
+                   r"Temporary failure in name resolution|\b40[13]\b|DO NOT MATCH THE HASHES|Expected sha256|"
+                   r"No matching distribution|Could not find a version|^ERROR: |error:|Error|not found|No such file")
+
+
+def _dedupe(lines):
+    return list(dict.fromkeys(l.strip() for l in lines if l.strip()))
+
+
+def _failure_reason(log: str) -> str:
+    """The most useful lines of a failed build log: gate FAILs, or the failing step and its cause."""
+    lines = log.splitlines()
+    fails = [m.group(1).strip() for m in (GATE_LINE.match(l) for l in lines)
+             if m and m.group(1).removeprefix("read-only: ").startswith("FAIL")]
+    if fails:
+        return "dependency gate failed:\n  " + "\n  ".join(_dedupe(fails))
+    names = {m.group(1): m.group(2) for m in (re.match(r"^#(\d+) (\[.*)$", l) for l in lines) if m}
+    failing = [m.group(1) for m in (re.match(r"^#(\d+) ERROR", l) for l in lines) if m]
+    step = failing[-1] if failing else None
+    output = [m.group(2) for m in (re.match(r"^#(\d+) [\d.]+ (.*)$", l) for l in lines) if m and m.group(1) == step]
+    causes = _dedupe(l for l in output if CAUSE.search(l))
+    retries = [l for l in causes if "Retrying" in l]
+    causes = [l for l in causes if "Retrying" not in l or l == retries[-1]][-8:]  # one retry line says it
+    summary = _dedupe(l[:240] for l in lines if l.startswith("ERROR: failed to solve"))[-1:]
+    head = "build failed:"
+    if step in names:
+        label = names[step].split("]", 1)[0] + "]"
+        pip = re.search(r"pip install --index-url (\S+)", names[step])
+        what = f" (pip install from {pip.group(1)})" if pip else ""
+        head = f"build step {label}{what} failed:"
+    body = causes + summary if (causes or summary) else _dedupe(lines[-10:])
+    return head + "\n  " + "\n  ".join(body)
+
+
+def gate_lines(log: str) -> list[str]:
+    return [m.group(1) for m in (GATE_LINE.match(l) for l in log.splitlines()) if m]
+
+
+GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
+
+
+def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
+    """The gate's own reports, as the build left them in the image (one container run)."""
+    script = "; ".join(f'if [ -f /stackforge/gate/{n} ]; then echo "==> {n}"; cat /stackforge/gate/{n}; fi'
+                       for n in GATE_FILES)
+    proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+        if line.startswith("==> ") and line[4:] in GATE_FILES:
+            current = out.setdefault(line[4:], [])
+        elif current is not None and line.strip():
+            current.append(line)
+    return out
+
+
+@dataclass
+class Prepared:
+    """A stack ready for the engine: context and Dockerfile written, labels and build args fixed."""
+
+    ctx: Context
+    labels: dict[str, str]
+    build_args: dict[str, str]
+
+
+def prepare(stack: Stack, engine: Engine, *, out: Path | None = None, sources: bool = True,
+            syntax: str | None = None) -> Prepared:
+    """Everything before the engine runs; shared by `build` and `bake` so both render the same bytes
+    (and so share BuildKit's cache). ``sources=False`` skips fetching upstreams and the base image."""
+    lint_or_fail(stack)
+    base_digest, base_id = _base_identity(engine, stack) if sources else (None, None)
+    ctx = assemble(stack, out, sources=sources)
+    ctx.base = base_digest or base_id
+    created = None
+    build_args: dict[str, str] = {}
+    if sources and ctx.source_date_epoch is not None and engine.supports_source_date_epoch():
+        build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
+        created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    labels = image_labels(stack, base_digest=base_digest, base_id=base_id, created=created, series=ctx.series,
+                          inputs=ctx.inputs_fingerprint())
+    write_dockerfile(ctx, labels, syntax=syntax)
+    return Prepared(ctx, labels, build_args)
+
+
+def secret_files(stack: Stack, secrets_dir: Path | None, ca_bundle: str | None) -> list[tuple[str, Path | None]]:
+    """The BuildKit secrets of a build: a netrc with the index credentials (written into
+    ``secrets_dir``, mode 600; ``None`` when no directory is given) and the CA bundle."""
+    secrets: list[tuple[str, Path | None]] = []
+    text = netrc_text(stack)
+    if text:
+        path = None
+        if secrets_dir is not None:
+            path = credentials.write_secret(secrets_dir / f"{stack.name}.netrc", text)
+        secrets.append(("netrc", path))
+    bundle = _ca_bundle(ca_bundle)
+    if bundle is not None:
+        secrets.append(("cabundle", bundle))
+    return secrets
+
+
+def _holding_build_dir(fn):
+    """Run ``fn(stack, opts, …)`` holding the lock of the stack's build directory for all of it."""
+    @functools.wraps(fn)
+    def locked(stack: Stack, opts: BuildOptions | None = None, *args, **kwargs):
+        opts = opts or BuildOptions()
+        with stack_lock(build_dir_for(stack, opts.out), timeout=opts.lock_timeout):
+            return fn(stack, opts, *args, **kwargs)
+    return locked
+
+
+@_holding_build_dir
+def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None = None,
+          echo: Callable[[str], None] | None = None) -> BuildOutcome:
+    opts = opts or BuildOptions()
+    echo = echo or (lambda line: print(line, flush=True))
+    started = time.monotonic()
+    target = default_target(stack, opts.target)
+    ref = target_ref(stack, target)
+    engine = engine or Engine(builder=opts.builder)
+    info = engine.check()
+    prepared = prepare(stack, engine, out=opts.out, syntax=opts.syntax)
+    ctx, labels, build_args = prepared.ctx, prepared.labels, prepared.build_args
+    evidence = ctx.build_dir / "evidence"
+    if evidence.exists():
+        shutil.rmtree(evidence)
+    evidence.mkdir(parents=True)
+    atomic_write(evidence / "Dockerfile", ctx.dockerfile.read_bytes())
+    _write_inputs(evidence, stack, ctx, labels, info, target, ref)
+
+    had = engine.image_id(ref)
+    with _recording_interrupts(engine, evidence, ref, had, started):
+        with credentials.private_dir("stackforge-secrets-") as secrets_dir:
+            secrets = secret_files(stack, secrets_dir, opts.ca_bundle)
+            result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref], build_args=build_args,
+                                  secrets=secrets, load=opts.load, builder=opts.builder, no_cache=opts.no_cache,
+                                  extra_args=[f"--network={opts.network}"] if opts.network else [], on_line=echo,
+                                  log_file=evidence / "build.log")
+    log = result.log
+    atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
+    if result.returncode != 0:
+        now = engine.image_id(ref)
+        if now is not None and now != had:  # never leave a tag pointing at an unchecked image
+            engine.remove_image(ref, force=True)
+        atomic_write(evidence / "result.json", json.dumps({"ok": False, "reason": _failure_reason(log)}, indent=2))
+        raise BuildFailed(f"{stack.name}/{target}: {_failure_reason(log)}\n  (no image was tagged; log: "
+                          f"{evidence / 'build.log'})", fix="read the FAIL/ERROR lines above")
+    image_id = engine.image_id(ref) if opts.load else None
+    reports = read_gate_from_image(engine, ref) if opts.load else {}
+    gate = reports.get("result.txt") or gate_lines(log)
+    atomic_write(evidence / "gate.txt", "\n".join(gate) + "\n")
+    for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt")):
+        if name in reports:
+            atomic_write(evidence / evidence_name, "\n".join(reports[name]) + "\n")
+    outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
+    atomic_write(evidence / "result.json", json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)},
+                                                      indent=2, default=str))
+    return outcome
+
+
+@contextmanager
+def _recording_interrupts(engine: Engine, evidence: Path, ref: str, had: str | None, started: float):
+    """Around the engine run: on SIGINT/SIGTERM (the engine's process group is already stopped and the
+    secrets directory removed by the inner blocks) drop a tag the interrupted run may have moved, write
+    ``result.json`` with status ``interrupted`` and the signal, and let the interruption go on."""
+    try:
+        yield
+    except Interrupted as intr:
+        try:
+            now = engine.image_id(ref)
+            if now is not None and now != had:
+                engine.remove_image(ref, force=True)
+        except UserError:
+            pass
+        atomic_write(evidence / "result.json", json.dumps({
+            "ok": False, "status": "interrupted", "signal": intr.name,
+            "reason": f"interrupted by {intr.name}", "duration_s": round(time.monotonic() - started, 1)}, indent=2))
+        intr.notes.append(f"the engine was stopped, the build's secrets removed and nothing was tagged "
+                          f"(record: {evidence / 'result.json'})")
+        raise
+
+
+def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info, target: str, ref: str) -> None:
+    data = {
+        "stack": stack.name,
+        "target": target,
+        "tag": ref,
+        "fingerprint": fingerprint(stack),
+        "inputs_fingerprint": ctx.inputs_fingerprint(),
+        "locks": ctx.locks,
+        "pins": {n: p.version for n, p in stack.packages.items()},
+        "upstreams": [asdict(s) for s in ctx.sources],
+        "overrides": [redact_text(o) for o in stack._overrides],
+        "labels": labels,
+        "engine": asdict(info),
+        "resolved": resolved(stack),
+        "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    atomic_write(evidence / "inputs.json", json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,417 @@
+"""Fetch a pinned upstream into a host-side cache and export a clean tree of it.
+
+Two kinds of source, both checked before anything is built from them:
+
+- git: a bare mirror per URL under ``<cache>/git/`` (created once, then
+  fetched). The pinned commit must be present and must be exactly the commit
+  the pinned tag points to (annotated tags are peeled); anything else is a
+  UserError naming the tag, the expected commit and the actual one.
+- release sdist: ``name==version`` found on a PEP 503 simple index, the
+  ``.tar.gz`` downloaded into ``<cache>/sdist/<sha256>/`` and checked against
+  the pinned sha256.
+
+An upstream spec is any object (or mapping) with ``git``, ``tag``, ``commit``,
+optional ``sdist`` (``index_url`` or ``index``, ``name``, ``version``,
+``sha256``) and optional ``patches``. This module knows nothing about patches.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stackforge.credentials import for_url as credential_for_url
+from stackforge.errors import UserError
+from stackforge.urls import Credential, redact, redact_text, scrub
+from stackforge.urls import split as split_credentials
+
+CACHE_ENV = "STACKFORGE_CACHE"
+
+
+# --- specs ---------------------------------------------------------------------
+
+@dataclass
+class SdistSpec:
+    index_url: str
+    name: str
+    version: str
+    sha256: str
+
+
+@dataclass
+class UpstreamSpec:
+    git: str | None = None
+    tag: str | None = None
+    commit: str | None = None
+    sdist: SdistSpec | None = None
+    patches: str | None = None
+    name: str | None = None
+
+
+def field(obj: Any, name: str, default: Any = None) -> Any:
+    """Read ``name`` from an attribute-style object or a mapping."""
+    if obj is None:
+        return default
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def sdist_index_url(sdist: Any) -> str:
+    url = field(sdist, "index_url") or field(sdist, "index")
+    if not url:
+        raise UserError("the upstream sdist has no index URL", fix="set sdist.index_url (a PEP 503 simple index URL)")
+    return str(url)
+
+
+def default_cache_dir(root: Path | None = None) -> Path:
+    """``$STACKFORGE_CACHE`` if set, else ``<root>/build/cache``."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    return Path(root or Path.cwd()) / "build" / "cache"
+
+
+# --- git ------------------------------------------------------------------------
+
+def _git(*args: str, cwd: Path | None = None, check: bool = True, env: dict | None = None,
+         credential: Credential | None = None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0")
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=full_env)
+    if check and proc.returncode != 0:
+        raise UserError(f"git {scrub(' '.join(args), credential)} failed (exit {proc.returncode}):\n"
+                        f"{scrub(proc.stdout + proc.stderr, credential).strip()}")
+    return proc
+
+
+def git_credential_env(url: str, credential: Credential | None) -> dict[str, str]:
+    """Environment that hands ``credential`` to git for ``url`` only, through ``GIT_CONFIG_*`` (never on
+    the command line, where ``ps`` shows it): an ``Authorization`` header for user/password, and a
+    ``url.<with token>.insteadOf`` rewrite for sensitive query parameters."""
+    if credential is None or not re.match(r"^https?://", url):
+        return {}
+    entries: list[tuple[str, str]] = []
+    if credential.auth:
+        token = base64.b64encode(":".join(credential.auth).encode()).decode()
+        entries.append((f"http.{url}.extraHeader", f"Authorization: Basic {token}"))
+    if credential.query:
+        entries.append((f"url.{credential.with_query(url)}.insteadOf", url))
+    env = {"GIT_CONFIG_COUNT": str(len(entries))}
+    for i, (key, value) in enumerate(entries):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    return env
+
+
+def _is_remote_url(url: str) -> bool:
+    return "://" in url or re.match(r"^[\w.-]+@[\w.-]+:", url) is not None
+
+
+def resolve_git_url(url: str, root: Path | None = None) -> str:
+    """A local path (relative to ``root``) becomes absolute; URLs pass through."""
+    if _is_remote_url(url):
+        return url
+    p = Path(url)
+    if not p.is_absolute():
+        p = (root or Path.cwd()) / p
+    if not p.exists():
+        raise UserError(f"upstream git path {url} does not exist", file=str(p), fix="point upstreams.<name>.git at a repository URL or an existing local repository")
+    return str(p.resolve())
+
+
+def mirror_path(url: str, cache_dir: Path | str) -> Path:
+    """Where the bare mirror of ``url`` lives in the cache (one per URL)."""
+    base = re.sub(r"\.git$", "", url.rstrip("/").rsplit("/", 1)[-1]) or "repo"
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", base)
+    key = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return Path(cache_dir) / "git" / f"{base}-{key}.git"
+
+
+def _has_commit(mirror: Path, commit: str) -> bool:
+    return _git("cat-file", "-e", f"{commit}^{{commit}}", cwd=mirror, check=False).returncode == 0
+
+
+def peeled_tag(mirror: Path, tag: str) -> str | None:
+    """The commit a tag points to, annotated tags peeled; None if the tag is absent."""
+    proc = _git("rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}", cwd=mirror, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def verify_pin(mirror: Path, url: str, tag: str | None, commit: str) -> str:
+    """Check that ``commit`` is in the mirror and that ``tag`` names it; return the full id."""
+    if not _has_commit(mirror, commit):
+        raise UserError(
+            f"pinned commit {commit} is not in {url}",
+            fix="check upstreams.<name>.commit; the commit must exist in the upstream repository",
+        )
+    full = _git("rev-parse", f"{commit}^{{commit}}", cwd=mirror).stdout.strip()
+    if tag:
+        actual = peeled_tag(mirror, tag)
+        if actual is None:
+            raise UserError(
+                f"tag {tag} does not exist in {url} (expected it to point at {full})",
+                fix="check upstreams.<name>.tag",
+            )
+        if actual != full:
+            raise UserError(
+                f"tag {tag} points at {actual}, but the stack pins commit {full}",
+                fix=f"pin the commit the tag names (commit: {actual}) or the tag that names {full}",
+            )
+    return full
+
+
+def fetch_upstream(spec: Any, cache_dir: Path | str, *, root: Path | None = None, offline: bool = False) -> Path:
+    """Create or update the bare mirror of ``spec.git`` and verify the pin. Returns the mirror path.
+
+    The mirror tracks branches and tags (``refs/heads/*``, ``refs/tags/*``);
+    a pinned commit only reachable from elsewhere is fetched by id. With
+    ``offline`` the cache is used as it is, and a missing mirror is an error.
+    """
+    url_in = field(spec, "git")
+    commit = field(spec, "commit")
+    tag = field(spec, "tag")
+    if not url_in:
+        raise UserError("the upstream has no git URL", fix="set upstreams.<name>.git")
+    if not commit:
+        raise UserError(f"the upstream {redact(str(url_in))} has no pinned commit", fix="set upstreams.<name>.commit to a full commit id")
+    url, in_url = split_credentials(str(url_in))
+    url = resolve_git_url(url, root)
+    credential = in_url or (credential_for_url(url) if _is_remote_url(url) else None)
+    auth_env = git_credential_env(url, credential)
+    mirror = mirror_path(url, cache_dir)
+    if offline:
+        if not mirror.is_dir():
+            raise UserError(f"no cached mirror of {url} at {mirror} and offline mode is on", fix="run once with network access, or drop --offline")
+    else:
+        if not mirror.is_dir():
+            mirror.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=mirror.name + ".", dir=mirror.parent))
+            try:
+                _git("init", "--quiet", "--bare", str(tmp))
+                _git("remote", "add", "origin", url, cwd=tmp)
+                _git("config", "--replace-all", "remote.origin.fetch", "+refs/heads/*:refs/heads/*", cwd=tmp)
+                _git("config", "--add", "remote.origin.fetch", "+refs/tags/*:refs/tags/*", cwd=tmp)
+                _git("config", "remote.origin.mirror", "true", cwd=tmp)
+                _fetch(tmp, url, auth_env, credential)
+                tmp.rename(mirror)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        else:
+            _fetch(mirror, url, auth_env, credential)
+        if not _has_commit(mirror, commit):
+            _git("fetch", "--quiet", "origin", commit, cwd=mirror, check=False, env=auth_env)
+    verify_pin(mirror, url, tag, commit)
+    return mirror
+
+
+def _fetch(mirror: Path, url: str, auth_env: dict[str, str], credential: Credential | None) -> None:
+    proc = _git("fetch", "--quiet", "--prune", "--force", "origin", cwd=mirror, check=False, env=auth_env)
+    if proc.returncode != 0:
+        raise UserError(
+            f"cannot fetch upstream {redact(url)}:\n{scrub(proc.stdout + proc.stderr, credential).strip()}",
+            fix="check the URL and the network; a local path or a file:// URL works for mirrors",
+        )
+
+
+def commit_time(mirror: Path, commit: str) -> int:
+    """Committer time of ``commit`` (seconds since the epoch): a SOURCE_DATE_EPOCH."""
+    return int(_git("log", "-1", "--format=%ct", commit, cwd=mirror).stdout.strip())
+
+
+def _prepare_dest(dest_dir: Path | str) -> Path:
+    dest = Path(dest_dir)
+    if dest.exists() and any(dest.iterdir()):
+        raise UserError(f"{dest} exists and is not empty", fix="choose an empty or new directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest
+
+
+def export_commit(mirror: Path, commit: str, dest_dir: Path | str) -> Path:
+    """Write the tree of ``commit`` into ``dest_dir`` exactly as a checkout would (no .git)."""
+    dest = _prepare_dest(dest_dir)
+    with tempfile.TemporaryDirectory(prefix="stackforge-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        # Line-ending conversion from the user's configuration would change the bytes.
+        plain = ["-c", "core.autocrlf=false", "-c", "core.eol=lf", "--git-dir", str(mirror), "--work-tree", str(dest)]
+        _git(*plain, "read-tree", commit, env=env)
+        _git(*plain, "checkout-index", "--all", "--force", env=env)
+    return dest
+
+
+def export_upstream(spec: Any, cache_dir: Path | str, dest_dir: Path | str, *, root: Path | None = None, offline: bool = False) -> Path:
+    """Write a clean tree of the pinned upstream into ``dest_dir``.
+
+    The release sdist is the source when the spec declares one; otherwise the
+    pinned git commit (verified against its tag) is exported from the mirror.
+    """
+    sdist = field(spec, "sdist")
+    if sdist:
+        return export_sdist(sdist, cache_dir, dest_dir, offline=offline)
+    mirror = fetch_upstream(spec, cache_dir, root=root, offline=offline)
+    return export_commit(mirror, field(spec, "commit"), dest_dir)
+
+
+# --- release sdists ---------------------------------------------------------------
+
+def normalize_name(name: str) -> str:
+    """PEP 503 normalised project name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _read_url(url: str, what: str, client=None) -> bytes:
+    """The bytes at ``url``: a local file, or an HTTP GET through ``client`` (an ``IndexClient``, whose
+    credential goes with the request) or anonymously. Messages show the URL redacted."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        path = Path(urllib.parse.unquote(parsed.path))
+        if path.is_dir():
+            path = path / "index.html"
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise UserError(f"cannot read {what} {redact(url)}: {exc.strerror}") from None
+    import requests
+
+    session = client._session() if client is not None else requests.Session()
+    params = client.params_for(url) if client is not None else {}
+    try:
+        resp = session.get(url, timeout=60, headers={"Accept": "text/html"}, params=params)
+    except requests.RequestException as exc:
+        raise UserError(f"cannot reach {what} {redact(url)}: {type(exc).__name__}: {redact_text(str(exc))}",
+                        fix="check the index URL and the network") from None
+    if resp.status_code in (401, 403):
+        raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code} (credentials missing or refused)",
+                        fix="give the index's credentials: user:password@ in its URL, "
+                            "STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, or a ~/.netrc entry for its host")
+    if resp.status_code != 200:
+        raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code}",
+                        fix="check the index URL and the project name")
+    return resp.content
+
+
+def find_sdist(index_url: str, name: str, version: str):
+    """``(URL of name-version.tar.gz, the IndexClient that found it)`` on a PEP 691/503 simple index;
+    the client carries the index's credential (``credentials.for_url``) for the download."""
+    from stackforge.freshness.index import IndexClient, IndexQueryError
+
+    client = IndexClient(index_url)
+    try:
+        files = client.project(name).files_for(version)
+    except IndexQueryError as exc:
+        raise UserError(f"cannot read the index page of {name}: {exc.message}",
+                        fix=exc.fix or "check the index URL and the project name") from None
+    for f in files:
+        if f.kind == "sdist" and f.filename.endswith(".tar.gz"):
+            return urllib.parse.urldefrag(f.url)[0], client
+    raise UserError(
+        f"no sdist {name}-{version}.tar.gz on {client.display_url}/{normalize_name(name)}/",
+        fix="check sdist.name and sdist.version against the index",
+    )
+
+
+def find_sdist_url(index_url: str, name: str, version: str) -> str:
+    """The URL of ``name-version.tar.gz`` on a PEP 691/503 simple index (through the index client)."""
+    return find_sdist(index_url, name, version)[0]
+
+
+SAFE_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}\.tar\.gz")
+
+
+def sdist_file_name(url: str, name: str, version: str) -> str:
+    """The cache file name of a downloaded sdist: the last segment of its URL, decoded, when that is a plain
+    file name; an index that serves a name with a path in it (``..%2F..%2Fx.tar.gz``), a control character
+    or anything but a ``.tar.gz`` is refused, so nothing is written outside the cache."""
+    last = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
+    if SAFE_FILE_NAME.fullmatch(last) and ".." not in last:
+        return last
+    raise UserError(f"the index serves sdist {name}=={version} under an unsafe file name {last[:120]!r}",
+                    fix="the index is misconfigured or hostile: a file name is one path segment ending in .tar.gz")
+
+
+def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False) -> Path:
+    """Download the pinned sdist (once) and check its sha256. Returns the cached file."""
+    name, version = str(field(sdist, "name")), str(field(sdist, "version"))
+    expected = str(field(sdist, "sha256") or "").lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", expected):
+        raise UserError(f"sdist {name}=={version} has no valid sha256 pin ({expected!r})", fix="set sdist.sha256 to the file's 64-hex sha256")
+    cache = Path(cache_dir) / "sdist" / expected
+    if cache.is_dir():
+        for f in cache.glob("*.tar.gz"):
+            if hashlib.sha256(f.read_bytes()).hexdigest() == expected:
+                return f
+    if offline:
+        raise UserError(f"sdist {name}=={version} is not cached and offline mode is on", fix="run once with network access")
+    url, client = find_sdist(sdist_index_url(sdist), name, version)
+    file_name = sdist_file_name(url, name, version)
+    data = _read_url(url, "sdist", client)
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise UserError(
+            f"sha256 mismatch for {redact(url)}: expected {expected}, got {actual}",
+            fix="the file on the index is not the pinned one; check sdist.version and sdist.sha256",
+        )
+    out = cache / file_name
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(out)
+    return out
+
+
+def unpack_sdist(archive: Path, dest_dir: Path | str) -> Path:
+    """Unpack an sdist into ``dest_dir``, dropping its single top-level directory."""
+    dest = _prepare_dest(dest_dir)
+    with tarfile.open(archive, "r:gz") as tf:
+        members = tf.getmembers()
+        tops = {m.name.split("/", 1)[0] for m in members if m.name not in ("", ".")}
+        strip = len(tops) == 1 and any("/" in m.name for m in members)
+        kept = []
+        for m in members:
+            name = m.name.split("/", 1)[1] if strip and "/" in m.name else (None if strip else m.name)
+            if not name:
+                continue
+            if name.startswith("/") or ".." in Path(name).parts:
+                raise UserError(f"sdist {archive.name} has an unsafe member {m.name!r}")
+            if m.issym() or m.islnk():
+                target = m.linkname
+                if target.startswith("/") or ".." in Path(target).parts:
+                    raise UserError(f"sdist {archive.name} has a link escaping the tree: {m.name!r} -> {target!r}")
+            if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+                continue
+            m.name = name
+            if m.islnk() and strip:
+                m.linkname = m.linkname.split("/", 1)[1] if "/" in m.linkname else m.linkname
+            kept.append(m)
+        if sys.version_info >= (3, 11, 4) or hasattr(tarfile, "data_filter"):
+            tf.extractall(dest, members=kept, filter="data")
+        else:  # pragma: no cover - older Pythons; members were checked above
+            tf.extractall(dest, members=kept)
+    return dest
+
+
+def export_sdist(sdist: Any, cache_dir: Path | str, dest_dir: Path | str, *, offline: bool = False) -> Path:
+    """Download (or reuse), verify and unpack the pinned sdist into ``dest_dir``."""
+    return unpack_sdist(fetch_sdist(sdist, cache_dir, offline=offline), dest_dir)
+
+
+def describe(spec: Any) -> str:
+    """A short human description of the pin."""
+    sdist = field(spec, "sdist")
+    if sdist:
+        return f"{field(sdist, 'name')}=={field(sdist, 'version')} (sdist)"
+    tag = field(spec, "tag")
+    commit = str(field(spec, "commit") or "")
+    return f"{tag} ({commit[:12]})" if tag else commit[:12]

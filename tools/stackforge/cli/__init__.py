@@ -1,0 +1,1 @@
+"""The command line: one module per verb group, each a thin shell over a library function."""

@@ -1,0 +1,57 @@
+"""`stackforge bake`: one `docker buildx bake` plan for a matrix of stacks × targets."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from stackforge.build import bake as bakemod
+from stackforge.cli.options import add_set, load, root_of
+from stackforge.errors import UserError
+from stackforge.stack.load import list_stacks
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bake", help="build stacks × targets in one `docker buildx bake` (shared stages built once)",
+        description="Prepare each stack's context and Dockerfile as `stackforge build` does and build every "
+                    "(stack, target) in one `docker buildx bake` run, so stages several stacks share are built "
+                    "once. Any buildx builder works (--builder), e.g. a remote or Kubernetes BuildKit. "
+                    "The per-stack gate verdicts and evidence come from `stackforge build` / `stackforge nightly`.")
+    p.add_argument("stacks", nargs="*", help="default: every stack with `nightly: true`")
+    p.add_argument("--target", action="append", dest="targets", metavar="T",
+                   help="only these targets (repeatable; default: every target of each stack)")
+    p.add_argument("--print", action="store_true", help="print the bake JSON plan; fetch nothing, build nothing")
+    p.add_argument("--builder", help="buildx builder (docker, docker-container, remote, kubernetes drivers)")
+    p.add_argument("--no-load", dest="load", action="store_false", help="build without loading images into the engine")
+    p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
+    p.add_argument("--out", type=Path, help="where bake.json and bake.log go (default: build/bake)")
+    add_set(p)
+    p.set_defaults(func=cmd_bake)
+
+
+def _stacks(args):
+    root = root_of(args)
+    names = args.stacks
+    if not names:
+        names = [n for n in list_stacks(root) if load(args, n).nightly]
+        if not names:
+            raise UserError("no stack has `nightly: true`", fix="name the stacks: stackforge bake STACK…")
+    return root, [load(args, n) for n in names]
+
+
+def cmd_bake(args) -> int:
+    root, stacks = _stacks(args)
+    if args.print:
+        items = bakemod.prepare(stacks, targets=args.targets, sources=False, ca_bundle=args.ca_bundle)
+        print(json.dumps(bakemod.plan(items, load=args.load), indent=2))
+        return 0
+    workdir = args.out or root / "build" / "bake"
+    items, run = bakemod.bake(stacks, targets=args.targets, builder=args.builder, load=args.load,
+                              no_cache=args.no_cache, workdir=workdir, ca_bundle=args.ca_bundle,
+                              on_line=lambda line: print(line, flush=True))
+    status = "ok" if run.returncode == 0 else f"FAILED (exit {run.returncode})"
+    print(f"bake {status}: {len(items)} target(s) in {run.duration_s} s; plan {workdir / 'bake.json'}, "
+          f"log {run.log_file}", file=sys.stderr)
+    return 0 if run.returncode == 0 else 1

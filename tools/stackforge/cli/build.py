@@ -1,0 +1,142 @@
+"""Verbs that render, build and gate images."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from stackforge.build.context import assemble, build_dir_for, write_dockerfile
+from stackforge.build.gate import run_gate
+from stackforge.build.plan import image_labels
+from stackforge.build.run import BuildOptions, build, default_target, target_ref
+from stackforge.cli.options import add_set, load
+from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
+
+
+def register(sub) -> None:
+    p = sub.add_parser("render", help="write the Dockerfile and build context, print the plan, build nothing")
+    p.add_argument("stack")
+    p.add_argument("--target", help="target stage (default: the stack's first target)")
+    p.add_argument("--out", type=Path, help="output directory (default: build/<stack>)")
+    p.add_argument("--no-sources", action="store_true", help="do not fetch upstreams (plan and Dockerfile only)")
+    p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_wait(p)
+    add_set(p)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("build", help="build, gate and tag the image of a stack (BuildKit via docker buildx)")
+    p.add_argument("stack")
+    p.add_argument("--target", help="target stage (default: the stack's first target)")
+    p.add_argument("--load", action="store_true", default=True, help="load the image into the engine (default)")
+    p.add_argument("--no-load", dest="load", action="store_false", help="build and gate without loading or tagging")
+    p.add_argument("--builder", help="buildx builder to use (a remote or Kubernetes BuildKit works the same)")
+    p.add_argument("--ca-bundle", default="auto",
+                   help="extra CA bundle for downloads inside the build, passed as a BuildKit secret "
+                        "(default: $STACKFORGE_CA_BUNDLE or the host's system bundle; 'none' to disable)")
+    p.add_argument("--syntax", help="add a `# syntax=` line; off by default")
+    p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--network", help="network for RUN steps (e.g. host, to reach an index on the host's loopback)")
+    p.add_argument("--out", type=Path, help="build directory (default: build/<stack>)")
+    add_wait(p)
+    add_set(p)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("gate", help="re-run a stack's dependency gate on a built image (read-only root, /tmp writable)")
+    p.add_argument("image")
+    p.add_argument("--stack", required=True)
+    add_set(p)
+    p.set_defaults(func=cmd_gate)
+
+    p = sub.add_parser("verify", help="check a pulled or built image against its stack: labels, pins, gate, ABI")
+    p.add_argument("image")
+    p.add_argument("--stack", help="default: the stack named by the image's org.stackforge.stack label")
+    add_set(p)
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("abi", help="resolve every DT_NEEDED of a stack's vendor packages inside an image")
+    p.add_argument("image")
+    p.add_argument("--stack", required=True)
+    add_set(p)
+    p.set_defaults(func=cmd_abi)
+
+
+def add_wait(p) -> None:
+    """--no-wait / --lock-timeout: what to do while another stackforge writes the same build directory."""
+    p.add_argument("--no-wait", dest="lock_timeout", action="store_const", const=0.0,
+                   help="fail at once if another stackforge is writing this stack's build directory")
+    p.add_argument("--lock-timeout", type=float, metavar="SECONDS",
+                   help=f"how long to wait for it (default: ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT:.0f})")
+
+
+def cmd_render(args) -> int:
+    stack = load(args, args.stack)
+    target = default_target(stack, args.target)
+    with stack_lock(build_dir_for(stack, args.out), timeout=args.lock_timeout):
+        ctx = assemble(stack, args.out, sources=not args.no_sources)
+        path = write_dockerfile(ctx, image_labels(stack, series=ctx.series), syntax=args.syntax)
+    if args.json:
+        print(ctx.plan.to_json())
+        return 0
+    plan = ctx.plan
+    print(f"stack:      {stack.name} ({plan.fingerprint})")
+    print(f"target:     {target} → {target_ref(stack, target)}")
+    print(f"base:       {plan.base_image}")
+    for i, ph in enumerate(plan.phases, 1):
+        flags = ", ".join(f for f, on in (("--no-deps", ph.no_deps), ("--require-hashes", ph.require_hashes)) if on)
+        print(f"pip {i}:      {ph.name}: {len(ph.pins)} pin(s) from {ph.index_url}" + (f" ({flags})" if flags else ""))
+    for s in ctx.sources:
+        extra = f", {len(s.patches)} patch(es), series {s.series_hash}" if s.series_hash else ""
+        print(f"source:     {s.name}: {s.kind} {s.pin}{extra}")
+    for k in plan.kernels:
+        print(f"kernel:     {k.name}: {k.run}")
+    print(f"gate:       {len(plan.gate['packages'])} pins, {len(plan.gate['imports'])} imports, "
+          f"{len(plan.gate['probes'])} probes")
+    print(f"dockerfile: {path}")
+    print(f"context:    {ctx.context_dir}")
+    return 0
+
+
+def cmd_build(args) -> int:
+    stack = load(args, args.stack)
+    opts = BuildOptions(target=args.target, load=args.load, syntax=args.syntax, ca_bundle=args.ca_bundle,
+                        builder=args.builder, no_cache=args.no_cache, out=args.out, network=args.network,
+                        lock_timeout=args.lock_timeout)
+    outcome = build(stack, opts)
+    print(f"\nbuilt {outcome.tag}" + (f" ({outcome.image_id})" if outcome.image_id else "")
+          + f" in {outcome.duration_s}s", file=sys.stderr)
+    for line in outcome.gate:
+        print(f"  {line}", file=sys.stderr)
+    print(f"evidence: {outcome.evidence}", file=sys.stderr)
+    print(outcome.tag)
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from stackforge.build.engine import Engine
+    from stackforge.build.verify import image_labels, stack_of, verify
+
+    engine = Engine()
+    engine.check()
+    labels = image_labels(engine, args.image)
+    stack = load(args, args.stack or stack_of(labels, args.image))
+    result = verify(stack, args.image, labels, engine)
+    for line in result.lines:
+        print(line)
+    print(f"verify {args.image} against {stack.name}: " + ("ok" if not result.failed else f"{result.failed} FAIL"))
+    return 1 if result.failed else 0
+
+
+def cmd_abi(args) -> int:
+    stack = load(args, args.stack)
+    ok, lines = run_gate(stack, args.image, script="abi.py")
+    for line in lines:
+        print(line)
+    return 0 if ok else 1
+
+
+def cmd_gate(args) -> int:
+    stack = load(args, args.stack)
+    ok, lines = run_gate(stack, args.image)
+    for line in lines:
+        print(line)
+    return 0 if ok else 1

@@ -1,0 +1,57 @@
+"""`stackforge bump STACK --name NEW`: write a stack that moves the train to its newest coherent release."""
+from __future__ import annotations
+
+import sys
+
+from stackforge.cli.newest import add_index_options, cache_dir
+from stackforge.cli.options import add_set, load, root_of
+from stackforge.freshness import newest as freshness
+from stackforge.stack import diff as diffmod
+from stackforge.stack.load import load_stack
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bump",
+        help="write stacks/NEW.yaml moving a release train (and what is built for it) to its newest release",
+        description="Query the indexes, move each train (rules.trains) as a unit to its newest coherent release, "
+        "move built-for packages (rules.built_for) and declared minimums with it, write stacks/NEW.yaml "
+        "inheriting STACK, lint it and print the pin table. Exit 1 without writing when a build is missing.",
+    )
+    p.add_argument("stack")
+    p.add_argument("--name", required=True, help="name of the new stack (stacks/NAME.yaml)")
+    p.add_argument("--train", action="append", default=[], metavar="NAME", help="move only this train (repeatable)")
+    p.add_argument("--description", help="description of the new stack (default: the old one with versions moved)")
+    p.add_argument("--dry-run", action="store_true", help="print the new stack file instead of writing it")
+    p.add_argument("--force", action="store_true", help="overwrite an existing stacks/NAME.yaml")
+    add_index_options(p)
+    add_set(p)
+    p.set_defaults(func=cmd_bump)
+
+
+def cmd_bump(args) -> int:
+    stack = load(args, args.stack)
+    names = list(stack.packages)
+    catalog, _ = freshness.load_catalog(stack, names, cache_dir=cache_dir(args))
+    plan = freshness.plan_bump(stack, catalog, new_name=args.name, trains=args.train or None)
+    for mv in plan.moves:
+        print(f"move {mv.package}: {mv.before} -> {mv.after} ({mv.reason})")
+    for note in plan.notes:
+        print(f"note: {note}")
+    if plan.problems:
+        for prob in plan.problems:
+            print(f"missing: {prob}", file=sys.stderr)
+        print(f"nothing written: stacks/{args.name}.yaml would not be a coherent stack", file=sys.stderr)
+        return 1
+    if not plan.moves:
+        print("nothing to move; no file written")
+        return 0
+    if args.dry_run:
+        print(freshness.render_bump(stack, plan, args.description), end="")
+        return 0
+    path = freshness.write_bump(stack, plan, force=args.force, description=args.description)
+    print(f"wrote {path.relative_to(root_of(args))} (lint: ok)")
+    print()
+    new = load_stack(args.name, root=root_of(args), overrides=args.overrides)
+    print(diffmod.to_markdown(diffmod.diff_stacks(stack, new)), end="")
+    return 0

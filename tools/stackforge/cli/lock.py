@@ -1,0 +1,22 @@
+"""`stackforge lock`: write the hash lock files the build installs from."""
+from __future__ import annotations
+
+from stackforge.build.locks import write_locks
+from stackforge.cli.options import add_set, load
+from stackforge.stack.load import stack_root
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lock", help="write stacks/locks/<stack>/<index>.txt with hashes (pip-tools for public indexes)")
+    p.add_argument("stack")
+    p.add_argument("--index", action="append", help="lock only this index (repeatable)")
+    p.add_argument("--ca-bundle", help="CA bundle for reaching the indexes")
+    add_set(p)
+    p.set_defaults(func=cmd_lock)
+
+
+def cmd_lock(args) -> int:
+    stack = load(args, args.stack)
+    for path in write_locks(stack, args.index, args.ca_bundle):
+        print(path.relative_to(stack_root(stack)))
+    return 0

@@ -1,0 +1,46 @@
+"""`stackforge newest STACK`: is every pin the newest in its line? (exit 0 yes, 1 no, 2 error)"""
+from __future__ import annotations
+
+import json
+
+from stackforge.cli.options import add_set, load, root_of
+from stackforge.freshness import newest as freshness
+
+
+def add_index_options(p) -> None:
+    p.add_argument("--no-cache", action="store_true",
+                   help="do not use the on-disk index cache (build/cache/index/); pages are revalidated anyway")
+
+
+def cache_dir(args):
+    return None if getattr(args, "no_cache", False) else root_of(args) / "build" / "cache" / "index"
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "newest",
+        help="per pin: the newest version in the same line, its publish time, size and sha256",
+        description="Query each package's index (PEP 691 JSON, PEP 503 HTML fallback) and compare the pin with "
+        "the newest version of the same line: same python tag, ABI and platform, same local-label family. "
+        "Exit 0 when every pin is the newest, 1 when something newer exists or a pin is missing, 2 on error.",
+    )
+    p.add_argument("stack")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--package", action="append", default=[], metavar="NAME",
+                   help="only this package (repeatable)")
+    p.add_argument("--train-window", type=float, default=freshness.DEFAULT_TRAIN_WINDOW / 60, metavar="MINUTES",
+                   help="flag train members published further apart than this (default %(default)g)")
+    add_index_options(p)
+    add_set(p)
+    p.set_defaults(func=cmd_newest)
+
+
+def cmd_newest(args) -> int:
+    stack = load(args, args.stack)
+    report = freshness.newest(stack, packages=args.package or None, cache_dir=cache_dir(args),
+                              train_window=args.train_window * 60)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.render())
+    return report.exit_code

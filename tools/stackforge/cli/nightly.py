@@ -1,0 +1,44 @@
+"""`stackforge nightly`: lint, bake, gate and publish every nightly stack; write the summary."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from stackforge.cli.options import add_set, root_of
+from stackforge.publish.nightly import nightly
+from stackforge.publish.registry import RetryPolicy
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "nightly", help="lint, bake, gate and publish every nightly stack; summary in build/nightly/<date>/",
+        description="Lint every stack with `nightly: true` (or the named ones), bake them together, build and gate "
+                    "each (stack, target), publish each that passed, and write build/nightly/<date>/summary.md "
+                    "and summary.json. Exits 1 if any row failed; the rows that passed are published anyway.")
+    p.add_argument("stacks", nargs="*", help="default: every stack with `nightly: true`")
+    p.add_argument("--registry", required=True, metavar="HOST[:PORT][/PATH]", help="where to publish")
+    p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
+    p.add_argument("--target", action="append", dest="targets", metavar="T", help="only these targets (repeatable)")
+    p.add_argument("--builder", help="buildx builder for the bake and the builds")
+    p.add_argument("--no-bake", dest="bake", action="store_false", help="skip the shared bake; build stacks one by one")
+    p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
+    p.add_argument("--retries", type=int, default=6, metavar="N", help="registry attempts per operation (default 6)")
+    p.add_argument("--retry-time", type=float, default=120.0, metavar="SECONDS",
+                   help="time budget per registry operation (default 120)")
+    p.add_argument("--out", type=Path, help="summary directory (default: build/nightly/<date>)")
+    p.add_argument("--json", action="store_true", help="print summary.json")
+    add_set(p)
+    p.set_defaults(func=cmd_nightly)
+
+
+def cmd_nightly(args) -> int:
+    policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
+    summary = nightly(root_of(args), args.registry, date=args.date, stacks=args.stacks or None, targets=args.targets,
+                      builder=args.builder, use_bake=args.bake, policy=policy, ca_bundle=args.ca_bundle, out=args.out,
+                      overrides=args.overrides, echo=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2))
+    else:
+        print(summary.markdown())
+    return 0 if summary.ok else 1

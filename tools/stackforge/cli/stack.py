@@ -1,0 +1,168 @@
+"""Verbs over the stack model: list, show, lint, tags, diff, schema."""
+from __future__ import annotations
+
+import json
+import sys
+
+from stackforge.cli.options import add_set, load, root_of
+from stackforge.errors import UserError
+from stackforge.stack import diff as diffmod
+from stackforge.stack import rules, tags
+from stackforge.stack.load import fingerprint, list_stacks, resolved, stack_files
+from stackforge.urls import redact_text
+
+
+def register(sub) -> None:
+    p = sub.add_parser("list", help="list the stacks in stacks/")
+    add_set(p)
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="the resolved stack, its tags and the fingerprint of its inputs")
+    p.add_argument("stack")
+    p.add_argument("--json", action="store_true")
+    add_set(p)
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("lint", help="check stacks against their release-train rules (exit 1 on findings)")
+    p.add_argument("stacks", nargs="*", help="default: every stack")
+    p.add_argument("--json", action="store_true")
+    add_set(p)
+    p.set_defaults(func=cmd_lint)
+
+    p = sub.add_parser("tags", help="the image references derived from the pins")
+    p.add_argument("stack")
+    p.add_argument("--registry", help="also print the publish reference under this registry/namespace")
+    p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
+    p.add_argument("--revision", type=int, default=None,
+                   help="publish revision N of -rN (default 1; `stackforge publish` picks the first free one)")
+    add_set(p)
+    p.set_defaults(func=cmd_tags)
+
+    p = sub.add_parser("diff", help="the pin table between two stacks")
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--format", choices=["markdown", "json"], default="markdown")
+    add_set(p)
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of stack files (for editors)")
+    p.set_defaults(func=cmd_schema)
+
+
+def cmd_list(args) -> int:
+    """A row per stack file: its description, or "invalid: <first error>"; exit 2 when any is invalid."""
+    root = root_of(args)
+    invalid = False
+    for name in list_stacks(root):
+        shown = name if name.isprintable() and name.isascii() else ascii(name)
+        try:
+            stack = load(args, name)
+        except UserError as err:
+            invalid = True
+            where = err.location()
+            print(f"{shown:<16} invalid: {where + ': ' if where else ''}{err.message}")
+            continue
+        print(f"{shown:<16} {stack.description}")
+    return 2 if invalid else 0
+
+
+def cmd_show(args) -> int:
+    stack = load(args, args.stack)
+    info = {
+        "stack": resolved(stack),
+        "files": stack_files(stack),
+        "overrides": [redact_text(o) for o in args.overrides],
+        "local_tag": str(tags.local_ref(stack)),
+        "labels": tags.labels(stack),
+        "fingerprint": fingerprint(stack),
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"stack:        {stack.name} — {stack.description}")
+    print(f"files:        {' → '.join(info['files'])}")
+    if args.overrides:
+        print(f"overrides:    {' '.join(redact_text(o) for o in args.overrides)}")
+    print(f"local tag:    {info['local_tag']}")
+    print(f"fingerprint:  {info['fingerprint']}")
+    p = stack.platform
+    print(f"platform:     {p.os} python {p.python} {p.arch}"
+          + (f" musa {p.musa} (runtime {p.musa_runtime})" if p.musa else "")
+          + (f" gpu {','.join(p.gpu_arch)}" if p.gpu_arch else ""))
+    print(f"base:         {stack.base.image}")
+    for name, idx in stack.indexes.items():
+        print(f"index:        {name} ({idx.role}) {idx.url}")
+    for name, up in stack.upstreams.items():
+        src = f"{up.git} {up.tag} @ {up.commit}" if up.git else f"sdist {up.sdist.name}=={up.sdist.version}"
+        print(f"upstream:     {name}: {src}" + (f" + {up.patches}" if up.patches else ""))
+    print("packages:")
+    width = max(len(n) for n in stack.packages)
+    for name, pkg in stack.packages.items():
+        print(f"  {name:<{width}}  {pkg.version:<36} {pkg.index:<10} gate={pkg.gate}")
+    return 0
+
+
+def cmd_lint(args) -> int:
+    root = root_of(args)
+    names = args.stacks or list_stacks(root)
+    report = []
+    invalid = False
+    for name in names:
+        try:
+            stack = load(args, name)
+        except UserError as err:
+            invalid = True
+            report.append({"stack": name, "invalid": err.render()})
+            continue
+        findings = rules.lint(stack)
+        try:
+            tags.local_ref(stack)
+            tags.labels(stack)
+        except UserError as err:
+            invalid = True
+            report.append({"stack": name, "invalid": err.render()})
+            continue
+        report.append({"stack": name, "findings": [f.located(stack) for f in findings],
+                       "rendered": [f.render(stack) for f in findings]})
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k != "rendered"} for r in report], indent=2))
+    else:
+        for r in report:
+            if "invalid" in r:
+                print(r["invalid"], file=sys.stderr)
+            elif r["rendered"]:
+                for line in r["rendered"]:
+                    print(line)
+            else:
+                print(f"{r['stack']}: ok")
+    if invalid:
+        return 2
+    return 1 if any(r.get("findings") for r in report) else 0
+
+
+def cmd_tags(args) -> int:
+    stack = load(args, args.stack)
+    print(tags.local_ref(stack))
+    if args.registry:
+        if args.revision is None:
+            print("note: revision 1 shown; `stackforge publish` takes the first free -rN for the date",
+                  file=sys.stderr)
+        print(tags.publish_ref(stack, args.registry, args.date, 1 if args.revision is None else args.revision))
+        for ref in tags.alias_refs(stack, args.registry):
+            print(ref)
+    return 0
+
+
+def cmd_diff(args) -> int:
+    old = load(args, args.old)
+    new = load(args, args.new)
+    d = diffmod.diff_stacks(old, new)
+    print(d.to_json() if args.format == "json" else diffmod.to_markdown(d), end="" if args.format != "json" else "\n")
+    return 0
+
+
+def cmd_schema(args) -> int:
+    from stackforge.stack.load import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return 0

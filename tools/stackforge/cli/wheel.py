@@ -1,0 +1,64 @@
+"""`stackforge wheel inspect|diff`: what a wheel declares and what its shared objects need."""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from stackforge.errors import UserError
+from stackforge.freshness import wheel as wheelmod
+from stackforge.stack.load import find_root
+
+
+def register(sub) -> None:
+    p = sub.add_parser("wheel", help="inspect or diff wheels: metadata, RECORD, SONAME / DT_NEEDED / RUNPATH")
+    wsub = p.add_subparsers(dest="wheel_command", metavar="ACTION")
+    wsub.required = True
+
+    i = wsub.add_parser("inspect", help="name, version, tags, Requires-Dist, RECORD and per shared object "
+                        "its SONAME, DT_NEEDED and RPATH/RUNPATH (read with pyelftools, nothing is run)")
+    i.add_argument("wheel", help="a .whl path or an http(s) URL (credentials: in the URL or ~/.netrc)")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_inspect)
+
+    d = wsub.add_parser("diff", help="files added/removed/changed (by sha256), metadata changes, and per "
+                        "shared object the DT_NEEDED entries gained and lost; exit 1 when they differ")
+    d.add_argument("a")
+    d.add_argument("b")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_diff)
+
+
+def _cache(args) -> Path:
+    try:
+        root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
+        return root / "build" / "cache" / "wheels"
+    except UserError:
+        return Path(tempfile.gettempdir()) / "stackforge-wheels"
+
+
+def _load(src: str, args) -> wheelmod.WheelInfo:
+    path, display = wheelmod.resolve_wheel_source(src, _cache(args))
+    return wheelmod.inspect_wheel(path, source=display)
+
+
+def cmd_inspect(args) -> int:
+    info = _load(args.wheel, args)
+    if args.json:
+        for w in info.warnings:
+            print(f"WARNING: {w}", file=sys.stderr)
+        print(json.dumps(info.to_json(), indent=2))
+    else:
+        print(wheelmod.render_inspect(info))
+    return 0
+
+
+def cmd_diff(args) -> int:
+    a, b = _load(args.a, args), _load(args.b, args)
+    d = wheelmod.diff_wheels(a, b)
+    if args.json:
+        print(json.dumps(d.to_json(), indent=2))
+    else:
+        print(wheelmod.render_diff(d))
+    return 0 if d.is_empty else 1

@@ -1,0 +1,1 @@
+"""Is this the newest? The index client, newest/bump/audit, wheel forensics."""

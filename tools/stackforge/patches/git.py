@@ -1,0 +1,117 @@
+"""Run git with an environment that makes patch work reproducible.
+
+User and system git configuration are ignored (a global ``format.signature``
+or ``diff.noprefix`` would change exported bytes), the locale is C so messages
+can be parsed, and commits made by stackforge carry a fixed committer.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from stackforge.errors import UserError
+
+COMMITTER_NAME = "stackforge"
+COMMITTER_EMAIL = "stackforge@localhost"
+
+# Notes ref that records, per applied commit, the layer and the patch it came from.
+NOTES_REF = "refs/notes/stackforge"
+# Ref that records the upstream commit a series was applied onto.
+BASE_REF = "refs/stackforge/base"
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(
+        {
+            "LC_ALL": "C",
+            "LANG": "C",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_COMMITTER_NAME": COMMITTER_NAME,
+            "GIT_COMMITTER_EMAIL": COMMITTER_EMAIL,
+            "GIT_AUTHOR_NAME": COMMITTER_NAME,
+            "GIT_AUTHOR_EMAIL": COMMITTER_EMAIL,
+            "GIT_PAGER": "cat",
+            "PAGER": "cat",
+            "GIT_EDITOR": "true",
+        }
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class GitResult:
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def output(self) -> str:
+        out = self.stdout.decode("utf-8", "replace") if isinstance(self.stdout, bytes) else self.stdout
+        return out + self.stderr
+
+
+def git(
+    repo: Path | str | None,
+    *args: str,
+    check: bool = True,
+    input: str | bytes | None = None,
+    env: dict[str, str] | None = None,
+    binary: bool = False,
+) -> GitResult:
+    """Run ``git -C repo args``; raise UserError on failure when ``check``."""
+    cmd = ["git"]
+    if repo is not None:
+        cmd += ["-C", str(repo)]
+    cmd += list(args)
+    if isinstance(input, str):
+        input = input.encode()
+    try:
+        proc = subprocess.run(cmd, input=input, capture_output=True, env=git_env(env))
+    except FileNotFoundError as exc:  # pragma: no cover - git is a hard requirement
+        raise UserError("git is not installed", fix="install git (apt-get install git)") from exc
+    if binary:
+        out, err = proc.stdout, proc.stderr.decode("utf-8", "replace")
+    else:
+        out = proc.stdout.decode("utf-8", "replace")
+        err = proc.stderr.decode("utf-8", "replace")
+    res = GitResult(cmd, proc.returncode, out, err)
+    if check and not res.ok:
+        raise UserError(
+            f"git {' '.join(args)} failed (exit {proc.returncode}) in {repo}:\n{res.output.strip()}"
+        )
+    return res
+
+
+def git_bytes(repo: Path | str, *args: str, env: dict[str, str] | None = None) -> bytes:
+    res = git(repo, *args, binary=True, env=env)
+    return res.stdout  # type: ignore[return-value]
+
+
+def rev_parse(repo: Path | str, rev: str) -> str | None:
+    res = git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    return res.stdout.strip() if res.ok else None
+
+
+def is_git_repo(path: Path) -> bool:
+    return (path / ".git").exists()
+
+
+def git_dir(repo: Path) -> Path:
+    out = git(repo, "rev-parse", "--absolute-git-dir").stdout.strip()
+    return Path(out)
+
+
+def am_in_progress(repo: Path) -> bool:
+    return (git_dir(repo) / "rebase-apply").is_dir()

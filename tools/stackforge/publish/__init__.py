@@ -1,0 +1,1 @@
+"""Publishing a gated image: the registry client, the publisher and the nightly."""

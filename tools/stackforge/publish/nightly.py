@@ -1,0 +1,330 @@
+"""The nightly: lint every nightly stack, bake them, gate them, publish each that passed.
+
+Order per run (``build/nightly/<date>/``):
+
+1. load and lint every selected stack (``nightly: true`` unless stacks are named); a stack
+   that does not load or lint gets a failed row and is not built;
+2. one ``docker buildx bake`` over all remaining stacks × targets (shared stages built once;
+   log and plan kept as ``bake.log`` / ``bake.json``);
+3. for each stack and target, ``stackforge build`` (from the cache the bake filled) gives the
+   verdict, the gate output and the evidence; a failed gate or build fails only that row;
+4. each row that passed is published (``stackforge publish``); its evidence bundle is copied
+   to ``<stack>-<target>/``;
+5. ``summary.json`` and ``summary.md``: a row per stack and target — status, tag, digest,
+   gate result, duration, failure reason. Any failed row makes the run fail; the rows that
+   passed are published regardless.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from stackforge.errors import BuildFailed, UserError
+from stackforge.publish.registry import RetryPolicy, parse_registry
+from stackforge.signals import Interrupted
+from stackforge.urls import redact_text
+
+
+@dataclass
+class Row:
+    stack: str
+    target: str
+    status: str  # published | already-published | failed
+    stage: str | None = None  # where it failed: load | lint | bake | build | gate | publish
+    tag: str | None = None
+    digest: str | None = None
+    gate: str | None = None
+    duration_s: float = 0.0
+    reason: str | None = None
+    evidence: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status not in ("failed", "interrupted")
+
+
+@dataclass
+class Summary:
+    date: str
+    registry: str
+    rows: list[Row] = field(default_factory=list)
+    bake: dict[str, Any] = field(default_factory=dict)
+    started_at: str = ""
+    finished_at: str = ""
+    duration_s: float = 0.0
+    directory: Path | None = None
+    overrides: list[str] = field(default_factory=list)  # the --set values every stack was loaded with
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and all(r.ok for r in self.rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"date": self.date, "registry": self.registry, "ok": self.ok, "started_at": self.started_at,
+                "finished_at": self.finished_at, "duration_s": self.duration_s, "overrides": self.overrides,
+                "bake": self.bake, "rows": [asdict(r) for r in self.rows]}
+
+    def markdown(self) -> str:
+        lines = [f"# Nightly {self.date}", "",
+                 f"Registry `{self.registry}` — {sum(r.ok for r in self.rows)} of {len(self.rows)} passed"
+                 f" in {self.duration_s:.0f} s.", ""]
+        if self.overrides:
+            lines += ["Overrides: " + " ".join(f"`--set {o}`" for o in self.overrides), ""]
+        lines += [self.bake_line(), ""]
+        lines += ["| stack | target | status | tag | digest | gate | duration | failure |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in self.rows:
+            verdict = r.status if r.ok else ("INTERRUPTED" if r.status == "interrupted" else "FAILED")
+            cells = [r.stack, r.target, verdict if r.ok else f"{verdict} ({r.stage})", f"`{r.tag}`" if r.tag else "",
+                     f"`{r.digest}`" if r.digest else "", r.gate or "", f"{r.duration_s:.0f} s", _cell(r.reason)]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        return "\n".join(lines) + "\n"
+
+
+    def bake_line(self) -> str:
+        """What the bake did: its exit and duration, or why it did not run."""
+        b = self.bake
+        if b.get("returncode") is not None:
+            return (f"Bake: exit {b['returncode']} in {b.get('duration_s')} s "
+                    f"({b.get('targets')} targets; log `{b.get('log')}`).")
+        return f"Bake: not run: {_cell(b.get('not_run') or b.get('error') or 'no bake was attempted')}."
+
+
+def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool) -> str | None:
+    """Why the bake does not run for this selection (None when it runs)."""
+    if loaded:
+        return None if use_bake else "--no-bake was given"
+    if not rows:
+        return "no stack selected"
+    stages = {r.stage for r in rows}
+    if stages == {"lint"}:
+        return "every stack failed lint"
+    if stages == {"load"}:
+        return "every stack failed to load"
+    return "every stack failed to load or lint"
+
+
+def _cell(text: str | None) -> str:
+    if not text:
+        return ""
+    first = " ".join(text.strip().splitlines()[:3])
+    return first if len(first) <= 300 else first[:297] + "…"
+
+
+def _now() -> str:
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _gate_summary(lines: list[str]) -> str | None:
+    results = [l.strip() for l in lines if l.strip().startswith("gate result:")]
+    fails = [l.strip() for l in lines if l.strip().startswith("FAIL ")]
+    if results:
+        return results[-1]
+    return f"{len(fails)} FAIL" if fails else None
+
+
+def select_stacks(root: Path, names: list[str] | None,
+                  overrides: list[str] | None = None) -> tuple[list[Any], list[Row]]:
+    """Load the named stacks (default: every stack with ``nightly: true``) and lint them.
+
+    ``overrides`` (``--set key.path=value``) apply to every stack. A stack they make invalid
+    gets a failed row, unless it is not a nightly stack anyway (it would not have run).
+    """
+    from stackforge.build.run import lint_or_fail
+    from stackforge.stack.load import list_stacks, load_stack
+
+    loaded, rows = [], []
+    for name in names or list_stacks(root):
+        try:
+            stack = load_stack(name, root=root, overrides=overrides)
+        except UserError as err:
+            if not names and overrides and not _nightly_as_declared(root, name):
+                continue
+            rows.append(Row(stack=name, target="*", status="failed", stage="load", reason=err.render()))
+            continue
+        if not names and not stack.nightly:
+            continue
+        try:
+            lint_or_fail(stack)
+        except BuildFailed as err:
+            rows.append(Row(stack=stack.name, target="*", status="failed", stage="lint", reason=err.message))
+            continue
+        loaded.append(stack)
+    return loaded, rows
+
+
+def _nightly_as_declared(root: Path, name: str) -> bool:
+    """Whether the stack file, without overrides, is a nightly stack (True when it does not load either)."""
+    from stackforge.stack.load import load_stack
+
+    try:
+        return bool(load_stack(name, root=root).nightly)
+    except UserError:
+        return True
+
+
+def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[str] | None = None,
+            targets: list[str] | None = None, builder: str | None = None, use_bake: bool = True,
+            policy: RetryPolicy | None = None, ca_bundle: str | None = "auto", out: Path | None = None,
+            overrides: list[str] | None = None, echo: Callable[[str], None] = print) -> Summary:
+    from stackforge.build import bake as bakemod
+    from stackforge.build.engine import Engine
+    from stackforge.publish.publisher import validate_date
+
+    started = time.monotonic()
+    parse_registry(registry, what="--registry")
+    date = validate_date(date)
+    outdir = out or root / "build" / "nightly" / date
+    outdir.mkdir(parents=True, exist_ok=True)
+    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir,
+                      overrides=[redact_text(o) for o in overrides or []])
+
+    loaded, summary.rows = select_stacks(root, stacks, overrides)
+    for row in summary.rows:
+        echo(f"nightly: {row.stack}: {row.stage} failed")
+    if not loaded and not summary.rows:
+        raise UserError(f"no nightly stacks in {root / 'stacks'}",
+                        fix="mark stacks with `nightly: true`, or name them: stackforge nightly STACK…")
+    not_run = bake_not_run(summary.rows, loaded, use_bake)
+    if not_run:
+        summary.bake = {"not_run": not_run}
+        echo(f"nightly: bake not run: {not_run}")
+    engine = Engine(builder=builder)
+    try:
+        _bake_and_build(summary, loaded, targets, registry, date, builder, use_bake, policy, ca_bundle, engine,
+                        outdir, echo)
+    except Interrupted as intr:
+        # The rows not yet decided say so; the summary is written before the command stops.
+        decided = {(r.stack, r.target) for r in summary.rows}
+        for stack in loaded:
+            for target in _targets_or_star(bakemod, stack, targets):
+                if (stack.name, target) not in decided:
+                    summary.rows.append(Row(stack=stack.name, target=target, status="interrupted",
+                                            stage="bake" if not summary.bake else "build",
+                                            reason=f"interrupted by {intr.name} before it finished"))
+        if not summary.bake:
+            summary.bake = {"not_run": f"interrupted by {intr.name}"}
+        _write_summary(summary, outdir, started)
+        intr.notes.append(f"the engine was stopped and nothing more was published (summary: {outdir / 'summary.md'})")
+        raise
+    _write_summary(summary, outdir, started)
+    echo(f"nightly: {sum(r.ok for r in summary.rows)}/{len(summary.rows)} passed; summary {outdir / 'summary.md'}")
+    return summary
+
+
+def _targets_or_star(bakemod, stack, targets: list[str] | None) -> list[str]:
+    try:
+        return bakemod.stack_targets(stack, targets)
+    except UserError:
+        return ["*"]
+
+
+def _write_summary(summary: Summary, outdir: Path, started: float) -> None:
+    from stackforge.fslock import atomic_write
+
+    summary.finished_at = _now()
+    summary.duration_s = round(time.monotonic() - started, 1)
+    atomic_write(outdir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
+    atomic_write(outdir / "summary.md", summary.markdown())
+
+
+def _bake_and_build(summary: Summary, loaded: list, targets: list[str] | None, registry: str, date: str,
+                    builder: str | None, use_bake: bool, policy: RetryPolicy | None, ca_bundle: str | None,
+                    engine, outdir: Path, echo: Callable[[str], None]) -> None:
+    """The bake of every loaded stack, then each stack and target built, gated and published (rows appended)."""
+    from stackforge.build import bake as bakemod
+    from stackforge.build.context import build_dir_for
+    from stackforge.build.run import BuildOptions, build
+    from stackforge.fslock import stack_lock
+    from stackforge.publish.publisher import publish_stack
+
+    if loaded:
+        engine.check()
+    if loaded and use_bake:
+        echo(f"nightly: bake {', '.join(s.name for s in loaded)}")
+        try:
+            items, run = bakemod.bake(loaded, targets=targets, builder=builder, workdir=outdir, engine=engine,
+                                      ca_bundle=ca_bundle)
+            summary.bake = {"returncode": run.returncode, "duration_s": run.duration_s, "targets": len(items),
+                            "log": str(run.log_file), "plan": str(outdir / "bake.json")}
+            echo(f"nightly: bake exit {run.returncode} in {run.duration_s} s"
+                 + ("" if run.returncode == 0 else " (each stack is now built on its own for its verdict)"))
+        except UserError as err:
+            summary.bake = {"not_run": f"the bake could not start: {err.message}", "error": err.render()}
+            echo(f"nightly: bake could not run: {err.message}")
+
+    for stack in loaded:
+        try:
+            names = bakemod.stack_targets(stack, targets)
+        except UserError as err:
+            summary.rows.append(Row(stack=stack.name, target="*", status="failed", stage="build", reason=err.render()))
+            continue
+        for target in names:
+            try:
+                with stack_lock(build_dir_for(stack)):  # its build, publish and evidence copy, as one
+                    row = _one(stack, target, registry, date, builder, policy, ca_bundle, engine, outdir, echo,
+                               build, BuildOptions, publish_stack)
+            except UserError as err:  # the build directory is busy or cannot be written
+                row = Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render())
+            summary.rows.append(row)
+
+
+def _one(stack, target, registry, date, builder, policy, ca_bundle, engine, outdir, echo, build, BuildOptions,
+         publish_stack) -> Row:
+    t0 = time.monotonic()
+    row = Row(stack=stack.name, target=target, status="failed")
+    echo(f"nightly: {stack.name}/{target}: build and gate")
+    evidence = None
+    try:
+        outcome = build(stack, BuildOptions(target=target, builder=builder, ca_bundle=ca_bundle), engine=engine,
+                        echo=lambda line: None)
+        evidence = outcome.evidence
+        row.gate = _gate_summary(outcome.gate)
+    except BuildFailed as err:
+        evidence = _evidence_dir(stack)
+        gate = _read_lines(evidence / "gate.txt")
+        failed_gate = any(l.strip().startswith("FAIL ") for l in gate)
+        row.stage = "gate" if failed_gate else "build"
+        row.gate = _gate_summary(gate)
+        row.reason = err.message
+        echo(f"nightly: {stack.name}/{target}: {row.stage} FAILED")
+    except UserError as err:
+        row.stage, row.reason = "build", err.render()
+        echo(f"nightly: {stack.name}/{target}: build FAILED")
+    if row.stage is None:
+        echo(f"nightly: {stack.name}/{target}: publish")
+        try:
+            result = publish_stack(stack, registry, date=date, target=target, policy=policy, engine=engine,
+                                   echo=lambda line: None)
+            row.status, row.tag, row.digest = result.status, result.reference, result.digest
+            echo(f"nightly: {stack.name}/{target}: {result.status} {result.reference}")
+        except UserError as err:
+            row.stage, row.reason = "publish", err.render()
+            echo(f"nightly: {stack.name}/{target}: publish FAILED")
+    row.duration_s = round(time.monotonic() - t0, 1)
+    if evidence is not None and evidence.is_dir():
+        dest = outdir / f"{stack.name}-{target}"
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(evidence, dest)
+        row.evidence = str(dest)
+    return row
+
+
+def _evidence_dir(stack) -> Path:
+    from stackforge.build.context import build_dir_for
+
+    return build_dir_for(stack) / "evidence"
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []

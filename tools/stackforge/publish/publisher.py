@@ -1,0 +1,1202 @@
+"""Publish a local image under an immutable, never-overwritten tag.
+
+The algorithm (one registry repository, one tag scheme ``<head><YYYYMMDD><mid><N><tail>``):
+
+1. Read the image's identity (its config digest = the image id any node gets on pull).
+2. List the repository's tags. If a tag of this date already holds this image,
+   report it and publish nothing (only finish moving aliases, see 7).
+3. Export the image (``docker save`` stream), compress its layers deterministically
+   and build an OCI image manifest. Upload every blob the registry lacks.
+4. PUT the manifest *by digest*: the registry now holds the image, but no tag names it.
+   A failure up to here leaves no tag at all; a re-run reuses the uploaded blobs.
+5. Under a host-local lock for the repository: re-list the tags, take the first
+   revision of the date that the list lacks (a gap left by a deleted tag is reused),
+   HEAD that tag right before writing it; if it appeared meanwhile, take the next free
+   one. PUT the manifest under the tag.
+6. Re-read the manifest by tag and compare the digest of the bytes received with the
+   pushed digest (and the config digest with the image id); read it once more after
+   ``settle_seconds``. A failed check (a rewritten manifest, a config blob that does not
+   hash to the image id, a missing layer) fails the publish and rolls the tag back where
+   the registry allows deletion, never deleting a manifest that another tag holds; a tag
+   taken over by a concurrent publisher on another host makes this one move on to the
+   next revision.
+7. Only then move the declared aliases (e.g. ``…-latest``) and verify each.
+
+The OCI distribution API has no conditional PUT, so two publishers on different
+hosts can still both write one tag within the gap between one's HEAD and its PUT;
+step 6 detects it (if the gap is shorter than ``settle_seconds``) and the publisher
+whose write was replaced re-tags its image under the next revision, so the end state
+has distinct revisions, each holding the image its publisher reports. For a moment
+the replaced tag named the other image. Publishers on one host never race: step 5
+runs under an exclusive file lock.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import fcntl
+import gzip
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import sys
+import tarfile
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator, Protocol
+
+from stackforge.build.engine import Engine
+from stackforge.errors import BuildFailed, UserError
+from stackforge.publish.registry import (
+    DOCKER_MANIFEST,
+    OCI_MANIFEST,
+    TAG_RE,
+    Manifest,
+    RegistryClient,
+    RegistryError,
+    Repository,
+    RetryPolicy,
+    parse_registry,
+    parse_repository,
+    sha256_digest,
+    with_retries,
+)
+from stackforge.signals import Interrupted
+
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+OCI_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_CHUNK = 1 << 20
+_SMALL_JSON = 64 << 20
+
+
+# --------------------------------------------------------------------------------------------
+# Tag scheme
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TagScheme:
+    """Immutable publish tags ``<head><date><mid><revision><tail>``.
+
+    ``TagScheme.from_prefix("v0.28.0-ph1-5.2.0-torch2.11.0.post2")`` gives
+    ``v0.28.0-ph1-5.2.0-torch2.11.0.post2-20260929-r2`` for (20260929, 2).
+    """
+
+    head: str
+    mid: str = "-r"
+    tail: str = ""
+
+    @classmethod
+    def from_prefix(cls, prefix: str) -> "TagScheme":
+        return cls(head=f"{prefix}-", mid="-r", tail="")
+
+    @classmethod
+    def from_render(cls, render: Callable[[str, int], str]) -> "TagScheme":
+        """Derive the scheme from a function rendering the tag for (date, revision)."""
+        date, rev = "99991231", 987654321
+        text = render(date, rev)
+        if text.count(date) != 1 or text.count(str(rev)) != 1 or text.index(date) > text.index(str(rev)):
+            raise UserError(f"publish tag template renders {text!r}: it must contain the date once, followed by the revision once",
+                            fix="write the publish tag as …{{ date }}…{{ revision }}…")
+        head, rest = text.split(date)
+        mid, tail = rest.split(str(rev))
+        return cls(head=head, mid=mid, tail=tail)
+
+    def tag(self, date: str, revision: int) -> str:
+        tag = f"{self.head}{date}{self.mid}{revision}{self.tail}"
+        if not TAG_RE.match(tag):
+            raise UserError(f"publish tag {tag!r} is not a valid OCI tag",
+                            fix="tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}; shorten or change the tag template")
+        return tag
+
+    def parse(self, tag: str) -> tuple[str, int] | None:
+        m = re.fullmatch(re.escape(self.head) + r"(\d{8})" + re.escape(self.mid) + r"([1-9][0-9]{0,8})" + re.escape(self.tail), tag)
+        return (m.group(1), int(m.group(2))) if m else None
+
+    def revisions(self, tags: list[str], date: str) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for t in tags:
+            parsed = self.parse(t)
+            if parsed and parsed[0] == date:
+                out[parsed[1]] = t
+        return out
+
+    def newest(self, tags: list[str]) -> str | None:
+        parsed = [(p, t) for t in tags if (p := self.parse(t))]
+        return max(parsed)[1] if parsed else None
+
+
+def validate_date(date: str | None) -> str:
+    if date is None:
+        return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
+    try:
+        if not re.fullmatch(r"\d{8}", date):
+            raise ValueError
+        _dt.datetime.strptime(date, "%Y%m%d")
+    except ValueError:
+        raise UserError(f"invalid publish date {date!r}", fix="give the date as YYYYMMDD, e.g. 20260929") from None
+    return date
+
+
+# --------------------------------------------------------------------------------------------
+# The image: blobs, manifest, and where they come from
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Blob:
+    digest: str
+    size: int
+    media_type: str
+    path: Path | None = None
+    data: bytes | None = None
+    diff_id: str | None = None
+    remote: bool = False  # not exported again: the registry already held it (see LayerCache)
+
+    def open(self) -> BinaryIO:
+        if self.data is not None:
+            return io.BytesIO(self.data)
+        if self.path is None:
+            raise BuildFailed(f"layer {self.digest} vanished from the registry during the publish; no tag was created",
+                              fix="re-run the publish (it will upload the layer)")
+        return open(self.path, "rb")
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+
+@dataclass
+class PreparedImage:
+    image_id: str
+    config: Blob
+    layers: list[Blob]
+    manifest: bytes = b""
+    manifest_media_type: str = OCI_MANIFEST
+
+    def __post_init__(self) -> None:
+        if not self.manifest:
+            self.manifest = build_manifest(self.config, self.layers)
+
+    @property
+    def digest(self) -> str:
+        return sha256_digest(self.manifest)
+
+    def unique_blobs(self) -> list[Blob]:
+        seen: dict[str, Blob] = {}
+        for b in [self.config, *self.layers]:
+            seen.setdefault(b.digest, b)
+        return list(seen.values())
+
+    @property
+    def size(self) -> int:
+        """Bytes stored in the registry for this image: manifest + config + distinct layers."""
+        return len(self.manifest) + sum(b.size for b in self.unique_blobs())
+
+
+def build_manifest(config: Blob, layers: list[Blob]) -> bytes:
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": config.descriptor(),
+        "layers": [layer.descriptor() for layer in layers],
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class ImageSource(Protocol):
+    """Where the image comes from. ``image_id`` may be None until ``prepare`` ran."""
+
+    image_id: str | None
+    description: str
+    local_size: int | None
+
+    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
+                cache: "LayerCache | None" = None) -> PreparedImage: ...
+
+
+@dataclass
+class LayerCache:
+    """Remembers diff_id → compressed blob, so a layer the registry already holds is not compressed again.
+
+    Gzip is what makes exporting slow (tens of MB/s); base layers repeat from one publish to
+    the next. An entry is used only when ``has_blob`` confirms the registry holds that blob.
+    """
+
+    directory: Path
+    has_blob: Callable[[str], bool]
+    key: str = "gzip-6"
+    hits: int = 0
+
+    def _path(self, diff_id: str) -> Path:
+        return self.directory / f"{diff_id.split(':', 1)[1]}.json"
+
+    def lookup(self, diff_id: str) -> tuple[str, int] | None:
+        try:
+            entry = json.loads(self._path(diff_id).read_text())[self.key]
+            digest, size = entry["digest"], int(entry["size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return (digest, size) if re.fullmatch(r"sha256:[0-9a-f]{64}", digest) else None
+
+    def record(self, diff_id: str, digest: str, size: int) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self._path(diff_id)
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                data = {}
+            data[self.key] = {"digest": digest, "size": size}
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+
+
+class _HashingWriter:
+    def __init__(self, raw: BinaryIO):
+        self.raw = raw
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        self.size += len(data)
+        return self.raw.write(data)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+@dataclass
+class _Entry:
+    path: Path | None = None
+    data: bytes | None = None
+    digest: str = ""
+    size: int = 0
+    media_type: str = ""
+    diff_id: str | None = None
+    link: str | None = None
+    remote: bool = False
+
+
+def read_save_stream(stream: BinaryIO, workdir: Path, *, compression: str = "gzip", level: int = 6,
+                     expected_id: str | None = None, cache: LayerCache | None = None) -> PreparedImage:
+    """Turn a ``docker save`` stream (legacy or OCI-layout flavour) into upload-ready blobs.
+
+    One pass, streaming: small JSON files are kept in memory, layers go to ``workdir``,
+    uncompressed layers compressed there with gzip (mtime 0, no name: the same input
+    gives the same bytes) unless ``compression`` is ``"none"``. Already compressed
+    layers (a containerd image store exports them) are stored as they are.
+    """
+    if compression not in ("gzip", "none"):
+        raise UserError(f"unknown layer compression {compression!r}", fix="use gzip or none")
+    workdir.mkdir(parents=True, exist_ok=True)
+    entries: dict[str, _Entry] = {}
+    counter = 0
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            name = posixpath.normpath(member.name.lstrip("./") or ".")
+            if member.issym() or member.islnk():
+                target = member.linkname
+                if member.issym():
+                    target = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+                entries[name] = _Entry(link=posixpath.normpath(target.lstrip("./")))
+                continue
+            if not member.isfile():
+                continue
+            src = tar.extractfile(member)
+            assert src is not None
+            head = src.read(8)
+            if name.endswith("/VERSION"):
+                continue
+            if head[:1] in (b"{", b"[") and member.size <= _SMALL_JSON or name.endswith(".json") or name in ("repositories", "oci-layout"):
+                data = head + src.read()
+                entries[name] = _Entry(data=data, digest=sha256_digest(data), size=len(data), media_type="json")
+                continue
+            counter += 1
+            path = workdir / f"blob-{counter}"
+            entries[name] = _store_layer(head, src, path, compression, level, cache)
+    return _assemble(entries, expected_id)
+
+
+def _store_layer(head: bytes, src: BinaryIO, path: Path, compression: str, level: int,
+                 cache: LayerCache | None = None) -> _Entry:
+    with open(path, "wb") as out:
+        writer = _HashingWriter(out)
+        if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC) or compression == "none":
+            media = OCI_LAYER_GZIP if head.startswith(_GZIP_MAGIC) else OCI_LAYER_ZSTD if head.startswith(_ZSTD_MAGIC) else OCI_LAYER_TAR
+            writer.write(head)
+            while chunk := src.read(_CHUNK):
+                writer.write(chunk)
+            digest = "sha256:" + writer.hash.hexdigest()
+            return _Entry(path=path, digest=digest, size=writer.size, media_type=media,
+                          diff_id=digest if media == OCI_LAYER_TAR else None)
+        if cache is not None:
+            return _store_layer_cached(head, src, path, writer, level, cache)
+        diff = hashlib.sha256(head)
+        with gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz:
+            gz.write(head)
+            while chunk := src.read(_CHUNK):
+                diff.update(chunk)
+                gz.write(chunk)
+    return _Entry(path=path, digest="sha256:" + writer.hash.hexdigest(), size=writer.size, media_type=OCI_LAYER_GZIP,
+                  diff_id="sha256:" + diff.hexdigest())
+
+
+def _store_layer_cached(head: bytes, src: BinaryIO, path: Path, writer: _HashingWriter, level: int,
+                        cache: LayerCache) -> _Entry:
+    """Spool the raw layer first; compress it only when the registry lacks its cached blob."""
+    raw = path.with_suffix(".tar")
+    diff = hashlib.sha256(head)
+    with open(raw, "wb") as out:
+        out.write(head)
+        while chunk := src.read(_CHUNK):
+            diff.update(chunk)
+            out.write(chunk)
+    diff_id = "sha256:" + diff.hexdigest()
+    hit = cache.lookup(diff_id)
+    if hit is not None and cache.has_blob(hit[0]):
+        raw.unlink()
+        cache.hits += 1
+        return _Entry(path=None, digest=hit[0], size=hit[1], media_type=OCI_LAYER_GZIP, diff_id=diff_id, remote=True)
+    with open(raw, "rb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz:
+        while chunk := fh.read(_CHUNK):
+            gz.write(chunk)
+    raw.unlink()
+    digest = "sha256:" + writer.hash.hexdigest()
+    cache.record(diff_id, digest, writer.size)
+    return _Entry(path=path, digest=digest, size=writer.size, media_type=OCI_LAYER_GZIP, diff_id=diff_id)
+
+
+def _resolve(entries: dict[str, _Entry], name: str) -> _Entry:
+    name = posixpath.normpath(name.lstrip("./"))
+    for _ in range(16):
+        entry = entries.get(name)
+        if entry is None:
+            raise BuildFailed(f"image archive has no file {name!r} that its manifest.json names",
+                              fix="re-export the image (docker save) and retry")
+        if entry.link is None:
+            return entry
+        name = entry.link
+    raise BuildFailed(f"image archive: link loop at {name!r}")
+
+
+def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedImage:
+    top = entries.get("manifest.json")
+    if top is None or top.data is None:
+        raise BuildFailed("image archive has no manifest.json (not a docker save archive)",
+                          fix="export the image with docker save")
+    items = json.loads(top.data)
+    if not isinstance(items, list) or not items:
+        raise BuildFailed("image archive manifest.json lists no image")
+    chosen = None
+    for item in items:
+        cfg = _resolve(entries, item["Config"])
+        if expected_id is None or cfg.digest == expected_id:
+            chosen, config_entry = item, cfg
+            break
+    if chosen is None:
+        raise BuildFailed(f"image archive holds no image with id {expected_id}",
+                          fix="the local image changed while it was being exported; retry")
+    if len(items) > 1 and expected_id is None:
+        raise BuildFailed(f"image archive holds {len(items)} images; publish needs exactly one")
+    config_bytes = config_entry.data
+    assert config_bytes is not None
+    config = Blob(digest=config_entry.digest, size=config_entry.size, media_type=OCI_CONFIG, data=config_bytes)
+    layers = []
+    for name in chosen["Layers"]:
+        e = _resolve(entries, name)
+        if e.path is None and not e.remote:
+            raise BuildFailed(f"image archive layer {name!r} is not a layer file")
+        layers.append(Blob(digest=e.digest, size=e.size, media_type=e.media_type, path=e.path, diff_id=e.diff_id,
+                           remote=e.remote))
+    try:
+        diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
+    except (ValueError, KeyError, TypeError):
+        raise BuildFailed("image config has no rootfs.diff_ids") from None
+    if len(diff_ids) != len(layers):
+        raise BuildFailed(f"image config lists {len(diff_ids)} layers, the archive {len(layers)}")
+    for i, (want, layer) in enumerate(zip(diff_ids, layers)):
+        if layer.diff_id is not None and layer.diff_id != want:
+            raise BuildFailed(f"layer {i} of the exported image hashes to {layer.diff_id}, its config says {want}",
+                              fix="the export is corrupt; re-run the publish")
+    return PreparedImage(image_id=config.digest, config=config, layers=layers)
+
+
+@dataclass
+class ArchiveImage:
+    """An image from a ``docker save`` tar file on disk."""
+
+    path: Path
+    image_id: str | None = None
+    local_size: int | None = None
+
+    @property
+    def description(self) -> str:
+        return str(self.path)
+
+    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
+                cache: LayerCache | None = None) -> PreparedImage:
+        with open(self.path, "rb") as fh:
+            img = read_save_stream(fh, workdir, compression=compression, expected_id=self.image_id, cache=cache)
+        self.image_id = img.image_id
+        return img
+
+
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (the SDK's streamed ``docker save``)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._chunks = iter(chunks)
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+@dataclass
+class DockerImage:
+    """A local image of the engine, exported by id (so a re-tag meanwhile cannot change what is pushed)."""
+
+    ref: str
+    engine: Engine | None = None
+    image_id: str | None = None
+    local_size: int | None = None
+
+    @property
+    def description(self) -> str:
+        return self.ref
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            self.engine = Engine()
+        return self.engine
+
+    def inspect(self) -> None:
+        image_id = self._engine().image_id(self.ref)
+        if image_id is None:
+            raise UserError(f"local image {self.ref} does not exist", fix="build it first (stackforge build STACK)")
+        self.image_id = image_id
+        try:
+            self.local_size = self._engine().sdk().api.inspect_image(image_id).get("Size")
+        except Exception:  # noqa: BLE001 - the size is informative only
+            self.local_size = None
+
+    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
+                cache: LayerCache | None = None) -> PreparedImage:
+        if self.image_id is None:
+            self.inspect()
+        import docker.errors  # the SDK streams `docker save` without a temporary tar file
+
+        try:
+            chunks = self._engine().sdk().api.get_image(self.image_id)
+            with io.BufferedReader(_ChunkReader(chunks), buffer_size=_CHUNK) as stream:
+                return read_save_stream(stream, workdir, compression=compression, expected_id=self.image_id,
+                                        cache=cache)
+        except docker.errors.DockerException as exc:
+            raise BuildFailed(f"exporting {self.ref} ({self.image_id}) from the engine failed: {exc}",
+                              fix="check the engine (docker info) and re-run") from None
+        except tarfile.TarError as exc:
+            raise BuildFailed(f"the engine's export of {self.ref} is unreadable: {exc}", fix="re-run the publish") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Push log
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PushLog:
+    echo: Callable[[str], None] | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    start: float = field(default_factory=time.monotonic)
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        entry = {"t": round(time.monotonic() - self.start, 3), "event": event, **fields}
+        self.events.append(entry)
+        if self.echo:
+            detail = " ".join(f"{k}={v}" for k, v in fields.items())
+            self.echo(f"publish: {event} {detail}".rstrip())
+
+
+# --------------------------------------------------------------------------------------------
+# Host-local lock
+# --------------------------------------------------------------------------------------------
+
+
+def default_layer_cache() -> Path:
+    env = os.environ.get("STACKFORGE_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stackforge"
+    return base / "layers"
+
+
+def default_lock_dir() -> Path:
+    return Path(os.environ.get("STACKFORGE_LOCK_DIR") or Path(tempfile.gettempdir()) / "stackforge-locks")
+
+
+@contextmanager
+def repository_lock(repository: Repository, lock_dir: Path, *, timeout: float, log: Callable[..., None]) -> Iterator[None]:
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(f"{repository.host}/{repository.name}".encode()).hexdigest()[:20]
+    path = lock_dir / f"publish-{key}.lock"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        deadline = time.monotonic() + timeout
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if not waited:
+                    log("lock-wait", lock=str(path))
+                    waited = True
+                if time.monotonic() > deadline:
+                    raise BuildFailed(f"another publisher on this host held {path} for more than {timeout:.0f} s; no tag was created",
+                                      fix="wait for it to finish and re-run") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------
+# The algorithm
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PublishResult:
+    status: str  # "published" | "already-published"
+    repository: str
+    tag: str
+    digest: str
+    image_id: str
+    size: int | None
+    aliases: dict[str, str]
+    verification: dict[str, Any]
+    push_log: list[dict[str, Any]]
+    started_at: str
+    finished_at: str
+    duration_s: float
+    source: str
+    local_size: int | None = None
+
+    @property
+    def reference(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "repository": self.repository,
+            "tag": self.tag,
+            "reference": self.reference,
+            "digest": self.digest,
+            "pinned_reference": f"{self.repository}@{self.digest}",
+            "image_id": self.image_id,
+            "source": self.source,
+            "size": self.size,
+            "local_size": self.local_size,
+            "aliases": self.aliases,
+            "verification": self.verification,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "duration_s": self.duration_s,
+            "push_log": self.push_log,
+        }
+
+
+@dataclass
+class _Found:
+    tag: str
+    manifest: Manifest
+
+
+class _TagTaken(Exception):
+    def __init__(self, digest: str | None):
+        self.digest = digest
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _config_digest(manifest: Manifest) -> str | None:
+    try:
+        doc = manifest.json()
+    except ValueError:
+        return None
+    if doc.get("mediaType") in (OCI_MANIFEST, DOCKER_MANIFEST) or "config" in doc:
+        cfg = doc.get("config") or {}
+        return cfg.get("digest")
+    return None
+
+
+def _manifest_size(manifest: Manifest) -> int | None:
+    try:
+        doc = manifest.json()
+        blobs = {d["digest"]: d["size"] for d in [doc["config"], *doc["layers"]]}
+    except (ValueError, KeyError, TypeError):
+        return None
+    return len(manifest.body) + sum(blobs.values())
+
+
+@dataclass
+class Publisher:
+    client: RegistryClient
+    image: ImageSource
+    scheme: TagScheme
+    date: str
+    aliases: tuple[str, ...] = ()
+    compression: str = "gzip"
+    lock_dir: Path = field(default_factory=default_lock_dir)
+    lock_timeout: float = 600.0
+    verify_pull: bool = False
+    engine: Engine | None = None
+    workdir: Path | None = None
+    layer_cache: Path | None = None
+    settle_seconds: float = 2.0
+    log: PushLog = field(default_factory=PushLog)
+    max_revisions: int = 100
+
+    def __post_init__(self) -> None:
+        self.repository = self.client.repository
+        self.started_at = _now()
+        self.t0 = time.monotonic()
+        self.prepared: PreparedImage | None = None
+        self.tag_written: str | None = None
+        self.tag_attempted: str | None = None
+        self._verified: dict[str, Any] = {}
+        for alias in self.aliases:
+            if not TAG_RE.match(alias):
+                raise UserError(f"alias {alias!r} is not a valid OCI tag", fix="tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+            if self.scheme.parse(alias):
+                raise UserError(f"alias {alias!r} has the form of an immutable publish tag",
+                                fix="a moving alias must not look like <…><YYYYMMDD><…><N>; use e.g. …-latest")
+
+    # -- small helpers -----------------------------------------------------------------------
+
+    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+        return with_retries(fn, what=what, policy=self.client.policy, log=self.log)
+
+    def _holds_image(self, tag: str, image_id: str, digest: str | None) -> Manifest | None:
+        m = self.client.get_manifest(tag)
+        if m is None:
+            return None
+        if digest is not None and m.digest == digest:
+            return m
+        if _config_digest(m) == image_id:
+            return m
+        return None
+
+    def _find_published(self, tags: list[str], image_id: str, digest: str | None, skip: set[str]) -> tuple[str, Manifest] | None:
+        for rev, tag in sorted(self.scheme.revisions(tags, self.date).items()):
+            if tag in skip:
+                continue
+            skip.add(tag)
+            m = self._holds_image(tag, image_id, digest)
+            if m is not None:
+                return tag, m
+        return None
+
+    def _tag_digest(self, tag: str) -> str | None:
+        info = self.client.head_manifest(tag)
+        if info is None:
+            return None
+        if info.digest:
+            return info.digest
+        m = self.client.get_manifest(tag)
+        return m.digest if m else None
+
+    def _result(self, status: str, tag: str, digest: str, image_id: str, aliases: dict[str, str],
+                verification: dict[str, Any], size: int | None = None) -> PublishResult:
+        return PublishResult(
+            status=status, repository=str(self.repository), tag=tag, digest=digest, image_id=image_id,
+            size=self.prepared.size if self.prepared else size, aliases=aliases, verification=verification,
+            push_log=self.log.events, started_at=self.started_at, finished_at=_now(),
+            duration_s=round(time.monotonic() - self.t0, 3), source=self.image.description,
+            local_size=getattr(self.image, "local_size", None))
+
+    def left_behind(self) -> str:
+        """After a failure: say truthfully whether a tag of ours exists (one quick look, no retries)."""
+        tag = self.tag_written or self.tag_attempted
+        if tag is None:
+            return "no tag was created"
+        digest = self.prepared.digest if self.prepared else None
+        try:
+            client = RegistryClient(self.repository, policy=RetryPolicy(attempts=1, total_seconds=10),
+                                    credentials=self.client.credentials, timeout=(5.0, 10.0))
+            current = client.head_manifest(tag)
+        except RegistryError:
+            return (f"tag {tag} may have been written (the registry stopped answering); "
+                    "a re-run finds it and verifies it, or publishes under the next free revision")
+        if current is None:
+            return "no tag was created"
+        if current.digest == digest:
+            return f"tag {tag} holds the pushed image but was not verified; a re-run verifies it"
+        return f"tag {tag} belongs to another image; nothing of this publish is tagged"
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def run(self) -> PublishResult:
+        self.log("start", repository=str(self.repository), date=self.date, source=self.image.description)
+        try:
+            self.client.ping()
+        except RegistryError as exc:
+            raise UserError(f"registry {self.repository.host} is not usable: {exc}",
+                            fix=f"check --registry and that {self.repository.base_url}/v2/ answers; no tag was created") from None
+        if self.image.image_id is None and hasattr(self.image, "inspect"):
+            self.image.inspect()  # type: ignore[attr-defined]
+
+        checked: set[str] = set()
+        tags = self.client.list_tags()
+        self.log("tags", count=len(tags), of_date=sorted(self.scheme.revisions(tags, self.date)))
+        pre_checked = self.image.image_id is not None
+        if pre_checked:
+            # Cheap path: the image id is known without exporting the image.
+            found = self._find_published(tags, self.image.image_id, None, checked)  # type: ignore[arg-type]
+            if found:
+                return self._already(found, tags)
+
+        with tempfile.TemporaryDirectory(prefix="stackforge-publish-", dir=self.workdir) as tmp:
+            self.log("export", source=self.image.description, compression=self.compression)
+            cache = (LayerCache(self.layer_cache, self.client.blob_exists)
+                     if self.layer_cache is not None and self.compression == "gzip" else None)
+            self.prepared = img = self.image.prepare(Path(tmp), compression=self.compression, log=self.log, cache=cache)
+            self.log("exported", image_id=img.image_id, digest=img.digest, layers=len(img.layers), size=img.size,
+                     layers_already_in_registry=cache.hits if cache else 0)
+            if not pre_checked:
+                found = self._find_published(tags, img.image_id, img.digest, checked)
+                if found:
+                    return self._already(found, tags)
+            self._upload_blobs(img)
+        self._put_by_digest(img)
+        with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
+            outcome = self._tag(img, checked)
+            if not isinstance(outcome, _Found):
+                tag, verification = outcome
+                aliases = self._advance_aliases(tag, img.manifest, img.manifest_media_type, img.digest)
+        if isinstance(outcome, _Found):
+            return self._already((outcome.tag, outcome.manifest), self.client.list_tags())
+        if self.verify_pull:
+            verification["pull"] = self._verify_pull(tag, img.image_id)
+        self.log("done", tag=tag, digest=img.digest)
+        return self._result("published", tag, img.digest, img.image_id, aliases, verification)
+
+    def _already(self, found: tuple[str, Manifest], tags: list[str]) -> PublishResult:
+        tag, manifest = found
+        image_id = self.prepared.image_id if self.prepared else self.image.image_id
+        assert image_id is not None
+        self.log("already-published", tag=tag, digest=manifest.digest)
+        verification = {"tag_digest": manifest.digest, "config_digest": _config_digest(manifest),
+                        "image_id_matches": _config_digest(manifest) == image_id}
+        with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
+            aliases = self._advance_aliases(tag, manifest.body, manifest.media_type or OCI_MANIFEST, manifest.digest)
+        if self.verify_pull:
+            verification["pull"] = self._verify_pull(tag, image_id)
+        return self._result("already-published", tag, manifest.digest, image_id, aliases, verification,
+                            size=_manifest_size(manifest))
+
+    def _upload_blobs(self, img: PreparedImage) -> None:
+        for blob in img.unique_blobs():
+            if self.client.blob_exists(blob.digest):
+                self.log("blob-exists", digest=blob.digest, size=blob.size)
+                continue
+            t = time.monotonic()
+            self.log("blob-upload", digest=blob.digest, size=blob.size, media_type=blob.media_type)
+            self.client.upload_blob(blob.digest, blob.size, blob.open)
+            self.log("blob-uploaded", digest=blob.digest, seconds=round(time.monotonic() - t, 3))
+
+    def _put_by_digest(self, img: PreparedImage) -> None:
+        got = self.client.put_manifest(img.digest, img.manifest, img.manifest_media_type)
+        self.log("manifest-by-digest", digest=img.digest, registry_digest=got)
+        if got and got != img.digest:
+            raise BuildFailed(f"the registry stored the manifest as {got}, not {img.digest}; no tag was created",
+                              fix="a proxy between here and the registry alters manifests; publish around it")
+
+    def _claim(self, tag: str, img: PreparedImage) -> str:
+        """HEAD the tag right before writing it; write only while it is free. Retries re-check."""
+
+        def attempt() -> str:
+            current = self._tag_digest(tag)
+            if current is not None:
+                if current == img.digest:
+                    return "ours"  # an earlier attempt's PUT landed although its answer was lost
+                raise _TagTaken(current)
+            self.tag_attempted = tag
+            got = self.client.put_manifest_once(tag, img.manifest, img.manifest_media_type)
+            self.tag_written = tag
+            self.log("tag-written", tag=tag, registry_digest=got)
+            return "written"
+
+        return self._retry(f"tag {tag}", attempt)
+
+    def _tag(self, img: PreparedImage, checked: set[str]) -> tuple[str, dict[str, Any]] | _Found:
+        taken: set[int] = set()
+        for _ in range(self.max_revisions):
+            tags = self.client.list_tags()
+            found = self._find_published(tags, img.image_id, img.digest, checked)
+            if found:
+                self.log("published-meanwhile", tag=found[0])
+                return _Found(*found)
+            revisions = set(self.scheme.revisions(tags, self.date)) | taken
+            revision = next(n for n in range(1, len(revisions) + 2) if n not in revisions)  # the first free one
+            tag = self.scheme.tag(self.date, revision)
+            self.log("tag-candidate", tag=tag)
+            try:
+                self._claim(tag, img)
+            except _TagTaken as exc:
+                self.log("tag-appeared", tag=tag, digest=exc.digest)
+                taken.add(revision)
+                checked.discard(tag)
+                continue
+            verdict = self._verify_tag(tag, img)
+            if verdict is not None and self.settle_seconds > 0:
+                # A publisher on another host that HEADed this tag before our PUT may still write it:
+                # read it once more after a pause longer than any sane HEAD→PUT gap.
+                time.sleep(self.settle_seconds)
+                verdict = self._verify_tag(tag, img, again=True)
+            if verdict is None:
+                taken.add(revision)
+                continue
+            return tag, verdict
+        raise BuildFailed(f"no free revision found after {self.max_revisions} tries for date {self.date}")
+
+    def _verify_tag(self, tag: str, img: PreparedImage, again: bool = False) -> dict[str, Any] | None:
+        """Re-read the tag. Returns the verification record, None when a concurrent publisher took it."""
+        m = self.client.get_manifest(tag)
+        if m is None:
+            raise BuildFailed(f"tag {tag} vanished right after it was written", fix="check the registry; re-run the publish")
+        config_digest = _config_digest(m)
+        ok = m.digest == img.digest and (m.header_digest in (None, img.digest))
+        self.log("tag-reread-settled" if again else "tag-reread", tag=tag, digest=m.digest, header_digest=m.header_digest,
+                 expected=img.digest, ok=ok)
+        if ok:
+            if again:
+                return {**self._verified, "settled_reread": True, "settle_seconds": self.settle_seconds}
+            config = self.client.get_blob(img.config.digest)
+            config_ok = sha256_digest(config) == img.image_id
+            if not config_ok:
+                raise BuildFailed(f"config blob {img.config.digest} read back from the registry does not hash to the "
+                                  f"image id {img.image_id}. " + self._remove_tag(tag, img.digest),
+                                  fix="check the registry's storage; re-run the publish")
+            missing = [b.digest for b in img.unique_blobs() if b is not img.config and not self.client.blob_exists(b.digest)]
+            if missing:
+                raise BuildFailed(f"the registry lacks layer(s) {', '.join(missing)} of {tag}. "
+                                  + self._remove_tag(tag, img.digest),
+                                  fix="check the registry's storage; re-run the publish")
+            self._verified = {"tag_digest": m.digest, "header_digest": m.header_digest, "pushed_digest": img.digest,
+                              "config_digest": img.image_id, "image_id_matches": True,
+                              "layers_present": len(img.unique_blobs()) - 1}
+            return {**self._verified,
+                    "settled_reread": again, "settle_seconds": self.settle_seconds if again else 0}
+        if config_digest is not None and config_digest != img.image_id and m.header_digest in (None, m.digest):
+            # Another image now holds the tag: a publisher on another host wrote it between our HEAD and PUT.
+            self.log("tag-lost", tag=tag, digest=m.digest, image_id=config_digest)
+            self.tag_written = self.tag_attempted = None
+            return None
+        rolled_back = self._roll_back(tag, m, img)
+        raise BuildFailed(
+            f"manifest digest mismatch for {self.repository}:{tag}: pushed {img.digest}, the tag returns {m.digest}"
+            + (f" (registry header {m.header_digest})" if m.header_digest and m.header_digest != m.digest else "")
+            + "; the manifest was altered between here and the registry. " + rolled_back,
+            fix="publish around the proxy that rewrites manifests, then re-run")
+
+    def _roll_back(self, tag: str, m: Manifest, img: PreparedImage) -> str:
+        """The tag read back differently from what was pushed: delete it. Returns what is left, as a sentence."""
+        stored = self._tag_digest(tag)
+        if stored is None:
+            self.tag_written = self.tag_attempted = None
+            return "The tag is gone."
+        if stored == img.digest:
+            return (f"The registry itself holds the pushed manifest under {tag}, but it cannot be verified from here. "
+                    + self._remove_tag(tag, stored))
+        return self._remove_tag(tag, stored)
+
+    def _remove_tag(self, tag: str, digest: str) -> str:
+        """Delete ``tag`` (written by this publish, holding ``digest``) after its verification failed.
+
+        A DELETE by digest also removes every other tag of that manifest, so it is used only when no
+        other tag holds it; otherwise only a DELETE of the tag itself (OCI distribution 1.1) is tried,
+        which docker-registry 2.x refuses. Returns what is left, as a sentence for the error message.
+        """
+        try:
+            stored = self._tag_digest(tag)
+            if stored is None:
+                self.tag_written = self.tag_attempted = None
+                return "The tag is gone; no tag remains."
+            if stored != digest:
+                self.tag_written = self.tag_attempted = None
+                return f"Tag {tag} now holds another image ({stored}); nothing of this publish is tagged."
+            others = [t for t in self.client.list_tags() if t != tag and self._tag_digest(t) == digest]
+        except RegistryError as exc:
+            self.log("rollback-failed", tag=tag, digest=digest, error=str(exc))
+            return (f"The registry stopped answering during the roll-back: tag {tag} may still point to {digest}; "
+                    "re-run the publish, or have the registry's administrator delete the tag.")
+        try:
+            deleted = self.client.delete_manifest(tag if others else digest)
+        except RegistryError as exc:
+            deleted = False
+            self.log("rollback-failed", tag=tag, digest=digest, error=str(exc))
+        try:
+            gone = deleted and self._tag_digest(tag) is None
+        except RegistryError:
+            gone = False
+        if gone:
+            self.tag_written = self.tag_attempted = None
+            self.log("rolled-back", tag=tag, digest=digest, kept=others)
+            if others:
+                return f"Rolled back: tag {tag} was deleted ({', '.join(others)} still hold {digest}); no tag of this publish remains."
+            return f"Rolled back: the manifest {digest} and the tag {tag} were deleted; no tag remains."
+        self.log("rollback-impossible", tag=tag, digest=digest, others=others)
+        if others:
+            return (f"The registry does not delete a tag on its own, and deleting the manifest {digest} would also remove "
+                    f"{', '.join(others)}: tag {tag} points to {digest} and must be deleted by the registry's administrator.")
+        return (f"The registry does not allow deleting it: tag {tag} points to {digest} and must be deleted by "
+                "the registry's administrator.")
+
+    def _advance_aliases(self, tag: str, body: bytes, media_type: str, digest: str) -> dict[str, str]:
+        """Point the aliases at ``tag`` only when it is the newest immutable tag by (date, revision).
+
+        Called under the host lock. The registry's tag list is read afresh, so an older ``--date`` or a
+        revision filling a gap below a newer one leaves every alias where it is (``not moved: … is newer``).
+        """
+        if not self.aliases:
+            return {}
+        newest = self.scheme.newest([*self.client.list_tags(), tag])
+        out: dict[str, str] = {}
+        for alias in self.aliases:
+            if newest != tag:
+                out[alias] = f"not moved: {newest} is newer"
+                self.log("alias-kept", alias=alias, tag=tag, newest=newest)
+            elif self._tag_digest(alias) == digest:
+                out[alias] = "unchanged"
+            else:
+                out.update(self._move_aliases_raw(body, media_type, digest, [alias], after=tag))
+        return out
+
+    def _move_aliases_raw(self, body: bytes, media_type: str, digest: str, aliases: list[str], after: str | None = None) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for alias in aliases:
+            try:
+                before = self._tag_digest(alias)
+                self.client.put_manifest(alias, body, media_type)
+                m = self.client.get_manifest(alias)
+            except RegistryError as exc:
+                raise BuildFailed(f"alias {alias} could not be moved: {exc}. The immutable tag {after or ''} is published and verified",
+                                  fix="re-run the same publish to move the alias") from None
+            if m is None or m.digest != digest:
+                raise BuildFailed(f"alias {alias} reads back as {m.digest if m else 'missing'}, expected {digest}",
+                                  fix="re-run the same publish; check for a proxy that alters manifests")
+            out[alias] = "moved" if before != digest else "unchanged"
+            self.log("alias", alias=alias, digest=digest, previous=before)
+        return out
+
+    def _verify_pull(self, tag: str, image_id: str) -> dict[str, Any]:
+        """Pull the tag through the engine, as a node would, and compare the image id."""
+        ref = self.repository.ref(tag)
+        engine = self.engine or Engine()
+        t = time.monotonic()
+        had = engine.image_id(ref)
+        try:
+            engine.sdk().api.pull(str(self.repository), tag=tag)
+        except Exception as exc:  # noqa: BLE001 - any SDK/daemon error
+            raise BuildFailed(f"re-pull of {ref} failed: {exc}", fix="check the registry from the engine's side") from None
+        got = engine.image_id(ref)
+        ok = got == image_id
+        self.log("re-pull", reference=ref, image_id=got, ok=ok)
+        if not ok:
+            raise BuildFailed(f"re-pull of {ref} yields image id {got}, the published image is {image_id}")
+        if had is None:
+            # Drop the pulled name again when the image keeps another one, so the engine is left as it was.
+            tags = engine.sdk().api.inspect_image(got).get("RepoTags") or []
+            if len(tags) > 1:
+                engine.remove_image(ref)
+        return {"reference": ref, "image_id": got, "identical": ok, "seconds": round(time.monotonic() - t, 3)}
+
+
+def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme, date: str | None = None, *,
+            aliases: tuple[str, ...] | list[str] = (), policy: RetryPolicy | None = None,
+            client: RegistryClient | None = None, compression: str = "gzip", lock_dir: Path | None = None,
+            verify_pull: bool = False, engine: Engine | None = None, workdir: Path | None = None,
+            layer_cache: Path | None | bool = True, settle_seconds: float = 2.0,
+            echo: Callable[[str], None] | None = None, evidence: Path | None = None,
+            extra: dict[str, Any] | None = None) -> PublishResult:
+    """Publish ``image`` to ``repository`` under the first free revision of ``date``. See the module docstring.
+
+    Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
+    fails; either way no new immutable tag is left behind unless the message says otherwise.
+    ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or
+    ``~/.cache/stackforge/layers``), a path, or False for none.
+    When ``evidence`` is given, a success writes ``publish.json`` there and a failure writes
+    ``publish-failed.json`` (an earlier ``publish.json`` stays), with ``extra`` fields (e.g. stack, target) first.
+    """
+    date = validate_date(date)
+    repo = parse_repository(repository) if isinstance(repository, str) else repository
+    log = PushLog(echo=echo)
+    if client is None:
+        client = RegistryClient(repo, policy=policy or RetryPolicy(), log=log)
+    else:
+        client.log = client.log or log
+    pub = Publisher(client=client, image=image, scheme=scheme, date=date, aliases=tuple(aliases), compression=compression,
+                    lock_dir=lock_dir or default_lock_dir(), verify_pull=verify_pull, engine=engine, workdir=workdir, log=log,
+                    layer_cache=default_layer_cache() if layer_cache is True else (layer_cache or None),
+                    settle_seconds=settle_seconds)
+    try:
+        try:
+            result = pub.run()
+        except RegistryError as exc:
+            left = pub.left_behind()
+            raise BuildFailed(f"publish to {repo} failed: {exc}; {left}",
+                              fix="re-run the same command once the registry answers; uploaded blobs are reused") from None
+    except (UserError, Interrupted) as err:
+        interrupted = isinstance(err, Interrupted)
+        message = f"interrupted by {err.name}; {pub.left_behind()}" if isinstance(err, Interrupted) else err.message
+        log("interrupted" if interrupted else "failed", error=message)
+        if evidence is not None:
+            path = write_evidence(evidence, {
+                "status": "interrupted" if interrupted else "failed", **(extra or {}), "repository": str(repo),
+                "error": message, "tag_left": pub.tag_written,
+                "image_id": pub.prepared.image_id if pub.prepared else image.image_id,
+                "started_at": pub.started_at, "finished_at": _now(),
+                "duration_s": round(time.monotonic() - pub.t0, 3), "push_log": log.events}, name=FAILED_RECORD)
+            if isinstance(err, Interrupted):
+                err.notes.append(f"publish stopped: {message.split('; ', 1)[1]} (record: {path})")
+        raise
+    if evidence is not None:
+        write_evidence(evidence, {**(extra or {}), **result.evidence()})
+    return result
+
+
+PUBLISHED_RECORD = "publish.json"
+FAILED_RECORD = "publish-failed.json"
+
+
+def write_evidence(evidence_dir: Path, record: dict[str, Any], name: str = PUBLISHED_RECORD) -> Path:
+    """Write ``record`` to ``evidence_dir/name`` atomically (a unique temp file, then ``os.replace``).
+
+    ``publish.json`` holds the last successful publish and only a success writes it; a failure goes to
+    ``publish-failed.json``, which a later success removes, so neither file ever describes the other.
+    """
+    evidence_dir.mkdir(parents=True, exist_ok=True)
+    path = evidence_dir / name
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=evidence_dir)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(record, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if name == PUBLISHED_RECORD:
+        (evidence_dir / FAILED_RECORD).unlink(missing_ok=True)
+    return path
+
+
+def stderr_echo(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# A stack's image
+# --------------------------------------------------------------------------------------------
+
+
+def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:
+    """The local image must be the one the last ``stackforge build`` of this stack and target gated."""
+    path = evidence_dir / "result.json"
+    fix = f"run `stackforge build {stack_name} --target {target}` first (publish only ships gated images)"
+    try:
+        result = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"no gated build of {stack_name}/{target}: {path} does not exist; nothing was published",
+                        fix=fix + ", or pass --allow-ungated") from None
+    except ValueError:
+        raise UserError(f"{path} is not valid JSON; nothing was published", fix=fix) from None
+    if not result.get("ok"):
+        raise BuildFailed(f"the last build of {stack_name} failed ({result.get('reason', 'see its evidence')}); "
+                          "nothing was published", fix=fix)
+    if result.get("target") != target:
+        raise UserError(f"the last build of {stack_name} was for target {result.get('target')!r}, not {target!r}; "
+                        "nothing was published", fix=fix)
+    if result.get("image_id") != image_id:
+        raise BuildFailed(f"local image {local_ref} is {image_id}, but the gated build produced {result.get('image_id')}; "
+                          "nothing was published", fix=fix)
+    return {"evidence": str(path), "image_id": result.get("image_id"), "tag": result.get("tag")}
+
+
+def publish_stack(stack: Any, registry: str, *, date: str | None = None, target: str | None = None,
+                  out: Path | None = None, allow_ungated: bool = False, verify_pull: bool = False,
+                  policy: RetryPolicy | None = None, compression: str = "gzip", engine: Engine | None = None,
+                  lock_dir: Path | None = None, echo: Callable[[str], None] | None = None) -> PublishResult:
+    """Publish the local image that ``stackforge build`` made for ``stack``/``target``.
+
+    Repository, immutable tag scheme and aliases come from the stack's ``tags:`` templates
+    under ``registry``; a target other than the stack's first one gets ``-<target>`` after
+    the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``.
+    """
+    from stackforge.build.context import build_dir_for
+    from stackforge.build.run import default_target, lint_or_fail, target_ref
+    from stackforge.stack import tags as tagsmod
+
+    reg = parse_registry(registry, what="--registry")
+    date = validate_date(date)
+    try:
+        lint_or_fail(stack)
+    except BuildFailed as err:
+        raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
+    target = default_target(stack, target)
+    suffix = "" if target == next(iter(stack.targets)) else f"-{target}"
+    first = tagsmod.publish_ref(stack, str(reg), date, 1)
+    repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
+    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(stack, str(reg), d, r).tag + suffix)
+    aliases = []
+    for alias in tagsmod.alias_refs(stack, str(reg)):
+        if alias.repository != first.repository:
+            raise UserError(f"alias {alias} is not in the publish repository {first.repository}",
+                            fix="aliases name the same repository as tags.publish")
+        aliases.append(alias.tag + suffix)
+    local = target_ref(stack, target)
+    from stackforge.fslock import stack_lock
+
+    with stack_lock(build_dir_for(stack, out)):  # no build of this stack replaces its evidence meanwhile
+        evidence = build_dir_for(stack, out) / "evidence"
+        engine = engine or Engine()
+        image = DockerImage(local, engine=engine)
+        image.inspect()
+        assert image.image_id is not None
+        gated = None if allow_ungated else check_gated(evidence, stack.name, target, image.image_id, local)
+        extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
+        from stackforge.build.sources import default_cache_dir
+        from stackforge.stack.load import stack_root
+
+        return publish(image, repository, scheme, date, aliases=aliases, policy=policy, compression=compression,
+                       lock_dir=lock_dir, verify_pull=verify_pull, engine=engine, echo=echo, evidence=evidence, extra=extra,
+                       layer_cache=default_cache_dir(stack_root(stack)) / "layers")

@@ -1,0 +1,530 @@
+"""A small client for the OCI distribution API (the registry side of ``publish``).
+
+Only what publishing needs: ping, list tags (paginated), HEAD/GET/PUT/DELETE a
+manifest, HEAD/GET a blob and upload a blob monolithically. Every request goes
+through :func:`with_retries`: exponential backoff with full jitter on 5xx, 429,
+408 and connection errors (resets, refused, timeouts), bounded both in attempts
+and in total time. Anything else (4xx) is an answer, not a fault, and is raised
+at once as :class:`RegistryError`.
+
+Loopback registries (127.0.0.0/8, ``localhost``, ``::1``) are spoken to over plain
+HTTP, everything else over HTTPS, as the docker engine does by default.
+Authentication: anonymous, or Basic/Bearer with credentials from
+``STACKFORGE_REGISTRY_USER``/``STACKFORGE_REGISTRY_PASSWORD`` or from the
+``auths`` entry of the docker client config for that host.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import json
+import os
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, TypeVar
+from urllib.parse import parse_qs, urlencode, urljoin, urlparse
+
+import requests
+
+from stackforge.errors import UserError
+
+T = TypeVar("T")
+
+# Manifest media types we ask for and understand.
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+MANIFEST_ACCEPT = ", ".join([OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_MANIFEST_LIST])
+
+# Registry reference grammar (distribution/reference), restricted to what a
+# repository needs: host[:port]/path-component(/path-component)*
+_HOST_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_HOST_COMPONENT}(?:\.{_HOST_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Repository references
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Repository:
+    """``host[:port]/name`` of one repository, e.g. ``127.0.0.1:5000/mcconline/inference/vllm``."""
+
+    host: str
+    name: str
+    scheme: str = "https"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.scheme}://{self.host}"
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.name}" if self.name else self.host
+
+    def ref(self, tag_or_digest: str) -> str:
+        sep = "@" if tag_or_digest.startswith("sha256:") else ":"
+        return f"{self}{sep}{tag_or_digest}"
+
+    def child(self, name: str) -> "Repository":
+        return Repository(host=self.host, name=f"{self.name}/{name}" if self.name else name, scheme=self.scheme)
+
+
+def is_loopback_host(host: str) -> bool:
+    hostname = host
+    if hostname.startswith("["):
+        hostname = hostname[1 : hostname.index("]")]
+    elif ":" in hostname:
+        hostname = hostname.rsplit(":", 1)[0]
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
+
+
+_FIX = "give host[:port][/path], e.g. 127.0.0.1:5000/mcconline/inference or registry.example.com/team"
+
+
+def parse_registry(text: str, *, what: str = "registry reference", plain_http: bool | None = None,
+                   require_name: bool = False) -> Repository:
+    """Parse ``host[:port][/path]`` into a :class:`Repository` (``name`` may be empty) or raise ``UserError``.
+
+    The host part must look like a host (contain a dot or a port, or be ``localhost``),
+    as in docker's own reference grammar, so ``mcconline/vllm`` is not silently read as
+    a Docker Hub name. Schemes, tags, digests and upper-case paths are rejected with a fix.
+    """
+    raw = text.strip().rstrip("/")
+    if not raw:
+        raise UserError(f"empty {what}", fix=_FIX)
+    if "://" in raw:
+        raise UserError(f"{what} {text!r} must not carry a scheme",
+                        fix=_FIX + " (loopback registries are spoken to over plain HTTP, others over HTTPS)")
+    host, _, path = raw.partition("/")
+    if "@" in raw or ":" in path:
+        raise UserError(f"{what} {text!r} must not carry a tag or a digest", fix=_FIX)
+    if not re.fullmatch(_HOST, host) or not ("." in host or ":" in host or host == "localhost"):
+        raise UserError(f"{what} {text!r} does not start with a registry host ({host!r} is not host[:port])", fix=_FIX)
+    if path and not re.fullmatch(rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*", path):
+        raise UserError(f"invalid repository path {path!r} in {what} {text!r}",
+                        fix="path components are lower-case [a-z0-9] separated by '.', '_', '__' or '-'")
+    if require_name and not path:
+        raise UserError(f"{what} {text!r} names no repository", fix=_FIX)
+    if len(path) > 255:
+        raise UserError(f"{what} {text!r}: repository name longer than 255 characters", fix=_FIX)
+    if plain_http is None:
+        plain_http = is_loopback_host(host)
+    return Repository(host=host, name=path, scheme="http" if plain_http else "https")
+
+
+def parse_repository(text: str, *, what: str = "repository", plain_http: bool | None = None) -> Repository:
+    """``host[:port]/name`` of one repository (a name is required)."""
+    return parse_registry(text, what=what, plain_http=plain_http, require_name=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Retries
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try: at most ``attempts`` tries and ``total_seconds`` of wall time.
+
+    Delays grow as ``base_delay * 2**n`` capped at ``max_delay``, with full jitter
+    (a uniform draw in [0, delay]); a ``Retry-After`` header is honoured up to ``max_delay``.
+    """
+
+    attempts: int = 6
+    base_delay: float = 0.5
+    max_delay: float = 8.0
+    total_seconds: float = 120.0
+
+    def delay(self, failures: int, rng: random.Random | None = None) -> float:
+        upper = min(self.max_delay, self.base_delay * (2 ** max(failures - 1, 0)))
+        return (rng or random).uniform(0, upper)
+
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class RegistryError(Exception):
+    """The registry answered, and the answer is an error (or it could not be reached)."""
+
+    def __init__(self, message: str, *, status: int | None = None, codes: Iterable[str] = (), retryable: bool = False,
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.codes = tuple(codes)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class RetriesExhausted(RegistryError):
+    def __init__(self, what: str, attempts: int, elapsed: float, last: Exception):
+        super().__init__(f"{what}: gave up after {attempts} attempt(s) in {elapsed:.1f} s: {_short(last)}",
+                         status=getattr(last, "status", None), codes=getattr(last, "codes", ()))
+        self.last = last
+        self.attempts = attempts
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, RegistryError):
+        return exc.retryable
+    return isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                            ConnectionError))
+
+
+def with_retries(fn: Callable[[], T], *, what: str, policy: RetryPolicy, log: Callable[..., None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> T:
+    """Call ``fn`` until it returns, retrying transient failures within ``policy``."""
+    start = clock()
+    failures = 0
+    while True:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - classified just below
+            if not _is_retryable(exc):
+                raise
+            failures += 1
+            elapsed = clock() - start
+            delay = policy.delay(failures, rng)
+            retry_after = getattr(exc, "retry_after", None)
+            if retry_after is not None:
+                delay = max(delay, min(retry_after, policy.max_delay))
+            if failures >= policy.attempts or elapsed + delay > policy.total_seconds:
+                if log:
+                    log("gave-up", what=what, attempts=failures, error=_short(exc))
+                raise RetriesExhausted(what, failures, elapsed, exc) from exc
+            if log:
+                log("retry", what=what, attempt=failures, delay=round(delay, 3), error=_short(exc))
+            sleep(delay)
+
+
+_CAUSES = [
+    ("Connection refused", "connection refused"),
+    ("Connection reset", "connection reset by peer"),
+    ("RemoteDisconnected", "connection closed without a response"),
+    ("Name or service not known", "host name not found"),
+    ("Temporary failure in name resolution", "host name not found"),
+    ("Failed to resolve", "host name not found"),
+    ("Read timed out", "read timed out"),
+    ("timed out", "timed out"),
+    ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
+    ("WRONG_VERSION_NUMBER", "TLS handshake failed (is it a plain-HTTP registry?)"),
+]
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)):
+        for needle, cause in _CAUSES:
+            if needle in text:
+                return cause
+    text = re.sub(r"\s+", " ", text)
+    return text[:300]
+
+
+# --------------------------------------------------------------------------------------------
+# Credentials
+# --------------------------------------------------------------------------------------------
+
+
+def credentials_for(host: str, env: dict[str, str] | None = None, docker_config: Path | None = None) -> tuple[str, str] | None:
+    env = os.environ if env is None else env
+    user, password = env.get("STACKFORGE_REGISTRY_USER"), env.get("STACKFORGE_REGISTRY_PASSWORD")
+    if user and password:
+        return user, password
+    if docker_config is None:
+        docker_config = Path(env.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
+    try:
+        auths = json.loads(Path(docker_config).read_text()).get("auths", {})
+    except (OSError, ValueError):
+        return None
+    for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v2/", f"http://{host}/v2/"):
+        entry = auths.get(key)
+        if entry and entry.get("auth"):
+            try:
+                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                return None
+            return user, password
+    return None
+
+
+def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    scheme, _, rest = header.strip().partition(" ")
+    params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+    return scheme.lower(), params
+
+
+# --------------------------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ManifestInfo:
+    digest: str | None
+    media_type: str | None
+    size: int | None
+
+
+@dataclass
+class Manifest:
+    body: bytes
+    media_type: str | None
+    header_digest: str | None
+
+    @property
+    def digest(self) -> str:
+        """The digest of the bytes as received (what the registry's tag really resolves to)."""
+        return sha256_digest(self.body)
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.body)
+
+
+@dataclass
+class RegistryClient:
+    repository: Repository
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    log: Callable[..., None] | None = None
+    timeout: tuple[float, float] = (10.0, 600.0)
+    session: requests.Session = field(default_factory=requests.Session)
+    credentials: tuple[str, str] | None = None
+    _auth_header: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.session.trust_env = False  # never route a registry through an environment proxy by surprise
+        if self.credentials is None:
+            self.credentials = credentials_for(self.repository.host)
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _url(self, path: str) -> str:
+        return f"{self.repository.base_url}/v2/{self.repository.name}/{path}"
+
+    def _request(self, method: str, url: str, *, ok: Iterable[int], body_factory: Callable[[], Any] | None = None,
+                 headers: dict[str, str] | None = None, stream: bool = False, _authed: bool = False) -> requests.Response:
+        hdrs = dict(headers or {})
+        if self._auth_header:
+            hdrs["Authorization"] = self._auth_header
+        data = body_factory() if body_factory else None
+        try:
+            resp = self.session.request(method, url, data=data, headers=hdrs, timeout=self.timeout,
+                                        allow_redirects=method in ("GET", "HEAD"), stream=stream)
+        finally:
+            if hasattr(data, "close"):
+                data.close()
+        if resp.status_code == 401 and not _authed and self._authenticate(resp):
+            resp.close()
+            return self._request(method, url, ok=ok, body_factory=body_factory, headers=headers, stream=stream, _authed=True)
+        if resp.status_code in ok:
+            return resp
+        raise self._error(method, url, resp)
+
+    def _error(self, method: str, url: str, resp: requests.Response) -> RegistryError:
+        codes: list[str] = []
+        detail = ""
+        try:
+            payload = resp.json()
+            for err in payload.get("errors", []) or []:
+                codes.append(str(err.get("code")))
+                detail += f" {err.get('code')}: {err.get('message')}"
+        except ValueError:
+            detail = (" " + resp.text[:200].strip()) if method != "HEAD" and resp.text else ""
+        retry_after = None
+        if resp.headers.get("Retry-After", "").strip().isdigit():
+            retry_after = float(resp.headers["Retry-After"])
+        path = urlparse(url).path
+        resp.close()
+        return RegistryError(f"{method} {path} -> HTTP {resp.status_code}{detail}", status=resp.status_code, codes=codes,
+                             retryable=resp.status_code in RETRY_STATUS, retry_after=retry_after)
+
+    def _authenticate(self, resp: requests.Response) -> bool:
+        challenge = resp.headers.get("WWW-Authenticate", "")
+        scheme, params = _parse_challenge(challenge)
+        if scheme == "basic" and self.credentials:
+            token = base64.b64encode(":".join(self.credentials).encode()).decode()
+            self._auth_header = f"Basic {token}"
+            return True
+        if scheme == "bearer" and params.get("realm"):
+            query = {k: v for k, v in params.items() if k in ("service", "scope")}
+            scope = f"repository:{self.repository.name}:pull,push"
+            query["scope"] = scope
+            auth = self.credentials if self.credentials else None
+            r = self.session.get(params["realm"] + "?" + urlencode(query), auth=auth, timeout=self.timeout)
+            if r.status_code != 200:
+                raise RegistryError(f"token request to {params['realm']} -> HTTP {r.status_code}", status=r.status_code,
+                                    retryable=r.status_code in RETRY_STATUS)
+            tok = r.json().get("token") or r.json().get("access_token")
+            if not tok:
+                raise RegistryError(f"token endpoint {params['realm']} returned no token")
+            self._auth_header = f"Bearer {tok}"
+            return True
+        return False
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        return with_retries(fn, what=what, policy=self.policy, log=self.log)
+
+    # -- API -------------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """``GET /v2/``: is this an OCI registry we can talk to? Raises RegistryError."""
+        url = f"{self.repository.base_url}/v2/"
+        self._retry("ping", lambda: self._request("GET", url, ok=(200,)).close())
+
+    def list_tags(self) -> list[str]:
+        """All tags of the repository (follows ``Link`` pagination); [] if the repository does not exist."""
+        tags: list[str] = []
+        url: str | None = self._url("tags/list?n=1000")
+        while url:
+            current = url
+
+            def fetch() -> requests.Response:
+                return self._request("GET", current, ok=(200, 404))
+
+            resp = self._retry("list tags", fetch)
+            if resp.status_code == 404:
+                codes = _error_codes(resp)
+                if not codes or "NAME_UNKNOWN" in codes:
+                    return tags
+                raise RegistryError(f"GET tags/list -> HTTP 404 {codes}", status=404, codes=codes)
+            tags.extend(resp.json().get("tags") or [])
+            url = _next_link(resp, current)
+        return tags
+
+    def head_manifest(self, reference: str) -> ManifestInfo | None:
+        def call() -> ManifestInfo | None:
+            resp = self._request("HEAD", self._url(f"manifests/{reference}"), ok=(200, 404),
+                                 headers={"Accept": MANIFEST_ACCEPT})
+            resp.close()
+            if resp.status_code == 404:
+                return None
+            size = resp.headers.get("Content-Length")
+            return ManifestInfo(digest=resp.headers.get("Docker-Content-Digest"),
+                                media_type=resp.headers.get("Content-Type"),
+                                size=int(size) if size and size.isdigit() else None)
+
+        return self._retry(f"HEAD manifest {reference}", call)
+
+    def get_manifest(self, reference: str) -> Manifest | None:
+        def call() -> Manifest | None:
+            resp = self._request("GET", self._url(f"manifests/{reference}"), ok=(200, 404),
+                                 headers={"Accept": MANIFEST_ACCEPT, "Cache-Control": "no-cache"})
+            if resp.status_code == 404:
+                resp.close()
+                return None
+            return Manifest(body=resp.content, media_type=resp.headers.get("Content-Type"),
+                            header_digest=resp.headers.get("Docker-Content-Digest"))
+
+        return self._retry(f"GET manifest {reference}", call)
+
+    def put_manifest(self, reference: str, body: bytes, media_type: str) -> str | None:
+        """PUT a manifest under a tag or a digest; returns the registry's ``Docker-Content-Digest``."""
+
+        def call() -> str | None:
+            resp = self._request("PUT", self._url(f"manifests/{reference}"), ok=(201, 200, 202),
+                                 body_factory=lambda: body, headers={"Content-Type": media_type})
+            resp.close()
+            return resp.headers.get("Docker-Content-Digest")
+
+        return self._retry(f"PUT manifest {reference}", call)
+
+    def put_manifest_once(self, reference: str, body: bytes, media_type: str) -> str | None:
+        """One PUT attempt, no retry: the caller re-checks the tag between attempts."""
+        resp = self._request("PUT", self._url(f"manifests/{reference}"), ok=(201, 200, 202),
+                             body_factory=lambda: body, headers={"Content-Type": media_type})
+        resp.close()
+        return resp.headers.get("Docker-Content-Digest")
+
+    def delete_manifest(self, digest: str) -> bool:
+        """DELETE by digest. False when the registry does not allow deletion or does not have it."""
+
+        def call() -> bool:
+            resp = self._request("DELETE", self._url(f"manifests/{digest}"), ok=(202, 200, 404, 405))
+            resp.close()
+            return resp.status_code in (200, 202)
+
+        return self._retry(f"DELETE manifest {digest}", call)
+
+    def blob_exists(self, digest: str) -> bool:
+        def call() -> bool:
+            resp = self._request("HEAD", self._url(f"blobs/{digest}"), ok=(200, 404))
+            resp.close()
+            return resp.status_code == 200
+
+        return self._retry(f"HEAD blob {digest[:19]}", call)
+
+    def get_blob(self, digest: str, *, max_bytes: int = 64 << 20) -> bytes:
+        def call() -> bytes:
+            resp = self._request("GET", self._url(f"blobs/{digest}"), ok=(200,), stream=True)
+            chunks, total = [], 0
+            for chunk in resp.iter_content(1 << 16):
+                total += len(chunk)
+                if total > max_bytes:
+                    resp.close()
+                    raise RegistryError(f"blob {digest} larger than {max_bytes} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        return self._retry(f"GET blob {digest[:19]}", call)
+
+    def upload_blob(self, digest: str, size: int, opener: Callable[[], Any]) -> None:
+        """Monolithic upload (POST a session, PUT the bytes with ``?digest=``).
+
+        ``opener`` returns a fresh readable for every attempt: a failed attempt abandons
+        its upload session and the next one starts a new session from byte 0.
+        """
+
+        def call() -> None:
+            resp = self._request("POST", self._url("blobs/uploads/"), ok=(202,))
+            location = resp.headers.get("Location")
+            resp.close()
+            if not location:
+                raise RegistryError("POST blobs/uploads/ -> 202 without a Location header")
+            upload_url = urljoin(self.repository.base_url + "/", location)
+            parsed = urlparse(upload_url)
+            query = parse_qs(parsed.query, keep_blank_values=True)
+            query["digest"] = [digest]
+            put_url = parsed._replace(query=urlencode(query, doseq=True)).geturl()
+            resp = self._request("PUT", put_url, ok=(201,), body_factory=opener,
+                                 headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+            resp.close()
+            got = resp.headers.get("Docker-Content-Digest")
+            if got and got != digest:
+                raise RegistryError(f"blob upload stored {got}, expected {digest}")
+
+        self._retry(f"upload blob {digest[:19]}", call)
+
+
+def _error_codes(resp: requests.Response) -> list[str]:
+    try:
+        return [str(e.get("code")) for e in (resp.json().get("errors") or [])]
+    except ValueError:
+        return []
+
+
+def _next_link(resp: requests.Response, current: str) -> str | None:
+    link = resp.headers.get("Link")
+    if not link:
+        return None
+    m = re.search(r"<([^>]+)>\s*;\s*rel=\"?next\"?", link)
+    if not m:
+        return None
+    return urljoin(current, m.group(1))

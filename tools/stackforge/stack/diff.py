@@ -1,0 +1,97 @@
+"""The pin table of a train move: package | before | after | note."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from stackforge.stack.model import Stack
+
+
+@dataclass
+class Row:
+    package: str
+    before: str
+    after: str
+    note: str = ""
+
+
+@dataclass
+class StackDiff:
+    old: str
+    new: str
+    changed: list[Row]
+    added: list[Row]
+    removed: list[Row]
+    unchanged: list[Row]
+    other: list[Row]  # upstreams, platform, base, indexes
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def _notes(stack: Stack, name: str) -> list[str]:
+    notes = []
+    for train in stack.rules.trains:
+        if name in train.members and name != train.members[0]:
+            notes.append(f"moves with the {train.name} train")
+    for bf in stack.rules.built_for:
+        if bf.package == name:
+            notes.append(f"built for {bf.for_} {stack.packages[bf.for_].version}")
+    return notes
+
+
+def _flatten(prefix: str, value, out: dict):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    else:
+        out[prefix] = value if not isinstance(value, list) else ", ".join(map(str, value))
+
+
+def _dump(value):
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def diff_stacks(old: Stack, new: Stack) -> StackDiff:
+    changed, added, removed, unchanged = [], [], [], []
+    for name, pkg in new.packages.items():
+        if name not in old.packages:
+            added.append(Row(name, "—", pkg.version, "; ".join(["added", *_notes(new, name)])))
+        elif old.packages[name].version != pkg.version:
+            changed.append(Row(name, old.packages[name].version, pkg.version, "; ".join(_notes(new, name))))
+        else:
+            unchanged.append(Row(name, pkg.version, "unchanged"))
+    for name, pkg in old.packages.items():
+        if name not in new.packages:
+            removed.append(Row(name, pkg.version, "—", "removed"))
+    # Unchanged members of an aligned family are one row, as a person writes it.
+    grouped: list[Row] = []
+    taken: set[str] = set()
+    by_name = {r.package: r for r in unchanged}
+    for fam in new.rules.aligned:
+        members = [m for m in fam.members if m in by_name]
+        if len(members) > 1 and len({by_name[m].before for m in members}) == 1:
+            grouped.append(Row(", ".join(members), by_name[members[0]].before, "unchanged", f"{fam.name} family"))
+            taken.update(members)
+    grouped.extend(r for r in unchanged if r.package not in taken)
+    other = []
+    for section in ("platform", "base", "indexes", "upstreams", "kernels"):
+        a, b = {}, {}
+        _flatten(section, _dump(getattr(old, section)), a)
+        _flatten(section, _dump(getattr(new, section)), b)
+        for key in list(a) + [k for k in b if k not in a]:
+            if a.get(key) != b.get(key):
+                other.append(Row(key, str(a.get(key, "—")), str(b.get(key, "—"))))
+    return StackDiff(old.name, new.name, changed, added, removed, grouped, other)
+
+
+def to_markdown(d: StackDiff) -> str:
+    lines = ["| package | before | after | note |", "| --- | --- | --- | --- |"]
+    for row in [*d.changed, *d.added, *d.removed, *d.unchanged]:
+        lines.append(f"| {row.package} | {row.before} | {row.after} | {row.note} |")
+    if d.other:
+        lines += ["", "| setting | before | after |", "| --- | --- | --- |"]
+        lines += [f"| {r.package} | {r.before} | {r.after} |" for r in d.other]
+    return "\n".join(lines) + "\n"

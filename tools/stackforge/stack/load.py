@@ -1,0 +1,637 @@
+"""Load a stack: YAML → inheritance → ``--set`` overrides → validated ``Stack``.
+
+Errors name the file, line and column of the value at fault and say how to fix
+it; they are collected, so one run reports every problem in a file.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from stackforge.credentials import remember as remember_credentials
+from stackforge.errors import UserError
+from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGES, Stack
+from stackforge.stack.yamlsrc import Pos, Refused, load_value, load_with_positions
+from stackforge.urls import redact_text
+from stackforge.urls import split as split_credentials
+
+STACKS_DIR = "stacks"
+
+
+class StackInvalid(UserError):
+    """One or more problems in a stack's input; renders every problem."""
+
+    def __init__(self, problems: list[UserError]):
+        first = problems[0]
+        super().__init__(first.message, file=first.file, line=first.line, col=first.col, fix=first.fix, exit_code=2)
+        self.problems = problems
+
+    def render(self) -> str:
+        return "\n".join(p.render() for p in self.problems)
+
+
+# --------------------------------------------------------------------------- repository
+
+def find_root(start: Path | None = None) -> Path:
+    """The repository root: the nearest directory upwards holding stacks/."""
+    env = os.environ.get("STACKFORGE_ROOT")
+    if env:
+        return Path(env).resolve()
+    here = (start or Path.cwd()).resolve()
+    for cand in (here, *here.parents):
+        if (cand / STACKS_DIR).is_dir():
+            return cand
+    raise UserError(
+        f"no {STACKS_DIR}/ directory here or in any parent of {here}",
+        fix="run stackforge inside a stackforge repository, or pass --root DIR",
+    )
+
+
+#: A stack is named by its file in stacks/ without ".yaml": one path segment, lowercase.
+STACK_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
+MAX_INHERITANCE = 16  # stacks in one inheritance chain
+
+
+def _name_problem(root: Path, name: Any) -> tuple[str, str] | None:
+    """Why ``name`` is not a stack name (message, fix), or None when it is one."""
+    if isinstance(name, str) and STACK_NAME.fullmatch(name) and not name.endswith((".yaml", ".yml")):
+        return None
+    shown = repr(name) if isinstance(name, str) and len(name) <= 200 else "this value"
+    known = _known(root)
+    stem = Path(name).stem if isinstance(name, str) and len(name) <= 200 else ""
+    if stem in known:
+        fix = f"name the stack, not a path: '{stem}'"
+    else:
+        fix = f"name a stack of {STACKS_DIR}/ by its file name without .yaml; known stacks: {', '.join(known) or 'none'}"
+    return (f"{shown} is not a stack name (lowercase letters, digits, '.', '_' and '-'; "
+            f"no path, no .yaml)"), fix
+
+
+def stack_path(root: Path, name: str) -> Path:
+    """``stacks/<name>.yaml`` under ``root``; a name that is not a single plain segment is an error."""
+    problem = _name_problem(root, name)
+    if problem:
+        raise UserError(problem[0], fix=problem[1])
+    return root / STACKS_DIR / f"{name}.yaml"
+
+
+def _confined(root: Path, path: Path, display: str) -> None:
+    """Refuse a stack file that resolves (through a symlink) outside stacks/."""
+    stacks = (root / STACKS_DIR).resolve()
+    try:
+        path.resolve().relative_to(stacks)
+    except ValueError:
+        raise UserError(f"the file is a link to a file outside {STACKS_DIR}/", file=display,
+                        fix=f"copy the stack into {STACKS_DIR}/ instead of linking to it") from None
+
+
+def list_stacks(root: Path) -> list[str]:
+    """The stem of every stacks/*.yaml, valid stack name or not (loading one that is not says why)."""
+    return sorted(p.stem for p in (root / STACKS_DIR).glob("*.yaml"))
+
+
+def _known(root: Path) -> list[str]:
+    """The stacks that hints may name: files of stacks/ whose stem is a stack name."""
+    return [n for n in list_stacks(root) if STACK_NAME.fullmatch(n)]
+
+
+# --------------------------------------------------------------------------- inheritance
+
+def _merge(base: Any, over: Any) -> Any:
+    """Deep-merge mappings (keys keep the parent's order, new keys follow); anything else is replaced."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = _merge(base[key], value) if key in base else value
+        return out
+    return over
+
+
+def _value_at(data: Any, path: tuple) -> Any:
+    for part in path:
+        data = data[part]
+    return data
+
+
+def _merge_positions(base: dict, over: dict, over_data: Any) -> dict:
+    out = dict(base)
+    # A replaced (non-mapping) value drops the parent's positions below it; mappings merge.
+    for path in over:
+        if isinstance(_value_at(over_data, path), dict):
+            continue
+        for old in [p for p in out if len(p) > len(path) and p[: len(path)] == path]:
+            del out[old]
+    out.update(over)
+    return out
+
+
+def _load_chain(root: Path, name: str, seen: list[str]) -> tuple[dict, dict, dict, list[str]]:
+    path = stack_path(root, name)
+    display = f"{STACKS_DIR}/{name}.yaml"
+    if not path.exists():
+        near = difflib.get_close_matches(name, _known(root), n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise UserError(
+            f"no stack named '{name}' ({display} does not exist)",
+            fix=f"{hint}known stacks: {', '.join(_known(root)) or 'none'}",
+        )
+    _confined(root, path, display)
+    src = load_with_positions(path, display)
+    data = src.data
+    if not isinstance(data, dict):
+        raise UserError("a stack file must be a mapping of keys (name, platform, packages, …)", file=display, line=1,
+                        col=1, fix="start the file with 'name: <stack name>'")
+    _check_own_name(data, src.values, display, name)
+    parent = data.get("inherits")
+    if parent is None:
+        return data, src.values, src.keys, [display]
+    _check_parent(root, parent, src.values[("inherits",)], [*seen, name])
+    pdata, pvals, pkeys, pfiles = _load_chain(root, parent, [*seen, name])
+    merged = _merge(pdata, data)
+    merged.pop("inherits", None)
+    merged["inherits"] = parent
+    return (merged, _merge_positions(pvals, src.values, data), _merge_positions(pkeys, src.keys, data),
+            [*pfiles, display])
+
+
+def _check_own_name(data: dict, values: dict, display: str, name: str) -> None:
+    """A stack file names itself, with the name of its file."""
+    own = data.get("name")
+    if own is None:
+        # Without this a child stack would silently carry its parent's name.
+        raise UserError("missing required key 'name'", file=display, line=1, col=1,
+                        fix=f"add 'name: {name}' (every stack file names itself)")
+    if own != name:
+        shown = repr(own) if isinstance(own, str) and len(own) <= 200 else "this value"
+        raise UserError(f"name {shown} does not match the file name '{name}'", **values[("name",)].as_error_kwargs(),
+                        fix=f"set name: {name}" + (f", or rename the file to {own}.yaml"
+                                                    if isinstance(own, str) and STACK_NAME.fullmatch(own) else ""))
+
+
+def _check_parent(root: Path, parent: Any, pos: Pos, chain: list[str]) -> None:
+    """``inherits`` names another stack of stacks/: a plain name, no cycle, not too long a chain."""
+    if not isinstance(parent, str):
+        raise UserError("inherits must be the name of another stack", **pos.as_error_kwargs(),
+                        fix="write e.g. 'inherits: post1'")
+    problem = _name_problem(root, parent)
+    if problem:
+        raise UserError(f"inherits: {problem[0]}", **pos.as_error_kwargs(), fix=problem[1])
+    if parent in chain:
+        raise UserError(f"inheritance cycle: {' → '.join([*chain, parent])}", **pos.as_error_kwargs(),
+                        fix="remove 'inherits' from one stack in the cycle")
+    if len(chain) >= MAX_INHERITANCE:
+        raise UserError(f"inheritance chain longer than {MAX_INHERITANCE} stacks ({' → '.join(chain)} → {parent})",
+                        **pos.as_error_kwargs(), fix="inherit from a stack nearer the root of the chain")
+    if not stack_path(root, parent).exists():
+        near = difflib.get_close_matches(parent, _known(root), n=1)
+        raise UserError(
+            f"parent stack '{parent}' does not exist ({STACKS_DIR}/{parent}.yaml)", **pos.as_error_kwargs(),
+            fix=(f"did you mean '{near[0]}'?" if near else f"known stacks: {', '.join(_known(root))}"),
+        )
+
+
+# --------------------------------------------------------------------------- --set overrides
+
+def _nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _nulls(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nulls(v) for v in value]
+    return None if value in ("null", "~") else value
+
+
+KEY_PART = re.compile(r"[A-Za-z0-9_-]{1,100}")
+MAX_KEY_PARTS = 16
+LONG_OVERRIDE = 200  # longer overrides are named by their key alone in messages
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def _override_value(raw: str, n: int) -> tuple[list[str], Any, Pos]:
+    """Check one ``key.path=value`` override: (key parts, value, where), or UserError.
+
+    The value is read as YAML under the loader's limits, its size checked before it is
+    read, redacted or echoed. Scalars stay text ("3.10" stays "3.10", a hex digest stays a
+    string); pydantic converts where a number or a boolean is meant. null/~ mean "unset".
+    """
+    key, eq, text = raw.partition("=")
+    parts = key.strip().split(".")
+    if len(key) > 1000 or not all(KEY_PART.fullmatch(p) for p in parts):
+        printable = 0 < len(key.strip()) <= 200 and not _UNPRINTABLE.search(key)
+        raise UserError(f"'{redact_text(key)}' is not a key path" if printable else "the key is not a key path",
+                        file=f"--set {redact_text(key.strip())}" if printable else f"--set #{n}",
+                        fix="write dotted keys of letters, digits, '_' and '-': packages.torch.version")
+    label = f"--set {'.'.join(parts)}"
+    if len(parts) > MAX_KEY_PARTS:
+        raise UserError(f"a key path of more than {MAX_KEY_PARTS} parts", file=label,
+                        fix="name a key of the stack, e.g. packages.torch.version")
+    if not eq:
+        raise UserError("an override must look like key.path=value", file=label,
+                        fix="e.g. --set upstreams.vllm.commit=0123abcd…")
+    try:
+        value = _nulls(load_value(text)) if text.strip() else ""
+    except Refused as exc:
+        raise UserError(exc.message + (f" (line {exc.line}, column {exc.col} of the value)" if exc.line else ""),
+                        file=label, fix=exc.fix) from None
+    except yaml.YAMLError:
+        value = text
+    where = Pos(f"--set {redact_text(raw)}" if len(raw) <= LONG_OVERRIDE else f"{label}=…")
+    return parts, value, where
+
+
+def _check_identity(parts: list[str], value: Any, data: dict, where: Pos) -> None:
+    """``name`` and ``inherits`` are fixed by the stack's file; an override may only repeat them.
+
+    Overrides apply to the resolved stack, after inheritance: a new parent would change
+    which file every inherited value comes from, and a new name would file the build's
+    evidence under another stack. Both are refused.
+    """
+    field = parts[0]
+    if field not in ("name", "inherits"):
+        return
+    current = data.get(field)
+    if len(parts) == 1 and value == current:
+        return
+    own = data.get("name")
+    if field == "name":
+        raise UserError("--set name cannot rename a stack: its name is its file's "
+                        f"({STACKS_DIR}/{own}.yaml), and the build's evidence is filed under it", file=where.file,
+                        fix=f"drop --set name; for another stack, write {STACKS_DIR}/<new>.yaml with "
+                            f"'name: <new>' and 'inherits: {own}'")
+    raise UserError("--set inherits cannot change the parent stack: overrides apply after inheritance "
+                    f"(the parent of {own} is {current or 'none'})", file=where.file,
+                    fix=f"write {STACKS_DIR}/<new>.yaml with 'name: <new>' and 'inherits: <parent>', "
+                        f"or change 'inherits:' in {STACKS_DIR}/{own}.yaml")
+
+
+def apply_overrides(data: dict, values: dict, keys: dict, overrides: list[str]) -> None:
+    """Apply ``key.path=value`` overrides in place; values are read as YAML scalars/lists under limits."""
+    for n, raw in enumerate(overrides, start=1):
+        parts, value, where = _override_value(raw, n)
+        _check_identity(parts, value, data, where)
+        key = ".".join(parts)
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part) if isinstance(node, dict) else None
+            if nxt is None:
+                nxt = {}
+                node[part] = nxt
+            if not isinstance(nxt, dict):
+                raise UserError(f"'{'.'.join(parts[:i + 1])}' is a value, not a mapping; cannot set '{key}'",
+                                file=where.file, fix="override the value itself, or a key below a mapping")
+            node = nxt
+        node[parts[-1]] = value
+        path = tuple(parts)
+        for old in [p for p in values if p[: len(path)] == path]:
+            del values[old]
+        values[path] = where
+        keys[path] = where
+        for n_ in range(1, len(path)):
+            values.setdefault(path[:n_], where)
+            keys.setdefault(path[:n_], where)
+
+
+# --------------------------------------------------------------------------- validation
+
+def _model_for(annotation) -> tuple[str, Any]:
+    """Classify a field annotation: ('model', cls) | ('dict', value-ann) | ('list', item-ann) | ('scalar', None)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:
+            return _model_for(non_none[0])
+        return "scalar", None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "model", annotation
+    if origin is dict:
+        return "dict", args[1]
+    if origin is list:
+        return "list", args[0]
+    return "scalar", None
+
+
+def _field_names(cls: type[BaseModel]) -> dict[str, str]:
+    """Accepted key → field name (aliases included)."""
+    out = {}
+    for fname, field in cls.model_fields.items():
+        out[field.alias or fname] = fname
+    return out
+
+
+def _check_keys(cls: type[BaseModel], data: Any, path: tuple, keys: dict, values: dict, problems: list) -> None:
+    if not isinstance(data, dict):
+        return
+    accepted = _field_names(cls)
+    for key, value in data.items():
+        if key not in accepted:
+            near = difflib.get_close_matches(key, list(accepted), n=1, cutoff=0.6)
+            pos = keys.get(path + (key,)) or values.get(path) or Pos("?")
+            where = ".".join(str(p) for p in path) or "the top level"
+            fix = f"did you mean '{near[0]}'?" if near else f"allowed keys in {where}: {', '.join(accepted)}"
+            problems.append(UserError(f"unknown key '{key}' in {where}", **pos.as_error_kwargs(), fix=fix))
+            continue
+        field = cls.model_fields[accepted[key]]
+        _check_value(field.annotation, value, path + (key,), keys, values, problems)
+
+
+def _check_value(annotation, value, path, keys, values, problems):
+    kind, inner = _model_for(annotation)
+    if kind == "model":
+        _check_keys(inner, value, path, keys, values, problems)
+    elif kind == "dict" and isinstance(value, dict):
+        for k, v in value.items():
+            _check_value(inner, v, path + (k,), keys, values, problems)
+    elif kind == "list" and isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_value(inner, v, path + (i,), keys, values, problems)
+
+
+_FIXES = {
+    "missing": "add it",
+    "string_type": "write a string (quote it if it looks like a number)",
+    "bool_type": "write true or false",
+    "list_type": "write a list, e.g. [a, b]",
+    "dict_type": "write a mapping of key: value",
+    "model_type": "write a mapping of key: value",
+    "literal_error": None,
+    "too_short": "list at least one entry",
+}
+
+
+def _pos_for(loc: tuple, values: dict, keys: dict, missing: bool) -> Pos:
+    if missing:
+        parent = loc[:-1]
+        while parent not in values and parent:
+            parent = parent[:-1]
+        return keys.get(parent) or values.get(parent) or Pos("?")
+    probe = loc
+    while probe and probe not in values:
+        probe = probe[:-1]
+    return values.get(probe) or Pos("?")
+
+
+def _validation_problems(exc: ValidationError, values: dict, keys: dict) -> list[UserError]:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        kind = err["type"]
+        dotted = ".".join(str(p) for p in loc)
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if kind == "missing":
+            text = f"missing required key '{loc[-1]}'" + (f" in {'.'.join(str(p) for p in loc[:-1])}" if len(loc) > 1 else "")
+            fix = f"add '{loc[-1]}:'" + (" here or in a parent stack" if len(loc) >= 1 else "")
+        else:
+            text = f"{dotted}: {msg}"
+            fix = _FIXES.get(kind)
+            if kind == "literal_error":
+                fix = f"use one of: {msg.split('Input should be ', 1)[-1]}"
+            elif kind == "value_error":
+                fix = _value_fix(msg)
+        pos = _pos_for(loc, values, keys, kind == "missing")
+        problems.append(UserError(text, **pos.as_error_kwargs(), fix=fix))
+    return problems
+
+
+def _value_fix(msg: str) -> str | None:
+    if "only printable characters" in msg:
+        return "remove the control characters: the value must be printable text on one line"
+    if "git URL or path" in msg:
+        return ("write an https://, ssh://, git:// or file:// URL, user@host:path or a local path "
+                "(no spaces, quotes or shell characters, not starting with '-')")
+    if "image reference" in msg:
+        return "write [registry[:port]/]repository[:tag][@sha256:<64 hex>], e.g. stackforge/base:bookworm"
+    if "is not a digest" in msg:
+        return "write sha256: followed by the 64 lowercase hex digits of the image's digest"
+    if "URL" in msg:
+        return ("write an http(s):// URL with a host (or a file:/// path) without spaces, quotes, '?', '#' "
+                "or shell characters, e.g. https://pypi.org/simple")
+    if "is not a valid name" in msg:
+        return ("use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 128 characters): "
+                "the name becomes a build stage, a directory and a file name")
+    if "module name" in msg:
+        return "write a Python module name: identifiers joined by '.', e.g. deep_gemm or vllm.entrypoints"
+    if "label key" in msg:
+        return "write a reverse-DNS key: lowercase letters, digits, '-' and '_' between dots, e.g. com.example.version"
+    if "interpreter" in msg:
+        return "write a command name such as python3, or an absolute path such as /usr/bin/python3.11"
+    if "git tag name" in msg:
+        return "write the tag as git names it: letters, digits, '.', '_', '+', '-' and '/' (no '..', no spaces)"
+    if "relative path inside the repository" in msg:
+        return "write a directory relative to the repository root, e.g. patches/vllm (no '..', not absolute)"
+    if "Python version" in msg:
+        return "write major.minor in quotes, e.g. \"3.11\""
+    if "toolkit version" in msg:
+        return "write the version as digits and dots, e.g. 5.2.0"
+    if "single line" in msg:
+        return "join the commands with && on one line, or put a script in the upstream and run it"
+    if "reserved" in msg:
+        return "rename the target"
+    if "project name" in msg:
+        return "use the distribution's name as the index lists it (letters, digits, '.', '_', '-')"
+    if "range" in msg or "bare version" in msg:
+        return "pin one exact version, as the index names it"
+    if "quote" in msg:
+        return "put the value in double quotes"
+    if "PEP 440" in msg:
+        return "use a version such as 2.11.0.post2+musa5.2.0"
+    if "commit" in msg:
+        return "write the full 40-hex commit id (git rev-parse TAG^{commit})"
+    if "sha256" in msg:
+        return "copy the wheel's or sdist's sha256 from the index (64 lowercase hex digits)"
+    if "environment variable name" in msg:
+        return "use letters, digits and '_', not starting with a digit"
+    if "URL" in msg:
+        return "write the full index URL, e.g. https://pypi.org/simple"
+    if "must be a string" in msg:
+        return "put the value in double quotes"
+    return None
+
+
+def _cross_references(stack: Stack, values: dict) -> list[UserError]:
+    """Names used in one part of the stack must be declared in another."""
+    problems: list[UserError] = []
+
+    def ref(path: tuple, name: str, pool: dict | list, what: str, fix_add: str):
+        if name not in pool:
+            near = difflib.get_close_matches(name, list(pool), n=1)
+            fix = f"did you mean '{near[0]}'?" if near else fix_add
+            problems.append(UserError(f"{'.'.join(map(str, path))}: unknown {what} '{name}'",
+                                      **_pos_for(path, values, {}, False).as_error_kwargs(), fix=fix))
+
+    for name, pkg in stack.packages.items():
+        ref(("packages", name, "index"), pkg.index, stack.indexes, "index", "declare it under indexes:")
+    for name in stack.packages:
+        if not PROJECT_NAME.match(name):
+            problems.append(UserError(f"packages: '{name}' is not a valid project name",
+                                      **_pos_for(("packages", name), values, {}, False).as_error_kwargs(),
+                                      fix=_value_fix("project name")))
+    for name in stack.targets:
+        reason = None
+        if name in RESERVED_STAGES or name.startswith(("src-", "kernel-")):
+            reason = f"target name '{name}' is reserved for a build stage"
+        elif not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+            reason = f"target name '{name}' must be lowercase letters, digits, '.', '_' or '-'"
+        if reason:
+            problems.append(UserError(f"targets: {reason}", **_pos_for(("targets", name), values, {}, False)
+                                      .as_error_kwargs(), fix="rename the target"))
+    for iname in stack.indexes:
+        members = [n for n, p in stack.packages.items() if p.index == iname]
+        hashed = [n for n in members if stack.packages[n].sha256]
+        if hashed and len(hashed) != len(members):
+            first = hashed[0]
+            bare = [n for n in members if n not in hashed]
+            problems.append(UserError(
+                f"packages.{first}.sha256: only some pins of index '{iname}' carry hashes (none on "
+                f"{', '.join(bare[:4])}{' …' if len(bare) > 4 else ''}); pip checks hashes for a whole phase or not at all",
+                **_pos_for(("packages", first, "sha256"), values, {}, False).as_error_kwargs(),
+                fix=f"give every pin of '{iname}' its sha256, or drop them and run `stackforge lock {stack.name}`"))
+    for name, idx in stack.indexes.items():
+        if idx.deps_from is not None:
+            ref(("indexes", name, "deps_from"), idx.deps_from, stack.indexes, "index", "declare it under indexes:")
+    for name, up in stack.upstreams.items():
+        if (up.git is None) == (up.sdist is None):
+            problems.append(UserError(f"upstreams.{name}: declare exactly one of 'git' or 'sdist'",
+                                      **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
+                                      fix="a git upstream needs git, tag and commit; a release needs sdist"))
+        if up.git is not None:
+            for field in ("tag", "commit"):
+                if getattr(up, field) is None:
+                    problems.append(UserError(f"upstreams.{name}: a git upstream needs '{field}'",
+                                              **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
+                                              fix=f"add {field}: … (the commit is checked against the tag)"))
+        if up.sdist is not None:
+            ref(("upstreams", name, "sdist", "index"), up.sdist.index, stack.indexes, "index", "declare it under indexes:")
+    for name, kern in stack.kernels.items():
+        ref(("kernels", name, "upstream"), kern.upstream, stack.upstreams, "upstream", "declare it under upstreams:")
+    if stack.source is not None:
+        ref(("source",), stack.source, stack.upstreams, "upstream", "name one of the stack's upstreams")
+    r = stack.rules
+    for i, train in enumerate(r.trains):
+        for j, member in enumerate(train.members):
+            ref(("rules", "trains", i, "members", j), member, stack.packages, "package", "declare it under packages:")
+    for i, bf in enumerate(r.built_for):
+        ref(("rules", "built_for", i, "package"), bf.package, stack.packages, "package", "declare it under packages:")
+        ref(("rules", "built_for", i, "for"), bf.for_, stack.packages, "package", "declare it under packages:")
+    for i, fam in enumerate(r.aligned):
+        for j, member in enumerate(fam.members):
+            ref(("rules", "aligned", i, "members", j), member, stack.packages, "package", "declare it under packages:")
+    for i, vb in enumerate(r.vendor_build):
+        ref(("rules", "vendor_build", i, "package"), vb.package, stack.packages, "package", "declare it under packages:")
+    for i, mn in enumerate(r.minimums):
+        ref(("rules", "minimums", i, "package"), mn.package, stack.packages, "package", "declare it under packages:")
+        if mn.when is not None:
+            ref(("rules", "minimums", i, "when", "package"), mn.when.package, stack.packages, "package",
+                "declare it under packages:")
+    return problems
+
+
+def load_stack(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> Stack:
+    """Load, inherit, override and validate one stack. Raises StackInvalid / UserError (exit code 2)."""
+    root = Path(root).resolve() if root else find_root()
+    data, values, keys, files = _load_chain(root, name_or_path, [])
+    apply_overrides(data, values, keys, list(overrides or []))
+    problems: list[UserError] = []
+    _check_keys(Stack, data, (), keys, values, problems)
+    if problems:
+        raise StackInvalid(problems)
+    # Credentials (userinfo and sensitive query parameters) are split off before validation, so they
+    # never reach the model, its error messages or anything that prints or hashes it. The resolver
+    # keeps them for the steps that use them.
+    index_found, git_found = _split_off_credentials(data)
+    try:
+        stack = Stack.model_validate(data)
+    except ValidationError as exc:
+        raise StackInvalid(_validation_problems(exc, values, keys)) from None
+    credentials = {}
+    for iname, idx in stack.indexes.items():
+        found = index_found.get(iname)
+        if found:
+            credentials[iname] = found
+        remember_credentials(idx.url, found, iname)
+    for uname, up in stack.upstreams.items():
+        if up.git is not None:
+            remember_credentials(up.git, git_found.get(uname))
+    stack._credentials = credentials
+    for pname, pkg in stack.packages.items():
+        if pkg.import_ is None:
+            pkg.import_ = pname.replace("-", "_")
+    problems = _cross_references(stack, values)
+    if problems:
+        raise StackInvalid(problems)
+    stack._positions = values
+    stack._keypositions = keys
+    stack._files = files
+    stack._root = root
+    stack._overrides = list(overrides or [])
+    return stack
+
+
+def _split_off_credentials(data: dict) -> tuple[dict, dict]:
+    """Replace index URLs and git upstream URLs in the raw stack data by their credential-free form;
+    return the credentials found, by index name and by upstream name."""
+    found: tuple[dict, dict] = ({}, {})
+    for (section, key), out in ((("indexes", "url"), found[0]), (("upstreams", "git"), found[1])):
+        entries = data.get(section)
+        if not isinstance(entries, dict):
+            continue
+        for name, entry in entries.items():
+            if isinstance(entry, dict) and isinstance(entry.get(key), str):
+                entry[key], cred = split_credentials(entry[key])
+                if cred:
+                    out[name] = cred
+    return found
+
+
+def position(stack: Stack, path: tuple) -> Pos:
+    """Where the value at ``path`` (or its nearest declared parent) was written."""
+    return _pos_for(tuple(path), stack._positions, stack._keypositions, False)
+
+
+def stack_root(stack: Stack) -> Path:
+    return Path(stack._root)
+
+
+def stack_files(stack: Stack) -> list[str]:
+    return list(stack._files)
+
+
+def json_schema() -> dict:
+    """JSON Schema for stack files. Every key is optional because a child stack states only what it changes."""
+    schema = Stack.model_json_schema(by_alias=True)
+
+    def strip(node):
+        if isinstance(node, dict):
+            node.pop("required", None)
+            for value in node.values():
+                strip(value)
+        elif isinstance(node, list):
+            for value in node:
+                strip(value)
+
+    strip(schema)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "stackforge stack file"
+    return schema
+
+
+def resolved(stack: Stack) -> dict:
+    """The fully resolved stack as plain data (inheritance and overrides applied)."""
+    return stack.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def fingerprint(stack: Stack) -> str:
+    """sha256 of the resolved stack: equal fingerprints mean equal declared inputs."""
+    import hashlib
+    import json
+
+    blob = json.dumps(resolved(stack), sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
