@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from test_stack_support import REPO, parse_errors
+
+from tests.fixtures.stack_support import REPO, parse_errors
 
 TIMEOUT = 20  # seconds; every refusal here takes well under one
 CHILD = "name: a\ninherits: post2\n"  # a case's own text starts at line 3

@@ -28,7 +28,10 @@ def test_a_credential_in_an_index_url_is_never_printed(args, tmp_path):
     proc = run(*args, "--set", f"indexes.mthreads.url=https://user:{SECRET}@vendor.example/simple")
     assert proc.returncode == 0, proc.stderr
     assert SECRET not in proc.stdout + proc.stderr
-    assert "vendor.example" in proc.stdout or args[0] == "lint"
+    if args[0] == "lint":
+        assert proc.stdout == "post2: ok\n"  # the stack with the overridden URL loads and lints clean
+    else:
+        assert "vendor.example" in proc.stdout  # the URL is shown, without its credential
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert SECRET not in path.read_text(errors="replace"), path

@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 
 import pytest
-from test_stack_support import REPO, make_root, run_cli
+
+from tests.fixtures.stack_support import REPO, make_root, run_cli
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("STACKFORGE_UPDATE_GOLDEN") == "1"

@@ -8,7 +8,8 @@ import pytest
 from stackforge.stack import rules
 from stackforge.stack.load import load_stack, position, stack_files
 from stackforge.stack.yamlsrc import Pos
-from test_stack_support import locate, make_root, parse_errors, run_cli
+
+from tests.fixtures.stack_support import locate, make_root, parse_errors, run_cli
 
 A = """\
 name: a

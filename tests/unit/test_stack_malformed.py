@@ -14,7 +14,8 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
-from test_stack_support import REPO, make_root, parse_errors, run_cli
+
+from tests.fixtures.stack_support import REPO, make_root, parse_errors, run_cli
 
 CHILD = "name: a\ninherits: post2\n"
 

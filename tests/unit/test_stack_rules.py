@@ -10,7 +10,8 @@ import json
 import pytest
 from stackforge.stack import rules
 from stackforge.stack.load import load_stack
-from test_stack_support import REPO, locate, make_root, run_cli
+
+from tests.fixtures.stack_support import REPO, locate, make_root, run_cli
 
 RULE_FUNCTIONS = {
     "train": rules.check_trains,

@@ -6,7 +6,8 @@ import json
 import jsonschema
 import pytest
 import yaml
-from test_stack_support import REPO, run_cli
+
+from tests.fixtures.stack_support import REPO, run_cli
 
 
 @pytest.fixture(scope="module")
