@@ -18,7 +18,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from yaml.events import AliasEvent, MappingStartEvent, SequenceStartEvent
@@ -56,6 +56,8 @@ class Pos:
 class YamlFloat(float):
     """A float read from YAML that remembers how it was written, so an unquoted
     ``python: 3.10`` is reported as 3.10 (not 3.1) when it is rejected."""
+
+    text: str | None
 
     def __new__(cls, value, text: str | None = None):
         obj = super().__new__(cls, value)
@@ -95,7 +97,14 @@ def _refused_at(message: str, mark, fix: str) -> Refused:
     return Refused(message, mark.line + 1, mark.column + 1, fix)
 
 
-class _Limits:
+# The mixin below runs inside a yaml Loader (its composer, parser and anchors); type-check it as one.
+if TYPE_CHECKING:
+    _LoaderBase = yaml.SafeLoader
+else:
+    _LoaderBase = object
+
+
+class _Limits(_LoaderBase):
     """Composer mixin: refuses more than MAX_NODES values, nesting beyond MAX_DEPTH and alias
     use beyond the budgets.
 
@@ -119,14 +128,14 @@ class _Limits:
         if self._nodes > MAX_NODES:
             raise _refused_at(f"more than {MAX_NODES} values in one document", self.peek_event().start_mark,
                               "a stack holds a few hundred values; remove what does not belong")
-        collection = self.check_event(SequenceStartEvent, MappingStartEvent)
+        collection = int(self.check_event(SequenceStartEvent, MappingStartEvent))
         if collection and self._depth >= MAX_DEPTH:
             raise _refused_at(f"nesting deeper than {MAX_DEPTH} levels", self.peek_event().start_mark,
                               f"a stack nests a few levels; flatten the data (at most {MAX_DEPTH} levels)")
         self._depth += collection
         node = super().compose_node(parent, index)
         self._depth -= collection
-        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in _children(node))
+        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in _children(node)) if node else 1
         return node
 
     def _count_alias(self, event) -> None:
@@ -147,7 +156,7 @@ class _Limits:
                               event.start_mark, "write the values out; anchors may repeat only small blocks")
 
 
-def _children(node: yaml.Node) -> list:
+def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.MappingNode):
         return [part for pair in node.value for part in pair]
     if isinstance(node, yaml.SequenceNode):
