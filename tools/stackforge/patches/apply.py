@@ -18,7 +18,7 @@ import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, TypeGuard
 
 from stackforge.errors import UserError
 from stackforge.patches.git import (
@@ -214,6 +214,14 @@ def read_note(repo: Path, commit: str) -> tuple[str | None, str | None]:
     return layer, name
 
 
+def _head(repo: Path) -> str:
+    """The commit HEAD names; a tree being patched always has one (its base commit at least)."""
+    head = rev_parse(repo, "HEAD")
+    if head is None:
+        raise UserError(f"{repo} has no HEAD commit", fix="start again from a fresh checkout of the upstream")
+    return head
+
+
 def _add_note(repo: Path, commit: str, layer: str, name: str) -> None:
     git(repo, "notes", f"--ref={NOTES_REF}", "add", "-f", "-m", note_text(layer, name).strip(), commit)
 
@@ -233,7 +241,7 @@ def apply_one(repo: Path, ref: PatchRef) -> PatchResult:
     res = git(repo, *AM_ARGS, str(ref.path.resolve()), check=False)
     out = res.output
     if res.ok:
-        after = rev_parse(repo, "HEAD")
+        after = _head(repo)
         if after == before or "No changes -- Patch already applied" in out:
             result.status = UPSTREAMED
             result.detail = "already applied: git am found no changes to make"
@@ -361,7 +369,7 @@ def continue_apply(repo: Path, *, skip: bool = False) -> ApplyReport:
     resume = state.get("resume", "")
     context = state.get("context")
     if not am_in_progress(repo) and not skip:
-        head = rev_parse(repo, "HEAD")
+        head = _head(repo)
         if state.get("head") and head != state["head"]:
             # The user finished the patch with git directly (git am --continue, or a commit).
             r = PatchResult(ref.layer, ref.name, str(ref.path), ref.position, ref.total, RESOLVED, head, "resolved by hand")
@@ -382,7 +390,7 @@ def continue_apply(repo: Path, *, skip: bool = False) -> ApplyReport:
                 file=ref.path,
                 fix="resolve the conflicts, `git add` the fixed files, then run the resume command again",
             )
-        after = rev_parse(repo, "HEAD")
+        after = _head(repo)
         if not skip and after != before:
             r.commit = after
             r.detail = "resolved by hand"
@@ -452,6 +460,10 @@ def summary_lines(report: ApplyReport) -> list[str]:
 
 # --- host-side entry point for the build -----------------------------------------------
 
+def _all_series(items: object) -> TypeGuard[Sequence[Series]]:
+    return isinstance(items, (list, tuple)) and bool(items) and all(isinstance(s, Series) for s in items)
+
+
 def apply_series(tree_dir: Path | str, patch_paths: Iterable[Path | str] | Series | Sequence[Series], *, keep_git: bool = True, message: str = "upstream") -> ApplyReport:
     """Apply patches in order onto a plain exported tree (or an existing git checkout).
 
@@ -465,10 +477,14 @@ def apply_series(tree_dir: Path | str, patch_paths: Iterable[Path | str] | Serie
     tree = Path(tree_dir)
     if isinstance(patch_paths, Series):
         refs = flatten([patch_paths])
-    elif isinstance(patch_paths, (list, tuple)) and patch_paths and all(isinstance(s, Series) for s in patch_paths):
-        refs = flatten(list(patch_paths))  # type: ignore[arg-type]
+    elif _all_series(patch_paths):
+        refs = flatten(patch_paths)
     else:
-        paths = [Path(p) for p in patch_paths]  # type: ignore[union-attr]
+        paths = []
+        for p in patch_paths:
+            if isinstance(p, Series):
+                raise TypeError("apply_series takes patch paths, one Series or a list of Series, not a mix")
+            paths.append(Path(p))
         refs = [PatchRef(BASE_LAYER, p.name, p, i, len(paths)) for i, p in enumerate(paths, start=1)]
     if not refs:
         return ApplyReport(tree, "", [])

@@ -192,12 +192,12 @@ def lint_series(
     # Names and numbering.
     expect = start
     for i, e in enumerate(series.entries):
-        m = PATCH_NAME_RE.match(e.name)
-        if not m:
+        named = PATCH_NAME_RE.match(e.name)
+        if not named:
             add("bad-name", f"{e.name!r} does not follow NNNN-<Area>-<summary>.patch", sf, e.line, e.name)
             expect = None if expect is None else expect + 1
             continue
-        num = int(m.group("num"))
+        num = int(named.group("num"))
         if expect is None:
             expect = num
         if num != expect:

@@ -27,7 +27,7 @@ from stackforge.patches.apply import (
     seed_blobs,
 )
 from stackforge.patches.export import Change, plan_export
-from stackforge.patches.git import git, rev_parse
+from stackforge.patches.git import git, git_bytes, rev_parse
 from stackforge.patches.index import render_index, write_index
 from stackforge.patches.patchfile import parse_patch
 from stackforge.patches.repo import prepare
@@ -250,10 +250,10 @@ class Upstreamed:
 
 def _patch_ids(repo: Path, rev_range: str) -> dict[str, str]:
     """patch-id -> commit for every non-merge commit in a range."""
-    log = git(repo, "log", "-p", "--no-merges", "--no-color", "--format=commit %H", rev_range, binary=True).stdout
-    res = git(repo, "patch-id", "--stable", input=log, binary=True)
+    log = git_bytes(repo, "log", "-p", "--no-merges", "--no-color", "--format=commit %H", rev_range)
+    res = git(repo, "patch-id", "--stable", input=log)
     out: dict[str, str] = {}
-    for ln in res.stdout.decode().splitlines():  # type: ignore[union-attr]
+    for ln in res.stdout.splitlines():
         pid, commit = ln.split()
         out.setdefault(pid, commit)
     return out
@@ -299,8 +299,7 @@ def find_upstreamed(target: Target, new_commit: str, *, old_commit: str | None =
     refs = target.refs
     found: dict[str, Upstreamed] = {}
     with scratch() as tmp:
-        prepare(target.spec, target.cache_dir, tmp, root=target.root, commit=old, history="shared", offline=target.offline, label=target.name)
-        old_id = rev_parse(tmp, "HEAD")
+        old_id = prepare(target.spec, target.cache_dir, tmp, root=target.root, commit=old, history="shared", offline=target.offline, label=target.name)
         new_id = rev_parse(tmp, new_commit)
         if new_id is None:
             raise UserError(f"commit {new_commit} is not in the upstream {up.field(target.spec, 'git')}", fix="fetch it first; is the id right?")
@@ -372,8 +371,7 @@ def range_diff(target: Target, old_commit: str, new_commit: str, *, creation_fac
         raise UserError(f"upstream {target.name} is a release sdist; range-diff needs a git upstream")
     refs = target.refs
     with scratch() as tmp:
-        prepare(target.spec, target.cache_dir, tmp, root=target.root, commit=old_commit, history="shared", offline=target.offline, label=target.name)
-        old_id = rev_parse(tmp, "HEAD")
+        old_id = prepare(target.spec, target.cache_dir, tmp, root=target.root, commit=old_commit, history="shared", offline=target.offline, label=target.name)
         new_id = rev_parse(tmp, new_commit)
         if new_id is None:
             raise UserError(f"commit {new_commit} is not in the upstream {up.field(target.spec, 'git')}")

@@ -303,4 +303,4 @@ def index_is_full(fd: FileDiff) -> bool:
     if fd.index_line is None:
         return True
     m = _INDEX_RE.match(fd.index_line)
-    return bool(m) and len(m.group(1)) == 40 and len(m.group(2)) == 40
+    return m is not None and len(m.group(1)) == 40 and len(m.group(2)) == 40

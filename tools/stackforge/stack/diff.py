@@ -78,7 +78,8 @@ def diff_stacks(old: Stack, new: Stack) -> StackDiff:
     grouped.extend(r for r in unchanged if r.package not in taken)
     other = []
     for section in ("platform", "base", "indexes", "upstreams", "kernels"):
-        a, b = {}, {}
+        a: dict[str, object] = {}
+        b: dict[str, object] = {}
         _flatten(section, _dump(getattr(old, section)), a)
         _flatten(section, _dump(getattr(new, section)), b)
         for key in list(a) + [k for k in b if k not in a]:

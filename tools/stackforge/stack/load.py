@@ -384,6 +384,7 @@ def _validation_problems(exc: ValidationError, values: dict, keys: dict) -> list
         kind = err["type"]
         dotted = ".".join(str(p) for p in loc)
         msg = err["msg"]
+        fix: str | None
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         if kind == "missing":
@@ -597,7 +598,10 @@ def position(stack: Stack, path: tuple) -> Pos:
 
 
 def stack_root(stack: Stack) -> Path:
-    return Path(stack._root)
+    """The repository root the stack was loaded from."""
+    if stack._root is None:
+        raise ValueError(f"stack {stack.name!r} was not read by load_stack, so it has no repository root")
+    return stack._root
 
 
 def stack_files(stack: Stack) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -105,9 +106,12 @@ class Strict(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _printable(cls, value: Any, info: ValidationInfo) -> Any:
-        if _is_model(cls.model_fields[info.field_name].annotation):
+        field = info.field_name
+        if field is None:
+            raise TypeError(f"{cls.__name__}._printable validates fields; pydantic called it without a field name")
+        if _is_model(cls.model_fields[field].annotation):
             return value  # a nested model checks its own fields
-        reason = _unprintable(value, info.field_name in cls.multiline_fields)
+        reason = _unprintable(value, field in cls.multiline_fields)
         if reason:
             raise ValueError(reason)
         return value
@@ -135,7 +139,7 @@ class Platform(Strict):
     os: Name = Field(description="base OS label used in tags, e.g. ubuntu22.04")
     python: Annotated[str, _grammar(_python_version)] = Field(description="Python version, quoted: \"3.10\"")
     arch: Literal["x86_64", "aarch64"] = "x86_64"
-    musa: Annotated[str, _grammar(_toolkit_version)] | None = Field(None, description="MUSA toolkit version, e.g. 5.2.0")
+    musa: Annotated[str, _grammar(_toolkit_version)] | None = Field(default=None, description="MUSA toolkit version, e.g. 5.2.0")
     musa_runtime: Annotated[str, _grammar(_toolkit_version)] | None = Field(
         None, description="MUSA runtime apt series, e.g. \"5.2\"")
     gpu_arch: list[Name] = Field(default_factory=list, description="GPU architectures to compile for, e.g. [mp_31]")
@@ -162,9 +166,9 @@ class Index(Strict):
     role: Literal["vendor", "public"] = Field(
         description="vendor: exact wheels installed with --no-deps; public: an ordinary resolution of exact pins"
     )
-    deps_from: Name | None = Field(None, description="vendor indexes: the index their wheels' own dependencies come from")
-    private: bool = Field(False, description="credentials may be needed; they arrive only as a BuildKit secret")
-    lock: bool = Field(False, description="this index installs from stacks/locks/<stack>/<index>.txt (written by "
+    deps_from: Name | None = Field(default=None, description="vendor indexes: the index their wheels' own dependencies come from")
+    private: bool = Field(default=False, description="credentials may be needed; they arrive only as a BuildKit secret")
+    lock: bool = Field(default=False, description="this index installs from stacks/locks/<stack>/<index>.txt (written by "
                        "`stackforge lock`); lint and build fail when that file is missing")
 
     @field_validator("url")
@@ -195,11 +199,11 @@ class Sdist(Strict):
 
 
 class Upstream(Strict):
-    git: str | None = Field(None, description="git URL or local path of the upstream repository")
+    git: str | None = Field(default=None, description="git URL or local path of the upstream repository")
     tag: Annotated[str, _grammar(grammar.check_git_ref)] | None = Field(
         None, description="the release tag; the commit must be the one it points to")
-    commit: str | None = Field(None, description="full 40-hex commit id")
-    sdist: Sdist | None = Field(None, description="a release sdist instead of git")
+    commit: str | None = Field(default=None, description="full 40-hex commit id")
+    sdist: Sdist | None = Field(default=None, description="a release sdist instead of git")
     patches: Annotated[str, _grammar(grammar.check_relative_path)] | None = Field(
         None, description="patch overlay directory, relative to the repository root")
 
@@ -258,7 +262,7 @@ class Package(Strict):
         description="exact: import, then installed version == pin; prefix: import, then the installed version's "
         "public part == the pin's (any local label); metadata: no import, version from package metadata",
     )
-    import_: Module | None = Field(None, alias="import", description="module to import (default: name with - → _)")
+    import_: Module | None = Field(default=None, alias="import", description="module to import (default: name with - → _)")
     sha256: list[Sha256] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
 
     _v = field_validator("version", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
@@ -291,18 +295,25 @@ class Gate(Strict):
     probes: list[Probe] = Field(default_factory=list)
 
     _prepare = field_validator("prepare")(classmethod(lambda cls, v: [_one_line(c) for c in v]))
-    read_only: bool = Field(True, description="re-run the imports with site-packages mounted read-only")
-    abi: bool = Field(True, description="resolve every DT_NEEDED of the vendor packages' shared objects")
+    read_only: bool = Field(default=True, description="re-run the imports with site-packages mounted read-only")
+    abi: bool = Field(default=True, description="resolve every DT_NEEDED of the vendor packages' shared objects")
     library_path: list[str] = Field(
         default_factory=list,
         description="directories the loader searches for the ABI check, as the runtime would; {site} is "
         "site-packages")
 
 
+Agreement = Literal["post", "local", "release"]
+
+
+def _default_agreement() -> list[Agreement]:
+    return ["post", "local"]
+
+
 class Train(Strict):
     name: str
     members: list[str] = Field(min_length=1)
-    agree: list[Literal["post", "local", "release"]] = Field(default_factory=lambda: ["post", "local"])
+    agree: list[Agreement] = Field(default_factory=_default_agreement)
 
 
 class BuiltFor(Strict):
@@ -346,7 +357,7 @@ class Rules(Strict):
 
 class Tags(Strict):
     local: str = Field(description="Jinja2 template of the local image reference")
-    publish: str | None = Field(None, description="template of the publish reference (needs date and revision)")
+    publish: str | None = Field(default=None, description="template of the publish reference (needs date and revision)")
     aliases: list[str] = Field(default_factory=list, description="moving tags updated after a verified publish")
 
 
@@ -361,10 +372,10 @@ class Target(Strict):
 
 class Stack(Strict):
     name: Name
-    description: str = Field("", description="one line; it becomes the image's description label")
-    inherits: Name | None = Field(None, description="parent stack name (stacks/<name>.yaml)")
-    nightly: bool = Field(False, description="built and published by `stackforge nightly`")
-    source: Name | None = Field(None, description="the upstream whose repository, commit and tag become the "
+    description: str = Field(default="", description="one line; it becomes the image's description label")
+    inherits: Name | None = Field(default=None, description="parent stack name (stacks/<name>.yaml)")
+    nightly: bool = Field(default=False, description="built and published by `stackforge nightly`")
+    source: Name | None = Field(default=None, description="the upstream whose repository, commit and tag become the "
                                "image's org.opencontainers.image.{source,revision,version} (default: the first)")
     platform: Platform
     base: Base
@@ -381,7 +392,7 @@ class Stack(Strict):
     # Filled by the loader: where each value came from, and the files read.
     _positions: dict = PrivateAttr(default_factory=dict)
     _keypositions: dict = PrivateAttr(default_factory=dict)
-    _files: list = PrivateAttr(default_factory=list)
-    _root: object = PrivateAttr(default=None)
-    _overrides: list = PrivateAttr(default_factory=list)
+    _files: list[str] = PrivateAttr(default_factory=list)
+    _root: Path | None = PrivateAttr(default=None)
+    _overrides: list[str] = PrivateAttr(default_factory=list)
     _credentials: dict = PrivateAttr(default_factory=dict)  # index name -> (user, password)

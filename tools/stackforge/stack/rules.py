@@ -50,29 +50,31 @@ def check_trains(stack: Stack) -> list[Finding]:
         if "post" in train.agree:
             posts = {m: p.post for m, p in pins.items() if p.post is not None}
             if len(set(posts.values())) > 1:
-                want = posts.get(lead, max(posts.values()))
+                want_post = posts.get(lead, max(posts.values()))
                 for m, post in posts.items():
-                    if post != want:
+                    if post != want_post:
                         out.append(Finding(
                             "train", f"{m} {pins[m].version} is at post{post} but train '{train.name}' is at "
-                            f"post{want} ({lead} {pins[lead].version})",
-                            ("packages", m, "version"), f"move {m} to its post{want} build with the rest of the train"))
+                            f"post{want_post} ({lead} {pins[lead].version})",
+                            ("packages", m, "version"),
+                            f"move {m} to its post{want_post} build with the rest of the train"))
         if "local" in train.agree:
-            want = pins[lead].local
+            want_local = pins[lead].local
             for m, p in pins.items():
-                if p.local != want:
+                if p.local != want_local:
                     label = f"local label '+{p.local}'" if p.local else "no local label"
                     out.append(Finding(
                         "train", f"{m} {p.version} has {label} but train '{train.name}' uses "
-                        + (f"'+{want}'" if want else "no local label") + f" ({lead} {pins[lead].version})",
+                        + (f"'+{want_local}'" if want_local else "no local label") + f" ({lead} {pins[lead].version})",
                         ("packages", m, "version"),
-                        f"pin the +{want} build of {m}" if want else f"pin the build of {m} without a local label"))
+                        f"pin the +{want_local} build of {m}" if want_local
+                        else f"pin the build of {m} without a local label"))
         if "release" in train.agree:
-            want = pins[lead].release
+            want_release = pins[lead].release
             for m, p in pins.items():
-                if p.release != want:
-                    out.append(Finding("train", f"{m} release {p.release} differs from {lead} release {want}",
-                                       ("packages", m, "version"), f"pin {m} {want}"))
+                if p.release != want_release:
+                    out.append(Finding("train", f"{m} release {p.release} differs from {lead} release {want_release}",
+                                       ("packages", m, "version"), f"pin {m} {want_release}"))
     return out
 
 
