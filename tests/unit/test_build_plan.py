@@ -8,7 +8,13 @@ import pytest
 from stackforge.build import context, render
 from stackforge.build.context import SourceInfo, assemble
 from stackforge.build.plan import gate_spec, image_labels, make_plan, pip_phases
-from stackforge.build.render import dockerword, execform, render_dockerfile, requirements_text, shellword
+from stackforge.build.render import (
+    dockerword,
+    execform,
+    render_dockerfile,
+    requirements_text,
+    shellword,
+)
 from stackforge.errors import UserError
 from stackforge.stack.load import fingerprint, load_stack
 from test_stack_support import REPO, make_root

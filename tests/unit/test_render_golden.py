@@ -17,13 +17,14 @@ from stackforge.build import bake, context, run
 from stackforge.build.context import SourceInfo
 from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, prepare_dockerfile
 from stackforge.stack.load import list_stacks, load_stack
-from test_stack_golden import GOLDEN, UPDATE
+from test_stack_golden import compare_golden
 from test_stack_support import REPO, run_cli
 
 BASE_DIGEST = "sha256:" + "d" * 64
 BASE_ID = "sha256:" + "e" * 64
 COMMIT_TIME = 1_700_000_000  # 2023-11-14T22:13:20Z
 INPUTS = "org.stackforge.inputs"
+STACKS = ["example", "post1", "post2"]
 
 
 def check_golden(name: str, text: str, *host_paths: Path) -> None:
@@ -33,14 +34,7 @@ def check_golden(name: str, text: str, *host_paths: Path) -> None:
     own paths are refused here."""
     for path in (REPO, *host_paths):
         assert str(path) not in text, f"the Dockerfile embeds the host path {path}"
-    golden = GOLDEN / name
-    if UPDATE:
-        golden.write_text(text, encoding="utf-8")
-        return
-    assert golden.exists(), f"missing {golden.relative_to(REPO)}; create it with STACKFORGE_UPDATE_GOLDEN=1"
-    assert text == golden.read_text(encoding="utf-8"), (
-        f"the Dockerfile differs from {golden.relative_to(REPO)}; if the change is intended, regenerate with "
-        "STACKFORGE_UPDATE_GOLDEN=1 and review the diff")
+    compare_golden(name, text)
 
 
 def fixed_engine_facts() -> tuple[BaseImage, bool]:
@@ -49,9 +43,6 @@ def fixed_engine_facts() -> tuple[BaseImage, bool]:
 
 def test_every_checked_in_stack_has_a_golden_case():
     assert sorted(list_stacks(REPO)) == sorted(STACKS)
-
-
-STACKS = ["example", "post1", "post2"]
 
 
 @pytest.mark.parametrize("name", STACKS)
