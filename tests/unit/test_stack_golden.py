@@ -30,6 +30,11 @@ ABSOLUTE = re.compile(r"(?<![\w.])/(?:work|tmp|home|root|Users|var|private|mnt|o
 def check_golden(name: str, text: str) -> None:
     assert str(REPO) not in text, "output embeds the repository path"
     assert not ABSOLUTE.search(text), f"output embeds a host path: {ABSOLUTE.search(text).group(0)!r}"
+    compare_golden(name, text)
+
+
+def compare_golden(name: str, text: str) -> None:
+    """``text`` equals tests/unit/golden/NAME; under STACKFORGE_UPDATE_GOLDEN=1 it is written there instead."""
     path = GOLDEN / name
     if UPDATE:
         path.parent.mkdir(exist_ok=True)

@@ -20,13 +20,18 @@ from pathlib import Path
 from typing import Callable
 
 from stackforge import credentials
-from stackforge.build.context import Context, assemble, build_dir_for, write_dockerfile
+from stackforge.build.context import Context, build_dir_for
 from stackforge.build.engine import Engine
-from stackforge.build.plan import image_labels
+from stackforge.build.prepare import (
+    BaseImage,
+    Prepared,
+    lint_or_fail,  # noqa: F401  (for the verbs that lint before they build)
+    prepare_dockerfile,
+)
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.signals import Interrupted
-from stackforge.stack import rules, tags
+from stackforge.stack import tags
 from stackforge.stack.load import fingerprint, position, resolved
 from stackforge.stack.model import Stack
 from stackforge.urls import redact_text
@@ -78,14 +83,6 @@ def target_ref(stack: Stack, target: str) -> str:
     if target == next(iter(stack.targets)):
         return str(ref)
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
-
-
-def lint_or_fail(stack: Stack) -> None:
-    findings = rules.lint(stack)
-    if findings:
-        text = "\n".join(f.render(stack) for f in findings)
-        raise BuildFailed(f"stack '{stack.name}' fails lint; nothing was built:\n{text}",
-                          fix=f"fix the findings (stackforge lint {stack.name})")
 
 
 def _ca_bundle(option: str | None) -> Path | None:
@@ -187,32 +184,16 @@ def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
     return out
 
 
-@dataclass
-class Prepared:
-    """A stack ready for the engine: context and Dockerfile written, labels and build args fixed."""
-
-    ctx: Context
-    labels: dict[str, str]
-    build_args: dict[str, str]
-
-
 def prepare(stack: Stack, engine: Engine, *, out: Path | None = None, sources: bool = True,
             syntax: str | None = None) -> Prepared:
-    """Everything before the engine runs; shared by `build` and `bake` so both render the same bytes
-    (and so share BuildKit's cache). ``sources=False`` skips fetching upstreams and the base image."""
-    lint_or_fail(stack)
-    base_digest, base_id = _base_identity(engine, stack) if sources else (None, None)
-    ctx = assemble(stack, out, sources=sources)
-    ctx.base = base_digest or base_id
-    created = None
-    build_args: dict[str, str] = {}
-    if sources and ctx.source_date_epoch is not None and engine.supports_source_date_epoch():
-        build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
-        created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    labels = image_labels(stack, base_digest=base_digest, base_id=base_id, created=created, series=ctx.series,
-                          inputs=ctx.inputs_fingerprint())
-    write_dockerfile(ctx, labels, syntax=syntax)
-    return Prepared(ctx, labels, build_args)
+    """Everything before the engine runs, shared by `render`, `build` and `bake` so all three write the
+    same bytes (and so share BuildKit's cache): the engine resolves the base image and says whether it
+    honours SOURCE_DATE_EPOCH; ``sources=False`` asks the engine nothing and fetches no upstream."""
+    def engine_facts() -> tuple[BaseImage, bool]:
+        return BaseImage(*_base_identity(engine, stack)), engine.supports_source_date_epoch()
+
+    return prepare_dockerfile(stack, out=out, sources=sources, syntax=syntax,
+                              engine_facts=engine_facts if sources else None)
 
 
 def secret_files(stack: Stack, secrets_dir: Path | None, ca_bundle: str | None) -> list[tuple[str, Path | None]]:

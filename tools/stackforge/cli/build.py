@@ -4,10 +4,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stackforge.build.context import assemble, build_dir_for, write_dockerfile
+from stackforge.build.context import build_dir_for
+from stackforge.build.engine import Engine
 from stackforge.build.gate import run_gate
-from stackforge.build.plan import image_labels
-from stackforge.build.run import BuildOptions, build, default_target, target_ref
+from stackforge.build.plan import LABEL_NS
+from stackforge.build.run import (
+    BuildOptions,
+    build,
+    default_target,
+    prepare,
+    target_ref,
+)
 from stackforge.cli.options import add_set, load
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
@@ -17,7 +24,8 @@ def register(sub) -> None:
     p.add_argument("stack")
     p.add_argument("--target", help="target stage (default: the stack's first target)")
     p.add_argument("--out", type=Path, help="output directory (default: build/<stack>)")
-    p.add_argument("--no-sources", action="store_true", help="do not fetch upstreams (plan and Dockerfile only)")
+    p.add_argument("--no-sources", action="store_true", help="fetch no upstream and ask the engine nothing (plan and Dockerfile only; "
+                        "the Dockerfile then has no base image or inputs labels)")
     p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_wait(p)
@@ -72,8 +80,8 @@ def cmd_render(args) -> int:
     stack = load(args, args.stack)
     target = default_target(stack, args.target)
     with stack_lock(build_dir_for(stack, args.out), timeout=args.lock_timeout):
-        ctx = assemble(stack, args.out, sources=not args.no_sources)
-        path = write_dockerfile(ctx, image_labels(stack, series=ctx.series), syntax=args.syntax)
+        prepared = prepare(stack, Engine(), out=args.out, sources=not args.no_sources, syntax=args.syntax)
+    ctx = prepared.ctx
     if args.json:
         print(ctx.plan.to_json())
         return 0
@@ -91,7 +99,9 @@ def cmd_render(args) -> int:
         print(f"kernel:     {k.name}: {k.run}")
     print(f"gate:       {len(plan.gate['packages'])} pins, {len(plan.gate['imports'])} imports, "
           f"{len(plan.gate['probes'])} probes")
-    print(f"dockerfile: {path}")
+    inputs = prepared.labels.get(f"{LABEL_NS}.inputs") or f"omitted: {prepared.inputs_omitted}"
+    print(f"inputs:     {inputs}")
+    print(f"dockerfile: {ctx.dockerfile}")
     print(f"context:    {ctx.context_dir}")
     return 0
 

@@ -1,0 +1,139 @@
+"""Golden Dockerfiles of the checked-in stacks, and one Dockerfile for `render`, `build` and `bake`.
+
+Each stack in stacks/ is rendered through the prepare path the three verbs share, without
+fetching upstreams and with a fixed base image, so nothing host-dependent reaches the text.
+After an intended change to a template, a stack or the labels, regenerate and review the diff:
+
+    STACKFORGE_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render_golden.py
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from stackforge.build import bake, context, run
+from stackforge.build.context import SourceInfo
+from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, prepare_dockerfile
+from stackforge.stack.load import list_stacks, load_stack
+from test_stack_golden import compare_golden
+from test_stack_support import REPO, run_cli
+
+BASE_DIGEST = "sha256:" + "d" * 64
+BASE_ID = "sha256:" + "e" * 64
+COMMIT_TIME = 1_700_000_000  # 2023-11-14T22:13:20Z
+INPUTS = "org.stackforge.inputs"
+STACKS = ["example", "post1", "post2"]
+
+
+def check_golden(name: str, text: str, *host_paths: Path) -> None:
+    """Compare with tests/unit/golden/NAME, or rewrite it under STACKFORGE_UPDATE_GOLDEN=1.
+
+    A Dockerfile names paths inside the image (/opt/venv, /root/.cache), so only the host's
+    own paths are refused here."""
+    for path in (REPO, *host_paths):
+        assert str(path) not in text, f"the Dockerfile embeds the host path {path}"
+    compare_golden(name, text)
+
+
+def fixed_engine_facts() -> tuple[BaseImage, bool]:
+    return BaseImage(BASE_DIGEST, BASE_ID), True
+
+
+def test_every_checked_in_stack_has_a_golden_case():
+    assert sorted(list_stacks(REPO)) == sorted(STACKS)
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_rendered_dockerfile_matches_its_golden_file(tmp_path, name):
+    stack = load_stack(name, root=REPO)
+    prepared = prepare_dockerfile(stack, out=tmp_path / "out", sources=False, engine_facts=fixed_engine_facts)
+    text = prepared.ctx.dockerfile.read_text(encoding="utf-8")
+    assert f'"org.opencontainers.image.base.digest"="{BASE_DIGEST}"' in text
+    assert f'"org.stackforge.base.id"="{BASE_ID}"' in text
+    assert INPUTS not in text and prepared.inputs_omitted == INPUTS_OMITTED
+    check_golden(f"dockerfile_{name}.txt", text, tmp_path)
+
+
+# --------------------------------------------------------------------------- one path for three verbs
+
+
+class StandInEngine:
+    """Answers what the prepare path asks the engine: the base image's identity, SOURCE_DATE_EPOCH support."""
+
+    def __init__(self):
+        attrs = {"RepoDigests": [f"stackforge/base@{BASE_DIGEST}"], "Id": BASE_ID}
+        self.images = SimpleNamespace(get=lambda ref: SimpleNamespace(attrs=attrs))
+        self.asked: list[str] = []
+
+    def image_exists(self, ref: str) -> bool:
+        self.asked.append(ref)
+        return True
+
+    def sdk(self):
+        return self
+
+    def supports_source_date_epoch(self) -> bool:
+        return True
+
+
+def fake_export(stack, name, dest: Path, cache) -> SourceInfo:
+    """An upstream export without the network: one file and a fixed pin, commit time and series."""
+    dest.mkdir(parents=True)
+    (dest / "setup.py").write_text("# exported\n")
+    return SourceInfo(name, "sdist", "markupsafe==3.0.3@sha256:" + "a" * 64, commit_time=COMMIT_TIME,
+                      series_hash="sha256:" + "b" * 64, patches=["0001-x.patch"])
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A repository root with a copy of stacks/ (the templates come from the source tree)."""
+    r = tmp_path / "repo"
+    shutil.copytree(REPO / "stacks", r / "stacks")
+    return r
+
+
+def three_dockerfiles(root: Path, tmp_path: Path, capsys, monkeypatch, *, sources: bool):
+    """The Dockerfiles `render`, `build` and `bake` write for the example stack (and what they returned)."""
+    engine = StandInEngine()
+    monkeypatch.setattr("stackforge.cli.build.Engine", lambda: engine)
+    rc, out, err = run_cli(capsys, root, "render", "example", "--out", str(tmp_path / "render"),
+                           *([] if sources else ["--no-sources"]))
+    assert (rc, err) == (0, ""), err
+    stack = load_stack("example", root=root)
+    built = run.prepare(stack, engine, out=tmp_path / "build", sources=sources)
+    [item] = bake.prepare([stack], engine=engine, sources=sources, ca_bundle=None)
+    assert item.dockerfile == root / "build" / "example" / "Dockerfile"
+    return [(tmp_path / "render" / "Dockerfile").read_bytes(), built.ctx.dockerfile.read_bytes(),
+            item.dockerfile.read_bytes()], out, engine, built
+
+
+def test_render_build_and_bake_write_the_same_dockerfile(root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(context, "_export_source", fake_export)
+    files, out, engine, built = three_dockerfiles(root, tmp_path, capsys, monkeypatch, sources=True)
+    assert files[0] == files[1] == files[2]
+    text = files[0].decode()
+    inputs = built.ctx.inputs_fingerprint()
+    assert f'"{INPUTS}"="{inputs}"' in text and f"inputs:     {inputs}\n" in out
+    assert f'"org.opencontainers.image.base.digest"="{BASE_DIGEST}"' in text
+    assert '"org.opencontainers.image.created"="2023-11-14T22:13:20Z"' in text
+    assert built.build_args == {"SOURCE_DATE_EPOCH": str(COMMIT_TIME)} and built.inputs_omitted is None
+    assert engine.asked == ["stackforge/base:bookworm"] * 3
+
+
+def test_without_sources_the_three_agree_and_the_inputs_label_is_omitted(root, tmp_path, capsys, monkeypatch):
+    files, out, engine, built = three_dockerfiles(root, tmp_path, capsys, monkeypatch, sources=False)
+    assert files[0] == files[1] == files[2]
+    text = files[0].decode()
+    assert INPUTS not in text and "base.digest" not in text and "created" not in text
+    assert f"inputs:     omitted: {INPUTS_OMITTED}\n" in out
+    assert engine.asked == [] and built.build_args == {}
+
+
+def test_render_lints_before_it_writes(root, tmp_path, capsys):
+    """A stack that fails lint is refused by render as by build, and nothing is written."""
+    (root / "stacks" / "locks" / "example" / "pypi.txt").unlink()
+    rc, _, err = run_cli(capsys, root, "render", "example", "--no-sources", "--out", str(tmp_path / "o"))
+    assert rc == 1 and err.startswith("error: stack 'example' fails lint; nothing was built:")
+    assert not (tmp_path / "o").exists()

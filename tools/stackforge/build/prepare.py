@@ -1,0 +1,79 @@
+"""The one path from a stack to its Dockerfile, shared by `render`, `build` and `bake`.
+
+Lint the stack, assemble the build context, compute the image labels and write
+build/<stack>/Dockerfile. Nothing here talks to the engine: what only the engine
+knows (the base image's identity, whether BuildKit honours SOURCE_DATE_EPOCH) comes
+in through a callback, so the same stack and inputs give the same Dockerfile bytes
+whichever verb wrote it.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from stackforge.build.context import Context, assemble, write_dockerfile
+from stackforge.build.plan import image_labels
+from stackforge.errors import BuildFailed
+from stackforge.stack import rules
+from stackforge.stack.model import Stack
+
+#: Why `org.stackforge.inputs` is left out of a Dockerfile rendered without sources.
+INPUTS_OMITTED = ("the upstreams were not fetched (--no-sources), so the fingerprint of the inputs "
+                  "(sources, patch series, base image) cannot be computed")
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """The base image as the engine resolved it."""
+
+    digest: str | None  # registry manifest digest; None for a local-only image
+    id: str | None  # image id
+
+
+@dataclass
+class Prepared:
+    """A stack ready for the engine: context and Dockerfile written, labels and build args fixed.
+
+    ``inputs_omitted`` says why the labels hold no `org.stackforge.inputs` (None when they do)."""
+
+    ctx: Context
+    labels: dict[str, str]
+    build_args: dict[str, str]
+    inputs_omitted: str | None = None
+
+
+def lint_or_fail(stack: Stack) -> None:
+    findings = rules.lint(stack)
+    if findings:
+        text = "\n".join(f.render(stack) for f in findings)
+        raise BuildFailed(f"stack '{stack.name}' fails lint; nothing was built:\n{text}",
+                          fix=f"fix the findings (stackforge lint {stack.name})")
+
+
+def prepare_dockerfile(stack: Stack, *, out: Path | None = None, sources: bool = True, syntax: str | None = None,
+                       engine_facts: Callable[[], tuple[BaseImage, bool]] | None = None) -> Prepared:
+    """Lint, assemble the context, compute the labels and write the Dockerfile.
+
+    ``engine_facts``, called once the stack passes lint, gives what only the engine knows: the resolved
+    base image (its digest and id become labels and part of the inputs) and whether BuildKit honours
+    SOURCE_DATE_EPOCH (the pinned upstream commit's time then becomes the build argument and the
+    `created` label). Without it the labels name no base digest or id and no creation time.
+    ``sources=False`` fetches no upstream; the labels then hold no `org.stackforge.inputs`, since the
+    sources it fingerprints are unknown (``Prepared.inputs_omitted`` gives the reason)."""
+    lint_or_fail(stack)
+    base, epoch = engine_facts() if engine_facts else (None, False)
+    ctx = assemble(stack, out, sources=sources)
+    digest, image_id = (base.digest, base.id) if base else (None, None)
+    ctx.base = digest or image_id
+    created = None
+    build_args: dict[str, str] = {}
+    if sources and epoch and ctx.source_date_epoch is not None:
+        build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
+        created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    omitted = None if sources else INPUTS_OMITTED
+    labels = image_labels(stack, base_digest=digest, base_id=image_id, created=created, series=ctx.series,
+                          inputs=None if omitted else ctx.inputs_fingerprint())
+    write_dockerfile(ctx, labels, syntax=syntax)
+    return Prepared(ctx, labels, build_args, omitted)
