@@ -17,7 +17,7 @@ from stackforge.build.render import (
 )
 from stackforge.errors import UserError
 from stackforge.stack.load import fingerprint, load_stack
-from test_stack_support import REPO, make_root
+from tests.fixtures.stack_support import REPO, make_root
 
 SHA = "a" * 64
 # Two vendor indexes (one private, one drawing its dependencies from the public index), two public

@@ -18,7 +18,7 @@ from stackforge.build.context import SourceInfo
 from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, prepare_dockerfile
 from stackforge.stack.load import list_stacks, load_stack
 from test_stack_golden import compare_golden
-from test_stack_support import REPO, run_cli
+from tests.fixtures.stack_support import REPO, run_cli
 
 BASE_DIGEST = "sha256:" + "d" * 64
 BASE_ID = "sha256:" + "e" * 64
