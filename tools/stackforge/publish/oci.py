@@ -102,8 +102,10 @@ class ImageSource(Protocol):
     """Where the image comes from. ``image_id`` may be None until ``prepare`` ran."""
 
     image_id: str | None
-    description: str
     local_size: int | None
+
+    @property
+    def description(self) -> str: ...
 
     def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
                 cache: "LayerCache | None" = None) -> PreparedImage: ...

@@ -38,8 +38,6 @@ The tag scheme is ``scheme.py``, the image export (step 3) ``oci.py``, the regis
 from __future__ import annotations
 
 import datetime as _dt
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -53,6 +51,7 @@ from typing import Any, Callable, Iterator
 
 from stackforge.build.engine import Engine
 from stackforge.errors import BuildFailed, UserError
+from stackforge.fslock import flock_wait
 from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage, default_layer_cache
 from stackforge.publish.registry import (
     DOCKER_MANIFEST,
@@ -105,22 +104,9 @@ def repository_lock(repository: Repository, lock_dir: Path, *, timeout: float, l
     path = lock_dir / f"publish-{key}.lock"
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
     try:
-        deadline = time.monotonic() + timeout
-        waited = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if not waited:
-                    log("lock-wait", lock=str(path))
-                    waited = True
-                if time.monotonic() > deadline:
-                    raise BuildFailed(f"another publisher on this host held {path} for more than {timeout:.0f} s; no tag was created",
-                                      fix="wait for it to finish and re-run") from None
-                time.sleep(0.05)
+        if not flock_wait(fd, timeout, lambda: log("lock-wait", lock=str(path)), poll=0.05):
+            raise BuildFailed(f"another publisher on this host held {path} for more than {timeout:.0f} s; no tag was created",
+                              fix="wait for it to finish and re-run")
         yield
     finally:
         os.close(fd)
@@ -351,8 +337,8 @@ class Publisher:
         image_id = self.prepared.image_id if self.prepared else self.image.image_id
         assert image_id is not None
         self.log("already-published", tag=tag, digest=manifest.digest)
-        verification = {"tag_digest": manifest.digest, "config_digest": _config_digest(manifest),
-                        "image_id_matches": _config_digest(manifest) == image_id}
+        verification: dict[str, Any] = {"tag_digest": manifest.digest, "config_digest": _config_digest(manifest),
+                                         "image_id_matches": _config_digest(manifest) == image_id}
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             aliases = self._advance_aliases(tag, manifest.body, manifest.media_type or OCI_MANIFEST, manifest.digest)
         if self.verify_pull:
