@@ -17,7 +17,6 @@ import io
 import json
 import os
 import posixpath
-import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Protocol
 
 from stackforge.build.engine import Engine
 from stackforge.errors import BuildFailed, UserError
+from stackforge.grammar import DIGEST_RE
 from stackforge.publish.registry import OCI_MANIFEST, sha256_digest
 
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -133,7 +133,7 @@ class LayerCache:
             digest, size = entry["digest"], int(entry["size"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return (digest, size) if re.fullmatch(r"sha256:[0-9a-f]{64}", digest) else None
+        return (digest, size) if DIGEST_RE.fullmatch(digest) else None
 
     def record(self, diff_id: str, digest: str, size: int) -> None:
         try:

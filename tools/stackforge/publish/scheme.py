@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from stackforge.errors import UserError
-from stackforge.grammar import TAG_RE
+from stackforge.grammar import DATE_RE, TAG_RE
+
+_TAG_FIX = "tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class TagScheme:
         tag = f"{self.head}{date}{self.mid}{revision}{self.tail}"
         if not TAG_RE.match(tag):
             raise UserError(f"publish tag {tag!r} is not a valid OCI tag",
-                            fix="tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}; shorten or change the tag template")
+                            fix=f"{_TAG_FIX}; shorten or change the tag template")
         return tag
 
     def parse(self, tag: str) -> tuple[str, int] | None:
@@ -69,7 +71,7 @@ class TagScheme:
     def check_alias(self, alias: str) -> None:
         """A moving alias is a valid tag that cannot be mistaken for an immutable tag of this scheme."""
         if not TAG_RE.match(alias):
-            raise UserError(f"alias {alias!r} is not a valid OCI tag", fix="tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+            raise UserError(f"alias {alias!r} is not a valid OCI tag", fix=_TAG_FIX)
         if self.parse(alias):
             raise UserError(f"alias {alias!r} has the form of an immutable publish tag",
                             fix="a moving alias must not look like <…><YYYYMMDD><…><N>; use e.g. …-latest")
@@ -80,7 +82,7 @@ def validate_date(date: str | None) -> str:
     if date is None:
         return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
     try:
-        if not re.fullmatch(r"\d{8}", date):
+        if not DATE_RE.fullmatch(date):
             raise ValueError
         _dt.datetime.strptime(date, "%Y%m%d")
     except ValueError:
