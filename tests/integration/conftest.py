@@ -11,8 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from stackforge.build.engine import Engine, start_registry
+from stackforge.build.engine import Engine
 from stackforge.errors import UserError
+
+from tests.fixtures.registry import start_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The locally built stand-in for the vendor (MUSA) base image; see scripts/base-image.sh.

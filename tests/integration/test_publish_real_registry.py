@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 import requests
 from stackforge.errors import BuildFailed
-from stackforge.publish.publisher import DockerImage, TagScheme, publish
+from stackforge.publish.oci import DockerImage
+from stackforge.publish.publisher import publish
+from stackforge.publish.scheme import TagScheme
 from stackforge.publish.registry import RetryPolicy
 
 from tests.fixtures.faulty_proxy import (

@@ -21,7 +21,9 @@ from stackforge.errors import BuildFailed
 from stackforge.freshness import newest as freshness
 from stackforge.freshness.index import IndexFile, ProjectPage
 from stackforge.publish.nightly import Row, Summary, bake_not_run, nightly
-from stackforge.publish.publisher import ArchiveImage, TagScheme, publish
+from stackforge.publish.oci import ArchiveImage
+from stackforge.publish.publisher import publish
+from stackforge.publish.scheme import TagScheme
 from stackforge.publish.registry import RetryPolicy
 from stackforge.stack.load import load_stack
 

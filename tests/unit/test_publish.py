@@ -18,15 +18,9 @@ from pathlib import Path
 
 import pytest
 from stackforge.errors import BuildFailed, UserError
-from stackforge.publish.publisher import (
-    OCI_LAYER_GZIP,
-    OCI_LAYER_TAR,
-    ArchiveImage,
-    TagScheme,
-    publish,
-    read_save_stream,
-    validate_date,
-)
+from stackforge.publish.oci import OCI_LAYER_GZIP, OCI_LAYER_TAR, ArchiveImage, read_save_stream
+from stackforge.publish.publisher import publish
+from stackforge.publish.scheme import TagScheme, validate_date
 from stackforge.publish.registry import RetryPolicy
 
 from tests.fixtures.faulty_proxy import (
@@ -599,7 +593,7 @@ def test_manifest_rewritten_on_the_way_back_leaves_no_tag(stub, images, tmp_path
 
 
 def test_a_stack_that_fails_lint_is_refused_before_the_engine_or_registry(tmp_path):
-    from stackforge.publish.publisher import publish_stack
+    from stackforge.publish.stack import publish_stack
     from stackforge.stack.load import load_stack
 
     root = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ render, build, bake or publish of that stack. A second stackforge on the same di
 (saying so on stderr, naming the holder's pid) up to a timeout, or refuses at once with a timeout
 of 0 (``--no-wait``). The kernel drops the lock when its holder exits, however it exits, so a lock
 is never stale. Different directories (other stacks, or ``--out DIR``) never wait for each other.
+The wait itself is :func:`flock_wait`, the one wait loop for any exclusive ``flock`` in stackforge.
 
 Inside the lock, an ``OSError`` that means the disk is full, read-only or forbidden becomes one
 :class:`UserError` naming the path and the fix (:func:`fs_error`); ``atomic_write`` writes a file
@@ -75,26 +76,39 @@ def _holder(fd: int) -> str:
     return text if text.isdigit() else "unknown"
 
 
-def _acquire(fd: int, build_dir: Path, timeout: float, echo: Callable[[str], None]) -> None:
+def flock_wait(fd: int, timeout: float, on_wait: Callable[[], None] | None = None, *, poll: float = POLL) -> bool:
+    """Take an exclusive ``flock`` on ``fd``, waiting up to ``timeout`` seconds (0: one try).
+
+    ``on_wait`` is called once, when the lock is busy and the wait begins. Returns False when
+    the lock is still held by another process at the deadline; the caller says why it gave up.
+    """
     deadline = time.monotonic() + timeout
     waited = False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        pid = _holder(fd)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
         if time.monotonic() >= deadline:
-            how = "not waiting (--no-wait)" if timeout == 0 else f"gave up after waiting {timeout:.0f} s"
-            raise UserError(f"another stackforge (pid {pid}) is writing {_shown(build_dir)}; {how}; nothing was written",
-                            file=lock_path(build_dir),
-                            fix=f"wait for pid {pid} to finish (or stop it), write elsewhere with --out DIR, "
-                                f"or wait longer with --lock-timeout SECONDS / {TIMEOUT_ENV}")
+            return False
         if not waited:
-            echo(f"waiting for another stackforge on {_shown(build_dir)} (pid {pid})…")
+            if on_wait is not None:
+                on_wait()
             waited = True
-        time.sleep(POLL)
+        time.sleep(poll)
+
+
+def _acquire(fd: int, build_dir: Path, timeout: float, echo: Callable[[str], None]) -> None:
+    if flock_wait(fd, timeout, lambda: echo(f"waiting for another stackforge on {_shown(build_dir)} (pid {_holder(fd)})…")):
+        return
+    pid = _holder(fd)
+    how = "not waiting (--no-wait)" if timeout == 0 else f"gave up after waiting {timeout:.0f} s"
+    raise UserError(f"another stackforge (pid {pid}) is writing {_shown(build_dir)}; {how}; nothing was written",
+                    file=lock_path(build_dir),
+                    fix=f"wait for pid {pid} to finish (or stop it), write elsewhere with --out DIR, "
+                        f"or wait longer with --lock-timeout SECONDS / {TIMEOUT_ENV}")
 
 
 def _write_pid(fd: int) -> None:

@@ -1,8 +1,10 @@
-"""The grammars of stack values that reach a Dockerfile, a shell line, a label or a file path.
+"""The grammars of stack values that reach a Dockerfile, a shell line, a label or a file path,
+and the one implementation of the OCI image reference grammar (``[host[:port]/]path[:tag][@digest]``).
 
-One implementation for the loader (``model.py``) and the tag checks (``tags.py``). Each
-``check_*`` function returns ``None`` for a valid value and otherwise the reason, worded so it
-completes "<key>: …" in an error message.
+Used by the loader (``stack/model.py``), the tag checks (``stack/tags.py``), the registry client's
+reference parsing (``publish/registry.py``) and the publish tag scheme (``publish/scheme.py``).
+Each ``check_*`` function returns ``None`` for a valid value and otherwise the reason, worded so it
+completes "<key>: …" in an error message; ``split_*`` functions cut a reference into its parts.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ REPO_PATH_RE = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$")
 HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
                      r"|\[[0-9a-fA-F:]+\])(?::[0-9]+)?$")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: The date in a publish tag.
+DATE_RE = re.compile(r"^\d{8}$")
 
 #: A name used as a map key: a stage-name suffix, a context directory, a cache directory, a file name.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -106,15 +110,31 @@ def check_tag(tag: str) -> str | None:
     return "must start with a letter, digit or '_'"
 
 
+def looks_like_host(component: str) -> bool:
+    """Whether the first component of a reference names a registry (holds '.' or ':', or is localhost).
+
+    As in docker's reference grammar, so ``mcconline/vllm`` is a path, not host ``mcconline``.
+    """
+    return "." in component or ":" in component or component == "localhost"
+
+
+def split_host(repo: str) -> tuple[str | None, str]:
+    """``[host[:port]/]path`` → (host or None, path)."""
+    first, _, rest = repo.partition("/")
+    return (first, rest) if rest and looks_like_host(first) else (None, repo)
+
+
+def split_tag(name: str) -> tuple[str, str | None]:
+    """``repository[:tag]`` → (repository, tag or None): the tag follows the last ':' after the last '/'."""
+    slash, colon = name.rfind("/"), name.rfind(":")
+    return (name[:colon], name[colon + 1:]) if colon > slash else (name, None)
+
+
 def check_repository(repo: str) -> str | None:
     """Return a reason when ``repo`` (optionally with a registry host) is not a valid repository name."""
-    first, _, rest = repo.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        if not HOST_RE.match(first):
-            return f"registry host '{first}' is not a valid host[:port]"
-        path = rest
-    else:
-        path = repo
+    host, path = split_host(repo)
+    if host is not None and not HOST_RE.match(host):
+        return f"registry host '{host}' is not a valid host[:port]"
     if not REPO_PATH_RE.match(path):
         return f"repository path '{path}' must be lowercase letters, digits and separators (., _, __, -) between '/'"
     return None
@@ -128,8 +148,7 @@ def check_image_ref(ref: str) -> str | None:
     name, at, digest = ref.partition("@")
     if at and not DIGEST_RE.match(digest):
         return f"{ref!r} is not an image reference: '@{digest}' is not sha256:<64 hex digits>"
-    slash, colon = name.rfind("/"), name.rfind(":")
-    repo, tag = (name[:colon], name[colon + 1:]) if colon > slash else (name, None)
+    repo, tag = split_tag(name)
     reason = check_repository(repo) or (check_tag(tag) and f"tag '{tag}' {check_tag(tag)}" if tag is not None else None)
     return f"{ref!r} is not an image reference: {reason}" if reason else None
 

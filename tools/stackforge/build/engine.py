@@ -22,12 +22,7 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
@@ -415,86 +410,6 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
-
-
-# --------------------------------------------------------------------------- registry (tests)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _registry_answers(url: str, timeout: float = 2) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(f"http://{url}/v2/", timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def start_registry(
-    tmpdir: str | os.PathLike | None = None,
-    *,
-    port: int | None = None,
-    timeout: float = 20,
-    binary: str = "docker-registry",
-) -> tuple[str, Callable[[], None]]:
-    """Start ``docker-registry`` on 127.0.0.1 with filesystem storage under ``tmpdir``.
-
-    Returns ``(url, stop)`` where ``url`` is ``host:port`` (push to ``f"{url}/name:tag"``)
-    and ``stop()`` terminates it (idempotent). Docker treats loopback registries as
-    insecure (plain HTTP) by default, so no daemon configuration is needed.
-    """
-    exe = shutil.which(binary)
-    if exe is None:
-        raise UserError(f"{binary} is not installed", fix="run scripts/engine-setup.sh (or apt-get install docker-registry)")
-    base = Path(tmpdir) if tmpdir is not None else Path(tempfile.mkdtemp(prefix="stackforge-registry."))
-    base.mkdir(parents=True, exist_ok=True)
-    data = base / "data"
-    data.mkdir(exist_ok=True)
-    last_err = ""
-    for _attempt in range(3):  # a picked free port can be taken before the registry binds it
-        p = port or free_port()
-        url = f"127.0.0.1:{p}"
-        config = base / "config.yml"
-        config.write_text(
-            "version: 0.1\n"
-            "log:\n  level: warn\n"
-            f"storage:\n  filesystem:\n    rootdirectory: {data}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: {url}\n",
-            encoding="utf-8",
-        )
-        log_path = base / "registry.log"
-        logf = open(log_path, "ab")
-        proc = subprocess.Popen([exe, "serve", str(config)], stdout=logf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        logf.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if _registry_answers(url, timeout=1):
-                def stop(proc: subprocess.Popen = proc) -> None:
-                    if proc.poll() is None:
-                        proc.terminate()
-                        try:
-                            proc.wait(timeout=10)
-                        except subprocess.TimeoutExpired:
-                            proc.kill()
-                            proc.wait()
-                return url, stop
-            if proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        last_err = _last_line(log_path.read_text(errors="replace"))
-        if port:
-            break
-    raise UserError(f"docker-registry did not start: {last_err or 'no answer on GET /v2/'}",
-                    fix=f"see {base / 'registry.log'}")
 
 
 def _last_line(text: str | None) -> str:

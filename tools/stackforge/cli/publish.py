@@ -5,8 +5,9 @@ import json
 from pathlib import Path
 
 from stackforge.cli.options import add_set, load
-from stackforge.publish.publisher import publish_stack, stderr_echo
+from stackforge.publish.publisher import stderr_echo
 from stackforge.publish.registry import RetryPolicy
+from stackforge.publish.stack import publish_stack
 
 
 def register(sub) -> None:

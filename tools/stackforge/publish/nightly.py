@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 from stackforge.errors import BuildFailed, UserError
 from stackforge.publish.registry import RetryPolicy, parse_registry
+from stackforge.publish.scheme import validate_date
+from stackforge.publish.stack import publish_stack
 from stackforge.signals import Interrupted
 from stackforge.urls import redact_text
 
@@ -175,7 +177,6 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
             overrides: list[str] | None = None, echo: Callable[[str], None] = print) -> Summary:
     from stackforge.build import bake as bakemod
     from stackforge.build.engine import Engine
-    from stackforge.publish.publisher import validate_date
 
     started = time.monotonic()
     parse_registry(registry, what="--registry")
@@ -242,7 +243,6 @@ def _bake_and_build(summary: Summary, loaded: list, targets: list[str] | None, r
     from stackforge.build.context import build_dir_for
     from stackforge.build.run import BuildOptions, build
     from stackforge.fslock import stack_lock
-    from stackforge.publish.publisher import publish_stack
 
     if loaded:
         engine.check()

@@ -29,499 +29,44 @@ whose write was replaced re-tags its image under the next revision, so the end s
 has distinct revisions, each holding the image its publisher reports. For a moment
 the replaced tag named the other image. Publishers on one host never race: step 5
 runs under an exclusive file lock.
+
+Here: :class:`Publisher` (the steps above), :func:`publish` (one call, with its evidence record
+``publish.json`` on success or ``publish-failed.json`` on failure, see :func:`write_evidence`).
+The tag scheme is ``scheme.py``, the image export (step 3) ``oci.py``, the registry client
+``registry.py``, and publishing a built stack ``stack.py``.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import errno
-import fcntl
-import gzip
 import hashlib
-import io
 import json
 import os
-import posixpath
-import re
 import sys
-import tarfile
 import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
 from stackforge.build.engine import Engine
 from stackforge.errors import BuildFailed, UserError
+from stackforge.fslock import flock_wait
+from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage, default_layer_cache
 from stackforge.publish.registry import (
     DOCKER_MANIFEST,
     OCI_MANIFEST,
-    TAG_RE,
     Manifest,
     RegistryClient,
     RegistryError,
     Repository,
     RetryPolicy,
-    parse_registry,
     parse_repository,
     sha256_digest,
     with_retries,
 )
+from stackforge.publish.scheme import TagScheme, first_free_revision, validate_date
 from stackforge.signals import Interrupted
-
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
-OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
-OCI_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
-
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_CHUNK = 1 << 20
-_SMALL_JSON = 64 << 20
-
-
-# --------------------------------------------------------------------------------------------
-# Tag scheme
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TagScheme:
-    """Immutable publish tags ``<head><date><mid><revision><tail>``.
-
-    ``TagScheme.from_prefix("v0.28.0-ph1-5.2.0-torch2.11.0.post2")`` gives
-    ``v0.28.0-ph1-5.2.0-torch2.11.0.post2-20260929-r2`` for (20260929, 2).
-    """
-
-    head: str
-    mid: str = "-r"
-    tail: str = ""
-
-    @classmethod
-    def from_prefix(cls, prefix: str) -> "TagScheme":
-        return cls(head=f"{prefix}-", mid="-r", tail="")
-
-    @classmethod
-    def from_render(cls, render: Callable[[str, int], str]) -> "TagScheme":
-        """Derive the scheme from a function rendering the tag for (date, revision)."""
-        date, rev = "99991231", 987654321
-        text = render(date, rev)
-        if text.count(date) != 1 or text.count(str(rev)) != 1 or text.index(date) > text.index(str(rev)):
-            raise UserError(f"publish tag template renders {text!r}: it must contain the date once, followed by the revision once",
-                            fix="write the publish tag as …{{ date }}…{{ revision }}…")
-        head, rest = text.split(date)
-        mid, tail = rest.split(str(rev))
-        return cls(head=head, mid=mid, tail=tail)
-
-    def tag(self, date: str, revision: int) -> str:
-        tag = f"{self.head}{date}{self.mid}{revision}{self.tail}"
-        if not TAG_RE.match(tag):
-            raise UserError(f"publish tag {tag!r} is not a valid OCI tag",
-                            fix="tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}; shorten or change the tag template")
-        return tag
-
-    def parse(self, tag: str) -> tuple[str, int] | None:
-        m = re.fullmatch(re.escape(self.head) + r"(\d{8})" + re.escape(self.mid) + r"([1-9][0-9]{0,8})" + re.escape(self.tail), tag)
-        return (m.group(1), int(m.group(2))) if m else None
-
-    def revisions(self, tags: list[str], date: str) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for t in tags:
-            parsed = self.parse(t)
-            if parsed and parsed[0] == date:
-                out[parsed[1]] = t
-        return out
-
-    def newest(self, tags: list[str]) -> str | None:
-        parsed = [(p, t) for t in tags if (p := self.parse(t))]
-        return max(parsed)[1] if parsed else None
-
-
-def validate_date(date: str | None) -> str:
-    if date is None:
-        return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
-    try:
-        if not re.fullmatch(r"\d{8}", date):
-            raise ValueError
-        _dt.datetime.strptime(date, "%Y%m%d")
-    except ValueError:
-        raise UserError(f"invalid publish date {date!r}", fix="give the date as YYYYMMDD, e.g. 20260929") from None
-    return date
-
-
-# --------------------------------------------------------------------------------------------
-# The image: blobs, manifest, and where they come from
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Blob:
-    digest: str
-    size: int
-    media_type: str
-    path: Path | None = None
-    data: bytes | None = None
-    diff_id: str | None = None
-    remote: bool = False  # not exported again: the registry already held it (see LayerCache)
-
-    def open(self) -> BinaryIO:
-        if self.data is not None:
-            return io.BytesIO(self.data)
-        if self.path is None:
-            raise BuildFailed(f"layer {self.digest} vanished from the registry during the publish; no tag was created",
-                              fix="re-run the publish (it will upload the layer)")
-        return open(self.path, "rb")
-
-    def descriptor(self) -> dict[str, Any]:
-        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
-
-
-@dataclass
-class PreparedImage:
-    image_id: str
-    config: Blob
-    layers: list[Blob]
-    manifest: bytes = b""
-    manifest_media_type: str = OCI_MANIFEST
-
-    def __post_init__(self) -> None:
-        if not self.manifest:
-            self.manifest = build_manifest(self.config, self.layers)
-
-    @property
-    def digest(self) -> str:
-        return sha256_digest(self.manifest)
-
-    def unique_blobs(self) -> list[Blob]:
-        seen: dict[str, Blob] = {}
-        for b in [self.config, *self.layers]:
-            seen.setdefault(b.digest, b)
-        return list(seen.values())
-
-    @property
-    def size(self) -> int:
-        """Bytes stored in the registry for this image: manifest + config + distinct layers."""
-        return len(self.manifest) + sum(b.size for b in self.unique_blobs())
-
-
-def build_manifest(config: Blob, layers: list[Blob]) -> bytes:
-    doc = {
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "config": config.descriptor(),
-        "layers": [layer.descriptor() for layer in layers],
-    }
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-class ImageSource(Protocol):
-    """Where the image comes from. ``image_id`` may be None until ``prepare`` ran."""
-
-    image_id: str | None
-    description: str
-    local_size: int | None
-
-    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
-                cache: "LayerCache | None" = None) -> PreparedImage: ...
-
-
-@dataclass
-class LayerCache:
-    """Remembers diff_id → compressed blob, so a layer the registry already holds is not compressed again.
-
-    Gzip is what makes exporting slow (tens of MB/s); base layers repeat from one publish to
-    the next. An entry is used only when ``has_blob`` confirms the registry holds that blob.
-    """
-
-    directory: Path
-    has_blob: Callable[[str], bool]
-    key: str = "gzip-6"
-    hits: int = 0
-
-    def _path(self, diff_id: str) -> Path:
-        return self.directory / f"{diff_id.split(':', 1)[1]}.json"
-
-    def lookup(self, diff_id: str) -> tuple[str, int] | None:
-        try:
-            entry = json.loads(self._path(diff_id).read_text())[self.key]
-            digest, size = entry["digest"], int(entry["size"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        return (digest, size) if re.fullmatch(r"sha256:[0-9a-f]{64}", digest) else None
-
-    def record(self, diff_id: str, digest: str, size: int) -> None:
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            path = self._path(diff_id)
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                data = {}
-            data[self.key] = {"digest": digest, "size": size}
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a cache that cannot be written only costs time
-
-
-class _HashingWriter:
-    def __init__(self, raw: BinaryIO):
-        self.raw = raw
-        self.hash = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.hash.update(data)
-        self.size += len(data)
-        return self.raw.write(data)
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-
-@dataclass
-class _Entry:
-    path: Path | None = None
-    data: bytes | None = None
-    digest: str = ""
-    size: int = 0
-    media_type: str = ""
-    diff_id: str | None = None
-    link: str | None = None
-    remote: bool = False
-
-
-def read_save_stream(stream: BinaryIO, workdir: Path, *, compression: str = "gzip", level: int = 6,
-                     expected_id: str | None = None, cache: LayerCache | None = None) -> PreparedImage:
-    """Turn a ``docker save`` stream (legacy or OCI-layout flavour) into upload-ready blobs.
-
-    One pass, streaming: small JSON files are kept in memory, layers go to ``workdir``,
-    uncompressed layers compressed there with gzip (mtime 0, no name: the same input
-    gives the same bytes) unless ``compression`` is ``"none"``. Already compressed
-    layers (a containerd image store exports them) are stored as they are.
-    """
-    if compression not in ("gzip", "none"):
-        raise UserError(f"unknown layer compression {compression!r}", fix="use gzip or none")
-    workdir.mkdir(parents=True, exist_ok=True)
-    entries: dict[str, _Entry] = {}
-    counter = 0
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
-        for member in tar:
-            name = posixpath.normpath(member.name.lstrip("./") or ".")
-            if member.issym() or member.islnk():
-                target = member.linkname
-                if member.issym():
-                    target = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-                entries[name] = _Entry(link=posixpath.normpath(target.lstrip("./")))
-                continue
-            if not member.isfile():
-                continue
-            src = tar.extractfile(member)
-            assert src is not None
-            head = src.read(8)
-            if name.endswith("/VERSION"):
-                continue
-            if head[:1] in (b"{", b"[") and member.size <= _SMALL_JSON or name.endswith(".json") or name in ("repositories", "oci-layout"):
-                data = head + src.read()
-                entries[name] = _Entry(data=data, digest=sha256_digest(data), size=len(data), media_type="json")
-                continue
-            counter += 1
-            path = workdir / f"blob-{counter}"
-            entries[name] = _store_layer(head, src, path, compression, level, cache)
-    return _assemble(entries, expected_id)
-
-
-def _store_layer(head: bytes, src: BinaryIO, path: Path, compression: str, level: int,
-                 cache: LayerCache | None = None) -> _Entry:
-    with open(path, "wb") as out:
-        writer = _HashingWriter(out)
-        if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC) or compression == "none":
-            media = OCI_LAYER_GZIP if head.startswith(_GZIP_MAGIC) else OCI_LAYER_ZSTD if head.startswith(_ZSTD_MAGIC) else OCI_LAYER_TAR
-            writer.write(head)
-            while chunk := src.read(_CHUNK):
-                writer.write(chunk)
-            digest = "sha256:" + writer.hash.hexdigest()
-            return _Entry(path=path, digest=digest, size=writer.size, media_type=media,
-                          diff_id=digest if media == OCI_LAYER_TAR else None)
-        if cache is not None:
-            return _store_layer_cached(head, src, path, writer, level, cache)
-        diff = hashlib.sha256(head)
-        with gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz:
-            gz.write(head)
-            while chunk := src.read(_CHUNK):
-                diff.update(chunk)
-                gz.write(chunk)
-    return _Entry(path=path, digest="sha256:" + writer.hash.hexdigest(), size=writer.size, media_type=OCI_LAYER_GZIP,
-                  diff_id="sha256:" + diff.hexdigest())
-
-
-def _store_layer_cached(head: bytes, src: BinaryIO, path: Path, writer: _HashingWriter, level: int,
-                        cache: LayerCache) -> _Entry:
-    """Spool the raw layer first; compress it only when the registry lacks its cached blob."""
-    raw = path.with_suffix(".tar")
-    diff = hashlib.sha256(head)
-    with open(raw, "wb") as out:
-        out.write(head)
-        while chunk := src.read(_CHUNK):
-            diff.update(chunk)
-            out.write(chunk)
-    diff_id = "sha256:" + diff.hexdigest()
-    hit = cache.lookup(diff_id)
-    if hit is not None and cache.has_blob(hit[0]):
-        raw.unlink()
-        cache.hits += 1
-        return _Entry(path=None, digest=hit[0], size=hit[1], media_type=OCI_LAYER_GZIP, diff_id=diff_id, remote=True)
-    with open(raw, "rb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz:
-        while chunk := fh.read(_CHUNK):
-            gz.write(chunk)
-    raw.unlink()
-    digest = "sha256:" + writer.hash.hexdigest()
-    cache.record(diff_id, digest, writer.size)
-    return _Entry(path=path, digest=digest, size=writer.size, media_type=OCI_LAYER_GZIP, diff_id=diff_id)
-
-
-def _resolve(entries: dict[str, _Entry], name: str) -> _Entry:
-    name = posixpath.normpath(name.lstrip("./"))
-    for _ in range(16):
-        entry = entries.get(name)
-        if entry is None:
-            raise BuildFailed(f"image archive has no file {name!r} that its manifest.json names",
-                              fix="re-export the image (docker save) and retry")
-        if entry.link is None:
-            return entry
-        name = entry.link
-    raise BuildFailed(f"image archive: link loop at {name!r}")
-
-
-def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedImage:
-    top = entries.get("manifest.json")
-    if top is None or top.data is None:
-        raise BuildFailed("image archive has no manifest.json (not a docker save archive)",
-                          fix="export the image with docker save")
-    items = json.loads(top.data)
-    if not isinstance(items, list) or not items:
-        raise BuildFailed("image archive manifest.json lists no image")
-    chosen = None
-    for item in items:
-        cfg = _resolve(entries, item["Config"])
-        if expected_id is None or cfg.digest == expected_id:
-            chosen, config_entry = item, cfg
-            break
-    if chosen is None:
-        raise BuildFailed(f"image archive holds no image with id {expected_id}",
-                          fix="the local image changed while it was being exported; retry")
-    if len(items) > 1 and expected_id is None:
-        raise BuildFailed(f"image archive holds {len(items)} images; publish needs exactly one")
-    config_bytes = config_entry.data
-    assert config_bytes is not None
-    config = Blob(digest=config_entry.digest, size=config_entry.size, media_type=OCI_CONFIG, data=config_bytes)
-    layers = []
-    for name in chosen["Layers"]:
-        e = _resolve(entries, name)
-        if e.path is None and not e.remote:
-            raise BuildFailed(f"image archive layer {name!r} is not a layer file")
-        layers.append(Blob(digest=e.digest, size=e.size, media_type=e.media_type, path=e.path, diff_id=e.diff_id,
-                           remote=e.remote))
-    try:
-        diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
-    except (ValueError, KeyError, TypeError):
-        raise BuildFailed("image config has no rootfs.diff_ids") from None
-    if len(diff_ids) != len(layers):
-        raise BuildFailed(f"image config lists {len(diff_ids)} layers, the archive {len(layers)}")
-    for i, (want, layer) in enumerate(zip(diff_ids, layers)):
-        if layer.diff_id is not None and layer.diff_id != want:
-            raise BuildFailed(f"layer {i} of the exported image hashes to {layer.diff_id}, its config says {want}",
-                              fix="the export is corrupt; re-run the publish")
-    return PreparedImage(image_id=config.digest, config=config, layers=layers)
-
-
-@dataclass
-class ArchiveImage:
-    """An image from a ``docker save`` tar file on disk."""
-
-    path: Path
-    image_id: str | None = None
-    local_size: int | None = None
-
-    @property
-    def description(self) -> str:
-        return str(self.path)
-
-    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
-                cache: LayerCache | None = None) -> PreparedImage:
-        with open(self.path, "rb") as fh:
-            img = read_save_stream(fh, workdir, compression=compression, expected_id=self.image_id, cache=cache)
-        self.image_id = img.image_id
-        return img
-
-
-class _ChunkReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (the SDK's streamed ``docker save``)."""
-
-    def __init__(self, chunks: Iterator[bytes]):
-        self._chunks = iter(chunks)
-        self._buf = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        while not self._buf:
-            try:
-                self._buf = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
-
-
-@dataclass
-class DockerImage:
-    """A local image of the engine, exported by id (so a re-tag meanwhile cannot change what is pushed)."""
-
-    ref: str
-    engine: Engine | None = None
-    image_id: str | None = None
-    local_size: int | None = None
-
-    @property
-    def description(self) -> str:
-        return self.ref
-
-    def _engine(self) -> Engine:
-        if self.engine is None:
-            self.engine = Engine()
-        return self.engine
-
-    def inspect(self) -> None:
-        image_id = self._engine().image_id(self.ref)
-        if image_id is None:
-            raise UserError(f"local image {self.ref} does not exist", fix="build it first (stackforge build STACK)")
-        self.image_id = image_id
-        try:
-            self.local_size = self._engine().sdk().api.inspect_image(image_id).get("Size")
-        except Exception:  # noqa: BLE001 - the size is informative only
-            self.local_size = None
-
-    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
-                cache: LayerCache | None = None) -> PreparedImage:
-        if self.image_id is None:
-            self.inspect()
-        import docker.errors  # the SDK streams `docker save` without a temporary tar file
-
-        try:
-            chunks = self._engine().sdk().api.get_image(self.image_id)
-            with io.BufferedReader(_ChunkReader(chunks), buffer_size=_CHUNK) as stream:
-                return read_save_stream(stream, workdir, compression=compression, expected_id=self.image_id,
-                                        cache=cache)
-        except docker.errors.DockerException as exc:
-            raise BuildFailed(f"exporting {self.ref} ({self.image_id}) from the engine failed: {exc}",
-                              fix="check the engine (docker info) and re-run") from None
-        except tarfile.TarError as exc:
-            raise BuildFailed(f"the engine's export of {self.ref} is unreadable: {exc}", fix="re-run the publish") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -548,12 +93,6 @@ class PushLog:
 # --------------------------------------------------------------------------------------------
 
 
-def default_layer_cache() -> Path:
-    env = os.environ.get("STACKFORGE_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stackforge"
-    return base / "layers"
-
-
 def default_lock_dir() -> Path:
     return Path(os.environ.get("STACKFORGE_LOCK_DIR") or Path(tempfile.gettempdir()) / "stackforge-locks")
 
@@ -565,22 +104,9 @@ def repository_lock(repository: Repository, lock_dir: Path, *, timeout: float, l
     path = lock_dir / f"publish-{key}.lock"
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
     try:
-        deadline = time.monotonic() + timeout
-        waited = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if not waited:
-                    log("lock-wait", lock=str(path))
-                    waited = True
-                if time.monotonic() > deadline:
-                    raise BuildFailed(f"another publisher on this host held {path} for more than {timeout:.0f} s; no tag was created",
-                                      fix="wait for it to finish and re-run") from None
-                time.sleep(0.05)
+        if not flock_wait(fd, timeout, lambda: log("lock-wait", lock=str(path)), poll=0.05):
+            raise BuildFailed(f"another publisher on this host held {path} for more than {timeout:.0f} s; no tag was created",
+                              fix="wait for it to finish and re-run")
         yield
     finally:
         os.close(fd)
@@ -695,11 +221,7 @@ class Publisher:
         self.tag_attempted: str | None = None
         self._verified: dict[str, Any] = {}
         for alias in self.aliases:
-            if not TAG_RE.match(alias):
-                raise UserError(f"alias {alias!r} is not a valid OCI tag", fix="tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-            if self.scheme.parse(alias):
-                raise UserError(f"alias {alias!r} has the form of an immutable publish tag",
-                                fix="a moving alias must not look like <…><YYYYMMDD><…><N>; use e.g. …-latest")
+            self.scheme.check_alias(alias)
 
     # -- small helpers -----------------------------------------------------------------------
 
@@ -815,8 +337,8 @@ class Publisher:
         image_id = self.prepared.image_id if self.prepared else self.image.image_id
         assert image_id is not None
         self.log("already-published", tag=tag, digest=manifest.digest)
-        verification = {"tag_digest": manifest.digest, "config_digest": _config_digest(manifest),
-                        "image_id_matches": _config_digest(manifest) == image_id}
+        verification: dict[str, Any] = {"tag_digest": manifest.digest, "config_digest": _config_digest(manifest),
+                                         "image_id_matches": _config_digest(manifest) == image_id}
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             aliases = self._advance_aliases(tag, manifest.body, manifest.media_type or OCI_MANIFEST, manifest.digest)
         if self.verify_pull:
@@ -867,7 +389,7 @@ class Publisher:
                 self.log("published-meanwhile", tag=found[0])
                 return _Found(*found)
             revisions = set(self.scheme.revisions(tags, self.date)) | taken
-            revision = next(n for n in range(1, len(revisions) + 2) if n not in revisions)  # the first free one
+            revision = first_free_revision(revisions)
             tag = self.scheme.tag(self.date, revision)
             self.log("tag-candidate", tag=tag)
             try:
@@ -1122,81 +644,3 @@ def write_evidence(evidence_dir: Path, record: dict[str, Any], name: str = PUBLI
 
 def stderr_echo(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# A stack's image
-# --------------------------------------------------------------------------------------------
-
-
-def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:
-    """The local image must be the one the last ``stackforge build`` of this stack and target gated."""
-    path = evidence_dir / "result.json"
-    fix = f"run `stackforge build {stack_name} --target {target}` first (publish only ships gated images)"
-    try:
-        result = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"no gated build of {stack_name}/{target}: {path} does not exist; nothing was published",
-                        fix=fix + ", or pass --allow-ungated") from None
-    except ValueError:
-        raise UserError(f"{path} is not valid JSON; nothing was published", fix=fix) from None
-    if not result.get("ok"):
-        raise BuildFailed(f"the last build of {stack_name} failed ({result.get('reason', 'see its evidence')}); "
-                          "nothing was published", fix=fix)
-    if result.get("target") != target:
-        raise UserError(f"the last build of {stack_name} was for target {result.get('target')!r}, not {target!r}; "
-                        "nothing was published", fix=fix)
-    if result.get("image_id") != image_id:
-        raise BuildFailed(f"local image {local_ref} is {image_id}, but the gated build produced {result.get('image_id')}; "
-                          "nothing was published", fix=fix)
-    return {"evidence": str(path), "image_id": result.get("image_id"), "tag": result.get("tag")}
-
-
-def publish_stack(stack: Any, registry: str, *, date: str | None = None, target: str | None = None,
-                  out: Path | None = None, allow_ungated: bool = False, verify_pull: bool = False,
-                  policy: RetryPolicy | None = None, compression: str = "gzip", engine: Engine | None = None,
-                  lock_dir: Path | None = None, echo: Callable[[str], None] | None = None) -> PublishResult:
-    """Publish the local image that ``stackforge build`` made for ``stack``/``target``.
-
-    Repository, immutable tag scheme and aliases come from the stack's ``tags:`` templates
-    under ``registry``; a target other than the stack's first one gets ``-<target>`` after
-    the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``.
-    """
-    from stackforge.build.context import build_dir_for
-    from stackforge.build.run import default_target, lint_or_fail, target_ref
-    from stackforge.stack import tags as tagsmod
-
-    reg = parse_registry(registry, what="--registry")
-    date = validate_date(date)
-    try:
-        lint_or_fail(stack)
-    except BuildFailed as err:
-        raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
-    target = default_target(stack, target)
-    suffix = "" if target == next(iter(stack.targets)) else f"-{target}"
-    first = tagsmod.publish_ref(stack, str(reg), date, 1)
-    repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
-    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(stack, str(reg), d, r).tag + suffix)
-    aliases = []
-    for alias in tagsmod.alias_refs(stack, str(reg)):
-        if alias.repository != first.repository:
-            raise UserError(f"alias {alias} is not in the publish repository {first.repository}",
-                            fix="aliases name the same repository as tags.publish")
-        aliases.append(alias.tag + suffix)
-    local = target_ref(stack, target)
-    from stackforge.fslock import stack_lock
-
-    with stack_lock(build_dir_for(stack, out)):  # no build of this stack replaces its evidence meanwhile
-        evidence = build_dir_for(stack, out) / "evidence"
-        engine = engine or Engine()
-        image = DockerImage(local, engine=engine)
-        image.inspect()
-        assert image.image_id is not None
-        gated = None if allow_ungated else check_gated(evidence, stack.name, target, image.image_id, local)
-        extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
-        from stackforge.build.sources import default_cache_dir
-        from stackforge.stack.load import stack_root
-
-        return publish(image, repository, scheme, date, aliases=aliases, policy=policy, compression=compression,
-                       lock_dir=lock_dir, verify_pull=verify_pull, engine=engine, echo=echo, evidence=evidence, extra=extra,
-                       layer_cache=default_cache_dir(stack_root(stack)) / "layers")

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 import requests
 
 from stackforge.errors import UserError
+from stackforge.grammar import HOST_RE, REPO_PATH_RE, looks_like_host
 
 T = TypeVar("T")
 
@@ -40,14 +41,6 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 MANIFEST_ACCEPT = ", ".join([OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_MANIFEST_LIST])
-
-# Registry reference grammar (distribution/reference), restricted to what a
-# repository needs: host[:port]/path-component(/path-component)*
-_HOST_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_HOST_COMPONENT}(?:\.{_HOST_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
-_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 def sha256_digest(data: bytes) -> str:
@@ -116,9 +109,9 @@ def parse_registry(text: str, *, what: str = "registry reference", plain_http: b
     host, _, path = raw.partition("/")
     if "@" in raw or ":" in path:
         raise UserError(f"{what} {text!r} must not carry a tag or a digest", fix=_FIX)
-    if not re.fullmatch(_HOST, host) or not ("." in host or ":" in host or host == "localhost"):
+    if not HOST_RE.fullmatch(host) or not looks_like_host(host):
         raise UserError(f"{what} {text!r} does not start with a registry host ({host!r} is not host[:port])", fix=_FIX)
-    if path and not re.fullmatch(rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*", path):
+    if path and not REPO_PATH_RE.fullmatch(path):
         raise UserError(f"invalid repository path {path!r} in {what} {text!r}",
                         fix="path components are lower-case [a-z0-9] separated by '.', '_', '__' or '-'")
     if require_name and not path:

@@ -16,19 +16,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from stackforge import grammar
 from stackforge.errors import UserError
-from stackforge.grammar import (  # noqa: F401
-    HOST_RE,
-    PATH_COMPONENT,
-    REPO_PATH_RE,
-    TAG_RE,
-    check_repository,
-    check_tag,
-)
+from stackforge.grammar import DATE_RE, check_repository, check_tag, split_tag
 from stackforge.stack.load import position
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
-
-DATE_RE = re.compile(r"^\d{8}$")
 
 #: Longest template source and longest rendered text of a stack template (a tag, a label, an env value).
 MAX_SOURCE = 4096
@@ -235,11 +226,10 @@ def render_template(stack: Stack, template: str, path: tuple, **extra) -> str:
 
 def parse_ref(text: str) -> Ref:
     """Split ``[host[:port]/]path:tag`` (the last ':' after the last '/')."""
-    slash = text.rfind("/")
-    colon = text.rfind(":")
-    if colon <= slash:
+    repository, tag = split_tag(text)
+    if tag is None:
         raise ValueError(f"'{text}' has no ':tag'")
-    return Ref(text[:colon], text[colon + 1:])
+    return Ref(repository, tag)
 
 
 def _checked(stack: Stack, text: str, path: tuple) -> Ref:

@@ -1,0 +1,418 @@
+"""A local image as an OCI image: upload-ready blobs and an OCI image manifest.
+
+An image comes from a ``docker save`` archive on disk (:class:`ArchiveImage`) or from the engine,
+streamed by image id (:class:`DockerImage`); either flavour of ``docker save`` (legacy or OCI
+layout) is read in one streaming pass by :func:`read_save_stream`. Uncompressed layers are
+gzip-compressed deterministically (mtime 0, no name: the same layer gives the same blob), already
+compressed ones are kept as they are, and every layer is checked against the config's diff ids.
+A :class:`LayerCache` maps a layer's diff id to its compressed blob, so a layer the registry
+already holds is not compressed again. The result is a :class:`PreparedImage`: config, layers
+and the manifest whose digest the publisher pushes.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import posixpath
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator, Protocol
+
+from stackforge.build.engine import Engine
+from stackforge.errors import BuildFailed, UserError
+from stackforge.grammar import DIGEST_RE
+from stackforge.publish.registry import OCI_MANIFEST, sha256_digest
+
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+OCI_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_CHUNK = 1 << 20
+_SMALL_JSON = 64 << 20
+
+
+@dataclass
+class Blob:
+    digest: str
+    size: int
+    media_type: str
+    path: Path | None = None
+    data: bytes | None = None
+    diff_id: str | None = None
+    remote: bool = False  # not exported again: the registry already held it (see LayerCache)
+
+    def open(self) -> BinaryIO:
+        if self.data is not None:
+            return io.BytesIO(self.data)
+        if self.path is None:
+            raise BuildFailed(f"layer {self.digest} vanished from the registry during the publish; no tag was created",
+                              fix="re-run the publish (it will upload the layer)")
+        return open(self.path, "rb")
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+
+@dataclass
+class PreparedImage:
+    image_id: str
+    config: Blob
+    layers: list[Blob]
+    manifest: bytes = b""
+    manifest_media_type: str = OCI_MANIFEST
+
+    def __post_init__(self) -> None:
+        if not self.manifest:
+            self.manifest = build_manifest(self.config, self.layers)
+
+    @property
+    def digest(self) -> str:
+        return sha256_digest(self.manifest)
+
+    def unique_blobs(self) -> list[Blob]:
+        seen: dict[str, Blob] = {}
+        for b in [self.config, *self.layers]:
+            seen.setdefault(b.digest, b)
+        return list(seen.values())
+
+    @property
+    def size(self) -> int:
+        """Bytes stored in the registry for this image: manifest + config + distinct layers."""
+        return len(self.manifest) + sum(b.size for b in self.unique_blobs())
+
+
+def build_manifest(config: Blob, layers: list[Blob]) -> bytes:
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": config.descriptor(),
+        "layers": [layer.descriptor() for layer in layers],
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class ImageSource(Protocol):
+    """Where the image comes from. ``image_id`` may be None until ``prepare`` ran."""
+
+    image_id: str | None
+    local_size: int | None
+
+    @property
+    def description(self) -> str: ...
+
+    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
+                cache: "LayerCache | None" = None) -> PreparedImage: ...
+
+
+@dataclass
+class LayerCache:
+    """Remembers diff_id → compressed blob, so a layer the registry already holds is not compressed again.
+
+    Gzip is what makes exporting slow (tens of MB/s); base layers repeat from one publish to
+    the next. An entry is used only when ``has_blob`` confirms the registry holds that blob.
+    """
+
+    directory: Path
+    has_blob: Callable[[str], bool]
+    key: str = "gzip-6"
+    hits: int = 0
+
+    def _path(self, diff_id: str) -> Path:
+        return self.directory / f"{diff_id.split(':', 1)[1]}.json"
+
+    def lookup(self, diff_id: str) -> tuple[str, int] | None:
+        try:
+            entry = json.loads(self._path(diff_id).read_text())[self.key]
+            digest, size = entry["digest"], int(entry["size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return (digest, size) if DIGEST_RE.fullmatch(digest) else None
+
+    def record(self, diff_id: str, digest: str, size: int) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self._path(diff_id)
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                data = {}
+            data[self.key] = {"digest": digest, "size": size}
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+
+
+class _HashingWriter:
+    def __init__(self, raw: BinaryIO):
+        self.raw = raw
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        self.size += len(data)
+        return self.raw.write(data)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+@dataclass
+class _Entry:
+    path: Path | None = None
+    data: bytes | None = None
+    digest: str = ""
+    size: int = 0
+    media_type: str = ""
+    diff_id: str | None = None
+    link: str | None = None
+    remote: bool = False
+
+
+def read_save_stream(stream: BinaryIO, workdir: Path, *, compression: str = "gzip", level: int = 6,
+                     expected_id: str | None = None, cache: LayerCache | None = None) -> PreparedImage:
+    """Turn a ``docker save`` stream (legacy or OCI-layout flavour) into upload-ready blobs.
+
+    One pass, streaming: small JSON files are kept in memory, layers go to ``workdir``,
+    uncompressed layers compressed there with gzip (mtime 0, no name: the same input
+    gives the same bytes) unless ``compression`` is ``"none"``. Already compressed
+    layers (a containerd image store exports them) are stored as they are.
+    """
+    if compression not in ("gzip", "none"):
+        raise UserError(f"unknown layer compression {compression!r}", fix="use gzip or none")
+    workdir.mkdir(parents=True, exist_ok=True)
+    entries: dict[str, _Entry] = {}
+    counter = 0
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            name = posixpath.normpath(member.name.lstrip("./") or ".")
+            if member.issym() or member.islnk():
+                target = member.linkname
+                if member.issym():
+                    target = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+                entries[name] = _Entry(link=posixpath.normpath(target.lstrip("./")))
+                continue
+            if not member.isfile():
+                continue
+            src = tar.extractfile(member)
+            assert src is not None
+            head = src.read(8)
+            if name.endswith("/VERSION"):
+                continue
+            if head[:1] in (b"{", b"[") and member.size <= _SMALL_JSON or name.endswith(".json") or name in ("repositories", "oci-layout"):
+                data = head + src.read()
+                entries[name] = _Entry(data=data, digest=sha256_digest(data), size=len(data), media_type="json")
+                continue
+            counter += 1
+            path = workdir / f"blob-{counter}"
+            entries[name] = _store_layer(head, src, path, compression, level, cache)
+    return _assemble(entries, expected_id)
+
+
+def _store_layer(head: bytes, src: BinaryIO, path: Path, compression: str, level: int,
+                 cache: LayerCache | None = None) -> _Entry:
+    with open(path, "wb") as out:
+        writer = _HashingWriter(out)
+        if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC) or compression == "none":
+            media = OCI_LAYER_GZIP if head.startswith(_GZIP_MAGIC) else OCI_LAYER_ZSTD if head.startswith(_ZSTD_MAGIC) else OCI_LAYER_TAR
+            writer.write(head)
+            while chunk := src.read(_CHUNK):
+                writer.write(chunk)
+            digest = "sha256:" + writer.hash.hexdigest()
+            return _Entry(path=path, digest=digest, size=writer.size, media_type=media,
+                          diff_id=digest if media == OCI_LAYER_TAR else None)
+        if cache is not None:
+            return _store_layer_cached(head, src, path, writer, level, cache)
+        diff = hashlib.sha256(head)
+        with gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz:
+            gz.write(head)
+            while chunk := src.read(_CHUNK):
+                diff.update(chunk)
+                gz.write(chunk)
+    return _Entry(path=path, digest="sha256:" + writer.hash.hexdigest(), size=writer.size, media_type=OCI_LAYER_GZIP,
+                  diff_id="sha256:" + diff.hexdigest())
+
+
+def _store_layer_cached(head: bytes, src: BinaryIO, path: Path, writer: _HashingWriter, level: int,
+                        cache: LayerCache) -> _Entry:
+    """Spool the raw layer first; compress it only when the registry lacks its cached blob."""
+    raw = path.with_suffix(".tar")
+    diff = hashlib.sha256(head)
+    with open(raw, "wb") as out:
+        out.write(head)
+        while chunk := src.read(_CHUNK):
+            diff.update(chunk)
+            out.write(chunk)
+    diff_id = "sha256:" + diff.hexdigest()
+    hit = cache.lookup(diff_id)
+    if hit is not None and cache.has_blob(hit[0]):
+        raw.unlink()
+        cache.hits += 1
+        return _Entry(path=None, digest=hit[0], size=hit[1], media_type=OCI_LAYER_GZIP, diff_id=diff_id, remote=True)
+    with open(raw, "rb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz:
+        while chunk := fh.read(_CHUNK):
+            gz.write(chunk)
+    raw.unlink()
+    digest = "sha256:" + writer.hash.hexdigest()
+    cache.record(diff_id, digest, writer.size)
+    return _Entry(path=path, digest=digest, size=writer.size, media_type=OCI_LAYER_GZIP, diff_id=diff_id)
+
+
+def _resolve(entries: dict[str, _Entry], name: str) -> _Entry:
+    name = posixpath.normpath(name.lstrip("./"))
+    for _ in range(16):
+        entry = entries.get(name)
+        if entry is None:
+            raise BuildFailed(f"image archive has no file {name!r} that its manifest.json names",
+                              fix="re-export the image (docker save) and retry")
+        if entry.link is None:
+            return entry
+        name = entry.link
+    raise BuildFailed(f"image archive: link loop at {name!r}")
+
+
+def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedImage:
+    top = entries.get("manifest.json")
+    if top is None or top.data is None:
+        raise BuildFailed("image archive has no manifest.json (not a docker save archive)",
+                          fix="export the image with docker save")
+    items = json.loads(top.data)
+    if not isinstance(items, list) or not items:
+        raise BuildFailed("image archive manifest.json lists no image")
+    chosen = None
+    for item in items:
+        cfg = _resolve(entries, item["Config"])
+        if expected_id is None or cfg.digest == expected_id:
+            chosen, config_entry = item, cfg
+            break
+    if chosen is None:
+        raise BuildFailed(f"image archive holds no image with id {expected_id}",
+                          fix="the local image changed while it was being exported; retry")
+    if len(items) > 1 and expected_id is None:
+        raise BuildFailed(f"image archive holds {len(items)} images; publish needs exactly one")
+    config_bytes = config_entry.data
+    assert config_bytes is not None
+    config = Blob(digest=config_entry.digest, size=config_entry.size, media_type=OCI_CONFIG, data=config_bytes)
+    layers = []
+    for name in chosen["Layers"]:
+        e = _resolve(entries, name)
+        if e.path is None and not e.remote:
+            raise BuildFailed(f"image archive layer {name!r} is not a layer file")
+        layers.append(Blob(digest=e.digest, size=e.size, media_type=e.media_type, path=e.path, diff_id=e.diff_id,
+                           remote=e.remote))
+    try:
+        diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
+    except (ValueError, KeyError, TypeError):
+        raise BuildFailed("image config has no rootfs.diff_ids") from None
+    if len(diff_ids) != len(layers):
+        raise BuildFailed(f"image config lists {len(diff_ids)} layers, the archive {len(layers)}")
+    for i, (want, layer) in enumerate(zip(diff_ids, layers)):
+        if layer.diff_id is not None and layer.diff_id != want:
+            raise BuildFailed(f"layer {i} of the exported image hashes to {layer.diff_id}, its config says {want}",
+                              fix="the export is corrupt; re-run the publish")
+    return PreparedImage(image_id=config.digest, config=config, layers=layers)
+
+
+@dataclass
+class ArchiveImage:
+    """An image from a ``docker save`` tar file on disk."""
+
+    path: Path
+    image_id: str | None = None
+    local_size: int | None = None
+
+    @property
+    def description(self) -> str:
+        return str(self.path)
+
+    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
+                cache: LayerCache | None = None) -> PreparedImage:
+        with open(self.path, "rb") as fh:
+            img = read_save_stream(fh, workdir, compression=compression, expected_id=self.image_id, cache=cache)
+        self.image_id = img.image_id
+        return img
+
+
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (the SDK's streamed ``docker save``)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._chunks = iter(chunks)
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+@dataclass
+class DockerImage:
+    """A local image of the engine, exported by id (so a re-tag meanwhile cannot change what is pushed)."""
+
+    ref: str
+    engine: Engine | None = None
+    image_id: str | None = None
+    local_size: int | None = None
+
+    @property
+    def description(self) -> str:
+        return self.ref
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            self.engine = Engine()
+        return self.engine
+
+    def inspect(self) -> None:
+        image_id = self._engine().image_id(self.ref)
+        if image_id is None:
+            raise UserError(f"local image {self.ref} does not exist", fix="build it first (stackforge build STACK)")
+        self.image_id = image_id
+        try:
+            self.local_size = self._engine().sdk().api.inspect_image(image_id).get("Size")
+        except Exception:  # noqa: BLE001 - the size is informative only
+            self.local_size = None
+
+    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
+                cache: LayerCache | None = None) -> PreparedImage:
+        if self.image_id is None:
+            self.inspect()
+        import docker.errors  # the SDK streams `docker save` without a temporary tar file
+
+        try:
+            chunks = self._engine().sdk().api.get_image(self.image_id)
+            with io.BufferedReader(_ChunkReader(chunks), buffer_size=_CHUNK) as stream:
+                return read_save_stream(stream, workdir, compression=compression, expected_id=self.image_id,
+                                        cache=cache)
+        except docker.errors.DockerException as exc:
+            raise BuildFailed(f"exporting {self.ref} ({self.image_id}) from the engine failed: {exc}",
+                              fix="check the engine (docker info) and re-run") from None
+        except tarfile.TarError as exc:
+            raise BuildFailed(f"the engine's export of {self.ref} is unreadable: {exc}", fix="re-run the publish") from None
+
+
+
+def default_layer_cache() -> Path:
+    env = os.environ.get("STACKFORGE_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stackforge"
+    return base / "layers"
+
