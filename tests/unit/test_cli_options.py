@@ -84,6 +84,10 @@ CLI_SCOPE_ERRORS = [
      "error: --set post2:tags.local=x: the scope 'post2'", "(example)"),
     ("diff-unselected", ["diff", "post1", "post2", "--set", "example:a=1"],
      "error: --set example:a=1: the scope 'example'", "(post1, post2)"),
+    ("nightly-refuses-a-scope", ["nightly", "--registry", "localhost:5000/ns", "--set", "post2:a=1"],
+     "error: --set post2:…: nightly applies each --set to every stack it runs", "stackforge build STACK --set"),
+    ("nightly-unselected", ["nightly", "post1", "--registry", "localhost:5000/ns", "--set", "post2:a=1"],
+     "error: --set post2:a=1: the scope 'post2'", "(post1)"),
     ("not-a-stack-name", ["show", "example", "--set", "Example:a=1"],
      "error: --set Example:…: 'Example' is not a stack name", "STACK:key.path=value"),
 ]
