@@ -104,6 +104,18 @@ def test_example_image_is_gated_labelled_and_tagged(built):
         assert name in evidence
 
 
+def test_build_prints_only_the_result_on_stdout(built):
+    root, tag, proc = built
+    assert proc.stdout == f"{tag}\n"  # `$(stackforge build example)` is the tag
+    assert re.search(r"^#\d+ \[", proc.stderr, re.M), proc.stderr[-2000:]  # BuildKit's plain log
+    assert "stackforge: resolve base image stackforge/base:bookworm" in proc.stderr
+    assert f"stackforge: build {tag} with BuildKit" in proc.stderr
+    again = stackforge(root, "build", "example", "--set", f"tags.local={tag}", "--json")
+    outcome = json.loads(again.stdout)
+    assert outcome["tag"] == tag and outcome["stack"] == "example" and outcome["gate"][-1].startswith("gate result:")
+    assert re.search(r"^#\d+ ", again.stderr, re.M)
+
+
 def test_verify_checks_labels_pins_and_reruns_the_gate(built):
     root, tag, _ = built
     ok = stackforge(root, "verify", tag, "--set", f"tags.local={tag}")
@@ -147,7 +159,8 @@ def test_stale_lock_stops_before_the_build(built):
     proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}", "--set", "packages.idna.version=3.9",
                       check=False)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: stacks/locks/example/pypi.txt:3: lock file is stale: idna is pinned at 3.9")
+    errors = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("stackforge: "))  # progress
+    assert errors.startswith("error: stacks/locks/example/pypi.txt:3: lock file is stale: idna is pinned at 3.9")
     assert "fix: run: stackforge lock example" in proc.stderr
     assert not image_exists(bad)
 

@@ -323,6 +323,7 @@ def case_full_while_writing_evidence(root, tmp_path, mounts, monkeypatch, capsys
     out = fs / "tiny"
     shutil.rmtree(root / "images" / "gate" / "bulk")  # a context that fits in 64 KiB
     monkeypatch.setattr(buildmod, "Engine", lambda builder=None: FillingEngine(fs))
+    monkeypatch.setenv("STACKFORGE_PROGRESS", "0")  # stderr holds the error alone
     rc = main(["--root", str(root), "build", "tiny", "--out", str(out), "--ca-bundle", "none"])
     err = capsys.readouterr().err
     assert_one_clean_error(SimpleNamespace(rc=rc, out="", err=err),

@@ -27,7 +27,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from stackforge import credentials
+from stackforge import credentials, progress
 from stackforge.errors import UserError
 from stackforge.stack.load import stack_root
 from stackforge.stack.model import Stack
@@ -312,7 +312,9 @@ def write_locks(stack: Stack, indexes: list[str] | None = None, ca_bundle: str |
         if not _pins(stack, index):
             continue
         role = stack.indexes[index].role
-        text = lock_public(stack, index, ca_bundle) if role == "public" else lock_vendor(stack, index)
+        how = "pip-compile" if role == "public" else "read the file hashes of"
+        with progress.step(f"lock {stack.name}: {how} index '{index}' ({redact(stack.indexes[index].url)})"):
+            text = lock_public(stack, index, ca_bundle) if role == "public" else lock_vendor(stack, index)
         path = lock_path(stack, index)
         rel = str(path.relative_to(stack_root(stack)))
         verify_lock(stack, index, parse_lock(path, text, rel, stack.name), rel)  # never write a lock the build refuses

@@ -13,13 +13,14 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from stackforge import credentials
+from stackforge import credentials, progress
 from stackforge.build.context import Context, build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import (
@@ -110,14 +111,17 @@ def netrc_text(stack: Stack) -> str:
 def _base_identity(engine: Engine, stack: Stack) -> tuple[str | None, str]:
     """(registry manifest digest or None for a local-only image, image id) of the base image."""
     image = stack.base.image
-    if not engine.image_exists(image):
-        proc = engine.cli("pull", image, timeout=1800)
-        if proc.returncode != 0:
-            raise BuildFailed(
-                f"base image '{image}' is not present and could not be pulled: {(proc.stderr or proc.stdout).strip()[-300:]}",
-                **position(stack, ("base", "image")).as_error_kwargs(),
-                fix="pull or build it first, or point the stack elsewhere with --set base.image=…")
-    info = engine.sdk().images.get(image).attrs
+    with progress.step(f"resolve base image {image}"):
+        if not engine.image_exists(image):
+            with progress.step(f"pull base image {image}"):
+                proc = engine.cli("pull", image, timeout=1800)
+            if proc.returncode != 0:
+                raise BuildFailed(
+                    f"base image '{image}' is not present and could not be pulled: "
+                    f"{(proc.stderr or proc.stdout).strip()[-300:]}",
+                    **position(stack, ("base", "image")).as_error_kwargs(),
+                    fix="pull or build it first, or point the stack elsewhere with --set base.image=…")
+        info = engine.sdk().images.get(image).attrs
     digests = info.get("RepoDigests") or []
     digest = digests[0].split("@", 1)[1] if digests else None
     image_id = info.get("Id")
@@ -212,6 +216,11 @@ def secret_files(stack: Stack, secrets_dir: Path | None, ca_bundle: str | None) 
     return secrets
 
 
+def _stderr_line(line: str) -> None:
+    """Where a build's BuildKit log goes by default: stderr, so stdout carries only the result."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _holding_build_dir(fn):
     """Run ``fn(stack, opts, …)`` holding the lock of the stack's build directory for all of it."""
     @functools.wraps(fn)
@@ -226,7 +235,7 @@ def _holding_build_dir(fn):
 def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None = None,
           echo: Callable[[str], None] | None = None) -> BuildOutcome:
     opts = opts or BuildOptions()
-    echo = echo or (lambda line: print(line, flush=True))
+    echo = echo or _stderr_line
     started = time.monotonic()
     target = default_target(stack, opts.target)
     ref = target_ref(stack, target)
@@ -245,10 +254,11 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
     with _recording_interrupts(engine, evidence, ref, had, started):
         with credentials.private_dir("stackforge-secrets-") as secrets_dir:
             secrets = secret_files(stack, secrets_dir, opts.ca_bundle)
-            result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref], build_args=build_args,
-                                  secrets=secrets, load=opts.load, builder=opts.builder, no_cache=opts.no_cache,
-                                  extra_args=[f"--network={opts.network}"] if opts.network else [], on_line=echo,
-                                  log_file=evidence / "build.log")
+            with progress.step(f"build {ref} with BuildKit (log: {evidence / 'build.log'})"):
+                result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref],
+                                      build_args=build_args, secrets=secrets, load=opts.load, builder=opts.builder,
+                                      no_cache=opts.no_cache, on_line=echo, log_file=evidence / "build.log",
+                                      extra_args=[f"--network={opts.network}"] if opts.network else [])
     log = result.log
     atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
     if result.returncode != 0:

@@ -1,10 +1,9 @@
 """`stackforge audit STACK`: tracked files that still name versions the stack moved away from."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from stackforge.cli.options import add_set, load
+from stackforge.cli.options import add_json, add_set, load, print_json, select
 from stackforge.freshness import newest as freshness
 
 
@@ -21,17 +20,18 @@ def register(sub) -> None:
     p.add_argument("--against", metavar="OLD", help="compare with this stack instead of the parent")
     p.add_argument("--allow", metavar="FILE", help=f"allow-list file (default {freshness.ALLOW_FILE})")
     p.add_argument("--show-allowed", action="store_true", help="also list the allowed references")
-    p.add_argument("--json", action="store_true")
+    add_json(p, "the findings and allowed references")
     add_set(p)
     p.set_defaults(func=cmd_audit)
 
 
 def cmd_audit(args) -> int:
+    select(args, [args.stack] + ([args.against] if args.against else []))
     stack = load(args, args.stack)
     against = load(args, args.against) if args.against else None
     report = freshness.audit(stack, against, allow_file=Path(args.allow).resolve() if args.allow else None)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print_json(report.to_json())
     else:
         print(report.render(show_allowed=args.show_allowed))
     return report.exit_code

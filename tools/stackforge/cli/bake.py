@@ -3,10 +3,17 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from stackforge.build import bake as bakemod
-from stackforge.cli.options import add_set, load, root_of
+from stackforge.cli.options import (
+    add_json,
+    add_out,
+    add_set,
+    load,
+    print_json,
+    root_of,
+    select,
+)
 from stackforge.errors import UserError
 from stackforge.stack.load import list_stacks
 
@@ -17,7 +24,8 @@ def register(sub) -> None:
         description="Prepare each stack's context and Dockerfile as `stackforge build` does and build every "
                     "(stack, target) in one `docker buildx bake` run, so stages several stacks share are built "
                     "once. Any buildx builder works (--builder), e.g. a remote or Kubernetes BuildKit. "
-                    "The per-stack gate verdicts and evidence come from `stackforge build` / `stackforge nightly`.")
+                    "The per-stack gate verdicts and evidence come from `stackforge build` / `stackforge nightly`. "
+                    "BuildKit's log goes to stderr (and to bake.log); stdout carries only the result.")
     p.add_argument("stacks", nargs="*", help="default: every stack with `nightly: true`")
     p.add_argument("--target", action="append", dest="targets", metavar="T",
                    help="only these targets (repeatable; default: every target of each stack)")
@@ -26,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--no-load", dest="load", action="store_false", help="build without loading images into the engine")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
-    p.add_argument("--out", type=Path, help="where bake.json and bake.log go (default: build/bake)")
+    add_out(p, "the directory bake.json and bake.log are written to (default: build/bake)")
+    add_json(p, "the result (ok, exit code, targets, duration, plan and log files); with --print, the plan")
     add_set(p)
     p.set_defaults(func=cmd_bake)
 
@@ -35,9 +44,11 @@ def _stacks(args):
     root = root_of(args)
     names = args.stacks
     if not names:
+        select(args, list_stacks(root))
         names = [n for n in list_stacks(root) if load(args, n).nightly]
         if not names:
             raise UserError("no stack has `nightly: true`", fix="name the stacks: stackforge bake STACK…")
+    select(args, names)
     return root, [load(args, n) for n in names]
 
 
@@ -50,8 +61,13 @@ def cmd_bake(args) -> int:
     workdir = args.out or root / "build" / "bake"
     items, run = bakemod.bake(stacks, targets=args.targets, builder=args.builder, load=args.load,
                               no_cache=args.no_cache, workdir=workdir, ca_bundle=args.ca_bundle,
-                              on_line=lambda line: print(line, flush=True))
-    status = "ok" if run.returncode == 0 else f"FAILED (exit {run.returncode})"
+                              on_line=lambda line: print(line, file=sys.stderr, flush=True))
+    ok = run.returncode == 0
+    if args.json:
+        print_json({"ok": ok, "returncode": run.returncode, "targets": [{"name": i.name, "stack": i.stack, "target": i.target, "ref": i.ref} for i in items],
+                    "duration_s": run.duration_s, "plan": workdir / "bake.json", "log": run.log_file})
+        return 0 if ok else 1
+    status = "ok" if ok else f"FAILED (exit {run.returncode})"
     print(f"bake {status}: {len(items)} target(s) in {run.duration_s} s; plan {workdir / 'bake.json'}, "
           f"log {run.log_file}", file=sys.stderr)
     return 0 if run.returncode == 0 else 1

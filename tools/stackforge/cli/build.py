@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from dataclasses import asdict
 
 from stackforge.build.context import build_dir_for
 from stackforge.build.engine import Engine
@@ -15,7 +15,14 @@ from stackforge.build.run import (
     prepare,
     target_ref,
 )
-from stackforge.cli.options import add_set, load
+from stackforge.cli.options import (
+    BUILD_DIR_OUT,
+    add_json,
+    add_out,
+    add_set,
+    load,
+    print_json,
+)
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 
@@ -23,16 +30,18 @@ def register(sub) -> None:
     p = sub.add_parser("render", help="write the Dockerfile and build context, print the plan, build nothing")
     p.add_argument("stack")
     p.add_argument("--target", help="target stage (default: the stack's first target)")
-    p.add_argument("--out", type=Path, help="output directory (default: build/<stack>)")
-    p.add_argument("--no-sources", action="store_true", help="fetch no upstream and ask the engine nothing (plan and Dockerfile only; "
-                        "the Dockerfile then has no base image or inputs labels)")
+    add_out(p, BUILD_DIR_OUT)
+    p.add_argument("--no-sources", action="store_true", help="fetch no upstream and ask the engine nothing (plan and "
+                   "Dockerfile only; the Dockerfile then has no base image or inputs labels)")
     p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_json(p, "the build plan")
     add_wait(p)
     add_set(p)
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("build", help="build, gate and tag the image of a stack (BuildKit via docker buildx)")
+    p = sub.add_parser("build", help="build, gate and tag the image of a stack (BuildKit via docker buildx)",
+                       description="BuildKit's log and progress go to stderr; stdout carries only the result: "
+                                   "the image reference (or, with --json, the build outcome).")
     p.add_argument("stack")
     p.add_argument("--target", help="target stage (default: the stack's first target)")
     p.add_argument("--load", action="store_true", default=True, help="load the image into the engine (default)")
@@ -44,7 +53,8 @@ def register(sub) -> None:
     p.add_argument("--syntax", help="add a `# syntax=` line; off by default")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--network", help="network for RUN steps (e.g. host, to reach an index on the host's loopback)")
-    p.add_argument("--out", type=Path, help="build directory (default: build/<stack>)")
+    add_out(p, BUILD_DIR_OUT)
+    add_json(p, "the outcome (tag, image id, gate lines, evidence directory, duration)")
     add_wait(p)
     add_set(p)
     p.set_defaults(func=cmd_build)
@@ -52,18 +62,21 @@ def register(sub) -> None:
     p = sub.add_parser("gate", help="re-run a stack's dependency gate on a built image (read-only root, /tmp writable)")
     p.add_argument("image")
     p.add_argument("--stack", required=True)
+    add_json(p, "the verdict and the gate's lines")
     add_set(p)
     p.set_defaults(func=cmd_gate)
 
     p = sub.add_parser("verify", help="check a pulled or built image against its stack: labels, pins, gate, ABI")
     p.add_argument("image")
     p.add_argument("--stack", help="default: the stack named by the image's org.stackforge.stack label")
+    add_json(p, "the verdict, failure count and lines")
     add_set(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("abi", help="resolve every DT_NEEDED of a stack's vendor packages inside an image")
     p.add_argument("image")
     p.add_argument("--stack", required=True)
+    add_json(p, "the verdict and the ABI lines")
     add_set(p)
     p.set_defaults(func=cmd_abi)
 
@@ -112,6 +125,9 @@ def cmd_build(args) -> int:
                         builder=args.builder, no_cache=args.no_cache, out=args.out, network=args.network,
                         lock_timeout=args.lock_timeout)
     outcome = build(stack, opts)
+    if args.json:
+        print_json(asdict(outcome))
+        return 0
     print(f"\nbuilt {outcome.tag}" + (f" ({outcome.image_id})" if outcome.image_id else "")
           + f" in {outcome.duration_s}s", file=sys.stderr)
     for line in outcome.gate:
@@ -130,6 +146,10 @@ def cmd_verify(args) -> int:
     labels = image_labels(engine, args.image)
     stack = load(args, args.stack or stack_of(labels, args.image))
     result = verify(stack, args.image, labels, engine)
+    if args.json:
+        print_json({"image": args.image, "stack": stack.name, "ok": not result.failed, "failed": result.failed,
+                    "lines": result.lines})
+        return 1 if result.failed else 0
     for line in result.lines:
         print(line)
     print(f"verify {args.image} against {stack.name}: " + ("ok" if not result.failed else f"{result.failed} FAIL"))
@@ -137,16 +157,19 @@ def cmd_verify(args) -> int:
 
 
 def cmd_abi(args) -> int:
-    stack = load(args, args.stack)
-    ok, lines = run_gate(stack, args.image, script="abi.py")
-    for line in lines:
-        print(line)
-    return 0 if ok else 1
+    return _gate(args, "abi.py")
 
 
 def cmd_gate(args) -> int:
+    return _gate(args, "gate.py")
+
+
+def _gate(args, script: str) -> int:
     stack = load(args, args.stack)
-    ok, lines = run_gate(stack, args.image)
-    for line in lines:
-        print(line)
+    ok, lines = run_gate(stack, args.image, script=script)
+    if args.json:
+        print_json({"image": args.image, "stack": stack.name, "ok": ok, "lines": lines})
+    else:
+        for line in lines:
+            print(line)
     return 0 if ok else 1

@@ -1,10 +1,19 @@
 """`stackforge bump STACK --name NEW`: write a stack that moves the train to its newest coherent release."""
 from __future__ import annotations
 
+import json
 import sys
 
 from stackforge.cli.newest import add_index_options, cache_dir
-from stackforge.cli.options import add_set, load, root_of
+from stackforge.cli.options import (
+    add_json,
+    add_set,
+    load,
+    overrides_for,
+    print_json,
+    root_of,
+    select,
+)
 from stackforge.freshness import newest as freshness
 from stackforge.stack import diff as diffmod
 from stackforge.stack.load import load_stack
@@ -25,15 +34,19 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the new stack file instead of writing it")
     p.add_argument("--force", action="store_true", help="overwrite an existing stacks/NAME.yaml")
     add_index_options(p)
+    add_json(p, "the moves, notes, problems, the file written (or with --dry-run its text) and the pin diff")
     add_set(p)
     p.set_defaults(func=cmd_bump)
 
 
 def cmd_bump(args) -> int:
+    select(args, [args.stack, args.name])
     stack = load(args, args.stack)
     names = list(stack.packages)
     catalog, _ = freshness.load_catalog(stack, names, cache_dir=cache_dir(args))
     plan = freshness.plan_bump(stack, catalog, new_name=args.name, trains=args.train or None)
+    if args.json:
+        return _bump_json(args, stack, plan)
     for mv in plan.moves:
         print(f"move {mv.package}: {mv.before} -> {mv.after} ({mv.reason})")
     for note in plan.notes:
@@ -52,6 +65,22 @@ def cmd_bump(args) -> int:
     path = freshness.write_bump(stack, plan, force=args.force, description=args.description)
     print(f"wrote {path.relative_to(root_of(args))} (lint: ok)")
     print()
-    new = load_stack(args.name, root=root_of(args), overrides=args.overrides)
+    new = load_stack(args.name, root=root_of(args), overrides=overrides_for(args, args.name))
     print(diffmod.to_markdown(diffmod.diff_stacks(stack, new)), end="")
     return 0
+
+
+def _bump_json(args, stack, plan) -> int:
+    result: dict = {"stack": stack.name, "name": args.name, "moves": [vars(mv) for mv in plan.moves],
+                    "notes": list(plan.notes), "problems": list(plan.problems), "written": None}
+    if plan.problems:
+        print(f"nothing written: stacks/{args.name}.yaml would not be a coherent stack", file=sys.stderr)
+    elif plan.moves and args.dry_run:
+        result["text"] = freshness.render_bump(stack, plan, args.description)
+    elif plan.moves:
+        path = freshness.write_bump(stack, plan, force=args.force, description=args.description)
+        result["written"] = str(path.relative_to(root_of(args)))
+        new = load_stack(args.name, root=root_of(args), overrides=overrides_for(args, args.name))
+        result["diff"] = json.loads(diffmod.diff_stacks(stack, new).to_json())
+    print_json(result)
+    return 1 if plan.problems else 0

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from stackforge.build.locks import write_locks
-from stackforge.cli.options import add_set, load
+from stackforge.cli.options import add_json, add_set, load, print_json
 from stackforge.stack.load import stack_root
 
 
@@ -11,12 +11,17 @@ def register(sub) -> None:
     p.add_argument("stack")
     p.add_argument("--index", action="append", help="lock only this index (repeatable)")
     p.add_argument("--ca-bundle", help="CA bundle for reaching the indexes")
+    add_json(p, "the lock files written")
     add_set(p)
     p.set_defaults(func=cmd_lock)
 
 
 def cmd_lock(args) -> int:
     stack = load(args, args.stack)
-    for path in write_locks(stack, args.index, args.ca_bundle):
-        print(path.relative_to(stack_root(stack)))
+    written = [str(path.relative_to(stack_root(stack))) for path in write_locks(stack, args.index, args.ca_bundle)]
+    if args.json:
+        print_json({"stack": stack.name, "written": written})
+    else:
+        for path in written:
+            print(path)
     return 0

@@ -1,9 +1,7 @@
 """`stackforge newest STACK`: is every pin the newest in its line? (exit 0 yes, 1 no, 2 error)"""
 from __future__ import annotations
 
-import json
-
-from stackforge.cli.options import add_set, load, root_of
+from stackforge.cli.options import add_json, add_set, load, print_json, root_of
 from stackforge.freshness import newest as freshness
 
 
@@ -25,7 +23,7 @@ def register(sub) -> None:
         "Exit 0 when every pin is the newest, 1 when something newer exists or a pin is missing, 2 on error.",
     )
     p.add_argument("stack")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json(p, "the report per pin")
     p.add_argument("--package", action="append", default=[], metavar="NAME",
                    help="only this package (repeatable)")
     p.add_argument("--train-window", type=float, default=freshness.DEFAULT_TRAIN_WINDOW / 60, metavar="MINUTES",
@@ -40,7 +38,7 @@ def cmd_newest(args) -> int:
     report = freshness.newest(stack, packages=args.package or None, cache_dir=cache_dir(args),
                               train_window=args.train_window * 60)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print_json(report.to_json())
     else:
         print(report.render())
     return report.exit_code

@@ -1,13 +1,21 @@
 """`stackforge nightly`: lint, bake, gate and publish every nightly stack; write the summary."""
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
-from stackforge.cli.options import add_set, root_of
+from stackforge.cli.options import (
+    add_json,
+    add_out,
+    add_set,
+    print_json,
+    root_of,
+    select,
+    split_scope,
+)
+from stackforge.errors import UserError
 from stackforge.publish.nightly import nightly
 from stackforge.publish.registry import RetryPolicy
+from stackforge.stack.load import list_stacks
 
 
 def register(sub) -> None:
@@ -26,19 +34,25 @@ def register(sub) -> None:
     p.add_argument("--retries", type=int, default=6, metavar="N", help="registry attempts per operation (default 6)")
     p.add_argument("--retry-time", type=float, default=120.0, metavar="SECONDS",
                    help="time budget per registry operation (default 120)")
-    p.add_argument("--out", type=Path, help="summary directory (default: build/nightly/<date>)")
-    p.add_argument("--json", action="store_true", help="print summary.json")
+    add_out(p, "the directory summary.md and summary.json are written to (default: build/nightly/<date>)")
+    add_json(p, "summary.json")
     add_set(p)
     p.set_defaults(func=cmd_nightly)
 
 
 def cmd_nightly(args) -> int:
+    select(args, args.stacks or list_stacks(root_of(args)))
+    scoped = [o for o in args.overrides if split_scope(o)[0] is not None]
+    if scoped:
+        raise UserError("nightly applies each --set to every stack it runs; a STACK: scope is not supported here",
+                        file=f"--set {split_scope(scoped[0])[0]}:…",
+                        fix="build that stack on its own (stackforge build STACK --set …), or drop the scope")
     policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
     summary = nightly(root_of(args), args.registry, date=args.date, stacks=args.stacks or None, targets=args.targets,
                       builder=args.builder, use_bake=args.bake, policy=policy, ca_bundle=args.ca_bundle, out=args.out,
                       overrides=args.overrides, echo=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
-        print(json.dumps(summary.to_json(), indent=2))
+        print_json(summary.to_json())
     else:
         print(summary.markdown())
     return 0 if summary.ok else 1

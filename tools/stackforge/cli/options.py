@@ -1,19 +1,98 @@
-"""Arguments shared by every verb that reads a stack."""
+"""Options shared by the verbs (--set, --json, --out), and how a verb loads the stacks it names.
+
+``--set [STACK:]KEY.PATH=VALUE``: without a scope the override applies to every stack the verb
+loads; ``STACK:`` limits it to that stack. The text before the first ``:`` is a scope when the
+``:`` comes before the first ``=`` (a key path never holds a ``:``) and that text is a stack name;
+a scope naming a stack the verb did not select is an error (exit 2).
+"""
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from stackforge.errors import UserError
-from stackforge.stack.load import STACKS_DIR, find_root, load_stack
+from stackforge.stack.load import STACK_NAME, STACKS_DIR, find_root, load_stack
 from stackforge.stack.model import Stack
+from stackforge.urls import redact_text
+
+SELECTED = "_selected_stacks"  # the attribute select() sets on args
 
 
 def add_set(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
-        help="override a stack value, e.g. --set base.image=stackforge/base:bookworm (repeatable)",
+        "--set", dest="overrides", action="append", default=[], metavar="[STACK:]KEY.PATH=VALUE",
+        help="override a stack value, e.g. --set base.image=stackforge/base:bookworm (repeatable); "
+             "with STACK: it applies to that stack only, e.g. --set post2:packages.torch.version=2.8.0",
     )
+
+
+def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:
+    parser.add_argument("--json", action="store_true",
+                        help=f"print {what} as one JSON value on stdout (progress and errors stay on stderr)")
+
+
+def add_out(parser: argparse.ArgumentParser, names: str) -> None:
+    """``--out PATH``; ``names`` says exactly what the path is and its default."""
+    parser.add_argument("--out", type=Path, metavar="PATH", help=names)
+
+
+BUILD_DIR_OUT = ("the stack's build directory: the Dockerfile, the build context and evidence/ go here "
+                 "(default: build/<stack>)")
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def split_scope(text: str) -> tuple[str | None, str]:
+    """``"post2:a.b=1"`` → ``("post2", "a.b=1")``; ``"a.b=x:y"`` → ``(None, "a.b=x:y")``."""
+    colon, eq = text.find(":"), text.find("=")
+    if colon < 0 or (0 <= eq < colon):
+        return None, text
+    head = text[:colon]
+    if not STACK_NAME.fullmatch(head):
+        shown = head if len(head) <= 100 and head.isprintable() else "the scope"
+        raise UserError(f"'{redact_text(shown)}' is not a stack name", file=f"--set {redact_text(shown)}:…",
+                        fix="write --set STACK:key.path=value with a stack's name (lower-case letters, digits, "
+                            "'.', '_', '-'), or --set key.path=value for every stack")
+    return head, text[colon + 1:]
+
+
+def _stack_key(name: str) -> str:
+    """The name a scope is compared with: a stack's name, or the file stem of a path to its YAML."""
+    path = Path(name)
+    return path.stem if path.suffix in (".yaml", ".yml") else name
+
+
+def select(args, names: Iterable[str]) -> None:
+    """Record the stacks a verb works on and refuse a ``--set`` scope naming another one."""
+    selected = [_stack_key(n) for n in names]
+    setattr(args, SELECTED, selected)
+    for raw in getattr(args, "overrides", None) or []:
+        scope, _ = split_scope(raw)
+        if scope is not None and scope not in selected:
+            raise UserError(f"the scope '{scope}' names a stack this command does not work on",
+                            file=f"--set {redact_text(raw) if len(raw) <= 200 else scope + ':…'}",
+                            fix=f"scope it to one of the selected stacks ({', '.join(selected) or 'none'}), "
+                                "or drop the scope to apply it to all")
+
+
+def overrides_for(args, name: str) -> list[str]:
+    """The ``--set`` values that apply to stack ``name``: the unscoped ones and those scoped to it.
+
+    Without a prior :func:`select`, ``name`` is the only selected stack."""
+    if getattr(args, SELECTED, None) is None:
+        select(args, [name])
+    key = _stack_key(name)
+    out = []
+    for raw in getattr(args, "overrides", None) or []:
+        scope, text = split_scope(raw)
+        if scope is None or scope == key:
+            out.append(text)
+    return out
 
 
 def root_of(args) -> Path:
@@ -32,4 +111,4 @@ def root_of(args) -> Path:
 
 
 def load(args, name: str) -> Stack:
-    return load_stack(name, root=root_of(args), overrides=getattr(args, "overrides", []))
+    return load_stack(name, root=root_of(args), overrides=overrides_for(args, name))

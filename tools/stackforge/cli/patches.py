@@ -6,14 +6,21 @@ loads the stack and prints.
 """
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
 
 from stackforge import patches as P
 from stackforge.build import sources as up
-from stackforge.cli.options import add_set, load, root_of
+from stackforge.cli.options import (
+    add_json,
+    add_set,
+    load,
+    overrides_for,
+    print_json,
+    root_of,
+    select,
+)
 from stackforge.errors import UserError
 from stackforge.stack.load import list_stacks, load_stack
 
@@ -43,20 +50,20 @@ def register(sub) -> None:
     g.add_argument("--continue", dest="cont", action="store_true", help="after fixing a stopped patch and `git add`: finish it and apply the rest")
     g.add_argument("--skip", action="store_true", help="drop the stopped patch and apply the rest")
     g.add_argument("--abort", action="store_true", help="stop: drop the half-applied patch (commits so far stay)")
-    p.add_argument("--json", action="store_true")
+    add_json(p)
     p.set_defaults(func=cmd_apply)
 
     p = verbs.add_parser("check", help="apply into a scratch tree and classify each patch (clean / offset / 3-way / fails / upstreamed)")
     stack_args(p)
     p.add_argument("--commit", help="check against this upstream commit instead of the pin")
-    p.add_argument("--json", action="store_true")
+    add_json(p)
     p.set_defaults(func=cmd_check)
 
     p = verbs.add_parser("upstreamed", help="patches a newer upstream commit already contains (git cherry / git am 'No changes')")
     stack_args(p)
     p.add_argument("--to-commit", help="the new upstream commit (default: the commit given with --set upstreams.<u>.commit=…)")
     p.add_argument("--drop", action="store_true", help="remove them from the series, note Applied-Upstream in its history, renumber")
-    p.add_argument("--json", action="store_true")
+    add_json(p)
     p.set_defaults(func=cmd_upstreamed)
 
     p = verbs.add_parser("export", help="write the series back from a worked tree, byte-stable (git format-patch)")
@@ -65,6 +72,7 @@ def register(sub) -> None:
     p.add_argument("--base", help="the commit the series starts from (default: recorded by `patches apply`)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if an export would change any byte (without --from: apply the series afresh and re-export)")
+    add_json(p, "the changed files per series")
     p.set_defaults(func=cmd_export)
 
     p = verbs.add_parser("range-diff", help="apply the series on two upstream commits and compare per patch (git range-diff)")
@@ -72,27 +80,30 @@ def register(sub) -> None:
     p.add_argument("--from", dest="old", required=True, help="old upstream commit")
     p.add_argument("--to", dest="new", required=True, help="new upstream commit")
     p.add_argument("--raw", action="store_true", help="also print git range-diff's own output")
-    p.add_argument("--json", action="store_true")
+    add_json(p)
     p.set_defaults(func=cmd_range_diff)
 
     p = verbs.add_parser("lint", help="static checks of series directories (exit 1 on findings)")
     p.add_argument("dirs", nargs="*", type=Path, help="series directories (default: patches/* and overlays/*/patches/*)")
     p.add_argument("--tracker-pattern", default=P.DEFAULT_TRACKER_PATTERN,
                    help="regular expression for internal tracker ids that must not ship (default: %(default)s)")
-    p.add_argument("--json", action="store_true")
+    add_json(p)
     p.set_defaults(func=cmd_lint)
 
     p = verbs.add_parser("index", help="regenerate the README.md index of series directories")
     p.add_argument("dirs", nargs="*", type=Path, help="series directories (default: all)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if an index is out of date")
+    add_json(p, "the indexes written (or, with --check, the stale ones)")
     p.set_defaults(func=cmd_index)
 
     p = verbs.add_parser("renumber", help="give the patches of a series (and layered ranges after it) contiguous numbers")
     p.add_argument("dirs", nargs="+", type=Path, help="the base series directory, then layered range directories")
+    add_json(p, "the renames")
     p.set_defaults(func=cmd_renumber)
 
     p = verbs.add_parser("hash", help="print the series hash (sha256 over the order and bytes of the patches)")
     p.add_argument("dirs", nargs="+", type=Path, help="the base series directory, then layered range directories")
+    add_json(p, "the series hash")
     p.set_defaults(func=cmd_hash)
 
 
@@ -164,7 +175,7 @@ def cmd_apply(args) -> int:
             seed_commit=_pinned_without_overrides(args, target),
         )
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print_json(report.to_json())
     else:
         _print_report(report)
     if report.failed:
@@ -181,7 +192,7 @@ def cmd_check(args) -> int:
     target = _target(args)
     report = P.check(target, commit=args.commit, seed_commit=_pinned_without_overrides(args, target))
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print_json(report.to_json())
     else:
         _print_report(report)
         for r in report.failed:
@@ -208,7 +219,7 @@ def cmd_upstreamed(args) -> int:
         raise UserError("which newer upstream commit?", fix=f"pass --to-commit C, or --set upstreams.{target.name}.commit=C")
     found = P.find_upstreamed(target, new, old_commit=old)
     if args.json:
-        print(json.dumps({"old": old, "new": new, "upstreamed": [u.to_json() for u in found]}, indent=2))
+        print_json({"old": old, "new": new, "upstreamed": [u.to_json() for u in found]})
     else:
         if not found:
             print(f"no patch of the series is contained in {new}")
@@ -227,8 +238,10 @@ def _export_targets(args) -> list:
     root = root_of(args)
     seen: set = set()
     out = []
-    for name in list_stacks(root):
-        stack = load_stack(name, root=root, overrides=args.overrides)
+    names = list_stacks(root)
+    select(args, names)
+    for name in names:
+        stack = load_stack(name, root=root, overrides=overrides_for(args, name))
         for uname, spec in dict(stack.upstreams).items():
             if not up.field(spec, "patches"):
                 continue
@@ -249,11 +262,16 @@ def cmd_export(args) -> int:
             raise UserError("export needs --from DIR (a worked tree), or --check to verify the committed series")
         targets = [(args.stack, _target(args))] if args.stack else _export_targets(args)
         bad = 0
+        series = []
         for label, t in targets:
             changes = P.export_check(t)
             n = len(t.refs)
+            bad += bool(changes)
+            series.append({"series": label, "patches": n,
+                           "changes": [{"kind": c.kind, "path": _rel(c.path, root), "diff": c.diff} for c in changes]})
+            if args.json:
+                continue
             if changes:
-                bad += 1
                 print(f"{label}: a re-export would change {len(changes)} file(s):")
                 for c in changes:
                     print(f"  {c.kind}: {_rel(c.path, root)}")
@@ -261,6 +279,8 @@ def cmd_export(args) -> int:
                         print("    " + c.diff.rstrip("\n").replace("\n", "\n    "))
             else:
                 print(f"{label}: {n} patch(es) re-export byte-identically")
+        if args.json:
+            print_json({"check": True, "series": series})
         if bad:
             print("fix: apply the series, then `stackforge patches export STACK --from DIR` and commit the result", file=sys.stderr)
         return 1 if bad else 0
@@ -268,6 +288,10 @@ def cmd_export(args) -> int:
         raise UserError("export --from needs the STACK the tree was applied for")
     target = _target(args)
     plan, changes = P.export_series(args.source.resolve(), target.layers, base=args.base, check=args.check)
+    if args.json:
+        print_json({"check": args.check, "patches": len(plan.patches),
+                    "changes": [{"kind": c.kind, "path": _rel(c.path, root)} for c in changes]})
+        return 1 if (args.check and changes) else 0
     for c in changes:
         print(f"{'would be ' if args.check else ''}{c.kind}: {_rel(c.path, root)}")
     if not changes:
@@ -281,7 +305,7 @@ def cmd_range_diff(args) -> int:
     target = _target(args)
     entries, raw = P.range_diff(target, args.old, args.new)
     if args.json:
-        print(json.dumps({"old": args.old, "new": args.new, "patches": [e.to_json() for e in entries]}, indent=2))
+        print_json({"old": args.old, "new": args.new, "patches": [e.to_json() for e in entries]})
         return 0
     for e in entries:
         layer = "" if e.layer == P.BASE_LAYER else f" [{e.layer}]"
@@ -323,7 +347,7 @@ def cmd_lint(args) -> int:
     else:
         findings = P.lint_repository(root, tracker_pattern=args.tracker_pattern)
     if args.json:
-        print(json.dumps([f.to_json() for f in findings], indent=2))
+        print_json([f.to_json() for f in findings])
     else:
         for f in findings:
             print(f.render())
@@ -333,16 +357,22 @@ def cmd_lint(args) -> int:
 
 def cmd_index(args) -> int:
     root = root_of(args)
-    stale = 0
+    stale, written = [], []
     for s in _dirs(args, root):
         rel = _rel(s.dir / "README.md", root)
         if args.check:
             text = P.render_index(s)
             p = s.dir / "README.md"
             if not p.is_file() or p.read_text(encoding="utf-8") != text:
-                stale += 1
-                print(f"out of date: {rel}")
+                stale.append(rel)
         elif P.write_index(s):
+            written.append(rel)
+    if args.json:
+        print_json({"stale": stale} if args.check else {"written": written})
+    else:
+        for rel in stale:
+            print(f"out of date: {rel}")
+        for rel in written:
             print(f"wrote {rel}")
     return 1 if stale else 0
 
@@ -353,6 +383,9 @@ def cmd_renumber(args) -> int:
     renames = P.renumber(layers)
     for s in layers:
         P.write_index(s)
+    if args.json:
+        print_json({"renames": [{"from": _rel(src, root), "to": dst.name} for src, dst in renames]})
+        return 0
     for src, dst in renames:
         print(f"{_rel(src, root)} -> {dst.name}")
     if not renames:
@@ -363,5 +396,9 @@ def cmd_renumber(args) -> int:
 def cmd_hash(args) -> int:
     root = root_of(args)
     layers = _dirs(args, root)
-    print(P.series_hash(*layers))
+    digest = P.series_hash(*layers)
+    if args.json:
+        print_json({"hash": digest})
+    else:
+        print(digest)
     return 0

@@ -1,10 +1,14 @@
 """`stackforge publish`: push a stack's gated image under an immutable, never-overwritten tag."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from stackforge.cli.options import add_set, load
+from stackforge.cli.options import (
+    BUILD_DIR_OUT,
+    add_json,
+    add_out,
+    add_set,
+    load,
+    print_json,
+)
 from stackforge.publish.publisher import stderr_echo
 from stackforge.publish.registry import RetryPolicy
 from stackforge.publish.stack import publish_stack
@@ -25,7 +29,7 @@ def register(sub) -> None:
                         "(loopback registries are spoken to over plain HTTP)")
     p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
     p.add_argument("--target", help="target stage (default: the stack's first target)")
-    p.add_argument("--out", type=Path, help="build directory holding the evidence (default: build/<stack>)")
+    add_out(p, BUILD_DIR_OUT.replace("go here", "are read from (the --out given to `stackforge build`)"))
     p.add_argument("--verify-pull", action="store_true",
                    help="also pull the tag through the engine and compare the image id (re-downloads the layers)")
     p.add_argument("--allow-ungated", action="store_true",
@@ -35,7 +39,7 @@ def register(sub) -> None:
                    help="attempts per registry operation on 5xx/429/connection errors (default 6)")
     p.add_argument("--retry-time", type=float, default=120.0, metavar="SECONDS",
                    help="time budget per registry operation, retries included (default 120)")
-    p.add_argument("--json", action="store_true", help="print the evidence record as JSON")
+    add_json(p, "the evidence record")
     add_set(p)
     p.set_defaults(func=cmd_publish)
 
@@ -47,7 +51,7 @@ def cmd_publish(args) -> int:
                            allow_ungated=args.allow_ungated, verify_pull=args.verify_pull, policy=policy,
                            compression=args.compression, echo=stderr_echo)
     if args.json:
-        print(json.dumps(result.evidence(), indent=2))
+        print_json(result.evidence())
         return 0
     verb = "published" if result.status == "published" else "already published (nothing new pushed)"
     print(f"{verb}: {result.reference}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from stackforge.cli.options import add_set, load, root_of
+from stackforge.cli.options import add_json, add_set, load, print_json, root_of, select
 from stackforge.errors import UserError
 from stackforge.stack import diff as diffmod
 from stackforge.stack import rules, tags
@@ -14,18 +14,19 @@ from stackforge.urls import redact_text
 
 def register(sub) -> None:
     p = sub.add_parser("list", help="list the stacks in stacks/")
+    add_json(p, "the stacks and their descriptions (or why they are invalid)")
     add_set(p)
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("show", help="the resolved stack, its tags and the fingerprint of its inputs")
     p.add_argument("stack")
-    p.add_argument("--json", action="store_true")
+    add_json(p, "the resolved stack, files, overrides, tags and fingerprint")
     add_set(p)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("lint", help="check stacks against their release-train rules (exit 1 on findings)")
     p.add_argument("stacks", nargs="*", help="default: every stack")
-    p.add_argument("--json", action="store_true")
+    add_json(p, "the findings per stack (a list of objects)")
     add_set(p)
     p.set_defaults(func=cmd_lint)
 
@@ -35,35 +36,44 @@ def register(sub) -> None:
     p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
     p.add_argument("--revision", type=int, default=None,
                    help="publish revision N of -rN (default 1; `stackforge publish` picks the first free one)")
+    add_json(p, "the local reference, and with --registry the publish reference and aliases")
     add_set(p)
     p.set_defaults(func=cmd_tags)
 
     p = sub.add_parser("diff", help="the pin table between two stacks")
     p.add_argument("old")
     p.add_argument("new")
-    p.add_argument("--format", choices=["markdown", "json"], default="markdown")
+    p.add_argument("--format", choices=["markdown", "json"], default="markdown",
+                   help="markdown (default) or json (the same as --json)")
+    add_json(p, "the pin table")
     add_set(p)
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("schema", help="print the JSON Schema of stack files (for editors)")
+    add_json(p, "the schema (always JSON; accepted for symmetry)")
     p.set_defaults(func=cmd_schema)
 
 
 def cmd_list(args) -> int:
     """A row per stack file: its description, or "invalid: <first error>"; exit 2 when any is invalid."""
     root = root_of(args)
-    invalid = False
-    for name in list_stacks(root):
-        shown = name if name.isprintable() and name.isascii() else ascii(name)
+    names = list_stacks(root)
+    select(args, names)
+    rows = []
+    for name in names:
         try:
-            stack = load(args, name)
+            rows.append({"name": name, "description": load(args, name).description})
         except UserError as err:
-            invalid = True
             where = err.location()
-            print(f"{shown:<16} invalid: {where + ': ' if where else ''}{err.message}")
-            continue
-        print(f"{shown:<16} {stack.description}")
-    return 2 if invalid else 0
+            rows.append({"name": name, "invalid": f"{where + ': ' if where else ''}{err.message}"})
+    if args.json:
+        print_json({"stacks": rows})
+    else:
+        for row in rows:
+            name = row["name"]
+            shown = name if name.isprintable() and name.isascii() else ascii(name)
+            print(f"{shown:<16} " + (f"invalid: {row['invalid']}" if "invalid" in row else row["description"]))
+    return 2 if any("invalid" in r for r in rows) else 0
 
 
 def cmd_show(args) -> int:
@@ -105,6 +115,7 @@ def cmd_show(args) -> int:
 def cmd_lint(args) -> int:
     root = root_of(args)
     names = args.stacks or list_stacks(root)
+    select(args, names)
     report = []
     invalid = False
     for name in names:
@@ -142,22 +153,31 @@ def cmd_lint(args) -> int:
 
 def cmd_tags(args) -> int:
     stack = load(args, args.stack)
-    print(tags.local_ref(stack))
+    result: dict = {"stack": stack.name, "local": str(tags.local_ref(stack))}
     if args.registry:
         if args.revision is None:
             print("note: revision 1 shown; `stackforge publish` takes the first free -rN for the date",
                   file=sys.stderr)
-        print(tags.publish_ref(stack, args.registry, args.date, 1 if args.revision is None else args.revision))
-        for ref in tags.alias_refs(stack, args.registry):
-            print(ref)
+        result["publish"] = str(tags.publish_ref(stack, args.registry, args.date,
+                                                 1 if args.revision is None else args.revision))
+        result["aliases"] = [str(ref) for ref in tags.alias_refs(stack, args.registry)]
+    if args.json:
+        print_json(result)
+        return 0
+    for ref in [result["local"], *([result["publish"], *result["aliases"]] if args.registry else [])]:
+        print(ref)
     return 0
 
 
 def cmd_diff(args) -> int:
+    select(args, [args.old, args.new])
     old = load(args, args.old)
     new = load(args, args.new)
     d = diffmod.diff_stacks(old, new)
-    print(d.to_json() if args.format == "json" else diffmod.to_markdown(d), end="" if args.format != "json" else "\n")
+    if args.json or args.format == "json":
+        print(d.to_json())
+    else:
+        print(diffmod.to_markdown(d), end="")
     return 0
 
 

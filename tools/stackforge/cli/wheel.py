@@ -1,11 +1,11 @@
 """`stackforge wheel inspect|diff`: what a wheel declares and what its shared objects need."""
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
 
+from stackforge.cli.options import add_json, print_json
 from stackforge.errors import UserError
 from stackforge.freshness import wheel as wheelmod
 from stackforge.stack.load import find_root
@@ -19,14 +19,14 @@ def register(sub) -> None:
     i = wsub.add_parser("inspect", help="name, version, tags, Requires-Dist, RECORD and per shared object "
                         "its SONAME, DT_NEEDED and RPATH/RUNPATH (read with pyelftools, nothing is run)")
     i.add_argument("wheel", help="a .whl path or an http(s) URL (credentials: in the URL or ~/.netrc)")
-    i.add_argument("--json", action="store_true")
+    add_json(i, "the wheel's metadata, RECORD and shared objects")
     i.set_defaults(func=cmd_inspect)
 
     d = wsub.add_parser("diff", help="files added/removed/changed (by sha256), metadata changes, and per "
                         "shared object the DT_NEEDED entries gained and lost; exit 1 when they differ")
     d.add_argument("a")
     d.add_argument("b")
-    d.add_argument("--json", action="store_true")
+    add_json(d, "the differences")
     d.set_defaults(func=cmd_diff)
 
 
@@ -48,7 +48,7 @@ def cmd_inspect(args) -> int:
     if args.json:
         for w in info.warnings:
             print(f"WARNING: {w}", file=sys.stderr)
-        print(json.dumps(info.to_json(), indent=2))
+        print_json(info.to_json())
     else:
         print(wheelmod.render_inspect(info))
     return 0
@@ -58,7 +58,7 @@ def cmd_diff(args) -> int:
     a, b = _load(args.a, args), _load(args.b, args)
     d = wheelmod.diff_wheels(a, b)
     if args.json:
-        print(json.dumps(d.to_json(), indent=2))
+        print_json(d.to_json())
     else:
         print(wheelmod.render_diff(d))
     return 0 if d.is_empty else 1
