@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from stackforge.cli.options import add_set, load
-from stackforge.freshness import newest as freshness
+from stackforge.freshness import audit as freshness
 
 
 def register(sub) -> None:

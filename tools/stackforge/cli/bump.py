@@ -5,7 +5,7 @@ import sys
 
 from stackforge.cli.newest import add_index_options, cache_dir
 from stackforge.cli.options import add_set, load, root_of
-from stackforge.freshness import newest as freshness
+from stackforge.freshness import bump as freshness
 from stackforge.stack import diff as diffmod
 from stackforge.stack.load import load_stack
 
