@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
 from stackforge.credentials import for_url as credential_for_url
 from stackforge.errors import UserError
 from stackforge.urls import Credential, redact, redact_text, scrub
@@ -266,11 +268,6 @@ def export_upstream(spec: Any, cache_dir: Path | str, dest_dir: Path | str, *, r
 
 # --- release sdists ---------------------------------------------------------------
 
-def normalize_name(name: str) -> str:
-    """PEP 503 normalised project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _read_url(url: str, what: str, client=None) -> bytes:
     """The bytes at ``url``: a local file, or an HTTP GET through ``client`` (an ``IndexClient``, whose
     credential goes with the request) or anonymously. Messages show the URL redacted."""
@@ -317,7 +314,7 @@ def find_sdist(index_url: str, name: str, version: str):
         if f.kind == "sdist" and f.filename.endswith(".tar.gz"):
             return urllib.parse.urldefrag(f.url)[0], client
     raise UserError(
-        f"no sdist {name}-{version}.tar.gz on {client.display_url}/{normalize_name(name)}/",
+        f"no sdist {name}-{version}.tar.gz on {client.display_url}/{canonicalize_name(name)}/",
         fix="check sdist.name and sdist.version against the index",
     )
 
