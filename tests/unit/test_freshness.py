@@ -9,7 +9,7 @@ import yaml
 from packaging.tags import Tag
 from packaging.version import Version
 from stackforge.errors import UserError
-from stackforge.freshness import newest as freshness
+from stackforge.freshness import audit, bump, lines, newest
 from stackforge.freshness.index import IndexFile, ProjectPage
 from stackforge.stack.load import load_stack
 
@@ -44,7 +44,7 @@ def post2():
 
 
 def test_target_tags_follow_the_stack_platform(post1):
-    tags = freshness.target_tags(post1)
+    tags = lines.target_tags(post1)
     assert tags[0] == Tag("cp310", "cp310", "manylinux_2_35_x86_64")
     for t in [Tag("cp310", "cp310", "linux_x86_64"), Tag("cp310", "abi3", "manylinux2014_x86_64"),
               Tag("py3", "none", "any"), Tag("cp310", "none", "linux_x86_64")]:
@@ -55,8 +55,8 @@ def test_target_tags_follow_the_stack_platform(post1):
 
 
 def _line(stack, pg, pinned, local=None):
-    ranks = {t: i for i, t in enumerate(freshness.target_tags(stack))}
-    return freshness.line_for(pg, pinned, ranks, local=local)
+    ranks = {t: i for i, t in enumerate(lines.target_tags(stack))}
+    return lines.line_for(pg, pinned, ranks, local=local)
 
 
 def test_line_is_same_tags_and_same_local_label(post1):
@@ -71,47 +71,47 @@ def test_line_is_same_tags_and_same_local_label(post1):
     line = _line(post1, pg, "2.11.0.post1+musa5.2.0")
     assert line.kind == "wheel" and line.local == "musa5.2.0"
     assert line.tags == frozenset({Tag("cp310", "cp310", "linux_x86_64")})
-    got = freshness.versions_in_line(pg, line, allow_pre=False, keep=Version("2.11.0.post1+musa5.2.0"))
+    got = lines.versions_in_line(pg, line, allow_pre=False, keep=Version("2.11.0.post1+musa5.2.0"))
     assert [str(v) for v in got] == ["2.11.0.post2+musa5.2.0", "2.11.0.post1+musa5.2.0"]
     assert all("cp310-cp310-linux_x86_64" in f.filename for f in got.values())
     mp22 = _line(post1, pg, "2.11.0.post1+musa5.2.1mp22")
-    assert [str(v) for v in freshness.versions_in_line(pg, mp22, allow_pre=False)] == ["2.11.0.post1+musa5.2.1mp22"]
+    assert [str(v) for v in lines.versions_in_line(pg, mp22, allow_pre=False)] == ["2.11.0.post1+musa5.2.1mp22"]
 
 
 def test_pure_python_and_sdist_lines(post1):
     pg = page("torchada", "0.1.83@py3-none-any", "0.1.90@py3-none-any", "0.1.91@sdist", "0.1.92@cp310-cp310-linux_x86_64")
     line = _line(post1, pg, "0.1.83")
     assert line.describe() == "py3-none-any (no local label)"
-    assert next(iter(freshness.versions_in_line(pg, line, allow_pre=False))) == Version("0.1.90")
+    assert next(iter(lines.versions_in_line(pg, line, allow_pre=False))) == Version("0.1.90")
     sd = page("x", "1.0@sdist", "1.1@sdist", "1.2")
     sline = _line(post1, sd, "1.0")
     assert sline.kind == "sdist"
-    assert [str(v) for v in freshness.versions_in_line(sd, sline, allow_pre=False)] == ["1.1", "1.0"]
+    assert [str(v) for v in lines.versions_in_line(sd, sline, allow_pre=False)] == ["1.1", "1.0"]
 
 
 def test_missing_pin_falls_back_to_installable_wheels(post1):
     pg = page("triton", "3.3.0", "3.4.0@cp310-cp310-linux_aarch64")
     line = _line(post1, pg, "3.2.0")
     assert line.kind == "compatible"
-    assert [str(v) for v in freshness.versions_in_line(pg, line, allow_pre=False)] == ["3.3.0"]
+    assert [str(v) for v in lines.versions_in_line(pg, line, allow_pre=False)] == ["3.3.0"]
 
 
 def test_built_for_template_and_pattern():
     tpl = "{{ for.local }}torch{{ for.public }}"
-    assert freshness.render_built_for(tpl, "2.11.0.post2+musa5.2.0") == "musa5.2.0torch2.11.0.post2"
-    rx = freshness.built_for_pattern(tpl, "musa5.2.0")
+    assert lines.render_built_for(tpl, "2.11.0.post2+musa5.2.0") == "musa5.2.0torch2.11.0.post2"
+    rx = lines.built_for_pattern(tpl, "musa5.2.0")
     assert rx.match("musa5.2.0torch2.11.0.post1").group("public") == "2.11.0.post1"
     assert rx.match("musa5.2.1mp22torch2.11.0.post1") is None
 
 
 def test_train_window_verdict():
-    rep = freshness.TrainReport("torch", "newest", {"torch": "a", "torchaudio": "b"},
+    rep = newest.TrainReport("torch", "newest", {"torch": "a", "torchaudio": "b"},
                                 {"torch": T0, "torchaudio": T0 + timedelta(minutes=1)}, 3600)
     assert rep.spread == 60 and not rep.far_apart and "together" in rep.describe()
-    late = freshness.TrainReport("torch", "newest", {"torch": "a", "torchaudio": "b"},
+    late = newest.TrainReport("torch", "newest", {"torch": "a", "torchaudio": "b"},
                                  {"torch": T0, "torchaudio": T0 + timedelta(days=3)}, 3600)
     assert late.far_apart and "FAR APART" in late.describe()
-    unknown = freshness.TrainReport("torch", "newest", {"torch": "a", "torchaudio": "b"},
+    unknown = newest.TrainReport("torch", "newest", {"torch": "a", "torchaudio": "b"},
                                     {"torch": T0, "torchaudio": None}, 3600)
     assert unknown.spread is None and not unknown.far_apart and "unknown" in unknown.describe()
 
@@ -132,8 +132,8 @@ def _pages(**extra):
 
 
 def test_bump_takes_the_newest_coherent_release(post1):
-    cat = freshness.Catalog(post1, _pages())
-    plan = freshness.plan_bump(post1, cat, new_name="next")
+    cat = lines.Catalog(post1, _pages())
+    plan = bump.plan_bump(post1, cat, new_name="next")
     moved = {m.package: m.after for m in plan.moves}
     # post3 exists for torch and torch_musa only, so the train stops at post2.
     assert moved == {
@@ -147,15 +147,15 @@ def test_bump_takes_the_newest_coherent_release(post1):
 
 
 def test_bump_keeps_a_member_without_its_own_post_release(post1):
-    cat = freshness.Catalog(post1, _pages(torchaudio=page("torchaudio", "2.11.0+musa5.2.0")))
-    plan = freshness.plan_bump(post1, cat, new_name="next")
+    cat = lines.Catalog(post1, _pages(torchaudio=page("torchaudio", "2.11.0+musa5.2.0")))
+    plan = bump.plan_bump(post1, cat, new_name="next")
     moved = {m.package for m in plan.moves}
     assert "torchaudio" not in moved and "torch" in moved and plan.ok
 
 
 def test_bump_reports_the_missing_built_for_build(post1):
-    cat = freshness.Catalog(post1, _pages(deep_ep=page("deep_ep", "1.1.0+musa5.2.0torch2.11.0.post1")))
-    plan = freshness.plan_bump(post1, cat, new_name="next")
+    cat = lines.Catalog(post1, _pages(deep_ep=page("deep_ep", "1.1.0+musa5.2.0torch2.11.0.post1")))
+    plan = bump.plan_bump(post1, cat, new_name="next")
     assert not plan.ok
     (problem,) = plan.problems
     assert problem.startswith("deep_ep: no build for torch 2.11.0.post2+musa5.2.0")
@@ -164,20 +164,20 @@ def test_bump_reports_the_missing_built_for_build(post1):
 
 def test_bump_unknown_train_is_a_user_error(post1):
     with pytest.raises(UserError, match="no train named cuda"):
-        freshness.plan_bump(post1, freshness.Catalog(post1, _pages()), new_name="n", trains=["cuda"])
+        bump.plan_bump(post1, lines.Catalog(post1, _pages()), new_name="n", trains=["cuda"])
 
 
 def test_rendered_bump_is_yaml_with_quoted_numbers(post1):
-    plan = freshness.BumpPlan("post1", "next", [freshness.Move("triton", "3.2.0", "3.3", "x"),
-                                                freshness.Move("torch", "2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0", "t")], [], [])
-    data = yaml.safe_load(freshness.render_bump(post1, plan))
+    plan = bump.BumpPlan("post1", "next", [bump.Move("triton", "3.2.0", "3.3", "x"),
+                                                bump.Move("torch", "2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0", "t")], [], [])
+    data = yaml.safe_load(bump.render_bump(post1, plan))
     assert data["inherits"] == "post1" and data["name"] == "next"
     assert data["packages"]["triton"] == {"version": "3.3"}
     assert data["description"] == "MUSA 5.2.0 release train, torch 2.11.0.post2"
 
 
 def test_stale_tokens_for_post1_to_post2(post1, post2):
-    tokens = {t.text: t for t in freshness.stale_tokens(post1, post2)}
+    tokens = {t.text: t for t in audit.stale_tokens(post1, post2)}
     assert set(tokens) == {
         "2.11.0.post1+musa5.2.0", "2.11.0.post1_musa5.2.0", "2.11.0.post1",
         "0.26.0.post1+musa5.2.0", "0.26.0.post1_musa5.2.0", "0.26.0.post1",
@@ -197,7 +197,7 @@ def test_stale_tokens_for_post1_to_post2(post1, post2):
     ("2.11.0.post1a", False),
 ])
 def test_stale_token_boundaries(line, hit):
-    tok = freshness.StaleToken("2.11.0.post1", "torch", "2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0")
+    tok = audit.StaleToken("2.11.0.post1", "torch", "2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0")
     import re
 
     assert bool(re.search(tok.pattern(), line)) is hit
@@ -206,7 +206,7 @@ def test_stale_token_boundaries(line, hit):
 def test_allow_list_parsing(tmp_path):
     f = tmp_path / "allow.txt"
     f.write_text("# comment\nstacks/post1.yaml\ntests/**  2.11.0.post1   # fixtures model post1\ndocs/history/\n")
-    rules = freshness.load_allow_list(f, "allow.txt")
+    rules = audit.load_allow_list(f, "allow.txt")
     assert [(r.glob, r.token) for r in rules] == [("stacks/post1.yaml", None), ("tests/**", "2.11.0.post1"),
                                                  ("docs/history/", None)]
     assert rules[1].matches("tests/unit/test_x.py", "2.11.0.post1")
@@ -215,7 +215,7 @@ def test_allow_list_parsing(tmp_path):
     assert not rules[0].matches("stacks/post2.yaml", "0.1.83")
     f.write_text("a b c\n")
     with pytest.raises(UserError) as err:
-        freshness.load_allow_list(f, "allow.txt")
+        audit.load_allow_list(f, "allow.txt")
     assert err.value.line == 1
 
 
@@ -227,10 +227,10 @@ def test_write_bump_that_fails_lint_leaves_no_file(tmp_path):
     shutil.copytree(ROOT / "patches", root / "patches")
     stack = load_stack("post1", root=root)
     before = stack.packages["torchvision"].version
-    plan = freshness.BumpPlan("post1", "half", [freshness.Move("torchvision", before, "0.26.0.post2+musa5.2.0", "x")],
+    plan = bump.BumpPlan("post1", "half", [bump.Move("torchvision", before, "0.26.0.post2+musa5.2.0", "x")],
                               [], [])  # torchvision alone leaves its train
     with pytest.raises(UserError) as exc:
-        freshness.write_bump(stack, plan)
+        bump.write_bump(stack, plan)
     assert exc.value.exit_code == 1
     assert "would not pass lint, so it was not written" in exc.value.message and "torchvision" in exc.value.message
     assert exc.value.fix == "check the index for the builds named above"

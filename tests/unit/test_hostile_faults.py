@@ -262,7 +262,7 @@ def case_cache_read_only(root, tmp_path, mounts, monkeypatch):
     shutil.copytree(REPO / "patches", root / "patches")
     shutil.copy(REPO / "stacks" / "example.yaml", root / "stacks")
     shutil.copytree(REPO / "stacks" / "locks" / "example", root / "stacks" / "locks" / "example")
-    res = finish(stackforge(root, "render", "example", STACKFORGE_CACHE=str(ro / "cache")))
+    res = finish(stackforge(root, "render", "example", STACKFORGE_CACHE=str(ro / "cache"), STACKFORGE_PROGRESS="0"))
     assert_one_clean_error(res, f"cannot write {ro / 'cache'}", "read-only file system", "STACKFORGE_CACHE=DIR")
     assert leftovers(root / "build" / "example") == [] and not (root / "build" / "example" / "context").exists()
 

@@ -160,11 +160,11 @@ def test_the_example_still_renders(tmp_path):
 def test_newest_and_bump_render_built_for_rules_in_the_sandbox(use, tmp_path, monkeypatch):
     """`newest` and `bump` read the built-for rules without linting first: the same sandbox applies."""
     from stackforge.errors import UserError
-    from stackforge.freshness import newest as freshness
+    from stackforge.freshness import lines
 
     monkeypatch.chdir(tmp_path)
     template = "{{ cycler.%s }}" % SYSTEM.format(c=tmp_path / CANARY)
     with pytest.raises(UserError) as exc:
-        getattr(freshness, use)(template, "2.11.0.post2+musa5.2.0" if use == "render_built_for" else "musa5.2.0")
+        getattr(lines, use)(template, "2.11.0.post2+musa5.2.0" if use == "render_built_for" else "musa5.2.0")
     assert exc.value.message.startswith("rules.built_for: template refused")
     assert not (tmp_path / CANARY).exists()

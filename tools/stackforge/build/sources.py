@@ -12,7 +12,8 @@ Two kinds of source, both checked before anything is built from them:
 
 An upstream spec is any object (or mapping) with ``git``, ``tag``, ``commit``,
 optional ``sdist`` (``index_url`` or ``index``, ``name``, ``version``,
-``sha256``) and optional ``patches``. This module knows nothing about patches.
+``sha256``) and optional ``patches``. Git runs through ``patches.git.git``; this module knows nothing
+about patch series.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -30,8 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
+from stackforge import progress
 from stackforge.credentials import for_url as credential_for_url
 from stackforge.errors import UserError
+from stackforge.patches.git import git, rev_parse
 from stackforge.urls import Credential, redact, redact_text, scrub
 from stackforge.urls import split as split_credentials
 
@@ -84,18 +88,6 @@ def default_cache_dir(root: Path | None = None) -> Path:
 
 # --- git ------------------------------------------------------------------------
 
-def _git(*args: str, cwd: Path | None = None, check: bool = True, env: dict | None = None,
-         credential: Credential | None = None) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0")
-    if env:
-        full_env.update(env)
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=full_env)
-    if check and proc.returncode != 0:
-        raise UserError(f"git {scrub(' '.join(args), credential)} failed (exit {proc.returncode}):\n"
-                        f"{scrub(proc.stdout + proc.stderr, credential).strip()}")
-    return proc
-
-
 def git_credential_env(url: str, credential: Credential | None) -> dict[str, str]:
     """Environment that hands ``credential`` to git for ``url`` only, through ``GIT_CONFIG_*`` (never on
     the command line, where ``ps`` shows it): an ``Authorization`` header for user/password, and a
@@ -140,13 +132,12 @@ def mirror_path(url: str, cache_dir: Path | str) -> Path:
 
 
 def _has_commit(mirror: Path, commit: str) -> bool:
-    return _git("cat-file", "-e", f"{commit}^{{commit}}", cwd=mirror, check=False).returncode == 0
+    return git(mirror, "cat-file", "-e", f"{commit}^{{commit}}", check=False).ok
 
 
 def peeled_tag(mirror: Path, tag: str) -> str | None:
     """The commit a tag points to, annotated tags peeled; None if the tag is absent."""
-    proc = _git("rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}", cwd=mirror, check=False)
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    return rev_parse(mirror, f"refs/tags/{tag}")
 
 
 def verify_pin(mirror: Path, url: str, tag: str | None, commit: str) -> str:
@@ -156,7 +147,7 @@ def verify_pin(mirror: Path, url: str, tag: str | None, commit: str) -> str:
             f"pinned commit {commit} is not in {url}",
             fix="check upstreams.<name>.commit; the commit must exist in the upstream repository",
         )
-    full = _git("rev-parse", f"{commit}^{{commit}}", cwd=mirror).stdout.strip()
+    full = git(mirror, "rev-parse", f"{commit}^{{commit}}").stdout.strip()
     if tag:
         actual = peeled_tag(mirror, tag)
         if actual is None:
@@ -195,40 +186,47 @@ def fetch_upstream(spec: Any, cache_dir: Path | str, *, root: Path | None = None
         if not mirror.is_dir():
             raise UserError(f"no cached mirror of {url} at {mirror} and offline mode is on", fix="run once with network access, or drop --offline")
     else:
-        if not mirror.is_dir():
-            mirror.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=mirror.name + ".", dir=mirror.parent))
-            try:
-                _git("init", "--quiet", "--bare", str(tmp))
-                _git("remote", "add", "origin", url, cwd=tmp)
-                _git("config", "--replace-all", "remote.origin.fetch", "+refs/heads/*:refs/heads/*", cwd=tmp)
-                _git("config", "--add", "remote.origin.fetch", "+refs/tags/*:refs/tags/*", cwd=tmp)
-                _git("config", "remote.origin.mirror", "true", cwd=tmp)
-                _fetch(tmp, url, auth_env, credential)
-                tmp.rename(mirror)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        else:
-            _fetch(mirror, url, auth_env, credential)
-        if not _has_commit(mirror, commit):
-            _git("fetch", "--quiet", "origin", commit, cwd=mirror, check=False, env=auth_env)
+        with progress.step(f"fetch {field(spec, 'name') or redact(url)} {tag or commit[:12]} (git)"):
+            _update_mirror(mirror, url, commit, auth_env, credential)
     verify_pin(mirror, url, tag, commit)
     return mirror
 
 
+def _update_mirror(mirror: Path, url: str, commit: str, auth_env: dict[str, str],
+                   credential: Credential | None) -> None:
+    """Create the bare mirror of ``url`` (atomically) or fetch into it; fetch ``commit`` by id if still missing."""
+    if not mirror.is_dir():
+        mirror.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=mirror.name + ".", dir=mirror.parent))
+        try:
+            git(None, "init", "--quiet", "--bare", str(tmp))
+            git(tmp, "remote", "add", "origin", url, credential=credential)
+            git(tmp, "config", "--replace-all", "remote.origin.fetch", "+refs/heads/*:refs/heads/*")
+            git(tmp, "config", "--add", "remote.origin.fetch", "+refs/tags/*:refs/tags/*")
+            git(tmp, "config", "remote.origin.mirror", "true")
+            _fetch(tmp, url, auth_env, credential)
+            tmp.rename(mirror)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    else:
+        _fetch(mirror, url, auth_env, credential)
+    if not _has_commit(mirror, commit):
+        git(mirror, "fetch", "--quiet", "origin", commit, check=False, env=auth_env)
+
+
 def _fetch(mirror: Path, url: str, auth_env: dict[str, str], credential: Credential | None) -> None:
-    proc = _git("fetch", "--quiet", "--prune", "--force", "origin", cwd=mirror, check=False, env=auth_env)
-    if proc.returncode != 0:
+    res = git(mirror, "fetch", "--quiet", "--prune", "--force", "origin", check=False, env=auth_env)
+    if not res.ok:
         raise UserError(
-            f"cannot fetch upstream {redact(url)}:\n{scrub(proc.stdout + proc.stderr, credential).strip()}",
+            f"cannot fetch upstream {redact(url)}:\n{scrub(res.output, credential).strip()}",
             fix="check the URL and the network; a local path or a file:// URL works for mirrors",
         )
 
 
 def commit_time(mirror: Path, commit: str) -> int:
     """Committer time of ``commit`` (seconds since the epoch): a SOURCE_DATE_EPOCH."""
-    return int(_git("log", "-1", "--format=%ct", commit, cwd=mirror).stdout.strip())
+    return int(git(mirror, "log", "-1", "--format=%ct", commit).stdout.strip())
 
 
 def _prepare_dest(dest_dir: Path | str) -> Path:
@@ -246,8 +244,8 @@ def export_commit(mirror: Path, commit: str, dest_dir: Path | str) -> Path:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         # Line-ending conversion from the user's configuration would change the bytes.
         plain = ["-c", "core.autocrlf=false", "-c", "core.eol=lf", "--git-dir", str(mirror), "--work-tree", str(dest)]
-        _git(*plain, "read-tree", commit, env=env)
-        _git(*plain, "checkout-index", "--all", "--force", env=env)
+        git(None, *plain, "read-tree", commit, env=env)
+        git(None, *plain, "checkout-index", "--all", "--force", env=env)
     return dest
 
 
@@ -266,40 +264,47 @@ def export_upstream(spec: Any, cache_dir: Path | str, dest_dir: Path | str, *, r
 
 # --- release sdists ---------------------------------------------------------------
 
-def normalize_name(name: str) -> str:
-    """PEP 503 normalised project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _read_url(url: str, what: str, client=None) -> bytes:
+def _read_url(url: str, what: str, client=None, transfer: progress.Transfer | None = None) -> bytes:
     """The bytes at ``url``: a local file, or an HTTP GET through ``client`` (an ``IndexClient``, whose
-    credential goes with the request) or anonymously. Messages show the URL redacted."""
+    credential goes with the request) or anonymously, counted on ``transfer`` as they arrive. Messages
+    show the URL redacted."""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
         path = Path(urllib.parse.unquote(parsed.path))
         if path.is_dir():
             path = path / "index.html"
         try:
-            return path.read_bytes()
+            data = path.read_bytes()
         except OSError as exc:
             raise UserError(f"cannot read {what} {redact(url)}: {exc.strerror}") from None
+        if transfer is not None:
+            transfer.advance(len(data))
+        return data
     import requests
 
     session = client._session() if client is not None else requests.Session()
     params = client.params_for(url) if client is not None else {}
     try:
-        resp = session.get(url, timeout=60, headers={"Accept": "text/html"}, params=params)
+        with session.get(url, timeout=60, headers={"Accept": "text/html"}, params=params, stream=True) as resp:
+            if resp.status_code in (401, 403):
+                raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code} (credentials missing or refused)",
+                                fix="give the index's credentials: user:password@ in its URL, "
+                                    "STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, or a ~/.netrc entry for its host")
+            if resp.status_code != 200:
+                raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code}",
+                                fix="check the index URL and the project name")
+            length = resp.headers.get("Content-Length", "")
+            if transfer is not None and length.isdigit():
+                transfer.total = int(length)
+            chunks = []
+            for chunk in resp.iter_content(1 << 20):
+                chunks.append(chunk)
+                if transfer is not None:
+                    transfer.advance(len(chunk))
+            return b"".join(chunks)
     except requests.RequestException as exc:
         raise UserError(f"cannot reach {what} {redact(url)}: {type(exc).__name__}: {redact_text(str(exc))}",
                         fix="check the index URL and the network") from None
-    if resp.status_code in (401, 403):
-        raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code} (credentials missing or refused)",
-                        fix="give the index's credentials: user:password@ in its URL, "
-                            "STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, or a ~/.netrc entry for its host")
-    if resp.status_code != 200:
-        raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code}",
-                        fix="check the index URL and the project name")
-    return resp.content
 
 
 def find_sdist(index_url: str, name: str, version: str):
@@ -317,7 +322,7 @@ def find_sdist(index_url: str, name: str, version: str):
         if f.kind == "sdist" and f.filename.endswith(".tar.gz"):
             return urllib.parse.urldefrag(f.url)[0], client
     raise UserError(
-        f"no sdist {name}-{version}.tar.gz on {client.display_url}/{normalize_name(name)}/",
+        f"no sdist {name}-{version}.tar.gz on {client.display_url}/{canonicalize_name(name)}/",
         fix="check sdist.name and sdist.version against the index",
     )
 
@@ -356,7 +361,8 @@ def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False) -> 
         raise UserError(f"sdist {name}=={version} is not cached and offline mode is on", fix="run once with network access")
     url, client = find_sdist(sdist_index_url(sdist), name, version)
     file_name = sdist_file_name(url, name, version)
-    data = _read_url(url, "sdist", client)
+    with progress.transfer(f"download {name}=={version} (sdist)") as t:
+        data = _read_url(url, "sdist", client, t)
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
         raise UserError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stackforge.cli.options import add_json, add_set, load, print_json, select
-from stackforge.freshness import newest as freshness
+from stackforge.freshness import audit as freshness
 
 
 def register(sub) -> None:

@@ -14,7 +14,7 @@ from stackforge.cli.options import (
     root_of,
     select,
 )
-from stackforge.freshness import newest as freshness
+from stackforge.freshness import bump as freshness
 from stackforge.stack import diff as diffmod
 from stackforge.stack.load import load_stack
 

@@ -77,11 +77,6 @@ def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
     return clean, (cred.auth if cred else None)
 
 
-def normalize(name: str) -> str:
-    """PEP 503 normalised project name."""
-    return canonicalize_name(name)
-
-
 # --------------------------------------------------------------------------------------------------
 # What an index says about one file
 
@@ -415,7 +410,7 @@ class IndexClient:
         return s
 
     def project_url(self, name: str) -> str:
-        return urljoin(self.url, normalize(name) + "/")
+        return urljoin(self.url, canonicalize_name(name) + "/")
 
     def _get(self, url: str, accept: str) -> tuple[str, str, str, bool]:
         """GET with conditional headers; returns (body, content_type, final_url, from_cache)."""
@@ -480,7 +475,7 @@ class IndexClient:
 
     def project(self, name: str) -> ProjectPage:
         """The project page for ``name`` (memoised for the life of the client)."""
-        key = normalize(name)
+        key = canonicalize_name(name)
         with self._lock:
             page = self._pages.get(key)
         if page is not None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection, DynamicSegment
 from elftools.elf.elffile import ELFFile
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from stackforge.errors import UserError
 from stackforge.freshness.index import download, redact
@@ -222,7 +222,7 @@ def inspect_wheel(path: str | Path, *, source: str | None = None) -> WheelInfo:
     meta_version = (metadata.get("Version") or [""])[0]
     if meta_version and meta_version != str(version) and meta_version.replace("-", "_") != str(version):
         info.warnings.append(f"METADATA says Version {meta_version}, the file name says {version}")
-    if meta_name and _norm(meta_name) != _norm(str(name)):
+    if meta_name and canonicalize_name(meta_name) != canonicalize_name(str(name)):
         info.warnings.append(f"METADATA says Name {meta_name}, the file name says {name}")
     if info.is_compiled and not info.requires_dist:
         info.warnings.append(
@@ -280,10 +280,6 @@ def _member_record_digest(zf: zipfile.ZipFile, entry: FileEntry, algo: str) -> s
         while chunk := src.read(_CHUNK):
             h.update(chunk)
     return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _check_record(zf: zipfile.ZipFile, files: dict[str, FileEntry], record: str | None, record_path: str) -> list[str]:

@@ -1,8 +1,10 @@
-"""Run git with an environment that makes patch work reproducible.
+"""The one way stackforge runs git: an environment that makes its work reproducible.
 
 User and system git configuration are ignored (a global ``format.signature``
 or ``diff.noprefix`` would change exported bytes), the locale is C so messages
-can be parsed, and commits made by stackforge carry a fixed committer.
+can be parsed, prompts are off, and commits made by stackforge carry a fixed
+committer. A credential reaches git only through ``env`` (``GIT_CONFIG_*``),
+and error messages have URL credentials and the credential's secrets scrubbed.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stackforge.errors import UserError
+from stackforge.urls import Credential, scrub
 
 COMMITTER_NAME = "stackforge"
 COMMITTER_EMAIL = "stackforge@localhost"
@@ -69,8 +72,11 @@ def git(
     input: str | bytes | None = None,
     env: dict[str, str] | None = None,
     binary: bool = False,
+    credential: Credential | None = None,
 ) -> GitResult:
-    """Run ``git -C repo args``; raise UserError on failure when ``check``."""
+    """Run ``git -C repo args`` (plain ``git args`` when ``repo`` is None) with ``env`` added to the
+    reproducible environment; raise UserError on failure when ``check``, its text scrubbed of URL
+    credentials and of ``credential``'s secrets."""
     cmd = ["git"]
     if repo is not None:
         cmd += ["-C", str(repo)]
@@ -78,7 +84,7 @@ def git(
     if isinstance(input, str):
         input = input.encode()
     try:
-        proc = subprocess.run(cmd, input=input, capture_output=True, env=git_env(env))
+        proc = subprocess.run(cmd, input=input, capture_output=True, env=git_env(env), check=False)
     except FileNotFoundError as exc:  # pragma: no cover - git is a hard requirement
         raise UserError("git is not installed", fix="install git (apt-get install git)") from exc
     if binary:
@@ -88,8 +94,9 @@ def git(
         err = proc.stderr.decode("utf-8", "replace")
     res = GitResult(cmd, proc.returncode, out, err)
     if check and not res.ok:
+        where = f" in {repo}" if repo is not None else ""
         raise UserError(
-            f"git {' '.join(args)} failed (exit {proc.returncode}) in {repo}:\n{res.output.strip()}"
+            scrub(f"git {' '.join(args)} failed (exit {proc.returncode}){where}:\n{res.output.strip()}", credential)
         )
     return res
 
