@@ -69,7 +69,7 @@ def root(tmp_path):
 def stackforge(root: Path, *args: str, **env: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "stackforge", "--root", str(root), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **env})
+                            env={**os.environ, "STACKFORGE_PROGRESS": "0", **env})  # stderr: the error alone
 
 
 def finish(proc: subprocess.Popen) -> SimpleNamespace:

@@ -110,6 +110,7 @@ def three_dockerfiles(root: Path, tmp_path: Path, capsys, monkeypatch, *, source
 
 
 def test_render_build_and_bake_write_the_same_dockerfile(root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("STACKFORGE_PROGRESS", "0")  # the test compares stderr
     monkeypatch.setattr(context, "_export_source", fake_export)
     files, out, engine, built = three_dockerfiles(root, tmp_path, capsys, monkeypatch, sources=True)
     assert files[0] == files[1] == files[2]
