@@ -42,3 +42,18 @@ def test_silenced(capsys, monkeypatch):
 @pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (5 * 2**30, "5.0 GiB")])
 def test_human_bytes(n, text):
     assert progress.human_bytes(n) == text
+
+
+def test_an_upload_body_counts_what_was_read_and_keeps_its_length(capsys, monkeypatch):
+    import io
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    t = progress.Transfer("upload sha256:ab", 10, None)
+    t.done = 7  # an earlier attempt
+    body = progress.CountingReader(io.BytesIO(b"0123456789"), 10, t)
+    assert t.done == 0 and len(body) == 10  # a retry starts from byte 0; Content-Length is known
+    now[0] = 6.0
+    assert body.read(4) == b"0123" and len(body) == 6
+    assert capsys.readouterr().err == "stackforge: upload sha256:ab: 4 B of 10 B (1 B/s)\n"
+    assert body.read() == b"456789" and len(body) == 0 and t.done == 10

@@ -82,6 +82,27 @@ class Transfer:
         note(f"{self.what}: {self._amount()} in {time.monotonic() - self.started:.1f} s", self.echo)
 
 
+class CountingReader:
+    """A readable that tells ``transfer`` how many bytes were read from it (an upload body). ``len()``
+    is the size still to send, so an HTTP client sets Content-Length instead of chunking."""
+
+    def __init__(self, raw, size: int, transfer: Transfer):
+        self.raw, self.left, self.transfer = raw, size, transfer
+        transfer.done = 0  # a retried upload starts from byte 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.left -= len(data)
+        self.transfer.advance(len(data))
+        return data
+
+    def __len__(self) -> int:
+        return max(self.left, 0)
+
+    def close(self) -> None:
+        self.raw.close()
+
+
 @contextmanager
 def transfer(what: str, total: int | None = None, echo: Callable[[str], None] | None = None) -> Iterator[Transfer]:
     t = Transfer(what, total, echo)

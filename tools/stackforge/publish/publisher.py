@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from stackforge.build.engine import Engine
+from stackforge import progress
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import flock_wait
 from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage, default_layer_cache
@@ -353,7 +354,10 @@ class Publisher:
                 continue
             t = time.monotonic()
             self.log("blob-upload", digest=blob.digest, size=blob.size, media_type=blob.media_type)
-            self.client.upload_blob(blob.digest, blob.size, blob.open)
+            # Running byte counts for a long upload (the push log has its start and end).
+            moving = progress.Transfer(f"upload {blob.digest[:19]}", blob.size, self.log.echo)
+            self.client.upload_blob(blob.digest, blob.size,
+                                    lambda b=blob, t=moving: progress.CountingReader(b.open(), b.size, t))
             self.log("blob-uploaded", digest=blob.digest, seconds=round(time.monotonic() - t, 3))
 
     def _put_by_digest(self, img: PreparedImage) -> None:
