@@ -221,8 +221,8 @@ def audit(stack: Stack, against: Stack | None = None, *, allow_file: Path | None
             continue
         text = data.decode("utf-8", "replace")
         for lineno, line in enumerate(text.splitlines(), 1):
-            for t, rx in regexes:
-                for m in rx.finditer(line):
+            for t, token_rx in regexes:
+                for m in token_rx.finditer(line):
                     if len(t.text) == 40 and not t.text.startswith(m.group(0)):
                         continue
                     allowed = None

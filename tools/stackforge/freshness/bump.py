@@ -7,6 +7,7 @@ lints it.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class BumpPlan:
         return not self.problems
 
 
-def _agrees(candidate: Version, leader: Version, agree: list[str]) -> int:
+def _agrees(candidate: Version, leader: Version, agree: Collection[str]) -> int:
     """2: agrees fully; 1: agrees with no post-release of its own (allowed by the train rule); 0: no."""
     if "local" in agree and candidate.local != leader.local:
         return 0
@@ -92,16 +93,17 @@ def plan_bump(stack: Stack, catalog: Catalog, *, new_name: str, trains: list[str
                             + "; ".join(getattr(catalog.pages.get(m), "message", "no answer") for m in missing_pages))
             continue
         lines = {m: catalog.line(m) for m in train.members}
-        cands = {m: catalog.candidates(m, lines[m]) for m in train.members}
+        member_cands = {m: catalog.candidates(m, lines[m]) for m in train.members}
         pins = {m: Version(stack.packages[m].version) for m in train.members}
         chosen: dict[str, Version] | None = None
-        for v in cands[leader]:
+        for v in member_cands[leader]:
             if v < pins[leader]:
                 break
             pick = {leader: v}
+            coherent = True
             for m in train.members[1:]:
-                best = None
-                for c in cands[m]:
+                best: tuple[int, Version] | None = None
+                for c in member_cands[m]:
                     if c < pins[m]:
                         break
                     score = _agrees(c, v, train.agree)
@@ -111,10 +113,10 @@ def plan_bump(stack: Stack, catalog: Catalog, *, new_name: str, trains: list[str
                             break
                 if best is None:
                     notes.append(f"train {train.name}: {leader} {v} is not coherent: {m} has no matching build")
-                    pick = None
+                    coherent = False
                     break
                 pick[m] = best[1]
-            if pick:
+            if coherent:
                 chosen = pick
                 break
         if chosen is None:
@@ -211,10 +213,10 @@ def render_bump(stack: Stack, plan: BumpPlan, description: str | None = None) ->
     lines = [f"# {desc}: the {stack.name} declaration with the train moved." if desc else
              f"# The {stack.name} declaration with the train moved.",
              f"name: {plan.new}",
-             f"inherits: {stack.name}",
-             f"description: {_yaml_scalar(desc)}" if desc else None,
-             "packages:"]
-    lines = [ln for ln in lines if ln is not None]
+             f"inherits: {stack.name}"]
+    if desc:
+        lines.append(f"description: {_yaml_scalar(desc)}")
+    lines.append("packages:")
     for mv in plan.moves:
         key = mv.package if _yaml_scalar(mv.package) == mv.package else _yaml_scalar(mv.package)
         lines.append(f"  {(key + ':').ljust(width)} {{version: {_yaml_scalar(mv.after)}}}")

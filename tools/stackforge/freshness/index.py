@@ -22,17 +22,19 @@ puts in a message goes through ``urls.redact`` / ``urls.redact_text``.
 """
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import os
 import re
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Iterable
+from typing import Literal, overload
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 import requests
@@ -56,7 +58,13 @@ ACCEPT_JSON_FIRST = f"{JSON_V1}, {HTML_V1};q=0.2, text/html;q=0.01"
 ACCEPT_HTML_ONLY = f"{HTML_V1}, text/html;q=0.01"
 
 CACHE_FORMAT = 1
-_RESOLVE = object()  # IndexClient(credential=…) not given: ask credentials.for_url
+
+
+class _Unset(enum.Enum):
+    RESOLVE = enum.auto()
+
+
+_RESOLVE = _Unset.RESOLVE  # IndexClient(credential=…) not given: ask credentials.for_url
 
 
 class IndexQueryError(UserError):
@@ -203,6 +211,10 @@ def parse_time(value: str | None) -> datetime | None:
     return dt.astimezone(timezone.utc)
 
 
+@overload
+def format_time(dt: datetime | None, *, iso: Literal[False] = False) -> str: ...
+@overload
+def format_time(dt: datetime | None, *, iso: bool) -> str | None: ...
 def format_time(dt: datetime | None, *, iso: bool = False) -> str | None:
     """``None`` stays ``None`` for JSON (``iso=True``); text output shows ``unknown``."""
     if dt is None:
@@ -363,7 +375,7 @@ class IndexClient:
         url: str,
         *,
         auth: tuple[str, str] | None = None,
-        credential: Credential | None | object = _RESOLVE,
+        credential: Credential | Literal[_Unset.RESOLVE] | None = _RESOLVE,
         cache_dir: str | Path | None = None,
         prefer_json: bool = True,
         timeout: float = 30.0,

@@ -156,9 +156,9 @@ def line_for(page: ProjectPage, pinned: str, ranks: dict[Tag, int], local: str |
     pin_v = Version(pinned)
     pin_files = [f for f in page.files if f.version == pin_v]
     wheels = [f for f in pin_files if f.kind == "wheel"]
-    installable = [f for f in wheels if _rank(f, ranks) is not None]
+    installable = [(rank, f) for f in wheels if (rank := _rank(f, ranks)) is not None]
     if installable:
-        best = min(installable, key=lambda f: _rank(f, ranks))
+        best = min(installable, key=lambda rf: rf[0])[1]
         return Line("wheel", best.tags, want_local, ranks)
     if any(f.kind == "sdist" for f in pin_files):
         return Line("sdist", frozenset(), want_local, ranks)
@@ -263,16 +263,22 @@ class Catalog:
         for_version = (versions or {}).get(bf.for_, self.stack.packages[bf.for_].version)
         return _norm_local("0+" + render_built_for(bf.local, for_version))
 
-    def line(self, name: str, pinned: str | None = None, versions: dict[str, str] | None = None) -> Line | None:
+    def _answered(self, name: str) -> ProjectPage:
         page = self.page(name)
         if page is None:
-            return None
+            raise LookupError(f"the index gave no page for {name}; check catalog.page({name!r}) first")
+        return page
+
+    def line(self, name: str, pinned: str | None = None, versions: dict[str, str] | None = None) -> Line:
+        """The line of ``name``'s pin (or of ``pinned``); only for a package whose page was fetched."""
+        page = self._answered(name)
         pinned = pinned or self.stack.packages[name].version
         return line_for(page, pinned, self.ranks, local=self.expected_local(name, versions))
 
     def candidates(self, name: str, line: Line) -> dict[Version, IndexFile]:
+        """Newest-first versions of ``name`` in ``line``; only for a package whose page was fetched."""
         pin = Version(self.stack.packages[name].version)
-        return versions_in_line(self.page(name), line, allow_pre=pin.is_prerelease, keep=pin)
+        return versions_in_line(self._answered(name), line, allow_pre=pin.is_prerelease, keep=pin)
 
 
 def load_catalog(stack: Stack, names: list[str] | None = None, *, cache_dir: Path | None = None,

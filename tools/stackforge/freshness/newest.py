@@ -83,9 +83,9 @@ class TrainReport:
 
     @property
     def spread(self) -> float | None:
-        if not self.times or any(t is None for t in self.times.values()):
+        ts = [t.timestamp() for t in self.times.values() if t is not None]
+        if not self.times or len(ts) != len(self.times):
             return None
-        ts = [t.timestamp() for t in self.times.values()]
         return max(ts) - min(ts)
 
     @property
@@ -99,7 +99,7 @@ class TrainReport:
         if self.spread is None:
             unknown = [m for m, t in self.times.items() if t is None]
             return f"train {self.name} ({self.which}: {vers}): publish spread unknown (no upload-time for {', '.join(unknown)})"
-        first = min(self.times.values())
+        first = min(t for t in self.times.values() if t is not None)
         verdict = "FAR APART" if self.far_apart else "together"
         return (f"train {self.name} ({self.which}: {vers}): published {verdict}, within "
                 f"{_duration(self.spread)} from {format_time(first)}")
@@ -166,7 +166,7 @@ class NewestReport:
 
     def render(self) -> str:
         head = ["package", "pinned", "newest in line", "published", "size", "sha256", "status"]
-        rows = []
+        rows: list[list[str]] = []
         for p in self.packages:
             f = p.file
             rows.append([
@@ -195,7 +195,7 @@ class NewestReport:
         if self.built_for:
             out.append("")
             out.extend(b.describe() for b in self.built_for)
-        counts = {}
+        counts: dict[str, int] = {}
         for p in self.packages:
             counts[p.status] = counts.get(p.status, 0) + 1
         out.append("")
@@ -298,26 +298,26 @@ def newest(stack: Stack, *, packages: list[str] | None = None, cache_dir: Path |
         has = bool(catalog.candidates(bf.package, line))
         family = Pin(for_pin).local or ""
         pattern = built_for_pattern(bf.local, family)
-        others = set()
+        others: set[str] = set()
         for f in page.files:
             if f.version is None or f.version.local is None:
                 continue
-            m = pattern.match(f.version.local)
-            if m and m.groupdict().get("public") and (line.kind != "wheel" or line.tags & f.tags):
-                others.add(m.group("public"))
-        rep = BuiltForReport(bf.package, bf.for_, for_pin, expected or "", has,
-                             sorted(others - {Pin(for_pin).public}, key=sortable_version))
+            match = pattern.match(f.version.local)
+            if match and match.groupdict().get("public") and (line.kind != "wheel" or line.tags & f.tags):
+                others.add(match.group("public"))
+        bf_rep = BuiltForReport(bf.package, bf.for_, for_pin, expected or "", has,
+                                sorted(others - {Pin(for_pin).public}, key=sortable_version))
         fr = reports.get(bf.for_)
         if fr and fr.newest and Version(fr.newest) > Version(for_pin):
-            rep.newest_for = fr.newest
+            bf_rep.newest_for = fr.newest
             nl = catalog.line(bf.package, versions={bf.for_: fr.newest})
-            rep.has_build_for_newest = bool(versions_in_line(page, nl, allow_pre=False))
-        built.append(rep)
+            bf_rep.has_build_for_newest = bool(versions_in_line(page, nl, allow_pre=False))
+        built.append(bf_rep)
 
-    indexes = {}
+    indexes: dict[str, str] = {}
     for iname in dict.fromkeys(stack.packages[n].index for n in needed):
-        fmts = {catalog.pages[n].format for n in needed
-                if stack.packages[n].index == iname and isinstance(catalog.pages.get(n), ProjectPage)}
+        on_index = [catalog.page(n) for n in needed if stack.packages[n].index == iname]
+        fmts = {p.format for p in on_index if p is not None}
         indexes[iname] = f"{clients[iname].display_url} ({'/'.join(sorted(fmts)) or 'no answer'})"
     return NewestReport(stack.name, _target_text(stack), [reports[n] for n in names], trains, built, indexes,
                         time.monotonic() - start)

@@ -28,9 +28,10 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
+from typing import IO
 
 from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import DynamicSection, DynamicSegment
+from elftools.elf.dynamic import Dynamic, DynamicSection, DynamicSegment, DynamicTag
 from elftools.elf.elffile import ELFFile
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
@@ -131,25 +132,35 @@ def read_elf(path: str, data: bytes) -> SharedObject | None:
     return _read_elf_stream(path, io.BytesIO(data))
 
 
-def _read_elf_stream(path: str, stream) -> SharedObject:
+def _tag_string(tag: DynamicTag) -> str:
+    """The string of a DT_NEEDED, DT_SONAME, DT_RPATH or DT_RUNPATH tag: pyelftools attaches it as the
+    attribute named after the tag (``needed``, ``soname``, ...), which its annotations do not declare."""
+    value: str = getattr(tag, tag.entry.d_tag[3:].lower())
+    return value
+
+
+def _read_elf_stream(path: str, stream: IO[bytes]) -> SharedObject:
     """Dynamic-section facts of the ELF image in the seekable ``stream`` (which starts with ELF_MAGIC)."""
     try:
         elf = ELFFile(stream)
-        soname, needed, rpath, runpath = None, [], [], []
-        dynamic = [s for s in elf.iter_sections() if isinstance(s, DynamicSection)]
+        soname: str | None = None
+        needed: list[str] = []
+        rpath: list[str] = []
+        runpath: list[str] = []
+        dynamic: list[Dynamic] = [s for s in elf.iter_sections() if isinstance(s, DynamicSection)]
         if not dynamic:  # section headers stripped: fall back to the PT_DYNAMIC segment
             dynamic = [s for s in elf.iter_segments() if isinstance(s, DynamicSegment)]
         for dyn in dynamic[:1]:
             for tag in dyn.iter_tags():
                 kind = tag.entry.d_tag
                 if kind == "DT_NEEDED":
-                    needed.append(tag.needed)
+                    needed.append(_tag_string(tag))
                 elif kind == "DT_SONAME":
-                    soname = tag.soname
+                    soname = _tag_string(tag)
                 elif kind == "DT_RPATH":
-                    rpath.extend(p for p in tag.rpath.split(":") if p)
+                    rpath.extend(p for p in _tag_string(tag).split(":") if p)
                 elif kind == "DT_RUNPATH":
-                    runpath.extend(p for p in tag.runpath.split(":") if p)
+                    runpath.extend(p for p in _tag_string(tag).split(":") if p)
         return SharedObject(
             path=path,
             elf_type=str(elf.header["e_type"]),
@@ -185,13 +196,13 @@ def inspect_wheel(path: str | Path, *, source: str | None = None) -> WheelInfo:
     shared: list[SharedObject] = []
     dist_info = None
     with zf:
-        for info in zf.infolist():
-            if info.is_dir():
+        for member in zf.infolist():
+            if member.is_dir():
                 continue
-            entry, elf = _scan_member(zf, info)
-            files[info.filename] = entry
-            if info.filename.endswith(".dist-info/METADATA") and info.filename.count("/") == 1:
-                dist_info = info.filename.split("/", 1)[0]
+            entry, elf = _scan_member(zf, member)
+            files[member.filename] = entry
+            if member.filename.endswith(".dist-info/METADATA") and member.filename.count("/") == 1:
+                dist_info = member.filename.split("/", 1)[0]
             if elf is not None:
                 shared.append(elf)
         if dist_info is None:
