@@ -18,6 +18,7 @@ from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
 from stackforge.build.render import images_dir, render_dockerfile, requirements_text
+from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.stack.load import fingerprint, stack_root
 from stackforge.stack.model import Stack
@@ -80,10 +81,13 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
     up = stack.upstreams[name]
     root = stack_root(stack)
     if up.sdist is not None:
-        spec = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
-        upstreams.export_sdist(spec, cache, dest)
+        sdist = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
+        upstreams.export_sdist(sdist, cache, dest)
         info = SourceInfo(name, "sdist", f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}")
     else:
+        if up.commit is None:
+            raise UserError(f"upstreams.{name}: a git upstream needs 'commit'",
+                            fix="add commit: … (the commit is checked against the tag)")
         spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
         mirror = upstreams.fetch_upstream(spec, cache, root=root)
         upstreams.export_commit(mirror, up.commit, dest)

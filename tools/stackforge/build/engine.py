@@ -341,13 +341,13 @@ class Engine:
         a failing build is not an exception here (callers decide), a missing secret file
         or a missing engine is a :class:`UserError`.
         """
-        secrets = [(sid, Path(src)) for sid, src in secrets]
-        for sid, src in secrets:
-            if not src.is_file():
-                raise UserError(f"secret {sid}: file {src} does not exist", fix="create it or drop the secret")
+        secret_paths = [(sid, Path(src)) for sid, src in secrets]
+        for sid, path in secret_paths:
+            if not path.is_file():
+                raise UserError(f"secret {sid}: file {path} does not exist", fix="create it or drop the secret")
         cmd = build_command(
             context, dockerfile=dockerfile, target=target, tags=tags, build_args=build_args,
-            secrets=secrets, labels=labels, load=load, progress="plain", metadata_file=metadata_file,
+            secrets=secret_paths, labels=labels, load=load, progress="plain", metadata_file=metadata_file,
             builder=builder or self.builder, no_cache=no_cache, extra_args=extra_args, docker=self.docker,
         )
         return self.stream(cmd, on_line=on_line, log_file=log_file, env=env)

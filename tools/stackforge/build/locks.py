@@ -184,18 +184,18 @@ def verify_lock(stack: Stack, index: str, lock: Lock, rel: str) -> None:
             found = f"has {have[0]}" if have else "does not list it"
             raise UserError(f"lock file is stale: {cname} is pinned at {pkg.version} but the lock {found}",
                             file=rel, line=lock.lines.get(cname), fix=f"run: stackforge lock {fix_name}")
-    other = {canonicalize_name(n): p.index for n, p in stack.packages.items() if p.index != index}
-    for cname, line in lock.lines.items():
-        if cname in other:
-            raise _refuse(rel, line, f"{cname} comes from index '{other[cname]}' in this stack, not from '{index}'",
+    other: dict[str, str] = {canonicalize_name(n): p.index for n, p in stack.packages.items() if p.index != index}
+    for name, line in lock.lines.items():
+        if name in other:
+            raise _refuse(rel, line, f"{name} comes from index '{other[name]}' in this stack, not from '{index}'",
                           fix_name)
     extra = set(lock.pins) - set(pins)
     if stack.indexes[index].role == "vendor":
         allowed: set[str] = set()
     else:
         allowed = _required_by_pins(lock, set(pins))
-    for cname in sorted(extra - allowed, key=lambda n: lock.lines[n]):
-        raise _refuse(rel, lock.lines[cname], f"{cname} is not a pin of index '{index}'"
+    for name in sorted(extra - allowed, key=lambda n: lock.lines[n]):
+        raise _refuse(rel, lock.lines[name], f"{name} is not a pin of index '{index}'"
                       + ("" if stack.indexes[index].role == "vendor" else
                          " and no pin requires it (no `# via` chain from a pin)"), fix_name)
 

@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, overload
 
 from stackforge import credentials, progress
 from stackforge.build.context import Context, build_dir_for
@@ -200,7 +200,16 @@ def prepare(stack: Stack, engine: Engine, *, out: Path | None = None, sources: b
                               engine_facts=engine_facts if sources else None)
 
 
-def secret_files(stack: Stack, secrets_dir: Path | None, ca_bundle: str | None) -> list[tuple[str, Path | None]]:
+@overload
+def secret_files(stack: Stack, secrets_dir: Path, ca_bundle: str | None) -> list[tuple[str, Path]]: ...
+
+
+@overload
+def secret_files(stack: Stack, secrets_dir: None, ca_bundle: str | None) -> list[tuple[str, Path | None]]: ...
+
+
+def secret_files(stack: Stack, secrets_dir: Path | None,
+                 ca_bundle: str | None) -> list[tuple[str, Path]] | list[tuple[str, Path | None]]:
     """The BuildKit secrets of a build: a netrc with the index credentials (written into
     ``secrets_dir``, mode 600; ``None`` when no directory is given) and the CA bundle."""
     secrets: list[tuple[str, Path | None]] = []

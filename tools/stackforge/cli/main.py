@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OSError as exc:
         # A path given on the command line (--out, --to, --from …) that cannot be used: one line, no traceback.
-        err = fs_error(exc) or UserError(
+        problem = fs_error(exc) or UserError(
             f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}",
             fix="check the path: its parent directory must exist and be writable")
-        print(err.render(), file=sys.stderr)
-        return err.exit_code
+        print(problem.render(), file=sys.stderr)
+        return problem.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -103,7 +103,10 @@ def cmd_show(args) -> int:
     for name, idx in stack.indexes.items():
         print(f"index:        {name} ({idx.role}) {idx.url}")
     for name, up in stack.upstreams.items():
-        src = f"{up.git} {up.tag} @ {up.commit}" if up.git else f"sdist {up.sdist.name}=={up.sdist.version}"
+        if up.sdist is not None:
+            src = f"sdist {up.sdist.name}=={up.sdist.version}"
+        else:
+            src = f"{up.git} {up.tag} @ {up.commit}"
         print(f"upstream:     {name}: {src}" + (f" + {up.patches}" if up.patches else ""))
     print("packages:")
     width = max(len(n) for n in stack.packages)

@@ -12,6 +12,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, Literal, TypeVar, overload
 
 from stackforge.errors import UserError
 from stackforge.urls import Credential, scrub
@@ -48,11 +49,15 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+Out = TypeVar("Out", str, bytes)
+
+
 @dataclass
-class GitResult:
+class GitResult(Generic[Out]):
+    """A finished git command: ``stdout`` is bytes for a ``binary`` run, text otherwise."""
     args: list[str]
     returncode: int
-    stdout: str
+    stdout: Out
     stderr: str
 
     @property
@@ -65,6 +70,30 @@ class GitResult:
         return out + self.stderr
 
 
+@overload
+def git(
+    repo: Path | str | None,
+    *args: str,
+    check: bool = ...,
+    input: str | bytes | None = ...,
+    env: dict[str, str] | None = ...,
+    binary: Literal[False] = ...,
+    credential: Credential | None = ...,
+) -> GitResult[str]: ...
+
+
+@overload
+def git(
+    repo: Path | str | None,
+    *args: str,
+    check: bool = ...,
+    input: str | bytes | None = ...,
+    env: dict[str, str] | None = ...,
+    binary: Literal[True],
+    credential: Credential | None = ...,
+) -> GitResult[bytes]: ...
+
+
 def git(
     repo: Path | str | None,
     *args: str,
@@ -73,7 +102,7 @@ def git(
     env: dict[str, str] | None = None,
     binary: bool = False,
     credential: Credential | None = None,
-) -> GitResult:
+) -> GitResult[str] | GitResult[bytes]:
     """Run ``git -C repo args`` (plain ``git args`` when ``repo`` is None) with ``env`` added to the
     reproducible environment; raise UserError on failure when ``check``, its text scrubbed of URL
     credentials and of ``credential``'s secrets."""
@@ -87,12 +116,12 @@ def git(
         proc = subprocess.run(cmd, input=input, capture_output=True, env=git_env(env), check=False)
     except FileNotFoundError as exc:  # pragma: no cover - git is a hard requirement
         raise UserError("git is not installed", fix="install git (apt-get install git)") from exc
+    err = proc.stderr.decode("utf-8", "replace")
+    res: GitResult[str] | GitResult[bytes]
     if binary:
-        out, err = proc.stdout, proc.stderr.decode("utf-8", "replace")
+        res = GitResult(cmd, proc.returncode, proc.stdout, err)
     else:
-        out = proc.stdout.decode("utf-8", "replace")
-        err = proc.stderr.decode("utf-8", "replace")
-    res = GitResult(cmd, proc.returncode, out, err)
+        res = GitResult(cmd, proc.returncode, proc.stdout.decode("utf-8", "replace"), err)
     if check and not res.ok:
         where = f" in {repo}" if repo is not None else ""
         raise UserError(
@@ -102,8 +131,7 @@ def git(
 
 
 def git_bytes(repo: Path | str, *args: str, env: dict[str, str] | None = None) -> bytes:
-    res = git(repo, *args, binary=True, env=env)
-    return res.stdout  # type: ignore[return-value]
+    return git(repo, *args, binary=True, env=env).stdout
 
 
 def rev_parse(repo: Path | str, rev: str) -> str | None:

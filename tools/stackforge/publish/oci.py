@@ -20,7 +20,7 @@ import posixpath
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Protocol
+from typing import IO, Any, BinaryIO, Callable, Iterator, Protocol
 
 from stackforge.build.engine import Engine
 from stackforge.errors import BuildFailed, UserError
@@ -218,7 +218,7 @@ def read_save_stream(stream: BinaryIO, workdir: Path, *, compression: str = "gzi
     return _assemble(entries, expected_id)
 
 
-def _store_layer(head: bytes, src: BinaryIO, path: Path, compression: str, level: int,
+def _store_layer(head: bytes, src: IO[bytes], path: Path, compression: str, level: int,
                  cache: LayerCache | None = None) -> _Entry:
     with open(path, "wb") as out:
         writer = _HashingWriter(out)
@@ -242,7 +242,7 @@ def _store_layer(head: bytes, src: BinaryIO, path: Path, compression: str, level
                   diff_id="sha256:" + diff.hexdigest())
 
 
-def _store_layer_cached(head: bytes, src: BinaryIO, path: Path, writer: _HashingWriter, level: int,
+def _store_layer_cached(head: bytes, src: IO[bytes], path: Path, writer: _HashingWriter, level: int,
                         cache: LayerCache) -> _Entry:
     """Spool the raw layer first; compress it only when the registry lacks its cached blob."""
     raw = path.with_suffix(".tar")
@@ -352,7 +352,7 @@ class _ChunkReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def readinto(self, b) -> int:
         while not self._buf:
             try:
                 self._buf = next(self._chunks)

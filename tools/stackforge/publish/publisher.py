@@ -296,7 +296,7 @@ class Publisher:
             raise UserError(f"registry {self.repository.host} is not usable: {exc}",
                             fix=f"check --registry and that {self.repository.base_url}/v2/ answers; no tag was created") from None
         if self.image.image_id is None and hasattr(self.image, "inspect"):
-            self.image.inspect()  # type: ignore[attr-defined]
+            self.image.inspect()
 
         checked: set[str] = set()
         tags = self.client.list_tags()

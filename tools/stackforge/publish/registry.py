@@ -23,6 +23,7 @@ import os
 import random
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
@@ -237,13 +238,14 @@ def _short(exc: BaseException) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def credentials_for(host: str, env: dict[str, str] | None = None, docker_config: Path | None = None) -> tuple[str, str] | None:
-    env = os.environ if env is None else env
-    user, password = env.get("STACKFORGE_REGISTRY_USER"), env.get("STACKFORGE_REGISTRY_PASSWORD")
+def credentials_for(host: str, env: Mapping[str, str] | None = None,
+                    docker_config: Path | None = None) -> tuple[str, str] | None:
+    environ: Mapping[str, str] = os.environ if env is None else env
+    user, password = environ.get("STACKFORGE_REGISTRY_USER"), environ.get("STACKFORGE_REGISTRY_PASSWORD")
     if user and password:
         return user, password
     if docker_config is None:
-        docker_config = Path(env.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
+        docker_config = Path(environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
     try:
         auths = json.loads(Path(docker_config).read_text()).get("auths", {})
     except (OSError, ValueError):
@@ -322,7 +324,7 @@ class RegistryClient:
             resp = self.session.request(method, url, data=data, headers=hdrs, timeout=self.timeout,
                                         allow_redirects=method in ("GET", "HEAD"), stream=stream)
         finally:
-            if hasattr(data, "close"):
+            if data is not None and hasattr(data, "close"):
                 data.close()
         if resp.status_code == 401 and not _authed and self._authenticate(resp):
             resp.close()

@@ -132,7 +132,7 @@ def check_template(env: Sandbox, source: str, names: set[str]) -> None:
     if len(source) > MAX_SOURCE:
         raise TemplateRefused(f"the template is {len(source)} characters long (at most {MAX_SOURCE})")
     found: list[tuple[int, Exception]] = []
-    todo = [env.parse(source)]
+    todo: list[nodes.Node] = [env.parse(source)]
     while todo:
         node = todo.pop()
         problem = _problem(env, node, names)
