@@ -38,6 +38,7 @@ The tag scheme is ``scheme.py``, the image export (step 3) ``oci.py``, the regis
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
@@ -356,8 +357,7 @@ class Publisher:
             self.log("blob-upload", digest=blob.digest, size=blob.size, media_type=blob.media_type)
             # Running byte counts for a long upload (the push log has its start and end).
             moving = progress.Transfer(f"upload {blob.digest[:19]}", blob.size, self.log.echo)
-            self.client.upload_blob(blob.digest, blob.size,
-                                    lambda b=blob, t=moving: progress.CountingReader(b.open(), b.size, t))
+            self.client.upload_blob(blob.digest, blob.size, functools.partial(_counted, blob, moving))
             self.log("blob-uploaded", digest=blob.digest, seconds=round(time.monotonic() - t, 3))
 
     def _put_by_digest(self, img: PreparedImage) -> None:
@@ -648,3 +648,8 @@ def write_evidence(evidence_dir: Path, record: dict[str, Any], name: str = PUBLI
 
 def stderr_echo(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _counted(blob: Any, moving: progress.Transfer) -> progress.CountingReader:
+    """A fresh upload body for ``blob`` that reports its bytes to ``moving``."""
+    return progress.CountingReader(blob.open(), blob.size, moving)
