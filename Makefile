@@ -27,7 +27,7 @@ $(error REGISTRY is required, e.g. make nightly REGISTRY=127.0.0.1:5000/mcconlin
 endif
 endif
 
-.PHONY: help venv install engine base image render lint unit test demo bench bake nightly clean
+.PHONY: help venv install engine base image render lint lint-py lint-domain format unit test demo bench bake nightly clean
 
 help: ## list the targets
 	@printf 'usage: make TARGET [STACK=…] [TARGET=…] [ARGS=…]\n\n'
@@ -53,11 +53,22 @@ image: $(STAMP) engine ## build, gate and tag one stack: STACK=post2 [TARGET=…
 render: $(STAMP) ## render STACK's Dockerfile and plan without building
 	@$(STACKFORGE) render $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)
 
-lint: $(STAMP) ## stack rules, the stale-reference audit, patch-series lint and byte-stable export
+lint: lint-py lint-domain ## everything below: what CI checks before the tests
+
+lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests and benchmarks
+	$(VENV)/bin/ruff check tools tests bench
+	$(VENV)/bin/ruff format --check tools tests bench
+	$(VENV)/bin/mypy
+
+lint-domain: $(STAMP) ## stack rules, the stale-reference audit, patch-series lint and byte-stable export
 	$(STACKFORGE) lint
 	$(STACKFORGE) audit post2
 	$(STACKFORGE) patches lint
 	$(STACKFORGE) patches export --check
+
+format: $(STAMP) ## apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix tools tests bench
+	$(VENV)/bin/ruff format tools tests bench
 
 demo: $(STAMP) base ## fresh machine: set up the engine, build the example stack, run its image
 	@$(STACKFORGE) build example $(ARGS)

@@ -7,6 +7,7 @@ For each of the two, on the example stack (same pins, same patched upstream, sam
 Prints the times and the ratios naive/stackforge. Needs the engine and the base image
 (`make base`). Run: python bench/build_bench.py
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,13 @@ def naive_build(root: Path, tag: str, no_cache: bool = False) -> float:
 def change_patch(root: Path) -> None:
     patch = next((root / "patches" / "markupsafe").glob("0001-*.patch"))
     text = patch.read_text()
-    patch.write_text(text.replace("+# A build that must ship the C speedups",
-                                  f"+# A build ({uuid.uuid4().hex[:8]}) that must ship the C speedups", 1))
+    patch.write_text(
+        text.replace(
+            "+# A build that must ship the C speedups",
+            f"+# A build ({uuid.uuid4().hex[:8]}) that must ship the C speedups",
+            1,
+        )
+    )
 
 
 def main() -> int:
@@ -64,10 +70,11 @@ def main() -> int:
             shutil.copytree(REPO / "patches", root / "patches")
             tag = f"stackforge-bench/{who}:latest"
             if who == "stackforge":
-                build = lambda no_cache=False: stackforge(  # noqa: E731
-                    root, "build", "example", "--set", f"tags.local={tag}", *(["--no-cache"] if no_cache else []))
+                build = lambda no_cache=False, root=root, tag=tag: stackforge(  # noqa: E731
+                    root, "build", "example", "--set", f"tags.local={tag}", *(["--no-cache"] if no_cache else [])
+                )
             else:
-                build = lambda no_cache=False: naive_build(root, tag, no_cache)  # noqa: E731
+                build = lambda no_cache=False, root=root, tag=tag: naive_build(root, tag, no_cache)  # noqa: E731
             results[who]["cold"] = build(no_cache=True)
             results[who]["no-op"] = build()
             change_patch(root)
@@ -79,8 +86,10 @@ def main() -> int:
     for step in ("cold", "no-op", "one patch"):
         a, b = results["stackforge"][step], results["naive"][step]
         print(f"| {step} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
-    print("\nstackforge times include its host-side work (lint, context assembly, evidence); the naive "
-          "times exclude the render that prepares their context.")
+    print(
+        "\nstackforge times include its host-side work (lint, context assembly, evidence); the naive "
+        "times exclude the render that prepares their context."
+    )
     return 0
 
 

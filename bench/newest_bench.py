@@ -14,6 +14,7 @@ the package. ``--delay`` adds a per-request latency at the server to model a rem
 
     python bench/newest_bench.py [--repeat 3] [--delay 0.0] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,20 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from stackforge.stack.load import load_stack  # noqa: E402
-
 from tests.fixtures.musa_index import build_wheels, index_dirs, serve  # noqa: E402
 
-PIP_TARGET = ["--python-version", "3.10", "--platform", "linux_x86_64", "--implementation", "cp",
-              "--abi", "cp310", "--only-binary", ":all:"]
+PIP_TARGET = [
+    "--python-version",
+    "3.10",
+    "--platform",
+    "linux_x86_64",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp310",
+    "--only-binary",
+    ":all:",
+]
 
 
 def time_stackforge(overrides: list[str]) -> float:
@@ -52,8 +62,20 @@ def time_stackforge(overrides: list[str]) -> float:
 def time_pip(packages: list[tuple[str, str]]) -> float:
     t0 = time.perf_counter()
     for name, url in packages:
-        argv = [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", "--no-cache-dir",
-                "index", "versions", name, "--index-url", url, *PIP_TARGET]
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "--isolated",
+            "--disable-pip-version-check",
+            "--no-cache-dir",
+            "index",
+            "versions",
+            name,
+            "--index-url",
+            url,
+            *PIP_TARGET,
+        ]
         proc = subprocess.run(argv, capture_output=True, text=True)
         if proc.returncode != 0 or name.lower().replace("_", "-") not in proc.stdout.lower().replace("_", "-"):
             raise SystemExit(f"pip index versions {name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -94,10 +116,14 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{result['packages']} packages of post2, local indexes, request delay {args.delay} s, "
-              f"median of {args.repeat} runs")
+        print(
+            f"{result['packages']} packages of post2, local indexes, request delay {args.delay} s, "
+            f"median of {args.repeat} runs"
+        )
         print(f"stackforge newest post2 (one process, concurrent):   {result['stackforge_newest_s']:.3f} s")
-        print(f"pip index versions NAME x {result['packages']} (sequential):      {result['pip_index_versions_s']:.3f} s")
+        print(
+            f"pip index versions NAME x {result['packages']} (sequential):      {result['pip_index_versions_s']:.3f} s"
+        )
         print(f"ratio (pip / stackforge):                             {result['ratio']}x")
     return 0
 

@@ -4,6 +4,7 @@ A test that needs the engine FAILS when it is missing (with the fix), it never s
 tests marked ``@pytest.mark.engine`` get the ``engine`` fixture automatically.
 Other fixtures belong in their own conftest files or test modules.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,9 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from stackforge.build.engine import Engine
 from stackforge.errors import UserError
-
 from tests.fixtures.registry import start_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,9 @@ def base_image(engine: Engine) -> str:
     if not engine.image_exists(BASE_IMAGE):
         proc = subprocess.run(
             ["bash", str(REPO_ROOT / "scripts" / "base-image.sh"), BASE_IMAGE],
-            capture_output=True, text=True, timeout=1800,
+            capture_output=True,
+            text=True,
+            timeout=1800,
         )
         if proc.returncode != 0:
             pytest.fail(f"scripts/base-image.sh {BASE_IMAGE} failed:\n{proc.stdout}\n{proc.stderr}", pytrace=False)

@@ -1,4 +1,5 @@
 """`stackforge audit` in a real git repository with a planted stale reference."""
+
 from __future__ import annotations
 
 import json
@@ -6,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from stackforge.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,8 +21,12 @@ A version such as 2.11.0.post10 or 12.11.0.post1 is not the old pin.
 
 
 def git(root: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=root,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    )
 
 
 @pytest.fixture
@@ -65,12 +71,15 @@ def test_audit_finds_the_planted_reference(repo, capsys):
 def test_allow_list_and_json(repo, capsys):
     (repo / "stacks" / "audit-allow.txt").write_text(
         "# history that must keep naming the old tag\n"
-        "docs/install.md 2.11.0.post1   # the previous image tag, quoted on purpose\n")
+        "docs/install.md 2.11.0.post1   # the previous image tag, quoted on purpose\n"
+    )
     git(repo, "add", "stacks/audit-allow.txt")
     code, out, _ = audit(repo, capsys, "post2", "--json")
     data = json.loads(out)
     assert code == 1
-    assert [(f["path"], f["line"], f["stale"]) for f in data["findings"]] == [("docs/install.md", 3, "2.11.0.post1+musa5.2.0")]
+    assert [(f["path"], f["line"], f["stale"]) for f in data["findings"]] == [
+        ("docs/install.md", 3, "2.11.0.post1+musa5.2.0")
+    ]
     allowed = {(a["path"], a["line"]): a["allowed_by"] for a in data["allowed"]}
     assert allowed[("docs/install.md", 4)] == "stacks/audit-allow.txt:2"
     assert any(p == "stacks/post1.yaml" for p, _ in allowed)
@@ -83,7 +92,9 @@ def test_allow_list_and_json(repo, capsys):
 
 def test_fixing_the_reference_clears_the_audit(repo, capsys):
     text = (repo / "docs" / "install.md").read_text()
-    text = text.replace("2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0").replace("torch2.11.0.post1", "torch2.11.0.post2")
+    text = text.replace("2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0").replace(
+        "torch2.11.0.post1", "torch2.11.0.post2"
+    )
     (repo / "docs" / "install.md").write_text(text)
     code, out, _ = audit(repo, capsys, "post2")
     assert code == 0, out

@@ -6,12 +6,13 @@ deep_ep has a lazily loaded .so needing a library the image lacks; a public inde
 a config file; ...). The post2 cases are fast because every good layer is shared through BuildKit's
 cache; only the broken phase and what follows it run.
 """
+
 from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pytest
 
@@ -37,6 +38,7 @@ def closed_port() -> int:
 
 
 # --------------------------------------------------------------------------- what the endpoints serve
+
 
 def deep_ep_needs_missing_library(stack, specs):
     """deep_ep's wheel gains a lazily loaded extension that needs libmlx5.so.1 (rdma-core), absent here:
@@ -65,23 +67,25 @@ def vendor_wheel_moves_a_public_pin(stack, specs):
     return ms.add_specs(out, "pypi", ms.torchada_spec("0.1.91"))
 
 
-JIT_WRITER = '''import os, subprocess
+JIT_WRITER = """import os, subprocess
 __version__ = "{version}"
 # JIT cache next to the package, written by a child process (no Python-level write to audit).
 subprocess.run(["touch", os.path.join(os.path.dirname(__file__), "jit-cache.bin")], check=True)
-'''
+"""
 
 
 def mate_writes_at_import_through_a_subprocess(stack, specs):
     """mate's import writes a JIT cache file into site-packages from a child process: only the
     read-only re-run of the imports can see it."""
     mate = stack.packages["mate"]
-    spec = ms.WheelSpec("mate", mate.version, ms.PURE,
-                        files={"mate/__init__.py": JIT_WRITER.format(version=mate.version)})
+    spec = ms.WheelSpec(
+        "mate", mate.version, ms.PURE, files={"mate/__init__.py": JIT_WRITER.format(version=mate.version)}
+    )
     return ms.replace_specs(specs, spec)
 
 
 # --------------------------------------------------------------------------- the table
+
 
 @dataclass
 class Case:
@@ -94,49 +98,127 @@ class Case:
 
 
 CASES = [
-    Case("malformed-override", ["packages.torch"], code=2,
-         expect=[r"^error: --set packages\.torch: an override must look like key\.path=value",
-                 r"fix: e\.g\. --set "]),
-    Case("unknown-key-override", ["packages.torch.verison=2.11.0.post2+musa5.2.0"], code=2,
-         expect=[r"unknown key 'verison' in packages\.torch", r"did you mean 'version'\?"]),
-    Case("stack-fails-lint", ["packages.torchada.version=0.1.83"], code=1,
-         expect=[r"stack 'post2' fails lint; nothing was built",
-                 r"torchada 0\.1\.83 is below the declared minimum 0\.1\.90 when torch_musa >= 2\.11\.0\.post2"]),
-    Case("commit-not-on-tag", lambda s: [f"upstreams.vllm.commit={s.repos['vllm'].off_tag}"], code=2,
-         expect=[r"tag v0\.28\.0 points at [0-9a-f]{40}, but the stack pins commit [0-9a-f]{40}"]),
-    Case("upstream-unreachable", ["upstreams.vllm.git=/nonexistent/upstream/vllm"], code=2,
-         expect=[r"upstream git path /nonexistent/upstream/vllm does not exist"]),
-    Case("base-image-missing", lambda s: [f"base.image=127.0.0.1:{closed_port()}/stackforge/missing:base"], code=1,
-         expect=[r"base image '127\.0\.0\.1:\d+/stackforge/missing:base' is not present and could not be pulled"]),
-    Case("index-unreachable", lambda s: [f"indexes.mthreads.url=http://127.0.0.1:{closed_port()}/simple"], code=1,
-         expect=[r"127\.0\.0\.1:\d+", r"(?i)unreachable|cannot reach|connection refused|could not connect"]),
-    Case("missing-wheel-version", ["packages.triton.version=3.2.1"], code=1,
-         expect=[r"No matching distribution found for triton==3\.2\.1"]),
-    Case("hash-mismatch-public", [f"packages.torchada.sha256=[{BAD_SHA}]"], code=1,
-         expect=[r"THESE PACKAGES DO NOT MATCH THE HASHES"]),
-    Case("hash-on-some-vendor-pins", [f"packages.triton.sha256=[{BAD_SHA}]"], code=2,
-         expect=[r"packages\.triton\.sha256: only some pins of index 'mthreads' carry hashes",
-                 r"fix: give every pin of 'mthreads' its sha256, or drop them and run `stackforge lock post2`"]),
-    Case("wheel-metadata-differs-from-pin", serve=vendor_wheel_metadata_says_another_version, code=1,
-         expect=[r"torch_musa.*inconsistent version: expected '2\.11\.0\.post2\+musa5\.2\.0', "
-                 r"but metadata has '2\.11\.0\.post1\+musa5\.2\.0'"]),
-    Case("gate-fail-version-moved", serve=vendor_wheel_moves_a_public_pin, code=1,
-         expect=[r"dependency gate failed", r"FAIL import torchada   expected=0\.1\.90 found=0\.1\.91"]),
-    Case("abi-miss", serve=deep_ep_needs_missing_library, code=1,
-         expect=[rf"FAIL abi +deep_ep +internode{re.escape(ms.EXT)} missing=libmlx5\.so\.1$"]),
-    Case("import-writes-symlinks", ["gate.prepare=[]"], code=1,
-         expect=[r"FAIL write  torchada   wrote into site-packages at import: "
-                 rf"{re.escape(SITE)}/{re.escape(ms.CONFIG_DIR)}/E=\d+,N=\d+,device_name=MTTS5000\.json \(os\.symlink\)",
-                 r"and 36 more"]),
-    Case("dangling-symlink",
-         [f'gate.prepare=["python -c \'import torchada\'", "ln -s /nonexistent {SITE}/torchada/moved-config.json"]'],
-         code=1, expect=[rf"FAIL link   {re.escape(SITE)}/torchada/moved-config\.json -> /nonexistent \(dangling symlink\)"]),
-    Case("read-only-import-fails", serve=mate_writes_at_import_through_a_subprocess, code=1,
-         expect=[r"read-only: FAIL import mate +expected=0\.2\.7 error=import mate: CalledProcessError: "
-                 rf".*'touch', '{re.escape(SITE)}/mate/jit-cache\.bin'"]),
-    Case("probe-mismatch", serve=torchada_lost_a_config, code=1,
-         expect=[r"FAIL probe  fused-moe-configs expected=100 space-free \+ 41 spaced = 141 "
-                 r"found=99 space-free \+ 40 spaced = 139"]),
+    Case(
+        "malformed-override",
+        ["packages.torch"],
+        code=2,
+        expect=[r"^error: --set packages\.torch: an override must look like key\.path=value", r"fix: e\.g\. --set "],
+    ),
+    Case(
+        "unknown-key-override",
+        ["packages.torch.verison=2.11.0.post2+musa5.2.0"],
+        code=2,
+        expect=[r"unknown key 'verison' in packages\.torch", r"did you mean 'version'\?"],
+    ),
+    Case(
+        "stack-fails-lint",
+        ["packages.torchada.version=0.1.83"],
+        code=1,
+        expect=[
+            r"stack 'post2' fails lint; nothing was built",
+            r"torchada 0\.1\.83 is below the declared minimum 0\.1\.90 when torch_musa >= 2\.11\.0\.post2",
+        ],
+    ),
+    Case(
+        "commit-not-on-tag",
+        lambda s: [f"upstreams.vllm.commit={s.repos['vllm'].off_tag}"],
+        code=2,
+        expect=[r"tag v0\.28\.0 points at [0-9a-f]{40}, but the stack pins commit [0-9a-f]{40}"],
+    ),
+    Case(
+        "upstream-unreachable",
+        ["upstreams.vllm.git=/nonexistent/upstream/vllm"],
+        code=2,
+        expect=[r"upstream git path /nonexistent/upstream/vllm does not exist"],
+    ),
+    Case(
+        "base-image-missing",
+        lambda s: [f"base.image=127.0.0.1:{closed_port()}/stackforge/missing:base"],
+        code=1,
+        expect=[r"base image '127\.0\.0\.1:\d+/stackforge/missing:base' is not present and could not be pulled"],
+    ),
+    Case(
+        "index-unreachable",
+        lambda s: [f"indexes.mthreads.url=http://127.0.0.1:{closed_port()}/simple"],
+        code=1,
+        expect=[r"127\.0\.0\.1:\d+", r"(?i)unreachable|cannot reach|connection refused|could not connect"],
+    ),
+    Case(
+        "missing-wheel-version",
+        ["packages.triton.version=3.2.1"],
+        code=1,
+        expect=[r"No matching distribution found for triton==3\.2\.1"],
+    ),
+    Case(
+        "hash-mismatch-public",
+        [f"packages.torchada.sha256=[{BAD_SHA}]"],
+        code=1,
+        expect=[r"THESE PACKAGES DO NOT MATCH THE HASHES"],
+    ),
+    Case(
+        "hash-on-some-vendor-pins",
+        [f"packages.triton.sha256=[{BAD_SHA}]"],
+        code=2,
+        expect=[
+            r"packages\.triton\.sha256: only some pins of index 'mthreads' carry hashes",
+            r"fix: give every pin of 'mthreads' its sha256, or drop them and run `stackforge lock post2`",
+        ],
+    ),
+    Case(
+        "wheel-metadata-differs-from-pin",
+        serve=vendor_wheel_metadata_says_another_version,
+        code=1,
+        expect=[
+            r"torch_musa.*inconsistent version: expected '2\.11\.0\.post2\+musa5\.2\.0', "
+            r"but metadata has '2\.11\.0\.post1\+musa5\.2\.0'"
+        ],
+    ),
+    Case(
+        "gate-fail-version-moved",
+        serve=vendor_wheel_moves_a_public_pin,
+        code=1,
+        expect=[r"dependency gate failed", r"FAIL import torchada   expected=0\.1\.90 found=0\.1\.91"],
+    ),
+    Case(
+        "abi-miss",
+        serve=deep_ep_needs_missing_library,
+        code=1,
+        expect=[rf"FAIL abi +deep_ep +internode{re.escape(ms.EXT)} missing=libmlx5\.so\.1$"],
+    ),
+    Case(
+        "import-writes-symlinks",
+        ["gate.prepare=[]"],
+        code=1,
+        expect=[
+            r"FAIL write  torchada   wrote into site-packages at import: "
+            rf"{re.escape(SITE)}/{re.escape(ms.CONFIG_DIR)}/E=\d+,N=\d+,device_name=MTTS5000\.json \(os\.symlink\)",
+            r"and 36 more",
+        ],
+    ),
+    Case(
+        "dangling-symlink",
+        [f'gate.prepare=["python -c \'import torchada\'", "ln -s /nonexistent {SITE}/torchada/moved-config.json"]'],
+        code=1,
+        expect=[rf"FAIL link   {re.escape(SITE)}/torchada/moved-config\.json -> /nonexistent \(dangling symlink\)"],
+    ),
+    Case(
+        "read-only-import-fails",
+        serve=mate_writes_at_import_through_a_subprocess,
+        code=1,
+        expect=[
+            r"read-only: FAIL import mate +expected=0\.2\.7 error=import mate: CalledProcessError: "
+            rf".*'touch', '{re.escape(SITE)}/mate/jit-cache\.bin'"
+        ],
+    ),
+    Case(
+        "probe-mismatch",
+        serve=torchada_lost_a_config,
+        code=1,
+        expect=[
+            r"FAIL probe  fused-moe-configs expected=100 space-free \+ 41 spaced = 141 "
+            r"found=99 space-free \+ 40 spaced = 139"
+        ],
+    ),
 ]
 
 

@@ -1,4 +1,5 @@
 """The example stack built for real with BuildKit: gate lines, labels, tag, layer caching, a failing pin."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,13 @@ def make_root(tmp: Path) -> Path:
 
 def stackforge(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "stackforge", "--root", str(root), *args],
-                          capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"stackforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -87,8 +93,10 @@ def test_example_image_is_gated_labelled_and_tagged(built):
     assert labels["org.opencontainers.image.base.name"] == "stackforge/base:bookworm"
     # The local base has no registry digest: its image id is recorded, no manifest digest is invented.
     assert "org.opencontainers.image.base.digest" not in labels
-    assert labels["org.stackforge.base.id"] == docker("image", "inspect", "stackforge/base:bookworm",
-                                                      "--format", "{{.Id}}").strip()
+    assert (
+        labels["org.stackforge.base.id"]
+        == docker("image", "inspect", "stackforge/base:bookworm", "--format", "{{.Id}}").strip()
+    )
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", labels["org.stackforge.series.markupsafe"])
     inputs = json.loads((root / "build" / "example" / "evidence" / "inputs.json").read_text())
     assert labels["org.stackforge.fingerprint"] == inputs["fingerprint"]
@@ -125,8 +133,9 @@ def test_verify_checks_labels_pins_and_reruns_the_gate(built):
     assert "  PASS probe  speedups-compiled result=compiled" in lines
     assert lines[-1] == f"verify {tag} against example: ok"
     # Checked against another declaration, the pins and the fingerprint disagree: exit 1, each named.
-    bad = stackforge(root, "verify", tag, "--set", f"tags.local={tag}", "--set", "packages.idna.version=3.9",
-                     check=False)
+    bad = stackforge(
+        root, "verify", tag, "--set", f"tags.local={tag}", "--set", "packages.idna.version=3.9", check=False
+    )
     assert bad.returncode == 1
     assert "FAIL pin     idna       label=3.10 stack=3.9" in bad.stdout
     assert "FAIL import idna       expected=3.9 found=3.10" in bad.stdout
@@ -140,12 +149,13 @@ def test_patch_change_reruns_src_kernels_gate_but_not_deps(built, tmp_path):
     assert "+# A build that must ship the C speedups" in text
     # A change never built before (BuildKit's cache outlives this test), same line count.
     token = uuid.uuid4().hex[:8]
-    patch.write_text(text.replace("+# A build that must ship the C speedups", f"+# A build ({token}) that must ship the C speedups"))
+    patch.write_text(
+        text.replace("+# A build that must ship the C speedups", f"+# A build ({token}) that must ship the C speedups")
+    )
     stackforge(root, "build", "example", "--set", f"tags.local={tag}-2")
     log = (root / "build" / "example" / "evidence" / "build.log").read_text()
     result = steps(log)
-    deps = {k: v for k, v in result.items()
-            if k.startswith(("[deps ", "[base ")) and re.search(r"\] (RUN|COPY) ", k)}
+    deps = {k: v for k, v in result.items() if k.startswith(("[deps ", "[base ")) and re.search(r"\] (RUN|COPY) ", k)}
     assert deps and all(deps.values()), f"dependency steps re-ran after a patch change: {deps}"
     rerun = [k for k, v in result.items() if not v]
     assert any(k.startswith("[src-markupsafe ") for k in rerun), rerun
@@ -156,8 +166,9 @@ def test_patch_change_reruns_src_kernels_gate_but_not_deps(built, tmp_path):
 def test_stale_lock_stops_before_the_build(built):
     root, _, _ = built
     bad = "stackforge-test/example:stale"
-    proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}", "--set", "packages.idna.version=3.9",
-                      check=False)
+    proc = stackforge(
+        root, "build", "example", "--set", f"tags.local={bad}", "--set", "packages.idna.version=3.9", check=False
+    )
     assert proc.returncode == 2
     errors = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("stackforge: "))  # progress
     assert errors.startswith("error: stacks/locks/example/pypi.txt:3: lock file is stale: idna is pinned at 3.9")
@@ -191,8 +202,18 @@ def test_pin_that_does_not_match_the_install_fails_and_tags_nothing(built):
     if image_exists(bad):
         docker("image", "rm", "-f", bad)
     # markupsafe pinned at 3.0.2 from PyPI, but the kernel stage builds and installs 3.0.3 over it.
-    proc = stackforge(root, "build", "example", "--set", f"tags.local={bad}", "--set", "indexes.pypi.lock=false",
-                      "--set", "packages.markupsafe={version: 3.0.2, index: pypi}", check=False)
+    proc = stackforge(
+        root,
+        "build",
+        "example",
+        "--set",
+        f"tags.local={bad}",
+        "--set",
+        "indexes.pypi.lock=false",
+        "--set",
+        "packages.markupsafe={version: 3.0.2, index: pypi}",
+        check=False,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "FAIL import markupsafe expected=3.0.2 found=3.0.3" in proc.stderr
     assert "no image was tagged" in proc.stderr

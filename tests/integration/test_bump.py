@@ -1,14 +1,15 @@
 """`stackforge bump` against the local indexes: post1 → post2 must reproduce the checked-in post2 pins."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 import yaml
+
 from stackforge.cli.main import main
 from stackforge.stack import rules
 from stackforge.stack.load import load_stack
-
 from tests.fixtures.musa_index import build_wheels, index_dirs, serve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,9 +62,11 @@ def test_bump_reports_the_missing_deep_ep_build_and_writes_nothing(built, root, 
         code = main(["--root", str(root), "bump", "post1", "--name", "post2", "--no-cache", *sets(overrides)])
     cap = capsys.readouterr()
     assert code == 1
-    assert ("missing: deep_ep: no build for torch 2.11.0.post2+musa5.2.0 on index 'mthreads' "
-            "(wanted local label +musa5.2.0torch2.11.0.post2, cp310-cp310-linux_x86_64); "
-            "builds exist for torch 2.11.0.post1") in cap.err
+    assert (
+        "missing: deep_ep: no build for torch 2.11.0.post2+musa5.2.0 on index 'mthreads' "
+        "(wanted local label +musa5.2.0torch2.11.0.post2, cp310-cp310-linux_x86_64); "
+        "builds exist for torch 2.11.0.post1"
+    ) in cap.err
     assert not (root / "stacks" / "post2.yaml").exists()
 
 

@@ -1,4 +1,5 @@
 """The engine end to end: cache and secret mounts, log streaming, the CA-bundle secret, a push."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from stackforge.build.engine import Engine
 
 pytestmark = pytest.mark.engine
@@ -33,14 +35,24 @@ def test_cache_and_secret_mounts_keep_the_secret_out_of_the_image(engine, base_i
     secret_file = tmp_path / "tok"
     secret_file.write_text(token, encoding="utf-8")
     ctx = tmp_path / "ctx"
-    _write(ctx, f"""FROM {base_image}
+    _write(
+        ctx,
+        f"""FROM {base_image}
 RUN --mount=type=cache,target=/root/.cache/x echo cached > /root/.cache/x/probe && cat /root/.cache/x/probe
 RUN --mount=type=secret,id=tok echo "secret-bytes=$(wc -c < /run/secrets/tok)" && echo built > /built
-""")
+""",
+    )
     streamed: list[str] = []
     log_file = tmp_path / "build.log"
-    rc, log = engine.build(ctx, ctx / "Dockerfile", tags=[tag], secrets=[("tok", secret_file)],
-                           no_cache=True, on_line=streamed.append, log_file=log_file)
+    rc, log = engine.build(
+        ctx,
+        ctx / "Dockerfile",
+        tags=[tag],
+        secrets=[("tok", secret_file)],
+        no_cache=True,
+        on_line=streamed.append,
+        log_file=log_file,
+    )
     assert rc == 0, log
     # the secret was mounted for the RUN step that asked for it ...
     assert f"secret-bytes={len(token)}" in log
@@ -53,9 +65,20 @@ RUN --mount=type=secret,id=tok echo "secret-bytes=$(wc -c < /run/secrets/tok)" &
     assert "secret-bytes=" in history  # the history is really the one of this build
     assert token not in history
     # nothing of the secret in the filesystem, and the cache mount did not become a layer
-    out = subprocess.run(["docker", "run", "--rm", tag, "sh", "-c",
-                          "cat /built; ls /run/secrets 2>/dev/null; ls /root/.cache/x 2>/dev/null; true"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            tag,
+            "sh",
+            "-c",
+            "cat /built; ls /run/secrets 2>/dev/null; ls /root/.cache/x 2>/dev/null; true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["built"]
     assert token not in out.stdout
@@ -73,16 +96,22 @@ def test_pip_inside_a_build_trusts_the_cabundle_secret(engine, base_image, tag, 
     """HTTPS to PyPI from inside a build, with the host CA bundle passed as a secret only."""
     assert HOST_CA_BUNDLE.is_file(), f"{HOST_CA_BUNDLE} missing on the host"
     ctx = tmp_path / "ctx"
-    _write(ctx, f"""FROM {base_image}
+    _write(
+        ctx,
+        f"""FROM {base_image}
 RUN python3 -m venv /opt/venv
 RUN --mount=type=secret,id=cabundle --mount=type=cache,target=/root/.cache/pip \\
     PIP_CERT=/run/secrets/cabundle /opt/venv/bin/pip download --no-deps -d /opt/dl six==1.16.0
-""")
+""",
+    )
     rc, log = engine.build(ctx, ctx / "Dockerfile", tags=[tag], secrets=[("cabundle", HOST_CA_BUNDLE)])
     assert rc == 0, log
-    out = subprocess.run(["docker", "run", "--rm", tag, "sh", "-c",
-                          "ls /opt/dl; find / -xdev -name cabundle 2>/dev/null; true"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        ["docker", "run", "--rm", tag, "sh", "-c", "ls /opt/dl; find / -xdev -name cabundle 2>/dev/null; true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["six-1.16.0-py2.py3-none-any.whl"]
 

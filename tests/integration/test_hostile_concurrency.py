@@ -1,5 +1,6 @@
 """Two real builds of one stack at once: the second waits for the first, and the evidence left in
 build/<stack>/evidence/ is one build's, whole (result, inputs and Dockerfile agree with the image)."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,13 @@ targets:
 
 def start(root: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
-    return subprocess.Popen([sys.executable, "-m", "stackforge", "--root", str(root), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "stackforge", "--root", str(root), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def docker(*args: str) -> str:
@@ -43,8 +49,10 @@ def test_two_builds_of_one_stack_at_once(tmp_path, base_image):
     (root / "stacks").mkdir(parents=True)
     (root / "stacks" / "tiny.yaml").write_text(TINY)
     tag = f"stackforge-test/tiny:{uuid.uuid4().hex[:12]}"
-    procs = {d: start(root, "build", "tiny", "--set", f"tags.local={tag}", "--set", f"description=build {d}")
-             for d in ("A", "B")}
+    procs = {
+        d: start(root, "build", "tiny", "--set", f"tags.local={tag}", "--set", f"description=build {d}")
+        for d in ("A", "B")
+    }
     try:
         done = {d: (p.communicate(timeout=900), p.returncode) for d, p in procs.items()}
         for d, ((out, err), rc) in done.items():

@@ -4,6 +4,7 @@ and ``stackforge newest`` take its credential from each source the README names 
 fail with a message that names the 401 and the fix. The password is never printed, never written into a
 lock, and a git upstream's credential reaches git as a header, not on its command line or in its errors.
 """
+
 from __future__ import annotations
 
 import base64
@@ -13,12 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
 from stackforge.build import sources as upstreams
 from stackforge.build.context import cache_dir_for
 from stackforge.cli import main as cli
 from stackforge.errors import UserError
 from stackforge.stack.load import load_stack
-
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 
@@ -96,13 +97,17 @@ def test_sdist_fetch_uses_the_credential(private_index, tmp_path, monkeypatch, k
 def test_sdist_fetch_without_or_with_a_wrong_credential_fails_clearly(private_index, tmp_path, monkeypatch, kind):
     server, root = private_index
     wrong = "Wrong-" + PASSWORD.replace(" ", "")
-    sets = _source(kind, server, tmp_path, monkeypatch, password=wrong) if kind != "none" else \
-        _source("none", server, tmp_path, monkeypatch)
+    sets = (
+        _source(kind, server, tmp_path, monkeypatch, password=wrong)
+        if kind != "none"
+        else _source("none", server, tmp_path, monkeypatch)
+    )
     stack = load_stack("tiny", root, sets)
     up = stack.upstreams["tinysrc"].sdist
     with pytest.raises(UserError) as err:
-        upstreams.fetch_sdist(upstreams.SdistSpec(stack.indexes["priv"].url, up.name, up.version, up.sha256),
-                              cache_dir_for(stack))
+        upstreams.fetch_sdist(
+            upstreams.SdistSpec(stack.indexes["priv"].url, up.name, up.version, up.sha256), cache_dir_for(stack)
+        )
     text = err.value.render()
     assert "401" in text and "STACKFORGE_INDEX_<NAME>_USERNAME" in text, text
     assert wrong not in text and PASSWORD not in text
@@ -133,10 +138,9 @@ def test_lock_without_a_credential_fails_clearly(private_index, tmp_path, monkey
 def test_newest_uses_the_credential(private_index, tmp_path, monkeypatch, capsys, kind):
     server, root = private_index
     sets = _source(kind, server, tmp_path, monkeypatch)
-    code, text = _cli(capsys, root, "newest", "tiny", "--json", "--no-cache",
-                      *[a for s in sets for a in ("--set", s)])
+    code, text = _cli(capsys, root, "newest", "tiny", "--json", "--no-cache", *[a for s in sets for a in ("--set", s)])
     assert PASSWORD not in text and PASSWORD.replace(" ", "%20") not in text
-    data = json.loads(text[text.index("{"):])
+    data = json.loads(text[text.index("{") :])
     assert "401" not in json.dumps(data)
     assert code in (0, 1), text
 
@@ -150,10 +154,11 @@ def test_newest_without_a_credential_says_401(private_index, tmp_path, monkeypat
 
 # --------------------------------------------------------------------------- git upstreams
 
+
 class _Recorder(BaseHTTPRequestHandler):
     seen: list[dict] = []
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         self.seen.append({"path": self.path, "authorization": self.headers.get("Authorization")})
         self.send_response(403)
         self.end_headers()
@@ -179,9 +184,11 @@ def git_server():
 def test_git_upstream_credential_goes_as_a_header_and_never_into_an_error(git_server, tmp_path, form):
     base, seen = git_server
     secret = "GitCnry" + form.replace("-", "")
-    url = {"userinfo": f"{base.replace('http://', f'http://ci:{secret}@')}/org/repo.git",
-           "token-user": f"{base.replace('http://', f'http://{secret}@')}/org/repo.git",
-           "query-token": f"{base}/org/repo.git?private_token={secret}"}[form]
+    url = {
+        "userinfo": f"{base.replace('http://', f'http://ci:{secret}@')}/org/repo.git",
+        "token-user": f"{base.replace('http://', f'http://{secret}@')}/org/repo.git",
+        "query-token": f"{base}/org/repo.git?private_token={secret}",
+    }[form]
     spec = upstreams.UpstreamSpec(git=url, tag="v1", commit="0" * 40)
     with pytest.raises(UserError) as err:
         upstreams.fetch_upstream(spec, tmp_path / "cache")

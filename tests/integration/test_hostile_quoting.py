@@ -4,6 +4,7 @@ A tiny image (no stack build): LABEL and ENV words from ``dockerword`` and the E
 ``execform``, then ``docker image inspect`` must show every value exactly as written — UTF-8,
 '&', '<', '"', '\\', a literal ``$HOME`` and a newline inside an exec-form argument included.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ import secrets
 from pathlib import Path
 
 import pytest
+
 from stackforge.build.engine import Engine
 from stackforge.build.render import dockerword, execform
 

@@ -4,6 +4,7 @@ is removed, ``result.json`` records the interruption and the command exits 143 /
 A tiny stack whose private index requires HTTP basic auth (the password is a fresh canary, given in the
 URL) and whose kernel step runs ``sleep 60``; the signal is sent once the engine runs that step.
 """
+
 from __future__ import annotations
 
 import json
@@ -85,12 +86,33 @@ tags: {{local: "{tag}:1"}}
 targets: {{app: {{}}}}
 """)
         out = tmp_path / "out"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tools"), str(REPO)]),
-               "STACKFORGE_CACHE": str(tmp_path / "cache")}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO / "tools"), str(REPO)]),
+            "STACKFORGE_CACHE": str(tmp_path / "cache"),
+        }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stackforge", "--root", str(root), "build", "sig", "--network", "host",
-             "--no-cache", "--out", str(out), "--set", f"indexes.priv.url={server.url_with_auth}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            [
+                sys.executable,
+                "-m",
+                "stackforge",
+                "--root",
+                str(root),
+                "build",
+                "sig",
+                "--network",
+                "host",
+                "--no-cache",
+                "--out",
+                str(out),
+                "--set",
+                f"indexes.priv.url={server.url_with_auth}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         try:
             lines = []
             deadline = time.monotonic() + 240
@@ -115,8 +137,11 @@ targets: {{app: {{}}}}
     assert "Traceback" not in err
     result = json.loads((out / "evidence" / "result.json").read_text())
     assert result["status"] == "interrupted" and result["signal"] == name and result["ok"] is False
-    leftover = [p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("stackforge-secrets-*")
-                if any(password.encode() in f.read_bytes() for f in p.rglob("*") if f.is_file())]
+    leftover = [
+        p
+        for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("stackforge-secrets-*")
+        if any(password.encode() in f.read_bytes() for f in p.rglob("*") if f.is_file())
+    ]
     assert leftover == []
     assert _files_holding(Path("/tmp"), password.encode(), started) == []
     assert _files_holding(out, password.encode(), 0) == []

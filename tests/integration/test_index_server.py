@@ -1,4 +1,5 @@
 """The local index server over real HTTP, read by our client and by pip itself."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from stackforge.freshness.index import IndexClient, IndexQueryError, ProjectNotFound
 
+from stackforge.freshness.index import IndexClient, IndexQueryError, ProjectNotFound
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_wheel
 
@@ -66,7 +67,9 @@ def test_negotiation_html_only_and_switches(wheel_dir):
         assert data["meta"]["api-version"] == "1.0"
         assert all("upload-time" not in f and "size" not in f for f in data["files"])
         srv.hashes = False
-        assert all(f["hashes"] == {} for f in requests.get(f"{srv.url}/torch/", headers={"Accept": JSON_V1}).json()["files"])
+        assert all(
+            f["hashes"] == {} for f in requests.get(f"{srv.url}/torch/", headers={"Accept": JSON_V1}).json()["files"]
+        )
         assert all(f.sha256 is None for f in IndexClient(srv.url).project("torch").files)
         srv.json = False
         assert "#sha256=" not in requests.get(f"{srv.url}/torch/").text
@@ -111,8 +114,14 @@ def test_cache_revalidates_with_etags(wheel_dir, tmp_path):
         assert page.from_cache and second.stats == {"requests": 1, "not_modified": 1}
         assert [r.status for r in srv.requests] == [200, 304]
         # A new upload changes the page: the cache must not hide it.
-        build_wheel(wheel_dir / "torch", "torch", "2.11.0.post3+musa5.2.0", python_tag="cp310", abi_tag="cp310",
-                    platform_tag="linux_x86_64")
+        build_wheel(
+            wheel_dir / "torch",
+            "torch",
+            "2.11.0.post3+musa5.2.0",
+            python_tag="cp310",
+            abi_tag="cp310",
+            platform_tag="linux_x86_64",
+        )
         try:
             third = IndexClient(srv.url, cache_dir=tmp_path).project("torch")
             assert not third.from_cache
@@ -148,24 +157,65 @@ def test_netrc_credentials(wheel_dir, tmp_path, monkeypatch):
 def test_process_mode_serves_pip(wheel_dir, tmp_path):
     env = {**os.environ, "TEST_INDEX_AUTH": "ci:hunter2"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fixtures.index_server", "--dir", str(wheel_dir), "--port", "0",
-         "--auth-env", "TEST_INDEX_AUTH"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "tests.fixtures.index_server",
+            "--dir",
+            str(wheel_dir),
+            "--port",
+            "0",
+            "--auth-env",
+            "TEST_INDEX_AUTH",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         line = proc.stdout.readline().strip()
         assert line.startswith("serving http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
         url = line.split()[1].replace("http://", "http://ci:hunter2@")
-        target = ["--python-version", "3.10", "--platform", "linux_x86_64", "--implementation", "cp",
-                  "--abi", "cp310", "--only-binary", ":all:"]
+        target = [
+            "--python-version",
+            "3.10",
+            "--platform",
+            "linux_x86_64",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp310",
+            "--only-binary",
+            ":all:",
+        ]
         pip = [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check"]
-        out = subprocess.run(pip + ["index", "versions", "torch", "--index-url", url, *target],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            pip + ["index", "versions", "torch", "--index-url", url, *target],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         assert "torch (2.11.0.post2+musa5.2.0)" in out.stdout
         assert "2.11.0.post1+musa5.2.0" in out.stdout
-        dl = subprocess.run(pip + ["download", "--no-deps", "-d", str(tmp_path), "--index-url", url, *target,
-                                   "torch==2.11.0.post2+musa5.2.0"], capture_output=True, text=True, timeout=120)
+        dl = subprocess.run(
+            pip
+            + [
+                "download",
+                "--no-deps",
+                "-d",
+                str(tmp_path),
+                "--index-url",
+                url,
+                *target,
+                "torch==2.11.0.post2+musa5.2.0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert dl.returncode == 0, dl.stderr
         got = tmp_path / "torch-2.11.0.post2+musa5.2.0-cp310-cp310-linux_x86_64.whl"
         assert got.read_bytes() == (wheel_dir / "torch" / got.name).read_bytes()

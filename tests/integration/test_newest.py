@@ -1,4 +1,5 @@
 """`stackforge newest` against local indexes serving the stand-in MUSA wheels over HTTP."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from stackforge.cli.main import main
 
+from stackforge.cli.main import main
 from tests.fixtures.musa_index import POST2_TIMES, build_wheels, index_dirs, serve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,9 +79,13 @@ def test_post1_sees_the_post2_train_but_not_the_mp22_line(capsys, dirs):
     assert code == tcode == 1
     pkgs = by_name(data)
     moved = {n: p["newest"] for n, p in pkgs.items() if p["status"] == "newer exists"}
-    assert moved == {"torch": "2.11.0.post2+musa5.2.0", "torch_musa": "2.11.0.post2+musa5.2.0",
-                     "torchvision": "0.26.0.post2+musa5.2.0", "torchaudio": "2.11.0.post2+musa5.2.0",
-                     "torchada": "0.1.90"}
+    assert moved == {
+        "torch": "2.11.0.post2+musa5.2.0",
+        "torch_musa": "2.11.0.post2+musa5.2.0",
+        "torchvision": "0.26.0.post2+musa5.2.0",
+        "torchaudio": "2.11.0.post2+musa5.2.0",
+        "torchada": "0.1.90",
+    }
     # The aarch64 +musa5.2.1mp22 builds were published after post2 and sort above post1, but are another line.
     assert all("mp22" not in (p["filename"] or "") for p in pkgs.values())
     assert pkgs["deep_ep"]["status"] == "newest"
@@ -106,8 +111,9 @@ def test_the_mp22_line_is_its_own_line(capsys, dirs):
 def test_no_upload_time_means_unknown(capsys, dirs):
     with serve(*dirs, upload_time=False) as (overrides, *_):
         code, data = newest_json(capsys, "post2", overrides)
-        _, text, _ = run(capsys, "newest", "post2", "--no-cache", *sets(overrides), "--package", "torch",
-                         "--package", "torchvision")
+        _, text, _ = run(
+            capsys, "newest", "post2", "--no-cache", *sets(overrides), "--package", "torch", "--package", "torchvision"
+        )
     assert code == 0
     assert all(p["upload_time"] is None and p["size"] for p in data["packages"])
     assert data["trains"][0]["spread_seconds"] is None and data["trains"][0]["far_apart"] is False
@@ -146,8 +152,10 @@ def test_missing_deep_ep_build(capsys, built, tmp_path):
     dep = by_name(data2)["deep_ep"]
     assert dep["status"] == "pin missing from index"
     assert data2["built_for"][0]["has_build"] is False
-    assert ("deep_ep built for torch 2.11.0.post1+musa5.2.0 (+musa5.2.0torch2.11.0.post1): build present; "
-            "for the newest torch 2.11.0.post2+musa5.2.0: NO BUILD yet") in text1
+    assert (
+        "deep_ep built for torch 2.11.0.post1+musa5.2.0 (+musa5.2.0torch2.11.0.post1): build present; "
+        "for the newest torch 2.11.0.post2+musa5.2.0: NO BUILD yet"
+    ) in text1
     assert code1 == 1
 
 
@@ -200,14 +208,20 @@ def test_disk_cache_revalidates(capsys, dirs, tmp_path):
 def test_cli_process_exit_codes(dirs):
     with serve(*dirs) as (overrides, *_):
         for stack, expected in (("post2", 0), ("post1", 1)):
-            proc = subprocess.run([sys.executable, "-m", "stackforge", "newest", stack, "--no-cache", *sets(overrides)],
-                                  cwd=REPO, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+            proc = subprocess.run(
+                [sys.executable, "-m", "stackforge", "newest", stack, "--no-cache", *sets(overrides)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=dict(os.environ),
+            )
             assert proc.returncode == expected, proc.stderr
             assert "Traceback" not in proc.stderr
 
 
 def test_pins_missing_from_the_index(capsys, dirs):
-    extra = ["packages.triton.version=3.9.9", "packages.not-on-index={version: \"1.0\", index: mthreads}"]
+    extra = ["packages.triton.version=3.9.9", 'packages.not-on-index={version: "1.0", index: mthreads}']
     with serve(*dirs) as (overrides, *_):
         code, data = newest_json(capsys, "post2", overrides + extra)
     assert code == 1

@@ -4,6 +4,7 @@ Both stacks inherit the example train; one pins markupsafe 3.0.2 while its kerne
 3.0.3, so its dependency gate fails. The other must be published, the summary must show both,
 and make must fail.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ def copy_stacks(dest):
     for path in dest.glob("*.yaml"):
         path.write_text(re.sub(r"(?m)^nightly: true\b.*$", "nightly: false", path.read_text()))
 
+
 DATE = "20260929"
 
 
@@ -41,16 +43,32 @@ def nightly_run(tmp_path_factory, base_image, registry):
     (root / "stacks" / "nightly-good.yaml").write_text(
         f"name: nightly-good\ninherits: example\nnightly: true\n"
         f"indexes:\n  pypi: {{lock: false}}\n"  # the example's lock is its own
-        f"tags:\n  local: \"stackforge-test/nightly-good:{run}\"\n")
+        f'tags:\n  local: "stackforge-test/nightly-good:{run}"\n'
+    )
     (root / "stacks" / "nightly-bad.yaml").write_text(
         f"name: nightly-bad\ninherits: example\nnightly: true\n"
         f"indexes:\n  pypi: {{lock: false}}\n"
         f"packages:\n  markupsafe: {{version: 3.0.2, index: pypi}}\n"
-        f"tags:\n  local: \"stackforge-test/nightly-bad:{run}\"\n")
+        f'tags:\n  local: "stackforge-test/nightly-bad:{run}"\n'
+    )
     ns = f"n{run}"
     env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"), STACKFORGE_LOCK_DIR=str(root / "locks"))
-    proc = subprocess.run(["make", "-C", str(REPO), "nightly", f"ROOT={root}", f"REGISTRY={registry}/{ns}",
-                           f"DATE={DATE}", "PYTHON=python3"], capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(
+        [
+            "make",
+            "-C",
+            str(REPO),
+            "nightly",
+            f"ROOT={root}",
+            f"REGISTRY={registry}/{ns}",
+            f"DATE={DATE}",
+            "PYTHON=python3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     yield root, ns, proc
     subprocess.run(["docker", "image", "rm", f"stackforge-test/nightly-good:{run}"], capture_output=True)
 
@@ -69,15 +87,19 @@ def test_make_nightly_fails_but_publishes_the_stack_that_passed(nightly_run, reg
     assert good["gate"] == "gate result: 5 PASS, 0 FAIL" and good["duration_s"] > 0
     repo_tags = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]
     assert sorted(repo_tags) == sorted([good["tag"].rsplit(":", 1)[1], "py3.11-latest"])
-    head = requests.head(f"http://{registry}/v2/{ns}/stackforge-example/manifests/{good['tag'].rsplit(':', 1)[1]}",
-                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}, timeout=10)
+    head = requests.head(
+        f"http://{registry}/v2/{ns}/stackforge-example/manifests/{good['tag'].rsplit(':', 1)[1]}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+        timeout=10,
+    )
     assert head.headers["Docker-Content-Digest"] == good["digest"]
     evidence = Path(good["evidence"])
     assert json.loads((evidence / "publish.json").read_text())["digest"] == good["digest"]
     assert json.loads((evidence / "result.json").read_text())["ok"] is True
     # The bake prepared exactly the Dockerfile the build used (same labels, same cache keys).
-    assert (root / "build" / "nightly" / DATE / "nightly-good.Dockerfile").read_text() == \
-        (evidence / "Dockerfile").read_text()
+    assert (root / "build" / "nightly" / DATE / "nightly-good.Dockerfile").read_text() == (
+        evidence / "Dockerfile"
+    ).read_text()
 
     bad = rows["nightly-bad"]
     assert bad["status"] == "failed" and bad["stage"] == "gate"

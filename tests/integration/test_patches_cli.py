@@ -1,5 +1,6 @@
 """`stackforge patches …` end to end: a stack whose upstream is a local git repository
 made by the tests (standing in for GitHub), and the repository's own series."""
+
 from __future__ import annotations
 
 import json
@@ -8,10 +9,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+
 from stackforge import patches as P
 from stackforge.cli.main import main
 from stackforge.patches.git import git
-
 from tests.fixtures.gitrepo import build_scenario, copy_scenario, make_layer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -81,9 +82,18 @@ def test_apply_then_export_round_trip(env, tmp_path, capsys):
 def test_conflict_prints_patch_file_line_hunk_and_the_resume_command_that_works(env, tmp_path, capsys):
     sc, root = env
     dest = tmp_path / "work"
-    code, out, err = run(root, "apply", "demo", "--to", str(dest),
-                         "--set", f"upstreams.demo.commit={sc.conflict}", "--set", "upstreams.demo.tag=v1.0-conflict",
-                         capsys=capsys)
+    code, out, err = run(
+        root,
+        "apply",
+        "demo",
+        "--to",
+        str(dest),
+        "--set",
+        f"upstreams.demo.commit={sc.conflict}",
+        "--set",
+        "upstreams.demo.tag=v1.0-conflict",
+        capsys=capsys,
+    )
     assert code == 1
     assert "fails" in out and sc.names[4] in out
     resume = f"stackforge patches apply demo --to {dest} --continue"
@@ -91,7 +101,9 @@ def test_conflict_prints_patch_file_line_hunk_and_the_resume_command_that_works(
         assert needle in err
     assert (dest / P.STATE_FILE).is_file()
     text = (dest / "src" / "kernels.c").read_text()
-    (dest / "src" / "kernels.c").write_text(re.sub(r"<<<<<<<.*?>>>>>>>[^\n]*\n", "    return musa_kernel_2(x);\n", text, flags=re.S))
+    (dest / "src" / "kernels.c").write_text(
+        re.sub(r"<<<<<<<.*?>>>>>>>[^\n]*\n", "    return musa_kernel_2(x);\n", text, flags=re.S)
+    )
     git(dest, "add", "src/kernels.c")
     argv = shlex.split(resume)[2:]  # drop "stackforge patches"
     code, out, err = run(root, *argv, capsys=capsys)
@@ -116,8 +128,17 @@ def test_upstreamed_with_set_and_drop(env, capsys):
     sc, root = env
     code, out, _ = run(root, "upstreamed", "demo", "--to-commit", sc.v1_1, "--json", capsys=capsys)
     assert code == 0 and [u["name"] for u in json.loads(out)["upstreamed"]] == sc.upstreamed
-    code, out, err = run(root, "upstreamed", "demo", "--set", f"upstreams.demo.commit={sc.v1_1}",
-                         "--set", "upstreams.demo.tag=v1.1", "--drop", capsys=capsys)
+    code, out, err = run(
+        root,
+        "upstreamed",
+        "demo",
+        "--set",
+        f"upstreams.demo.commit={sc.v1_1}",
+        "--set",
+        "upstreams.demo.tag=v1.1",
+        "--drop",
+        capsys=capsys,
+    )
     assert code == 0, err
     assert [line.split()[1] for line in out.splitlines()] == sc.upstreamed
     assert "dropped 2 patch(es)" in err
@@ -131,10 +152,17 @@ def test_upstreamed_with_set_and_drop(env, capsys):
 def test_export_check_fails_on_a_changed_patch_and_lint_on_a_tracker_id(env, capsys):
     sc, root = env
     p = sc.patches / sc.names[3]
-    p.write_text(p.read_text().replace("Say how to select the device in the guide.", "Say how to select the device (MUSA-100042)."))
+    p.write_text(
+        p.read_text().replace(
+            "Say how to select the device in the guide.", "Say how to select the device (MUSA-100042)."
+        )
+    )
     code, out, _ = run(root, "lint", capsys=capsys)
     assert code == 1
-    assert re.search(rf"{re.escape(sc.names[3])}:\d+: tracker-id: patch {re.escape(sc.names[3])}: internal tracker id 'MUSA-100042' in the commit message", out)
+    assert re.search(
+        rf"{re.escape(sc.names[3])}:\d+: tracker-id: patch {re.escape(sc.names[3])}: internal tracker id 'MUSA-100042' in the commit message",
+        out,
+    )
     assert "index-stale" in out  # the README names the patch description
     code, out, _ = run(root, "lint", "--json", capsys=capsys)
     assert {f["code"] for f in json.loads(out)} == {"tracker-id", "index-stale"}
@@ -142,7 +170,11 @@ def test_export_check_fails_on_a_changed_patch_and_lint_on_a_tracker_id(env, cap
     assert code == 1 and "out of date" in out
     code, out, _ = run(root, "index", capsys=capsys)
     assert code == 0 and "wrote" in out
-    p.write_text(p.read_text().replace("+Select the musa device with --device musa.", "+Select the musa device with --device=musa."))
+    p.write_text(
+        p.read_text().replace(
+            "+Select the musa device with --device musa.", "+Select the musa device with --device=musa."
+        )
+    )
     code, out, err = run(root, "export", "demo", "--check", capsys=capsys)
     assert code == 1 and f"changed: patches/demo/{sc.names[3]}" in out
 

@@ -5,6 +5,7 @@ a 12-patch series on it written by plain ``git format-patch``; v1.1 carries
 patch 3 (cherry-picked) and patch 6 (inside a bigger commit); a branch rewrites
 the line patch 5 changes; another edits a context line of patch 10.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,13 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from stackforge import patches as P
 from stackforge.build.sources import export_upstream
 from stackforge.errors import UserError
 from stackforge.patches.apply import read_note
 from stackforge.patches.git import BASE_REF, git
 from stackforge.patches.patchfile import parse_patch
-
 from tests.fixtures.gitrepo import (
     LAYER_CHANGES,
     SERIES_CHANGES,
@@ -52,7 +53,9 @@ def root_of(sc) -> Path:
 
 
 def target(sc, commit=None, tag="v1.0", overlays=()):
-    return P.make_target("demo", sc.spec(commit, tag), root=root_of(sc), cache_dir=root_of(sc).parent / "cache", overlays=overlays)
+    return P.make_target(
+        "demo", sc.spec(commit, tag), root=root_of(sc), cache_dir=root_of(sc).parent / "cache", overlays=overlays
+    )
 
 
 def digests(d: Path) -> dict[str, str]:
@@ -95,7 +98,15 @@ def test_conflicting_patch_names_patch_file_line_hunk_and_resumes(sc, tmp_path):
     assert [x.status for x in report.results[5:]] == ["not-run"] * 7
     err = P.failure_error(report, resume)
     text = err.render()
-    for needle in (sc.names[4], "position 5 of 12", "src/kernels.c", f"line {hunk.old_start}", hunk.header, "-    return x * 3;", resume):
+    for needle in (
+        sc.names[4],
+        "position 5 of 12",
+        "src/kernels.c",
+        f"line {hunk.old_start}",
+        hunk.header,
+        "-    return x * 3;",
+        resume,
+    ):
         assert needle in text
     assert err.exit_code == 1 and err.line == hunk.patch_line
     # The tree is marked, never presented as done.
@@ -150,7 +161,9 @@ def test_continue_after_the_user_finished_the_patch_with_git(sc, tmp_path):
     dest = tmp_path / "applied"
     P.apply_to(target(sc, sc.conflict, tag="v1.0-conflict"), dest)
     text = (dest / "src" / "kernels.c").read_text()
-    (dest / "src" / "kernels.c").write_text(re.sub(r"<<<<<<<.*?>>>>>>>[^\n]*\n", "    return musa_kernel_2(x);\n", text, flags=re.S))
+    (dest / "src" / "kernels.c").write_text(
+        re.sub(r"<<<<<<<.*?>>>>>>>[^\n]*\n", "    return musa_kernel_2(x);\n", text, flags=re.S)
+    )
     git(dest, "add", "src/kernels.c")
     git(dest, "am", "--continue")
     done = P.continue_apply(dest)
@@ -247,13 +260,17 @@ def test_renumber_after_inserting_a_commit_keeps_names_and_bytes(sc, tmp_path):
     before = digests(sc.patches)
     header = (sc.patches / "series").read_text().splitlines()[0]
     # Insert a commit after the 4th patch with an interactive rebase (notes follow the rewritten commits).
-    editor = f"{sys.executable} -c \"import sys; p=sys.argv[1]; l=open(p).read().splitlines(True); " \
-             "i=[k for k,x in enumerate(l) if x.startswith('pick')][3]; " \
-             "l.insert(i+1, 'exec sh -c \\'printf \\\"musa = True\\\\\\\\n\\\" > src/musa_flag.py && git add src/musa_flag.py && " \
-             "git commit -q -m \\\"Core: add a musa flag\\\" -m \\\"A flag other modules can test.\\\"\\'\\\\n'); open(p,'w').writelines(l)\""
+    editor = (
+        f'{sys.executable} -c "import sys; p=sys.argv[1]; l=open(p).read().splitlines(True); '
+        "i=[k for k,x in enumerate(l) if x.startswith('pick')][3]; "
+        "l.insert(i+1, 'exec sh -c \\'printf \\\"musa = True\\\\\\\\n\\\" > src/musa_flag.py && git add src/musa_flag.py && "
+        'git commit -q -m \\"Core: add a musa flag\\" -m \\"A flag other modules can test.\\"\\\'\\\\n\'); open(p,\'w\').writelines(l)"'
+    )
     env = git_env(author=("Dev 13", "dev13@fork.example"))
     env["GIT_SEQUENCE_EDITOR"] = editor
-    proc = subprocess.run(["git", "-C", str(dest), "rebase", "-q", "-i", sc.v1_0], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "-C", str(dest), "rebase", "-q", "-i", sc.v1_0], env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert (dest / "src" / "musa_flag.py").read_text() == "musa = True\n"
     plan, changes = P.export_series(dest, P.load_layers([("base", sc.patches)]))
@@ -271,8 +288,11 @@ def test_renumber_after_inserting_a_commit_keeps_names_and_bytes(sc, tmp_path):
     # The inserted patch is named exactly as git format-patch names it.
     out = tmp_path / "fp"
     commit = plan.patches[4].commit
-    subprocess.run(["git", "-C", str(dest), "format-patch", "-q", "-o", str(out), "--start-number", "5", "-1", commit],
-                   check=True, env=git_env())
+    subprocess.run(
+        ["git", "-C", str(dest), "format-patch", "-q", "-o", str(out), "--start-number", "5", "-1", commit],
+        check=True,
+        env=git_env(),
+    )
     assert [p.name for p in out.iterdir()] == [inserted]
     assert P.lint_repository(root_of(sc)) == []
     # And the new series re-exports byte-identically from a fresh apply.
@@ -283,7 +303,10 @@ def test_lint_flags_a_tracker_id_added_in_a_worked_tree(sc, tmp_path):
     dest = tmp_path / "applied"
     P.apply_to(target(sc), dest)
     engine = dest / "src" / "engine.py"
-    text = engine.read_text().replace("    value = x + 3\n", "    value = x + 3\n    # workaround for a driver bug, see MUSA-100042\n    limit = 8  \n")
+    text = engine.read_text().replace(
+        "    value = x + 3\n",
+        "    value = x + 3\n    # workaround for a driver bug, see MUSA-100042\n    limit = 8  \n",
+    )
     engine.write_text(text)
     git(dest, "commit", "-q", "-a", "-m", "Engine: work around a driver bug", "-m", "Tracked as MUSA-100042.")
     P.export_series(dest, P.load_layers([("base", sc.patches)]))
@@ -292,11 +315,13 @@ def test_lint_flags_a_tracker_id_added_in_a_worked_tree(sc, tmp_path):
     findings = [f for f in P.lint_repository(root_of(sc)) if f.patch == name]
     comment_line = text.splitlines().index("    # workaround for a driver bug, see MUSA-100042") + 1
     got = sorted((f.code, f.source_file or "", f.source_line or 0) for f in findings)
-    assert got == sorted([
-        ("tracker-id", "src/engine.py", comment_line),
-        ("tracker-id", "", 0),
-        ("trailing-whitespace", "src/engine.py", comment_line + 1),
-    ])
+    assert got == sorted(
+        [
+            ("tracker-id", "src/engine.py", comment_line),
+            ("tracker-id", "", 0),
+            ("trailing-whitespace", "src/engine.py", comment_line + 1),
+        ]
+    )
     patch_lines = (sc.patches / name).read_text().splitlines()
     for f in findings:
         rendered = f.render()
@@ -384,7 +409,9 @@ def test_apply_series_on_an_exported_tree_for_the_build(sc, tmp_path):
 def test_git_environment_of_the_user_does_not_change_exported_bytes(sc, tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
-    (home / ".gitconfig").write_text("[format]\n\tsignature = custom\n\tnumbered = true\n[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n\talgorithm = histogram\n")
+    (home / ".gitconfig").write_text(
+        "[format]\n\tsignature = custom\n\tnumbered = true\n[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n\talgorithm = histogram\n"
+    )
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
     assert P.export_check(target(sc)) == []

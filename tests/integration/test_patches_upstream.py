@@ -1,5 +1,6 @@
 """Upstream fetch and export: a bare mirror checked against the pinned tag, and a release sdist
 from a real (local) PEP 503 index checked against its sha256."""
+
 from __future__ import annotations
 
 import hashlib
@@ -9,9 +10,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from stackforge.build import sources as up
 from stackforge.errors import UserError
-
 from tests.fixtures.gitrepo import build_upstream
 from tests.fixtures.index_server import IndexServer
 
@@ -98,12 +99,14 @@ def test_export_writes_exactly_the_pinned_tree(repo, tmp_path):
     assert got == listed
     for rel in listed:
         assert (dest / rel).read_bytes() == subprocess.run(
-            ["git", "-C", str(repo.path), "show", f"{spec.commit}:{rel}"], capture_output=True, check=True).stdout
+            ["git", "-C", str(repo.path), "show", f"{spec.commit}:{rel}"], capture_output=True, check=True
+        ).stdout
     with pytest.raises(UserError):
         up.export_upstream(spec, tmp_path / "cache", dest)
 
 
 # --- release sdists ------------------------------------------------------------------------
+
 
 def make_sdist(directory: Path, name="demo_pkg", version="1.2.0", extra: dict[str, bytes] | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
@@ -131,7 +134,10 @@ def test_sdist_found_on_a_simple_index_checked_unpacked_and_cached(tmp_path):
         spec = up.SdistSpec(index.url, "Demo.Pkg", "1.2.0", digest)
         dest = up.export_sdist(spec, tmp_path / "cache", tmp_path / "tree")
         assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
-            "PKG-INFO", "setup.py", "src/demo_pkg/__init__.py"]
+            "PKG-INFO",
+            "setup.py",
+            "src/demo_pkg/__init__.py",
+        ]
         assert (dest / "PKG-INFO").read_text().endswith("Version: 1.2.0\n")
         files_asked = [r for r in index.requests if r.path.startswith("/files/")]
         assert len(files_asked) == 1
@@ -168,5 +174,7 @@ def test_sdist_from_a_file_index(tmp_path):
     page = tmp_path / "simple" / "demo-pkg"
     page.mkdir(parents=True)
     (page / "index.html").write_text(f'<a href="file://{sd}#sha256=x">{sd.name}</a>')
-    spec = up.SdistSpec(f"file://{tmp_path / 'simple'}", "demo-pkg", "1.2.0", hashlib.sha256(sd.read_bytes()).hexdigest())
+    spec = up.SdistSpec(
+        f"file://{tmp_path / 'simple'}", "demo-pkg", "1.2.0", hashlib.sha256(sd.read_bytes()).hexdigest()
+    )
     assert (up.export_sdist(spec, tmp_path / "cache", tmp_path / "tree") / "setup.py").is_file()

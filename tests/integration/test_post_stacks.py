@@ -4,14 +4,15 @@ Only the endpoints and the base image are overridden (``--set indexes.*.url``, `
 ``base.image``); stacks/post2.yaml, stacks/post1.yaml and the build code path are the production ones.
 See tests/fixtures/musa_standins.py for what the stand-ins are.
 """
+
 from __future__ import annotations
 
 import json
 import re
 
 import pytest
-from stackforge.stack.load import fingerprint
 
+from stackforge.stack.load import fingerprint
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
 
@@ -46,9 +47,14 @@ def post1(standins):
 
 def expected_gate(stack) -> list[str]:
     """One PASS line per pin in stack order, then the extra imports and the probes, as the seed prints them."""
-    lines = [f"PASS {'meta  ' if p.gate == 'metadata' else 'import'} {n:<10} version={p.version}"
-             for n, p in stack.packages.items()]
-    versions = {"vllm": stack.upstreams["vllm"].tag.lstrip("v"), "vllm_musa": stack.upstreams["vllm_musa"].tag.lstrip("v")}
+    lines = [
+        f"PASS {'meta  ' if p.gate == 'metadata' else 'import'} {n:<10} version={p.version}"
+        for n, p in stack.packages.items()
+    ]
+    versions = {
+        "vllm": stack.upstreams["vllm"].tag.lstrip("v"),
+        "vllm_musa": stack.upstreams["vllm_musa"].tag.lstrip("v"),
+    }
     lines += [f"PASS import {i.module:<10} version={versions[i.dist]}" for i in stack.gate.imports]
     lines += [f"PASS probe  {p.name} result={p.expect}" for p in stack.gate.probes]
     return lines
@@ -58,14 +64,16 @@ def test_post2_every_gate_line_passes(post2, standins):
     stack = standins.stack("post2")
     gate = post2.evidence_lines("gate.txt")
     # The seed's own lines, literally.
-    for line in ("PASS import torchada   version=0.1.90",
-                 "PASS import torch      version=2.11.0.post2+musa5.2.0",
-                 "PASS import torch_musa version=2.11.0.post2+musa5.2.0",
-                 "PASS import deep_ep    version=1.1.0+musa5.2.0torch2.11.0.post2",
-                 "PASS meta   apache-tvm-ffi version=0.1.9.post2+musa.1",
-                 "PASS import vllm       version=0.28.0",
-                 "PASS import vllm_musa  version=0.1.24",
-                 "PASS probe  fused-moe-configs result=100 space-free + 41 spaced = 141"):
+    for line in (
+        "PASS import torchada   version=0.1.90",
+        "PASS import torch      version=2.11.0.post2+musa5.2.0",
+        "PASS import torch_musa version=2.11.0.post2+musa5.2.0",
+        "PASS import deep_ep    version=1.1.0+musa5.2.0torch2.11.0.post2",
+        "PASS meta   apache-tvm-ffi version=0.1.9.post2+musa.1",
+        "PASS import vllm       version=0.28.0",
+        "PASS import vllm_musa  version=0.1.24",
+        "PASS probe  fused-moe-configs result=100 space-free + 41 spaced = 141",
+    ):
         assert line in gate, f"{line!r} not in gate output:\n" + "\n".join(gate)
     # Every check, in stack order (torchada before torch), and nothing else.
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
@@ -80,8 +88,9 @@ def test_post2_readonly_rerun_and_abi_stage_pass(post2, standins):
     stack = standins.stack("post2")
     readonly = post2.evidence_lines("gate-readonly.txt")
     imports = [l for l in expected_gate(stack) if not l.startswith("PASS probe")]
-    assert [l for l in readonly if l.startswith("read-only: ")] == \
-        [f"read-only: {l}" for l in imports] + [f"read-only: gate result: {len(imports)} PASS, 0 FAIL"]
+    assert [l for l in readonly if l.startswith("read-only: ")] == [f"read-only: {l}" for l in imports] + [
+        f"read-only: gate result: {len(imports)} PASS, 0 FAIL"
+    ]
     abi = post2.evidence_lines("abi.txt")
     assert abi[-1] == "abi result: 0 FAIL"
     assert not [l for l in abi if l.startswith("FAIL")]
@@ -91,18 +100,25 @@ def test_post2_readonly_rerun_and_abi_stage_pass(post2, standins):
         assert any(re.fullmatch(rf"PASS abi +torch_musa +{re.escape(so)} resolved=\d+", l) for l in abi), (so, abi)
     # deep_ep is compiled and declares no Requires-Dist: a WARN, and the only one (torch, torch_musa declare deps).
     warns = [l for l in abi if l.startswith("WARN")]
-    assert len(warns) == 1 and re.match(r"WARN abi +deep_ep +compiled \(1 \.so\) and declares no Requires-Dist", warns[0])
+    assert len(warns) == 1 and re.match(
+        r"WARN abi +deep_ep +compiled \(1 \.so\) and declares no Requires-Dist", warns[0]
+    )
 
 
 def test_post2_vendor_wheels_own_dependencies_come_from_the_public_index(post2):
     # flashinfer-python (vendor, installed --no-deps) requires ninja, which only the public stand-in serves
     # and nothing public requires: the vendor wheels' dependency phase installed it.
-    proc = mb.docker("run", "--rm", "--network=none", "--entrypoint", "python", post2.image, "-m", "pip", "show", "ninja")
+    proc = mb.docker(
+        "run", "--rm", "--network=none", "--entrypoint", "python", post2.image, "-m", "pip", "show", "ninja"
+    )
     fields = dict(l.split(": ", 1) for l in proc.stdout.splitlines() if ": " in l)
     assert fields["Version"] == ms.PUBLIC_DEPS["ninja"]
     assert fields["Required-by"] == "flashinfer-python"
-    phases = re.findall(r"^RUN .*pip install --index-url (\S+) .*-r /stackforge/deps/(\S+)$",
-                        (post2.out / "Dockerfile").read_text().replace("\\\n", " "), re.M)
+    phases = re.findall(
+        r"^RUN .*pip install --index-url (\S+) .*-r /stackforge/deps/(\S+)$",
+        (post2.out / "Dockerfile").read_text().replace("\\\n", " "),
+        re.M,
+    )
     assert [p[1] for p in phases] == ["mthreads.txt", "pypi.txt", "mthreads.deps.txt"]
     assert phases[2][0] == phases[1][0]  # the vendor wheels' dependencies resolve against the public index
 
@@ -111,7 +127,7 @@ def test_post2_image_tag_and_labels(post2, standins):
     assert post2.tag == POST2_TAG
     labels = mb.labels_of(post2.image)
     stack = standins.stack("post2", post2.overrides)
-    pins = {k[len("org.stackforge.pin."):]: v for k, v in labels.items() if k.startswith("org.stackforge.pin.")}
+    pins = {k[len("org.stackforge.pin.") :]: v for k, v in labels.items() if k.startswith("org.stackforge.pin.")}
     assert pins == {n: p.version for n, p in stack.packages.items()}
     assert labels["org.stackforge.fingerprint"] == fingerprint(stack)
     inputs = json.loads((post2.evidence / "inputs.json").read_text())
@@ -135,8 +151,11 @@ def test_gate_verb_reruns_the_gate_on_the_built_image(post2):
     proc = mb.stackforge("gate", post2.image, "--stack", "post2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout.splitlines()
-    for line in ("PASS import torchada   version=0.1.90", "PASS import deep_ep    version=1.1.0+musa5.2.0torch2.11.0.post2",
-                 "PASS probe  fused-moe-configs result=100 space-free + 41 spaced = 141"):
+    for line in (
+        "PASS import torchada   version=0.1.90",
+        "PASS import deep_ep    version=1.1.0+musa5.2.0torch2.11.0.post2",
+        "PASS probe  fused-moe-configs result=100 space-free + 41 spaced = 141",
+    ):
         assert line in out, proc.stdout
     assert out[-1] == "gate result: 20 PASS, 0 FAIL"
 
@@ -152,8 +171,11 @@ def test_abi_verb_reports_deep_ep_resolved(post2, standins):
     assert proc.returncode != 0
     line = next(l for l in proc.stdout.splitlines() if l.startswith("FAIL abi") and "deep_ep" in l)
     assert re.fullmatch(rf"FAIL abi +deep_ep +{re.escape(DEEP_EP_SO)} missing=(\S+)", line), line
-    assert set(line.rsplit("missing=", 1)[1].split(",")) == {"libmusa_python.so.2", "libmusa_kernels.so",
-                                                             "libtorch_python.so"}
+    assert set(line.rsplit("missing=", 1)[1].split(",")) == {
+        "libmusa_python.so.2",
+        "libmusa_kernels.so",
+        "libtorch_python.so",
+    }
 
 
 def test_post1_builds_end_to_end(post1, standins):

@@ -3,6 +3,7 @@
 The whole production path: the stack's tag templates, the build's evidence, the engine export,
 the registry, the alias, the re-pull through the engine, and the evidence bundle.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,8 +27,13 @@ DATE = "20260929"
 
 def stackforge(root: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
-    return subprocess.run([sys.executable, "-m", "stackforge", "--root", str(root), *args],
-                          capture_output=True, text=True, env=env, timeout=1800)
+    return subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +66,19 @@ def test_the_gated_example_image_is_published_verified_and_not_twice(built, regi
     assert f"published: {ev['repository']}:{ev['tag']}" in proc.stdout
     r = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()
     assert sorted(r["tags"]) == sorted([ev["tag"], *ev["aliases"]])
-    head = requests.head(f"http://{registry}/v2/{ns}/stackforge-example/manifests/{ev['tag']}",
-                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}, timeout=10)
+    head = requests.head(
+        f"http://{registry}/v2/{ns}/stackforge-example/manifests/{ev['tag']}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+        timeout=10,
+    )
     assert head.headers["Docker-Content-Digest"] == ev["digest"]
 
     again = stackforge(root, *args)
     assert again.returncode == 0, again.stderr
     assert "already published" in again.stdout and ev["tag"] in again.stdout
-    assert sorted(requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]) \
-        == sorted(r["tags"])
+    assert sorted(
+        requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]
+    ) == sorted(r["tags"])
 
 
 def test_an_image_that_is_not_the_gated_one_is_refused(built, registry, tmp_path):
@@ -82,8 +92,9 @@ def test_an_image_that_is_not_the_gated_one_is_refused(built, registry, tmp_path
         tar.addfile(info, io.BytesIO(b"no\n"))
     subprocess.run(["docker", "import", "-", other], input=buf.getvalue(), capture_output=True, check=True)
     try:
-        proc = stackforge(root, "publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE,
-                          "--set", f"tags.local={other}")
+        proc = stackforge(
+            root, "publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE, "--set", f"tags.local={other}"
+        )
     finally:
         subprocess.run(["docker", "image", "rm", other], capture_output=True)
     assert proc.returncode == 1 and "but the gated build produced" in proc.stderr
@@ -93,8 +104,18 @@ def test_an_image_that_is_not_the_gated_one_is_refused(built, registry, tmp_path
 def test_a_stack_that_fails_lint_publishes_nothing(built, registry):
     root, tag = built
     ns = f"e{uuid.uuid4().hex[:8]}"
-    proc = stackforge(root, "publish", "post2", "--registry", f"{registry}/{ns}", "--allow-ungated",
-                      "--set", f"tags.local={tag}", "--set", "packages.torchvision.version=0.26.0.post1+musa5.2.0")
+    proc = stackforge(
+        root,
+        "publish",
+        "post2",
+        "--registry",
+        f"{registry}/{ns}",
+        "--allow-ungated",
+        "--set",
+        f"tags.local={tag}",
+        "--set",
+        "packages.torchvision.version=0.26.0.post1+musa5.2.0",
+    )
     assert proc.returncode == 1 and "stack 'post2' fails lint" in proc.stderr and "torchvision" in proc.stderr
     assert "Nothing was published." in proc.stderr and "Traceback" not in proc.stderr
     assert requests.get(f"http://{registry}/v2/{ns}/vllm/tags/list", timeout=10).status_code == 404

@@ -3,6 +3,7 @@
 Images are tiny and built by the engine (an imported rootfs plus a BuildKit layer), so a
 publish takes well under a second; the library path is the production one.
 """
+
 from __future__ import annotations
 
 import io
@@ -19,12 +20,12 @@ from pathlib import Path
 
 import pytest
 import requests
+
 from stackforge.errors import BuildFailed
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import publish
-from stackforge.publish.scheme import TagScheme
 from stackforge.publish.registry import RetryPolicy
-
+from stackforge.publish.scheme import TagScheme
 from tests.fixtures.faulty_proxy import (
     BLOB_UPLOAD,
     MANIFEST_BY_DIGEST,
@@ -125,19 +126,39 @@ def root(tmp_path_factory):
 
 
 def cli_args(root: Path, registry: str, ref: str, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "stackforge", "--root", str(root), "publish", "post2", "--registry", registry,
-            "--date", DATE, "--set", f"tags.local={ref}", "--allow-ungated", "--out", str(out),
-            "--retries", "4", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "stackforge",
+        "--root",
+        str(root),
+        "publish",
+        "post2",
+        "--registry",
+        registry,
+        "--date",
+        DATE,
+        "--set",
+        f"tags.local={ref}",
+        "--allow-ungated",
+        "--out",
+        str(out),
+        "--retries",
+        "4",
+        *extra,
+    ]
 
 
 def cli_env(tmp_path: Path, lock_dir: Path | None = None) -> dict[str, str]:
-    return dict(os.environ, STACKFORGE_CACHE=str(tmp_path / "cache"),
-                STACKFORGE_LOCK_DIR=str(lock_dir or tmp_path / "locks"))
+    return dict(
+        os.environ, STACKFORGE_CACHE=str(tmp_path / "cache"), STACKFORGE_LOCK_DIR=str(lock_dir or tmp_path / "locks")
+    )
 
 
 def cli(root: Path, registry: str, ref: str, out: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_args(root, registry, ref, out, *extra), capture_output=True, text=True,
-                          env=cli_env(tmp_path), timeout=300)
+    return subprocess.run(
+        cli_args(root, registry, ref, out, *extra), capture_output=True, text=True, env=cli_env(tmp_path), timeout=300
+    )
 
 
 # ------------------------------------------------------------------------------------- tests
@@ -245,8 +266,13 @@ def test_persistent_faults_leave_no_tag_and_a_rerun_completes(registry, images, 
 def test_a_publisher_killed_mid_push_leaves_no_tag_and_the_rerun_succeeds(registry, images, root, ns, tmp_path):
     with FaultyProxy(registry, [Fault("stall", BLOB_UPLOAD + ".+digest=", "PUT")]) as proxy:
         out = tmp_path / "out"
-        proc = subprocess.Popen(cli_args(root, f"{proxy.address}/{ns}", images[3], out), env=cli_env(tmp_path),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            cli_args(root, f"{proxy.address}/{ns}", images[3], out),
+            env=cli_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             assert proxy.stalled.wait(timeout=120), "the publisher never reached a blob upload"
             os.killpg(proc.pid, signal.SIGKILL)
@@ -275,6 +301,7 @@ def test_two_publishers_racing_on_one_date(registry, images, root, ns, tmp_path,
     hosts (separate locks) may write one tag both; the one whose write was replaced notices and
     takes the next revision. Either way the end is two distinct revisions, each with its own image.
     """
+
     def hold(_proxy):
         time.sleep(0.5)
 
@@ -282,9 +309,15 @@ def test_two_publishers_racing_on_one_date(registry, images, root, ns, tmp_path,
         procs = []
         for i in (0, 1):
             locks = tmp_path / ("locks" if hosts == "one-host" else f"locks-{i}")
-            procs.append(subprocess.Popen(
-                cli_args(root, f"{proxy.address}/{ns}", images[i], tmp_path / f"out{i}", "--json"),
-                env=cli_env(tmp_path, lock_dir=locks), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    cli_args(root, f"{proxy.address}/{ns}", images[i], tmp_path / f"out{i}", "--json"),
+                    env=cli_env(tmp_path, lock_dir=locks),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         outs = [p.communicate(timeout=300) for p in procs]
         tag_puts = [e for e in proxy.log if e.method == "PUT" and SCHEME.parse(e.path.rsplit("/", 1)[1])]
     for p, (stdout, stderr) in zip(procs, outs):
@@ -332,16 +365,29 @@ def test_bad_input_is_a_clear_error_with_no_tag(registry, images, root, ns, tmp_
         assert proc.returncode == 2, bad
         assert proc.stderr.startswith("error: ") and "fix:" in proc.stderr and "Traceback" not in proc.stderr
 
-    proc = subprocess.run([a for a in cli_args(root, f"{registry}/{ns}", images[0], tmp_path / "nobuild")
-                           if a != "--allow-ungated"], capture_output=True, text=True, env=cli_env(tmp_path))
+    proc = subprocess.run(
+        [a for a in cli_args(root, f"{registry}/{ns}", images[0], tmp_path / "nobuild") if a != "--allow-ungated"],
+        capture_output=True,
+        text=True,
+        env=cli_env(tmp_path),
+    )
     assert proc.returncode == 2 and "no gated build" in proc.stderr
     assert tags_of(registry, f"{ns}/vllm") == []
 
 
 def _older_date(registry, ns, images, tmp_path):
     newer = lib_publish(registry, ns, images[0], tmp_path)
-    older = publish(DockerImage(images[1]), f"{registry}/{ns}/vllm", SCHEME, "20260901", aliases=(ALIAS,), policy=FAST,
-                    lock_dir=tmp_path / "locks", layer_cache=tmp_path / "layers", settle_seconds=0.2)
+    older = publish(
+        DockerImage(images[1]),
+        f"{registry}/{ns}/vllm",
+        SCHEME,
+        "20260901",
+        aliases=(ALIAS,),
+        policy=FAST,
+        lock_dir=tmp_path / "locks",
+        layer_cache=tmp_path / "layers",
+        settle_seconds=0.2,
+    )
     return newer, older
 
 

@@ -8,6 +8,7 @@ basic-auth pair a header would carry -- may appear in ``docker history --no-trun
 (labels included), any layer of ``docker save``, the build log or the CLI output, or the build
 directory (evidence bundle, Dockerfile, context).
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,11 +42,14 @@ def canary_build(standins, tmp_path_factory):
     password = "CANARYpw" + secrets.token_hex(12)
     ca_canary = "CANARYca" + secrets.token_hex(12)
     bundle = tmp / "extra-ca.pem"
-    bundle.write_text(f"# {ca_canary}: an extra CA bundle for the build's downloads\n"
-                      + (SYSTEM_BUNDLE.read_text() if SYSTEM_BUNDLE.is_file() else ""))
+    bundle.write_text(
+        f"# {ca_canary}: an extra CA bundle for the build's downloads\n"
+        + (SYSTEM_BUNDLE.read_text() if SYSTEM_BUNDLE.is_file() else "")
+    )
     # A fresh port on every run: the pip phases cannot come from the cache, so the credential is used.
-    ep = standins.endpoints(standins.specs("post2"), label="auth-", auth={"mthreads": ("builder", password)},
-                            stable_port=False)
+    ep = standins.endpoints(
+        standins.specs("post2"), label="auth-", auth={"mthreads": ("builder", password)}, stable_port=False
+    )
     server = ep.servers["mthreads"]
     server.reset_log()
     overrides = standins.overrides(ep)
@@ -112,8 +116,10 @@ def test_no_canary_in_any_layer(canary_build, tmp_path):
                 scanned_layers += 1
                 with tarfile.open(fileobj=io.BytesIO(data)) as layer:
                     for entry in layer.getmembers():
-                        leaks += [(f"{member.name}:{entry.name}", what)
-                                  for what in _found(entry.name + entry.linkname, canaries)]
+                        leaks += [
+                            (f"{member.name}:{entry.name}", what)
+                            for what in _found(entry.name + entry.linkname, canaries)
+                        ]
     assert scanned_layers >= expected_layers > 0
     assert leaks == []
 
@@ -127,8 +133,14 @@ def test_no_canary_in_build_log_output_or_build_directory(canary_build):
         if path.is_file():
             scanned.append(path.relative_to(build.out).as_posix())
             assert _found(path.read_bytes(), canaries) == [], path
-    for name in ("evidence/build.log", "evidence/inputs.json", "evidence/gate.txt", "evidence/Dockerfile",
-                 "evidence/result.json", "Dockerfile"):
+    for name in (
+        "evidence/build.log",
+        "evidence/inputs.json",
+        "evidence/gate.txt",
+        "evidence/Dockerfile",
+        "evidence/result.json",
+        "Dockerfile",
+    ):
         assert name in scanned
     inputs = json.loads((build.evidence / "inputs.json").read_text())
     assert inputs["resolved"]["indexes"]["mthreads"]["url"].startswith("http://127.0.0.1:")

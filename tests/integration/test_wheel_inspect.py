@@ -1,4 +1,5 @@
 """`stackforge wheel inspect|diff` on wheels with real ELF shared objects compiled by gcc."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,9 @@ import subprocess
 import zipfile
 
 import pytest
+
 from stackforge.cli.main import main
 from stackforge.freshness.wheel import diff_wheels, inspect_wheel
-
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.musa_index import DEEP_EP_FILES, DEEP_EP_NEEDED, DEEP_EP_SO
 from tests.fixtures.wheels import SharedLib, build_wheel
@@ -37,20 +38,39 @@ def deep_ep(tmp_path_factory):
     out = {}
     for which in ("post1", "post2"):
         out[which] = build_wheel(
-            d, "deep_ep", f"1.1.0+musa5.2.0torch2.11.0.{which}", files=DEEP_EP_FILES,
+            d,
+            "deep_ep",
+            f"1.1.0+musa5.2.0torch2.11.0.{which}",
+            files=DEEP_EP_FILES,
             shared_libs=[SharedLib(DEEP_EP_SO, needed=DEEP_EP_NEEDED[which], runpath="$ORIGIN/../torch/lib")],
-            **TAGS)
+            **TAGS,
+        )
     return out
 
 
 def test_inspect_reads_soname_needed_and_paths_like_readelf(tmp_path):
-    whl = build_wheel(tmp_path, "torch_musa", "2.11.0.post2+musa5.2.0", files={"torch_musa/__init__.py": ""},
-                      shared_libs=[
-                          SharedLib("torch_musa/lib/libmusa_kernels.so", needed=["libmusart.so.5", "libc.so.6"],
-                                    soname="libmusa_kernels.so", runpath="$ORIGIN:/usr/local/musa/lib"),
-                          SharedLib("torch_musa/lib/libmusa_python.so.2", needed=["libmusa_kernels.so"],
-                                    soname="libmusa_python.so.2", rpath="$ORIGIN"),
-                      ], requires_dist=["torch==2.11.0.post2+musa5.2.0"], **TAGS)
+    whl = build_wheel(
+        tmp_path,
+        "torch_musa",
+        "2.11.0.post2+musa5.2.0",
+        files={"torch_musa/__init__.py": ""},
+        shared_libs=[
+            SharedLib(
+                "torch_musa/lib/libmusa_kernels.so",
+                needed=["libmusart.so.5", "libc.so.6"],
+                soname="libmusa_kernels.so",
+                runpath="$ORIGIN:/usr/local/musa/lib",
+            ),
+            SharedLib(
+                "torch_musa/lib/libmusa_python.so.2",
+                needed=["libmusa_kernels.so"],
+                soname="libmusa_python.so.2",
+                rpath="$ORIGIN",
+            ),
+        ],
+        requires_dist=["torch==2.11.0.post2+musa5.2.0"],
+        **TAGS,
+    )
     info = inspect_wheel(whl)
     assert info.warnings == []  # compiled, but it does declare Requires-Dist
     by_path = {s.path: s for s in info.shared_objects}
@@ -117,7 +137,9 @@ def test_inspect_by_url_downloads_and_checks_the_hash(deep_ep, tmp_path, capsys,
     shutil.copy2(deep_ep["post2"], serve_dir)
     with IndexServer(serve_dir, auth=("u", "s3cret")) as srv:
         f = IndexClient(srv.url_with_auth).project("deep_ep").files[0]
-        url = f"http://u:s3cret@127.0.0.1:{srv.port}/files/{deep_ep['post2'].name.replace('+', '%2B')}#sha256={f.sha256}"
+        url = (
+            f"http://u:s3cret@127.0.0.1:{srv.port}/files/{deep_ep['post2'].name.replace('+', '%2B')}#sha256={f.sha256}"
+        )
         assert main(["wheel", "inspect", "--json", url]) == 0
         data = json.loads(capsys.readouterr().out)
         assert data["sha256"] == f.sha256

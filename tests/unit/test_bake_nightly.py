@@ -1,4 +1,5 @@
 """The bake plan and the nightly's stack selection and summary (no engine: plans and data only)."""
+
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from stackforge.build import bake as bakemod
 from stackforge.errors import UserError
 from stackforge.publish.nightly import Row, Summary, _gate_summary, select_stacks
@@ -24,7 +26,6 @@ def copy_stacks(dest):
         path.write_text(re.sub(r"(?m)^nightly: true\b.*$", "nightly: false", path.read_text()))
 
 
-
 # The example's lock is its own (stacks/locks/example/); these children install without one.
 UNLOCKED = "indexes:\n  pypi: {lock: false}\n"
 
@@ -35,16 +36,19 @@ def root(tmp_path):
     r.mkdir()
     copy_stacks(r / "stacks")
     shutil.copytree(REPO / "patches", r / "patches")
-    (r / "stacks" / "nightly-good.yaml").write_text(
-        "name: nightly-good\ninherits: example\nnightly: true\n" + UNLOCKED)
+    (r / "stacks" / "nightly-good.yaml").write_text("name: nightly-good\ninherits: example\nnightly: true\n" + UNLOCKED)
     (r / "stacks" / "nightly-bad.yaml").write_text(
-        "name: nightly-bad\ninherits: example\nnightly: true\n" + UNLOCKED +
-        "packages:\n  markupsafe: {version: 3.0.2, index: pypi}\n")
+        "name: nightly-bad\ninherits: example\nnightly: true\n"
+        + UNLOCKED
+        + "packages:\n  markupsafe: {version: 3.0.2, index: pypi}\n"
+    )
     return r
 
 
 def item(name="s-t", **kw):
-    defaults = dict(name=name, stack="s", target="t", ref="img:1", context=Path("/ctx"), dockerfile=Path("/ctx/Dockerfile"))
+    defaults = dict(
+        name=name, stack="s", target="t", ref="img:1", context=Path("/ctx"), dockerfile=Path("/ctx/Dockerfile")
+    )
     defaults.update(kw)
     return bakemod.BakeTarget(**defaults)
 
@@ -55,13 +59,22 @@ def test_target_names_are_bake_safe():
 
 
 def test_plan_has_one_group_and_a_target_per_stack_and_target():
-    items = [item("a-x", stack="a", target="x", args={"SOURCE_DATE_EPOCH": "1"}, secrets=[("cabundle", "/ca.pem")]),
-             item("b-x", stack="b", target="x", ref="img:2")]
+    items = [
+        item("a-x", stack="a", target="x", args={"SOURCE_DATE_EPOCH": "1"}, secrets=[("cabundle", "/ca.pem")]),
+        item("b-x", stack="b", target="x", ref="img:2"),
+    ]
     doc = bakemod.plan(items)
     assert doc["group"] == {"default": {"targets": ["a-x", "b-x"]}}
     a = doc["target"]["a-x"]
-    assert a == {"context": "/ctx", "dockerfile": "/ctx/Dockerfile", "target": "x", "tags": ["img:1"],
-                 "args": {"SOURCE_DATE_EPOCH": "1"}, "secret": ["id=cabundle,src=/ca.pem"], "output": ["type=docker"]}
+    assert a == {
+        "context": "/ctx",
+        "dockerfile": "/ctx/Dockerfile",
+        "target": "x",
+        "tags": ["img:1"],
+        "args": {"SOURCE_DATE_EPOCH": "1"},
+        "secret": ["id=cabundle,src=/ca.pem"],
+        "output": ["type=docker"],
+    }
     assert "output" not in bakemod.plan(items, load=False)["target"]["b-x"]
     with pytest.raises(UserError, match="same bake target name"):
         bakemod.plan([item("same"), item("same")])
@@ -69,8 +82,19 @@ def test_plan_has_one_group_and_a_target_per_stack_and_target():
 
 def test_bake_command():
     cmd = bakemod.bake_command(Path("/w/bake.json"), builder="k8s", no_cache=True, metadata_file=Path("/w/m.json"))
-    assert cmd == ["docker", "buildx", "--builder", "k8s", "bake", "--file", "/w/bake.json", "--progress=plain",
-                   "--no-cache", "--metadata-file", "/w/m.json"]
+    assert cmd == [
+        "docker",
+        "buildx",
+        "--builder",
+        "k8s",
+        "bake",
+        "--file",
+        "/w/bake.json",
+        "--progress=plain",
+        "--no-cache",
+        "--metadata-file",
+        "/w/m.json",
+    ]
     assert bakemod.bake_command(Path("p.json"))[:3] == ["docker", "buildx", "bake"]
 
 
@@ -83,8 +107,12 @@ def test_stack_targets(root):
 
 
 def test_bake_print_renders_the_matrix_of_nightly_stacks(root):
-    proc = subprocess.run([sys.executable, "-m", "stackforge", "--root", str(root), "bake", "--print", "--ca-bundle", "none"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(root), "bake", "--print", "--ca-bundle", "none"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["group"]["default"]["targets"] == ["nightly-bad-escape", "nightly-good-escape"]
@@ -98,16 +126,20 @@ def test_bake_without_nightly_stacks_says_what_to_do(tmp_path):
     r = tmp_path / "repo"
     copy_stacks(r / "stacks")
     shutil.copytree(REPO / "patches", r / "patches")
-    proc = subprocess.run([sys.executable, "-m", "stackforge", "--root", str(r), "bake", "--print"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(r), "bake", "--print"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "nightly: true" in proc.stderr and "fix:" in proc.stderr
 
 
 def test_select_stacks_reports_load_and_lint_failures_and_skips_non_nightly(root):
     (root / "stacks" / "broken.yaml").write_text("name: broken\ninherits: example\nnightly: true\npackges: {}\n")
     (root / "stacks" / "unlinted.yaml").write_text(
-        "name: unlinted\ninherits: post2\nnightly: true\n"
-        "packages:\n  torchvision: {version: 0.26.0.post1+musa5.2.0}\n")
+        "name: unlinted\ninherits: post2\nnightly: true\npackages:\n  torchvision: {version: 0.26.0.post1+musa5.2.0}\n"
+    )
     loaded, rows = select_stacks(root, None)
     assert sorted(s.name for s in loaded) == ["nightly-bad", "nightly-good"]
     by = {r.stack: r for r in rows}
@@ -126,10 +158,25 @@ def test_gate_summary():
 
 def test_summary_rows_markdown_and_json(tmp_path):
     s = Summary(date="20260929", registry="r.example.com/x", duration_s=12.0)
-    s.rows = [Row("good", "escape", "published", tag="r/x:t-20260929-r1", digest="sha256:" + "a" * 64,
-                  gate="gate result: 5 PASS, 0 FAIL", duration_s=3.2),
-              Row("bad", "escape", "failed", stage="gate", gate="gate result: 5 PASS, 1 FAIL",
-                  reason="bad/escape: dependency gate failed:\n  FAIL import markupsafe expected=3.0.2 | found=3.0.3")]
+    s.rows = [
+        Row(
+            "good",
+            "escape",
+            "published",
+            tag="r/x:t-20260929-r1",
+            digest="sha256:" + "a" * 64,
+            gate="gate result: 5 PASS, 0 FAIL",
+            duration_s=3.2,
+        ),
+        Row(
+            "bad",
+            "escape",
+            "failed",
+            stage="gate",
+            gate="gate result: 5 PASS, 1 FAIL",
+            reason="bad/escape: dependency gate failed:\n  FAIL import markupsafe expected=3.0.2 | found=3.0.3",
+        ),
+    ]
     assert not s.ok
     md = s.markdown()
     assert "| good | escape | published | `r/x:t-20260929-r1` |" in md
@@ -170,8 +217,20 @@ def test_nightly_command_takes_set_and_passes_it_on(monkeypatch, tmp_path):
 
     monkeypatch.setattr(cmd, "nightly", fake_nightly)
     (tmp_path / "stacks").mkdir()
-    args = build_parser().parse_args(["--root", str(tmp_path), "nightly", "--registry", "127.0.0.1:5000/x",
-                                      "--set", "base.image=a/b:c", "--set", "description=d", "--json"])
+    args = build_parser().parse_args(
+        [
+            "--root",
+            str(tmp_path),
+            "nightly",
+            "--registry",
+            "127.0.0.1:5000/x",
+            "--set",
+            "base.image=a/b:c",
+            "--set",
+            "description=d",
+            "--json",
+        ]
+    )
     assert args.func(args) == 0
     assert seen["overrides"] == ["base.image=a/b:c", "description=d"] and seen["registry"] == "127.0.0.1:5000/x"
 

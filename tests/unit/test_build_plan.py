@@ -1,10 +1,12 @@
 """The build plan, the Dockerfile filters and the context, as plain data: no engine, no network."""
+
 from __future__ import annotations
 
 import json
 import os
 
 import pytest
+
 from stackforge.build import context, render
 from stackforge.build.context import SourceInfo, assemble
 from stackforge.build.plan import gate_spec, image_labels, make_plan, pip_phases
@@ -60,8 +62,13 @@ def test_pip_phases_run_vendor_no_deps_then_public_then_vendor_deps(mixed):
     assert [p.name for p in phases] == ["vend-nodeps", "vend2-nodeps", "pub", "hashed", "vend-deps"]
     assert [p.no_deps for p in phases] == [True, True, False, False, False]
     assert [p.index for p in phases] == ["vend", "vend2", "pub", "hashed", "pub"]
-    assert [p.requirements for p in phases] == ["deps/vend.txt", "deps/vend2.txt", "deps/pub.txt",
-                                                "deps/hashed.txt", "deps/vend.deps.txt"]
+    assert [p.requirements for p in phases] == [
+        "deps/vend.txt",
+        "deps/vend2.txt",
+        "deps/pub.txt",
+        "deps/hashed.txt",
+        "deps/vend.deps.txt",
+    ]
     # The dependency phase reinstalls the vendor pins from the public index, without hashes.
     deps = phases[-1]
     assert deps.pins == ["torch==2.5.0", "extra==2.0"] and deps.index_url == "https://pypi.example/simple"
@@ -91,8 +98,12 @@ def test_gate_spec_lists_every_pin_with_its_mode_and_the_vendor_packages_for_abi
     spec = gate_spec(mixed)
     assert spec["stack"] == "mixed"
     assert [(p["name"], p["import"], p["mode"], p["version"]) for p in spec["packages"]] == [
-        ("torch", "torch", "prefix", "2.5.0"), ("idna", "idna", "exact", "3.10"),
-        ("musa-kit", "musa_kit", "metadata", "1.0"), ("six", "six", "exact", "1.16.0"), ("extra", "extra", "exact", "2.0")]
+        ("torch", "torch", "prefix", "2.5.0"),
+        ("idna", "idna", "exact", "3.10"),
+        ("musa-kit", "musa_kit", "metadata", "1.0"),
+        ("six", "six", "exact", "1.16.0"),
+        ("extra", "extra", "exact", "2.0"),
+    ]
     assert spec["imports"] == [{"module": "torch", "dist": "torch"}]
     assert [p["name"] for p in spec["probes"]] == ["p1"] and spec["read_only"] is True
     assert spec["abi"] == {"packages": ["torch", "musa-kit", "extra"], "library_path": ["/usr/local/musa/lib"]}
@@ -109,11 +120,22 @@ def test_labels_name_the_base_the_pins_the_sources_and_only_what_is_known(mixed)
     assert labels["org.opencontainers.image.base.name"] == "stackforge/base:bookworm"
     assert labels["org.stackforge.fingerprint"] == fingerprint(mixed)
     assert labels["org.stackforge.pin.musa-kit"] == "1.0"
-    for absent in ("org.opencontainers.image.created", "org.opencontainers.image.base.digest",
-                   "org.stackforge.base.id", "org.stackforge.inputs", "org.opencontainers.image.source"):
+    for absent in (
+        "org.opencontainers.image.created",
+        "org.opencontainers.image.base.digest",
+        "org.stackforge.base.id",
+        "org.stackforge.inputs",
+        "org.opencontainers.image.source",
+    ):
         assert absent not in labels
-    full = image_labels(mixed, base_digest="sha256:" + "d" * 64, base_id="sha256:" + "e" * 64,
-                        created="2024-01-01T00:00:00Z", series={"x": "sha256:" + "f" * 64}, inputs="sha256:" + "0" * 64)
+    full = image_labels(
+        mixed,
+        base_digest="sha256:" + "d" * 64,
+        base_id="sha256:" + "e" * 64,
+        created="2024-01-01T00:00:00Z",
+        series={"x": "sha256:" + "f" * 64},
+        inputs="sha256:" + "0" * 64,
+    )
     assert full["org.opencontainers.image.base.digest"] == "sha256:" + "d" * 64
     assert full["org.stackforge.base.id"] == "sha256:" + "e" * 64
     assert full["org.opencontainers.image.created"] == "2024-01-01T00:00:00Z"
@@ -131,21 +153,25 @@ def test_labels_of_git_and_sdist_upstreams():
     assert example["org.opencontainers.image.version"] == "3.0.3"
     assert "org.opencontainers.image.revision" not in example
     assert example["org.stackforge.upstream.markupsafe"] == (
-        "markupsafe==3.0.3@sha256:722695808f4b6457b320fdc131280796bdceb04ab50fe1795cd540799ebe1698")
+        "markupsafe==3.0.3@sha256:722695808f4b6457b320fdc131280796bdceb04ab50fe1795cd540799ebe1698"
+    )
 
 
 # --------------------------------------------------------------------------- render filters
 
 
-@pytest.mark.parametrize("value,word", [
-    ("plain", '"plain"'),
-    ('say "hi"', '"say \\"hi\\""'),
-    ("a\\b", '"a\\\\b"'),
-    ("$HOME ${X}", '"\\$HOME \\${X}"'),
-    ("ünïcødé → ok", '"ünïcødé → ok"'),
-    ("", '""'),
-    (3, '"3"'),
-])
+@pytest.mark.parametrize(
+    "value,word",
+    [
+        ("plain", '"plain"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("a\\b", '"a\\\\b"'),
+        ("$HOME ${X}", '"\\$HOME \\${X}"'),
+        ("ünïcødé → ok", '"ünïcødé → ok"'),
+        ("", '""'),
+        (3, '"3"'),
+    ],
+)
 def test_dockerword_quotes_so_the_parser_reads_the_value_back(value, word):
     assert dockerword(value) == word
 
@@ -158,13 +184,16 @@ def test_dockerword_and_shellword_refuse_line_breaks_and_controls(bad):
         shellword(bad)
 
 
-@pytest.mark.parametrize("value,word", [
-    ("plain-word_1.0", "plain-word_1.0"),
-    ("two words", "'two words'"),
-    ("it's", "'it'\"'\"'s'"),
-    ("$(touch x)", "'$(touch x)'"),
-    ("", "''"),
-])
+@pytest.mark.parametrize(
+    "value,word",
+    [
+        ("plain-word_1.0", "plain-word_1.0"),
+        ("two words", "'two words'"),
+        ("it's", "'it'\"'\"'s'"),
+        ("$(touch x)", "'$(touch x)'"),
+        ("", "''"),
+    ],
+)
 def test_shellword_quotes_only_what_the_shell_would_interpret(value, word):
     assert shellword(value) == word
 
@@ -209,10 +238,17 @@ def test_template_errors_name_the_template(tmp_path, mixed):
 
 
 def test_rendering_collapses_blank_runs_and_strips_trailing_space(tmp_path, mixed):
-    text = render_dockerfile(make_plan(mixed), {"k": "v"}, syntax="docker/dockerfile:1.7",
-                             root=_template(tmp_path, "# syntax={{ syntax }}  \n\n\n\nFROM {{ plan.base_image }}\n"
-                                                      "{% for k, v in labels.items() %}LABEL {{ k | dockerword }}"
-                                                      "={{ v | dockerword }}{% endfor %}\n\n\n"))
+    text = render_dockerfile(
+        make_plan(mixed),
+        {"k": "v"},
+        syntax="docker/dockerfile:1.7",
+        root=_template(
+            tmp_path,
+            "# syntax={{ syntax }}  \n\n\n\nFROM {{ plan.base_image }}\n"
+            "{% for k, v in labels.items() %}LABEL {{ k | dockerword }}"
+            "={{ v | dockerword }}{% endfor %}\n\n\n",
+        ),
+    )
     assert text == '# syntax=docker/dockerfile:1.7\n\nFROM stackforge/base:bookworm\nLABEL "k"="v"\n'
 
 
@@ -222,8 +258,7 @@ def test_rendering_collapses_blank_runs_and_strips_trailing_space(tmp_path, mixe
 def test_context_without_sources_has_requirements_gate_and_empty_source_dirs(tmp_path, mixed):
     ctx = assemble(mixed, tmp_path / "out", sources=False)
     deps = ctx.context_dir / "deps"
-    assert sorted(p.name for p in deps.iterdir()) == ["hashed.txt", "pub.txt", "vend.deps.txt", "vend.txt",
-                                                       "vend2.txt"]
+    assert sorted(p.name for p in deps.iterdir()) == ["hashed.txt", "pub.txt", "vend.deps.txt", "vend.txt", "vend2.txt"]
     assert (deps / "hashed.txt").read_text() == f"six==1.16.0 \\\n    --hash=sha256:{SHA}\n"
     assert json.loads((ctx.context_dir / "gate" / "gate.json").read_text()) == gate_spec(mixed)
     assert ctx.sources == [] and ctx.series == {} and ctx.source_date_epoch is None

@@ -1,4 +1,5 @@
 """The command line's own options and the paths it is given: one clear line and exit 2, never a traceback."""
+
 from __future__ import annotations
 
 import subprocess
@@ -6,14 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import stackforge
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def sf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stackforge", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "stackforge", *args], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
 
 
 def test_version():
@@ -22,14 +25,30 @@ def test_version():
 
 
 CASES = [
-    ("root-missing", ["--root", "/nonexistent/repo", "list"],
-     "error: --root: no such directory: /nonexistent/repo", "the one holding stacks/"),
-    ("root-without-stacks", ["--root", "{tmp}", "show", "post2"],
-     "error: --root: {tmp} has no stacks/ directory", "the one holding stacks/"),
-    ("render-out-cannot-be-made", ["render", "example", "--no-sources", "--out", "/proc/stackforge-out"],
-     "error: cannot use /proc/", "parent directory must exist"),
-    ("render-out-is-a-file", ["render", "example", "--no-sources", "--out", "{tmp}/file"],
-     "error: cannot use {tmp}/file: it exists and is not a directory", "name a directory"),
+    (
+        "root-missing",
+        ["--root", "/nonexistent/repo", "list"],
+        "error: --root: no such directory: /nonexistent/repo",
+        "the one holding stacks/",
+    ),
+    (
+        "root-without-stacks",
+        ["--root", "{tmp}", "show", "post2"],
+        "error: --root: {tmp} has no stacks/ directory",
+        "the one holding stacks/",
+    ),
+    (
+        "render-out-cannot-be-made",
+        ["render", "example", "--no-sources", "--out", "/proc/stackforge-out"],
+        "error: cannot use /proc/",
+        "parent directory must exist",
+    ),
+    (
+        "render-out-is-a-file",
+        ["render", "example", "--no-sources", "--out", "{tmp}/file"],
+        "error: cannot use {tmp}/file: it exists and is not a directory",
+        "name a directory",
+    ),
 ]
 
 

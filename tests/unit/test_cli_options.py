@@ -1,4 +1,5 @@
 """The verbs' shared options: scoped --set, --json on every verb that prints a result, --out's help."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from stackforge.cli.main import build_parser, main
 from stackforge.cli.options import overrides_for, select, split_scope
 from stackforge.errors import UserError
@@ -75,21 +77,48 @@ def test_a_single_stack_verb_takes_only_its_own_scope():
 
 
 CLI_SCOPE_ERRORS = [
-    ("lint-unselected", ["lint", "post1", "post2", "--set", "example:a=1"],
-     "error: --set example:a=1: the scope 'example' names a stack this command does not work on",
-     "one of the selected stacks (post1, post2)"),
-    ("bake-unselected", ["bake", "post1", "--print", "--set", "post2:a=1"],
-     "error: --set post2:a=1: the scope 'post2'", "(post1)"),
-    ("single-stack-other-scope", ["tags", "example", "--set", "post2:tags.local=x"],
-     "error: --set post2:tags.local=x: the scope 'post2'", "(example)"),
-    ("diff-unselected", ["diff", "post1", "post2", "--set", "example:a=1"],
-     "error: --set example:a=1: the scope 'example'", "(post1, post2)"),
-    ("nightly-refuses-a-scope", ["nightly", "--registry", "localhost:5000/ns", "--set", "post2:a=1"],
-     "error: --set post2:…: nightly applies each --set to every stack it runs", "stackforge build STACK --set"),
-    ("nightly-unselected", ["nightly", "post1", "--registry", "localhost:5000/ns", "--set", "post2:a=1"],
-     "error: --set post2:a=1: the scope 'post2'", "(post1)"),
-    ("not-a-stack-name", ["show", "example", "--set", "Example:a=1"],
-     "error: --set Example:…: 'Example' is not a stack name", "STACK:key.path=value"),
+    (
+        "lint-unselected",
+        ["lint", "post1", "post2", "--set", "example:a=1"],
+        "error: --set example:a=1: the scope 'example' names a stack this command does not work on",
+        "one of the selected stacks (post1, post2)",
+    ),
+    (
+        "bake-unselected",
+        ["bake", "post1", "--print", "--set", "post2:a=1"],
+        "error: --set post2:a=1: the scope 'post2'",
+        "(post1)",
+    ),
+    (
+        "single-stack-other-scope",
+        ["tags", "example", "--set", "post2:tags.local=x"],
+        "error: --set post2:tags.local=x: the scope 'post2'",
+        "(example)",
+    ),
+    (
+        "diff-unselected",
+        ["diff", "post1", "post2", "--set", "example:a=1"],
+        "error: --set example:a=1: the scope 'example'",
+        "(post1, post2)",
+    ),
+    (
+        "nightly-refuses-a-scope",
+        ["nightly", "--registry", "localhost:5000/ns", "--set", "post2:a=1"],
+        "error: --set post2:…: nightly applies each --set to every stack it runs",
+        "stackforge build STACK --set",
+    ),
+    (
+        "nightly-unselected",
+        ["nightly", "post1", "--registry", "localhost:5000/ns", "--set", "post2:a=1"],
+        "error: --set post2:a=1: the scope 'post2'",
+        "(post1)",
+    ),
+    (
+        "not-a-stack-name",
+        ["show", "example", "--set", "Example:a=1"],
+        "error: --set Example:…: 'Example' is not a stack name",
+        "STACK:key.path=value",
+    ),
 ]
 
 
@@ -104,8 +133,10 @@ def test_scope_errors_exit_2_and_name_the_selected_stacks(case, capsys):
 
 
 def test_scoped_set_reaches_only_its_stack(capsys):
-    assert main(["--root", str(REPO), "lint", "post1", "post2", "--json",
-                 "--set", "post2:packages.nonexistent.version=1"]) == 2
+    assert (
+        main(["--root", str(REPO), "lint", "post1", "post2", "--json", "--set", "post2:packages.nonexistent.version=1"])
+        == 2
+    )
     report = json.loads(capsys.readouterr().out)
     assert [r["stack"] for r in report] == ["post1", "post2"]
     assert "invalid" not in report[0] and "packages.nonexistent" in report[1]["invalid"]
@@ -140,16 +171,34 @@ def test_every_verb_accepts_json(verb):
 
 def test_the_verbs_walked_are_the_known_ones():
     verbs = {" ".join(v) for v in LEAVES}
-    assert {"list", "tags", "build", "gate", "abi", "verify", "lock", "bump", "diff", "render", "bake", "nightly",
-            "publish", "patches hash", "wheel inspect"} <= verbs
+    assert {
+        "list",
+        "tags",
+        "build",
+        "gate",
+        "abi",
+        "verify",
+        "lock",
+        "bump",
+        "diff",
+        "render",
+        "bake",
+        "nightly",
+        "publish",
+        "patches hash",
+        "wheel inspect",
+    } <= verbs
 
 
 CHEAP = [
     ("list", ["list"], lambda v: [s["name"] for s in v["stacks"]][:1] == ["example"]),
     ("show", ["show", "example"], lambda v: v["stack"]["name"] == "example"),
     ("lint", ["lint", "example"], lambda v: v[0]["stack"] == "example"),
-    ("tags", ["tags", "example", "--registry", "registry.example.com/ns", "--date", "20250101"],
-     lambda v: v["publish"].endswith("-20250101-r1") and v["local"].startswith("stackforge-example:")),
+    (
+        "tags",
+        ["tags", "example", "--registry", "registry.example.com/ns", "--date", "20250101"],
+        lambda v: v["publish"].endswith("-20250101-r1") and v["local"].startswith("stackforge-example:"),
+    ),
     ("diff", ["diff", "post1", "post2"], lambda v: v["old"] == "post1" and v["new"] == "post2"),
     ("schema", ["schema"], lambda v: "properties" in v),
     ("render", ["render", "example", "--no-sources", "--out", "{tmp}/build"], lambda v: "fingerprint" in v),

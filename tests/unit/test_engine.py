@@ -1,7 +1,9 @@
 """Pure parts of stackforge.build.engine: argv assembly and version parsing (no engine needed)."""
+
 from __future__ import annotations
 
 import pytest
+
 from stackforge.build.engine import (
     Engine,
     build_command,

@@ -1,4 +1,5 @@
 """Lines, coherent train moves and stale-reference tokens, on hand-made index pages (no HTTP)."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -8,6 +9,7 @@ import pytest
 import yaml
 from packaging.tags import Tag
 from packaging.version import Version
+
 from stackforge.errors import UserError
 from stackforge.freshness import audit, bump, lines, newest
 from stackforge.freshness.index import IndexFile, ProjectPage
@@ -28,8 +30,11 @@ def page(name: str, *files: str | tuple) -> ProjectPage:
         version, _, tags = spec.partition("@")
         tags = tags or X86
         fn = f"{name}-{version}.tar.gz" if tags == "sdist" else f"{name}-{version}-{tags}.whl"
-        out.append(IndexFile(fn, f"https://idx.example/{fn}", {"sha256": "0" * 64}, 10,
-                             opts.get("time"), opts.get("yanked", False)))
+        out.append(
+            IndexFile(
+                fn, f"https://idx.example/{fn}", {"sha256": "0" * 64}, 10, opts.get("time"), opts.get("yanked", False)
+            )
+        )
     return ProjectPage(name, f"https://idx.example/simple/{name}/", out, "json")
 
 
@@ -46,11 +51,18 @@ def post2():
 def test_target_tags_follow_the_stack_platform(post1):
     tags = lines.target_tags(post1)
     assert tags[0] == Tag("cp310", "cp310", "manylinux_2_35_x86_64")
-    for t in [Tag("cp310", "cp310", "linux_x86_64"), Tag("cp310", "abi3", "manylinux2014_x86_64"),
-              Tag("py3", "none", "any"), Tag("cp310", "none", "linux_x86_64")]:
+    for t in [
+        Tag("cp310", "cp310", "linux_x86_64"),
+        Tag("cp310", "abi3", "manylinux2014_x86_64"),
+        Tag("py3", "none", "any"),
+        Tag("cp310", "none", "linux_x86_64"),
+    ]:
         assert t in tags
-    for t in [Tag("cp312", "cp312", "linux_x86_64"), Tag("cp310", "cp310", "linux_aarch64"),
-              Tag("cp310", "cp310", "manylinux_2_39_x86_64")]:
+    for t in [
+        Tag("cp312", "cp312", "linux_x86_64"),
+        Tag("cp310", "cp310", "linux_aarch64"),
+        Tag("cp310", "cp310", "manylinux_2_39_x86_64"),
+    ]:
         assert t not in tags
 
 
@@ -60,14 +72,17 @@ def _line(stack, pg, pinned, local=None):
 
 
 def test_line_is_same_tags_and_same_local_label(post1):
-    pg = page("torch",
-              "2.11.0.post1+musa5.2.0", "2.11.0.post1+musa5.2.0@cp312-cp312-linux_x86_64",
-              "2.11.0.post2+musa5.2.0@cp312-cp312-linux_x86_64",       # other python: another line
-              "2.11.0.post1+musa5.2.1mp22",                            # same tags, other MUSA family
-              "2.11.0.post3+musa5.2.1mp22@cp310-cp310-linux_aarch64",  # other platform and family
-              ("2.11.0.post4+musa5.2.0", {"yanked": "broken"}),       # yanked never counts as newer
-              "2.12.0rc1+musa5.2.0",                                   # pre-release, pin is final
-              "2.11.0.post2+musa5.2.0")
+    pg = page(
+        "torch",
+        "2.11.0.post1+musa5.2.0",
+        "2.11.0.post1+musa5.2.0@cp312-cp312-linux_x86_64",
+        "2.11.0.post2+musa5.2.0@cp312-cp312-linux_x86_64",  # other python: another line
+        "2.11.0.post1+musa5.2.1mp22",  # same tags, other MUSA family
+        "2.11.0.post3+musa5.2.1mp22@cp310-cp310-linux_aarch64",  # other platform and family
+        ("2.11.0.post4+musa5.2.0", {"yanked": "broken"}),  # yanked never counts as newer
+        "2.12.0rc1+musa5.2.0",  # pre-release, pin is final
+        "2.11.0.post2+musa5.2.0",
+    )
     line = _line(post1, pg, "2.11.0.post1+musa5.2.0")
     assert line.kind == "wheel" and line.local == "musa5.2.0"
     assert line.tags == frozenset({Tag("cp310", "cp310", "linux_x86_64")})
@@ -79,7 +94,9 @@ def test_line_is_same_tags_and_same_local_label(post1):
 
 
 def test_pure_python_and_sdist_lines(post1):
-    pg = page("torchada", "0.1.83@py3-none-any", "0.1.90@py3-none-any", "0.1.91@sdist", "0.1.92@cp310-cp310-linux_x86_64")
+    pg = page(
+        "torchada", "0.1.83@py3-none-any", "0.1.90@py3-none-any", "0.1.91@sdist", "0.1.92@cp310-cp310-linux_x86_64"
+    )
     line = _line(post1, pg, "0.1.83")
     assert line.describe() == "py3-none-any (no local label)"
     assert next(iter(lines.versions_in_line(pg, line, allow_pre=False))) == Version("0.1.90")
@@ -105,26 +122,42 @@ def test_built_for_template_and_pattern():
 
 
 def test_train_window_verdict():
-    rep = newest.TrainReport("torch", "newest", {"torch": "a", "torchaudio": "b"},
-                                {"torch": T0, "torchaudio": T0 + timedelta(minutes=1)}, 3600)
+    rep = newest.TrainReport(
+        "torch",
+        "newest",
+        {"torch": "a", "torchaudio": "b"},
+        {"torch": T0, "torchaudio": T0 + timedelta(minutes=1)},
+        3600,
+    )
     assert rep.spread == 60 and not rep.far_apart and "together" in rep.describe()
-    late = newest.TrainReport("torch", "newest", {"torch": "a", "torchaudio": "b"},
-                                 {"torch": T0, "torchaudio": T0 + timedelta(days=3)}, 3600)
+    late = newest.TrainReport(
+        "torch", "newest", {"torch": "a", "torchaudio": "b"}, {"torch": T0, "torchaudio": T0 + timedelta(days=3)}, 3600
+    )
     assert late.far_apart and "FAR APART" in late.describe()
-    unknown = newest.TrainReport("torch", "newest", {"torch": "a", "torchaudio": "b"},
-                                    {"torch": T0, "torchaudio": None}, 3600)
+    unknown = newest.TrainReport(
+        "torch", "newest", {"torch": "a", "torchaudio": "b"}, {"torch": T0, "torchaudio": None}, 3600
+    )
     assert unknown.spread is None and not unknown.far_apart and "unknown" in unknown.describe()
 
 
 def _pages(**extra):
     pages = {
-        "torch": page("torch", "2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0", "2.11.0.post3+musa5.2.0",
-                      "2.11.0.post4+musa5.2.1mp22"),
+        "torch": page(
+            "torch",
+            "2.11.0.post1+musa5.2.0",
+            "2.11.0.post2+musa5.2.0",
+            "2.11.0.post3+musa5.2.0",
+            "2.11.0.post4+musa5.2.1mp22",
+        ),
         "torch_musa": page("torch_musa", "2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0", "2.11.0.post3+musa5.2.0"),
         "torchvision": page("torchvision", "0.26.0.post1+musa5.2.0", "0.26.0.post2+musa5.2.0"),
         "torchaudio": page("torchaudio", "2.11.0+musa5.2.0", "2.11.0.post2+musa5.2.0"),
-        "deep_ep": page("deep_ep", "1.1.0+musa5.2.0torch2.11.0.post1", "1.1.0+musa5.2.0torch2.11.0.post2",
-                        "1.1.0+musa5.2.0torch2.11.0.post3"),
+        "deep_ep": page(
+            "deep_ep",
+            "1.1.0+musa5.2.0torch2.11.0.post1",
+            "1.1.0+musa5.2.0torch2.11.0.post2",
+            "1.1.0+musa5.2.0torch2.11.0.post3",
+        ),
         "torchada": page("torchada", "0.1.83@py3-none-any", "0.1.90@py3-none-any", "0.1.91@py3-none-any"),
     }
     pages.update(extra)
@@ -137,9 +170,12 @@ def test_bump_takes_the_newest_coherent_release(post1):
     moved = {m.package: m.after for m in plan.moves}
     # post3 exists for torch and torch_musa only, so the train stops at post2.
     assert moved == {
-        "torch": "2.11.0.post2+musa5.2.0", "torch_musa": "2.11.0.post2+musa5.2.0",
-        "torchvision": "0.26.0.post2+musa5.2.0", "torchaudio": "2.11.0.post2+musa5.2.0",
-        "deep_ep": "1.1.0+musa5.2.0torch2.11.0.post2", "torchada": "0.1.91",
+        "torch": "2.11.0.post2+musa5.2.0",
+        "torch_musa": "2.11.0.post2+musa5.2.0",
+        "torchvision": "0.26.0.post2+musa5.2.0",
+        "torchaudio": "2.11.0.post2+musa5.2.0",
+        "deep_ep": "1.1.0+musa5.2.0torch2.11.0.post2",
+        "torchada": "0.1.91",
     }
     assert plan.ok
     assert any("2.11.0.post3+musa5.2.0 is not coherent: torchvision" in n for n in plan.notes)
@@ -168,8 +204,16 @@ def test_bump_unknown_train_is_a_user_error(post1):
 
 
 def test_rendered_bump_is_yaml_with_quoted_numbers(post1):
-    plan = bump.BumpPlan("post1", "next", [bump.Move("triton", "3.2.0", "3.3", "x"),
-                                                bump.Move("torch", "2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0", "t")], [], [])
+    plan = bump.BumpPlan(
+        "post1",
+        "next",
+        [
+            bump.Move("triton", "3.2.0", "3.3", "x"),
+            bump.Move("torch", "2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0", "t"),
+        ],
+        [],
+        [],
+    )
     data = yaml.safe_load(bump.render_bump(post1, plan))
     assert data["inherits"] == "post1" and data["name"] == "next"
     assert data["packages"]["triton"] == {"version": "3.3"}
@@ -179,23 +223,32 @@ def test_rendered_bump_is_yaml_with_quoted_numbers(post1):
 def test_stale_tokens_for_post1_to_post2(post1, post2):
     tokens = {t.text: t for t in audit.stale_tokens(post1, post2)}
     assert set(tokens) == {
-        "2.11.0.post1+musa5.2.0", "2.11.0.post1_musa5.2.0", "2.11.0.post1",
-        "0.26.0.post1+musa5.2.0", "0.26.0.post1_musa5.2.0", "0.26.0.post1",
-        "2.11.0+musa5.2.0", "2.11.0_musa5.2.0",
-        "1.1.0+musa5.2.0torch2.11.0.post1", "1.1.0_musa5.2.0torch2.11.0.post1",
+        "2.11.0.post1+musa5.2.0",
+        "2.11.0.post1_musa5.2.0",
+        "2.11.0.post1",
+        "0.26.0.post1+musa5.2.0",
+        "0.26.0.post1_musa5.2.0",
+        "0.26.0.post1",
+        "2.11.0+musa5.2.0",
+        "2.11.0_musa5.2.0",
+        "1.1.0+musa5.2.0torch2.11.0.post1",
+        "1.1.0_musa5.2.0torch2.11.0.post1",
         "0.1.83",
     }
     assert tokens["0.1.83"].after == "0.1.90"
 
 
-@pytest.mark.parametrize("line,hit", [
-    ("pip install torch==2.11.0.post1+musa5.2.0", True),
-    ("vllm:v0.28.0-ph1-5.2.0-torch2.11.0.post1-latest", True),
-    ("pinned to 2.11.0.post1.", True),
-    ("torch 2.11.0.post10", False),
-    ("12.11.0.post1", False),
-    ("2.11.0.post1a", False),
-])
+@pytest.mark.parametrize(
+    "line,hit",
+    [
+        ("pip install torch==2.11.0.post1+musa5.2.0", True),
+        ("vllm:v0.28.0-ph1-5.2.0-torch2.11.0.post1-latest", True),
+        ("pinned to 2.11.0.post1.", True),
+        ("torch 2.11.0.post10", False),
+        ("12.11.0.post1", False),
+        ("2.11.0.post1a", False),
+    ],
+)
 def test_stale_token_boundaries(line, hit):
     tok = audit.StaleToken("2.11.0.post1", "torch", "2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0")
     import re
@@ -207,8 +260,11 @@ def test_allow_list_parsing(tmp_path):
     f = tmp_path / "allow.txt"
     f.write_text("# comment\nstacks/post1.yaml\ntests/**  2.11.0.post1   # fixtures model post1\ndocs/history/\n")
     rules = audit.load_allow_list(f, "allow.txt")
-    assert [(r.glob, r.token) for r in rules] == [("stacks/post1.yaml", None), ("tests/**", "2.11.0.post1"),
-                                                 ("docs/history/", None)]
+    assert [(r.glob, r.token) for r in rules] == [
+        ("stacks/post1.yaml", None),
+        ("tests/**", "2.11.0.post1"),
+        ("docs/history/", None),
+    ]
     assert rules[1].matches("tests/unit/test_x.py", "2.11.0.post1")
     assert not rules[1].matches("tests/unit/test_x.py", "0.1.83")
     assert rules[2].matches("docs/history/2026/notes.md", "0.1.83")
@@ -227,8 +283,9 @@ def test_write_bump_that_fails_lint_leaves_no_file(tmp_path):
     shutil.copytree(ROOT / "patches", root / "patches")
     stack = load_stack("post1", root=root)
     before = stack.packages["torchvision"].version
-    plan = bump.BumpPlan("post1", "half", [bump.Move("torchvision", before, "0.26.0.post2+musa5.2.0", "x")],
-                              [], [])  # torchvision alone leaves its train
+    plan = bump.BumpPlan(
+        "post1", "half", [bump.Move("torchvision", before, "0.26.0.post2+musa5.2.0", "x")], [], []
+    )  # torchvision alone leaves its train
     with pytest.raises(UserError) as exc:
         bump.write_bump(stack, plan)
     assert exc.value.exit_code == 1

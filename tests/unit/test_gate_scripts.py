@@ -1,4 +1,5 @@
 """The scripts shipped into images (images/gate/gate.py, abi.py), tested directly on this host."""
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -53,7 +54,10 @@ def test_import_failure_is_a_fail_that_names_the_module():
 
 
 def test_probe_compares_the_last_printed_line():
-    assert gate.check_probe({"name": "p", "code": "print('x')\nprint('42')", "expect": "42"}) == (True, "PASS probe  p result=42")
+    assert gate.check_probe({"name": "p", "code": "print('x')\nprint('42')", "expect": "42"}) == (
+        True,
+        "PASS probe  p result=42",
+    )
     ok, line = gate.check_probe({"name": "p", "code": "print(41)", "expect": "42"})
     assert not ok and line == "FAIL probe  p expected=42 found=41"
 
@@ -61,13 +65,15 @@ def test_probe_compares_the_last_printed_line():
 def test_write_audit_names_files_created_under_site_packages(tmp_path, monkeypatch):
     site = tmp_path / "site-packages"
     (site / "writer").mkdir(parents=True)
-    (site / "writer" / "__init__.py").write_text(textwrap.dedent("""
+    (site / "writer" / "__init__.py").write_text(
+        textwrap.dedent("""
         import os
         here = os.path.dirname(__file__)
         os.symlink("target.json", os.path.join(here, "alias.json"))
         with open(os.path.join(here, "cache.bin"), "w") as fh:
             fh.write("x")
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(site))
     audit = gate.WriteAudit([str(site)])
     monkeypatch.setattr(gate, "AUDIT", audit)
@@ -109,7 +115,10 @@ LDD = """\
 def test_parse_ldd_separates_resolved_and_missing():
     resolved, missing = abi.parse_ldd(LDD)
     assert missing == ["libmlx5.so.1"]
-    assert ("libmusa_kernels.so", "/opt/venv/lib/python3.11/site-packages/torch_musa/lib/libmusa_kernels.so") in resolved
+    assert (
+        "libmusa_kernels.so",
+        "/opt/venv/lib/python3.11/site-packages/torch_musa/lib/libmusa_kernels.so",
+    ) in resolved
     assert ("ld-linux-x86-64.so.2", "/lib64/ld-linux-x86-64.so.2") in resolved
     assert len(resolved) == 3
 
@@ -129,5 +138,7 @@ def test_library_path_expands_site(monkeypatch):
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     import sysconfig
 
-    assert abi.library_path(["{site}/torch/lib", "/usr/local/musa-5.2/lib"]) == \
-        f"{sysconfig.get_paths()['purelib']}/torch/lib:/usr/local/musa-5.2/lib"
+    assert (
+        abi.library_path(["{site}/torch/lib", "/usr/local/musa-5.2/lib"])
+        == f"{sysconfig.get_paths()['purelib']}/torch/lib:/usr/local/musa-5.2/lib"
+    )

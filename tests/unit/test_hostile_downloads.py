@@ -1,10 +1,12 @@
 """A hostile index cannot make the host-side sdist fetch write outside the download cache."""
+
 from __future__ import annotations
 
 import hashlib
 from types import SimpleNamespace
 
 import pytest
+
 from stackforge.build import sources as upstream
 from stackforge.errors import UserError
 
@@ -27,18 +29,31 @@ def fetch(monkeypatch, tmp_path, file_url: str):
     return result, written, cache
 
 
-@pytest.mark.parametrize("served", [
-    "..%2F..%2F..%2Fescape.tar.gz",
-    "%2E%2E%2F%2E%2E%2Fescape.tar.gz",
-    "markupsafe-3.0.2%2F..%2F..%2Fescape.tar.gz",
-    "%2Fetc%2Fescape.tar.gz",
-    "..",
-    "markupsafe-3.0.2.tar.gz%00.sh",
-    "markupsafe-3.0.2%0A.tar.gz",
-    ".hidden.tar.gz",
-    "markupsafe-3.0.2.zip",
-], ids=["dotdot-encoded", "dots-encoded", "name-then-dotdot", "absolute", "bare-dotdot", "nul", "newline",
-        "hidden", "not-tar-gz"])
+@pytest.mark.parametrize(
+    "served",
+    [
+        "..%2F..%2F..%2Fescape.tar.gz",
+        "%2E%2E%2F%2E%2E%2Fescape.tar.gz",
+        "markupsafe-3.0.2%2F..%2F..%2Fescape.tar.gz",
+        "%2Fetc%2Fescape.tar.gz",
+        "..",
+        "markupsafe-3.0.2.tar.gz%00.sh",
+        "markupsafe-3.0.2%0A.tar.gz",
+        ".hidden.tar.gz",
+        "markupsafe-3.0.2.zip",
+    ],
+    ids=[
+        "dotdot-encoded",
+        "dots-encoded",
+        "name-then-dotdot",
+        "absolute",
+        "bare-dotdot",
+        "nul",
+        "newline",
+        "hidden",
+        "not-tar-gz",
+    ],
+)
 def test_an_unsafe_served_file_name_is_refused_and_nothing_is_written(monkeypatch, tmp_path, served):
     result, written, _ = fetch(monkeypatch, tmp_path, f"https://index.example/files/{served}")
     assert isinstance(result, UserError), result

@@ -5,6 +5,7 @@ stand-in engine. Full and read-only file systems are real (a small tmpfs, a read
 where this machine lets the tests mount them; forbidden directories are simulated (root ignores
 permission bits).
 """
+
 from __future__ import annotations
 
 import errno
@@ -19,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from stackforge import fslock
 from stackforge.build.engine import BuildResult, EngineInfo
 from stackforge.cli.main import main
@@ -67,9 +69,13 @@ def root(tmp_path):
 
 
 def stackforge(root: Path, *args: str, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "stackforge", "--root", str(root), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "STACKFORGE_PROGRESS": "0", **env})  # stderr: the error alone
+    return subprocess.Popen(
+        [sys.executable, "-m", "stackforge", "--root", str(root), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "STACKFORGE_PROGRESS": "0", **env},
+    )  # stderr: the error alone
 
 
 def finish(proc: subprocess.Popen) -> SimpleNamespace:
@@ -79,14 +85,20 @@ def finish(proc: subprocess.Popen) -> SimpleNamespace:
 
 def files(d: Path) -> dict[str, bytes]:
     """Every file under ``d`` but the lock (which holds the last holder's pid)."""
-    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*"))
-            if p.is_file() and p.name != fslock.LOCK_NAME}
+    return {
+        p.relative_to(d).as_posix(): p.read_bytes()
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and p.name != fslock.LOCK_NAME
+    }
 
 
 def leftovers(d: Path) -> list[str]:
     """Staging directories and temporary files a failed or racing writer would leave."""
-    return sorted(p.name for p in d.rglob("*") if p.name == "context.partial" or p.name.startswith(".context-")
-                  or p.name.endswith(".tmp"))
+    return sorted(
+        p.name
+        for p in d.rglob("*")
+        if p.name == "context.partial" or p.name.startswith(".context-") or p.name.endswith(".tmp")
+    )
 
 
 def assert_one_clean_error(res: SimpleNamespace, *needles: str) -> None:
@@ -148,8 +160,14 @@ def case_held_no_wait(root, tmp_path):
     bdir = root / "build" / "tiny"
     with held(fslock.lock_path(bdir), 60) as pid:
         res = finish(stackforge(root, "render", "tiny", "--no-wait"))
-    assert_one_clean_error(res, f"another stackforge (pid {pid}) is writing", "--no-wait", "nothing was written",
-                           "--out DIR", str(fslock.lock_path(bdir)))
+    assert_one_clean_error(
+        res,
+        f"another stackforge (pid {pid}) is writing",
+        "--no-wait",
+        "nothing was written",
+        "--out DIR",
+        str(fslock.lock_path(bdir)),
+    )
     assert "waiting for another" not in res.err
     assert not bdir.exists()  # nothing was written: the lock lives beside the directory
 
@@ -160,8 +178,12 @@ def case_held_timeout(root, tmp_path):
     with held(fslock.lock_path(bdir), 60) as pid:
         res = finish(stackforge(root, "render", "tiny", "--lock-timeout", "1"))
     assert f"waiting for another stackforge on {bdir}/ (pid {pid})…" in res.err
-    assert_one_clean_error(SimpleNamespace(rc=res.rc, out=res.out, err=res.err.split("\n", 1)[1]),
-                           f"(pid {pid})", "gave up after waiting 1 s", "--lock-timeout SECONDS")
+    assert_one_clean_error(
+        SimpleNamespace(rc=res.rc, out=res.out, err=res.err.split("\n", 1)[1]),
+        f"(pid {pid})",
+        "gave up after waiting 1 s",
+        "--lock-timeout SECONDS",
+    )
     assert not bdir.exists()  # nothing was written: the lock lives beside the directory
 
 
@@ -280,8 +302,12 @@ def case_permission_denied(root, tmp_path, mounts, monkeypatch, capsys):
     monkeypatch.setattr(os, "mkdir", mkdir)
     rc = main(["--root", str(root), "render", "tiny", "--out", str(denied / "tiny")])
     err = capsys.readouterr().err
-    assert_one_clean_error(SimpleNamespace(rc=rc, out="", err=err), f"cannot write {denied}", "permission denied",
-                           "make it writable for this user")
+    assert_one_clean_error(
+        SimpleNamespace(rc=rc, out="", err=err),
+        f"cannot write {denied}",
+        "permission denied",
+        "make it writable for this user",
+    )
     assert not denied.exists()
 
 
@@ -326,8 +352,10 @@ def case_full_while_writing_evidence(root, tmp_path, mounts, monkeypatch, capsys
     monkeypatch.setenv("STACKFORGE_PROGRESS", "0")  # stderr holds the error alone
     rc = main(["--root", str(root), "build", "tiny", "--out", str(out), "--ca-bundle", "none"])
     err = capsys.readouterr().err
-    assert_one_clean_error(SimpleNamespace(rc=rc, out="", err=err),
-                           f"cannot write {out / 'evidence' / 'gate.txt'}: no space left on device")
+    assert_one_clean_error(
+        SimpleNamespace(rc=rc, out="", err=err),
+        f"cannot write {out / 'evidence' / 'gate.txt'}: no space left on device",
+    )
     evidence = out / "evidence"
     assert json.loads((evidence / "inputs.json").read_text())["stack"] == "tiny"  # whole, not truncated
     assert not (evidence / "result.json").exists() and leftovers(out) == []

@@ -5,6 +5,7 @@ is the in-process stub, git repositories are real and local.
 Every case asserts the exit code or outcome, the message (file:line and the fix) and that nothing
 was installed, tagged or overwritten.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+
 from stackforge import patches as P
 from stackforge.errors import BuildFailed
 from stackforge.freshness import newest as freshness
@@ -23,10 +25,9 @@ from stackforge.freshness.index import IndexFile, ProjectPage
 from stackforge.publish.nightly import Row, Summary, bake_not_run, nightly
 from stackforge.publish.oci import ArchiveImage
 from stackforge.publish.publisher import publish
-from stackforge.publish.scheme import TagScheme
 from stackforge.publish.registry import RetryPolicy
+from stackforge.publish.scheme import TagScheme
 from stackforge.stack.load import load_stack
-
 from tests.fixtures.faulty_proxy import BLOB_UPLOAD, Fault, FaultyProxy
 from tests.fixtures.gitrepo import build_upstream, make_series
 from tests.fixtures.stub_registry import StubRegistry
@@ -52,8 +53,13 @@ def root(tmp_path):
 
 def sf(root: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, STACKFORGE_CACHE=str(root / "cache"))
-    return subprocess.run([sys.executable, "-m", "stackforge", "--root", str(root), *args], capture_output=True,
-                          text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def good_lock() -> str:
@@ -70,6 +76,7 @@ def append(extra: str):
 
 def drop_entry(name: str):
     """Remove ``name``'s entry (its line, hash lines and ``# via`` comment)."""
+
     def edit(text: str) -> str:
         out, skip = [], False
         for line in text.splitlines(keepends=True):
@@ -81,6 +88,7 @@ def drop_entry(name: str):
             skip = False
             out.append(line)
         return "".join(out)
+
     return edit
 
 
@@ -92,34 +100,73 @@ def strip_hashes(name: str):
         while lines[i + 1].lstrip().startswith("--hash"):
             del lines[i + 1]
         return "".join(lines)
+
     return edit
 
 
 # (id, edit of the good lock, text on the offending line, message part)
 LOCK_CASES = [
-    ("extra-package", append(f"evil==1.0 \\\n    --hash=sha256:{HASH_A}\n"), "evil==1.0",
-     "evil is not a pin of index 'pypi' and no pin requires it"),
-    ("extra-with-forged-requirements-in", append(f"evil==1.0 \\\n    --hash=sha256:{HASH_A}\n    # via -r requirements.in\n"),
-     "evil==1.0", "evil is not a pin of index 'pypi'"),
-    ("duplicate", append(f"IDNA==3.10 \\\n    --hash=sha256:{HASH_B}\n"), "IDNA==3.10",
-     "idna is listed twice (also on line 3)"),
-    ("extra-index-url", append("--extra-index-url https://evil.example/simple\n"), "--extra-index-url",
-     "option '--extra-index-url' is not allowed"),
+    (
+        "extra-package",
+        append(f"evil==1.0 \\\n    --hash=sha256:{HASH_A}\n"),
+        "evil==1.0",
+        "evil is not a pin of index 'pypi' and no pin requires it",
+    ),
+    (
+        "extra-with-forged-requirements-in",
+        append(f"evil==1.0 \\\n    --hash=sha256:{HASH_A}\n    # via -r requirements.in\n"),
+        "evil==1.0",
+        "evil is not a pin of index 'pypi'",
+    ),
+    (
+        "duplicate",
+        append(f"IDNA==3.10 \\\n    --hash=sha256:{HASH_B}\n"),
+        "IDNA==3.10",
+        "idna is listed twice (also on line 3)",
+    ),
+    (
+        "extra-index-url",
+        append("--extra-index-url https://evil.example/simple\n"),
+        "--extra-index-url",
+        "option '--extra-index-url' is not allowed",
+    ),
     ("index-url", append("--index-url=https://evil.example/simple\n"), "--index-url", "option '--index-url=https"),
     ("editable-vcs", append("-e git+https://evil.example/x.git#egg=x\n"), "-e git+", "option '-e' is not allowed"),
     ("nested-requirements", append("-r ../../../evil.txt\n"), "-r ../", "option '-r' is not allowed"),
     ("trusted-host", append("--trusted-host evil.example\n"), "--trusted-host", "option '--trusted-host'"),
     ("find-links", append("-f https://evil.example/wheels/\n"), "-f https", "option '-f' is not allowed"),
-    ("url-requirement", append(f"evil @ https://evil.example/evil-1.0.tar.gz --hash=sha256:{HASH_A}\n"), "evil @",
-     "is a URL or path requirement"),
-    ("path-requirement", append(f"./evil-1.0-py3-none-any.whl --hash=sha256:{HASH_A}\n"), "./evil",
-     "is a URL or path requirement"),
-    ("option-after-entry", append(f"evil==1.0 --hash=sha256:{HASH_A} --index-url https://evil.example\n"), "evil==1.0",
-     "'--index-url' after evil==1.0 is not allowed"),
+    (
+        "url-requirement",
+        append(f"evil @ https://evil.example/evil-1.0.tar.gz --hash=sha256:{HASH_A}\n"),
+        "evil @",
+        "is a URL or path requirement",
+    ),
+    (
+        "path-requirement",
+        append(f"./evil-1.0-py3-none-any.whl --hash=sha256:{HASH_A}\n"),
+        "./evil",
+        "is a URL or path requirement",
+    ),
+    (
+        "option-after-entry",
+        append(f"evil==1.0 --hash=sha256:{HASH_A} --index-url https://evil.example\n"),
+        "evil==1.0",
+        "'--index-url' after evil==1.0 is not allowed",
+    ),
     ("range", append(f"evil>=1.0 --hash=sha256:{HASH_A}\n"), "evil>=1.0", "is not an exact name==version pin"),
-    ("marker", append(f"evil==1.0 ; python_version>'3' --hash=sha256:{HASH_A}\n"), "evil==1.0 ;", "';' after evil==1.0"),
+    (
+        "marker",
+        append(f"evil==1.0 ; python_version>'3' --hash=sha256:{HASH_A}\n"),
+        "evil==1.0 ;",
+        "';' after evil==1.0",
+    ),
     ("missing-hash", strip_hashes("packaging"), "packaging==25.0", "packaging==25.0 has no --hash=sha256"),
-    ("pin-missing-from-lock", drop_entry("idna"), None, "lock file is stale: idna is pinned at 3.10 but the lock does not list it"),
+    (
+        "pin-missing-from-lock",
+        drop_entry("idna"),
+        None,
+        "lock file is stale: idna is pinned at 3.10 but the lock does not list it",
+    ),
 ]
 
 
@@ -209,8 +256,18 @@ def images(tmp_path):
 
 
 def pub(address: str, image: ArchiveImage, tmp_path: Path, date: str, **kw):
-    return publish(image, f"{address}/{NAME}", SCHEME, date, aliases=(ALIAS,), policy=FAST,
-                   lock_dir=tmp_path / "locks", layer_cache=tmp_path / "layers", settle_seconds=0, **kw)
+    return publish(
+        image,
+        f"{address}/{NAME}",
+        SCHEME,
+        date,
+        aliases=(ALIAS,),
+        policy=FAST,
+        lock_dir=tmp_path / "locks",
+        layer_cache=tmp_path / "layers",
+        settle_seconds=0,
+        **kw,
+    )
 
 
 def backwards_by_date(stub, images, tmp_path):
@@ -249,7 +306,9 @@ def test_failed_publish_keeps_the_successful_record(stub, images, tmp_path):
     ok = pub(stub.address, images("a"), tmp_path, "20260929", evidence=ev)
     before = (ev / "publish.json").read_bytes()
     tags_before = dict(stub.tags[NAME])
-    with FaultyProxy(stub.address, [Fault("status", BLOB_UPLOAD + ".+digest=", "PUT", status=503, times=None)]) as proxy:
+    with FaultyProxy(
+        stub.address, [Fault("status", BLOB_UPLOAD + ".+digest=", "PUT", status=503, times=None)]
+    ) as proxy:
         with pytest.raises(BuildFailed) as exc:
             pub(proxy.address, images("b"), tmp_path, "20260929", evidence=ev)
     assert exc.value.exit_code == 1 and "no tag was created" in exc.value.message
@@ -287,10 +346,23 @@ class FakeClient:
 
 YANKED_CASES = [
     # (id, files of idna 3.10, expected pinned sha256, pinned yanked?, note part)
-    ("yanked-and-good", [wheel("idna", "3.10", "py2.py3-none-any", HASH_A, T_YANKED, "broken"),
-                         wheel("idna", "3.10", "py3-none-any", HASH_B, T_GOOD)], HASH_B, False, None),
-    ("only-yanked", [wheel("idna", "3.10", "py3-none-any", HASH_A, T_YANKED, "broken metadata")], HASH_A, True,
-     "the pinned version is available only yanked (broken metadata)"),
+    (
+        "yanked-and-good",
+        [
+            wheel("idna", "3.10", "py2.py3-none-any", HASH_A, T_YANKED, "broken"),
+            wheel("idna", "3.10", "py3-none-any", HASH_B, T_GOOD),
+        ],
+        HASH_B,
+        False,
+        None,
+    ),
+    (
+        "only-yanked",
+        [wheel("idna", "3.10", "py3-none-any", HASH_A, T_YANKED, "broken metadata")],
+        HASH_A,
+        True,
+        "the pinned version is available only yanked (broken metadata)",
+    ),
 ]
 
 
@@ -311,8 +383,16 @@ def test_newest_reports_the_file_pip_would_install(case):
 
 # ------------------------------------------------------------------------------------ upstreamed patches
 
-WHITESPACE_CHANGE = [("Engine", "cap step one", "Cap the first step.", "src/engine.py",
-                      "    value = x + 1\n", "    value = min(x + 1, 64)\n")]
+WHITESPACE_CHANGE = [
+    (
+        "Engine",
+        "cap step one",
+        "Cap the first step.",
+        "src/engine.py",
+        "    value = x + 1\n",
+        "    value = min(x + 1, 64)\n",
+    )
+]
 
 
 @pytest.fixture
@@ -321,7 +401,9 @@ def whitespace_upstreamed(tmp_path):
     v1_0 = repo.head()
     patches = tmp_path / "repo" / "patches" / "demo"
     names = make_series(repo, v1_0, patches, WHITESPACE_CHANGE)
-    repo.replace("src/engine.py", "    value = x + 1\n", "    value = min( x + 1,  64 )\n")  # same change, other spacing
+    repo.replace(
+        "src/engine.py", "    value = x + 1\n", "    value = min( x + 1,  64 )\n"
+    )  # same change, other spacing
     carrier = repo.commit("Engine: cap the first step (upstream style)")
     repo.tag("v1.1")
     from stackforge.build.sources import UpstreamSpec
@@ -346,11 +428,21 @@ def test_check_and_upstreamed_agree_on_a_whitespace_variant(whitespace_upstreame
 # ------------------------------------------------------------------------------------ nightly summary
 
 NOT_RUN_CASES = [
-    ("every-stack-failed-lint", [Row("a", "*", "failed", stage="lint"), Row("b", "*", "failed", stage="lint")], [],
-     True, "every stack failed lint"),
+    (
+        "every-stack-failed-lint",
+        [Row("a", "*", "failed", stage="lint"), Row("b", "*", "failed", stage="lint")],
+        [],
+        True,
+        "every stack failed lint",
+    ),
     ("every-stack-failed-to-load", [Row("a", "*", "failed", stage="load")], [], True, "every stack failed to load"),
-    ("mixed", [Row("a", "*", "failed", stage="load"), Row("b", "*", "failed", stage="lint")], [], True,
-     "every stack failed to load or lint"),
+    (
+        "mixed",
+        [Row("a", "*", "failed", stage="load"), Row("b", "*", "failed", stage="lint")],
+        [],
+        True,
+        "every stack failed to load or lint",
+    ),
     ("nothing-selected", [], [], True, "no stack selected"),
     ("no-bake", [], ["stack"], False, "--no-bake was given"),
 ]
@@ -378,18 +470,22 @@ def test_nightly_whose_stacks_all_fail_lint_says_so_and_builds_nothing(root, tmp
 
 def test_a_pip_compile_lock_with_transitive_dependencies_is_accepted(root, tmp_path):
     """Packages no pin names are admitted only through pip-compile's `# via` chain back to a pin."""
+
     def entry(name, version, via):
         return f"{name}=={version} \\\n    --hash=sha256:{HASH_A}\n" + "".join(f"    {v}\n" for v in via)
-    lock = ("# made by `stackforge lock example`\n"
-            + entry("certifi", "2025.1.31", ["# via requests"])
-            + entry("charset-normalizer", "3.4.1", ["# via", "#   requests"])
-            + entry("idna", "3.10", ["# via", "#   -r requirements.in", "#   requests"])
-            + entry("packaging", "25.0", ["# via -r requirements.in"])
-            + entry("requests", "2.32.3", ["# via -r requirements.in"])
-            + entry("urllib3", "2.3.0", ["# via requests"])
-            + entry("zstandard", "0.23.0", ["# via urllib3"])  # two steps from the pin
-            + "\n# The following packages are considered to be unsafe in a requirements file:\n"
-            + entry("setuptools", "80.9.0", ["# via -r requirements.in"]))
+
+    lock = (
+        "# made by `stackforge lock example`\n"
+        + entry("certifi", "2025.1.31", ["# via requests"])
+        + entry("charset-normalizer", "3.4.1", ["# via", "#   requests"])
+        + entry("idna", "3.10", ["# via", "#   -r requirements.in", "#   requests"])
+        + entry("packaging", "25.0", ["# via -r requirements.in"])
+        + entry("requests", "2.32.3", ["# via -r requirements.in"])
+        + entry("urllib3", "2.3.0", ["# via requests"])
+        + entry("zstandard", "0.23.0", ["# via urllib3"])  # two steps from the pin
+        + "\n# The following packages are considered to be unsafe in a requirements file:\n"
+        + entry("setuptools", "80.9.0", ["# via -r requirements.in"])
+    )
     (root / LOCK_REL).write_text(lock)
     add = ["--set", "packages.requests={version: 2.32.3, index: pypi}"]
     out = tmp_path / "out"
@@ -447,7 +543,8 @@ def test_an_interrupted_nightly_writes_its_summary_with_the_undecided_rows(root,
     data = json.loads((out / "summary.json").read_text())
     assert data["ok"] is False and data["bake"] == {"not_run": "interrupted by SIGTERM"}
     assert [(r["stack"], r["target"], r["status"], r["stage"]) for r in data["rows"]] == [
-        ("example", "escape", "interrupted", "bake")]
+        ("example", "escape", "interrupted", "bake")
+    ]
     md = (out / "summary.md").read_text()
     assert "| example | escape | INTERRUPTED (bake) |" in md and "Bake: not run: interrupted by SIGTERM." in md
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]

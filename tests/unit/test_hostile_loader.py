@@ -6,6 +6,7 @@ asserts: exit code 2, the error names where (file:line:col, the option or nothin
 bad argument) and gives a fix, no traceback, nothing of a file outside stacks/ echoed,
 and nothing written (no build/, stacks/ unchanged).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,9 +14,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -74,75 +75,263 @@ BIG = "#" + "x" * (1 << 20) + "\n"
 
 CASES = [
     # --- the YAML loader's limits, stack files
-    Case("alias-bomb-file", {"a.yaml": CHILD + f"description: {bomb()}\n"}, ("show", "a"),
-         "stacks/a.yaml:3:224", "aliases expand to more than 10000 values (alias *l3)", "write the values out"),
-    Case("alias-recursive-file", {"a.yaml": CHILD + "description: &d [*d]\n"}, ("show", "a"),
-         "stacks/a.yaml:3:18", "alias *d is used inside its own anchor", "write the value out"),
-    Case("deep-5000-file", {"a.yaml": CHILD + f"description: {deep(5000)}\n"}, ("show", "a"),
-         "stacks/a.yaml:3:77", "nesting deeper than 64 levels", "flatten the data"),
-    Case("deep-100000-file", {"a.yaml": CHILD + f"description: {deep(100_000)}\n"}, ("lint", "a"),
-         "stacks/a.yaml:3:77", "nesting deeper than 64 levels", "flatten the data"),
-    Case("deep-block-1000-file", {"a.yaml": CHILD + "description:\n" + deep_block(1000)}, ("show", "a"),
-         "stacks/a.yaml:68:65", "nesting deeper than 64 levels", "flatten the data"),
-    Case("nul-byte-file", {"a.yaml": CHILD + "description: x\x00y\n"}, ("show", "a"),
-         "stacks/a.yaml:3:15", "control character U+0000", "remove it"),
-    Case("escape-char-file", {"a.yaml": CHILD + "description: \x1b[2Jcleared\n"}, ("lint", "a"),
-         "stacks/a.yaml:3:14", "control character U+001B", "remove it"),
-    Case("bidi-override-file", {"a.yaml": CHILD + "description: safe\u202eelif\n"}, ("show", "a"),
-         "stacks/a.yaml:3:18", "control character U+202E", "remove it"),
-    Case("not-utf8-file", {"a.yaml": CHILD.encode() + b"description: caf\xe9\n"}, ("show", "a"),
-         "stacks/a.yaml:3", "not UTF-8 text", "save the file as UTF-8"),
-    Case("huge-integer-file", {"a.yaml": CHILD + "description: " + "1" * 5000 + "\n"}, ("show", "a"),
-         "stacks/a.yaml:3:14", "cannot read this value", "quote it"),
-    Case("oversized-file", {"a.yaml": CHILD + BIG}, ("show", "a"),
-         "stacks/a.yaml", "stack files are limited to 1048576 bytes", "a stack file is a few KiB"),
-    Case("too-many-values-file", {"a.yaml": CHILD + "description: [" + ",".join(["a"] * 30_000) + "]\n"},
-         ("show", "a"), "stacks/a.yaml:3:40001", "more than 20000 values in one document", "a few hundred values"),
-    Case("fifo-file", {}, ("show", "pipe"), "stacks/pipe.yaml", "not a regular file", "a plain .yaml file",
-         setup=fifo),
+    Case(
+        "alias-bomb-file",
+        {"a.yaml": CHILD + f"description: {bomb()}\n"},
+        ("show", "a"),
+        "stacks/a.yaml:3:224",
+        "aliases expand to more than 10000 values (alias *l3)",
+        "write the values out",
+    ),
+    Case(
+        "alias-recursive-file",
+        {"a.yaml": CHILD + "description: &d [*d]\n"},
+        ("show", "a"),
+        "stacks/a.yaml:3:18",
+        "alias *d is used inside its own anchor",
+        "write the value out",
+    ),
+    Case(
+        "deep-5000-file",
+        {"a.yaml": CHILD + f"description: {deep(5000)}\n"},
+        ("show", "a"),
+        "stacks/a.yaml:3:77",
+        "nesting deeper than 64 levels",
+        "flatten the data",
+    ),
+    Case(
+        "deep-100000-file",
+        {"a.yaml": CHILD + f"description: {deep(100_000)}\n"},
+        ("lint", "a"),
+        "stacks/a.yaml:3:77",
+        "nesting deeper than 64 levels",
+        "flatten the data",
+    ),
+    Case(
+        "deep-block-1000-file",
+        {"a.yaml": CHILD + "description:\n" + deep_block(1000)},
+        ("show", "a"),
+        "stacks/a.yaml:68:65",
+        "nesting deeper than 64 levels",
+        "flatten the data",
+    ),
+    Case(
+        "nul-byte-file",
+        {"a.yaml": CHILD + "description: x\x00y\n"},
+        ("show", "a"),
+        "stacks/a.yaml:3:15",
+        "control character U+0000",
+        "remove it",
+    ),
+    Case(
+        "escape-char-file",
+        {"a.yaml": CHILD + "description: \x1b[2Jcleared\n"},
+        ("lint", "a"),
+        "stacks/a.yaml:3:14",
+        "control character U+001B",
+        "remove it",
+    ),
+    Case(
+        "bidi-override-file",
+        {"a.yaml": CHILD + "description: safe\u202eelif\n"},
+        ("show", "a"),
+        "stacks/a.yaml:3:18",
+        "control character U+202E",
+        "remove it",
+    ),
+    Case(
+        "not-utf8-file",
+        {"a.yaml": CHILD.encode() + b"description: caf\xe9\n"},
+        ("show", "a"),
+        "stacks/a.yaml:3",
+        "not UTF-8 text",
+        "save the file as UTF-8",
+    ),
+    Case(
+        "huge-integer-file",
+        {"a.yaml": CHILD + "description: " + "1" * 5000 + "\n"},
+        ("show", "a"),
+        "stacks/a.yaml:3:14",
+        "cannot read this value",
+        "quote it",
+    ),
+    Case(
+        "oversized-file",
+        {"a.yaml": CHILD + BIG},
+        ("show", "a"),
+        "stacks/a.yaml",
+        "stack files are limited to 1048576 bytes",
+        "a stack file is a few KiB",
+    ),
+    Case(
+        "too-many-values-file",
+        {"a.yaml": CHILD + "description: [" + ",".join(["a"] * 30_000) + "]\n"},
+        ("show", "a"),
+        "stacks/a.yaml:3:40001",
+        "more than 20000 values in one document",
+        "a few hundred values",
+    ),
+    Case("fifo-file", {}, ("show", "pipe"), "stacks/pipe.yaml", "not a regular file", "a plain .yaml file", setup=fifo),
     # --- the same limits on --set values
-    Case("alias-bomb-set", {}, ("show", "post2", "--set", f"description={bomb()}"),
-         "--set description", "aliases expand to more than 10000 values", "write the values out"),
-    Case("deep-5000-set", {}, ("show", "post2", "--set", f"description={deep(5000)}"),
-         "--set description", "nesting deeper than 64 levels (line 1, column 65 of the value)", "flatten the data"),
-    Case("deep-100000-set", {}, ("lint", "post2", "--set", "description=" + "[" * 100_000),
-         "--set description", "a --set value is limited to 65536 bytes", "put large data in a stack file"),
-    Case("oversized-set-120k", {}, ("show", "post2", "--set", "description=" + "a://" * 30_000),
-         "--set description", "the value is 120000 bytes", "put large data in a stack file"),
-    Case("too-many-values-set", {}, ("show", "post2", "--set", "description=[" + ",".join(["a"] * 30_000) + "]"),
-         "--set description", "more than 20000 values in one document (line 1, column 40000 of the value)",
-         "a few hundred values"),
-    Case("escape-char-set", {}, ("show", "post2", "--set", "description=ok\x1b]0;title\x07"),
-         "--set description", "control character U+001B in the text (line 1, column 3 of the value)", "remove it"),
-    Case("key-path-too-long-set", {}, ("show", "post2", "--set", ".".join(["k"] * 17) + "=1"),
-         "--set " + ".".join(["k"] * 17), "a key path of more than 16 parts", "name a key of the stack"),
+    Case(
+        "alias-bomb-set",
+        {},
+        ("show", "post2", "--set", f"description={bomb()}"),
+        "--set description",
+        "aliases expand to more than 10000 values",
+        "write the values out",
+    ),
+    Case(
+        "deep-5000-set",
+        {},
+        ("show", "post2", "--set", f"description={deep(5000)}"),
+        "--set description",
+        "nesting deeper than 64 levels (line 1, column 65 of the value)",
+        "flatten the data",
+    ),
+    Case(
+        "deep-100000-set",
+        {},
+        ("lint", "post2", "--set", "description=" + "[" * 100_000),
+        "--set description",
+        "a --set value is limited to 65536 bytes",
+        "put large data in a stack file",
+    ),
+    Case(
+        "oversized-set-120k",
+        {},
+        ("show", "post2", "--set", "description=" + "a://" * 30_000),
+        "--set description",
+        "the value is 120000 bytes",
+        "put large data in a stack file",
+    ),
+    Case(
+        "too-many-values-set",
+        {},
+        ("show", "post2", "--set", "description=[" + ",".join(["a"] * 30_000) + "]"),
+        "--set description",
+        "more than 20000 values in one document (line 1, column 40000 of the value)",
+        "a few hundred values",
+    ),
+    Case(
+        "escape-char-set",
+        {},
+        ("show", "post2", "--set", "description=ok\x1b]0;title\x07"),
+        "--set description",
+        "control character U+001B in the text (line 1, column 3 of the value)",
+        "remove it",
+    ),
+    Case(
+        "key-path-too-long-set",
+        {},
+        ("show", "post2", "--set", ".".join(["k"] * 17) + "=1"),
+        "--set " + ".".join(["k"] * 17),
+        "a key path of more than 16 parts",
+        "name a key of the stack",
+    ),
     # --- paths are confined to stacks/
     Case("stack-arg-parent-dir", {}, ("show", "../x"), None, "'../x' is not a stack name", "known stacks:"),
-    Case("stack-arg-absolute", {}, ("show", "/etc/passwd"), None, "'/etc/passwd' is not a stack name",
-         "known stacks:", absent=["root:"]),
-    Case("stack-arg-dotdot-in-stacks", {}, ("lint", "stacks/../../x"), None,
-         "'stacks/../../x' is not a stack name", "known stacks:"),
-    Case("stack-arg-path-of-a-stack", {}, ("show", "stacks/post2.yaml"), None,
-         "'stacks/post2.yaml' is not a stack name", "name the stack, not a path: 'post2'"),
-    Case("inherits-parent-dir", {"a.yaml": "name: a\ninherits: ../x\n"}, ("show", "a"),
-         "stacks/a.yaml:2:11", "inherits: '../x' is not a stack name", "known stacks:"),
-    Case("inherits-absolute", {"a.yaml": "name: a\ninherits: /etc/passwd\n"}, ("show", "a"),
-         "stacks/a.yaml:2:11", "inherits: '/etc/passwd' is not a stack name", "known stacks:", absent=["root:"]),
-    Case("inherits-self-as-path", {"a.yaml": "name: a\ninherits: stacks/a.yaml\n"}, ("show", "a"),
-         "stacks/a.yaml:2:11", "inherits: 'stacks/a.yaml' is not a stack name", "name the stack, not a path: 'a'"),
-    Case("inherits-chain-too-long", {}, ("show", "c0"), "stacks/c15.yaml:2:11",
-         "inheritance chain longer than 16 stacks", "inherit from a stack nearer the root", setup=long_chain),
-    Case("symlink-out-of-stacks", {}, ("show", "evil"), "stacks/evil.yaml",
-         "the file is a link to a file outside stacks/", "copy the stack into stacks/", setup=link_out,
-         absent=[CANARY]),
-    Case("set-name-other", {}, ("show", "post2", "--set", "name=post1"), "--set name=post1",
-         "--set name cannot rename a stack", "drop --set name"),
-    Case("set-name-below", {}, ("show", "post2", "--set", "name.x=y"), "--set name.x=y",
-         "--set name cannot rename a stack", "drop --set name"),
-    Case("set-inherits-other", {}, ("show", "post2", "--set", "inherits=example"), "--set inherits=example",
-         "--set inherits cannot change the parent stack", "'inherits: <parent>'"),
-    Case("set-inherits-added", {}, ("show", "post1", "--set", "inherits=post2"), "--set inherits=post2",
-         "(the parent of post1 is none)", "'inherits: <parent>'"),
+    Case(
+        "stack-arg-absolute",
+        {},
+        ("show", "/etc/passwd"),
+        None,
+        "'/etc/passwd' is not a stack name",
+        "known stacks:",
+        absent=["root:"],
+    ),
+    Case(
+        "stack-arg-dotdot-in-stacks",
+        {},
+        ("lint", "stacks/../../x"),
+        None,
+        "'stacks/../../x' is not a stack name",
+        "known stacks:",
+    ),
+    Case(
+        "stack-arg-path-of-a-stack",
+        {},
+        ("show", "stacks/post2.yaml"),
+        None,
+        "'stacks/post2.yaml' is not a stack name",
+        "name the stack, not a path: 'post2'",
+    ),
+    Case(
+        "inherits-parent-dir",
+        {"a.yaml": "name: a\ninherits: ../x\n"},
+        ("show", "a"),
+        "stacks/a.yaml:2:11",
+        "inherits: '../x' is not a stack name",
+        "known stacks:",
+    ),
+    Case(
+        "inherits-absolute",
+        {"a.yaml": "name: a\ninherits: /etc/passwd\n"},
+        ("show", "a"),
+        "stacks/a.yaml:2:11",
+        "inherits: '/etc/passwd' is not a stack name",
+        "known stacks:",
+        absent=["root:"],
+    ),
+    Case(
+        "inherits-self-as-path",
+        {"a.yaml": "name: a\ninherits: stacks/a.yaml\n"},
+        ("show", "a"),
+        "stacks/a.yaml:2:11",
+        "inherits: 'stacks/a.yaml' is not a stack name",
+        "name the stack, not a path: 'a'",
+    ),
+    Case(
+        "inherits-chain-too-long",
+        {},
+        ("show", "c0"),
+        "stacks/c15.yaml:2:11",
+        "inheritance chain longer than 16 stacks",
+        "inherit from a stack nearer the root",
+        setup=long_chain,
+    ),
+    Case(
+        "symlink-out-of-stacks",
+        {},
+        ("show", "evil"),
+        "stacks/evil.yaml",
+        "the file is a link to a file outside stacks/",
+        "copy the stack into stacks/",
+        setup=link_out,
+        absent=[CANARY],
+    ),
+    Case(
+        "set-name-other",
+        {},
+        ("show", "post2", "--set", "name=post1"),
+        "--set name=post1",
+        "--set name cannot rename a stack",
+        "drop --set name",
+    ),
+    Case(
+        "set-name-below",
+        {},
+        ("show", "post2", "--set", "name.x=y"),
+        "--set name.x=y",
+        "--set name cannot rename a stack",
+        "drop --set name",
+    ),
+    Case(
+        "set-inherits-other",
+        {},
+        ("show", "post2", "--set", "inherits=example"),
+        "--set inherits=example",
+        "--set inherits cannot change the parent stack",
+        "'inherits: <parent>'",
+    ),
+    Case(
+        "set-inherits-added",
+        {},
+        ("show", "post1", "--set", "inherits=post2"),
+        "--set inherits=post2",
+        "(the parent of post1 is none)",
+        "'inherits: <parent>'",
+    ),
 ]
 
 
@@ -177,8 +366,15 @@ def snapshot(directory: Path) -> dict:
 
 def run(root: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "STACKFORGE_ROOT"}
-    return subprocess.run([sys.executable, "-m", "stackforge", "--root", str(root), *args], cwd=root, env=env,
-                          capture_output=True, text=True, errors="replace", timeout=TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(root), *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=TIMEOUT,
+    )
 
 
 def location(error: dict) -> str | None:
@@ -248,8 +444,10 @@ def test_set_name_and_inherits_may_repeat_the_stack_own_values(tmp_path, overrid
 
 
 def test_small_anchors_and_merge_keys_still_load(tmp_path):
-    text = CHILD + ("packages:\n  torchvision: &tv {version: 0.26.0.post2+musa5.2.0, index: mthreads}\n"
-                    "  newpkg:\n    <<: *tv\n    gate: metadata\n")
+    text = CHILD + (
+        "packages:\n  torchvision: &tv {version: 0.26.0.post2+musa5.2.0, index: mthreads}\n"
+        "  newpkg:\n    <<: *tv\n    gate: metadata\n"
+    )
     proc = run(make_repo(tmp_path, {"a.yaml": text}), "show", "a", "--json")
     assert proc.returncode == 0, proc.stderr
     assert '"newpkg": {\n        "version": "0.26.0.post2+musa5.2.0",\n        "index": "mthreads"' in proc.stdout

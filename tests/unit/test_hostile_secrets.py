@@ -6,12 +6,14 @@ IPv6 host, 120 KB of text around it) goes through ``show``, ``show --json``, ``r
 DIR``, ``lint`` and an error path (the same URL with a bad scheme or a bad port). The secret must appear
 in no stdout, stderr or written file; where the URL is shown, it keeps its host and path.
 """
+
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
 import pytest
+
 from stackforge.cli import main as cli
 from stackforge.credentials import env_credentials, for_index, netrc_entries, resolve
 from stackforge.stack.load import load_stack
@@ -27,35 +29,88 @@ PAD = "a" * 60_000  # under the 64 KiB limit on one --set value (larger ones are
 CASES = [
     ("userinfo-plain", IDX, f"https://user:{S}@vendor.example/simple", [S], "vendor.example/simple", True),
     ("userinfo-percent", IDX, f"https://us%40er:{S}%21x@vendor.example/simple", [S], "vendor.example/simple", True),
-    ("userinfo-space", IDX, f"https://user:p@ss word{S}@vendor.example/simple", [S, "ss word"],
-     "vendor.example/simple", True),
-    ("userinfo-unencoded-at", IDX, f"https://user:{S}@x@vendor.example/simple", [S, "@x@"], "vendor.example/simple",
-     True),
-    ("userinfo-colon", IDX, f"https://user:{S}:tail@vendor.example/simple", [S, "tail"], "vendor.example/simple",
-     True),
+    (
+        "userinfo-space",
+        IDX,
+        f"https://user:p@ss word{S}@vendor.example/simple",
+        [S, "ss word"],
+        "vendor.example/simple",
+        True,
+    ),
+    (
+        "userinfo-unencoded-at",
+        IDX,
+        f"https://user:{S}@x@vendor.example/simple",
+        [S, "@x@"],
+        "vendor.example/simple",
+        True,
+    ),
+    ("userinfo-colon", IDX, f"https://user:{S}:tail@vendor.example/simple", [S, "tail"], "vendor.example/simple", True),
     ("userinfo-token-only", IDX, f"https://{S}@vendor.example/simple", [S], "vendor.example/simple", True),
     ("query-token", IDX, f"https://vendor.example/simple?token={S}", [S], "vendor.example/simple", True),
     # A query that is not a credential stays in the URL, and an index URL has no query: refused, secret unsaid.
-    ("query-access-token", IDX, f"https://vendor.example/simple?x=1&access_token={S}", [S], "vendor.example/simple",
-     False),
-    ("query-amz-signature", IDX, f"https://vendor.example/simple?X-Amz-Signature={S}&X-Amz-Credential=k{S}",
-     [S], "vendor.example/simple", True),
+    (
+        "query-access-token",
+        IDX,
+        f"https://vendor.example/simple?x=1&access_token={S}",
+        [S],
+        "vendor.example/simple",
+        False,
+    ),
+    (
+        "query-amz-signature",
+        IDX,
+        f"https://vendor.example/simple?X-Amz-Signature={S}&X-Amz-Credential=k{S}",
+        [S],
+        "vendor.example/simple",
+        True,
+    ),
     ("query-sig", IDX, f"https://vendor.example/simple?sig={S}", [S], "vendor.example/simple", True),
     ("query-password", IDX, f"https://vendor.example/simple?password={S}", [S], "vendor.example/simple", True),
     ("query-uppercase-key", IDX, f"https://vendor.example/simple?API_KEY={S}", [S], "vendor.example/simple", True),
-    ("query-private-token", IDX, f"https://vendor.example/simple?private_token={S}", [S], "vendor.example/simple",
-     True),
+    (
+        "query-private-token",
+        IDX,
+        f"https://vendor.example/simple?private_token={S}",
+        [S],
+        "vendor.example/simple",
+        True,
+    ),
     ("fragment-token", IDX, f"https://vendor.example/simple#access_token={S}", [S], "vendor.example/simple", True),
     ("ipv6-host", IDX, f"http://user:{S}@[::1]:8080/simple", [S], "[::1]:8080/simple", True),
-    ("userinfo-and-query", IDX, f"https://user:{S}@vendor.example/simple?apikey=2{S}", [S],
-     "vendor.example/simple", True),
+    (
+        "userinfo-and-query",
+        IDX,
+        f"https://user:{S}@vendor.example/simple?apikey=2{S}",
+        [S],
+        "vendor.example/simple",
+        True,
+    ),
     ("scheme-less", IDX, f"user:{S}@vendor.example/simple", [S], "vendor.example/simple", False),
-    ("git-https-token", GIT, f"https://{S}@github.com/vllm-project/vllm.git", [S], "github.com/vllm-project/vllm.git",
-     True),
-    ("git-https-user-password", GIT, f"https://ci:{S}@git.example/org/vllm.git?token=t{S}", [S],
-     "git.example/org/vllm.git", True),
-    ("60kb-text", IDX, f"https://user:{S}@vendor.example/simple?q={PAD}&token={S}", [S], "vendor.example/simple",
-     False),
+    (
+        "git-https-token",
+        GIT,
+        f"https://{S}@github.com/vllm-project/vllm.git",
+        [S],
+        "github.com/vllm-project/vllm.git",
+        True,
+    ),
+    (
+        "git-https-user-password",
+        GIT,
+        f"https://ci:{S}@git.example/org/vllm.git?token=t{S}",
+        [S],
+        "git.example/org/vllm.git",
+        True,
+    ),
+    (
+        "60kb-text",
+        IDX,
+        f"https://user:{S}@vendor.example/simple?q={PAD}&token={S}",
+        [S],
+        "vendor.example/simple",
+        False,
+    ),
 ]
 
 COMMANDS = [
@@ -114,7 +169,7 @@ ERROR_CASES = [(c[0], c[1], c[2], c[3], c[4]) for c in CASES if c[5] and c[1] ==
 @pytest.mark.parametrize("key,value,secrets,shown", [c[1:] for c in ERROR_CASES], ids=[c[0] for c in ERROR_CASES])
 def test_an_invalid_url_error_does_not_repeat_the_secret(capsys, key, value, secrets, shown, variant):
     if variant == "bad-scheme":
-        bad = "ftp" + value[value.index("://"):]
+        bad = "ftp" + value[value.index("://") :]
     else:
         host_end = value.index(shown) + len(shown) - len("/simple")
         bad = value[:host_end].replace(":8080", "") + ":99999" + value[host_end:]
@@ -174,10 +229,20 @@ def test_redact_text(text, expected):
     assert redact(text) == expected
 
 
-@pytest.mark.parametrize("text", [
-    "a" * 120_000, "https://" + "@" * 120_000, "a:" * 60_000, "x://" * 30_000, "u:" + "@" * 120_000,
-    "?token=" * 17_000, " a:b@" * 24_000, "https://u:p@h/?" + "&key=v" * 20_000,
-], ids=["letters", "ats", "colons", "schemes", "user-ats", "tokens", "bare-userinfo", "many-keys"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a" * 120_000,
+        "https://" + "@" * 120_000,
+        "a:" * 60_000,
+        "x://" * 30_000,
+        "u:" + "@" * 120_000,
+        "?token=" * 17_000,
+        " a:b@" * 24_000,
+        "https://u:p@h/?" + "&key=v" * 20_000,
+    ],
+    ids=["letters", "ats", "colons", "schemes", "user-ats", "tokens", "bare-userinfo", "many-keys"],
+)
 def test_redaction_is_linear(text):
     started = time.monotonic()
     redact_text(text)
@@ -186,6 +251,7 @@ def test_redaction_is_linear(text):
 
 
 # --------------------------------------------------------------------------- the one resolver
+
 
 def test_resolver_order_url_then_env_then_netrc(tmp_path, monkeypatch):
     netrc = tmp_path / "netrc"
@@ -209,8 +275,13 @@ def test_resolver_order_url_then_env_then_netrc(tmp_path, monkeypatch):
 def test_netrc_entries_quote_what_netrc_cannot_read_bare(tmp_path):
     from netrc import netrc
 
-    text = netrc_entries([("https://h/simple", Credential("u s", 'p "w\\ x')),
-                          ("https://g/simple", Credential("", "tok")), ("https://k/simple", None)])
+    text = netrc_entries(
+        [
+            ("https://h/simple", Credential("u s", 'p "w\\ x')),
+            ("https://g/simple", Credential("", "tok")),
+            ("https://k/simple", None),
+        ]
+    )
     path = tmp_path / "netrc"
     path.write_text(text)
     parsed = netrc(str(path))

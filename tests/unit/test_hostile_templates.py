@@ -2,6 +2,7 @@
 template) render in a sandbox; an escape attempt is refused with exit 2, names the key and its
 place, runs nothing (the canary file is never created) and writes no Dockerfile.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,14 @@ def make_root(tmp_path: Path, stack: str | None = None, dockerfile: str | None =
 
 
 def run(root: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stackforge", "--root", str(root), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(root), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
 
 
 @dataclass
@@ -57,78 +64,163 @@ def s(key: str, value: str) -> list[str]:
 
 
 CASES = [
-    Case("cycler-globals-lint", ["lint", "example", *s("tags.local", "x:{{ cycler.%s }}" % SYSTEM)], "tags.local",
-         message="private attribute '__globals__'"),
+    Case(
+        "cycler-globals-lint",
+        ["lint", "example", *s("tags.local", "x:{{ cycler.%s }}" % SYSTEM)],
+        "tags.local",
+        message="private attribute '__globals__'",
+    ),
     Case("joiner-globals-show", ["show", "example", *s("tags.local", "x:{{ joiner.%s }}" % SYSTEM)], "tags.local"),
-    Case("namespace-globals-tags", ["tags", "example", *s("tags.local", "x:{{ namespace.%s }}" % SYSTEM)],
-         "tags.local"),
-    Case("lipsum-globals-render", ["render", "example", "--no-sources",
-                                   *s("tags.local", "x:{{ lipsum.__globals__['os'].system('touch {c}') }}")],
-         "tags.local"),
-    Case("class-mro-subclasses", ["lint", "example",
-                                  *s("tags.local", "x:{{ platform.__class__.__mro__[1].__subclasses__() }}")],
-         "tags.local", message="private attribute"),
-    Case("getitem-dunder", ["show", "example", *s("tags.local", "x:{{ platform['__class__'] }}")], "tags.local",
-         message="private attribute '__class__'"),
-    Case("attr-filter", ["lint", "example", *s("tags.local", "x:{{ platform.os|attr('__class__') }}")], "tags.local",
-         message="filter 'attr'"),
-    Case("self-context", ["lint", "example", *s("tags.local", "x:{{ self._TemplateReference__context }}")],
-         "tags.local"),
-    Case("range-huge-loop", ["lint", "example",
-                             *s("tags.local", "x:{% for i in range(10**12) %}{% endfor %}y")], "tags.local",
-         message="a loop"),
-    Case("range-is-gone", ["lint", "example", *s("tags.local", "x:{{ range(10)|join }}")], "tags.local",
-         message="'range' is undefined"),
-    Case("string-repeat", ["lint", "example", *s("tags.local", "x:{{ 'x' * 10**9 }}")], "tags.local",
-         message="'*'"),
-    Case("percent-format", ["tags", "example", "--registry", "r.example.com/t",
-                            *s("tags.publish", "x:{{ '%0999999999d' % 1 }}")], "tags.publish", message="'%'"),
-    Case("replace-growth", ["lint", "example", *s("tags.local", "x:{{ platform.python" + "|replace('', platform.os)" * 5
-                                                    + " }}")], "tags.local", message="longer than"),
-    Case("set-assignment", ["lint", "example", *s("tags.local", "{% set x = platform %}x:{{ x.os }}")], "tags.local",
-         message="an assignment"),
-    Case("include-file", ["lint", "example", *s("tags.local", "x:{% include '/etc/passwd' %}")], "tags.local",
-         message="an include"),
+    Case(
+        "namespace-globals-tags", ["tags", "example", *s("tags.local", "x:{{ namespace.%s }}" % SYSTEM)], "tags.local"
+    ),
+    Case(
+        "lipsum-globals-render",
+        ["render", "example", "--no-sources", *s("tags.local", "x:{{ lipsum.__globals__['os'].system('touch {c}') }}")],
+        "tags.local",
+    ),
+    Case(
+        "class-mro-subclasses",
+        ["lint", "example", *s("tags.local", "x:{{ platform.__class__.__mro__[1].__subclasses__() }}")],
+        "tags.local",
+        message="private attribute",
+    ),
+    Case(
+        "getitem-dunder",
+        ["show", "example", *s("tags.local", "x:{{ platform['__class__'] }}")],
+        "tags.local",
+        message="private attribute '__class__'",
+    ),
+    Case(
+        "attr-filter",
+        ["lint", "example", *s("tags.local", "x:{{ platform.os|attr('__class__') }}")],
+        "tags.local",
+        message="filter 'attr'",
+    ),
+    Case(
+        "self-context", ["lint", "example", *s("tags.local", "x:{{ self._TemplateReference__context }}")], "tags.local"
+    ),
+    Case(
+        "range-huge-loop",
+        ["lint", "example", *s("tags.local", "x:{% for i in range(10**12) %}{% endfor %}y")],
+        "tags.local",
+        message="a loop",
+    ),
+    Case(
+        "range-is-gone",
+        ["lint", "example", *s("tags.local", "x:{{ range(10)|join }}")],
+        "tags.local",
+        message="'range' is undefined",
+    ),
+    Case("string-repeat", ["lint", "example", *s("tags.local", "x:{{ 'x' * 10**9 }}")], "tags.local", message="'*'"),
+    Case(
+        "percent-format",
+        ["tags", "example", "--registry", "r.example.com/t", *s("tags.publish", "x:{{ '%0999999999d' % 1 }}")],
+        "tags.publish",
+        message="'%'",
+    ),
+    Case(
+        "replace-growth",
+        ["lint", "example", *s("tags.local", "x:{{ platform.python" + "|replace('', platform.os)" * 5 + " }}")],
+        "tags.local",
+        message="longer than",
+    ),
+    Case(
+        "set-assignment",
+        ["lint", "example", *s("tags.local", "{% set x = platform %}x:{{ x.os }}")],
+        "tags.local",
+        message="an assignment",
+    ),
+    Case(
+        "include-file",
+        ["lint", "example", *s("tags.local", "x:{% include '/etc/passwd' %}")],
+        "tags.local",
+        message="an include",
+    ),
     Case("method-call", ["show", "example", *s("tags.local", "x:{{ platform.os.upper() }}")], "tags.local"),
-    Case("alias-globals", ["tags", "example", "--registry", "r.example.com/t",
-                           *s("tags.aliases", '["x:{{ cycler.%s }}"]' % SYSTEM)], "tags.aliases.0"),
-    Case("label-globals", ["lint", "example", *s("labels", "{org.example.x: \"{{ joiner.%s }}\"}" % SYSTEM)],
-         "labels.org.example.x"),
-    Case("kernel-env-globals", ["render", "example", "--no-sources",
-                                *s("kernels.markupsafe.env.X", "{{ cycler.%s }}" % SYSTEM)],
-         "kernels.markupsafe.env.X"),
-    Case("built-for-globals", ["lint", "example",
-                               *s("rules.built_for", "[{package: idna, for: packaging, local: "
-                                  "\"{{ cycler.%s }}\"}]" % SYSTEM)], "rules.built_for.0.local"),
-    Case("stack-file-tag", ["render", "hostile", "--no-sources"], "tags.local", where="stacks/hostile.yaml:5:",
-         stack="""\
+    Case(
+        "alias-globals",
+        ["tags", "example", "--registry", "r.example.com/t", *s("tags.aliases", '["x:{{ cycler.%s }}"]' % SYSTEM)],
+        "tags.aliases.0",
+    ),
+    Case(
+        "label-globals",
+        ["lint", "example", *s("labels", '{org.example.x: "{{ joiner.%s }}"}' % SYSTEM)],
+        "labels.org.example.x",
+    ),
+    Case(
+        "kernel-env-globals",
+        ["render", "example", "--no-sources", *s("kernels.markupsafe.env.X", "{{ cycler.%s }}" % SYSTEM)],
+        "kernels.markupsafe.env.X",
+    ),
+    Case(
+        "built-for-globals",
+        [
+            "lint",
+            "example",
+            *s("rules.built_for", '[{package: idna, for: packaging, local: "{{ cycler.%s }}"}]' % SYSTEM),
+        ],
+        "rules.built_for.0.local",
+    ),
+    Case(
+        "stack-file-tag",
+        ["render", "hostile", "--no-sources"],
+        "tags.local",
+        where="stacks/hostile.yaml:5:",
+        stack="""\
              name: hostile
              inherits: example
              indexes: {pypi: {lock: false}}
              tags:
                local: "x:{{ cycler.%s }}"
-             """ % SYSTEM.replace("'", "''")),
-    Case("stack-file-label", ["lint", "hostile"], "labels.org.example.x", where="stacks/hostile.yaml:4:",
-         stack="""\
+             """
+        % SYSTEM.replace("'", "''"),
+    ),
+    Case(
+        "stack-file-label",
+        ["lint", "hostile"],
+        "labels.org.example.x",
+        where="stacks/hostile.yaml:4:",
+        stack="""\
              name: hostile
              inherits: example
              labels:
                org.example.x: "{{ namespace.%s }}"
-             """ % SYSTEM),
-    Case("dockerfile-template-globals", ["render", "example", "--no-sources"], "images/Dockerfile.j2",
-         where="images/Dockerfile.j2", dockerfile="FROM x\n{{ cycler.%s }}\n" % SYSTEM),
-    Case("dockerfile-template-class", ["render", "example", "--no-sources"], "images/Dockerfile.j2",
-         where="images/Dockerfile.j2", dockerfile="FROM x\n{{ plan.__class__.__init__.__globals__ }}\n"),
-    Case("dockerfile-template-repeat", ["render", "example", "--no-sources"], "images/Dockerfile.j2",
-         where="images/Dockerfile.j2", dockerfile="FROM x\n{{ 'x' * 10**9 }}\n"),
+             """
+        % SYSTEM,
+    ),
+    Case(
+        "dockerfile-template-globals",
+        ["render", "example", "--no-sources"],
+        "images/Dockerfile.j2",
+        where="images/Dockerfile.j2",
+        dockerfile="FROM x\n{{ cycler.%s }}\n" % SYSTEM,
+    ),
+    Case(
+        "dockerfile-template-class",
+        ["render", "example", "--no-sources"],
+        "images/Dockerfile.j2",
+        where="images/Dockerfile.j2",
+        dockerfile="FROM x\n{{ plan.__class__.__init__.__globals__ }}\n",
+    ),
+    Case(
+        "dockerfile-template-repeat",
+        ["render", "example", "--no-sources"],
+        "images/Dockerfile.j2",
+        where="images/Dockerfile.j2",
+        dockerfile="FROM x\n{{ 'x' * 10**9 }}\n",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_template_is_refused(tmp_path, case):
     canary = tmp_path / CANARY
-    root = make_root(tmp_path, case.stack.replace("{c}", str(canary)) if case.stack else None,
-                     case.dockerfile.replace("{c}", str(canary)) if case.dockerfile else None)
+    root = make_root(
+        tmp_path,
+        case.stack.replace("{c}", str(canary)) if case.stack else None,
+        case.dockerfile.replace("{c}", str(canary)) if case.dockerfile else None,
+    )
     out = tmp_path / "out"
     args = [a.replace("{c}", str(canary)) for a in case.args]
     if args[0] == "render":

@@ -2,6 +2,7 @@
 checked against its grammar when the stack loads. Each case exits 2, names the key, says the fix,
 and `render --no-sources --out DIR` writes nothing at all.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from stackforge import grammar
 from stackforge.build.render import dockerword, execform, shellword
 
@@ -27,43 +29,85 @@ class Case:
 
 
 CASES = [
-    Case("url-space-merges-index", ["indexes.pypi.url=https://pypi.org/simple --extra-index-url http://other/simple"],
-         "indexes.pypi.url", "whitespace"),
+    Case(
+        "url-space-merges-index",
+        ["indexes.pypi.url=https://pypi.org/simple --extra-index-url http://other/simple"],
+        "indexes.pypi.url",
+        "whitespace",
+    ),
     Case("url-semicolon", ["indexes.pypi.url=https://pypi.org/simple;touch${IFS}pwned"], "indexes.pypi.url", "';'"),
-    Case("url-newline", ['indexes.pypi.url="https://pypi.org/simple\\nRUN touch /pwned"'], "indexes.pypi.url",
-         "a newline"),
-    Case("url-quote-subshell", ["indexes.pypi.url=https://pypi.org/simple'$(touch${IFS}pwned)'"], "indexes.pypi.url",
-         "\"'\""),
+    Case(
+        "url-newline",
+        ['indexes.pypi.url="https://pypi.org/simple\\nRUN touch /pwned"'],
+        "indexes.pypi.url",
+        "a newline",
+    ),
+    Case(
+        "url-quote-subshell",
+        ["indexes.pypi.url=https://pypi.org/simple'$(touch${IFS}pwned)'"],
+        "indexes.pypi.url",
+        '"\'"',
+    ),
     Case("url-backslash", ["indexes.pypi.url=https://pypi.org/simple\\"], "indexes.pypi.url", "'\\\\'"),
     Case("url-no-host", ["indexes.pypi.url=https:///simple"], "indexes.pypi.url", "no valid host"),
     Case("url-ftp-scheme", ["indexes.pypi.url=ftp://pypi.org/simple"], "indexes.pypi.url", "http(s)://"),
     # A --set key with a newline or '/' is refused as a key path before any value is looked at.
-    Case("target-env-key-newline", ["targets.escape.env.A\nRUN echo pwned\nENV B=2"], "the key is not a key path",
-         "fix: write dotted keys"),
-    Case("kernel-env-key-newline", ["kernels.markupsafe.env.A\nRUN echo pwned\nENV B=2"],
-         "the key is not a key path", "fix: write dotted keys"),
-    Case("target-env-key-newline-mapping", ['targets.escape.env={"A\\nRUN echo pwned\\nENV B": "2"}'],
-         "targets.escape.env", "contains a newline"),
-    Case("target-env-key-dash", ["targets.escape.env.A-B=1"], "targets.escape.env.A-B",
-         "environment variable name"),
-    Case("target-env-value-newline", ['targets.escape.env.A="x\\nRUN touch /pwned"'], "targets.escape.env",
-         "a newline"),
-    Case("kernel-env-value-renders-newline", ['kernels.markupsafe.env.A={{ "x\\nRUN touch /pwned" }}'],
-         "kernels.markupsafe.env.A", "a newline"),
-    Case("index-name-slash", ["indexes.a/b={url: https://x.org/simple, role: public}"], "'indexes.a/b' is not a key path",
-         "fix: write dotted keys"),
-    Case("index-name-slash-mapping", ['indexes={"a/b": {url: "https://x.org/simple", role: public}}'], "indexes.a/b",
-         "not a valid name"),
-    Case("upstream-name-dotdot", [f'upstreams={{"..": {{git: https://x.org/r.git, tag: v1, commit: "{COMMIT}"}}}}'],
-         "upstreams", "not a valid name"),
-    Case("kernel-name-newline", ['kernels={"k\\nRUN x": {upstream: markupsafe, run: "true"}}'], "kernels",
-         "a newline"),
+    Case(
+        "target-env-key-newline",
+        ["targets.escape.env.A\nRUN echo pwned\nENV B=2"],
+        "the key is not a key path",
+        "fix: write dotted keys",
+    ),
+    Case(
+        "kernel-env-key-newline",
+        ["kernels.markupsafe.env.A\nRUN echo pwned\nENV B=2"],
+        "the key is not a key path",
+        "fix: write dotted keys",
+    ),
+    Case(
+        "target-env-key-newline-mapping",
+        ['targets.escape.env={"A\\nRUN echo pwned\\nENV B": "2"}'],
+        "targets.escape.env",
+        "contains a newline",
+    ),
+    Case("target-env-key-dash", ["targets.escape.env.A-B=1"], "targets.escape.env.A-B", "environment variable name"),
+    Case(
+        "target-env-value-newline", ['targets.escape.env.A="x\\nRUN touch /pwned"'], "targets.escape.env", "a newline"
+    ),
+    Case(
+        "kernel-env-value-renders-newline",
+        ['kernels.markupsafe.env.A={{ "x\\nRUN touch /pwned" }}'],
+        "kernels.markupsafe.env.A",
+        "a newline",
+    ),
+    Case(
+        "index-name-slash",
+        ["indexes.a/b={url: https://x.org/simple, role: public}"],
+        "'indexes.a/b' is not a key path",
+        "fix: write dotted keys",
+    ),
+    Case(
+        "index-name-slash-mapping",
+        ['indexes={"a/b": {url: "https://x.org/simple", role: public}}'],
+        "indexes.a/b",
+        "not a valid name",
+    ),
+    Case(
+        "upstream-name-dotdot",
+        [f'upstreams={{"..": {{git: https://x.org/r.git, tag: v1, commit: "{COMMIT}"}}}}'],
+        "upstreams",
+        "not a valid name",
+    ),
+    Case("kernel-name-newline", ['kernels={"k\\nRUN x": {upstream: markupsafe, run: "true"}}'], "kernels", "a newline"),
     Case("target-name-space", ['targets={"a b": {cmd: [x]}}'], "targets", "not a valid name"),
-    Case("package-name-semicolon", ['packages={"idna;touch": {version: "3.10", index: pypi}}'], "packages",
-         "project name"),
+    Case(
+        "package-name-semicolon",
+        ['packages={"idna;touch": {version: "3.10", index: pypi}}'],
+        "packages",
+        "project name",
+    ),
     Case("base-image-space", ["base.image=stackforge/base:bookworm AS x"], "base.image", "a space"),
-    Case("base-image-newline", ['base.image="stackforge/base:bookworm\\nRUN touch /pwned"'], "base.image",
-         "a newline"),
+    Case("base-image-newline", ['base.image="stackforge/base:bookworm\\nRUN touch /pwned"'], "base.image", "a newline"),
     Case("base-image-uppercase", ["base.image=Stackforge/Base"], "base.image", "image reference"),
     Case("base-python-rm", ["base.python=python3; rm -rf /"], "base.python", "interpreter"),
     Case("base-digest", ["base.digest=sha256:abc; touch x"], "base.digest", "sha256:<64"),
@@ -71,38 +115,61 @@ CASES = [
     Case("label-key-uppercase", ["labels.Org=v"], "labels.Org", "reverse-DNS"),
     Case("label-value-renders-newline", ['labels.x={{ "v\\nRUN touch /pwned" }}'], "labels.x", "a newline"),
     Case("tag-renders-newline", ['tags.local=x:a{{ "\\n" }}b'], "tags.local", "a newline"),
-    Case("gate-import-semicolon", ['gate.imports=[{module: "os;import os"}]'], "gate.imports.0.module",
-         "module name"),
-    Case("package-import-semicolon", ["packages.idna.import=idna; import os"], "packages.idna.import",
-         "module name"),
-    Case("probe-name-path", ['gate.probes=[{name: "../x", code: "print(1)", expect: "1"}]'],
-         "gate.probes.0.name", "not a valid name"),
-    Case("probe-expect-newline", ['gate.probes=[{name: p, code: "print(1)", expect: "1\\nRUN x"}]'],
-         "gate.probes.0.expect", "a newline"),
+    Case("gate-import-semicolon", ['gate.imports=[{module: "os;import os"}]'], "gate.imports.0.module", "module name"),
+    Case("package-import-semicolon", ["packages.idna.import=idna; import os"], "packages.idna.import", "module name"),
+    Case(
+        "probe-name-path",
+        ['gate.probes=[{name: "../x", code: "print(1)", expect: "1"}]'],
+        "gate.probes.0.name",
+        "not a valid name",
+    ),
+    Case(
+        "probe-expect-newline",
+        ['gate.probes=[{name: p, code: "print(1)", expect: "1\\nRUN x"}]'],
+        "gate.probes.0.expect",
+        "a newline",
+    ),
     Case("gate-prepare-cr", ['gate.prepare=["true\\rRUN touch /pwned"]'], "gate.prepare", "carriage return"),
-    Case("upstream-tag-option", ["upstreams.markupsafe.tag=--upload-pack=touch"], "upstreams.markupsafe.tag",
-         "git tag name"),
-    Case("upstream-git-option", ["upstreams.markupsafe.git=--upload-pack=touch${IFS}pwned"],
-         "upstreams.markupsafe.git", "starts with '-'"),
-    Case("upstream-git-ext-helper", ["upstreams.markupsafe.git=ext::sh"], "upstreams.markupsafe.git",
-         "transport helpers"),
-    Case("patches-dotdot", ["upstreams.markupsafe.patches=../../etc"], "upstreams.markupsafe.patches",
-         "relative path"),
+    Case(
+        "upstream-tag-option",
+        ["upstreams.markupsafe.tag=--upload-pack=touch"],
+        "upstreams.markupsafe.tag",
+        "git tag name",
+    ),
+    Case(
+        "upstream-git-option",
+        ["upstreams.markupsafe.git=--upload-pack=touch${IFS}pwned"],
+        "upstreams.markupsafe.git",
+        "starts with '-'",
+    ),
+    Case(
+        "upstream-git-ext-helper", ["upstreams.markupsafe.git=ext::sh"], "upstreams.markupsafe.git", "transport helpers"
+    ),
+    Case("patches-dotdot", ["upstreams.markupsafe.patches=../../etc"], "upstreams.markupsafe.patches", "relative path"),
     Case("patches-absolute", ["upstreams.markupsafe.patches=/etc"], "upstreams.markupsafe.patches", "relative path"),
-    Case("sdist-name-path", ["upstreams.markupsafe.sdist.name=markupsafe/../../x"],
-         "upstreams.markupsafe.sdist.name", "project name"),
+    Case(
+        "sdist-name-path",
+        ["upstreams.markupsafe.sdist.name=markupsafe/../../x"],
+        "upstreams.markupsafe.sdist.name",
+        "project name",
+    ),
     Case("platform-os-space", ["platform.os=debian12 x"], "platform.os", "not a valid name"),
     Case("platform-python", ["platform.python=3.11; x"], "platform.python", "Python version"),
     Case("description-newline", ['description="one\\nLABEL x=y"'], "description", "a newline"),
     Case("deps-from-tab", ['indexes.pypi.deps_from="a\\tb"'], "indexes.pypi.deps_from", "a tab"),
-    Case("line-separator", ['targets.escape.env.A="x\\u2028RUN touch /pwned"'], "targets.escape.env",
-         "U+2028"),
+    Case("line-separator", ['targets.escape.env.A="x\\u2028RUN touch /pwned"'], "targets.escape.env", "U+2028"),
 ]
 
 
 def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stackforge", "--root", str(REPO), *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(REPO), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -124,8 +191,7 @@ VALID = [
     ("url-with-port", grammar.check_url, "http://127.0.0.1:8080/simple"),
     ("url-file", grammar.check_url, "file:///srv/index/simple"),
     ("url-ipv6", grammar.check_url, "http://[::1]:8080/simple"),
-    ("image-registry-port-digest", grammar.check_image_ref,
-     "localhost:5000/team/base:bookworm@sha256:" + "a" * 64),
+    ("image-registry-port-digest", grammar.check_image_ref, "localhost:5000/team/base:bookworm@sha256:" + "a" * 64),
     ("image-plain", grammar.check_image_ref, "debian"),
     ("git-scp", grammar.check_git_source, "git@github.com:org/repo.git"),
     ("git-local-path", grammar.check_git_source, "/tmp/upstreams/vllm"),
@@ -140,7 +206,7 @@ def test_ordinary_values_pass_their_grammar(check, value):
 
 
 WORDS = [
-    ("utf8-and-html", "Example — a & b <c> 'x'", '"Example — a & b <c> \'x\'"'),
+    ("utf8-and-html", "Example — a & b <c> 'x'", "\"Example — a & b <c> 'x'\""),
     ("dollar", "$HOME ${X}", '"\\$HOME \\${X}"'),
     ("quote-backslash", 'a "q" \\', '"a \\"q\\" \\\\"'),
 ]
@@ -151,8 +217,9 @@ def test_dockerword_quotes_for_the_dockerfile_parser(value, word):
     assert dockerword(value) == word
 
 
-@pytest.mark.parametrize("value", ["a\nRUN x", "a\rb", "a\u2028b", "a\x85b", "a\x00b"],
-                         ids=["newline", "cr", "u2028", "nel", "nul"])
+@pytest.mark.parametrize(
+    "value", ["a\nRUN x", "a\rb", "a\u2028b", "a\x85b", "a\x00b"], ids=["newline", "cr", "u2028", "nel", "nul"]
+)
 def test_line_breaks_never_reach_a_dockerfile_line(value):
     with pytest.raises(ValueError):
         dockerword(value)
@@ -161,8 +228,15 @@ def test_line_breaks_never_reach_a_dockerfile_line(value):
     assert "\n" not in execform([value]) and len(execform([value]).splitlines()) == 1
 
 
-@pytest.mark.parametrize("value", ["description=a\nerror: forged line", "base.image=a\rerror: forged line",
-                                   "description=a\u2028error: forged line", "tags.local=x\x85error: forged"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "description=a\nerror: forged line",
+        "base.image=a\rerror: forged line",
+        "description=a\u2028error: forged line",
+        "tags.local=x\x85error: forged",
+    ],
+)
 def test_an_error_about_a_value_cannot_forge_an_output_line(tmp_path, value):
     """The `--set` value is echoed in the error's location with its line breaks escaped: the error stays
     one line plus its fix, and no line of stderr starts with the forged text."""

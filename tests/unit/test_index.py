@@ -1,4 +1,5 @@
 """Index client parsing: PEP 691 JSON, PEP 503 HTML, PEP 700 fields, credentials and redaction."""
+
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ from datetime import datetime, timezone
 import pytest
 from packaging.tags import Tag
 from packaging.version import Version
+
 from stackforge.freshness.index import (
     IndexFile,
     env_credentials,
@@ -22,7 +24,10 @@ BASE = "https://index.example/simple/torch/"
 
 
 def test_redact_hides_userinfo_and_keeps_the_rest():
-    assert redact("https://alice:s3cret@index.example:8443/simple/x/?q=1") == "https://***@index.example:8443/simple/x/?q=1"
+    assert (
+        redact("https://alice:s3cret@index.example:8443/simple/x/?q=1")
+        == "https://***@index.example:8443/simple/x/?q=1"
+    )
     assert redact("https://token@index.example/simple") == "https://***@index.example/simple"
     assert redact("https://index.example/simple") == "https://index.example/simple"
 
@@ -41,12 +46,15 @@ def test_env_credentials_use_the_index_name():
     assert env_credentials("mt", {"STACKFORGE_INDEX_MT_PASSWORD": "tok"}) == ("", "tok")
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("2026-09-23T11:59:07.123456Z", datetime(2026, 9, 23, 11, 59, 7, 123456, tzinfo=timezone.utc)),
-    ("2026-09-23T11:59:07Z", datetime(2026, 9, 23, 11, 59, 7, tzinfo=timezone.utc)),
-    ("2026-09-23T19:59:07+08:00", datetime(2026, 9, 23, 11, 59, 7, tzinfo=timezone.utc)),
-    ("2026-09-23T11:59:07.1234567891Z", datetime(2026, 9, 23, 11, 59, 7, 123456, tzinfo=timezone.utc)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("2026-09-23T11:59:07.123456Z", datetime(2026, 9, 23, 11, 59, 7, 123456, tzinfo=timezone.utc)),
+        ("2026-09-23T11:59:07Z", datetime(2026, 9, 23, 11, 59, 7, tzinfo=timezone.utc)),
+        ("2026-09-23T19:59:07+08:00", datetime(2026, 9, 23, 11, 59, 7, tzinfo=timezone.utc)),
+        ("2026-09-23T11:59:07.1234567891Z", datetime(2026, 9, 23, 11, 59, 7, 123456, tzinfo=timezone.utc)),
+    ],
+)
 def test_parse_time_reads_pep700_timestamps(text, expected):
     assert parse_time(text) == expected
 
@@ -59,19 +67,30 @@ def test_parse_time_never_invents_a_time(text):
 
 
 def test_json_page_keeps_what_the_index_declared():
-    body = json.dumps({
-        "meta": {"api-version": "1.1"},
-        "name": "torch",
-        "versions": ["2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0"],
-        "files": [
-            {"filename": "torch-2.11.0.post2+musa5.2.0-cp310-cp310-linux_x86_64.whl",
-             "url": "../../files/torch-2.11.0.post2%2Bmusa5.2.0-cp310-cp310-linux_x86_64.whl",
-             "hashes": {"SHA256": "AB" * 32}, "size": 74953528,
-             "upload-time": "2026-09-23T11:59:00.000000Z", "yanked": False, "requires-python": ">=3.10"},
-            {"filename": "torch-2.11.0.post1+musa5.2.0-cp310-cp310-linux_x86_64.whl",
-             "url": "https://cdn.example/t1.whl", "hashes": {}, "yanked": "broken ABI"},
-        ],
-    })
+    body = json.dumps(
+        {
+            "meta": {"api-version": "1.1"},
+            "name": "torch",
+            "versions": ["2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0"],
+            "files": [
+                {
+                    "filename": "torch-2.11.0.post2+musa5.2.0-cp310-cp310-linux_x86_64.whl",
+                    "url": "../../files/torch-2.11.0.post2%2Bmusa5.2.0-cp310-cp310-linux_x86_64.whl",
+                    "hashes": {"SHA256": "AB" * 32},
+                    "size": 74953528,
+                    "upload-time": "2026-09-23T11:59:00.000000Z",
+                    "yanked": False,
+                    "requires-python": ">=3.10",
+                },
+                {
+                    "filename": "torch-2.11.0.post1+musa5.2.0-cp310-cp310-linux_x86_64.whl",
+                    "url": "https://cdn.example/t1.whl",
+                    "hashes": {},
+                    "yanked": "broken ABI",
+                },
+            ],
+        }
+    )
     page = parse_json_page(body, BASE, "torch")
     assert page.format == "json" and page.api_version == "1.1"
     assert page.versions == ["2.11.0.post1+musa5.2.0", "2.11.0.post2+musa5.2.0"]

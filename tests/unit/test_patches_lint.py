@@ -1,4 +1,5 @@
 """Patch parsing and lint findings over hand-made series directories (no git)."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,9 @@ BLOB_A = "a" * 40
 BLOB_B = "b" * 40
 
 
-def patch_text(subject: str, body: str, file: str, added: list[str], *, start: int = 10, context=("ctx 1", "ctx 2")) -> str:
+def patch_text(
+    subject: str, body: str, file: str, added: list[str], *, start: int = 10, context=("ctx 1", "ctx 2")
+) -> str:
     n_old = len(context)
     n_new = len(context) + len(added)
     lines = [
@@ -61,6 +64,7 @@ def codes(findings):
 
 # --- parsing ------------------------------------------------------------------------
 
+
 def test_parse_patch_headers_body_hunks_and_line_numbers(tmp_path):
     text = patch_text(
         "[PATCH] Engine: pick =?UTF-8?q?m=C3=BCsa?= backend",
@@ -80,7 +84,10 @@ def test_parse_patch_headers_body_hunks_and_line_numbers(tmp_path):
     assert [t for _, t in pf.trailers] == ["Signed-off-by: Dev <dev@example.org>"]
     assert pf.touched_files() == ["src/engine.py"]
     added = pf.added_lines()
-    assert [(a.file, a.line, a.text) for a in added] == [("src/engine.py", 21, "    a = 1"), ("src/engine.py", 22, "    b = 2")]
+    assert [(a.file, a.line, a.text) for a in added] == [
+        ("src/engine.py", 21, "    a = 1"),
+        ("src/engine.py", 22, "    b = 2"),
+    ]
     # patch_line points at the "+" line in the .patch file.
     lines = text.splitlines()
     assert lines[added[0].patch_line - 1] == "+    a = 1"
@@ -90,13 +97,34 @@ def test_parse_patch_headers_body_hunks_and_line_numbers(tmp_path):
 
 
 def test_parse_folded_subject_and_new_and_deleted_files(tmp_path):
-    text = "\n".join([
-        ZERO, "From: Dev <d@e>", "Date: x", "Subject: Build: a subject that", " continues here", "", "Body.", "",
-        "diff --git a/new.txt b/new.txt", "new file mode 100644", f"index {'0' * 40}..{BLOB_B}",
-        "--- /dev/null", "+++ b/new.txt", "@@ -0,0 +1,2 @@", "+one", "+two",
-        "diff --git a/old.txt b/old.txt", "deleted file mode 100644", f"index {BLOB_A}..{'0' * 40}",
-        "--- a/old.txt", "+++ /dev/null", "@@ -1 +0,0 @@", "-gone", "",
-    ])
+    text = "\n".join(
+        [
+            ZERO,
+            "From: Dev <d@e>",
+            "Date: x",
+            "Subject: Build: a subject that",
+            " continues here",
+            "",
+            "Body.",
+            "",
+            "diff --git a/new.txt b/new.txt",
+            "new file mode 100644",
+            f"index {'0' * 40}..{BLOB_B}",
+            "--- /dev/null",
+            "+++ b/new.txt",
+            "@@ -0,0 +1,2 @@",
+            "+one",
+            "+two",
+            "diff --git a/old.txt b/old.txt",
+            "deleted file mode 100644",
+            f"index {BLOB_A}..{'0' * 40}",
+            "--- a/old.txt",
+            "+++ /dev/null",
+            "@@ -1 +0,0 @@",
+            "-gone",
+            "",
+        ]
+    )
     p = tmp_path / "p.patch"
     p.write_text(text)
     pf = parse_patch(p)
@@ -108,21 +136,35 @@ def test_parse_folded_subject_and_new_and_deleted_files(tmp_path):
 
 # --- lint -----------------------------------------------------------------------------
 
+
 def test_clean_series_has_no_findings(tmp_path):
-    make_series(tmp_path, {
-        "0001-Core-one.patch": patch_text("Core: one", "Why one.", "src/a.py", ["x = 1  # plain comment"]),
-        "0002-Docs-two.patch": patch_text("Docs: two", "Why two.", "docs/guide.md", ["More text."]),
-    })
+    make_series(
+        tmp_path,
+        {
+            "0001-Core-one.patch": patch_text("Core: one", "Why one.", "src/a.py", ["x = 1  # plain comment"]),
+            "0002-Docs-two.patch": patch_text("Docs: two", "Why two.", "docs/guide.md", ["More text."]),
+        },
+    )
     assert lint_repository(tmp_path) == []
 
 
 def test_tracker_id_in_added_comment_doc_and_message(tmp_path):
-    d = make_series(tmp_path, {
-        "0001-Core-one.patch": patch_text("Core: one", "Why one.", "src/a.py", ["x = 1", "# see MUSA-100042 for the story"]),
-        "0002-Docs-two.patch": patch_text("Docs: two", "Why two.", "docs/guide.md", ["Tracked as MUSA-100042."]),
-        "0003-Kernels-three.patch": patch_text("Kernels: three (MUSA-100042)", "Fixes MUSA-100042.", "csrc/k.cu", ["int k = 1; // MUSA-100042", "/* MUSA-100042 */"]),
-        "0004-Core-code.patch": patch_text("Core: code", "Only code.", "src/b.py", ["NAME = 'MUSA-100042'"]),
-    })
+    d = make_series(
+        tmp_path,
+        {
+            "0001-Core-one.patch": patch_text(
+                "Core: one", "Why one.", "src/a.py", ["x = 1", "# see MUSA-100042 for the story"]
+            ),
+            "0002-Docs-two.patch": patch_text("Docs: two", "Why two.", "docs/guide.md", ["Tracked as MUSA-100042."]),
+            "0003-Kernels-three.patch": patch_text(
+                "Kernels: three (MUSA-100042)",
+                "Fixes MUSA-100042.",
+                "csrc/k.cu",
+                ["int k = 1; // MUSA-100042", "/* MUSA-100042 */"],
+            ),
+            "0004-Core-code.patch": patch_text("Core: code", "Only code.", "src/b.py", ["NAME = 'MUSA-100042'"]),
+        },
+    )
     findings = [f for f in lint_repository(tmp_path) if f.code == "tracker-id"]
     where = sorted((f.patch, f.source_file or "(message)", f.source_line or 0) for f in findings)
     assert where == [
@@ -144,9 +186,14 @@ def test_tracker_id_in_added_comment_doc_and_message(tmp_path):
 
 
 def test_tracker_pattern_is_configurable(tmp_path):
-    make_series(tmp_path, {
-        "0001-Core-one.patch": patch_text("Core: one", "Why one.", "src/a.py", ["# ticket ABC-12", "# see MUSA-100042"]),
-    })
+    make_series(
+        tmp_path,
+        {
+            "0001-Core-one.patch": patch_text(
+                "Core: one", "Why one.", "src/a.py", ["# ticket ABC-12", "# see MUSA-100042"]
+            ),
+        },
+    )
     default = [f for f in lint_repository(tmp_path) if f.code == "tracker-id"]
     assert len(default) == 1
     custom = [f for f in lint_repository(tmp_path, tracker_pattern=r"\bABC-\d+\b") if f.code == "tracker-id"]
@@ -155,24 +202,36 @@ def test_tracker_pattern_is_configurable(tmp_path):
 
 
 def test_python_docstring_lines_count_as_comments(tmp_path):
-    make_series(tmp_path, {
-        "0001-Core-one.patch": patch_text("Core: one", "Why.", "src/a.py", ['"""Helper.', "", "Tracked in MUSA-100042.", '"""', "y = 2"]),
-    })
+    make_series(
+        tmp_path,
+        {
+            "0001-Core-one.patch": patch_text(
+                "Core: one", "Why.", "src/a.py", ['"""Helper.', "", "Tracked in MUSA-100042.", '"""', "y = 2"]
+            ),
+        },
+    )
     findings = [f for f in lint_repository(tmp_path) if f.code == "tracker-id"]
     assert [(f.source_file, f.source_line) for f in findings] == [("src/a.py", 13)]
 
 
 def test_trailing_whitespace_subject_description_and_form(tmp_path):
     no_body = patch_text("Core: one", "", "src/a.py", ["x = 1   "])
-    not_zero = patch_text("Core: two", "Why.", "src/b.py", ["y = 2"]).replace(ZERO, "From 1234567890123456789012345678901234567890 Mon Sep 17 00:00:00 2001")
-    short_index = patch_text("Core: three", "Why.", "src/c.py", ["z = 3"]).replace(f"index {BLOB_A}..{BLOB_B}", "index aaaaaaa..bbbbbbb")
+    not_zero = patch_text("Core: two", "Why.", "src/b.py", ["y = 2"]).replace(
+        ZERO, "From 1234567890123456789012345678901234567890 Mon Sep 17 00:00:00 2001"
+    )
+    short_index = patch_text("Core: three", "Why.", "src/c.py", ["z = 3"]).replace(
+        f"index {BLOB_A}..{BLOB_B}", "index aaaaaaa..bbbbbbb"
+    )
     signed = patch_text("Core: four", "Why.", "src/d.py", ["w = 4"]) + "-- \n2.39.5\n"
-    make_series(tmp_path, {
-        "0001-Core-one.patch": no_body,
-        "0002-Core-two.patch": not_zero,
-        "0003-Core-three.patch": short_index,
-        "0004-Core-four.patch": signed,
-    })
+    make_series(
+        tmp_path,
+        {
+            "0001-Core-one.patch": no_body,
+            "0002-Core-two.patch": not_zero,
+            "0003-Core-three.patch": short_index,
+            "0004-Core-four.patch": signed,
+        },
+    )
     fs = lint_repository(tmp_path)
     by = {(f.code, f.patch) for f in fs}
     assert ("trailing-whitespace", "0001-Core-one.patch") in by
@@ -185,10 +244,13 @@ def test_trailing_whitespace_subject_description_and_form(tmp_path):
 
 
 def test_series_and_directory_agree_both_ways(tmp_path):
-    d = make_series(tmp_path, {
-        "0001-Core-one.patch": patch_text("Core: one", "Why.", "a.py", ["x = 1"]),
-        "0002-Core-two.patch": patch_text("Core: two", "Why.", "b.py", ["y = 1"]),
-    })
+    d = make_series(
+        tmp_path,
+        {
+            "0001-Core-one.patch": patch_text("Core: one", "Why.", "a.py", ["x = 1"]),
+            "0002-Core-two.patch": patch_text("Core: two", "Why.", "b.py", ["y = 1"]),
+        },
+    )
     (d / "0003-Core-stray.patch").write_text(patch_text("Core: stray", "Why.", "c.py", ["z"]))
     (d / "series").write_text("0001-Core-one.patch\n0002-Core-two.patch\n0001-Core-one.patch\n0004-Core-gone.patch\n")
     fs = lint_series(read_series(d), start=1)
@@ -201,11 +263,14 @@ def test_series_and_directory_agree_both_ways(tmp_path):
 
 
 def test_numbering_must_be_contiguous_and_names_well_formed(tmp_path):
-    d = make_series(tmp_path, {
-        "0001-Core-one.patch": patch_text("Core: one", "Why.", "a.py", ["x"]),
-        "0003-Core-three.patch": patch_text("Core: three", "Why.", "b.py", ["y"]),
-        "badname.patch": patch_text("Core: bad", "Why.", "c.py", ["z"]),
-    })
+    d = make_series(
+        tmp_path,
+        {
+            "0001-Core-one.patch": patch_text("Core: one", "Why.", "a.py", ["x"]),
+            "0003-Core-three.patch": patch_text("Core: three", "Why.", "b.py", ["y"]),
+            "badname.patch": patch_text("Core: bad", "Why.", "c.py", ["z"]),
+        },
+    )
     fs = lint_series(read_series(d), start=1)
     numbering = [f for f in fs if f.code == "numbering"]
     assert [(f.patch, f.line) for f in numbering] == [("0003-Core-three.patch", 3)]
@@ -214,10 +279,13 @@ def test_numbering_must_be_contiguous_and_names_well_formed(tmp_path):
 
 
 def test_layered_range_numbering_continues_after_the_base(tmp_path):
-    make_series(tmp_path, {
-        "0001-Core-one.patch": patch_text("Core: one", "Why.", "a.py", ["x"]),
-        "0002-Core-two.patch": patch_text("Core: two", "Why.", "b.py", ["y"]),
-    })
+    make_series(
+        tmp_path,
+        {
+            "0001-Core-one.patch": patch_text("Core: one", "Why.", "a.py", ["x"]),
+            "0002-Core-two.patch": patch_text("Core: two", "Why.", "b.py", ["y"]),
+        },
+    )
     top = tmp_path / "overlays" / "jev" / "patches" / "demo"
     top.mkdir(parents=True)
     (top / "0004-MUSA-layered.patch").write_text(patch_text("MUSA: layered", "Why.", "c.py", ["z"]))
@@ -234,11 +302,22 @@ def test_layered_range_numbering_continues_after_the_base(tmp_path):
 
 
 def test_index_is_generated_and_checked(tmp_path):
-    d = make_series(tmp_path, {"0001-Core-one.patch": patch_text("Core: one | pipe", "First line of why.\nstill first paragraph.\n\nMore.", "a.py", ["x"])}, index=False)
+    d = make_series(
+        tmp_path,
+        {
+            "0001-Core-one.patch": patch_text(
+                "Core: one | pipe", "First line of why.\nstill first paragraph.\n\nMore.", "a.py", ["x"]
+            )
+        },
+        index=False,
+    )
     assert [f.code for f in lint_repository(tmp_path)] == ["index-missing"]
     s = read_series(d)
     text = render_index(s)
-    assert "| 0001 | [0001-Core-one.patch](0001-Core-one.patch) | Core: one \\| pipe | First line of why. still first paragraph. |" in text
+    assert (
+        "| 0001 | [0001-Core-one.patch](0001-Core-one.patch) | Core: one \\| pipe | First line of why. still first paragraph. |"
+        in text
+    )
     assert "do not edit" in text
     write_index(s)
     assert lint_repository(tmp_path) == []

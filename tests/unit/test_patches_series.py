@@ -1,9 +1,11 @@
 """Series files, names, numbering and the series hash: plain files, no git."""
+
 from __future__ import annotations
 
 import hashlib
 
 import pytest
+
 from stackforge.errors import UserError
 from stackforge.patches.series import (
     HISTORY_HEADING,
@@ -90,7 +92,10 @@ def test_patch_name_and_renumbered():
     assert patch_name(7, "Docs: say hello") == "0007-Docs-say-hello.patch"
     assert renumbered("0003-Core-x.patch", 12) == "0012-Core-x.patch"
     assert renumbered("Core-x.patch", 1) == "0001-Core-x.patch"
-    assert patch_name(1, "Area: " + "word " * 30 + "end.") == "0001-Area-word-word-word-word-word-word-word-word-word-wo.patch"
+    assert (
+        patch_name(1, "Area: " + "word " * 30 + "end.")
+        == "0001-Area-word-word-word-word-word-word-word-word-word-wo.patch"
+    )
 
 
 def test_series_hash_covers_order_and_bytes_not_comments(tmp_path):
@@ -119,9 +124,7 @@ def test_series_hash_covers_order_and_bytes_not_comments(tmp_path):
 def test_series_hash_is_sha256_over_a_documented_stream(tmp_path):
     d = make_dir(tmp_path, ["0001-A-a.patch"])
     digest = hashlib.sha256(b"patch 0001-A-a.patch\n").hexdigest()
-    expected = hashlib.sha256(
-        b"stackforge-series-v1\nlayer base\n" + f"0001-A-a.patch {digest}\n".encode()
-    ).hexdigest()
+    expected = hashlib.sha256(b"stackforge-series-v1\nlayer base\n" + f"0001-A-a.patch {digest}\n".encode()).hexdigest()
     assert series_hash(d) == expected
 
 
@@ -157,7 +160,10 @@ def test_renumber_after_insert_keeps_names_and_bytes(tmp_path):
     assert sorted(p.name for p in d.glob("*.patch")) == sorted(again.names)
     assert (d / "0003-B-b.patch").read_bytes() == before["B-b.patch"]
     assert (d / "0004-C-c.patch").read_bytes() == before["C-c.patch"]
-    assert [(a.name, b.name) for a, b in renames] == [("0002-B-b.patch", "0003-B-b.patch"), ("0003-C-c.patch", "0004-C-c.patch")]
+    assert [(a.name, b.name) for a, b in renames] == [
+        ("0002-B-b.patch", "0003-B-b.patch"),
+        ("0003-C-c.patch", "0004-C-c.patch"),
+    ]
 
 
 def test_renumber_runs_on_across_layers(tmp_path):
@@ -192,7 +198,10 @@ def test_drop_entries_notes_history_and_deletes_files(tmp_path):
 def test_layer_dirs_requires_the_overlay_range(tmp_path):
     (tmp_path / "overlays" / "jev" / "patches" / "vllm").mkdir(parents=True)
     dirs = layer_dirs(tmp_path, "vllm", "patches/vllm", ["jev"])
-    assert dirs == [("base", tmp_path / "patches" / "vllm"), ("jev", tmp_path / "overlays" / "jev" / "patches" / "vllm")]
+    assert dirs == [
+        ("base", tmp_path / "patches" / "vllm"),
+        ("jev", tmp_path / "overlays" / "jev" / "patches" / "vllm"),
+    ]
     with pytest.raises(UserError) as exc:
         layer_dirs(tmp_path, "vllm", "patches/vllm", ["other"])
     assert "other" in exc.value.message

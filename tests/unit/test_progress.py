@@ -1,7 +1,9 @@
 """Progress lines: on stderr, with durations and byte counts, silenced by STACKFORGE_PROGRESS=0."""
+
 from __future__ import annotations
 
 import pytest
+
 from stackforge import progress
 
 
@@ -28,8 +30,10 @@ def test_a_transfer_reports_bytes_while_it_runs_and_at_the_end(capsys, monkeypat
             now[0] = at
             t.advance(1024 * 1024)
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["stackforge: upload layer: 2.0 MiB of 3.0 MiB (341.3 KiB/s)",
-                     "stackforge: upload layer: 3.0 MiB of 3.0 MiB (384.0 KiB/s) in 8.0 s"]
+    assert lines == [
+        "stackforge: upload layer: 2.0 MiB of 3.0 MiB (341.3 KiB/s)",
+        "stackforge: upload layer: 3.0 MiB of 3.0 MiB (384.0 KiB/s) in 8.0 s",
+    ]
 
 
 def test_silenced(capsys, monkeypatch):

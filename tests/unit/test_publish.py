@@ -4,6 +4,7 @@ Images come from ``docker save``-format archives written here (both the legacy a
 OCI-layout flavour), so these tests need no engine; tests/integration/test_publish_real_registry.py
 runs the same paths against a real docker-registry and real engine images.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -17,12 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
+
 from stackforge.errors import BuildFailed, UserError
 from stackforge.publish.oci import OCI_LAYER_GZIP, OCI_LAYER_TAR, ArchiveImage, read_save_stream
 from stackforge.publish.publisher import publish
-from stackforge.publish.scheme import TagScheme, validate_date
 from stackforge.publish.registry import RetryPolicy
-
+from stackforge.publish.scheme import TagScheme, validate_date
 from tests.fixtures.faulty_proxy import (
     BLOB_UPLOAD,
     MANIFEST_BY_DIGEST,
@@ -65,12 +66,26 @@ def _link(tar: tarfile.TarFile, name: str, target: str) -> None:
     tar.addfile(info)
 
 
-def save_archive(path: Path, layers: list[bytes], *, flavour: str = "legacy", note: str = "",
-                 diff_ids: list[str] | None = None, stored: list[bytes] | None = None) -> str:
+def save_archive(
+    path: Path,
+    layers: list[bytes],
+    *,
+    flavour: str = "legacy",
+    note: str = "",
+    diff_ids: list[str] | None = None,
+    stored: list[bytes] | None = None,
+) -> str:
     """Write a docker-save archive; returns the image id (sha256 of the config)."""
     diff_ids = diff_ids or [digest_of(l) for l in layers]
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {"note": note}},
-                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}, sort_keys=True).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Labels": {"note": note}},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        },
+        sort_keys=True,
+    ).encode()
     image_id = digest_of(config)
     stored = stored or layers
     with tarfile.open(path, "w") as tar:
@@ -113,7 +128,9 @@ def images(tmp_path):
     def make(name: str, flavour: str = "legacy") -> ArchiveImage:
         path = tmp_path / f"{name}-{flavour}.tar"
         if path not in made:
-            made[path] = save_archive(path, [base, layer_tar({f"app/{name}.txt": name.encode() * 100})], flavour=flavour)
+            made[path] = save_archive(
+                path, [base, layer_tar({f"app/{name}.txt": name.encode() * 100})], flavour=flavour
+            )
         return ArchiveImage(path)
 
     return make
@@ -128,8 +145,16 @@ def stub():
 def run(address: str, image: ArchiveImage, tmp_path: Path, *, date: str = DATE, aliases=(ALIAS,), **kw):
     kw.setdefault("layer_cache", tmp_path / "layers")
     kw.setdefault("settle_seconds", 0)
-    return publish(image, f"{address}/{REPO}", SCHEME, date, aliases=aliases, policy=kw.pop("policy", FAST),
-                   lock_dir=tmp_path / "locks", **kw)
+    return publish(
+        image,
+        f"{address}/{REPO}",
+        SCHEME,
+        date,
+        aliases=aliases,
+        policy=kw.pop("policy", FAST),
+        lock_dir=tmp_path / "locks",
+        **kw,
+    )
 
 
 def immutable(reg: StubRegistry) -> dict[str, str]:
@@ -142,8 +167,14 @@ def immutable(reg: StubRegistry) -> dict[str, str]:
 def test_tag_scheme_renders_and_parses():
     assert SCHEME.tag(DATE, 2) == f"{PREFIX}-20260929-r2"
     assert SCHEME.parse(f"{PREFIX}-20260929-r2") == ("20260929", 2)
-    for other in [f"{PREFIX}-20260929-r0", f"{PREFIX}-20260929-r02", f"{PREFIX}-2026092-r1", ALIAS,
-                  f"{PREFIX}-20260929-r1-extra", f"x{PREFIX}-20260929-r1"]:
+    for other in [
+        f"{PREFIX}-20260929-r0",
+        f"{PREFIX}-20260929-r02",
+        f"{PREFIX}-2026092-r1",
+        ALIAS,
+        f"{PREFIX}-20260929-r1-extra",
+        f"x{PREFIX}-20260929-r1",
+    ]:
         assert SCHEME.parse(other) is None, other
     tags = [SCHEME.tag(DATE, 1), SCHEME.tag(DATE, 3), SCHEME.tag("20260930", 1), ALIAS, "unrelated"]
     assert SCHEME.revisions(tags, DATE) == {1: SCHEME.tag(DATE, 1), 3: SCHEME.tag(DATE, 3)}
@@ -249,8 +280,10 @@ def test_same_image_again_publishes_nothing(stub, images, tmp_path):
 
 
 def test_existing_tags_of_other_images_are_never_overwritten(stub, images, tmp_path):
-    other = [stub.put_image(REPO, SCHEME.tag(DATE, n), json.dumps({"o": n, "rootfs": {"diff_ids": []}}).encode(), [])
-             for n in (1, 2)]
+    other = [
+        stub.put_image(REPO, SCHEME.tag(DATE, n), json.dumps({"o": n, "rootfs": {"diff_ids": []}}).encode(), [])
+        for n in (1, 2)
+    ]
     r = run(stub.address, images("a"), tmp_path)
     assert r.tag == SCHEME.tag(DATE, 3)
     assert immutable(stub) == {SCHEME.tag(DATE, 1): other[0], SCHEME.tag(DATE, 2): other[1], r.tag: r.digest}
@@ -259,14 +292,21 @@ def test_existing_tags_of_other_images_are_never_overwritten(stub, images, tmp_p
 
 def test_revision_is_the_first_free_one_of_the_date(stub, images, tmp_path):
     """A gap left by a deleted tag is reused: r1 and r3 exist, so the next publish is r2, the one after r4."""
-    other = {n: stub.put_image(REPO, SCHEME.tag(DATE, n), json.dumps({"o": n, "rootfs": {"diff_ids": []}}).encode(), [])
-             for n in (1, 3)}
+    other = {
+        n: stub.put_image(REPO, SCHEME.tag(DATE, n), json.dumps({"o": n, "rootfs": {"diff_ids": []}}).encode(), [])
+        for n in (1, 3)
+    }
     stub.put_image(REPO, SCHEME.tag("20260928", 2), b'{"o":"yesterday","rootfs":{"diff_ids":[]}}', [])  # another date
     a = run(stub.address, images("a"), tmp_path)
     b = run(stub.address, images("b"), tmp_path)
     assert (a.tag, b.tag) == (SCHEME.tag(DATE, 2), SCHEME.tag(DATE, 4))
-    assert immutable(stub) == {SCHEME.tag(DATE, 1): other[1], SCHEME.tag(DATE, 3): other[3], a.tag: a.digest,
-                               b.tag: b.digest, SCHEME.tag("20260928", 2): stub.tag_digest(REPO, SCHEME.tag("20260928", 2))}
+    assert immutable(stub) == {
+        SCHEME.tag(DATE, 1): other[1],
+        SCHEME.tag(DATE, 3): other[3],
+        a.tag: a.digest,
+        b.tag: b.digest,
+        SCHEME.tag("20260928", 2): stub.tag_digest(REPO, SCHEME.tag("20260928", 2)),
+    }
     assert [o for o in stub.overwrites if o[1] != ALIAS] == []
 
 
@@ -278,8 +318,10 @@ def test_tag_that_appears_in_a_gap_before_the_check_takes_the_next_free_revision
     def concurrent(_proxy):
         intruder["d"] = stub.put_image(REPO, SCHEME.tag(DATE, 1), b'{"intruder":1,"rootfs":{"diff_ids":[]}}', [])
 
-    with FaultyProxy(stub.address, [Fault("hook", MANIFEST_BY_TAG.replace("[^/?]+$", SCHEME.tag(DATE, 1) + "$"),
-                                          "HEAD", hook=concurrent)]) as proxy:
+    with FaultyProxy(
+        stub.address,
+        [Fault("hook", MANIFEST_BY_TAG.replace("[^/?]+$", SCHEME.tag(DATE, 1) + "$"), "HEAD", hook=concurrent)],
+    ) as proxy:
         r = run(proxy.address, images("a"), tmp_path)
     assert r.tag == SCHEME.tag(DATE, 3)
     assert stub.tag_digest(REPO, SCHEME.tag(DATE, 1)) == intruder["d"]
@@ -293,8 +335,10 @@ def test_tag_that_appears_before_the_check_takes_the_next_revision(stub, images,
     def concurrent(_proxy):
         intruder["d"] = stub.put_image(REPO, SCHEME.tag(DATE, 1), b'{"intruder":1,"rootfs":{"diff_ids":[]}}', [])
 
-    with FaultyProxy(stub.address, [Fault("hook", MANIFEST_BY_TAG.replace("[^/?]+$", SCHEME.tag(DATE, 1) + "$"),
-                                          "HEAD", hook=concurrent)]) as proxy:
+    with FaultyProxy(
+        stub.address,
+        [Fault("hook", MANIFEST_BY_TAG.replace("[^/?]+$", SCHEME.tag(DATE, 1) + "$"), "HEAD", hook=concurrent)],
+    ) as proxy:
         r = run(proxy.address, images("a"), tmp_path)
     assert r.tag == SCHEME.tag(DATE, 2)
     assert stub.tag_digest(REPO, SCHEME.tag(DATE, 1)) == intruder["d"]
@@ -320,6 +364,7 @@ def test_tag_taken_over_after_the_put_moves_on_to_the_next_revision(stub, images
 
 def test_publishers_on_one_host_never_race(stub, images, tmp_path):
     """Two publishers, one date, widened HEAD→PUT window: the host lock serialises tagging."""
+
     def slow_put(repo, tag):
         time.sleep(0.2)
 
@@ -330,7 +375,7 @@ def test_publishers_on_one_host_never_race(stub, images, tmp_path):
     def go(i):
         try:
             results[i] = run(stub.address, imgs[i], tmp_path, aliases=())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
@@ -364,7 +409,9 @@ def test_faults_on_blob_and_manifest_uploads_are_retried(stub, images, tmp_path)
 
 
 def test_persistent_upload_failure_leaves_no_tag_and_a_rerun_succeeds(stub, images, tmp_path):
-    with FaultyProxy(stub.address, [Fault("status", BLOB_UPLOAD + ".+digest=", "PUT", status=503, times=None)]) as proxy:
+    with FaultyProxy(
+        stub.address, [Fault("status", BLOB_UPLOAD + ".+digest=", "PUT", status=503, times=None)]
+    ) as proxy:
         with pytest.raises(BuildFailed) as exc:
             run(proxy.address, images("a"), tmp_path, evidence=tmp_path / "ev")
         assert "no tag was created" in exc.value.message and "gave up after 5 attempt" in exc.value.message
@@ -395,8 +442,10 @@ def test_rewritten_manifest_is_caught_and_rolled_back(stub, images, tmp_path):
 
 
 def test_rewritten_manifest_without_deletion_names_the_tag_to_delete(images, tmp_path):
-    with StubRegistry(delete_enabled=False) as reg, \
-            FaultyProxy(reg.address, [Fault("rewrite-request", MANIFEST_BY_TAG, "PUT", times=None)]) as proxy:
+    with (
+        StubRegistry(delete_enabled=False) as reg,
+        FaultyProxy(reg.address, [Fault("rewrite-request", MANIFEST_BY_TAG, "PUT", times=None)]) as proxy,
+    ):
         with pytest.raises(BuildFailed) as exc:
             run(proxy.address, images("a"), tmp_path)
         tag = SCHEME.tag(DATE, 1)
@@ -444,6 +493,7 @@ def test_alias_that_looks_immutable_is_refused(stub, images, tmp_path):
 
 def test_unreachable_registry_is_a_user_error_and_creates_nothing(images, tmp_path):
     import socket
+
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -468,14 +518,21 @@ def test_evidence_records_what_was_published(stub, images, tmp_path):
     assert ev["repository"] == f"{stub.address}/{REPO}" and ev["tag"] == r.tag and ev["digest"] == r.digest
     assert ev["pinned_reference"] == f"{stub.address}/{REPO}@{r.digest}"
     assert ev["size"] == len(stub.manifests[r.digest][0]) + sum(
-        d["size"] for d in [json.loads(stub.manifests[r.digest][0])["config"], *json.loads(stub.manifests[r.digest][0])["layers"]])
+        d["size"]
+        for d in [json.loads(stub.manifests[r.digest][0])["config"], *json.loads(stub.manifests[r.digest][0])["layers"]]
+    )
     assert ev["verification"]["tag_digest"] == r.digest and ev["verification"]["image_id_matches"]
     started = _dt.datetime.strptime(ev["started_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc)
     assert before.replace(microsecond=0) <= started <= before + _dt.timedelta(seconds=elapsed + 1)
     assert 0 < ev["duration_s"] <= elapsed
     events = [e["event"] for e in ev["push_log"]]
     assert events[0] == "start" and events[-1] == "done"
-    assert events.index("manifest-by-digest") < events.index("tag-written") < events.index("tag-reread") < events.index("alias")
+    assert (
+        events.index("manifest-by-digest")
+        < events.index("tag-written")
+        < events.index("tag-reread")
+        < events.index("alias")
+    )
 
 
 def test_layer_cache_skips_recompressing_layers_the_registry_holds(stub, images, tmp_path):
@@ -501,7 +558,9 @@ def test_late_writer_from_another_host_is_caught_by_the_settled_reread(stub, ima
         if len(reads) == 2:  # after our first re-read succeeded: the other host's PUT lands
             stub.put_image(REPO, tag1, b'{"late":1,"rootfs":{"diff_ids":[]}}', [])
 
-    with FaultyProxy(stub.address, [Fault("hook", rf"/manifests/{tag1}$", "GET", hook=late_writer, times=None)]) as proxy:
+    with FaultyProxy(
+        stub.address, [Fault("hook", rf"/manifests/{tag1}$", "GET", hook=late_writer, times=None)]
+    ) as proxy:
         r = run(proxy.address, images("a"), tmp_path, settle_seconds=0.05)
     events = [e["event"] for e in r.push_log]
     assert r.tag == SCHEME.tag(DATE, 2) and "tag-lost" in events
@@ -519,6 +578,7 @@ def _config_of(reg: StubRegistry, tag: str) -> tuple[str, list[str]]:
 
 def _break_after_tag_put(reg: StubRegistry, tag: str, how: str):
     """A hook for the re-read of ``tag``: the registry's storage loses or corrupts blobs right after the PUT."""
+
     def hook(_proxy):
         if tag not in reg.tags.get(REPO, {}):
             return
@@ -529,15 +589,18 @@ def _break_after_tag_put(reg: StubRegistry, tag: str, how: str):
             else:
                 for layer in layers:
                     reg.blobs.pop(layer, None)
+
     return hook
 
 
-@pytest.mark.parametrize("how, needle", [("corrupt-config", "does not hash to the image id"),
-                                         ("lose-layers", "the registry lacks layer(s)")])
+@pytest.mark.parametrize(
+    "how, needle", [("corrupt-config", "does not hash to the image id"), ("lose-layers", "the registry lacks layer(s)")]
+)
 def test_blob_failures_after_tagging_roll_the_tag_back(stub, images, tmp_path, how, needle):
     tag = SCHEME.tag(DATE, 1)
-    with FaultyProxy(stub.address, [Fault("hook", rf"/manifests/{tag}$", "GET",
-                                          hook=_break_after_tag_put(stub, tag, how))]) as proxy:
+    with FaultyProxy(
+        stub.address, [Fault("hook", rf"/manifests/{tag}$", "GET", hook=_break_after_tag_put(stub, tag, how))]
+    ) as proxy:
         with pytest.raises(BuildFailed) as exc:
             run(proxy.address, images("a"), tmp_path, evidence=tmp_path / "ev")
     msg = exc.value.message
@@ -550,9 +613,13 @@ def test_blob_failures_after_tagging_roll_the_tag_back(stub, images, tmp_path, h
 
 def test_blob_failure_after_tagging_without_deletion_names_the_tag_to_delete(images, tmp_path):
     tag = SCHEME.tag(DATE, 1)
-    with StubRegistry(delete_enabled=False) as reg, \
-            FaultyProxy(reg.address, [Fault("hook", rf"/manifests/{tag}$", "GET",
-                                            hook=_break_after_tag_put(reg, tag, "lose-layers"))]) as proxy:
+    with (
+        StubRegistry(delete_enabled=False) as reg,
+        FaultyProxy(
+            reg.address,
+            [Fault("hook", rf"/manifests/{tag}$", "GET", hook=_break_after_tag_put(reg, tag, "lose-layers"))],
+        ) as proxy,
+    ):
         with pytest.raises(BuildFailed) as exc:
             run(proxy.address, images("a"), tmp_path, evidence=tmp_path / "ev")
         msg = exc.value.message

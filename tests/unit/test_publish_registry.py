@@ -1,4 +1,5 @@
 """The registry client: reference parsing, bounded retries, pagination, auth — against in-process stubs."""
+
 from __future__ import annotations
 
 import base64
@@ -10,6 +11,7 @@ import socket
 
 import pytest
 import requests
+
 from stackforge.errors import UserError
 from stackforge.publish.registry import (
     RegistryClient,
@@ -21,7 +23,6 @@ from stackforge.publish.registry import (
     parse_repository,
     with_retries,
 )
-
 from tests.fixtures.faulty_proxy import Fault, FaultyProxy
 from tests.fixtures.stub_registry import StubRegistry
 
@@ -31,13 +32,21 @@ FAST = RetryPolicy(attempts=5, base_delay=0.001, max_delay=0.01, total_seconds=5
 # ---------------------------------------------------------------------------------- references
 
 
-@pytest.mark.parametrize("text, host, name, scheme", [
-    ("127.0.0.1:5000/mcconline/inference/vllm", "127.0.0.1:5000", "mcconline/inference/vllm", "http"),
-    ("localhost:5000/a", "localhost:5000", "a", "http"),
-    ("[::1]:5000/a/b", "[::1]:5000", "a/b", "http"),
-    ("registry.mthreads.com/mcconline/inference/vllm", "registry.mthreads.com", "mcconline/inference/vllm", "https"),
-    ("reg.example.com:8443/team/x__y.z-w", "reg.example.com:8443", "team/x__y.z-w", "https"),
-])
+@pytest.mark.parametrize(
+    "text, host, name, scheme",
+    [
+        ("127.0.0.1:5000/mcconline/inference/vllm", "127.0.0.1:5000", "mcconline/inference/vllm", "http"),
+        ("localhost:5000/a", "localhost:5000", "a", "http"),
+        ("[::1]:5000/a/b", "[::1]:5000", "a/b", "http"),
+        (
+            "registry.mthreads.com/mcconline/inference/vllm",
+            "registry.mthreads.com",
+            "mcconline/inference/vllm",
+            "https",
+        ),
+        ("reg.example.com:8443/team/x__y.z-w", "reg.example.com:8443", "team/x__y.z-w", "https"),
+    ],
+)
 def test_parse_repository(text, host, name, scheme):
     repo = parse_repository(text)
     assert (repo.host, repo.name, repo.scheme) == (host, name, scheme)
@@ -53,16 +62,19 @@ def test_parse_registry_allows_bare_host_and_child():
     assert str(parse_registry("registry.example.com/team/").child("vllm")) == "registry.example.com/team/vllm"
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("", "empty"),
-    ("http://127.0.0.1:5000/a", "scheme"),
-    ("mcconline/inference", "registry host"),
-    ("127.0.0.1:5000/Upper", "lower-case"),
-    ("127.0.0.1:5000/a:tag", "tag or a digest"),
-    ("127.0.0.1:5000/a@sha256:" + "0" * 64, "tag or a digest"),
-    ("127.0.0.1:5000/a//b", "invalid repository path"),
-    ("bad_host.example.com/a", "registry host"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("", "empty"),
+        ("http://127.0.0.1:5000/a", "scheme"),
+        ("mcconline/inference", "registry host"),
+        ("127.0.0.1:5000/Upper", "lower-case"),
+        ("127.0.0.1:5000/a:tag", "tag or a digest"),
+        ("127.0.0.1:5000/a@sha256:" + "0" * 64, "tag or a digest"),
+        ("127.0.0.1:5000/a//b", "invalid repository path"),
+        ("bad_host.example.com/a", "registry host"),
+    ],
+)
 def test_parse_registry_rejects(text, needle):
     with pytest.raises(UserError) as exc:
         parse_registry(text)
@@ -110,8 +122,15 @@ def test_with_retries_retries_transient_failures_then_succeeds():
             raise RegistryError("HTTP 503", status=503, retryable=True)
         return "ok"
 
-    out = with_retries(flaky, what="x", policy=RetryPolicy(attempts=5, base_delay=1, max_delay=8, total_seconds=60),
-                       log=lambda ev, **kw: log.append((ev, kw)), sleep=clock.sleep, clock=clock, rng=random.Random(0))
+    out = with_retries(
+        flaky,
+        what="x",
+        policy=RetryPolicy(attempts=5, base_delay=1, max_delay=8, total_seconds=60),
+        log=lambda ev, **kw: log.append((ev, kw)),
+        sleep=clock.sleep,
+        clock=clock,
+        rng=random.Random(0),
+    )
     assert out == "ok" and len(calls) == 3
     assert [ev for ev, _ in log] == ["retry", "retry"]
     assert len(clock.sleeps) == 2 and clock.sleeps[0] <= 1 and clock.sleeps[1] <= 2
@@ -125,8 +144,13 @@ def test_with_retries_bounded_in_attempts():
         raise requests.ConnectionError("Connection reset by peer")
 
     with pytest.raises(RetriesExhausted) as exc:
-        with_retries(always, what="upload", policy=RetryPolicy(attempts=4, base_delay=0.1, max_delay=1, total_seconds=600),
-                     sleep=clock.sleep, clock=clock)
+        with_retries(
+            always,
+            what="upload",
+            policy=RetryPolicy(attempts=4, base_delay=0.1, max_delay=1, total_seconds=600),
+            sleep=clock.sleep,
+            clock=clock,
+        )
     assert len(calls) == 4
     assert "gave up after 4 attempt(s)" in str(exc.value) and "connection reset by peer" in str(exc.value)
 
@@ -140,8 +164,13 @@ def test_with_retries_bounded_in_total_time():
         raise RegistryError("HTTP 502", status=502, retryable=True)
 
     with pytest.raises(RetriesExhausted):
-        with_retries(slow_failure, what="x", policy=RetryPolicy(attempts=100, base_delay=0.1, max_delay=1, total_seconds=35),
-                     sleep=clock.sleep, clock=clock)
+        with_retries(
+            slow_failure,
+            what="x",
+            policy=RetryPolicy(attempts=100, base_delay=0.1, max_delay=1, total_seconds=35),
+            sleep=clock.sleep,
+            clock=clock,
+        )
     assert 3 <= len(calls) <= 4
     assert clock.now < 35 + 10 + 1
 
@@ -169,8 +198,13 @@ def test_retry_after_is_honoured_up_to_max_delay():
             raise RegistryError("HTTP 429", status=429, retryable=True, retry_after=3600)
         return 1
 
-    with_retries(limited, what="x", policy=RetryPolicy(attempts=5, base_delay=0.01, max_delay=5, total_seconds=60),
-                 sleep=clock.sleep, clock=clock)
+    with_retries(
+        limited,
+        what="x",
+        policy=RetryPolicy(attempts=5, base_delay=0.01, max_delay=5, total_seconds=60),
+        sleep=clock.sleep,
+        clock=clock,
+    )
     assert clock.sleeps[0] >= 3 and clock.sleeps[1] <= 5
 
 
@@ -184,7 +218,12 @@ def stub():
 
 
 def client_for(address: str, name: str = "team/app", **kw) -> RegistryClient:
-    return RegistryClient(parse_repository(f"{address}/{name}"), policy=kw.pop("policy", FAST), credentials=kw.pop("credentials", None), **kw)
+    return RegistryClient(
+        parse_repository(f"{address}/{name}"),
+        policy=kw.pop("policy", FAST),
+        credentials=kw.pop("credentials", None),
+        **kw,
+    )
 
 
 def test_list_tags_follows_pagination():
@@ -205,8 +244,13 @@ def test_manifest_head_get_put_by_digest_creates_no_tag(stub):
     c = client_for(stub.address)
     cfg = b'{"rootfs":{"diff_ids":[]}}'
     c.upload_blob("sha256:" + hashlib.sha256(cfg).hexdigest(), len(cfg), lambda: io.BytesIO(cfg))
-    body = json.dumps({"schemaVersion": 2, "config": {"digest": "sha256:" + hashlib.sha256(cfg).hexdigest(),
-                                                      "size": len(cfg)}, "layers": []}).encode()
+    body = json.dumps(
+        {
+            "schemaVersion": 2,
+            "config": {"digest": "sha256:" + hashlib.sha256(cfg).hexdigest(), "size": len(cfg)},
+            "layers": [],
+        }
+    ).encode()
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     assert c.head_manifest(digest) is None
     assert c.put_manifest(digest, body, "application/vnd.oci.image.manifest.v1+json") == digest
@@ -220,9 +264,14 @@ def test_manifest_head_get_put_by_digest_creates_no_tag(stub):
 
 
 def test_upload_retries_through_503_and_reset(stub):
-    with FaultyProxy(stub.address, [Fault("status", r"/blobs/uploads/", "POST", status=503),
-                                    Fault("reset", r"/blobs/uploads/.+digest=", "PUT"),
-                                    Fault("status", r"/blobs/uploads/.+digest=", "PUT", status=429, retry_after="0")]) as proxy:
+    with FaultyProxy(
+        stub.address,
+        [
+            Fault("status", r"/blobs/uploads/", "POST", status=503),
+            Fault("reset", r"/blobs/uploads/.+digest=", "PUT"),
+            Fault("status", r"/blobs/uploads/.+digest=", "PUT", status=429, retry_after="0"),
+        ],
+    ) as proxy:
         events = []
         c = client_for(proxy.address, log=lambda ev, **kw: events.append(ev))
         data = b"x" * 5000
@@ -238,7 +287,9 @@ def test_unreachable_registry_gives_up_quickly_with_a_clear_cause():
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
-    c = client_for(f"127.0.0.1:{port}", policy=RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.01, total_seconds=5))
+    c = client_for(
+        f"127.0.0.1:{port}", policy=RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.01, total_seconds=5)
+    )
     with pytest.raises(RetriesExhausted, match="connection refused"):
         c.ping()
 
@@ -264,7 +315,9 @@ def test_basic_auth_flow():
 
 
 def test_credentials_from_env_and_docker_config(tmp_path):
-    assert credentials_for("r.example.com", env={"STACKFORGE_REGISTRY_USER": "u", "STACKFORGE_REGISTRY_PASSWORD": "p"}) == ("u", "p")
+    assert credentials_for(
+        "r.example.com", env={"STACKFORGE_REGISTRY_USER": "u", "STACKFORGE_REGISTRY_PASSWORD": "p"}
+    ) == ("u", "p")
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"auths": {"https://r.example.com": {"auth": base64.b64encode(b"me:s3:cret").decode()}}}))
     assert credentials_for("r.example.com", env={}, docker_config=cfg) == ("me", "s3:cret")

@@ -6,6 +6,7 @@ After an intended change to a template, a stack or the labels, regenerate and re
 
     STACKFORGE_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render_golden.py
 """
+
 from __future__ import annotations
 
 import shutil
@@ -13,11 +14,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_stack_golden import compare_golden
+
 from stackforge.build import bake, context, run
 from stackforge.build.context import SourceInfo
 from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, prepare_dockerfile
 from stackforge.stack.load import list_stacks, load_stack
-from test_stack_golden import compare_golden
 from tests.fixtures.stack_support import REPO, run_cli
 
 BASE_DIGEST = "sha256:" + "d" * 64
@@ -82,8 +84,14 @@ def fake_export(stack, name, dest: Path, cache) -> SourceInfo:
     """An upstream export without the network: one file and a fixed pin, commit time and series."""
     dest.mkdir(parents=True)
     (dest / "setup.py").write_text("# exported\n")
-    return SourceInfo(name, "sdist", "markupsafe==3.0.3@sha256:" + "a" * 64, commit_time=COMMIT_TIME,
-                      series_hash="sha256:" + "b" * 64, patches=["0001-x.patch"])
+    return SourceInfo(
+        name,
+        "sdist",
+        "markupsafe==3.0.3@sha256:" + "a" * 64,
+        commit_time=COMMIT_TIME,
+        series_hash="sha256:" + "b" * 64,
+        patches=["0001-x.patch"],
+    )
 
 
 @pytest.fixture
@@ -98,15 +106,24 @@ def three_dockerfiles(root: Path, tmp_path: Path, capsys, monkeypatch, *, source
     """The Dockerfiles `render`, `build` and `bake` write for the example stack (and what they returned)."""
     engine = StandInEngine()
     monkeypatch.setattr("stackforge.cli.build.Engine", lambda: engine)
-    rc, out, err = run_cli(capsys, root, "render", "example", "--out", str(tmp_path / "render"),
-                           *([] if sources else ["--no-sources"]))
+    rc, out, err = run_cli(
+        capsys, root, "render", "example", "--out", str(tmp_path / "render"), *([] if sources else ["--no-sources"])
+    )
     assert (rc, err) == (0, ""), err
     stack = load_stack("example", root=root)
     built = run.prepare(stack, engine, out=tmp_path / "build", sources=sources)
     [item] = bake.prepare([stack], engine=engine, sources=sources, ca_bundle=None)
     assert item.dockerfile == root / "build" / "example" / "Dockerfile"
-    return [(tmp_path / "render" / "Dockerfile").read_bytes(), built.ctx.dockerfile.read_bytes(),
-            item.dockerfile.read_bytes()], out, engine, built
+    return (
+        [
+            (tmp_path / "render" / "Dockerfile").read_bytes(),
+            built.ctx.dockerfile.read_bytes(),
+            item.dockerfile.read_bytes(),
+        ],
+        out,
+        engine,
+        built,
+    )
 
 
 def test_render_build_and_bake_write_the_same_dockerfile(root, tmp_path, capsys, monkeypatch):

@@ -1,5 +1,6 @@
 """The baseline the rule and malformed-stack tests start from: the copied real stacks lint clean,
 and the error parser the tests use reads locations as the CLI prints them."""
+
 from __future__ import annotations
 
 from tests.fixtures.stack_support import make_root, parse_errors, run_cli
@@ -12,13 +13,25 @@ def test_copied_stacks_lint_clean(tmp_path, capsys):
 
 
 def test_parse_errors_reads_locations():
-    text = ("error: stacks/a.yaml:4:11: platform.python: 3.10 was read as a number\n  fix: quote it\n"
-            "error: --set foo: an override must look like key.path=value\n  fix: e.g. x=y\n"
-            "error: no stack named 'x'\n")
+    text = (
+        "error: stacks/a.yaml:4:11: platform.python: 3.10 was read as a number\n  fix: quote it\n"
+        "error: --set foo: an override must look like key.path=value\n  fix: e.g. x=y\n"
+        "error: no stack named 'x'\n"
+    )
     assert parse_errors(text) == [
-        {"file": "stacks/a.yaml", "line": 4, "col": 11, "message": "platform.python: 3.10 was read as a number",
-         "fix": "quote it"},
-        {"file": "--set foo", "line": None, "col": None, "message": "an override must look like key.path=value",
-         "fix": "e.g. x=y"},
+        {
+            "file": "stacks/a.yaml",
+            "line": 4,
+            "col": 11,
+            "message": "platform.python: 3.10 was read as a number",
+            "fix": "quote it",
+        },
+        {
+            "file": "--set foo",
+            "line": None,
+            "col": None,
+            "message": "an override must look like key.path=value",
+            "fix": "e.g. x=y",
+        },
         {"file": None, "line": None, "col": None, "message": "no stack named 'x'", "fix": None},
     ]

@@ -5,6 +5,7 @@ or the output format, regenerate them and review the diff:
 
     STACKFORGE_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_stack_golden.py
 """
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,8 @@ def compare_golden(name: str, text: str) -> None:
     assert path.exists(), f"missing {path.relative_to(REPO)}; create it with STACKFORGE_UPDATE_GOLDEN=1"
     assert text == path.read_text(encoding="utf-8"), (
         f"output differs from {path.relative_to(REPO)}; if the change is intended, regenerate with "
-        "STACKFORGE_UPDATE_GOLDEN=1 and review the diff")
+        "STACKFORGE_UPDATE_GOLDEN=1 and review the diff"
+    )
 
 
 GOLDEN_CASES = [
@@ -90,8 +92,9 @@ def test_tags_post2_with_registry_prints_the_publish_reference(capsys):
 
 
 def test_tags_without_revision_says_so_on_stderr(capsys):
-    rc, out, err = run_cli(capsys, REPO, "tags", "post2", "--registry", "registry.example.com/team", "--date",
-                           "20260929")
+    rc, out, err = run_cli(
+        capsys, REPO, "tags", "post2", "--registry", "registry.example.com/team", "--date", "20260929"
+    )
     assert rc == 0
     assert out.splitlines()[1] == "registry.example.com/team/vllm:v0.28.0-ph1-5.2.0-torch2.11.0.post2-20260929-r1"
     assert "revision 1 shown" in err
@@ -143,14 +146,22 @@ def test_diff_markdown_and_json_carry_the_same_rows(capsys):
     _, raw, _ = run_cli(capsys, REPO, "diff", "post1", "post2", "--format", "json")
     d = json.loads(raw)
     assert (d["old"], d["new"]) == ("post1", "post2")
-    assert [r["package"] for r in d["changed"]] == ["torchada", "torch", "torch_musa", "torchvision", "torchaudio",
-                                                    "deep_ep"]
+    assert [r["package"] for r in d["changed"]] == [
+        "torchada",
+        "torch",
+        "torch_musa",
+        "torchvision",
+        "torchaudio",
+        "deep_ep",
+    ]
     assert d["added"] == [] and d["removed"] == []
     torchaudio = next(r for r in d["changed"] if r["package"] == "torchaudio")
     assert (torchaudio["before"], torchaudio["after"]) == ("2.11.0+musa5.2.0", "2.11.0.post2+musa5.2.0")
     lines = md.splitlines()
     assert lines[:2] == ["| package | before | after | note |", "| --- | --- | --- | --- |"]
     rows = [*d["changed"], *d["added"], *d["removed"], *d["unchanged"]]
-    assert lines[2:2 + len(rows)] == [f"| {r['package']} | {r['before']} | {r['after']} | {r['note']} |" for r in rows]
+    assert lines[2 : 2 + len(rows)] == [
+        f"| {r['package']} | {r['before']} | {r['after']} | {r['note']} |" for r in rows
+    ]
     # post1 → post2 changes pins only
     assert d["other"] == []

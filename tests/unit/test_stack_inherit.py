@@ -1,14 +1,15 @@
 """Multi-level inheritance (a → post2 → post1): merged values, and positions that name
 the file that actually wrote each value."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
+
 from stackforge.stack import rules
 from stackforge.stack.load import load_stack, position, stack_files
 from stackforge.stack.yamlsrc import Pos
-
 from tests.fixtures.stack_support import locate, make_root, parse_errors, run_cli
 
 A = """\
@@ -78,8 +79,7 @@ def test_positions_point_at_the_file_that_wrote_the_value(root, stack):
     assert position(stack, ("platform", "gpu_arch", 1)) == Pos("stacks/a.yaml", 5, 21)
     assert position(stack, ("packages", "torch", "version")) == at(root, "post2.yaml", "  torch:", "2.11.0.post2")
     assert position(stack, ("packages", "torchada", "version")) == at(root, "post2.yaml", "  torchada:", "0.1.90")
-    assert position(stack, ("packages", "torchvision", "index")) == at(root, "post1.yaml", "  torchvision:",
-                                                                         "mthreads")
+    assert position(stack, ("packages", "torchvision", "index")) == at(root, "post1.yaml", "  torchvision:", "mthreads")
     assert position(stack, ("packages", "flash_mla", "version")) == at(root, "post1.yaml", "  flash_mla:", "0.2.7")
     assert position(stack, ("platform", "python")) == at(root, "post1.yaml", "  python:", '"3.10"')
 
@@ -91,13 +91,16 @@ def test_a_replaced_list_drops_the_parents_positions_below_it(root, stack):
 
 
 def test_findings_point_at_each_level(root, capsys):
-    b = ("name: b\ninherits: a\nrules:\n  minimums:\n"
-         "    - {package: torchada, min: 0.1.95}\n    - {package: triton, min: 3.3.0}\n")
+    b = (
+        "name: b\ninherits: a\nrules:\n  minimums:\n"
+        "    - {package: torchada, min: 0.1.95}\n    - {package: triton, min: 3.3.0}\n"
+    )
     (root / "stacks" / "b.yaml").write_text(b, encoding="utf-8")
     rc, out, err = run_cli(capsys, root, "lint", "b", "--json")
     assert (rc, err) == (1, "")
-    found = {(f["rule"], f["message"].split()[0]): (f["file"], f["line"], f["col"])
-             for f in json.loads(out)[0]["findings"]}
+    found = {
+        (f["rule"], f["message"].split()[0]): (f["file"], f["line"], f["col"]) for f in json.loads(out)[0]["findings"]
+    }
     assert found == {
         ("train", "torchvision"): ("stacks/a.yaml", 8, 14),
         ("minimum", "torchada"): triple(at(root, "post2.yaml", "  torchada:", "0.1.90")),
@@ -106,8 +109,9 @@ def test_findings_point_at_each_level(root, capsys):
 
 
 def test_four_levels(root):
-    (root / "stacks" / "z.yaml").write_text("name: z\ninherits: a\npackages:\n  newpkg: {version: 1.0.1}\n",
-                                            encoding="utf-8")
+    (root / "stacks" / "z.yaml").write_text(
+        "name: z\ninherits: a\npackages:\n  newpkg: {version: 1.0.1}\n", encoding="utf-8"
+    )
     stack = load_stack("z", root=root)
     assert stack_files(stack) == ["stacks/post1.yaml", "stacks/post2.yaml", "stacks/a.yaml", "stacks/z.yaml"]
     assert stack.packages["newpkg"].version == "1.0.1"
@@ -129,8 +133,7 @@ def test_an_error_in_an_ancestor_names_the_ancestor(root, capsys):
 
 
 def test_an_error_in_the_middle_file_names_the_middle_file(root, capsys):
-    (root / "stacks" / "m.yaml").write_text("name: m\ninherits: post2\nplatform:\n  archh: x86_64\n",
-                                            encoding="utf-8")
+    (root / "stacks" / "m.yaml").write_text("name: m\ninherits: post2\nplatform:\n  archh: x86_64\n", encoding="utf-8")
     (root / "stacks" / "c.yaml").write_text("name: c\ninherits: m\n", encoding="utf-8")
     rc, _, err = run_cli(capsys, root, "show", "c")
     assert rc == 2
@@ -141,7 +144,8 @@ def test_set_overrides_apply_on_top_of_the_whole_chain(root):
     stack = load_stack("a", root=root, overrides=["packages.torchvision.version=0.26.0.post2+musa5.2.0"])
     assert stack.packages["torchvision"].version == "0.26.0.post2+musa5.2.0"
     assert position(stack, ("packages", "torchvision", "version")) == Pos(
-        "--set packages.torchvision.version=0.26.0.post2+musa5.2.0")
+        "--set packages.torchvision.version=0.26.0.post2+musa5.2.0"
+    )
     assert rules.lint(stack) == []
 
 
@@ -156,11 +160,12 @@ def test_diff_against_the_parent(root, capsys):
     assert (rc, err) == (0, "")
     d = json.loads(out)
     assert [(r["package"], r["before"], r["after"]) for r in d["changed"]] == [
-        ("torchvision", "0.26.0.post2+musa5.2.0", "0.26.0.post1+musa5.2.0")]
+        ("torchvision", "0.26.0.post2+musa5.2.0", "0.26.0.post1+musa5.2.0")
+    ]
     assert [(r["package"], r["after"]) for r in d["added"]] == [("newpkg", "1.0.0")]
     assert d["removed"] == []
     assert [(r["package"], r["before"], r["after"]) for r in d["other"]] == [
-        ("platform.gpu_arch", "mp_31", "mp_22, mp_31")]
+        ("platform.gpu_arch", "mp_31", "mp_22, mp_31")
+    ]
     rc, out, _ = run_cli(capsys, root, "diff", "a", "post2", "--format", "json")
-    assert [(r["package"], r["before"], r["after"]) for r in json.loads(out)["removed"]] == [
-        ("newpkg", "1.0.0", "—")]
+    assert [(r["package"], r["before"], r["after"]) for r in json.loads(out)["removed"]] == [("newpkg", "1.0.0", "—")]

@@ -3,14 +3,15 @@
 Each broken stack is a child of the real post2 (or post1) written into a throw-away
 repository root, so the finding must point at the child's file and line.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
+
 from stackforge.stack import rules
 from stackforge.stack.load import load_stack
-
 from tests.fixtures.stack_support import REPO, locate, make_root, run_cli
 
 RULE_FUNCTIONS = {
@@ -30,53 +31,134 @@ def child(body: str, parent: str = "post2") -> str:
 
 # (id, stack a.yaml, expected finding: rule, message, fix, line, col)
 BROKEN = [
-    ("train-post", child("packages:\n  torchvision:\n    version: 0.26.0.post1+musa5.2.0\n"),
-     "train", "torchvision 0.26.0.post1+musa5.2.0 is at post1 but train 'torch' is at post2 "
-              "(torch 2.11.0.post2+musa5.2.0)",
-     "move torchvision to its post2 build with the rest of the train", 5, 14),
-    ("train-local", child("packages:\n  torchaudio:\n    version: 2.11.0.post2+musa5.3.0\n"),
-     "train", "torchaudio 2.11.0.post2+musa5.3.0 has local label '+musa5.3.0' but train 'torch' uses "
-              "'+musa5.2.0' (torch 2.11.0.post2+musa5.2.0)",
-     "pin the +musa5.2.0 build of torchaudio", 5, 14),
-    ("train-local-missing", child("packages:\n  torch_musa:\n    version: 2.11.0.post2\n"),
-     "train", "torch_musa 2.11.0.post2 has no local label but train 'torch' uses '+musa5.2.0' "
-              "(torch 2.11.0.post2+musa5.2.0)",
-     "pin the +musa5.2.0 build of torch_musa", 5, 14),
-    ("train-release",
-     child("packages:\n  torch_musa:\n    version: 2.12.0.post2+musa5.2.0\n"
-           "rules:\n  trains:\n    - {name: torch, members: [torch, torch_musa], agree: [release]}\n"),
-     "train", "torch_musa release 2.12.0 differs from torch release 2.11.0", "pin torch_musa 2.11.0", 5, 14),
-    ("built-for", child("packages:\n  deep_ep:\n    version: 1.1.0+musa5.2.0torch2.11.0.post1\n"),
-     "built-for", "deep_ep 1.1.0+musa5.2.0torch2.11.0.post1 is built for '+musa5.2.0torch2.11.0.post1', but this "
-                  "stack's torch is 2.11.0.post2+musa5.2.0 (expected local label '+musa5.2.0torch2.11.0.post2')",
-     "pin deep_ep==1.1.0+musa5.2.0torch2.11.0.post2, or check the index for a build against torch "
-     "2.11.0.post2+musa5.2.0", 5, 14),
-    ("built-for-no-local", child("packages:\n  deep_ep:\n    version: 1.1.0\n"),
-     "built-for", "deep_ep 1.1.0 names no build (no local label), but this stack's torch is 2.11.0.post2+musa5.2.0 "
-                  "(expected local label '+musa5.2.0torch2.11.0.post2')",
-     "pin deep_ep==1.1.0+musa5.2.0torch2.11.0.post2, or check the index for a build against torch "
-     "2.11.0.post2+musa5.2.0", 5, 14),
-    ("aligned", child("packages:\n  flash_mla:\n    version: 0.2.6\n"),
-     "aligned", "flash_mla 0.2.6 differs from mate 0.2.7; family 'mate' moves as one version",
-     "pin flash_mla 0.2.7", 5, 14),
-    ("vendor-build", child("packages:\n  apache-tvm-ffi:\n    version: 0.1.9.post2\n"),
-     "vendor-build", "apache-tvm-ffi 0.1.9.post2 is not a '+musa' build",
-     "pin the vendor build, e.g. 0.1.9.post2+musa.1", 5, 14),
-    ("vendor-build-other-label", child("packages:\n  apache-tvm-ffi:\n    version: 0.1.9.post2+cu128\n"),
-     "vendor-build", "apache-tvm-ffi 0.1.9.post2+cu128 is not a '+musa' build",
-     "pin the vendor build, e.g. 0.1.9.post2+musa.1", 5, 14),
-    ("minimum-conditional", child("packages:\n  torchada:\n    version: 0.1.89\n"),
-     "minimum", "torchada 0.1.89 is below the declared minimum 0.1.90 when torch_musa >= 2.11.0.post2",
-     "pin torchada 0.1.90 or newer", 5, 14),
-    ("minimum-unconditional", child("rules:\n  minimums:\n    - {package: triton, min: 3.3.0}\n"),
-     "minimum", "triton 3.2.0 is below the declared minimum 3.3.0", "pin triton 3.3.0 or newer", None, None),
-    ("index-public-deps-from", child("indexes:\n  pypi:\n    deps_from: mthreads\n"),
-     "index", "public index 'pypi' cannot have deps_from", "remove deps_from", 5, 16),
-    ("index-deps-from-vendor",
-     child("indexes:\n  mirror:\n    url: https://mirror.example.com/simple\n    role: vendor\n"
-           "  mthreads:\n    deps_from: mirror\n"),
-     "index", "index 'mthreads' takes its dependencies from 'mirror', which is not a public index",
-     "name a public index", 8, 16),
+    (
+        "train-post",
+        child("packages:\n  torchvision:\n    version: 0.26.0.post1+musa5.2.0\n"),
+        "train",
+        "torchvision 0.26.0.post1+musa5.2.0 is at post1 but train 'torch' is at post2 (torch 2.11.0.post2+musa5.2.0)",
+        "move torchvision to its post2 build with the rest of the train",
+        5,
+        14,
+    ),
+    (
+        "train-local",
+        child("packages:\n  torchaudio:\n    version: 2.11.0.post2+musa5.3.0\n"),
+        "train",
+        "torchaudio 2.11.0.post2+musa5.3.0 has local label '+musa5.3.0' but train 'torch' uses "
+        "'+musa5.2.0' (torch 2.11.0.post2+musa5.2.0)",
+        "pin the +musa5.2.0 build of torchaudio",
+        5,
+        14,
+    ),
+    (
+        "train-local-missing",
+        child("packages:\n  torch_musa:\n    version: 2.11.0.post2\n"),
+        "train",
+        "torch_musa 2.11.0.post2 has no local label but train 'torch' uses '+musa5.2.0' (torch 2.11.0.post2+musa5.2.0)",
+        "pin the +musa5.2.0 build of torch_musa",
+        5,
+        14,
+    ),
+    (
+        "train-release",
+        child(
+            "packages:\n  torch_musa:\n    version: 2.12.0.post2+musa5.2.0\n"
+            "rules:\n  trains:\n    - {name: torch, members: [torch, torch_musa], agree: [release]}\n"
+        ),
+        "train",
+        "torch_musa release 2.12.0 differs from torch release 2.11.0",
+        "pin torch_musa 2.11.0",
+        5,
+        14,
+    ),
+    (
+        "built-for",
+        child("packages:\n  deep_ep:\n    version: 1.1.0+musa5.2.0torch2.11.0.post1\n"),
+        "built-for",
+        "deep_ep 1.1.0+musa5.2.0torch2.11.0.post1 is built for '+musa5.2.0torch2.11.0.post1', but this "
+        "stack's torch is 2.11.0.post2+musa5.2.0 (expected local label '+musa5.2.0torch2.11.0.post2')",
+        "pin deep_ep==1.1.0+musa5.2.0torch2.11.0.post2, or check the index for a build against torch "
+        "2.11.0.post2+musa5.2.0",
+        5,
+        14,
+    ),
+    (
+        "built-for-no-local",
+        child("packages:\n  deep_ep:\n    version: 1.1.0\n"),
+        "built-for",
+        "deep_ep 1.1.0 names no build (no local label), but this stack's torch is 2.11.0.post2+musa5.2.0 "
+        "(expected local label '+musa5.2.0torch2.11.0.post2')",
+        "pin deep_ep==1.1.0+musa5.2.0torch2.11.0.post2, or check the index for a build against torch "
+        "2.11.0.post2+musa5.2.0",
+        5,
+        14,
+    ),
+    (
+        "aligned",
+        child("packages:\n  flash_mla:\n    version: 0.2.6\n"),
+        "aligned",
+        "flash_mla 0.2.6 differs from mate 0.2.7; family 'mate' moves as one version",
+        "pin flash_mla 0.2.7",
+        5,
+        14,
+    ),
+    (
+        "vendor-build",
+        child("packages:\n  apache-tvm-ffi:\n    version: 0.1.9.post2\n"),
+        "vendor-build",
+        "apache-tvm-ffi 0.1.9.post2 is not a '+musa' build",
+        "pin the vendor build, e.g. 0.1.9.post2+musa.1",
+        5,
+        14,
+    ),
+    (
+        "vendor-build-other-label",
+        child("packages:\n  apache-tvm-ffi:\n    version: 0.1.9.post2+cu128\n"),
+        "vendor-build",
+        "apache-tvm-ffi 0.1.9.post2+cu128 is not a '+musa' build",
+        "pin the vendor build, e.g. 0.1.9.post2+musa.1",
+        5,
+        14,
+    ),
+    (
+        "minimum-conditional",
+        child("packages:\n  torchada:\n    version: 0.1.89\n"),
+        "minimum",
+        "torchada 0.1.89 is below the declared minimum 0.1.90 when torch_musa >= 2.11.0.post2",
+        "pin torchada 0.1.90 or newer",
+        5,
+        14,
+    ),
+    (
+        "minimum-unconditional",
+        child("rules:\n  minimums:\n    - {package: triton, min: 3.3.0}\n"),
+        "minimum",
+        "triton 3.2.0 is below the declared minimum 3.3.0",
+        "pin triton 3.3.0 or newer",
+        None,
+        None,
+    ),
+    (
+        "index-public-deps-from",
+        child("indexes:\n  pypi:\n    deps_from: mthreads\n"),
+        "index",
+        "public index 'pypi' cannot have deps_from",
+        "remove deps_from",
+        5,
+        16,
+    ),
+    (
+        "index-deps-from-vendor",
+        child(
+            "indexes:\n  mirror:\n    url: https://mirror.example.com/simple\n    role: vendor\n"
+            "  mthreads:\n    deps_from: mirror\n"
+        ),
+        "index",
+        "index 'mthreads' takes its dependencies from 'mirror', which is not a public index",
+        "name a public index",
+        8,
+        16,
+    ),
 ]
 
 
@@ -90,8 +172,10 @@ def test_broken_stack_gives_its_finding(tmp_path, capsys, case):
     file = "stacks/a.yaml"
     if line is None:  # a rule whose subject the child did not touch: the finding points at the parent's pin
         file, line, col = "stacks/post1.yaml", *locate(root / "stacks" / "post1.yaml", "  triton:", "3.2.0")
-    assert report == {"stack": "a", "findings": [
-        {"rule": rule, "message": message, "fix": fix, "file": file, "line": line, "col": col}]}
+    assert report == {
+        "stack": "a",
+        "findings": [{"rule": rule, "message": message, "fix": fix, "file": file, "line": line, "col": col}],
+    }
 
 
 @pytest.mark.parametrize("case", BROKEN, ids=[c[0] for c in BROKEN])
@@ -115,13 +199,16 @@ def test_lint_text_output_names_file_line_rule_and_fix(tmp_path, capsys):
     root = make_root(tmp_path, {"a.yaml": BROKEN[0][1]})
     rc, out, err = run_cli(capsys, root, "lint", "a")
     assert (rc, err) == (1, "")
-    assert out == (f"stacks/a.yaml:5:14: train: {BROKEN[0][3]}\n"
-                   "  fix: move torchvision to its post2 build with the rest of the train\n")
+    assert out == (
+        f"stacks/a.yaml:5:14: train: {BROKEN[0][3]}\n"
+        "  fix: move torchvision to its post2 build with the rest of the train\n"
+    )
 
 
 def test_finding_from_a_set_override_names_the_override(tmp_path, capsys):
-    rc, out, err = run_cli(capsys, make_root(tmp_path), "lint", "post2", "--json",
-                           "--set", "packages.flash_mla.version=0.2.6")
+    rc, out, err = run_cli(
+        capsys, make_root(tmp_path), "lint", "post2", "--json", "--set", "packages.flash_mla.version=0.2.6"
+    )
     assert (rc, err) == (1, "")
     (finding,) = json.loads(out)[0]["findings"]
     assert finding["file"] == "--set packages.flash_mla.version=0.2.6"
@@ -147,10 +234,12 @@ def test_conditional_minimum_does_not_apply_below_its_condition(tmp_path, torcha
 
 
 def test_conditional_minimum_applies_at_its_condition(tmp_path):
-    stack = load_stack("post1", root=make_root(tmp_path), overrides=[
-        "packages.torch_musa.version=2.11.0.post2+musa5.2.0"])
+    stack = load_stack(
+        "post1", root=make_root(tmp_path), overrides=["packages.torch_musa.version=2.11.0.post2+musa5.2.0"]
+    )
     assert [f.message for f in rules.check_minimums(stack)] == [
-        "torchada 0.1.83 is below the declared minimum 0.1.90 when torch_musa >= 2.11.0.post2"]
+        "torchada 0.1.83 is below the declared minimum 0.1.90 when torch_musa >= 2.11.0.post2"
+    ]
 
 
 def test_rules_are_data_a_stack_without_a_train_has_no_train_finding(tmp_path):
@@ -204,8 +293,10 @@ def test_lint_exit_2_on_a_tag_template_that_renders_an_invalid_tag(tmp_path, cap
     root = make_root(tmp_path, {"a.yaml": child("tags:\n  local: 'vllm-musa:{{ packages.torch.version }}'\n")})
     rc, _, err = run_cli(capsys, root, "lint", "a")
     assert rc == 2
-    assert err.startswith("error: stacks/a.yaml:4:10: tags.local renders 'vllm-musa:2.11.0.post2+musa5.2.0': "
-                          "tag '2.11.0.post2+musa5.2.0' contains '+'")
+    assert err.startswith(
+        "error: stacks/a.yaml:4:10: tags.local renders 'vllm-musa:2.11.0.post2+musa5.2.0': "
+        "tag '2.11.0.post2+musa5.2.0' contains '+'"
+    )
 
 
 def test_lint_exit_2_on_an_unknown_stack(tmp_path, capsys):

@@ -1,4 +1,5 @@
 """`stackforge schema`: a JSON Schema editors can use, that agrees with the loader."""
+
 from __future__ import annotations
 
 import json
@@ -45,15 +46,25 @@ def _post1():
     return yaml.safe_load((REPO / "stacks" / "post1.yaml").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("edit,expect", [
-    (lambda d: d["platform"].__setitem__("pyhton", "3.10"), "'pyhton' was unexpected"),
-    (lambda d: d.__setitem__("pakages", {}), "'pakages' was unexpected"),
-    (lambda d: d["packages"]["torch"].__setitem__("verison", "2.11.0"), "'verison' was unexpected"),
-    (lambda d: d["platform"].__setitem__("python", 3.10), "3.1 is not of type 'string'"),
-    (lambda d: d["packages"]["mate"].__setitem__("gate", "prefixed"), "'prefixed' is not one of"),
-    (lambda d: d["platform"].__setitem__("gpu_arch", "mp_31"), "'mp_31' is not of type 'array'"),
-], ids=["unknown-platform-key", "unknown-top-level-key", "unknown-package-key", "python-as-number",
-        "gate-not-a-choice", "string-where-list"])
+@pytest.mark.parametrize(
+    "edit,expect",
+    [
+        (lambda d: d["platform"].__setitem__("pyhton", "3.10"), "'pyhton' was unexpected"),
+        (lambda d: d.__setitem__("pakages", {}), "'pakages' was unexpected"),
+        (lambda d: d["packages"]["torch"].__setitem__("verison", "2.11.0"), "'verison' was unexpected"),
+        (lambda d: d["platform"].__setitem__("python", 3.10), "3.1 is not of type 'string'"),
+        (lambda d: d["packages"]["mate"].__setitem__("gate", "prefixed"), "'prefixed' is not one of"),
+        (lambda d: d["platform"].__setitem__("gpu_arch", "mp_31"), "'mp_31' is not of type 'array'"),
+    ],
+    ids=[
+        "unknown-platform-key",
+        "unknown-top-level-key",
+        "unknown-package-key",
+        "python-as-number",
+        "gate-not-a-choice",
+        "string-where-list",
+    ],
+)
 def test_schema_rejects_what_the_loader_rejects(schema, edit, expect):
     data = _post1()
     edit(data)

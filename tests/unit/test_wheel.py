@@ -1,10 +1,12 @@
 """Wheel inspect/diff on pure-Python wheels (the ELF cases, which need gcc, are in integration)."""
+
 from __future__ import annotations
 
 import hashlib
 import zipfile
 
 import pytest
+
 from stackforge.errors import UserError
 from stackforge.freshness.wheel import (
     diff_wheels,
@@ -12,7 +14,6 @@ from stackforge.freshness.wheel import (
     render_diff,
     render_inspect,
 )
-
 from tests.fixtures.wheels import build_wheel, wheel_filename
 
 
@@ -39,13 +40,16 @@ def test_fixture_wheel_is_valid_and_reproducible(tmp_path):
 
 
 def test_local_label_survives_in_names():
-    assert wheel_filename("torch", "2.11.0.post2+musa5.2.0", "cp310", "cp310", "linux_x86_64") == \
-        "torch-2.11.0.post2+musa5.2.0-cp310-cp310-linux_x86_64.whl"
+    assert (
+        wheel_filename("torch", "2.11.0.post2+musa5.2.0", "cp310", "cp310", "linux_x86_64")
+        == "torch-2.11.0.post2+musa5.2.0-cp310-cp310-linux_x86_64.whl"
+    )
 
 
 def test_platform_wheel_without_requires_dist_gets_the_loud_warning(tmp_path):
-    whl = build_wheel(tmp_path, "torch", "2.11.0.post2+musa5.2.0", python_tag="cp310", abi_tag="cp310",
-                      platform_tag="linux_x86_64")
+    whl = build_wheel(
+        tmp_path, "torch", "2.11.0.post2+musa5.2.0", python_tag="cp310", abi_tag="cp310", platform_tag="linux_x86_64"
+    )
     info = inspect_wheel(whl)
     assert info.is_compiled
     assert any("NO Requires-Dist" in w for w in info.warnings)
@@ -61,7 +65,9 @@ def _rewrite(src, dst, change):
 
 
 def test_record_is_checked_against_the_content(tmp_path):
-    whl = build_wheel(tmp_path / "src", "mate", "0.2.7", files={"mate/__init__.py": "X = 1\n", "mate/ops.py": "Y = 2\n"})
+    whl = build_wheel(
+        tmp_path / "src", "mate", "0.2.7", files={"mate/__init__.py": "X = 1\n", "mate/ops.py": "Y = 2\n"}
+    )
     tampered = tmp_path / whl.name
 
     def change(name, data):
@@ -143,7 +149,7 @@ def _big_wheel(tmp_path, big: int):
                 out.write(head)
                 left = big - len(head)
                 while left:
-                    piece = chunk[:min(left, len(chunk))]
+                    piece = chunk[: min(left, len(chunk))]
                     out.write(piece)
                     h.update(piece)
                     left -= len(piece)
@@ -178,7 +184,9 @@ def test_inspect_streams_large_members(tmp_path):
 
 
 def test_record_hashes_other_than_sha256_are_checked(tmp_path):
-    whl = build_wheel(tmp_path / "src", "mate", "0.2.7", files={"mate/__init__.py": "X = 1\n", "mate/ops.py": "Y = 2\n"})
+    whl = build_wheel(
+        tmp_path / "src", "mate", "0.2.7", files={"mate/__init__.py": "X = 1\n", "mate/ops.py": "Y = 2\n"}
+    )
     out = tmp_path / whl.name
 
     def change(name, data):

@@ -12,6 +12,7 @@ Order, first found wins:
 The build's netrc secret, the host-side sdist fetch and git fetch, ``stackforge lock`` and
 ``stackforge newest`` all ask ``for_index`` / ``for_url``; none reads credentials on its own.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,10 +20,10 @@ import re
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from netrc import NetrcParseError, netrc
 from pathlib import Path
-from typing import Iterator
 
 from stackforge.urls import Credential, host, split
 
@@ -69,8 +70,9 @@ def netrc_credentials(hostname: str, environ: dict[str, str] | None = None) -> t
     return (login or "", password or "")
 
 
-def resolve(url: str, index_name: str | None = None, url_credential: Credential | None = None, *,
-            remembered: bool = True) -> Credential | None:
+def resolve(
+    url: str, index_name: str | None = None, url_credential: Credential | None = None, *, remembered: bool = True
+) -> Credential | None:
     """The credential for ``url`` (userinfo in it is honoured too): URL > environment > netrc.
     ``remembered``: also look up what the stack loader split off this URL (``remember``)."""
     clean, in_url = split(url)

@@ -3,6 +3,7 @@
 A ``UserError`` carries where the problem is (file, line, column), what it is,
 and how to fix it. The CLI prints it without a traceback and exits with its code.
 """
+
 from __future__ import annotations
 
 import re

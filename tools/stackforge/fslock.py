@@ -11,6 +11,7 @@ Inside the lock, an ``OSError`` that means the disk is full, read-only or forbid
 :class:`UserError` naming the path and the fix (:func:`fs_error`); ``atomic_write`` writes a file
 under a temporary name and renames it into place, so a reader sees the old file or the new one.
 """
+
 from __future__ import annotations
 
 import errno
@@ -21,9 +22,9 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from stackforge.errors import UserError
 
@@ -54,8 +55,11 @@ def lock_timeout(seconds: float | None = None) -> float:
     try:
         return max(0.0, float(env))
     except ValueError:
-        raise UserError(f"{TIMEOUT_ENV}={env!r} is not a number of seconds", file=TIMEOUT_ENV,
-                        fix=f"set {TIMEOUT_ENV} to e.g. 600, or 0 to never wait") from None
+        raise UserError(
+            f"{TIMEOUT_ENV}={env!r} is not a number of seconds",
+            file=TIMEOUT_ENV,
+            fix=f"set {TIMEOUT_ENV} to e.g. 600, or 0 to never wait",
+        ) from None
 
 
 def _shown(path: Path) -> str:
@@ -101,14 +105,18 @@ def flock_wait(fd: int, timeout: float, on_wait: Callable[[], None] | None = Non
 
 
 def _acquire(fd: int, build_dir: Path, timeout: float, echo: Callable[[str], None]) -> None:
-    if flock_wait(fd, timeout, lambda: echo(f"waiting for another stackforge on {_shown(build_dir)} (pid {_holder(fd)})…")):
+    if flock_wait(
+        fd, timeout, lambda: echo(f"waiting for another stackforge on {_shown(build_dir)} (pid {_holder(fd)})…")
+    ):
         return
     pid = _holder(fd)
     how = "not waiting (--no-wait)" if timeout == 0 else f"gave up after waiting {timeout:.0f} s"
-    raise UserError(f"another stackforge (pid {pid}) is writing {_shown(build_dir)}; {how}; nothing was written",
-                    file=lock_path(build_dir),
-                    fix=f"wait for pid {pid} to finish (or stop it), write elsewhere with --out DIR, "
-                        f"or wait longer with --lock-timeout SECONDS / {TIMEOUT_ENV}")
+    raise UserError(
+        f"another stackforge (pid {pid}) is writing {_shown(build_dir)}; {how}; nothing was written",
+        file=lock_path(build_dir),
+        fix=f"wait for pid {pid} to finish (or stop it), write elsewhere with --out DIR, "
+        f"or wait longer with --lock-timeout SECONDS / {TIMEOUT_ENV}",
+    )
 
 
 def _write_pid(fd: int) -> None:
@@ -128,8 +136,9 @@ def lock_path(build_dir: Path) -> Path:
 
 
 @contextmanager
-def stack_lock(build_dir: Path, *, timeout: float | None = None,
-               echo: Callable[[str], None] | None = None) -> Iterator[Path]:
+def stack_lock(
+    build_dir: Path, *, timeout: float | None = None, echo: Callable[[str], None] | None = None
+) -> Iterator[Path]:
     """Hold the exclusive lock of ``build_dir`` (see :func:`lock_path`) for the ``with`` block.
 
     Re-entrant within a process (a build that assembles its context takes it once). ``timeout``
@@ -152,8 +161,10 @@ def stack_lock(build_dir: Path, *, timeout: float | None = None,
                     _held[key] -= 1
             return
         if build_dir.exists() and not build_dir.is_dir():
-            raise UserError(f"cannot use {build_dir}: it exists and is not a directory; nothing was written",
-                            fix="name a directory (or a path that does not exist yet) with --out DIR")
+            raise UserError(
+                f"cannot use {build_dir}: it exists and is not a directory; nothing was written",
+                fix="name a directory (or a path that does not exist yet) with --out DIR",
+            )
         build_dir.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path(build_dir), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
@@ -230,12 +241,17 @@ def fs_error(exc: OSError, where: Path | None = None) -> UserError | None:
     path = path or (str(where) if where is not None else "build/")
     cache = os.environ.get("STACKFORGE_CACHE")
     in_cache = "/build/cache" in f"/{path}" or bool(cache and str(path).startswith(cache))
-    elsewhere = ("point the download cache elsewhere with STACKFORGE_CACHE=DIR" if in_cache else
-                 "write the build directory elsewhere with --out DIR (the download cache: STACKFORGE_CACHE=DIR)")
-    first = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there or raise the quota",
-             errno.EROFS: "make that file system writable"}.get(code, "make it writable for this user")
-    return UserError(f"cannot write {path}: {REASONS[code]}",
-                     fix=f"{first}, or {elsewhere}")
+    elsewhere = (
+        "point the download cache elsewhere with STACKFORGE_CACHE=DIR"
+        if in_cache
+        else "write the build directory elsewhere with --out DIR (the download cache: STACKFORGE_CACHE=DIR)"
+    )
+    first = {
+        errno.ENOSPC: "free space there",
+        errno.EDQUOT: "free space there or raise the quota",
+        errno.EROFS: "make that file system writable",
+    }.get(code, "make it writable for this user")
+    return UserError(f"cannot write {path}: {REASONS[code]}", fix=f"{first}, or {elsewhere}")
 
 
 @contextmanager

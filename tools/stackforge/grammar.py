@@ -6,6 +6,7 @@ reference parsing (``publish/registry.py``) and the publish tag scheme (``publis
 Each ``check_*`` function returns ``None`` for a valid value and otherwise the reason, worded so it
 completes "<key>: …" in an error message; ``split_*`` functions cut a reference into its parts.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,10 @@ from urllib.parse import urlsplit
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 PATH_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
 REPO_PATH_RE = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$")
-HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
-                     r"|\[[0-9a-fA-F:]+\])(?::[0-9]+)?$")
+HOST_RE = re.compile(
+    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+    r"|\[[0-9a-fA-F:]+\])(?::[0-9]+)?$"
+)
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 #: The date in a publish tag.
 DATE_RE = re.compile(r"^\d{8}$")
@@ -51,8 +54,11 @@ def bad_char(text: str, multiline: bool = False) -> str | None:
 
 def check_text(text: str, multiline: bool = False) -> str | None:
     bad = bad_char(text, multiline)
-    return f"contains {bad} (only printable characters{', newlines and tabs' if multiline else ''} are allowed)" \
-        if bad else None
+    return (
+        f"contains {bad} (only printable characters{', newlines and tabs' if multiline else ''} are allowed)"
+        if bad
+        else None
+    )
 
 
 def check_name(name: str) -> str | None:
@@ -127,7 +133,7 @@ def split_host(repo: str) -> tuple[str | None, str]:
 def split_tag(name: str) -> tuple[str, str | None]:
     """``repository[:tag]`` → (repository, tag or None): the tag follows the last ':' after the last '/'."""
     slash, colon = name.rfind("/"), name.rfind(":")
-    return (name[:colon], name[colon + 1:]) if colon > slash else (name, None)
+    return (name[:colon], name[colon + 1 :]) if colon > slash else (name, None)
 
 
 def check_repository(repo: str) -> str | None:
@@ -164,8 +170,11 @@ def check_url(url: str, shown: str, schemes: tuple[str, ...] = ("http", "https",
     except ValueError as exc:
         return f"'{shown}' is not a valid URL: {exc}"
     if parts.scheme not in schemes:
-        named = "http(s):// or file://" if set(schemes) == {"http", "https", "file"} else \
-            ", ".join(f"{s}://" for s in schemes)
+        named = (
+            "http(s):// or file://"
+            if set(schemes) == {"http", "https", "file"}
+            else ", ".join(f"{s}://" for s in schemes)
+        )
         return f"'{shown}' is not an {named} URL"
     host = parts.netloc.rpartition("@")[2]
     if parts.scheme != "file" and not (host and HOST_RE.match(host)):
@@ -174,8 +183,11 @@ def check_url(url: str, shown: str, schemes: tuple[str, ...] = ("http", "https",
         return f"'{shown}' is not a valid URL: a file:// URL needs an absolute path"
     rest = f"{host}{parts.path}"
     if parts.query or parts.fragment or "?" in url or "#" in url or not URL_CHARS.match(rest):
-        odd = sorted({c for c in rest if not URL_CHARS.match(c)} | ({"?"} if "?" in url else set())
-                     | ({"#"} if "#" in url else set()))
+        odd = sorted(
+            {c for c in rest if not URL_CHARS.match(c)}
+            | ({"?"} if "?" in url else set())
+            | ({"#"} if "#" in url else set())
+        )
         return f"'{shown}' is not a valid URL: it contains {', '.join(repr(c) for c in odd)}"
     return None
 
@@ -190,8 +202,11 @@ def check_git_source(src: str, shown: str) -> str | None:
     if re.match(r"^[A-Za-z0-9+._-]*::", src):
         return f"'{shown}' is not a git URL or path: transport helpers (<helper>::) are not allowed"
     if "://" in src:
-        return check_url(src, shown, GIT_URL_SCHEMES) if src.split("://", 1)[0] != "file" else \
-            check_url(src, shown, ("file",))
+        return (
+            check_url(src, shown, GIT_URL_SCHEMES)
+            if src.split("://", 1)[0] != "file"
+            else check_url(src, shown, ("file",))
+        )
     if any(c in src for c in "\"'`$;&|<>(){}*?\\!"):
         return f"'{shown}' is not a git URL or path: it contains shell characters"
     return None

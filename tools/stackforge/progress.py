@@ -12,13 +12,14 @@ moved, at most once every few seconds while it runs::
 
 ``STACKFORGE_PROGRESS=0`` silences them (tests that compare stderr, scripted use).
 """
+
 from __future__ import annotations
 
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 INTERVAL_S = 5.0  # at most one running-transfer line per interval
 

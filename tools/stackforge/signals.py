@@ -6,12 +6,13 @@ process group is stopped and a failure record is written before the command exit
 itself is not cut short. The CLI turns ``Interrupted`` into one line and exit ``128 + signal``
 (130 for SIGINT, 143 for SIGTERM).
 """
+
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 

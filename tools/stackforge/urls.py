@@ -11,6 +11,7 @@ too; ``git@github.com:org/repo.git`` (a user name without a password) does not.
   userinfo becomes ``***@`` and a sensitive parameter's value ``***``; host, port and path stay.
   Both run in linear time (no backtracking pattern), whatever the input.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,20 +19,50 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit
 
 #: Query (and fragment) parameters whose value is a secret, compared case-insensitively.
-SENSITIVE_KEYS = frozenset({
-    "token", "access_token", "refresh_token", "id_token", "auth", "auth_token", "authorization",
-    "password", "passwd", "pwd", "pass", "secret", "client_secret", "key", "api_key", "apikey", "api-key",
-    "sig", "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature",
-    "x-goog-credential", "private_token", "private-token", "job_token", "session_token", "sessiontoken",
-})
+SENSITIVE_KEYS = frozenset(
+    {
+        "token",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "auth",
+        "auth_token",
+        "authorization",
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "secret",
+        "client_secret",
+        "key",
+        "api_key",
+        "apikey",
+        "api-key",
+        "sig",
+        "signature",
+        "x-amz-signature",
+        "x-amz-credential",
+        "x-amz-security-token",
+        "x-goog-signature",
+        "x-goog-credential",
+        "private_token",
+        "private-token",
+        "job_token",
+        "session_token",
+        "sessiontoken",
+    }
+)
 
 _SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
 _AUTHORITY_END = re.compile(r"[/?#\r\n]")
 # A key from SENSITIVE_KEYS right after ?, &, ; or #, then its value up to the next separator.
 # Every alternative is a literal and the value class cannot overlap what follows: no backtracking.
 _QUERY_SECRET = re.compile(
-    r"(?<=[?&;#])(" + "|".join(re.escape(k) for k in sorted(SENSITIVE_KEYS, key=len, reverse=True))
-    + r")=[^&;#\s'\"<>]*", re.I)
+    r"(?<=[?&;#])("
+    + "|".join(re.escape(k) for k in sorted(SENSITIVE_KEYS, key=len, reverse=True))
+    + r")=[^&;#\s'\"<>]*",
+    re.I,
+)
 # ``user:password@`` without a scheme, at the start of a token. The user part cannot hold ':' and the
 # lookbehind only lets a match start at a token boundary, so each token is scanned a bounded number of times.
 _BARE_USERINFO = re.compile(r"(?<![^\s'\"=,(\[<{])[^\s'\"=,()\[\]<>{}/@:]+:[^\s'\"<>/]*@(?=[\w\[])")
@@ -167,12 +198,12 @@ def split(url: str) -> tuple[str, Credential | None]:
         at = text.rfind("@", start, end)
         if at != -1:
             userinfo = text[start:at]
-            text = text[:start] + text[at + 1:]
+            text = text[:start] + text[at + 1 :]
             had_userinfo = True
     elif _BARE_USERINFO.match(text):
         end = _authority_end(text, 0)
         at = text.rfind("@", 0, end)
-        userinfo, text, had_userinfo = text[:at], text[at + 1:], True
+        userinfo, text, had_userinfo = text[:at], text[at + 1 :], True
     if had_userinfo:
         user, _, pw = userinfo.partition(":")
         username, password = unquote(user), unquote(pw)

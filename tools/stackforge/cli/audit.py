@@ -1,4 +1,5 @@
 """`stackforge audit STACK`: tracked files that still name versions the stack moved away from."""
+
 from __future__ import annotations
 
 from pathlib import Path

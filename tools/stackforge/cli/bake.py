@@ -1,4 +1,5 @@
 """`stackforge bake`: one `docker buildx bake` plan for a matrix of stacks × targets."""
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,22 @@ from stackforge.stack.load import list_stacks
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "bake", help="build stacks × targets in one `docker buildx bake` (shared stages built once)",
+        "bake",
+        help="build stacks × targets in one `docker buildx bake` (shared stages built once)",
         description="Prepare each stack's context and Dockerfile as `stackforge build` does and build every "
-                    "(stack, target) in one `docker buildx bake` run, so stages several stacks share are built "
-                    "once. Any buildx builder works (--builder), e.g. a remote or Kubernetes BuildKit. "
-                    "The per-stack gate verdicts and evidence come from `stackforge build` / `stackforge nightly`. "
-                    "BuildKit's log goes to stderr (and to bake.log); stdout carries only the result.")
+        "(stack, target) in one `docker buildx bake` run, so stages several stacks share are built "
+        "once. Any buildx builder works (--builder), e.g. a remote or Kubernetes BuildKit. "
+        "The per-stack gate verdicts and evidence come from `stackforge build` / `stackforge nightly`. "
+        "BuildKit's log goes to stderr (and to bake.log); stdout carries only the result.",
+    )
     p.add_argument("stacks", nargs="*", help="default: every stack with `nightly: true`")
-    p.add_argument("--target", action="append", dest="targets", metavar="T",
-                   help="only these targets (repeatable; default: every target of each stack)")
+    p.add_argument(
+        "--target",
+        action="append",
+        dest="targets",
+        metavar="T",
+        help="only these targets (repeatable; default: every target of each stack)",
+    )
     p.add_argument("--print", action="store_true", help="print the bake JSON plan; fetch nothing, build nothing")
     p.add_argument("--builder", help="buildx builder (docker, docker-container, remote, kubernetes drivers)")
     p.add_argument("--no-load", dest="load", action="store_false", help="build without loading images into the engine")
@@ -59,15 +67,33 @@ def cmd_bake(args) -> int:
         print(json.dumps(bakemod.plan(items, load=args.load), indent=2))
         return 0
     workdir = args.out or root / "build" / "bake"
-    items, run = bakemod.bake(stacks, targets=args.targets, builder=args.builder, load=args.load,
-                              no_cache=args.no_cache, workdir=workdir, ca_bundle=args.ca_bundle,
-                              on_line=lambda line: print(line, file=sys.stderr, flush=True))
+    items, run = bakemod.bake(
+        stacks,
+        targets=args.targets,
+        builder=args.builder,
+        load=args.load,
+        no_cache=args.no_cache,
+        workdir=workdir,
+        ca_bundle=args.ca_bundle,
+        on_line=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     ok = run.returncode == 0
     if args.json:
-        print_json({"ok": ok, "returncode": run.returncode, "targets": [{"name": i.name, "stack": i.stack, "target": i.target, "ref": i.ref} for i in items],
-                    "duration_s": run.duration_s, "plan": workdir / "bake.json", "log": run.log_file})
+        print_json(
+            {
+                "ok": ok,
+                "returncode": run.returncode,
+                "targets": [{"name": i.name, "stack": i.stack, "target": i.target, "ref": i.ref} for i in items],
+                "duration_s": run.duration_s,
+                "plan": workdir / "bake.json",
+                "log": run.log_file,
+            }
+        )
         return 0 if ok else 1
     status = "ok" if ok else f"FAILED (exit {run.returncode})"
-    print(f"bake {status}: {len(items)} target(s) in {run.duration_s} s; plan {workdir / 'bake.json'}, "
-          f"log {run.log_file}", file=sys.stderr)
+    print(
+        f"bake {status}: {len(items)} target(s) in {run.duration_s} s; plan {workdir / 'bake.json'}, "
+        f"log {run.log_file}",
+        file=sys.stderr,
+    )
     return 0 if run.returncode == 0 else 1

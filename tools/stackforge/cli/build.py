@@ -1,4 +1,5 @@
 """Verbs that render, build and gate images."""
+
 from __future__ import annotations
 
 import sys
@@ -31,25 +32,35 @@ def register(sub) -> None:
     p.add_argument("stack")
     p.add_argument("--target", help="target stage (default: the stack's first target)")
     add_out(p, BUILD_DIR_OUT)
-    p.add_argument("--no-sources", action="store_true", help="fetch no upstream and ask the engine nothing (plan and "
-                   "Dockerfile only; the Dockerfile then has no base image or inputs labels)")
+    p.add_argument(
+        "--no-sources",
+        action="store_true",
+        help="fetch no upstream and ask the engine nothing (plan and "
+        "Dockerfile only; the Dockerfile then has no base image or inputs labels)",
+    )
     p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
     add_json(p, "the build plan")
     add_wait(p)
     add_set(p)
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("build", help="build, gate and tag the image of a stack (BuildKit via docker buildx)",
-                       description="BuildKit's log and progress go to stderr; stdout carries only the result: "
-                                   "the image reference (or, with --json, the build outcome).")
+    p = sub.add_parser(
+        "build",
+        help="build, gate and tag the image of a stack (BuildKit via docker buildx)",
+        description="BuildKit's log and progress go to stderr; stdout carries only the result: "
+        "the image reference (or, with --json, the build outcome).",
+    )
     p.add_argument("stack")
     p.add_argument("--target", help="target stage (default: the stack's first target)")
     p.add_argument("--load", action="store_true", default=True, help="load the image into the engine (default)")
     p.add_argument("--no-load", dest="load", action="store_false", help="build and gate without loading or tagging")
     p.add_argument("--builder", help="buildx builder to use (a remote or Kubernetes BuildKit works the same)")
-    p.add_argument("--ca-bundle", default="auto",
-                   help="extra CA bundle for downloads inside the build, passed as a BuildKit secret "
-                        "(default: $STACKFORGE_CA_BUNDLE or the host's system bundle; 'none' to disable)")
+    p.add_argument(
+        "--ca-bundle",
+        default="auto",
+        help="extra CA bundle for downloads inside the build, passed as a BuildKit secret "
+        "(default: $STACKFORGE_CA_BUNDLE or the host's system bundle; 'none' to disable)",
+    )
     p.add_argument("--syntax", help="add a `# syntax=` line; off by default")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--network", help="network for RUN steps (e.g. host, to reach an index on the host's loopback)")
@@ -83,10 +94,19 @@ def register(sub) -> None:
 
 def add_wait(p) -> None:
     """--no-wait / --lock-timeout: what to do while another stackforge writes the same build directory."""
-    p.add_argument("--no-wait", dest="lock_timeout", action="store_const", const=0.0,
-                   help="fail at once if another stackforge is writing this stack's build directory")
-    p.add_argument("--lock-timeout", type=float, metavar="SECONDS",
-                   help=f"how long to wait for it (default: ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT:.0f})")
+    p.add_argument(
+        "--no-wait",
+        dest="lock_timeout",
+        action="store_const",
+        const=0.0,
+        help="fail at once if another stackforge is writing this stack's build directory",
+    )
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"how long to wait for it (default: ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT:.0f})",
+    )
 
 
 def cmd_render(args) -> int:
@@ -110,8 +130,10 @@ def cmd_render(args) -> int:
         print(f"source:     {s.name}: {s.kind} {s.pin}{extra}")
     for k in plan.kernels:
         print(f"kernel:     {k.name}: {k.run}")
-    print(f"gate:       {len(plan.gate['packages'])} pins, {len(plan.gate['imports'])} imports, "
-          f"{len(plan.gate['probes'])} probes")
+    print(
+        f"gate:       {len(plan.gate['packages'])} pins, {len(plan.gate['imports'])} imports, "
+        f"{len(plan.gate['probes'])} probes"
+    )
     inputs = prepared.labels.get(f"{LABEL_NS}.inputs") or f"omitted: {prepared.inputs_omitted}"
     print(f"inputs:     {inputs}")
     print(f"dockerfile: {ctx.dockerfile}")
@@ -121,15 +143,27 @@ def cmd_render(args) -> int:
 
 def cmd_build(args) -> int:
     stack = load(args, args.stack)
-    opts = BuildOptions(target=args.target, load=args.load, syntax=args.syntax, ca_bundle=args.ca_bundle,
-                        builder=args.builder, no_cache=args.no_cache, out=args.out, network=args.network,
-                        lock_timeout=args.lock_timeout)
+    opts = BuildOptions(
+        target=args.target,
+        load=args.load,
+        syntax=args.syntax,
+        ca_bundle=args.ca_bundle,
+        builder=args.builder,
+        no_cache=args.no_cache,
+        out=args.out,
+        network=args.network,
+        lock_timeout=args.lock_timeout,
+    )
     outcome = build(stack, opts)
     if args.json:
         print_json(asdict(outcome))
         return 0
-    print(f"\nbuilt {outcome.tag}" + (f" ({outcome.image_id})" if outcome.image_id else "")
-          + f" in {outcome.duration_s}s", file=sys.stderr)
+    print(
+        f"\nbuilt {outcome.tag}"
+        + (f" ({outcome.image_id})" if outcome.image_id else "")
+        + f" in {outcome.duration_s}s",
+        file=sys.stderr,
+    )
     for line in outcome.gate:
         print(f"  {line}", file=sys.stderr)
     print(f"evidence: {outcome.evidence}", file=sys.stderr)
@@ -147,8 +181,15 @@ def cmd_verify(args) -> int:
     stack = load(args, args.stack or stack_of(labels, args.image))
     result = verify(stack, args.image, labels, engine)
     if args.json:
-        print_json({"image": args.image, "stack": stack.name, "ok": not result.failed, "failed": result.failed,
-                    "lines": result.lines})
+        print_json(
+            {
+                "image": args.image,
+                "stack": stack.name,
+                "ok": not result.failed,
+                "failed": result.failed,
+                "lines": result.lines,
+            }
+        )
         return 1 if result.failed else 0
     for line in result.lines:
         print(line)

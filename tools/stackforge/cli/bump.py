@@ -1,4 +1,5 @@
 """`stackforge bump STACK --name NEW`: write a stack that moves the train to its newest coherent release."""
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,14 @@ def cmd_bump(args) -> int:
 
 
 def _bump_json(args, stack, plan) -> int:
-    result: dict = {"stack": stack.name, "name": args.name, "moves": [vars(mv) for mv in plan.moves],
-                    "notes": list(plan.notes), "problems": list(plan.problems), "written": None}
+    result: dict = {
+        "stack": stack.name,
+        "name": args.name,
+        "moves": [vars(mv) for mv in plan.moves],
+        "notes": list(plan.notes),
+        "problems": list(plan.problems),
+        "written": None,
+    }
     if plan.problems:
         print(f"nothing written: stacks/{args.name}.yaml would not be a coherent stack", file=sys.stderr)
     elif plan.moves and args.dry_run:

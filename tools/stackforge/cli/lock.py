@@ -1,4 +1,5 @@
 """`stackforge lock`: write the hash lock files the build installs from."""
+
 from __future__ import annotations
 
 from stackforge.build.locks import write_locks

@@ -4,6 +4,7 @@ Verbs live in ``stackforge.cli.<module>``; each module exposes
 ``register(subparsers)`` which adds its parser(s) and sets ``func`` on them.
 ``func(args)`` returns the exit code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         # A path given on the command line (--out, --to, --from …) that cannot be used: one line, no traceback.
         problem = fs_error(exc) or UserError(
             f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}",
-            fix="check the path: its parent directory must exist and be writable")
+            fix="check the path: its parent directory must exist and be writable",
+        )
         print(problem.render(), file=sys.stderr)
         return problem.exit_code
     except KeyboardInterrupt:

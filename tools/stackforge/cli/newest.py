@@ -1,4 +1,5 @@
 """`stackforge newest STACK`: is every pin the newest in its line? (exit 0 yes, 1 no, 2 error)"""
+
 from __future__ import annotations
 
 from stackforge.cli.options import add_json, add_set, load, print_json, root_of
@@ -6,8 +7,11 @@ from stackforge.freshness import newest as freshness
 
 
 def add_index_options(p) -> None:
-    p.add_argument("--no-cache", action="store_true",
-                   help="do not use the on-disk index cache (build/cache/index/); pages are revalidated anyway")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not use the on-disk index cache (build/cache/index/); pages are revalidated anyway",
+    )
 
 
 def cache_dir(args):
@@ -24,10 +28,14 @@ def register(sub) -> None:
     )
     p.add_argument("stack")
     add_json(p, "the report per pin")
-    p.add_argument("--package", action="append", default=[], metavar="NAME",
-                   help="only this package (repeatable)")
-    p.add_argument("--train-window", type=float, default=freshness.DEFAULT_TRAIN_WINDOW / 60, metavar="MINUTES",
-                   help="flag train members published further apart than this (default %(default)g)")
+    p.add_argument("--package", action="append", default=[], metavar="NAME", help="only this package (repeatable)")
+    p.add_argument(
+        "--train-window",
+        type=float,
+        default=freshness.DEFAULT_TRAIN_WINDOW / 60,
+        metavar="MINUTES",
+        help="flag train members published further apart than this (default %(default)g)",
+    )
     add_index_options(p)
     add_set(p)
     p.set_defaults(func=cmd_newest)
@@ -35,8 +43,9 @@ def register(sub) -> None:
 
 def cmd_newest(args) -> int:
     stack = load(args, args.stack)
-    report = freshness.newest(stack, packages=args.package or None, cache_dir=cache_dir(args),
-                              train_window=args.train_window * 60)
+    report = freshness.newest(
+        stack, packages=args.package or None, cache_dir=cache_dir(args), train_window=args.train_window * 60
+    )
     if args.json:
         print_json(report.to_json())
     else:

@@ -1,4 +1,5 @@
 """`stackforge nightly`: lint, bake, gate and publish every nightly stack; write the summary."""
+
 from __future__ import annotations
 
 import sys
@@ -20,10 +21,12 @@ from stackforge.stack.load import list_stacks
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "nightly", help="lint, bake, gate and publish every nightly stack; summary in build/nightly/<date>/",
+        "nightly",
+        help="lint, bake, gate and publish every nightly stack; summary in build/nightly/<date>/",
         description="Lint every stack with `nightly: true` (or the named ones), bake them together, build and gate "
-                    "each (stack, target), publish each that passed, and write build/nightly/<date>/summary.md "
-                    "and summary.json. Exits 1 if any row failed; the rows that passed are published anyway.")
+        "each (stack, target), publish each that passed, and write build/nightly/<date>/summary.md "
+        "and summary.json. Exits 1 if any row failed; the rows that passed are published anyway.",
+    )
     p.add_argument("stacks", nargs="*", help="default: every stack with `nightly: true`")
     p.add_argument("--registry", required=True, metavar="HOST[:PORT][/PATH]", help="where to publish")
     p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
@@ -32,8 +35,13 @@ def register(sub) -> None:
     p.add_argument("--no-bake", dest="bake", action="store_false", help="skip the shared bake; build stacks one by one")
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
     p.add_argument("--retries", type=int, default=6, metavar="N", help="registry attempts per operation (default 6)")
-    p.add_argument("--retry-time", type=float, default=120.0, metavar="SECONDS",
-                   help="time budget per registry operation (default 120)")
+    p.add_argument(
+        "--retry-time",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="time budget per registry operation (default 120)",
+    )
     add_out(p, "the directory summary.md and summary.json are written to (default: build/nightly/<date>)")
     add_json(p, "summary.json")
     add_set(p)
@@ -44,13 +52,26 @@ def cmd_nightly(args) -> int:
     select(args, args.stacks or list_stacks(root_of(args)))
     scoped = [o for o in args.overrides if split_scope(o)[0] is not None]
     if scoped:
-        raise UserError("nightly applies each --set to every stack it runs; a STACK: scope is not supported here",
-                        file=f"--set {split_scope(scoped[0])[0]}:…",
-                        fix="build that stack on its own (stackforge build STACK --set …), or drop the scope")
+        raise UserError(
+            "nightly applies each --set to every stack it runs; a STACK: scope is not supported here",
+            file=f"--set {split_scope(scoped[0])[0]}:…",
+            fix="build that stack on its own (stackforge build STACK --set …), or drop the scope",
+        )
     policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
-    summary = nightly(root_of(args), args.registry, date=args.date, stacks=args.stacks or None, targets=args.targets,
-                      builder=args.builder, use_bake=args.bake, policy=policy, ca_bundle=args.ca_bundle, out=args.out,
-                      overrides=args.overrides, echo=lambda line: print(line, file=sys.stderr, flush=True))
+    summary = nightly(
+        root_of(args),
+        args.registry,
+        date=args.date,
+        stacks=args.stacks or None,
+        targets=args.targets,
+        builder=args.builder,
+        use_bake=args.bake,
+        policy=policy,
+        ca_bundle=args.ca_bundle,
+        out=args.out,
+        overrides=args.overrides,
+        echo=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     if args.json:
         print_json(summary.to_json())
     else:

@@ -5,6 +5,7 @@ loads; ``STACK:`` limits it to that stack. The text before the first ``:`` is a 
 ``:`` comes before the first ``=`` (a key path never holds a ``:``) and that text is a stack name;
 a scope naming a stack the verb did not select is an error (exit 2).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,15 +24,22 @@ SELECTED = "_selected_stacks"  # the attribute select() sets on args
 
 def add_set(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="[STACK:]KEY.PATH=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="[STACK:]KEY.PATH=VALUE",
         help="override a stack value, e.g. --set base.image=stackforge/base:bookworm (repeatable); "
-             "with STACK: it applies to that stack only, e.g. --set post2:packages.torch.version=2.8.0",
+        "with STACK: it applies to that stack only, e.g. --set post2:packages.torch.version=2.8.0",
     )
 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:
-    parser.add_argument("--json", action="store_true",
-                        help=f"print {what} as one JSON value on stdout (progress and errors stay on stderr)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print {what} as one JSON value on stdout (progress and errors stay on stderr)",
+    )
 
 
 def add_out(parser: argparse.ArgumentParser, names: str) -> None:
@@ -39,8 +47,9 @@ def add_out(parser: argparse.ArgumentParser, names: str) -> None:
     parser.add_argument("--out", type=Path, metavar="PATH", help=names)
 
 
-BUILD_DIR_OUT = ("the stack's build directory: the Dockerfile, the build context and evidence/ go here "
-                 "(default: build/<stack>)")
+BUILD_DIR_OUT = (
+    "the stack's build directory: the Dockerfile, the build context and evidence/ go here (default: build/<stack>)"
+)
 
 
 def print_json(value: Any) -> None:
@@ -55,10 +64,13 @@ def split_scope(text: str) -> tuple[str | None, str]:
     head = text[:colon]
     if not STACK_NAME.fullmatch(head):
         shown = head if len(head) <= 100 and head.isprintable() else "the scope"
-        raise UserError(f"'{redact_text(shown)}' is not a stack name", file=f"--set {redact_text(shown)}:…",
-                        fix="write --set STACK:key.path=value with a stack's name (lower-case letters, digits, "
-                            "'.', '_', '-'), or --set key.path=value for every stack")
-    return head, text[colon + 1:]
+        raise UserError(
+            f"'{redact_text(shown)}' is not a stack name",
+            file=f"--set {redact_text(shown)}:…",
+            fix="write --set STACK:key.path=value with a stack's name (lower-case letters, digits, "
+            "'.', '_', '-'), or --set key.path=value for every stack",
+        )
+    return head, text[colon + 1 :]
 
 
 def _stack_key(name: str) -> str:
@@ -74,10 +86,12 @@ def select(args, names: Iterable[str]) -> None:
     for raw in getattr(args, "overrides", None) or []:
         scope, _ = split_scope(raw)
         if scope is not None and scope not in selected:
-            raise UserError(f"the scope '{scope}' names a stack this command does not work on",
-                            file=f"--set {redact_text(raw) if len(raw) <= 200 else scope + ':…'}",
-                            fix=f"scope it to one of the selected stacks ({', '.join(selected) or 'none'}), "
-                                "or drop the scope to apply it to all")
+            raise UserError(
+                f"the scope '{scope}' names a stack this command does not work on",
+                file=f"--set {redact_text(raw) if len(raw) <= 200 else scope + ':…'}",
+                fix=f"scope it to one of the selected stacks ({', '.join(selected) or 'none'}), "
+                "or drop the scope to apply it to all",
+            )
 
 
 def overrides_for(args, name: str) -> list[str]:
@@ -102,11 +116,17 @@ def root_of(args) -> Path:
         return find_root()
     root = Path(given).resolve()
     if not root.is_dir():
-        raise UserError(f"no such directory: {given}", file="--root",
-                        fix="pass the stackforge repository's directory (the one holding stacks/)")
+        raise UserError(
+            f"no such directory: {given}",
+            file="--root",
+            fix="pass the stackforge repository's directory (the one holding stacks/)",
+        )
     if not (root / STACKS_DIR).is_dir():
-        raise UserError(f"{root} has no {STACKS_DIR}/ directory", file="--root",
-                        fix="pass the stackforge repository's directory (the one holding stacks/)")
+        raise UserError(
+            f"{root} has no {STACKS_DIR}/ directory",
+            file="--root",
+            fix="pass the stackforge repository's directory (the one holding stacks/)",
+        )
     return root
 
 

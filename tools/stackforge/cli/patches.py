@@ -4,6 +4,7 @@ apply, check, upstreamed, export, range-diff, lint, index, renumber, hash.
 The work is done in ``stackforge.patches``; this module only reads arguments,
 loads the stack and prints.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -36,46 +37,75 @@ def register(sub) -> None:
         else:
             p.add_argument("stack", help="stack name or path")
         p.add_argument("--upstream", help="which upstream (default: the only one with a patch series)")
-        p.add_argument("--overlay", action="append", default=[], metavar="NAME",
-                       help="add an overlay's layered range (overlays/NAME/patches/<upstream>) after the base series")
+        p.add_argument(
+            "--overlay",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="add an overlay's layered range (overlays/NAME/patches/<upstream>) after the base series",
+        )
         p.add_argument("--cache", type=Path, help=f"upstream cache (default: ${up.CACHE_ENV} or build/cache)")
         p.add_argument("--offline", action="store_true", help="use the upstream cache as it is; never fetch")
         add_set(p)
 
-    p = verbs.add_parser("apply", help="export the pinned upstream and apply the series with git am -3, one commit per patch")
+    p = verbs.add_parser(
+        "apply", help="export the pinned upstream and apply the series with git am -3, one commit per patch"
+    )
     stack_args(p)
     p.add_argument("--to", type=Path, help="the tree to create (default: build/patches/<stack>/<upstream>)")
     p.add_argument("--force", action="store_true", help="replace --to if it exists")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--continue", dest="cont", action="store_true", help="after fixing a stopped patch and `git add`: finish it and apply the rest")
+    g.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="after fixing a stopped patch and `git add`: finish it and apply the rest",
+    )
     g.add_argument("--skip", action="store_true", help="drop the stopped patch and apply the rest")
     g.add_argument("--abort", action="store_true", help="stop: drop the half-applied patch (commits so far stay)")
     add_json(p)
     p.set_defaults(func=cmd_apply)
 
-    p = verbs.add_parser("check", help="apply into a scratch tree and classify each patch (clean / offset / 3-way / fails / upstreamed)")
+    p = verbs.add_parser(
+        "check", help="apply into a scratch tree and classify each patch (clean / offset / 3-way / fails / upstreamed)"
+    )
     stack_args(p)
     p.add_argument("--commit", help="check against this upstream commit instead of the pin")
     add_json(p)
     p.set_defaults(func=cmd_check)
 
-    p = verbs.add_parser("upstreamed", help="patches a newer upstream commit already contains (git cherry / git am 'No changes')")
+    p = verbs.add_parser(
+        "upstreamed", help="patches a newer upstream commit already contains (git cherry / git am 'No changes')"
+    )
     stack_args(p)
-    p.add_argument("--to-commit", help="the new upstream commit (default: the commit given with --set upstreams.<u>.commit=…)")
-    p.add_argument("--drop", action="store_true", help="remove them from the series, note Applied-Upstream in its history, renumber")
+    p.add_argument(
+        "--to-commit", help="the new upstream commit (default: the commit given with --set upstreams.<u>.commit=…)"
+    )
+    p.add_argument(
+        "--drop",
+        action="store_true",
+        help="remove them from the series, note Applied-Upstream in its history, renumber",
+    )
     add_json(p)
     p.set_defaults(func=cmd_upstreamed)
 
     p = verbs.add_parser("export", help="write the series back from a worked tree, byte-stable (git format-patch)")
     stack_args(p, stack_optional=True)
-    p.add_argument("--from", dest="source", type=Path, help="the worked tree (a tree made by `patches apply`, with commits on top)")
+    p.add_argument(
+        "--from", dest="source", type=Path, help="the worked tree (a tree made by `patches apply`, with commits on top)"
+    )
     p.add_argument("--base", help="the commit the series starts from (default: recorded by `patches apply`)")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if an export would change any byte (without --from: apply the series afresh and re-export)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if an export would change any byte (without --from: apply the series afresh and re-export)",
+    )
     add_json(p, "the changed files per series")
     p.set_defaults(func=cmd_export)
 
-    p = verbs.add_parser("range-diff", help="apply the series on two upstream commits and compare per patch (git range-diff)")
+    p = verbs.add_parser(
+        "range-diff", help="apply the series on two upstream commits and compare per patch (git range-diff)"
+    )
     stack_args(p)
     p.add_argument("--from", dest="old", required=True, help="old upstream commit")
     p.add_argument("--to", dest="new", required=True, help="new upstream commit")
@@ -84,9 +114,14 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_range_diff)
 
     p = verbs.add_parser("lint", help="static checks of series directories (exit 1 on findings)")
-    p.add_argument("dirs", nargs="*", type=Path, help="series directories (default: patches/* and overlays/*/patches/*)")
-    p.add_argument("--tracker-pattern", default=P.DEFAULT_TRACKER_PATTERN,
-                   help="regular expression for internal tracker ids that must not ship (default: %(default)s)")
+    p.add_argument(
+        "dirs", nargs="*", type=Path, help="series directories (default: patches/* and overlays/*/patches/*)"
+    )
+    p.add_argument(
+        "--tracker-pattern",
+        default=P.DEFAULT_TRACKER_PATTERN,
+        help="regular expression for internal tracker ids that must not ship (default: %(default)s)",
+    )
     add_json(p)
     p.set_defaults(func=cmd_lint)
 
@@ -96,7 +131,9 @@ def register(sub) -> None:
     add_json(p, "the indexes written (or, with --check, the stale ones)")
     p.set_defaults(func=cmd_index)
 
-    p = verbs.add_parser("renumber", help="give the patches of a series (and layered ranges after it) contiguous numbers")
+    p = verbs.add_parser(
+        "renumber", help="give the patches of a series (and layered ranges after it) contiguous numbers"
+    )
     p.add_argument("dirs", nargs="+", type=Path, help="the base series directory, then layered range directories")
     add_json(p, "the renames")
     p.set_defaults(func=cmd_renumber)
@@ -108,6 +145,7 @@ def register(sub) -> None:
 
 
 # --- helpers ----------------------------------------------------------------------
+
 
 def _cache(args, root: Path) -> Path:
     return args.cache.resolve() if getattr(args, "cache", None) else up.default_cache_dir(root)
@@ -153,6 +191,7 @@ def _resume_command(args, dest: Path) -> str:
 
 # --- verbs --------------------------------------------------------------------------
 
+
 def cmd_apply(args) -> int:
     root = root_of(args)
     if args.cont or args.skip or args.abort:
@@ -170,7 +209,10 @@ def cmd_apply(args) -> int:
         dest = (args.to or root / "build" / "patches" / Path(args.stack).stem / target.name).resolve()
         resume = _resume_command(args, dest)
         report = P.apply_to(
-            target, dest, force=args.force, resume=resume,
+            target,
+            dest,
+            force=args.force,
+            resume=resume,
             context={"stack": args.stack, "upstream": target.name, "overlays": list(args.overlay)},
             seed_commit=_pinned_without_overrides(args, target),
         )
@@ -216,7 +258,9 @@ def cmd_upstreamed(args) -> int:
         base = load_stack(args.stack, root=root_of(args))
         target = _target(args, base, target.name)
     else:
-        raise UserError("which newer upstream commit?", fix=f"pass --to-commit C, or --set upstreams.{target.name}.commit=C")
+        raise UserError(
+            "which newer upstream commit?", fix=f"pass --to-commit C, or --set upstreams.{target.name}.commit=C"
+        )
     found = P.find_upstreamed(target, new, old_commit=old)
     if args.json:
         print_json({"old": old, "new": new, "upstreamed": [u.to_json() for u in found]})
@@ -229,7 +273,10 @@ def cmd_upstreamed(args) -> int:
             print(f"upstreamed  {u.name}{layer}  ({u.how})  ← {carrier}")
     if args.drop and found:
         renames = P.drop_upstreamed(target, found, new)
-        print(f"dropped {len(found)} patch(es), renumbered {len(renames)}; Applied-Upstream noted in the series", file=sys.stderr)
+        print(
+            f"dropped {len(found)} patch(es), renumbered {len(renames)}; Applied-Upstream noted in the series",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -246,11 +293,18 @@ def _export_targets(args) -> list:
             if not up.field(spec, "patches"):
                 continue
             sd = up.field(spec, "sdist")
-            key = (str(up.field(spec, "patches")), up.field(spec, "git"), up.field(spec, "commit"), up.field(sd, "sha256"))
+            key = (
+                str(up.field(spec, "patches")),
+                up.field(spec, "git"),
+                up.field(spec, "commit"),
+                up.field(sd, "sha256"),
+            )
             if key in seen:
                 continue
             seen.add(key)
-            t = P.target_from_stack(stack, uname, overlays=args.overlay, cache_dir=_cache(args, root), offline=args.offline)
+            t = P.target_from_stack(
+                stack, uname, overlays=args.overlay, cache_dir=_cache(args, root), offline=args.offline
+            )
             out.append((f"{name}/{uname}", t))
     return out
 
@@ -267,8 +321,13 @@ def cmd_export(args) -> int:
             changes = P.export_check(t)
             n = len(t.refs)
             bad += bool(changes)
-            series.append({"series": label, "patches": n,
-                           "changes": [{"kind": c.kind, "path": _rel(c.path, root), "diff": c.diff} for c in changes]})
+            series.append(
+                {
+                    "series": label,
+                    "patches": n,
+                    "changes": [{"kind": c.kind, "path": _rel(c.path, root), "diff": c.diff} for c in changes],
+                }
+            )
             if args.json:
                 continue
             if changes:
@@ -282,15 +341,23 @@ def cmd_export(args) -> int:
         if args.json:
             print_json({"check": True, "series": series})
         if bad:
-            print("fix: apply the series, then `stackforge patches export STACK --from DIR` and commit the result", file=sys.stderr)
+            print(
+                "fix: apply the series, then `stackforge patches export STACK --from DIR` and commit the result",
+                file=sys.stderr,
+            )
         return 1 if bad else 0
     if not args.stack:
         raise UserError("export --from needs the STACK the tree was applied for")
     target = _target(args)
     plan, changes = P.export_series(args.source.resolve(), target.layers, base=args.base, check=args.check)
     if args.json:
-        print_json({"check": args.check, "patches": len(plan.patches),
-                    "changes": [{"kind": c.kind, "path": _rel(c.path, root)} for c in changes]})
+        print_json(
+            {
+                "check": args.check,
+                "patches": len(plan.patches),
+                "changes": [{"kind": c.kind, "path": _rel(c.path, root)} for c in changes],
+            }
+        )
         return 1 if (args.check and changes) else 0
     for c in changes:
         print(f"{'would be ' if args.check else ''}{c.kind}: {_rel(c.path, root)}")
@@ -319,8 +386,10 @@ def cmd_range_diff(args) -> int:
 
 def _dirs(args, root: Path) -> list[P.Series]:
     if args.dirs:
-        return [P.read_series(d.resolve(), layer=P.BASE_LAYER if i == 0 else d.resolve().parent.parent.name)
-                for i, d in enumerate(args.dirs)]
+        return [
+            P.read_series(d.resolve(), layer=P.BASE_LAYER if i == 0 else d.resolve().parent.parent.name)
+            for i, d in enumerate(args.dirs)
+        ]
     out = []
     for group in _all_series(root):
         out += group

@@ -1,4 +1,5 @@
 """`stackforge publish`: push a stack's gated image under an immutable, never-overwritten tag."""
+
 from __future__ import annotations
 
 from stackforge.cli.options import (
@@ -19,26 +20,46 @@ def register(sub) -> None:
         "publish",
         help="push a stack's gated image by digest and tag it with the first free -rN of the date",
         description="Push the image that `stackforge build STACK` gated, by digest, then tag it "
-                    "<publish tag>-<YYYYMMDD>-r<N> with the first free N (an existing tag is never overwritten), "
-                    "re-read the tag and compare digests, and only then move the aliases. "
-                    "Re-publishing an image already published that day creates nothing.",
+        "<publish tag>-<YYYYMMDD>-r<N> with the first free N (an existing tag is never overwritten), "
+        "re-read the tag and compare digests, and only then move the aliases. "
+        "Re-publishing an image already published that day creates nothing.",
     )
     p.add_argument("stack")
-    p.add_argument("--registry", required=True, metavar="HOST[:PORT][/PATH]",
-                   help="registry and namespace, e.g. registry.example.com/mcconline/inference "
-                        "(loopback registries are spoken to over plain HTTP)")
+    p.add_argument(
+        "--registry",
+        required=True,
+        metavar="HOST[:PORT][/PATH]",
+        help="registry and namespace, e.g. registry.example.com/mcconline/inference "
+        "(loopback registries are spoken to over plain HTTP)",
+    )
     p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
     p.add_argument("--target", help="target stage (default: the stack's first target)")
     add_out(p, BUILD_DIR_OUT.replace("go here", "are read from (the --out given to `stackforge build`)"))
-    p.add_argument("--verify-pull", action="store_true",
-                   help="also pull the tag through the engine and compare the image id (re-downloads the layers)")
-    p.add_argument("--allow-ungated", action="store_true",
-                   help="publish the local image even without a passing `stackforge build` record for it")
+    p.add_argument(
+        "--verify-pull",
+        action="store_true",
+        help="also pull the tag through the engine and compare the image id (re-downloads the layers)",
+    )
+    p.add_argument(
+        "--allow-ungated",
+        action="store_true",
+        help="publish the local image even without a passing `stackforge build` record for it",
+    )
     p.add_argument("--compression", choices=["gzip", "none"], default="gzip", help="layer compression (default gzip)")
-    p.add_argument("--retries", type=int, default=6, metavar="N",
-                   help="attempts per registry operation on 5xx/429/connection errors (default 6)")
-    p.add_argument("--retry-time", type=float, default=120.0, metavar="SECONDS",
-                   help="time budget per registry operation, retries included (default 120)")
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=6,
+        metavar="N",
+        help="attempts per registry operation on 5xx/429/connection errors (default 6)",
+    )
+    p.add_argument(
+        "--retry-time",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="time budget per registry operation, retries included (default 120)",
+    )
     add_json(p, "the evidence record")
     add_set(p)
     p.set_defaults(func=cmd_publish)
@@ -47,9 +68,18 @@ def register(sub) -> None:
 def cmd_publish(args) -> int:
     stack = load(args, args.stack)
     policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
-    result = publish_stack(stack, args.registry, date=args.date, target=args.target, out=args.out,
-                           allow_ungated=args.allow_ungated, verify_pull=args.verify_pull, policy=policy,
-                           compression=args.compression, echo=stderr_echo)
+    result = publish_stack(
+        stack,
+        args.registry,
+        date=args.date,
+        target=args.target,
+        out=args.out,
+        allow_ungated=args.allow_ungated,
+        verify_pull=args.verify_pull,
+        policy=policy,
+        compression=args.compression,
+        echo=stderr_echo,
+    )
     if args.json:
         print_json(result.evidence())
         return 0

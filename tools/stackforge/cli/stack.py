@@ -1,4 +1,5 @@
 """Verbs over the stack model: list, show, lint, tags, diff, schema."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,12 @@ def register(sub) -> None:
     p.add_argument("stack")
     p.add_argument("--registry", help="also print the publish reference under this registry/namespace")
     p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
-    p.add_argument("--revision", type=int, default=None,
-                   help="publish revision N of -rN (default 1; `stackforge publish` picks the first free one)")
+    p.add_argument(
+        "--revision",
+        type=int,
+        default=None,
+        help="publish revision N of -rN (default 1; `stackforge publish` picks the first free one)",
+    )
     add_json(p, "the local reference, and with --registry the publish reference and aliases")
     add_set(p)
     p.set_defaults(func=cmd_tags)
@@ -43,8 +48,12 @@ def register(sub) -> None:
     p = sub.add_parser("diff", help="the pin table between two stacks")
     p.add_argument("old")
     p.add_argument("new")
-    p.add_argument("--format", choices=["markdown", "json"], default="markdown",
-                   help="markdown (default) or json (the same as --json)")
+    p.add_argument(
+        "--format",
+        choices=["markdown", "json"],
+        default="markdown",
+        help="markdown (default) or json (the same as --json)",
+    )
     add_json(p, "the pin table")
     add_set(p)
     p.set_defaults(func=cmd_diff)
@@ -96,9 +105,11 @@ def cmd_show(args) -> int:
     print(f"local tag:    {info['local_tag']}")
     print(f"fingerprint:  {info['fingerprint']}")
     p = stack.platform
-    print(f"platform:     {p.os} python {p.python} {p.arch}"
-          + (f" musa {p.musa} (runtime {p.musa_runtime})" if p.musa else "")
-          + (f" gpu {','.join(p.gpu_arch)}" if p.gpu_arch else ""))
+    print(
+        f"platform:     {p.os} python {p.python} {p.arch}"
+        + (f" musa {p.musa} (runtime {p.musa_runtime})" if p.musa else "")
+        + (f" gpu {','.join(p.gpu_arch)}" if p.gpu_arch else "")
+    )
     print(f"base:         {stack.base.image}")
     for name, idx in stack.indexes.items():
         print(f"index:        {name} ({idx.role}) {idx.url}")
@@ -136,8 +147,13 @@ def cmd_lint(args) -> int:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})
             continue
-        report.append({"stack": name, "findings": [f.located(stack) for f in findings],
-                       "rendered": [f.render(stack) for f in findings]})
+        report.append(
+            {
+                "stack": name,
+                "findings": [f.located(stack) for f in findings],
+                "rendered": [f.render(stack) for f in findings],
+            }
+        )
     if args.json:
         print(json.dumps([{k: v for k, v in r.items() if k != "rendered"} for r in report], indent=2))
     else:
@@ -159,10 +175,10 @@ def cmd_tags(args) -> int:
     result: dict = {"stack": stack.name, "local": str(tags.local_ref(stack))}
     if args.registry:
         if args.revision is None:
-            print("note: revision 1 shown; `stackforge publish` takes the first free -rN for the date",
-                  file=sys.stderr)
-        result["publish"] = str(tags.publish_ref(stack, args.registry, args.date,
-                                                 1 if args.revision is None else args.revision))
+            print("note: revision 1 shown; `stackforge publish` takes the first free -rN for the date", file=sys.stderr)
+        result["publish"] = str(
+            tags.publish_ref(stack, args.registry, args.date, 1 if args.revision is None else args.revision)
+        )
         result["aliases"] = [str(ref) for ref in tags.alias_refs(stack, args.registry)]
     if args.json:
         print_json(result)

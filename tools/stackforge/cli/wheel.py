@@ -1,4 +1,5 @@
 """`stackforge wheel inspect|diff`: what a wheel declares and what its shared objects need."""
+
 from __future__ import annotations
 
 import sys
@@ -16,14 +17,20 @@ def register(sub) -> None:
     wsub = p.add_subparsers(dest="wheel_command", metavar="ACTION")
     wsub.required = True
 
-    i = wsub.add_parser("inspect", help="name, version, tags, Requires-Dist, RECORD and per shared object "
-                        "its SONAME, DT_NEEDED and RPATH/RUNPATH (read with pyelftools, nothing is run)")
+    i = wsub.add_parser(
+        "inspect",
+        help="name, version, tags, Requires-Dist, RECORD and per shared object "
+        "its SONAME, DT_NEEDED and RPATH/RUNPATH (read with pyelftools, nothing is run)",
+    )
     i.add_argument("wheel", help="a .whl path or an http(s) URL (credentials: in the URL or ~/.netrc)")
     add_json(i, "the wheel's metadata, RECORD and shared objects")
     i.set_defaults(func=cmd_inspect)
 
-    d = wsub.add_parser("diff", help="files added/removed/changed (by sha256), metadata changes, and per "
-                        "shared object the DT_NEEDED entries gained and lost; exit 1 when they differ")
+    d = wsub.add_parser(
+        "diff",
+        help="files added/removed/changed (by sha256), metadata changes, and per "
+        "shared object the DT_NEEDED entries gained and lost; exit 1 when they differ",
+    )
     d.add_argument("a")
     d.add_argument("b")
     add_json(d, "the differences")

@@ -1,4 +1,5 @@
 """Stale references: tracked files that still name versions, tags or commits a stack moved away from."""
+
 from __future__ import annotations
 
 import re
@@ -38,13 +39,23 @@ class AuditHit:
 
     def render(self) -> str:
         t = self.token
-        return (f"{self.path}:{self.line}:{self.col}: {t.text} ({t.package} was {t.before}, now {t.after})"
-                f"{' [allowed: ' + self.allowed_by + ']' if self.allowed_by else ''}\n    {self.text.strip()[:160]}")
+        return (
+            f"{self.path}:{self.line}:{self.col}: {t.text} ({t.package} was {t.before}, now {t.after})"
+            f"{' [allowed: ' + self.allowed_by + ']' if self.allowed_by else ''}\n    {self.text.strip()[:160]}"
+        )
 
     def to_json(self) -> dict:
-        return {"path": self.path, "line": self.line, "col": self.col, "stale": self.token.text,
-                "package": self.token.package, "before": self.token.before, "after": self.token.after,
-                "text": self.text.rstrip("\n"), "allowed_by": self.allowed_by}
+        return {
+            "path": self.path,
+            "line": self.line,
+            "col": self.col,
+            "stale": self.token.text,
+            "package": self.token.package,
+            "before": self.token.before,
+            "after": self.token.after,
+            "text": self.text.rstrip("\n"),
+            "allowed_by": self.allowed_by,
+        }
 
 
 @dataclass
@@ -64,21 +75,29 @@ class AuditReport:
         return 1 if self.findings else 0
 
     def to_json(self) -> dict:
-        return {"stack": self.stack, "against": self.against, "files_scanned": self.files_scanned,
-                "stale": [t.text for t in self.tokens],
-                "findings": [h.to_json() for h in self.findings],
-                "allowed": [h.to_json() for h in self.hits if h.allowed_by],
-                "exit_code": self.exit_code}
+        return {
+            "stack": self.stack,
+            "against": self.against,
+            "files_scanned": self.files_scanned,
+            "stale": [t.text for t in self.tokens],
+            "findings": [h.to_json() for h in self.findings],
+            "allowed": [h.to_json() for h in self.hits if h.allowed_by],
+            "exit_code": self.exit_code,
+        }
 
     def render(self, show_allowed: bool = False) -> str:
-        out = [f"audit {self.stack} against {self.against}: looking for "
-               + (", ".join(t.text for t in self.tokens) or "nothing (no version moved)")]
+        out = [
+            f"audit {self.stack} against {self.against}: looking for "
+            + (", ".join(t.text for t in self.tokens) or "nothing (no version moved)")
+        ]
         for h in self.hits:
             if h.allowed_by is None or show_allowed:
                 out.append(h.render())
         allowed = len(self.hits) - len(self.findings)
-        out.append(f"{len(self.findings)} stale reference(s) in {self.files_scanned} tracked text files"
-                   + (f"; {allowed} allowed by {ALLOW_FILE} or the stack chain" if allowed else ""))
+        out.append(
+            f"{len(self.findings)} stale reference(s) in {self.files_scanned} tracked text files"
+            + (f"; {allowed} allowed by {ALLOW_FILE} or the stack chain" if allowed else "")
+        )
         return "\n".join(out)
 
 
@@ -168,8 +187,13 @@ def load_allow_list(path: Path, display: str = ALLOW_FILE) -> list[AllowRule]:
             continue
         parts = text.split()
         if len(parts) > 2:
-            raise UserError(f"expected 'GLOB [STALE-STRING]', got {len(parts)} words", file=display, line=n, col=1,
-                            fix="one glob and at most one version string per line; comments start with #")
+            raise UserError(
+                f"expected 'GLOB [STALE-STRING]', got {len(parts)} words",
+                file=display,
+                line=n,
+                col=1,
+                fix="one glob and at most one version string per line; comments start with #",
+            )
         rules_.append(AllowRule(parts[0], parts[1] if len(parts) > 1 else None, f"{display}:{n}"))
     return rules_
 
@@ -178,8 +202,10 @@ def tracked_files(root: Path) -> list[str]:
     """Paths (relative to ``root``) of the files git tracks there."""
     res = git(root, "ls-files", "-z", check=False, binary=True)
     if not res.ok:
-        raise UserError(f"{root}: cannot list tracked files with git (exit {res.returncode}: {res.stderr.strip()})",
-                        fix="run the audit inside a git checkout")
+        raise UserError(
+            f"{root}: cannot list tracked files with git (exit {res.returncode}: {res.stderr.strip()})",
+            fix="run the audit inside a git checkout",
+        )
     out = res.stdout if isinstance(res.stdout, bytes) else res.stdout.encode()
     return [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
 

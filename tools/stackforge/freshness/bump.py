@@ -4,6 +4,7 @@
 stack file (it ``inherits`` the old one and pins only what moved), ``write_bump`` writes, loads and
 lints it.
 """
+
 from __future__ import annotations
 
 import re
@@ -76,8 +77,10 @@ def plan_bump(stack: Stack, catalog: Catalog, *, new_name: str, trains: list[str
     if trains:
         unknown = set(trains) - {t.name for t in stack.rules.trains}
         if unknown:
-            raise UserError(f"no train named {', '.join(sorted(unknown))} in stack {stack.name}",
-                            fix=f"trains: {', '.join(t.name for t in stack.rules.trains) or 'none declared'}")
+            raise UserError(
+                f"no train named {', '.join(sorted(unknown))} in stack {stack.name}",
+                fix=f"trains: {', '.join(t.name for t in stack.rules.trains) or 'none declared'}",
+            )
     if not selected:
         raise UserError(f"stack {stack.name} declares no train to move", fix="declare rules.trains in the stack")
     new_versions: dict[str, str] = {}
@@ -89,8 +92,10 @@ def plan_bump(stack: Stack, catalog: Catalog, *, new_name: str, trains: list[str
         leader = train.members[0]
         missing_pages = [m for m in train.members if catalog.page(m) is None]
         if missing_pages:
-            problems.append(f"train {train.name}: cannot query {', '.join(missing_pages)}: "
-                            + "; ".join(getattr(catalog.pages.get(m), "message", "no answer") for m in missing_pages))
+            problems.append(
+                f"train {train.name}: cannot query {', '.join(missing_pages)}: "
+                + "; ".join(getattr(catalog.pages.get(m), "message", "no answer") for m in missing_pages)
+            )
             continue
         lines = {m: catalog.line(m) for m in train.members}
         member_cands = {m: catalog.candidates(m, lines[m]) for m in train.members}
@@ -135,27 +140,42 @@ def plan_bump(stack: Stack, catalog: Catalog, *, new_name: str, trains: list[str
             continue
         page = catalog.page(bf.package)
         if page is None:
-            problems.append(f"{bf.package}: cannot query its index, so no build for {bf.for_} "
-                            f"{new_versions[bf.for_]} can be chosen")
+            problems.append(
+                f"{bf.package}: cannot query its index, so no build for {bf.for_} {new_versions[bf.for_]} can be chosen"
+            )
             continue
         line = catalog.line(bf.package, versions=new_versions)
         cands = versions_in_line(page, line, allow_pre=False)
         if not cands:
             idx = stack.packages[bf.package].index
             pattern = built_for_pattern(bf.local, Pin(stack.packages[bf.for_].version).local or "")
-            have = sorted({m.group("public") for f in page.files if f.version and f.version.local
-                           for m in [pattern.match(f.version.local)] if m and m.groupdict().get("public")},
-                          key=sortable_version)
+            have = sorted(
+                {
+                    m.group("public")
+                    for f in page.files
+                    if f.version and f.version.local
+                    for m in [pattern.match(f.version.local)]
+                    if m and m.groupdict().get("public")
+                },
+                key=sortable_version,
+            )
             problems.append(
                 f"{bf.package}: no build for {bf.for_} {new_versions[bf.for_]} on index '{idx}' "
                 f"(wanted local label +{line.local}, {line.describe().split(' ')[0]}); "
-                f"builds exist for {bf.for_} {', '.join(have) or 'nothing'}")
+                f"builds exist for {bf.for_} {', '.join(have) or 'nothing'}"
+            )
             continue
         top = next(iter(cands))
         if str(top) != stack.packages[bf.package].version:
             new_versions[bf.package] = str(top)
-            moves.append(Move(bf.package, stack.packages[bf.package].version, str(top),
-                              f"built for {bf.for_} {new_versions[bf.for_]}"))
+            moves.append(
+                Move(
+                    bf.package,
+                    stack.packages[bf.package].version,
+                    str(top),
+                    f"built for {bf.for_} {new_versions[bf.for_]}",
+                )
+            )
 
     # Declared minimums that the move makes apply.
     def current(name: str) -> str:
@@ -173,8 +193,10 @@ def plan_bump(stack: Stack, catalog: Catalog, *, new_name: str, trains: list[str
         cands = catalog.candidates(mn.package, catalog.line(mn.package))
         ok = [v for v in cands if v >= Version(mn.min)]
         if not ok:
-            problems.append(f"{mn.package}: must be >= {mn.min} once {mn.when.package if mn.when else 'the train'} "
-                            f"moves, but its index has no such version in line")
+            problems.append(
+                f"{mn.package}: must be >= {mn.min} once {mn.when.package if mn.when else 'the train'} "
+                f"moves, but its index has no such version in line"
+            )
             continue
         new_versions[mn.package] = str(ok[0])
         cond = f" with {mn.when.package} >= {mn.when.min}" if mn.when else ""
@@ -189,7 +211,11 @@ def plan_bump(stack: Stack, catalog: Catalog, *, new_name: str, trains: list[str
 
 def _yaml_scalar(text: str) -> str:
     loaded = yaml.safe_load(text)
-    if isinstance(loaded, str) and loaded == text and not text.startswith(("{", "[", "&", "*", "!", "|", ">", "'", '"', "%", "@", "`")):
+    if (
+        isinstance(loaded, str)
+        and loaded == text
+        and not text.startswith(("{", "[", "&", "*", "!", "|", ">", "'", '"', "%", "@", "`"))
+    ):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -210,10 +236,13 @@ def render_bump(stack: Stack, plan: BumpPlan, description: str | None = None) ->
     """The new stack file: ``inherits`` the old one and pins only what moved."""
     desc = description if description is not None else bump_description(stack, plan.moves)
     width = max((len(mv.package) for mv in plan.moves), default=0) + 1
-    lines = [f"# {desc}: the {stack.name} declaration with the train moved." if desc else
-             f"# The {stack.name} declaration with the train moved.",
-             f"name: {plan.new}",
-             f"inherits: {stack.name}"]
+    lines = [
+        f"# {desc}: the {stack.name} declaration with the train moved."
+        if desc
+        else f"# The {stack.name} declaration with the train moved.",
+        f"name: {plan.new}",
+        f"inherits: {stack.name}",
+    ]
     if desc:
         lines.append(f"description: {_yaml_scalar(desc)}")
     lines.append("packages:")
@@ -243,8 +272,11 @@ def write_bump(stack: Stack, plan: BumpPlan, *, force: bool = False, description
         lint_or_fail(new)
     except BuildFailed as err:  # lint findings, every one rendered
         _restore(path, previous)
-        raise UserError(f"the bumped stack would not pass lint, so it was not written: {err.message}",
-                        fix="check the index for the builds named above", exit_code=1) from None
+        raise UserError(
+            f"the bumped stack would not pass lint, so it was not written: {err.message}",
+            fix="check the index for the builds named above",
+            exit_code=1,
+        ) from None
     except UserError:
         _restore(path, previous)
         raise
@@ -256,4 +288,3 @@ def _restore(path: Path, previous: str | None) -> None:
         path.unlink(missing_ok=True)
     else:
         path.write_text(previous)
-

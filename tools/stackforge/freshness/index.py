@@ -20,6 +20,7 @@ explicit ``credential``/``auth``, else ``credentials.for_url`` (what the stack l
 environment, ``$NETRC`` or ``~/.netrc``). They are never printed: every URL or exception text this module
 puts in a message goes through ``urls.redact`` / ``urls.redact_text``.
 """
+
 from __future__ import annotations
 
 import enum
@@ -525,8 +526,15 @@ class IndexClient:
 
     def download(self, file: IndexFile, dest_dir: str | Path) -> Path:
         """Download ``file`` into ``dest_dir`` and check its sha256 (when the index declared one)."""
-        return download(file.url, dest_dir, session=self._session(), sha256=file.sha256,
-                        filename=file.filename, timeout=self.timeout, params=self.params_for(file.url))
+        return download(
+            file.url,
+            dest_dir,
+            session=self._session(),
+            sha256=file.sha256,
+            filename=file.filename,
+            timeout=self.timeout,
+            params=self.params_for(file.url),
+        )
 
 
 def download(

@@ -27,6 +27,7 @@ Yanked files never count as newer; pre-releases count only when the pin itself i
 A ``Catalog`` holds the index pages of a stack's packages (fetched concurrently, one client per index)
 and answers these questions for ``freshness.newest`` and ``freshness.bump``.
 """
+
 from __future__ import annotations
 
 import re
@@ -52,8 +53,16 @@ from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 
 # glibc of the base OS, for manylinux tags; other OS labels get the widest of these.
-GLIBC = {"ubuntu20.04": (2, 31), "ubuntu22.04": (2, 35), "ubuntu24.04": (2, 39),
-         "debian11": (2, 31), "debian12": (2, 36), "bookworm": (2, 36), "rockylinux8": (2, 28), "rockylinux9": (2, 34)}
+GLIBC = {
+    "ubuntu20.04": (2, 31),
+    "ubuntu22.04": (2, 35),
+    "ubuntu24.04": (2, 39),
+    "debian11": (2, 31),
+    "debian12": (2, 36),
+    "bookworm": (2, 36),
+    "rockylinux8": (2, 28),
+    "rockylinux9": (2, 34),
+}
 
 
 def standalone(version: str) -> str:
@@ -68,7 +77,6 @@ def _render_rule(template: str, data: dict) -> str:
         return tags.render_sandboxed(template, data)
     except (tags.TemplateRefused, SecurityError, jinja2.TemplateError) as exc:
         raise UserError(f"rules.built_for: template refused: {exc}", fix=tags.TEMPLATE_FIX) from None
-
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,7 +176,9 @@ def line_for(page: ProjectPage, pinned: str, ranks: dict[Tag, int], local: str |
     return Line("compatible", frozenset(), want_local, ranks)
 
 
-def versions_in_line(page: ProjectPage, line: Line, *, allow_pre: bool, keep: Version | None = None) -> dict[Version, IndexFile]:
+def versions_in_line(
+    page: ProjectPage, line: Line, *, allow_pre: bool, keep: Version | None = None
+) -> dict[Version, IndexFile]:
     """Newest-first map version → the line's best file for it. Yanked files count only for ``keep``
     (the pin), and only when no non-yanked file of it is in the line (PEP 592, as pip selects)."""
     groups: dict[Version, list[IndexFile]] = {}
@@ -200,8 +210,13 @@ def render_built_for(template: str, for_version: str) -> str:
 
 def built_for_pattern(template: str, family_local: str) -> re.Pattern:
     """A regex over normalised local labels: ``for.local`` fixed to ``family_local``, the rest captured."""
-    sentinels = {"local": "zzlocalzz", "public": "zzpubliczz", "release": "zzreleasezz",
-                 "version": "zzversionzz", "post": "zzpostzz"}
+    sentinels = {
+        "local": "zzlocalzz",
+        "public": "zzpubliczz",
+        "release": "zzreleasezz",
+        "version": "zzversionzz",
+        "post": "zzpostzz",
+    }
     text = _render_rule(template, {"for": sentinels}).lower()
     rx = re.escape(text)
     rx = rx.replace("zzlocalzz", re.escape((Version("0+" + family_local).local or "") if family_local else ""))
@@ -220,13 +235,15 @@ def clients_for(stack: Stack, cache_dir: Path | None, *, max_workers: int = 8) -
     """One client per stack index, with the credential ``credentials.for_index`` resolves for it."""
     out = {}
     for name, idx in stack.indexes.items():
-        out[name] = IndexClient(idx.url, credential=credentials.for_index(stack, name), cache_dir=cache_dir,
-                                max_workers=max_workers)
+        out[name] = IndexClient(
+            idx.url, credential=credentials.for_index(stack, name), cache_dir=cache_dir, max_workers=max_workers
+        )
     return out
 
 
-def fetch_pages(stack: Stack, names: list[str], clients: dict[str, IndexClient],
-                max_workers: int = 16) -> dict[str, ProjectPage | IndexQueryError]:
+def fetch_pages(
+    stack: Stack, names: list[str], clients: dict[str, IndexClient], max_workers: int = 16
+) -> dict[str, ProjectPage | IndexQueryError]:
     """Project pages for ``names`` (each from its own index), fetched concurrently."""
 
     def one(name: str):
@@ -281,8 +298,13 @@ class Catalog:
         return versions_in_line(self._answered(name), line, allow_pre=pin.is_prerelease, keep=pin)
 
 
-def load_catalog(stack: Stack, names: list[str] | None = None, *, cache_dir: Path | None = None,
-                 clients: dict[str, IndexClient] | None = None) -> tuple[Catalog, dict[str, IndexClient]]:
+def load_catalog(
+    stack: Stack,
+    names: list[str] | None = None,
+    *,
+    cache_dir: Path | None = None,
+    clients: dict[str, IndexClient] | None = None,
+) -> tuple[Catalog, dict[str, IndexClient]]:
     """The index pages of ``names`` (default: every package of the stack), with the clients that fetched them;
     a query over more than one package is a progress step on stderr."""
     names = list(names) if names else list(stack.packages)
@@ -295,10 +317,9 @@ def load_catalog(stack: Stack, names: list[str] | None = None, *, cache_dir: Pat
     return Catalog(stack, pages), clients
 
 
-
 def sortable_version(v: str) -> Version:
     """``v`` as a sort key; a string that is no version sorts first."""
     try:
         return Version(v)
-    except Exception:  # noqa: BLE001 - sorting only
+    except Exception:
         return Version("0")

@@ -5,6 +5,7 @@ built-for package: whether a build exists for the pinned (and the newest) versio
 Publish times are the index's PEP 700 ``upload-time``; where the index gives none the report says
 ``unknown`` and no train-spread verdict is made.
 """
+
 from __future__ import annotations
 
 import time
@@ -101,13 +102,20 @@ class TrainReport:
             return f"train {self.name} ({self.which}: {vers}): publish spread unknown (no upload-time for {', '.join(unknown)})"
         first = min(t for t in self.times.values() if t is not None)
         verdict = "FAR APART" if self.far_apart else "together"
-        return (f"train {self.name} ({self.which}: {vers}): published {verdict}, within "
-                f"{_duration(self.spread)} from {format_time(first)}")
+        return (
+            f"train {self.name} ({self.which}: {vers}): published {verdict}, within "
+            f"{_duration(self.spread)} from {format_time(first)}"
+        )
 
     def to_json(self) -> dict:
-        return {"train": self.name, "which": self.which, "members": self.members,
-                "upload_times": {m: format_time(t, iso=True) for m, t in self.times.items()},
-                "spread_seconds": self.spread, "far_apart": self.far_apart}
+        return {
+            "train": self.name,
+            "which": self.which,
+            "members": self.members,
+            "upload_times": {m: format_time(t, iso=True) for m, t in self.times.items()},
+            "spread_seconds": self.spread,
+            "far_apart": self.far_apart,
+        }
 
 
 @dataclass
@@ -125,16 +133,23 @@ class BuiltForReport:
         head = f"{self.package} built for {self.for_} {self.for_version} (+{self.expected_local}): "
         head += "build present" if self.has_build else "NO BUILD on the index"
         if self.newest_for:
-            head += (f"; for the newest {self.for_} {self.newest_for}: "
-                     + ("build present" if self.has_build_for_newest else "NO BUILD yet"))
+            head += f"; for the newest {self.for_} {self.newest_for}: " + (
+                "build present" if self.has_build_for_newest else "NO BUILD yet"
+            )
         others = ", ".join(self.builds_for)
         return head + (f" (builds exist for {self.for_} {others})" if others else "")
 
     def to_json(self) -> dict:
-        return {"package": self.package, "for": self.for_, "for_version": self.for_version,
-                "expected_local": self.expected_local, "has_build": self.has_build,
-                "builds_for": self.builds_for, "newest_for": self.newest_for,
-                "has_build_for_newest": self.has_build_for_newest}
+        return {
+            "package": self.package,
+            "for": self.for_,
+            "for_version": self.for_version,
+            "expected_local": self.expected_local,
+            "has_build": self.has_build,
+            "builds_for": self.builds_for,
+            "newest_for": self.newest_for,
+            "has_build_for_newest": self.has_build_for_newest,
+        }
 
 
 @dataclass
@@ -158,24 +173,33 @@ class NewestReport:
         return 0
 
     def to_json(self) -> dict:
-        return {"stack": self.stack, "target": self.target, "indexes": self.indexes,
-                "packages": [p.to_json() for p in self.packages],
-                "trains": [t.to_json() for t in self.trains],
-                "built_for": [b.to_json() for b in self.built_for],
-                "seconds": round(self.seconds, 3), "exit_code": self.exit_code}
+        return {
+            "stack": self.stack,
+            "target": self.target,
+            "indexes": self.indexes,
+            "packages": [p.to_json() for p in self.packages],
+            "trains": [t.to_json() for t in self.trains],
+            "built_for": [b.to_json() for b in self.built_for],
+            "seconds": round(self.seconds, 3),
+            "exit_code": self.exit_code,
+        }
 
     def render(self) -> str:
         head = ["package", "pinned", "newest in line", "published", "size", "sha256", "status"]
         rows: list[list[str]] = []
         for p in self.packages:
             f = p.file
-            rows.append([
-                p.name, p.pinned, p.newest or "-",
-                format_time(f.upload_time) if f else "-",
-                (str(f.size) if f.size is not None else "unknown") if f else "-",
-                (f.sha256[:16] + "…" if f.sha256 else "unknown") if f else "-",
-                p.status,
-            ])
+            rows.append(
+                [
+                    p.name,
+                    p.pinned,
+                    p.newest or "-",
+                    format_time(f.upload_time) if f else "-",
+                    (str(f.size) if f.size is not None else "unknown") if f else "-",
+                    (f.sha256[:16] + "…" if f.sha256 else "unknown") if f else "-",
+                    p.status,
+                ]
+            )
         widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
         out = [f"stack {self.stack} — target {self.target}"]
         out += [f"index {n}: {d}" for n, d in self.indexes.items()]
@@ -186,8 +210,11 @@ class NewestReport:
         out.append("")
         out.append("lines:")
         for p in self.packages:
-            pinned = (f"; pinned {p.pinned} published {format_time(p.pinned_file.upload_time)}"
-                      if p.pinned_file and p.status != STATUS_NEWEST else "")
+            pinned = (
+                f"; pinned {p.pinned} published {format_time(p.pinned_file.upload_time)}"
+                if p.pinned_file and p.status != STATUS_NEWEST
+                else ""
+            )
             out.append(f"  {p.name}: {p.line or '-'}{pinned}" + (f" — {p.note}" if p.note else ""))
         if self.trains:
             out.append("")
@@ -199,8 +226,11 @@ class NewestReport:
         for p in self.packages:
             counts[p.status] = counts.get(p.status, 0) + 1
         out.append("")
-        out.append(f"{len(self.packages)} packages: " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                   + f" ({self.seconds:.2f} s)")
+        out.append(
+            f"{len(self.packages)} packages: "
+            + ", ".join(f"{n} {s}" for s, n in counts.items())
+            + f" ({self.seconds:.2f} s)"
+        )
         return "\n".join(out)
 
 
@@ -214,21 +244,25 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-
 def _target_text(stack: Stack) -> str:
     p = stack.platform
     return f"python {p.python}, {p.arch}, {p.os}"
 
 
-def newest(stack: Stack, *, packages: list[str] | None = None, cache_dir: Path | None = None,
-           clients: dict[str, IndexClient] | None = None, train_window: float = DEFAULT_TRAIN_WINDOW) -> NewestReport:
+def newest(
+    stack: Stack,
+    *,
+    packages: list[str] | None = None,
+    cache_dir: Path | None = None,
+    clients: dict[str, IndexClient] | None = None,
+    train_window: float = DEFAULT_TRAIN_WINDOW,
+) -> NewestReport:
     """Per package: pinned, newest in line, its upload time / size / sha256, status; trains; built-for."""
     start = time.monotonic()
     names = packages or list(stack.packages)
     for n in names:
         if n not in stack.packages:
-            raise UserError(f"package '{n}' is not in stack {stack.name}",
-                            fix=f"packages: {', '.join(stack.packages)}")
+            raise UserError(f"package '{n}' is not in stack {stack.name}", fix=f"packages: {', '.join(stack.packages)}")
     # Built-for checks need the for-package's page too.
     needed = list(dict.fromkeys(names + [bf.for_ for bf in stack.rules.built_for if bf.package in names]))
     catalog, clients = load_catalog(stack, needed, cache_dir=cache_dir, clients=clients)
@@ -251,8 +285,11 @@ def newest(stack: Stack, *, packages: list[str] | None = None, cache_dir: Path |
         rep.pinned_file = cands.get(pin_v)
         if rep.pinned_file is not None and rep.pinned_file.is_yanked:
             reason = rep.pinned_file.yanked if isinstance(rep.pinned_file.yanked, str) else ""
-            rep.note = "; ".join(filter(None, [rep.note, "the pinned version is available only yanked"
-                                               + (f" ({reason})" if reason else "")]))
+            rep.note = "; ".join(
+                filter(
+                    None, [rep.note, "the pinned version is available only yanked" + (f" ({reason})" if reason else "")]
+                )
+            )
         if pin_v not in cands:
             rep.status = STATUS_MISSING
             if not any(f.version == pin_v for f in page.files):
@@ -305,8 +342,14 @@ def newest(stack: Stack, *, packages: list[str] | None = None, cache_dir: Path |
             match = pattern.match(f.version.local)
             if match and match.groupdict().get("public") and (line.kind != "wheel" or line.tags & f.tags):
                 others.add(match.group("public"))
-        bf_rep = BuiltForReport(bf.package, bf.for_, for_pin, expected or "", has,
-                                sorted(others - {Pin(for_pin).public}, key=sortable_version))
+        bf_rep = BuiltForReport(
+            bf.package,
+            bf.for_,
+            for_pin,
+            expected or "",
+            has,
+            sorted(others - {Pin(for_pin).public}, key=sortable_version),
+        )
         fr = reports.get(bf.for_)
         if fr and fr.newest and Version(fr.newest) > Version(for_pin):
             bf_rep.newest_for = fr.newest
@@ -319,6 +362,6 @@ def newest(stack: Stack, *, packages: list[str] | None = None, cache_dir: Path |
         on_index = [catalog.page(n) for n in needed if stack.packages[n].index == iname]
         fmts = {p.format for p in on_index if p is not None}
         indexes[iname] = f"{clients[iname].display_url} ({'/'.join(sorted(fmts)) or 'no answer'})"
-    return NewestReport(stack.name, _target_text(stack), [reports[n] for n in names], trains, built, indexes,
-                        time.monotonic() - start)
-
+    return NewestReport(
+        stack.name, _target_text(stack), [reports[n] for n in names], trains, built, indexes, time.monotonic() - start
+    )

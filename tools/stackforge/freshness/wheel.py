@@ -16,6 +16,7 @@ the ``DT_NEEDED`` entries gained and lost.
 ``resolve_wheel_source(src, cache_dir)`` accepts a local path or an http(s) URL (downloaded once into
 ``cache_dir`` and checked against a ``#sha256=`` fragment when present).
 """
+
 from __future__ import annotations
 
 import base64
@@ -172,8 +173,16 @@ def _read_elf_stream(path: str, stream: IO[bytes]) -> SharedObject:
             runpath=runpath,
         )
     except (ELFError, ValueError, KeyError, AttributeError) as exc:
-        return SharedObject(path=path, elf_type=f"unreadable ELF ({exc})", machine="?", elf_class=0,
-                            soname=None, needed=[], rpath=[], runpath=[])
+        return SharedObject(
+            path=path,
+            elf_type=f"unreadable ELF ({exc})",
+            machine="?",
+            elf_class=0,
+            soname=None,
+            needed=[],
+            rpath=[],
+            runpath=[],
+        )
 
 
 def inspect_wheel(path: str | Path, *, source: str | None = None) -> WheelInfo:
@@ -208,10 +217,12 @@ def inspect_wheel(path: str | Path, *, source: str | None = None) -> WheelInfo:
         if dist_info is None:
             raise UserError(f"{path}: no *.dist-info/METADATA in the archive, so not a valid wheel")
         metadata = _headers(zf.read(f"{dist_info}/METADATA").decode("utf-8", "replace"))
-        wheel_meta = _headers(zf.read(f"{dist_info}/WHEEL").decode("utf-8", "replace")) \
-            if f"{dist_info}/WHEEL" in files else {}
-        record_text = zf.read(f"{dist_info}/RECORD").decode("utf-8", "replace") \
-            if f"{dist_info}/RECORD" in files else None
+        wheel_meta = (
+            _headers(zf.read(f"{dist_info}/WHEEL").decode("utf-8", "replace")) if f"{dist_info}/WHEEL" in files else {}
+        )
+        record_text = (
+            zf.read(f"{dist_info}/RECORD").decode("utf-8", "replace") if f"{dist_info}/RECORD" in files else None
+        )
         problems = _check_record(zf, files, record_text, f"{dist_info}/RECORD")
 
     info = WheelInfo(
@@ -494,8 +505,10 @@ def render_diff(d: WheelDiff) -> str:
     if d.is_empty:
         out.append("no differences (file contents, metadata and shared-object dependencies are identical)")
         return "\n".join(out)
-    out.append(f"files: {len(d.added)} added, {len(d.removed)} removed, {len(d.changed)} changed, "
-               f"{d.unchanged} identical (by sha256; RECORD not counted)")
+    out.append(
+        f"files: {len(d.added)} added, {len(d.removed)} removed, {len(d.changed)} changed, "
+        f"{d.unchanged} identical (by sha256; RECORD not counted)"
+    )
     out.extend(f"  + {p}" for p in d.added)
     out.extend(f"  - {p}" for p in d.removed)
     out.extend(f"  ~ {p}" for p in d.changed)

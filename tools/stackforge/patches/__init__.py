@@ -17,6 +17,7 @@ the base series. Modules, along the data flow:
 This module is the public API; the build uses ``series_hash`` (labels, evidence) and
 ``apply_to_export`` (apply onto an exported tree on the host; a UserError names the failing patch).
 """
+
 from __future__ import annotations
 
 from stackforge.patches.apply import (
@@ -95,32 +96,34 @@ def apply_to_export(tree_dir, patch_dir, *range_dirs, keep_git: bool = False) ->
     from pathlib import Path
 
     layers = [read_series(patch_dir)]
-    layers += [read_series(d, layer=Path(d).parent.parent.name or f"layer{i}") for i, d in enumerate(range_dirs, start=1)]
+    layers += [
+        read_series(d, layer=Path(d).parent.parent.name or f"layer{i}") for i, d in enumerate(range_dirs, start=1)
+    ]
     return apply_series(tree_dir, layers, keep_git=keep_git).results
 
 
 __all__ = [
-    "ApplyReport",
     "BASE_LAYER",
     "CLEAN",
-    "Change",
     "DEFAULT_TRACKER_PATTERN",
-    "Diagnosis",
-    "ExportPlan",
     "FAILS",
     "FORMAT_PATCH_ARGS",
-    "Finding",
     "NOT_RUN",
     "OFFSET",
+    "STATE_FILE",
+    "THREEWAY",
+    "UPSTREAMED",
+    "ApplyReport",
+    "Change",
+    "Diagnosis",
+    "ExportPlan",
+    "Finding",
     "PatchFile",
     "PatchRef",
     "PatchResult",
     "RangeEntry",
-    "STATE_FILE",
     "Series",
-    "THREEWAY",
     "Target",
-    "UPSTREAMED",
     "Upstreamed",
     "abort_apply",
     "apply_layers",

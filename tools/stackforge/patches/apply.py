@@ -11,14 +11,16 @@ On a failure the repository is left with ``git am`` in progress and a marker
 file ``.stackforge-apply-state`` at its top; ``continue_apply`` picks up from
 there once the conflict is resolved and staged.
 """
+
 from __future__ import annotations
 
 import json
 import re
 import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence, TypeGuard
+from typing import TypeGuard
 
 from stackforge.errors import UserError
 from stackforge.patches.git import (
@@ -109,7 +111,9 @@ class ApplyReport:
 
 _OFFSET_RE = re.compile(r"^Hunk #(\d+) succeeded at (\d+)(?: \(offset (-?\d+) lines?\))?\.", re.M)
 _FAILED_AT_RE = re.compile(r"^error: patch failed: (.+):(\d+)$", re.M)
-_NOT_IN_INDEX_RE = re.compile(r"^error: (.+): (does not exist in index|already exists in index|does not match index|patch does not apply)$", re.M)
+_NOT_IN_INDEX_RE = re.compile(
+    r"^error: (.+): (does not exist in index|already exists in index|does not match index|patch does not apply)$", re.M
+)
 _CONFLICT_RE = re.compile(r"^CONFLICT \([^)]*\): (?:Merge conflict in )?(.+)$", re.M)
 
 
@@ -197,6 +201,7 @@ def seed_blobs(repo: Path, base: str, refs: Sequence[PatchRef]) -> int:
 
 # --- notes ---------------------------------------------------------------------
 
+
 def note_text(layer: str, name: str) -> str:
     return f"stackforge-layer: {layer}\nstackforge-patch: {name}\n"
 
@@ -227,6 +232,7 @@ def _add_note(repo: Path, commit: str, layer: str, name: str) -> None:
 
 
 # --- applying --------------------------------------------------------------------
+
 
 def apply_one(repo: Path, ref: PatchRef) -> PatchResult:
     """Probe and ``git am -3`` one patch. On failure ``git am`` is left in progress."""
@@ -269,7 +275,9 @@ def state_path(repo: Path) -> Path:
     return Path(repo) / STATE_FILE
 
 
-def _write_state(repo: Path, refs: Sequence[PatchRef], results: list[PatchResult], failed_index: int, resume: str, context: dict) -> None:
+def _write_state(
+    repo: Path, refs: Sequence[PatchRef], results: list[PatchResult], failed_index: int, resume: str, context: dict
+) -> None:
     exclude = git_dir(repo) / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
     text = exclude.read_text() if exclude.exists() else ""
@@ -283,7 +291,10 @@ def _write_state(repo: Path, refs: Sequence[PatchRef], results: list[PatchResult
         "head": rev_parse(repo, "HEAD"),
         "resume": resume,
         "context": context,
-        "patches": [{"layer": r.layer, "name": r.name, "path": str(r.path.resolve()), "total": r.total, "position": r.position} for r in refs],
+        "patches": [
+            {"layer": r.layer, "name": r.name, "path": str(r.path.resolve()), "total": r.total, "position": r.position}
+            for r in refs
+        ],
         "results": [r.to_json() for r in results],
     }
     state_path(repo).write_text(json.dumps(state, indent=2) + "\n")
@@ -331,7 +342,9 @@ def run_patches(
             if stop_on_failure:
                 _write_state(repo, refs, results, i, resume, context or {})
                 for rest in refs[i + 1 :]:
-                    results.append(PatchResult(rest.layer, rest.name, str(rest.path), rest.position, rest.total, NOT_RUN))
+                    results.append(
+                        PatchResult(rest.layer, rest.name, str(rest.path), rest.position, rest.total, NOT_RUN)
+                    )
                 return results
             if am_in_progress(repo):
                 git(repo, "am", "--abort", check=False)
@@ -360,7 +373,10 @@ def continue_apply(repo: Path, *, skip: bool = False) -> ApplyReport:
     repo = Path(repo)
     state = read_state(repo)
     if state is None:
-        raise UserError(f"{repo} has no {STATE_FILE}: nothing to continue", fix="start with `stackforge patches apply STACK --to DIR`")
+        raise UserError(
+            f"{repo} has no {STATE_FILE}: nothing to continue",
+            fix="start with `stackforge patches apply STACK --to DIR`",
+        )
     refs = [PatchRef(p["layer"], p["name"], Path(p["path"]), p["position"], p["total"]) for p in state["patches"]]
     idx = int(state["failed_index"])
     results = _results_from_json(state["results"])[:idx]
@@ -372,7 +388,9 @@ def continue_apply(repo: Path, *, skip: bool = False) -> ApplyReport:
         head = _head(repo)
         if state.get("head") and head != state["head"]:
             # The user finished the patch with git directly (git am --continue, or a commit).
-            r = PatchResult(ref.layer, ref.name, str(ref.path), ref.position, ref.total, RESOLVED, head, "resolved by hand")
+            r = PatchResult(
+                ref.layer, ref.name, str(ref.path), ref.position, ref.total, RESOLVED, head, "resolved by hand"
+            )
             _add_note(repo, head, ref.layer, ref.name)
             results.append(r)
             results = run_patches(repo, refs, start=idx + 1, results=results, resume=resume, context=context)
@@ -415,6 +433,7 @@ def abort_apply(repo: Path) -> None:
 
 
 # --- reporting ---------------------------------------------------------------------
+
 
 def _indent(text: str, pad: str = "    ") -> str:
     return "\n".join(pad + ln for ln in text.splitlines())
@@ -460,11 +479,18 @@ def summary_lines(report: ApplyReport) -> list[str]:
 
 # --- host-side entry point for the build -----------------------------------------------
 
+
 def _all_series(items: object) -> TypeGuard[Sequence[Series]]:
     return isinstance(items, (list, tuple)) and bool(items) and all(isinstance(s, Series) for s in items)
 
 
-def apply_series(tree_dir: Path | str, patch_paths: Iterable[Path | str] | Series | Sequence[Series], *, keep_git: bool = True, message: str = "upstream") -> ApplyReport:
+def apply_series(
+    tree_dir: Path | str,
+    patch_paths: Iterable[Path | str] | Series | Sequence[Series],
+    *,
+    keep_git: bool = True,
+    message: str = "upstream",
+) -> ApplyReport:
     """Apply patches in order onto a plain exported tree (or an existing git checkout).
 
     A tree without ``.git`` is first committed as one base commit. Raises

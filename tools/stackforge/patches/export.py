@@ -7,12 +7,13 @@ series reproduces every byte. Patch names stay what they were (only the
 number moves), new commits are named from their subject, and numbering runs
 on across layers.
 """
+
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from stackforge.errors import UserError
 from stackforge.patches.apply import read_note
@@ -59,12 +60,18 @@ FORMAT_PATCH_ARGS = [
 ]
 # Diff configuration pinned on the command line as well.
 CONFIG_ARGS = [
-    "-c", "diff.noprefix=false",
-    "-c", "diff.mnemonicPrefix=false",
-    "-c", "diff.suppressBlankEmpty=false",
-    "-c", "core.quotePath=true",
-    "-c", "format.useAutoBase=false",
-    "-c", "i18n.logOutputEncoding=UTF-8",
+    "-c",
+    "diff.noprefix=false",
+    "-c",
+    "diff.mnemonicPrefix=false",
+    "-c",
+    "diff.suppressBlankEmpty=false",
+    "-c",
+    "core.quotePath=true",
+    "-c",
+    "format.useAutoBase=false",
+    "-c",
+    "i18n.logOutputEncoding=UTF-8",
 ]
 
 
@@ -143,10 +150,16 @@ def series_commits(repo: Path, base: str | None = None) -> tuple[str, list[str]]
             fix="pass --base COMMIT (the upstream commit the series sits on), or apply with `stackforge patches apply`",
         )
     if git(repo, "merge-base", "--is-ancestor", base_id, "HEAD", check=False).returncode != 0:
-        raise UserError(f"the base {base_id} is not an ancestor of HEAD in {repo}", fix="rebase the work onto the base, or pass the right --base")
+        raise UserError(
+            f"the base {base_id} is not an ancestor of HEAD in {repo}",
+            fix="rebase the work onto the base, or pass the right --base",
+        )
     merges = git(repo, "rev-list", "--min-parents=2", f"{base_id}..HEAD").stdout.split()
     if merges:
-        raise UserError(f"{repo} has merge commits between the base and HEAD ({merges[0][:12]}…)", fix="a series is linear: rebase the merges away")
+        raise UserError(
+            f"{repo} has merge commits between the base and HEAD ({merges[0][:12]}…)",
+            fix="a series is linear: rebase the merges away",
+        )
     commits = git(repo, "rev-list", "--reverse", f"{base_id}..HEAD").stdout.split()
     return base_id, commits
 
@@ -222,7 +235,9 @@ def plan_export(repo: Path, layers: Sequence[Series], *, base: str | None = None
     return ExportPlan(new_layers, patches, files, remove)
 
 
-def export_series(repo: Path, layers: Sequence[Series], *, base: str | None = None, check: bool = False) -> tuple[ExportPlan, list[Change]]:
+def export_series(
+    repo: Path, layers: Sequence[Series], *, base: str | None = None, check: bool = False
+) -> tuple[ExportPlan, list[Change]]:
     """Export (or with ``check`` only compare); returns the plan and the byte changes."""
     plan = plan_export(repo, layers, base=base)
     changes = plan.changes() if check else plan.write()

@@ -6,6 +6,7 @@ can be parsed, prompts are off, and commits made by stackforge carry a fixed
 committer. A credential reaches git only through ``env`` (``GIT_CONFIG_*``),
 and error messages have URL credentials and the credential's secrets scrubbed.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,6 +56,7 @@ Out = TypeVar("Out", str, bytes)
 @dataclass
 class GitResult(Generic[Out]):
     """A finished git command: ``stdout`` is bytes for a ``binary`` run, text otherwise."""
+
     args: list[str]
     returncode: int
     stdout: Out

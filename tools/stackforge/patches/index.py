@@ -1,4 +1,5 @@
 """The README.md index of a series directory, generated from the series and the patches."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,9 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def render_index(series: Series, *, first_number: int | None = None, patch_bytes: dict[str, bytes] | None = None) -> str:
+def render_index(
+    series: Series, *, first_number: int | None = None, patch_bytes: dict[str, bytes] | None = None
+) -> str:
     """README text for one series directory.
 
     ``patch_bytes`` supplies patch contents not yet on disk (used by export --check).

@@ -3,12 +3,13 @@
 Each finding names the file and line it is about (the series file or the
 ``.patch`` file), the patch, and for diff content the patched file and line.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 from stackforge.patches.index import index_is_current
 from stackforge.patches.patchfile import ZERO_FROM, index_is_full, parse_patch
@@ -26,9 +27,46 @@ from stackforge.patches.series import (
 DEFAULT_TRACKER_PATTERN = r"(?<![A-Za-z0-9])[A-Z]+-\d{5,}(?!\d)"
 
 DOC_SUFFIXES = {".md", ".rst", ".txt", ".adoc", ".markdown"}
-HASH_SUFFIXES = {".py", ".pyi", ".pyx", ".pxd", ".sh", ".bash", ".yaml", ".yml", ".toml", ".cfg", ".cmake", ".txt", ".in", ".r", ".pl", ".rb"}
+HASH_SUFFIXES = {
+    ".py",
+    ".pyi",
+    ".pyx",
+    ".pxd",
+    ".sh",
+    ".bash",
+    ".yaml",
+    ".yml",
+    ".toml",
+    ".cfg",
+    ".cmake",
+    ".txt",
+    ".in",
+    ".r",
+    ".pl",
+    ".rb",
+}
 HASH_NAMES = {"Makefile", "Dockerfile", "CMakeLists.txt", "requirements.txt", ".gitignore", ".dockerignore"}
-SLASH_SUFFIXES = {".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".cu", ".cuh", ".mu", ".muh", ".java", ".js", ".ts", ".go", ".rs", ".proto", ".swift", ".kt"}
+SLASH_SUFFIXES = {
+    ".c",
+    ".h",
+    ".cc",
+    ".cpp",
+    ".cxx",
+    ".hpp",
+    ".hh",
+    ".cu",
+    ".cuh",
+    ".mu",
+    ".muh",
+    ".java",
+    ".js",
+    ".ts",
+    ".go",
+    ".rs",
+    ".proto",
+    ".swift",
+    ".kt",
+}
 
 
 @dataclass
@@ -59,7 +97,11 @@ class Finding:
 def _kind(path: str) -> str:
     p = Path(path)
     name, suffix = p.name, p.suffix.lower()
-    if suffix in DOC_SUFFIXES and name not in HASH_NAMES or name.upper().startswith(("README", "CHANGELOG", "LICENSE", "NOTICE")) or path.startswith("docs/"):
+    if (
+        (suffix in DOC_SUFFIXES and name not in HASH_NAMES)
+        or name.upper().startswith(("README", "CHANGELOG", "LICENSE", "NOTICE"))
+        or path.startswith("docs/")
+    ):
         return "doc"
     if suffix in SLASH_SUFFIXES:
         return "slash"
@@ -188,10 +230,16 @@ def lint_series(
     on_disk = sorted(p.name for p in series.dir.glob("*.patch"))
     for name in on_disk:
         if name not in seen:
-            add("unlisted-patch", f"{name} is in the directory but not in {SERIES_FILE}", rel(series.dir / name), None, name)
+            add(
+                "unlisted-patch",
+                f"{name} is in the directory but not in {SERIES_FILE}",
+                rel(series.dir / name),
+                None,
+                name,
+            )
     # Names and numbering.
     expect = start
-    for i, e in enumerate(series.entries):
+    for e in series.entries:
         named = PATCH_NAME_RE.match(e.name)
         if not named:
             add("bad-name", f"{e.name!r} does not follow NNNN-<Area>-<summary>.patch", sf, e.line, e.name)
@@ -212,7 +260,7 @@ def lint_series(
     # Each patch's content.
     for e in series.entries:
         path = series.dir / e.name
-        if e.name in seen and seen[e.name] != e.line or not path.is_file():
+        if (e.name in seen and seen[e.name] != e.line) or not path.is_file():
             continue
         pf = parse_patch(path)
         pfile = rel(path)
@@ -221,14 +269,33 @@ def lint_series(
         elif pf.from_line != ZERO_FROM:
             add("not-export-form", "the From line carries a commit id; export with --zero-commit", pfile, 1, e.name)
         if pf.signature_line:
-            add("not-export-form", "ends with a '-- ' signature; export with --no-signature", pfile, pf.signature_line, e.name)
+            add(
+                "not-export-form",
+                "ends with a '-- ' signature; export with --no-signature",
+                pfile,
+                pf.signature_line,
+                e.name,
+            )
         for fd in pf.files:
             if not index_is_full(fd):
-                add("not-export-form", "abbreviated blob ids on the index line; export with --full-index", pfile, fd.patch_line, e.name, source_file=fd.path)
+                add(
+                    "not-export-form",
+                    "abbreviated blob ids on the index line; export with --full-index",
+                    pfile,
+                    fd.patch_line,
+                    e.name,
+                    source_file=fd.path,
+                )
         if not pf.subject:
             add("no-subject", "the patch has no subject", pfile, pf.subject_line or 1, e.name)
         if not pf.description:
-            add("no-description", "the patch has no description (a body saying what it changes and why)", pfile, pf.subject_line or 1, e.name)
+            add(
+                "no-description",
+                "the patch has no description (a body saying what it changes and why)",
+                pfile,
+                pf.subject_line or 1,
+                e.name,
+            )
         if not pf.files:
             add("empty-patch", "the patch changes no file", pfile, 1, e.name)
         for lineno, text in pf.message_lines:
@@ -238,7 +305,15 @@ def lint_series(
         prev_line: dict[str, int] = {}
         for al in pf.added_lines():
             if al.text != al.text.rstrip():
-                add("trailing-whitespace", "added line ends in whitespace", pfile, al.patch_line, e.name, source_file=al.file, source_line=al.line)
+                add(
+                    "trailing-whitespace",
+                    "added line ends in whitespace",
+                    pfile,
+                    al.patch_line,
+                    e.name,
+                    source_file=al.file,
+                    source_line=al.line,
+                )
             sc = scanners.get(al.file)
             if sc is None or prev_line.get(al.file, -10) != al.line - 1:
                 sc = scanners[al.file] = _CommentScanner(_kind(al.file))
@@ -246,7 +321,15 @@ def lint_series(
             comment = sc.comment(al.text)
             for m in tracker.finditer(comment):
                 what = "doc line" if sc.kind == "doc" else "comment"
-                add("tracker-id", f"internal tracker id {m.group(0)!r} in an added {what}", pfile, al.patch_line, e.name, source_file=al.file, source_line=al.line)
+                add(
+                    "tracker-id",
+                    f"internal tracker id {m.group(0)!r} in an added {what}",
+                    pfile,
+                    al.patch_line,
+                    e.name,
+                    source_file=al.file,
+                    source_line=al.line,
+                )
     # The generated index.
     idx = series.dir / INDEX_FILE
     if not idx.is_file():
@@ -256,7 +339,9 @@ def lint_series(
     return findings
 
 
-def lint_layers(layers: Sequence[Series], *, tracker_pattern: str = DEFAULT_TRACKER_PATTERN, root: Path | None = None) -> list[Finding]:
+def lint_layers(
+    layers: Sequence[Series], *, tracker_pattern: str = DEFAULT_TRACKER_PATTERN, root: Path | None = None
+) -> list[Finding]:
     """Lint a base series and the layered ranges above it; numbering runs on across layers."""
     out: list[Finding] = []
     start: int | None = 1 if layers and layers[0].layer == BASE_LAYER else None
@@ -286,7 +371,7 @@ def lint_repository(root: Path, *, tracker_pattern: str = DEFAULT_TRACKER_PATTER
             out.append(Finding("no-series", err.message, str(d / SERIES_FILE), layer=layer))
             continue
         groups.setdefault(d.name, []).append(s)
-    for upstream, layers in groups.items():
+    for layers in groups.values():
         # Layered ranges of different overlays are alternatives over the same base, not a stack.
         base = [s for s in layers if s.layer == BASE_LAYER]
         tops = [s for s in layers if s.layer != BASE_LAYER]

@@ -5,15 +5,17 @@ Everything here takes a ``Target``: one upstream spec (any object with the
 upstream fields) and the layers to apply onto it. ``target_from_stack`` builds
 one from a stack model; tests build them from plain data.
 """
+
 from __future__ import annotations
 
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from stackforge.build import sources as up
 from stackforge.errors import UserError
@@ -104,7 +106,9 @@ def target_from_stack(
             )
         upstream = with_series[0]
     if upstream not in ups:
-        raise UserError(f"stack {stack.name} has no upstream {upstream!r} (it has: {', '.join(ups)})", fix="check --upstream")
+        raise UserError(
+            f"stack {stack.name} has no upstream {upstream!r} (it has: {', '.join(ups)})", fix="check --upstream"
+        )
     spec = _resolve_sdist_index(stack, ups[upstream])
     return make_target(upstream, spec, root=stack_root(stack), cache_dir=cache_dir, overlays=overlays, offline=offline)
 
@@ -122,7 +126,9 @@ def _resolve_sdist_index(stack: Any, spec: Any) -> Any:
         git=up.field(spec, "git"),
         tag=up.field(spec, "tag"),
         commit=up.field(spec, "commit"),
-        sdist=up.SdistSpec(str(idx), up.field(sdist, "name"), str(up.field(sdist, "version")), up.field(sdist, "sha256")),
+        sdist=up.SdistSpec(
+            str(idx), up.field(sdist, "name"), str(up.field(sdist, "version")), up.field(sdist, "sha256")
+        ),
         patches=up.field(spec, "patches"),
     )
 
@@ -137,6 +143,7 @@ def scratch(prefix: str = "stackforge-patches-") -> Iterator[Path]:
 
 
 # --- apply / check -----------------------------------------------------------------
+
 
 def apply_to(
     target: Target,
@@ -155,7 +162,10 @@ def apply_to(
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         if not force:
-            raise UserError(f"{dest} exists and is not empty", fix="choose a new directory, pass --force to replace it, or --continue a stopped apply")
+            raise UserError(
+                f"{dest} exists and is not empty",
+                fix="choose a new directory, pass --force to replace it, or --continue a stopped apply",
+            )
         shutil.rmtree(dest)
     head = prepare(target.spec, target.cache_dir, dest, root=target.root, offline=target.offline, label=target.name)
     _seed(dest, head, seed_commit, target.refs)
@@ -179,7 +189,16 @@ def check(target: Target, *, commit: str | None = None, seed_commit: str | None 
     uses, so both verbs always agree; an upstreamed patch is never reported as failing.
     """
     with scratch() as tmp:
-        head = prepare(target.spec, target.cache_dir, tmp, root=target.root, commit=commit, history="shared", offline=target.offline, label=target.name)
+        head = prepare(
+            target.spec,
+            target.cache_dir,
+            tmp,
+            root=target.root,
+            commit=commit,
+            history="shared",
+            offline=target.offline,
+            label=target.name,
+        )
         seed = seed_commit or (up.field(target.spec, "commit") if commit else None)
         _seed(tmp, head, seed, target.refs)
         report = apply_layers(tmp, target.layers, stop_on_failure=False)
@@ -196,6 +215,7 @@ def check(target: Target, *, commit: str | None = None, seed_commit: str | None 
 
 
 # --- export --check ------------------------------------------------------------------
+
 
 def _static_changes(layers: Sequence[Series]) -> list[Change]:
     """For layers without patches: only the series file and the index can differ."""
@@ -215,7 +235,15 @@ def export_check(target: Target) -> list[Change]:
     if not target.refs:
         return _static_changes(target.layers)
     with scratch() as tmp:
-        prepare(target.spec, target.cache_dir, tmp, root=target.root, history="shared", offline=target.offline, label=target.name)
+        prepare(
+            target.spec,
+            target.cache_dir,
+            tmp,
+            root=target.root,
+            history="shared",
+            offline=target.offline,
+            label=target.name,
+        )
         report = apply_layers(tmp, target.layers, stop_on_failure=True)
         if report.failed:
             raise failure_error(report, None)
@@ -224,6 +252,7 @@ def export_check(target: Target) -> list[Change]:
 
 
 # --- upstreamed ----------------------------------------------------------------------
+
 
 @dataclass
 class Upstreamed:
@@ -260,7 +289,9 @@ def _patch_ids(repo: Path, rev_range: str) -> dict[str, str]:
 
 
 def _added_lines(text: str) -> set[str]:
-    return {ln[1:].strip() for ln in text.splitlines() if ln.startswith("+") and not ln.startswith("+++") and ln[1:].strip()}
+    return {
+        ln[1:].strip() for ln in text.splitlines() if ln.startswith("+") and not ln.startswith("+++") and ln[1:].strip()
+    }
 
 
 def _find_carrier(repo: Path, patch: Path, new: str, old: str | None) -> str | None:
@@ -294,15 +325,30 @@ def find_upstreamed(target: Target, new_commit: str, *, old_commit: str | None =
     cover the patch best.
     """
     if up.field(target.spec, "sdist"):
-        raise UserError(f"upstream {target.name} is a release sdist; upstreamed detection needs a git upstream", fix="drop sdist from the upstream to work on its git history")
+        raise UserError(
+            f"upstream {target.name} is a release sdist; upstreamed detection needs a git upstream",
+            fix="drop sdist from the upstream to work on its git history",
+        )
     old = old_commit or up.field(target.spec, "commit")
     refs = target.refs
     found: dict[str, Upstreamed] = {}
     with scratch() as tmp:
-        old_id = prepare(target.spec, target.cache_dir, tmp, root=target.root, commit=old, history="shared", offline=target.offline, label=target.name)
+        old_id = prepare(
+            target.spec,
+            target.cache_dir,
+            tmp,
+            root=target.root,
+            commit=old,
+            history="shared",
+            offline=target.offline,
+            label=target.name,
+        )
         new_id = rev_parse(tmp, new_commit)
         if new_id is None:
-            raise UserError(f"commit {new_commit} is not in the upstream {up.field(target.spec, 'git')}", fix="fetch it first; is the id right?")
+            raise UserError(
+                f"commit {new_commit} is not in the upstream {up.field(target.spec, 'git')}",
+                fix="fetch it first; is the id right?",
+            )
         subjects = {r.name: parse_patch(r.path).subject for r in refs if r.path.is_file()}
         upstream_ids: dict[str, str] = {}
         if old_id != new_id:
@@ -365,13 +411,24 @@ class RangeEntry:
         return self.__dict__.copy()
 
 
-def range_diff(target: Target, old_commit: str, new_commit: str, *, creation_factor: int = 60) -> tuple[list[RangeEntry], str]:
+def range_diff(
+    target: Target, old_commit: str, new_commit: str, *, creation_factor: int = 60
+) -> tuple[list[RangeEntry], str]:
     """Apply the series on both pins and compare with ``git range-diff``; returns entries and the raw output."""
     if up.field(target.spec, "sdist"):
         raise UserError(f"upstream {target.name} is a release sdist; range-diff needs a git upstream")
     refs = target.refs
     with scratch() as tmp:
-        old_id = prepare(target.spec, target.cache_dir, tmp, root=target.root, commit=old_commit, history="shared", offline=target.offline, label=target.name)
+        old_id = prepare(
+            target.spec,
+            target.cache_dir,
+            tmp,
+            root=target.root,
+            commit=old_commit,
+            history="shared",
+            offline=target.offline,
+            label=target.name,
+        )
         new_id = rev_parse(tmp, new_commit)
         if new_id is None:
             raise UserError(f"commit {new_commit} is not in the upstream {up.field(target.spec, 'git')}")
@@ -380,7 +437,14 @@ def range_diff(target: Target, old_commit: str, new_commit: str, *, creation_fac
         git(tmp, "checkout", "--quiet", "-B", "new", new_id)
         new_results = run_patches(tmp, refs, stop_on_failure=False)
         new_tip = rev_parse(tmp, "HEAD")
-        raw = git(tmp, "range-diff", "--no-color", f"--creation-factor={creation_factor}", f"{old_id}..{old_tip}", f"{new_id}..{new_tip}").stdout
+        raw = git(
+            tmp,
+            "range-diff",
+            "--no-color",
+            f"--creation-factor={creation_factor}",
+            f"{old_id}..{old_tip}",
+            f"{new_id}..{new_tip}",
+        ).stdout
     old_applied = [r for r in old_results if r.commit]
     new_applied = [r for r in new_results if r.commit]
     status: dict[str, RangeEntry] = {}
@@ -408,7 +472,12 @@ def range_diff(target: Target, old_commit: str, new_commit: str, *, creation_fac
         e = status.get(ref.name)
         nr, orr = new_by_name.get(ref.name), old_by_name.get(ref.name)
         if orr and orr.status == FAILS:
-            e = RangeEntry(ref.layer, ref.name, "fails-old" if not (nr and nr.commit) else "new", detail="does not apply on the old pin")
+            e = RangeEntry(
+                ref.layer,
+                ref.name,
+                "fails-old" if not (nr and nr.commit) else "new",
+                detail="does not apply on the old pin",
+            )
         elif nr and nr.status == UPSTREAMED:
             e = RangeEntry(ref.layer, ref.name, "dropped", detail="already applied upstream at the new pin")
         elif nr and nr.status == FAILS:

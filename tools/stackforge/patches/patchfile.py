@@ -3,6 +3,7 @@
 The parser keeps line numbers so findings can point into the ``.patch`` file
 and into the patched source file at the same time.
 """
+
 from __future__ import annotations
 
 import re
@@ -269,9 +270,9 @@ def parse_patch(path: Path | str, data: bytes | None = None) -> PatchFile:
         elif ln.startswith("deleted file mode"):
             cur.new_path = None
         elif ln.startswith("rename to "):
-            cur.new_path = ln[len("rename to "):]
+            cur.new_path = ln[len("rename to ") :]
         elif ln.startswith("rename from "):
-            cur.old_path = ln[len("rename from "):]
+            cur.old_path = ln[len("rename from ") :]
         elif ln.startswith("index "):
             cur.index_line = ln
         elif ln.startswith("Binary files ") or ln == "GIT binary patch":

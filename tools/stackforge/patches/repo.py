@@ -6,6 +6,7 @@ mirror's history (for ``git cherry`` and ``git log`` searches), or - for a
 plain exported tree such as an unpacked sdist - a fresh repository whose
 single commit is that tree.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -98,5 +99,8 @@ def prepare(
     if commit is None:
         commit = up.field(spec, "commit")
     elif rev_parse(mirror, commit) is None:
-        raise UserError(f"commit {commit} is not in the upstream mirror of {up.field(spec, 'git')}", fix="fetch it upstream first or check the id")
+        raise UserError(
+            f"commit {commit} is not in the upstream mirror of {up.field(spec, 'git')}",
+            fix="fetch it upstream first or check the id",
+        )
     return clone_commit(mirror, commit, dest, history=history)

@@ -9,13 +9,14 @@ upstream (``patches/<upstream>``) first, then any layered ranges an overlay adds
 (``overlays/<overlay>/patches/<upstream>``). Numbering runs on across layers:
 a layered range on top of a 171-patch base starts at 0172.
 """
+
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from stackforge.errors import UserError
 
@@ -128,6 +129,7 @@ def write_series(series: Series) -> None:
 
 # --- names -----------------------------------------------------------------
 
+
 def sanitize_subject(subject: str, max_len: int | None = None) -> str:
     """The file-name part ``git format-patch`` derives from a subject.
 
@@ -174,6 +176,7 @@ def next_number(layers: Sequence[Series], index: int) -> int:
 
 
 # --- hashing -----------------------------------------------------------------
+
 
 def _as_series(item: Series | Path | str, layer: str) -> Series:
     return item if isinstance(item, Series) else read_series(item, layer=layer)
@@ -269,6 +272,7 @@ def flatten(layers: Sequence[Series]) -> list[PatchRef]:
 
 
 # --- editing -------------------------------------------------------------------
+
 
 def renumber(layers: Sequence[Series], *, write: bool = True) -> list[tuple[Path, Path]]:
     """Give every patch its contiguous number (running on across layers).

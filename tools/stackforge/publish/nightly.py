@@ -14,14 +14,16 @@ Order per run (``build/nightly/<date>/``):
    gate result, duration, failure reason. Any failed row makes the run fail; the rows that
    passed are published regardless.
 """
+
 from __future__ import annotations
 
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from stackforge.errors import BuildFailed, UserError
 from stackforge.publish.registry import RetryPolicy, parse_registry
@@ -66,33 +68,56 @@ class Summary:
         return bool(self.rows) and all(r.ok for r in self.rows)
 
     def to_json(self) -> dict[str, Any]:
-        return {"date": self.date, "registry": self.registry, "ok": self.ok, "started_at": self.started_at,
-                "finished_at": self.finished_at, "duration_s": self.duration_s, "overrides": self.overrides,
-                "bake": self.bake, "rows": [asdict(r) for r in self.rows]}
+        return {
+            "date": self.date,
+            "registry": self.registry,
+            "ok": self.ok,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "duration_s": self.duration_s,
+            "overrides": self.overrides,
+            "bake": self.bake,
+            "rows": [asdict(r) for r in self.rows],
+        }
 
     def markdown(self) -> str:
-        lines = [f"# Nightly {self.date}", "",
-                 f"Registry `{self.registry}` — {sum(r.ok for r in self.rows)} of {len(self.rows)} passed"
-                 f" in {self.duration_s:.0f} s.", ""]
+        lines = [
+            f"# Nightly {self.date}",
+            "",
+            f"Registry `{self.registry}` — {sum(r.ok for r in self.rows)} of {len(self.rows)} passed"
+            f" in {self.duration_s:.0f} s.",
+            "",
+        ]
         if self.overrides:
             lines += ["Overrides: " + " ".join(f"`--set {o}`" for o in self.overrides), ""]
         lines += [self.bake_line(), ""]
-        lines += ["| stack | target | status | tag | digest | gate | duration | failure |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "| stack | target | status | tag | digest | gate | duration | failure |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in self.rows:
             verdict = r.status if r.ok else ("INTERRUPTED" if r.status == "interrupted" else "FAILED")
-            cells = [r.stack, r.target, verdict if r.ok else f"{verdict} ({r.stage})", f"`{r.tag}`" if r.tag else "",
-                     f"`{r.digest}`" if r.digest else "", r.gate or "", f"{r.duration_s:.0f} s", _cell(r.reason)]
+            cells = [
+                r.stack,
+                r.target,
+                verdict if r.ok else f"{verdict} ({r.stage})",
+                f"`{r.tag}`" if r.tag else "",
+                f"`{r.digest}`" if r.digest else "",
+                r.gate or "",
+                f"{r.duration_s:.0f} s",
+                _cell(r.reason),
+            ]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return "\n".join(lines) + "\n"
-
 
     def bake_line(self) -> str:
         """What the bake did: its exit and duration, or why it did not run."""
         b = self.bake
         if b.get("returncode") is not None:
-            return (f"Bake: exit {b['returncode']} in {b.get('duration_s')} s "
-                    f"({b.get('targets')} targets; log `{b.get('log')}`).")
+            return (
+                f"Bake: exit {b['returncode']} in {b.get('duration_s')} s "
+                f"({b.get('targets')} targets; log `{b.get('log')}`)."
+            )
         return f"Bake: not run: {_cell(b.get('not_run') or b.get('error') or 'no bake was attempted')}."
 
 
@@ -124,15 +149,16 @@ def _now() -> str:
 
 
 def _gate_summary(lines: list[str]) -> str | None:
-    results = [l.strip() for l in lines if l.strip().startswith("gate result:")]
-    fails = [l.strip() for l in lines if l.strip().startswith("FAIL ")]
+    results = [line.strip() for line in lines if line.strip().startswith("gate result:")]
+    fails = [line.strip() for line in lines if line.strip().startswith("FAIL ")]
     if results:
         return results[-1]
     return f"{len(fails)} FAIL" if fails else None
 
 
-def select_stacks(root: Path, names: list[str] | None,
-                  overrides: list[str] | None = None) -> tuple[list[Any], list[Row]]:
+def select_stacks(
+    root: Path, names: list[str] | None, overrides: list[str] | None = None
+) -> tuple[list[Any], list[Row]]:
     """Load the named stacks (default: every stack with ``nightly: true``) and lint them.
 
     ``overrides`` (``--set key.path=value``) apply to every stack. A stack they make invalid
@@ -171,10 +197,21 @@ def _nightly_as_declared(root: Path, name: str) -> bool:
         return True
 
 
-def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[str] | None = None,
-            targets: list[str] | None = None, builder: str | None = None, use_bake: bool = True,
-            policy: RetryPolicy | None = None, ca_bundle: str | None = "auto", out: Path | None = None,
-            overrides: list[str] | None = None, echo: Callable[[str], None] = print) -> Summary:
+def nightly(
+    root: Path,
+    registry: str,
+    *,
+    date: str | None = None,
+    stacks: list[str] | None = None,
+    targets: list[str] | None = None,
+    builder: str | None = None,
+    use_bake: bool = True,
+    policy: RetryPolicy | None = None,
+    ca_bundle: str | None = "auto",
+    out: Path | None = None,
+    overrides: list[str] | None = None,
+    echo: Callable[[str], None] = print,
+) -> Summary:
     from stackforge.build import bake as bakemod
     from stackforge.build.engine import Engine
 
@@ -183,32 +220,46 @@ def nightly(root: Path, registry: str, *, date: str | None = None, stacks: list[
     date = validate_date(date)
     outdir = out or root / "build" / "nightly" / date
     outdir.mkdir(parents=True, exist_ok=True)
-    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir,
-                      overrides=[redact_text(o) for o in overrides or []])
+    summary = Summary(
+        date=date,
+        registry=registry,
+        started_at=_now(),
+        directory=outdir,
+        overrides=[redact_text(o) for o in overrides or []],
+    )
 
     loaded, summary.rows = select_stacks(root, stacks, overrides)
     for row in summary.rows:
         echo(f"nightly: {row.stack}: {row.stage} failed")
     if not loaded and not summary.rows:
-        raise UserError(f"no nightly stacks in {root / 'stacks'}",
-                        fix="mark stacks with `nightly: true`, or name them: stackforge nightly STACK…")
+        raise UserError(
+            f"no nightly stacks in {root / 'stacks'}",
+            fix="mark stacks with `nightly: true`, or name them: stackforge nightly STACK…",
+        )
     not_run = bake_not_run(summary.rows, loaded, use_bake)
     if not_run:
         summary.bake = {"not_run": not_run}
         echo(f"nightly: bake not run: {not_run}")
     engine = Engine(builder=builder)
     try:
-        _bake_and_build(summary, loaded, targets, registry, date, builder, use_bake, policy, ca_bundle, engine,
-                        outdir, echo)
+        _bake_and_build(
+            summary, loaded, targets, registry, date, builder, use_bake, policy, ca_bundle, engine, outdir, echo
+        )
     except Interrupted as intr:
         # The rows not yet decided say so; the summary is written before the command stops.
         decided = {(r.stack, r.target) for r in summary.rows}
         for stack in loaded:
             for target in _targets_or_star(bakemod, stack, targets):
                 if (stack.name, target) not in decided:
-                    summary.rows.append(Row(stack=stack.name, target=target, status="interrupted",
-                                            stage="bake" if not summary.bake else "build",
-                                            reason=f"interrupted by {intr.name} before it finished"))
+                    summary.rows.append(
+                        Row(
+                            stack=stack.name,
+                            target=target,
+                            status="interrupted",
+                            stage="bake" if not summary.bake else "build",
+                            reason=f"interrupted by {intr.name} before it finished",
+                        )
+                    )
         if not summary.bake:
             summary.bake = {"not_run": f"interrupted by {intr.name}"}
         _write_summary(summary, outdir, started)
@@ -235,9 +286,20 @@ def _write_summary(summary: Summary, outdir: Path, started: float) -> None:
     atomic_write(outdir / "summary.md", summary.markdown())
 
 
-def _bake_and_build(summary: Summary, loaded: list, targets: list[str] | None, registry: str, date: str,
-                    builder: str | None, use_bake: bool, policy: RetryPolicy | None, ca_bundle: str | None,
-                    engine, outdir: Path, echo: Callable[[str], None]) -> None:
+def _bake_and_build(
+    summary: Summary,
+    loaded: list,
+    targets: list[str] | None,
+    registry: str,
+    date: str,
+    builder: str | None,
+    use_bake: bool,
+    policy: RetryPolicy | None,
+    ca_bundle: str | None,
+    engine,
+    outdir: Path,
+    echo: Callable[[str], None],
+) -> None:
     """The bake of every loaded stack, then each stack and target built, gated and published (rows appended)."""
     from stackforge.build import bake as bakemod
     from stackforge.build.context import build_dir_for
@@ -249,12 +311,20 @@ def _bake_and_build(summary: Summary, loaded: list, targets: list[str] | None, r
     if loaded and use_bake:
         echo(f"nightly: bake {', '.join(s.name for s in loaded)}")
         try:
-            items, run = bakemod.bake(loaded, targets=targets, builder=builder, workdir=outdir, engine=engine,
-                                      ca_bundle=ca_bundle)
-            summary.bake = {"returncode": run.returncode, "duration_s": run.duration_s, "targets": len(items),
-                            "log": str(run.log_file), "plan": str(outdir / "bake.json")}
-            echo(f"nightly: bake exit {run.returncode} in {run.duration_s} s"
-                 + ("" if run.returncode == 0 else " (each stack is now built on its own for its verdict)"))
+            items, run = bakemod.bake(
+                loaded, targets=targets, builder=builder, workdir=outdir, engine=engine, ca_bundle=ca_bundle
+            )
+            summary.bake = {
+                "returncode": run.returncode,
+                "duration_s": run.duration_s,
+                "targets": len(items),
+                "log": str(run.log_file),
+                "plan": str(outdir / "bake.json"),
+            }
+            echo(
+                f"nightly: bake exit {run.returncode} in {run.duration_s} s"
+                + ("" if run.returncode == 0 else " (each stack is now built on its own for its verdict)")
+            )
         except UserError as err:
             summary.bake = {"not_run": f"the bake could not start: {err.message}", "error": err.render()}
             echo(f"nightly: bake could not run: {err.message}")
@@ -268,28 +338,46 @@ def _bake_and_build(summary: Summary, loaded: list, targets: list[str] | None, r
         for target in names:
             try:
                 with stack_lock(build_dir_for(stack)):  # its build, publish and evidence copy, as one
-                    row = _one(stack, target, registry, date, builder, policy, ca_bundle, engine, outdir, echo,
-                               build, BuildOptions, publish_stack)
+                    row = _one(
+                        stack,
+                        target,
+                        registry,
+                        date,
+                        builder,
+                        policy,
+                        ca_bundle,
+                        engine,
+                        outdir,
+                        echo,
+                        build,
+                        BuildOptions,
+                        publish_stack,
+                    )
             except UserError as err:  # the build directory is busy or cannot be written
                 row = Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render())
             summary.rows.append(row)
 
 
-def _one(stack, target, registry, date, builder, policy, ca_bundle, engine, outdir, echo, build, BuildOptions,
-         publish_stack) -> Row:
+def _one(
+    stack, target, registry, date, builder, policy, ca_bundle, engine, outdir, echo, build, BuildOptions, publish_stack
+) -> Row:
     t0 = time.monotonic()
     row = Row(stack=stack.name, target=target, status="failed")
     echo(f"nightly: {stack.name}/{target}: build and gate")
     evidence = None
     try:
-        outcome = build(stack, BuildOptions(target=target, builder=builder, ca_bundle=ca_bundle), engine=engine,
-                        echo=lambda line: None)
+        outcome = build(
+            stack,
+            BuildOptions(target=target, builder=builder, ca_bundle=ca_bundle),
+            engine=engine,
+            echo=lambda line: None,
+        )
         evidence = outcome.evidence
         row.gate = _gate_summary(outcome.gate)
     except BuildFailed as err:
         evidence = _evidence_dir(stack)
         gate = _read_lines(evidence / "gate.txt")
-        failed_gate = any(l.strip().startswith("FAIL ") for l in gate)
+        failed_gate = any(line.strip().startswith("FAIL ") for line in gate)
         row.stage = "gate" if failed_gate else "build"
         row.gate = _gate_summary(gate)
         row.reason = err.message
@@ -300,8 +388,9 @@ def _one(stack, target, registry, date, builder, policy, ca_bundle, engine, outd
     if row.stage is None:
         echo(f"nightly: {stack.name}/{target}: publish")
         try:
-            result = publish_stack(stack, registry, date=date, target=target, policy=policy, engine=engine,
-                                   echo=lambda line: None)
+            result = publish_stack(
+                stack, registry, date=date, target=target, policy=policy, engine=engine, echo=lambda line: None
+            )
             row.status, row.tag, row.digest = result.status, result.reference, result.digest
             echo(f"nightly: {stack.name}/{target}: {result.status} {result.reference}")
         except UserError as err:

@@ -9,6 +9,7 @@ A :class:`LayerCache` maps a layer's diff id to its compressed blob, so a layer 
 already holds is not compressed again. The result is a :class:`PreparedImage`: config, layers
 and the manifest whose digest the publisher pushes.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -18,9 +19,10 @@ import json
 import os
 import posixpath
 import tarfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Callable, Iterator, Protocol
+from typing import IO, Any, BinaryIO, Protocol
 
 from stackforge.build.engine import Engine
 from stackforge.errors import BuildFailed, UserError
@@ -52,8 +54,10 @@ class Blob:
         if self.data is not None:
             return io.BytesIO(self.data)
         if self.path is None:
-            raise BuildFailed(f"layer {self.digest} vanished from the registry during the publish; no tag was created",
-                              fix="re-run the publish (it will upload the layer)")
+            raise BuildFailed(
+                f"layer {self.digest} vanished from the registry during the publish; no tag was created",
+                fix="re-run the publish (it will upload the layer)",
+            )
         return open(self.path, "rb")
 
     def descriptor(self) -> dict[str, Any]:
@@ -107,8 +111,9 @@ class ImageSource(Protocol):
     @property
     def description(self) -> str: ...
 
-    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
-                cache: "LayerCache | None" = None) -> PreparedImage: ...
+    def prepare(
+        self, workdir: Path, *, compression: str, log: Callable[..., None], cache: LayerCache | None = None
+    ) -> PreparedImage: ...
 
 
 @dataclass
@@ -178,8 +183,15 @@ class _Entry:
     remote: bool = False
 
 
-def read_save_stream(stream: BinaryIO, workdir: Path, *, compression: str = "gzip", level: int = 6,
-                     expected_id: str | None = None, cache: LayerCache | None = None) -> PreparedImage:
+def read_save_stream(
+    stream: BinaryIO,
+    workdir: Path,
+    *,
+    compression: str = "gzip",
+    level: int = 6,
+    expected_id: str | None = None,
+    cache: LayerCache | None = None,
+) -> PreparedImage:
     """Turn a ``docker save`` stream (legacy or OCI-layout flavour) into upload-ready blobs.
 
     One pass, streaming: small JSON files are kept in memory, layers go to ``workdir``,
@@ -208,7 +220,11 @@ def read_save_stream(stream: BinaryIO, workdir: Path, *, compression: str = "gzi
             head = src.read(8)
             if name.endswith("/VERSION"):
                 continue
-            if head[:1] in (b"{", b"[") and member.size <= _SMALL_JSON or name.endswith(".json") or name in ("repositories", "oci-layout"):
+            if (
+                (head[:1] in (b"{", b"[") and member.size <= _SMALL_JSON)
+                or name.endswith(".json")
+                or name in ("repositories", "oci-layout")
+            ):
                 data = head + src.read()
                 entries[name] = _Entry(data=data, digest=sha256_digest(data), size=len(data), media_type="json")
                 continue
@@ -218,18 +234,30 @@ def read_save_stream(stream: BinaryIO, workdir: Path, *, compression: str = "gzi
     return _assemble(entries, expected_id)
 
 
-def _store_layer(head: bytes, src: IO[bytes], path: Path, compression: str, level: int,
-                 cache: LayerCache | None = None) -> _Entry:
+def _store_layer(
+    head: bytes, src: IO[bytes], path: Path, compression: str, level: int, cache: LayerCache | None = None
+) -> _Entry:
     with open(path, "wb") as out:
         writer = _HashingWriter(out)
         if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC) or compression == "none":
-            media = OCI_LAYER_GZIP if head.startswith(_GZIP_MAGIC) else OCI_LAYER_ZSTD if head.startswith(_ZSTD_MAGIC) else OCI_LAYER_TAR
+            media = (
+                OCI_LAYER_GZIP
+                if head.startswith(_GZIP_MAGIC)
+                else OCI_LAYER_ZSTD
+                if head.startswith(_ZSTD_MAGIC)
+                else OCI_LAYER_TAR
+            )
             writer.write(head)
             while chunk := src.read(_CHUNK):
                 writer.write(chunk)
             digest = "sha256:" + writer.hash.hexdigest()
-            return _Entry(path=path, digest=digest, size=writer.size, media_type=media,
-                          diff_id=digest if media == OCI_LAYER_TAR else None)
+            return _Entry(
+                path=path,
+                digest=digest,
+                size=writer.size,
+                media_type=media,
+                diff_id=digest if media == OCI_LAYER_TAR else None,
+            )
         if cache is not None:
             return _store_layer_cached(head, src, path, writer, level, cache)
         diff = hashlib.sha256(head)
@@ -238,12 +266,18 @@ def _store_layer(head: bytes, src: IO[bytes], path: Path, compression: str, leve
             while chunk := src.read(_CHUNK):
                 diff.update(chunk)
                 gz.write(chunk)
-    return _Entry(path=path, digest="sha256:" + writer.hash.hexdigest(), size=writer.size, media_type=OCI_LAYER_GZIP,
-                  diff_id="sha256:" + diff.hexdigest())
+    return _Entry(
+        path=path,
+        digest="sha256:" + writer.hash.hexdigest(),
+        size=writer.size,
+        media_type=OCI_LAYER_GZIP,
+        diff_id="sha256:" + diff.hexdigest(),
+    )
 
 
-def _store_layer_cached(head: bytes, src: IO[bytes], path: Path, writer: _HashingWriter, level: int,
-                        cache: LayerCache) -> _Entry:
+def _store_layer_cached(
+    head: bytes, src: IO[bytes], path: Path, writer: _HashingWriter, level: int, cache: LayerCache
+) -> _Entry:
     """Spool the raw layer first; compress it only when the registry lacks its cached blob."""
     raw = path.with_suffix(".tar")
     diff = hashlib.sha256(head)
@@ -258,7 +292,10 @@ def _store_layer_cached(head: bytes, src: IO[bytes], path: Path, writer: _Hashin
         raw.unlink()
         cache.hits += 1
         return _Entry(path=None, digest=hit[0], size=hit[1], media_type=OCI_LAYER_GZIP, diff_id=diff_id, remote=True)
-    with open(raw, "rb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz:
+    with (
+        open(raw, "rb") as fh,
+        gzip.GzipFile(filename="", mode="wb", fileobj=writer, compresslevel=level, mtime=0) as gz,
+    ):
         while chunk := fh.read(_CHUNK):
             gz.write(chunk)
     raw.unlink()
@@ -272,8 +309,10 @@ def _resolve(entries: dict[str, _Entry], name: str) -> _Entry:
     for _ in range(16):
         entry = entries.get(name)
         if entry is None:
-            raise BuildFailed(f"image archive has no file {name!r} that its manifest.json names",
-                              fix="re-export the image (docker save) and retry")
+            raise BuildFailed(
+                f"image archive has no file {name!r} that its manifest.json names",
+                fix="re-export the image (docker save) and retry",
+            )
         if entry.link is None:
             return entry
         name = entry.link
@@ -283,8 +322,9 @@ def _resolve(entries: dict[str, _Entry], name: str) -> _Entry:
 def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedImage:
     top = entries.get("manifest.json")
     if top is None or top.data is None:
-        raise BuildFailed("image archive has no manifest.json (not a docker save archive)",
-                          fix="export the image with docker save")
+        raise BuildFailed(
+            "image archive has no manifest.json (not a docker save archive)", fix="export the image with docker save"
+        )
     items = json.loads(top.data)
     if not isinstance(items, list) or not items:
         raise BuildFailed("image archive manifest.json lists no image")
@@ -295,8 +335,10 @@ def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedIm
             chosen, config_entry = item, cfg
             break
     if chosen is None:
-        raise BuildFailed(f"image archive holds no image with id {expected_id}",
-                          fix="the local image changed while it was being exported; retry")
+        raise BuildFailed(
+            f"image archive holds no image with id {expected_id}",
+            fix="the local image changed while it was being exported; retry",
+        )
     if len(items) > 1 and expected_id is None:
         raise BuildFailed(f"image archive holds {len(items)} images; publish needs exactly one")
     config_bytes = config_entry.data
@@ -307,8 +349,9 @@ def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedIm
         e = _resolve(entries, name)
         if e.path is None and not e.remote:
             raise BuildFailed(f"image archive layer {name!r} is not a layer file")
-        layers.append(Blob(digest=e.digest, size=e.size, media_type=e.media_type, path=e.path, diff_id=e.diff_id,
-                           remote=e.remote))
+        layers.append(
+            Blob(digest=e.digest, size=e.size, media_type=e.media_type, path=e.path, diff_id=e.diff_id, remote=e.remote)
+        )
     try:
         diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
     except (ValueError, KeyError, TypeError):
@@ -317,8 +360,10 @@ def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedIm
         raise BuildFailed(f"image config lists {len(diff_ids)} layers, the archive {len(layers)}")
     for i, (want, layer) in enumerate(zip(diff_ids, layers)):
         if layer.diff_id is not None and layer.diff_id != want:
-            raise BuildFailed(f"layer {i} of the exported image hashes to {layer.diff_id}, its config says {want}",
-                              fix="the export is corrupt; re-run the publish")
+            raise BuildFailed(
+                f"layer {i} of the exported image hashes to {layer.diff_id}, its config says {want}",
+                fix="the export is corrupt; re-run the publish",
+            )
     return PreparedImage(image_id=config.digest, config=config, layers=layers)
 
 
@@ -334,8 +379,9 @@ class ArchiveImage:
     def description(self) -> str:
         return str(self.path)
 
-    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
-                cache: LayerCache | None = None) -> PreparedImage:
+    def prepare(
+        self, workdir: Path, *, compression: str, log: Callable[..., None], cache: LayerCache | None = None
+    ) -> PreparedImage:
         with open(self.path, "rb") as fh:
             img = read_save_stream(fh, workdir, compression=compression, expected_id=self.image_id, cache=cache)
         self.image_id = img.image_id
@@ -389,11 +435,12 @@ class DockerImage:
         self.image_id = image_id
         try:
             self.local_size = self._engine().sdk().api.inspect_image(image_id).get("Size")
-        except Exception:  # noqa: BLE001 - the size is informative only
+        except Exception:
             self.local_size = None
 
-    def prepare(self, workdir: Path, *, compression: str, log: Callable[..., None],
-                cache: LayerCache | None = None) -> PreparedImage:
+    def prepare(
+        self, workdir: Path, *, compression: str, log: Callable[..., None], cache: LayerCache | None = None
+    ) -> PreparedImage:
         if self.image_id is None:
             self.inspect()
         import docker.errors  # the SDK streams `docker save` without a temporary tar file
@@ -401,18 +448,21 @@ class DockerImage:
         try:
             chunks = self._engine().sdk().api.get_image(self.image_id)
             with io.BufferedReader(_ChunkReader(chunks), buffer_size=_CHUNK) as stream:
-                return read_save_stream(stream, workdir, compression=compression, expected_id=self.image_id,
-                                        cache=cache)
+                return read_save_stream(
+                    stream, workdir, compression=compression, expected_id=self.image_id, cache=cache
+                )
         except docker.errors.DockerException as exc:
-            raise BuildFailed(f"exporting {self.ref} ({self.image_id}) from the engine failed: {exc}",
-                              fix="check the engine (docker info) and re-run") from None
+            raise BuildFailed(
+                f"exporting {self.ref} ({self.image_id}) from the engine failed: {exc}",
+                fix="check the engine (docker info) and re-run",
+            ) from None
         except tarfile.TarError as exc:
-            raise BuildFailed(f"the engine's export of {self.ref} is unreadable: {exc}", fix="re-run the publish") from None
-
+            raise BuildFailed(
+                f"the engine's export of {self.ref} is unreadable: {exc}", fix="re-run the publish"
+            ) from None
 
 
 def default_layer_cache() -> Path:
     env = os.environ.get("STACKFORGE_CACHE")
     base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stackforge"
     return base / "layers"
-

@@ -35,6 +35,7 @@ Here: :class:`Publisher` (the steps above), :func:`publish` (one call, with its 
 The tag scheme is ``scheme.py``, the image export (step 3) ``oci.py``, the registry client
 ``registry.py``, and publishing a built stack ``stack.py``.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -45,13 +46,14 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from stackforge.build.engine import Engine
 from stackforge import progress
+from stackforge.build.engine import Engine
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import flock_wait
 from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage, default_layer_cache
@@ -69,7 +71,6 @@ from stackforge.publish.registry import (
 )
 from stackforge.publish.scheme import TagScheme, first_free_revision, validate_date
 from stackforge.signals import Interrupted
-
 
 # --------------------------------------------------------------------------------------------
 # Push log
@@ -100,15 +101,19 @@ def default_lock_dir() -> Path:
 
 
 @contextmanager
-def repository_lock(repository: Repository, lock_dir: Path, *, timeout: float, log: Callable[..., None]) -> Iterator[None]:
+def repository_lock(
+    repository: Repository, lock_dir: Path, *, timeout: float, log: Callable[..., None]
+) -> Iterator[None]:
     lock_dir.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(f"{repository.host}/{repository.name}".encode()).hexdigest()[:20]
     path = lock_dir / f"publish-{key}.lock"
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
     try:
         if not flock_wait(fd, timeout, lambda: log("lock-wait", lock=str(path)), poll=0.05):
-            raise BuildFailed(f"another publisher on this host held {path} for more than {timeout:.0f} s; no tag was created",
-                              fix="wait for it to finish and re-run")
+            raise BuildFailed(
+                f"another publisher on this host held {path} for more than {timeout:.0f} s; no tag was created",
+                fix="wait for it to finish and re-run",
+            )
         yield
     finally:
         os.close(fd)
@@ -240,8 +245,10 @@ class Publisher:
             return m
         return None
 
-    def _find_published(self, tags: list[str], image_id: str, digest: str | None, skip: set[str]) -> tuple[str, Manifest] | None:
-        for rev, tag in sorted(self.scheme.revisions(tags, self.date).items()):
+    def _find_published(
+        self, tags: list[str], image_id: str, digest: str | None, skip: set[str]
+    ) -> tuple[str, Manifest] | None:
+        for _rev, tag in sorted(self.scheme.revisions(tags, self.date).items()):
             if tag in skip:
                 continue
             skip.add(tag)
@@ -259,14 +266,32 @@ class Publisher:
         m = self.client.get_manifest(tag)
         return m.digest if m else None
 
-    def _result(self, status: str, tag: str, digest: str, image_id: str, aliases: dict[str, str],
-                verification: dict[str, Any], size: int | None = None) -> PublishResult:
+    def _result(
+        self,
+        status: str,
+        tag: str,
+        digest: str,
+        image_id: str,
+        aliases: dict[str, str],
+        verification: dict[str, Any],
+        size: int | None = None,
+    ) -> PublishResult:
         return PublishResult(
-            status=status, repository=str(self.repository), tag=tag, digest=digest, image_id=image_id,
-            size=self.prepared.size if self.prepared else size, aliases=aliases, verification=verification,
-            push_log=self.log.events, started_at=self.started_at, finished_at=_now(),
-            duration_s=round(time.monotonic() - self.t0, 3), source=self.image.description,
-            local_size=getattr(self.image, "local_size", None))
+            status=status,
+            repository=str(self.repository),
+            tag=tag,
+            digest=digest,
+            image_id=image_id,
+            size=self.prepared.size if self.prepared else size,
+            aliases=aliases,
+            verification=verification,
+            push_log=self.log.events,
+            started_at=self.started_at,
+            finished_at=_now(),
+            duration_s=round(time.monotonic() - self.t0, 3),
+            source=self.image.description,
+            local_size=getattr(self.image, "local_size", None),
+        )
 
     def left_behind(self) -> str:
         """After a failure: say truthfully whether a tag of ours exists (one quick look, no retries)."""
@@ -275,12 +300,18 @@ class Publisher:
             return "no tag was created"
         digest = self.prepared.digest if self.prepared else None
         try:
-            client = RegistryClient(self.repository, policy=RetryPolicy(attempts=1, total_seconds=10),
-                                    credentials=self.client.credentials, timeout=(5.0, 10.0))
+            client = RegistryClient(
+                self.repository,
+                policy=RetryPolicy(attempts=1, total_seconds=10),
+                credentials=self.client.credentials,
+                timeout=(5.0, 10.0),
+            )
             current = client.head_manifest(tag)
         except RegistryError:
-            return (f"tag {tag} may have been written (the registry stopped answering); "
-                    "a re-run finds it and verifies it, or publishes under the next free revision")
+            return (
+                f"tag {tag} may have been written (the registry stopped answering); "
+                "a re-run finds it and verifies it, or publishes under the next free revision"
+            )
         if current is None:
             return "no tag was created"
         if current.digest == digest:
@@ -294,8 +325,10 @@ class Publisher:
         try:
             self.client.ping()
         except RegistryError as exc:
-            raise UserError(f"registry {self.repository.host} is not usable: {exc}",
-                            fix=f"check --registry and that {self.repository.base_url}/v2/ answers; no tag was created") from None
+            raise UserError(
+                f"registry {self.repository.host} is not usable: {exc}",
+                fix=f"check --registry and that {self.repository.base_url}/v2/ answers; no tag was created",
+            ) from None
         if self.image.image_id is None and hasattr(self.image, "inspect"):
             self.image.inspect()
 
@@ -311,11 +344,20 @@ class Publisher:
 
         with tempfile.TemporaryDirectory(prefix="stackforge-publish-", dir=self.workdir) as tmp:
             self.log("export", source=self.image.description, compression=self.compression)
-            cache = (LayerCache(self.layer_cache, self.client.blob_exists)
-                     if self.layer_cache is not None and self.compression == "gzip" else None)
+            cache = (
+                LayerCache(self.layer_cache, self.client.blob_exists)
+                if self.layer_cache is not None and self.compression == "gzip"
+                else None
+            )
             self.prepared = img = self.image.prepare(Path(tmp), compression=self.compression, log=self.log, cache=cache)
-            self.log("exported", image_id=img.image_id, digest=img.digest, layers=len(img.layers), size=img.size,
-                     layers_already_in_registry=cache.hits if cache else 0)
+            self.log(
+                "exported",
+                image_id=img.image_id,
+                digest=img.digest,
+                layers=len(img.layers),
+                size=img.size,
+                layers_already_in_registry=cache.hits if cache else 0,
+            )
             if not pre_checked:
                 found = self._find_published(tags, img.image_id, img.digest, checked)
                 if found:
@@ -339,14 +381,18 @@ class Publisher:
         image_id = self.prepared.image_id if self.prepared else self.image.image_id
         assert image_id is not None
         self.log("already-published", tag=tag, digest=manifest.digest)
-        verification: dict[str, Any] = {"tag_digest": manifest.digest, "config_digest": _config_digest(manifest),
-                                         "image_id_matches": _config_digest(manifest) == image_id}
+        verification: dict[str, Any] = {
+            "tag_digest": manifest.digest,
+            "config_digest": _config_digest(manifest),
+            "image_id_matches": _config_digest(manifest) == image_id,
+        }
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             aliases = self._advance_aliases(tag, manifest.body, manifest.media_type or OCI_MANIFEST, manifest.digest)
         if self.verify_pull:
             verification["pull"] = self._verify_pull(tag, image_id)
-        return self._result("already-published", tag, manifest.digest, image_id, aliases, verification,
-                            size=_manifest_size(manifest))
+        return self._result(
+            "already-published", tag, manifest.digest, image_id, aliases, verification, size=_manifest_size(manifest)
+        )
 
     def _upload_blobs(self, img: PreparedImage) -> None:
         for blob in img.unique_blobs():
@@ -364,8 +410,10 @@ class Publisher:
         got = self.client.put_manifest(img.digest, img.manifest, img.manifest_media_type)
         self.log("manifest-by-digest", digest=img.digest, registry_digest=got)
         if got and got != img.digest:
-            raise BuildFailed(f"the registry stored the manifest as {got}, not {img.digest}; no tag was created",
-                              fix="a proxy between here and the registry alters manifests; publish around it")
+            raise BuildFailed(
+                f"the registry stored the manifest as {got}, not {img.digest}; no tag was created",
+                fix="a proxy between here and the registry alters manifests; publish around it",
+            )
 
     def _claim(self, tag: str, img: PreparedImage) -> str:
         """HEAD the tag right before writing it; write only while it is free. Retries re-check."""
@@ -419,30 +467,47 @@ class Publisher:
         """Re-read the tag. Returns the verification record, None when a concurrent publisher took it."""
         m = self.client.get_manifest(tag)
         if m is None:
-            raise BuildFailed(f"tag {tag} vanished right after it was written", fix="check the registry; re-run the publish")
+            raise BuildFailed(
+                f"tag {tag} vanished right after it was written", fix="check the registry; re-run the publish"
+            )
         config_digest = _config_digest(m)
         ok = m.digest == img.digest and (m.header_digest in (None, img.digest))
-        self.log("tag-reread-settled" if again else "tag-reread", tag=tag, digest=m.digest, header_digest=m.header_digest,
-                 expected=img.digest, ok=ok)
+        self.log(
+            "tag-reread-settled" if again else "tag-reread",
+            tag=tag,
+            digest=m.digest,
+            header_digest=m.header_digest,
+            expected=img.digest,
+            ok=ok,
+        )
         if ok:
             if again:
                 return {**self._verified, "settled_reread": True, "settle_seconds": self.settle_seconds}
             config = self.client.get_blob(img.config.digest)
             config_ok = sha256_digest(config) == img.image_id
             if not config_ok:
-                raise BuildFailed(f"config blob {img.config.digest} read back from the registry does not hash to the "
-                                  f"image id {img.image_id}. " + self._remove_tag(tag, img.digest),
-                                  fix="check the registry's storage; re-run the publish")
-            missing = [b.digest for b in img.unique_blobs() if b is not img.config and not self.client.blob_exists(b.digest)]
+                raise BuildFailed(
+                    f"config blob {img.config.digest} read back from the registry does not hash to the "
+                    f"image id {img.image_id}. " + self._remove_tag(tag, img.digest),
+                    fix="check the registry's storage; re-run the publish",
+                )
+            missing = [
+                b.digest for b in img.unique_blobs() if b is not img.config and not self.client.blob_exists(b.digest)
+            ]
             if missing:
-                raise BuildFailed(f"the registry lacks layer(s) {', '.join(missing)} of {tag}. "
-                                  + self._remove_tag(tag, img.digest),
-                                  fix="check the registry's storage; re-run the publish")
-            self._verified = {"tag_digest": m.digest, "header_digest": m.header_digest, "pushed_digest": img.digest,
-                              "config_digest": img.image_id, "image_id_matches": True,
-                              "layers_present": len(img.unique_blobs()) - 1}
-            return {**self._verified,
-                    "settled_reread": again, "settle_seconds": self.settle_seconds if again else 0}
+                raise BuildFailed(
+                    f"the registry lacks layer(s) {', '.join(missing)} of {tag}. " + self._remove_tag(tag, img.digest),
+                    fix="check the registry's storage; re-run the publish",
+                )
+            self._verified = {
+                "tag_digest": m.digest,
+                "header_digest": m.header_digest,
+                "pushed_digest": img.digest,
+                "config_digest": img.image_id,
+                "image_id_matches": True,
+                "layers_present": len(img.unique_blobs()) - 1,
+            }
+            return {**self._verified, "settled_reread": again, "settle_seconds": self.settle_seconds if again else 0}
         if config_digest is not None and config_digest != img.image_id and m.header_digest in (None, m.digest):
             # Another image now holds the tag: a publisher on another host wrote it between our HEAD and PUT.
             self.log("tag-lost", tag=tag, digest=m.digest, image_id=config_digest)
@@ -452,8 +517,10 @@ class Publisher:
         raise BuildFailed(
             f"manifest digest mismatch for {self.repository}:{tag}: pushed {img.digest}, the tag returns {m.digest}"
             + (f" (registry header {m.header_digest})" if m.header_digest and m.header_digest != m.digest else "")
-            + "; the manifest was altered between here and the registry. " + rolled_back,
-            fix="publish around the proxy that rewrites manifests, then re-run")
+            + "; the manifest was altered between here and the registry. "
+            + rolled_back,
+            fix="publish around the proxy that rewrites manifests, then re-run",
+        )
 
     def _roll_back(self, tag: str, m: Manifest, img: PreparedImage) -> str:
         """The tag read back differently from what was pushed: delete it. Returns what is left, as a sentence."""
@@ -462,8 +529,10 @@ class Publisher:
             self.tag_written = self.tag_attempted = None
             return "The tag is gone."
         if stored == img.digest:
-            return (f"The registry itself holds the pushed manifest under {tag}, but it cannot be verified from here. "
-                    + self._remove_tag(tag, stored))
+            return (
+                f"The registry itself holds the pushed manifest under {tag}, but it cannot be verified from here. "
+                + self._remove_tag(tag, stored)
+            )
         return self._remove_tag(tag, stored)
 
     def _remove_tag(self, tag: str, digest: str) -> str:
@@ -484,8 +553,10 @@ class Publisher:
             others = [t for t in self.client.list_tags() if t != tag and self._tag_digest(t) == digest]
         except RegistryError as exc:
             self.log("rollback-failed", tag=tag, digest=digest, error=str(exc))
-            return (f"The registry stopped answering during the roll-back: tag {tag} may still point to {digest}; "
-                    "re-run the publish, or have the registry's administrator delete the tag.")
+            return (
+                f"The registry stopped answering during the roll-back: tag {tag} may still point to {digest}; "
+                "re-run the publish, or have the registry's administrator delete the tag."
+            )
         try:
             deleted = self.client.delete_manifest(tag if others else digest)
         except RegistryError as exc:
@@ -503,10 +574,14 @@ class Publisher:
             return f"Rolled back: the manifest {digest} and the tag {tag} were deleted; no tag remains."
         self.log("rollback-impossible", tag=tag, digest=digest, others=others)
         if others:
-            return (f"The registry does not delete a tag on its own, and deleting the manifest {digest} would also remove "
-                    f"{', '.join(others)}: tag {tag} points to {digest} and must be deleted by the registry's administrator.")
-        return (f"The registry does not allow deleting it: tag {tag} points to {digest} and must be deleted by "
-                "the registry's administrator.")
+            return (
+                f"The registry does not delete a tag on its own, and deleting the manifest {digest} would also remove "
+                f"{', '.join(others)}: tag {tag} points to {digest} and must be deleted by the registry's administrator."
+            )
+        return (
+            f"The registry does not allow deleting it: tag {tag} points to {digest} and must be deleted by "
+            "the registry's administrator."
+        )
 
     def _advance_aliases(self, tag: str, body: bytes, media_type: str, digest: str) -> dict[str, str]:
         """Point the aliases at ``tag`` only when it is the newest immutable tag by (date, revision).
@@ -528,7 +603,9 @@ class Publisher:
                 out.update(self._move_aliases_raw(body, media_type, digest, [alias], after=tag))
         return out
 
-    def _move_aliases_raw(self, body: bytes, media_type: str, digest: str, aliases: list[str], after: str | None = None) -> dict[str, str]:
+    def _move_aliases_raw(
+        self, body: bytes, media_type: str, digest: str, aliases: list[str], after: str | None = None
+    ) -> dict[str, str]:
         out: dict[str, str] = {}
         for alias in aliases:
             try:
@@ -536,11 +613,15 @@ class Publisher:
                 self.client.put_manifest(alias, body, media_type)
                 m = self.client.get_manifest(alias)
             except RegistryError as exc:
-                raise BuildFailed(f"alias {alias} could not be moved: {exc}. The immutable tag {after or ''} is published and verified",
-                                  fix="re-run the same publish to move the alias") from None
+                raise BuildFailed(
+                    f"alias {alias} could not be moved: {exc}. The immutable tag {after or ''} is published and verified",
+                    fix="re-run the same publish to move the alias",
+                ) from None
             if m is None or m.digest != digest:
-                raise BuildFailed(f"alias {alias} reads back as {m.digest if m else 'missing'}, expected {digest}",
-                                  fix="re-run the same publish; check for a proxy that alters manifests")
+                raise BuildFailed(
+                    f"alias {alias} reads back as {m.digest if m else 'missing'}, expected {digest}",
+                    fix="re-run the same publish; check for a proxy that alters manifests",
+                )
             out[alias] = "moved" if before != digest else "unchanged"
             self.log("alias", alias=alias, digest=digest, previous=before)
         return out
@@ -553,8 +634,10 @@ class Publisher:
         had = engine.image_id(ref)
         try:
             engine.sdk().api.pull(str(self.repository), tag=tag)
-        except Exception as exc:  # noqa: BLE001 - any SDK/daemon error
-            raise BuildFailed(f"re-pull of {ref} failed: {exc}", fix="check the registry from the engine's side") from None
+        except Exception as exc:
+            raise BuildFailed(
+                f"re-pull of {ref} failed: {exc}", fix="check the registry from the engine's side"
+            ) from None
         got = engine.image_id(ref)
         ok = got == image_id
         self.log("re-pull", reference=ref, image_id=got, ok=ok)
@@ -568,13 +651,26 @@ class Publisher:
         return {"reference": ref, "image_id": got, "identical": ok, "seconds": round(time.monotonic() - t, 3)}
 
 
-def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme, date: str | None = None, *,
-            aliases: tuple[str, ...] | list[str] = (), policy: RetryPolicy | None = None,
-            client: RegistryClient | None = None, compression: str = "gzip", lock_dir: Path | None = None,
-            verify_pull: bool = False, engine: Engine | None = None, workdir: Path | None = None,
-            layer_cache: Path | None | bool = True, settle_seconds: float = 2.0,
-            echo: Callable[[str], None] | None = None, evidence: Path | None = None,
-            extra: dict[str, Any] | None = None) -> PublishResult:
+def publish(
+    image: ImageSource,
+    repository: Repository | str,
+    scheme: TagScheme,
+    date: str | None = None,
+    *,
+    aliases: tuple[str, ...] | list[str] = (),
+    policy: RetryPolicy | None = None,
+    client: RegistryClient | None = None,
+    compression: str = "gzip",
+    lock_dir: Path | None = None,
+    verify_pull: bool = False,
+    engine: Engine | None = None,
+    workdir: Path | None = None,
+    layer_cache: Path | bool | None = True,
+    settle_seconds: float = 2.0,
+    echo: Callable[[str], None] | None = None,
+    evidence: Path | None = None,
+    extra: dict[str, Any] | None = None,
+) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``. See the module docstring.
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
@@ -591,28 +687,51 @@ def publish(image: ImageSource, repository: Repository | str, scheme: TagScheme,
         client = RegistryClient(repo, policy=policy or RetryPolicy(), log=log)
     else:
         client.log = client.log or log
-    pub = Publisher(client=client, image=image, scheme=scheme, date=date, aliases=tuple(aliases), compression=compression,
-                    lock_dir=lock_dir or default_lock_dir(), verify_pull=verify_pull, engine=engine, workdir=workdir, log=log,
-                    layer_cache=default_layer_cache() if layer_cache is True else (layer_cache or None),
-                    settle_seconds=settle_seconds)
+    pub = Publisher(
+        client=client,
+        image=image,
+        scheme=scheme,
+        date=date,
+        aliases=tuple(aliases),
+        compression=compression,
+        lock_dir=lock_dir or default_lock_dir(),
+        verify_pull=verify_pull,
+        engine=engine,
+        workdir=workdir,
+        log=log,
+        layer_cache=default_layer_cache() if layer_cache is True else (layer_cache or None),
+        settle_seconds=settle_seconds,
+    )
     try:
         try:
             result = pub.run()
         except RegistryError as exc:
             left = pub.left_behind()
-            raise BuildFailed(f"publish to {repo} failed: {exc}; {left}",
-                              fix="re-run the same command once the registry answers; uploaded blobs are reused") from None
+            raise BuildFailed(
+                f"publish to {repo} failed: {exc}; {left}",
+                fix="re-run the same command once the registry answers; uploaded blobs are reused",
+            ) from None
     except (UserError, Interrupted) as err:
         interrupted = isinstance(err, Interrupted)
         message = f"interrupted by {err.name}; {pub.left_behind()}" if isinstance(err, Interrupted) else err.message
         log("interrupted" if interrupted else "failed", error=message)
         if evidence is not None:
-            path = write_evidence(evidence, {
-                "status": "interrupted" if interrupted else "failed", **(extra or {}), "repository": str(repo),
-                "error": message, "tag_left": pub.tag_written,
-                "image_id": pub.prepared.image_id if pub.prepared else image.image_id,
-                "started_at": pub.started_at, "finished_at": _now(),
-                "duration_s": round(time.monotonic() - pub.t0, 3), "push_log": log.events}, name=FAILED_RECORD)
+            path = write_evidence(
+                evidence,
+                {
+                    "status": "interrupted" if interrupted else "failed",
+                    **(extra or {}),
+                    "repository": str(repo),
+                    "error": message,
+                    "tag_left": pub.tag_written,
+                    "image_id": pub.prepared.image_id if pub.prepared else image.image_id,
+                    "started_at": pub.started_at,
+                    "finished_at": _now(),
+                    "duration_s": round(time.monotonic() - pub.t0, 3),
+                    "push_log": log.events,
+                },
+                name=FAILED_RECORD,
+            )
             if isinstance(err, Interrupted):
                 err.notes.append(f"publish stopped: {message.split('; ', 1)[1]} (record: {path})")
         raise

@@ -13,6 +13,7 @@ Authentication: anonymous, or Basic/Bearer with credentials from
 ``STACKFORGE_REGISTRY_USER``/``STACKFORGE_REGISTRY_PASSWORD`` or from the
 ``auths`` entry of the docker client config for that host.
 """
+
 from __future__ import annotations
 
 import base64
@@ -23,10 +24,10 @@ import os
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 
 import requests
@@ -72,7 +73,7 @@ class Repository:
         sep = "@" if tag_or_digest.startswith("sha256:") else ":"
         return f"{self}{sep}{tag_or_digest}"
 
-    def child(self, name: str) -> "Repository":
+    def child(self, name: str) -> Repository:
         return Repository(host=self.host, name=f"{self.name}/{name}" if self.name else name, scheme=self.scheme)
 
 
@@ -93,8 +94,9 @@ def is_loopback_host(host: str) -> bool:
 _FIX = "give host[:port][/path], e.g. 127.0.0.1:5000/mcconline/inference or registry.example.com/team"
 
 
-def parse_registry(text: str, *, what: str = "registry reference", plain_http: bool | None = None,
-                   require_name: bool = False) -> Repository:
+def parse_registry(
+    text: str, *, what: str = "registry reference", plain_http: bool | None = None, require_name: bool = False
+) -> Repository:
     """Parse ``host[:port][/path]`` into a :class:`Repository` (``name`` may be empty) or raise ``UserError``.
 
     The host part must look like a host (contain a dot or a port, or be ``localhost``),
@@ -105,16 +107,20 @@ def parse_registry(text: str, *, what: str = "registry reference", plain_http: b
     if not raw:
         raise UserError(f"empty {what}", fix=_FIX)
     if "://" in raw:
-        raise UserError(f"{what} {text!r} must not carry a scheme",
-                        fix=_FIX + " (loopback registries are spoken to over plain HTTP, others over HTTPS)")
+        raise UserError(
+            f"{what} {text!r} must not carry a scheme",
+            fix=_FIX + " (loopback registries are spoken to over plain HTTP, others over HTTPS)",
+        )
     host, _, path = raw.partition("/")
     if "@" in raw or ":" in path:
         raise UserError(f"{what} {text!r} must not carry a tag or a digest", fix=_FIX)
     if not HOST_RE.fullmatch(host) or not looks_like_host(host):
         raise UserError(f"{what} {text!r} does not start with a registry host ({host!r} is not host[:port])", fix=_FIX)
     if path and not REPO_PATH_RE.fullmatch(path):
-        raise UserError(f"invalid repository path {path!r} in {what} {text!r}",
-                        fix="path components are lower-case [a-z0-9] separated by '.', '_', '__' or '-'")
+        raise UserError(
+            f"invalid repository path {path!r} in {what} {text!r}",
+            fix="path components are lower-case [a-z0-9] separated by '.', '_', '__' or '-'",
+        )
     if require_name and not path:
         raise UserError(f"{what} {text!r} names no repository", fix=_FIX)
     if len(path) > 255:
@@ -158,8 +164,15 @@ RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 class RegistryError(Exception):
     """The registry answered, and the answer is an error (or it could not be reached)."""
 
-    def __init__(self, message: str, *, status: int | None = None, codes: Iterable[str] = (), retryable: bool = False,
-                 retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        codes: Iterable[str] = (),
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.codes = tuple(codes)
@@ -169,8 +182,11 @@ class RegistryError(Exception):
 
 class RetriesExhausted(RegistryError):
     def __init__(self, what: str, attempts: int, elapsed: float, last: Exception):
-        super().__init__(f"{what}: gave up after {attempts} attempt(s) in {elapsed:.1f} s: {_short(last)}",
-                         status=getattr(last, "status", None), codes=getattr(last, "codes", ()))
+        super().__init__(
+            f"{what}: gave up after {attempts} attempt(s) in {elapsed:.1f} s: {_short(last)}",
+            status=getattr(last, "status", None),
+            codes=getattr(last, "codes", ()),
+        )
         self.last = last
         self.attempts = attempts
 
@@ -178,20 +194,28 @@ class RetriesExhausted(RegistryError):
 def _is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, RegistryError):
         return exc.retryable
-    return isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
-                            ConnectionError))
+    return isinstance(
+        exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError, ConnectionError)
+    )
 
 
-def with_retries(fn: Callable[[], T], *, what: str, policy: RetryPolicy, log: Callable[..., None] | None = None,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> T:
+def with_retries(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    policy: RetryPolicy,
+    log: Callable[..., None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> T:
     """Call ``fn`` until it returns, retrying transient failures within ``policy``."""
     start = clock()
     failures = 0
     while True:
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - classified just below
+        except Exception as exc:
             if not _is_retryable(exc):
                 raise
             failures += 1
@@ -238,8 +262,9 @@ def _short(exc: BaseException) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def credentials_for(host: str, env: Mapping[str, str] | None = None,
-                    docker_config: Path | None = None) -> tuple[str, str] | None:
+def credentials_for(
+    host: str, env: Mapping[str, str] | None = None, docker_config: Path | None = None
+) -> tuple[str, str] | None:
     environ: Mapping[str, str] = os.environ if env is None else env
     user, password = environ.get("STACKFORGE_REGISTRY_USER"), environ.get("STACKFORGE_REGISTRY_PASSWORD")
     if user and password:
@@ -314,21 +339,39 @@ class RegistryClient:
     def _url(self, path: str) -> str:
         return f"{self.repository.base_url}/v2/{self.repository.name}/{path}"
 
-    def _request(self, method: str, url: str, *, ok: Iterable[int], body_factory: Callable[[], Any] | None = None,
-                 headers: dict[str, str] | None = None, stream: bool = False, _authed: bool = False) -> requests.Response:
+    def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        ok: Iterable[int],
+        body_factory: Callable[[], Any] | None = None,
+        headers: dict[str, str] | None = None,
+        stream: bool = False,
+        _authed: bool = False,
+    ) -> requests.Response:
         hdrs = dict(headers or {})
         if self._auth_header:
             hdrs["Authorization"] = self._auth_header
         data = body_factory() if body_factory else None
         try:
-            resp = self.session.request(method, url, data=data, headers=hdrs, timeout=self.timeout,
-                                        allow_redirects=method in ("GET", "HEAD"), stream=stream)
+            resp = self.session.request(
+                method,
+                url,
+                data=data,
+                headers=hdrs,
+                timeout=self.timeout,
+                allow_redirects=method in ("GET", "HEAD"),
+                stream=stream,
+            )
         finally:
             if data is not None and hasattr(data, "close"):
                 data.close()
         if resp.status_code == 401 and not _authed and self._authenticate(resp):
             resp.close()
-            return self._request(method, url, ok=ok, body_factory=body_factory, headers=headers, stream=stream, _authed=True)
+            return self._request(
+                method, url, ok=ok, body_factory=body_factory, headers=headers, stream=stream, _authed=True
+            )
         if resp.status_code in ok:
             return resp
         raise self._error(method, url, resp)
@@ -348,8 +391,13 @@ class RegistryClient:
             retry_after = float(resp.headers["Retry-After"])
         path = urlparse(url).path
         resp.close()
-        return RegistryError(f"{method} {path} -> HTTP {resp.status_code}{detail}", status=resp.status_code, codes=codes,
-                             retryable=resp.status_code in RETRY_STATUS, retry_after=retry_after)
+        return RegistryError(
+            f"{method} {path} -> HTTP {resp.status_code}{detail}",
+            status=resp.status_code,
+            codes=codes,
+            retryable=resp.status_code in RETRY_STATUS,
+            retry_after=retry_after,
+        )
 
     def _authenticate(self, resp: requests.Response) -> bool:
         challenge = resp.headers.get("WWW-Authenticate", "")
@@ -365,8 +413,11 @@ class RegistryClient:
             auth = self.credentials if self.credentials else None
             r = self.session.get(params["realm"] + "?" + urlencode(query), auth=auth, timeout=self.timeout)
             if r.status_code != 200:
-                raise RegistryError(f"token request to {params['realm']} -> HTTP {r.status_code}", status=r.status_code,
-                                    retryable=r.status_code in RETRY_STATUS)
+                raise RegistryError(
+                    f"token request to {params['realm']} -> HTTP {r.status_code}",
+                    status=r.status_code,
+                    retryable=r.status_code in RETRY_STATUS,
+                )
             tok = r.json().get("token") or r.json().get("access_token")
             if not tok:
                 raise RegistryError(f"token endpoint {params['realm']} returned no token")
@@ -391,7 +442,7 @@ class RegistryClient:
         while url:
             current = url
 
-            def fetch() -> requests.Response:
+            def fetch(current: str = current) -> requests.Response:
                 return self._request("GET", current, ok=(200, 404))
 
             resp = self._retry("list tags", fetch)
@@ -406,27 +457,37 @@ class RegistryClient:
 
     def head_manifest(self, reference: str) -> ManifestInfo | None:
         def call() -> ManifestInfo | None:
-            resp = self._request("HEAD", self._url(f"manifests/{reference}"), ok=(200, 404),
-                                 headers={"Accept": MANIFEST_ACCEPT})
+            resp = self._request(
+                "HEAD", self._url(f"manifests/{reference}"), ok=(200, 404), headers={"Accept": MANIFEST_ACCEPT}
+            )
             resp.close()
             if resp.status_code == 404:
                 return None
             size = resp.headers.get("Content-Length")
-            return ManifestInfo(digest=resp.headers.get("Docker-Content-Digest"),
-                                media_type=resp.headers.get("Content-Type"),
-                                size=int(size) if size and size.isdigit() else None)
+            return ManifestInfo(
+                digest=resp.headers.get("Docker-Content-Digest"),
+                media_type=resp.headers.get("Content-Type"),
+                size=int(size) if size and size.isdigit() else None,
+            )
 
         return self._retry(f"HEAD manifest {reference}", call)
 
     def get_manifest(self, reference: str) -> Manifest | None:
         def call() -> Manifest | None:
-            resp = self._request("GET", self._url(f"manifests/{reference}"), ok=(200, 404),
-                                 headers={"Accept": MANIFEST_ACCEPT, "Cache-Control": "no-cache"})
+            resp = self._request(
+                "GET",
+                self._url(f"manifests/{reference}"),
+                ok=(200, 404),
+                headers={"Accept": MANIFEST_ACCEPT, "Cache-Control": "no-cache"},
+            )
             if resp.status_code == 404:
                 resp.close()
                 return None
-            return Manifest(body=resp.content, media_type=resp.headers.get("Content-Type"),
-                            header_digest=resp.headers.get("Docker-Content-Digest"))
+            return Manifest(
+                body=resp.content,
+                media_type=resp.headers.get("Content-Type"),
+                header_digest=resp.headers.get("Docker-Content-Digest"),
+            )
 
         return self._retry(f"GET manifest {reference}", call)
 
@@ -434,8 +495,13 @@ class RegistryClient:
         """PUT a manifest under a tag or a digest; returns the registry's ``Docker-Content-Digest``."""
 
         def call() -> str | None:
-            resp = self._request("PUT", self._url(f"manifests/{reference}"), ok=(201, 200, 202),
-                                 body_factory=lambda: body, headers={"Content-Type": media_type})
+            resp = self._request(
+                "PUT",
+                self._url(f"manifests/{reference}"),
+                ok=(201, 200, 202),
+                body_factory=lambda: body,
+                headers={"Content-Type": media_type},
+            )
             resp.close()
             return resp.headers.get("Docker-Content-Digest")
 
@@ -443,8 +509,13 @@ class RegistryClient:
 
     def put_manifest_once(self, reference: str, body: bytes, media_type: str) -> str | None:
         """One PUT attempt, no retry: the caller re-checks the tag between attempts."""
-        resp = self._request("PUT", self._url(f"manifests/{reference}"), ok=(201, 200, 202),
-                             body_factory=lambda: body, headers={"Content-Type": media_type})
+        resp = self._request(
+            "PUT",
+            self._url(f"manifests/{reference}"),
+            ok=(201, 200, 202),
+            body_factory=lambda: body,
+            headers={"Content-Type": media_type},
+        )
         resp.close()
         return resp.headers.get("Docker-Content-Digest")
 
@@ -498,8 +569,13 @@ class RegistryClient:
             query = parse_qs(parsed.query, keep_blank_values=True)
             query["digest"] = [digest]
             put_url = parsed._replace(query=urlencode(query, doseq=True)).geturl()
-            resp = self._request("PUT", put_url, ok=(201,), body_factory=opener,
-                                 headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+            resp = self._request(
+                "PUT",
+                put_url,
+                ok=(201,),
+                body_factory=opener,
+                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+            )
             resp.close()
             got = resp.headers.get("Docker-Content-Digest")
             if got and got != digest:

@@ -4,12 +4,13 @@ Pure functions only: render a tag for (date, revision), parse one back, group a 
 by revision for a date, pick the newest tag and the first free revision, and check a publish date.
 The publisher (``publisher.py``) decides with these which tag to write.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from stackforge.errors import UserError
 from stackforge.grammar import DATE_RE, TAG_RE
@@ -30,17 +31,19 @@ class TagScheme:
     tail: str = ""
 
     @classmethod
-    def from_prefix(cls, prefix: str) -> "TagScheme":
+    def from_prefix(cls, prefix: str) -> TagScheme:
         return cls(head=f"{prefix}-", mid="-r", tail="")
 
     @classmethod
-    def from_render(cls, render: Callable[[str, int], str]) -> "TagScheme":
+    def from_render(cls, render: Callable[[str, int], str]) -> TagScheme:
         """Derive the scheme from a function rendering the tag for (date, revision)."""
         date, rev = "99991231", 987654321
         text = render(date, rev)
         if text.count(date) != 1 or text.count(str(rev)) != 1 or text.index(date) > text.index(str(rev)):
-            raise UserError(f"publish tag template renders {text!r}: it must contain the date once, followed by the revision once",
-                            fix="write the publish tag as …{{ date }}…{{ revision }}…")
+            raise UserError(
+                f"publish tag template renders {text!r}: it must contain the date once, followed by the revision once",
+                fix="write the publish tag as …{{ date }}…{{ revision }}…",
+            )
         head, rest = text.split(date)
         mid, tail = rest.split(str(rev))
         return cls(head=head, mid=mid, tail=tail)
@@ -48,12 +51,15 @@ class TagScheme:
     def tag(self, date: str, revision: int) -> str:
         tag = f"{self.head}{date}{self.mid}{revision}{self.tail}"
         if not TAG_RE.match(tag):
-            raise UserError(f"publish tag {tag!r} is not a valid OCI tag",
-                            fix=f"{_TAG_FIX}; shorten or change the tag template")
+            raise UserError(
+                f"publish tag {tag!r} is not a valid OCI tag", fix=f"{_TAG_FIX}; shorten or change the tag template"
+            )
         return tag
 
     def parse(self, tag: str) -> tuple[str, int] | None:
-        m = re.fullmatch(re.escape(self.head) + r"(\d{8})" + re.escape(self.mid) + r"([1-9][0-9]{0,8})" + re.escape(self.tail), tag)
+        m = re.fullmatch(
+            re.escape(self.head) + r"(\d{8})" + re.escape(self.mid) + r"([1-9][0-9]{0,8})" + re.escape(self.tail), tag
+        )
         return (m.group(1), int(m.group(2))) if m else None
 
     def revisions(self, tags: list[str], date: str) -> dict[int, str]:
@@ -73,8 +79,10 @@ class TagScheme:
         if not TAG_RE.match(alias):
             raise UserError(f"alias {alias!r} is not a valid OCI tag", fix=_TAG_FIX)
         if self.parse(alias):
-            raise UserError(f"alias {alias!r} has the form of an immutable publish tag",
-                            fix="a moving alias must not look like <…><YYYYMMDD><…><N>; use e.g. …-latest")
+            raise UserError(
+                f"alias {alias!r} has the form of an immutable publish tag",
+                fix="a moving alias must not look like <…><YYYYMMDD><…><N>; use e.g. …-latest",
+            )
 
 
 def validate_date(date: str | None) -> str:

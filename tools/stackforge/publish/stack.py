@@ -5,11 +5,13 @@ that this build passed its gate (:func:`check_gated`), derives the repository, t
 aliases from the stack's ``tags:`` templates and publishes under the stack's build-directory lock,
 with the evidence in ``build/<stack>/evidence/``.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from stackforge.build.context import build_dir_for
 from stackforge.build.engine import Engine
@@ -32,26 +34,48 @@ def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str,
     try:
         result = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"no gated build of {stack_name}/{target}: {path} does not exist; nothing was published",
-                        fix=fix + ", or pass --allow-ungated") from None
+        raise UserError(
+            f"no gated build of {stack_name}/{target}: {path} does not exist; nothing was published",
+            fix=fix + ", or pass --allow-ungated",
+        ) from None
     except ValueError:
         raise UserError(f"{path} is not valid JSON; nothing was published", fix=fix) from None
     if not result.get("ok"):
-        raise BuildFailed(f"the last build of {stack_name} failed ({result.get('reason', 'see its evidence')}); "
-                          "nothing was published", fix=fix)
+        raise BuildFailed(
+            f"the last build of {stack_name} failed ({result.get('reason', 'see its evidence')}); "
+            "nothing was published",
+            fix=fix,
+        )
     if result.get("target") != target:
-        raise UserError(f"the last build of {stack_name} was for target {result.get('target')!r}, not {target!r}; "
-                        "nothing was published", fix=fix)
+        raise UserError(
+            f"the last build of {stack_name} was for target {result.get('target')!r}, not {target!r}; "
+            "nothing was published",
+            fix=fix,
+        )
     if result.get("image_id") != image_id:
-        raise BuildFailed(f"local image {local_ref} is {image_id}, but the gated build produced {result.get('image_id')}; "
-                          "nothing was published", fix=fix)
+        raise BuildFailed(
+            f"local image {local_ref} is {image_id}, but the gated build produced {result.get('image_id')}; "
+            "nothing was published",
+            fix=fix,
+        )
     return {"evidence": str(path), "image_id": result.get("image_id"), "tag": result.get("tag")}
 
 
-def publish_stack(stack: Any, registry: str, *, date: str | None = None, target: str | None = None,
-                  out: Path | None = None, allow_ungated: bool = False, verify_pull: bool = False,
-                  policy: RetryPolicy | None = None, compression: str = "gzip", engine: Engine | None = None,
-                  lock_dir: Path | None = None, echo: Callable[[str], None] | None = None) -> PublishResult:
+def publish_stack(
+    stack: Any,
+    registry: str,
+    *,
+    date: str | None = None,
+    target: str | None = None,
+    out: Path | None = None,
+    allow_ungated: bool = False,
+    verify_pull: bool = False,
+    policy: RetryPolicy | None = None,
+    compression: str = "gzip",
+    engine: Engine | None = None,
+    lock_dir: Path | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> PublishResult:
     """Publish the local image that ``stackforge build`` made for ``stack``/``target``.
 
     Repository, immutable tag scheme and aliases come from the stack's ``tags:`` templates
@@ -72,8 +96,10 @@ def publish_stack(stack: Any, registry: str, *, date: str | None = None, target:
     aliases = []
     for alias in tagsmod.alias_refs(stack, str(reg)):
         if alias.repository != first.repository:
-            raise UserError(f"alias {alias} is not in the publish repository {first.repository}",
-                            fix="aliases name the same repository as tags.publish")
+            raise UserError(
+                f"alias {alias} is not in the publish repository {first.repository}",
+                fix="aliases name the same repository as tags.publish",
+            )
         aliases.append(alias.tag + suffix)
     local = target_ref(stack, target)
     with stack_lock(build_dir_for(stack, out)):  # no build of this stack replaces its evidence meanwhile
@@ -84,6 +110,19 @@ def publish_stack(stack: Any, registry: str, *, date: str | None = None, target:
         assert image.image_id is not None
         gated = None if allow_ungated else check_gated(evidence, stack.name, target, image.image_id, local)
         extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
-        return publish(image, repository, scheme, date, aliases=aliases, policy=policy, compression=compression,
-                       lock_dir=lock_dir, verify_pull=verify_pull, engine=engine, echo=echo, evidence=evidence, extra=extra,
-                       layer_cache=default_cache_dir(stack_root(stack)) / "layers")
+        return publish(
+            image,
+            repository,
+            scheme,
+            date,
+            aliases=aliases,
+            policy=policy,
+            compression=compression,
+            lock_dir=lock_dir,
+            verify_pull=verify_pull,
+            engine=engine,
+            echo=echo,
+            evidence=evidence,
+            extra=extra,
+            layer_cache=default_cache_dir(stack_root(stack)) / "layers",
+        )

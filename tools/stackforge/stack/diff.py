@@ -1,4 +1,5 @@
 """The pin table of a train move: package | before | after | note."""
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 Errors name the file, line and column of the value at fault and say how to fix
 it; they are collected, so one run reports every problem in a file.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -39,6 +40,7 @@ class StackInvalid(UserError):
 
 # --------------------------------------------------------------------------- repository
 
+
 def find_root(start: Path | None = None) -> Path:
     """The repository root: the nearest directory upwards holding stacks/."""
     env = os.environ.get("STACKFORGE_ROOT")
@@ -69,9 +71,10 @@ def _name_problem(root: Path, name: Any) -> tuple[str, str] | None:
     if stem in known:
         fix = f"name the stack, not a path: '{stem}'"
     else:
-        fix = f"name a stack of {STACKS_DIR}/ by its file name without .yaml; known stacks: {', '.join(known) or 'none'}"
-    return (f"{shown} is not a stack name (lowercase letters, digits, '.', '_' and '-'; "
-            f"no path, no .yaml)"), fix
+        fix = (
+            f"name a stack of {STACKS_DIR}/ by its file name without .yaml; known stacks: {', '.join(known) or 'none'}"
+        )
+    return (f"{shown} is not a stack name (lowercase letters, digits, '.', '_' and '-'; no path, no .yaml)"), fix
 
 
 def stack_path(root: Path, name: str) -> Path:
@@ -88,8 +91,11 @@ def _confined(root: Path, path: Path, display: str) -> None:
     try:
         path.resolve().relative_to(stacks)
     except ValueError:
-        raise UserError(f"the file is a link to a file outside {STACKS_DIR}/", file=display,
-                        fix=f"copy the stack into {STACKS_DIR}/ instead of linking to it") from None
+        raise UserError(
+            f"the file is a link to a file outside {STACKS_DIR}/",
+            file=display,
+            fix=f"copy the stack into {STACKS_DIR}/ instead of linking to it",
+        ) from None
 
 
 def list_stacks(root: Path) -> list[str]:
@@ -103,6 +109,7 @@ def _known(root: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- inheritance
+
 
 def _merge(base: Any, over: Any) -> Any:
     """Deep-merge mappings (keys keep the parent's order, new keys follow); anything else is replaced."""
@@ -146,8 +153,13 @@ def _load_chain(root: Path, name: str, seen: list[str]) -> tuple[dict, dict, dic
     src = load_with_positions(path, display)
     data = src.data
     if not isinstance(data, dict):
-        raise UserError("a stack file must be a mapping of keys (name, platform, packages, …)", file=display, line=1,
-                        col=1, fix="start the file with 'name: <stack name>'")
+        raise UserError(
+            "a stack file must be a mapping of keys (name, platform, packages, …)",
+            file=display,
+            line=1,
+            col=1,
+            fix="start the file with 'name: <stack name>'",
+        )
     _check_own_name(data, src.values, display, name)
     parent = data.get("inherits")
     if parent is None:
@@ -157,8 +169,12 @@ def _load_chain(root: Path, name: str, seen: list[str]) -> tuple[dict, dict, dic
     merged = _merge(pdata, data)
     merged.pop("inherits", None)
     merged["inherits"] = parent
-    return (merged, _merge_positions(pvals, src.values, data), _merge_positions(pkeys, src.keys, data),
-            [*pfiles, display])
+    return (
+        merged,
+        _merge_positions(pvals, src.values, data),
+        _merge_positions(pkeys, src.keys, data),
+        [*pfiles, display],
+    )
 
 
 def _check_own_name(data: dict, values: dict, display: str, name: str) -> None:
@@ -166,38 +182,55 @@ def _check_own_name(data: dict, values: dict, display: str, name: str) -> None:
     own = data.get("name")
     if own is None:
         # Without this a child stack would silently carry its parent's name.
-        raise UserError("missing required key 'name'", file=display, line=1, col=1,
-                        fix=f"add 'name: {name}' (every stack file names itself)")
+        raise UserError(
+            "missing required key 'name'",
+            file=display,
+            line=1,
+            col=1,
+            fix=f"add 'name: {name}' (every stack file names itself)",
+        )
     if own != name:
         shown = repr(own) if isinstance(own, str) and len(own) <= 200 else "this value"
-        raise UserError(f"name {shown} does not match the file name '{name}'", **values[("name",)].as_error_kwargs(),
-                        fix=f"set name: {name}" + (f", or rename the file to {own}.yaml"
-                                                    if isinstance(own, str) and STACK_NAME.fullmatch(own) else ""))
+        raise UserError(
+            f"name {shown} does not match the file name '{name}'",
+            **values[("name",)].as_error_kwargs(),
+            fix=f"set name: {name}"
+            + (f", or rename the file to {own}.yaml" if isinstance(own, str) and STACK_NAME.fullmatch(own) else ""),
+        )
 
 
 def _check_parent(root: Path, parent: Any, pos: Pos, chain: list[str]) -> None:
     """``inherits`` names another stack of stacks/: a plain name, no cycle, not too long a chain."""
     if not isinstance(parent, str):
-        raise UserError("inherits must be the name of another stack", **pos.as_error_kwargs(),
-                        fix="write e.g. 'inherits: post1'")
+        raise UserError(
+            "inherits must be the name of another stack", **pos.as_error_kwargs(), fix="write e.g. 'inherits: post1'"
+        )
     problem = _name_problem(root, parent)
     if problem:
         raise UserError(f"inherits: {problem[0]}", **pos.as_error_kwargs(), fix=problem[1])
     if parent in chain:
-        raise UserError(f"inheritance cycle: {' → '.join([*chain, parent])}", **pos.as_error_kwargs(),
-                        fix="remove 'inherits' from one stack in the cycle")
+        raise UserError(
+            f"inheritance cycle: {' → '.join([*chain, parent])}",
+            **pos.as_error_kwargs(),
+            fix="remove 'inherits' from one stack in the cycle",
+        )
     if len(chain) >= MAX_INHERITANCE:
-        raise UserError(f"inheritance chain longer than {MAX_INHERITANCE} stacks ({' → '.join(chain)} → {parent})",
-                        **pos.as_error_kwargs(), fix="inherit from a stack nearer the root of the chain")
+        raise UserError(
+            f"inheritance chain longer than {MAX_INHERITANCE} stacks ({' → '.join(chain)} → {parent})",
+            **pos.as_error_kwargs(),
+            fix="inherit from a stack nearer the root of the chain",
+        )
     if not stack_path(root, parent).exists():
         near = difflib.get_close_matches(parent, _known(root), n=1)
         raise UserError(
-            f"parent stack '{parent}' does not exist ({STACKS_DIR}/{parent}.yaml)", **pos.as_error_kwargs(),
+            f"parent stack '{parent}' does not exist ({STACKS_DIR}/{parent}.yaml)",
+            **pos.as_error_kwargs(),
             fix=(f"did you mean '{near[0]}'?" if near else f"known stacks: {', '.join(_known(root))}"),
         )
 
 
 # --------------------------------------------------------------------------- --set overrides
+
 
 def _nulls(value: Any) -> Any:
     if isinstance(value, dict):
@@ -224,21 +257,30 @@ def _override_value(raw: str, n: int) -> tuple[list[str], Any, Pos]:
     parts = key.strip().split(".")
     if len(key) > 1000 or not all(KEY_PART.fullmatch(p) for p in parts):
         printable = 0 < len(key.strip()) <= 200 and not _UNPRINTABLE.search(key)
-        raise UserError(f"'{redact_text(key)}' is not a key path" if printable else "the key is not a key path",
-                        file=f"--set {redact_text(key.strip())}" if printable else f"--set #{n}",
-                        fix="write dotted keys of letters, digits, '_' and '-': packages.torch.version")
+        raise UserError(
+            f"'{redact_text(key)}' is not a key path" if printable else "the key is not a key path",
+            file=f"--set {redact_text(key.strip())}" if printable else f"--set #{n}",
+            fix="write dotted keys of letters, digits, '_' and '-': packages.torch.version",
+        )
     label = f"--set {'.'.join(parts)}"
     if len(parts) > MAX_KEY_PARTS:
-        raise UserError(f"a key path of more than {MAX_KEY_PARTS} parts", file=label,
-                        fix="name a key of the stack, e.g. packages.torch.version")
+        raise UserError(
+            f"a key path of more than {MAX_KEY_PARTS} parts",
+            file=label,
+            fix="name a key of the stack, e.g. packages.torch.version",
+        )
     if not eq:
-        raise UserError("an override must look like key.path=value", file=label,
-                        fix="e.g. --set upstreams.vllm.commit=0123abcd…")
+        raise UserError(
+            "an override must look like key.path=value", file=label, fix="e.g. --set upstreams.vllm.commit=0123abcd…"
+        )
     try:
         value = _nulls(load_value(text)) if text.strip() else ""
     except Refused as exc:
-        raise UserError(exc.message + (f" (line {exc.line}, column {exc.col} of the value)" if exc.line else ""),
-                        file=label, fix=exc.fix) from None
+        raise UserError(
+            exc.message + (f" (line {exc.line}, column {exc.col} of the value)" if exc.line else ""),
+            file=label,
+            fix=exc.fix,
+        ) from None
     except yaml.YAMLError:
         value = text
     where = Pos(f"--set {redact_text(raw)}" if len(raw) <= LONG_OVERRIDE else f"{label}=…")
@@ -260,14 +302,20 @@ def _check_identity(parts: list[str], value: Any, data: dict, where: Pos) -> Non
         return
     own = data.get("name")
     if field == "name":
-        raise UserError("--set name cannot rename a stack: its name is its file's "
-                        f"({STACKS_DIR}/{own}.yaml), and the build's evidence is filed under it", file=where.file,
-                        fix=f"drop --set name; for another stack, write {STACKS_DIR}/<new>.yaml with "
-                            f"'name: <new>' and 'inherits: {own}'")
-    raise UserError("--set inherits cannot change the parent stack: overrides apply after inheritance "
-                    f"(the parent of {own} is {current or 'none'})", file=where.file,
-                    fix=f"write {STACKS_DIR}/<new>.yaml with 'name: <new>' and 'inherits: <parent>', "
-                        f"or change 'inherits:' in {STACKS_DIR}/{own}.yaml")
+        raise UserError(
+            "--set name cannot rename a stack: its name is its file's "
+            f"({STACKS_DIR}/{own}.yaml), and the build's evidence is filed under it",
+            file=where.file,
+            fix=f"drop --set name; for another stack, write {STACKS_DIR}/<new>.yaml with "
+            f"'name: <new>' and 'inherits: {own}'",
+        )
+    raise UserError(
+        "--set inherits cannot change the parent stack: overrides apply after inheritance "
+        f"(the parent of {own} is {current or 'none'})",
+        file=where.file,
+        fix=f"write {STACKS_DIR}/<new>.yaml with 'name: <new>' and 'inherits: <parent>', "
+        f"or change 'inherits:' in {STACKS_DIR}/{own}.yaml",
+    )
 
 
 def apply_overrides(data: dict, values: dict, keys: dict, overrides: list[str]) -> None:
@@ -283,8 +331,11 @@ def apply_overrides(data: dict, values: dict, keys: dict, overrides: list[str]) 
                 nxt = {}
                 node[part] = nxt
             if not isinstance(nxt, dict):
-                raise UserError(f"'{'.'.join(parts[:i + 1])}' is a value, not a mapping; cannot set '{key}'",
-                                file=where.file, fix="override the value itself, or a key below a mapping")
+                raise UserError(
+                    f"'{'.'.join(parts[: i + 1])}' is a value, not a mapping; cannot set '{key}'",
+                    file=where.file,
+                    fix="override the value itself, or a key below a mapping",
+                )
             node = nxt
         node[parts[-1]] = value
         path = tuple(parts)
@@ -298,6 +349,7 @@ def apply_overrides(data: dict, values: dict, keys: dict, overrides: list[str]) 
 
 
 # --------------------------------------------------------------------------- validation
+
 
 def _model_for(annotation) -> tuple[str, Any]:
     """Classify a field annotation: ('model', cls) | ('dict', value-ann) | ('list', item-ann) | ('scalar', None)."""
@@ -386,9 +438,11 @@ def _validation_problems(exc: ValidationError, values: dict, keys: dict) -> list
         msg = err["msg"]
         fix: str | None
         if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         if kind == "missing":
-            text = f"missing required key '{loc[-1]}'" + (f" in {'.'.join(str(p) for p in loc[:-1])}" if len(loc) > 1 else "")
+            text = f"missing required key '{loc[-1]}'" + (
+                f" in {'.'.join(str(p) for p in loc[:-1])}" if len(loc) > 1 else ""
+            )
             fix = f"add '{loc[-1]}:'" + (" here or in a parent stack" if len(loc) >= 1 else "")
         else:
             text = f"{dotted}: {msg}"
@@ -406,18 +460,24 @@ def _value_fix(msg: str) -> str | None:
     if "only printable characters" in msg:
         return "remove the control characters: the value must be printable text on one line"
     if "git URL or path" in msg:
-        return ("write an https://, ssh://, git:// or file:// URL, user@host:path or a local path "
-                "(no spaces, quotes or shell characters, not starting with '-')")
+        return (
+            "write an https://, ssh://, git:// or file:// URL, user@host:path or a local path "
+            "(no spaces, quotes or shell characters, not starting with '-')"
+        )
     if "image reference" in msg:
         return "write [registry[:port]/]repository[:tag][@sha256:<64 hex>], e.g. stackforge/base:bookworm"
     if "is not a digest" in msg:
         return "write sha256: followed by the 64 lowercase hex digits of the image's digest"
     if "URL" in msg:
-        return ("write an http(s):// URL with a host (or a file:/// path) without spaces, quotes, '?', '#' "
-                "or shell characters, e.g. https://pypi.org/simple")
+        return (
+            "write an http(s):// URL with a host (or a file:/// path) without spaces, quotes, '?', '#' "
+            "or shell characters, e.g. https://pypi.org/simple"
+        )
     if "is not a valid name" in msg:
-        return ("use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 128 characters): "
-                "the name becomes a build stage, a directory and a file name")
+        return (
+            "use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 128 characters): "
+            "the name becomes a build stage, a directory and a file name"
+        )
     if "module name" in msg:
         return "write a Python module name: identifiers joined by '.', e.g. deep_gemm or vllm.entrypoints"
     if "label key" in msg:
@@ -429,7 +489,7 @@ def _value_fix(msg: str) -> str | None:
     if "relative path inside the repository" in msg:
         return "write a directory relative to the repository root, e.g. patches/vllm (no '..', not absolute)"
     if "Python version" in msg:
-        return "write major.minor in quotes, e.g. \"3.11\""
+        return 'write major.minor in quotes, e.g. "3.11"'
     if "toolkit version" in msg:
         return "write the version as digits and dots, e.g. 5.2.0"
     if "single line" in msg:
@@ -465,16 +525,25 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
         if name not in pool:
             near = difflib.get_close_matches(name, list(pool), n=1)
             fix = f"did you mean '{near[0]}'?" if near else fix_add
-            problems.append(UserError(f"{'.'.join(map(str, path))}: unknown {what} '{name}'",
-                                      **_pos_for(path, values, {}, False).as_error_kwargs(), fix=fix))
+            problems.append(
+                UserError(
+                    f"{'.'.join(map(str, path))}: unknown {what} '{name}'",
+                    **_pos_for(path, values, {}, False).as_error_kwargs(),
+                    fix=fix,
+                )
+            )
 
     for name, pkg in stack.packages.items():
         ref(("packages", name, "index"), pkg.index, stack.indexes, "index", "declare it under indexes:")
     for name in stack.packages:
         if not PROJECT_NAME.match(name):
-            problems.append(UserError(f"packages: '{name}' is not a valid project name",
-                                      **_pos_for(("packages", name), values, {}, False).as_error_kwargs(),
-                                      fix=_value_fix("project name")))
+            problems.append(
+                UserError(
+                    f"packages: '{name}' is not a valid project name",
+                    **_pos_for(("packages", name), values, {}, False).as_error_kwargs(),
+                    fix=_value_fix("project name"),
+                )
+            )
     for name in stack.targets:
         reason = None
         if name in RESERVED_STAGES or name.startswith(("src-", "kernel-")):
@@ -482,35 +551,57 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
         elif not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
             reason = f"target name '{name}' must be lowercase letters, digits, '.', '_' or '-'"
         if reason:
-            problems.append(UserError(f"targets: {reason}", **_pos_for(("targets", name), values, {}, False)
-                                      .as_error_kwargs(), fix="rename the target"))
+            problems.append(
+                UserError(
+                    f"targets: {reason}",
+                    **_pos_for(("targets", name), values, {}, False).as_error_kwargs(),
+                    fix="rename the target",
+                )
+            )
     for iname in stack.indexes:
         members = [n for n, p in stack.packages.items() if p.index == iname]
         hashed = [n for n in members if stack.packages[n].sha256]
         if hashed and len(hashed) != len(members):
             first = hashed[0]
             bare = [n for n in members if n not in hashed]
-            problems.append(UserError(
-                f"packages.{first}.sha256: only some pins of index '{iname}' carry hashes (none on "
-                f"{', '.join(bare[:4])}{' …' if len(bare) > 4 else ''}); pip checks hashes for a whole phase or not at all",
-                **_pos_for(("packages", first, "sha256"), values, {}, False).as_error_kwargs(),
-                fix=f"give every pin of '{iname}' its sha256, or drop them and run `stackforge lock {stack.name}`"))
+            problems.append(
+                UserError(
+                    f"packages.{first}.sha256: only some pins of index '{iname}' carry hashes (none on "
+                    f"{', '.join(bare[:4])}{' …' if len(bare) > 4 else ''}); pip checks hashes for a whole phase or not at all",
+                    **_pos_for(("packages", first, "sha256"), values, {}, False).as_error_kwargs(),
+                    fix=f"give every pin of '{iname}' its sha256, or drop them and run `stackforge lock {stack.name}`",
+                )
+            )
     for name, idx in stack.indexes.items():
         if idx.deps_from is not None:
             ref(("indexes", name, "deps_from"), idx.deps_from, stack.indexes, "index", "declare it under indexes:")
     for name, up in stack.upstreams.items():
         if (up.git is None) == (up.sdist is None):
-            problems.append(UserError(f"upstreams.{name}: declare exactly one of 'git' or 'sdist'",
-                                      **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
-                                      fix="a git upstream needs git, tag and commit; a release needs sdist"))
+            problems.append(
+                UserError(
+                    f"upstreams.{name}: declare exactly one of 'git' or 'sdist'",
+                    **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
+                    fix="a git upstream needs git, tag and commit; a release needs sdist",
+                )
+            )
         if up.git is not None:
             for field in ("tag", "commit"):
                 if getattr(up, field) is None:
-                    problems.append(UserError(f"upstreams.{name}: a git upstream needs '{field}'",
-                                              **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
-                                              fix=f"add {field}: … (the commit is checked against the tag)"))
+                    problems.append(
+                        UserError(
+                            f"upstreams.{name}: a git upstream needs '{field}'",
+                            **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
+                            fix=f"add {field}: … (the commit is checked against the tag)",
+                        )
+                    )
         if up.sdist is not None:
-            ref(("upstreams", name, "sdist", "index"), up.sdist.index, stack.indexes, "index", "declare it under indexes:")
+            ref(
+                ("upstreams", name, "sdist", "index"),
+                up.sdist.index,
+                stack.indexes,
+                "index",
+                "declare it under indexes:",
+            )
     for name, kern in stack.kernels.items():
         ref(("kernels", name, "upstream"), kern.upstream, stack.upstreams, "upstream", "declare it under upstreams:")
     if stack.source is not None:
@@ -526,12 +617,19 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
         for j, member in enumerate(fam.members):
             ref(("rules", "aligned", i, "members", j), member, stack.packages, "package", "declare it under packages:")
     for i, vb in enumerate(r.vendor_build):
-        ref(("rules", "vendor_build", i, "package"), vb.package, stack.packages, "package", "declare it under packages:")
+        ref(
+            ("rules", "vendor_build", i, "package"), vb.package, stack.packages, "package", "declare it under packages:"
+        )
     for i, mn in enumerate(r.minimums):
         ref(("rules", "minimums", i, "package"), mn.package, stack.packages, "package", "declare it under packages:")
         if mn.when is not None:
-            ref(("rules", "minimums", i, "when", "package"), mn.when.package, stack.packages, "package",
-                "declare it under packages:")
+            ref(
+                ("rules", "minimums", i, "when", "package"),
+                mn.when.package,
+                stack.packages,
+                "package",
+                "declare it under packages:",
+            )
     return problems
 
 

@@ -4,13 +4,15 @@ Every model forbids unknown keys; the loader (``stack.py``) turns unknown keys
 into "did you mean" errors before pydantic sees them, and turns pydantic's
 type errors into errors that name the file, line and column.
 """
+
 from __future__ import annotations
 
 import re
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from packaging.version import InvalidVersion, Version
 from pydantic import (
@@ -35,11 +37,13 @@ TOOLKIT_VERSION = re.compile(r"^[0-9][0-9A-Za-z._+-]{0,63}$")
 
 def _grammar(check: Callable[[str], str | None]) -> AfterValidator:
     """A pydantic validator from a ``grammar.check_*`` function (``None`` = valid, else the reason)."""
+
     def validate(value: str) -> str:
         reason = check(value)
         if reason:
             raise ValueError(reason)
         return value
+
     return AfterValidator(validate)
 
 
@@ -48,7 +52,7 @@ def _project(name: str) -> str | None:
 
 
 def _python_version(text: str) -> str | None:
-    return None if PYTHON_VERSION.match(text) else f"{text!r} is not a Python version such as \"3.11\""
+    return None if PYTHON_VERSION.match(text) else f'{text!r} is not a Python version such as "3.11"'
 
 
 def _toolkit_version(text: str) -> str | None:
@@ -92,8 +96,11 @@ def _unprintable(value: Any, multiline: bool) -> str | None:
 
 def _is_model(annotation: Any) -> bool:
     """Whether a field holds a model (or an optional one)."""
-    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+    options = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
         else (annotation,)
+    )
     return any(isinstance(a, type) and issubclass(a, BaseModel) for a in options)
 
 
@@ -120,9 +127,9 @@ class Strict(BaseModel):
 def _exact_version(value: object) -> str:
     """A pin is one exact PEP 440 version, written bare."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        raise ValueError(f"version {value!r} was read as a number; quote it so no digit is lost, e.g. \"{value}\"")
+        raise ValueError(f'version {value!r} was read as a number; quote it so no digit is lost, e.g. "{value}"')
     if not isinstance(value, str):
-        raise ValueError("a version must be a string such as \"2.11.0\"")
+        raise ValueError('a version must be a string such as "2.11.0"')
     text = value.strip()
     if text.startswith("=="):
         raise ValueError(f"write the bare version '{text[2:].strip()}', not '{text}': every pin is exact")
@@ -137,28 +144,34 @@ def _exact_version(value: object) -> str:
 
 class Platform(Strict):
     os: Name = Field(description="base OS label used in tags, e.g. ubuntu22.04")
-    python: Annotated[str, _grammar(_python_version)] = Field(description="Python version, quoted: \"3.10\"")
+    python: Annotated[str, _grammar(_python_version)] = Field(description='Python version, quoted: "3.10"')
     arch: Literal["x86_64", "aarch64"] = "x86_64"
-    musa: Annotated[str, _grammar(_toolkit_version)] | None = Field(default=None, description="MUSA toolkit version, e.g. 5.2.0")
+    musa: Annotated[str, _grammar(_toolkit_version)] | None = Field(
+        default=None, description="MUSA toolkit version, e.g. 5.2.0"
+    )
     musa_runtime: Annotated[str, _grammar(_toolkit_version)] | None = Field(
-        None, description="MUSA runtime apt series, e.g. \"5.2\"")
+        None, description='MUSA runtime apt series, e.g. "5.2"'
+    )
     gpu_arch: list[Name] = Field(default_factory=list, description="GPU architectures to compile for, e.g. [mp_31]")
 
     @field_validator("python", "musa_runtime", "musa", mode="before")
     @classmethod
     def _quoted(cls, value):
         if isinstance(value, float):
-            raise ValueError(f"{value!r} was read as a number; quote it, e.g. \"{value}\"")
+            raise ValueError(f'{value!r} was read as a number; quote it, e.g. "{value}"')
         return value
 
 
 class Base(Strict):
     image: Annotated[str, _grammar(grammar.check_image_ref)] = Field(
-        description="base image reference; the stand-in for tests is set with --set base.image=…")
+        description="base image reference; the stand-in for tests is set with --set base.image=…"
+    )
     python: Annotated[str, _grammar(grammar.check_python)] = Field(
-        "python3", description="interpreter inside the base image")
+        "python3", description="interpreter inside the base image"
+    )
     digest: Annotated[str, _grammar(grammar.check_digest)] | None = Field(
-        None, description="sha256 digest the base image must have")
+        None, description="sha256 digest the base image must have"
+    )
 
 
 class Index(Strict):
@@ -166,10 +179,15 @@ class Index(Strict):
     role: Literal["vendor", "public"] = Field(
         description="vendor: exact wheels installed with --no-deps; public: an ordinary resolution of exact pins"
     )
-    deps_from: Name | None = Field(default=None, description="vendor indexes: the index their wheels' own dependencies come from")
+    deps_from: Name | None = Field(
+        default=None, description="vendor indexes: the index their wheels' own dependencies come from"
+    )
     private: bool = Field(default=False, description="credentials may be needed; they arrive only as a BuildKit secret")
-    lock: bool = Field(default=False, description="this index installs from stacks/locks/<stack>/<index>.txt (written by "
-                       "`stackforge lock`); lint and build fail when that file is missing")
+    lock: bool = Field(
+        default=False,
+        description="this index installs from stacks/locks/<stack>/<index>.txt (written by "
+        "`stackforge lock`); lint and build fail when that file is missing",
+    )
 
     @field_validator("url")
     @classmethod
@@ -201,11 +219,13 @@ class Sdist(Strict):
 class Upstream(Strict):
     git: str | None = Field(default=None, description="git URL or local path of the upstream repository")
     tag: Annotated[str, _grammar(grammar.check_git_ref)] | None = Field(
-        None, description="the release tag; the commit must be the one it points to")
+        None, description="the release tag; the commit must be the one it points to"
+    )
     commit: str | None = Field(default=None, description="full 40-hex commit id")
     sdist: Sdist | None = Field(default=None, description="a release sdist instead of git")
     patches: Annotated[str, _grammar(grammar.check_relative_path)] | None = Field(
-        None, description="patch overlay directory, relative to the repository root")
+        None, description="patch overlay directory, relative to the repository root"
+    )
 
     @field_validator("git")
     @classmethod
@@ -236,8 +256,9 @@ RESERVED_STAGES = {"base", "deps", "gate", "gate-readonly"}
 
 class Kernel(Strict):
     upstream: Name = Field(description="the upstream whose patched tree this step builds")
-    env: dict[EnvName, str] = Field(default_factory=dict,
-                                description="environment of the build command; values may use {{ … }} like tags")
+    env: dict[EnvName, str] = Field(
+        default_factory=dict, description="environment of the build command; values may use {{ … }} like tags"
+    )
     run: str = Field(description="shell command run in the upstream tree; it writes wheels to /out/wheels")
 
     _run = field_validator("run")(classmethod(lambda cls, v: _one_line(v)))
@@ -262,7 +283,9 @@ class Package(Strict):
         description="exact: import, then installed version == pin; prefix: import, then the installed version's "
         "public part == the pin's (any local label); metadata: no import, version from package metadata",
     )
-    import_: Module | None = Field(default=None, alias="import", description="module to import (default: name with - → _)")
+    import_: Module | None = Field(
+        default=None, alias="import", description="module to import (default: name with - → _)"
+    )
     sha256: list[Sha256] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
 
     _v = field_validator("version", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
@@ -290,7 +313,8 @@ class Gate(Strict):
     prepare: list[str] = Field(
         default_factory=list,
         description="commands run in the gate stage before the checks; what they write stays in the image layer "
-        "(e.g. files a package would otherwise create at import time)")
+        "(e.g. files a package would otherwise create at import time)",
+    )
     imports: list[GateImport] = Field(default_factory=list)
     probes: list[Probe] = Field(default_factory=list)
 
@@ -299,8 +323,8 @@ class Gate(Strict):
     abi: bool = Field(default=True, description="resolve every DT_NEEDED of the vendor packages' shared objects")
     library_path: list[str] = Field(
         default_factory=list,
-        description="directories the loader searches for the ABI check, as the runtime would; {site} is "
-        "site-packages")
+        description="directories the loader searches for the ABI check, as the runtime would; {site} is site-packages",
+    )
 
 
 Agreement = Literal["post", "local", "release"]
@@ -375,8 +399,11 @@ class Stack(Strict):
     description: str = Field(default="", description="one line; it becomes the image's description label")
     inherits: Name | None = Field(default=None, description="parent stack name (stacks/<name>.yaml)")
     nightly: bool = Field(default=False, description="built and published by `stackforge nightly`")
-    source: Name | None = Field(default=None, description="the upstream whose repository, commit and tag become the "
-                               "image's org.opencontainers.image.{source,revision,version} (default: the first)")
+    source: Name | None = Field(
+        default=None,
+        description="the upstream whose repository, commit and tag become the "
+        "image's org.opencontainers.image.{source,revision,version} (default: the first)",
+    )
     platform: Platform
     base: Base
     indexes: dict[Name, Index]

@@ -1,4 +1,5 @@
 """Parts of a pinned version, as the rules and tag templates see them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,5 +34,10 @@ class Pin:
         return self.parsed.post
 
     def as_context(self) -> dict:
-        return {"version": self.version, "public": self.public, "local": self.local or "",
-                "release": self.release, "post": self.post}
+        return {
+            "version": self.version,
+            "public": self.public,
+            "local": self.local or "",
+            "release": self.release,
+            "post": self.post,
+        }

@@ -4,6 +4,7 @@ What a rule checks is declared by data in the stack (``rules:``): which packages
 train and which parts of their versions must agree, which package is built for which,
 which packages share one version, which must be vendor builds, and declared minimums.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,8 +29,14 @@ class Finding:
 
     def located(self, stack: Stack) -> dict:
         pos = position(stack, self.path)
-        return {"rule": self.rule, "message": self.message, "fix": self.fix,
-                "file": pos.file, "line": pos.line, "col": pos.col}
+        return {
+            "rule": self.rule,
+            "message": self.message,
+            "fix": self.fix,
+            "file": pos.file,
+            "line": pos.line,
+            "col": pos.col,
+        }
 
     def render(self, stack: Stack) -> str:
         d = self.located(stack)
@@ -53,28 +60,44 @@ def check_trains(stack: Stack) -> list[Finding]:
                 want_post = posts.get(lead, max(posts.values()))
                 for m, post in posts.items():
                     if post != want_post:
-                        out.append(Finding(
-                            "train", f"{m} {pins[m].version} is at post{post} but train '{train.name}' is at "
-                            f"post{want_post} ({lead} {pins[lead].version})",
-                            ("packages", m, "version"),
-                            f"move {m} to its post{want_post} build with the rest of the train"))
+                        out.append(
+                            Finding(
+                                "train",
+                                f"{m} {pins[m].version} is at post{post} but train '{train.name}' is at "
+                                f"post{want_post} ({lead} {pins[lead].version})",
+                                ("packages", m, "version"),
+                                f"move {m} to its post{want_post} build with the rest of the train",
+                            )
+                        )
         if "local" in train.agree:
             want_local = pins[lead].local
             for m, p in pins.items():
                 if p.local != want_local:
                     label = f"local label '+{p.local}'" if p.local else "no local label"
-                    out.append(Finding(
-                        "train", f"{m} {p.version} has {label} but train '{train.name}' uses "
-                        + (f"'+{want_local}'" if want_local else "no local label") + f" ({lead} {pins[lead].version})",
-                        ("packages", m, "version"),
-                        f"pin the +{want_local} build of {m}" if want_local
-                        else f"pin the build of {m} without a local label"))
+                    out.append(
+                        Finding(
+                            "train",
+                            f"{m} {p.version} has {label} but train '{train.name}' uses "
+                            + (f"'+{want_local}'" if want_local else "no local label")
+                            + f" ({lead} {pins[lead].version})",
+                            ("packages", m, "version"),
+                            f"pin the +{want_local} build of {m}"
+                            if want_local
+                            else f"pin the build of {m} without a local label",
+                        )
+                    )
         if "release" in train.agree:
             want_release = pins[lead].release
             for m, p in pins.items():
                 if p.release != want_release:
-                    out.append(Finding("train", f"{m} release {p.release} differs from {lead} release {want_release}",
-                                       ("packages", m, "version"), f"pin {m} {want_release}"))
+                    out.append(
+                        Finding(
+                            "train",
+                            f"{m} release {p.release} differs from {lead} release {want_release}",
+                            ("packages", m, "version"),
+                            f"pin {m} {want_release}",
+                        )
+                    )
     return out
 
 
@@ -86,23 +109,34 @@ def check_built_for(stack: Stack) -> list[Finding]:
         try:
             want = tags.render_sandboxed(bf.local, {"for": target.as_context()})
         except (tags.TemplateRefused, SecurityError) as exc:
-            raise UserError(f"rules.built_for.{i}.local: template refused: {exc}",
-                            **position(stack, ("rules", "built_for", i, "local")).as_error_kwargs(),
-                            fix=tags.TEMPLATE_FIX) from None
+            raise UserError(
+                f"rules.built_for.{i}.local: template refused: {exc}",
+                **position(stack, ("rules", "built_for", i, "local")).as_error_kwargs(),
+                fix=tags.TEMPLATE_FIX,
+            ) from None
         except jinja2.TemplateError as exc:
-            out.append(Finding("built-for", f"template error in rules.built_for[{i}].local: {exc}",
-                               ("rules", "built_for", i, "local"), "use {{ for.local }}, {{ for.public }}, "
-                               "{{ for.release }} or {{ for.version }}"))
+            out.append(
+                Finding(
+                    "built-for",
+                    f"template error in rules.built_for[{i}].local: {exc}",
+                    ("rules", "built_for", i, "local"),
+                    "use {{ for.local }}, {{ for.public }}, {{ for.release }} or {{ for.version }}",
+                )
+            )
             continue
         have = _pin(stack, bf.package)
         if have.local != want:
             built = f"is built for '+{have.local}'" if have.local else "names no build (no local label)"
-            out.append(Finding(
-                "built-for", f"{bf.package} {have.version} {built}, but this stack's "
-                f"{bf.for_} is {target.version} (expected local label '+{want}')",
-                ("packages", bf.package, "version"),
-                f"pin {bf.package}=={have.public}+{want}, or check the index for a build against {bf.for_} "
-                f"{target.version}"))
+            out.append(
+                Finding(
+                    "built-for",
+                    f"{bf.package} {have.version} {built}, but this stack's "
+                    f"{bf.for_} is {target.version} (expected local label '+{want}')",
+                    ("packages", bf.package, "version"),
+                    f"pin {bf.package}=={have.public}+{want}, or check the index for a build against {bf.for_} "
+                    f"{target.version}",
+                )
+            )
     return out
 
 
@@ -115,8 +149,14 @@ def check_aligned(stack: Stack) -> list[Finding]:
         for m in fam.members[1:]:
             have = stack.packages[m].version
             if have != want:
-                out.append(Finding("aligned", f"{m} {have} differs from {lead} {want}; family '{fam.name}' "
-                                   "moves as one version", ("packages", m, "version"), f"pin {m} {want}"))
+                out.append(
+                    Finding(
+                        "aligned",
+                        f"{m} {have} differs from {lead} {want}; family '{fam.name}' moves as one version",
+                        ("packages", m, "version"),
+                        f"pin {m} {want}",
+                    )
+                )
     return out
 
 
@@ -126,9 +166,14 @@ def check_vendor_build(stack: Stack) -> list[Finding]:
     for vb in stack.rules.vendor_build:
         pin = _pin(stack, vb.package)
         if not (pin.local or "").startswith(vb.local_prefix):
-            out.append(Finding("vendor-build", f"{vb.package} {pin.version} is not a '+{vb.local_prefix}' build",
-                               ("packages", vb.package, "version"),
-                               f"pin the vendor build, e.g. {pin.public}+{vb.local_prefix}.1"))
+            out.append(
+                Finding(
+                    "vendor-build",
+                    f"{vb.package} {pin.version} is not a '+{vb.local_prefix}' build",
+                    ("packages", vb.package, "version"),
+                    f"pin the vendor build, e.g. {pin.public}+{vb.local_prefix}.1",
+                )
+            )
     return out
 
 
@@ -141,8 +186,14 @@ def check_minimums(stack: Stack) -> list[Finding]:
         have = stack.packages[mn.package].version
         if Version(have) < Version(mn.min):
             cond = f" when {mn.when.package} >= {mn.when.min}" if mn.when else ""
-            out.append(Finding("minimum", f"{mn.package} {have} is below the declared minimum {mn.min}{cond}",
-                               ("packages", mn.package, "version"), f"pin {mn.package} {mn.min} or newer"))
+            out.append(
+                Finding(
+                    "minimum",
+                    f"{mn.package} {have} is below the declared minimum {mn.min}{cond}",
+                    ("packages", mn.package, "version"),
+                    f"pin {mn.package} {mn.min} or newer",
+                )
+            )
     return out
 
 
@@ -151,11 +202,23 @@ def check_indexes(stack: Stack) -> list[Finding]:
     out = []
     for name, idx in stack.indexes.items():
         if idx.role == "vendor" and idx.deps_from and stack.indexes[idx.deps_from].role != "public":
-            out.append(Finding("index", f"index '{name}' takes its dependencies from '{idx.deps_from}', which is "
-                               "not a public index", ("indexes", name, "deps_from"), "name a public index"))
+            out.append(
+                Finding(
+                    "index",
+                    f"index '{name}' takes its dependencies from '{idx.deps_from}', which is not a public index",
+                    ("indexes", name, "deps_from"),
+                    "name a public index",
+                )
+            )
         if idx.role == "public" and idx.deps_from:
-            out.append(Finding("index", f"public index '{name}' cannot have deps_from",
-                               ("indexes", name, "deps_from"), "remove deps_from"))
+            out.append(
+                Finding(
+                    "index",
+                    f"public index '{name}' cannot have deps_from",
+                    ("indexes", name, "deps_from"),
+                    "remove deps_from",
+                )
+            )
     return out
 
 
@@ -169,9 +232,14 @@ def check_locks(stack: Stack) -> list[Finding]:
         path = lock_path(stack, name)
         if expects_lock(stack, name) and not path.is_file():
             rel = path.relative_to(stack_root(stack)).as_posix()
-            out.append(Finding("lock", f"index '{name}' is declared `lock: true` but {rel} is missing",
-                               ("indexes", name, "lock"),
-                               f"run: stackforge lock {stack.name} (or restore {rel} from version control)"))
+            out.append(
+                Finding(
+                    "lock",
+                    f"index '{name}' is declared `lock: true` but {rel} is missing",
+                    ("indexes", name, "lock"),
+                    f"run: stackforge lock {stack.name} (or restore {rel} from version control)",
+                )
+            )
     return out
 
 

@@ -4,6 +4,7 @@ Templates live in the stack (``tags:``, ``labels:``, kernel ``env:``) and render
 sandbox: values, a few filters and if/else only, with bounded output. Every rendered
 reference is checked against the OCI distribution grammar for repository names and tags.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -25,9 +26,11 @@ from stackforge.stack.pins import Pin
 MAX_SOURCE = 4096
 MAX_OUTPUT = 16384
 
-TEMPLATE_FIX = ("a template may use values ({{ platform.python }}, {{ packages.torch.version | public }}), "
-                "the filters tagsafe, public, local, musa_arch, replace, join, map, lower, upper, and if/else; "
-                "no calls, loops, assignments or names starting with '_'")
+TEMPLATE_FIX = (
+    "a template may use values ({{ platform.python }}, {{ packages.torch.version | public }}), "
+    "the filters tagsafe, public, local, musa_arch, replace, join, map, lower, upper, and if/else; "
+    "no calls, loops, assignments or names starting with '_'"
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class Sandbox(ImmutableSandboxedEnvironment):
     def call_binop(self, context, operator, left, right):
         if operator == "%" and isinstance(left, str):
             raise SecurityError("string formatting with % is not allowed in a template")
-        if operator == "**" and (not isinstance(right, int) or abs(right) > 64 or abs(left) > 2 ** 64):
+        if operator == "**" and (not isinstance(right, int) or abs(right) > 64 or abs(left) > 2**64):
             raise SecurityError(f"{left!r} ** {right!r} is too large for a template")
         if operator == "*":
             seq, times = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
@@ -77,12 +80,14 @@ class Sandbox(ImmutableSandboxedEnvironment):
 
 def bounded_replace(limit: int):
     """The ``replace`` filter, refusing a result longer than ``limit`` (``'x'|replace('', long)`` grows fast)."""
+
     def replace(value, old, new, count=None):
         text, old, new = str(value), str(old), str(new)
         hits = text.count(old) if count is None else min(int(count), text.count(old))
         if len(text) + hits * (len(new) - len(old)) > limit:
             raise SecurityError(f"replace would build a text longer than {limit} characters")
         return text.replace(old, new, -1 if count is None else int(count))
+
     return replace
 
 
@@ -93,6 +98,7 @@ def bounded_join(limit: int):
         if len(text) > limit:
             raise SecurityError(f"join would build a text longer than {limit} characters")
         return text
+
     return join
 
 
@@ -119,10 +125,33 @@ def _env() -> Sandbox:
 
 
 # Expressions a stack template may hold: values, attributes, filters, comparisons, if/else and '~'.
-_ALLOWED = (nodes.Template, nodes.Output, nodes.TemplateData, nodes.Const, nodes.Name, nodes.Getattr,
-            nodes.Getitem, nodes.Filter, nodes.Test, nodes.If, nodes.CondExpr, nodes.Concat, nodes.Compare,
-            nodes.Operand, nodes.And, nodes.Or, nodes.Not, nodes.Add, nodes.Sub, nodes.Neg, nodes.Pos,
-            nodes.List, nodes.Tuple, nodes.Keyword, nodes.Slice)
+_ALLOWED = (
+    nodes.Template,
+    nodes.Output,
+    nodes.TemplateData,
+    nodes.Const,
+    nodes.Name,
+    nodes.Getattr,
+    nodes.Getitem,
+    nodes.Filter,
+    nodes.Test,
+    nodes.If,
+    nodes.CondExpr,
+    nodes.Concat,
+    nodes.Compare,
+    nodes.Operand,
+    nodes.And,
+    nodes.Or,
+    nodes.Not,
+    nodes.Add,
+    nodes.Sub,
+    nodes.Neg,
+    nodes.Pos,
+    nodes.List,
+    nodes.Tuple,
+    nodes.Keyword,
+    nodes.Slice,
+)
 
 
 def check_template(env: Sandbox, source: str, names: set[str]) -> None:
@@ -145,13 +174,17 @@ def check_template(env: Sandbox, source: str, names: set[str]) -> None:
 
 def _problem(env: Sandbox, node: nodes.Node, names: set[str]) -> tuple[int, Exception] | None:
     """(priority, exception) for a node a stack template may not hold, else None."""
-    attr = node.attr if isinstance(node, nodes.Getattr) else (
-        node.arg.value if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) else None)
+    attr = (
+        node.attr
+        if isinstance(node, nodes.Getattr)
+        else (node.arg.value if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) else None)
+    )
     if isinstance(attr, str) and attr.startswith("_"):
         return 0, TemplateRefused(f"it reaches the private attribute '{attr}'")
     if not isinstance(node, _ALLOWED):
         return (1 if isinstance(node, nodes.Stmt) else 3), TemplateRefused(
-            f"it uses {_describe(node)}, which a template may not")
+            f"it uses {_describe(node)}, which a template may not"
+        )
     if isinstance(node, nodes.Name) and node.name not in names:
         return 2, jinja2.UndefinedError(f"'{node.name}' is undefined")
     if isinstance(node, nodes.Getitem) and not isinstance(node.arg, (nodes.Const, nodes.Slice)):
@@ -164,11 +197,27 @@ def _problem(env: Sandbox, node: nodes.Node, names: set[str]) -> tuple[int, Exce
 
 
 def _describe(node: nodes.Node) -> str:
-    kinds = {nodes.Call: "a call", nodes.For: "a loop", nodes.Assign: "an assignment", nodes.AssignBlock: "an assignment",
-             nodes.Macro: "a macro", nodes.Mul: "'*'", nodes.Pow: "'**'", nodes.Mod: "'%'", nodes.Div: "'/'",
-             nodes.FloorDiv: "'//'", nodes.Include: "an include", nodes.Import: "an import",
-             nodes.FromImport: "an import", nodes.Extends: "extends", nodes.Block: "a block", nodes.With: "with",
-             nodes.CallBlock: "a call block", nodes.FilterBlock: "a filter block", nodes.Dict: "a mapping literal"}
+    kinds = {
+        nodes.Call: "a call",
+        nodes.For: "a loop",
+        nodes.Assign: "an assignment",
+        nodes.AssignBlock: "an assignment",
+        nodes.Macro: "a macro",
+        nodes.Mul: "'*'",
+        nodes.Pow: "'**'",
+        nodes.Mod: "'%'",
+        nodes.Div: "'/'",
+        nodes.FloorDiv: "'//'",
+        nodes.Include: "an include",
+        nodes.Import: "an import",
+        nodes.FromImport: "an import",
+        nodes.Extends: "extends",
+        nodes.Block: "a block",
+        nodes.With: "with",
+        nodes.CallBlock: "a call block",
+        nodes.FilterBlock: "a filter block",
+        nodes.Dict: "a mapping literal",
+    }
     return next((text for kind, text in kinds.items() if isinstance(node, kind)), f"'{type(node).__name__}'")
 
 
@@ -210,17 +259,25 @@ def render_template(stack: Stack, template: str, path: tuple, **extra) -> str:
     except SecurityError as exc:
         raise UserError(f"{key}: template refused: {exc}", **where, fix=TEMPLATE_FIX) from None
     except jinja2.UndefinedError as exc:
-        raise UserError(f"{key}: template uses an unknown value ({exc.message})", **where,
-                        fix="use platform.*, packages.<name>.version|public|local, upstreams.<name>.tag, "
-                            "stack.name, date, revision") from None
+        raise UserError(
+            f"{key}: template uses an unknown value ({exc.message})",
+            **where,
+            fix="use platform.*, packages.<name>.version|public|local, upstreams.<name>.tag, "
+            "stack.name, date, revision",
+        ) from None
     except jinja2.TemplateError as exc:
-        raise UserError(f"{key}: invalid template: {exc}", **where, fix="check the {{ … }} braces and filters") from None
+        raise UserError(
+            f"{key}: invalid template: {exc}", **where, fix="check the {{ … }} braces and filters"
+        ) from None
     except (ValueError, TypeError, ArithmeticError, LookupError, AttributeError, RecursionError) as exc:
         raise UserError(f"{key}: template failed: {type(exc).__name__}: {exc}", **where, fix=TEMPLATE_FIX) from None
     bad = grammar.bad_char(text)
     if bad:
-        raise UserError(f"{key}: the template renders {text!r}, which contains {bad}", **where,
-                        fix="a rendered tag, label or environment value is one line of printable text")
+        raise UserError(
+            f"{key}: the template renders {text!r}, which contains {bad}",
+            **where,
+            fix="a rendered tag, label or environment value is one line of printable text",
+        )
     return text
 
 
@@ -236,16 +293,22 @@ def _checked(stack: Stack, text: str, path: tuple) -> Ref:
     try:
         ref = parse_ref(text)
     except ValueError as exc:
-        raise UserError(f"{'.'.join(map(str, path))} renders '{text}', which {exc}",
-                        **position(stack, path).as_error_kwargs(), fix="write the template as repository:tag") from None
+        raise UserError(
+            f"{'.'.join(map(str, path))} renders '{text}', which {exc}",
+            **position(stack, path).as_error_kwargs(),
+            fix="write the template as repository:tag",
+        ) from None
     for reason in (check_repository(ref.repository), check_tag(ref.tag)):
         if reason:
             in_repo = reason.startswith(("repository", "registry"))
             what = "" if in_repo else f"tag '{ref.tag}' "
-            raise UserError(f"{'.'.join(map(str, path))} renders '{text}': {what}{reason}",
-                            **position(stack, path).as_error_kwargs(),
-                            fix="change the template: repository names are lowercase" if in_repo else
-                            "change the template (the tagsafe filter turns '+' into '_')")
+            raise UserError(
+                f"{'.'.join(map(str, path))} renders '{text}': {what}{reason}",
+                **position(stack, path).as_error_kwargs(),
+                fix="change the template: repository names are lowercase"
+                if in_repo
+                else "change the template (the tagsafe filter turns '+' into '_')",
+            )
     return ref
 
 
@@ -257,16 +320,22 @@ def check_registry(registry: str) -> str:
     registry = registry.rstrip("/")
     reason = check_repository(registry + "/x") if registry else "is empty"
     if reason or "://" in registry:
-        raise UserError(f"registry '{registry}' is not a valid registry reference"
-                        + (f": {reason}" if reason and "://" not in registry else ""),
-                        file="--registry", fix="write host[:port][/path], e.g. registry.example.com/team (no scheme)")
+        raise UserError(
+            f"registry '{registry}' is not a valid registry reference"
+            + (f": {reason}" if reason and "://" not in registry else ""),
+            file="--registry",
+            fix="write host[:port][/path], e.g. registry.example.com/team (no scheme)",
+        )
     return registry
 
 
 def publish_ref(stack: Stack, registry: str, date: str | None = None, revision: int = 1) -> Ref:
     if not stack.tags.publish:
-        raise UserError(f"stack '{stack.name}' declares no tags.publish template",
-                        **position(stack, ("tags",)).as_error_kwargs(), fix="add tags.publish to the stack")
+        raise UserError(
+            f"stack '{stack.name}' declares no tags.publish template",
+            **position(stack, ("tags",)).as_error_kwargs(),
+            fix="add tags.publish to the stack",
+        )
     date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
     if not DATE_RE.match(date):
         raise UserError(f"date '{date}' is not YYYYMMDD", file="--date", fix="e.g. --date 20260929")
@@ -277,8 +346,14 @@ def publish_ref(stack: Stack, registry: str, date: str | None = None, revision: 
 
 
 def alias_refs(stack: Stack, registry: str) -> list[Ref]:
-    return [_checked(stack, f"{check_registry(registry)}/{render_template(stack, t, ('tags', 'aliases', i))}",
-                     ("tags", "aliases", i)) for i, t in enumerate(stack.tags.aliases)]
+    return [
+        _checked(
+            stack,
+            f"{check_registry(registry)}/{render_template(stack, t, ('tags', 'aliases', i))}",
+            ("tags", "aliases", i),
+        )
+        for i, t in enumerate(stack.tags.aliases)
+    ]
 
 
 def labels(stack: Stack) -> dict[str, str]:

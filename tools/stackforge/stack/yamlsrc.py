@@ -12,6 +12,7 @@ limit instead of exhausting Python's stack) and alias expansion (the nodes every
 alias stands for are counted before any copy is made, so an alias bomb stops at
 the first alias over the budget).
 """
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,9 @@ MAX_ALIAS_NODES = 10_000  # nodes the aliases of one document may stand for, in 
 # C0 controls but tab, newline and CR; DEL; C1 controls but NEL; direction overrides and
 # isolates (they make text read differently from what it is); lone surrogates (undecodable
 # bytes of a command-line argument); the non-characters U+FFFE and U+FFFF.
-_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f"
-                        "\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
+_FORBIDDEN = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]"
+)
 
 Path_ = tuple  # a key path: ("packages", "torch", "version")
 
@@ -126,12 +128,18 @@ class _Limits(_LoaderBase):
             return super().compose_node(parent, index)
         self._nodes += 1
         if self._nodes > MAX_NODES:
-            raise _refused_at(f"more than {MAX_NODES} values in one document", self.peek_event().start_mark,
-                              "a stack holds a few hundred values; remove what does not belong")
+            raise _refused_at(
+                f"more than {MAX_NODES} values in one document",
+                self.peek_event().start_mark,
+                "a stack holds a few hundred values; remove what does not belong",
+            )
         collection = int(self.check_event(SequenceStartEvent, MappingStartEvent))
         if collection and self._depth >= MAX_DEPTH:
-            raise _refused_at(f"nesting deeper than {MAX_DEPTH} levels", self.peek_event().start_mark,
-                              f"a stack nests a few levels; flatten the data (at most {MAX_DEPTH} levels)")
+            raise _refused_at(
+                f"nesting deeper than {MAX_DEPTH} levels",
+                self.peek_event().start_mark,
+                f"a stack nests a few levels; flatten the data (at most {MAX_DEPTH} levels)",
+            )
         self._depth += collection
         node = super().compose_node(parent, index)
         self._depth -= collection
@@ -144,16 +152,25 @@ class _Limits(_LoaderBase):
             return  # undefined: the composer reports it
         size = self._sizes.get(id(target))
         if size is None:
-            raise _refused_at(f"alias *{event.anchor} is used inside its own anchor", event.start_mark,
-                              "a stack cannot contain itself; write the value out")
+            raise _refused_at(
+                f"alias *{event.anchor} is used inside its own anchor",
+                event.start_mark,
+                "a stack cannot contain itself; write the value out",
+            )
         self._aliases += 1
         self._alias_nodes += size
         if self._aliases > MAX_ALIASES:
-            raise _refused_at(f"more than {MAX_ALIASES} aliases", event.start_mark,
-                              "write the values out instead of repeating anchors")
+            raise _refused_at(
+                f"more than {MAX_ALIASES} aliases",
+                event.start_mark,
+                "write the values out instead of repeating anchors",
+            )
         if self._alias_nodes > MAX_ALIAS_NODES:
-            raise _refused_at(f"aliases expand to more than {MAX_ALIAS_NODES} values (alias *{event.anchor})",
-                              event.start_mark, "write the values out; anchors may repeat only small blocks")
+            raise _refused_at(
+                f"aliases expand to more than {MAX_ALIAS_NODES} values (alias *{event.anchor})",
+                event.start_mark,
+                "write the values out; anchors may repeat only small blocks",
+            )
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -180,9 +197,13 @@ def check_text(text: str) -> None:
     i = bad.start()
     line = text.count("\n", 0, i) + 1
     col = i - (text.rfind("\n", 0, i) + 1) + 1
-    raise Refused(f"control character U+{ord(bad.group()):04X} in the text", line, col,
-                  "remove it (only tab, newline and carriage return are allowed); "
-                  "`cat -A` or an editor's show-invisibles mode shows it")
+    raise Refused(
+        f"control character U+{ord(bad.group()):04X} in the text",
+        line,
+        col,
+        "remove it (only tab, newline and carriage return are allowed); "
+        "`cat -A` or an editor's show-invisibles mode shows it",
+    )
 
 
 def _read_limited(path: Path, display: str) -> str:
@@ -192,24 +213,32 @@ def _read_limited(path: Path, display: str) -> str:
         if not stat.S_ISREG(info.st_mode):
             raise UserError("not a regular file", file=display, fix="a stack is a plain .yaml file in stacks/")
         if info.st_size > MAX_FILE_BYTES:
-            raise UserError(f"the file is {info.st_size} bytes; stack files are limited to {MAX_FILE_BYTES} bytes "
-                            f"(1 MiB)", file=display, fix="a stack file is a few KiB; remove what does not belong")
+            raise UserError(
+                f"the file is {info.st_size} bytes; stack files are limited to {MAX_FILE_BYTES} bytes (1 MiB)",
+                file=display,
+                fix="a stack file is a few KiB; remove what does not belong",
+            )
         with path.open("rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise UserError(f"file not found: {display}", file=display) from None
     except OSError as exc:
-        raise UserError(f"cannot read the file: {exc.strerror}", file=display,
-                        fix="check that it exists and is readable") from None
+        raise UserError(
+            f"cannot read the file: {exc.strerror}", file=display, fix="check that it exists and is readable"
+        ) from None
     if len(raw) > MAX_FILE_BYTES:
-        raise UserError(f"the file grew past {MAX_FILE_BYTES} bytes while it was read", file=display,
-                        fix="a stack file is a few KiB; remove what does not belong")
+        raise UserError(
+            f"the file grew past {MAX_FILE_BYTES} bytes while it was read",
+            file=display,
+            fix="a stack file is a few KiB; remove what does not belong",
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise UserError(f"not UTF-8 text ({exc.reason})", file=display, line=line,
-                        fix="save the file as UTF-8") from None
+        raise UserError(
+            f"not UTF-8 text ({exc.reason})", file=display, line=line, fix="save the file as UTF-8"
+        ) from None
 
 
 def load_with_positions(path: Path, display: str | None = None) -> Sourced:
@@ -260,8 +289,12 @@ def load_value(text: str) -> Any:
     """
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_VALUE_BYTES:
-        raise Refused(f"the value is {size} bytes; a --set value is limited to {MAX_VALUE_BYTES} bytes (64 KiB)",
-                      None, None, "put large data in a stack file instead")
+        raise Refused(
+            f"the value is {size} bytes; a --set value is limited to {MAX_VALUE_BYTES} bytes (64 KiB)",
+            None,
+            None,
+            "put large data in a stack file instead",
+        )
     check_text(text)
     loader = _BaseLimited(text)
     try:
@@ -307,5 +340,8 @@ def _construct(loader, node, file):
     try:
         return loader.construct_object(node, deep=True)
     except (ValueError, OverflowError) as exc:
-        raise UserError(f"cannot read this value: {str(exc).split(';')[0]}", **_mark(file, node).as_error_kwargs(),
-                        fix="quote it to keep it as text") from None
+        raise UserError(
+            f"cannot read this value: {str(exc).split(';')[0]}",
+            **_mark(file, node).as_error_kwargs(),
+            fix="quote it to keep it as text",
+        ) from None
