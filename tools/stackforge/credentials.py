@@ -93,8 +93,10 @@ def resolve(
 
 def for_index(stack, index_name: str) -> Credential | None:
     """The credential of the stack's index ``index_name``."""
+    from stackforge.stack.load import credentials_of  # stack.load imports this module
+
     idx = stack.indexes[index_name]
-    return resolve(idx.url, index_name, getattr(stack, "_credentials", {}).get(index_name), remembered=False)
+    return resolve(idx.url, index_name, credentials_of(stack).get(index_name), remembered=False)
 
 
 def for_url(url: str) -> Credential | None:

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from stackforge.stack import tags
-from stackforge.stack.load import fingerprint
+from stackforge.stack.load import credentials_of, fingerprint
 from stackforge.stack.model import Stack
 from stackforge.urls import redact
 
@@ -153,9 +153,10 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
     locks = locks or {}
     tags.labels(stack)  # the label templates render (or refuse) before anything is written
     phases = pip_phases(stack, frozenset(locks))
+    credentials = credentials_of(stack)
     for phase in phases:
         # Third-party build scripts of a public phase never see the vendor credentials.
-        phase.credentials = stack.indexes[phase.index].private or phase.index in stack._credentials
+        phase.credentials = stack.indexes[phase.index].private or phase.index in credentials
         if phase.require_hashes and phase.index in locks and not phase.name.endswith("-deps"):
             phase.lock = locks[phase.index]
     return Plan(

@@ -33,7 +33,7 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.signals import Interrupted
 from stackforge.stack import tags
-from stackforge.stack.load import fingerprint, position, resolved
+from stackforge.stack.load import fingerprint, overrides_of, position, resolved
 from stackforge.stack.model import Stack
 from stackforge.urls import redact_text
 
@@ -322,7 +322,7 @@ def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info
         "locks": ctx.locks,
         "pins": {n: p.version for n, p in stack.packages.items()},
         "upstreams": [asdict(s) for s in ctx.sources],
-        "overrides": [redact_text(o) for o in stack._overrides],
+        "overrides": [redact_text(o) for o in overrides_of(stack)],
         "labels": labels,
         "engine": asdict(info),
         "resolved": resolved(stack),

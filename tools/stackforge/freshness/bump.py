@@ -24,7 +24,7 @@ from stackforge.freshness.lines import (
     standalone,
     versions_in_line,
 )
-from stackforge.stack.load import load_stack, stack_path, stack_root
+from stackforge.stack.load import load_stack, overrides_of, stack_path, stack_root
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 
@@ -268,7 +268,7 @@ def write_bump(stack: Stack, plan: BumpPlan, *, force: bool = False, description
     previous = path.read_text() if path.exists() else None
     path.write_text(text)
     try:
-        new = load_stack(plan.new, root=root, overrides=list(getattr(stack, "_overrides", [])))
+        new = load_stack(plan.new, root=root, overrides=overrides_of(stack))
         lint_or_fail(new)
     except BuildFailed as err:  # lint findings, every one rendered
         _restore(path, previous)

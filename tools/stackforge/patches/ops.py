@@ -45,6 +45,8 @@ from stackforge.patches.series import (
     render_series,
     renumber,
 )
+from stackforge.stack.load import stack_root as loaded_root
+from stackforge.stack.model import Stack
 
 
 @dataclass
@@ -81,7 +83,12 @@ def make_target(
 
 
 def stack_root(stack: Any) -> Path:
-    root = getattr(stack, "root", None) or getattr(stack, "_root", None)
+    root = getattr(stack, "root", None)
+    if root is None and isinstance(stack, Stack):
+        try:
+            root = loaded_root(stack)
+        except ValueError:
+            root = None
     if root is None:
         raise UserError(f"stack {getattr(stack, 'name', '?')} does not say where its repository is")
     return Path(root)

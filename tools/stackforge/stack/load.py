@@ -6,10 +6,12 @@ it; they are collected, so one run reports every problem in a file.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,25 @@ from stackforge.credentials import remember as remember_credentials
 from stackforge.errors import UserError
 from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGES, Stack
 from stackforge.stack.yamlsrc import Pos, Refused, load_value, load_with_positions
-from stackforge.urls import redact_text
+from stackforge.urls import Credential, redact_text
 from stackforge.urls import split as split_credentials
 
 STACKS_DIR = "stacks"
+
+
+@dataclass(frozen=True)
+class LoadedStack:
+    """A validated stack with what the loader knows about it: where each value and key was
+    written, the files of its inheritance chain (parent first), the repository root, the
+    ``--set`` overrides applied and the credentials split off its index URLs (by index name)."""
+
+    model: Stack = dataclasses.field(compare=False, repr=False)
+    positions: dict[tuple, Pos]
+    keypositions: dict[tuple, Pos]
+    files: list[str]
+    root: Path
+    overrides: list[str]
+    credentials: dict[str, Credential] = dataclasses.field(repr=False)
 
 
 class StackInvalid(UserError):
@@ -633,7 +650,7 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
     return problems
 
 
-def load_stack(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> Stack:
+def load(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> LoadedStack:
     """Load, inherit, override and validate one stack. Raises StackInvalid / UserError (exit code 2)."""
     root = Path(root).resolve() if root else find_root()
     data, values, keys, files = _load_chain(root, name_or_path, [])
@@ -650,7 +667,7 @@ def load_stack(name_or_path: str, root: Path | str | None = None, overrides: lis
         stack = Stack.model_validate(data)
     except ValidationError as exc:
         raise StackInvalid(_validation_problems(exc, values, keys)) from None
-    credentials = {}
+    credentials: dict[str, Credential] = {}
     for iname, idx in stack.indexes.items():
         found = index_found.get(iname)
         if found:
@@ -659,19 +676,20 @@ def load_stack(name_or_path: str, root: Path | str | None = None, overrides: lis
     for uname, up in stack.upstreams.items():
         if up.git is not None:
             remember_credentials(up.git, git_found.get(uname))
-    stack._credentials = credentials
     for pname, pkg in stack.packages.items():
         if pkg.import_ is None:
             pkg.import_ = pname.replace("-", "_")
     problems = _cross_references(stack, values)
     if problems:
         raise StackInvalid(problems)
-    stack._positions = values
-    stack._keypositions = keys
-    stack._files = files
-    stack._root = root
-    stack._overrides = list(overrides or [])
-    return stack
+    loaded = LoadedStack(stack, values, keys, files, root, list(overrides or []), credentials)
+    stack._loaded = loaded
+    return loaded
+
+
+def load_stack(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> Stack:
+    """The validated model of ``load(...)``; the accessors below read its provenance."""
+    return load(name_or_path, root, overrides).model
 
 
 def _split_off_credentials(data: dict) -> tuple[dict, dict]:
@@ -692,18 +710,32 @@ def _split_off_credentials(data: dict) -> tuple[dict, dict]:
 
 def position(stack: Stack, path: tuple) -> Pos:
     """Where the value at ``path`` (or its nearest declared parent) was written."""
-    return _pos_for(tuple(path), stack._positions, stack._keypositions, False)
+    loaded = stack._loaded
+    if loaded is None:
+        return Pos("?")
+    return _pos_for(tuple(path), loaded.positions, loaded.keypositions, False)
 
 
 def stack_root(stack: Stack) -> Path:
     """The repository root the stack was loaded from."""
-    if stack._root is None:
+    if stack._loaded is None:
         raise ValueError(f"stack {stack.name!r} was not read by load_stack, so it has no repository root")
-    return stack._root
+    return stack._loaded.root
 
 
 def stack_files(stack: Stack) -> list[str]:
-    return list(stack._files)
+    """The files of the stack's inheritance chain, parent first (none for a model not read by load_stack)."""
+    return list(stack._loaded.files) if stack._loaded else []
+
+
+def overrides_of(stack: Stack) -> list[str]:
+    """The ``--set`` overrides the stack was loaded with."""
+    return list(stack._loaded.overrides) if stack._loaded else []
+
+
+def credentials_of(stack: Stack) -> dict[str, Credential]:
+    """The credentials split off the stack's index URLs, by index name."""
+    return dict(stack._loaded.credentials) if stack._loaded else {}
 
 
 def json_schema() -> dict:

@@ -11,8 +11,7 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from packaging.version import InvalidVersion, Version
 from pydantic import (
@@ -27,6 +26,9 @@ from pydantic import (
 
 from stackforge import grammar
 from stackforge.grammar import ENV_NAME_RE as ENV_NAME
+
+if TYPE_CHECKING:
+    from stackforge.stack.load import LoadedStack
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -416,10 +418,6 @@ class Stack(Strict):
     labels: dict[LabelKey, str] = Field(default_factory=dict)
     targets: dict[Name, Target] = Field(default_factory=dict)
 
-    # Filled by the loader: where each value came from, and the files read.
-    _positions: dict = PrivateAttr(default_factory=dict)
-    _keypositions: dict = PrivateAttr(default_factory=dict)
-    _files: list[str] = PrivateAttr(default_factory=list)
-    _root: Path | None = PrivateAttr(default=None)
-    _overrides: list[str] = PrivateAttr(default_factory=list)
-    _credentials: dict = PrivateAttr(default_factory=dict)  # index name -> (user, password)
+    # Filled by load_stack: the loader's provenance (positions, files, root, overrides, credentials).
+    # Read it through the accessors of stackforge.stack.load.
+    _loaded: LoadedStack | None = PrivateAttr(default=None)
