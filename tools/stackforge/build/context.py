@@ -22,6 +22,7 @@ from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.stack.load import fingerprint, stack_root
 from stackforge.stack.model import Stack
+from stackforge.workspace import cache_dir
 
 
 @dataclass
@@ -74,7 +75,7 @@ def build_dir_for(stack: Stack, out: Path | None = None) -> Path:
 
 
 def cache_dir_for(stack: Stack) -> Path:
-    return upstreams.default_cache_dir(stack_root(stack))
+    return cache_dir(stack_root(stack), "")
 
 
 def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceInfo:

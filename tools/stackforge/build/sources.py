@@ -39,7 +39,6 @@ from stackforge.patches.git import git, rev_parse
 from stackforge.urls import Credential, redact, redact_text, scrub
 from stackforge.urls import split as split_credentials
 
-CACHE_ENV = "STACKFORGE_CACHE"
 
 
 # --- specs ---------------------------------------------------------------------
@@ -76,14 +75,6 @@ def sdist_index_url(sdist: Any) -> str:
     if not url:
         raise UserError("the upstream sdist has no index URL", fix="set sdist.index_url (a PEP 503 simple index URL)")
     return str(url)
-
-
-def default_cache_dir(root: Path | None = None) -> Path:
-    """``$STACKFORGE_CACHE`` if set, else ``<root>/build/cache``."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    return Path(root or Path.cwd()) / "build" / "cache"
 
 
 # --- git ------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stackforge.cli.options import add_json, add_set, load, print_json, root_of
 from stackforge.freshness import newest as freshness
+from stackforge.workspace import cache_dir as workspace_cache
 
 
 def add_index_options(p) -> None:
@@ -15,7 +16,7 @@ def add_index_options(p) -> None:
 
 
 def cache_dir(args):
-    return None if getattr(args, "no_cache", False) else root_of(args) / "build" / "cache" / "index"
+    return None if getattr(args, "no_cache", False) else workspace_cache(root_of(args), "index")
 
 
 def register(sub) -> None:

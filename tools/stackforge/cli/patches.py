@@ -24,6 +24,7 @@ from stackforge.cli.options import (
 )
 from stackforge.errors import UserError
 from stackforge.stack.load import list_stacks, load_stack
+from stackforge.workspace import CACHE_ENV, cache_dir
 
 
 def register(sub) -> None:
@@ -44,7 +45,7 @@ def register(sub) -> None:
             metavar="NAME",
             help="add an overlay's layered range (overlays/NAME/patches/<upstream>) after the base series",
         )
-        p.add_argument("--cache", type=Path, help=f"upstream cache (default: ${up.CACHE_ENV} or build/cache)")
+        p.add_argument("--cache", type=Path, help=f"upstream cache (default: ${CACHE_ENV} or build/cache)")
         p.add_argument("--offline", action="store_true", help="use the upstream cache as it is; never fetch")
         add_set(p)
 
@@ -148,7 +149,7 @@ def register(sub) -> None:
 
 
 def _cache(args, root: Path) -> Path:
-    return args.cache.resolve() if getattr(args, "cache", None) else up.default_cache_dir(root)
+    return args.cache.resolve() if getattr(args, "cache", None) else cache_dir(root, "")
 
 
 def _target(args, stack=None, upstream: str | None = None):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 from stackforge.cli.options import add_json, print_json
 from stackforge.errors import UserError
 from stackforge.freshness import wheel as wheelmod
 from stackforge.stack.load import find_root
+from stackforge.workspace import cache_dir
 
 
 def register(sub) -> None:
@@ -39,10 +39,10 @@ def register(sub) -> None:
 
 def _cache(args) -> Path:
     try:
-        root = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
-        return root / "build" / "cache" / "wheels"
+        root: Path | None = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
     except UserError:
-        return Path(tempfile.gettempdir()) / "stackforge-wheels"
+        root = None
+    return cache_dir(root, "wheels")
 
 
 def _load(src: str, args) -> wheelmod.WheelInfo:

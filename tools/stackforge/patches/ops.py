@@ -47,6 +47,7 @@ from stackforge.patches.series import (
 )
 from stackforge.stack.load import stack_root as loaded_root
 from stackforge.stack.model import Stack
+from stackforge.workspace import cache_dir as workspace_cache
 
 
 @dataclass
@@ -79,7 +80,7 @@ def make_target(
             fix=f"set upstreams.{name}.patches (e.g. patches/{name}) in the stack",
         )
     dirs = layer_dirs(root, name, patches, overlays)
-    return Target(name, spec, load_layers(dirs), root, cache_dir or up.default_cache_dir(root), offline)
+    return Target(name, spec, load_layers(dirs), root, cache_dir or workspace_cache(root, ""), offline)
 
 
 def stack_root(stack: Any) -> Path:

@@ -460,9 +460,3 @@ class DockerImage:
             raise BuildFailed(
                 f"the engine's export of {self.ref} is unreadable: {exc}", fix="re-run the publish"
             ) from None
-
-
-def default_layer_cache() -> Path:
-    env = os.environ.get("STACKFORGE_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stackforge"
-    return base / "layers"

@@ -56,7 +56,7 @@ from stackforge import progress
 from stackforge.build.engine import Engine
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import flock_wait
-from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage, default_layer_cache
+from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage
 from stackforge.publish.registry import (
     DOCKER_MANIFEST,
     OCI_MANIFEST,
@@ -71,6 +71,7 @@ from stackforge.publish.registry import (
 )
 from stackforge.publish.scheme import TagScheme, first_free_revision, validate_date
 from stackforge.signals import Interrupted
+from stackforge.workspace import cache_dir
 
 # --------------------------------------------------------------------------------------------
 # Push log
@@ -699,7 +700,7 @@ def publish(
         engine=engine,
         workdir=workdir,
         log=log,
-        layer_cache=default_layer_cache() if layer_cache is True else (layer_cache or None),
+        layer_cache=cache_dir(None, "layers") if layer_cache is True else (layer_cache or None),
         settle_seconds=settle_seconds,
     )
     try:

@@ -16,7 +16,6 @@ from typing import Any
 from stackforge.build.context import build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.run import default_target, lint_or_fail, target_ref
-from stackforge.build.sources import default_cache_dir
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
 from stackforge.publish.oci import DockerImage
@@ -25,6 +24,7 @@ from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repos
 from stackforge.publish.scheme import TagScheme, validate_date
 from stackforge.stack import tags as tagsmod
 from stackforge.stack.load import stack_root
+from stackforge.workspace import cache_dir
 
 
 def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:
@@ -124,5 +124,5 @@ def publish_stack(
             echo=echo,
             evidence=evidence,
             extra=extra,
-            layer_cache=default_cache_dir(stack_root(stack)) / "layers",
+            layer_cache=cache_dir(stack_root(stack), "layers"),
         )
