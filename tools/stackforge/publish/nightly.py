@@ -11,8 +11,8 @@ Order per run (``build/nightly/<date>/``):
 4. each row that passed is published (``stackforge publish``); its evidence bundle is copied
    to ``<stack>-<target>/``;
 5. ``summary.json`` and ``summary.md``: a row per stack and target — status, tag, digest,
-   gate result, duration, failure reason. Any failed row makes the run fail; the rows that
-   passed are published regardless.
+   gate result, duration, failure reason, the ``--set`` values its stack was loaded with. Any
+   failed row makes the run fail; the rows that passed are published regardless.
 """
 
 from __future__ import annotations
