@@ -13,7 +13,7 @@ import pytest
 
 from stackforge.build import bake as bakemod
 from stackforge.errors import UserError
-from stackforge.publish.nightly import Row, Summary, _gate_summary, select_stacks
+from stackforge.publish.nightly import Row, Summary, _gate_summary, nightly, select_stacks
 from stackforge.stack.load import load_stack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,6 +196,66 @@ def test_select_stacks_applies_overrides_to_every_stack(root):
     assert [s.description for s in named] == ["named", "named"]
 
 
+def test_select_stacks_applies_each_stack_its_own_overrides(root):
+    own = {"nightly-good": ["description=good"], "example": ["description=ex"]}
+    asked = []
+
+    def for_stack(name):
+        asked.append(name)
+        return ["gate.prepare=[]", *own.get(name, [])]
+
+    loaded, rows = select_stacks(root, None, overrides=for_stack)
+    assert rows == [] and {s.name: s.description for s in loaded}["nightly-good"] == "good"
+    assert {s.name: s.description for s in loaded}["nightly-bad"] != "good"
+    assert "nightly-bad" in asked and "nightly-good" in asked
+    named, _ = select_stacks(root, ["example", "post2"], overrides=for_stack)
+    assert named[0].description == "ex" and named[1].description != "ex"
+
+
+def test_the_summary_says_which_overrides_each_rows_stack_was_loaded_with(root):
+    """Both stacks fail to load (so nothing is built); the summary keeps each one's overrides, redacted."""
+    own = {
+        "nightly-good": ["packges.x=1", "indexes.pypi.url=https://user:s3cret@idx.example/simple"],
+        "nightly-bad": ["packges.y=2"],
+    }
+    out = root / "out"
+    summary = nightly(
+        root,
+        "127.0.0.1:9/team",
+        date="20260929",
+        out=out,
+        overrides=lambda name: ["description=every", *own.get(name, [])],
+        echo=lambda line: None,
+    )
+    rows = {r.stack: r for r in summary.rows}
+    assert set(rows) == {"nightly-good", "nightly-bad"} and all(r.stage == "load" for r in rows.values())
+    assert rows["nightly-bad"].overrides == ["description=every", "packges.y=2"]
+    assert rows["nightly-good"].overrides == [
+        "description=every",
+        "packges.x=1",
+        "indexes.pypi.url=https://***@idx.example/simple",
+    ]
+    assert summary.overrides == ["description=every"]
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["overrides"] == ["description=every"]
+    assert {r["stack"]: r["overrides"] for r in doc["rows"]} == {s: r.overrides for s, r in rows.items()}
+    md = (out / "summary.md").read_text()
+    assert "Overrides: `--set description=every`" in md
+    assert "Overrides of `nightly-bad`: `--set packges.y=2`" in md
+    assert (
+        "Overrides of `nightly-good`: `--set packges.x=1` `--set indexes.pypi.url=https://***@idx.example/simple`" in md
+    )
+    assert "s3cret" not in md and "s3cret" not in json.dumps(doc)
+
+
+def test_one_override_list_applies_to_every_row(root):
+    summary = nightly(
+        root, "127.0.0.1:9/team", date="20260929", out=root / "out", overrides=["packges.x=1"], echo=lambda line: None
+    )
+    assert summary.overrides == ["packges.x=1"] and all(r.overrides == ["packges.x=1"] for r in summary.rows)
+    assert "Overrides of" not in summary.markdown()
+
+
 def test_an_override_that_breaks_a_stack_fails_its_row_only_if_it_is_a_nightly_stack(root):
     """post1/post2 have no markupsafe upstream: the override makes them invalid, but they are not nightly stacks."""
     loaded, rows = select_stacks(root, None, overrides=["upstreams.markupsafe.sdist.version=3.0.3"])
@@ -205,7 +265,7 @@ def test_an_override_that_breaks_a_stack_fails_its_row_only_if_it_is_a_nightly_s
     assert all(r.stage == "load" and "packges" in r.reason for r in rows)
 
 
-def test_nightly_command_takes_set_and_passes_it_on(monkeypatch, tmp_path):
+def _run_nightly_command(monkeypatch, tmp_path, *sets):
     from stackforge.cli import nightly as cmd
     from stackforge.cli.main import build_parser
 
@@ -216,23 +276,35 @@ def test_nightly_command_takes_set_and_passes_it_on(monkeypatch, tmp_path):
         return Summary(date="20260929", registry=registry, rows=[Row("s", "t", "published")])
 
     monkeypatch.setattr(cmd, "nightly", fake_nightly)
-    (tmp_path / "stacks").mkdir()
-    args = build_parser().parse_args(
-        [
-            "--root",
-            str(tmp_path),
-            "nightly",
-            "--registry",
-            "127.0.0.1:5000/x",
-            "--set",
-            "base.image=a/b:c",
-            "--set",
-            "description=d",
-            "--json",
-        ]
+    (tmp_path / "stacks").mkdir(exist_ok=True)
+    for name in ("post1", "post2"):
+        (tmp_path / "stacks" / f"{name}.yaml").write_text(f"name: {name}\n")
+    argv = ["--root", str(tmp_path), "nightly", "--registry", "127.0.0.1:5000/x", "--json"]
+    for value in sets:
+        argv += ["--set", value]
+    args = build_parser().parse_args(argv)
+    return args.func(args), seen
+
+
+def test_nightly_command_takes_set_and_passes_it_on(monkeypatch, tmp_path):
+    code, seen = _run_nightly_command(monkeypatch, tmp_path, "base.image=a/b:c", "description=d")
+    assert code == 0 and seen["registry"] == "127.0.0.1:5000/x"
+    assert seen["overrides"]("post1") == seen["overrides"]("post2") == ["base.image=a/b:c", "description=d"]
+
+
+def test_nightly_command_passes_a_scoped_set_to_its_stack_only(monkeypatch, tmp_path):
+    code, seen = _run_nightly_command(
+        monkeypatch, tmp_path, "base.image=a/b:c", "post2:packages.torch.version=2.8.0", "description=x:y"
     )
-    assert args.func(args) == 0
-    assert seen["overrides"] == ["base.image=a/b:c", "description=d"] and seen["registry"] == "127.0.0.1:5000/x"
+    assert code == 0
+    assert seen["overrides"]("post2") == ["base.image=a/b:c", "packages.torch.version=2.8.0", "description=x:y"]
+    assert seen["overrides"]("post1") == ["base.image=a/b:c", "description=x:y"]
+
+
+def test_nightly_command_refuses_a_scope_naming_no_stack_of_the_repository(monkeypatch, tmp_path):
+    with pytest.raises(UserError) as err:
+        _run_nightly_command(monkeypatch, tmp_path, "post9:description=d")
+    assert "post9" in err.value.message and "post1, post2" in err.value.fix
 
 
 def test_an_interrupted_bake_ends_its_log_with_the_signal_and_says_where_it_is(tmp_path):

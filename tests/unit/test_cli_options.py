@@ -102,10 +102,10 @@ CLI_SCOPE_ERRORS = [
         "(post1, post2)",
     ),
     (
-        "nightly-refuses-a-scope",
-        ["nightly", "--registry", "localhost:5000/ns", "--set", "post2:a=1"],
-        "error: --set post2:…: nightly applies each --set to every stack it runs",
-        "stackforge build STACK --set",
+        "nightly-scope-of-no-stack",
+        ["nightly", "--registry", "localhost:5000/ns", "--set", "post9:a=1"],
+        "error: --set post9:a=1: the scope 'post9' names a stack this command does not work on",
+        "(example, post1, post2)",
     ),
     (
         "nightly-unselected",

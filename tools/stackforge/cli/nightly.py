@@ -8,12 +8,11 @@ from stackforge.cli.options import (
     add_json,
     add_out,
     add_set,
+    overrides_for,
     print_json,
     root_of,
     select,
-    split_scope,
 )
-from stackforge.errors import UserError
 from stackforge.publish.nightly import nightly
 from stackforge.publish.registry import RetryPolicy
 from stackforge.stack.load import list_stacks
@@ -50,13 +49,6 @@ def register(sub) -> None:
 
 def cmd_nightly(args) -> int:
     select(args, args.stacks or list_stacks(root_of(args)))
-    scoped = [o for o in args.overrides if split_scope(o)[0] is not None]
-    if scoped:
-        raise UserError(
-            "nightly applies each --set to every stack it runs; a STACK: scope is not supported here",
-            file=f"--set {split_scope(scoped[0])[0]}:…",
-            fix="build that stack on its own (stackforge build STACK --set …), or drop the scope",
-        )
     policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
     summary = nightly(
         root_of(args),
@@ -69,7 +61,7 @@ def cmd_nightly(args) -> int:
         policy=policy,
         ca_bundle=args.ca_bundle,
         out=args.out,
-        overrides=args.overrides,
+        overrides=lambda name: overrides_for(args, name),
         echo=lambda line: print(line, file=sys.stderr, flush=True),
     )
     if args.json:

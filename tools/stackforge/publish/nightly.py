@@ -11,8 +11,8 @@ Order per run (``build/nightly/<date>/``):
 4. each row that passed is published (``stackforge publish``); its evidence bundle is copied
    to ``<stack>-<target>/``;
 5. ``summary.json`` and ``summary.md``: a row per stack and target — status, tag, digest,
-   gate result, duration, failure reason. Any failed row makes the run fail; the rows that
-   passed are published regardless.
+   gate result, duration, failure reason, the ``--set`` values its stack was loaded with. Any
+   failed row makes the run fail; the rows that passed are published regardless.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ class Row:
     duration_s: float = 0.0
     reason: str | None = None
     evidence: str | None = None
+    overrides: list[str] = field(default_factory=list)  # the --set values its stack was loaded with (redacted)
 
     @property
     def ok(self) -> bool:
@@ -61,7 +62,7 @@ class Summary:
     finished_at: str = ""
     duration_s: float = 0.0
     directory: Path | None = None
-    overrides: list[str] = field(default_factory=list)  # the --set values every stack was loaded with
+    overrides: list[str] = field(default_factory=list)  # the --set values every row's stack was loaded with
 
     @property
     def ok(self) -> bool:
@@ -90,6 +91,10 @@ class Summary:
         ]
         if self.overrides:
             lines += ["Overrides: " + " ".join(f"`--set {o}`" for o in self.overrides), ""]
+        own = self.own_overrides()
+        if own:
+            lines += [f"Overrides of `{name}`: " + " ".join(f"`--set {o}`" for o in values) for name, values in own]
+            lines.append("")
         lines += [self.bake_line(), ""]
         lines += [
             "| stack | target | status | tag | digest | gate | duration | failure |",
@@ -109,6 +114,15 @@ class Summary:
             ]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return "\n".join(lines) + "\n"
+
+    def own_overrides(self) -> list[tuple[str, list[str]]]:
+        """Per stack, the overrides it was loaded with beyond those every stack was loaded with."""
+        own: dict[str, list[str]] = {}
+        for r in self.rows:
+            extra = [o for o in r.overrides if o not in self.overrides]
+            if extra and r.stack not in own:
+                own[r.stack] = extra
+        return list(own.items())
 
     def bake_line(self) -> str:
         """What the bake did: its exit and duration, or why it did not run."""
@@ -156,23 +170,37 @@ def _gate_summary(lines: list[str]) -> str | None:
     return f"{len(fails)} FAIL" if fails else None
 
 
-def select_stacks(
-    root: Path, names: list[str] | None, overrides: list[str] | None = None
-) -> tuple[list[Any], list[Row]]:
+#: The ``--set key.path=value`` values a nightly loads its stacks with: one list for every stack,
+#: or a function giving the list for each stack's name.
+Overrides = Sequence[str] | Callable[[str], list[str]] | None
+
+
+def per_stack(overrides: Overrides) -> Callable[[str], list[str]]:
+    """``overrides`` as a function of the stack's name."""
+    if callable(overrides):
+        return overrides
+    every = list(overrides or [])
+    return lambda name: list(every)
+
+
+def select_stacks(root: Path, names: list[str] | None, overrides: Overrides = None) -> tuple[list[Any], list[Row]]:
     """Load the named stacks (default: every stack with ``nightly: true``) and lint them.
 
-    ``overrides`` (``--set key.path=value``) apply to every stack. A stack they make invalid
-    gets a failed row, unless it is not a nightly stack anyway (it would not have run).
+    ``overrides`` (``--set key.path=value``) apply when each stack loads: a list applies to every
+    stack, a function gives each stack's own. A stack they make invalid gets a failed row, unless
+    it is not a nightly stack anyway (it would not have run).
     """
     from stackforge.build.run import lint_or_fail
     from stackforge.stack.load import list_stacks, load_stack
 
+    for_stack = per_stack(overrides)
     loaded, rows = [], []
     for name in names or list_stacks(root):
+        own = for_stack(name)
         try:
-            stack = load_stack(name, root=root, overrides=overrides)
+            stack = load_stack(name, root=root, overrides=own)
         except UserError as err:
-            if not names and overrides and not _nightly_as_declared(root, name):
+            if not names and own and not _nightly_as_declared(root, name):
                 continue
             rows.append(Row(stack=name, target="*", status="failed", stage="load", reason=err.render()))
             continue
@@ -209,7 +237,7 @@ def nightly(
     policy: RetryPolicy | None = None,
     ca_bundle: str | None = "auto",
     out: Path | None = None,
-    overrides: list[str] | None = None,
+    overrides: Overrides = None,
     echo: Callable[[str], None] = print,
 ) -> Summary:
     from stackforge.build import bake as bakemod
@@ -220,15 +248,10 @@ def nightly(
     date = validate_date(date)
     outdir = out or root / "build" / "nightly" / date
     outdir.mkdir(parents=True, exist_ok=True)
-    summary = Summary(
-        date=date,
-        registry=registry,
-        started_at=_now(),
-        directory=outdir,
-        overrides=[redact_text(o) for o in overrides or []],
-    )
+    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir)
+    for_stack = per_stack(overrides)
 
-    loaded, summary.rows = select_stacks(root, stacks, overrides)
+    loaded, summary.rows = select_stacks(root, stacks, for_stack)
     for row in summary.rows:
         echo(f"nightly: {row.stack}: {row.stage} failed")
     if not loaded and not summary.rows:
@@ -262,10 +285,10 @@ def nightly(
                     )
         if not summary.bake:
             summary.bake = {"not_run": f"interrupted by {intr.name}"}
-        _write_summary(summary, outdir, started)
+        _write_summary(summary, outdir, started, for_stack)
         intr.notes.append(f"the engine was stopped and nothing more was published (summary: {outdir / 'summary.md'})")
         raise
-    _write_summary(summary, outdir, started)
+    _write_summary(summary, outdir, started, for_stack)
     echo(f"nightly: {sum(r.ok for r in summary.rows)}/{len(summary.rows)} passed; summary {outdir / 'summary.md'}")
     return summary
 
@@ -277,9 +300,21 @@ def _targets_or_star(bakemod, stack, targets: list[str] | None) -> list[str]:
         return ["*"]
 
 
-def _write_summary(summary: Summary, outdir: Path, started: float) -> None:
+def _record_overrides(summary: Summary, for_stack: Callable[[str], list[str]]) -> None:
+    """Each row's overrides, and those every row's stack was loaded with, redacted."""
+    shown: dict[str, list[str]] = {}
+    for row in summary.rows:
+        if row.stack not in shown:
+            shown[row.stack] = [redact_text(o) for o in for_stack(row.stack)]
+        row.overrides = list(shown[row.stack])
+    lists = list(shown.values())
+    summary.overrides = [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
+
+
+def _write_summary(summary: Summary, outdir: Path, started: float, for_stack: Callable[[str], list[str]]) -> None:
     from stackforge.fslock import atomic_write
 
+    _record_overrides(summary, for_stack)
     summary.finished_at = _now()
     summary.duration_s = round(time.monotonic() - started, 1)
     atomic_write(outdir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
@@ -311,24 +346,37 @@ def _bake_and_build(
     if loaded and use_bake:
         echo(f"nightly: bake {', '.join(s.name for s in loaded)}")
         try:
-            items, run = bakemod.bake(
+            items, baked = bakemod.bake(
                 loaded, targets=targets, builder=builder, workdir=outdir, engine=engine, ca_bundle=ca_bundle
             )
             summary.bake = {
-                "returncode": run.returncode,
-                "duration_s": run.duration_s,
+                "returncode": baked.returncode,
+                "duration_s": baked.duration_s,
                 "targets": len(items),
-                "log": str(run.log_file),
+                "log": str(baked.log_file),
                 "plan": str(outdir / "bake.json"),
             }
             echo(
-                f"nightly: bake exit {run.returncode} in {run.duration_s} s"
-                + ("" if run.returncode == 0 else " (each stack is now built on its own for its verdict)")
+                f"nightly: bake exit {baked.returncode} in {baked.duration_s} s"
+                + ("" if baked.returncode == 0 else " (each stack is now built on its own for its verdict)")
             )
         except UserError as err:
             summary.bake = {"not_run": f"the bake could not start: {err.message}", "error": err.render()}
             echo(f"nightly: bake could not run: {err.message}")
 
+    run = NightlyRun(
+        registry=registry,
+        date=date,
+        builder=builder,
+        policy=policy,
+        ca_bundle=ca_bundle,
+        engine=engine,
+        outdir=outdir,
+        echo=echo,
+        build=build,
+        options=BuildOptions,
+        publish=publish_stack,
+    )
     for stack in loaded:
         try:
             names = bakemod.stack_targets(stack, targets)
@@ -338,38 +386,41 @@ def _bake_and_build(
         for target in names:
             try:
                 with stack_lock(build_dir_for(stack)):  # its build, publish and evidence copy, as one
-                    row = _one(
-                        stack,
-                        target,
-                        registry,
-                        date,
-                        builder,
-                        policy,
-                        ca_bundle,
-                        engine,
-                        outdir,
-                        echo,
-                        build,
-                        BuildOptions,
-                        publish_stack,
-                    )
+                    row = _one(run, stack, target)
             except UserError as err:  # the build directory is busy or cannot be written
                 row = Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render())
             summary.rows.append(row)
 
 
-def _one(
-    stack, target, registry, date, builder, policy, ca_bundle, engine, outdir, echo, build, BuildOptions, publish_stack
-) -> Row:
+@dataclass(frozen=True)
+class NightlyRun:
+    """What every (stack, target) of one nightly is built, gated and published with."""
+
+    registry: str
+    date: str
+    builder: str | None
+    policy: RetryPolicy | None
+    ca_bundle: str | None
+    engine: Any
+    outdir: Path
+    echo: Callable[[str], None]
+    build: Callable[..., Any]  # stackforge.build.run.build
+    options: Callable[..., Any]  # stackforge.build.run.BuildOptions
+    publish: Callable[..., Any]  # stackforge.publish.stack.publish_stack
+
+
+def _one(run: NightlyRun, stack, target: str) -> Row:
+    """Build, gate and publish one stack and target; its evidence bundle is copied under ``run.outdir``."""
+    echo = run.echo
     t0 = time.monotonic()
     row = Row(stack=stack.name, target=target, status="failed")
     echo(f"nightly: {stack.name}/{target}: build and gate")
     evidence = None
     try:
-        outcome = build(
+        outcome = run.build(
             stack,
-            BuildOptions(target=target, builder=builder, ca_bundle=ca_bundle),
-            engine=engine,
+            run.options(target=target, builder=run.builder, ca_bundle=run.ca_bundle),
+            engine=run.engine,
             echo=lambda line: None,
         )
         evidence = outcome.evidence
@@ -388,8 +439,14 @@ def _one(
     if row.stage is None:
         echo(f"nightly: {stack.name}/{target}: publish")
         try:
-            result = publish_stack(
-                stack, registry, date=date, target=target, policy=policy, engine=engine, echo=lambda line: None
+            result = run.publish(
+                stack,
+                run.registry,
+                date=run.date,
+                target=target,
+                policy=run.policy,
+                engine=run.engine,
+                echo=lambda line: None,
             )
             row.status, row.tag, row.digest = result.status, result.reference, result.digest
             echo(f"nightly: {stack.name}/{target}: {result.status} {result.reference}")
@@ -398,7 +455,7 @@ def _one(
             echo(f"nightly: {stack.name}/{target}: publish FAILED")
     row.duration_s = round(time.monotonic() - t0, 1)
     if evidence is not None and evidence.is_dir():
-        dest = outdir / f"{stack.name}-{target}"
+        dest = run.outdir / f"{stack.name}-{target}"
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(evidence, dest)
