@@ -322,6 +322,35 @@ def _find_carrier(repo: Path, patch: Path, new: str, old: str | None) -> str | N
     return best
 
 
+def _require_git(target: Target, what: str) -> None:
+    if up.field(target.spec, "sdist"):
+        raise UserError(
+            f"upstream {target.name} is a release sdist; {what} needs a git upstream",
+            fix="drop sdist from the upstream to work on its git history",
+        )
+
+
+def _two_pins(target: Target, tmp: Path, old_commit: str, new_commit: str) -> tuple[str, str]:
+    """Export the upstream's shared history at ``old_commit`` into ``tmp``; return (old id, new id)."""
+    old_id = prepare(
+        target.spec,
+        target.cache_dir,
+        tmp,
+        root=target.root,
+        commit=old_commit,
+        history="shared",
+        offline=target.offline,
+        label=target.name,
+    )
+    new_id = rev_parse(tmp, new_commit)
+    if new_id is None:
+        raise UserError(
+            f"commit {new_commit} is not in the upstream {up.field(target.spec, 'git')}",
+            fix="fetch it first; is the id right?",
+        )
+    return old_id, new_id
+
+
 def find_upstreamed(target: Target, new_commit: str, *, old_commit: str | None = None) -> list[Upstreamed]:
     """Patches the upstream at ``new_commit`` already contains.
 
@@ -332,31 +361,12 @@ def find_upstreamed(target: Target, new_commit: str, *, old_commit: str | None =
     commit is the patch-id match, else the commit in old..new whose added lines
     cover the patch best.
     """
-    if up.field(target.spec, "sdist"):
-        raise UserError(
-            f"upstream {target.name} is a release sdist; upstreamed detection needs a git upstream",
-            fix="drop sdist from the upstream to work on its git history",
-        )
+    _require_git(target, "upstreamed detection")
     old = old_commit or up.field(target.spec, "commit")
     refs = target.refs
     found: dict[str, Upstreamed] = {}
     with scratch() as tmp:
-        old_id = prepare(
-            target.spec,
-            target.cache_dir,
-            tmp,
-            root=target.root,
-            commit=old,
-            history="shared",
-            offline=target.offline,
-            label=target.name,
-        )
-        new_id = rev_parse(tmp, new_commit)
-        if new_id is None:
-            raise UserError(
-                f"commit {new_commit} is not in the upstream {up.field(target.spec, 'git')}",
-                fix="fetch it first; is the id right?",
-            )
+        old_id, new_id = _two_pins(target, tmp, old, new_commit)
         subjects = {r.name: parse_patch(r.path).subject for r in refs if r.path.is_file()}
         upstream_ids: dict[str, str] = {}
         if old_id != new_id:
@@ -423,23 +433,10 @@ def range_diff(
     target: Target, old_commit: str, new_commit: str, *, creation_factor: int = 60
 ) -> tuple[list[RangeEntry], str]:
     """Apply the series on both pins and compare with ``git range-diff``; returns entries and the raw output."""
-    if up.field(target.spec, "sdist"):
-        raise UserError(f"upstream {target.name} is a release sdist; range-diff needs a git upstream")
+    _require_git(target, "range-diff")
     refs = target.refs
     with scratch() as tmp:
-        old_id = prepare(
-            target.spec,
-            target.cache_dir,
-            tmp,
-            root=target.root,
-            commit=old_commit,
-            history="shared",
-            offline=target.offline,
-            label=target.name,
-        )
-        new_id = rev_parse(tmp, new_commit)
-        if new_id is None:
-            raise UserError(f"commit {new_commit} is not in the upstream {up.field(target.spec, 'git')}")
+        old_id, new_id = _two_pins(target, tmp, old_commit, new_commit)
         old_results = run_patches(tmp, refs, stop_on_failure=False)
         old_tip = rev_parse(tmp, "HEAD")
         git(tmp, "checkout", "--quiet", "-B", "new", new_id)

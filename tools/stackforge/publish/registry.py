@@ -493,19 +493,7 @@ class RegistryClient:
 
     def put_manifest(self, reference: str, body: bytes, media_type: str) -> str | None:
         """PUT a manifest under a tag or a digest; returns the registry's ``Docker-Content-Digest``."""
-
-        def call() -> str | None:
-            resp = self._request(
-                "PUT",
-                self._url(f"manifests/{reference}"),
-                ok=(201, 200, 202),
-                body_factory=lambda: body,
-                headers={"Content-Type": media_type},
-            )
-            resp.close()
-            return resp.headers.get("Docker-Content-Digest")
-
-        return self._retry(f"PUT manifest {reference}", call)
+        return self._retry(f"PUT manifest {reference}", lambda: self.put_manifest_once(reference, body, media_type))
 
     def put_manifest_once(self, reference: str, body: bytes, media_type: str) -> str | None:
         """One PUT attempt, no retry: the caller re-checks the tag between attempts."""
