@@ -9,9 +9,9 @@ import pytest
 from packaging.tags import Tag
 from packaging.version import Version
 
+from stackforge.credentials import env_credentials
 from stackforge.freshness.index import (
     IndexFile,
-    env_credentials,
     format_time,
     parse_html_page,
     parse_json_page,

@@ -26,7 +26,6 @@ from stackforge.build.engine import Engine
 from stackforge.build.prepare import (
     BaseImage,
     Prepared,
-    lint_or_fail,  # noqa: F401  (for the verbs that lint before they build)
     prepare_dockerfile,
 )
 from stackforge.errors import BuildFailed, UserError

@@ -16,6 +16,7 @@ from stackforge.cli.options import (
     select,
 )
 from stackforge.freshness import bump as freshness
+from stackforge.freshness.lines import load_catalog
 from stackforge.stack import diff as diffmod
 from stackforge.stack.load import load_stack
 
@@ -44,7 +45,7 @@ def cmd_bump(args) -> int:
     select(args, [args.stack, args.name])
     stack = load(args, args.stack)
     names = list(stack.packages)
-    catalog, _ = freshness.load_catalog(stack, names, cache_dir=cache_dir(args))
+    catalog, _ = load_catalog(stack, names, cache_dir=cache_dir(args))
     plan = freshness.plan_bump(stack, catalog, new_name=args.name, trains=args.train or None)
     if args.json:
         return _bump_json(args, stack, plan)

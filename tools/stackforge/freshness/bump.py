@@ -19,7 +19,6 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.freshness.lines import (
     Catalog,
     built_for_pattern,
-    load_catalog,  # noqa: F401  (re-exported: the bump verb loads its catalog here)
     sortable_version,
     standalone,
     versions_in_line,
@@ -254,9 +253,7 @@ def render_bump(stack: Stack, plan: BumpPlan, description: str | None = None) ->
 
 def write_bump(stack: Stack, plan: BumpPlan, *, force: bool = False, description: str | None = None) -> Path:
     """Write ``stacks/<new>.yaml``, then load and lint it; a file that fails either is removed again."""
-    from stackforge.build.run import (
-        lint_or_fail,  # imported here to keep this module importable on its own
-    )
+    from stackforge.build.prepare import lint_or_fail  # here: freshness does not import the build at start-up
 
     root = stack_root(stack)
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", plan.new):

@@ -49,7 +49,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from stackforge.credentials import env_credentials, for_url  # noqa: F401  (env_credentials: re-exported)
+from stackforge.credentials import for_url
 from stackforge.errors import UserError
 from stackforge.urls import Credential, redact, redact_text, split
 

@@ -190,7 +190,7 @@ def select_stacks(root: Path, names: list[str] | None, overrides: Overrides = No
     stack, a function gives each stack's own. A stack they make invalid gets a failed row, unless
     it is not a nightly stack anyway (it would not have run).
     """
-    from stackforge.build.run import lint_or_fail
+    from stackforge.build.prepare import lint_or_fail
     from stackforge.stack.load import list_stacks, load_stack
 
     for_stack = per_stack(overrides)

@@ -15,7 +15,8 @@ from typing import Any
 
 from stackforge.build.context import build_dir_for
 from stackforge.build.engine import Engine
-from stackforge.build.run import default_target, lint_or_fail, target_ref
+from stackforge.build.prepare import lint_or_fail
+from stackforge.build.run import default_target, target_ref
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
 from stackforge.publish.oci import DockerImage
