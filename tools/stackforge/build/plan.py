@@ -2,6 +2,7 @@
 
 Pure: no I/O. ``show``, ``render --dry-run`` and tests read it directly.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,9 @@ def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPh
     phases: list[PipPhase] = []
     for name, idx in stack.indexes.items():
         if idx.role == "vendor" and by_index[name]:
-            phases.append(PipPhase(f"{name}-nodeps", name, redact(idx.url), f"deps/{name}.txt", True,
-                                   hashes[name], pins(name)))
+            phases.append(
+                PipPhase(f"{name}-nodeps", name, redact(idx.url), f"deps/{name}.txt", True, hashes[name], pins(name))
+            )
     for name, idx in stack.indexes.items():
         if idx.role == "public" and by_index[name]:
             phases.append(PipPhase(name, name, redact(idx.url), f"deps/{name}.txt", False, hashes[name], pins(name)))
@@ -83,8 +85,11 @@ def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPh
         if idx.role == "vendor" and idx.deps_from and by_index[name]:
             src = stack.indexes[idx.deps_from]
             # Already-installed exact pins; pip resolves only what they require, from the public index.
-            phases.append(PipPhase(f"{name}-deps", idx.deps_from, redact(src.url), f"deps/{name}.deps.txt", False,
-                                   False, pins(name)))
+            phases.append(
+                PipPhase(
+                    f"{name}-deps", idx.deps_from, redact(src.url), f"deps/{name}.deps.txt", False, False, pins(name)
+                )
+            )
     return phases
 
 
@@ -100,15 +105,22 @@ def gate_spec(stack: Stack) -> dict:
         "read_only": stack.gate.read_only,
         "abi": {
             "packages": [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]
-            if stack.gate.abi else [],
+            if stack.gate.abi
+            else [],
             "library_path": list(stack.gate.library_path),
         },
     }
 
 
-def image_labels(stack: Stack, *, base_digest: str | None = None, created: str | None = None,
-                 series: dict[str, str] | None = None, inputs: str | None = None,
-                 base_id: str | None = None) -> dict[str, str]:
+def image_labels(
+    stack: Stack,
+    *,
+    base_digest: str | None = None,
+    created: str | None = None,
+    series: dict[str, str] | None = None,
+    inputs: str | None = None,
+    base_id: str | None = None,
+) -> dict[str, str]:
     """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible."""
     out: dict[str, str] = {
         "org.opencontainers.image.title": f"{stack.name}",
@@ -144,8 +156,33 @@ def image_labels(stack: Stack, *, base_digest: str | None = None, created: str |
         out[f"{LABEL_NS}.series.{uname}"] = digest
     for pname, pkg in stack.packages.items():
         out[f"{LABEL_NS}.pin.{pname}"] = pkg.version
+    for oname, option in stack.options.items():
+        out[f"{LABEL_NS}.option.{oname}"] = option.value
     out.update(tags.labels(stack))
     return out
+
+
+def selected(stack: Stack, when: dict[str, str]) -> bool:
+    """Whether a step whose ``when`` names build options runs with the stack's option values."""
+    return all(stack.options[name].value == want for name, want in when.items())
+
+
+def kernel_steps(stack: Stack) -> list[KernelStep]:
+    """The kernel steps the build options select; each one's environment is the stack's tuning, then its own
+    (rendered) env."""
+    return [
+        KernelStep(
+            n,
+            k.upstream,
+            {
+                **stack.tuning,
+                **{key: tags.render_template(stack, value, ("kernels", n, "env", key)) for key, value in k.env.items()},
+            },
+            k.run,
+        )
+        for n, k in stack.kernels.items()
+        if selected(stack, k.when)
+    ]
 
 
 def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
@@ -167,9 +204,7 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         local_ref=str(tags.local_ref(stack)),
         phases=phases,
         upstreams=list(stack.upstreams),
-        kernels=[KernelStep(n, k.upstream, {key: tags.render_template(stack, value, ("kernels", n, "env", key))
-                                            for key, value in k.env.items()}, k.run)
-                 for n, k in stack.kernels.items()],
+        kernels=kernel_steps(stack),
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
         targets={n: t.model_dump() for n, t in stack.targets.items()},

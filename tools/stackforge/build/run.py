@@ -320,6 +320,8 @@ def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info
         "inputs_fingerprint": ctx.inputs_fingerprint(),
         "locks": ctx.locks,
         "pins": {n: p.version for n, p in stack.packages.items()},
+        "options": {n: o.value for n, o in stack.options.items()},
+        "tuning": dict(stack.tuning),
         "upstreams": [asdict(s) for s in ctx.sources],
         "overrides": [redact_text(o) for o in overrides_of(stack)],
         "labels": labels,

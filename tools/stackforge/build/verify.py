@@ -16,6 +16,7 @@ from stackforge.stack.load import fingerprint
 from stackforge.stack.model import Stack
 
 PIN = f"{LABEL_NS}.pin."
+OPTION = f"{LABEL_NS}.option."
 
 
 @dataclass
@@ -56,6 +57,11 @@ def verify(stack: Stack, image: str, labels: dict[str, str], engine: Engine | No
         v.add(have == pkg.version, f"pin     {name:<10} label={have or 'missing'} stack={pkg.version}")
     for extra in sorted(set(pins) - set(stack.packages)):
         v.add(False, f"pin     {extra:<10} label={pins[extra]} is not a pin of the stack")
+    option_labels = {k[len(OPTION):]: val for k, val in labels.items() if k.startswith(OPTION)}
+    for name, option in stack.options.items():
+        have = option_labels.get(name)
+        v.add(have == option.value, f"option  {name} label={have or 'missing'} stack={option.value}"
+              + ("" if have is None or have == option.value else f" (check with --set options.{name}.value={have})"))
     want = fingerprint(stack)
     have = labels.get(f"{LABEL_NS}.fingerprint")
     v.add(have == want, f"fingerprint label={have or 'missing'} stack={want}"

@@ -538,7 +538,8 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
     """Names used in one part of the stack must be declared in another."""
     problems: list[UserError] = []
 
-    def ref(path: tuple, name: str, pool: dict | list, what: str, fix_add: str):
+    def ref(path: tuple, name: str, pool: dict | list, what: str, fix_add: str) -> bool:
+        """Whether ``name`` is declared in ``pool``; records the problem when it is not."""
         if name not in pool:
             near = difflib.get_close_matches(name, list(pool), n=1)
             fix = f"did you mean '{near[0]}'?" if near else fix_add
@@ -549,6 +550,8 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
                     fix=fix,
                 )
             )
+            return False
+        return True
 
     for name, pkg in stack.packages.items():
         ref(("packages", name, "index"), pkg.index, stack.indexes, "index", "declare it under indexes:")
@@ -621,6 +624,26 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
             )
     for name, kern in stack.kernels.items():
         ref(("kernels", name, "upstream"), kern.upstream, stack.upstreams, "upstream", "declare it under upstreams:")
+        for option, want in kern.when.items():
+            path = ("kernels", name, "when", option)
+            if ref(path, option, stack.options, "build option", "declare it under options:"):
+                choices = stack.options[option].choices
+                if want not in choices:
+                    problems.append(
+                        UserError(
+                            f"kernels.{name}.when.{option}: {want!r} is not one of the option's choices {choices}",
+                            **_pos_for(path, values, {}, False).as_error_kwargs(),
+                            fix=f"use one of {', '.join(choices)}",
+                        )
+                    )
+        for key in sorted(set(kern.env) & set(stack.tuning)):
+            problems.append(
+                UserError(
+                    f"kernels.{name}.env.{key}: {key} is also declared under tuning:",
+                    **_pos_for(("kernels", name, "env", key), values, {}, False).as_error_kwargs(),
+                    fix="declare it once: under tuning: if it does not change what is built, else in the step's env",
+                )
+            )
     if stack.source is not None:
         ref(("source",), stack.source, stack.upstreams, "upstream", "name one of the stack's upstreams")
     r = stack.rules
@@ -762,10 +785,38 @@ def resolved(stack: Stack) -> dict:
     return stack.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+#: Keys of the resolved stack that do not change what is built; the fingerprint leaves them out.
+UNFINGERPRINTED = ("tuning",)
+
+
+def _unused_dropped(model: BaseModel, data: dict) -> dict:
+    """``data`` (the model's dump) without fields that are empty and empty by default: a stack that does not
+    use a feature has the same fingerprint whether or not the schema knows the feature."""
+    out = {}
+    for name, field in type(model).model_fields.items():
+        key = field.alias or name
+        if key not in data:
+            continue
+        value, attr = data[key], getattr(model, name)
+        if value in ({}, []) and field.default_factory in (dict, list):
+            continue
+        if isinstance(attr, BaseModel) and isinstance(value, dict):
+            value = _unused_dropped(attr, value)
+        elif isinstance(attr, dict) and isinstance(value, dict):
+            value = {
+                k: _unused_dropped(attr[k], v) if isinstance(attr.get(k), BaseModel) else v for k, v in value.items()
+            }
+        elif isinstance(attr, list) and isinstance(value, list):
+            value = [_unused_dropped(a, v) if isinstance(a, BaseModel) else v for a, v in zip(attr, value)]
+        out[key] = value
+    return out
+
+
 def fingerprint(stack: Stack) -> str:
     """sha256 of the resolved stack: equal fingerprints mean equal declared inputs."""
     import hashlib
     import json
 
-    blob = json.dumps(resolved(stack), sort_keys=True, separators=(",", ":")).encode()
+    data = {k: v for k, v in _unused_dropped(stack, resolved(stack)).items() if k not in UNFINGERPRINTED}
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest()

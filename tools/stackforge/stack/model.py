@@ -256,8 +256,41 @@ def _one_line(value: str) -> str:
 RESERVED_STAGES = {"base", "deps", "gate", "gate-readonly"}
 
 
+class BuildOption(Strict):
+    """A declared choice that changes what is built (e.g. whether an optional stage runs)."""
+
+    choices: list[Annotated[str, _grammar(grammar.check_name)]] = Field(
+        min_length=1, description='the values the option may take, e.g. ["1", "0"]'
+    )
+    value: Annotated[str, _grammar(grammar.check_name)] = Field(
+        description="the chosen value, one of choices (set with --set options.NAME.value=…)"
+    )
+    description: str = ""
+
+    @field_validator("choices", "value", mode="before")
+    @classmethod
+    def _text(cls, value):
+        if isinstance(value, list):
+            return [cls._text(v) for v in value]
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ValueError(f'{value!r}: option values are strings; quote them, e.g. "1"')
+        return str(value)
+
+    @field_validator("value")
+    @classmethod
+    def _chosen(cls, value: str, info: ValidationInfo) -> str:
+        choices = info.data.get("choices") or []
+        if choices and value not in choices:
+            raise ValueError(f"{value!r} is not one of the choices {choices}")
+        return value
+
+
 class Kernel(Strict):
     upstream: Name = Field(description="the upstream whose patched tree this step builds")
+    when: dict[EnvName, Annotated[str, _grammar(grammar.check_name)]] = Field(
+        default_factory=dict,
+        description="build options this step needs, e.g. {BUILD_VLLM_RS: '1'}: the step is left out otherwise",
+    )
     env: dict[EnvName, str] = Field(
         default_factory=dict, description="environment of the build command; values may use {{ … }} like tags"
     )
@@ -417,6 +450,16 @@ class Stack(Strict):
     tags: Tags
     labels: dict[LabelKey, str] = Field(default_factory=dict)
     targets: dict[Name, Target] = Field(default_factory=dict)
+    options: dict[EnvName, BuildOption] = Field(
+        default_factory=dict,
+        description="build options with declared choices; they select optional steps, are part of the "
+        "fingerprint and labelled org.stackforge.option.<NAME>",
+    )
+    tuning: dict[EnvName, Annotated[str, AfterValidator(_one_line)]] = Field(
+        default_factory=dict,
+        description="environment of the build steps that does not change what is built (e.g. MAX_JOBS): "
+        "kept out of the fingerprint, the tags and the labels; recorded in the evidence",
+    )
 
     # Filled by load_stack: the loader's provenance (positions, files, root, overrides, credentials).
     # Read it through the accessors of stackforge.stack.load.

@@ -237,6 +237,7 @@ def context(stack: Stack, **extra) -> dict:
         "packages": {n: Pin(p.version).as_context() for n, p in stack.packages.items()},
         "upstreams": {n: u.model_dump() for n, u in stack.upstreams.items()},
         "base": stack.base.model_dump(),
+        "options": {n: o.value for n, o in stack.options.items()},
         **extra,
     }
 
@@ -262,7 +263,7 @@ def render_template(stack: Stack, template: str, path: tuple, **extra) -> str:
         raise UserError(
             f"{key}: template uses an unknown value ({exc.message})",
             **where,
-            fix="use platform.*, packages.<name>.version|public|local, upstreams.<name>.tag, "
+            fix="use platform.*, packages.<name>.version|public|local, upstreams.<name>.tag, options.<NAME>, "
             "stack.name, date, revision",
         ) from None
     except jinja2.TemplateError as exc:
