@@ -165,7 +165,9 @@ def test_export_check_fails_on_a_changed_patch_and_lint_on_a_tracker_id(env, cap
     )
     assert "index-stale" in out  # the README names the patch description
     code, out, _ = run(root, "lint", "--json", capsys=capsys)
-    assert {f["code"] for f in json.loads(out)} == {"tracker-id", "index-stale"}
+    data = json.loads(out)
+    assert {f["code"] for f in data["findings"]} == {"tracker-id", "index-stale"}
+    assert data["count"] == len(data["findings"])
     code, out, _ = run(root, "index", "--check", capsys=capsys)
     assert code == 1 and "out of date" in out
     code, out, _ = run(root, "index", capsys=capsys)

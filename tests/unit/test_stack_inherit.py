@@ -99,7 +99,8 @@ def test_findings_point_at_each_level(root, capsys):
     rc, out, err = run_cli(capsys, root, "lint", "b", "--json")
     assert (rc, err) == (1, "")
     found = {
-        (f["rule"], f["message"].split()[0]): (f["file"], f["line"], f["col"]) for f in json.loads(out)[0]["findings"]
+        (f["rule"], f["message"].split()[0]): (f["file"], f["line"], f["col"])
+        for f in json.loads(out)["stacks"][0]["findings"]
     }
     assert found == {
         ("train", "torchvision"): ("stacks/a.yaml", 8, 14),

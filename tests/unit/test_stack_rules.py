@@ -168,7 +168,7 @@ def test_broken_stack_gives_its_finding(tmp_path, capsys, case):
     root = make_root(tmp_path, {"a.yaml": text})
     rc, out, err = run_cli(capsys, root, "lint", "a", "--json")
     assert (rc, err) == (1, "")
-    (report,) = json.loads(out)
+    (report,) = json.loads(out)["stacks"]
     file = "stacks/a.yaml"
     if line is None:  # a rule whose subject the child did not touch: the finding points at the parent's pin
         file, line, col = "stacks/post1.yaml", *locate(root / "stacks" / "post1.yaml", "  triton:", "3.2.0")
@@ -210,7 +210,7 @@ def test_finding_from_a_set_override_names_the_override(tmp_path, capsys):
         capsys, make_root(tmp_path), "lint", "post2", "--json", "--set", "packages.flash_mla.version=0.2.6"
     )
     assert (rc, err) == (1, "")
-    (finding,) = json.loads(out)[0]["findings"]
+    (finding,) = json.loads(out)["stacks"][0]["findings"]
     assert finding["file"] == "--set packages.flash_mla.version=0.2.6"
     assert (finding["line"], finding["col"]) == (None, None)
     assert finding["rule"] == "aligned"
@@ -261,7 +261,10 @@ def test_lint_exit_0_when_clean(tmp_path, capsys):
     assert run_cli(capsys, root, "lint")[0] == 0
     rc, out, err = run_cli(capsys, root, "lint", "post1", "post2", "--json")
     assert (rc, err) == (0, "")
-    assert json.loads(out) == [{"stack": "post1", "findings": []}, {"stack": "post2", "findings": []}]
+    assert json.loads(out) == {
+        "ok": True,
+        "stacks": [{"stack": "post1", "findings": []}, {"stack": "post2", "findings": []}],
+    }
 
 
 def test_lint_exit_1_on_findings_and_reports_the_clean_stacks_too(tmp_path, capsys):
@@ -284,7 +287,7 @@ def test_lint_exit_2_json_marks_the_invalid_stack(tmp_path, capsys):
     root = make_root(tmp_path, {"b.yaml": "name: b\ninherits: post2\nplatfrom: {}\n"})
     rc, out, _ = run_cli(capsys, root, "lint", "post2", "b", "--json")
     assert rc == 2
-    report = json.loads(out)
+    report = json.loads(out)["stacks"]
     assert report[0] == {"stack": "post2", "findings": []}
     assert report[1]["stack"] == "b" and "unknown key 'platfrom'" in report[1]["invalid"]
 

@@ -417,7 +417,7 @@ def cmd_lint(args) -> int:
     else:
         findings = P.lint_repository(root, tracker_pattern=args.tracker_pattern)
     if args.json:
-        print_json([f.to_json() for f in findings])
+        print_json({"count": len(findings), "findings": [f.to_json() for f in findings]})
     else:
         for f in findings:
             print(f.render())

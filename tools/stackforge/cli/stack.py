@@ -155,7 +155,8 @@ def cmd_lint(args) -> int:
             }
         )
     if args.json:
-        print(json.dumps([{k: v for k, v in r.items() if k != "rendered"} for r in report], indent=2))
+        stacks = [{k: v for k, v in r.items() if k != "rendered"} for r in report]
+        print_json({"ok": not invalid and not any(r.get("findings") for r in report), "stacks": stacks})
     else:
         for r in report:
             if "invalid" in r:
