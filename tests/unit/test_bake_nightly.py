@@ -15,6 +15,7 @@ from stackforge.build import bake as bakemod
 from stackforge.errors import UserError
 from stackforge.publish.nightly import Row, Summary, _gate_summary, nightly, select_stacks
 from stackforge.stack.load import load_stack
+from tests.fixtures.stack_support import make_root
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -305,6 +306,26 @@ def test_nightly_command_refuses_a_scope_naming_no_stack_of_the_repository(monke
     with pytest.raises(UserError) as err:
         _run_nightly_command(monkeypatch, tmp_path, "post9:description=d")
     assert "post9" in err.value.message and "post1, post2" in err.value.fix
+
+
+def test_nightly_command_refuses_a_scope_naming_a_stack_the_run_does_not_build(monkeypatch, tmp_path):
+    from stackforge.cli import nightly as cmd
+    from stackforge.cli.main import build_parser
+
+    monkeypatch.setattr(cmd, "nightly", lambda *a, **kw: pytest.fail("nightly ran despite the bad scope"))
+    root = make_root(tmp_path)  # the real post1 (not nightly) and post2 (nightly: true)
+    argv = ["--root", str(root), "nightly", "--registry", "127.0.0.1:5000/x", "--set", "post1:description=d"]
+    args = build_parser().parse_args(argv)
+    with pytest.raises(UserError) as err:
+        args.func(args)
+    assert "'post1' names a stack this command does not work on" in err.value.message
+    assert "(post2)" in err.value.fix
+    # Named on the command line, post1 is built, so the scope is fine.
+    ok = build_parser().parse_args([*argv[:5], "post1", *argv[5:]])
+    monkeypatch.setattr(
+        cmd, "nightly", lambda *a, **kw: Summary(date="20260929", registry="r", rows=[Row("post1", "t", "published")])
+    )
+    assert ok.func(ok) == 0
 
 
 def test_an_interrupted_bake_ends_its_log_with_the_signal_and_says_where_it_is(tmp_path):

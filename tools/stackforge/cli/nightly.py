@@ -13,9 +13,8 @@ from stackforge.cli.options import (
     root_of,
     select,
 )
-from stackforge.publish.nightly import nightly
+from stackforge.publish.nightly import declared_nightly, nightly
 from stackforge.publish.registry import RetryPolicy
-from stackforge.stack.load import list_stacks
 
 
 def register(sub) -> None:
@@ -48,7 +47,8 @@ def register(sub) -> None:
 
 
 def cmd_nightly(args) -> int:
-    select(args, args.stacks or list_stacks(root_of(args)))
+    # A --set scope must name a stack this run builds: the named ones, else the declared nightly stacks.
+    select(args, args.stacks or declared_nightly(root_of(args)))
     policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
     summary = nightly(
         root_of(args),

@@ -215,6 +215,13 @@ def select_stacks(root: Path, names: list[str] | None, overrides: Overrides = No
     return loaded, rows
 
 
+def declared_nightly(root: Path) -> list[str]:
+    """The stacks whose files, without overrides, say ``nightly: true`` (and those that do not load)."""
+    from stackforge.stack.load import list_stacks
+
+    return [name for name in list_stacks(root) if _nightly_as_declared(root, name)]
+
+
 def _nightly_as_declared(root: Path, name: str) -> bool:
     """Whether the stack file, without overrides, is a nightly stack (True when it does not load either)."""
     from stackforge.stack.load import load_stack
