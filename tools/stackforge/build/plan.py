@@ -5,8 +5,9 @@ Pure: no I/O. ``show``, ``render --dry-run`` and tests read it directly.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from stackforge.build import installed
 from stackforge.stack import tags
 from stackforge.stack.load import credentials_of, fingerprint
 from stackforge.stack.model import Stack
@@ -36,6 +37,7 @@ class KernelStep:
     upstream: str
     env: dict[str, str]
     run: str
+    trees: dict[str, str] = field(default_factory=dict)  # other upstream -> path inside this tree
 
 
 @dataclass
@@ -51,6 +53,8 @@ class Plan:
     gate: dict
     gate_prepare: list[str]
     targets: dict[str, dict]
+    post_install: list[installed.PostInstallPatch] = field(default_factory=list)
+    steps: list[installed.Step] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -103,12 +107,13 @@ def gate_spec(stack: Stack) -> dict:
             if stack.gate.abi else [],
             "library_path": list(stack.gate.library_path),
         },
+        **installed.gate_extras(stack),
     }
 
 
 def image_labels(stack: Stack, *, base_digest: str | None = None, created: str | None = None,
                  series: dict[str, str] | None = None, inputs: str | None = None,
-                 base_id: str | None = None) -> dict[str, str]:
+                 base_id: str | None = None, post_install: dict[str, str] | None = None) -> dict[str, str]:
     """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible."""
     out: dict[str, str] = {
         "org.opencontainers.image.title": f"{stack.name}",
@@ -142,6 +147,7 @@ def image_labels(stack: Stack, *, base_digest: str | None = None, created: str |
             out[f"{LABEL_NS}.upstream.{uname}"] = f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
     for uname, digest in (series or {}).items():
         out[f"{LABEL_NS}.series.{uname}"] = digest
+    out.update(installed.labels(post_install or {}))
     for pname, pkg in stack.packages.items():
         out[f"{LABEL_NS}.pin.{pname}"] = pkg.version
     out.update(tags.labels(stack))
@@ -168,9 +174,11 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         phases=phases,
         upstreams=list(stack.upstreams),
         kernels=[KernelStep(n, k.upstream, {key: tags.render_template(stack, value, ("kernels", n, "env", key))
-                                            for key, value in k.env.items()}, k.run)
+                                            for key, value in k.env.items()}, k.run, dict(k.trees))
                  for n, k in stack.kernels.items()],
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
         targets={n: t.model_dump() for n, t in stack.targets.items()},
+        post_install=installed.post_install(stack),
+        steps=installed.steps(stack),
     )
