@@ -9,6 +9,9 @@ path given as the first argument) and checks, in the stack's order:
   with the pin) or ``metadata`` (no import, version only);
 * extra imports (vllm, the platform plugin): imported, version reported;
 * probes: small named snippets whose printed result must equal the expectation;
+* requirement rules (``rules.requires``): a distribution's version, or the first version-looking
+  token a declared command prints, must be at least the rule's minimum (``PASS requires …``);
+* post-install patches: the report the post-install step left in the image, line by line;
 * writes: an audit hook watches every check; an import that writes, links or
   creates anything under site-packages fails and names the file (such files
   would be missing on a read-only root filesystem), and so does a dangling
@@ -28,7 +31,9 @@ import importlib.metadata as md
 import io
 import json
 import os
+import re
 import site
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -184,6 +189,51 @@ def check_probe(probe: dict) -> tuple[bool, str]:
     return False, f"FAIL probe  {probe['name']} expected={probe['expect']} found={found}"
 
 
+VERSION_TOKEN = re.compile(r"(?<![\w.])v?(\d+(?:\.\d+)+(?:[.+-]?[A-Za-z0-9]+)*)")
+
+
+def _at_least(found: str, minimum: str) -> bool:
+    try:
+        try:
+            from packaging.version import Version
+        except ImportError:
+            from pip._vendor.packaging.version import Version  # type: ignore[no-redef]
+        return Version(found) >= Version(minimum)
+    except Exception:  # noqa: BLE001 - not PEP 440: compare the leading numbers
+        def release(text):
+            return tuple(int(x) for x in re.match(r"\d+(?:\.\d+)*", text).group().split("."))
+        return release(found) >= release(minimum)
+
+
+def check_requires(rule: dict) -> tuple[bool, str]:
+    name, minimum = rule["name"], rule["min"]
+    if rule.get("dist"):
+        found = _version(rule["dist"])
+        if found is None:
+            return False, f"FAIL requires {name} min={minimum} found=not-installed (dist {rule['dist']})"
+    else:
+        try:
+            proc = subprocess.run(rule["command"], shell=True, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return False, f"FAIL requires {name} min={minimum} found=none error={_err(exc)}"
+        match = VERSION_TOKEN.search(proc.stdout + "\n" + proc.stderr)
+        if proc.returncode != 0 or not match:
+            why = f"exit {proc.returncode}" if proc.returncode != 0 else "no version in its output"
+            return False, f"FAIL requires {name} min={minimum} found=none ({rule['command']}: {why})"
+        found = match.group(1)
+    if _at_least(found, minimum):
+        return True, f"PASS requires {name} version={found} min={minimum}"
+    return False, f"FAIL requires {name} min={minimum} found={found}"
+
+
+def post_install_lines(report: str) -> list[str]:
+    try:
+        text = Path(report).read_text()
+    except OSError as exc:
+        return [f"FAIL patch  post-install report {report} is missing: {_err(exc)}"]
+    return [line for line in text.splitlines() if line.strip()]
+
+
 def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
     global AUDIT
     AUDIT = AUDIT or WriteAudit(site_dirs())
@@ -193,11 +243,17 @@ def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
               + [(check_import, i, i["module"]) for i in spec.get("imports", [])])
     if not read_only:
         checks += [(check_probe, p, f"probe {p['name']}") for p in spec.get("probes", [])]
+        checks += [(check_requires, r, f"requires {r['name']}") for r in spec.get("requires", [])]
     for fn, item, who in checks:
         ok, line = _audited(who, fn, item)
         print(prefix + line, file=out, flush=True)
         passed += ok
         failed += not ok
+    patched = [] if read_only or "post_install_report" not in spec else post_install_lines(spec["post_install_report"])
+    for line in patched:
+        print(line, file=out, flush=True)
+        passed += line.startswith("PASS")
+        failed += not line.startswith("PASS")
     extra = write_failures() + ([] if read_only else dangling_symlinks())
     for line in extra:
         print(prefix + line, file=out, flush=True)

@@ -105,7 +105,7 @@ CLI_SCOPE_ERRORS = [
         "nightly-scope-of-no-stack",
         ["nightly", "--registry", "localhost:5000/ns", "--set", "post9:a=1"],
         "error: --set post9:a=1: the scope 'post9' names a stack this command does not work on",
-        "(example, post1, post2)",
+        "(post2)",
     ),
     (
         "nightly-unselected",

@@ -14,12 +14,14 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stackforge.build import installed
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
 from stackforge.build.render import images_dir, render_dockerfile, requirements_text
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, stack_lock
+from stackforge.stack.installed import export_order
 from stackforge.stack.load import fingerprint, stack_root
 from stackforge.stack.model import Stack
 from stackforge.workspace import cache_dir
@@ -45,6 +47,7 @@ class Context:
     sources: list[SourceInfo]
     locks: dict[str, str] = field(default_factory=dict)  # index -> sha256 of its lock file
     base: str | None = None  # the base image's digest (or id), once resolved
+    post_install: dict[str, str] = field(default_factory=dict)  # dist -> sha256:<patch>:applied|skipped
 
     def inputs_fingerprint(self) -> str:
         """sha256 over everything the image is built from: the resolved stack, the base image's digest,
@@ -55,7 +58,9 @@ class Context:
                      and "__pycache__" not in p.parts}
         blob = json.dumps({"stack": fingerprint(self.stack), "base": self.base,
                            "sources": [asdict(s) for s in self.sources],
-                           "locks": self.locks, "templates": templates}, sort_keys=True).encode()
+                           "locks": self.locks, "templates": templates,
+                           **({"post_install": self.post_install} if self.post_install else {})},
+                          sort_keys=True).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
 
     @property
@@ -93,13 +98,16 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
         mirror = upstreams.fetch_upstream(spec, cache, root=root)
         upstreams.export_commit(mirror, up.commit, dest)
         info = SourceInfo(name, "git", f"{up.tag}@{up.commit}", commit_time=upstreams.commit_time(mirror, up.commit))
-    if up.patches:
+    if up.patches or up.patches_from:
         from stackforge import (
             patches as overlay,  # the patch overlay (apply, series hash)
         )
 
-        patch_dir = root / up.patches
-        info.patches = [r.name for r in overlay.apply_to_export(dest, patch_dir)]
+        patch_dir = root / up.patches if up.patches else installed.in_tree_series(stack, name, dest.parent)
+        try:
+            info.patches = [r.name for r in overlay.apply_to_export(dest, patch_dir)]
+        except UserError as err:
+            raise installed.naming_key(stack, name, err) if up.patches_from else err from None
         digest = overlay.series_hash(patch_dir)
         info.series_hash = digest if digest.startswith("sha256:") else f"sha256:{digest}"
     return info
@@ -123,14 +131,14 @@ def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> 
         staging = Path(tempfile.mkdtemp(prefix=".context-", suffix=STAGING_SUFFIX, dir=bdir))
         try:
             os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700
-            infos = _fill(stack, plan, locks, staging, sources)
+            infos, post_install = _fill(stack, plan, locks, staging, sources)
             _swap(staging, ctx_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     dockerfile = bdir / "Dockerfile"
     lock_hashes = {i: hashlib.sha256(l.text.encode()).hexdigest() for i, l in locks.items()}
-    return Context(stack, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes)
+    return Context(stack, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes, post_install=post_install)
 
 
 STAGING_SUFFIX = ".partial"
@@ -143,7 +151,8 @@ def _remove_leftovers(bdir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path, sources: bool) -> list[SourceInfo]:
+def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
+          sources: bool) -> tuple[list[SourceInfo], dict[str, str]]:
     """Requirements files, the gate and the (patched) upstream sources, written into ``staging``."""
     root = stack_root(stack)
     (staging / "deps").mkdir(parents=True)
@@ -157,15 +166,17 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path, sources: bool) -
     gate_dir = staging / "gate"
     shutil.copytree(images_dir(root) / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
+    post_install = installed.write_context(stack, plan.post_install, staging, images_dir(root))
     infos: list[SourceInfo] = []
     if sources:
         cache = cache_dir_for(stack)
-        for name in stack.upstreams:
-            infos.append(_export_source(stack, name, staging / "src" / name, cache))
+        exported = {name: _export_source(stack, name, staging / "src" / name, cache)
+                    for name in export_order(stack)}
+        infos = [exported[name] for name in stack.upstreams]
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)
-    return infos
+    return infos, post_install
 
 
 def _swap(staging: Path, ctx_dir: Path) -> None:

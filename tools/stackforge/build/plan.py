@@ -6,8 +6,9 @@ Pure: no I/O. ``show``, ``render --dry-run`` and tests read it directly.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from stackforge.build import installed
 from stackforge.stack import tags
 from stackforge.stack.load import credentials_of, fingerprint
 from stackforge.stack.model import Stack
@@ -37,6 +38,7 @@ class KernelStep:
     upstream: str
     env: dict[str, str]
     run: str
+    trees: dict[str, str] = field(default_factory=dict)  # other upstream -> path inside this tree
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Plan:
     gate: dict
     gate_prepare: list[str]
     targets: dict[str, dict]
+    post_install: list[installed.PostInstallPatch] = field(default_factory=list)
+    steps: list[installed.Step] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -109,6 +113,7 @@ def gate_spec(stack: Stack) -> dict:
             else [],
             "library_path": list(stack.gate.library_path),
         },
+        **installed.gate_extras(stack),
     }
 
 
@@ -120,6 +125,7 @@ def image_labels(
     series: dict[str, str] | None = None,
     inputs: str | None = None,
     base_id: str | None = None,
+    post_install: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible."""
     out: dict[str, str] = {
@@ -154,6 +160,7 @@ def image_labels(
             out[f"{LABEL_NS}.upstream.{uname}"] = f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
     for uname, digest in (series or {}).items():
         out[f"{LABEL_NS}.series.{uname}"] = digest
+    out.update(installed.labels(post_install or {}))
     for pname, pkg in stack.packages.items():
         out[f"{LABEL_NS}.pin.{pname}"] = pkg.version
     for oname, option in stack.options.items():
@@ -179,6 +186,7 @@ def kernel_steps(stack: Stack) -> list[KernelStep]:
                 **{key: tags.render_template(stack, value, ("kernels", n, "env", key)) for key, value in k.env.items()},
             },
             k.run,
+            dict(k.trees),
         )
         for n, k in stack.kernels.items()
         if selected(stack, k.when)
@@ -208,4 +216,6 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
         targets={n: t.model_dump() for n, t in stack.targets.items()},
+        post_install=installed.post_install(stack),
+        steps=installed.steps(stack),
     )

@@ -74,6 +74,6 @@ def prepare_dockerfile(stack: Stack, *, out: Path | None = None, sources: bool =
         created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     omitted = None if sources else INPUTS_OMITTED
     labels = image_labels(stack, base_digest=digest, base_id=image_id, created=created, series=ctx.series,
-                          inputs=None if omitted else ctx.inputs_fingerprint())
+                          inputs=None if omitted else ctx.inputs_fingerprint(), post_install=ctx.post_install)
     write_dockerfile(ctx, labels, syntax=syntax)
     return Prepared(ctx, labels, build_args, omitted)

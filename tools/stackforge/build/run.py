@@ -37,7 +37,7 @@ from stackforge.stack.model import Stack
 from stackforge.urls import redact_text
 
 SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
-GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) (?:import|meta  |probe |write |link  |abi  ) .*"
+GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) (?:import|meta  |probe |write |link  |abi  |patch |requires) .*"
                        r"|gate result: .*)|abi result: .*)$")
 
 

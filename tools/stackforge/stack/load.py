@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from stackforge.credentials import remember as remember_credentials
 from stackforge.errors import UserError
+from stackforge.stack import installed
 from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGES, Stack
 from stackforge.stack.yamlsrc import Pos, Refused, load_value, load_with_positions
 from stackforge.urls import Credential, redact_text
@@ -636,11 +637,14 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
                             fix=f"use one of {', '.join(choices)}",
                         )
                     )
-        for key in sorted(set(kern.env) & set(stack.tuning)):
+    for kind, name, env in [("kernels", n, k.env) for n, k in stack.kernels.items()] + [
+        ("steps", n, st.env) for n, st in stack.steps.items()
+    ]:
+        for key in sorted(set(env) & set(stack.tuning)):
             problems.append(
                 UserError(
-                    f"kernels.{name}.env.{key}: {key} is also declared under tuning:",
-                    **_pos_for(("kernels", name, "env", key), values, {}, False).as_error_kwargs(),
+                    f"{kind}.{name}.env.{key}: {key} is also declared under tuning:",
+                    **_pos_for((kind, name, "env", key), values, {}, False).as_error_kwargs(),
                     fix="declare it once: under tuning: if it does not change what is built, else in the step's env",
                 )
             )
@@ -670,6 +674,7 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
                 "package",
                 "declare it under packages:",
             )
+    problems += installed.problems(stack, lambda path: _pos_for(path, values, {}, False))
     return problems
 
 

@@ -35,6 +35,7 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 PROJECT_NAME = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
 PYTHON_VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
 TOOLKIT_VERSION = re.compile(r"^[0-9][0-9A-Za-z._+-]{0,63}$")
+REQUIREMENT_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9 ._+-]{0,62}[A-Za-z0-9+])?$")
 
 
 def _grammar(check: Callable[[str], str | None]) -> AfterValidator:
@@ -59,6 +60,10 @@ def _python_version(text: str) -> str | None:
 
 def _toolkit_version(text: str) -> str | None:
     return None if TOOLKIT_VERSION.match(text) else f"{text!r} is not a toolkit version such as 5.2.0"
+
+
+def _requirement_name(text: str) -> str | None:
+    return None if REQUIREMENT_NAME.match(text) else f"{text!r} is not a name such as 'MUSA Toolkit'"
 
 
 def _sha256(text: str) -> str | None:
@@ -218,6 +223,13 @@ class Sdist(Strict):
         return value
 
 
+class PatchesFrom(Strict):
+    upstream: Name = Field(description="the upstream whose exported tree carries the series")
+    path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
+        description="the series directory inside that tree (a `series` file and its patches), e.g. patches/vllm"
+    )
+
+
 class Upstream(Strict):
     git: str | None = Field(default=None, description="git URL or local path of the upstream repository")
     tag: Annotated[str, _grammar(grammar.check_git_ref)] | None = Field(
@@ -227,6 +239,11 @@ class Upstream(Strict):
     sdist: Sdist | None = Field(default=None, description="a release sdist instead of git")
     patches: Annotated[str, _grammar(grammar.check_relative_path)] | None = Field(
         None, description="patch overlay directory, relative to the repository root"
+    )
+    patches_from: PatchesFrom | None = Field(
+        None,
+        description="a patch series carried inside another upstream's tree, read from its export at its pinned "
+        "commit and applied on the host like patches:",
     )
 
     @field_validator("git")
@@ -253,7 +270,17 @@ def _one_line(value: str) -> str:
     return value.strip()
 
 
-RESERVED_STAGES = {"base", "deps", "gate", "gate-readonly"}
+RESERVED_STAGES = {"base", "deps", "installed", "gate", "gate-readonly"}
+
+
+def _tree_path(path: str) -> str | None:
+    if path.rstrip("/") in ("", "."):
+        return f"{path!r} is the kernel's own tree; name a directory inside it, e.g. third_party/vllm"
+    return grammar.check_relative_path(path)
+
+
+# A path inside an upstream tree: relative, no '.' or '..' component, never the tree itself.
+TreePath = Annotated[str, _grammar(_tree_path), AfterValidator(lambda v: v.rstrip("/"))]
 
 
 class BuildOption(Strict):
@@ -295,19 +322,72 @@ class Kernel(Strict):
         default_factory=dict, description="environment of the build command; values may use {{ … }} like tags"
     )
     run: str = Field(description="shell command run in the upstream tree; it writes wheels to /out/wheels")
+    trees: dict[Name, TreePath] = Field(
+        default_factory=dict,
+        description="other upstreams' exported, patched trees placed inside this tree before the build: "
+        "{upstream: relative path}, e.g. {vllm: third_party/vllm}",
+    )
 
     _run = field_validator("run")(classmethod(lambda cls, v: _one_line(v)))
 
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, value):
-        if isinstance(value, dict):
-            for key, val in value.items():
-                if not ENV_NAME.match(str(key)):
-                    raise ValueError(f"{str(key)!r} is not a valid environment variable name")
-                if not isinstance(val, str):
-                    raise ValueError(f"{key}: environment values must be strings; quote {val!r}")
-        return value
+        return _env_values(value)
+
+
+def _env_values(value):
+    """Environment names are ENV_NAME; values are strings (a number must be quoted)."""
+    if isinstance(value, dict):
+        for key, val in value.items():
+            if not ENV_NAME.match(str(key)):
+                raise ValueError(f"{str(key)!r} is not a valid environment variable name")
+            if not isinstance(val, str):
+                raise ValueError(f"{key}: environment values must be strings; quote {val!r}")
+    return value
+
+
+class Step(Strict):
+    env: dict[EnvName, str] = Field(
+        default_factory=dict, description="environment of the command; values may use {{ … }} like tags"
+    )
+    run: str = Field(description="one shell line run in the installed environment, offline")
+
+    _run = field_validator("run")(classmethod(lambda cls, v: _one_line(v)))
+    _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values(v)))
+
+
+SPECIFIER = re.compile(
+    r"^(?:(?:==|!=|<=|>=|<|>|~=)\s*[0-9][0-9A-Za-z.+*!]*)(?:\s*,\s*(?:==|!=|<=|>=|<|>|~=)\s*"
+    r"[0-9][0-9A-Za-z.+*!]*)*$"
+)
+
+
+def _specifier(text: str) -> str | None:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        SpecifierSet(text)
+    except InvalidSpecifier:
+        return f"{text!r} is not a version specifier such as '<0.2.6' or '>=0.2,<0.2.6'"
+    return None if SPECIFIER.match(text.strip()) else f"{text!r} is not a version specifier such as '<0.2.6'"
+
+
+class PostInstall(Strict):
+    dist: ProjectName = Field(description="the installed distribution to patch (a package of the stack)")
+    below: str | None = Field(None, description="apply only when the installed version is below this one")
+    when: Annotated[str, _grammar(_specifier)] | None = Field(
+        None, description="apply only when the installed version matches this specifier, e.g. '<0.2.6'"
+    )
+    patch: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
+        description="unified diff relative to site-packages (a/…, b/…), checked in the repository"
+    )
+
+    _v = field_validator("below", mode="before")(classmethod(lambda cls, v: v if v is None else _exact_version(v)))
+
+    @property
+    def specifier(self) -> str:
+        return f"<{self.below}" if self.below is not None else (self.when or "").replace(" ", "")
 
 
 class Package(Strict):
@@ -406,12 +486,27 @@ class Minimum(Strict):
     _v = field_validator("min", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
 
 
+class Requirement(Strict):
+    name: Annotated[str, _grammar(_requirement_name)] = Field(description="what is required, e.g. MUSA Toolkit")
+    dist: ProjectName | None = Field(None, description="read the version from this distribution's metadata")
+    command: str | None = Field(
+        None, description="or run this one-line command in the image; its first version-looking token is the version"
+    )
+    min: str = Field(description="the lowest version accepted")
+
+    _v = field_validator("min", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
+    _command = field_validator("command")(classmethod(lambda cls, v: v if v is None else _one_line(v)))
+
+
 class Rules(Strict):
     trains: list[Train] = Field(default_factory=list)
     built_for: list[BuiltFor] = Field(default_factory=list)
     aligned: list[Aligned] = Field(default_factory=list)
     vendor_build: list[VendorBuild] = Field(default_factory=list)
     minimums: list[Minimum] = Field(default_factory=list)
+    requires: list[Requirement] = Field(
+        default_factory=list, description="minimum versions checked in the image by the gate (PASS requires …)"
+    )
 
 
 class Tags(Strict):
@@ -459,6 +554,15 @@ class Stack(Strict):
         default_factory=dict,
         description="environment of the build steps that does not change what is built (e.g. MAX_JOBS): "
         "kept out of the fingerprint, the tags and the labels; recorded in the evidence",
+    )
+    post_install: list[PostInstall] = Field(
+        default_factory=list,
+        description="patches of installed distributions, applied in site-packages after the pip phases when the "
+        "installed version matches (label org.stackforge.postinstall.<dist>)",
+    )
+    steps: dict[Name, Step] = Field(
+        default_factory=dict,
+        description="commands run in the installed environment after the pip phases and post-install patches",
     )
 
     # Filled by load_stack: the loader's provenance (positions, files, root, overrides, credentials).
