@@ -5,8 +5,9 @@ Pure: no I/O. ``show``, ``render --dry-run`` and tests read it directly.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from stackforge.build.system import SystemStage, system_stages
 from stackforge.stack import tags
 from stackforge.stack.load import credentials_of, fingerprint
 from stackforge.stack.model import Stack
@@ -51,6 +52,7 @@ class Plan:
     gate: dict
     gate_prepare: list[str]
     targets: dict[str, dict]
+    system: list[SystemStage] = field(default_factory=list)  # apt layers, each a stage after base
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -173,4 +175,5 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
         targets={n: t.model_dump() for n, t in stack.targets.items()},
+        system=system_stages(stack),
     )
