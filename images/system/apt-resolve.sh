@@ -2,7 +2,7 @@
 # Resolve a system layer's packages against the configured apt sources (apt-cache madison).
 #
 # Input (file or stdin), one package a line:  KEY|LOGICAL|MODE|WANT|CANDIDATE [CANDIDATE…]
-#   MODE any:   the first candidate apt knows (a single candidate is passed on as it is)
+#   MODE any:   the first candidate apt knows (apt-cache policy), unpinned
 #   MODE exact: the first candidate that has version WANT (with or without its epoch)
 #   MODE line:  the first candidate with a version of line WANT: WANT followed by '-', '+', '~' or
 #               nothing (exact) beats WANT followed by '.' (a longer version of the line), so 2.4.1
@@ -20,17 +20,19 @@ while IFS='|' read -r key logical mode want names; do
     # shellcheck disable=SC2086  # candidate names are a space-separated list (grammar: no spaces in a name)
     set -- $names
     set +f
-    if [ "$mode" = any ] && [ $# -eq 1 ]; then
-        spec="$1"
-    else
+    if [ "$mode" = any ]; then
+        # Known to apt (a virtual package with a provider counts): apt-cache policy prints its entry.
         for pkg in "$@"; do
-            versions=$(apt-cache madison "$pkg" 2>/dev/null | awk -F'|' '{ v = $2; gsub(/^[ \t]+|[ \t]+$/, "", v); if (v != "") print v }')
-            [ -n "$versions" ] || continue
-            seen="$seen $pkg ($(printf '%s\n' "$versions" | tr '\n' ' ' | sed 's/ $//'))"
-            if [ "$mode" = any ]; then
+            if [ -n "$(apt-cache policy "$pkg" 2>/dev/null </dev/null)" ]; then
                 spec="$pkg"
                 break
             fi
+        done
+    else
+        for pkg in "$@"; do
+            versions=$(apt-cache madison "$pkg" 2>/dev/null </dev/null | awk -F'|' '{ v = $2; gsub(/^[ \t]+|[ \t]+$/, "", v); if (v != "") print v }')
+            [ -n "$versions" ] || continue
+            seen="$seen $pkg ($(printf '%s\n' "$versions" | tr '\n' ' ' | sed 's/ $//'))"
             found=$(printf '%s\n' "$versions" | awk -v w="$want" -v mode="$mode" '
                 { u = $0; sub(/^[0-9]+:/, "", u) }
                 mode == "exact" { if ($0 == w || u == w) { print $0; exit } next }
