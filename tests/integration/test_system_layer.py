@@ -52,8 +52,14 @@ system:
       /usr/local/musa: "/usr/local/musa-{{{{ platform.musa }}}}"
 """
 
-MUSA = ["musa-toolkit-5-2", "musa-musart-5-2", "libmthreads-compute", "libmudnn3-musa-5", "libmthreads-mtml",
-        "mccl-s5000"]
+MUSA = [
+    "musa-toolkit-5-2",
+    "musa-musart-5-2",
+    "libmthreads-compute",
+    "libmudnn3-musa-5",
+    "libmthreads-mtml",
+    "mccl-s5000",
+]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +99,9 @@ def happy(root, tmp_path_factory):
 
 def test_the_line_and_the_traps_resolve_to_the_exact_versions(happy):
     ref, out = happy
-    installed = dict(line.split(" ", 1) for line in run(ref, "dpkg-query -W -f '${Package} ${Version}\\n'").splitlines())
+    installed = dict(
+        line.split(" ", 1) for line in run(ref, "dpkg-query -W -f '${Package} ${Version}\\n'").splitlines()
+    )
     assert installed["musa-toolkit-5-2"] == "5.2.0-1"
     assert installed["musa-musart-5-2"] == "5.2.0-1"
     assert installed["libmthreads-compute"] == "5.2.0-1"  # not 5.20.0-1
@@ -116,8 +124,11 @@ def test_the_layer_is_one_apt_transaction(happy):
 
 def test_loader_dirs_links_env_and_venv(happy):
     ref, _ = happy
-    out = run(ref, "cat /etc/ld.so.conf.d/musa.conf; readlink /usr/local/musa; ldconfig -p | grep libmusart; "
-                   "command -v mcc; echo MUSA_HOME=$MUSA_HOME; /opt/venv/bin/python -c 'import sys; print(sys.prefix)'")
+    out = run(
+        ref,
+        "cat /etc/ld.so.conf.d/musa.conf; readlink /usr/local/musa; ldconfig -p | grep libmusart; "
+        "command -v mcc; echo MUSA_HOME=$MUSA_HOME; /opt/venv/bin/python -c 'import sys; print(sys.prefix)'",
+    )
     lines = out.splitlines()
     assert lines[:3] == ["/usr/local/musa/lib", "/usr/local/musa/mudnn/lib", "/usr/local/musa-5.2.0"]
     assert "libmusart.so.5 (libc6,x86-64) => /usr/local/musa/lib/libmusart.so.5" in out

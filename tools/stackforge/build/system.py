@@ -104,9 +104,9 @@ def system_stages(stack: Stack) -> list[SystemStage]:
             lines.append(f"package {'.'.join(map(str, where))}|{logical}|{mode}|{want}|{' '.join(names)}")
         lines += [f"ld {d}" for d in layer.ld_dirs]
         for link, target in layer.symlinks.items():
-            where = (*base, "symlinks", link)
-            lines.append(f"link {'.'.join(where)}|{link}|"
-                         f"{_value(stack, where, target, grammar.check_absolute_path)}")
+            link_key: tuple = (*base, "symlinks", link)
+            lines.append(f"link {'.'.join(link_key)}|{link}|"
+                         f"{_value(stack, link_key, target, grammar.check_absolute_path)}")
         for key, value in layer.env.items():
             reason = grammar.bad_char(value)
             if reason:

@@ -411,13 +411,17 @@ AbsPath = Annotated[str, _grammar(grammar.check_absolute_path)]
 
 
 class AptSource(Strict):
-    url: str = Field(description="repository URL (http, https or file), e.g. https://dl.mthreads.com/repo/repository/ubuntu2204/")
+    url: str = Field(
+        description="repository URL (http, https or file), e.g. https://dl.mthreads.com/repo/repository/ubuntu2204/"
+    )
     suite: Annotated[str, _grammar(grammar.check_apt_suite)] = Field(description="suite, e.g. jammy")
     components: list[Annotated[str, _grammar(grammar.check_apt_component)]] = Field(
-        default_factory=lambda: ["main"], min_length=1, description="components, e.g. [main]")
+        default_factory=lambda: ["main"], min_length=1, description="components, e.g. [main]"
+    )
     trusted: bool = Field(False, description="true: written as [trusted=yes] (no signature check)")
     signed_by: Annotated[str, _grammar(grammar.check_relative_path)] | None = Field(
-        None, description="a key file in the repository (.gpg or .asc) the source is checked against ([signed-by=…])")
+        None, description="a key file in the repository (.gpg or .asc) the source is checked against ([signed-by=…])"
+    )
 
     @field_validator("url")
     @classmethod
@@ -429,7 +433,9 @@ class AptSource(Strict):
 
 
 class AptMirror(Strict):
-    from_: str = Field(alias="from", description="URL prefix of the base OS's apt source, e.g. http://archive.ubuntu.com/ubuntu/")
+    from_: str = Field(
+        alias="from", description="URL prefix of the base OS's apt source, e.g. http://archive.ubuntu.com/ubuntu/"
+    )
     to: str = Field(description="the mirror that replaces it in /etc/apt/sources.list*")
 
     @field_validator("from_", "to")
@@ -443,15 +449,21 @@ class AptMirror(Strict):
 
 class SystemPackage(Strict):
     name: Annotated[str, _templated(grammar.check_apt_name)] = Field(
-        description="the logical package; without candidates also the apt package name; may use {{ … }}")
+        description="the logical package; without candidates also the apt package name; may use {{ … }}"
+    )
     candidates: list[Annotated[str, _templated(grammar.check_apt_name)]] = Field(
-        default_factory=list, description="apt package names tried in order, e.g. "
-        "[\"libmudnn3-musa-{{ platform.musa_runtime | dashed }}\", \"libmudnn3-musa-{{ platform.musa_runtime | major }}\"]")
+        default_factory=list,
+        description="apt package names tried in order, e.g. "
+        '["libmudnn3-musa-{{ platform.musa_runtime | dashed }}", "libmudnn3-musa-{{ platform.musa_runtime | major }}"]',
+    )
     version: Annotated[str, _templated(grammar.check_apt_version)] | None = Field(
-        None, description="exact Debian version, e.g. 2.4.1-1")
+        None, description="exact Debian version, e.g. 2.4.1-1"
+    )
     line: Annotated[str, _templated(grammar.check_apt_version)] | None = Field(
-        None, description="version line resolved in the build with apt-cache madison: an exact version (2.4.1 -> "
-        "2.4.1-1) beats a longer one (2.4.1.x); 5.2 matches 5.2.0-1, never 5.20.0")
+        None,
+        description="version line resolved in the build with apt-cache madison: an exact version (2.4.1 -> "
+        "2.4.1-1) beats a longer one (2.4.1.x); 5.2 matches 5.2.0-1, never 5.20.0",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -467,18 +479,24 @@ class SystemPackage(Strict):
 
 class SystemLayer(Strict):
     install: Literal["auto", "always", "never"] = Field(
-        "always", description="always: install; never: skip the layer; auto: keep a base that already has "
-        "the probe command (command -v), else install")
+        "always",
+        description="always: install; never: skip the layer; auto: keep a base that already has "
+        "the probe command (command -v), else install",
+    )
     probe: Annotated[str, _grammar(grammar.check_command)] | None = Field(
-        None, description="command whose presence means the base already carries this layer (install: auto)")
+        None, description="command whose presence means the base already carries this layer (install: auto)"
+    )
     mirror: AptMirror | None = Field(None, description="rewrite the base OS's apt source to a mirror")
     sources: dict[Name, AptSource] = Field(default_factory=dict, description="apt sources this layer adds")
     packages: list[SystemPackage] = Field(
-        default_factory=list, description="installed in one apt transaction (--allow-downgrades "
-        "--no-install-recommends); a string is an unpinned package")
+        default_factory=list,
+        description="installed in one apt transaction (--allow-downgrades "
+        "--no-install-recommends); a string is an unpinned package",
+    )
     ld_dirs: list[AbsPath] = Field(default_factory=list, description="written to /etc/ld.so.conf.d/<layer>.conf")
     symlinks: dict[AbsPath, Annotated[str, _templated(grammar.check_absolute_path)]] = Field(
-        default_factory=dict, description="link: target (ln -sfn); a target missing after the install fails the build")
+        default_factory=dict, description="link: target (ln -sfn); a target missing after the install fails the build"
+    )
     env: dict[EnvName, str] = Field(default_factory=dict, description="environment set from this layer on")
     path: list[AbsPath] = Field(default_factory=list, description="directories put in front of PATH")
 
@@ -514,7 +532,8 @@ class Stack(Strict):
     labels: dict[LabelKey, str] = Field(default_factory=dict)
     targets: dict[Name, Target] = Field(default_factory=dict)
     system: dict[SystemLayerName, SystemLayer] | None = Field(
-        None, description="system layers (apt), in order, each its own stage system-<layer> after base")
+        None, description="system layers (apt), in order, each its own stage system-<layer> after base"
+    )
 
     # Filled by load_stack: the loader's provenance (positions, files, root, overrides, credentials).
     # Read it through the accessors of stackforge.stack.load.
