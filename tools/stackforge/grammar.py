@@ -210,3 +210,44 @@ def check_git_source(src: str, shown: str) -> str | None:
     if any(c in src for c in "\"'`$;&|<>(){}*?\\!"):
         return f"'{shown}' is not a git URL or path: it contains shell characters"
     return None
+
+
+# apt: Debian policy names and versions, apt source fields, absolute paths inside the image.
+APT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]{1,127}$")
+APT_VERSION_RE = re.compile(r"^(?:[0-9]{1,9}:)?[0-9][A-Za-z0-9.+~-]{0,127}$")
+APT_SUITE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,63})*$")
+APT_COMPONENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ABS_PATH_RE = re.compile(r"^(?:/[A-Za-z0-9_+@][A-Za-z0-9._+@-]{0,254})+$|^/$")
+COMMAND_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}$")
+
+
+def check_apt_name(name: str) -> str | None:
+    return None if APT_NAME_RE.match(name) else f"{name!r} is not a Debian package name (a-z, 0-9, '+', '.', '-')"
+
+
+def check_apt_version(version: str) -> str | None:
+    if APT_VERSION_RE.match(version):
+        return None
+    return f"{version!r} is not a Debian version such as 2.4.1-1 (or a version line such as 5.2)"
+
+
+def check_apt_suite(suite: str) -> str | None:
+    if APT_SUITE_RE.match(suite) and ".." not in suite:
+        return None
+    return f"{suite!r} is not an apt suite such as jammy or bookworm-updates"
+
+
+def check_apt_component(component: str) -> str | None:
+    return None if APT_COMPONENT_RE.match(component) else f"{component!r} is not an apt component such as main"
+
+
+def check_absolute_path(path: str) -> str | None:
+    """An absolute path inside the image: no '.' or '..' component, no empty component, no shell character."""
+    parts = path.split("/")[1:]
+    if ABS_PATH_RE.match(path) and not any(p in (".", "..") for p in parts):
+        return None
+    return f"{path!r} is not an absolute path (letters, digits, '.', '_', '+', '@', '-' between '/'; no '..')"
+
+
+def check_command(name: str) -> str | None:
+    return None if COMMAND_RE.match(name) else f"{name!r} is not a command name such as mcc"

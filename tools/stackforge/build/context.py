@@ -18,6 +18,7 @@ from stackforge.build import installed
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
+from stackforge.build.system import write_context as write_system_context
 from stackforge.build.render import images_dir, render_dockerfile, requirements_text
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, stack_lock
@@ -167,6 +168,7 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
     shutil.copytree(images_dir(root) / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
     post_install = installed.write_context(stack, plan.post_install, staging, images_dir(root))
+    write_system_context(plan.system, images_dir(root), staging)
     infos: list[SourceInfo] = []
     if sources:
         cache = cache_dir_for(stack)

@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from stackforge.build import installed
+from stackforge.build.system import SystemStage, system_stages
 from stackforge.stack import tags
 from stackforge.stack.load import credentials_of, fingerprint
 from stackforge.stack.model import Stack
@@ -56,6 +57,7 @@ class Plan:
     targets: dict[str, dict]
     post_install: list[installed.PostInstallPatch] = field(default_factory=list)
     steps: list[installed.Step] = field(default_factory=list)
+    system: list[SystemStage] = field(default_factory=list)  # apt layers, each a stage after base
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -218,4 +220,5 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         targets={n: t.model_dump() for n, t in stack.targets.items()},
         post_install=installed.post_install(stack),
         steps=installed.steps(stack),
+        system=system_stages(stack),
     )

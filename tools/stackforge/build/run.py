@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, overload
 
 from stackforge import credentials, progress
+from stackforge.build import system
 from stackforge.build.context import Context, build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import (
@@ -269,6 +270,7 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
                                       extra_args=[f"--network={opts.network}"] if opts.network else [])
     log = result.log
     atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
+    system.write_evidence(stack, engine, ref if result.returncode == 0 and opts.load else None, log, evidence)
     if result.returncode != 0:
         now = engine.image_id(ref)
         if now is not None and now != had:  # never leave a tag pointing at an unchecked image

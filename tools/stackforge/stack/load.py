@@ -567,7 +567,7 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
             )
     for name in stack.targets:
         reason = None
-        if name in RESERVED_STAGES or name.startswith(("src-", "kernel-")):
+        if name in RESERVED_STAGES or name.startswith(("src-", "kernel-", "system-")):
             reason = f"target name '{name}' is reserved for a build stage"
         elif not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
             reason = f"target name '{name}' must be lowercase letters, digits, '.', '_' or '-'"

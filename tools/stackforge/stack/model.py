@@ -22,6 +22,7 @@ from pydantic import (
     PrivateAttr,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from stackforge import grammar
@@ -270,7 +271,7 @@ def _one_line(value: str) -> str:
     return value.strip()
 
 
-RESERVED_STAGES = {"base", "deps", "installed", "gate", "gate-readonly"}
+RESERVED_STAGES = {"base", "venv", "deps", "installed", "gate", "gate-readonly"}
 
 
 def _tree_path(path: str) -> str | None:
@@ -524,6 +525,119 @@ class Target(Strict):
     env: dict[EnvName, str] = Field(default_factory=dict)
 
 
+def _templated(check: Callable[[str], str | None]) -> AfterValidator:
+    """A grammar checked on load unless the value is a template ({{ … }}): then it is checked once rendered."""
+    return _grammar(lambda v: None if "{{" in v or "{%" in v else check(v))
+
+
+def _layer_name(name: str) -> str | None:
+    ok = re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", name)
+    return None if ok else f"{name!r} is not a layer name (lowercase letters, digits, '.', '_', '-')"
+
+
+AbsPath = Annotated[str, _grammar(grammar.check_absolute_path)]
+
+
+class AptSource(Strict):
+    url: str = Field(
+        description="repository URL (http, https or file), e.g. https://dl.mthreads.com/repo/repository/ubuntu2204/"
+    )
+    suite: Annotated[str, _grammar(grammar.check_apt_suite)] = Field(description="suite, e.g. jammy")
+    components: list[Annotated[str, _grammar(grammar.check_apt_component)]] = Field(
+        default_factory=lambda: ["main"], min_length=1, description="components, e.g. [main]"
+    )
+    trusted: bool = Field(False, description="true: written as [trusted=yes] (no signature check)")
+    signed_by: Annotated[str, _grammar(grammar.check_relative_path)] | None = Field(
+        None, description="a key file in the repository (.gpg or .asc) the source is checked against ([signed-by=…])"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        reason = grammar.check_url(value, value)
+        if reason:
+            raise ValueError(reason)
+        return value
+
+
+class AptMirror(Strict):
+    from_: str = Field(
+        alias="from", description="URL prefix of the base OS's apt source, e.g. http://archive.ubuntu.com/ubuntu/"
+    )
+    to: str = Field(description="the mirror that replaces it in /etc/apt/sources.list*")
+
+    @field_validator("from_", "to")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        reason = grammar.check_url(value, value, ("http", "https"))
+        if reason:
+            raise ValueError(reason)
+        return value
+
+
+class SystemPackage(Strict):
+    name: Annotated[str, _templated(grammar.check_apt_name)] = Field(
+        description="the logical package; without candidates also the apt package name; may use {{ … }}"
+    )
+    candidates: list[Annotated[str, _templated(grammar.check_apt_name)]] = Field(
+        default_factory=list,
+        description="apt package names tried in order, e.g. "
+        '["libmudnn3-musa-{{ platform.musa_runtime | dashed }}", "libmudnn3-musa-{{ platform.musa_runtime | major }}"]',
+    )
+    version: Annotated[str, _templated(grammar.check_apt_version)] | None = Field(
+        None, description="exact Debian version, e.g. 2.4.1-1"
+    )
+    line: Annotated[str, _templated(grammar.check_apt_version)] | None = Field(
+        None,
+        description="version line resolved in the build with apt-cache madison: an exact version (2.4.1 -> "
+        "2.4.1-1) beats a longer one (2.4.1.x); 5.2 matches 5.2.0-1, never 5.20.0",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_pin(self) -> SystemPackage:
+        if self.version is not None and self.line is not None:
+            raise ValueError("give either version (exact) or line (a version line), not both")
+        return self
+
+
+class SystemLayer(Strict):
+    install: Literal["auto", "always", "never"] = Field(
+        "always",
+        description="always: install; never: skip the layer; auto: keep a base that already has "
+        "the probe command (command -v), else install",
+    )
+    probe: Annotated[str, _grammar(grammar.check_command)] | None = Field(
+        None, description="command whose presence means the base already carries this layer (install: auto)"
+    )
+    mirror: AptMirror | None = Field(None, description="rewrite the base OS's apt source to a mirror")
+    sources: dict[Name, AptSource] = Field(default_factory=dict, description="apt sources this layer adds")
+    packages: list[SystemPackage] = Field(
+        default_factory=list,
+        description="installed in one apt transaction (--allow-downgrades "
+        "--no-install-recommends); a string is an unpinned package",
+    )
+    ld_dirs: list[AbsPath] = Field(default_factory=list, description="written to /etc/ld.so.conf.d/<layer>.conf")
+    symlinks: dict[AbsPath, Annotated[str, _templated(grammar.check_absolute_path)]] = Field(
+        default_factory=dict, description="link: target (ln -sfn); a target missing after the install fails the build"
+    )
+    env: dict[EnvName, str] = Field(default_factory=dict, description="environment set from this layer on")
+    path: list[AbsPath] = Field(default_factory=list, description="directories put in front of PATH")
+
+    @model_validator(mode="after")
+    def _probe(self) -> SystemLayer:
+        if self.install == "auto" and self.probe is None:
+            raise ValueError("install: auto needs a probe command (e.g. probe: mcc)")
+        return self
+
+
+SystemLayerName = Annotated[str, _grammar(_layer_name)]
+
+
 class Stack(Strict):
     name: Name
     description: str = Field(default="", description="one line; it becomes the image's description label")
@@ -563,6 +677,9 @@ class Stack(Strict):
     steps: dict[Name, Step] = Field(
         default_factory=dict,
         description="commands run in the installed environment after the pip phases and post-install patches",
+    )
+    system: dict[SystemLayerName, SystemLayer] | None = Field(
+        None, description="system layers (apt), in order, each its own stage system-<layer> after base"
     )
 
     # Filled by load_stack: the loader's provenance (positions, files, root, overrides, credentials).

@@ -28,7 +28,7 @@ MAX_OUTPUT = 16384
 
 TEMPLATE_FIX = (
     "a template may use values ({{ platform.python }}, {{ packages.torch.version | public }}), "
-    "the filters tagsafe, public, local, musa_arch, replace, join, map, lower, upper, and if/else; "
+    "the filters tagsafe, public, local, musa_arch, dashed, major, replace, join, map, lower, upper, and if/else; "
     "no calls, loops, assignments or names starting with '_'"
 )
 
@@ -111,6 +111,8 @@ def sandbox(limit: int = MAX_OUTPUT) -> Sandbox:
         "public": lambda v: Pin(str(v)).public,
         "local": lambda v: Pin(str(v)).local or "",
         "musa_arch": musa_arch,
+        "dashed": dashed,
+        "major": lambda v: str(v).split(".", 1)[0],
         "replace": bounded_replace(limit),
         "join": bounded_join(limit),
         "map": builtin["map"],
@@ -227,6 +229,11 @@ def musa_arch(value: str) -> str:
     if not m:
         raise jinja2.TemplateError(f"'{value}' is not a MUSA GPU architecture like mp_31")
     return f"{m.group(1)}.{m.group(2)}"
+
+
+def dashed(value: str) -> str:
+    """A version as an apt package-name suffix: 5.2 → 5-2 (the MUSA packages' musa-toolkit-5-2)."""
+    return str(value).replace(".", "-")
 
 
 def context(stack: Stack, **extra) -> dict:
