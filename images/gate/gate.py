@@ -3,6 +3,7 @@
 Reads the gate spec written by stackforge (gate.json next to this file, or the
 path given as the first argument) and checks, in the stack's order:
 
+* the interpreter: its version must be the stack's ``platform.python`` (a minor line or a release);
 * each pinned package: import it first (importing torchada patches torch, so
   order matters), then read the installed version from its distribution
   metadata and compare with the pin — ``exact`` (equal), ``prefix`` (starts
@@ -175,6 +176,17 @@ def check_import(item: dict) -> tuple[bool, str]:
     return True, f"PASS {label} version={_version(dist) or 'unknown'}"
 
 
+def check_python(want: str) -> tuple[bool, str]:
+    """The image's interpreter against ``platform.python``: "3.10" names a minor line, "3.10.12" one release."""
+    have = ".".join(map(str, sys.version_info[:3]))
+    parts = want.split(".")
+    ok = have.split(".")[: len(parts)] == parts
+    label = f"python {'':<{WIDTH}} version={have}"
+    if ok:
+        return True, f"PASS {label} platform={want}"
+    return False, f"FAIL {label} platform={want} (the image's interpreter is not the stack's platform.python)"
+
+
 def check_probe(probe: dict) -> tuple[bool, str]:
     out = io.StringIO()
     try:
@@ -239,7 +251,8 @@ def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
     AUDIT = AUDIT or WriteAudit(site_dirs())
     failed = passed = 0
     prefix = "read-only: " if read_only else ""
-    checks = ([(check_package, p, p["name"]) for p in spec.get("packages", [])]
+    checks = [(check_python, spec["python"], "python")] if "python" in spec and not read_only else []
+    checks += ([(check_package, p, p["name"]) for p in spec.get("packages", [])]
               + [(check_import, i, i["module"]) for i in spec.get("imports", [])])
     if not read_only:
         checks += [(check_probe, p, f"probe {p['name']}") for p in spec.get("probes", [])]

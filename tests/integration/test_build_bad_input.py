@@ -21,7 +21,7 @@ from tests.fixtures import musa_standins as ms
 
 pytestmark = pytest.mark.engine
 
-POST2_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
+POST2_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
 SITE = "/opt/venv/lib/python3.11/site-packages"
 BAD_SHA = "deadbeef" * 8
 

@@ -18,8 +18,8 @@ from tests.fixtures import musa_standins as ms
 
 pytestmark = pytest.mark.engine
 
-POST2_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
-POST1_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.0.post1_musa5.2.0"
+POST2_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
+POST1_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post1_musa5.2.0"
 DEEP_EP_SO = "deep_ep_cpp.cpython-311-x86_64-linux-gnu.so"
 
 
@@ -43,6 +43,13 @@ def post1(standins):
     assert build.ok, build.describe()
     assert mb.image_id(POST1_TAG) == build.image
     return build
+
+
+def assert_python_line(line: str) -> None:
+    """The gate's first check: the image's interpreter is the stack's platform.python (the stand-ins set 3.11)."""
+    assert re.fullmatch(
+        rf"PASS python +version={re.escape(ms.BASE_PYTHON)}\.\d+ platform={re.escape(ms.BASE_PYTHON)}", line
+    ), line
 
 
 def expected_gate(stack) -> list[str]:
@@ -77,7 +84,8 @@ def test_post2_every_gate_line_passes(post2, standins):
         assert line in gate, f"{line!r} not in gate output:\n" + "\n".join(gate)
     # Every check, in stack order (torchada before torch), and nothing else.
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
-    assert checks == expected_gate(stack)
+    assert_python_line(checks[0])
+    assert checks[1:] == expected_gate(stack)
     assert len(stack.packages) == 17 and len(checks) == 17 + 2 + 1
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"
     # The platform plugin activates when vllm is imported, before vllm's own line, as in the seed.
@@ -148,7 +156,11 @@ def test_post2_target_runs_vllm_serve(post2):
 
 
 def test_gate_verb_reruns_the_gate_on_the_built_image(post2):
-    proc = mb.stackforge("gate", post2.image, "--stack", "post2")
+    # The stack says Python 3.10; the stand-in image has the base's 3.11, and the gate says so.
+    wrong = mb.stackforge("gate", post2.image, "--stack", "post2")
+    assert wrong.returncode == 1
+    assert re.search(r"^FAIL python +version=3\.11\.\d+ platform=3\.10 ", wrong.stdout, re.M), wrong.stdout
+    proc = mb.stackforge("gate", post2.image, "--stack", "post2", "--set", f"platform.python={ms.BASE_PYTHON}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout.splitlines()
     for line in (
@@ -157,7 +169,8 @@ def test_gate_verb_reruns_the_gate_on_the_built_image(post2):
         "PASS probe  fused-moe-configs result=100 space-free + 41 spaced = 141",
     ):
         assert line in out, proc.stdout
-    assert out[-1] == "gate result: 20 PASS, 0 FAIL"
+    assert_python_line(out[0])
+    assert out[-1] == "gate result: 21 PASS, 0 FAIL"
 
 
 def test_abi_verb_reports_deep_ep_resolved(post2, standins):
@@ -186,7 +199,8 @@ def test_post1_builds_end_to_end(post1, standins):
     assert "PASS import torchaudio version=2.11.0+musa5.2.0" in gate
     assert "PASS import deep_ep    version=1.1.0+musa5.2.0torch2.11.0.post1" in gate
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
-    assert checks == expected_gate(stack)
+    assert_python_line(checks[0])
+    assert checks[1:] == expected_gate(stack)
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"
     assert post1.evidence_lines("abi.txt")[-1] == "abi result: 0 FAIL"
     labels = mb.labels_of(post1.image)

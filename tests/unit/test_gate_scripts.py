@@ -53,6 +53,21 @@ def test_import_failure_is_a_fail_that_names_the_module():
     assert "error=import no_such_module_anywhere: ModuleNotFoundError" in line
 
 
+def test_python_is_checked_against_the_platform_line_or_release():
+    have = ".".join(map(str, sys.version_info[:3]))
+    minor = ".".join(map(str, sys.version_info[:2]))
+    assert gate.check_python(minor) == (True, f"PASS python            version={have} platform={minor}")
+    assert gate.check_python(have)[0]
+    other = f"{sys.version_info[0]}.{sys.version_info[1] + 1}"
+    ok, line = gate.check_python(other)
+    assert not ok and line.startswith(f"FAIL python            version={have} platform={other} ")
+    # 3.1 is not a prefix of 3.11: versions compare by component.
+    assert not gate.check_python(f"{sys.version_info[0]}.{str(sys.version_info[1])[0]}")[0] or sys.version_info[1] < 10
+    out = io.StringIO()
+    assert gate.run({"python": other, "packages": []}, out=out) == 1
+    assert "FAIL python" in out.getvalue() and "gate result: 0 PASS, 1 FAIL" in out.getvalue()
+
+
 def test_probe_compares_the_last_printed_line():
     assert gate.check_probe({"name": "p", "code": "print('x')\nprint('42')", "expect": "42"}) == (
         True,

@@ -102,6 +102,7 @@ def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPh
 def gate_spec(stack: Stack) -> dict:
     return {
         "stack": stack.name,
+        "python": stack.platform.python,
         "packages": [
             {"name": n, "dist": n, "import": p.import_name, "mode": p.gate, "version": p.version}
             for n, p in stack.packages.items()
