@@ -9,6 +9,7 @@ path given as the first argument) and checks, in the stack's order:
   with the pin) or ``metadata`` (no import, version only);
 * extra imports (vllm, the platform plugin): imported, version reported;
 * probes: small named snippets whose printed result must equal the expectation;
+* ``pip check``: every installed distribution's requirements are met (``pip_check`` in the spec);
 * writes: an audit hook watches every check; an import that writes, links or
   creates anything under site-packages fails and names the file (such files
   would be missing on a read-only root filesystem), and so does a dangling
@@ -184,6 +185,19 @@ def check_probe(probe: dict) -> tuple[bool, str]:
     return False, f"FAIL probe  {probe['name']} expected={probe['expect']} found={found}"
 
 
+def check_pip() -> list[tuple[bool, str]]:
+    """``pip check``: one PASS line, or a FAIL line per broken requirement pip reports."""
+    import subprocess  # noqa: PLC0415
+
+    proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
+                          env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1"})
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode == 0:
+        return [(True, f"PASS pip    {'check':<{WIDTH}} {lines[-1] if lines else 'no broken requirements'}")]
+    lines = lines or [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()][-3:] or [f"exit {proc.returncode}"]
+    return [(False, f"FAIL pip    {'check':<{WIDTH}} {line[:300]}") for line in lines]
+
+
 def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
     global AUDIT
     AUDIT = AUDIT or WriteAudit(site_dirs())
@@ -195,6 +209,10 @@ def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
         checks += [(check_probe, p, f"probe {p['name']}") for p in spec.get("probes", [])]
     for fn, item, who in checks:
         ok, line = _audited(who, fn, item)
+        print(prefix + line, file=out, flush=True)
+        passed += ok
+        failed += not ok
+    for ok, line in (check_pip() if spec.get("pip_check") and not read_only else []):
         print(prefix + line, file=out, flush=True)
         passed += ok
         failed += not ok
