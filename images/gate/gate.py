@@ -187,7 +187,7 @@ def check_probe(probe: dict) -> tuple[bool, str]:
 
 def check_pip() -> list[tuple[bool, str]]:
     """``pip check``: one PASS line, or a FAIL line per broken requirement pip reports."""
-    import subprocess  # noqa: PLC0415
+    import subprocess
 
     proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
                           env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1"})

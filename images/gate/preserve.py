@@ -105,7 +105,7 @@ def pip_has_report(argv: list[str]) -> bool:
     if "install" not in argv:
         return False
     try:
-        import pip  # noqa: PLC0415
+        import pip
     except ImportError:
         return False
     parts = [int(p) for p in re.findall(r"\d+", pip.__version__)[:2]]
@@ -116,12 +116,12 @@ def run_pip(argv: list[str], report: str | None) -> tuple[int, list[str]]:
     cmd = list(argv) + (["--report", report] if report else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
-    tail: list[str] = []
+    kept: list[str] = []
     for line in proc.stdout:
         sys.stdout.write(line)
         sys.stdout.flush()
-        tail = (tail + [line.rstrip("\n")])[-400:]
-    return proc.wait(), tail
+        kept = (kept + [line.rstrip("\n")])[-400:]
+    return proc.wait(), kept
 
 
 def main(argv: list[str]) -> int:

@@ -74,8 +74,11 @@ def read(stack, tmp_path, files, name="vllm-common"):
 
 
 def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(stack, tmp_path):
-    phase = read(stack, tmp_path, {
-        "requirements/common.txt": """\
+    phase = read(
+        stack,
+        tmp_path,
+        {
+            "requirements/common.txt": """\
             # vLLM's runtime dependencies
             regex # Replace re for higher-performance regex matching
             requests >= 2.26.0
@@ -85,11 +88,16 @@ def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(
             -r musa/private.txt
             -c constraints.txt
             """,
-        "requirements/musa/private.txt": "torch==2.9.0\nFlash-MLA==0.2.7+musa\n",
-        "requirements/constraints.txt": "numpy<2\ntorch>=2\n",
-    })
-    assert phase.requirements == ["regex", "requests>=2.26.0", "transformers<5,>=4.56.0",
-                                  'six>=1.16.0; python_version > "3.11"']
+            "requirements/musa/private.txt": "torch==2.9.0\nFlash-MLA==0.2.7+musa\n",
+            "requirements/constraints.txt": "numpy<2\ntorch>=2\n",
+        },
+    )
+    assert phase.requirements == [
+        "regex",
+        "requests>=2.26.0",
+        "transformers<5,>=4.56.0",
+        'six>=1.16.0; python_version > "3.11"',
+    ]
     assert phase.constraints == ["numpy<2"]
     # Names are compared canonically: Flash-MLA is the vendor pin flash_mla.
     assert [(d.package, d.where) for d in phase.dropped] == [
@@ -98,32 +106,41 @@ def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(
         ("torch", "vllm:requirements/constraints.txt:2"),
     ]
     assert [f["path"] for f in phase.files] == [
-        "requirements/common.txt", "requirements/musa/private.txt", "requirements/constraints.txt"]
+        "requirements/common.txt",
+        "requirements/musa/private.txt",
+        "requirements/constraints.txt",
+    ]
     text = requirements_file(phase)
     assert "# dropped, a vendor index provides it (the vendor pin wins): torch==2.9.0" in text
     assert text.splitlines()[-1] == 'six>=1.16.0; python_version > "3.11"'
     assert constraints_file(stack, phase).splitlines()[1:] == [
-        "torch==2.11.0.post2+musa5.2.0", "flash_mla==0.2.7", "numpy<2"]
+        "torch==2.11.0.post2+musa5.2.0",
+        "flash_mla==0.2.7",
+        "numpy<2",
+    ]
 
 
-@pytest.mark.parametrize("line, what", [
-    ("--extra-index-url https://flashinfer.ai/whl/", "option --extra-index-url is refused"),  # vLLM's cuda.txt
-    ("--index-url=https://evil.example/simple", "option --index-url is refused"),
-    ("-i https://evil.example/simple", "option -i is refused"),
-    ("--find-links /wheels", "option --find-links is refused"),
-    ("-f https://evil.example/", "option -f is refused"),
-    ("-e .", "option -e is refused"),
-    ("--trusted-host evil.example", "option --trusted-host is refused"),
-    ("requests==2.32.5 --hash=sha256:" + "a" * 64, "per-requirement options are refused"),
-    ("https://evil.example/requests-2.32.5-py3-none-any.whl", "URL, path"),
-    ("requests @ https://evil.example/requests.whl", "URL, path"),
-    ("./vendored/requests", "URL, path"),
-    ("/abs/requests", "URL, path"),
-    ("-r /etc/passwd", "only files of the same tree"),
-    ("-r https://evil.example/r.txt", "only files of the same tree"),
-    ("-r ../../../etc/passwd", "leads outside the upstream vllm's tree"),
-    ("not a requirement !!", "is not a requirement"),
-])
+@pytest.mark.parametrize(
+    "line, what",
+    [
+        ("--extra-index-url https://flashinfer.ai/whl/", "option --extra-index-url is refused"),  # vLLM's cuda.txt
+        ("--index-url=https://evil.example/simple", "option --index-url is refused"),
+        ("-i https://evil.example/simple", "option -i is refused"),
+        ("--find-links /wheels", "option --find-links is refused"),
+        ("-f https://evil.example/", "option -f is refused"),
+        ("-e .", "option -e is refused"),
+        ("--trusted-host evil.example", "option --trusted-host is refused"),
+        ("requests==2.32.5 --hash=sha256:" + "a" * 64, "per-requirement options are refused"),
+        ("https://evil.example/requests-2.32.5-py3-none-any.whl", "URL, path"),
+        ("requests @ https://evil.example/requests.whl", "URL, path"),
+        ("./vendored/requests", "URL, path"),
+        ("/abs/requests", "URL, path"),
+        ("-r /etc/passwd", "only files of the same tree"),
+        ("-r https://evil.example/r.txt", "only files of the same tree"),
+        ("-r ../../../etc/passwd", "leads outside the upstream vllm's tree"),
+        ("not a requirement !!", "is not a requirement"),
+    ],
+)
 def test_options_urls_and_paths_are_refused_with_the_file_line_and_stack_key(stack, tmp_path, line, what):
     with pytest.raises(UserError) as info:
         read(stack, tmp_path, {"requirements/common.txt": f"regex\n\n{line}\n"})
@@ -162,8 +179,9 @@ def test_a_file_missing_at_the_pinned_commit_names_the_stack_key_and_the_commit(
     with pytest.raises(UserError) as info:
         read(stack, tmp_path, {"requirements/other.txt": "regex\n"})
     err = info.value
-    assert err.message == (f"requirements.vllm-common.files[0]: requirements/common.txt does not exist in "
-                           f"upstream vllm at {PIN}")
+    assert err.message == (
+        f"requirements.vllm-common.files[0]: requirements/common.txt does not exist in upstream vllm at {PIN}"
+    )
     assert Path(err.file).name == "req.yaml" and err.line == 17  # the files entry in the stack
 
 
@@ -177,9 +195,13 @@ def test_write_phases_fills_the_context_and_the_manifest(stack, tmp_path):
 
     write_phases(stack, staging, {"vllm": top}, {"vllm": PIN}, write)
     assert json.loads((staging / "deps/vendor-pins.json").read_text()) == {
-        "torch": "2.11.0.post2+musa5.2.0", "flash_mla": "0.2.7"}
+        "torch": "2.11.0.post2+musa5.2.0",
+        "flash_mla": "0.2.7",
+    }
     assert (staging / "deps/constraints.txt").read_text().splitlines()[1:] == [
-        "torch==2.11.0.post2+musa5.2.0", "flash_mla==0.2.7"]
+        "torch==2.11.0.post2+musa5.2.0",
+        "flash_mla==0.2.7",
+    ]
     assert (staging / "deps/requirements/vllm-common.txt").read_text().splitlines()[-1] == "regex"
     manifest = json.loads((staging / "deps/requirements.json").read_text())
     assert manifest[0]["dropped"][0]["package"] == "torch"
@@ -205,15 +227,21 @@ def test_plan_and_dockerfile_guard_every_phase_after_the_vendor_no_deps_phase(st
     assert by["pub"].constraints == by["vend-deps"].constraints == "deps/constraints.txt"
     assert by["requirements.vllm-common"].constraints == "deps/requirements/vllm-common.constraints.txt"
     assert [p.key for p in plan.phases] == [
-        "indexes.vend", "indexes.pub", "requirements.vllm-common", "indexes.vend.deps_from"]
+        "indexes.vend",
+        "indexes.pub",
+        "requirements.vllm-common",
+        "indexes.vend.deps_from",
+    ]
     assert by["requirements.vllm-common"].files == [{"upstream": "vllm", "path": "requirements/common.txt"}]
     assert plan.gate["pip_check"] is True
     text = render_dockerfile(plan).replace("\\\n    ", "")
     assert "COPY gate/preserve.py /stackforge/preserve.py\nCOPY deps/vendor-pins.json" in text
-    assert ("python /stackforge/preserve.py --phase requirements.vllm-common --key requirements.vllm-common "
-            "--index pub --record /stackforge/reports/03-requirements.vllm-common.json -- python -m pip install "
-            "--index-url https://pypi.example/simple/ -c /stackforge/deps/requirements/vllm-common.constraints.txt "
-            "-r /stackforge/deps/requirements/vllm-common.txt") in text
+    assert (
+        "python /stackforge/preserve.py --phase requirements.vllm-common --key requirements.vllm-common "
+        "--index pub --record /stackforge/reports/03-requirements.vllm-common.json -- python -m pip install "
+        "--index-url https://pypi.example/simple/ -c /stackforge/deps/requirements/vllm-common.constraints.txt "
+        "-r /stackforge/deps/requirements/vllm-common.txt"
+    ) in text
     assert text.count(" -c /stackforge/deps/constraints.txt ") == 2
     assert "RUN python /stackforge/gate/inventory.py /stackforge/reports /stackforge/inventory.json" in text
 
@@ -239,7 +267,8 @@ def dist_info(site: Path, name: str, version: str, requires: list[str] = ()) -> 
     d = site / f"{name}-{version}.dist-info"
     d.mkdir(parents=True)
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
-        f"Requires-Dist: {r}\n" for r in requires)
+        f"Requires-Dist: {r}\n" for r in requires
+    )
     (d / "METADATA").write_text(meta)
 
 
@@ -248,10 +277,30 @@ def run_preserve(tmp_path: Path, site: Path, command: str) -> subprocess.Complet
     pins.write_text(json.dumps(PINS))
     # -S: no site-packages but the fake one (PYTHONPATH), so importlib.metadata sees only what the test made.
     return subprocess.run(
-        [sys.executable, "-S", str(GATE_DIR / "preserve.py"), "--phase", "requirements.kv", "--key",
-         "requirements.kv", "--index", "pypi", "--pins", str(pins), "--record", str(tmp_path / "r" / "03.json"),
-         "--", sys.executable, "-S", "-c", command],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site)})
+        [
+            sys.executable,
+            "-S",
+            str(GATE_DIR / "preserve.py"),
+            "--phase",
+            "requirements.kv",
+            "--key",
+            "requirements.kv",
+            "--index",
+            "pypi",
+            "--pins",
+            str(pins),
+            "--record",
+            str(tmp_path / "r" / "03.json"),
+            "--",
+            sys.executable,
+            "-S",
+            "-c",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
 
 
 def test_preserve_passes_each_vendor_pin_and_records_the_phase(tmp_path):
@@ -278,7 +327,7 @@ def test_preserve_fails_on_drift_naming_the_phase_and_who_pulled_it_in(tmp_path)
     command = textwrap.dedent(f"""\
         import pathlib, shutil
         site = pathlib.Path({str(site)!r})
-        shutil.rmtree(site / "torch-{PINS['torch']}.dist-info")
+        shutil.rmtree(site / "torch-{PINS["torch"]}.dist-info")
         for name, version, req in (("torch", "2.12.0", ""), ("lmcache", "0.3.9", "Requires-Dist: torch>=2.12\\n")):
             d = site / f"{{name}}-{{version}}.dist-info"
             d.mkdir()
@@ -287,36 +336,57 @@ def test_preserve_fails_on_drift_naming_the_phase_and_who_pulled_it_in(tmp_path)
     proc = run_preserve(tmp_path, site, command)
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
-    assert lines[0] == ("FAIL preserve torch expected=2.11.0.post2+musa5.2.0 found=2.12.0 phase=requirements.kv "
-                        "pulled-in-by=lmcache 0.3.9 (requires torch>=2.12)")
+    assert lines[0] == (
+        "FAIL preserve torch expected=2.11.0.post2+musa5.2.0 found=2.12.0 phase=requirements.kv "
+        "pulled-in-by=lmcache 0.3.9 (requires torch>=2.12)"
+    )
     assert lines[1] == "PASS preserve flash_mla version=0.2.7"
-    assert lines[-1] == ("ERROR: pip phase requirements.kv (stack key requirements.kv) replaced the vendor pin "
-                         "torch==2.11.0.post2+musa5.2.0: lmcache 0.3.9 (requires torch>=2.12)")
+    assert lines[-1] == (
+        "ERROR: pip phase requirements.kv (stack key requirements.kv) replaced the vendor pin "
+        "torch==2.11.0.post2+musa5.2.0: lmcache 0.3.9 (requires torch>=2.12)"
+    )
 
 
 def test_preserve_names_the_conflict_when_pip_refuses(tmp_path):
     site = tmp_path / "site"
     dist_info(site, "torch", PINS["torch"])
-    pip_says = ("ERROR: Cannot install lmcache==0.3.9 because these package versions have conflicting dependencies.\n\n"
-                "The conflict is caused by:\n"
-                "    The user requested (constraint) torch==2.11.0.post2+musa5.2.0\n"
-                "    lmcache 0.3.9 depends on torch>=2.12\n")
+    pip_says = (
+        "ERROR: Cannot install lmcache==0.3.9 because these package versions have conflicting dependencies.\n\n"
+        "The conflict is caused by:\n"
+        "    The user requested (constraint) torch==2.11.0.post2+musa5.2.0\n"
+        "    lmcache 0.3.9 depends on torch>=2.12\n"
+    )
     proc = run_preserve(tmp_path, site, f"import sys; print({pip_says!r}); sys.exit(1)")
     assert proc.returncode == 1
     assert proc.stdout.splitlines()[-1] == (
         "ERROR: pip phase requirements.kv (stack key requirements.kv) would replace a vendor pin (the constraints "
-        "hold them): lmcache 0.3.9 depends on torch>=2.12")
+        "hold them): lmcache 0.3.9 depends on torch>=2.12"
+    )
     assert not (tmp_path / "r" / "03.json").exists()
 
 
 def test_pulled_in_by_reads_the_pip_report():
-    report = {"install": [
-        {"requested": True, "metadata": {"name": "compressed-tensors", "version": "0.13.0",
-                                         "requires_dist": ["torch>=1.7.0", "transformers"]},
-         "download_info": {"url": "https://pypi.example/c.whl", "archive_info": {"hashes": {"sha256": "ab" * 32}}}},
-        {"requested": False, "metadata": {"name": "torch", "version": "2.12.0"},
-         "download_info": {"url": "https://pypi.example/t.whl", "archive_info": {"hash": "sha256=" + "cd" * 32}}},
-    ]}
+    report = {
+        "install": [
+            {
+                "requested": True,
+                "metadata": {
+                    "name": "compressed-tensors",
+                    "version": "0.13.0",
+                    "requires_dist": ["torch>=1.7.0", "transformers"],
+                },
+                "download_info": {
+                    "url": "https://pypi.example/c.whl",
+                    "archive_info": {"hashes": {"sha256": "ab" * 32}},
+                },
+            },
+            {
+                "requested": False,
+                "metadata": {"name": "torch", "version": "2.12.0"},
+                "download_info": {"url": "https://pypi.example/t.whl", "archive_info": {"hash": "sha256=" + "cd" * 32}},
+            },
+        ]
+    }
     items = preserve.report_items(report)
     assert items["torch"]["sha256"] == "cd" * 32 and items["compressed-tensors"]["sha256"] == "ab" * 32
     assert preserve.pulled_in_by("torch", items, {}) == "compressed-tensors 0.13.0 (requires torch>=1.7.0)"
@@ -325,17 +395,36 @@ def test_pulled_in_by_reads_the_pip_report():
 
 def test_image_inventory_takes_index_and_hash_from_the_phase_that_installed_the_version():
     records = [
-        {"phase": "mthreads-nodeps", "key": "indexes.mthreads", "index": "mthreads", "preserve": ["PASS preserve torch"],
-         "installed": [{"name": "torch", "version": "2.11.0", "sha256": "aa" * 32, "url": "u1"}]},
-        {"phase": "pypi", "key": "indexes.pypi", "index": "pypi", "preserve": [],
-         "installed": [{"name": "Filelock", "version": "3.16.1", "sha256": None, "url": "u2"},
-                       {"name": "regex", "version": "1.0", "sha256": "bb" * 32, "url": "u3"}]},
+        {
+            "phase": "mthreads-nodeps",
+            "key": "indexes.mthreads",
+            "index": "mthreads",
+            "preserve": ["PASS preserve torch"],
+            "installed": [{"name": "torch", "version": "2.11.0", "sha256": "aa" * 32, "url": "u1"}],
+        },
+        {
+            "phase": "pypi",
+            "key": "indexes.pypi",
+            "index": "pypi",
+            "preserve": [],
+            "installed": [
+                {"name": "Filelock", "version": "3.16.1", "sha256": None, "url": "u2"},
+                {"name": "regex", "version": "1.0", "sha256": "bb" * 32, "url": "u3"},
+            ],
+        },
     ]
-    data = image_inventory.inventory(records, [("torch", "2.11.0"), ("filelock", "3.16.1"), ("regex", "2.0"),
-                                               ("vllm", "0.28.0")])
+    data = image_inventory.inventory(
+        records, [("torch", "2.11.0"), ("filelock", "3.16.1"), ("regex", "2.0"), ("vllm", "0.28.0")]
+    )
     rows = {r["name"]: r for r in data["dists"]}
-    assert rows["torch"] == {"name": "torch", "version": "2.11.0", "index": "mthreads", "phase": "mthreads-nodeps",
-                             "url": "u1", "sha256": "aa" * 32}
+    assert rows["torch"] == {
+        "name": "torch",
+        "version": "2.11.0",
+        "index": "mthreads",
+        "phase": "mthreads-nodeps",
+        "url": "u1",
+        "sha256": "aa" * 32,
+    }
     assert rows["filelock"]["index"] == "pypi" and rows["filelock"]["sha256"] is None
     assert rows["regex"]["index"] is None  # replaced after its phase by something no record saw
     assert rows["vllm"]["index"] is None
@@ -356,10 +445,14 @@ def row(name, version, index="pypi", sha="aa"):
 
 
 def test_diff_of_inventories_lists_added_removed_and_changed(tmp_path, capsys, root):
-    a = write_inventory(tmp_path / "a" / "evidence", [
-        row("torch", "2.11.0.post1+musa5.2.0", "mthreads"), row("regex", "2025.9.18"), row("six", "1.17.0")])
-    b = write_inventory(tmp_path / "b" / "evidence", [
-        row("torch", "2.11.0.post2+musa5.2.0", "mthreads", "bb"), row("Regex", "2025.9.18"), row("lark", "1.2.2")])
+    a = write_inventory(
+        tmp_path / "a" / "evidence",
+        [row("torch", "2.11.0.post1+musa5.2.0", "mthreads"), row("regex", "2025.9.18"), row("six", "1.17.0")],
+    )
+    b = write_inventory(
+        tmp_path / "b" / "evidence",
+        [row("torch", "2.11.0.post2+musa5.2.0", "mthreads", "bb"), row("Regex", "2025.9.18"), row("lark", "1.2.2")],
+    )
     d = inv.diff(inv.load(str(a)), inv.load(str(b.parent)))
     assert [r["name"] for r in d.added] == ["lark"] and [r["name"] for r in d.removed] == ["six"]
     assert [c["name"] for c in d.changed] == ["torch"]

@@ -29,8 +29,11 @@ def write_evidence(engine, ref: str, context_dir: Path, evidence: Path) -> None:
     data = from_image(engine, ref)
     if data is not None:
         atomic_write(evidence / "inventory.json", json.dumps(data, indent=2) + "\n")
-        lines = [line for phase in data.get("phases", []) for line in
-                 [f"# after phase {phase['phase']} ({phase.get('key')})", *phase.get("preserve", [])]]
+        lines = [
+            line
+            for phase in data.get("phases", [])
+            for line in [f"# after phase {phase['phase']} ({phase.get('key')})", *phase.get("preserve", [])]
+        ]
         atomic_write(evidence / "preserve.txt", "\n".join(lines) + "\n")
     manifest = context_dir / MANIFEST
     if manifest.is_file():
@@ -46,7 +49,9 @@ def load(spec: str, engine=None) -> dict:
             try:
                 return json.loads(candidate.read_text())
             except (OSError, ValueError) as exc:
-                raise UserError(f"{candidate}: not an inventory: {exc}", fix="pass a build's evidence directory") from None
+                raise UserError(
+                    f"{candidate}: not an inventory: {exc}", fix="pass a build's evidence directory"
+                ) from None
     if path.exists():
         raise UserError(f"{spec}: no inventory.json here", fix="pass a build's evidence directory or an image")
     if engine is None:
@@ -55,8 +60,10 @@ def load(spec: str, engine=None) -> dict:
         engine = Engine()
     data = from_image(engine, spec)
     if data is None:
-        raise UserError(f"{spec}: neither an evidence directory nor a local image with {IMAGE_PATH}",
-                        fix="pass build/<stack>/evidence or an image built by stackforge")
+        raise UserError(
+            f"{spec}: neither an evidence directory nor a local image with {IMAGE_PATH}",
+            fix="pass build/<stack>/evidence or an image built by stackforge",
+        )
     return data
 
 

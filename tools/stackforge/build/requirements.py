@@ -50,11 +50,21 @@ def requirement_phases(stack: Stack) -> list[PipPhase]:
     from stackforge.build.plan import PipPhase
     from stackforge.urls import redact
 
-    return [PipPhase(f"requirements.{name}", req.index, redact(stack.indexes[req.index].url),
-                     f"deps/requirements/{name}.txt", req.no_deps, False, [], key=f"requirements.{name}",
-                     constraints=f"deps/requirements/{name}.constraints.txt",
-                     files=[f.model_dump() for f in req.files])
-            for name, req in stack.requirements.items()]
+    return [
+        PipPhase(
+            f"requirements.{name}",
+            req.index,
+            redact(stack.indexes[req.index].url),
+            f"deps/requirements/{name}.txt",
+            req.no_deps,
+            False,
+            [],
+            key=f"requirements.{name}",
+            constraints=f"deps/requirements/{name}.constraints.txt",
+            files=[f.model_dump() for f in req.files],
+        )
+        for name, req in stack.requirements.items()
+    ]
 
 
 def guarded(stack: Stack, phases: list[PipPhase]) -> list[PipPhase]:
@@ -104,15 +114,23 @@ class _Reader:
         return f"requirements.{self.name}.files[{self.index}]"
 
     def refuse(self, rel: str, line: int | None, what: str, fix: str) -> UserError:
-        return UserError(f"{self.key}: {what} (upstream {self.upstream} at {self.pin})", file=f"{self.upstream}:{rel}",
-                         line=line, fix=fix)
+        return UserError(
+            f"{self.key}: {what} (upstream {self.upstream} at {self.pin})",
+            file=f"{self.upstream}:{rel}",
+            line=line,
+            fix=fix,
+        )
 
     def inside(self, path: Path, rel: str, via: tuple[str, int] | None) -> Path:
         real = Path(os.path.realpath(path))
         if real != self.tree and self.tree not in real.parents:
             where = via or (rel, None)
-            raise self.refuse(where[0], where[1], f"{rel} leads outside the upstream {self.upstream}'s tree",
-                              "requirement files may include only files of the same tree")
+            raise self.refuse(
+                where[0],
+                where[1],
+                f"{rel} leads outside the upstream {self.upstream}'s tree",
+                "requirement files may include only files of the same tree",
+            )
         return real
 
     def read(self, rel: str, constraints: bool = False, via: tuple[str, int] | None = None) -> None:
@@ -122,17 +140,24 @@ class _Reader:
                 raise UserError(
                     f"{self.key}: {rel} does not exist in upstream {self.upstream} at {self.pin}",
                     **position(self.stack, ("requirements", self.name, "files", self.index)).as_error_kwargs(),
-                    fix=f"name a file the upstream has at that commit, or move upstreams.{self.upstream}")
-            raise self.refuse(via[0], via[1], f"includes {rel}, which does not exist in upstream {self.upstream}",
-                              "include only files of the same tree")
+                    fix=f"name a file the upstream has at that commit, or move upstreams.{self.upstream}",
+                )
+            raise self.refuse(
+                via[0],
+                via[1],
+                f"includes {rel}, which does not exist in upstream {self.upstream}",
+                "include only files of the same tree",
+            )
         if path in self.open:
-            raise self.refuse(via[0] if via else rel, via[1] if via else None, f"{rel} includes itself",
-                              "remove the -r/-c cycle")
+            raise self.refuse(
+                via[0] if via else rel, via[1] if via else None, f"{rel} includes itself", "remove the -r/-c cycle"
+            )
         if path in self.seen:
             return
         if len(self.seen) >= MAX_FILES or len(self.open) > 16:
-            raise self.refuse(rel, None, f"more than {MAX_FILES} files or 16 nested includes",
-                              "flatten the requirement files")
+            raise self.refuse(
+                rel, None, f"more than {MAX_FILES} files or 16 nested includes", "flatten the requirement files"
+            )
         data = path.read_bytes()[: MAX_BYTES + 1]
         if len(data) > MAX_BYTES:
             raise self.refuse(rel, None, f"{rel} is larger than {MAX_BYTES // 1024} KiB", "a requirement file is small")
@@ -142,8 +167,7 @@ class _Reader:
             raise self.refuse(rel, None, f"{rel} is not UTF-8 text", "fix the file's encoding") from None
         self.seen.add(path)
         self.open.append(path)
-        self.out.files.append({"upstream": self.upstream, "path": rel,
-                               "sha256": hashlib.sha256(data).hexdigest()})
+        self.out.files.append({"upstream": self.upstream, "path": rel, "sha256": hashlib.sha256(data).hexdigest()})
         for lineno, line in _logical_lines(text):
             self.line(rel, lineno, line, constraints)
         self.open.pop()
@@ -155,24 +179,37 @@ class _Reader:
             m = _OPTION.match(line)
             if not m:
                 option = line.split()[0].split("=", 1)[0]
-                raise self.refuse(rel, lineno, f"option {option} is refused in a requirement file",
-                                  f"only -r/-c of files in the same tree are followed; a phase installs from "
-                                  f"requirements.{self.name}.index alone (patch the file in the upstream's series)")
+                raise self.refuse(
+                    rel,
+                    lineno,
+                    f"option {option} is refused in a requirement file",
+                    f"only -r/-c of files in the same tree are followed; a phase installs from "
+                    f"requirements.{self.name}.index alone (patch the file in the upstream's series)",
+                )
             target = m.group(2).strip()
             if "://" in target or target.startswith(("/", "~")):
-                raise self.refuse(rel, lineno, f"{m.group(1)} {target}: only files of the same tree are followed",
-                                  "include a relative path of the same tree")
+                raise self.refuse(
+                    rel,
+                    lineno,
+                    f"{m.group(1)} {target}: only files of the same tree are followed",
+                    "include a relative path of the same tree",
+                )
             included = os.path.normpath(os.path.join(os.path.dirname(rel), target))
             self.read(included, constraints or m.group(1) in ("-c", "--constraint"), via=(rel, lineno))
             return
         if "://" in line or line.startswith((".", "/", "~")) or re.search(r"\s-{1,2}[A-Za-z]", line):
-            raise self.refuse(rel, lineno, f"{line!r}: URL, path and per-requirement options are refused",
-                              "name a package and a version specifier")
+            raise self.refuse(
+                rel,
+                lineno,
+                f"{line!r}: URL, path and per-requirement options are refused",
+                "name a package and a version specifier",
+            )
         try:
             req = Requirement(line)
         except InvalidRequirement as exc:
-            raise self.refuse(rel, lineno, f"{line!r} is not a requirement: {exc}",
-                              "write name[extras] specifier ; marker") from None
+            raise self.refuse(
+                rel, lineno, f"{line!r} is not a requirement: {exc}", "write name[extras] specifier ; marker"
+            ) from None
         if req.url:
             raise self.refuse(rel, lineno, f"{line!r}: a direct URL reference is refused", "name a version instead")
         vendor = self.vendor.get(canonicalize_name(req.name))
@@ -210,8 +247,10 @@ def read_phase(stack: Stack, name: str, trees: dict[str, Path], pins: dict[str, 
 
 def requirements_file(phase: PhaseFiles) -> str:
     head = [f"# {phase.phase}: " + ", ".join(f"{f['upstream']}:{f['path']}" for f in phase.files)]
-    dropped = [f"# dropped, a vendor index provides it (the vendor pin wins): {d.requirement} ({d.where})"
-               for d in phase.dropped]
+    dropped = [
+        f"# dropped, a vendor index provides it (the vendor pin wins): {d.requirement} ({d.where})"
+        for d in phase.dropped
+    ]
     return "\n".join(head + dropped + phase.requirements) + "\n"
 
 
@@ -223,9 +262,12 @@ def constraints_file(stack: Stack, phase: PhaseFiles | None = None) -> str:
 def write_phases(stack: Stack, staging: Path, trees: dict[str, Path] | None, pins: dict[str, str], write) -> list:
     """Write the vendor pins, the constraints and each requirement phase's files into the context;
     ``trees`` None (no sources) writes placeholders. Returns the phases read."""
-    (staging / "deps" / "requirements").mkdir(parents=True, exist_ok=True)
     write(staging / VENDOR_PINS, json.dumps(vendor_pins(stack), indent=2) + "\n")
-    write(staging / CONSTRAINTS, constraints_file(stack))
+    if vendor_pins(stack):
+        write(staging / CONSTRAINTS, constraints_file(stack))
+    if not stack.requirements:
+        return []
+    (staging / "deps" / "requirements").mkdir(parents=True, exist_ok=True)
     read: list[PhaseFiles] = []
     for name in stack.requirements:
         if trees is None:
@@ -234,8 +276,10 @@ def write_phases(stack: Stack, staging: Path, trees: dict[str, Path] | None, pin
             phase = read_phase(stack, name, trees, pins)
             read.append(phase)
             if phase.dropped:
-                progress.note(f"{phase.phase}: dropped {len(phase.dropped)} requirement(s) a vendor index provides "
-                              f"(the vendor pins win): {', '.join(d.package for d in phase.dropped)}")
+                progress.note(
+                    f"{phase.phase}: dropped {len(phase.dropped)} requirement(s) a vendor index provides "
+                    f"(the vendor pins win): {', '.join(d.package for d in phase.dropped)}"
+                )
         write(staging / "deps" / "requirements" / f"{name}.txt", requirements_file(phase))
         write(staging / "deps" / "requirements" / f"{name}.constraints.txt", constraints_file(stack, phase))
     write(staging / MANIFEST, json.dumps([asdict(p) for p in read], indent=2) + "\n")

@@ -622,8 +622,13 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
     for name, phase in stack.requirements.items():
         ref(("requirements", name, "index"), phase.index, stack.indexes, "index", "declare it under indexes:")
         for i, item in enumerate(phase.files):
-            ref(("requirements", name, "files", i, "upstream"), item.upstream, stack.upstreams, "upstream",
-                "declare it under upstreams:")
+            ref(
+                ("requirements", name, "files", i, "upstream"),
+                item.upstream,
+                stack.upstreams,
+                "upstream",
+                "declare it under upstreams:",
+            )
     for name, kern in stack.kernels.items():
         ref(("kernels", name, "upstream"), kern.upstream, stack.upstreams, "upstream", "declare it under upstreams:")
     if stack.source is not None:
