@@ -24,8 +24,9 @@ from stackforge.build.requirements import (
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, load_stack
 from tests.fixtures.stack_support import make_root, run_cli
+from tests.unit.test_gate_scripts import GATE_DIR
+from tests.unit.test_gate_scripts import load as load_image_script
 
-GATE_DIR = Path(__file__).resolve().parents[2] / "images" / "gate"
 PIN = "v0.28.0@" + "c" * 40
 
 STACK = """\
@@ -249,17 +250,8 @@ def test_plan_and_dockerfile_guard_every_phase_after_the_vendor_no_deps_phase(st
 # --------------------------------------------------------------------------- images/gate/preserve.py
 
 
-def image_script(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"stackforge_image_{name}", GATE_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-preserve = image_script("preserve")
-image_inventory = image_script("inventory")
+preserve = load_image_script("preserve")
+image_inventory = load_image_script("inventory")
 PINS = {"torch": "2.11.0.post2+musa5.2.0", "flash_mla": "0.2.7"}
 
 
