@@ -13,6 +13,7 @@ path given as the first argument) and checks, in the stack's order:
 * requirement rules (``rules.requires``): a distribution's version, or the first version-looking
   token a declared command prints, must be at least the rule's minimum (``PASS requires …``);
 * post-install patches: the report the post-install step left in the image, line by line;
+* ``pip check``: every installed distribution's requirements are met (``pip_check`` in the spec);
 * writes: an audit hook watches every check; an import that writes, links or
   creates anything under site-packages fails and names the file (such files
   would be missing on a read-only root filesystem), and so does a dangling
@@ -244,6 +245,17 @@ def post_install_lines(report: str) -> list[str]:
     except OSError as exc:
         return [f"FAIL patch  post-install report {report} is missing: {_err(exc)}"]
     return [line for line in text.splitlines() if line.strip()]
+def check_pip() -> list[tuple[bool, str]]:
+    """``pip check``: one PASS line, or a FAIL line per broken requirement pip reports."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
+                          env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1"})
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode == 0:
+        return [(True, f"PASS pip    {'check':<{WIDTH}} {lines[-1] if lines else 'no broken requirements'}")]
+    lines = lines or [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()][-3:] or [f"exit {proc.returncode}"]
+    return [(False, f"FAIL pip    {'check':<{WIDTH}} {line[:300]}") for line in lines]
 
 
 def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
@@ -267,6 +279,10 @@ def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
         print(line, file=out, flush=True)
         passed += line.startswith("PASS")
         failed += not line.startswith("PASS")
+    for ok, line in (check_pip() if spec.get("pip_check") and not read_only else []):
+        print(prefix + line, file=out, flush=True)
+        passed += ok
+        failed += not ok
     extra = write_failures() + ([] if read_only else dangling_symlinks())
     for line in extra:
         print(prefix + line, file=out, flush=True)

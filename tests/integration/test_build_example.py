@@ -82,7 +82,8 @@ def test_example_image_is_gated_labelled_and_tagged(built):
         "PASS import idna       version=3.10",
         "PASS import markupsafe version=3.0.3",
         "PASS probe  speedups-compiled result=compiled",
-        "gate result: 6 PASS, 0 FAIL",
+        "PASS pip    check      No broken requirements found.",
+        "gate result: 7 PASS, 0 FAIL",
     ]
     readonly = (root / "build" / "example" / "evidence" / "gate-readonly.txt").read_text()
     assert "read-only: gate result: 4 PASS, 0 FAIL" in readonly

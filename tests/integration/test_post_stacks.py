@@ -21,6 +21,7 @@ pytestmark = pytest.mark.engine
 POST2_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
 POST1_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post1_musa5.2.0"
 DEEP_EP_SO = "deep_ep_cpp.cpython-311-x86_64-linux-gnu.so"
+PIP_CHECK = "PASS pip    check      No broken requirements found."
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +65,7 @@ def expected_gate(stack) -> list[str]:
     }
     lines += [f"PASS import {i.module:<10} version={versions[i.dist]}" for i in stack.gate.imports]
     lines += [f"PASS probe  {p.name} result={p.expect}" for p in stack.gate.probes]
+    lines += [PIP_CHECK]
     return lines
 
 
@@ -86,7 +88,7 @@ def test_post2_every_gate_line_passes(post2, standins):
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
     assert_python_line(checks[0])
     assert checks[1:] == expected_gate(stack)
-    assert len(stack.packages) == 17 and len(checks) == 17 + 2 + 1
+    assert len(stack.packages) == 17 and len(checks) == 1 + 17 + 2 + 1 + 1
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"
     # The platform plugin activates when vllm is imported, before vllm's own line, as in the seed.
     assert gate.index(ms.PLUGIN_LINE) == gate.index("PASS import vllm       version=0.28.0") - 1
@@ -95,7 +97,7 @@ def test_post2_every_gate_line_passes(post2, standins):
 def test_post2_readonly_rerun_and_abi_stage_pass(post2, standins):
     stack = standins.stack("post2")
     readonly = post2.evidence_lines("gate-readonly.txt")
-    imports = [l for l in expected_gate(stack) if not l.startswith("PASS probe")]
+    imports = [l for l in expected_gate(stack) if not l.startswith(("PASS probe", "PASS pip"))]
     assert [l for l in readonly if l.startswith("read-only: ")] == [f"read-only: {l}" for l in imports] + [
         f"read-only: gate result: {len(imports)} PASS, 0 FAIL"
     ]
@@ -127,8 +129,8 @@ def test_post2_vendor_wheels_own_dependencies_come_from_the_public_index(post2):
         (post2.out / "Dockerfile").read_text().replace("\\\n", " "),
         re.M,
     )
-    assert [p[1] for p in phases] == ["mthreads.txt", "pypi.txt", "mthreads.deps.txt"]
-    assert phases[2][0] == phases[1][0]  # the vendor wheels' dependencies resolve against the public index
+    assert [p[1] for p in phases] == ["mthreads.txt", "pypi.txt", "requirements/vllm-common.txt", "mthreads.deps.txt"]
+    assert phases[3][0] == phases[1][0]  # the vendor wheels' dependencies resolve against the public index
 
 
 def test_post2_image_tag_and_labels(post2, standins):
@@ -170,7 +172,8 @@ def test_gate_verb_reruns_the_gate_on_the_built_image(post2):
     ):
         assert line in out, proc.stdout
     assert_python_line(out[0])
-    assert out[-1] == "gate result: 21 PASS, 0 FAIL"
+    assert PIP_CHECK in out
+    assert out[-1] == "gate result: 22 PASS, 0 FAIL"
 
 
 def test_abi_verb_reports_deep_ep_resolved(post2, standins):

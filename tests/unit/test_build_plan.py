@@ -258,7 +258,15 @@ def test_rendering_collapses_blank_runs_and_strips_trailing_space(tmp_path, mixe
 def test_context_without_sources_has_requirements_gate_and_empty_source_dirs(tmp_path, mixed):
     ctx = assemble(mixed, tmp_path / "out", sources=False)
     deps = ctx.context_dir / "deps"
-    assert sorted(p.name for p in deps.iterdir()) == ["hashed.txt", "pub.txt", "vend.deps.txt", "vend.txt", "vend2.txt"]
+    assert sorted(p.name for p in deps.iterdir()) == [
+        "constraints.txt",
+        "hashed.txt",
+        "pub.txt",
+        "vend.deps.txt",
+        "vend.txt",
+        "vend2.txt",
+        "vendor-pins.json",
+    ]
     assert (deps / "hashed.txt").read_text() == f"six==1.16.0 \\\n    --hash=sha256:{SHA}\n"
     assert json.loads((ctx.context_dir / "gate" / "gate.json").read_text()) == gate_spec(mixed)
     assert ctx.sources == [] and ctx.series == {} and ctx.source_date_epoch is None

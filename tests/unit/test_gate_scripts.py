@@ -157,3 +157,30 @@ def test_library_path_expands_site(monkeypatch):
         abi.library_path(["{site}/torch/lib", "/usr/local/musa-5.2/lib"])
         == f"{sysconfig.get_paths()['purelib']}/torch/lib:/usr/local/musa-5.2/lib"
     )
+
+
+def test_pip_check_is_one_gate_line_and_a_broken_requirement_fails_the_gate(monkeypatch):
+    import subprocess
+
+    def fake_run(cmd, **kwargs):
+        assert cmd[1:] == ["-m", "pip", "check"]
+        return subprocess.CompletedProcess(
+            cmd, 1, "torch 2.11.0 has requirement filelock>=3.16.1, but you have filelock 3.0.\n", ""
+        )
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    out = io.StringIO()
+    assert gate.run({"pip_check": True}, out=out) == 1
+    assert out.getvalue().splitlines() == [
+        "FAIL pip    check      torch 2.11.0 has requirement filelock>=3.16.1, but you have filelock 3.0.",
+        "gate result: 0 PASS, 1 FAIL",
+    ]
+    monkeypatch.setattr(
+        subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "No broken requirements found.\n", "")
+    )
+    out = io.StringIO()
+    assert gate.run({"pip_check": True}, out=out) == 0
+    assert out.getvalue().splitlines()[0] == "PASS pip    check      No broken requirements found."
+    out = io.StringIO()
+    assert gate.run({"pip_check": True}, out=out, read_only=True) == 0  # the read-only re-run skips it
+    assert out.getvalue().splitlines() == ["read-only: gate result: 0 PASS, 0 FAIL"]

@@ -222,13 +222,13 @@ def _mount(*args: str) -> bool:
 
 @pytest.fixture
 def mounts(tmp_path):
-    """``make(kind, path)``: a read-only bind mount ("ro") or a 64 KiB tmpfs ("small") at ``path``."""
+    """``make(kind, path)``: a read-only bind mount ("ro") or a 128 KiB tmpfs ("small") at ``path``."""
     made: list[Path] = []
 
     def make(kind: str, path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         if kind == "small":
-            ok = _mount("-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path))
+            ok = _mount("-t", "tmpfs", "-o", "size=128k", "tmpfs", str(path))
         else:
             ok = _mount("--bind", str(path), str(path))
         if ok:
@@ -269,7 +269,7 @@ def case_full_while_assembling(root, tmp_path, mounts, monkeypatch):
     """The disk fills between two renders: the second fails cleanly, the first one's output stays whole."""
     fs = mounts("small", tmp_path / "small")
     out = fs / "tiny"
-    shutil.rmtree(root / "images" / "gate" / "bulk")  # a context that fits in 64 KiB
+    shutil.rmtree(root / "images" / "gate" / "bulk")  # a context that fits in 128 KiB
     assert run(root, "render", "tiny", "--out", str(out)).rc == 0
     before = files(out)
     fill(fs)
@@ -347,7 +347,7 @@ def case_full_while_writing_evidence(root, tmp_path, mounts, monkeypatch, capsys
 
     fs = mounts("small", tmp_path / "small")
     out = fs / "tiny"
-    shutil.rmtree(root / "images" / "gate" / "bulk")  # a context that fits in 64 KiB
+    shutil.rmtree(root / "images" / "gate" / "bulk")  # a context that fits in 128 KiB
     monkeypatch.setattr(buildmod, "Engine", lambda builder=None: FillingEngine(fs))
     monkeypatch.setenv("STACKFORGE_PROGRESS", "0")  # stderr holds the error alone
     rc = main(["--root", str(root), "build", "tiny", "--out", str(out), "--ca-bundle", "none"])

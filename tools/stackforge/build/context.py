@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stackforge.build import installed
+from stackforge.build import requirements
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
@@ -159,11 +160,15 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
     (staging / "deps").mkdir(parents=True)
     hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
     for phase in plan.phases:
+        if phase.files:
+            continue  # a requirement phase: written from the upstream trees below
         if phase.lock:
             text = locks[phase.index].text
         else:
             text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
         atomic_write(staging / phase.requirements, text)
+    if not sources:
+        requirements.write_phases(stack, staging, None, {}, atomic_write)
     gate_dir = staging / "gate"
     shutil.copytree(images_dir(root) / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
@@ -175,6 +180,8 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
         exported = {name: _export_source(stack, name, staging / "src" / name, cache)
                     for name in export_order(stack)}
         infos = [exported[name] for name in stack.upstreams]
+        requirements.write_phases(stack, staging, {n: staging / "src" / n for n in stack.upstreams},
+                                  {i.name: i.pin for i in infos}, atomic_write)
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)

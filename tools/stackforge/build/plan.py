@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from stackforge.build import installed
 from stackforge.build.system import SystemStage, system_stages
+from stackforge.build.requirements import guarded, requirement_phases
 from stackforge.stack import tags
 from stackforge.stack.load import credentials_of, fingerprint
 from stackforge.stack.model import Stack
@@ -31,6 +32,10 @@ class PipPhase:
     pins: list[str]  # "name==version" lines
     lock: str | None = None  # the lock file this phase installs from (repository-relative)
     credentials: bool = False  # mount the netrc secret: only for a private index or one with credentials
+    key: str = ""  # the stack key the phase comes from, named when it fails
+    constraints: str | None = None  # context path of its constraints file (the vendor pins), -c
+    report: str = ""  # image path of the phase's record (pip report, preserve lines), read by the inventory
+    files: list[dict] = field(default_factory=list)  # requirement files: [{upstream, path}]
 
 
 @dataclass
@@ -87,6 +92,7 @@ def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPh
     for name, idx in stack.indexes.items():
         if idx.role == "public" and by_index[name]:
             phases.append(PipPhase(name, name, redact(idx.url), f"deps/{name}.txt", False, hashes[name], pins(name)))
+    phases += requirement_phases(stack)
     for name, idx in stack.indexes.items():
         if idx.role == "vendor" and idx.deps_from and by_index[name]:
             src = stack.indexes[idx.deps_from]
@@ -96,7 +102,7 @@ def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPh
                     f"{name}-deps", idx.deps_from, redact(src.url), f"deps/{name}.deps.txt", False, False, pins(name)
                 )
             )
-    return phases
+    return guarded(stack, phases)
 
 
 def gate_spec(stack: Stack) -> dict:
@@ -110,6 +116,7 @@ def gate_spec(stack: Stack) -> dict:
         "imports": [i.model_dump() for i in stack.gate.imports],
         "probes": [p.model_dump() for p in stack.gate.probes],
         "read_only": stack.gate.read_only,
+        "pip_check": True,
         "abi": {
             "packages": [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]
             if stack.gate.abi

@@ -22,6 +22,7 @@ from typing import Callable, overload
 
 from stackforge import credentials, progress
 from stackforge.build import system
+from stackforge.build import inventory
 from stackforge.build.context import Context, build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import (
@@ -38,7 +39,8 @@ from stackforge.stack.model import Stack
 from stackforge.urls import redact_text
 
 SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
-GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) (?:import|meta  |probe |write |link  |abi  |patch |requires) .*"
+GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) "
+                       r"(?:python|import|meta  |probe |write |link  |abi  |patch |requires|pip   ) .*"
                        r"|gate result: .*)|abi result: .*)$")
 
 
@@ -285,6 +287,8 @@ def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None 
     for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt")):
         if name in reports:
             atomic_write(evidence / evidence_name, "\n".join(reports[name]) + "\n")
+    if opts.load:
+        inventory.write_evidence(engine, ref, ctx.context_dir, evidence)
     outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
     atomic_write(evidence / "result.json", json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)},
                                                       indent=2, default=str))

@@ -45,9 +45,15 @@ def register(sub) -> None:
     add_set(p)
     p.set_defaults(func=cmd_tags)
 
-    p = sub.add_parser("diff", help="the pin table between two stacks")
+    p = sub.add_parser("diff", help="the pin table between two stacks (--inventory: the installed dists of two builds)")
     p.add_argument("old")
     p.add_argument("new")
+    p.add_argument(
+        "--inventory",
+        action="store_true",
+        help="OLD and NEW are builds (evidence directories, build directories or inventory.json files) or local "
+        "images: print the distributions added, removed and changed (version, index, archive sha256)",
+    )
     p.add_argument(
         "--format",
         choices=["markdown", "json"],
@@ -190,6 +196,12 @@ def cmd_tags(args) -> int:
 
 
 def cmd_diff(args) -> int:
+    if args.inventory:
+        from stackforge.build import inventory
+
+        d_inv = inventory.diff(inventory.load(args.old), inventory.load(args.new))
+        print(d_inv.to_json() if args.json or args.format == "json" else inventory.to_text(d_inv), end="")
+        return 0
     select(args, [args.old, args.new])
     old = load(args, args.old)
     new = load(args, args.new)

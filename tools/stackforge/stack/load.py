@@ -623,6 +623,16 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
                 "index",
                 "declare it under indexes:",
             )
+    for name, phase in stack.requirements.items():
+        ref(("requirements", name, "index"), phase.index, stack.indexes, "index", "declare it under indexes:")
+        for i, item in enumerate(phase.files):
+            ref(
+                ("requirements", name, "files", i, "upstream"),
+                item.upstream,
+                stack.upstreams,
+                "upstream",
+                "declare it under upstreams:",
+            )
     for name, kern in stack.kernels.items():
         ref(("kernels", name, "upstream"), kern.upstream, stack.upstreams, "upstream", "declare it under upstreams:")
         for option, want in kern.when.items():

@@ -638,6 +638,23 @@ class SystemLayer(Strict):
 SystemLayerName = Annotated[str, _grammar(_layer_name)]
 
 
+class RequirementFile(Strict):
+    upstream: Name = Field(description="the upstream whose exported, patched tree holds the file")
+    path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
+        description="the requirement file, relative to the upstream's tree (e.g. requirements/common.txt)"
+    )
+
+
+class RequirementsPhase(Strict):
+    index: Name = Field(description="the one index this phase installs from")
+    files: list[RequirementFile] = Field(
+        min_length=1,
+        description="requirement files read on the host at the upstream's pinned commit; -r/-c inside the same "
+        "tree are followed, every other option is refused, and a package a vendor index provides is dropped",
+    )
+    no_deps: bool = Field(default=False, description="install with --no-deps")
+
+
 class Stack(Strict):
     name: Name
     description: str = Field(default="", description="one line; it becomes the image's description label")
@@ -654,6 +671,11 @@ class Stack(Strict):
     upstreams: dict[Name, Upstream] = Field(default_factory=dict)
     kernels: dict[Name, Kernel] = Field(default_factory=dict)
     packages: dict[ProjectName, Package]
+    requirements: dict[Name, RequirementsPhase] = Field(
+        default_factory=dict,
+        description="pip phases from upstream requirement files, run in order after the public pins, with the "
+        "vendor pins as constraints",
+    )
     gate: Gate = Field(default_factory=Gate)
     rules: Rules = Field(default_factory=Rules)
     tags: Tags

@@ -1,0 +1,131 @@
+"""post2's requirement-file phase, the vendor pins kept through every pip phase, and the installed inventory,
+on the real engine from the stand-ins (the happy post2 build is shared with test_post_stacks.py).
+
+vLLM's requirements/common.txt and the plugin's requirements/musa.txt (which includes musa_private.txt, the
+vendor wheels) are read from the exported trees; the public stand-in index also serves a plain torch 2.12.0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from tests.fixtures import musa_builds as mb
+from tests.fixtures import musa_standins as ms
+
+pytestmark = pytest.mark.engine
+
+POST2_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
+PHASES = ["mthreads-nodeps", "pypi", "requirements.vllm-common", "mthreads-deps"]
+
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory, base_image):
+    return mb.session(tmp_path_factory.getbasetemp(), base_image)
+
+
+@pytest.fixture(scope="module")
+def post2(standins):
+    build = standins.happy("post2")
+    assert build.ok, build.describe()
+    return build
+
+
+def vendor_pins(stack) -> dict[str, str]:
+    return {n: p.version for n, p in stack.packages.items() if p.index == "mthreads"}
+
+
+def test_every_vendor_pin_is_preserved_after_every_phase(post2, standins):
+    pins = vendor_pins(standins.stack("post2"))
+    assert len(pins) == 16
+    text = post2.evidence_lines("preserve.txt")
+    blocks: dict[str, list[str]] = {}
+    for line in text:
+        if line.startswith("# after phase "):
+            current = blocks.setdefault(line.split()[3], [])
+        else:
+            current.append(line)
+    assert list(blocks) == PHASES
+    for phase, lines in blocks.items():
+        assert lines == [f"PASS preserve {n} version={v}" for n, v in pins.items()] + [
+            f"preserve result: 16 PASS, 0 FAIL after phase {phase}"
+        ]
+    assert "PASS preserve torch version=2.11.0.post2+musa5.2.0" in text
+
+
+def test_inventory_names_each_dist_with_its_index_and_archive_hash(post2, standins):
+    data = json.loads((post2.evidence / "inventory.json").read_text())
+    rows = {r["name"].lower(): r for r in data["dists"]}
+    # torch came from the vendor index, with the sha256 of the very wheel the vendor stand-in serves.
+    ep = standins.endpoints(standins.specs("post2"))
+    wheel = next(ep.dirs["mthreads"].glob("torch-*.whl"))
+    torch = rows["torch"]
+    assert (torch["version"], torch["index"], torch["phase"]) == (
+        "2.11.0.post2+musa5.2.0",
+        "mthreads",
+        "mthreads-nodeps",
+    )
+    assert torch["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    # vLLM's runtime closure came from the public index in the requirement phase, real Requires-Dist included.
+    for name, version in (
+        ("transformers", "4.57.1"),
+        ("huggingface-hub", "0.35.3"),
+        ("compressed-tensors", "0.13.0"),
+        ("mthreads-ml-py", "2.4.1"),
+        ("urllib3", "2.5.0"),
+    ):
+        assert (rows[name]["version"], rows[name]["index"], rows[name]["phase"]) == (
+            version,
+            "pypi",
+            "requirements.vllm-common",
+        ), rows[name]
+        assert len(rows[name]["sha256"]) == 64
+    assert rows["ninja"]["phase"] == "mthreads-deps"  # flashinfer-python's own dependency, nothing else's
+    assert "six" not in rows  # its marker (python_version > '3.11') is false here
+    assert rows["vllm"]["index"] is None and rows["vllm"]["version"] == "0.28.0"  # built in the image
+    # The plugin's musa_private.txt names the vendor wheels: every line was dropped, the stack's pins won.
+    manifest = json.loads((post2.evidence / "requirements.json").read_text())
+    dropped = [d["package"] for d in manifest[0]["dropped"]]
+    assert len(dropped) == 16 and "torch" in dropped and "apache-tvm-ffi" in dropped
+    assert {d["where"].rsplit(":", 1)[0] for d in manifest[0]["dropped"]} == {"vllm_musa:requirements/musa_private.txt"}
+    # The image holds the same inventory; diff of the build against its image finds nothing.
+    proc = mb.stackforge("diff", "--inventory", str(post2.evidence), post2.image)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["0 added, 0 removed, 0 changed"]
+
+
+def test_a_requirement_file_missing_at_the_pinned_commit_fails_before_the_engine(post2, standins):
+    before = mb.image_id(POST2_TAG)
+    ep = standins.endpoints(standins.specs("post2"))
+    build = standins.build(
+        "post2",
+        [*standins.overrides(ep), "requirements.vllm-common.files=[{upstream: vllm, path: requirements/tpu.txt}]"],
+        label="missing-requirements",
+    )
+    assert build.proc.returncode == 2, build.describe()
+    commit = standins.repos["vllm"].commit
+    assert (
+        f"requirements.vllm-common.files[0]: requirements/tpu.txt does not exist in upstream vllm at v0.28.0@{commit}"
+    ) in build.proc.stderr
+    assert mb.image_id(POST2_TAG) == before
+
+
+def test_a_phase_that_would_replace_the_vendor_torch_fails_naming_the_phase_and_the_package(post2, standins):
+    before = mb.image_id(POST2_TAG)
+    ep = standins.endpoints(standins.specs("post2"))
+    # vLLM's kv_connectors.txt asks for lmcache, whose stand-in requires torch>=2.12: the public index serves
+    # torch 2.12.0, so only the vendor pins' constraints stand between it and the vendor torch.
+    kv = "requirements.kv={index: pypi, files: [{upstream: vllm, path: requirements/kv_connectors.txt}]}"
+    build = standins.build("post2", [*standins.overrides(ep), kv], label="replaces-torch")
+    assert build.proc.returncode == 1, build.describe()
+    line = (
+        "ERROR: pip phase requirements.kv (stack key requirements.kv) would replace a vendor pin (the constraints "
+        "hold them): lmcache 0.3.9 depends on torch>=2.12"
+    )
+    assert line in build.proc.stderr, build.describe()
+    assert "The conflict is caused by:" in build.log  # pip's own message is kept
+    assert json.loads((build.evidence / "result.json").read_text())["ok"] is False
+    assert mb.image_id(POST2_TAG) == before
+    assert ms.PUBLIC_TORCH == "2.12.0"

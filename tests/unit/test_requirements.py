@@ -1,0 +1,468 @@
+"""Requirement files as pip phases, the vendor pins as constraints, the preserve check and the inventory:
+the reader, the plan and template, images/gate/preserve.py and inventory.py, and `diff --inventory`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stackforge.build import inventory as inv
+from stackforge.build.plan import make_plan
+from stackforge.build.render import render_dockerfile
+from stackforge.build.requirements import (
+    constraints_file,
+    read_phase,
+    requirements_file,
+    write_phases,
+)
+from stackforge.errors import UserError
+from stackforge.stack.load import StackInvalid, load_stack
+from tests.fixtures.stack_support import make_root, run_cli
+from tests.unit.test_gate_scripts import GATE_DIR
+from tests.unit.test_gate_scripts import load as load_image_script
+
+PIN = "v0.28.0@" + "c" * 40
+
+STACK = """\
+name: req
+platform: {os: debian12, python: "3.11"}
+base: {image: "stackforge/base:bookworm"}
+indexes:
+  vend: {url: "https://vendor.example/simple", role: vendor, deps_from: pub}
+  pub:  {url: "https://pypi.example/simple", role: public}
+upstreams:
+  vllm: {git: "https://example.com/vllm.git", tag: v0.28.0, commit: "%s"}
+packages:
+  torch:      {version: "2.11.0.post2+musa5.2.0", index: vend}
+  flash_mla:  {version: "0.2.7", index: vend}
+  torchada:   {version: "0.1.90", index: pub}
+requirements:
+  vllm-common:
+    index: pub
+    files:
+      - {upstream: vllm, path: requirements/common.txt}
+tags: {local: "req:1"}
+targets: {run: {entrypoint: [python3]}}
+""" % ("c" * 40)
+
+
+@pytest.fixture
+def root(tmp_path):
+    return make_root(tmp_path, {"req.yaml": STACK})
+
+
+@pytest.fixture
+def stack(root):
+    return load_stack("req", root=root)
+
+
+def tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    top = tmp_path / "src" / "vllm"
+    for rel, text in files.items():
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        (top / rel).write_text(textwrap.dedent(text))
+    return top
+
+
+def read(stack, tmp_path, files, name="vllm-common"):
+    return read_phase(stack, name, {"vllm": tree(tmp_path, files)}, {"vllm": PIN})
+
+
+def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(stack, tmp_path):
+    phase = read(
+        stack,
+        tmp_path,
+        {
+            "requirements/common.txt": """\
+            # vLLM's runtime dependencies
+            regex # Replace re for higher-performance regex matching
+            requests >= 2.26.0
+            transformers >= 4.56.0, \\
+                < 5
+            six>=1.16.0; python_version > '3.11' # transitive
+            -r musa/private.txt
+            -c constraints.txt
+            """,
+            "requirements/musa/private.txt": "torch==2.9.0\nFlash-MLA==0.2.7+musa\n",
+            "requirements/constraints.txt": "numpy<2\ntorch>=2\n",
+        },
+    )
+    assert phase.requirements == [
+        "regex",
+        "requests>=2.26.0",
+        "transformers<5,>=4.56.0",
+        'six>=1.16.0; python_version > "3.11"',
+    ]
+    assert phase.constraints == ["numpy<2"]
+    # Names are compared canonically: Flash-MLA is the vendor pin flash_mla.
+    assert [(d.package, d.where) for d in phase.dropped] == [
+        ("torch", "vllm:requirements/musa/private.txt:1"),
+        ("Flash-MLA", "vllm:requirements/musa/private.txt:2"),
+        ("torch", "vllm:requirements/constraints.txt:2"),
+    ]
+    assert [f["path"] for f in phase.files] == [
+        "requirements/common.txt",
+        "requirements/musa/private.txt",
+        "requirements/constraints.txt",
+    ]
+    text = requirements_file(phase)
+    assert "# dropped, a vendor index provides it (the vendor pin wins): torch==2.9.0" in text
+    assert text.splitlines()[-1] == 'six>=1.16.0; python_version > "3.11"'
+    assert constraints_file(stack, phase).splitlines()[1:] == [
+        "torch==2.11.0.post2+musa5.2.0",
+        "flash_mla==0.2.7",
+        "numpy<2",
+    ]
+
+
+@pytest.mark.parametrize(
+    "line, what",
+    [
+        ("--extra-index-url https://flashinfer.ai/whl/", "option --extra-index-url is refused"),  # vLLM's cuda.txt
+        ("--index-url=https://evil.example/simple", "option --index-url is refused"),
+        ("-i https://evil.example/simple", "option -i is refused"),
+        ("--find-links /wheels", "option --find-links is refused"),
+        ("-f https://evil.example/", "option -f is refused"),
+        ("-e .", "option -e is refused"),
+        ("--trusted-host evil.example", "option --trusted-host is refused"),
+        ("requests==2.32.5 --hash=sha256:" + "a" * 64, "per-requirement options are refused"),
+        ("https://evil.example/requests-2.32.5-py3-none-any.whl", "URL, path"),
+        ("requests @ https://evil.example/requests.whl", "URL, path"),
+        ("./vendored/requests", "URL, path"),
+        ("/abs/requests", "URL, path"),
+        ("-r /etc/passwd", "only files of the same tree"),
+        ("-r https://evil.example/r.txt", "only files of the same tree"),
+        ("-r ../../../etc/passwd", "leads outside the upstream vllm's tree"),
+        ("not a requirement !!", "is not a requirement"),
+    ],
+)
+def test_options_urls_and_paths_are_refused_with_the_file_line_and_stack_key(stack, tmp_path, line, what):
+    with pytest.raises(UserError) as info:
+        read(stack, tmp_path, {"requirements/common.txt": f"regex\n\n{line}\n"})
+    err = info.value
+    assert what in err.message, err.message
+    assert err.message.startswith("requirements.vllm-common.files[0]: ")
+    assert f"(upstream vllm at {PIN})" in err.message
+    assert (err.file, err.line) == ("vllm:requirements/common.txt", 3)
+
+
+def test_an_include_is_refused_at_the_including_line(stack, tmp_path):
+    with pytest.raises(UserError) as info:
+        read(stack, tmp_path, {"requirements/common.txt": "-r other.txt\n", "requirements/other.txt": "x\n-e .\n"})
+    assert (info.value.file, info.value.line) == ("vllm:requirements/other.txt", 2)
+    with pytest.raises(UserError) as info:
+        read(stack, tmp_path, {"requirements/common.txt": "regex\n-r nope.txt\n"})
+    assert "includes requirements/nope.txt, which does not exist" in info.value.message
+    assert (info.value.file, info.value.line) == ("vllm:requirements/common.txt", 2)
+
+
+def test_a_symlink_out_of_the_tree_is_refused(stack, tmp_path):
+    outside = tmp_path / "secret.txt"
+    outside.write_text("requests\n")
+    top = tree(tmp_path, {"requirements/common.txt": "-r link.txt\n"})
+    (top / "requirements" / "link.txt").symlink_to(outside)
+    with pytest.raises(UserError, match="leads outside the upstream vllm's tree"):
+        read_phase(stack, "vllm-common", {"vllm": top}, {"vllm": PIN})
+
+
+def test_an_include_cycle_is_refused(stack, tmp_path):
+    with pytest.raises(UserError, match="includes itself"):
+        read(stack, tmp_path, {"requirements/common.txt": "-r a.txt\n", "requirements/a.txt": "-r common.txt\n"})
+
+
+def test_a_file_missing_at_the_pinned_commit_names_the_stack_key_and_the_commit(stack, root, tmp_path):
+    with pytest.raises(UserError) as info:
+        read(stack, tmp_path, {"requirements/other.txt": "regex\n"})
+    err = info.value
+    assert err.message == (
+        f"requirements.vllm-common.files[0]: requirements/common.txt does not exist in upstream vllm at {PIN}"
+    )
+    assert Path(err.file).name == "req.yaml" and err.line == 17  # the files entry in the stack
+
+
+def test_write_phases_fills_the_context_and_the_manifest(stack, tmp_path):
+    staging = tmp_path / "ctx"
+    (staging / "deps").mkdir(parents=True)
+    top = tree(tmp_path, {"requirements/common.txt": "regex\ntorch\n"})
+
+    def write(path, text):
+        Path(path).write_text(text)
+
+    write_phases(stack, staging, {"vllm": top}, {"vllm": PIN}, write)
+    assert json.loads((staging / "deps/vendor-pins.json").read_text()) == {
+        "torch": "2.11.0.post2+musa5.2.0",
+        "flash_mla": "0.2.7",
+    }
+    assert (staging / "deps/constraints.txt").read_text().splitlines()[1:] == [
+        "torch==2.11.0.post2+musa5.2.0",
+        "flash_mla==0.2.7",
+    ]
+    assert (staging / "deps/requirements/vllm-common.txt").read_text().splitlines()[-1] == "regex"
+    manifest = json.loads((staging / "deps/requirements.json").read_text())
+    assert manifest[0]["dropped"][0]["package"] == "torch"
+
+
+def test_unknown_index_or_upstream_in_a_requirements_phase_is_refused_on_load(tmp_path):
+    bad = STACK.replace("index: pub\n    files", "index: pyp\n    files").replace("upstream: vllm,", "upstream: vlm,")
+    with pytest.raises(StackInvalid) as info:
+        load_stack("req", root=make_root(tmp_path, {"req.yaml": bad}))
+    text = info.value.render()
+    assert "requirements.vllm-common.index: unknown index 'pyp'" in text
+    assert "requirements.vllm-common.files.0.upstream: unknown upstream 'vlm'" in text
+    bad = STACK.replace("path: requirements/common.txt", "path: ../etc/passwd")
+    with pytest.raises(StackInvalid, match="not a relative path"):
+        load_stack("req", root=make_root(tmp_path / "2", {"req.yaml": bad}))
+
+
+def test_plan_and_dockerfile_guard_every_phase_after_the_vendor_no_deps_phase(stack):
+    plan = make_plan(stack)
+    by = {p.name: p for p in plan.phases}
+    assert list(by) == ["vend-nodeps", "pub", "requirements.vllm-common", "vend-deps"]
+    assert by["vend-nodeps"].constraints is None
+    assert by["pub"].constraints == by["vend-deps"].constraints == "deps/constraints.txt"
+    assert by["requirements.vllm-common"].constraints == "deps/requirements/vllm-common.constraints.txt"
+    assert [p.key for p in plan.phases] == [
+        "indexes.vend",
+        "indexes.pub",
+        "requirements.vllm-common",
+        "indexes.vend.deps_from",
+    ]
+    assert by["requirements.vllm-common"].files == [{"upstream": "vllm", "path": "requirements/common.txt"}]
+    assert plan.gate["pip_check"] is True
+    text = render_dockerfile(plan).replace("\\\n    ", "")
+    assert "COPY gate/preserve.py /stackforge/preserve.py\nCOPY deps/vendor-pins.json" in text
+    assert (
+        "python /stackforge/preserve.py --phase requirements.vllm-common --key requirements.vllm-common "
+        "--index pub --record /stackforge/reports/03-requirements.vllm-common.json -- python -m pip install "
+        "--index-url https://pypi.example/simple/ -c /stackforge/deps/requirements/vllm-common.constraints.txt "
+        "-r /stackforge/deps/requirements/vllm-common.txt"
+    ) in text
+    assert text.count(" -c /stackforge/deps/constraints.txt ") == 2
+    assert "RUN python /stackforge/gate/inventory.py /stackforge/reports /stackforge/inventory.json" in text
+
+
+# --------------------------------------------------------------------------- images/gate/preserve.py
+
+
+preserve = load_image_script("preserve")
+image_inventory = load_image_script("inventory")
+PINS = {"torch": "2.11.0.post2+musa5.2.0", "flash_mla": "0.2.7"}
+
+
+def dist_info(site: Path, name: str, version: str, requires: list[str] = ()) -> None:
+    d = site / f"{name}-{version}.dist-info"
+    d.mkdir(parents=True)
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    (d / "METADATA").write_text(meta)
+
+
+def run_preserve(tmp_path: Path, site: Path, command: str) -> subprocess.CompletedProcess:
+    pins = tmp_path / "pins.json"
+    pins.write_text(json.dumps(PINS))
+    # -S: no site-packages but the fake one (PYTHONPATH), so importlib.metadata sees only what the test made.
+    return subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            str(GATE_DIR / "preserve.py"),
+            "--phase",
+            "requirements.kv",
+            "--key",
+            "requirements.kv",
+            "--index",
+            "pypi",
+            "--pins",
+            str(pins),
+            "--record",
+            str(tmp_path / "r" / "03.json"),
+            "--",
+            sys.executable,
+            "-S",
+            "-c",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
+
+
+def test_preserve_passes_each_vendor_pin_and_records_the_phase(tmp_path):
+    site = tmp_path / "site"
+    dist_info(site, "torch", PINS["torch"])
+    dist_info(site, "flash_mla", "0.2.7")
+    proc = run_preserve(tmp_path, site, f"import os; os.makedirs({str(site / 'regex-2025.9.18.dist-info')!r})")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "PASS preserve torch version=2.11.0.post2+musa5.2.0",
+        "PASS preserve flash_mla version=0.2.7",
+        "preserve result: 2 PASS, 0 FAIL after phase requirements.kv",
+    ]
+    record = json.loads((tmp_path / "r" / "03.json").read_text())
+    assert record["phase"] == "requirements.kv" and record["index"] == "pypi"
+    assert record["preserve"][0].startswith("PASS preserve torch")
+
+
+def test_preserve_fails_on_drift_naming_the_phase_and_who_pulled_it_in(tmp_path):
+    site = tmp_path / "site"
+    dist_info(site, "torch", PINS["torch"])
+    dist_info(site, "flash_mla", "0.2.7")
+    # The "pip" of this phase replaces torch and installs the package that asked for it.
+    command = textwrap.dedent(f"""\
+        import pathlib, shutil
+        site = pathlib.Path({str(site)!r})
+        shutil.rmtree(site / "torch-{PINS["torch"]}.dist-info")
+        for name, version, req in (("torch", "2.12.0", ""), ("lmcache", "0.3.9", "Requires-Dist: torch>=2.12\\n")):
+            d = site / f"{{name}}-{{version}}.dist-info"
+            d.mkdir()
+            (d / "METADATA").write_text(f"Metadata-Version: 2.1\\nName: {{name}}\\nVersion: {{version}}\\n{{req}}")
+        """)
+    proc = run_preserve(tmp_path, site, command)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0] == (
+        "FAIL preserve torch expected=2.11.0.post2+musa5.2.0 found=2.12.0 phase=requirements.kv "
+        "pulled-in-by=lmcache 0.3.9 (requires torch>=2.12)"
+    )
+    assert lines[1] == "PASS preserve flash_mla version=0.2.7"
+    assert lines[-1] == (
+        "ERROR: pip phase requirements.kv (stack key requirements.kv) replaced the vendor pin "
+        "torch==2.11.0.post2+musa5.2.0: lmcache 0.3.9 (requires torch>=2.12)"
+    )
+
+
+def test_preserve_names_the_conflict_when_pip_refuses(tmp_path):
+    site = tmp_path / "site"
+    dist_info(site, "torch", PINS["torch"])
+    pip_says = (
+        "ERROR: Cannot install lmcache==0.3.9 because these package versions have conflicting dependencies.\n\n"
+        "The conflict is caused by:\n"
+        "    The user requested (constraint) torch==2.11.0.post2+musa5.2.0\n"
+        "    lmcache 0.3.9 depends on torch>=2.12\n"
+    )
+    proc = run_preserve(tmp_path, site, f"import sys; print({pip_says!r}); sys.exit(1)")
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-1] == (
+        "ERROR: pip phase requirements.kv (stack key requirements.kv) would replace a vendor pin (the constraints "
+        "hold them): lmcache 0.3.9 depends on torch>=2.12"
+    )
+    assert not (tmp_path / "r" / "03.json").exists()
+
+
+def test_pulled_in_by_reads_the_pip_report():
+    report = {
+        "install": [
+            {
+                "requested": True,
+                "metadata": {
+                    "name": "compressed-tensors",
+                    "version": "0.13.0",
+                    "requires_dist": ["torch>=1.7.0", "transformers"],
+                },
+                "download_info": {
+                    "url": "https://pypi.example/c.whl",
+                    "archive_info": {"hashes": {"sha256": "ab" * 32}},
+                },
+            },
+            {
+                "requested": False,
+                "metadata": {"name": "torch", "version": "2.12.0"},
+                "download_info": {"url": "https://pypi.example/t.whl", "archive_info": {"hash": "sha256=" + "cd" * 32}},
+            },
+        ]
+    }
+    items = preserve.report_items(report)
+    assert items["torch"]["sha256"] == "cd" * 32 and items["compressed-tensors"]["sha256"] == "ab" * 32
+    assert preserve.pulled_in_by("torch", items, {}) == "compressed-tensors 0.13.0 (requires torch>=1.7.0)"
+    assert preserve.pulled_in_by("compressed_tensors", items, {}) == "the phase's own requirements"
+
+
+def test_image_inventory_takes_index_and_hash_from_the_phase_that_installed_the_version():
+    records = [
+        {
+            "phase": "mthreads-nodeps",
+            "key": "indexes.mthreads",
+            "index": "mthreads",
+            "preserve": ["PASS preserve torch"],
+            "installed": [{"name": "torch", "version": "2.11.0", "sha256": "aa" * 32, "url": "u1"}],
+        },
+        {
+            "phase": "pypi",
+            "key": "indexes.pypi",
+            "index": "pypi",
+            "preserve": [],
+            "installed": [
+                {"name": "Filelock", "version": "3.16.1", "sha256": None, "url": "u2"},
+                {"name": "regex", "version": "1.0", "sha256": "bb" * 32, "url": "u3"},
+            ],
+        },
+    ]
+    data = image_inventory.inventory(
+        records, [("torch", "2.11.0"), ("filelock", "3.16.1"), ("regex", "2.0"), ("vllm", "0.28.0")]
+    )
+    rows = {r["name"]: r for r in data["dists"]}
+    assert rows["torch"] == {
+        "name": "torch",
+        "version": "2.11.0",
+        "index": "mthreads",
+        "phase": "mthreads-nodeps",
+        "url": "u1",
+        "sha256": "aa" * 32,
+    }
+    assert rows["filelock"]["index"] == "pypi" and rows["filelock"]["sha256"] is None
+    assert rows["regex"]["index"] is None  # replaced after its phase by something no record saw
+    assert rows["vllm"]["index"] is None
+    assert [p["phase"] for p in data["phases"]] == ["mthreads-nodeps", "pypi"]
+
+
+# --------------------------------------------------------------------------- diff --inventory
+
+
+def write_inventory(path: Path, dists: list[dict]) -> Path:
+    path.mkdir(parents=True)
+    (path / "inventory.json").write_text(json.dumps({"dists": dists, "phases": []}))
+    return path
+
+
+def row(name, version, index="pypi", sha="aa"):
+    return {"name": name, "version": version, "index": index, "sha256": sha * 32 if sha else None}
+
+
+def test_diff_of_inventories_lists_added_removed_and_changed(tmp_path, capsys, root):
+    a = write_inventory(
+        tmp_path / "a" / "evidence",
+        [row("torch", "2.11.0.post1+musa5.2.0", "mthreads"), row("regex", "2025.9.18"), row("six", "1.17.0")],
+    )
+    b = write_inventory(
+        tmp_path / "b" / "evidence",
+        [row("torch", "2.11.0.post2+musa5.2.0", "mthreads", "bb"), row("Regex", "2025.9.18"), row("lark", "1.2.2")],
+    )
+    d = inv.diff(inv.load(str(a)), inv.load(str(b.parent)))
+    assert [r["name"] for r in d.added] == ["lark"] and [r["name"] for r in d.removed] == ["six"]
+    assert [c["name"] for c in d.changed] == ["torch"]
+    assert d.changed[0]["before"]["version"] == "2.11.0.post1+musa5.2.0"
+    rc, out, _ = run_cli(capsys, root, "diff", "--inventory", str(a), str(b))
+    assert rc == 0
+    assert out.splitlines() == [
+        f"+ lark 1.2.2 (pypi sha256:{'a' * 12})",
+        f"- six 1.17.0 (pypi sha256:{'a' * 12})",
+        f"~ torch 2.11.0.post1+musa5.2.0 (mthreads sha256:{'a' * 12}) -> "
+        f"2.11.0.post2+musa5.2.0 (mthreads sha256:{'b' * 12})",
+        "1 added, 1 removed, 1 changed",
+    ]
+    rc, out, _ = run_cli(capsys, root, "diff", "--inventory", "--json", str(a / "inventory.json"), str(b))
+    assert rc == 0 and json.loads(out)["added"][0]["name"] == "lark"
+
+
+def test_diff_of_inventories_refuses_a_directory_without_one(tmp_path, capsys, root):
+    (tmp_path / "empty").mkdir()
+    rc, _, err = run_cli(capsys, root, "diff", "--inventory", str(tmp_path / "empty"), str(tmp_path / "empty"))
+    assert rc == 2 and "no inventory.json here" in err

@@ -1,0 +1,114 @@
+"""The installed inventory of a built image (written in the image by images/gate/inventory.py): into the
+evidence after a build, and compared between two builds or images (`stackforge diff --inventory A B`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stackforge.build.requirements import MANIFEST
+from stackforge.errors import UserError
+from stackforge.fslock import atomic_write
+
+IMAGE_PATH = "/stackforge/inventory.json"
+
+
+def from_image(engine, ref: str) -> dict | None:
+    """The image's inventory (one container run), None when the image has none."""
+    proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "cat", ref, IMAGE_PATH, timeout=300)
+    if proc.returncode != 0:
+        return None
+    return json.loads(proc.stdout)
+
+
+def write_evidence(engine, ref: str, context_dir: Path, evidence: Path) -> None:
+    """evidence/inventory.json and preserve.txt from the image; requirements.json (what each requirement
+    phase read and dropped) from the build context."""
+    data = from_image(engine, ref)
+    if data is not None:
+        atomic_write(evidence / "inventory.json", json.dumps(data, indent=2) + "\n")
+        lines = [
+            line
+            for phase in data.get("phases", [])
+            for line in [f"# after phase {phase['phase']} ({phase.get('key')})", *phase.get("preserve", [])]
+        ]
+        atomic_write(evidence / "preserve.txt", "\n".join(lines) + "\n")
+    manifest = context_dir / MANIFEST
+    if manifest.is_file():
+        shutil.copyfile(manifest, evidence / "requirements.json")
+
+
+def load(spec: str, engine=None) -> dict:
+    """An inventory from an evidence directory, a build directory (its evidence/), an inventory.json file,
+    or a local image reference."""
+    path = Path(spec)
+    for candidate in (path, path / "inventory.json", path / "evidence" / "inventory.json"):
+        if candidate.is_file():
+            try:
+                return json.loads(candidate.read_text())
+            except (OSError, ValueError) as exc:
+                raise UserError(
+                    f"{candidate}: not an inventory: {exc}", fix="pass a build's evidence directory"
+                ) from None
+    if path.exists():
+        raise UserError(f"{spec}: no inventory.json here", fix="pass a build's evidence directory or an image")
+    if engine is None:
+        from stackforge.build.engine import Engine
+
+        engine = Engine()
+    data = from_image(engine, spec)
+    if data is None:
+        raise UserError(
+            f"{spec}: neither an evidence directory nor a local image with {IMAGE_PATH}",
+            fix="pass build/<stack>/evidence or an image built by stackforge",
+        )
+    return data
+
+
+@dataclass
+class InventoryDiff:
+    added: list[dict] = field(default_factory=list)
+    removed: list[dict] = field(default_factory=list)
+    changed: list[dict] = field(default_factory=list)  # {name, before: {...}, after: {...}}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def _key(row: dict) -> str:
+    import re
+
+    return re.sub(r"[-_.]+", "-", row["name"]).lower()
+
+
+def _facts(row: dict) -> dict:
+    return {k: row.get(k) for k in ("version", "index", "sha256")}
+
+
+def diff(old: dict, new: dict) -> InventoryDiff:
+    """Dists added, removed, and changed (version, index or archive hash)."""
+    a = {_key(r): r for r in old.get("dists", [])}
+    b = {_key(r): r for r in new.get("dists", [])}
+    out = InventoryDiff()
+    for k in sorted(a.keys() | b.keys()):
+        if k not in a:
+            out.added.append({"name": b[k]["name"], **_facts(b[k])})
+        elif k not in b:
+            out.removed.append({"name": a[k]["name"], **_facts(a[k])})
+        elif _facts(a[k]) != _facts(b[k]):
+            out.changed.append({"name": b[k]["name"], "before": _facts(a[k]), "after": _facts(b[k])})
+    return out
+
+
+def to_text(d: InventoryDiff) -> str:
+    def show(f: dict) -> str:
+        sha = f" sha256:{f['sha256'][:12]}" if f.get("sha256") else ""
+        return f"{f['version']} ({f['index'] or 'no index'}{sha})"
+
+    lines = [f"+ {r['name']} {show(r)}" for r in d.added]
+    lines += [f"- {r['name']} {show(r)}" for r in d.removed]
+    lines += [f"~ {r['name']} {show(r['before'])} -> {show(r['after'])}" for r in d.changed]
+    lines.append(f"{len(d.added)} added, {len(d.removed)} removed, {len(d.changed)} changed")
+    return "\n".join(lines) + "\n"
