@@ -150,7 +150,7 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path, sources: bool) -
     hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
     for phase in plan.phases:
         if phase.lock:
-            text = locks[phase.index].text
+            text = locks[phase.lock_key()].text
         else:
             text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
         atomic_write(staging / phase.requirements, text)
