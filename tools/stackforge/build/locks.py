@@ -42,6 +42,7 @@ HASH = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
 VIA = re.compile(r"^#\s*via(?:\s+(?P<rest>.*))?$")
 VIA_MORE = re.compile(r"^#\s{2,}(?P<rest>\S.*)$")
 REQUIREMENTS_IN = "-r requirements.in"
+TARGET = re.compile(r"^#.* for (CPython \S+ on \S+?),? ")  # the target a lock's first line names
 COMMENT = re.compile(r"(^|\s+)#.*$")  # pip's own comment pattern
 
 
@@ -212,6 +213,10 @@ def verify_lock(stack: Stack, index: str, lock: Lock, rel: str) -> None:
     pins require, and no pin of the stack."""
     fix_name = stack.name
     deps_of = index[: -len(DEPS)] if index not in stack.indexes and index.endswith(DEPS) else None
+    made = TARGET.search(lock.text.split("\n", 1)[0])
+    if made and made.group(1) != resolve.Target.of(stack).describe():
+        raise _refuse(rel, 1, f"the lock was resolved for {made.group(1)}, but the stack targets "
+                      f"{resolve.Target.of(stack).describe()} (platform.python, platform.os, platform.arch)", fix_name)
     pins = {canonicalize_name(n): p for n, p in stack.packages.items() if p.index == index}
     for cname, pkg in pins.items():
         have = lock.pins.get(cname)
@@ -349,7 +354,7 @@ def lock_public(stack: Stack, index: str, ca_bundle: str | None = None,
                 resolve._stub_wheel(stubs, name, pkg.version, meta)
         env, index_args = resolve.pip_env(tmp, url, credential, ca_bundle)
         report = resolve.run_pip(tmp, target, index_args, env, inputs, vendors, stubs,
-                                 lambda text: scrub(text, credential), index, url)
+                                 lambda text: scrub(text, credential), stack, index)
         nodes = resolve.graph(report, target)
         stub_url = stubs.as_uri()
     for name, version in vendors.items():
@@ -366,9 +371,9 @@ def lock_public(stack: Stack, index: str, ca_bundle: str | None = None,
     public = resolve.reach(nodes, public_roots) - set(vendors)
     texts: dict[str, str] = {}
     kind = f"for {target.describe()}"
+    held = f"; the {len(vendors)} vendor pins held at their exact versions and left out" if vendors else ""
     head = (f"# Lock of the '{index}' requirements of stack '{stack.name}' {kind}, made by "
-            f"`stackforge lock {stack.name}`\n# (pip's resolver against {redact(url)}, the {len(vendors)} vendor "
-            "pins held at their exact versions and left out). Do not edit.\n")
+            f"`stackforge lock {stack.name}`\n# (pip's resolver against {redact(url)}{held}). Do not edit.\n")
     taken = set(public)
     for vendor in deps_vendors:
         own: set[str] = {canonicalize_name(n) for n, p in stack.packages.items() if p.index == vendor}

@@ -191,15 +191,29 @@ def vendor_metadata(stack: Stack, index: str, name: str, version: str, target: T
     return text
 
 
-def _pip_failure(stderr: str, target: Target, index: str, url: str) -> UserError:
+def _pip_failure(stderr: str, target: Target, stack: Stack, index: str) -> UserError:
+    """pip's failure as a UserError: a package whose files on the index include no wheel for the target
+    is named with the fix; anything else (a conflict, an unreachable index, a refused credential) is
+    pip's own message."""
+    from stackforge import credentials
+    from stackforge.freshness.index import IndexClient, IndexQueryError
+
+    url = stack.indexes[index].url
     m = re.search(r"Could not find a version that satisfies the requirement (\S+)", stderr)
     if m:
         name = re.split(r"[<>=!~;\[ ]", m.group(1), maxsplit=1)[0]
-        return UserError(
-            f"no wheel of {name} on index '{index}' ({redact(url)}) fits {target.describe()} and the "
-            f"requirements: a package with only an sdist (or only wheels for another Python) cannot be locked",
-            fix=f"pin a version of {name} that ships a wheel for CPython {target.python}, or build its wheel in a "
-                "kernel step; check platform.python and platform.os of the stack")
+        try:
+            files = IndexClient(url, credential=credentials.for_index(stack, index)).project(name).files
+        except IndexQueryError:
+            files = []
+        if files and not any(f.kind == "wheel" and f.tags & target.tags for f in files):
+            names = sorted(f.filename for f in files)
+            return UserError(
+                f"no wheel of {name} on index '{index}' ({redact(url)}) fits {target.describe()} (it has: "
+                f"{', '.join(names[:4])}{', …' if len(names) > 4 else ''}): a package with only an sdist, or only wheels for another Python or "
+                "platform, cannot be locked",
+                fix=f"pin a version of {name} that ships a wheel for CPython {target.python}, or build its wheel in "
+                    "a kernel step; check platform.python and platform.os of the stack")
     tail = "\n".join(line for line in stderr.splitlines() if line.strip())[-1200:]
     return UserError(f"pip could not resolve index '{index}' for {target.describe()}: {tail}",
                      fix="check the pins and that the index is reachable (and its credentials: user:password@ in its "
@@ -207,7 +221,7 @@ def _pip_failure(stderr: str, target: Target, index: str, url: str) -> UserError
 
 
 def run_pip(tmp: Path, target: Target, index_args: list[str], env: dict[str, str], inputs: list[Input],
-            vendor_pins: dict[str, str], stubs: Path, scrub, index: str, url: str) -> dict:
+            vendor_pins: dict[str, str], stubs: Path, scrub, stack: Stack, index: str) -> dict:
     """One pip resolution; returns the ``--report`` JSON."""
     args: list[str] = []
     for n, inp in enumerate(inputs):
@@ -227,7 +241,7 @@ def run_pip(tmp: Path, target: Target, index_args: list[str], env: dict[str, str
            "--target", str(tmp / "target"), *target.pip_args(), *index_args, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
     if proc.returncode != 0 or not report.is_file():
-        raise _pip_failure(scrub(proc.stderr), target, index, url)
+        raise _pip_failure(scrub(proc.stderr), target, stack, index)
     return json.loads(report.read_text())
 
 
