@@ -40,6 +40,7 @@ def locked(standins, tmp_path_factory):
 def _build(standins, root, overrides, label):
     out = standins.root / "builds" / f"locked-{label}"
     args = ["--root", str(root), "build", "post2", "--network", "host", "--out", str(out), *ms.set_args(overrides)]
+    args += ["--set", f"tags.local=stackforge-test/post2-locked:{label}"]  # leaves the stack's own tag to others
     proc = mb.stackforge(*args, env={"STACKFORGE_CACHE": str(standins.root / "upstream-cache")})
     return mb.Build("post2", args, proc, out, list(overrides))
 
