@@ -351,7 +351,7 @@ def lock_public(stack: Stack, index: str, ca_bundle: str | None = None,
             if canonicalize_name(name) in vendors:
                 meta = resolve.vendor_metadata(stack, pkg.index, name, pkg.version, target,
                                                cache_dir_for(stack) / "wheel-metadata", ca_bundle)
-                resolve._stub_wheel(stubs, name, pkg.version, meta)
+                resolve.stub_wheel(stubs, name, pkg.version, meta)
         env, index_args = resolve.pip_env(tmp, url, credential, ca_bundle)
         report = resolve.run_pip(tmp, target, index_args, env, inputs, vendors, stubs,
                                  lambda text: scrub(text, credential), stack, index)

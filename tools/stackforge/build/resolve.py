@@ -137,7 +137,7 @@ def check_pip() -> None:
                             "(or: python -m ensurepip --upgrade)")
 
 
-def _stub_wheel(out: Path, name: str, version: str, metadata: str) -> Path:
+def stub_wheel(out: Path, name: str, version: str, metadata: str) -> Path:
     """A wheel holding only ``metadata`` (Name and Version set to the pin): how pip sees a vendor pin."""
     msg = Parser().parsestr(metadata)
     del msg["Name"], msg["Version"]
