@@ -163,7 +163,7 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
         if phase.files:
             continue  # a requirement phase: written from the upstream trees below
         if phase.lock:
-            text = locks[phase.index].text
+            text = locks[phase.lock_key()].text
         else:
             text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
         atomic_write(staging / phase.requirements, text)

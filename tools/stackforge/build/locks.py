@@ -4,10 +4,14 @@
 When it exists, that index's pip phase installs from it with ``--require-hashes``; an
 index declared ``lock: true`` in the stack must have one.
 
-- a public index is locked with pip-tools (``pip-compile --generate-hashes``),
-  which pins and hashes the whole resolution; packages that a vendor index of the
-  stack provides are left out (``--unsafe-package``), so the public lock can never
-  pull e.g. a PyPI build of torch over the vendor's;
+- a public index is locked with pip's own resolver for the stack's Python and platform
+  (``build/resolve.py`` says how and why not pip-tools): the whole resolution of
+  :func:`public_inputs`, pinned and hashed, with every vendor pin held at its exact
+  version and left out, so a public lock never names (or pulls) a package a vendor
+  index of the stack provides;
+- the same resolution covers the vendor wheels' own dependencies: what only a vendor pin
+  requires goes to ``<vendor>.deps.txt``, which the ``<vendor>-deps`` phase installs from
+  with ``--require-hashes``;
 - a vendor index (installed ``--no-deps``) is locked from the index's own file
   hashes (PEP 691/503) for the exact pins.
 
@@ -19,8 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from stackforge import credentials, progress
+from stackforge.build import resolve
+from stackforge.build.resolve import Input
 from stackforge.errors import UserError
 from stackforge.stack.load import stack_root
 from stackforge.stack.model import Stack
@@ -38,6 +42,7 @@ HASH = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
 VIA = re.compile(r"^#\s*via(?:\s+(?P<rest>.*))?$")
 VIA_MORE = re.compile(r"^#\s{2,}(?P<rest>\S.*)$")
 REQUIREMENTS_IN = "-r requirements.in"
+TARGET = re.compile(r"^#.* for (CPython \S+ on \S+?),? ")  # the target a lock's first line names
 COMMENT = re.compile(r"(^|\s+)#.*$")  # pip's own comment pattern
 
 
@@ -47,11 +52,39 @@ class Lock:
     text: str
     pins: dict[str, tuple[str, list[str]]]  # canonical name -> (version, sha256 hashes)
     lines: dict[str, int] = field(default_factory=dict)  # canonical name -> line of its entry
-    via: dict[str, set[str]] = field(default_factory=dict)  # canonical name -> what requires it (pip-compile)
+    via: dict[str, set[str]] = field(default_factory=dict)  # canonical name -> what requires it (# via)
+
+
+DEPS = "-deps"  # the key of a vendor's dependency lock: "<vendor>-deps" (the name of its pip phase)
 
 
 def lock_path(stack: Stack, index: str) -> Path:
-    return stack_root(stack) / "stacks" / "locks" / stack.name / f"{index}.txt"
+    """``<index>.txt``; for the key ``<vendor>-deps``, the vendor wheels' dependency lock ``<vendor>.deps.txt``."""
+    folder = stack_root(stack) / "stacks" / "locks" / stack.name
+    if index.endswith(DEPS) and index[: -len(DEPS)] in stack.indexes and index not in stack.indexes:
+        return folder / f"{index[: -len(DEPS)]}.deps.txt"
+    return folder / f"{index}.txt"
+
+
+def vendor_names(stack: Stack) -> dict[str, str]:
+    """Canonical name -> version of every pin a vendor index of the stack provides."""
+    return {canonicalize_name(n): p.version for n, p in stack.packages.items()
+            if stack.indexes[p.index].role == "vendor"}
+
+
+def public_inputs(stack: Stack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
+    """Everything the public resolution of ``index`` must install: its exact pins (``requirements.in``).
+
+    The one place that lists the resolution's inputs: a requirement-file phase of this index adds its
+    file here as ``Input("<upstream>/<path>", file=trees[upstream] / path)`` (``trees``: the exported
+    upstream trees); its packages are then admitted by ``# via -r <upstream>/<path>``."""
+    return [Input(REQUIREMENTS_IN[3:], _pins(stack, index))]
+
+
+def _deps_vendors(stack: Stack, index: str) -> list[str]:
+    """The vendor indexes whose wheels' own dependencies come from ``index`` (and have pins)."""
+    return [v for v, idx in stack.indexes.items()
+            if idx.role == "vendor" and idx.deps_from == index and _pins(stack, v)]
 
 
 def _refuse(rel: str, line: int | None, message: str, stack_name: str | None) -> UserError:
@@ -118,7 +151,7 @@ def _entry(rel: str, number: int, line: str, stack_name: str | None) -> tuple[st
 def _via_names(rest: str) -> set[str]:
     rest = rest.strip()
     if rest.startswith("-r ") or rest.startswith("-c "):
-        return {REQUIREMENTS_IN}
+        return {"-r " + rest[3:].strip().split()[0]}
     return {canonicalize_name(rest.split()[0])} if rest else set()
 
 
@@ -158,10 +191,10 @@ def parse_lock(path: Path, text: str, rel: str | None = None, stack_name: str | 
 
 
 def _required_by_pins(lock: Lock, pins: set[str]) -> set[str]:
-    """The entries a pin of the index leads to through pip-compile's ``# via`` annotations.
+    """The entries ``pins`` (names, or ``-r <input>`` labels) lead to through the ``# via`` annotations.
 
     ``requirements.in`` holds only the pins, so ``via -r requirements.in`` admits nothing else."""
-    reached = set(pins) & set(lock.pins)
+    reached = set(pins)
     changed = True
     while changed:
         changed = False
@@ -174,9 +207,16 @@ def _required_by_pins(lock: Lock, pins: set[str]) -> set[str]:
 
 def verify_lock(stack: Stack, index: str, lock: Lock, rel: str) -> None:
     """The lock lists every pin of ``index`` once at its version, and nothing the stack does not lead to:
-    a vendor index's lock holds exactly its pins; a public index's lock may add only packages that a pin
-    requires (by pip-compile's ``# via`` annotations) and none that another index of the stack provides."""
+    a vendor index's lock holds exactly its pins; a public index's lock may add only packages that a pin,
+    one of its :func:`public_inputs` or a vendor pin requires (by the ``# via`` annotations), and none that
+    another index of the stack provides; a vendor's dependency lock (``<vendor>-deps``) only packages its
+    pins require, and no pin of the stack."""
     fix_name = stack.name
+    deps_of = index[: -len(DEPS)] if index not in stack.indexes and index.endswith(DEPS) else None
+    made = TARGET.search(lock.text.split("\n", 1)[0])
+    if made and made.group(1) != resolve.Target.of(stack).describe():
+        raise _refuse(rel, 1, f"the lock was resolved for {made.group(1)}, but the stack targets "
+                      f"{resolve.Target.of(stack).describe()} (platform.python, platform.os, platform.arch)", fix_name)
     pins = {canonicalize_name(n): p for n, p in stack.packages.items() if p.index == index}
     for cname, pkg in pins.items():
         have = lock.pins.get(cname)
@@ -187,17 +227,23 @@ def verify_lock(stack: Stack, index: str, lock: Lock, rel: str) -> None:
     other: dict[str, str] = {canonicalize_name(n): p.index for n, p in stack.packages.items() if p.index != index}
     for name, line in lock.lines.items():
         if name in other:
-            raise _refuse(rel, line, f"{name} comes from index '{other[name]}' in this stack, not from '{index}'",
-                          fix_name)
+            where = "a pin of the stack: it is not a dependency to lock here" if deps_of else \
+                f"not from '{index}'"
+            raise _refuse(rel, line, f"{name} comes from index '{other[name]}' in this stack, {where}", fix_name)
     extra = set(lock.pins) - set(pins)
-    if stack.indexes[index].role == "vendor":
-        allowed: set[str] = set()
+    vendors = set(vendor_names(stack))
+    if deps_of is not None:
+        allowed = _required_by_pins(lock, {canonicalize_name(n) for n, p in stack.packages.items()
+                                           if p.index == deps_of} | vendors)
+        why = f" and no pin of '{deps_of}' requires it (no `# via` chain from a pin)"
+    elif stack.indexes[index].role == "vendor":
+        allowed, why = set(), ""
     else:
-        allowed = _required_by_pins(lock, set(pins))
+        labels = {"-r " + i.label for i in public_inputs(stack, index)} - {REQUIREMENTS_IN}
+        allowed = _required_by_pins(lock, set(pins) | vendors | labels)
+        why = " and no pin requires it (no `# via` chain from a pin)"
     for name in sorted(extra - allowed, key=lambda n: lock.lines[n]):
-        raise _refuse(rel, lock.lines[name], f"{name} is not a pin of index '{index}'"
-                      + ("" if stack.indexes[index].role == "vendor" else
-                         " and no pin requires it (no `# via` chain from a pin)"), fix_name)
+        raise _refuse(rel, lock.lines[name], f"{name} is not a pin of index '{deps_of or index}'" + why, fix_name)
 
 
 def expects_lock(stack: Stack, index: str) -> bool:
@@ -206,14 +252,22 @@ def expects_lock(stack: Stack, index: str) -> bool:
         p.index == index for p in stack.packages.values())
 
 
-def read_locks(stack: Stack) -> dict[str, Lock]:
-    """The stack's lock files, parsed strictly and checked against its pins. {index name: Lock}
+def lock_keys(stack: Stack) -> list[str]:
+    """Every lock a stack may have: one per index, and ``<vendor>-deps`` per vendor index with ``deps_from``."""
+    keys = list(stack.indexes)
+    keys += [v + DEPS for v, idx in stack.indexes.items() if idx.role == "vendor" and idx.deps_from]
+    return keys
 
-    An index declared ``lock: true`` whose lock file is missing is an error: losing the file never
-    silently drops ``--require-hashes``."""
+
+def read_locks(stack: Stack) -> dict[str, Lock]:
+    """The stack's lock files, parsed strictly and checked against its pins. {lock key: Lock}
+
+    An index declared ``lock: true`` whose lock file is missing is an error (for a vendor index with
+    ``deps_from``, its dependency lock too): losing the file never silently drops ``--require-hashes``."""
     out: dict[str, Lock] = {}
-    for index in stack.indexes:
-        path = lock_path(stack, index)
+    for key in lock_keys(stack):
+        index = key[: -len(DEPS)] if key not in stack.indexes else key
+        path = lock_path(stack, key)
         rel = str(path.relative_to(stack_root(stack)))
         if not path.is_file():
             if expects_lock(stack, index):
@@ -226,8 +280,8 @@ def read_locks(stack: Stack) -> dict[str, Lock]:
         except UnicodeDecodeError:
             raise _refuse(rel, None, "the lock file is not UTF-8 text", stack.name) from None
         lock = parse_lock(path, text, rel, stack.name)
-        verify_lock(stack, index, lock, rel)
-        out[index] = lock
+        verify_lock(stack, key, lock, rel)
+        out[key] = lock
     return out
 
 
@@ -235,7 +289,7 @@ def _pins(stack: Stack, index: str) -> list[str]:
     return [f"{n}=={p.version}" for n, p in stack.packages.items() if p.index == index]
 
 
-def _pip_credentials(tmp: Path, url: str, credential) -> dict[str, str]:
+def pip_credentials(tmp: Path, url: str, credential) -> dict[str, str]:
     """Environment that gives pip the index credential through files in the private directory ``tmp``
     (never on the command line, never in the lock): a netrc (``NETRC``) for user/password, and a pip
     configuration file holding the index URL when the credential has query parameters."""
@@ -251,36 +305,92 @@ def _pip_credentials(tmp: Path, url: str, credential) -> dict[str, str]:
     return env
 
 
-def lock_public(stack: Stack, index: str, ca_bundle: str | None = None) -> str:
-    """pip-compile the index's pins with hashes; vendor-provided packages stay out of the lock.
+def _entry_text(node: resolve.Resolved, via: set[str]) -> str:
+    lines = [f"{node.name}=={node.version} \\\n    --hash=sha256:{node.sha256}\n"]
+    names = sorted(via, key=lambda v: (not v.startswith("-r "), v))
+    if len(names) == 1:
+        lines.append(f"    # via {names[0]}\n")
+    elif names:
+        lines.append("    # via\n" + "".join(f"    #   {v}\n" for v in names))
+    return "".join(lines)
+
+
+def _requested_by(inputs: list[resolve.Input]) -> dict[str, str]:
+    """Canonical name -> the label of the first input that names it."""
+    out: dict[str, str] = {}
+    for inp in inputs:
+        lines = list(inp.lines) + (inp.file.read_text().splitlines() if inp.file is not None else [])
+        for line in lines:
+            line = COMMENT.sub("", line).strip()
+            m = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", line)
+            if m and not line.startswith("-"):
+                out.setdefault(canonicalize_name(m.group(0)), inp.label)
+    return out
+
+
+def lock_public(stack: Stack, index: str, ca_bundle: str | None = None,
+                trees: dict[str, Path] | None = None) -> dict[str, str]:
+    """Resolve :func:`public_inputs` of ``index`` with pip for the stack's Python and platform, the vendor
+    pins held at their exact versions (``build/resolve.py``). {lock key: text}: the index's lock, and
+    ``<vendor>-deps`` for each vendor whose ``deps_from`` is this index (what only its pins require).
     The index's credential (``credentials.for_index``) reaches pip only through a private temporary
     directory that is removed afterwards; pip's messages are redacted."""
+    from stackforge.build.context import cache_dir_for
+
+    resolve.check_pip()
     url = stack.indexes[index].url
     credential = credentials.for_index(stack, index)
-    vendor = [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]
+    target = resolve.Target.of(stack)
+    vendors = vendor_names(stack)
+    inputs = public_inputs(stack, index, trees)
+    deps_vendors = _deps_vendors(stack, index)
     with credentials.private_dir("stackforge-lock-") as tmp:
-        req_in = tmp / "requirements.in"
-        req_in.write_text("\n".join(_pins(stack, index)) + "\n")
-        out = tmp / "requirements.txt"
-        index_args = [] if credential is not None and credential.query else ["--index-url", url]
-        cmd = [sys.executable, "-m", "piptools", "compile", "--quiet", "--generate-hashes", "--allow-unsafe",
-               "--no-header", "--no-emit-index-url", "--no-emit-find-links", "--strip-extras", *index_args,
-               "--output-file", str(out), *[a for n in vendor for a in ("--unsafe-package", n)], str(req_in)]
-        # Only the stack's index counts: no pip configuration of this host leaks into the lock.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "NETRC"}
-        env.update(_pip_credentials(tmp, url, credential))
-        env.update(CUSTOM_COMPILE_COMMAND=f"stackforge lock {stack.name}")
-        if ca_bundle:
-            env["PIP_CERT"] = ca_bundle
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
-        if proc.returncode != 0:
-            raise UserError(f"pip-compile failed for index '{index}': {scrub(proc.stderr, credential).strip()[-800:]}",
-                            fix="check the pins and that the index is reachable (and its credentials: "
-                                "user:password@ in its URL, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD or ~/.netrc)")
-        text = out.read_text().replace(str(req_in), "requirements.in")
-    header = (f"# Lock of the '{index}' pins of stack '{stack.name}', made by `stackforge lock {stack.name}`\n"
-              f"# (pip-compile --generate-hashes against {redact(url)}). Do not edit.\n")
-    return header + scrub(text, credential)
+        stubs = tmp / "vendor-wheels"
+        stubs.mkdir()
+        for name, pkg in stack.packages.items():
+            if canonicalize_name(name) in vendors:
+                meta = resolve.vendor_metadata(stack, pkg.index, name, pkg.version, target,
+                                               cache_dir_for(stack) / "wheel-metadata", ca_bundle)
+                resolve.stub_wheel(stubs, name, pkg.version, meta)
+        env, index_args = resolve.pip_env(tmp, url, credential, ca_bundle)
+        report = resolve.run_pip(tmp, target, index_args, env, inputs, vendors, stubs,
+                                 lambda text: scrub(text, credential), stack, index)
+        nodes = resolve.graph(report, target)
+        stub_url = stubs.as_uri()
+    for name, version in vendors.items():
+        node = nodes.get(name)
+        if node is not None and (node.version != version or not node.url.startswith(stub_url)):
+            raise UserError(f"the resolution of index '{index}' took {name} {node.version} from {redact(node.url)}, "
+                            f"not the vendor pin {version}", fix="check the vendor pins and the public requirements")
+    requested = _requested_by(inputs)
+    via: dict[str, set[str]] = {n: set(node.via) for n, node in nodes.items()}
+    for name, node in nodes.items():
+        if node.requested and name not in vendors:
+            via[name].add("-r " + requested.get(name, inputs[0].label))
+    public_roots = {n for n in nodes if n not in vendors and nodes[n].requested}
+    public = resolve.reach(nodes, public_roots) - set(vendors)
+    texts: dict[str, str] = {}
+    kind = f"for {target.describe()}"
+    held = f"; the {len(vendors)} vendor pins held at their exact versions and left out" if vendors else ""
+    head = (f"# Lock of the '{index}' requirements of stack '{stack.name}' {kind}, made by "
+            f"`stackforge lock {stack.name}`\n# (pip's resolver against {redact(url)}{held}). Do not edit.\n")
+    taken = set(public)
+    for vendor in deps_vendors:
+        own: set[str] = {canonicalize_name(n) for n, p in stack.packages.items() if p.index == vendor}
+        mine = sorted(resolve.reach(nodes, own) - set(vendors) - taken)
+        taken |= set(mine)
+        texts[vendor + DEPS] = (
+            f"# Lock of the dependencies of the '{vendor}' wheels of stack '{stack.name}' {kind}, from index "
+            f"'{index}',\n# made by `stackforge lock {stack.name}` in the same resolution as {index}.txt. "
+            "Do not edit.\n" + "".join(_entry_text(nodes[n], via[n]) for n in mine))
+    for name in sorted(taken):
+        if not nodes[name].sha256:
+            raise UserError(f"index '{index}' gives no sha256 for {name}=={nodes[name].version} "
+                            f"({redact(nodes[name].url)}); a lock needs each file's hash",
+                            fix="use an index that publishes file hashes (PEP 503 #sha256= or PEP 691 hashes)")
+    left = sorted(set(nodes) - taken - set(vendors))
+    texts[index] = head + "".join(_entry_text(nodes[n], via[n]) for n in sorted(public | set(left)))
+    return {k: scrub(v, credential) for k, v in texts.items()}
 
 
 def lock_vendor(stack: Stack, index: str) -> str:
@@ -304,22 +414,29 @@ def lock_vendor(stack: Stack, index: str) -> str:
 
 
 def write_locks(stack: Stack, indexes: list[str] | None = None, ca_bundle: str | None = None) -> list[Path]:
-    written = []
+    """Lock each index (all by default); locking a public index also writes the dependency lock of every
+    vendor whose ``deps_from`` it is. Every lock is checked as the build reads it before any is written."""
+    texts: dict[str, str] = {}
     for index in indexes or list(stack.indexes):
         if index not in stack.indexes:
             raise UserError(f"stack '{stack.name}' has no index '{index}'", file="--index",
                             fix=f"use one of: {', '.join(stack.indexes)}")
-        if not _pins(stack, index):
-            continue
         role = stack.indexes[index].role
-        how = "pip-compile" if role == "public" else "read the file hashes of"
+        if not _pins(stack, index) and not (role == "public" and _deps_vendors(stack, index)):
+            continue
+        how = "resolve (pip) for" if role == "public" else "read the file hashes of"
         with progress.step(f"lock {stack.name}: {how} index '{index}' ({redact(stack.indexes[index].url)})"):
-            text = lock_public(stack, index, ca_bundle) if role == "public" else lock_vendor(stack, index)
-        path = lock_path(stack, index)
+            texts.update(lock_public(stack, index, ca_bundle) if role == "public" else
+                         {index: lock_vendor(stack, index)})
+    for key, text in texts.items():
+        path = lock_path(stack, key)
         rel = str(path.relative_to(stack_root(stack)))
-        verify_lock(stack, index, parse_lock(path, text, rel, stack.name), rel)  # never write a lock the build refuses
+        verify_lock(stack, key, parse_lock(path, text, rel, stack.name), rel)  # never write a lock the build refuses
+    written = []
+    for key, text in texts.items():
+        path = lock_path(stack, key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".txt.partial")
+        tmp = path.with_name(path.name + ".partial")
         tmp.write_text(text)
         tmp.replace(path)
         written.append(path)

@@ -37,6 +37,10 @@ class PipPhase:
     report: str = ""  # image path of the phase's record (pip report, preserve lines), read by the inventory
     files: list[dict] = field(default_factory=list)  # requirement files: [{upstream, path}]
 
+    def lock_key(self) -> str:
+        """The lock this phase installs from (see build/locks.py): its index's, or ``<vendor>-deps``."""
+        return self.name if self.name.endswith("-deps") else self.index
+
 
 @dataclass
 class KernelStep:
@@ -71,7 +75,8 @@ class Plan:
 def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPhase]:
     """Vendor wheels first (--no-deps), then public pins, then the vendor wheels' own dependencies.
 
-    ``locked`` names the indexes that have a lock file: their phases require hashes."""
+    ``locked`` names the locks that exist (build/locks.py keys: an index, or ``<vendor>-deps``): their
+    phases require hashes."""
     by_index: dict[str, list[str]] = {name: [] for name in stack.indexes}
     hashes: dict[str, bool] = {name: True for name in stack.indexes}
     for pname, pkg in stack.packages.items():
@@ -99,7 +104,13 @@ def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPh
             # Already-installed exact pins; pip resolves only what they require, from the public index.
             phases.append(
                 PipPhase(
-                    f"{name}-deps", idx.deps_from, redact(src.url), f"deps/{name}.deps.txt", False, False, pins(name)
+                    f"{name}-deps",
+                    idx.deps_from,
+                    redact(src.url),
+                    f"deps/{name}.deps.txt",
+                    False,
+                    f"{name}-deps" in locked,
+                    pins(name),
                 )
             )
     return guarded(stack, phases)
@@ -212,8 +223,8 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
     for phase in phases:
         # Third-party build scripts of a public phase never see the vendor credentials.
         phase.credentials = stack.indexes[phase.index].private or phase.index in credentials
-        if phase.require_hashes and phase.index in locks and not phase.name.endswith("-deps"):
-            phase.lock = locks[phase.index]
+        if phase.require_hashes and phase.lock_key() in locks:
+            phase.lock = locks[phase.lock_key()]
     return Plan(
         stack=stack.name,
         fingerprint=fingerprint(stack),

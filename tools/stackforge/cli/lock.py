@@ -8,7 +8,11 @@ from stackforge.stack.load import stack_root
 
 
 def register(sub) -> None:
-    p = sub.add_parser("lock", help="write stacks/locks/<stack>/<index>.txt with hashes (pip-tools for public indexes)")
+    p = sub.add_parser(
+        "lock",
+        help="write stacks/locks/<stack>/<index>.txt (and <vendor>.deps.txt) with hashes, resolved "
+        "by pip for the stack's platform.python and platform",
+    )
     p.add_argument("stack")
     p.add_argument("--index", action="append", help="lock only this index (repeatable)")
     p.add_argument("--ca-bundle", help="CA bundle for reaching the indexes")

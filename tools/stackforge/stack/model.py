@@ -194,7 +194,8 @@ class Index(Strict):
     lock: bool = Field(
         default=False,
         description="this index installs from stacks/locks/<stack>/<index>.txt (written by "
-        "`stackforge lock`); lint and build fail when that file is missing",
+        "`stackforge lock`; a vendor index with deps_from also needs <index>.deps.txt, the lock of its "
+        "wheels' own dependencies); lint and build fail when that file is missing",
     )
 
     @field_validator("url")

@@ -224,12 +224,13 @@ def check_indexes(stack: Stack) -> list[Finding]:
 
 def check_locks(stack: Stack) -> list[Finding]:
     """An index declared ``lock: true`` has its lock file: deleting it never drops ``--require-hashes``."""
-    from stackforge.build.locks import expects_lock, lock_path
+    from stackforge.build.locks import DEPS, expects_lock, lock_keys, lock_path
     from stackforge.stack.load import stack_root
 
     out = []
-    for name in stack.indexes:
-        path = lock_path(stack, name)
+    for key in lock_keys(stack):
+        name = key if key in stack.indexes else key[: -len(DEPS)]
+        path = lock_path(stack, key)
         if expects_lock(stack, name) and not path.is_file():
             rel = path.relative_to(stack_root(stack)).as_posix()
             out.append(

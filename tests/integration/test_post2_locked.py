@@ -1,0 +1,82 @@
+"""post2 locked with ``stackforge lock`` against the stand-in indexes, then built from its locks.
+
+Every pip phase installs from a lock with ``--require-hashes``: the vendor wheels, the public pins, and
+the vendor wheels' own dependencies (``stacks/locks/post2/mthreads.deps.txt``). A changed hash in the
+dependency lock stops the build at that phase. The stack files and the build code are the production
+ones; only the endpoints and the base image are set (as in test_post_stacks.py, whose index servers and
+build cache this shares).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from tests.fixtures import musa_builds as mb
+from tests.fixtures import musa_standins as ms
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory, base_image):
+    return mb.session(tmp_path_factory.getbasetemp(), base_image)
+
+
+@pytest.fixture(scope="module")
+def locked(standins, tmp_path_factory):
+    """(root, overrides, lock dir): a copy of the repository's stacks, patches and images with post2's locks."""
+    root = tmp_path_factory.mktemp("post2-locked") / "repo"
+    for d in ("stacks", "patches", "images"):
+        shutil.copytree(mb.REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__", "locks"))
+    overrides = standins.overrides(standins.endpoints(standins.specs("post2")))
+    proc = mb.stackforge("--root", str(root), "lock", "post2", *ms.set_args(overrides))
+    assert proc.returncode == 0, proc.stderr
+    return root, overrides, root / "stacks" / "locks" / "post2"
+
+
+def _build(standins, root, overrides, label):
+    out = standins.root / "builds" / f"locked-{label}"
+    args = ["--root", str(root), "build", "post2", "--network", "host", "--out", str(out), *ms.set_args(overrides)]
+    args += ["--set", f"tags.local=stackforge-test/post2-locked:{label}"]  # leaves the stack's own tag to others
+    proc = mb.stackforge(*args, env={"STACKFORGE_CACHE": str(standins.root / "upstream-cache")})
+    return mb.Build("post2", args, proc, out, list(overrides))
+
+
+def test_post2_builds_from_its_locks_with_hashes_in_every_phase(standins, locked):
+    root, overrides, locks = locked
+    build = _build(standins, root, overrides, "ok")
+    assert build.ok, build.describe()
+    dockerfile = (build.out / "Dockerfile").read_text().replace("\\\n", " ")
+    phases = re.findall(r"^RUN .*pip install --index-url \S+ (.*)-r /stackforge/deps/(\S+)$", dockerfile, re.M)
+    assert [(p[1], "--require-hashes" in p[0]) for p in phases] == [
+        ("mthreads.txt", True),
+        ("pypi.txt", True),
+        ("requirements/vllm-common.txt", False),
+        ("mthreads.deps.txt", True),
+    ]
+    for name in ("mthreads.txt", "pypi.txt", "mthreads.deps.txt"):
+        assert (build.out / "context" / "deps" / name).read_text() == (locks / name).read_text()
+    assert "ninja==" in (locks / "mthreads.deps.txt").read_text()
+    show = mb.docker(
+        "run", "--rm", "--network=none", "--entrypoint", "python", build.image, "-m", "pip", "show", "ninja", "torch"
+    ).stdout
+    assert f"Name: ninja\nVersion: {ms.PUBLIC_DEPS['ninja']}" in show
+    assert "Name: torch\nVersion: 2.11.0.post2+musa5.2.0" in show  # torchada's `torch` stayed the vendor's
+
+
+def test_a_changed_hash_in_the_vendor_deps_lock_stops_the_build(standins, locked):
+    root, overrides, locks = locked
+    path = locks / "mthreads.deps.txt"
+    good = path.read_text()
+    real = re.search(r"ninja==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", good).group(1)
+    path.write_text(good.replace(real, "0" * 64))
+    try:
+        build = _build(standins, root, overrides, "badhash")
+    finally:
+        path.write_text(good)
+    assert build.proc.returncode == 1, build.describe()
+    assert "DO NOT MATCH THE HASHES" in build.proc.stderr and "ninja" in build.proc.stderr
+    assert "no image was tagged" in build.proc.stderr

@@ -1,0 +1,247 @@
+"""``stackforge lock post2`` against stand-in indexes (no engine: lock only talks HTTP to the indexes).
+
+The vendor stand-in serves the stack's vendor wheels (``tests/fixtures/musa_standins.py``); the public one
+serves torchada and the vendor wheels' public dependencies, and also what PyPI really offers that must
+never reach a lock: a ``torch`` 2.15.0 (with ``triton`` and an ``nvidia-*`` wheel it requires), and
+packages whose resolution differs between CPython 3.10 and 3.11 (numpy 2.3.0 has cp311 wheels only and
+``Requires-Python >=3.11``; anyio needs exceptiongroup and typing_extensions only below 3.11).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stackforge.build.locks import parse_lock
+from stackforge.cli import main as cli
+from tests.fixtures import musa_standins as ms
+from tests.fixtures.index_server import IndexServer
+from tests.fixtures.stack_support import make_root
+from tests.fixtures.wheels import build_tiny_sdist, build_wheel
+
+REPO = Path(__file__).resolve().parents[2]
+MANYLINUX = "manylinux_2_17_x86_64.manylinux2014_x86_64"
+VENDOR_NAMES = {"torch", "torch-musa", "torchvision", "torchaudio", "triton", "deep-ep", "mate"}
+#: public pins added with --set: anyio's markers and opencv's numpy requirement differ between 3.10 and 3.11
+EXTRA_PINS = [
+    "packages.anyio={version: 4.6.2, index: pypi}",
+    "packages.opencv-python-headless={version: 4.11.0.86, index: pypi}",
+]
+
+
+def _public_extras(d: Path) -> None:
+    """What PyPI serves besides the stand-ins, with the real packages' names, versions and requirements."""
+    build_wheel(
+        d,
+        "torch",
+        "2.15.0",
+        python_tag="cp310",
+        abi_tag="cp310",
+        platform_tag=MANYLINUX,
+        requires_dist=[
+            'triton==3.5.0; platform_system == "Linux"',
+            'nvidia-cublas-cu12==12.8.4.1; platform_system == "Linux" and platform_machine == "x86_64"',
+            "filelock",
+        ],
+    )
+    build_wheel(
+        d,
+        "torch",
+        "2.15.0",
+        python_tag="cp311",
+        abi_tag="cp311",
+        platform_tag=MANYLINUX,
+        requires_dist=['triton==3.5.0; platform_system == "Linux"', "filelock"],
+    )
+    build_wheel(d, "triton", "3.5.0", python_tag="cp310", abi_tag="cp310", platform_tag=MANYLINUX)
+    build_wheel(d, "nvidia-cublas-cu12", "12.8.4.1", platform_tag="manylinux_2_27_x86_64")
+    build_wheel(
+        d,
+        "anyio",
+        "4.6.2",
+        requires_python=">=3.9",
+        requires_dist=[
+            'exceptiongroup>=1.0.2; python_version < "3.11"',
+            "idna>=2.8",
+            "sniffio>=1.1",
+            'typing_extensions>=4.1; python_version < "3.11"',
+        ],
+    )
+    for name, version in [
+        ("exceptiongroup", "1.2.2"),
+        ("idna", "3.10"),
+        ("sniffio", "1.3.1"),
+        ("typing-extensions", "4.12.2"),
+    ]:
+        build_wheel(d, name, version, requires_python=">=3.8")
+    build_wheel(
+        d,
+        "opencv-python-headless",
+        "4.11.0.86",
+        python_tag="cp37",
+        abi_tag="abi3",
+        platform_tag=MANYLINUX,
+        requires_python=">=3.7",
+        requires_dist=['numpy>=1.21.2; python_version >= "3.10"', 'numpy>=1.23.5; python_version >= "3.11"'],
+    )
+    for py in ("cp310", "cp311"):
+        build_wheel(d, "numpy", "2.2.6", python_tag=py, abi_tag=py, platform_tag=MANYLINUX, requires_python=">=3.10")
+    build_wheel(
+        d, "numpy", "2.3.0", python_tag="cp311", abi_tag="cp311", platform_tag=MANYLINUX, requires_python=">=3.11"
+    )
+    build_tiny_sdist(d, "docopt", "0.6.2")  # docopt publishes an sdist only
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory):
+    from stackforge.stack.load import load_stack
+
+    base = tmp_path_factory.mktemp("lock-standins")
+    stack = load_stack("post2", root=REPO)
+    cache = ms.WheelCache(base / "wheels")
+    dirs = {}
+    for name, specs in ms.stack_specs(stack).items():
+        built, _ = cache.index_dir(specs, name)
+        dirs[name] = base / "serve" / name
+        shutil.copytree(built, dirs[name])
+    _public_extras(dirs["pypi"])
+    with IndexServer(dirs["mthreads"]) as vendor, IndexServer(dirs["pypi"]) as public:
+        yield {"mthreads": vendor, "pypi": public}
+
+
+def _lock(capsys, tmp_path, monkeypatch, indexes, *sets: str) -> tuple[int, str, Path]:
+    monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
+    root = make_root(tmp_path)
+    args = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()] + list(sets)
+    code = cli.main(["--root", str(root), "lock", "post2", *[a for s in args for a in ("--set", s)]])
+    out, err = capsys.readouterr()
+    return code, out + err, root / "stacks" / "locks" / "post2"
+
+
+def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(indexes, tmp_path, monkeypatch, capsys):
+    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes)
+    assert code == 0, text
+    assert sorted(p.name for p in locks.iterdir()) == ["mthreads.deps.txt", "mthreads.txt", "pypi.txt"]
+    public = parse_lock(locks / "pypi.txt", (locks / "pypi.txt").read_text())
+    deps = parse_lock(locks / "mthreads.deps.txt", (locks / "mthreads.deps.txt").read_text())
+    # torchada's unpinned `Requires-Dist: torch` resolved to the vendor torch: the public torch 2.15.0,
+    # its triton and nvidia wheels are nowhere; torch's own dependency (filelock) is locked where it is needed.
+    assert set(public.pins) == {"torchada", "filelock"}, public.pins
+    assert public.pins["torchada"][0] == "0.1.90" and public.via["filelock"] == {"torch"}
+    assert public.via["torchada"] == {"-r requirements.in"}
+    for lock in (public, deps):
+        assert not set(lock.pins) & VENDOR_NAMES
+        assert not any(n.startswith("nvidia-") for n in lock.pins)
+    # what only a vendor wheel needs (flashinfer-python -> ninja) is the vendor-deps lock, hashed
+    assert set(deps.pins) == {"ninja"} and deps.via["ninja"] == {"flashinfer-python"}
+    served = {p.name: p for p in (indexes["pypi"].directory).glob("ninja-*.whl")}
+    import hashlib
+
+    assert deps.pins["ninja"][1] == [hashlib.sha256(next(iter(served.values())).read_bytes()).hexdigest()]
+    assert "for CPython 3.10 on manylinux_2_35_x86_64" in (locks / "pypi.txt").read_text()
+
+
+@pytest.mark.parametrize(("python", "numpy", "below_311"), [("3.10", "2.2.6", True), ("3.11", "2.3.0", False)])
+def test_the_lock_resolves_for_platform_python_not_the_host(
+    indexes, tmp_path, monkeypatch, capsys, python, numpy, below_311
+):
+    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes, *EXTRA_PINS, f"platform.python={python}")
+    assert code == 0, text
+    public = parse_lock(locks / "pypi.txt", (locks / "pypi.txt").read_text())
+    assert public.pins["numpy"][0] == numpy
+    assert ({"exceptiongroup", "typing-extensions"} <= set(public.pins)) is below_311
+    assert {"anyio", "idna", "sniffio", "opencv-python-headless"} <= set(public.pins)
+    assert not set(public.pins) & VENDOR_NAMES
+
+
+def test_a_package_with_only_an_sdist_is_named_with_the_fix(indexes, tmp_path, monkeypatch, capsys):
+    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes, "packages.docopt={version: 0.6.2, index: pypi}")
+    assert code == 2, text
+    assert "no wheel of docopt on index 'pypi'" in text and "CPython 3.10 on manylinux_2_35_x86_64" in text
+    assert "fix: pin a version of docopt that ships a wheel for CPython 3.10" in text
+    assert "Traceback" not in text and not locks.exists()
+
+
+@pytest.fixture(scope="module")
+def locked(indexes, tmp_path_factory):
+    """A repository root holding post2's locks, and the --set values they were made with."""
+    tmp = tmp_path_factory.mktemp("locked")
+    sets = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()]
+    root = make_root(tmp)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STACKFORGE_CACHE", str(tmp / "cache"))
+        assert cli.main(["--root", str(root), "lock", "post2", *[a for s in sets for a in ("--set", s)]]) == 0
+    return root, sets
+
+
+def _lint(capsys, root: Path, sets: list[str], verb: str = "render") -> tuple[int, str]:
+    """``render --no-sources`` reads the locks as the build does; ``lint`` checks that declared ones exist."""
+    capsys.readouterr()
+    extra = ["--no-sources", "--out", str(root / "build" / "render")] if verb == "render" else []
+    code = cli.main(["--root", str(root), verb, "post2", *extra, *[a for s in sets for a in ("--set", s)]])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+DEPS_REL = "stacks/locks/post2/mthreads.deps.txt"
+HASH = "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("case", "extra", "line_of", "message"),
+    [
+        (
+            "vendor-name",
+            f"torch==2.15.0 \\\n    --hash=sha256:{HASH}\n    # via flashinfer-python\n",
+            "torch==",
+            "torch comes from index 'mthreads' in this stack, a pin of the stack",
+        ),
+        (
+            "no-via-chain",
+            f"requests==2.32.3 \\\n    --hash=sha256:{HASH}\n",
+            "requests==",
+            "requests is not a pin of index 'mthreads' and no pin of 'mthreads' requires it",
+        ),
+        ("unhashed", "six==1.16.0\n", "six==", "six==1.16.0 has no --hash=sha256:"),
+        ("option", "--extra-index-url https://evil.example/simple\n", "--extra", "option '--extra-index-url'"),
+    ],
+)
+def test_a_bad_vendor_deps_lock_is_refused_at_its_line(locked, tmp_path, capsys, case, extra, line_of, message):
+    root, sets = locked
+    path = root / DEPS_REL
+    good = path.read_text()
+    path.write_text(good + extra)
+    try:
+        code, text = _lint(capsys, root, sets)
+    finally:
+        path.write_text(good)
+    line = next(i for i, l in enumerate((good + extra).splitlines(), start=1) if l.startswith(line_of))
+    assert code == 2, text
+    assert f"{DEPS_REL}:{line}: {message}" in text and "fix: run: stackforge lock post2" in text
+
+
+def test_a_lock_made_for_another_python_is_refused(locked, capsys):
+    root, sets = locked
+    assert _lint(capsys, root, sets)[0] == 0
+    code, text = _lint(capsys, root, [*sets, "platform.python=3.11"])
+    assert code == 2
+    assert (
+        "stacks/locks/post2/pypi.txt:1: the lock was resolved for CPython 3.10 on manylinux_2_35_x86_64, but the "
+        "stack targets CPython 3.11 on manylinux_2_35_x86_64" in text
+    )
+
+
+def test_a_vendor_index_declared_locked_needs_its_deps_lock(locked, capsys):
+    root, sets = locked
+    good = (root / DEPS_REL).read_text()
+    (root / DEPS_REL).unlink()
+    try:
+        assert _lint(capsys, root, sets)[0] == 0  # not declared `lock: true`: the phase runs unlocked
+        code, text = _lint(capsys, root, [*sets, "indexes.mthreads.lock=true"])
+        lint_code, lint_text = _lint(capsys, root, [*sets, "indexes.mthreads.lock=true"], verb="lint")
+    finally:
+        (root / DEPS_REL).write_text(good)
+    assert code != 0 and f"index 'mthreads' is declared `lock: true` but {DEPS_REL} is missing" in text, text
+    assert lint_code != 0 and f"index 'mthreads' is declared `lock: true` but {DEPS_REL} is missing" in lint_text
