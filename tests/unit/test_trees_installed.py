@@ -73,7 +73,11 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
         ("post_install[1]", "flash_mla", "<0.2.8", "applied"),
     ]
     assert [(s.name, s.env, s.run) for s in plan.steps] == [
-        ("mate-aot", {"MAX_JOBS": "2", "MATE_MUSA_ARCH_LIST": "3.1"}, "python -m mate.aot --all")
+        (
+            "mate-aot",
+            {"MAX_JOBS": "2", "CARGO_BUILD_JOBS": "4", "MATE_MUSA_ARCH_LIST": "3.1"},
+            "python -m mate.aot --all",
+        )
     ]
     assert plan.gate["requires"][1] == {
         "name": "MUSA Toolkit",
@@ -89,8 +93,8 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
     assert "FROM deps AS installed\n" in text and "FROM installed AS gate\n" in text
     assert "RUN python /stackforge/installed/post_install.py /stackforge/installed/post_install.json\n" in text
     assert (
-        "RUN export PIP_NO_INDEX=1 GIT_ALLOW_PROTOCOL=file MAX_JOBS=2 MATE_MUSA_ARCH_LIST=3.1; \\\n    python -m mate.aot --all\n"
-        in text
+        "RUN export PIP_NO_INDEX=1 GIT_ALLOW_PROTOCOL=file MAX_JOBS=2 CARGO_BUILD_JOBS=4 MATE_MUSA_ARCH_LIST=3.1; \\\n"
+        "    python -m mate.aot --all\n" in text
     )
     # the upstream carrying the series is exported (and patched) first
     assert export_order(stack) == ["vllm_musa", "vllm"]

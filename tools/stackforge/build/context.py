@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stackforge.build import installed
+from stackforge.build import artifacts, installed
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
@@ -169,12 +169,15 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
     atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
     post_install = installed.write_context(stack, plan.post_install, staging, images_dir(root))
     write_system_context(plan.system, images_dir(root), staging)
+    artifacts.write_context(plan.files, images_dir(root), staging)
     infos: list[SourceInfo] = []
     if sources:
         cache = cache_dir_for(stack)
         exported = {name: _export_source(stack, name, staging / "src" / name, cache)
                     for name in export_order(stack)}
         infos = [exported[name] for name in stack.upstreams]
+        for k in plan.kernels:
+            artifacts.check_uses(stack, k.name, k.upstream, staging / "src" / k.upstream)
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)
