@@ -18,7 +18,7 @@ from stackforge.build.plan import image_labels, make_plan
 from stackforge.build.render import render_dockerfile
 from stackforge.errors import UserError
 from stackforge.stack.load import load_stack
-from tests.fixtures.stack_support import locate, make_root, parse_errors, run_cli
+from tests.fixtures.stack_support import assert_refused, locate, make_root
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 INSTALLER = IMAGES / "kernels" / "install_files.py"
@@ -139,12 +139,7 @@ def test_bad_values_are_refused_with_file_and_line(root, capsys, line_has, value
     n = next(i for i, line in enumerate(lines) if line_has in line)
     indent = lines[n][: len(lines[n]) - len(lines[n].lstrip())]
     lines[n] = f"{indent}{value}" if "wheels: true" not in line_has else lines[n].replace(line_has, value)
-    path.write_text("\n".join(lines) + "\n")
-    rc, _, err = run_cli(capsys, root, "show", "art")
-    assert rc == 2, err
-    hit = [e for e in parse_errors(err) if message in e["message"]]
-    assert hit, err
-    assert hit[0]["file"].endswith("art.yaml") and hit[0]["line"] in (n, n + 1, n + 2), (hit, n + 1)
+    assert_refused(capsys, root, "art", lines, n, message)
 
 
 def test_a_toolchain_path_missing_from_the_tree_names_the_key(root, tmp_path):

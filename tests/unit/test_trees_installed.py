@@ -18,7 +18,7 @@ from stackforge.errors import UserError
 from stackforge.stack.installed import export_order
 from stackforge.stack.load import load_stack
 from tests.fixtures import musa_standins as ms
-from tests.fixtures.stack_support import locate, make_root, parse_errors, run_cli
+from tests.fixtures.stack_support import assert_refused, locate, make_root, run_cli
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 
@@ -148,13 +148,7 @@ def test_bad_values_are_refused_with_file_and_line(root, capsys, line_has, value
         lines[n] = f"{indent}- {value}"
     else:
         lines[n] = f"{indent}{key.split(':', 1)[0]}: {value}"
-    path.write_text("\n".join(lines) + "\n")
-    rc, _, err = run_cli(capsys, root, "show", "kern")
-    assert rc == 2, err
-    errors = parse_errors(err)
-    hit = [e for e in errors if message in e["message"]]
-    assert hit, err
-    assert hit[0]["file"].endswith("kern.yaml") and hit[0]["line"] in (n + 1, n + 2), (hit, n + 1)
+    assert_refused(capsys, root, "kern", lines, n, message)
 
 
 def test_both_series_keys_and_a_cycle_are_refused(root, capsys):

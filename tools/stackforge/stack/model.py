@@ -331,7 +331,7 @@ class Toolchain(Strict):
         "kernel env",
     )
     path: list[Annotated[str, _grammar(grammar.check_absolute_path)]] = Field(
-        default_factory=list, description="directories put in front of PATH, e.g. [/root/.cargo/bin]"
+        default_factory=list, description="directories put in front of PATH, e.g. [/usr/local/cargo/bin]"
     )
     uses: list[FileSource] = Field(
         default_factory=list,
