@@ -9,7 +9,7 @@ path given as the first argument) and checks, in the stack's order:
   metadata and compare with the pin — ``exact`` (equal), ``prefix`` (starts
   with the pin) or ``metadata`` (no import, version only);
 * extra imports (vllm, the platform plugin): imported, version reported;
-* probes: small named snippets whose printed result must equal the expectation;
+* probes: small named snippets (each with its own env, if any) whose printed result must equal the expectation;
 * requirement rules (``rules.requires``): a distribution's version, or the first version-looking
   token a declared command prints, must be at least the rule's minimum (``PASS requires …``);
 * post-install patches: the report the post-install step left in the image, line by line;
@@ -188,10 +188,25 @@ def check_python(want: str) -> tuple[bool, str]:
     return False, f"FAIL {label} platform={want} (the image's interpreter is not the stack's platform.python)"
 
 
+@contextlib.contextmanager
+def _environ(env: dict):
+    """``env`` set in os.environ for the duration of a probe, the previous values restored after it."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def check_probe(probe: dict) -> tuple[bool, str]:
     out = io.StringIO()
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), _environ(probe.get("env") or {}):
             exec(compile(probe["code"], f"<probe {probe['name']}>", "exec"), {"__name__": "__probe__"})
     except BaseException as exc:  # noqa: BLE001
         return False, f"FAIL probe  {probe['name']} error={_err(exc)}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 
@@ -64,13 +65,14 @@ def expected_gate(stack) -> list[str]:
         "vllm_musa": stack.upstreams["vllm_musa"].tag.lstrip("v"),
     }
     lines += [f"PASS import {i.module:<10} version={versions[i.dist]}" for i in stack.gate.imports]
-    lines += [f"PASS probe  {p.name} result={p.expect}" for p in stack.gate.probes]
+    selected = [p for p in stack.gate.probes if all(stack.options[o].value == v for o, v in p.when.items())]
+    lines += [f"PASS probe  {p.name} result={p.expect}" for p in selected]
     lines += [PIP_CHECK]
     return lines
 
 
 def test_post2_every_gate_line_passes(post2, standins):
-    stack = standins.stack("post2")
+    stack = standins.stack("post2", post2.overrides)
     gate = post2.evidence_lines("gate.txt")
     # The seed's own lines, literally.
     for line in (
@@ -82,20 +84,21 @@ def test_post2_every_gate_line_passes(post2, standins):
         "PASS import vllm       version=0.28.0",
         "PASS import vllm_musa  version=0.1.24",
         "PASS probe  fused-moe-configs result=100 space-free + 41 spaced = 141",
+        "PASS probe  vllm-rs result=vllm/vllm-rs is a file",
     ):
         assert line in gate, f"{line!r} not in gate output:\n" + "\n".join(gate)
     # Every check, in stack order (torchada before torch), and nothing else.
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
     assert_python_line(checks[0])
     assert checks[1:] == expected_gate(stack)
-    assert len(stack.packages) == 17 and len(checks) == 1 + 17 + 2 + 1 + 1
+    assert len(stack.packages) == 17 and len(checks) == 1 + 17 + 2 + 2 + 1
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"
     # The platform plugin activates when vllm is imported, before vllm's own line, as in the seed.
     assert gate.index(ms.PLUGIN_LINE) == gate.index("PASS import vllm       version=0.28.0") - 1
 
 
 def test_post2_readonly_rerun_and_abi_stage_pass(post2, standins):
-    stack = standins.stack("post2")
+    stack = standins.stack("post2", post2.overrides)
     readonly = post2.evidence_lines("gate-readonly.txt")
     imports = [l for l in expected_gate(stack) if not l.startswith(("PASS probe", "PASS pip"))]
     assert [l for l in readonly if l.startswith("read-only: ")] == [f"read-only: {l}" for l in imports] + [
@@ -173,7 +176,7 @@ def test_gate_verb_reruns_the_gate_on_the_built_image(post2):
         assert line in out, proc.stdout
     assert_python_line(out[0])
     assert PIP_CHECK in out
-    assert out[-1] == "gate result: 22 PASS, 0 FAIL"
+    assert out[-1] == "gate result: 23 PASS, 0 FAIL"
 
 
 def test_abi_verb_reports_deep_ep_resolved(post2, standins):
@@ -195,7 +198,7 @@ def test_abi_verb_reports_deep_ep_resolved(post2, standins):
 
 
 def test_post1_builds_end_to_end(post1, standins):
-    stack = standins.stack("post1")
+    stack = standins.stack("post1", post1.overrides)
     assert post1.tag == POST1_TAG
     gate = post1.evidence_lines("gate.txt")
     assert "PASS import torchada   version=0.1.83" in gate
@@ -210,3 +213,59 @@ def test_post1_builds_end_to_end(post1, standins):
     assert labels["org.stackforge.pin.torch"] == "2.11.0.post1+musa5.2.0"
     assert labels["org.opencontainers.image.revision"] == standins.repos["vllm_musa"].commit
     assert labels["org.stackforge.upstream.vllm"] == f"v0.28.0@{standins.repos['vllm'].commit}"
+
+
+# --------------------------------------------------------------------------- BUILD_VLLM_RS: post2 on, post1 off
+
+SITE = "/opt/venv/lib/python3.11/site-packages"
+
+
+def in_image(image: str, script: str) -> subprocess.CompletedProcess:
+    return mb.docker("run", "--rm", "--network=none", "--entrypoint", "sh", image, "-c", script, check=False)
+
+
+def test_post2_installs_the_rust_frontend_and_tool_parser_built_by_the_vllm_rs_kernel(post2, standins):
+    # The real Rust binary, executable, inside the vllm package where vLLM resolves it.
+    proc = in_image(post2.image, f"test -x {SITE}/vllm/vllm-rs && {SITE}/vllm/vllm-rs --version")
+    assert proc.returncode == 0 and proc.stdout.strip() == "vllm-rs 0.28.0 (stand-in Rust frontend)", proc
+    proc = in_image(
+        post2.image,
+        "VLLM_USE_RUST_FRONTEND=1 python -c 'import vllm._rust_tool_parser as p, vllm.envs as e; "
+        "print(p.BACKEND, e.VLLM_RUST_FRONTEND_PATH)'",
+    )
+    assert proc.stdout.strip().splitlines()[-1] == f"rust {SITE}/vllm/vllm-rs", proc
+    assert "PASS probe  vllm-rs result=vllm/vllm-rs is a file" in post2.evidence_lines("gate.txt")
+    assert re.search(r"installed kernels\.vllm_rs\.files\.vllm/vllm-rs: \S+/vllm/vllm-rs mode=0755 sha256=", post2.log)
+    # The toolchain (protoc, cargo, the fetched crates) stayed in the kernel's stages.
+    proc = in_image(post2.image, "command -v cargo || command -v rustc || command -v protoc || ls /usr/local/cargo")
+    assert proc.returncode != 0 and proc.stdout == "", proc
+    labels = mb.labels_of(post2.image)
+    assert labels["org.stackforge.option.BUILD_VLLM_RS"] == "1"
+    assert labels["org.stackforge.kernels"] == "vllm,vllm_musa,vllm_rs"
+    assert json.loads((post2.evidence / "inputs.json").read_text())["options"] == {"BUILD_VLLM_RS": "1"}
+
+
+def test_post1_with_the_option_off_has_nothing_of_vllm_rs(post1):
+    dockerfile = (post1.out / "Dockerfile").read_text()
+    for absent in ("AS toolchain-vllm_rs", "kernel-vllm_rs", "install_files.py", "build_rust.sh"):
+        assert absent not in dockerfile, absent
+    assert not [l for l in post1.evidence_lines("gate.txt") if "vllm-rs" in l]
+    proc = in_image(post1.image, f"ls {SITE}/vllm; find / -xdev -name 'vllm-rs*' -o -name '*rust_tool_parser*'")
+    assert proc.returncode == 0 and "__init__.py" in proc.stdout and "rust" not in proc.stdout, proc
+    labels = mb.labels_of(post1.image)
+    assert labels["org.stackforge.option.BUILD_VLLM_RS"] == "0"
+    assert labels["org.stackforge.kernels"] == "vllm,vllm_musa"
+
+
+def test_a_declared_file_the_kernel_did_not_write_fails_the_build_naming_it(post2, standins):
+    before = mb.image_id(POST2_TAG)
+    ep = standins.endpoints(standins.specs("post2"))
+    files = '{vllm/vllm-rs: "{site}/vllm/vllm-rs", vllm/vllm-rs-bench: "{site}/vllm/vllm-rs-bench"}'
+    build = standins.build(
+        "post2", [*standins.overrides(ep, vllm_rs=True), f"kernels.vllm_rs.files={files}"], label="rs-missing-file"
+    )
+    assert not build.ok and build.proc.returncode != 0
+    assert "kernels.vllm_rs.files.vllm/vllm-rs-bench: vllm/vllm-rs-bench was not written by kernel vllm_rs" in (
+        build.proc.stderr
+    ), build.describe()
+    assert build.image is None and mb.image_id(POST2_TAG) == before  # nothing tagged

@@ -18,7 +18,7 @@ from stackforge.errors import UserError
 from stackforge.stack.installed import export_order
 from stackforge.stack.load import load_stack
 from tests.fixtures import musa_standins as ms
-from tests.fixtures.stack_support import locate, make_root, parse_errors, run_cli
+from tests.fixtures.stack_support import assert_refused, locate, make_root, run_cli
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 
@@ -73,7 +73,11 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
         ("post_install[1]", "flash_mla", "<0.2.8", "applied"),
     ]
     assert [(s.name, s.env, s.run) for s in plan.steps] == [
-        ("mate-aot", {"MAX_JOBS": "2", "MATE_MUSA_ARCH_LIST": "3.1"}, "python -m mate.aot --all")
+        (
+            "mate-aot",
+            {"MAX_JOBS": "2", "CARGO_BUILD_JOBS": "4", "MATE_MUSA_ARCH_LIST": "3.1"},
+            "python -m mate.aot --all",
+        )
     ]
     assert plan.gate["requires"][1] == {
         "name": "MUSA Toolkit",
@@ -89,8 +93,8 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
     assert "FROM deps AS installed\n" in text and "FROM installed AS gate\n" in text
     assert "RUN python /stackforge/installed/post_install.py /stackforge/installed/post_install.json\n" in text
     assert (
-        "RUN export PIP_NO_INDEX=1 GIT_ALLOW_PROTOCOL=file MAX_JOBS=2 MATE_MUSA_ARCH_LIST=3.1; \\\n    python -m mate.aot --all\n"
-        in text
+        "RUN export PIP_NO_INDEX=1 GIT_ALLOW_PROTOCOL=file MAX_JOBS=2 CARGO_BUILD_JOBS=4 MATE_MUSA_ARCH_LIST=3.1; \\\n"
+        "    python -m mate.aot --all\n" in text
     )
     # the upstream carrying the series is exported (and patched) first
     assert export_order(stack) == ["vllm_musa", "vllm"]
@@ -144,13 +148,7 @@ def test_bad_values_are_refused_with_file_and_line(root, capsys, line_has, value
         lines[n] = f"{indent}- {value}"
     else:
         lines[n] = f"{indent}{key.split(':', 1)[0]}: {value}"
-    path.write_text("\n".join(lines) + "\n")
-    rc, _, err = run_cli(capsys, root, "show", "kern")
-    assert rc == 2, err
-    errors = parse_errors(err)
-    hit = [e for e in errors if message in e["message"]]
-    assert hit, err
-    assert hit[0]["file"].endswith("kern.yaml") and hit[0]["line"] in (n + 1, n + 2), (hit, n + 1)
+    assert_refused(capsys, root, "kern", lines, n, message)
 
 
 def test_both_series_keys_and_a_cycle_are_refused(root, capsys):

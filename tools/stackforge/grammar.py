@@ -251,3 +251,24 @@ def check_absolute_path(path: str) -> str | None:
 
 def check_command(name: str) -> str | None:
     return None if COMMAND_RE.match(name) else f"{name!r} is not a command name such as mcc"
+
+
+SITE_PREFIX = "{site}/"
+
+
+def check_file_source(path: str) -> str | None:
+    """A file a kernel wrote under /out/files: a relative path, no '.' or '..' component, not a directory."""
+    if path.endswith("/") or check_relative_path(path):
+        return f"{path!r} is not a file path relative to the kernel's /out/files (e.g. vllm/vllm-rs; no '..')"
+    return None
+
+
+def check_file_dest(path: str) -> str | None:
+    """Where a kernel's file is installed: an absolute path, or ``{site}/<relative path>`` (the venv's site-packages)."""
+    if path.startswith(SITE_PREFIX):
+        rest = path[len(SITE_PREFIX) :]
+        if rest and not rest.endswith("/") and not check_relative_path(rest):
+            return None
+    elif path != "/" and not path.endswith("/") and not check_absolute_path(path):
+        return None
+    return f"{path!r} is not an absolute file path or {{site}}/<relative path> (no '..')"

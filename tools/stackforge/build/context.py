@@ -14,8 +14,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stackforge.build import installed
-from stackforge.build import requirements
+from stackforge.build import artifacts, installed, requirements
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
@@ -174,6 +173,7 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
     atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
     post_install = installed.write_context(stack, plan.post_install, staging, images_dir(root))
     write_system_context(plan.system, images_dir(root), staging)
+    artifacts.write_context(plan.files, images_dir(root), staging)
     infos: list[SourceInfo] = []
     if sources:
         cache = cache_dir_for(stack)
@@ -182,6 +182,8 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
         infos = [exported[name] for name in stack.upstreams]
         requirements.write_phases(stack, staging, {n: staging / "src" / n for n in stack.upstreams},
                                   {i.name: i.pin for i in infos}, atomic_write)
+        for k in plan.kernels:
+            artifacts.check_uses(stack, k.name, k.upstream, staging / "src" / k.upstream)
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from stackforge.build import installed
+from stackforge.build import artifacts, installed
 from stackforge.build.system import SystemStage, system_stages
 from stackforge.build.requirements import guarded, requirement_phases
 from stackforge.stack import tags
@@ -49,6 +49,9 @@ class KernelStep:
     env: dict[str, str]
     run: str
     trees: dict[str, str] = field(default_factory=dict)  # other upstream -> path inside this tree
+    toolchain: artifacts.ToolchainStep | None = None  # installed with network before the offline build
+    files: list[artifacts.KernelFile] = field(default_factory=list)  # installed in the gate after the wheels
+    wheels: bool = True  # its /out/wheels are installed
 
 
 @dataclass
@@ -67,6 +70,14 @@ class Plan:
     post_install: list[installed.PostInstallPatch] = field(default_factory=list)
     steps: list[installed.Step] = field(default_factory=list)
     system: list[SystemStage] = field(default_factory=list)  # apt layers, each a stage after base
+
+    @property
+    def wheel_kernels(self) -> list[KernelStep]:
+        return [k for k in self.kernels if k.wheels]
+
+    @property
+    def files(self) -> list[artifacts.KernelFile]:
+        return [f for k in self.kernels for f in k.files]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -125,7 +136,7 @@ def gate_spec(stack: Stack) -> dict:
             for n, p in stack.packages.items()
         ],
         "imports": [i.model_dump() for i in stack.gate.imports],
-        "probes": [p.model_dump() for p in stack.gate.probes],
+        "probes": [p.model_dump() for p in stack.gate.probes if selected(stack, p.when)],
         "read_only": stack.gate.read_only,
         "pip_check": True,
         "abi": {
@@ -186,6 +197,7 @@ def image_labels(
         out[f"{LABEL_NS}.pin.{pname}"] = pkg.version
     for oname, option in stack.options.items():
         out[f"{LABEL_NS}.option.{oname}"] = option.value
+    out.update(artifacts.labels([n for n, k in stack.kernels.items() if selected(stack, k.when)]))
     out.update(tags.labels(stack))
     return out
 
@@ -208,6 +220,9 @@ def kernel_steps(stack: Stack) -> list[KernelStep]:
             },
             k.run,
             dict(k.trees),
+            artifacts.toolchain(stack, n),
+            artifacts.files(stack, n),
+            artifacts.writes_wheels(stack, n),
         )
         for n, k in stack.kernels.items()
         if selected(stack, k.when)

@@ -314,6 +314,37 @@ class BuildOption(Strict):
         return value
 
 
+FileSource = Annotated[str, _grammar(grammar.check_file_source)]
+FileDest = Annotated[str, _grammar(grammar.check_file_dest)]
+
+
+class Toolchain(Strict):
+    """What a kernel needs to build that the image must not carry (e.g. Rust): installed with network in the
+    kernel's own stages, before and apart from the offline build."""
+
+    run: str = Field(
+        description="one shell line run with network before the kernel's offline build, in a stage of its own "
+        "(toolchain-<kernel>) that holds no source, so a source change re-runs only the build"
+    )
+    env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="environment of the toolchain step and of the build after it; values may use {{ … }} like "
+        "kernel env",
+    )
+    path: list[Annotated[str, _grammar(grammar.check_absolute_path)]] = Field(
+        default_factory=list, description="directories put in front of PATH, e.g. [/usr/local/cargo/bin]"
+    )
+    uses: list[FileSource] = Field(
+        default_factory=list,
+        description="files or directories of the kernel's tree the toolchain step reads (e.g. "
+        "rust-toolchain.toml, the Cargo workspace to fetch crates for), copied alone into its working directory: "
+        "a change to them re-runs it, any other source change does not",
+    )
+
+    _run = field_validator("run")(classmethod(lambda cls, v: _one_line(v)))
+    _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values(v)))
+
+
 class Kernel(Strict):
     upstream: Name = Field(description="the upstream whose patched tree this step builds")
     when: dict[EnvName, Annotated[str, _grammar(grammar.check_name)]] = Field(
@@ -323,11 +354,26 @@ class Kernel(Strict):
     env: dict[EnvName, str] = Field(
         default_factory=dict, description="environment of the build command; values may use {{ … }} like tags"
     )
-    run: str = Field(description="shell command run in the upstream tree; it writes wheels to /out/wheels")
+    run: str = Field(
+        description="shell command run in the upstream tree, offline; it writes wheels to /out/wheels (and the "
+        "files it declares to /out/files)"
+    )
     trees: dict[Name, TreePath] = Field(
         default_factory=dict,
         description="other upstreams' exported, patched trees placed inside this tree before the build: "
         "{upstream: relative path}, e.g. {vllm: third_party/vllm}",
+    )
+    toolchain: Toolchain | None = Field(
+        None, description="a build toolchain installed with network before the offline build, never in the image"
+    )
+    files: dict[FileSource, FileDest] = Field(
+        default_factory=dict,
+        description="files the step writes besides wheels, {path under /out/files: destination} (an absolute "
+        "path or {site}/…), installed in the gate stage after the wheels with their mode; a missing one fails "
+        "the build",
+    )
+    wheels: bool | None = Field(
+        None, description="whether the step writes wheels to /out/wheels (default: true unless it declares files)"
     )
 
     _run = field_validator("run")(classmethod(lambda cls, v: _one_line(v)))
@@ -424,6 +470,15 @@ class Probe(Strict):
     description: str = ""
     code: str = Field(description="Python run in the gate after the imports; it prints one result line")
     expect: str = Field(description="the exact line the code must print")
+    when: dict[EnvName, Annotated[str, _grammar(grammar.check_name)]] = Field(
+        default_factory=dict,
+        description="build options this probe needs, e.g. {BUILD_VLLM_RS: '1'}: left out of the gate otherwise",
+    )
+    env: dict[EnvName, str] = Field(
+        default_factory=dict, description="environment set while the probe runs (restored after it)"
+    )
+
+    _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values(v)))
 
 
 class Gate(Strict):
