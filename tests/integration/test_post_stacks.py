@@ -67,6 +67,11 @@ def expected_gate(stack) -> list[str]:
     lines += [f"PASS import {i.module:<10} version={versions[i.dist]}" for i in stack.gate.imports]
     selected = [p for p in stack.gate.probes if all(stack.options[o].value == v for o, v in p.when.items())]
     lines += [f"PASS probe  {p.name} result={p.expect}" for p in selected]
+    # rules.requires, checked in the image: mcc comes from the stand-in MUSA apt stack of the 5.2 line.
+    lines += [
+        f"PASS requires MUSA Toolkit version={stack.platform.musa} min=4.3.6",
+        f"PASS requires torch_musa version={stack.packages['torch_musa'].version} min=2.7",
+    ]
     lines += [PIP_CHECK]
     return lines
 
@@ -91,16 +96,46 @@ def test_post2_every_gate_line_passes(post2, standins):
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
     assert_python_line(checks[0])
     assert checks[1:] == expected_gate(stack)
-    assert len(stack.packages) == 17 and len(checks) == 1 + 17 + 2 + 2 + 1
+    assert len(stack.packages) == 17 and len(checks) == 1 + 17 + 2 + 2 + 2 + 1
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"
     # The platform plugin activates when vllm is imported, before vllm's own line, as in the seed.
     assert gate.index(ms.PLUGIN_LINE) == gate.index("PASS import vllm       version=0.28.0") - 1
 
 
+def test_post2_installs_the_musa_apt_stack_of_its_runtime_line_in_one_transaction(post2):
+    """system.musa against the stand-in source, which mixes the 5.1 and 5.2 lines and carries the traps."""
+    system = post2.evidence_lines("system.txt")
+    assert "layer os: install=never: skipped" in system
+    assert "layer musa: install=auto: 19 package(s) in one apt transaction" in system
+    for line in (
+        "resolved musa-toolkit: musa-toolkit-5-2",
+        "resolved libmthreads-compute: libmthreads-compute=5.2.0-1",  # not 5.20.0-1
+        "resolved libmthreads-mtml: libmthreads-mtml=2.4.1-1",  # not 2.4.10-1
+        "resolved libmudnn3: libmudnn3-musa-5",  # the second candidate name
+        "link /usr/local/musa -> /usr/local/musa-5.2.0",
+    ):
+        assert line in system, "\n".join(system)
+    installed = dict(l.split(" ", 1) for l in system[system.index("installed:") + 1 :] if " " in l)
+    assert installed["musa-toolkit-5-2"] == "5.2.0-1" and "musa-toolkit-5-1" not in installed
+    assert not [name for name in installed if name.endswith("-5-1")]
+    # The runtime library the ABI check resolves through gate.library_path /usr/local/musa/lib.
+    proc = mb.docker(
+        "run",
+        "--rm",
+        "--network=none",
+        "--entrypoint",
+        "sh",
+        post2.image,
+        "-c",
+        "readlink -f /usr/local/musa/lib/libmusart.so.5 && command -v mcc",
+    )
+    assert proc.stdout.split() == ["/usr/local/musa-5.2.0/lib/libmusart.so.5.2.0", "/usr/local/musa/bin/mcc"]
+
+
 def test_post2_readonly_rerun_and_abi_stage_pass(post2, standins):
     stack = standins.stack("post2", post2.overrides)
     readonly = post2.evidence_lines("gate-readonly.txt")
-    imports = [l for l in expected_gate(stack) if not l.startswith(("PASS probe", "PASS pip"))]
+    imports = [l for l in expected_gate(stack) if not l.startswith(("PASS probe", "PASS pip", "PASS requires"))]
     assert [l for l in readonly if l.startswith("read-only: ")] == [f"read-only: {l}" for l in imports] + [
         f"read-only: gate result: {len(imports)} PASS, 0 FAIL"
     ]
@@ -176,7 +211,7 @@ def test_gate_verb_reruns_the_gate_on_the_built_image(post2):
         assert line in out, proc.stdout
     assert_python_line(out[0])
     assert PIP_CHECK in out
-    assert out[-1] == "gate result: 23 PASS, 0 FAIL"
+    assert out[-1] == "gate result: 25 PASS, 0 FAIL"
 
 
 def test_abi_verb_reports_deep_ep_resolved(post2, standins):
