@@ -4,7 +4,8 @@ The vendor stand-in serves the stack's vendor wheels (``tests/fixtures/musa_stan
 serves torchada and the vendor wheels' public dependencies, and also what PyPI really offers that must
 never reach a lock: a ``torch`` 2.15.0 (with ``triton`` and an ``nvidia-*`` wheel it requires), and
 packages whose resolution differs between CPython 3.10 and 3.11 (numpy 2.3.0 has cp311 wheels only and
-``Requires-Python >=3.11``; anyio needs exceptiongroup and typing_extensions only below 3.11).
+``Requires-Python >=3.11``; anyio needs exceptiongroup and typing_extensions only below 3.11). The upstreams
+are the stand-in git repositories, whose requirement files the post2 lock covers (``build/reqlocks.py``).
 """
 
 from __future__ import annotations
@@ -111,26 +112,52 @@ def indexes(tmp_path_factory):
         yield {"mthreads": vendor, "pypi": public}
 
 
-def _lock(capsys, tmp_path, monkeypatch, indexes, *sets: str) -> tuple[int, str, Path]:
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory):
+    """The vllm and vllm_musa stand-in git repositories, at the tags post2 pins, with their requirement files."""
+    from stackforge.stack.load import load_stack
+
+    return ms.make_upstreams(tmp_path_factory.mktemp("lock-upstreams"), load_stack("post2", root=REPO))
+
+
+def _root(tmp: Path) -> Path:
+    """A repository root with the real stacks and patch series."""
+    root = make_root(tmp)
+    shutil.copytree(REPO / "patches", root / "patches")
+    return root
+
+
+def _lock(capsys, tmp_path, monkeypatch, indexes, *sets: str, repos=None) -> tuple[int, str, Path]:
     monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
-    root = make_root(tmp_path)
-    args = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()] + list(sets)
+    root = _root(tmp_path)
+    args = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()] + ms.upstream_overrides(repos or {}) + list(sets)
     code = cli.main(["--root", str(root), "lock", "post2", *[a for s in args for a in ("--set", s)]])
     out, err = capsys.readouterr()
     return code, out + err, root / "stacks" / "locks" / "post2"
 
 
-def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(indexes, tmp_path, monkeypatch, capsys):
-    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes)
+def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(
+    indexes, repos, tmp_path, monkeypatch, capsys
+):
+    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes, repos=repos)
     assert code == 0, text
     assert sorted(p.name for p in locks.iterdir()) == ["mthreads.deps.txt", "mthreads.txt", "pypi.txt"]
     public = parse_lock(locks / "pypi.txt", (locks / "pypi.txt").read_text())
     deps = parse_lock(locks / "mthreads.deps.txt", (locks / "mthreads.deps.txt").read_text())
     # torchada's unpinned `Requires-Dist: torch` resolved to the vendor torch: the public torch 2.15.0,
     # its triton and nvidia wheels are nowhere; torch's own dependency (filelock) is locked where it is needed.
-    assert set(public.pins) == {"torchada", "filelock"}, public.pins
-    assert public.pins["torchada"][0] == "0.1.90" and public.via["filelock"] == {"torch"}
+    assert public.pins["torchada"][0] == "0.1.90" and {"torch", "-r vllm/requirements/common.txt"} <= public.via[
+        "filelock"
+    ]
     assert public.via["torchada"] == {"-r requirements.in"}
+    # the requirement-file closure of the vllm-common phase: what each file names, and what that requires
+    assert public.via["lark"] == {"-r vllm/requirements/common.txt"} and public.pins["lark"][0] == "1.2.2"
+    assert public.via["click"] == {"-r vllm_musa/requirements/musa.txt"}  # through its -r common.txt
+    assert "-r vllm/requirements/common.txt" in public.via["transformers"] and "huggingface-hub" in public.pins
+    assert "six" not in public.pins  # `six…; python_version > '3.11'` is not for CPython 3.10
+    head = (locks / "pypi.txt").read_text().split("annotated-types==", 1)[0]
+    assert "# input vllm/requirements/common.txt flattened sha256:" in head
+    assert "# input vllm_musa/requirements/musa.txt flattened sha256:" in head
     for lock in (public, deps):
         assert not set(lock.pins) & VENDOR_NAMES
         assert not any(n.startswith("nvidia-") for n in lock.pins)
@@ -145,9 +172,11 @@ def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(index
 
 @pytest.mark.parametrize(("python", "numpy", "below_311"), [("3.10", "2.2.6", True), ("3.11", "2.3.0", False)])
 def test_the_lock_resolves_for_platform_python_not_the_host(
-    indexes, tmp_path, monkeypatch, capsys, python, numpy, below_311
+    indexes, repos, tmp_path, monkeypatch, capsys, python, numpy, below_311
 ):
-    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes, *EXTRA_PINS, f"platform.python={python}")
+    code, text, locks = _lock(
+        capsys, tmp_path, monkeypatch, indexes, *EXTRA_PINS, f"platform.python={python}", repos=repos
+    )
     assert code == 0, text
     public = parse_lock(locks / "pypi.txt", (locks / "pypi.txt").read_text())
     assert public.pins["numpy"][0] == numpy
@@ -156,8 +185,10 @@ def test_the_lock_resolves_for_platform_python_not_the_host(
     assert not set(public.pins) & VENDOR_NAMES
 
 
-def test_a_package_with_only_an_sdist_is_named_with_the_fix(indexes, tmp_path, monkeypatch, capsys):
-    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes, "packages.docopt={version: 0.6.2, index: pypi}")
+def test_a_package_with_only_an_sdist_is_named_with_the_fix(indexes, repos, tmp_path, monkeypatch, capsys):
+    code, text, locks = _lock(
+        capsys, tmp_path, monkeypatch, indexes, "packages.docopt={version: 0.6.2, index: pypi}", repos=repos
+    )
     assert code == 2, text
     assert "no wheel of docopt on index 'pypi'" in text and "CPython 3.10 on manylinux_2_35_x86_64" in text
     assert "fix: pin a version of docopt that ships a wheel for CPython 3.10" in text
@@ -165,11 +196,11 @@ def test_a_package_with_only_an_sdist_is_named_with_the_fix(indexes, tmp_path, m
 
 
 @pytest.fixture(scope="module")
-def locked(indexes, tmp_path_factory):
+def locked(indexes, repos, tmp_path_factory):
     """A repository root holding post2's locks, and the --set values they were made with."""
     tmp = tmp_path_factory.mktemp("locked")
-    sets = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()]
-    root = make_root(tmp)
+    sets = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()] + ms.upstream_overrides(repos)
+    root = _root(tmp)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STACKFORGE_CACHE", str(tmp / "cache"))
         assert cli.main(["--root", str(root), "lock", "post2", *[a for s in sets for a in ("--set", s)]]) == 0

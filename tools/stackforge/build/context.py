@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stackforge.build import installed
-from stackforge.build import requirements
+from stackforge.build import reqlocks, requirements
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
@@ -182,6 +182,7 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
         infos = [exported[name] for name in stack.upstreams]
         requirements.write_phases(stack, staging, {n: staging / "src" / n for n in stack.upstreams},
                                   {i.name: i.pin for i in infos}, atomic_write)
+        reqlocks.check_fresh(stack, locks, {n: staging / "src" / n for n in stack.upstreams})
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)
