@@ -146,9 +146,10 @@ def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(
     deps = parse_lock(locks / "mthreads.deps.txt", (locks / "mthreads.deps.txt").read_text())
     # torchada's unpinned `Requires-Dist: torch` resolved to the vendor torch: the public torch 2.15.0,
     # its triton and nvidia wheels are nowhere; torch's own dependency (filelock) is locked where it is needed.
-    assert public.pins["torchada"][0] == "0.1.90" and {"torch", "-r vllm/requirements/common.txt"} <= public.via[
-        "filelock"
-    ]
+    assert (
+        public.pins["torchada"][0] == "0.1.90"
+        and {"torch", "-r vllm/requirements/common.txt"} <= public.via["filelock"]
+    )
     assert public.via["torchada"] == {"-r requirements.in"}
     # the requirement-file closure of the vllm-common phase: what each file names, and what that requires
     assert public.via["lark"] == {"-r vllm/requirements/common.txt"} and public.pins["lark"][0] == "1.2.2"

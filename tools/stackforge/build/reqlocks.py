@@ -121,8 +121,10 @@ def header(stack: Stack, index: str, made: list[Input]) -> str:
     for inp in made:
         if inp.label in keys:
             upstream = inp.label.split("/", 1)[0]
-            lines.append(f"# input {inp.label} flattened sha256:{digest(inp)} ({keys[inp.label]}, "
-                         f"upstream {upstream} at {pin_of(stack, upstream)})\n")
+            lines.append(
+                f"# input {inp.label} flattened sha256:{digest(inp)} ({keys[inp.label]}, "
+                f"upstream {upstream} at {pin_of(stack, upstream)})\n"
+            )
     return "".join(lines)
 
 
@@ -137,8 +139,12 @@ def recorded(text: str) -> dict[str, tuple[int, str]]:
 
 
 def _stale(rel: str, line: int | None, message: str, stack: Stack) -> UserError:
-    return UserError(f"lock file is stale: {message}; the lock was not used", file=rel, line=line,
-                     fix=f"run: stackforge lock {stack.name} (and review its diff)")
+    return UserError(
+        f"lock file is stale: {message}; the lock was not used",
+        file=rel,
+        line=line,
+        fix=f"run: stackforge lock {stack.name} (and review its diff)",
+    )
 
 
 def verify_header(stack: Stack, key: str, lock: Lock, rel: str) -> None:
@@ -149,9 +155,13 @@ def verify_header(stack: Stack, key: str, lock: Lock, rel: str) -> None:
     want = sources(stack, key)
     if stack.indexes[key].role == "vendor":
         if want:
-            raise UserError(f"{want[next(iter(want))].rsplit('.files', 1)[0]}.index names the vendor index '{key}', "
-                            "which has a lock: a vendor lock holds exactly its pins, so the phase could not be "
-                            "hash-checked", file=rel, fix="install the requirement files from a public index")
+            raise UserError(
+                f"{want[next(iter(want))].rsplit('.files', 1)[0]}.index names the vendor index '{key}', "
+                "which has a lock: a vendor lock holds exactly its pins, so the phase could not be "
+                "hash-checked",
+                file=rel,
+                fix="install the requirement files from a public index",
+            )
         return
     have = recorded(lock.text)
     for label, k in want.items():
@@ -159,8 +169,9 @@ def verify_header(stack: Stack, key: str, lock: Lock, rel: str) -> None:
             raise _stale(rel, 1, f"it does not cover {label} ({k}), a requirement file index '{key}' installs", stack)
     for label, (line, _) in have.items():
         if label not in want:
-            raise _stale(rel, line, f"it was made from {label}, which no requirement phase of index '{key}' reads",
-                         stack)
+            raise _stale(
+                rel, line, f"it was made from {label}, which no requirement phase of index '{key}' reads", stack
+            )
 
 
 def check_fresh(stack: Stack, locks: dict[str, Lock], trees: dict[str, Path]) -> None:
@@ -179,9 +190,14 @@ def check_fresh(stack: Stack, locks: dict[str, Lock], trees: dict[str, Path]) ->
             now = digest(inp)
             if now != made:
                 upstream = inp.label.split("/", 1)[0]
-                raise _stale(rel, line, f"{inp.label} ({sources(stack, key)[inp.label]}) changed since the lock was "
-                             f"made: flattened from upstream {upstream} at {pin_of(stack, upstream)} with its patch "
-                             f"series it is sha256:{now}, the lock was made from sha256:{made}", stack)
+                raise _stale(
+                    rel,
+                    line,
+                    f"{inp.label} ({sources(stack, key)[inp.label]}) changed since the lock was "
+                    f"made: flattened from upstream {upstream} at {pin_of(stack, upstream)} with its patch "
+                    f"series it is sha256:{now}, the lock was made from sha256:{made}",
+                    stack,
+                )
             for text in inp.lines:
                 try:
                     req = Requirement(text)
