@@ -10,13 +10,17 @@ are the stand-in git repositories, whose requirement files the post2 lock covers
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from stackforge.build.locks import parse_lock
 from stackforge.cli import main as cli
+from stackforge.errors import UserError
 from tests.fixtures import musa_standins as ms
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.stack_support import make_root
@@ -277,3 +281,151 @@ def test_a_vendor_index_declared_locked_needs_its_deps_lock(locked, capsys):
         (root / DEPS_REL).write_text(good)
     assert code != 0 and f"index 'mthreads' is declared `lock: true` but {DEPS_REL} is missing" in text, text
     assert lint_code != 0 and f"index 'mthreads' is declared `lock: true` but {DEPS_REL} is missing" in lint_text
+
+
+# --------------------------------------------------------------------------- the requirement-file closure
+
+PUBLIC_REL = "stacks/locks/post2/pypi.txt"
+
+
+def _assemble(root: Path, sets: list[str], monkeypatch, *more: str):
+    """Assemble post2's context as the build does (upstreams exported and patched, locks checked): no engine."""
+    from stackforge.build.context import assemble
+    from stackforge.stack.load import load_stack
+
+    monkeypatch.setenv("STACKFORGE_CACHE", str(root.parent / "cache"))
+    return assemble(load_stack("post2", root=root, overrides=[*sets, *more]), root / "build" / "assembled")
+
+
+def _header_line(text: str, label: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), start=1) if line.startswith(f"# input {label} "))
+
+
+def test_the_requirement_phase_of_a_locked_index_runs_offline(locked, capsys, monkeypatch):
+    root, sets = locked
+    ctx = _assemble(root, sets, monkeypatch)
+    phase = next(p for p in ctx.plan.phases if p.files)
+    assert (phase.no_index, phase.lock, phase.require_hashes) == (True, PUBLIC_REL, False)
+    pypi = next(p for p in ctx.plan.phases if p.name == "pypi")
+    assert (ctx.context_dir / pypi.requirements).read_text() == (root / PUBLIC_REL).read_text()
+    code, text = _lint(capsys, root, sets)
+    assert code == 0, text
+    dockerfile = (root / "build" / "render" / "Dockerfile").read_text().replace("\\\n", " ")
+    run = next(line for line in dockerfile.splitlines() if "--phase requirements.vllm-common" in line)
+    assert f"--lock {PUBLIC_REL} --stack post2 --" in run
+    assert " --no-index -c /stackforge/deps/requirements/vllm-common.constraints.txt -r " in run
+
+
+def test_a_requirement_file_changed_by_the_patch_series_makes_the_lock_stale(locked, repos, tmp_path, monkeypatch):
+    root, sets = locked
+    text = (root / PUBLIC_REL).read_text()
+    patch = ms._series_from(
+        repos["vllm"], tmp_path, "require-ninja", {"requirements/common.txt": ms.VLLM_COMMON + "ninja\n"}, {}
+    )
+    name = "0001-Build-Require-ninja.patch"
+    series = root / "patches" / "vllm" / "series"
+    good = series.read_text()
+    (root / "patches" / "vllm" / name).write_text(patch)
+    series.write_text(good + name + "\n")
+    try:
+        with pytest.raises(UserError) as err:
+            _assemble(root, sets, monkeypatch)
+    finally:
+        series.write_text(good)
+        (root / "patches" / "vllm" / name).unlink()
+    line = _header_line(text, "vllm/requirements/common.txt")
+    assert err.value.file == PUBLIC_REL and err.value.line == line
+    assert "lock file is stale: vllm/requirements/common.txt (requirements.vllm-common.files[0]) changed" in str(
+        err.value
+    )
+    assert "with its patch series" in str(err.value) and err.value.fix.startswith("run: stackforge lock post2")
+    _assemble(root, sets, monkeypatch)  # the series restored: the lock is fresh again
+
+
+def test_a_moved_upstream_commit_that_changes_a_requirement_file_makes_the_lock_stale(
+    locked, repos, tmp_path, monkeypatch
+):
+    root, sets = locked
+    moved = tmp_path / "vllm-moved"
+    subprocess.run(["git", "clone", "-q", str(repos["vllm"].path), str(moved)], check=True, capture_output=True)
+    ms._git(moved, "checkout", "-q", repos["vllm"].commit)
+    tagged = {}
+    for tag, rel, text in [
+        ("v0.28.0.1", "README.md", "# vllm, a commit later\n"),  # moves the commit, not a requirement file
+        ("v0.28.1", "requirements/common.txt", ms.VLLM_COMMON.replace("lark == 1.2.2", "lark == 1.3.0")),
+    ]:
+        (moved / rel).write_text(text)
+        ms._git(moved, "commit", "-qam", f"Release {tag}")
+        ms._git(moved, "tag", "-a", tag, "-m", f"vllm {tag}")
+        tagged[tag] = ms._git(moved, "rev-parse", "HEAD")
+
+    def at(tag: str) -> list[str]:
+        return [f"upstreams.vllm.git={moved}", f"upstreams.vllm.tag={tag}", f"upstreams.vllm.commit={tagged[tag]}"]
+
+    _assemble(root, sets, monkeypatch, *at("v0.28.0.1"))  # the files did not change: the lock is fresh
+    with pytest.raises(UserError) as err:
+        _assemble(root, sets, monkeypatch, *at("v0.28.1"))
+    assert err.value.line == _header_line((root / PUBLIC_REL).read_text(), "vllm/requirements/common.txt")
+    assert "vllm/requirements/common.txt (requirements.vllm-common.files[0]) changed since the lock" in str(err.value)
+    assert f"upstream vllm at v0.28.1@{tagged['v0.28.1']}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "message"),
+    [
+        (
+            "made-before-the-phase",
+            lambda t: "".join(l for l in t.splitlines(True) if not l.startswith("# input vllm/")),
+            "lock file is stale: it does not cover vllm/requirements/common.txt (requirements.vllm-common.files[0])",
+        ),
+        (
+            "entry-removed",
+            lambda t: re.sub(r"lark==1\.2\.2 \\\n.*\n    # via -r vllm/requirements/common.txt\n", "", t),
+            "vllm/requirements/common.txt requires lark==1.2.2, which the lock does not list",
+        ),
+    ],
+)
+def test_a_lock_that_does_not_cover_a_requirement_file_is_refused(locked, monkeypatch, case, edit, message):
+    root, sets = locked
+    path = root / PUBLIC_REL
+    good = path.read_text()
+    path.write_text(edit(good))
+    assert path.read_text() != good
+    try:
+        with pytest.raises(UserError) as err:
+            _assemble(root, sets, monkeypatch)
+    finally:
+        path.write_text(good)
+    assert err.value.file == PUBLIC_REL and message in str(err.value), str(err.value)
+    assert err.value.fix.startswith("run: stackforge lock post2")
+
+
+def test_the_offline_phase_names_the_lock_when_pip_finds_nothing(tmp_path):
+    """preserve.py, as the requirement phase runs it: pip --no-index fails, the last line says why and the fix."""
+    pins = tmp_path / "pins.json"
+    pins.write_text("{}")
+    pip_says = (
+        "ERROR: Could not find a version that satisfies the requirement lark==1.2.2 (from versions: none)\n"
+        "ERROR: No matching distribution found for lark==1.2.2"
+    )
+    args = ["--phase", "requirements.vllm-common", "--key", "requirements.vllm-common", "--index", "pypi"]
+    args += ["--pins", str(pins), "--record", str(tmp_path / "r.json"), "--lock", PUBLIC_REL, "--stack", "post2"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "images" / "gate" / "preserve.py"),
+            *args,
+            "--",
+            sys.executable,
+            "-c",
+            f"import sys; print({pip_says!r}); sys.exit(1)",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-1] == (
+        f"ERROR: pip phase requirements.vllm-common runs --no-index: its requirement files must be satisfied by "
+        f"what {PUBLIC_REL} installed with --require-hashes, and lark is not (the lock is incomplete or stale; "
+        "nothing is fetched from the index instead): run: stackforge lock post2"
+    )
