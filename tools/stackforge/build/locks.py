@@ -9,6 +9,9 @@ index declared ``lock: true`` in the stack must have one.
   :func:`public_inputs`, pinned and hashed, with every vendor pin held at its exact
   version and left out, so a public lock never names (or pulls) a package a vendor
   index of the stack provides;
+- the same resolution covers the requirement files of the index's ``requirements:`` phases, read from the
+  exported, patched upstream trees (``build/reqlocks.py``): the lock's header records each flattened file's
+  sha256, the requirement phase then runs ``--no-index``, and a lock made from other files is stale;
 - the same resolution covers the vendor wheels' own dependencies: what only a vendor pin
   requires goes to ``<vendor>.deps.txt``, which the ``<vendor>-deps`` phase installs from
   with ``--require-hashes``;
