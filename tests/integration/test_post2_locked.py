@@ -99,19 +99,8 @@ def test_a_requirement_file_changed_after_locking_stops_the_build(standins, lock
     """vLLM's patch series adds a requirement the lock was not made from: refused at the lock's header line,
     before the engine runs, nothing tagged."""
     root, overrides, locks = locked
-    patch = ms._series_from(
-        standins.repos["vllm"], tmp_path, "require-ninja", {"requirements/common.txt": ms.VLLM_COMMON + "ninja\n"}, {}
-    )
-    name = "0001-Build-Require-ninja.patch"
-    series = root / "patches" / "vllm" / "series"
-    good = series.read_text()
-    (root / "patches" / "vllm" / name).write_text(patch)
-    series.write_text(good + name + "\n")
-    try:
+    with ms.requirement_patched(root, standins.repos["vllm"], tmp_path, "ninja"):
         build = _build(standins, root, overrides, "stale")
-    finally:
-        series.write_text(good)
-        (root / "patches" / "vllm" / name).unlink()
     assert build.proc.returncode == 2, build.describe()
     line = next(i for i, l in enumerate((locks / "pypi.txt").read_text().splitlines(), 1) if "input vllm/" in l)
     assert (

@@ -319,20 +319,8 @@ def test_the_requirement_phase_of_a_locked_index_runs_offline(locked, capsys, mo
 def test_a_requirement_file_changed_by_the_patch_series_makes_the_lock_stale(locked, repos, tmp_path, monkeypatch):
     root, sets = locked
     text = (root / PUBLIC_REL).read_text()
-    patch = ms._series_from(
-        repos["vllm"], tmp_path, "require-ninja", {"requirements/common.txt": ms.VLLM_COMMON + "ninja\n"}, {}
-    )
-    name = "0001-Build-Require-ninja.patch"
-    series = root / "patches" / "vllm" / "series"
-    good = series.read_text()
-    (root / "patches" / "vllm" / name).write_text(patch)
-    series.write_text(good + name + "\n")
-    try:
-        with pytest.raises(UserError) as err:
-            _assemble(root, sets, monkeypatch)
-    finally:
-        series.write_text(good)
-        (root / "patches" / "vllm" / name).unlink()
+    with ms.requirement_patched(root, repos["vllm"], tmp_path, "ninja"), pytest.raises(UserError) as err:
+        _assemble(root, sets, monkeypatch)
     line = _header_line(text, "vllm/requirements/common.txt")
     assert err.value.file == PUBLIC_REL and err.value.line == line
     assert "lock file is stale: vllm/requirements/common.txt (requirements.vllm-common.files[0]) changed" in str(
