@@ -1,7 +1,7 @@
 """Run one pip phase and check that it kept every vendor pin (run inside the image, standard library only).
 
     python preserve.py --phase NAME --key STACK_KEY --index INDEX --record OUT.json [--pins PINS.json] \\
-        -- python -m pip install ...
+        [--lock LOCK --stack STACK] -- python -m pip install ...
 
 1. Runs the pip command (adding ``--report`` when pip has it, 22.2 and later), streaming its output.
    If pip fails and its message names a conflict with a vendor pin (the constraints file holds them), one
@@ -12,6 +12,9 @@
    Requires-Dist names the package; else the dists the phase changed that require it).
 3. Writes OUT.json: the phase, its index, what it installed (name, version, archive URL and sha256 when
    pip knows it, requested, requires_dist) and the preserve lines; ``inventory.py`` reads these records.
+
+With ``--lock`` (a requirement phase run ``--no-index`` after its index's lock installed the closure), a
+failure adds one line naming what the lock lacks, the lock and ``stackforge lock STACK``.
 
 Exit status: pip's on failure, 1 when a vendor pin drifted, else 0.
 """
@@ -28,6 +31,7 @@ import tempfile
 
 NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 DEPENDS = re.compile(r"^\s*(\S+) (\S+) depends on (.+)$")
+MISSING = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 def canon(name: str) -> str:
@@ -101,6 +105,15 @@ def conflict(output: list[str], pins: dict[str, str]) -> list[str]:
             if m and requirement_name(m.group(3)) in vendor]
 
 
+def offline_failure(output: list[str], phase: str, lock: str, stack: str) -> str:
+    """Why a phase run with --no-index failed: its lock lacks what its requirement files need."""
+    missing = sorted({m.group(1) for m in map(MISSING.search, output) if m})
+    what = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not" if missing else "something is not"
+    return (f"ERROR: pip phase {phase} runs --no-index: its requirement files must be satisfied by what {lock} "
+            f"installed with --require-hashes, and {what} (the lock is incomplete or stale; nothing is fetched "
+            f"from the index instead): run: stackforge lock {stack}")
+
+
 def pip_has_report(argv: list[str]) -> bool:
     if "install" not in argv:
         return False
@@ -144,6 +157,8 @@ def main(argv: list[str]) -> int:
             what = (f"would replace a vendor pin (the constraints hold them): {'; '.join(why)}" if why
                     else f"failed (pip exit {rc}; its message is above)")
             print(f"ERROR: pip phase {phase} (stack key {key}) {what}", flush=True)
+            if "--lock" in opts:
+                print(offline_failure(output, phase, opts["--lock"], opts.get("--stack", "STACK")), flush=True)
             return rc
         report = {}
         if report_path and os.path.isfile(report_path):

@@ -4,18 +4,23 @@ The vendor stand-in serves the stack's vendor wheels (``tests/fixtures/musa_stan
 serves torchada and the vendor wheels' public dependencies, and also what PyPI really offers that must
 never reach a lock: a ``torch`` 2.15.0 (with ``triton`` and an ``nvidia-*`` wheel it requires), and
 packages whose resolution differs between CPython 3.10 and 3.11 (numpy 2.3.0 has cp311 wheels only and
-``Requires-Python >=3.11``; anyio needs exceptiongroup and typing_extensions only below 3.11).
+``Requires-Python >=3.11``; anyio needs exceptiongroup and typing_extensions only below 3.11). The upstreams
+are the stand-in git repositories, whose requirement files the post2 lock covers (``build/reqlocks.py``).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from stackforge.build.locks import parse_lock
 from stackforge.cli import main as cli
+from stackforge.errors import UserError
 from tests.fixtures import musa_standins as ms
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.stack_support import make_root
@@ -111,26 +116,53 @@ def indexes(tmp_path_factory):
         yield {"mthreads": vendor, "pypi": public}
 
 
-def _lock(capsys, tmp_path, monkeypatch, indexes, *sets: str) -> tuple[int, str, Path]:
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory):
+    """The vllm and vllm_musa stand-in git repositories, at the tags post2 pins, with their requirement files."""
+    from stackforge.stack.load import load_stack
+
+    return ms.make_upstreams(tmp_path_factory.mktemp("lock-upstreams"), load_stack("post2", root=REPO))
+
+
+def _root(tmp: Path) -> Path:
+    """A repository root with the real stacks and patch series."""
+    root = make_root(tmp)
+    shutil.copytree(REPO / "patches", root / "patches")
+    return root
+
+
+def _lock(capsys, tmp_path, monkeypatch, indexes, *sets: str, repos=None) -> tuple[int, str, Path]:
     monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
-    root = make_root(tmp_path)
-    args = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()] + list(sets)
+    root = _root(tmp_path)
+    args = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()] + ms.upstream_overrides(repos or {}) + list(sets)
     code = cli.main(["--root", str(root), "lock", "post2", *[a for s in args for a in ("--set", s)]])
     out, err = capsys.readouterr()
     return code, out + err, root / "stacks" / "locks" / "post2"
 
 
-def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(indexes, tmp_path, monkeypatch, capsys):
-    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes)
+def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(
+    indexes, repos, tmp_path, monkeypatch, capsys
+):
+    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes, repos=repos)
     assert code == 0, text
     assert sorted(p.name for p in locks.iterdir()) == ["mthreads.deps.txt", "mthreads.txt", "pypi.txt"]
     public = parse_lock(locks / "pypi.txt", (locks / "pypi.txt").read_text())
     deps = parse_lock(locks / "mthreads.deps.txt", (locks / "mthreads.deps.txt").read_text())
     # torchada's unpinned `Requires-Dist: torch` resolved to the vendor torch: the public torch 2.15.0,
     # its triton and nvidia wheels are nowhere; torch's own dependency (filelock) is locked where it is needed.
-    assert set(public.pins) == {"torchada", "filelock"}, public.pins
-    assert public.pins["torchada"][0] == "0.1.90" and public.via["filelock"] == {"torch"}
+    assert (
+        public.pins["torchada"][0] == "0.1.90"
+        and {"torch", "-r vllm/requirements/common.txt"} <= public.via["filelock"]
+    )
     assert public.via["torchada"] == {"-r requirements.in"}
+    # the requirement-file closure of the vllm-common phase: what each file names, and what that requires
+    assert public.via["lark"] == {"-r vllm/requirements/common.txt"} and public.pins["lark"][0] == "1.2.2"
+    assert public.via["click"] == {"-r vllm_musa/requirements/musa.txt"}  # through its -r common.txt
+    assert "-r vllm/requirements/common.txt" in public.via["transformers"] and "huggingface-hub" in public.pins
+    assert "six" not in public.pins  # `six…; python_version > '3.11'` is not for CPython 3.10
+    head = (locks / "pypi.txt").read_text().split("annotated-types==", 1)[0]
+    assert "# input vllm/requirements/common.txt flattened sha256:" in head
+    assert "# input vllm_musa/requirements/musa.txt flattened sha256:" in head
     for lock in (public, deps):
         assert not set(lock.pins) & VENDOR_NAMES
         assert not any(n.startswith("nvidia-") for n in lock.pins)
@@ -145,9 +177,11 @@ def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(index
 
 @pytest.mark.parametrize(("python", "numpy", "below_311"), [("3.10", "2.2.6", True), ("3.11", "2.3.0", False)])
 def test_the_lock_resolves_for_platform_python_not_the_host(
-    indexes, tmp_path, monkeypatch, capsys, python, numpy, below_311
+    indexes, repos, tmp_path, monkeypatch, capsys, python, numpy, below_311
 ):
-    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes, *EXTRA_PINS, f"platform.python={python}")
+    code, text, locks = _lock(
+        capsys, tmp_path, monkeypatch, indexes, *EXTRA_PINS, f"platform.python={python}", repos=repos
+    )
     assert code == 0, text
     public = parse_lock(locks / "pypi.txt", (locks / "pypi.txt").read_text())
     assert public.pins["numpy"][0] == numpy
@@ -156,8 +190,10 @@ def test_the_lock_resolves_for_platform_python_not_the_host(
     assert not set(public.pins) & VENDOR_NAMES
 
 
-def test_a_package_with_only_an_sdist_is_named_with_the_fix(indexes, tmp_path, monkeypatch, capsys):
-    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes, "packages.docopt={version: 0.6.2, index: pypi}")
+def test_a_package_with_only_an_sdist_is_named_with_the_fix(indexes, repos, tmp_path, monkeypatch, capsys):
+    code, text, locks = _lock(
+        capsys, tmp_path, monkeypatch, indexes, "packages.docopt={version: 0.6.2, index: pypi}", repos=repos
+    )
     assert code == 2, text
     assert "no wheel of docopt on index 'pypi'" in text and "CPython 3.10 on manylinux_2_35_x86_64" in text
     assert "fix: pin a version of docopt that ships a wheel for CPython 3.10" in text
@@ -165,11 +201,11 @@ def test_a_package_with_only_an_sdist_is_named_with_the_fix(indexes, tmp_path, m
 
 
 @pytest.fixture(scope="module")
-def locked(indexes, tmp_path_factory):
+def locked(indexes, repos, tmp_path_factory):
     """A repository root holding post2's locks, and the --set values they were made with."""
     tmp = tmp_path_factory.mktemp("locked")
-    sets = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()]
-    root = make_root(tmp)
+    sets = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()] + ms.upstream_overrides(repos)
+    root = _root(tmp)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STACKFORGE_CACHE", str(tmp / "cache"))
         assert cli.main(["--root", str(root), "lock", "post2", *[a for s in sets for a in ("--set", s)]]) == 0
@@ -245,3 +281,139 @@ def test_a_vendor_index_declared_locked_needs_its_deps_lock(locked, capsys):
         (root / DEPS_REL).write_text(good)
     assert code != 0 and f"index 'mthreads' is declared `lock: true` but {DEPS_REL} is missing" in text, text
     assert lint_code != 0 and f"index 'mthreads' is declared `lock: true` but {DEPS_REL} is missing" in lint_text
+
+
+# --------------------------------------------------------------------------- the requirement-file closure
+
+PUBLIC_REL = "stacks/locks/post2/pypi.txt"
+
+
+def _assemble(root: Path, sets: list[str], monkeypatch, *more: str):
+    """Assemble post2's context as the build does (upstreams exported and patched, locks checked): no engine."""
+    from stackforge.build.context import assemble
+    from stackforge.stack.load import load_stack
+
+    monkeypatch.setenv("STACKFORGE_CACHE", str(root.parent / "cache"))
+    return assemble(load_stack("post2", root=root, overrides=[*sets, *more]), root / "build" / "assembled")
+
+
+def _header_line(text: str, label: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), start=1) if line.startswith(f"# input {label} "))
+
+
+def test_the_requirement_phase_of_a_locked_index_runs_offline(locked, capsys, monkeypatch):
+    root, sets = locked
+    ctx = _assemble(root, sets, monkeypatch)
+    phase = next(p for p in ctx.plan.phases if p.files)
+    assert (phase.no_index, phase.lock, phase.require_hashes) == (True, PUBLIC_REL, False)
+    pypi = next(p for p in ctx.plan.phases if p.name == "pypi")
+    assert (ctx.context_dir / pypi.requirements).read_text() == (root / PUBLIC_REL).read_text()
+    code, text = _lint(capsys, root, sets)
+    assert code == 0, text
+    dockerfile = (root / "build" / "render" / "Dockerfile").read_text().replace("\\\n", " ")
+    run = next(line for line in dockerfile.splitlines() if "--phase requirements.vllm-common" in line)
+    assert f"--lock {PUBLIC_REL} --stack post2 --" in run
+    assert " --no-index -c /stackforge/deps/requirements/vllm-common.constraints.txt -r " in run
+
+
+def test_a_requirement_file_changed_by_the_patch_series_makes_the_lock_stale(locked, repos, tmp_path, monkeypatch):
+    root, sets = locked
+    text = (root / PUBLIC_REL).read_text()
+    with ms.requirement_patched(root, repos["vllm"], tmp_path, "ninja"), pytest.raises(UserError) as err:
+        _assemble(root, sets, monkeypatch)
+    line = _header_line(text, "vllm/requirements/common.txt")
+    assert err.value.file == PUBLIC_REL and err.value.line == line
+    assert "lock file is stale: vllm/requirements/common.txt (requirements.vllm-common.files[0]) changed" in str(
+        err.value
+    )
+    assert "with its patch series" in str(err.value) and err.value.fix.startswith("run: stackforge lock post2")
+    _assemble(root, sets, monkeypatch)  # the series restored: the lock is fresh again
+
+
+def test_a_moved_upstream_commit_that_changes_a_requirement_file_makes_the_lock_stale(
+    locked, repos, tmp_path, monkeypatch
+):
+    root, sets = locked
+    moved = tmp_path / "vllm-moved"
+    subprocess.run(["git", "clone", "-q", str(repos["vllm"].path), str(moved)], check=True, capture_output=True)
+    ms._git(moved, "checkout", "-q", repos["vllm"].commit)
+    tagged = {}
+    for tag, rel, text in [
+        ("v0.28.0.1", "README.md", "# vllm, a commit later\n"),  # moves the commit, not a requirement file
+        ("v0.28.1", "requirements/common.txt", ms.VLLM_COMMON.replace("lark == 1.2.2", "lark == 1.3.0")),
+    ]:
+        (moved / rel).write_text(text)
+        ms._git(moved, "commit", "-qam", f"Release {tag}")
+        ms._git(moved, "tag", "-a", tag, "-m", f"vllm {tag}")
+        tagged[tag] = ms._git(moved, "rev-parse", "HEAD")
+
+    def at(tag: str) -> list[str]:
+        return [f"upstreams.vllm.git={moved}", f"upstreams.vllm.tag={tag}", f"upstreams.vllm.commit={tagged[tag]}"]
+
+    _assemble(root, sets, monkeypatch, *at("v0.28.0.1"))  # the files did not change: the lock is fresh
+    with pytest.raises(UserError) as err:
+        _assemble(root, sets, monkeypatch, *at("v0.28.1"))
+    assert err.value.line == _header_line((root / PUBLIC_REL).read_text(), "vllm/requirements/common.txt")
+    assert "vllm/requirements/common.txt (requirements.vllm-common.files[0]) changed since the lock" in str(err.value)
+    assert f"upstream vllm at v0.28.1@{tagged['v0.28.1']}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "message"),
+    [
+        (
+            "made-before-the-phase",
+            lambda t: "".join(l for l in t.splitlines(True) if not l.startswith("# input vllm/")),
+            "lock file is stale: it does not cover vllm/requirements/common.txt (requirements.vllm-common.files[0])",
+        ),
+        (
+            "entry-removed",
+            lambda t: re.sub(r"lark==1\.2\.2 \\\n.*\n    # via -r vllm/requirements/common.txt\n", "", t),
+            "vllm/requirements/common.txt requires lark==1.2.2, which the lock does not list",
+        ),
+    ],
+)
+def test_a_lock_that_does_not_cover_a_requirement_file_is_refused(locked, monkeypatch, case, edit, message):
+    root, sets = locked
+    path = root / PUBLIC_REL
+    good = path.read_text()
+    path.write_text(edit(good))
+    assert path.read_text() != good
+    try:
+        with pytest.raises(UserError) as err:
+            _assemble(root, sets, monkeypatch)
+    finally:
+        path.write_text(good)
+    assert err.value.file == PUBLIC_REL and message in str(err.value), str(err.value)
+    assert err.value.fix.startswith("run: stackforge lock post2")
+
+
+def test_the_offline_phase_names_the_lock_when_pip_finds_nothing(tmp_path):
+    """preserve.py, as the requirement phase runs it: pip --no-index fails, the last line says why and the fix."""
+    pins = tmp_path / "pins.json"
+    pins.write_text("{}")
+    pip_says = (
+        "ERROR: Could not find a version that satisfies the requirement lark==1.2.2 (from versions: none)\n"
+        "ERROR: No matching distribution found for lark==1.2.2"
+    )
+    args = ["--phase", "requirements.vllm-common", "--key", "requirements.vllm-common", "--index", "pypi"]
+    args += ["--pins", str(pins), "--record", str(tmp_path / "r.json"), "--lock", PUBLIC_REL, "--stack", "post2"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "images" / "gate" / "preserve.py"),
+            *args,
+            "--",
+            sys.executable,
+            "-c",
+            f"import sys; print({pip_says!r}); sys.exit(1)",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-1] == (
+        f"ERROR: pip phase requirements.vllm-common runs --no-index: its requirement files must be satisfied by "
+        f"what {PUBLIC_REL} installed with --require-hashes, and lark is not (the lock is incomplete or stale; "
+        "nothing is fetched from the index instead): run: stackforge lock post2"
+    )

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stackforge.build import artifacts, installed, requirements
+from stackforge.build import artifacts, installed, reqlocks, requirements
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
@@ -184,6 +184,7 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
                                   {i.name: i.pin for i in infos}, atomic_write)
         for k in plan.kernels:
             artifacts.check_uses(stack, k.name, k.upstream, staging / "src" / k.upstream)
+        reqlocks.check_fresh(stack, locks, {n: staging / "src" / n for n in stack.upstreams})
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)

@@ -9,6 +9,9 @@ index declared ``lock: true`` in the stack must have one.
   :func:`public_inputs`, pinned and hashed, with every vendor pin held at its exact
   version and left out, so a public lock never names (or pulls) a package a vendor
   index of the stack provides;
+- the same resolution covers the requirement files of the index's ``requirements:`` phases, read from the
+  exported, patched upstream trees (``build/reqlocks.py``): the lock's header records each flattened file's
+  sha256, the requirement phase then runs ``--no-index``, and a lock made from other files is stale;
 - the same resolution covers the vendor wheels' own dependencies: what only a vendor pin
   requires goes to ``<vendor>.deps.txt``, which the ``<vendor>-deps`` phase installs from
   with ``--require-hashes``;
@@ -21,6 +24,7 @@ leads to is an error naming the lock file and line, and the lock is not used.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -30,7 +34,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from stackforge import credentials, progress
-from stackforge.build import resolve
+from stackforge.build import reqlocks, resolve
 from stackforge.build.resolve import Input
 from stackforge.errors import UserError
 from stackforge.stack.load import stack_root
@@ -73,12 +77,11 @@ def vendor_names(stack: Stack) -> dict[str, str]:
 
 
 def public_inputs(stack: Stack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
-    """Everything the public resolution of ``index`` must install: its exact pins (``requirements.in``).
-
-    The one place that lists the resolution's inputs: a requirement-file phase of this index adds its
-    file here as ``Input("<upstream>/<path>", file=trees[upstream] / path)`` (``trees``: the exported
-    upstream trees); its packages are then admitted by ``# via -r <upstream>/<path>``."""
-    return [Input(REQUIREMENTS_IN[3:], _pins(stack, index))]
+    """Everything the public resolution of ``index`` must install: its exact pins (``requirements.in``), then
+    each requirement file a ``requirements:`` phase of this index reads, flattened from ``trees`` (the exported,
+    patched upstream trees; without them, the labels alone) as ``<upstream>/<path>`` (``build/reqlocks.py``);
+    its packages are admitted by ``# via -r <upstream>/<path>``."""
+    return [Input(REQUIREMENTS_IN[3:], _pins(stack, index)), *reqlocks.inputs(stack, index, trees)]
 
 
 def _deps_vendors(stack: Stack, index: str) -> list[str]:
@@ -217,6 +220,7 @@ def verify_lock(stack: Stack, index: str, lock: Lock, rel: str) -> None:
     if made and made.group(1) != resolve.Target.of(stack).describe():
         raise _refuse(rel, 1, f"the lock was resolved for {made.group(1)}, but the stack targets "
                       f"{resolve.Target.of(stack).describe()} (platform.python, platform.os, platform.arch)", fix_name)
+    reqlocks.verify_header(stack, index, lock, rel)
     pins = {canonicalize_name(n): p for n, p in stack.packages.items() if p.index == index}
     for cname, pkg in pins.items():
         have = lock.pins.get(cname)
@@ -337,6 +341,9 @@ def lock_public(stack: Stack, index: str, ca_bundle: str | None = None,
     directory that is removed afterwards; pip's messages are redacted."""
     from stackforge.build.context import cache_dir_for
 
+    if trees is None and reqlocks.sources(stack, index):
+        with reqlocks.exported(stack, reqlocks.upstreams_needed(stack, index)) as exported:
+            return lock_public(stack, index, ca_bundle, exported)
     resolve.check_pip()
     url = stack.indexes[index].url
     credential = credentials.for_index(stack, index)
@@ -373,7 +380,8 @@ def lock_public(stack: Stack, index: str, ca_bundle: str | None = None,
     kind = f"for {target.describe()}"
     held = f"; the {len(vendors)} vendor pins held at their exact versions and left out" if vendors else ""
     head = (f"# Lock of the '{index}' requirements of stack '{stack.name}' {kind}, made by "
-            f"`stackforge lock {stack.name}`\n# (pip's resolver against {redact(url)}{held}). Do not edit.\n")
+            f"`stackforge lock {stack.name}`\n# (pip's resolver against {redact(url)}{held}). Do not edit.\n"
+            + reqlocks.header(stack, index, inputs))
     taken = set(public)
     for vendor in deps_vendors:
         own: set[str] = {canonicalize_name(n) for n, p in stack.packages.items() if p.index == vendor}
@@ -417,17 +425,28 @@ def write_locks(stack: Stack, indexes: list[str] | None = None, ca_bundle: str |
     """Lock each index (all by default); locking a public index also writes the dependency lock of every
     vendor whose ``deps_from`` it is. Every lock is checked as the build reads it before any is written."""
     texts: dict[str, str] = {}
+    todo = []
     for index in indexes or list(stack.indexes):
         if index not in stack.indexes:
             raise UserError(f"stack '{stack.name}' has no index '{index}'", file="--index",
                             fix=f"use one of: {', '.join(stack.indexes)}")
         role = stack.indexes[index].role
-        if not _pins(stack, index) and not (role == "public" and _deps_vendors(stack, index)):
-            continue
-        how = "resolve (pip) for" if role == "public" else "read the file hashes of"
-        with progress.step(f"lock {stack.name}: {how} index '{index}' ({redact(stack.indexes[index].url)})"):
-            texts.update(lock_public(stack, index, ca_bundle) if role == "public" else
-                         {index: lock_vendor(stack, index)})
+        if _pins(stack, index) or (role == "public" and _deps_vendors(stack, index)):
+            todo.append(index)
+    # the trees the requirement phases of the public indexes read, exported and patched as the build does
+    need = [n for n in reqlocks.upstreams_needed(stack) if any(
+        stack.indexes[i].role == "public" and n in reqlocks.upstreams_needed(stack, i) for i in todo)]
+    with contextlib.ExitStack() as scope:
+        trees: dict[str, Path] = {}
+        if need:
+            with progress.step(f"lock {stack.name}: export and patch {', '.join(need)} for the requirement files"):
+                trees = scope.enter_context(reqlocks.exported(stack, need))
+        for index in todo:
+            role = stack.indexes[index].role
+            how = "resolve (pip) for" if role == "public" else "read the file hashes of"
+            with progress.step(f"lock {stack.name}: {how} index '{index}' ({redact(stack.indexes[index].url)})"):
+                texts.update(lock_public(stack, index, ca_bundle, trees) if role == "public" else
+                             {index: lock_vendor(stack, index)})
     for key, text in texts.items():
         path = lock_path(stack, key)
         rel = str(path.relative_to(stack_root(stack)))

@@ -36,6 +36,7 @@ class PipPhase:
     constraints: str | None = None  # context path of its constraints file (the vendor pins), -c
     report: str = ""  # image path of the phase's record (pip report, preserve lines), read by the inventory
     files: list[dict] = field(default_factory=list)  # requirement files: [{upstream, path}]
+    no_index: bool = False  # a requirement phase of a locked index: proves offline that the lock installed it all
 
     def lock_key(self) -> str:
         """The lock this phase installs from (see build/locks.py): its index's, or ``<vendor>-deps``."""
@@ -240,6 +241,8 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         phase.credentials = stack.indexes[phase.index].private or phase.index in credentials
         if phase.require_hashes and phase.lock_key() in locks:
             phase.lock = locks[phase.lock_key()]
+        elif phase.files and phase.index in locks:  # its index's lock holds its closure (build/reqlocks.py)
+            phase.lock, phase.no_index, phase.credentials = locks[phase.index], True, False
     return Plan(
         stack=stack.name,
         fingerprint=fingerprint(stack),

@@ -236,6 +236,14 @@ def _logical_lines(text: str):
         yield start, _COMMENT.sub("", buf).strip()
 
 
+def read_item(stack: Stack, name: str, index: int, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
+    """Read one file of requirement phase ``name`` (``files[index]``) alone, as :func:`read_phase` reads it."""
+    out = PhaseFiles(f"requirements.{name}")
+    item = stack.requirements[name].files[index]
+    _Reader(stack, name, index, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"), out).read(item.path)
+    return out
+
+
 def read_phase(stack: Stack, name: str, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
     """Read requirement phase ``name`` from the exported trees (upstream -> directory); ``pins``: upstream ->
     the pin shown in errors (tag@commit)."""

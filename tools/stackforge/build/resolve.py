@@ -107,6 +107,7 @@ class Input:
     label: str
     lines: list[str] = field(default_factory=list)
     file: Path | None = None  # a requirements file (read by pip itself)
+    constraints: list[str] = field(default_factory=list)  # constraint lines (``-c``) of a requirement file
 
 
 @dataclass
@@ -231,6 +232,10 @@ def run_pip(tmp: Path, target: Target, index_args: list[str], env: dict[str, str
             path = tmp / f"input-{n}.in"
             path.write_text("\n".join(inp.lines) + "\n")
             args += ["-r", str(path)]
+        if inp.constraints:
+            path = tmp / f"input-{n}.constraints.txt"
+            path.write_text("\n".join(inp.constraints) + "\n")
+            args += ["-c", str(path)]
     if vendor_pins:
         pins = "".join(f"{n}=={v}\n" for n, v in vendor_pins.items())
         (tmp / "vendor.txt").write_text(pins)
