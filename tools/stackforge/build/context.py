@@ -20,6 +20,7 @@ from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
 from stackforge.build.system import write_context as write_system_context
+from stackforge.build.targets import write_context as write_target_context
 from stackforge.build.render import images_dir, render_dockerfile, requirements_text
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, stack_lock
@@ -185,6 +186,9 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)
+    write_target_context(stack, plan.target_stages, images_dir(root), staging,
+                         {n: staging / "src" / n for n in stack.upstreams} if sources else None,
+                         {i.name: i.pin for i in infos})
     return infos, post_install
 
 

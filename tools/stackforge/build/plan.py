@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from stackforge.build import installed
 from stackforge.build.system import SystemStage, system_stages
+from stackforge.build.targets import TargetStage, target_stages
 from stackforge.build.requirements import guarded, requirement_phases
 from stackforge.stack import tags
 from stackforge.stack.load import credentials_of, fingerprint
@@ -67,6 +68,7 @@ class Plan:
     post_install: list[installed.PostInstallPatch] = field(default_factory=list)
     steps: list[installed.Step] = field(default_factory=list)
     system: list[SystemStage] = field(default_factory=list)  # apt layers, each a stage after base
+    target_stages: list[TargetStage] = field(default_factory=list)  # targets, a parent before its children
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -236,8 +238,11 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         kernels=kernel_steps(stack),
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
-        targets={n: t.model_dump() for n, t in stack.targets.items()},
+        targets={n: {**t.model_dump(include={"entrypoint", "cmd", "env"}),
+                     **t.model_dump(by_alias=True, exclude_defaults=True, exclude={"entrypoint", "cmd", "env"})}
+                 for n, t in stack.targets.items()},
         post_install=installed.post_install(stack),
         steps=installed.steps(stack),
         system=system_stages(stack),
+        target_stages=target_stages(stack),
     )

@@ -17,6 +17,7 @@ from stackforge.build.context import build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import lint_or_fail
 from stackforge.build.run import default_target, target_ref
+from stackforge.stack.targets import published
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
 from stackforge.publish.oci import DockerImage
@@ -90,7 +91,7 @@ def publish_stack(
     except BuildFailed as err:
         raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
     target = default_target(stack, target)
-    suffix = "" if target == next(iter(stack.targets)) else f"-{target}"
+    suffix = "" if target == published(stack)[0] else f"-{target}"
     first = tagsmod.publish_ref(stack, str(reg), date, 1)
     repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
     scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(stack, str(reg), d, r).tag + suffix)

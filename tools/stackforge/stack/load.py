@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from stackforge.credentials import remember as remember_credentials
 from stackforge.errors import UserError
 from stackforge.stack import installed
+from stackforge.stack import targets as target_rules
 from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGES, Stack
 from stackforge.stack.yamlsrc import Pos, Refused, load_value, load_with_positions
 from stackforge.urls import Credential, redact_text
@@ -685,6 +686,7 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
                 "declare it under packages:",
             )
     problems += installed.problems(stack, lambda path: _pos_for(path, values, {}, False))
+    problems += target_rules.problems(stack, lambda path: _pos_for(path, values, {}, False))
     return problems
 
 
