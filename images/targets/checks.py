@@ -3,7 +3,7 @@
     python checks.py TARGET CHECKS.json
 
 One line per check (``PASS probe  mooncake result=… target=mooncake``); any FAIL fails the step with a line
-naming the target.
+naming the target. The lines are kept in the image beside CHECKS.json (checks.txt).
 """
 from __future__ import annotations
 
@@ -18,16 +18,19 @@ def main(argv: list[str]) -> int:
     target = argv[1]
     with open(argv[2]) as fh:
         checks = json.load(fh)
-    failed = []
+    failed, lines = [], []
     for probe in checks:
         ok, line = check_probe(probe)
-        print(f"{line} target={target}", flush=True)
+        lines.append(f"{line} target={target}")
+        print(lines[-1], flush=True)
         if not ok:
             failed.append(probe["name"])
     if failed:
         print(f"ERROR: target {target}: check(s) failed: {', '.join(failed)}", flush=True)
         return 1
     print(f"target {target}: {len(checks)} check(s) PASS", flush=True)
+    with open(argv[2][: -len(".json")] + ".txt", "w") as fh:  # the record, beside the checks
+        fh.write("\n".join(lines) + "\n")
     return 0
 
 

@@ -45,16 +45,17 @@ def main(argv: list[str]) -> int:
     for key, value in zip(argv[1::2], argv[2::2]):
         opts.setdefault(key, []).append(value)
     with open(VENDOR) as fh:
-        vendor = [canon(n) for n in json.load(fh)]
+        shown = {canon(n): n for n in json.load(fh)}  # the stack's own spelling of each vendor dist
+    vendor = list(shown)
     now = installed()
-    names = [n for n in vendor if n in now] + [k for k, v in now.items() if v[2].startswith(OWN_WHEELS)]
+    names = [n for n in vendor if n in now] + sorted(k for k, v in now.items() if v[2].startswith(OWN_WHEELS))
     missing = [n for n in vendor if n not in now]
     if missing:
         print(f"ERROR: vendor dists missing before the phase: {', '.join(missing)}", flush=True)
         return 1
     repin = {canon(r.split("==", 1)[0]): r.split("==", 1)[1] for r in opts.get("--repin", [])}
-    pins = {now[n][0]: repin.get(n, now[n][1]) for n in dict.fromkeys(names)}
-    constraints = [f"{now[n][0]}=={now[n][1]}" for n in dict.fromkeys(names) if n not in repin]
+    pins = {shown.get(n, now[n][0]): repin.get(n, now[n][1]) for n in dict.fromkeys(names)}
+    constraints = [f"{shown.get(n, now[n][0])}=={now[n][1]}" for n in dict.fromkeys(names) if n not in repin]
     with open(opts["--out-constraints"][0], "w") as fh:
         fh.write("# every installed vendor dist and the build's own wheels: no phase may replace them\n")
         fh.write("\n".join(constraints) + "\n")
