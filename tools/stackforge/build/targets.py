@@ -151,8 +151,8 @@ def write_context(stack: Stack, stages: list[TargetStage], images: Path, staging
         for ph in st.pip:
             tdir.mkdir(parents=True, exist_ok=True)
             out = reqs.PhaseFiles(ph.key)
-            if trees is None and ph.files:
-                out.requirements = ["# not read: no sources were fetched"]
+            if trees is None:
+                out.requirements = ["# not read: no sources were fetched"] if ph.files else []
             elif ph.files:
                 where = ("targets", st.name, "pip", ph.name)
                 for i, item in enumerate(stack.targets[st.name].pip[ph.name].files):

@@ -17,7 +17,6 @@ from stackforge.build.context import build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import lint_or_fail
 from stackforge.build.run import default_target, target_ref
-from stackforge.stack.targets import published
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
 from stackforge.publish.oci import DockerImage
@@ -26,6 +25,7 @@ from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repos
 from stackforge.publish.scheme import TagScheme, validate_date
 from stackforge.stack import tags as tagsmod
 from stackforge.stack.load import stack_root
+from stackforge.stack.targets import published
 from stackforge.workspace import cache_dir
 
 

@@ -792,6 +792,8 @@ def json_schema() -> dict:
                 strip(value)
 
     strip(schema)
+    packages = schema["$defs"]["SystemLayer"]["properties"]["packages"]  # a bare string is an unpinned package
+    packages["items"] = {"anyOf": [packages["items"], {"type": "string"}]}
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "stackforge stack file"
     return schema

@@ -58,7 +58,11 @@ def published(stack: Stack) -> list[str]:
 
 
 def vendor_names(stack: Stack) -> set[str]:
-    return {canonicalize_name(n) for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"}
+    return {
+        canonicalize_name(n)
+        for n, p in stack.packages.items()
+        if p.index in stack.indexes and stack.indexes[p.index].role == "vendor"
+    }
 
 
 def problems(stack: Stack, pos_for: PosFor) -> list[UserError]:
@@ -91,12 +95,23 @@ def problems(stack: Stack, pos_for: PosFor) -> list[UserError]:
                 continue
             for i, text in enumerate(ph.requirements):
                 if canonicalize_name(Requirement(text).name) not in vendor:
-                    out.append(_error(pos_for, (*where, "requirements", i),
-                                      f"'{text}' re-pins a package no vendor index of the stack provides",
-                                      "repin: true is only for vendor packages; drop it for an ordinary phase"))
+                    out.append(
+                        _error(
+                            pos_for,
+                            (*where, "requirements", i),
+                            f"'{text}' re-pins a package no vendor index of the stack provides",
+                            "repin: true is only for vendor packages; drop it for an ordinary phase",
+                        )
+                    )
     if not out and (found := cycle(stack)):
-        out.append(_error(pos_for, ("targets", found[0], "from"), f"targets build on each other: {' -> '.join(found)}",
-                          "break the cycle: a target builds on the gate or on another target"))
+        out.append(
+            _error(
+                pos_for,
+                ("targets", found[0], "from"),
+                f"targets build on each other: {' -> '.join(found)}",
+                "break the cycle: a target builds on the gate or on another target",
+            )
+        )
     if stack.targets and not published(stack):
         out.append(_error(pos_for, ("targets",), "every target is publish: false", "publish at least one target"))
     return out
