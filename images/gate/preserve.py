@@ -32,6 +32,7 @@ import tempfile
 NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 DEPENDS = re.compile(r"^\s*(\S+) (\S+) depends on (.+)$")
 MISSING = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)")
+REQUESTED = re.compile(r"^\s*The user requested (?!\(constraint\))(\S.*)$")
 
 
 def canon(name: str) -> str:
@@ -101,8 +102,10 @@ def check(pins: dict[str, str], after: dict, items: dict[str, dict], changed: di
 def conflict(output: list[str], pins: dict[str, str]) -> list[str]:
     """pip's "X depends on torch>=2.12" lines that ask a vendor pin for another version."""
     vendor = {canon(n) for n in pins}
+    asked = [f"the phase requests {m.group(1).strip()}" for m in map(REQUESTED.match, output)
+             if m and requirement_name(m.group(1)) in vendor]
     return [f"{m.group(1)} {m.group(2)} depends on {m.group(3).strip()}" for m in map(DEPENDS.match, output)
-            if m and requirement_name(m.group(3)) in vendor]
+            if m and requirement_name(m.group(3)) in vendor] + asked
 
 
 def offline_failure(output: list[str], phase: str, lock: str, stack: str) -> str:

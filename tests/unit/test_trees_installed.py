@@ -97,7 +97,7 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
         "    python -m mate.aot --all\n" in text
     )
     # the upstream carrying the series is exported (and patched) first
-    assert export_order(stack) == ["vllm_musa", "vllm"]
+    assert export_order(stack) == ["vllm_musa", "vllm", "vllm_omni"]
 
 
 def test_a_stack_without_the_keys_renders_as_before(root):

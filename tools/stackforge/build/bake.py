@@ -63,13 +63,14 @@ def target_name(stack: str, target: str) -> str:
 
 
 def stack_targets(stack: Stack, targets: list[str] | None) -> list[str]:
-    """Every target of the stack, or those of ``targets`` it has (none of them: an error with the fix)."""
+    """Every published target of the stack, or those of ``targets`` it has (none of them: an error with the fix)."""
     from stackforge.build.run import default_target
+    from stackforge.stack.targets import published
 
     if not targets:
         default_target(stack, None)  # a stack without targets is an error with a fix
-        return list(stack.targets)
-    chosen = [t for t in targets if t in stack.targets]
+        return published(stack)  # an intermediate target (publish: false) is built only as a parent
+    chosen = [t for t in targets if t in published(stack)]
     return chosen or [default_target(stack, targets[0])]
 
 

@@ -14,11 +14,12 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stackforge.build import artifacts, installed, reqlocks, requirements
+from stackforge.build import artifacts, edits, installed, reqlocks, requirements
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
 from stackforge.build.system import write_context as write_system_context
+from stackforge.build.targets import write_context as write_target_context
 from stackforge.build.render import images_dir, render_dockerfile, requirements_text
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, stack_lock
@@ -111,6 +112,7 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
             raise installed.naming_key(stack, name, err) if up.patches_from else err from None
         digest = overlay.series_hash(patch_dir)
         info.series_hash = digest if digest.startswith("sha256:") else f"sha256:{digest}"
+    info.patches += [f"edit {path}" for path in edits.apply(stack, name, dest)]
     return info
 
 
@@ -188,6 +190,9 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)
+    write_target_context(stack, plan.target_stages, images_dir(root), staging,
+                         {n: staging / "src" / n for n in stack.upstreams} if sources else None,
+                         {i.name: i.pin for i in infos})
     return infos, post_install
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from stackforge.build import artifacts, installed
+from stackforge.build import artifacts, edits, installed
 from stackforge.build.system import SystemStage, system_stages
+from stackforge.build.targets import TargetStage, target_stages
 from stackforge.build.requirements import guarded, requirement_phases
 from stackforge.stack import tags
 from stackforge.stack.load import credentials_of, fingerprint
@@ -71,6 +72,7 @@ class Plan:
     post_install: list[installed.PostInstallPatch] = field(default_factory=list)
     steps: list[installed.Step] = field(default_factory=list)
     system: list[SystemStage] = field(default_factory=list)  # apt layers, each a stage after base
+    target_stages: list[TargetStage] = field(default_factory=list)  # targets, a parent before its children
 
     @property
     def wheel_kernels(self) -> list[KernelStep]:
@@ -193,6 +195,10 @@ def image_labels(
             out[f"{LABEL_NS}.upstream.{uname}"] = f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
     for uname, digest in (series or {}).items():
         out[f"{LABEL_NS}.series.{uname}"] = digest
+    for uname in stack.upstreams:
+        declared = edits.digest(stack, uname)
+        if declared:
+            out[f"{edits.LABEL}.{uname}"] = declared
     out.update(installed.labels(post_install or {}))
     for pname, pkg in stack.packages.items():
         out[f"{LABEL_NS}.pin.{pname}"] = pkg.version
@@ -254,8 +260,11 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         kernels=kernel_steps(stack),
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
-        targets={n: t.model_dump() for n, t in stack.targets.items()},
+        targets={n: {**t.model_dump(include={"entrypoint", "cmd", "env"}),
+                     **t.model_dump(by_alias=True, exclude_defaults=True, exclude={"entrypoint", "cmd", "env"})}
+                 for n, t in stack.targets.items()},
         post_install=installed.post_install(stack),
         steps=installed.steps(stack),
         system=system_stages(stack),
+        target_stages=target_stages(stack),
     )

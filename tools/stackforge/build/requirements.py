@@ -102,8 +102,10 @@ class PhaseFiles:
 
 
 class _Reader:
-    def __init__(self, stack: Stack, name: str, index: int, upstream: str, tree: Path, pin: str, out: PhaseFiles):
+    def __init__(self, stack: Stack, name: str, index: int, upstream: str, tree: Path, pin: str, out: PhaseFiles,
+                 where: tuple = ()):
         self.stack, self.name, self.index, self.upstream = stack, name, index, upstream
+        self.where = where or ("requirements", name)  # the phase's stack key
         self.tree, self.pin, self.out = tree.resolve(), pin, out
         self.vendor = {canonicalize_name(n): stack.packages[n].index for n in vendor_pins(stack)}
         self.open: list[Path] = []
@@ -111,7 +113,7 @@ class _Reader:
 
     @property
     def key(self) -> str:
-        return f"requirements.{self.name}.files[{self.index}]"
+        return f"{'.'.join(self.where)}.files[{self.index}]"
 
     def refuse(self, rel: str, line: int | None, what: str, fix: str) -> UserError:
         return UserError(
@@ -139,7 +141,7 @@ class _Reader:
             if via is None:
                 raise UserError(
                     f"{self.key}: {rel} does not exist in upstream {self.upstream} at {self.pin}",
-                    **position(self.stack, ("requirements", self.name, "files", self.index)).as_error_kwargs(),
+                    **position(self.stack, (*self.where, "files", self.index)).as_error_kwargs(),
                     fix=f"name a file the upstream has at that commit, or move upstreams.{self.upstream}",
                 )
             raise self.refuse(

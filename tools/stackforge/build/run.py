@@ -34,6 +34,7 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.signals import Interrupted
 from stackforge.stack import tags
+from stackforge.stack import targets as target_rules
 from stackforge.stack.load import fingerprint, overrides_of, position, resolved
 from stackforge.stack.model import Stack
 from stackforge.urls import redact_text
@@ -73,17 +74,22 @@ def default_target(stack: Stack, target: str | None) -> str:
         raise UserError(f"stack '{stack.name}' declares no targets", **position(stack, ("name",)).as_error_kwargs(),
                         fix="add targets: {vllm-openai: {entrypoint: [vllm, serve]}}")
     if target is None:
-        return next(iter(stack.targets))
+        return target_rules.published(stack)[0]
     if target not in stack.targets:
         raise UserError(f"stack '{stack.name}' has no target '{target}'", file="--target",
-                        fix=f"use one of: {', '.join(stack.targets)}")
+                        fix=f"use one of: {', '.join(target_rules.published(stack))}")
+    if not stack.targets[target].published:
+        raise UserError(f"target '{target}' of stack '{stack.name}' is publish: false: an intermediate stage, "
+                        "never tagged or published", **position(stack, ("targets", target)).as_error_kwargs(),
+                        fix=f"build a target that builds on it: {', '.join(target_rules.published(stack))}")
     return target
 
 
 def target_ref(stack: Stack, target: str) -> str:
-    """The local reference: the stack's local tag for its first target, `<tag>-<target>` for the others."""
+    """The local reference: the stack's local tag for its first published target, `<tag>-<target>` for the
+    others."""
     ref = tags.local_ref(stack)
-    if target == next(iter(stack.targets)):
+    if target == target_rules.published(stack)[0]:
         return str(ref)
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
 

@@ -21,7 +21,7 @@ from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.stack import tags
 from stackforge.stack.load import position, stack_root
-from stackforge.stack.model import Stack
+from stackforge.stack.model import Stack, SystemLayer
 
 #: The image's evidence of the system layers: resolution lines, then every installed package.
 EVIDENCE = "/stackforge/system/packages.txt"
@@ -53,9 +53,11 @@ def _value(stack: Stack, path: tuple, text: str, check: Callable[[str], str | No
     return out
 
 
-def _source_line(stack: Stack, layer: str, name: str, keys: dict[str, str]) -> str:
-    src = stack.system[layer].sources[name]  # type: ignore[index]
-    path = ("system", layer, "sources", name)
+def _source_line(stack: Stack, layer: str, name: str, keys: dict[str, str], where: tuple = ("system",),
+                 layers: dict[str, SystemLayer] | None = None, full: str | None = None) -> str:
+    full = full or layer
+    src = (layers if layers is not None else stack.system or {})[layer].sources[name]
+    path = (*where, layer, "sources", name)
     if "@" in urlsplit(src.url).netloc:
         raise UserError(f"{'.'.join(path)}.url: an apt source URL cannot carry credentials",
                         **position(stack, (*path, "url")).as_error_kwargs(),
@@ -71,25 +73,28 @@ def _source_line(stack: Stack, layer: str, name: str, keys: dict[str, str]) -> s
                             **position(stack, (*path, "signed_by")).as_error_kwargs(),
                             fix="check the key file into the repository and name it relative to its root")
         suffix = ".asc" if key.suffix == ".asc" else ".gpg"
-        keys[f"system/keys/{layer}/{name}{suffix}"] = str(key)
-        options.append(f"signed-by=/etc/apt/keyrings/stackforge-{layer}/{name}{suffix}")
+        keys[f"system/keys/{full}/{name}{suffix}"] = str(key)
+        options.append(f"signed-by=/etc/apt/keyrings/stackforge-{full}/{name}{suffix}")
     opts = f"[{' '.join(options)}] " if options else ""
     return f"deb {opts}{src.url} {src.suite} {' '.join(src.components)}"
 
 
-def system_stages(stack: Stack) -> list[SystemStage]:
-    """The system layers in stack order, each a stage built on the previous one (the first on ``base``)."""
+def system_stages(stack: Stack, layers: dict[str, SystemLayer] | None = None, at: tuple = ("system",),
+                  parent: str = "base", prefix: str = "") -> list[SystemStage]:
+    """The system layers in stack order, each a stage built on the previous one (the first on ``base``).
+
+    A target's layers (``layers``, at stack key ``at``) start from ``parent`` and are named ``prefix<layer>``."""
     out: list[SystemStage] = []
-    parent = "base"
-    for name, layer in (stack.system or {}).items():
-        base = ("system", name)
+    for short, layer in (stack.system or {} if layers is None else layers).items():
+        name = prefix + short
+        base = (*at, short)
         lines = [f"layer {name}", f"install {layer.install}"]
         if layer.probe:
             lines.append(f"probe {layer.probe}")
         if layer.mirror:
             lines.append(f"mirror {layer.mirror.from_} {layer.mirror.to}")
         keys: dict[str, str] = {}
-        lines += [f"source {_source_line(stack, name, s, keys)}" for s in layer.sources]
+        lines += [f"source {_source_line(stack, short, s, keys, at, layers, name)}" for s in layer.sources]
         for i, pkg in enumerate(layer.packages):
             where = (*base, "packages", i)
             logical = _value(stack, (*where, "name"), pkg.name, grammar.check_apt_name)
@@ -110,7 +115,7 @@ def system_stages(stack: Stack) -> list[SystemStage]:
         for key, value in layer.env.items():
             reason = grammar.bad_char(value)
             if reason:
-                raise UserError(f"system.{name}.env.{key}: contains {reason}",
+                raise UserError(f"{'.'.join(base)}.env.{key}: contains {reason}",
                                 **position(stack, (*base, "env", key)).as_error_kwargs(), fix="one printable line")
         out.append(SystemStage(name, f"system-{name}", parent, layer.install, len(layer.packages), dict(layer.env),
                                ":".join(layer.path), "\n".join(lines) + "\n", keys))
@@ -122,7 +127,8 @@ def write_context(stages: list[SystemStage], images: Path, staging: Path) -> Non
     """The layer scripts, each layer's spec file and its signed-by keys, into the build context."""
     if not stages:
         return
-    shutil.copytree(images / "system", staging / "system", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(images / "system", staging / "system", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                    dirs_exist_ok=True)
     for st in stages:
         atomic_write(staging / "system" / f"{st.name}.spec", st.spec)
         for dest, src in st.keys.items():

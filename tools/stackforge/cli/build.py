@@ -30,7 +30,7 @@ from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 def register(sub) -> None:
     p = sub.add_parser("render", help="write the Dockerfile and build context, print the plan, build nothing")
     p.add_argument("stack")
-    p.add_argument("--target", help="target stage (default: the stack's first target)")
+    p.add_argument("--target", help="target stage (default: the stack's first published target)")
     add_out(p, BUILD_DIR_OUT)
     p.add_argument(
         "--no-sources",
@@ -51,7 +51,7 @@ def register(sub) -> None:
         "the image reference (or, with --json, the build outcome).",
     )
     p.add_argument("stack")
-    p.add_argument("--target", help="target stage (default: the stack's first target)")
+    p.add_argument("--target", help="target stage (default: the stack's first published target)")
     p.add_argument("--load", action="store_true", default=True, help="load the image into the engine (default)")
     p.add_argument("--no-load", dest="load", action="store_false", help="build and gate without loading or tagging")
     p.add_argument("--builder", help="buildx builder to use (a remote or Kubernetes BuildKit works the same)")

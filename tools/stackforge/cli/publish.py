@@ -33,7 +33,7 @@ def register(sub) -> None:
         "(loopback registries are spoken to over plain HTTP)",
     )
     p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
-    p.add_argument("--target", help="target stage (default: the stack's first target)")
+    p.add_argument("--target", help="target stage (default: the stack's first published target)")
     add_out(p, BUILD_DIR_OUT.replace("go here", "are read from (the --out given to `stackforge build`)"))
     p.add_argument(
         "--verify-pull",

@@ -25,6 +25,7 @@ from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repos
 from stackforge.publish.scheme import TagScheme, validate_date
 from stackforge.stack import tags as tagsmod
 from stackforge.stack.load import stack_root
+from stackforge.stack.targets import published
 from stackforge.workspace import cache_dir
 
 
@@ -90,7 +91,7 @@ def publish_stack(
     except BuildFailed as err:
         raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
     target = default_target(stack, target)
-    suffix = "" if target == next(iter(stack.targets)) else f"-{target}"
+    suffix = "" if target == published(stack)[0] else f"-{target}"
     first = tagsmod.publish_ref(stack, str(reg), date, 1)
     repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
     scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(stack, str(reg), d, r).tag + suffix)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from stackforge.credentials import remember as remember_credentials
 from stackforge.errors import UserError
 from stackforge.stack import artifacts, installed
+from stackforge.stack import targets as target_rules
 from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGES, Stack
 from stackforge.stack.yamlsrc import Pos, Refused, load_value, load_with_positions
 from stackforge.urls import Credential, redact_text
@@ -686,6 +687,7 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
             )
     problems += installed.problems(stack, lambda path: _pos_for(path, values, {}, False))
     problems += artifacts.problems(stack, lambda path: _pos_for(path, values, {}, False))
+    problems += target_rules.problems(stack, lambda path: _pos_for(path, values, {}, False))
     return problems
 
 
@@ -791,6 +793,8 @@ def json_schema() -> dict:
                 strip(value)
 
     strip(schema)
+    packages = schema["$defs"]["SystemLayer"]["properties"]["packages"]  # a bare string is an unpinned package
+    packages["items"] = {"anyOf": [packages["items"], {"type": "string"}]}
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "stackforge stack file"
     return schema

@@ -232,6 +232,16 @@ class PatchesFrom(Strict):
     )
 
 
+class SourceEdit(Strict):
+    """An in-place fix of one file of the exported tree: ``old`` must occur exactly once and becomes ``new``."""
+
+    multiline_fields: ClassVar[frozenset[str]] = frozenset({"old", "new"})
+
+    path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(description="file inside the tree")
+    old: str = Field(min_length=1, description="the exact text to replace; it must occur exactly once")
+    new: str = Field(description="the replacement")
+
+
 class Upstream(Strict):
     git: str | None = Field(default=None, description="git URL or local path of the upstream repository")
     tag: Annotated[str, _grammar(grammar.check_git_ref)] | None = Field(
@@ -246,6 +256,11 @@ class Upstream(Strict):
         None,
         description="a patch series carried inside another upstream's tree, read from its export at its pinned "
         "commit and applied on the host like patches:",
+    )
+    edits: list[SourceEdit] = Field(
+        default_factory=list,
+        description="in-place fixes applied on the host after the patch series, each checked to match exactly "
+        "once (a fix that no longer matches the pinned tree fails the build); labelled org.stackforge.edits.<name>",
     )
 
     @field_validator("git")
@@ -579,6 +594,87 @@ class Target(Strict):
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
     env: dict[EnvName, str] = Field(default_factory=dict)
+    # Per-target layers (build/targets.py): a target builds on the gate, or on another target with `from:`.
+    from_: Name | None = Field(
+        None, alias="from", description="the target this one builds on (a child target); default: the gate"
+    )
+    publish: bool | None = Field(
+        None, description="false: an intermediate stage other targets build on; never tagged or published"
+    )
+    workdir: AbsPath | None = Field(None, description="WORKDIR of the target")
+    labels: dict[LabelKey, str] = Field(
+        default_factory=dict, description="labels of this target; values may use {{ … }} like tags"
+    )
+    system: dict[SystemLayerName, SystemLayer] | None = Field(
+        None, description="apt layers of this target, each one apt transaction, as the top-level system:"
+    )
+    sources: dict[Name, AbsPath] = Field(
+        default_factory=dict,
+        description="upstreams (declared under upstreams:) placed in the image: {upstream: absolute path}",
+    )
+    kernels: dict[Name, Kernel] = Field(
+        default_factory=dict,
+        description="wheels built offline from an upstream's tree in their own stage (the toolchain stays out); "
+        "installed --no-deps in this target",
+    )
+    pip: dict[Name, TargetPhase] = Field(
+        default_factory=dict,
+        description="pip phases in order, each with a constraints file generated in the image from every "
+        "installed vendor dist and a preserve check after it",
+    )
+    steps: dict[Name, Step] = Field(
+        default_factory=dict, description="shell lines run after the pip phases (e.g. compileall)"
+    )
+    checks: list[Probe] = Field(
+        default_factory=list, description="probes run in the target's stage; a failure fails the build"
+    )
+
+    @property
+    def alias(self) -> bool:
+        """Only ``from:`` (and ``publish``): the same image as its parent."""
+        own = self.model_fields_set - {"from_", "publish"}
+        return self.from_ is not None and not any(getattr(self, f) for f in own)
+
+    @property
+    def published(self) -> bool:
+        return self.publish is not False
+
+
+def _pep508(text: str) -> str | None:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if text.lstrip().startswith("-") or "://" in text or "\\" in text:
+        return f"{text!r}: options, URLs and paths are refused; name a package and a version specifier"
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
+        return f"{text!r} is not a requirement: {exc}"
+    return f"{text!r}: a direct URL reference is refused" if req.url else None
+
+
+class TargetPhase(Strict):
+    index: Name = Field(description="the one index this phase installs from")
+    requirements: list[Annotated[str, _grammar(_pep508)]] = Field(
+        default_factory=list, description="PEP 508 requirements, e.g. 'numpy>=1.26.4,<2' (no URLs or options)"
+    )
+    files: list[RequirementFile] = Field(
+        default_factory=list, description="requirement files of an upstream, read on the host like requirements:"
+    )
+    no_deps: bool = Field(False, description="install with --no-deps")
+    only_binary: bool = Field(False, description="install wheels only (--only-binary=:all:)")
+    repin: bool = Field(
+        False,
+        description="this phase deliberately installs another version of a vendor package (exact pins only); "
+        "labelled org.stackforge.repin.<dist>, and the preserve check expects the new version",
+    )
+
+    @model_validator(mode="after")
+    def _some(self) -> TargetPhase:
+        if not self.requirements and not self.files:
+            raise ValueError("a phase needs requirements or files")
+        if self.repin and (self.files or not all("==" in r for r in self.requirements)):
+            raise ValueError("repin: true takes exact pins (name==version) under requirements, no files")
+        return self
 
 
 def _templated(check: Callable[[str], str | None]) -> AfterValidator:
@@ -709,6 +805,9 @@ class RequirementsPhase(Strict):
         "tree are followed, every other option is refused, and a package a vendor index provides is dropped",
     )
     no_deps: bool = Field(default=False, description="install with --no-deps")
+
+
+Target.model_rebuild()
 
 
 class Stack(Strict):
