@@ -4,8 +4,8 @@ in-image scripts (images/system/apt-resolve.sh against a fake ``apt-cache``, the
 from __future__ import annotations
 
 import os
-import subprocess
 import re
+import subprocess
 import textwrap
 from pathlib import Path
 
