@@ -114,3 +114,17 @@ def test_every_target_unpublished_is_an_error():
     with pytest.raises(StackInvalid) as exc:
         load_stack("post2", overrides=sets)
     assert any("every target is publish: false" in e for e in errors(exc.value))
+
+
+def test_target_env_is_rendered_from_the_platform(tmp_path):
+    """The final image keeps the GPU architecture variables the plugin's JIT reads, derived from platform.gpu_arch."""
+    root = make_root(tmp_path)
+    for arch, torch_arch, mate_arch in ((["mp_31"], "31", "3.1"), (["mp_22", "mp_31"], "22,31", "2.2,3.1")):
+        stack = load_stack("post2", root, [f"platform.gpu_arch=[{', '.join(arch)}]"])
+        (final,) = [t for t in make_plan(stack).target_stages if t.name == "final"]
+        assert final.env == {
+            "MTHREADS_VISIBLE_DEVICES": "all",
+            "MTGPU_TARGET": ",".join(arch),
+            "TORCH_MUSA_ARCH_LIST": torch_arch,
+            "MATE_MUSA_ARCH_LIST": mate_arch,
+        }

@@ -126,7 +126,7 @@ def target_stages(stack: Stack) -> list[TargetStage]:
             for key, value in step.env.items()}}, step.run) for sname, step in t.steps.items()]
         out.append(TargetStage(
             name=tname, parent=t.from_ or "gate", root=t.from_ is None, alias=t.alias, publish=t.published,
-            labels=labels, env=dict(t.env), workdir=t.workdir, entrypoint=t.entrypoint, cmd=t.cmd,
+            labels=labels, env={k: tags.render_template(stack, v, (*base, "env", k)) for k, v in t.env.items()}, workdir=t.workdir, entrypoint=t.entrypoint, cmd=t.cmd,
             system=system_stages(stack, t.system or {}, (*base, "system"), t.from_ or "gate", f"{tname}."),
             sources=dict(t.sources), upstream_pins={u: _pin(stack, u) for u in t.sources},
             kernels=kernels, pip=phases, steps=steps, checks=[c.model_dump() for c in t.checks]))
