@@ -47,11 +47,20 @@ def test_every_vendor_pin_is_preserved_after_every_phase(post2, standins):
             current = blocks.setdefault(line.split()[3], [])
         else:
             current.append(line)
-    assert list(blocks) == PHASES
-    for phase, lines in blocks.items():
-        assert lines == [f"PASS preserve {n} version={v}" for n, v in pins.items()] + [
+    # The stack's phases, then the target's (mooncake is in every published target's chain): the inventory
+    # is rewritten after a target's phases, so the evidence describes the image that was tagged.
+    assert list(blocks) == [*PHASES, "mooncake/mooncake"]
+    for phase in PHASES:
+        assert blocks[phase] == [f"PASS preserve {n} version={v}" for n, v in pins.items()] + [
             f"preserve result: 16 PASS, 0 FAIL after phase {phase}"
         ]
+    target = blocks["mooncake/mooncake"]
+    assert [f"PASS preserve {n} version={v}" for n, v in pins.items()] == target[:16]
+    assert target[16:] == [
+        "PASS preserve vllm version=0.28.0",
+        "PASS preserve vllm_musa version=0.1.24",
+        "preserve result: 18 PASS, 0 FAIL after phase mooncake/mooncake",
+    ]
     assert "PASS preserve torch version=2.11.0.post2+musa5.2.0" in text
 
 
@@ -94,6 +103,34 @@ def test_inventory_names_each_dist_with_its_index_and_archive_hash(post2, standi
     proc = mb.stackforge("diff", "--inventory", str(post2.evidence), post2.image)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["0 added, 0 removed, 0 changed"]
+
+
+def test_an_image_stackforge_did_not_build_is_compared_by_what_it_has_installed(post2):
+    """The migration check: a build's inventory against an image without /stackforge/inventory.json (built
+    from the fork's Dockerfile, say). Here: the post2 image with its inventory removed."""
+    name = "stackforge-test-foreign-inventory"
+    ref = "stackforge-test/foreign:inventory"
+    mb.docker("rm", "-f", name, check=False)
+    mb.docker("run", "--name", name, "--entrypoint", "rm", post2.image, "/stackforge/inventory.json")
+    try:
+        mb.docker("commit", name, ref)
+    finally:
+        mb.docker("rm", "-f", name, check=False)
+    try:
+        proc = mb.stackforge("diff", "--inventory", str(post2.evidence), ref, "--json")
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(proc.stdout)
+        assert data["added"] == [] and data["removed"] == []
+        # Same distributions and versions; without pip's records the foreign side names no index or hash.
+        assert data["changed"] and all(c["before"]["version"] == c["after"]["version"] for c in data["changed"])
+        torch = next(c for c in data["changed"] if c["name"] == "torch")
+        assert torch["before"]["index"] == "mthreads" and torch["after"] == {
+            "version": torch["before"]["version"],
+            "index": None,
+            "sha256": None,
+        }
+    finally:
+        mb.docker("rmi", ref, check=False)
 
 
 def test_a_requirement_file_missing_at_the_pinned_commit_fails_before_the_engine(post2, standins):

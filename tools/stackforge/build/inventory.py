@@ -58,13 +58,31 @@ def load(spec: str, engine=None) -> dict:
         from stackforge.build.engine import Engine
 
         engine = Engine()
-    data = from_image(engine, spec)
-    if data is None:
+    if not engine.image_exists(spec):
         raise UserError(
-            f"{spec}: neither an evidence directory nor a local image with {IMAGE_PATH}",
-            fix="pass build/<stack>/evidence or an image built by stackforge",
+            f"{spec}: neither an evidence directory nor a local image",
+            fix="pass build/<stack>/evidence, an inventory.json, or an image in the local engine",
         )
-    return data
+    data = from_image(engine, spec)
+    return data if data is not None else taken_from(engine, spec)
+
+
+def taken_from(engine, ref: str) -> dict:
+    """The inventory of an image stackforge did not build (e.g. one built from the fork's Dockerfile): the
+    same in-image script, run over what is installed; without pip's records no row names its index."""
+    from stackforge.build.render import images_dir
+
+    script = images_dir() / "gate" / "inventory.py"
+    probe = (
+        'py="$(command -v python3 || command -v python)" && "$py" /stackforge-inventory/inventory.py '
+        "/nonexistent /tmp/stackforge-inventory.json >/dev/null && cat /tmp/stackforge-inventory.json"
+    )
+    proc = engine.cli("run", "--rm", "--network=none", "-v", f"{script.parent}:/stackforge-inventory:ro",
+                      "--entrypoint", "sh", ref, "-c", probe, timeout=300)
+    if proc.returncode != 0:
+        raise UserError(f"{ref}: could not list its installed distributions: {(proc.stderr or proc.stdout).strip()}",
+                        fix="the image needs a Python with importlib.metadata (3.8 or newer) on PATH")
+    return json.loads(proc.stdout)
 
 
 @dataclass
