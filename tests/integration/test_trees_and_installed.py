@@ -122,6 +122,17 @@ def test_in_tree_series_hash_is_labelled(kern, world):
     assert vllm["series_hash"] == f"sha256:{series_hash(tree)}"
 
 
+def test_an_in_tree_series_taken_in_file_name_order_builds_the_same_tree(kern, standins, world):
+    """order: name (the carrier keeps no series file) applies the same patches: same series hash, same image."""
+    by_name = build(standins, world, "kern", "upstreams.vllm.patches_from.order=name", label="by-name")
+    assert by_name.ok, by_name.describe()
+    assert (
+        mb.labels_of(by_name.image)["org.stackforge.series.vllm"]
+        == mb.labels_of(kern.image)["org.stackforge.series.vllm"]
+    )
+    assert not (by_name.out / "context" / ".series").exists()  # written for the export only
+
+
 def test_post_install_patch_applied_when_the_version_matches_and_skipped_otherwise(kern, world):
     root, _ = world
     labels = mb.labels_of(kern.image)

@@ -176,6 +176,25 @@ def test_in_tree_series_directory_missing_or_escaping_names_the_key(root, tmp_pa
         in_tree_series(stack, "vllm", src)
 
 
+def test_a_series_without_a_series_file_is_taken_in_file_name_order(root, tmp_path):
+    """vllm-musa keeps vLLM's series as vllm_musa/patches/series/*.patch, ordered by name (no series file)."""
+    stack = load_stack("kern", root=root, overrides=["upstreams.vllm.patches_from.order=name"])
+    src = tmp_path / "src"
+    carrier = src / "vllm_musa" / "patches" / "vllm"
+    carrier.mkdir(parents=True)
+    for name in ("0002-B.patch", "0010-C.patch", "0001-A.patch", "README.md"):
+        (carrier / name).write_text(f"{name}\n")
+    found = in_tree_series(stack, "vllm", src)
+    assert found == src.parent / ".series" / "vllm"
+    listed = [l for l in (found / "series").read_text().splitlines() if not l.startswith("#")]
+    assert listed == ["0001-A.patch", "0002-B.patch", "0010-C.patch"]
+    assert sorted(p.name for p in carrier.iterdir()) == ["0001-A.patch", "0002-B.patch", "0010-C.patch", "README.md"]
+    for p in carrier.glob("*.patch"):
+        p.unlink()
+    with pytest.raises(UserError, match=r"upstreams.vllm.patches_from.path: no \*.patch files in vllm"):
+        in_tree_series(stack, "vllm", src)
+
+
 # --------------------------------------------------------------------------- images/installed/post_install.py
 
 

@@ -112,6 +112,8 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
             raise installed.naming_key(stack, name, err) if up.patches_from else err from None
         digest = overlay.series_hash(patch_dir)
         info.series_hash = digest if digest.startswith("sha256:") else f"sha256:{digest}"
+        if patch_dir.parent.name == ".series":  # a series listed by file name: written for this export only
+            shutil.rmtree(patch_dir.parent)
     info.patches += [f"edit {path}" for path in edits.apply(stack, name, dest)]
     return info
 

@@ -106,6 +106,8 @@ def in_tree_series(stack: Stack, name: str, src_root: Path) -> Path:
     if not found.resolve().is_relative_to(tree) or found.is_symlink():
         raise UserError(f"upstreams.{name}.patches_from.path: {src.path} leaves {src.upstream}'s tree",
                         **position(stack, key).as_error_kwargs(), fix="name a directory inside the tree")
+    if src.order == "name" and found.is_dir():
+        return _series_by_name(stack, name, found, src_root.parent / ".series" / name)
     if not (found / "series").is_file():
         what = "has no series file" if found.is_dir() else "does not exist"
         raise UserError(f"upstreams.{name}.patches_from.path: {src.path} {what} in {src.upstream} at {at}",
@@ -117,6 +119,30 @@ def in_tree_series(stack: Stack, name: str, src_root: Path) -> Path:
                             f"{src.upstream}'s tree", **position(stack, key).as_error_kwargs(),
                             fix="the series must be files of the upstream")
     return found
+
+
+def _series_by_name(stack: Stack, name: str, found: Path, out: Path) -> Path:
+    """A series directory beside the exported trees listing every regular ``*.patch`` of ``found`` in file-name
+    order (the carrier's tree is left as exported); a directory without patches is an error naming the key."""
+    tree = found.parent.resolve()
+    patches = sorted(p for p in found.iterdir() if p.name.endswith(".patch") and not p.is_symlink() and p.is_file())
+    for p in found.iterdir():
+        if p.is_symlink() and not p.resolve().is_relative_to(tree):
+            raise UserError(f"upstreams.{name}.patches_from.path: {p.name} points outside the tree",
+                            **position(stack, ("upstreams", name, "patches_from", "path")).as_error_kwargs(),
+                            fix="the series must be files of the upstream")
+    if not patches:
+        raise UserError(f"upstreams.{name}.patches_from.path: no *.patch files in {found.name}",
+                        **position(stack, ("upstreams", name, "patches_from", "path")).as_error_kwargs(),
+                        fix="name the directory that holds the patches, or use order: series with a series file")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for p in patches:
+        shutil.copyfile(p, out / p.name)
+    header = f"# generated: every *.patch of {found.name}, in file-name order (patches_from.order: name)\n"
+    (out / "series").write_text(header + "".join(f"{p.name}\n" for p in patches))
+    return out
 
 
 def naming_key(stack: Stack, name: str, err: UserError) -> UserError:

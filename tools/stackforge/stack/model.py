@@ -230,6 +230,12 @@ class PatchesFrom(Strict):
     path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
         description="the series directory inside that tree (a `series` file and its patches), e.g. patches/vllm"
     )
+    order: Literal["series", "name"] = Field(
+        "series",
+        description="series: the directory's `series` file lists the patches in order; name: every *.patch of "
+        "the directory, in file-name order (a carrier that keeps no series file, e.g. vllm-musa's "
+        "vllm_musa/patches/series)",
+    )
 
 
 class SourceEdit(Strict):
