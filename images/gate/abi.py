@@ -10,6 +10,7 @@ no resolver guards its ABI, so this check is the only one that does.
 Reads gate.json (``abi`` section); prints one line per .so; exits 1 on any FAIL.
 Standard library only.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -81,8 +82,10 @@ def check_dist(name: str, env: dict) -> tuple[list[str], int]:
             continue
         if host is not None and machine != host:
             failed += 1
-            lines.append(f"FAIL abi   {name:<{WIDTH}} {so.name} is built for {machine_name(machine)}, "
-                         f"this image runs {machine_name(host)}")
+            lines.append(
+                f"FAIL abi   {name:<{WIDTH}} {so.name} is built for {machine_name(machine)}, "
+                f"this image runs {machine_name(host)}"
+            )
             continue
         proc = subprocess.run(["ldd", str(so)], capture_output=True, text=True, env=env)
         text = proc.stdout + proc.stderr
@@ -97,8 +100,10 @@ def check_dist(name: str, env: dict) -> tuple[list[str], int]:
         # Where each library was found (or not): the evidence a reviewer would otherwise run ldd for.
         lines += [f"    {lib} => {path}" for lib, path in resolved] + [f"    {lib} => not found" for lib in missing]
     if objects and not dist.requires:
-        lines.append(f"WARN abi   {name:<{WIDTH}} compiled ({len(objects)} .so) and declares no Requires-Dist: "
-                     "no resolver guards its ABI")
+        lines.append(
+            f"WARN abi   {name:<{WIDTH}} compiled ({len(objects)} .so) and declares no Requires-Dist: "
+            "no resolver guards its ABI"
+        )
     return lines, failed
 
 

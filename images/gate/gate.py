@@ -25,6 +25,7 @@ site-packages is mounted read-only, prefixing each line with ``read-only:``.
 Prints one line per check (``PASS import torch      version=…``), then a
 summary, and exits 1 on any FAIL. Standard library only: it runs in any image.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,9 +54,21 @@ class WriteAudit:
     """Records attempts to change anything under site-packages (an audit hook cannot be removed,
     so it is installed once and switched by ``who``)."""
 
-    EVENTS = {"os.symlink": (1,), "os.link": (1,), "os.mkdir": (0,), "os.rename": (0, 1), "os.replace": (0, 1),
-              "os.remove": (0,), "os.rmdir": (0,), "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,),
-              "shutil.copyfile": (1,), "shutil.copytree": (1,), "shutil.rmtree": (0,)}
+    EVENTS = {
+        "os.symlink": (1,),
+        "os.link": (1,),
+        "os.mkdir": (0,),
+        "os.rename": (0, 1),
+        "os.replace": (0, 1),
+        "os.remove": (0,),
+        "os.rmdir": (0,),
+        "os.truncate": (0,),
+        "os.chmod": (0,),
+        "os.chown": (0,),
+        "shutil.copyfile": (1,),
+        "shutil.copytree": (1,),
+        "shutil.rmtree": (0,),
+    }
     WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
     def __init__(self, roots: list[str]):
@@ -84,7 +97,9 @@ class WriteAudit:
             return
         if event == "open":
             path, mode, flags = (list(args) + [None, None, 0])[:3]
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & self.WRITE_FLAGS)
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
+                (flags or 0) & self.WRITE_FLAGS
+            )
             hits = [path] if writing else []
         elif event in self.EVENTS:
             hits = [args[i] for i in self.EVENTS[event] if i < len(args)]
@@ -116,12 +131,14 @@ def _audited(who: str, fn, *args):
 
 def write_failures() -> list[str]:
     lines = []
-    for who, writes in (AUDIT.writes.items() if AUDIT else []):
+    for who, writes in AUDIT.writes.items() if AUDIT else []:
         seen = list(dict.fromkeys(writes))
         shown = ", ".join(f"{path} ({event})" for path, event in seen[:SHOWN_WRITES])
         more = f" and {len(seen) - SHOWN_WRITES} more" if len(seen) > SHOWN_WRITES else ""
-        lines.append(f"FAIL write  {who:<{WIDTH}} wrote into site-packages at import: {shown}{more}"
-                     " — on a read-only root these are lost; create them at build time (gate.prepare)")
+        lines.append(
+            f"FAIL write  {who:<{WIDTH}} wrote into site-packages at import: {shown}{more}"
+            " — on a read-only root these are lost; create them at build time (gate.prepare)"
+        )
     return lines
 
 
@@ -228,8 +245,10 @@ def _at_least(found: str, minimum: str) -> bool:
             from pip._vendor.packaging.version import Version  # type: ignore[no-redef]
         return Version(found) >= Version(minimum)
     except Exception:  # noqa: BLE001 - not PEP 440: compare the leading numbers
+
         def release(text):
             return tuple(int(x) for x in re.match(r"\d+(?:\.\d+)*", text).group().split("."))
+
         return release(found) >= release(minimum)
 
 
@@ -260,12 +279,18 @@ def post_install_lines(report: str) -> list[str]:
     except OSError as exc:
         return [f"FAIL patch  post-install report {report} is missing: {_err(exc)}"]
     return [line for line in text.splitlines() if line.strip()]
+
+
 def check_pip() -> list[tuple[bool, str]]:
     """``pip check``: one PASS line, or a FAIL line per broken requirement pip reports."""
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
-                          env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "check"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1"},
+    )
     lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode == 0:
         return [(True, f"PASS pip    {'check':<{WIDTH}} {lines[-1] if lines else 'no broken requirements'}")]
@@ -279,8 +304,9 @@ def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
     failed = passed = 0
     prefix = "read-only: " if read_only else ""
     checks = [(check_python, spec["python"], "python")] if "python" in spec and not read_only else []
-    checks += ([(check_package, p, p["name"]) for p in spec.get("packages", [])]
-              + [(check_import, i, i["module"]) for i in spec.get("imports", [])])
+    checks += [(check_package, p, p["name"]) for p in spec.get("packages", [])] + [
+        (check_import, i, i["module"]) for i in spec.get("imports", [])
+    ]
     if not read_only:
         checks += [(check_probe, p, f"probe {p['name']}") for p in spec.get("probes", [])]
         checks += [(check_requires, r, f"requires {r['name']}") for r in spec.get("requires", [])]
@@ -294,7 +320,7 @@ def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
         print(line, file=out, flush=True)
         passed += line.startswith("PASS")
         failed += not line.startswith("PASS")
-    for ok, line in (check_pip() if spec.get("pip_check") and not read_only else []):
+    for ok, line in check_pip() if spec.get("pip_check") and not read_only else []:
         print(prefix + line, file=out, flush=True)
         passed += ok
         failed += not ok

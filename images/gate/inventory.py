@@ -7,6 +7,7 @@ version, also the phase, the index it came from and the archive's URL and sha256
 the per-phase records preserve.py wrote, later phases winning). Distributions no phase installed (the
 venv's own pip, wheels built in the image) have ``index: null``. The phases' preserve lines are kept too.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -42,13 +43,29 @@ def inventory(records: list[dict], dists: list[tuple[str, str]]) -> dict:
         came = origin.get(canon(name))
         if came is not None and came.get("version") != version:
             came = None  # installed by a phase, then replaced by something no record saw
-        rows.append({"name": name, "version": version,
-                     "index": came["index"] if came else None, "phase": came["phase"] if came else None,
-                     "url": came.get("url") if came else None, "sha256": came.get("sha256") if came else None})
-    return {"dists": rows,
-            "phases": [{"phase": r["phase"], "key": r.get("key"), "index": r["index"],
-                        "installed": sorted(i.get("name") or "" for i in r.get("installed", [])),
-                        "preserve": r.get("preserve", [])} for r in records]}
+        rows.append(
+            {
+                "name": name,
+                "version": version,
+                "index": came["index"] if came else None,
+                "phase": came["phase"] if came else None,
+                "url": came.get("url") if came else None,
+                "sha256": came.get("sha256") if came else None,
+            }
+        )
+    return {
+        "dists": rows,
+        "phases": [
+            {
+                "phase": r["phase"],
+                "key": r.get("key"),
+                "index": r["index"],
+                "installed": sorted(i.get("name") or "" for i in r.get("installed", [])),
+                "preserve": r.get("preserve", []),
+            }
+            for r in records
+        ],
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -61,8 +78,7 @@ def main(argv: list[str]) -> int:
     with open(argv[2], "w") as fh:
         json.dump(data, fh, indent=2)
         fh.write("\n")
-    print(f"inventory: {len(data['dists'])} distributions, "
-          f"{sum(1 for d in data['dists'] if d['index'])} from an index")
+    print(f"inventory: {len(data['dists'])} distributions, {sum(1 for d in data['dists'] if d['index'])} from an index")
     return 0
 
 

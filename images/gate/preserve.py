@@ -18,6 +18,7 @@ failure adds one line naming what the lock lacks, the lock and ``stackforge lock
 
 Exit status: pip's on failure, 1 when a vendor pin drifted, else 0.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -66,8 +67,12 @@ def report_items(report: dict) -> dict[str, dict]:
         if not sha and str(archive.get("hash", "")).startswith("sha256="):
             sha = archive["hash"].split("=", 1)[1]
         items[canon(meta.get("name", ""))] = {
-            "name": meta.get("name"), "version": meta.get("version"), "url": info.get("url"), "sha256": sha,
-            "requested": bool(item.get("requested")), "requires_dist": list(meta.get("requires_dist") or []),
+            "name": meta.get("name"),
+            "version": meta.get("version"),
+            "url": info.get("url"),
+            "sha256": sha,
+            "requested": bool(item.get("requested")),
+            "requires_dist": list(meta.get("requires_dist") or []),
         }
     return items
 
@@ -77,11 +82,20 @@ def pulled_in_by(package: str, items: dict[str, dict], changed: dict[str, tuple[
     key = canon(package)
     if items.get(key, {}).get("requested"):
         return "the phase's own requirements"
-    who = [f"{i['name']} {i['version']} (requires {r})" for i in items.values() for r in i["requires_dist"]
-           if requirement_name(r) == key]
+    who = [
+        f"{i['name']} {i['version']} (requires {r})"
+        for i in items.values()
+        for r in i["requires_dist"]
+        if requirement_name(r) == key
+    ]
     if not who:
-        who = [f"{name} {version} (requires {r})" for k, (name, version, reqs) in changed.items() if k != key
-               for r in reqs if requirement_name(r) == key]
+        who = [
+            f"{name} {version} (requires {r})"
+            for k, (name, version, reqs) in changed.items()
+            if k != key
+            for r in reqs
+            if requirement_name(r) == key
+        ]
     return ", ".join(who) if who else "unknown (no installed dist of this phase requires it)"
 
 
@@ -94,27 +108,37 @@ def check(pins: dict[str, str], after: dict, items: dict[str, dict], changed: di
             lines.append(f"PASS preserve {name} version={want}")
             continue
         seen = found[1] if found else "not-installed"
-        lines.append(f"FAIL preserve {name} expected={want} found={seen} phase={phase} "
-                     f"pulled-in-by={pulled_in_by(name, items, changed)}")
+        lines.append(
+            f"FAIL preserve {name} expected={want} found={seen} phase={phase} "
+            f"pulled-in-by={pulled_in_by(name, items, changed)}"
+        )
     return lines
 
 
 def conflict(output: list[str], pins: dict[str, str]) -> list[str]:
     """pip's "X depends on torch>=2.12" lines that ask a vendor pin for another version."""
     vendor = {canon(n) for n in pins}
-    asked = [f"the phase requests {m.group(1).strip()}" for m in map(REQUESTED.match, output)
-             if m and requirement_name(m.group(1)) in vendor]
-    return [f"{m.group(1)} {m.group(2)} depends on {m.group(3).strip()}" for m in map(DEPENDS.match, output)
-            if m and requirement_name(m.group(3)) in vendor] + asked
+    asked = [
+        f"the phase requests {m.group(1).strip()}"
+        for m in map(REQUESTED.match, output)
+        if m and requirement_name(m.group(1)) in vendor
+    ]
+    return [
+        f"{m.group(1)} {m.group(2)} depends on {m.group(3).strip()}"
+        for m in map(DEPENDS.match, output)
+        if m and requirement_name(m.group(3)) in vendor
+    ] + asked
 
 
 def offline_failure(output: list[str], phase: str, lock: str, stack: str) -> str:
     """Why a phase run with --no-index failed: its lock lacks what its requirement files need."""
     missing = sorted({m.group(1) for m in map(MISSING.search, output) if m})
     what = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not" if missing else "something is not"
-    return (f"ERROR: pip phase {phase} runs --no-index: its requirement files must be satisfied by what {lock} "
-            f"installed with --require-hashes, and {what} (the lock is incomplete or stale; nothing is fetched "
-            f"from the index instead): run: stackforge lock {stack}")
+    return (
+        f"ERROR: pip phase {phase} runs --no-index: its requirement files must be satisfied by what {lock} "
+        f"installed with --require-hashes, and {what} (the lock is incomplete or stale; nothing is fetched "
+        f"from the index instead): run: stackforge lock {stack}"
+    )
 
 
 def pip_has_report(argv: list[str]) -> bool:
@@ -142,12 +166,14 @@ def run_pip(argv: list[str], report: str | None) -> tuple[int, list[str]]:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv:
-        print("usage: preserve.py --phase NAME --key KEY --index INDEX --record OUT.json [--pins F] -- pip …",
-              file=sys.stderr)
+        print(
+            "usage: preserve.py --phase NAME --key KEY --index INDEX --record OUT.json [--pins F] -- pip …",
+            file=sys.stderr,
+        )
         return 2
     split = argv.index("--")
     opts = dict(zip(argv[1:split:2], argv[2:split:2]))
-    command = argv[split + 1:]
+    command = argv[split + 1 :]
     phase, key, index = opts["--phase"], opts["--key"], opts["--index"]
     with open(opts.get("--pins", "/stackforge/deps/vendor-pins.json")) as fh:
         pins: dict[str, str] = json.load(fh)
@@ -157,8 +183,11 @@ def main(argv: list[str]) -> int:
         rc, output = run_pip(command, report_path)
         if rc != 0:
             why = conflict(output, pins)
-            what = (f"would replace a vendor pin (the constraints hold them): {'; '.join(why)}" if why
-                    else f"failed (pip exit {rc}; its message is above)")
+            what = (
+                f"would replace a vendor pin (the constraints hold them): {'; '.join(why)}"
+                if why
+                else f"failed (pip exit {rc}; its message is above)"
+            )
             print(f"ERROR: pip phase {phase} (stack key {key}) {what}", flush=True)
             if "--lock" in opts:
                 print(offline_failure(output, phase, opts["--lock"], opts.get("--stack", "STACK")), flush=True)
@@ -176,8 +205,10 @@ def main(argv: list[str]) -> int:
     for line in lines:
         print(line, flush=True)
     if not items:  # no report (an old pip): what changed, from the metadata
-        items = {k: {"name": n, "version": v, "url": None, "sha256": None, "requested": False, "requires_dist": r}
-                 for k, (n, v, r) in changed.items()}
+        items = {
+            k: {"name": n, "version": v, "url": None, "sha256": None, "requested": False, "requires_dist": r}
+            for k, (n, v, r) in changed.items()
+        }
     record = {"phase": phase, "key": key, "index": index, "installed": list(items.values()), "preserve": lines}
     os.makedirs(os.path.dirname(opts["--record"]) or ".", exist_ok=True)
     with open(opts["--record"], "w") as fh:
@@ -185,8 +216,11 @@ def main(argv: list[str]) -> int:
     if failed:
         for line in failed:
             name = line.split()[2]
-            print(f"ERROR: pip phase {phase} (stack key {key}) replaced the vendor pin {name}=={pins[name]}: "
-                  f"{line.split(' pulled-in-by=', 1)[1]}", flush=True)
+            print(
+                f"ERROR: pip phase {phase} (stack key {key}) replaced the vendor pin {name}=={pins[name]}: "
+                f"{line.split(' pulled-in-by=', 1)[1]}",
+                flush=True,
+            )
         return 1
     return 0
 

@@ -91,10 +91,10 @@ def apply_hunks(path: str, content: list[str], hunks) -> list[str]:
     for n, (start, old, new) in enumerate(hunks, start=1):
         at = max(start - 1 + shift, 0) if old else start + shift
         candidates = [at] + [at + d for r in range(1, len(out) + 1) for d in (-r, r)]
-        hit = next((c for c in candidates if 0 <= c <= len(out) - len(old) and out[c:c + len(old)] == old), None)
+        hit = next((c for c in candidates if 0 <= c <= len(out) - len(old) and out[c : c + len(old)] == old), None)
         if hit is None:
             raise PatchError(f"hunk {n} of {path} does not apply (at line {start})")
-        out[hit:hit + len(old)] = new
+        out[hit : hit + len(old)] = new
         shift += len(new) - len(old) + (hit - at)
     return out
 
@@ -103,7 +103,7 @@ def apply(patch: Path, site: Path) -> list[str]:
     """Apply ``patch`` under ``site``: every file checked first, then written. The paths changed."""
     changes = {}
     for rel, hunks in parse(patch.read_text()):
-        target = (site / rel)
+        target = site / rel
         if ".." in Path(rel).parts or not str(target.resolve()).startswith(str(site.resolve()) + os.sep):
             raise PatchError(f"{rel} is outside site-packages")
         creating = all(not old for _, old, _ in hunks) and not target.exists()
@@ -135,8 +135,10 @@ def run(spec: list[dict], base: Path, site: Path) -> tuple[int, list[str]]:
             continue
         state = "applied" if matches(version, spec_text) else "skipped"
         if state != entry["expect"]:
-            lines.append(f"FAIL patch  {dist} {key}: installed {version} is {state} by {spec_text}, "
-                         f"but the stack's pin is {entry['expect']}")
+            lines.append(
+                f"FAIL patch  {dist} {key}: installed {version} is {state} by {spec_text}, "
+                f"but the stack's pin is {entry['expect']}"
+            )
             failed += 1
             continue
         if state == "skipped":
@@ -148,8 +150,9 @@ def run(spec: list[dict], base: Path, site: Path) -> tuple[int, list[str]]:
             lines.append(f"FAIL patch  {dist} {key}: {entry['patch']} does not apply: {exc}")
             failed += 1
             continue
-        lines.append(f"PASS patch  {dist} applied version={version} ({spec_text}) sha256={digest} "
-                     f"files={','.join(changed)}")
+        lines.append(
+            f"PASS patch  {dist} applied version={version} ({spec_text}) sha256={digest} files={','.join(changed)}"
+        )
     return failed, lines
 
 

@@ -5,6 +5,7 @@
 One line per check (``PASS probe  mooncake result=… target=mooncake``); any FAIL fails the step with a line
 naming the target. The lines are kept in the image beside CHECKS.json (checks.txt).
 """
+
 from __future__ import annotations
 
 import json

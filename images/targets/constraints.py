@@ -7,6 +7,7 @@ build installed from its own wheels (/stackforge/wheels: vllm, the platform plug
 ``name==installed version``: what the parent image holds, re-pins of earlier phases included. A ``--repin``
 of this phase replaces its dist's expected version in the pins and leaves it out of the constraints.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md

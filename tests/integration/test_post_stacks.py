@@ -270,7 +270,12 @@ def test_post2_installs_the_rust_frontend_and_tool_parser_built_by_the_vllm_rs_k
     )
     assert proc.stdout.strip().splitlines()[-1] == f"rust {SITE}/vllm/vllm-rs", proc
     assert "PASS probe  vllm-rs result=vllm/vllm-rs is a file" in post2.evidence_lines("gate.txt")
-    assert re.search(r"installed kernels\.vllm_rs\.files\.vllm/vllm-rs: \S+/vllm/vllm-rs mode=0755 sha256=", post2.log)
+    installed = mb.docker(
+        "run", "--rm", "--network=none", "--entrypoint", "cat", post2.image, "/stackforge/kernels/files.txt"
+    ).stdout
+    assert re.search(
+        r"^installed kernels\.vllm_rs\.files\.vllm/vllm-rs: \S+/vllm/vllm-rs mode=0755 sha256=", installed, re.M
+    )
     # The toolchain (protoc, cargo, the fetched crates) stayed in the kernel's stages.
     proc = in_image(post2.image, "command -v cargo || command -v rustc || command -v protoc || ls /usr/local/cargo")
     assert proc.returncode != 0 and proc.stdout == "", proc
