@@ -92,11 +92,13 @@ def resolve(
 
 
 def for_index(stack, index_name: str) -> Credential | None:
-    """The credential of the stack's index ``index_name``."""
-    from stackforge.stack.load import credentials_of  # stack.load imports this module
+    """The credential of the index ``index_name`` of a stack (a ``LoadedStack``, or a model read by the loader)."""
+    from stackforge.stack.load import LoadedStack, credentials_of  # stack.load imports this module
 
-    idx = stack.indexes[index_name]
-    return resolve(idx.url, index_name, credentials_of(stack).get(index_name), remembered=False)
+    model, found = (
+        (stack.model, stack.credentials) if isinstance(stack, LoadedStack) else (stack, credentials_of(stack))
+    )
+    return resolve(model.indexes[index_name].url, index_name, found.get(index_name), remembered=False)
 
 
 def for_url(url: str) -> Credential | None:

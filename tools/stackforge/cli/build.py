@@ -6,7 +6,6 @@ import sys
 from dataclasses import asdict
 
 from stackforge.build.context import build_dir_for
-from stackforge.build.engine import Engine
 from stackforge.build.gate import run_gate
 from stackforge.build.plan import LABEL_NS
 from stackforge.build.run import (
@@ -23,6 +22,7 @@ from stackforge.cli.options import (
     add_set,
     load,
     print_json,
+    workspace_of,
 )
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
@@ -110,10 +110,13 @@ def add_wait(p) -> None:
 
 
 def cmd_render(args) -> int:
-    stack = load(args, args.stack)
+    loaded, ws = load(args, args.stack), workspace_of(args)
+    stack = loaded.model
     target = default_target(stack, args.target)
-    with stack_lock(build_dir_for(stack, args.out), timeout=args.lock_timeout):
-        prepared = prepare(stack, Engine(), out=args.out, sources=not args.no_sources, syntax=args.syntax)
+    with stack_lock(build_dir_for(loaded, args.out), timeout=args.lock_timeout):
+        prepared = prepare(
+            loaded, ws.engine, out=args.out, sources=not args.no_sources, syntax=args.syntax, workspace=ws
+        )
     ctx = prepared.ctx
     if args.json:
         print(ctx.plan.to_json())
@@ -142,19 +145,17 @@ def cmd_render(args) -> int:
 
 
 def cmd_build(args) -> int:
-    stack = load(args, args.stack)
+    loaded = load(args, args.stack)
     opts = BuildOptions(
         target=args.target,
         load=args.load,
         syntax=args.syntax,
-        ca_bundle=args.ca_bundle,
-        builder=args.builder,
         no_cache=args.no_cache,
         out=args.out,
         network=args.network,
         lock_timeout=args.lock_timeout,
     )
-    outcome = build(stack, opts)
+    outcome = build(loaded, opts, workspace=workspace_of(args))
     if args.json:
         print_json(asdict(outcome))
         return 0
@@ -172,14 +173,14 @@ def cmd_build(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from stackforge.build.engine import Engine
     from stackforge.build.verify import image_labels, stack_of, verify
 
-    engine = Engine()
+    engine = workspace_of(args).engine
     engine.check()
     labels = image_labels(engine, args.image)
-    stack = load(args, args.stack or stack_of(labels, args.image))
-    result = verify(stack, args.image, labels, engine)
+    loaded = load(args, args.stack or stack_of(labels, args.image))
+    stack = loaded.model
+    result = verify(loaded, args.image, labels, engine)
     if args.json:
         print_json(
             {
@@ -206,10 +207,10 @@ def cmd_gate(args) -> int:
 
 
 def _gate(args, script: str) -> int:
-    stack = load(args, args.stack)
-    ok, lines = run_gate(stack, args.image, script=script)
+    loaded = load(args, args.stack)
+    ok, lines = run_gate(loaded, args.image, workspace_of(args).engine, script=script)
     if args.json:
-        print_json({"image": args.image, "stack": stack.name, "ok": ok, "lines": lines})
+        print_json({"image": args.image, "stack": loaded.name, "ok": ok, "lines": lines})
     else:
         for line in lines:
             print(line)

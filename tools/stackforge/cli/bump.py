@@ -43,7 +43,7 @@ def register(sub) -> None:
 
 def cmd_bump(args) -> int:
     select(args, [args.stack, args.name])
-    stack = load(args, args.stack)
+    stack = load(args, args.stack).model
     names = list(stack.packages)
     catalog, _ = load_catalog(stack, names, cache_dir=cache_dir(args))
     plan = freshness.plan_bump(stack, catalog, new_name=args.name, trains=args.train or None)

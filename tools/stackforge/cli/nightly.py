@@ -12,6 +12,7 @@ from stackforge.cli.options import (
     print_json,
     root_of,
     select,
+    workspace_of,
 )
 from stackforge.publish.nightly import declared_nightly, nightly
 from stackforge.publish.registry import RetryPolicy
@@ -56,13 +57,12 @@ def cmd_nightly(args) -> int:
         date=args.date,
         stacks=args.stacks or None,
         targets=args.targets,
-        builder=args.builder,
         use_bake=args.bake,
         policy=policy,
-        ca_bundle=args.ca_bundle,
         out=args.out,
         overrides=lambda name: overrides_for(args, name),
         echo=lambda line: print(line, file=sys.stderr, flush=True),
+        workspace=workspace_of(args),
     )
     if args.json:
         print_json(summary.to_json())

@@ -9,6 +9,7 @@ from stackforge.cli.options import (
     add_set,
     load,
     print_json,
+    workspace_of,
 )
 from stackforge.publish.publisher import stderr_echo
 from stackforge.publish.registry import RetryPolicy
@@ -66,10 +67,10 @@ def register(sub) -> None:
 
 
 def cmd_publish(args) -> int:
-    stack = load(args, args.stack)
+    loaded = load(args, args.stack)
     policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
     result = publish_stack(
-        stack,
+        loaded,
         args.registry,
         date=args.date,
         target=args.target,
@@ -79,6 +80,7 @@ def cmd_publish(args) -> int:
         policy=policy,
         compression=args.compression,
         echo=stderr_echo,
+        workspace=workspace_of(args),
     )
     if args.json:
         print_json(result.evidence())

@@ -44,6 +44,10 @@ class LoadedStack:
     overrides: list[str]
     credentials: dict[str, Credential] = dataclasses.field(repr=False)
 
+    @property
+    def name(self) -> str:
+        return self.model.name
+
 
 class StackInvalid(UserError):
     """One or more problems in a stack's input; renders every problem."""
@@ -729,8 +733,19 @@ def load(name_or_path: str, root: Path | str | None = None, overrides: list[str]
 
 
 def load_stack(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> Stack:
-    """The validated model of ``load(...)``; the accessors below read its provenance."""
+    """The validated model of ``load(...)``, for code that needs the model only (plan, rules, tags);
+    the accessors below read its provenance."""
     return load(name_or_path, root, overrides).model
+
+
+def loaded_of(stack: LoadedStack | Stack) -> LoadedStack:
+    """The ``LoadedStack`` a library entry point works on. The CLI hands one over; a model that
+    ``load_stack`` read is accepted too (its loader record), so callers holding only the model work."""
+    if isinstance(stack, LoadedStack):
+        return stack
+    if stack._loaded is None:
+        raise ValueError(f"stack {stack.name!r} was not read by load_stack, so it has no repository root")
+    return stack._loaded
 
 
 def _split_off_credentials(data: dict) -> tuple[dict, dict]:
@@ -759,9 +774,7 @@ def position(stack: Stack, path: tuple) -> Pos:
 
 def stack_root(stack: Stack) -> Path:
     """The repository root the stack was loaded from."""
-    if stack._loaded is None:
-        raise ValueError(f"stack {stack.name!r} was not read by load_stack, so it has no repository root")
-    return stack._loaded.root
+    return loaded_of(stack).root
 
 
 def stack_files(stack: Stack) -> list[str]:
