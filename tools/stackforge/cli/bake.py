@@ -6,16 +6,7 @@ import json
 import sys
 
 from stackforge.build import bake as bakemod
-from stackforge.cli.options import (
-    add_json,
-    add_out,
-    add_set,
-    load,
-    print_json,
-    root_of,
-    select,
-    workspace_of,
-)
+from stackforge.cli.options import add_json, add_out, add_set, load, print_json, root_of, select, workspace_of
 from stackforge.errors import UserError
 from stackforge.stack.load import list_stacks
 

@@ -15,15 +15,7 @@ from stackforge.build.run import (
     prepare,
     target_ref,
 )
-from stackforge.cli.options import (
-    BUILD_DIR_OUT,
-    add_json,
-    add_out,
-    add_set,
-    load,
-    print_json,
-    workspace_of,
-)
+from stackforge.cli.options import BUILD_DIR_OUT, add_json, add_out, add_set, load, print_json, workspace_of
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 
@@ -70,26 +62,36 @@ def register(sub) -> None:
     add_set(p)
     p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("gate", help="re-run a stack's dependency gate on a built image (read-only root, /tmp writable)")
-    p.add_argument("image")
-    p.add_argument("--stack", required=True)
-    add_json(p, "the verdict and the gate's lines")
-    add_set(p)
-    p.set_defaults(func=cmd_gate)
-
-    p = sub.add_parser("verify", help="check a pulled or built image against its stack: labels, pins, gate, ABI")
-    p.add_argument("image")
-    p.add_argument("--stack", help="default: the stack named by the image's org.stackforge.stack label")
-    add_json(p, "the verdict, failure count and lines")
-    add_set(p)
-    p.set_defaults(func=cmd_verify)
-
-    p = sub.add_parser("abi", help="resolve every DT_NEEDED of a stack's vendor packages inside an image")
-    p.add_argument("image")
-    p.add_argument("--stack", required=True)
-    add_json(p, "the verdict and the ABI lines")
-    add_set(p)
-    p.set_defaults(func=cmd_abi)
+    # Verbs that check an image against a stack: (name, help, --stack help or None when required, --json's result).
+    for name, about, stack_help, result, func in (
+        (
+            "gate",
+            "re-run a stack's dependency gate on a built image (read-only root, /tmp writable)",
+            None,
+            "the verdict and the gate's lines",
+            cmd_gate,
+        ),
+        (
+            "verify",
+            "check a pulled or built image against its stack: labels, pins, gate, ABI",
+            "default: the stack named by the image's org.stackforge.stack label",
+            "the verdict, failure count and lines",
+            cmd_verify,
+        ),
+        (
+            "abi",
+            "resolve every DT_NEEDED of a stack's vendor packages inside an image",
+            None,
+            "the verdict and the ABI lines",
+            cmd_abi,
+        ),
+    ):
+        p = sub.add_parser(name, help=about)
+        p.add_argument("image")
+        p.add_argument("--stack", required=stack_help is None, help=stack_help)
+        add_json(p, result)
+        add_set(p)
+        p.set_defaults(func=func)
 
 
 def add_wait(p) -> None:

@@ -6,15 +6,7 @@ import json
 import sys
 
 from stackforge.cli.newest import add_index_options, cache_dir
-from stackforge.cli.options import (
-    add_json,
-    add_set,
-    load,
-    overrides_for,
-    print_json,
-    root_of,
-    select,
-)
+from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select
 from stackforge.freshness import bump as freshness
 from stackforge.freshness.lines import load_catalog
 from stackforge.stack import diff as diffmod

@@ -50,6 +50,23 @@ def add_out(parser: argparse.ArgumentParser, names: str) -> None:
     parser.add_argument("--out", type=Path, metavar="PATH", help=names)
 
 
+def add_retry(
+    parser: argparse.ArgumentParser,
+    attempts: str = "attempts per registry operation on 5xx/429/connection errors",
+    budget: str = "time budget per registry operation, retries included",
+) -> None:
+    """``--retries N`` and ``--retry-time SECONDS`` for a verb that talks to a registry (see :func:`retry_policy`)."""
+    parser.add_argument("--retries", type=int, default=6, metavar="N", help=f"{attempts} (default 6)")
+    parser.add_argument("--retry-time", type=float, default=120.0, metavar="SECONDS", help=f"{budget} (default 120)")
+
+
+def retry_policy(args):
+    """The registry retry policy of ``--retries`` / ``--retry-time`` (at least one attempt and one second)."""
+    from stackforge.publish.registry import RetryPolicy
+
+    return RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
+
+
 BUILD_DIR_OUT = (
     "the stack's build directory: the Dockerfile, the build context and evidence/ go here (default: build/<stack>)"
 )

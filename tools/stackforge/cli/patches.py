@@ -13,16 +13,7 @@ from pathlib import Path
 
 from stackforge import patches as P
 from stackforge.build import sources as up
-from stackforge.cli.options import (
-    add_json,
-    add_set,
-    load,
-    overrides_for,
-    print_json,
-    root_of,
-    select,
-    workspace_of,
-)
+from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select, workspace_of
 from stackforge.errors import UserError
 from stackforge.stack.load import list_stacks, load_stack
 from stackforge.workspace import CACHE_ENV
