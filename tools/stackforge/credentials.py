@@ -9,8 +9,9 @@ Order, first found wins:
    ``<NAME>`` (upper-cased, every non-alphanumeric character replaced by ``_``);
 3. the ``machine`` entry for the URL's host in ``$NETRC`` or ``~/.netrc``.
 
-The build's netrc secret, the host-side sdist fetch and git fetch, ``stackforge lock`` and
-``stackforge newest`` all ask ``for_index`` / ``for_url``; none reads credentials on its own.
+The build's netrc secret (through the run's ``Workspace``), the host-side sdist fetch and git fetch,
+``stackforge lock`` and ``stackforge newest`` all ask ``for_index`` / ``for_url``; none reads
+credentials on its own.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Load a stack: YAML → inheritance → ``--set`` overrides → validated ``Stack``.
+"""Load a stack: YAML → inheritance → ``--set`` overrides → validated ``Stack``, returned by
+``load`` as a ``LoadedStack`` (the model with its root, files, overrides, credentials and positions).
 
 Errors name the file, line and column of the value at fault and say how to fix
 it; they are collected, so one run reports every problem in a file.
