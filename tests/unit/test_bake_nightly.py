@@ -192,9 +192,9 @@ def test_summary_rows_markdown_and_json(tmp_path):
 def test_select_stacks_applies_overrides_to_every_stack(root):
     loaded, rows = select_stacks(root, None, overrides=["description=from --set"])
     assert rows == [] and sorted(s.name for s in loaded) == ["nightly-bad", "nightly-good"]
-    assert all(s.description == "from --set" for s in loaded)
+    assert all(s.model.description == "from --set" for s in loaded)
     named, _ = select_stacks(root, ["example", "post2"], overrides=["description=named"])
-    assert [s.description for s in named] == ["named", "named"]
+    assert [s.model.description for s in named] == ["named", "named"]
 
 
 def test_select_stacks_applies_each_stack_its_own_overrides(root):
@@ -206,11 +206,11 @@ def test_select_stacks_applies_each_stack_its_own_overrides(root):
         return ["gate.prepare=[]", *own.get(name, [])]
 
     loaded, rows = select_stacks(root, None, overrides=for_stack)
-    assert rows == [] and {s.name: s.description for s in loaded}["nightly-good"] == "good"
-    assert {s.name: s.description for s in loaded}["nightly-bad"] != "good"
+    assert rows == [] and {s.name: s.model.description for s in loaded}["nightly-good"] == "good"
+    assert {s.name: s.model.description for s in loaded}["nightly-bad"] != "good"
     assert "nightly-bad" in asked and "nightly-good" in asked
     named, _ = select_stacks(root, ["example", "post2"], overrides=for_stack)
-    assert named[0].description == "ex" and named[1].description != "ex"
+    assert named[0].model.description == "ex" and named[1].model.description != "ex"
 
 
 def test_the_summary_says_which_overrides_each_rows_stack_was_loaded_with(root):

@@ -343,12 +343,10 @@ class FillingEngine:
 
 
 def case_full_while_writing_evidence(root, tmp_path, mounts, monkeypatch, capsys):
-    from stackforge.build import run as buildmod
-
     fs = mounts("small", tmp_path / "small")
     out = fs / "tiny"
     shutil.rmtree(root / "images" / "gate" / "bulk")  # a context that fits in 128 KiB
-    monkeypatch.setattr(buildmod, "Engine", lambda builder=None: FillingEngine(fs))
+    monkeypatch.setattr("stackforge.build.engine.Engine", lambda builder=None: FillingEngine(fs))  # the workspace's
     monkeypatch.setenv("STACKFORGE_PROGRESS", "0")  # stderr holds the error alone
     rc = main(["--root", str(root), "build", "tiny", "--out", str(out), "--ca-bundle", "none"])
     err = capsys.readouterr().err

@@ -19,7 +19,8 @@ from test_stack_golden import compare_golden
 from stackforge.build import bake, context, run
 from stackforge.build.context import SourceInfo
 from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, prepare_dockerfile
-from stackforge.stack.load import list_stacks, load_stack
+from stackforge.stack.load import list_stacks, load, load_stack
+from stackforge.workspace import Workspace
 from tests.fixtures.stack_support import REPO, run_cli
 
 BASE_DIGEST = "sha256:" + "d" * 64
@@ -105,14 +106,14 @@ def root(tmp_path):
 def three_dockerfiles(root: Path, tmp_path: Path, capsys, monkeypatch, *, sources: bool):
     """The Dockerfiles `render`, `build` and `bake` write for the example stack (and what they returned)."""
     engine = StandInEngine()
-    monkeypatch.setattr("stackforge.cli.build.Engine", lambda: engine)
+    monkeypatch.setattr("stackforge.build.engine.Engine", lambda builder=None: engine)  # the workspace's engine
     rc, out, err = run_cli(
         capsys, root, "render", "example", "--out", str(tmp_path / "render"), *([] if sources else ["--no-sources"])
     )
     assert (rc, err) == (0, ""), err
-    stack = load_stack("example", root=root)
-    built = run.prepare(stack, engine, out=tmp_path / "build", sources=sources)
-    [item] = bake.prepare([stack], engine=engine, sources=sources, ca_bundle=None)
+    loaded = load("example", root=root)
+    built = run.prepare(loaded, engine, out=tmp_path / "build", sources=sources)
+    [item] = bake.prepare([loaded], engine=engine, sources=sources, workspace=Workspace.at(root, ca_bundle=None))
     assert item.dockerfile == root / "build" / "example" / "Dockerfile"
     return (
         [

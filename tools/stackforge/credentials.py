@@ -9,8 +9,9 @@ Order, first found wins:
    ``<NAME>`` (upper-cased, every non-alphanumeric character replaced by ``_``);
 3. the ``machine`` entry for the URL's host in ``$NETRC`` or ``~/.netrc``.
 
-The build's netrc secret, the host-side sdist fetch and git fetch, ``stackforge lock`` and
-``stackforge newest`` all ask ``for_index`` / ``for_url``; none reads credentials on its own.
+The build's netrc secret (through the run's ``Workspace``), the host-side sdist fetch and git fetch,
+``stackforge lock`` and ``stackforge newest`` all ask ``for_index`` / ``for_url``; none reads
+credentials on its own.
 """
 
 from __future__ import annotations
@@ -92,11 +93,13 @@ def resolve(
 
 
 def for_index(stack, index_name: str) -> Credential | None:
-    """The credential of the stack's index ``index_name``."""
-    from stackforge.stack.load import credentials_of  # stack.load imports this module
+    """The credential of the index ``index_name`` of a stack (a ``LoadedStack``, or a model read by the loader)."""
+    from stackforge.stack.load import LoadedStack, credentials_of  # stack.load imports this module
 
-    idx = stack.indexes[index_name]
-    return resolve(idx.url, index_name, credentials_of(stack).get(index_name), remembered=False)
+    model, found = (
+        (stack.model, stack.credentials) if isinstance(stack, LoadedStack) else (stack, credentials_of(stack))
+    )
+    return resolve(model.indexes[index_name].url, index_name, found.get(index_name), remembered=False)
 
 
 def for_url(url: str) -> Credential | None:

@@ -26,7 +26,9 @@ from stackforge.build.engine import Engine
 from stackforge.errors import UserError
 from stackforge.fslock import stack_lock, stack_locks
 from stackforge.signals import Interrupted
+from stackforge.stack.load import LoadedStack, loaded_of
 from stackforge.stack.model import Stack
+from stackforge.workspace import Workspace, workspace_for
 
 SECRET_PLACEHOLDER = "(a temporary file written by `stackforge bake` when it runs)"
 
@@ -74,27 +76,29 @@ def stack_targets(stack: Stack, targets: list[str] | None) -> list[str]:
     return chosen or [default_target(stack, targets[0])]
 
 
-def prepare(stacks: list[Stack], *, targets: list[str] | None = None, engine: Engine | None = None,
-            sources: bool = True, secrets_dir: Path | None = None, ca_bundle: str | None = "auto",
-            syntax: str | None = None) -> list[BakeTarget]:
+def prepare(stacks: list[LoadedStack], *, targets: list[str] | None = None, engine: Engine | None = None,
+            sources: bool = True, secrets_dir: Path | None = None, syntax: str | None = None,
+            workspace: Workspace | None = None) -> list[BakeTarget]:
     """Assemble each stack's context and Dockerfile (as ``stackforge build`` does) and describe its targets.
 
     ``sources=False`` renders the plan without fetching upstreams (for ``--print``); the secret
-    files are then not written either and their ``src`` is a placeholder.
+    files are then not written either and their ``src`` is a placeholder. The engine, credentials
+    and CA bundle are the workspace's (default: the one at each stack's root).
     """
     from stackforge.build.context import build_dir_for
     from stackforge.build.run import prepare as prepare_build
     from stackforge.build.run import secret_files, target_ref
 
-    engine = engine or Engine()
     out: list[BakeTarget] = []
-    for stack in stacks:
+    for loaded in map(loaded_of, stacks):
+        ws = workspace_for(loaded, workspace)
+        stack = loaded.model
         names = stack_targets(stack, targets)
-        with stack_lock(build_dir_for(stack)):
-            prepared = prepare_build(stack, engine, sources=sources, syntax=syntax)
+        with stack_lock(build_dir_for(loaded)):
+            prepared = prepare_build(loaded, engine or ws.engine, sources=sources, syntax=syntax, workspace=ws)
         ctx, args = prepared.ctx, prepared.build_args
         secrets = [(sid, str(path) if path is not None else SECRET_PLACEHOLDER)
-                   for sid, path in secret_files(stack, secrets_dir, ca_bundle)]
+                   for sid, path in secret_files(loaded, secrets_dir, ws)]
         for t in names:
             out.append(BakeTarget(name=target_name(stack.name, t), stack=stack.name, target=t, ref=target_ref(stack, t),
                                   context=ctx.context_dir, dockerfile=ctx.dockerfile, args=dict(args), secrets=list(secrets)))
@@ -132,17 +136,18 @@ class BakeRun:
     duration_s: float
 
 
-def run(items: list[BakeTarget], workdir: Path, *, engine: Engine | None = None, builder: str | None = None,
-        load: bool = True, no_cache: bool = False, on_line: Callable[[str], None] | None = None) -> BakeRun:
-    """Write ``workdir/bake.json`` and run it; the log goes to ``workdir/bake.log``. A failing bake is not raised."""
+def run(items: list[BakeTarget], workdir: Path, *, engine: Engine | None = None, load: bool = True,
+        no_cache: bool = False, on_line: Callable[[str], None] | None = None) -> BakeRun:
+    """Write ``workdir/bake.json`` and run it with ``engine`` (and its builder); the log goes to
+    ``workdir/bake.log``. A failing bake is not raised."""
     import time
 
-    engine = engine or Engine(builder=builder)
+    engine = engine or Engine()
     workdir.mkdir(parents=True, exist_ok=True)
     plan_file = workdir / "bake.json"
     plan_file.write_text(json.dumps(plan(items, load=load), indent=2) + "\n")
     metadata_file = workdir / "bake-metadata.json"
-    cmd = bake_command(plan_file, builder=builder or engine.builder, no_cache=no_cache, metadata_file=metadata_file,
+    cmd = bake_command(plan_file, builder=engine.builder, no_cache=no_cache, metadata_file=metadata_file,
                        docker=engine.docker)
     log_file = workdir / "bake.log"
     log_file.unlink(missing_ok=True)
@@ -163,30 +168,30 @@ def run(items: list[BakeTarget], workdir: Path, *, engine: Engine | None = None,
     return BakeRun(rc, log_file, metadata, round(time.monotonic() - started, 1))
 
 
-def bake(stacks: list[Stack], *, targets: list[str] | None = None, builder: str | None = None, load: bool = True,
-         no_cache: bool = False, workdir: Path, engine: Engine | None = None, ca_bundle: str | None = "auto",
+def bake(stacks: list[LoadedStack], *, workspace: Workspace | None = None, targets: list[str] | None = None, load: bool = True,
+         no_cache: bool = False, workdir: Path, engine: Engine | None = None,
          on_line: Callable[[str], None] | None = None) -> tuple[list[BakeTarget], BakeRun]:
-    """Prepare every stack, then run one bake over all their targets, holding every stack's build
-    directory lock until it ends. Secrets live only while it runs."""
+    """Prepare every stack, then run one bake over all their targets with the workspace's engine (or
+    ``engine``), holding every stack's build directory lock until it ends. Secrets live only while it runs."""
     from stackforge.build.context import build_dir_for
 
-    engine = engine or Engine(builder=builder)
+    engine = engine or (workspace.engine if workspace is not None else Engine())
     engine.check()
     with stack_locks(build_dir_for(s) for s in stacks):
-        return _bake(stacks, targets=targets, builder=builder, load=load, no_cache=no_cache, workdir=workdir,
-                     engine=engine, ca_bundle=ca_bundle, on_line=on_line)
+        return _bake(stacks, workspace, targets=targets, load=load, no_cache=no_cache, workdir=workdir,
+                     engine=engine, on_line=on_line)
 
 
-def _bake(stacks: list[Stack], *, targets, builder, load, no_cache, workdir: Path, engine: Engine, ca_bundle,
-          on_line) -> tuple[list[BakeTarget], BakeRun]:
+def _bake(stacks: list[LoadedStack], workspace: Workspace | None, *, targets, load, no_cache, workdir: Path,
+          engine: Engine, on_line) -> tuple[list[BakeTarget], BakeRun]:
     secrets_dir = Path(tempfile.mkdtemp(prefix="stackforge-bake-secrets-"))
     os.chmod(secrets_dir, 0o700)
     try:
-        items = prepare(stacks, targets=targets, engine=engine, secrets_dir=secrets_dir, ca_bundle=ca_bundle)
+        items = prepare(stacks, targets=targets, engine=engine, secrets_dir=secrets_dir, workspace=workspace)
         workdir.mkdir(parents=True, exist_ok=True)
         for i in items:  # what the bake built, beside its plan (a later `build` rewrites build/<stack>/)
             shutil.copy2(i.dockerfile, workdir / f"{i.stack}.Dockerfile")
-        result = run(items, workdir, engine=engine, builder=builder, load=load, no_cache=no_cache, on_line=on_line)
+        result = run(items, workdir, engine=engine, load=load, no_cache=no_cache, on_line=on_line)
     finally:
         shutil.rmtree(secrets_dir, ignore_errors=True)
     # The plan on disk keeps no path to a deleted secret file.

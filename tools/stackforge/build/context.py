@@ -24,9 +24,9 @@ from stackforge.build.render import images_dir, render_dockerfile, requirements_
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.stack.installed import export_order
-from stackforge.stack.load import fingerprint, stack_root
+from stackforge.stack.load import LoadedStack, fingerprint, loaded_of, stack_root
 from stackforge.stack.model import Stack
-from stackforge.workspace import cache_dir
+from stackforge.workspace import Workspace, cache_dir, workspace_for
 
 
 @dataclass
@@ -41,7 +41,7 @@ class SourceInfo:
 
 @dataclass
 class Context:
-    stack: Stack
+    loaded: LoadedStack
     plan: Plan
     build_dir: Path  # build/<stack>/
     context_dir: Path  # build/<stack>/context/
@@ -51,10 +51,14 @@ class Context:
     base: str | None = None  # the base image's digest (or id), once resolved
     post_install: dict[str, str] = field(default_factory=dict)  # dist -> sha256:<patch>:applied|skipped
 
+    @property
+    def stack(self) -> Stack:
+        return self.loaded.model
+
     def inputs_fingerprint(self) -> str:
         """sha256 over everything the image is built from: the resolved stack, the base image's digest,
         the upstream pins and patch series, the lock files, and the templates and gate scripts."""
-        images = images_dir(stack_root(self.stack))
+        images = images_dir(self.loaded.root)
         templates = {p.relative_to(images).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
                      for p in sorted(images.rglob("*")) if p.is_file() and "base" not in p.parts
                      and "__pycache__" not in p.parts}
@@ -77,11 +81,14 @@ class Context:
         return None
 
 
-def build_dir_for(stack: Stack, out: Path | None = None) -> Path:
-    return Path(out) if out else stack_root(stack) / "build" / stack.name
+def build_dir_for(stack: LoadedStack, out: Path | None = None) -> Path:
+    """``out``, or build/<stack>/ in the stack's repository."""
+    loaded = loaded_of(stack)
+    return Path(out) if out else loaded.root / "build" / loaded.name
 
 
 def cache_dir_for(stack: Stack) -> Path:
+    """The upstream cache of a model read by the loader (the default workspace's, at its root)."""
     return cache_dir(stack_root(stack), "")
 
 
@@ -118,17 +125,21 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
     return info
 
 
-def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> Context:
+def assemble(loaded: LoadedStack, out: Path | None = None, *, sources: bool = True,
+             workspace: Workspace | None = None) -> Context:
     """Write build/<stack>/context/ under the build directory's lock. With ``sources=False`` upstreams
-    are not fetched (for `render --no-sources`, which shows the plan only).
+    are not fetched (for `render --no-sources`, which shows the plan only); fetched upstreams are
+    cached in the workspace's cache (default: the one at the stack's root).
 
     The context is assembled in a temporary directory beside it and renamed into place, so
     build/<stack>/context/ is the previous complete context or the new one; a failure removes
     the temporary directory."""
+    loaded = loaded_of(loaded)
+    stack, root = loaded.model, loaded.root
+    cache = workspace_for(loaded, workspace).cache()
     locks = read_locks(stack)
-    root = stack_root(stack)
     plan = make_plan(stack, {i: str(l.path.relative_to(root)) for i, l in locks.items()})
-    bdir = build_dir_for(stack, out)
+    bdir = build_dir_for(loaded, out)
     ctx_dir = bdir / "context"
     with stack_lock(bdir):
         _remove_leftovers(bdir)
@@ -136,14 +147,14 @@ def assemble(stack: Stack, out: Path | None = None, *, sources: bool = True) -> 
         staging = Path(tempfile.mkdtemp(prefix=".context-", suffix=STAGING_SUFFIX, dir=bdir))
         try:
             os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700
-            infos, post_install = _fill(stack, plan, locks, staging, sources)
+            infos, post_install = _fill(stack, plan, locks, staging, sources, root, cache)
             _swap(staging, ctx_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     dockerfile = bdir / "Dockerfile"
     lock_hashes = {i: hashlib.sha256(l.text.encode()).hexdigest() for i, l in locks.items()}
-    return Context(stack, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes, post_install=post_install)
+    return Context(loaded, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes, post_install=post_install)
 
 
 STAGING_SUFFIX = ".partial"
@@ -156,10 +167,9 @@ def _remove_leftovers(bdir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
-          sources: bool) -> tuple[list[SourceInfo], dict[str, str]]:
-    """Requirements files, the gate and the (patched) upstream sources, written into ``staging``."""
-    root = stack_root(stack)
+def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path, sources: bool, root: Path,
+          cache: Path) -> tuple[list[SourceInfo], dict[str, str]]:
+    """Requirements files, the gate and the (patched) upstream sources (from ``cache``), written into ``staging``."""
     (staging / "deps").mkdir(parents=True)
     hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
     for phase in plan.phases:
@@ -180,7 +190,6 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path,
     artifacts.write_context(plan.files, images_dir(root), staging)
     infos: list[SourceInfo] = []
     if sources:
-        cache = cache_dir_for(stack)
         exported = {name: _export_source(stack, name, staging / "src" / name, cache)
                     for name in export_order(stack)}
         infos = [exported[name] for name in stack.upstreams]
@@ -215,5 +224,5 @@ def _swap(staging: Path, ctx_dir: Path) -> None:
 def write_dockerfile(ctx: Context, labels: dict[str, str], syntax: str | None = None) -> Path:
     """Write build/<stack>/Dockerfile (whole, under the build directory's lock)."""
     with stack_lock(ctx.build_dir):
-        atomic_write(ctx.dockerfile, render_dockerfile(ctx.plan, labels, syntax=syntax, root=stack_root(ctx.stack)))
+        atomic_write(ctx.dockerfile, render_dockerfile(ctx.plan, labels, syntax=syntax, root=ctx.loaded.root))
     return ctx.dockerfile

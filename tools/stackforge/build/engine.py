@@ -25,7 +25,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from stackforge.errors import UserError
 
@@ -320,23 +320,17 @@ class Engine:
         context: str | os.PathLike,
         dockerfile: str | os.PathLike | None = None,
         *,
-        target: str | None = None,
-        tags: Sequence[str] = (),
-        build_args: Mapping[str, str] | None = None,
         secrets: Iterable[tuple[str, str | os.PathLike]] = (),
-        labels: Mapping[str, str] | None = None,
-        load: bool = True,
-        metadata_file: str | os.PathLike | None = None,
         builder: str | None = None,
-        no_cache: bool = False,
-        extra_args: Sequence[str] = (),
         on_line: Callable[[str], None] | None = None,
         log_file: str | os.PathLike | None = None,
         env: Mapping[str, str] | None = None,
+        **options: Any,
     ) -> BuildResult:
         """Run ``docker buildx build --progress=plain`` and stream its output.
 
-        Each output line (without the newline) goes to ``on_line`` and to ``log_file``
+        ``options`` are :func:`build_command`'s (target, tags, build_args, labels, load, metadata_file,
+        no_cache, extra_args); ``builder`` defaults to the engine's. Each output line (without the newline) goes to ``on_line`` and to ``log_file``
         (appended, flushed per line) as it arrives. Returns ``(returncode, full log)``;
         a failing build is not an exception here (callers decide), a missing secret file
         or a missing engine is a :class:`UserError`.
@@ -345,11 +339,8 @@ class Engine:
         for sid, path in secret_paths:
             if not path.is_file():
                 raise UserError(f"secret {sid}: file {path} does not exist", fix="create it or drop the secret")
-        cmd = build_command(
-            context, dockerfile=dockerfile, target=target, tags=tags, build_args=build_args,
-            secrets=secret_paths, labels=labels, load=load, progress="plain", metadata_file=metadata_file,
-            builder=builder or self.builder, no_cache=no_cache, extra_args=extra_args, docker=self.docker,
-        )
+        cmd = build_command(context, dockerfile=dockerfile, secrets=secret_paths, builder=builder or self.builder,
+                            docker=self.docker, **options)
         return self.stream(cmd, on_line=on_line, log_file=log_file, env=env)
 
     def stream(self, cmd: Sequence[str], *, on_line: Callable[[str], None] | None = None,

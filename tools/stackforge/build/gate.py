@@ -9,13 +9,14 @@ from stackforge.build.engine import Engine
 from stackforge.build.plan import gate_spec
 from stackforge.build.render import images_dir
 from stackforge.errors import UserError
-from stackforge.stack.load import stack_root
-from stackforge.stack.model import Stack
+from stackforge.stack.load import LoadedStack, loaded_of
 
 
-def run_gate(stack: Stack, image: str, engine: Engine | None = None, script: str = "gate.py") -> tuple[bool, list[str]]:
-    """Run images/gate/<script> with this stack's spec inside ``image``, with a read-only root
-    filesystem and a writable /tmp, as a hardened runtime would; (all passed, output lines)."""
+def run_gate(loaded: LoadedStack, image: str, engine: Engine | None = None,
+             script: str = "gate.py") -> tuple[bool, list[str]]:
+    """Run images/gate/<script> (of the stack's repository) with this stack's spec inside ``image``, with a
+    read-only root filesystem and a writable /tmp, as a hardened runtime would; (all passed, output lines)."""
+    loaded = loaded_of(loaded)
     engine = engine or Engine()
     engine.check()
     if not engine.image_exists(image):
@@ -23,8 +24,8 @@ def run_gate(stack: Stack, image: str, engine: Engine | None = None, script: str
                         fix="build it (stackforge build STACK) or pull it first")
     with tempfile.TemporaryDirectory(prefix="stackforge-gate-") as tmp:
         d = Path(tmp)
-        (d / script).write_bytes((images_dir(stack_root(stack)) / "gate" / script).read_bytes())
-        (d / "gate.json").write_text(json.dumps(gate_spec(stack)))
+        (d / script).write_bytes((images_dir(loaded.root) / "gate" / script).read_bytes())
+        (d / "gate.json").write_text(json.dumps(gate_spec(loaded.model)))
         d.chmod(0o755)
         proc = engine.cli("run", "--rm", "--network=none", "--read-only", "--tmpfs", "/tmp",
                            "-e", "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", "python",

@@ -17,7 +17,9 @@ from stackforge.build.context import Context, assemble, write_dockerfile
 from stackforge.build.plan import image_labels
 from stackforge.errors import BuildFailed
 from stackforge.stack import rules
+from stackforge.stack.load import LoadedStack, loaded_of
 from stackforge.stack.model import Stack
+from stackforge.workspace import Workspace
 
 #: Why `org.stackforge.inputs` is left out of a Dockerfile rendered without sources.
 INPUTS_OMITTED = ("the upstreams were not fetched (--no-sources), so the fingerprint of the inputs "
@@ -52,8 +54,9 @@ def lint_or_fail(stack: Stack) -> None:
                           fix=f"fix the findings (stackforge lint {stack.name})")
 
 
-def prepare_dockerfile(stack: Stack, *, out: Path | None = None, sources: bool = True, syntax: str | None = None,
-                       engine_facts: Callable[[], tuple[BaseImage, bool]] | None = None) -> Prepared:
+def prepare_dockerfile(loaded: LoadedStack, *, out: Path | None = None, sources: bool = True,
+                       syntax: str | None = None, engine_facts: Callable[[], tuple[BaseImage, bool]] | None = None,
+                       workspace: Workspace | None = None) -> Prepared:
     """Lint, assemble the context, compute the labels and write the Dockerfile.
 
     ``engine_facts``, called once the stack passes lint, gives what only the engine knows: the resolved
@@ -62,9 +65,11 @@ def prepare_dockerfile(stack: Stack, *, out: Path | None = None, sources: bool =
     `created` label). Without it the labels name no base digest or id and no creation time.
     ``sources=False`` fetches no upstream; the labels then hold no `org.stackforge.inputs`, since the
     sources it fingerprints are unknown (``Prepared.inputs_omitted`` gives the reason)."""
+    loaded = loaded_of(loaded)
+    stack = loaded.model
     lint_or_fail(stack)
     base, epoch = engine_facts() if engine_facts else (None, False)
-    ctx = assemble(stack, out, sources=sources)
+    ctx = assemble(loaded, out, sources=sources, workspace=workspace)
     digest, image_id = (base.digest, base.id) if base else (None, None)
     ctx.base = digest or image_id
     created = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
-import os
 import re
 import shutil
 import sys
@@ -35,11 +34,10 @@ from stackforge.fslock import atomic_write, stack_lock
 from stackforge.signals import Interrupted
 from stackforge.stack import tags
 from stackforge.stack import targets as target_rules
-from stackforge.stack.load import fingerprint, overrides_of, position, resolved
+from stackforge.stack.load import LoadedStack, fingerprint, loaded_of, position, resolved
 from stackforge.stack.model import Stack
 from stackforge.urls import redact_text
-
-SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+from stackforge.workspace import Workspace, workspace_for
 GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) "
                        r"(?:python|import|meta  |probe |write |link  |abi  |patch |requires|pip   ) .*"
                        r"|gate result: .*)|abi result: .*)$")
@@ -47,11 +45,11 @@ GATE_LINE = re.compile(r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN
 
 @dataclass
 class BuildOptions:
+    """How one build runs; the CA bundle and the builder are the workspace's (``Workspace``)."""
+
     target: str | None = None
     load: bool = True
     syntax: str | None = None  # a `# syntax=` line; off by default (it pulls a frontend image)
-    ca_bundle: str | None = "auto"  # "auto": the host's system bundle if present; None: no bundle
-    builder: str | None = None
     no_cache: bool = False
     out: Path | None = None
     network: str | None = None  # RUN steps' network, e.g. "host" to reach an index on the host's loopback
@@ -94,26 +92,12 @@ def target_ref(stack: Stack, target: str) -> str:
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
 
 
-def _ca_bundle(option: str | None) -> Path | None:
-    if option is None or option == "none":
-        return None
-    if option == "auto":
-        env = os.environ.get("STACKFORGE_CA_BUNDLE")
-        if env:
-            option = env
-        else:
-            return next((Path(p) for p in SYSTEM_CA_BUNDLES if Path(p).is_file()), None)
-    path = Path(option)
-    if not path.is_file():
-        raise UserError(f"CA bundle {path} does not exist", file="--ca-bundle", fix="pass a PEM file, or --ca-bundle none")
-    return path
-
-
-def netrc_text(stack: Stack) -> str:
-    """netrc lines for the stack's indexes, from the one resolver (``credentials.for_index``: the URL's
-    own credentials split off at load time, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, ~/.netrc)."""
-    return credentials.netrc_entries([(idx.url, credentials.for_index(stack, name))
-                                      for name, idx in stack.indexes.items()])
+def netrc_text(loaded: LoadedStack, workspace: Workspace | None = None) -> str:
+    """netrc lines for the stack's indexes, from the workspace's resolver (``credentials.for_index``: the
+    URL's own credentials split off at load time, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, ~/.netrc)."""
+    ws = workspace_for(loaded, workspace)
+    return credentials.netrc_entries([(idx.url, ws.index_credential(loaded, name))
+                                      for name, idx in loaded.model.indexes.items()])
 
 
 def _base_identity(engine: Engine, stack: Stack) -> tuple[str | None, str]:
@@ -196,38 +180,43 @@ def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
     return out
 
 
-def prepare(stack: Stack, engine: Engine, *, out: Path | None = None, sources: bool = True,
-            syntax: str | None = None) -> Prepared:
+def prepare(loaded: LoadedStack, engine: Engine, *, out: Path | None = None, sources: bool = True,
+            syntax: str | None = None, workspace: Workspace | None = None) -> Prepared:
     """Everything before the engine runs, shared by `render`, `build` and `bake` so all three write the
     same bytes (and so share BuildKit's cache): the engine resolves the base image and says whether it
     honours SOURCE_DATE_EPOCH; ``sources=False`` asks the engine nothing and fetches no upstream."""
+    loaded = loaded_of(loaded)
+
     def engine_facts() -> tuple[BaseImage, bool]:
-        return BaseImage(*_base_identity(engine, stack)), engine.supports_source_date_epoch()
+        return BaseImage(*_base_identity(engine, loaded.model)), engine.supports_source_date_epoch()
 
-    return prepare_dockerfile(stack, out=out, sources=sources, syntax=syntax,
-                              engine_facts=engine_facts if sources else None)
-
-
-@overload
-def secret_files(stack: Stack, secrets_dir: Path, ca_bundle: str | None) -> list[tuple[str, Path]]: ...
+    return prepare_dockerfile(loaded, out=out, sources=sources, syntax=syntax,
+                              engine_facts=engine_facts if sources else None, workspace=workspace)
 
 
 @overload
-def secret_files(stack: Stack, secrets_dir: None, ca_bundle: str | None) -> list[tuple[str, Path | None]]: ...
+def secret_files(loaded: LoadedStack, secrets_dir: Path,
+                 workspace: Workspace | None = None) -> list[tuple[str, Path]]: ...
 
 
-def secret_files(stack: Stack, secrets_dir: Path | None,
-                 ca_bundle: str | None) -> list[tuple[str, Path]] | list[tuple[str, Path | None]]:
+@overload
+def secret_files(loaded: LoadedStack, secrets_dir: None,
+                 workspace: Workspace | None = None) -> list[tuple[str, Path | None]]: ...
+
+
+def secret_files(loaded: LoadedStack, secrets_dir: Path | None, workspace: Workspace | None = None,
+                 ) -> list[tuple[str, Path]] | list[tuple[str, Path | None]]:
     """The BuildKit secrets of a build: a netrc with the index credentials (written into
-    ``secrets_dir``, mode 600; ``None`` when no directory is given) and the CA bundle."""
+    ``secrets_dir``, mode 600; ``None`` when no directory is given) and the workspace's CA bundle."""
+    ws = workspace_for(loaded, workspace)
     secrets: list[tuple[str, Path | None]] = []
-    text = netrc_text(stack)
+    text = netrc_text(loaded, ws)
     if text:
         path = None
         if secrets_dir is not None:
-            path = credentials.write_secret(secrets_dir / f"{stack.name}.netrc", text)
+            path = credentials.write_secret(secrets_dir / f"{loaded.name}.netrc", text)
         secrets.append(("netrc", path))
-    bundle = _ca_bundle(ca_bundle)
+    bundle = ws.ca_bundle_file()
     if bundle is not None:
         secrets.append(("cabundle", bundle))
     return secrets
@@ -239,41 +228,45 @@ def _stderr_line(line: str) -> None:
 
 
 def _holding_build_dir(fn):
-    """Run ``fn(stack, opts, …)`` holding the lock of the stack's build directory for all of it."""
+    """Run ``fn(loaded, opts, …)`` holding the lock of the stack's build directory for all of it."""
     @functools.wraps(fn)
-    def locked(stack: Stack, opts: BuildOptions | None = None, *args, **kwargs):
-        opts = opts or BuildOptions()
-        with stack_lock(build_dir_for(stack, opts.out), timeout=opts.lock_timeout):
-            return fn(stack, opts, *args, **kwargs)
+    def locked(loaded: LoadedStack, opts: BuildOptions | None = None, *args, **kwargs):
+        loaded, opts = loaded_of(loaded), opts or BuildOptions()
+        with stack_lock(build_dir_for(loaded, opts.out), timeout=opts.lock_timeout):
+            return fn(loaded, opts, *args, **kwargs)
     return locked
 
 
 @_holding_build_dir
-def build(stack: Stack, opts: BuildOptions | None = None, engine: Engine | None = None,
-          echo: Callable[[str], None] | None = None) -> BuildOutcome:
+def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine | None = None,
+          echo: Callable[[str], None] | None = None, *, workspace: Workspace | None = None) -> BuildOutcome:
+    """Build, gate and tag one target of the stack, with the workspace's engine (or ``engine``),
+    credentials and CA bundle, and write its evidence bundle."""
     opts = opts or BuildOptions()
     echo = echo or _stderr_line
+    stack = loaded.model
+    ws = workspace_for(loaded, workspace)
     started = time.monotonic()
     target = default_target(stack, opts.target)
     ref = target_ref(stack, target)
-    engine = engine or Engine(builder=opts.builder)
+    engine = engine or ws.engine
     info = engine.check()
-    prepared = prepare(stack, engine, out=opts.out, syntax=opts.syntax)
+    prepared = prepare(loaded, engine, out=opts.out, syntax=opts.syntax, workspace=ws)
     ctx, labels, build_args = prepared.ctx, prepared.labels, prepared.build_args
     evidence = ctx.build_dir / "evidence"
     if evidence.exists():
         shutil.rmtree(evidence)
     evidence.mkdir(parents=True)
     atomic_write(evidence / "Dockerfile", ctx.dockerfile.read_bytes())
-    _write_inputs(evidence, stack, ctx, labels, info, target, ref)
+    _write_inputs(evidence, loaded, ctx, labels, info, target, ref)
 
     had = engine.image_id(ref)
     with _recording_interrupts(engine, evidence, ref, had, started):
         with credentials.private_dir("stackforge-secrets-") as secrets_dir:
-            secrets = secret_files(stack, secrets_dir, opts.ca_bundle)
+            secrets = secret_files(loaded, secrets_dir, ws)
             with progress.step(f"build {ref} with BuildKit (log: {evidence / 'build.log'})"):
                 result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref],
-                                      build_args=build_args, secrets=secrets, load=opts.load, builder=opts.builder,
+                                      build_args=build_args, secrets=secrets, load=opts.load,
                                       no_cache=opts.no_cache, on_line=echo, log_file=evidence / "build.log",
                                       extra_args=[f"--network={opts.network}"] if opts.network else [])
     log = result.log
@@ -323,7 +316,9 @@ def _recording_interrupts(engine: Engine, evidence: Path, ref: str, had: str | N
         raise
 
 
-def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info, target: str, ref: str) -> None:
+def _write_inputs(evidence: Path, loaded: LoadedStack, ctx: Context, labels: dict, info, target: str,
+                  ref: str) -> None:
+    stack = loaded.model
     data = {
         "stack": stack.name,
         "target": target,
@@ -335,7 +330,7 @@ def _write_inputs(evidence: Path, stack: Stack, ctx: Context, labels: dict, info
         "options": {n: o.value for n, o in stack.options.items()},
         "tuning": dict(stack.tuning),
         "upstreams": [asdict(s) for s in ctx.sources],
-        "overrides": [redact_text(o) for o in overrides_of(stack)],
+        "overrides": [redact_text(o) for o in loaded.overrides],
         "labels": labels,
         "engine": asdict(info),
         "resolved": resolved(stack),

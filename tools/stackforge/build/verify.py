@@ -12,8 +12,7 @@ from stackforge.build.engine import Engine
 from stackforge.build.gate import run_gate
 from stackforge.build.plan import LABEL_NS, gate_spec
 from stackforge.errors import UserError
-from stackforge.stack.load import fingerprint
-from stackforge.stack.model import Stack
+from stackforge.stack.load import LoadedStack, fingerprint, loaded_of
 
 PIN = f"{LABEL_NS}.pin."
 OPTION = f"{LABEL_NS}.option."
@@ -46,7 +45,9 @@ def stack_of(labels: dict[str, str], image: str) -> str:
     return name
 
 
-def verify(stack: Stack, image: str, labels: dict[str, str], engine: Engine | None = None) -> Verification:
+def verify(loaded: LoadedStack, image: str, labels: dict[str, str], engine: Engine | None = None) -> Verification:
+    loaded = loaded_of(loaded)
+    stack = loaded.model
     engine = engine or Engine()
     v = Verification(image, stack.name)
     v.add(labels.get(f"{LABEL_NS}.stack") == stack.name,
@@ -69,7 +70,7 @@ def verify(stack: Stack, image: str, labels: dict[str, str], engine: Engine | No
     for script, what in (("gate.py", "gate"), ("abi.py", "abi")):
         if script == "abi.py" and not gate_spec(stack)["abi"]["packages"]:
             continue  # no vendor packages: nothing for the ABI check to resolve
-        ok, out = run_gate(stack, image, engine, script=script)
+        ok, out = run_gate(loaded, image, engine, script=script)
         v.lines.extend(f"  {line}" for line in out)
         v.add(ok, f"{what:<7} re-run inside the image with a read-only root filesystem")
     return v

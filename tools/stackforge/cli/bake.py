@@ -6,15 +6,7 @@ import json
 import sys
 
 from stackforge.build import bake as bakemod
-from stackforge.cli.options import (
-    add_json,
-    add_out,
-    add_set,
-    load,
-    print_json,
-    root_of,
-    select,
-)
+from stackforge.cli.options import add_json, add_out, add_set, load, print_json, root_of, select, workspace_of
 from stackforge.errors import UserError
 from stackforge.stack.load import list_stacks
 
@@ -53,7 +45,7 @@ def _stacks(args):
     names = args.stacks
     if not names:
         select(args, list_stacks(root))
-        names = [n for n in list_stacks(root) if load(args, n).nightly]
+        names = [n for n in list_stacks(root) if load(args, n).model.nightly]
         if not names:
             raise UserError("no stack has `nightly: true`", fix="name the stacks: stackforge bake STACK…")
     select(args, names)
@@ -63,18 +55,17 @@ def _stacks(args):
 def cmd_bake(args) -> int:
     root, stacks = _stacks(args)
     if args.print:
-        items = bakemod.prepare(stacks, targets=args.targets, sources=False, ca_bundle=args.ca_bundle)
+        items = bakemod.prepare(stacks, targets=args.targets, sources=False, workspace=workspace_of(args))
         print(json.dumps(bakemod.plan(items, load=args.load), indent=2))
         return 0
     workdir = args.out or root / "build" / "bake"
     items, run = bakemod.bake(
         stacks,
+        workspace=workspace_of(args),
         targets=args.targets,
-        builder=args.builder,
         load=args.load,
         no_cache=args.no_cache,
         workdir=workdir,
-        ca_bundle=args.ca_bundle,
         on_line=lambda line: print(line, file=sys.stderr, flush=True),
     )
     ok = run.returncode == 0

@@ -6,7 +6,6 @@ import sys
 from dataclasses import asdict
 
 from stackforge.build.context import build_dir_for
-from stackforge.build.engine import Engine
 from stackforge.build.gate import run_gate
 from stackforge.build.plan import LABEL_NS
 from stackforge.build.run import (
@@ -16,14 +15,7 @@ from stackforge.build.run import (
     prepare,
     target_ref,
 )
-from stackforge.cli.options import (
-    BUILD_DIR_OUT,
-    add_json,
-    add_out,
-    add_set,
-    load,
-    print_json,
-)
+from stackforge.cli.options import BUILD_DIR_OUT, add_json, add_out, add_set, load, print_json, workspace_of
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 
@@ -70,26 +62,36 @@ def register(sub) -> None:
     add_set(p)
     p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("gate", help="re-run a stack's dependency gate on a built image (read-only root, /tmp writable)")
-    p.add_argument("image")
-    p.add_argument("--stack", required=True)
-    add_json(p, "the verdict and the gate's lines")
-    add_set(p)
-    p.set_defaults(func=cmd_gate)
-
-    p = sub.add_parser("verify", help="check a pulled or built image against its stack: labels, pins, gate, ABI")
-    p.add_argument("image")
-    p.add_argument("--stack", help="default: the stack named by the image's org.stackforge.stack label")
-    add_json(p, "the verdict, failure count and lines")
-    add_set(p)
-    p.set_defaults(func=cmd_verify)
-
-    p = sub.add_parser("abi", help="resolve every DT_NEEDED of a stack's vendor packages inside an image")
-    p.add_argument("image")
-    p.add_argument("--stack", required=True)
-    add_json(p, "the verdict and the ABI lines")
-    add_set(p)
-    p.set_defaults(func=cmd_abi)
+    # Verbs that check an image against a stack: (name, help, --stack help or None when required, --json's result).
+    for name, about, stack_help, result, func in (
+        (
+            "gate",
+            "re-run a stack's dependency gate on a built image (read-only root, /tmp writable)",
+            None,
+            "the verdict and the gate's lines",
+            cmd_gate,
+        ),
+        (
+            "verify",
+            "check a pulled or built image against its stack: labels, pins, gate, ABI",
+            "default: the stack named by the image's org.stackforge.stack label",
+            "the verdict, failure count and lines",
+            cmd_verify,
+        ),
+        (
+            "abi",
+            "resolve every DT_NEEDED of a stack's vendor packages inside an image",
+            None,
+            "the verdict and the ABI lines",
+            cmd_abi,
+        ),
+    ):
+        p = sub.add_parser(name, help=about)
+        p.add_argument("image")
+        p.add_argument("--stack", required=stack_help is None, help=stack_help)
+        add_json(p, result)
+        add_set(p)
+        p.set_defaults(func=func)
 
 
 def add_wait(p) -> None:
@@ -110,10 +112,13 @@ def add_wait(p) -> None:
 
 
 def cmd_render(args) -> int:
-    stack = load(args, args.stack)
+    loaded, ws = load(args, args.stack), workspace_of(args)
+    stack = loaded.model
     target = default_target(stack, args.target)
-    with stack_lock(build_dir_for(stack, args.out), timeout=args.lock_timeout):
-        prepared = prepare(stack, Engine(), out=args.out, sources=not args.no_sources, syntax=args.syntax)
+    with stack_lock(build_dir_for(loaded, args.out), timeout=args.lock_timeout):
+        prepared = prepare(
+            loaded, ws.engine, out=args.out, sources=not args.no_sources, syntax=args.syntax, workspace=ws
+        )
     ctx = prepared.ctx
     if args.json:
         print(ctx.plan.to_json())
@@ -142,19 +147,17 @@ def cmd_render(args) -> int:
 
 
 def cmd_build(args) -> int:
-    stack = load(args, args.stack)
+    loaded = load(args, args.stack)
     opts = BuildOptions(
         target=args.target,
         load=args.load,
         syntax=args.syntax,
-        ca_bundle=args.ca_bundle,
-        builder=args.builder,
         no_cache=args.no_cache,
         out=args.out,
         network=args.network,
         lock_timeout=args.lock_timeout,
     )
-    outcome = build(stack, opts)
+    outcome = build(loaded, opts, workspace=workspace_of(args))
     if args.json:
         print_json(asdict(outcome))
         return 0
@@ -172,14 +175,14 @@ def cmd_build(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from stackforge.build.engine import Engine
     from stackforge.build.verify import image_labels, stack_of, verify
 
-    engine = Engine()
+    engine = workspace_of(args).engine
     engine.check()
     labels = image_labels(engine, args.image)
-    stack = load(args, args.stack or stack_of(labels, args.image))
-    result = verify(stack, args.image, labels, engine)
+    loaded = load(args, args.stack or stack_of(labels, args.image))
+    stack = loaded.model
+    result = verify(loaded, args.image, labels, engine)
     if args.json:
         print_json(
             {
@@ -206,10 +209,10 @@ def cmd_gate(args) -> int:
 
 
 def _gate(args, script: str) -> int:
-    stack = load(args, args.stack)
-    ok, lines = run_gate(stack, args.image, script=script)
+    loaded = load(args, args.stack)
+    ok, lines = run_gate(loaded, args.image, workspace_of(args).engine, script=script)
     if args.json:
-        print_json({"image": args.image, "stack": stack.name, "ok": ok, "lines": lines})
+        print_json({"image": args.image, "stack": loaded.name, "ok": ok, "lines": lines})
     else:
         for line in lines:
             print(line)

@@ -6,15 +6,7 @@ import json
 import sys
 
 from stackforge.cli.newest import add_index_options, cache_dir
-from stackforge.cli.options import (
-    add_json,
-    add_set,
-    load,
-    overrides_for,
-    print_json,
-    root_of,
-    select,
-)
+from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select
 from stackforge.freshness import bump as freshness
 from stackforge.freshness.lines import load_catalog
 from stackforge.stack import diff as diffmod
@@ -43,7 +35,7 @@ def register(sub) -> None:
 
 def cmd_bump(args) -> int:
     select(args, [args.stack, args.name])
-    stack = load(args, args.stack)
+    stack = load(args, args.stack).model
     names = list(stack.packages)
     catalog, _ = load_catalog(stack, names, cache_dir=cache_dir(args))
     plan = freshness.plan_bump(stack, catalog, new_name=args.name, trains=args.train or None)

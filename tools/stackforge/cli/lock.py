@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from stackforge.build.locks import write_locks
-from stackforge.cli.options import add_json, add_set, load, print_json
-from stackforge.stack.load import stack_root
+from stackforge.cli.options import add_json, add_set, load, print_json, workspace_of
 
 
 def register(sub) -> None:
@@ -22,10 +21,11 @@ def register(sub) -> None:
 
 
 def cmd_lock(args) -> int:
-    stack = load(args, args.stack)
-    written = [str(path.relative_to(stack_root(stack))) for path in write_locks(stack, args.index, args.ca_bundle)]
+    loaded = load(args, args.stack)
+    paths = write_locks(loaded.model, args.index, workspace_of(args).ca_bundle)
+    written = [str(path.relative_to(loaded.root)) for path in paths]
     if args.json:
-        print_json({"stack": stack.name, "written": written})
+        print_json({"stack": loaded.name, "written": written})
     else:
         for path in written:
             print(path)

@@ -2,7 +2,8 @@
 
 Verbs live in ``stackforge.cli.<module>``; each module exposes
 ``register(subparsers)`` which adds its parser(s) and sets ``func`` on them.
-``func(args)`` returns the exit code.
+``func(args)`` returns the exit code. ``main`` builds the run's ``Workspace`` (root, caches,
+credentials, CA bundle, engine) once and sets it on ``args``; verbs hand it to the library.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 import sys
 
 from stackforge import __version__
+from stackforge.cli.options import WORKSPACE, make_workspace
 from stackforge.errors import UserError
 from stackforge.fslock import fs_error
 from stackforge.signals import Interrupted, handle_signals
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    setattr(args, WORKSPACE, make_workspace(args))
     try:
         with handle_signals():
             return int(args.func(args) or 0)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from stackforge.cli.options import add_json, add_set, load, print_json, root_of
+from stackforge.cli.options import add_json, add_set, load, print_json, workspace_of
 from stackforge.freshness import newest as freshness
-from stackforge.workspace import cache_dir as workspace_cache
 
 
 def add_index_options(p) -> None:
@@ -16,7 +15,7 @@ def add_index_options(p) -> None:
 
 
 def cache_dir(args):
-    return None if getattr(args, "no_cache", False) else workspace_cache(root_of(args), "index")
+    return None if getattr(args, "no_cache", False) else workspace_of(args).cache("index")
 
 
 def register(sub) -> None:
@@ -43,7 +42,7 @@ def register(sub) -> None:
 
 
 def cmd_newest(args) -> int:
-    stack = load(args, args.stack)
+    stack = load(args, args.stack).model
     report = freshness.newest(
         stack, packages=args.package or None, cache_dir=cache_dir(args), train_window=args.train_window * 60
     )

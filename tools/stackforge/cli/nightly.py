@@ -7,14 +7,16 @@ import sys
 from stackforge.cli.options import (
     add_json,
     add_out,
+    add_retry,
     add_set,
     overrides_for,
     print_json,
+    retry_policy,
     root_of,
     select,
+    workspace_of,
 )
 from stackforge.publish.nightly import declared_nightly, nightly
-from stackforge.publish.registry import RetryPolicy
 
 
 def register(sub) -> None:
@@ -32,14 +34,7 @@ def register(sub) -> None:
     p.add_argument("--builder", help="buildx builder for the bake and the builds")
     p.add_argument("--no-bake", dest="bake", action="store_false", help="skip the shared bake; build stacks one by one")
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
-    p.add_argument("--retries", type=int, default=6, metavar="N", help="registry attempts per operation (default 6)")
-    p.add_argument(
-        "--retry-time",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="time budget per registry operation (default 120)",
-    )
+    add_retry(p, "registry attempts per operation", "time budget per registry operation")
     add_out(p, "the directory summary.md and summary.json are written to (default: build/nightly/<date>)")
     add_json(p, "summary.json")
     add_set(p)
@@ -49,20 +44,19 @@ def register(sub) -> None:
 def cmd_nightly(args) -> int:
     # A --set scope must name a stack this run builds: the named ones, else the declared nightly stacks.
     select(args, args.stacks or declared_nightly(root_of(args)))
-    policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
+    policy = retry_policy(args)
     summary = nightly(
         root_of(args),
         args.registry,
         date=args.date,
         stacks=args.stacks or None,
         targets=args.targets,
-        builder=args.builder,
         use_bake=args.bake,
         policy=policy,
-        ca_bundle=args.ca_bundle,
         out=args.out,
         overrides=lambda name: overrides_for(args, name),
         echo=lambda line: print(line, file=sys.stderr, flush=True),
+        workspace=workspace_of(args),
     )
     if args.json:
         print_json(summary.to_json())

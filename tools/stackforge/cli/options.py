@@ -1,4 +1,5 @@
-"""Options shared by the verbs (--set, --json, --out), and how a verb loads the stacks it names.
+"""Options shared by the verbs (--set, --json, --out), the run's workspace, and how a verb loads the
+stacks it names (as ``LoadedStack``: the model with its root, overrides, credentials and positions).
 
 ``--set [STACK:]KEY.PATH=VALUE``: without a scope the override applies to every stack the verb
 loads; ``STACK:`` limits it to that stack. The text before the first ``:`` is a scope when the
@@ -15,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from stackforge.errors import UserError
-from stackforge.stack.load import STACK_NAME, STACKS_DIR, find_root, load_stack
-from stackforge.stack.model import Stack
+from stackforge.stack.load import STACK_NAME, STACKS_DIR, LoadedStack, find_root
+from stackforge.stack.load import load as load_stack_file
 from stackforge.urls import redact_text
+from stackforge.workspace import Workspace
 
 SELECTED = "_selected_stacks"  # the attribute select() sets on args
+WORKSPACE = "workspace"  # the attribute main() sets on args
 
 
 def add_set(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +48,23 @@ def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:
 def add_out(parser: argparse.ArgumentParser, names: str) -> None:
     """``--out PATH``; ``names`` says exactly what the path is and its default."""
     parser.add_argument("--out", type=Path, metavar="PATH", help=names)
+
+
+def add_retry(
+    parser: argparse.ArgumentParser,
+    attempts: str = "attempts per registry operation on 5xx/429/connection errors",
+    budget: str = "time budget per registry operation, retries included",
+) -> None:
+    """``--retries N`` and ``--retry-time SECONDS`` for a verb that talks to a registry (see :func:`retry_policy`)."""
+    parser.add_argument("--retries", type=int, default=6, metavar="N", help=f"{attempts} (default 6)")
+    parser.add_argument("--retry-time", type=float, default=120.0, metavar="SECONDS", help=f"{budget} (default 120)")
+
+
+def retry_policy(args):
+    """The registry retry policy of ``--retries`` / ``--retry-time`` (at least one attempt and one second)."""
+    from stackforge.publish.registry import RetryPolicy
+
+    return RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
 
 
 BUILD_DIR_OUT = (
@@ -109,8 +129,31 @@ def overrides_for(args, name: str) -> list[str]:
     return out
 
 
+def make_workspace(args) -> Workspace:
+    """The run's workspace: the root of ``--root`` (checked when first asked for), the verb's
+    ``--ca-bundle`` and ``--builder`` (where it has them)."""
+    return Workspace(
+        lambda: _checked_root(args),
+        ca_bundle=getattr(args, "ca_bundle", "auto"),
+        builder=getattr(args, "builder", None),
+    )
+
+
+def workspace_of(args) -> Workspace:
+    """The workspace ``main`` built for this run (built here for a verb called without ``main``)."""
+    ws = getattr(args, WORKSPACE, None)
+    if ws is None:
+        ws = make_workspace(args)
+        setattr(args, WORKSPACE, ws)
+    return ws
+
+
 def root_of(args) -> Path:
     """The repository root: ``--root DIR`` (which must hold stacks/) or the one found upwards from here."""
+    return workspace_of(args).root
+
+
+def _checked_root(args) -> Path:
     given = getattr(args, "root", None)
     if not given:
         return find_root()
@@ -130,5 +173,6 @@ def root_of(args) -> Path:
     return root
 
 
-def load(args, name: str) -> Stack:
-    return load_stack(name, root=root_of(args), overrides=overrides_for(args, name))
+def load(args, name: str) -> LoadedStack:
+    """Load stack ``name`` of the workspace's repository with the ``--set`` values that apply to it."""
+    return load_stack_file(name, root=root_of(args), overrides=overrides_for(args, name))

@@ -13,18 +13,10 @@ from pathlib import Path
 
 from stackforge import patches as P
 from stackforge.build import sources as up
-from stackforge.cli.options import (
-    add_json,
-    add_set,
-    load,
-    overrides_for,
-    print_json,
-    root_of,
-    select,
-)
+from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select, workspace_of
 from stackforge.errors import UserError
 from stackforge.stack.load import list_stacks, load_stack
-from stackforge.workspace import CACHE_ENV, cache_dir
+from stackforge.workspace import CACHE_ENV
 
 
 def register(sub) -> None:
@@ -148,15 +140,14 @@ def register(sub) -> None:
 # --- helpers ----------------------------------------------------------------------
 
 
-def _cache(args, root: Path) -> Path:
-    return args.cache.resolve() if getattr(args, "cache", None) else cache_dir(root, "")
+def _cache(args) -> Path:
+    return args.cache.resolve() if getattr(args, "cache", None) else workspace_of(args).cache()
 
 
 def _target(args, stack=None, upstream: str | None = None):
-    stack = stack or load(args, args.stack)
-    root = P.stack_root(stack)
+    stack = stack or load(args, args.stack).model
     return P.target_from_stack(
-        stack, upstream or args.upstream, overlays=args.overlay, cache_dir=_cache(args, root), offline=args.offline
+        stack, upstream or args.upstream, overlays=args.overlay, cache_dir=_cache(args), offline=args.offline
     )
 
 
@@ -248,7 +239,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_upstreamed(args) -> int:
-    stack = load(args, args.stack)
+    stack = load(args, args.stack).model
     target = _target(args, stack)
     pinned = _pinned_without_overrides(args, target)
     if args.to_commit:
@@ -303,9 +294,7 @@ def _export_targets(args) -> list:
             if key in seen:
                 continue
             seen.add(key)
-            t = P.target_from_stack(
-                stack, uname, overlays=args.overlay, cache_dir=_cache(args, root), offline=args.offline
-            )
+            t = P.target_from_stack(stack, uname, overlays=args.overlay, cache_dir=_cache(args), offline=args.offline)
             out.append((f"{name}/{uname}", t))
     return out
 

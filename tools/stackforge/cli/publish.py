@@ -6,12 +6,14 @@ from stackforge.cli.options import (
     BUILD_DIR_OUT,
     add_json,
     add_out,
+    add_retry,
     add_set,
     load,
     print_json,
+    retry_policy,
+    workspace_of,
 )
 from stackforge.publish.publisher import stderr_echo
-from stackforge.publish.registry import RetryPolicy
 from stackforge.publish.stack import publish_stack
 
 
@@ -46,30 +48,17 @@ def register(sub) -> None:
         help="publish the local image even without a passing `stackforge build` record for it",
     )
     p.add_argument("--compression", choices=["gzip", "none"], default="gzip", help="layer compression (default gzip)")
-    p.add_argument(
-        "--retries",
-        type=int,
-        default=6,
-        metavar="N",
-        help="attempts per registry operation on 5xx/429/connection errors (default 6)",
-    )
-    p.add_argument(
-        "--retry-time",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="time budget per registry operation, retries included (default 120)",
-    )
+    add_retry(p)
     add_json(p, "the evidence record")
     add_set(p)
     p.set_defaults(func=cmd_publish)
 
 
 def cmd_publish(args) -> int:
-    stack = load(args, args.stack)
-    policy = RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
+    loaded = load(args, args.stack)
+    policy = retry_policy(args)
     result = publish_stack(
-        stack,
+        loaded,
         args.registry,
         date=args.date,
         target=args.target,
@@ -79,6 +68,7 @@ def cmd_publish(args) -> int:
         policy=policy,
         compression=args.compression,
         echo=stderr_echo,
+        workspace=workspace_of(args),
     )
     if args.json:
         print_json(result.evidence())

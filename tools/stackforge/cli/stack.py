@@ -9,7 +9,7 @@ from stackforge.cli.options import add_json, add_set, load, print_json, root_of,
 from stackforge.errors import UserError
 from stackforge.stack import diff as diffmod
 from stackforge.stack import rules, tags
-from stackforge.stack.load import fingerprint, list_stacks, resolved, stack_files
+from stackforge.stack.load import fingerprint, list_stacks, resolved
 from stackforge.urls import redact_text
 
 
@@ -77,7 +77,7 @@ def cmd_list(args) -> int:
     rows = []
     for name in names:
         try:
-            rows.append({"name": name, "description": load(args, name).description})
+            rows.append({"name": name, "description": load(args, name).model.description})
         except UserError as err:
             where = err.location()
             rows.append({"name": name, "invalid": f"{where + ': ' if where else ''}{err.message}"})
@@ -92,10 +92,11 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    stack = load(args, args.stack)
+    loaded = load(args, args.stack)
+    stack = loaded.model
     info = {
         "stack": resolved(stack),
-        "files": stack_files(stack),
+        "files": list(loaded.files),
         "overrides": [redact_text(o) for o in args.overrides],
         "local_tag": str(tags.local_ref(stack)),
         "labels": tags.labels(stack),
@@ -140,7 +141,7 @@ def cmd_lint(args) -> int:
     invalid = False
     for name in names:
         try:
-            stack = load(args, name)
+            stack = load(args, name).model
         except UserError as err:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})
@@ -178,7 +179,7 @@ def cmd_lint(args) -> int:
 
 
 def cmd_tags(args) -> int:
-    stack = load(args, args.stack)
+    stack = load(args, args.stack).model
     result: dict = {"stack": stack.name, "local": str(tags.local_ref(stack))}
     if args.registry:
         if args.revision is None:
@@ -203,8 +204,8 @@ def cmd_diff(args) -> int:
         print(d_inv.to_json() if args.json or args.format == "json" else inventory.to_text(d_inv), end="")
         return 0
     select(args, [args.old, args.new])
-    old = load(args, args.old)
-    new = load(args, args.new)
+    old = load(args, args.old).model
+    new = load(args, args.new).model
     d = diffmod.diff_stacks(old, new)
     if args.json or args.format == "json":
         print(d.to_json())

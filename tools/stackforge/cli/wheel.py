@@ -5,11 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stackforge.cli.options import add_json, print_json
-from stackforge.errors import UserError
+from stackforge.cli.options import add_json, print_json, workspace_of
 from stackforge.freshness import wheel as wheelmod
-from stackforge.stack.load import find_root
-from stackforge.workspace import cache_dir
 
 
 def register(sub) -> None:
@@ -38,11 +35,7 @@ def register(sub) -> None:
 
 
 def _cache(args) -> Path:
-    try:
-        root: Path | None = Path(args.root).resolve() if getattr(args, "root", None) else find_root()
-    except UserError:
-        root = None
-    return cache_dir(root, "wheels")
+    return workspace_of(args).cache("wheels")
 
 
 def _load(src: str, args) -> wheelmod.WheelInfo:

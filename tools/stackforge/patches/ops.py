@@ -175,9 +175,23 @@ def apply_to(
                 fix="choose a new directory, pass --force to replace it, or --continue a stopped apply",
             )
         shutil.rmtree(dest)
-    head = prepare(target.spec, target.cache_dir, dest, root=target.root, offline=target.offline, label=target.name)
+    head = _prepare(target, dest)
     _seed(dest, head, seed_commit, target.refs)
     return apply_layers(dest, target.layers, stop_on_failure=True, resume=resume, context=context)
+
+
+def _prepare(target: Target, dest: Path, *, commit: str | None = None, history: bool | str = True) -> str:
+    """``prepare`` the target's upstream at ``dest`` from the target's cache (``commit``: that one of its mirror)."""
+    return prepare(
+        target.spec,
+        target.cache_dir,
+        dest,
+        root=target.root,
+        commit=commit,
+        history=history,
+        offline=target.offline,
+        label=target.name,
+    )
 
 
 def _seed(repo: Path, head: str, seed_commit: str | None, refs: Sequence[PatchRef]) -> None:
@@ -197,16 +211,7 @@ def check(target: Target, *, commit: str | None = None, seed_commit: str | None 
     uses, so both verbs always agree; an upstreamed patch is never reported as failing.
     """
     with scratch() as tmp:
-        head = prepare(
-            target.spec,
-            target.cache_dir,
-            tmp,
-            root=target.root,
-            commit=commit,
-            history="shared",
-            offline=target.offline,
-            label=target.name,
-        )
+        head = _prepare(target, tmp, commit=commit, history="shared")
         seed = seed_commit or (up.field(target.spec, "commit") if commit else None)
         _seed(tmp, head, seed, target.refs)
         report = apply_layers(tmp, target.layers, stop_on_failure=False)
@@ -243,15 +248,7 @@ def export_check(target: Target) -> list[Change]:
     if not target.refs:
         return _static_changes(target.layers)
     with scratch() as tmp:
-        prepare(
-            target.spec,
-            target.cache_dir,
-            tmp,
-            root=target.root,
-            history="shared",
-            offline=target.offline,
-            label=target.name,
-        )
+        _prepare(target, tmp, history="shared")
         report = apply_layers(tmp, target.layers, stop_on_failure=True)
         if report.failed:
             raise failure_error(report, None)
@@ -332,16 +329,7 @@ def _require_git(target: Target, what: str) -> None:
 
 def _two_pins(target: Target, tmp: Path, old_commit: str, new_commit: str) -> tuple[str, str]:
     """Export the upstream's shared history at ``old_commit`` into ``tmp``; return (old id, new id)."""
-    old_id = prepare(
-        target.spec,
-        target.cache_dir,
-        tmp,
-        root=target.root,
-        commit=old_commit,
-        history="shared",
-        offline=target.offline,
-        label=target.name,
-    )
+    old_id = _prepare(target, tmp, commit=old_commit, history="shared")
     new_id = rev_parse(tmp, new_commit)
     if new_id is None:
         raise UserError(

@@ -30,7 +30,9 @@ from stackforge.publish.registry import RetryPolicy, parse_registry
 from stackforge.publish.scheme import validate_date
 from stackforge.publish.stack import publish_stack
 from stackforge.signals import Interrupted
+from stackforge.stack.load import LoadedStack
 from stackforge.urls import redact_text
+from stackforge.workspace import Workspace
 
 
 @dataclass
@@ -183,7 +185,9 @@ def per_stack(overrides: Overrides) -> Callable[[str], list[str]]:
     return lambda name: list(every)
 
 
-def select_stacks(root: Path, names: list[str] | None, overrides: Overrides = None) -> tuple[list[Any], list[Row]]:
+def select_stacks(
+    root: Path, names: list[str] | None, overrides: Overrides = None
+) -> tuple[list[LoadedStack], list[Row]]:
     """Load the named stacks (default: every stack with ``nightly: true``) and lint them.
 
     ``overrides`` (``--set key.path=value``) apply when each stack loads: a list applies to every
@@ -191,27 +195,28 @@ def select_stacks(root: Path, names: list[str] | None, overrides: Overrides = No
     it is not a nightly stack anyway (it would not have run).
     """
     from stackforge.build.prepare import lint_or_fail
-    from stackforge.stack.load import list_stacks, load_stack
+    from stackforge.stack.load import list_stacks, load
 
     for_stack = per_stack(overrides)
-    loaded, rows = [], []
+    loaded: list[LoadedStack] = []
+    rows: list[Row] = []
     for name in names or list_stacks(root):
         own = for_stack(name)
         try:
-            stack = load_stack(name, root=root, overrides=own)
+            one = load(name, root=root, overrides=own)
         except UserError as err:
             if not names and own and not _nightly_as_declared(root, name):
                 continue
             rows.append(Row(stack=name, target="*", status="failed", stage="load", reason=err.render()))
             continue
-        if not names and not stack.nightly:
+        if not names and not one.model.nightly:
             continue
         try:
-            lint_or_fail(stack)
+            lint_or_fail(one.model)
         except BuildFailed as err:
-            rows.append(Row(stack=stack.name, target="*", status="failed", stage="lint", reason=err.message))
+            rows.append(Row(stack=one.name, target="*", status="failed", stage="lint", reason=err.message))
             continue
-        loaded.append(stack)
+        loaded.append(one)
     return loaded, rows
 
 
@@ -239,17 +244,18 @@ def nightly(
     date: str | None = None,
     stacks: list[str] | None = None,
     targets: list[str] | None = None,
-    builder: str | None = None,
     use_bake: bool = True,
     policy: RetryPolicy | None = None,
-    ca_bundle: str | None = "auto",
     out: Path | None = None,
     overrides: Overrides = None,
     echo: Callable[[str], None] = print,
+    workspace: Workspace | None = None,
 ) -> Summary:
+    """Bake, build, gate and publish the nightly stacks of the repository at ``root``, with the
+    workspace's engine (its builder), credentials and CA bundle (default: the workspace at ``root``)."""
     from stackforge.build import bake as bakemod
-    from stackforge.build.engine import Engine
 
+    ws = workspace if workspace is not None else Workspace.at(root)
     started = time.monotonic()
     parse_registry(registry, what="--registry")
     date = validate_date(date)
@@ -270,16 +276,13 @@ def nightly(
     if not_run:
         summary.bake = {"not_run": not_run}
         echo(f"nightly: bake not run: {not_run}")
-    engine = Engine(builder=builder)
     try:
-        _bake_and_build(
-            summary, loaded, targets, registry, date, builder, use_bake, policy, ca_bundle, engine, outdir, echo
-        )
+        _bake_and_build(summary, loaded, targets, registry, date, use_bake, policy, ws, outdir, echo)
     except Interrupted as intr:
         # The rows not yet decided say so; the summary is written before the command stops.
         decided = {(r.stack, r.target) for r in summary.rows}
         for stack in loaded:
-            for target in _targets_or_star(bakemod, stack, targets):
+            for target in _targets_or_star(bakemod, stack.model, targets):
                 if (stack.name, target) not in decided:
                     summary.rows.append(
                         Row(
@@ -330,15 +333,13 @@ def _write_summary(summary: Summary, outdir: Path, started: float, for_stack: Ca
 
 def _bake_and_build(
     summary: Summary,
-    loaded: list,
+    loaded: list[LoadedStack],
     targets: list[str] | None,
     registry: str,
     date: str,
-    builder: str | None,
     use_bake: bool,
     policy: RetryPolicy | None,
-    ca_bundle: str | None,
-    engine,
+    workspace: Workspace,
     outdir: Path,
     echo: Callable[[str], None],
 ) -> None:
@@ -348,14 +349,13 @@ def _bake_and_build(
     from stackforge.build.run import BuildOptions, build
     from stackforge.fslock import stack_lock
 
+    engine = workspace.engine
     if loaded:
         engine.check()
     if loaded and use_bake:
         echo(f"nightly: bake {', '.join(s.name for s in loaded)}")
         try:
-            items, baked = bakemod.bake(
-                loaded, targets=targets, builder=builder, workdir=outdir, engine=engine, ca_bundle=ca_bundle
-            )
+            items, baked = bakemod.bake(loaded, workspace=workspace, targets=targets, workdir=outdir, engine=engine)
             summary.bake = {
                 "returncode": baked.returncode,
                 "duration_s": baked.duration_s,
@@ -374,9 +374,8 @@ def _bake_and_build(
     run = NightlyRun(
         registry=registry,
         date=date,
-        builder=builder,
         policy=policy,
-        ca_bundle=ca_bundle,
+        workspace=workspace,
         engine=engine,
         outdir=outdir,
         echo=echo,
@@ -386,7 +385,7 @@ def _bake_and_build(
     )
     for stack in loaded:
         try:
-            names = bakemod.stack_targets(stack, targets)
+            names = bakemod.stack_targets(stack.model, targets)
         except UserError as err:
             summary.rows.append(Row(stack=stack.name, target="*", status="failed", stage="build", reason=err.render()))
             continue
@@ -405,9 +404,8 @@ class NightlyRun:
 
     registry: str
     date: str
-    builder: str | None
     policy: RetryPolicy | None
-    ca_bundle: str | None
+    workspace: Workspace  # the builder, credentials and CA bundle
     engine: Any
     outdir: Path
     echo: Callable[[str], None]
@@ -416,7 +414,7 @@ class NightlyRun:
     publish: Callable[..., Any]  # stackforge.publish.stack.publish_stack
 
 
-def _one(run: NightlyRun, stack, target: str) -> Row:
+def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
     """Build, gate and publish one stack and target; its evidence bundle is copied under ``run.outdir``."""
     echo = run.echo
     t0 = time.monotonic()
@@ -426,9 +424,10 @@ def _one(run: NightlyRun, stack, target: str) -> Row:
     try:
         outcome = run.build(
             stack,
-            run.options(target=target, builder=run.builder, ca_bundle=run.ca_bundle),
+            run.options(target=target),
             engine=run.engine,
             echo=lambda line: None,
+            workspace=run.workspace,
         )
         evidence = outcome.evidence
         row.gate = _gate_summary(outcome.gate)
@@ -454,6 +453,7 @@ def _one(run: NightlyRun, stack, target: str) -> Row:
                 policy=run.policy,
                 engine=run.engine,
                 echo=lambda line: None,
+                workspace=run.workspace,
             )
             row.status, row.tag, row.digest = result.status, result.reference, result.digest
             echo(f"nightly: {stack.name}/{target}: {result.status} {result.reference}")
@@ -470,7 +470,7 @@ def _one(run: NightlyRun, stack, target: str) -> Row:
     return row
 
 
-def _evidence_dir(stack) -> Path:
+def _evidence_dir(stack: LoadedStack) -> Path:
     from stackforge.build.context import build_dir_for
 
     return build_dir_for(stack) / "evidence"

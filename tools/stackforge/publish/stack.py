@@ -24,9 +24,9 @@ from stackforge.publish.publisher import PublishResult, publish
 from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
 from stackforge.publish.scheme import TagScheme, validate_date
 from stackforge.stack import tags as tagsmod
-from stackforge.stack.load import stack_root
+from stackforge.stack.load import LoadedStack, loaded_of
 from stackforge.stack.targets import published
-from stackforge.workspace import cache_dir
+from stackforge.workspace import Workspace, workspace_for
 
 
 def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str,
 
 
 def publish_stack(
-    stack: Any,
+    loaded: LoadedStack,
     registry: str,
     *,
     date: str | None = None,
@@ -77,13 +77,17 @@ def publish_stack(
     engine: Engine | None = None,
     lock_dir: Path | None = None,
     echo: Callable[[str], None] | None = None,
+    workspace: Workspace | None = None,
 ) -> PublishResult:
     """Publish the local image that ``stackforge build`` made for ``stack``/``target``.
 
     Repository, immutable tag scheme and aliases come from the stack's ``tags:`` templates
     under ``registry``; a target other than the stack's first one gets ``-<target>`` after
-    the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``.
+    the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``; the
+    engine (unless ``engine`` is given) and the layer cache are the workspace's.
     """
+    loaded = loaded_of(loaded)
+    stack, ws = loaded.model, workspace_for(loaded, workspace)
     reg = parse_registry(registry, what="--registry")
     date = validate_date(date)
     try:
@@ -104,9 +108,9 @@ def publish_stack(
             )
         aliases.append(alias.tag + suffix)
     local = target_ref(stack, target)
-    with stack_lock(build_dir_for(stack, out)):  # no build of this stack replaces its evidence meanwhile
-        evidence = build_dir_for(stack, out) / "evidence"
-        engine = engine or Engine()
+    with stack_lock(build_dir_for(loaded, out)):  # no build of this stack replaces its evidence meanwhile
+        evidence = build_dir_for(loaded, out) / "evidence"
+        engine = engine or ws.engine
         image = DockerImage(local, engine=engine)
         image.inspect()
         assert image.image_id is not None
@@ -126,5 +130,5 @@ def publish_stack(
             echo=echo,
             evidence=evidence,
             extra=extra,
-            layer_cache=cache_dir(stack_root(stack), "layers"),
+            layer_cache=ws.cache("layers"),
         )

@@ -1,4 +1,5 @@
-"""Load a stack: YAML → inheritance → ``--set`` overrides → validated ``Stack``.
+"""Load a stack: YAML → inheritance → ``--set`` overrides → validated ``Stack``, returned by
+``load`` as a ``LoadedStack`` (the model with its root, files, overrides, credentials and positions).
 
 Errors name the file, line and column of the value at fault and say how to fix
 it; they are collected, so one run reports every problem in a file.
@@ -43,6 +44,10 @@ class LoadedStack:
     root: Path
     overrides: list[str]
     credentials: dict[str, Credential] = dataclasses.field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.model.name
 
 
 class StackInvalid(UserError):
@@ -729,8 +734,19 @@ def load(name_or_path: str, root: Path | str | None = None, overrides: list[str]
 
 
 def load_stack(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> Stack:
-    """The validated model of ``load(...)``; the accessors below read its provenance."""
+    """The validated model of ``load(...)``, for code that needs the model only (plan, rules, tags);
+    the accessors below read its provenance."""
     return load(name_or_path, root, overrides).model
+
+
+def loaded_of(stack: LoadedStack | Stack) -> LoadedStack:
+    """The ``LoadedStack`` a library entry point works on. The CLI hands one over; a model that
+    ``load_stack`` read is accepted too (its loader record), so callers holding only the model work."""
+    if isinstance(stack, LoadedStack):
+        return stack
+    if stack._loaded is None:
+        raise ValueError(f"stack {stack.name!r} was not read by load_stack, so it has no repository root")
+    return stack._loaded
 
 
 def _split_off_credentials(data: dict) -> tuple[dict, dict]:
@@ -759,9 +775,7 @@ def position(stack: Stack, path: tuple) -> Pos:
 
 def stack_root(stack: Stack) -> Path:
     """The repository root the stack was loaded from."""
-    if stack._loaded is None:
-        raise ValueError(f"stack {stack.name!r} was not read by load_stack, so it has no repository root")
-    return stack._loaded.root
+    return loaded_of(stack).root
 
 
 def stack_files(stack: Stack) -> list[str]:

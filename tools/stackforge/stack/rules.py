@@ -27,6 +27,11 @@ class Finding:
     path: tuple
     fix: str
 
+    @classmethod
+    def on_pin(cls, rule: str, message: str, package: str, fix: str) -> Finding:
+        """A finding about the version the stack pins for ``package`` (located at that pin)."""
+        return cls(rule, message, ("packages", package, "version"), fix)
+
     def located(self, stack: Stack) -> dict:
         pos = position(stack, self.path)
         return {
@@ -61,11 +66,11 @@ def check_trains(stack: Stack) -> list[Finding]:
                 for m, post in posts.items():
                     if post != want_post:
                         out.append(
-                            Finding(
+                            Finding.on_pin(
                                 "train",
                                 f"{m} {pins[m].version} is at post{post} but train '{train.name}' is at "
                                 f"post{want_post} ({lead} {pins[lead].version})",
-                                ("packages", m, "version"),
+                                m,
                                 f"move {m} to its post{want_post} build with the rest of the train",
                             )
                         )
@@ -75,12 +80,12 @@ def check_trains(stack: Stack) -> list[Finding]:
                 if p.local != want_local:
                     label = f"local label '+{p.local}'" if p.local else "no local label"
                     out.append(
-                        Finding(
+                        Finding.on_pin(
                             "train",
                             f"{m} {p.version} has {label} but train '{train.name}' uses "
                             + (f"'+{want_local}'" if want_local else "no local label")
                             + f" ({lead} {pins[lead].version})",
-                            ("packages", m, "version"),
+                            m,
                             f"pin the +{want_local} build of {m}"
                             if want_local
                             else f"pin the build of {m} without a local label",
@@ -91,10 +96,10 @@ def check_trains(stack: Stack) -> list[Finding]:
             for m, p in pins.items():
                 if p.release != want_release:
                     out.append(
-                        Finding(
+                        Finding.on_pin(
                             "train",
                             f"{m} release {p.release} differs from {lead} release {want_release}",
-                            ("packages", m, "version"),
+                            m,
                             f"pin {m} {want_release}",
                         )
                     )
@@ -128,11 +133,11 @@ def check_built_for(stack: Stack) -> list[Finding]:
         if have.local != want:
             built = f"is built for '+{have.local}'" if have.local else "names no build (no local label)"
             out.append(
-                Finding(
+                Finding.on_pin(
                     "built-for",
                     f"{bf.package} {have.version} {built}, but this stack's "
                     f"{bf.for_} is {target.version} (expected local label '+{want}')",
-                    ("packages", bf.package, "version"),
+                    bf.package,
                     f"pin {bf.package}=={have.public}+{want}, or check the index for a build against {bf.for_} "
                     f"{target.version}",
                 )
@@ -150,10 +155,10 @@ def check_aligned(stack: Stack) -> list[Finding]:
             have = stack.packages[m].version
             if have != want:
                 out.append(
-                    Finding(
+                    Finding.on_pin(
                         "aligned",
                         f"{m} {have} differs from {lead} {want}; family '{fam.name}' moves as one version",
-                        ("packages", m, "version"),
+                        m,
                         f"pin {m} {want}",
                     )
                 )
@@ -167,10 +172,10 @@ def check_vendor_build(stack: Stack) -> list[Finding]:
         pin = _pin(stack, vb.package)
         if not (pin.local or "").startswith(vb.local_prefix):
             out.append(
-                Finding(
+                Finding.on_pin(
                     "vendor-build",
                     f"{vb.package} {pin.version} is not a '+{vb.local_prefix}' build",
-                    ("packages", vb.package, "version"),
+                    vb.package,
                     f"pin the vendor build, e.g. {pin.public}+{vb.local_prefix}.1",
                 )
             )
@@ -187,10 +192,10 @@ def check_minimums(stack: Stack) -> list[Finding]:
         if Version(have) < Version(mn.min):
             cond = f" when {mn.when.package} >= {mn.when.min}" if mn.when else ""
             out.append(
-                Finding(
+                Finding.on_pin(
                     "minimum",
                     f"{mn.package} {have} is below the declared minimum {mn.min}{cond}",
-                    ("packages", mn.package, "version"),
+                    mn.package,
                     f"pin {mn.package} {mn.min} or newer",
                 )
             )
