@@ -21,7 +21,6 @@ from tests.fixtures import musa_standins as ms
 
 pytestmark = pytest.mark.engine
 
-POST2_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
 SITE = "/opt/venv/lib/python3.11/site-packages"
 BAD_SHA = "deadbeef" * 8
 
@@ -230,10 +229,12 @@ def test_bad_input(case: Case, standins):
         specs = case.serve(stack, specs)
     endpoints = standins.endpoints(specs, label=f"{case.id}-" if case.serve else "")
     extra = case.overrides(standins) if callable(case.overrides) else case.overrides
-    mb.docker("image", "rm", POST2_TAG, check=False)
-    assert mb.image_id(POST2_TAG) is None
+    # A tag of this case's own, so another build of post2 on the same engine cannot make it appear.
+    tag = f"stackforge-test/bad-input:{case.id}"
+    mb.docker("image", "rm", tag, check=False)
+    assert mb.image_id(tag) is None
 
-    build = standins.build("post2", standins.overrides(endpoints) + extra, label="bad-input")
+    build = standins.build("post2", [*standins.overrides(endpoints), *extra, f"tags.local={tag}"], label="bad-input")
 
     err = build.proc.stderr
     assert build.proc.returncode == case.code, build.describe()
@@ -243,7 +244,7 @@ def test_bad_input(case: Case, standins):
     assert err.startswith("error: ") or err.split("\nerror: ", 1)[0].splitlines()[0].startswith("stackforge: "), err
     for pattern in case.expect:
         assert re.search(pattern, err, re.M), f"{pattern!r} not in:\n{err}"
-    # No tag: the stack's local tag, removed before the build, still names nothing.
-    assert mb.image_id(POST2_TAG) is None
+    # No tag: the local tag, removed before the build, still names nothing.
+    assert mb.image_id(tag) is None
     if build.proc.returncode == 1 and (build.evidence / "result.json").is_file():
         assert '"ok": false' in (build.evidence / "result.json").read_text()
