@@ -112,15 +112,21 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
             patches as overlay,  # the patch overlay (apply, series hash)
         )
 
-        patch_dir = root / up.patches if up.patches else installed.in_tree_series(stack, name, dest.parent)
-        try:
-            info.patches = [r.name for r in overlay.apply_to_export(dest, patch_dir)]
-        except UserError as err:
-            raise installed.naming_key(stack, name, err) if up.patches_from else err from None
-        digest = overlay.series_hash(patch_dir)
+        # The series another upstream carries first, then the repository's own on top of it.
+        carried = installed.in_tree_series(stack, name, dest.parent) if up.patches_from else None
+        own = root / up.patches if up.patches else None
+        if carried is not None:
+            try:
+                info.patches = [r.name for r in overlay.apply_to_export(dest, carried)]
+            except UserError as err:
+                raise installed.naming_key(stack, name, err) from None
+        if own is not None:
+            info.patches += [r.name for r in overlay.apply_to_export(dest, own)]
+        layers = [d for d in (carried, own) if d is not None]
+        digest = overlay.series_hash(*layers)
         info.series_hash = digest if digest.startswith("sha256:") else f"sha256:{digest}"
-        if patch_dir.parent.name == ".series":  # a series listed by file name: written for this export only
-            shutil.rmtree(patch_dir.parent)
+        if carried is not None and carried.parent.name == ".series":  # listed by file name for this export only
+            shutil.rmtree(carried.parent)
     info.patches += [f"edit {path}" for path in edits.apply(stack, name, dest)]
     return info
 

@@ -56,15 +56,6 @@ def problems(stack: Stack, pos_for: PosFor) -> list[UserError]:
         if src is None:
             continue
         where: tuple = ("upstreams", uname, "patches_from")
-        if up.patches is not None:
-            out.append(
-                _error(
-                    pos_for,
-                    where,
-                    "declare one series: patches or patches_from, not both",
-                    "drop patches: (the in-tree series replaces it)",
-                )
-            )
         out.append(_unknown(pos_for, (*where, "upstream"), src.upstream, stack.upstreams, "upstream"))
         if src.upstream == uname:
             out.append(
