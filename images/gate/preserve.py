@@ -36,6 +36,7 @@ MISSING = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9
 REQUESTED = re.compile(r"^\s*The user requested (?!\(constraint\))(\S.*)$")
 CONSTRAINT = re.compile(r"^\s*The user requested \(constraint\) ([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s*$")
 PUBLIC = "/stackforge/deps/public-pins.json"
+BARE = re.compile(r"(the phase requests |\S+ \S+ depends on )[\w.-]+(\[[^\]]*\])?(\s*;.*)?")  # no version asked
 
 
 def canon(name: str) -> str:
@@ -121,7 +122,8 @@ def public_conflicts(output: list[str], phase: str, key: str, public: dict[str, 
     """One line per public pin a refused resolution would move: the phase, its stack key, the pin, what asked."""
     lines = []
     for name, version in held_public(output, public).items():
-        why = conflict(output, {name: version})
+        # a bare name ("The user requested numpy") is satisfied by the pin: only versioned asks conflict
+        why = [w for w in conflict(output, {name: version}) if not BARE.fullmatch(w)]
         if why:
             lines.append(f"ERROR: pip phase {phase} (stack key {key}) would move the public pin {name}=={version} "
                          f"(stack key packages.{name}; the constraints hold it): {'; '.join(why)}")
