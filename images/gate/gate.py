@@ -7,7 +7,8 @@ path given as the first argument) and checks, in the stack's order:
 * each pinned package: import it first (importing torchada patches torch, so
   order matters), then read the installed version from its distribution
   metadata and compare with the pin — ``exact`` (equal), ``prefix`` (starts
-  with the pin) or ``metadata`` (no import, version only);
+  with the pin), ``metadata`` (no import, version only) or ``spec`` (found by
+  ``importlib.util.find_spec`` without importing it, version as ``metadata``);
 * extra imports (vllm, the platform plugin): imported, version reported;
 * probes: small named snippets (each with its own env, if any) whose printed result must equal the expectation;
 * requirement rules (``rules.requires``): a distribution's version, or the first version-looking
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata as md
+import importlib.util
 import io
 import json
 import os
@@ -167,9 +169,16 @@ def _err(exc: BaseException) -> str:
 
 def check_package(pkg: dict) -> tuple[bool, str]:
     name, dist, module, mode, want = pkg["name"], pkg["dist"], pkg["import"], pkg["mode"], pkg["version"]
-    verb = "meta  " if mode == "metadata" else "import"
+    verb = {"metadata": "meta  ", "spec": "spec  "}.get(mode, "import")
     label = f"{verb} {name:<{WIDTH}}"
-    if mode != "metadata":
+    if mode == "spec":
+        try:
+            found_spec = importlib.util.find_spec(module)
+        except BaseException as exc:  # noqa: BLE001 - a parent package that fails to import
+            return False, f"FAIL {label} expected={want} error=find_spec {module}: {_err(exc)}"
+        if found_spec is None:
+            return False, f"FAIL {label} expected={want} error=no module spec for {module}"
+    elif mode != "metadata":
         try:
             importlib.import_module(module)
         except BaseException as exc:  # noqa: BLE001 - any import failure is a gate failure

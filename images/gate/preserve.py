@@ -1,11 +1,12 @@
 """Run one pip phase and check that it kept every vendor pin (run inside the image, standard library only).
 
     python preserve.py --phase NAME --key STACK_KEY --index INDEX --record OUT.json [--pins PINS.json] \\
-        [--lock LOCK --stack STACK] -- python -m pip install ...
+        [--public PUBLIC.json] [--lock LOCK --stack STACK] -- python -m pip install ...
 
 1. Runs the pip command (adding ``--report`` when pip has it, 22.2 and later), streaming its output.
    If pip fails and its message names a conflict with a vendor pin (the constraints file holds them), one
-   more line names the phase, its stack key and the package that asked for another version.
+   more line names the phase, its stack key and the package that asked for another version; so does a
+   conflict with a public pin (``PUBLIC.json``: {name: version}) that the phase held as a constraint.
 2. After the phase, every vendor pin (``PINS.json``: {name: version}) must still be installed with exactly
    its version: ``PASS preserve torch version=2.11.0.post2+musa5.2.0`` per pin, or a FAIL naming the phase
    and who pulled the other version in (from the pip report: the requested item, or the items whose
@@ -34,6 +35,9 @@ NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 DEPENDS = re.compile(r"^\s*(\S+) (\S+) depends on (.+)$")
 MISSING = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)")
 REQUESTED = re.compile(r"^\s*The user requested (?!\(constraint\))(\S.*)$")
+CONSTRAINT = re.compile(r"^\s*The user requested \(constraint\) ([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s*$")
+PUBLIC = "/stackforge/deps/public-pins.json"
+BARE = re.compile(r"(the phase requests |\S+ \S+ depends on )[\w.-]+(\[[^\]]*\])?(\s*;.*)?")  # no version asked
 
 
 def canon(name: str) -> str:
@@ -130,6 +134,24 @@ def conflict(output: list[str], pins: dict[str, str]) -> list[str]:
     ] + asked
 
 
+def held_public(output: list[str], public: dict[str, str]) -> dict[str, str]:
+    """The public pins pip names as this phase's constraints ("The user requested (constraint) numpy==1.26.4")."""
+    held = {canon(m.group(1)): m.group(2) for m in map(CONSTRAINT.match, output) if m}
+    return {name: version for name, version in public.items() if held.get(canon(name)) == version}
+
+
+def public_conflicts(output: list[str], phase: str, key: str, public: dict[str, str]) -> list[str]:
+    """One line per public pin a refused resolution would move: the phase, its stack key, the pin, what asked."""
+    lines = []
+    for name, version in held_public(output, public).items():
+        # a bare name ("The user requested numpy") is satisfied by the pin: only versioned asks conflict
+        why = [w for w in conflict(output, {name: version}) if not BARE.fullmatch(w)]
+        if why:
+            lines.append(f"ERROR: pip phase {phase} (stack key {key}) would move the public pin {name}=={version} "
+                         f"(stack key packages.{name}; the constraints hold it): {'; '.join(why)}")
+    return lines
+
+
 def offline_failure(output: list[str], phase: str, lock: str, stack: str) -> str:
     """Why a phase run with --no-index failed: its lock lacks what its requirement files need."""
     missing = sorted({m.group(1) for m in map(MISSING.search, output) if m})
@@ -177,18 +199,23 @@ def main(argv: list[str]) -> int:
     phase, key, index = opts["--phase"], opts["--key"], opts["--index"]
     with open(opts.get("--pins", "/stackforge/deps/vendor-pins.json")) as fh:
         pins: dict[str, str] = json.load(fh)
+    public: dict[str, str] = {}
+    if os.path.isfile(opts.get("--public", PUBLIC)):
+        with open(opts.get("--public", PUBLIC)) as fh:
+            public = json.load(fh)
     before = installed()
     with tempfile.TemporaryDirectory() as tmp:
         report_path = os.path.join(tmp, "report.json") if pip_has_report(command) else None
         rc, output = run_pip(command, report_path)
         if rc != 0:
             why = conflict(output, pins)
-            what = (
-                f"would replace a vendor pin (the constraints hold them): {'; '.join(why)}"
-                if why
-                else f"failed (pip exit {rc}; its message is above)"
-            )
-            print(f"ERROR: pip phase {phase} (stack key {key}) {what}", flush=True)
+            moved = public_conflicts(output, phase, key, public)
+            what = (f"would replace a vendor pin (the constraints hold them): {'; '.join(why)}" if why
+                    else f"failed (pip exit {rc}; its message is above)")
+            if why or not moved:
+                print(f"ERROR: pip phase {phase} (stack key {key}) {what}", flush=True)
+            for line in moved:
+                print(line, flush=True)
             if "--lock" in opts:
                 print(offline_failure(output, phase, opts["--lock"], opts.get("--stack", "STACK")), flush=True)
             return rc

@@ -60,6 +60,7 @@ def test_post2_builds_from_its_locks_with_hashes_in_every_phase(standins, locked
         ("mthreads.txt", True, False),
         ("pypi.txt", True, False),
         ("requirements/vllm-common.txt", False, True),
+        ("requirements/vllm-transitive.txt", False, True),
         ("mthreads.deps.txt", True, False),
     ]
     for name in ("mthreads.txt", "pypi.txt", "mthreads.deps.txt"):

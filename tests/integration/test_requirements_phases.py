@@ -18,7 +18,7 @@ from tests.fixtures import musa_standins as ms
 pytestmark = pytest.mark.engine
 
 POST2_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
-PHASES = ["mthreads-nodeps", "pypi", "requirements.vllm-common", "mthreads-deps"]
+PHASES = ["mthreads-nodeps", "pypi", "requirements.vllm-common", "requirements.vllm-transitive", "mthreads-deps"]
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +91,13 @@ def test_inventory_names_each_dist_with_its_index_and_archive_hash(post2, standi
             "requirements.vllm-common",
         ), rows[name]
         assert len(rows[name]["sha256"]) == 64
+    # vLLM's unpinned numpy stayed on the stack's pin (numpy 2.2.6 is served too): every later phase holds it
+    numpy = standins.stack("post2").packages["numpy"].version
+    assert (rows["numpy"]["version"], rows["numpy"]["phase"]) == (numpy, "pypi")
+    # what the fork's gate imports at any version, from the files that bring them in
+    assert rows["uvloop"]["phase"] == "requirements.vllm-common"  # fastapi[standard] -> uvicorn[standard]
+    assert rows["pytest"]["phase"] == "requirements.vllm-common"  # the plugin's requirements/test.txt
+    assert rows["pycountry"]["phase"] == "requirements.vllm-transitive"  # the plugin's transitive list
     assert rows["ninja"]["phase"] == "mthreads-deps"  # flashinfer-python's own dependency, nothing else's
     assert "six" not in rows  # its marker (python_version > '3.11') is false here
     assert rows["vllm"]["index"] is None and rows["vllm"]["version"] == "0.28.0"  # built in the image
@@ -149,20 +156,40 @@ def test_a_requirement_file_missing_at_the_pinned_commit_fails_before_the_engine
     assert mb.image_id(POST2_TAG) == before
 
 
-def test_a_phase_that_would_replace_the_vendor_torch_fails_naming_the_phase_and_the_package(post2, standins):
+def _refused(standins, override: str, label: str, line: str, pip_says: str):
+    """post2 built with one more --set fails in its pip phases with pip's message and our line; nothing tagged."""
     before = mb.image_id(POST2_TAG)
     ep = standins.endpoints(standins.specs("post2"))
-    # vLLM's kv_connectors.txt asks for lmcache, whose stand-in requires torch>=2.12: the public index serves
-    # torch 2.12.0, so only the vendor pins' constraints stand between it and the vendor torch.
-    kv = "requirements.kv={index: pypi, files: [{upstream: vllm, path: requirements/kv_connectors.txt}]}"
-    build = standins.build("post2", [*standins.overrides(ep), kv], label="replaces-torch")
+    build = standins.build("post2", [*standins.overrides(ep), override], label=label)
     assert build.proc.returncode == 1, build.describe()
-    line = (
-        "ERROR: pip phase requirements.kv (stack key requirements.kv) would replace a vendor pin (the constraints "
-        "hold them): lmcache 0.3.9 depends on torch>=2.12"
-    )
     assert line in build.proc.stderr, build.describe()
-    assert "The conflict is caused by:" in build.log  # pip's own message is kept
+    assert pip_says in build.log  # pip's own message is kept
     assert json.loads((build.evidence / "result.json").read_text())["ok"] is False
     assert mb.image_id(POST2_TAG) == before
+
+
+def test_a_phase_that_would_replace_the_vendor_torch_fails_naming_the_phase_and_the_package(post2, standins):
+    # vLLM's kv_connectors.txt asks for lmcache, whose stand-in requires torch>=2.12: the public index serves
+    # torch 2.12.0, so only the vendor pins' constraints stand between it and the vendor torch.
+    _refused(
+        standins,
+        "requirements.kv={index: pypi, files: [{upstream: vllm, path: requirements/kv_connectors.txt}]}",
+        "replaces-torch",
+        "ERROR: pip phase requirements.kv (stack key requirements.kv) would replace a vendor pin (the constraints "
+        "hold them): lmcache 0.3.9 depends on torch>=2.12",
+        "The conflict is caused by:",
+    )
     assert ms.PUBLIC_TORCH == "2.12.0"
+
+
+def test_a_phase_that_would_move_a_public_pin_fails_naming_the_phase_and_the_pin(post2, standins):
+    # The plugin's requirements/common.txt says numpy==1.26 (1.26.0, post2's pin). Pinned at 1.26.4 instead (the
+    # public stand-in serves it for the omni target), the pin is a constraint of that phase: pip refuses.
+    _refused(
+        standins,
+        "packages.numpy.version=1.26.4",
+        "moves-numpy",
+        "ERROR: pip phase requirements.vllm-common (stack key requirements.vllm-common) would move the public pin "
+        "numpy==1.26.4 (stack key packages.numpy; the constraints hold it): the phase requests numpy==1.26",
+        "The user requested (constraint) numpy==1.26.4",
+    )

@@ -262,6 +262,7 @@ def test_context_without_sources_has_requirements_gate_and_empty_source_dirs(tmp
         "constraints.txt",
         "hashed.txt",
         "pub.txt",
+        "public-pins.json",
         "vend.deps.txt",
         "vend.txt",
         "vend2.txt",

@@ -47,6 +47,21 @@ def test_metadata_mode_does_not_import():
     assert ok and line.startswith("PASS meta   packaging")
 
 
+def test_spec_mode_finds_the_module_without_importing_it(tmp_path, monkeypatch):
+    # A module whose import would fail: spec mode only finds it (the fork's check of torch_c_dlpack_ext).
+    (tmp_path / "explodes_on_import.py").write_text("raise RuntimeError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ok, line = gate.check_package(pkg(PACKAGING, "spec", module="explodes_on_import"))
+    assert ok and line == f"PASS spec   packaging  version={PACKAGING}"
+    assert "explodes_on_import" not in sys.modules
+    ok, line = gate.check_package(pkg(PACKAGING, "spec", module="no_such_module_anywhere"))
+    assert not ok and line == (
+        f"FAIL spec   packaging  expected={PACKAGING} error=no module spec for no_such_module_anywhere"
+    )
+    ok, line = gate.check_package(pkg("0.0.1", "spec", module="explodes_on_import"))
+    assert not ok and line == f"FAIL spec   packaging  expected=0.0.1 found={PACKAGING}"
+
+
 def test_import_failure_is_a_fail_that_names_the_module():
     ok, line = gate.check_package(pkg("1.0", module="no_such_module_anywhere", name="nope"))
     assert not ok

@@ -2,9 +2,10 @@
 
 The vendor stand-in serves the stack's vendor wheels (``tests/fixtures/musa_standins.py``); the public one
 serves torchada and the vendor wheels' public dependencies, and also what PyPI really offers that must
-never reach a lock: a ``torch`` 2.15.0 (with ``triton`` and an ``nvidia-*`` wheel it requires), and
-packages whose resolution differs between CPython 3.10 and 3.11 (numpy 2.3.0 has cp311 wheels only and
-``Requires-Python >=3.11``; anyio needs exceptiongroup and typing_extensions only below 3.11). The upstreams
+never reach a lock: a ``torch`` 2.15.0 (with ``triton`` and an ``nvidia-*`` wheel it requires), numpy
+2.x beside the pinned numpy, and packages whose resolution differs between CPython 3.10 and 3.11 (scipy
+1.16.2 has cp311 wheels only and ``Requires-Python >=3.11``; anyio needs exceptiongroup and typing_extensions
+only below 3.11). The upstreams
 are the stand-in git repositories, whose requirement files the post2 lock covers (``build/reqlocks.py``).
 """
 
@@ -29,10 +30,12 @@ from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 REPO = Path(__file__).resolve().parents[2]
 MANYLINUX = "manylinux_2_17_x86_64.manylinux2014_x86_64"
 VENDOR_NAMES = {"torch", "torch-musa", "torchvision", "torchaudio", "triton", "deep-ep", "mate"}
-#: public pins added with --set: anyio's markers and opencv's numpy requirement differ between 3.10 and 3.11
+#: public pins added with --set: anyio's markers and opencv's numpy requirement differ between 3.10 and 3.11,
+#: and scikit-learn's unpinned scipy resolves to another release on each
 EXTRA_PINS = [
     "packages.anyio={version: 4.6.2, index: pypi}",
     "packages.opencv-python-headless={version: 4.11.0.86, index: pypi}",
+    "packages.scikit-learn={version: 1.7.2, index: pypi}",
 ]
 
 
@@ -96,6 +99,39 @@ def _public_extras(d: Path) -> None:
     build_wheel(
         d, "numpy", "2.3.0", python_tag="cp311", abi_tag="cp311", platform_tag=MANYLINUX, requires_python=">=3.11"
     )
+    for py in ("cp310", "cp311"):
+        build_wheel(
+            d,
+            "scikit-learn",
+            "1.7.2",
+            python_tag=py,
+            abi_tag=py,
+            platform_tag=MANYLINUX,
+            requires_python=">=3.10",
+            requires_dist=["numpy>=1.22.0", "scipy>=1.8.0", "joblib>=1.2.0", "threadpoolctl>=3.1.0"],
+        )
+        build_wheel(
+            d,
+            "scipy",
+            "1.15.3",
+            python_tag=py,
+            abi_tag=py,
+            platform_tag=MANYLINUX,
+            requires_python=">=3.10",
+            requires_dist=["numpy<2.5,>=1.23.5"],
+        )
+    build_wheel(
+        d,
+        "scipy",
+        "1.16.2",
+        python_tag="cp311",
+        abi_tag="cp311",
+        platform_tag=MANYLINUX,
+        requires_python=">=3.11",
+        requires_dist=["numpy<2.6,>=1.25.2"],
+    )
+    build_wheel(d, "joblib", "1.5.2", requires_python=">=3.9")
+    build_wheel(d, "threadpoolctl", "3.6.0", requires_python=">=3.9")
     build_tiny_sdist(d, "docopt", "0.6.2")  # docopt publishes an sdist only
 
 
@@ -157,12 +193,18 @@ def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(
     assert public.via["torchada"] == {"-r requirements.in"}
     # the requirement-file closure of the vllm-common phase: what each file names, and what that requires
     assert public.via["lark"] == {"-r vllm/requirements/common.txt"} and public.pins["lark"][0] == "1.2.2"
-    assert public.via["click"] == {"-r vllm_musa/requirements/musa.txt"}  # through its -r common.txt
+    assert "-r vllm_musa/requirements/musa.txt" in public.via["click"]  # through its -r common.txt
+    # the plugin's test.txt and its list of vLLM's runtime dependencies, and what they require
+    assert "-r vllm_musa/requirements/test.txt" in public.via["pytest"]
+    assert "-r vllm_musa/requirements/vllm_runtime_transitive.txt" in public.via["pycountry"]
+    assert "uvicorn" in public.via["uvloop"] and public.pins["uvloop"][0] == "0.22.1"  # uvicorn[standard]
+    assert public.pins["numpy"][0] == "1.26.0"  # vLLM's unpinned numpy stays on the pin (2.2.6 is served)
     assert "-r vllm/requirements/common.txt" in public.via["transformers"] and "huggingface-hub" in public.pins
     assert "six" not in public.pins  # `six…; python_version > '3.11'` is not for CPython 3.10
     head = (locks / "pypi.txt").read_text().split("annotated-types==", 1)[0]
     assert "# input vllm/requirements/common.txt flattened sha256:" in head
     assert "# input vllm_musa/requirements/musa.txt flattened sha256:" in head
+    assert "# input vllm_musa/requirements/vllm_runtime_transitive.txt flattened sha256:" in head
     for lock in (public, deps):
         assert not set(lock.pins) & VENDOR_NAMES
         assert not any(n.startswith("nvidia-") for n in lock.pins)
@@ -175,16 +217,18 @@ def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(
     assert "for CPython 3.10 on manylinux_2_35_x86_64" in (locks / "pypi.txt").read_text()
 
 
-@pytest.mark.parametrize(("python", "numpy", "below_311"), [("3.10", "2.2.6", True), ("3.11", "2.3.0", False)])
+@pytest.mark.parametrize(("python", "scipy", "below_311"), [("3.10", "1.15.3", True), ("3.11", "1.16.2", False)])
 def test_the_lock_resolves_for_platform_python_not_the_host(
-    indexes, repos, tmp_path, monkeypatch, capsys, python, numpy, below_311
+    indexes, repos, tmp_path, monkeypatch, capsys, python, scipy, below_311
 ):
     code, text, locks = _lock(
         capsys, tmp_path, monkeypatch, indexes, *EXTRA_PINS, f"platform.python={python}", repos=repos
     )
     assert code == 0, text
     public = parse_lock(locks / "pypi.txt", (locks / "pypi.txt").read_text())
-    assert public.pins["numpy"][0] == numpy
+    assert public.pins["scipy"][0] == scipy
+    # numpy 2.2.6 (and 2.3.0 on 3.11) would satisfy every requirement that names numpy: the pin holds
+    assert public.pins["numpy"][0] == "1.26.0" and public.via["numpy"] >= {"-r requirements.in"}
     assert ({"exceptiongroup", "typing-extensions"} <= set(public.pins)) is below_311
     assert {"anyio", "idna", "sniffio", "opencv-python-headless"} <= set(public.pins)
     assert not set(public.pins) & VENDOR_NAMES
@@ -197,6 +241,21 @@ def test_a_package_with_only_an_sdist_is_named_with_the_fix(indexes, repos, tmp_
     assert code == 2, text
     assert "no wheel of docopt on index 'pypi'" in text and "CPython 3.10 on manylinux_2_35_x86_64" in text
     assert "fix: pin a version of docopt that ships a wheel for CPython 3.10" in text
+    assert "Traceback" not in text and not locks.exists()
+
+
+def test_a_requirement_file_that_would_move_a_public_pin_fails_the_lock_naming_the_pin(
+    indexes, repos, tmp_path, monkeypatch, capsys
+):
+    """As in the build, every public pin is a constraint of the resolution: the plugin's common.txt asks
+    numpy==1.26 (1.26.0), so a numpy 1.26.4 pin (served) cannot be locked."""
+    code, text, locks = _lock(capsys, tmp_path, monkeypatch, indexes, "packages.numpy.version=1.26.4", repos=repos)
+    assert code == 2, text
+    assert (
+        "the requirements of index 'pypi' would move a pin of the stack, which every phase after the one that "
+        "installs it holds as a constraint: numpy==1.26.4 (packages.numpy): a requirement asks for numpy==1.26"
+    ) in text
+    assert "ERROR: Cannot install " in text  # pip's own message follows
     assert "Traceback" not in text and not locks.exists()
 
 

@@ -21,9 +21,11 @@ from stackforge.build.requirements import (
     requirements_file,
     write_phases,
 )
+from stackforge.build.resolve import pin_conflicts
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, load_stack
 from tests.fixtures.stack_support import make_root, run_cli
+from tests.fixtures.wheels import build_wheel
 from tests.unit.test_gate_scripts import GATE_DIR
 from tests.unit.test_gate_scripts import load as load_image_script
 
@@ -114,9 +116,12 @@ def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(
     text = requirements_file(phase)
     assert "# dropped, a vendor index provides it (the vendor pin wins): torch==2.9.0" in text
     assert text.splitlines()[-1] == 'six>=1.16.0; python_version > "3.11"'
+    # every pin of the stack, vendor then public, then the upstream's own -c lines
     assert constraints_file(stack, phase).splitlines()[1:] == [
         "torch==2.11.0.post2+musa5.2.0",
         "flash_mla==0.2.7",
+        "torchada==0.1.90",
+        "# the upstream's own constraints",
         "numpy<2",
     ]
 
@@ -199,9 +204,11 @@ def test_write_phases_fills_the_context_and_the_manifest(stack, tmp_path):
         "torch": "2.11.0.post2+musa5.2.0",
         "flash_mla": "0.2.7",
     }
+    assert json.loads((staging / "deps/public-pins.json").read_text()) == {"torchada": "0.1.90"}
     assert (staging / "deps/constraints.txt").read_text().splitlines()[1:] == [
         "torch==2.11.0.post2+musa5.2.0",
         "flash_mla==0.2.7",
+        "torchada==0.1.90",
     ]
     assert (staging / "deps/requirements/vllm-common.txt").read_text().splitlines()[-1] == "regex"
     manifest = json.loads((staging / "deps/requirements.json").read_text())
@@ -237,6 +244,7 @@ def test_plan_and_dockerfile_guard_every_phase_after_the_vendor_no_deps_phase(st
     assert plan.gate["pip_check"] is True
     text = render_dockerfile(plan).replace("\\\n    ", "")
     assert "COPY gate/preserve.py /stackforge/preserve.py\nCOPY deps/vendor-pins.json" in text
+    assert "\nCOPY deps/public-pins.json /stackforge/deps/public-pins.json\n" in text
     assert (
         "python /stackforge/preserve.py --phase requirements.vllm-common --key requirements.vllm-common "
         "--index pub --record /stackforge/reports/03-requirements.vllm-common.json -- python -m pip install "
@@ -355,6 +363,117 @@ def test_preserve_names_the_conflict_when_pip_refuses(tmp_path):
         "hold them): lmcache 0.3.9 depends on torch>=2.12"
     )
     assert not (tmp_path / "r" / "03.json").exists()
+
+
+@pytest.mark.parametrize(
+    "common, wheels, why",
+    [
+        # the plugin's real requirements/common.txt pins another torchada than the stack
+        ("torchada==0.1.81\n", [], "the phase requests torchada==0.1.81"),
+        # an unpinned requirement whose newest release needs a newer torchada than the pin
+        (
+            "vllm-musa-extras\n",
+            [("vllm-musa-extras", "1.0", ["torchada>=0.1.95"])],
+            "vllm-musa-extras 1.0 depends on torchada>=0.1.95",
+        ),
+    ],
+)
+def test_a_requirement_file_that_moves_a_public_pin_is_refused_naming_the_phase_and_the_pin(
+    stack, tmp_path, common, wheels, why
+):
+    """Real pip against a local wheel directory serving the pinned torchada and others: the phase's
+    constraints (written by write_phases) hold the public pin, pip refuses, preserve names the pin."""
+    staging = tmp_path / "ctx"
+    (staging / "deps").mkdir(parents=True)
+    top = tree(tmp_path, {"requirements/common.txt": common})
+    write_phases(stack, staging, {"vllm": top}, {"vllm": PIN}, lambda path, text: Path(path).write_text(text))
+    served = tmp_path / "wheels"
+    for version in ("0.1.81", "0.1.90", "0.1.95"):
+        build_wheel(served, "torchada", version)
+    for name, version, requires in wheels:
+        build_wheel(served, name, version, requires_dist=requires)
+    deps = staging / "deps"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(GATE_DIR / "preserve.py"),
+            "--phase",
+            "requirements.vllm-common",
+            "--key",
+            "requirements.vllm-common",
+            "--index",
+            "pub",
+            "--record",
+            str(tmp_path / "r.json"),
+            "--pins",
+            str(deps / "vendor-pins.json"),
+            "--public",
+            str(deps / "public-pins.json"),
+            "--",
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-index",
+            "--disable-pip-version-check",
+            "--find-links",
+            str(served),
+            "--target",
+            str(tmp_path / "t"),
+            "-c",
+            str(deps / "requirements/vllm-common.constraints.txt"),
+            "-r",
+            str(deps / "requirements/vllm-common.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+    )
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
+    assert "The user requested (constraint) torchada==0.1.90" in proc.stdout  # pip's own message is kept
+    assert out[-1] == (
+        "ERROR: pip phase requirements.vllm-common (stack key requirements.vllm-common) would move the public "
+        f"pin torchada==0.1.90 (stack key packages.torchada; the constraints hold it): {why}"
+    ), proc.stdout
+    assert not any("would replace a vendor pin" in line for line in out)
+
+
+def test_a_public_pin_is_named_only_when_the_phase_held_it(tmp_path):
+    output = [
+        "The conflict is caused by:",
+        "    The user requested numpy>=2",
+        "    The user requested numpy",  # satisfied by the pin: not named
+        "    The user requested (constraint) numpy==1.26.4",
+    ]
+    public = {"numpy": "1.26.4", "torchada": "0.1.90"}
+    assert preserve.held_public(output, public) == {"numpy": "1.26.4"}
+    assert preserve.public_conflicts(output, "requirements.x", "requirements.x", public) == [
+        "ERROR: pip phase requirements.x (stack key requirements.x) would move the public pin numpy==1.26.4 "
+        "(stack key packages.numpy; the constraints hold it): the phase requests numpy>=2"
+    ]
+    # a target phase's constraints hold no public pin: a numpy conflict there is pip's message alone
+    assert preserve.public_conflicts(output[:3], "t/omni", "targets.t.pip.omni", public) == []
+
+
+def test_the_lock_names_the_pin_a_conflicting_resolution_would_move(stack):
+    quiet = (
+        "ERROR: Cannot install -r vllm/requirements/common.txt (line 3) and torchada==0.1.90 because these "
+        "package versions have conflicting dependencies."
+    )
+    assert pin_conflicts(quiet, stack) == [
+        "torchada==0.1.90 (packages.torchada): it conflicts with -r vllm/requirements/common.txt (line 3)"
+    ]
+    verbose = quiet + (
+        "\nThe conflict is caused by:\n    The user requested torchada==0.1.90\n    The user requested torchada\n"
+        "    extras 1.0 depends on torchada>=0.1.95\n"
+    )
+    assert pin_conflicts(verbose, stack) == [
+        "torchada==0.1.90 (packages.torchada): extras 1.0 depends on torchada>=0.1.95"
+    ]
+    assert pin_conflicts("ERROR: Cannot install a and b because these package versions have conflicting", stack) == []
 
 
 def test_pulled_in_by_reads_the_pip_report():

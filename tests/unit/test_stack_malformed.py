@@ -115,7 +115,7 @@ CASES = [
         "gate-not-a-choice",
         child("packages:\n  mate:\n    gate: prefixed\n"),
         "stacks/a.yaml:5:11",
-        "packages.mate.gate: Input should be 'exact', 'prefix' or 'metadata'",
+        "packages.mate.gate: Input should be 'exact', 'prefix', 'metadata' or 'spec'",
         "use one of: 'exact', 'prefix'",
     ),
     Case(

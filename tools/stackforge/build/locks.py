@@ -34,7 +34,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from stackforge import credentials, progress
-from stackforge.build import reqlocks, resolve
+from stackforge.build import reqlocks, requirements, resolve
 from stackforge.build.resolve import Input
 from stackforge.errors import UserError
 from stackforge.stack.load import stack_root
@@ -80,8 +80,12 @@ def public_inputs(stack: Stack, index: str, trees: dict[str, Path] | None = None
     """Everything the public resolution of ``index`` must install: its exact pins (``requirements.in``), then
     each requirement file a ``requirements:`` phase of this index reads, flattened from ``trees`` (the exported,
     patched upstream trees; without them, the labels alone) as ``<upstream>/<path>`` (``build/reqlocks.py``);
-    its packages are admitted by ``# via -r <upstream>/<path>``."""
-    return [Input(REQUIREMENTS_IN[3:], _pins(stack, index)), *reqlocks.inputs(stack, index, trees)]
+    its packages are admitted by ``# via -r <upstream>/<path>``. The build holds every pin as a constraint of
+    every phase after the one that installs it; here the index's own pins are exact requirements, the public
+    pins of other indexes constraints, and the vendor pins are held by :func:`resolve.run_pip`."""
+    mine = {canonicalize_name(n) for n, p in stack.packages.items() if p.index == index}
+    held = [f"{n}=={v}" for n, v in requirements.public_pins(stack).items() if canonicalize_name(n) not in mine]
+    return [Input(REQUIREMENTS_IN[3:], _pins(stack, index), constraints=held), *reqlocks.inputs(stack, index, trees)]
 
 
 def _deps_vendors(stack: Stack, index: str) -> list[str]:

@@ -1,8 +1,9 @@
 """Requirement files of an upstream as pip phases, and the vendor pins no phase may replace.
 
 The plan side is pure (:func:`requirement_phases`, :func:`guarded`): every phase after the vendor
-``--no-deps`` phases installs with the vendor pins as a constraints file, and each one runs through
-``images/gate/preserve.py``, which checks after the phase that every vendor pin still has its exact version.
+``--no-deps`` phases installs with every pin of the stack (vendor and public) as a constraints file, so no
+requirement file moves a pin, and each one runs through ``images/gate/preserve.py``, which checks after the
+phase that every vendor pin still has its exact version and names the pin a refused resolution would move.
 
 The context side (:func:`read_phase`) reads the requirement files on the host from the exported, patched
 upstream trees. Requirement files are hostile input: ``-r``/``-c`` are followed inside the same tree only,
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from stackforge.build.plan import PipPhase
 
 VENDOR_PINS = "deps/vendor-pins.json"  # {name: version} of every vendor pin, read by preserve.py
-CONSTRAINTS = "deps/constraints.txt"  # the vendor pins as `name==version` constraints
+PUBLIC_PINS = "deps/public-pins.json"  # {name: version} of every public pin, read by preserve.py
+CONSTRAINTS = "deps/constraints.txt"  # every pin of the stack as a `name==version` constraint
 MANIFEST = "deps/requirements.json"  # what each requirement phase read and dropped (copied into the evidence)
 MAX_BYTES = 256 * 1024  # one requirement file
 MAX_FILES = 64  # files one phase may read through -r/-c
@@ -44,6 +46,16 @@ _OPTION = re.compile(r"^(-r|--requirement|-c|--constraint)(?:=|\s+|(?<=^-[rc]))(
 def vendor_pins(stack: Stack) -> dict[str, str]:
     """Every package of a vendor index, with its exact version."""
     return {n: p.version for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"}
+
+
+def public_pins(stack: Stack) -> dict[str, str]:
+    """Every package of a public index, with its exact version."""
+    return {n: p.version for n, p in stack.packages.items() if stack.indexes[p.index].role != "vendor"}
+
+
+def stack_pins(stack: Stack) -> dict[str, str]:
+    """Every pin of the stack, vendor pins first: the constraints of every phase after the vendor --no-deps one."""
+    return {**vendor_pins(stack), **public_pins(stack)}
 
 
 def requirement_phases(stack: Stack) -> list[PipPhase]:
@@ -68,16 +80,16 @@ def requirement_phases(stack: Stack) -> list[PipPhase]:
 
 
 def guarded(stack: Stack, phases: list[PipPhase]) -> list[PipPhase]:
-    """Give every phase its stack key, its record path and (after the vendor --no-deps phases) the vendor
-    pins as constraints."""
-    pinned = bool(vendor_pins(stack))
+    """Give every phase its stack key, its record path and, once an earlier phase installed pins, every pin
+    of the stack as constraints (in a later public phase its own pins repeat its requirements)."""
+    installed = False  # an earlier phase installed pins: the vendor --no-deps phase or a public one
     for n, phase in enumerate(phases, 1):
-        nodeps = phase.name.endswith("-nodeps") and stack.indexes[phase.index].role == "vendor"
         if not phase.key:
             deps = phase.name.endswith("-deps") and phase.name[: -len("-deps")] in stack.indexes
             phase.key = f"indexes.{phase.name[: -len('-deps')]}.deps_from" if deps else f"indexes.{phase.index}"
-        if pinned and not nodeps and phase.constraints is None:
+        if installed and phase.constraints is None:
             phase.constraints = CONSTRAINTS
+        installed = installed or bool(phase.pins)
         phase.report = f"/stackforge/reports/{n:02d}-{phase.name}.json"
     return phases
 
@@ -265,15 +277,19 @@ def requirements_file(phase: PhaseFiles) -> str:
 
 
 def constraints_file(stack: Stack, phase: PhaseFiles | None = None) -> str:
-    lines = [f"{n}=={v}" for n, v in vendor_pins(stack).items()] + (phase.constraints if phase else [])
-    return "\n".join(["# the vendor pins: no phase may replace them", *lines]) + "\n"
+    lines = [f"{n}=={v}" for n, v in stack_pins(stack).items()]
+    own = ["# the upstream's own constraints", *phase.constraints] if phase and phase.constraints else []
+    return "\n".join(["# every pin of the stack (vendor, then public): no phase may move one", *lines, *own]) + "\n"
 
 
 def write_phases(stack: Stack, staging: Path, trees: dict[str, Path] | None, pins: dict[str, str], write) -> list:
     """Write the vendor pins, the constraints and each requirement phase's files into the context;
     ``trees`` None (no sources) writes placeholders. Returns the phases read."""
     write(staging / VENDOR_PINS, json.dumps(vendor_pins(stack), indent=2) + "\n")
-    if vendor_pins(stack):
+    write(staging / PUBLIC_PINS, json.dumps(public_pins(stack), indent=2) + "\n")
+    from stackforge.build.plan import pip_phases
+
+    if any(phase.constraints == CONSTRAINTS for phase in pip_phases(stack)):
         write(staging / CONSTRAINTS, constraints_file(stack))
     if not stack.requirements:
         return []

@@ -192,6 +192,47 @@ def vendor_metadata(stack: Stack, index: str, name: str, version: str, target: T
     return text
 
 
+_ASKED = re.compile(r"^\s*(?:The user requested (?!\(constraint\))(?P<req>\S.*)|(?P<who>\S+ \S+) depends on (?P<dep>.+))$")
+_CANNOT = re.compile(r"Cannot install (.+?) because these package versions have conflicting dependencies")
+
+
+def pin_conflicts(stderr: str, stack: Stack) -> list[str]:
+    """From pip's conflict message: each pin of the stack that a requirement asks another version of, with its
+    stack key and what asked (``numpy==1.26.4 (packages.numpy): gguf 0.17.1 depends on numpy>=2``)."""
+    pins: dict[str, tuple[str, str]] = {canonicalize_name(n): (n, p.version) for n, p in stack.packages.items()}
+    asked: dict[str, list[str]] = {}
+    others: list[str] = []
+    held: set[str] = set()
+
+    def ask(text: str, who: str | None) -> None:
+        try:
+            req = Requirement(text.strip())
+        except InvalidRequirement:
+            others.append(text.strip())
+            return
+        name = canonicalize_name(req.name)
+        if name not in pins:
+            return
+        if str(req.specifier) == f"=={pins[name][1]}":
+            held.add(name)
+        elif not req.specifier.contains(pins[name][1], prereleases=True):
+            why = f"{who} depends on {req}" if who else f"a requirement asks for {req}"
+            asked.setdefault(name, [])
+            if why not in asked[name]:
+                asked[name].append(why)
+
+    for cannot in _CANNOT.finditer(stderr):  # what pip --quiet still says
+        for item in re.split(r", | and ", cannot.group(1)):
+            ask(item, None)
+    for line in stderr.splitlines():  # "The conflict is caused by:" lines, when pip prints them
+        m = _ASKED.match(line)
+        if m:
+            ask(m.group("req") or m.group("dep"), m.group("who"))
+    if not asked and others:
+        asked = {n: [f"it conflicts with {', '.join(others)}"] for n in held}
+    return [f"{pins[n][0]}=={pins[n][1]} (packages.{pins[n][0]}): {'; '.join(why)}" for n, why in asked.items()]
+
+
 def _pip_failure(stderr: str, target: Target, stack: Stack, index: str) -> UserError:
     """pip's failure as a UserError: a package whose files on the index include no wheel for the target
     is named with the fix; anything else (a conflict, an unreachable index, a refused credential) is
@@ -216,6 +257,12 @@ def _pip_failure(stderr: str, target: Target, stack: Stack, index: str) -> UserE
                 fix=f"pin a version of {name} that ships a wheel for CPython {target.python}, or build its wheel in "
                     "a kernel step; check platform.python and platform.os of the stack")
     tail = "\n".join(line for line in stderr.splitlines() if line.strip())[-1200:]
+    moved = pin_conflicts(stderr, stack)
+    if moved:
+        return UserError(f"the requirements of index '{index}' would move a pin of the stack, which every phase after "
+                         f"the one that installs it holds as a constraint: {'; '.join(moved)}\n{tail}",
+                         fix="change the pin (packages.<name>.version) or patch the requirement file in the "
+                             "upstream's series")
     return UserError(f"pip could not resolve index '{index}' for {target.describe()}: {tail}",
                      fix="check the pins and that the index is reachable (and its credentials: user:password@ in its "
                          "URL, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD or ~/.netrc)")
@@ -246,7 +293,10 @@ def run_pip(tmp: Path, target: Target, index_args: list[str], env: dict[str, str
            "--target", str(tmp / "target"), *target.pip_args(), *index_args, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
     if proc.returncode != 0 or not report.is_file():
-        raise _pip_failure(scrub(proc.stderr), target, stack, index)
+        text = scrub(proc.stderr)
+        for n, inp in enumerate(inputs):  # the inputs by their labels, not their temporary files
+            text = text.replace(str(tmp / f"input-{n}.in"), inp.label)
+        raise _pip_failure(text, target, stack, index)
     return json.loads(report.read_text())
 
 

@@ -462,10 +462,11 @@ class PostInstall(Strict):
 class Package(Strict):
     version: str
     index: Name = Field(description="the one index this package comes from")
-    gate: Literal["exact", "prefix", "metadata"] = Field(
+    gate: Literal["exact", "prefix", "metadata", "spec"] = Field(
         "exact",
         description="exact: import, then installed version == pin; prefix: import, then the installed version's "
-        "public part == the pin's (any local label); metadata: no import, version from package metadata",
+        "public part == the pin's (any local label); metadata: no import, version from package metadata; spec: "
+        "as metadata, and the module must be found (importlib.util.find_spec) without importing it",
     )
     import_: Module | None = Field(
         default=None, alias="import", description="module to import (default: name with - → _)"
@@ -834,8 +835,8 @@ class Stack(Strict):
     packages: dict[ProjectName, Package]
     requirements: dict[Name, RequirementsPhase] = Field(
         default_factory=dict,
-        description="pip phases from upstream requirement files, run in order after the public pins, with the "
-        "vendor pins as constraints",
+        description="pip phases from upstream requirement files, run in order after the public pins, with every "
+        "pin of the stack (vendor and public) as constraints: a file that would move a pin fails the phase",
     )
     gate: Gate = Field(default_factory=Gate)
     rules: Rules = Field(default_factory=Rules)
