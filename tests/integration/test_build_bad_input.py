@@ -60,7 +60,7 @@ def torchada_lost_a_config(stack, specs):
 
 def vendor_wheel_moves_a_public_pin(stack, specs):
     """mate 0.2.7 (vendor) declares ``torchada>=0.1.91`` and the public index has 0.1.91: the vendor
-    wheels' dependency phase silently replaces the pinned torchada 0.1.90."""
+    wheels' dependency phase would replace the pinned torchada 0.1.90; the stack's pins are its constraints."""
     mate = stack.packages["mate"]
     out = ms.replace_specs(specs, ms.plain_spec("mate", mate.version, mate.import_name, ["torchada>=0.1.91"]))
     return ms.add_specs(out, "pypi", ms.torchada_spec("0.1.91"))
@@ -150,7 +150,8 @@ CASES = [
     ),
     Case(
         "hash-mismatch-public",
-        [f"packages.torchada.sha256=[{BAD_SHA}]"],
+        # pip checks hashes for a whole phase: every public pin carries one, torchada's is wrong.
+        [f"packages.torchada.sha256=[{BAD_SHA}]", f"packages.numpy.sha256=[{BAD_SHA}]"],
         code=1,
         expect=[r"THESE PACKAGES DO NOT MATCH THE HASHES"],
     ),
@@ -173,10 +174,14 @@ CASES = [
         ],
     ),
     Case(
-        "gate-fail-version-moved",
+        "public-pin-would-move",
         serve=vendor_wheel_moves_a_public_pin,
         code=1,
-        expect=[r"dependency gate failed", r"FAIL import torchada   expected=0\.1\.90 found=0\.1\.91"],
+        expect=[
+            r"ERROR: pip phase mthreads-deps \(stack key indexes\.mthreads\.deps_from\) would move the public pin "
+            r"torchada==0\.1\.90 \(stack key packages\.torchada; the constraints hold it\): "
+            r"mate 0\.2\.7 depends on torchada>=0\.1\.91"
+        ],
     ),
     Case(
         "abi-miss",
