@@ -50,8 +50,7 @@ def post_install(stack: Stack) -> list[PostInstallPatch]:
 
 
 def steps(stack: Stack) -> list[Step]:
-    return [Step(name, {**stack.tuning, **{key: tags.render_template(stack, value, ("steps", name, "env", key))
-                                           for key, value in step.env.items()}}, step.run)
+    return [Step(name, tags.step_env(stack, step.env, ("steps", name, "env")), step.run)
             for name, step in stack.steps.items()]
 
 

@@ -221,10 +221,7 @@ def kernel_steps(stack: Stack) -> list[KernelStep]:
         KernelStep(
             n,
             k.upstream,
-            {
-                **stack.tuning,
-                **{key: tags.render_template(stack, value, ("kernels", n, "env", key)) for key, value in k.env.items()},
-            },
+            tags.step_env(stack, k.env, ("kernels", n, "env")),
             k.run,
             dict(k.trees),
             artifacts.toolchain(stack, n),

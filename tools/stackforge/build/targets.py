@@ -116,14 +116,11 @@ def target_stages(stack: Stack) -> list[TargetStage]:
                 [f.model_dump() for f in ph.files]))
         kernels = [
             TargetKernel(f"kernel-{tname}.{kname}", k.upstream,
-                         {**stack.tuning, **{key: tags.render_template(stack, value, (*base, "kernels", kname, "env", key))
-                                             for key, value in k.env.items()}},
-                         k.run, dict(k.trees))
+                         tags.step_env(stack, k.env, (*base, "kernels", kname, "env")), k.run, dict(k.trees))
             for kname, k in t.kernels.items() if selected(stack, k.when)
         ]
-        steps = [installed.Step(sname, {**stack.tuning, **{
-            key: tags.render_template(stack, value, (*base, "steps", sname, "env", key))
-            for key, value in step.env.items()}}, step.run) for sname, step in t.steps.items()]
+        steps = [installed.Step(sname, tags.step_env(stack, step.env, (*base, "steps", sname, "env")), step.run)
+                 for sname, step in t.steps.items()]
         out.append(TargetStage(
             name=tname, parent=t.from_ or "gate", root=t.from_ is None, alias=t.alias, publish=t.published,
             labels=labels, env={k: tags.render_template(stack, v, (*base, "env", k)) for k, v in t.env.items()}, workdir=t.workdir, entrypoint=t.entrypoint, cmd=t.cmd,

@@ -289,6 +289,12 @@ def render_template(stack: Stack, template: str, path: tuple, **extra) -> str:
     return text
 
 
+def step_env(stack: Stack, env: dict[str, str], path: tuple) -> dict[str, str]:
+    """The environment of a build step: the stack's tuning, then the step's own ``env`` (at ``path``) rendered
+    in the sandbox."""
+    return {**stack.tuning, **{key: render_template(stack, value, (*path, key)) for key, value in env.items()}}
+
+
 def parse_ref(text: str) -> Ref:
     """Split ``[host[:port]/]path:tag`` (the last ':' after the last '/')."""
     repository, tag = split_tag(text)
