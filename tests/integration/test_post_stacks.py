@@ -287,20 +287,20 @@ def test_post2_installs_the_rust_frontend_and_tool_parser_built_by_the_vllm_rs_k
     assert proc.returncode != 0 and proc.stdout == "", proc
     labels = mb.labels_of(post2.image)
     assert labels["org.stackforge.option.BUILD_VLLM_RS"] == "1"
-    assert labels["org.stackforge.kernels"] == "vllm,vllm_musa,vllm_rs"
+    assert labels["org.stackforge.kernels"] == "vllm,vllm_musa,flashinfer_mamba,vllm_rs"
     assert json.loads((post2.evidence / "inputs.json").read_text())["options"] == {"BUILD_VLLM_RS": "1"}
 
 
 def test_post1_with_the_option_off_has_nothing_of_vllm_rs(post1):
     dockerfile = (post1.out / "Dockerfile").read_text()
-    for absent in ("AS toolchain-vllm_rs", "kernel-vllm_rs", "install_files.py", "build_rust.sh"):
+    for absent in ("AS toolchain-vllm_rs", "kernel-vllm_rs", "files/vllm_rs", "build_rust.sh"):
         assert absent not in dockerfile, absent
     assert not [l for l in post1.evidence_lines("gate.txt") if "vllm-rs" in l]
     proc = in_image(post1.image, f"ls {SITE}/vllm; find / -xdev -name 'vllm-rs*' -o -name '*rust_tool_parser*'")
     assert proc.returncode == 0 and "__init__.py" in proc.stdout and "rust" not in proc.stdout, proc
     labels = mb.labels_of(post1.image)
     assert labels["org.stackforge.option.BUILD_VLLM_RS"] == "0"
-    assert labels["org.stackforge.kernels"] == "vllm,vllm_musa"
+    assert labels["org.stackforge.kernels"] == "vllm,vllm_musa,flashinfer_mamba"
 
 
 def test_a_declared_file_the_kernel_did_not_write_fails_the_build_naming_it(post2, standins):

@@ -94,6 +94,13 @@ def test_omni_checks_labels_source_fix_and_layers(omni, standins):
         "PASS probe  numpy-override result=numpy<2 target=vllm-omni",
         "PASS probe  media-imports result=av cv2 soundfile cv2=4.11 target=vllm-omni",
     ]
+    # The same records, every target the image went through, are in the evidence.
+    assert omni.evidence_lines("checks.txt") == [
+        "PASS probe  mooncake result=mooncake-transfer-engine-musa 0.3.12.post1 target=mooncake",
+        "PASS probe  vllm-omni result=0.28.0+musa target=vllm-omni",
+        "PASS probe  numpy-override result=numpy<2 target=vllm-omni",
+        "PASS probe  media-imports result=av cv2 soundfile cv2=4.11 target=vllm-omni",
+    ]
     labels = mb.labels_of(omni.image)
     commit = standins.repos["vllm_omni"].commit
     assert labels["com.mthreads.vllm-omni.revision"] == commit

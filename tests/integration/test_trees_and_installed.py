@@ -2,10 +2,11 @@
 rules, built end to end on the post2 stand-ins.
 
 A throw-away repository root holds the real post1/post2 stacks and ``kern``, which inherits post2 and adds
-the new keys. The platform plugin stand-in (``musa_standins.make_plugin_upstream``) builds only against
-vLLM's exported tree at third_party/vllm, patched with the series it carries in patches/vllm, and clones
-vLLM when the tree is missing, which fails in the offline kernel stage. The deps stage is post2's, so
-BuildKit's cache serves it.
+post-install patches, a step and requirement rules. post2 itself declares the plugin's in-tree series and
+kernel trees; the platform plugin stand-in (``musa_standins.make_plugin_upstream``) builds only against the
+exported vLLM and FlashInfer trees in third_party/, with vLLM patched by the series it carries in
+vllm_musa/patches/series, and clones when told to, which fails in the offline kernel stage. The deps stage is
+post2's, so BuildKit's cache serves it.
 """
 
 from __future__ import annotations
@@ -30,13 +31,6 @@ FLASH_PATCH = "patches/installed/flash-mla-old.patch"
 KERN = f"""\
 name: kern
 inherits: post2
-upstreams:
-  vllm:
-    patches: null
-    patches_from: {{upstream: vllm_musa, path: patches/vllm}}
-kernels:
-  vllm_musa:
-    trees: {{vllm: {ms.PLUGIN_TREE}}}
 post_install:
   - {{dist: mate, below: "0.2.8", patch: {MATE_PATCH}}}
   - {{dist: flash_mla, when: "<0.2.6", patch: {FLASH_PATCH}}}
@@ -67,14 +61,8 @@ def world(standins, tmp_path_factory):
     (root / "patches" / "installed").mkdir()
     (root / MATE_PATCH).write_text(ms.mate_patch("0.2.7"))
     (root / FLASH_PATCH).write_text(ms.mate_patch("0.2.5").replace("mate/", "flash_mla/"))
-    plugin = ms.make_plugin_upstream(tmp / "upstreams", standins.repos["vllm"])
     endpoints = standins.endpoints(standins.specs("post2"))
-    overrides = [
-        *standins.overrides(endpoints),
-        f"upstreams.vllm_musa.git={plugin.path}",
-        f"upstreams.vllm_musa.commit={plugin.commit}",
-    ]
-    return root, overrides
+    return root, standins.overrides(endpoints)
 
 
 def build(standins, world, stack: str = "kern", *extra: str, label: str) -> mb.Build:
@@ -101,36 +89,51 @@ def run_in(image: str, code: str) -> str:
     )
 
 
-def test_plugin_builds_from_the_exported_patched_vllm_tree(kern):
+def test_plugin_builds_from_the_exported_patched_vllm_tree(kern, standins):
     dockerfile = (kern.out / "Dockerfile").read_text()
     assert "COPY --from=src-vllm / /stackforge/src/vllm_musa/third_party/vllm\n" in dockerfile
+    assert "COPY --from=src-flashinfer / /stackforge/src/vllm_musa/third_party/flashinfer\n" in dockerfile
     # The plugin saw the series its own tree carries, applied to vLLM on the host; vLLM was built from it too.
     assert run_in(kern.image, "import vllm_musa._vllm_tree as t; print(t.SERIES)") == "vllm-musa patches/vllm 0001"
     assert run_in(kern.image, "import vllm._musa_series as s; print(s.SERIES)") == "vllm-musa patches/vllm 0001"
+    # It compiled against the FlashInfer fork's tree, whose Mamba provider replaced the vendor package's.
+    assert len(run_in(kern.image, "import vllm_musa._flashinfer as f; print(f.NORM_CU_SHA256)")) == 64
+    assert run_in(kern.image, "import flashinfer.mamba as m; print(m.PROVIDER)") == ms.MAMBA_PROVIDER.split('"')[1]
+    files = mb.docker(
+        "run", "--rm", "--network=none", "--entrypoint", "cat", kern.image, "/stackforge/kernels/files.txt"
+    )
+    assert (
+        "installed kernels.flashinfer_mamba.files.mamba: " in files.stdout
+        and "/flashinfer/mamba/ssd_combined.py" in (files.stdout)
+    )
+    labels = mb.labels_of(kern.image)
+    assert labels["org.stackforge.upstream.flashinfer"] == standins.repos["flashinfer"].commit  # pinned by commit only
 
 
 def test_in_tree_series_hash_is_labelled(kern, world):
-    root, _ = world
     labels = mb.labels_of(kern.image)
     inputs = json.loads((kern.evidence / "inputs.json").read_text())
     vllm = next(u for u in inputs["upstreams"] if u["name"] == "vllm")
-    assert vllm["patches"] == ["0001-Platform-Mark-the-tree-as-patched-for-MUSA.patch"]
+    assert vllm["patches"] == [ms.PLUGIN_PATCH]  # the carried series; the repository's own patches/vllm is empty
     assert labels["org.stackforge.series.vllm"] == vllm["series_hash"]
-    from stackforge.patches import series_hash
-
-    tree = kern.out / "context" / "src" / "vllm_musa" / "patches" / "vllm"
-    assert vllm["series_hash"] == f"sha256:{series_hash(tree)}"
 
 
-def test_an_in_tree_series_taken_in_file_name_order_builds_the_same_tree(kern, standins, world):
-    """order: name (the carrier keeps no series file) applies the same patches: same series hash, same image."""
-    by_name = build(standins, world, "kern", "upstreams.vllm.patches_from.order=name", label="by-name")
-    assert by_name.ok, by_name.describe()
+def test_a_series_file_listing_the_same_patches_builds_the_same_tree(kern, standins, world):
+    """order: series (a carrier with a series file) applies the same patches: same series hash, same image."""
+    listed = build(
+        standins,
+        world,
+        "kern",
+        "upstreams.vllm.patches_from.path=patches/vllm",
+        "upstreams.vllm.patches_from.order=series",
+        label="by-series",
+    )
+    assert listed.ok, listed.describe()
     assert (
-        mb.labels_of(by_name.image)["org.stackforge.series.vllm"]
+        mb.labels_of(listed.image)["org.stackforge.series.vllm"]
         == mb.labels_of(kern.image)["org.stackforge.series.vllm"]
     )
-    assert not (by_name.out / "context" / ".series").exists()  # written for the export only
+    assert not (listed.out / "context" / ".series").exists()  # written for the export only
 
 
 def test_post_install_patch_applied_when_the_version_matches_and_skipped_otherwise(kern, world):
@@ -179,13 +182,29 @@ def test_plugin_without_the_tree_cannot_fetch_vllm(standins, world, kern):
         world,
         "kern",
         "kernels.vllm_musa.trees={}",
+        "kernels.vllm_musa.env.SKIP_THIRD_PARTY=0",
         "tags.local=stackforge-test/kern:no-tree",
         label="no-tree",
     )
     assert failed.proc.returncode == 1, failed.describe()
-    assert "third_party/vllm is missing and cloning vLLM failed" in failed.log
+    assert "third_party/vllm: cloning into it failed" in failed.log
     assert "transport 'https' not allowed" in failed.log
     assert mb.image_id("stackforge-test/kern:no-tree") is None
+
+
+def test_plugin_told_to_patch_again_fails_strictly(standins, world, kern):
+    """Without VLLM_MUSA_NO_BUILD_PATCH=1 the plugin applies its series to a tree the host already patched."""
+    failed = build(
+        standins,
+        world,
+        "kern",
+        "kernels.vllm_musa.env.VLLM_MUSA_NO_BUILD_PATCH=0",
+        "tags.local=stackforge-test/kern:patched-twice",
+        label="patched-twice",
+    )
+    assert failed.proc.returncode == 1, failed.describe()
+    assert f"MUSA build patch: failed (strict) {ms.PLUGIN_PATCH}" in failed.log
+    assert mb.image_id("stackforge-test/kern:patched-twice") is None
 
 
 @pytest.mark.parametrize(

@@ -38,8 +38,8 @@ def kernels(stack) -> list[str]:
 def test_an_option_selects_its_steps(root):
     on = load_stack("rs", root)
     off = load_stack("rs", root, ["options.BUILD_VLLM_RS.value=0"])
-    assert kernels(on) == ["vllm", "vllm_musa", "vllm_rs"]
-    assert kernels(off) == ["vllm", "vllm_musa"]
+    assert kernels(on) == ["vllm", "vllm_musa", "flashinfer_mamba", "vllm_rs"]
+    assert kernels(off) == ["vllm", "vllm_musa", "flashinfer_mamba"]
     # What is built differs, so the fingerprint and the labels do.
     assert fingerprint(on) != fingerprint(off)
     assert image_labels(on)["org.stackforge.option.BUILD_VLLM_RS"] == "1"

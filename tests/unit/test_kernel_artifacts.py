@@ -64,6 +64,7 @@ def test_option_on_toolchain_stage_then_offline_build_then_files_after_the_wheel
     assert rs.toolchain.uses == ["tools/install_protoc.sh", "rust-toolchain.toml", "rust"]
     assert "CARGO_BUILD_JOBS" not in rs.toolchain.env and rs.env["CARGO_BUILD_JOBS"] == "4"  # tuning: the build only
     assert [(f.key, f.source, f.dest) for f in plan.files] == [
+        ("kernels.flashinfer_mamba.files.mamba", "mamba", "{site}/flashinfer/mamba"),
         ("kernels.vllm_rs.files.vllm/vllm-rs", "vllm/vllm-rs", "{site}/vllm/vllm-rs"),
         (
             "kernels.vllm_rs.files.vllm/_rust_tool_parser.abi3.so",
@@ -91,19 +92,21 @@ def test_option_on_toolchain_stage_then_offline_build_then_files_after_the_wheel
     assert text.count("FROM toolchain-vllm_rs ") == 1 and "from=toolchain-" not in text
     probes = {p["name"]: p for p in plan.gate["probes"]}
     assert probes["vllm-rs"]["env"] == {"VLLM_USE_RUST_FRONTEND": "1"}
-    assert image_labels(stack)["org.stackforge.kernels"] == "vllm,vllm_musa,vllm_rs"
+    assert image_labels(stack)["org.stackforge.kernels"] == "vllm,vllm_musa,flashinfer_mamba,vllm_rs"
 
 
 def test_option_off_leaves_out_the_stage_the_files_and_the_probe():
     stack = load_stack("post2", overrides=["options.BUILD_VLLM_RS.value=0"])
     plan = make_plan(stack)
-    assert [k.name for k in plan.kernels] == ["vllm", "vllm_musa"] and plan.files == []
+    assert [k.name for k in plan.kernels] == ["vllm", "vllm_musa", "flashinfer_mamba"]
+    assert [f.key for f in plan.files] == ["kernels.flashinfer_mamba.files.mamba"]
     assert [p["name"] for p in plan.gate["probes"]] == ["fused-moe-configs"]
     text = render_dockerfile(plan)
-    for absent in ("AS toolchain-", "kernel-vllm_rs", "install_files.py", "COPY kernels/", "rustup", "vllm-rs"):
+    for absent in ("AS toolchain-", "kernel-vllm_rs", "files/vllm_rs", "rustup", "vllm-rs"):
         assert absent not in text, absent
     labels = image_labels(stack)
-    assert labels["org.stackforge.kernels"] == "vllm,vllm_musa" and labels["org.stackforge.option.BUILD_VLLM_RS"] == "0"
+    assert labels["org.stackforge.kernels"] == "vllm,vllm_musa,flashinfer_mamba"
+    assert labels["org.stackforge.option.BUILD_VLLM_RS"] == "0"
 
 
 def test_a_kernel_with_files_may_still_install_wheels(root):
@@ -183,6 +186,34 @@ def test_installer_keeps_the_mode_and_fails_naming_the_key_of_a_missing_file(tmp
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(dest.stat().st_mode) == 0o755 and dest.read_text().endswith("echo tool\n")
     assert proc.stdout.startswith(f"installed kernels.k.files.bin/tool: {dest} mode=0755 sha256=")
+
+
+def test_installer_replaces_a_directory_as_a_whole_and_refuses_a_link_inside(tmp_path):
+    files = tmp_path / "files"
+    (files / "k" / "mamba").mkdir(parents=True)
+    (files / "k" / "mamba" / "__init__.py").write_text("PROVIDER = 'musa'\n")
+    (files / "k" / "mamba" / "ssd.py").write_text("SSD = 1\n")
+    dest = tmp_path / "site" / "flashinfer" / "mamba"
+    dest.mkdir(parents=True)
+    (dest / "__init__.py").write_text("PROVIDER = 'cuda'\n")
+    (dest / "stale_cuda_only.py").write_text("STALE = 1\n")
+    spec = [{"key": "kernels.k.files.mamba", "kernel": "k", "source": "mamba", "dest": str(dest)}]
+    proc = run_installer(tmp_path, spec, files)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["__init__.py", "ssd.py"]  # the stale module is gone
+    assert (dest / "__init__.py").read_text() == "PROVIDER = 'musa'\n"
+    assert [line.split(" mode=")[0] for line in proc.stdout.splitlines()] == [
+        f"installed kernels.k.files.mamba: {dest / '__init__.py'}",
+        f"installed kernels.k.files.mamba: {dest / 'ssd.py'}",
+    ]
+    assert not list(dest.parent.glob(".mamba.stackforge-*"))
+    (files / "k" / "mamba" / "escape.py").symlink_to("/etc/passwd")
+    proc = run_installer(tmp_path, spec, files)
+    assert proc.returncode == 1
+    assert "error: kernels.k.files.mamba: mamba was written holding a symbolic link (escape.py) by kernel k" in (
+        proc.stderr
+    )
+    assert sorted(p.name for p in dest.iterdir()) == ["__init__.py", "ssd.py"]  # untouched
 
 
 def test_installer_resolves_site_to_this_interpreters_site_packages():

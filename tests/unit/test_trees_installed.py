@@ -28,7 +28,7 @@ inherits: post2
 upstreams:
   vllm:
     patches: null
-    patches_from: {upstream: vllm_musa, path: patches/vllm}
+    patches_from: {upstream: vllm_musa, path: patches/vllm, order: series}
 kernels:
   vllm_musa:
     trees: {vllm: third_party/vllm}
@@ -67,7 +67,7 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
     stack = load_stack("kern", root=root)
     plan = make_plan(stack)
     kernel = next(k for k in plan.kernels if k.name == "vllm_musa")
-    assert kernel.trees == {"vllm": "third_party/vllm"}
+    assert kernel.trees == {"vllm": "third_party/vllm", "flashinfer": "third_party/flashinfer"}
     assert [(p.key, p.dist, p.specifier, p.expect) for p in plan.post_install] == [
         ("post_install[0]", "mate", "<0.2.6", "skipped"),  # the stack pins mate 0.2.7
         ("post_install[1]", "flash_mla", "<0.2.8", "applied"),
@@ -88,7 +88,9 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
     assert plan.gate["post_install_report"] == "/stackforge/installed/report.txt"
     text = render_dockerfile(plan)
     assert (
-        "COPY --from=src-vllm / /stackforge/src/vllm_musa/third_party/vllm\nWORKDIR /stackforge/src/vllm_musa\n" in text
+        "COPY --from=src-vllm / /stackforge/src/vllm_musa/third_party/vllm\n"
+        "COPY --from=src-flashinfer / /stackforge/src/vllm_musa/third_party/flashinfer\n"
+        "WORKDIR /stackforge/src/vllm_musa\n" in text
     )
     assert "FROM deps AS installed\n" in text and "FROM installed AS gate\n" in text
     assert "RUN python /stackforge/installed/post_install.py /stackforge/installed/post_install.json\n" in text
@@ -97,7 +99,7 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
         "    python -m mate.aot --all\n" in text
     )
     # the upstream carrying the series is exported (and patched) first
-    assert export_order(stack) == ["vllm_musa", "vllm", "vllm_omni"]
+    assert export_order(stack) == ["vllm_musa", "vllm", "flashinfer", "vllm_omni"]
 
 
 def test_a_stack_without_the_keys_renders_as_before(root):

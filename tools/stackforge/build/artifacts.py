@@ -98,7 +98,7 @@ def check_uses(stack: Stack, kernel: str, upstream: str, tree: Path) -> None:
         path = tree / rel
         if path.is_symlink() or not path.exists() or not path.resolve().is_relative_to(root):
             pin = stack.upstreams[upstream]
-            at = f"{pin.tag}@{pin.commit}" if pin.commit else upstream
+            at = pin.pin if pin.commit else upstream
             raise UserError(
                 f"kernels.{kernel}.toolchain.uses[{i}]: {rel} is not in {upstream}'s tree at {at}",
                 **position(stack, ("kernels", kernel, "toolchain", "uses", i)).as_error_kwargs(),

@@ -106,7 +106,7 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
         spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
         mirror = upstreams.fetch_upstream(spec, cache, root=root)
         upstreams.export_commit(mirror, up.commit, dest)
-        info = SourceInfo(name, "git", f"{up.tag}@{up.commit}", commit_time=upstreams.commit_time(mirror, up.commit))
+        info = SourceInfo(name, "git", up.pin, commit_time=upstreams.commit_time(mirror, up.commit))
     if up.patches or up.patches_from:
         from stackforge import (
             patches as overlay,  # the patch overlay (apply, series hash)

@@ -30,7 +30,7 @@ def digest(stack: Stack, name: str) -> str | None:
 def apply(stack: Stack, name: str, tree: Path) -> list[str]:
     """Apply the edits of upstream ``name`` to its exported ``tree``; the files changed, in order."""
     up = stack.upstreams[name]
-    pin = f"{up.tag}@{up.commit}" if up.git else name
+    pin = up.pin if up.git else name
     root = tree.resolve()
     changed = []
     for i, edit in enumerate(up.edits):

@@ -190,7 +190,7 @@ def image_labels(
         out[f"{LABEL_NS}.inputs"] = inputs
     for uname, up in stack.upstreams.items():
         if up.git:
-            out[f"{LABEL_NS}.upstream.{uname}"] = f"{up.tag}@{up.commit}"
+            out[f"{LABEL_NS}.upstream.{uname}"] = up.pin
         elif up.sdist:
             out[f"{LABEL_NS}.upstream.{uname}"] = f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
     for uname, digest in (series or {}).items():

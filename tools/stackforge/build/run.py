@@ -163,17 +163,22 @@ def gate_lines(log: str) -> list[str]:
 
 
 GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
+#: the target checks' records (images/targets/checks.py), one per target stage the image went through
+CHECKS = "checks.txt"
 
 
 def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
-    """The gate's own reports, as the build left them in the image (one container run)."""
+    """The gate's own reports and the target checks' records (``checks.txt``: the lines of every target the
+    image went through, by target name; each line names its target), as the build left them in the image
+    (one container run)."""
     script = "; ".join(f'if [ -f /stackforge/gate/{n} ]; then echo "==> {n}"; cat /stackforge/gate/{n}; fi'
                        for n in GATE_FILES)
+    script += f'; for f in /stackforge/targets/*/{CHECKS}; do if [ -f "$f" ]; then echo "==> {CHECKS}"; cat "$f"; fi; done'
     proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
     out: dict[str, list[str]] = {}
     current = None
     for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
-        if line.startswith("==> ") and line[4:] in GATE_FILES:
+        if line.startswith("==> ") and line[4:] in (*GATE_FILES, CHECKS):
             current = out.setdefault(line[4:], [])
         elif current is not None and line.strip():
             current.append(line)
@@ -283,7 +288,7 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
     reports = read_gate_from_image(engine, ref) if opts.load else {}
     gate = reports.get("result.txt") or gate_lines(log)
     atomic_write(evidence / "gate.txt", "\n".join(gate) + "\n")
-    for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt")):
+    for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt"), (CHECKS, CHECKS)):
         if name in reports:
             atomic_write(evidence / evidence_name, "\n".join(reports[name]) + "\n")
     if opts.load:

@@ -157,6 +157,8 @@ def _pinned_without_overrides(args, target) -> str | None:
         return None
     base = load_stack(args.stack, root=root_of(args))
     spec = dict(base.upstreams).get(target.name)
+    if spec is None or up.field(spec, "git") != up.field(target.spec, "git"):
+        return None  # another repository: its commits say nothing about this one
     return up.field(spec, "commit")
 
 

@@ -124,8 +124,11 @@ def cmd_show(args) -> int:
         if up.sdist is not None:
             src = f"sdist {up.sdist.name}=={up.sdist.version}"
         else:
-            src = f"{up.git} {up.tag} @ {up.commit}"
-        print(f"upstream:     {name}: {src}" + (f" + {up.patches}" if up.patches else ""))
+            src = f"{up.git} {up.pin}"
+        series = ([f"{up.patches_from.upstream}:{up.patches_from.path}"] if up.patches_from else []) + (
+            [up.patches] if up.patches else []
+        )
+        print(f"upstream:     {name}: {src}" + "".join(f" + {s}" for s in series))
     print("packages:")
     width = max(len(n) for n in stack.packages)
     for name, pkg in stack.packages.items():

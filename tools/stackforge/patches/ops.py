@@ -29,7 +29,7 @@ from stackforge.patches.apply import (
     seed_blobs,
 )
 from stackforge.patches.export import Change, plan_export
-from stackforge.patches.git import git, git_bytes, rev_parse
+from stackforge.patches.git import BASE_REF, git, git_bytes, rev_parse
 from stackforge.patches.index import render_index, write_index
 from stackforge.patches.patchfile import parse_patch
 from stackforge.patches.repo import prepare
@@ -58,6 +58,9 @@ class Target:
     root: Path
     cache_dir: Path
     offline: bool = False
+    #: a series another upstream carries for this one (``patches_from``): applied before the layers, as the
+    #: build applies it, and part of the base the layers sit on (export writes only the layers)
+    carried: Series | None = None
 
     @property
     def refs(self) -> list[PatchRef]:
@@ -118,7 +121,42 @@ def target_from_stack(
             f"stack {stack.name} has no upstream {upstream!r} (it has: {', '.join(ups)})", fix="check --upstream"
         )
     spec = _resolve_sdist_index(stack, ups[upstream])
-    return make_target(upstream, spec, root=stack_root(stack), cache_dir=cache_dir, overlays=overlays, offline=offline)
+    target = make_target(
+        upstream, spec, root=stack_root(stack), cache_dir=cache_dir, overlays=overlays, offline=offline
+    )
+    if isinstance(stack, Stack) and stack.upstreams[upstream].patches_from is not None:
+        target.carried = carried_series(stack, upstream, target.cache_dir, offline=offline)
+    return target
+
+
+def carried_series(stack: Stack, name: str, cache_dir: Path, *, offline: bool = False) -> Series:
+    """The series ``upstreams.<name>.patches_from`` names, read from the carrying upstream's tree at its pinned
+    commit (the build's rules: ``build.installed.in_tree_series``) and kept in the cache under that pin."""
+    from stackforge.build.installed import in_tree_series
+
+    src = stack.upstreams[name].patches_from
+    assert src is not None
+    carrier = stack.upstreams[src.upstream]
+    key = f"{src.upstream}-{carrier.commit}-{src.order}-{src.path}"
+    kept = Path(cache_dir) / "carried" / re.sub(r"[^A-Za-z0-9._-]", "_", key)
+    if not (kept / SERIES_FILE).is_file():
+        with scratch() as tmp:
+            mirror = up.fetch_upstream(carrier, cache_dir, root=stack_root(stack), offline=offline)
+            up.export_commit(mirror, str(carrier.commit), tmp / "src" / src.upstream)
+            found = in_tree_series(stack, name, tmp / "src")
+            staged = Path(tempfile.mkdtemp(prefix=kept.name + ".", dir=_parent(kept)))
+            for entry in found.iterdir():
+                if entry.is_file() and not entry.is_symlink():
+                    shutil.copyfile(entry, staged / entry.name)
+            if kept.exists():
+                shutil.rmtree(kept)
+            staged.rename(kept)
+    return load_layers([(f"{src.upstream}:{src.path}", kept)])[0]
+
+
+def _parent(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.parent
 
 
 def _resolve_sdist_index(stack: Any, spec: Any) -> Any:
@@ -181,8 +219,9 @@ def apply_to(
 
 
 def _prepare(target: Target, dest: Path, *, commit: str | None = None, history: bool | str = True) -> str:
-    """``prepare`` the target's upstream at ``dest`` from the target's cache (``commit``: that one of its mirror)."""
-    return prepare(
+    """``prepare`` the target's upstream at ``dest`` from the target's cache (``commit``: that one of its mirror),
+    with the carried series applied on top and made the base the layers start from."""
+    head = prepare(
         target.spec,
         target.cache_dir,
         dest,
@@ -192,6 +231,15 @@ def _prepare(target: Target, dest: Path, *, commit: str | None = None, history: 
         offline=target.offline,
         label=target.name,
     )
+    if target.carried is None:
+        return head
+    report = apply_layers(dest, [target.carried], stop_on_failure=True)
+    if report.failed:
+        raise failure_error(report, None)
+    base = rev_parse(dest, "HEAD")
+    assert base
+    git(dest, "update-ref", BASE_REF, base)
+    return head
 
 
 def _seed(repo: Path, head: str, seed_commit: str | None, refs: Sequence[PatchRef]) -> None:

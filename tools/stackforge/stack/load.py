@@ -608,19 +608,17 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
                 UserError(
                     f"upstreams.{name}: declare exactly one of 'git' or 'sdist'",
                     **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
-                    fix="a git upstream needs git, tag and commit; a release needs sdist",
+                    fix="a git upstream needs git and commit (and its tag, if released); a release needs sdist",
                 )
             )
-        if up.git is not None:
-            for field in ("tag", "commit"):
-                if getattr(up, field) is None:
-                    problems.append(
-                        UserError(
-                            f"upstreams.{name}: a git upstream needs '{field}'",
-                            **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
-                            fix=f"add {field}: … (the commit is checked against the tag)",
-                        )
-                    )
+        if up.git is not None and up.commit is None:
+            problems.append(
+                UserError(
+                    f"upstreams.{name}: a git upstream needs 'commit'",
+                    **_pos_for(("upstreams", name), values, {}, False).as_error_kwargs(),
+                    fix="add commit: <40 hex> (checked against the tag when there is one)",
+                )
+            )
         if up.sdist is not None:
             ref(
                 ("upstreams", name, "sdist", "index"),

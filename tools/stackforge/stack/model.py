@@ -251,7 +251,9 @@ class SourceEdit(Strict):
 class Upstream(Strict):
     git: str | None = Field(default=None, description="git URL or local path of the upstream repository")
     tag: Annotated[str, _grammar(grammar.check_git_ref)] | None = Field(
-        None, description="the release tag; the commit must be the one it points to"
+        None,
+        description="the release tag; the commit must be the one it points to (leave it out for an upstream "
+        "pinned by commit only, e.g. a fork without release tags)",
     )
     commit: str | None = Field(default=None, description="full 40-hex commit id")
     sdist: Sdist | None = Field(default=None, description="a release sdist instead of git")
@@ -268,6 +270,11 @@ class Upstream(Strict):
         description="in-place fixes applied on the host after the patch series, each checked to match exactly "
         "once (a fix that no longer matches the pinned tree fails the build); labelled org.stackforge.edits.<name>",
     )
+
+    @property
+    def pin(self) -> str:
+        """How the pin is written in labels, evidence and errors: ``tag@commit`` (``commit`` when untagged)."""
+        return f"{self.tag}@{self.commit}" if self.tag else str(self.commit)
 
     @field_validator("git")
     @classmethod
@@ -389,9 +396,9 @@ class Kernel(Strict):
     )
     files: dict[FileSource, FileDest] = Field(
         default_factory=dict,
-        description="files the step writes besides wheels, {path under /out/files: destination} (an absolute "
-        "path or {site}/…), installed in the gate stage after the wheels with their mode; a missing one fails "
-        "the build",
+        description="files or directories the step writes besides wheels, {path under /out/files: destination} "
+        "(an absolute path or {site}/…), installed in the gate stage after the wheels with their mode (a directory "
+        "replaces the destination directory as a whole); a missing one fails the build",
     )
     wheels: bool | None = Field(
         None, description="whether the step writes wheels to /out/wheels (default: true unless it declares files)"
