@@ -3,7 +3,7 @@ upstreamed (+ drop), range-diff.
 
 Everything here takes a ``Target``: one upstream spec (any object with the
 upstream fields) and the layers to apply onto it. ``target_from_stack`` builds
-one from a stack model; tests build them from plain data.
+one from a loaded stack (its model and repository root); tests build them from plain data.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ from stackforge.patches.series import (
     render_series,
     renumber,
 )
-from stackforge.stack.load import stack_root as loaded_root
-from stackforge.stack.model import Stack
+from stackforge.stack.load import LoadedStack
 from stackforge.workspace import cache_dir as workspace_cache
 
 
@@ -83,27 +82,16 @@ def make_target(
     return Target(name, spec, load_layers(dirs), root, cache_dir or workspace_cache(root, ""), offline)
 
 
-def stack_root(stack: Any) -> Path:
-    root = getattr(stack, "root", None)
-    if root is None and isinstance(stack, Stack):
-        try:
-            root = loaded_root(stack)
-        except ValueError:
-            root = None
-    if root is None:
-        raise UserError(f"stack {getattr(stack, 'name', '?')} does not say where its repository is")
-    return Path(root)
-
-
 def target_from_stack(
-    stack: Any,
+    loaded: LoadedStack,
     upstream: str | None = None,
     *,
     overlays: Sequence[str] = (),
     cache_dir: Path | None = None,
     offline: bool = False,
 ) -> Target:
-    """Pick the upstream (the only one with a series, unless named) of a stack model."""
+    """Pick the upstream (the only one with a series, unless named) of a loaded stack."""
+    stack = loaded.model
     ups = dict(stack.upstreams)
     if upstream is None:
         with_series = [n for n, u in ups.items() if up.field(u, "patches")]
@@ -118,7 +106,7 @@ def target_from_stack(
             f"stack {stack.name} has no upstream {upstream!r} (it has: {', '.join(ups)})", fix="check --upstream"
         )
     spec = _resolve_sdist_index(stack, ups[upstream])
-    return make_target(upstream, spec, root=stack_root(stack), cache_dir=cache_dir, overlays=overlays, offline=offline)
+    return make_target(upstream, spec, root=loaded.root, cache_dir=cache_dir, overlays=overlays, offline=offline)
 
 
 def _resolve_sdist_index(stack: Any, spec: Any) -> Any:
