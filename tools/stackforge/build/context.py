@@ -86,19 +86,20 @@ def build_dir_for(loaded: LoadedStack, out: Path | None = None) -> Path:
     return Path(out) if out else loaded.root / "build" / loaded.name
 
 
-def _export_source(loaded: LoadedStack, name: str, dest: Path, cache: Path) -> SourceInfo:
-    stack, root = loaded.model, loaded.root
+def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspace) -> SourceInfo:
+    """Fetch (into the workspace's cache, with its credentials), export, patch and edit upstream ``name``."""
+    stack, root, cache = loaded.model, loaded.root, workspace.cache()
     up = stack.upstreams[name]
     if up.sdist is not None:
         sdist = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
-        upstreams.export_sdist(sdist, cache, dest)
+        upstreams.export_sdist(sdist, cache, dest, workspace=workspace)
         info = SourceInfo(name, "sdist", f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}")
     else:
         if up.commit is None:
             raise UserError(f"upstreams.{name}: a git upstream needs 'commit'",
                             fix="add commit: … (the commit is checked against the tag)")
         spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
-        mirror = upstreams.fetch_upstream(spec, cache, root=root)
+        mirror = upstreams.fetch_upstream(spec, cache, root=root, workspace=workspace)
         upstreams.export_commit(mirror, up.commit, dest)
         info = SourceInfo(name, "git", f"{up.tag}@{up.commit}", commit_time=upstreams.commit_time(mirror, up.commit))
     if up.patches or up.patches_from:
@@ -135,7 +136,7 @@ def assemble(loaded: LoadedStack, out: Path | None = None, *, sources: bool = Tr
     build/<stack>/context/ is the previous complete context or the new one; a failure removes
     the temporary directory."""
     stack, root = loaded.model, loaded.root
-    cache = workspace_for(loaded, workspace).cache()
+    ws = workspace_for(loaded, workspace)
     locks = read_locks(loaded)
     plan = make_plan(loaded, {i: str(l.path.relative_to(root)) for i, l in locks.items()})
     bdir = build_dir_for(loaded, out)
@@ -146,7 +147,7 @@ def assemble(loaded: LoadedStack, out: Path | None = None, *, sources: bool = Tr
         staging = Path(tempfile.mkdtemp(prefix=".context-", suffix=STAGING_SUFFIX, dir=bdir))
         try:
             os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700
-            infos, post_install = _fill(loaded, plan, locks, staging, sources, root, cache)
+            infos, post_install = _fill(loaded, plan, locks, staging, sources, root, ws)
             _swap(staging, ctx_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -167,8 +168,9 @@ def _remove_leftovers(bdir: Path) -> None:
 
 
 def _fill(loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: bool, root: Path,
-          cache: Path) -> tuple[list[SourceInfo], dict[str, str]]:
-    """Requirements files, the gate and the (patched) upstream sources (from ``cache``), written into ``staging``."""
+          workspace: Workspace) -> tuple[list[SourceInfo], dict[str, str]]:
+    """Requirements files, the gate and the (patched) upstream sources (through the workspace's cache),
+    written into ``staging``."""
     stack = loaded.model
     (staging / "deps").mkdir(parents=True)
     hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
@@ -190,7 +192,7 @@ def _fill(loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: 
     artifacts.write_context(plan.files, images_dir(root), staging)
     infos: list[SourceInfo] = []
     if sources:
-        exported = {name: _export_source(loaded, name, staging / "src" / name, cache)
+        exported = {name: _export_source(loaded, name, staging / "src" / name, workspace)
                     for name in export_order(stack)}
         infos = [exported[name] for name in stack.upstreams]
         requirements.write_phases(loaded, staging, {n: staging / "src" / n for n in stack.upstreams},

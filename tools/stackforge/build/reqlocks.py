@@ -81,12 +81,12 @@ def exported(loaded: LoadedStack, names: list[str], workspace: Workspace | None 
     same credentials), in a temporary directory removed afterwards. {upstream: tree}"""
     from stackforge.build.context import _export_source
 
-    cache = workspace_for(loaded, workspace).cache()
+    ws = workspace_for(loaded, workspace)
     with tempfile.TemporaryDirectory(prefix="stackforge-lock-trees-") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
         for name in names:
-            _export_source(loaded, name, src / name, cache)
+            _export_source(loaded, name, src / name, ws)
         yield {name: src / name for name in names}
 
 

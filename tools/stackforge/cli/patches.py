@@ -152,6 +152,7 @@ def _target(args, loaded: LoadedStack | None = None, upstream: str | None = None
         overlays=args.overlay,
         cache_dir=_cache(args),
         offline=args.offline,
+        workspace=workspace_of(args),
     )
 
 
@@ -297,7 +298,14 @@ def _export_targets(args) -> list:
             if key in seen:
                 continue
             seen.add(key)
-            t = P.target_from_stack(loaded, uname, overlays=args.overlay, cache_dir=_cache(args), offline=args.offline)
+            t = P.target_from_stack(
+                loaded,
+                uname,
+                overlays=args.overlay,
+                cache_dir=_cache(args),
+                offline=args.offline,
+                workspace=workspace_of(args),
+            )
             out.append((f"{name}/{uname}", t))
     return out
 

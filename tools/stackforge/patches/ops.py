@@ -46,6 +46,7 @@ from stackforge.patches.series import (
     renumber,
 )
 from stackforge.stack.load import LoadedStack
+from stackforge.workspace import Workspace
 from stackforge.workspace import cache_dir as workspace_cache
 
 
@@ -57,6 +58,7 @@ class Target:
     root: Path
     cache_dir: Path
     offline: bool = False
+    workspace: Workspace | None = None  # whose credentials fetch the upstream (default: Workspace.default())
 
     @property
     def refs(self) -> list[PatchRef]:
@@ -71,6 +73,7 @@ def make_target(
     cache_dir: Path | None = None,
     overlays: Sequence[str] = (),
     offline: bool = False,
+    workspace: Workspace | None = None,
 ) -> Target:
     patches = up.field(spec, "patches")
     if not patches:
@@ -79,7 +82,8 @@ def make_target(
             fix=f"set upstreams.{name}.patches (e.g. patches/{name}) in the stack",
         )
     dirs = layer_dirs(root, name, patches, overlays)
-    return Target(name, spec, load_layers(dirs), root, cache_dir or workspace_cache(root, ""), offline)
+    cache = cache_dir or (workspace.cache() if workspace else workspace_cache(root, ""))
+    return Target(name, spec, load_layers(dirs), root, cache, offline, workspace)
 
 
 def target_from_stack(
@@ -89,6 +93,7 @@ def target_from_stack(
     overlays: Sequence[str] = (),
     cache_dir: Path | None = None,
     offline: bool = False,
+    workspace: Workspace | None = None,
 ) -> Target:
     """Pick the upstream (the only one with a series, unless named) of a loaded stack."""
     stack = loaded.model
@@ -106,7 +111,9 @@ def target_from_stack(
             f"stack {stack.name} has no upstream {upstream!r} (it has: {', '.join(ups)})", fix="check --upstream"
         )
     spec = _resolve_sdist_index(stack, ups[upstream])
-    return make_target(upstream, spec, root=loaded.root, cache_dir=cache_dir, overlays=overlays, offline=offline)
+    return make_target(
+        upstream, spec, root=loaded.root, cache_dir=cache_dir, overlays=overlays, offline=offline, workspace=workspace
+    )
 
 
 def _resolve_sdist_index(stack: Any, spec: Any) -> Any:
@@ -179,6 +186,7 @@ def _prepare(target: Target, dest: Path, *, commit: str | None = None, history: 
         history=history,
         offline=target.offline,
         label=target.name,
+        workspace=target.workspace,
     )
 
 
