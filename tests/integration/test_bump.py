@@ -9,7 +9,7 @@ import yaml
 
 from stackforge.cli.main import main
 from stackforge.stack import rules
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load, load_stack
 from tests.fixtures.musa_index import build_wheels, index_dirs, serve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,8 +44,10 @@ def test_bump_post1_reproduces_the_checked_in_post2(built, root, tmp_path, capsy
     assert ours["inherits"] == "post1"
     assert ours["packages"] == theirs["packages"]
     assert ours["description"] == theirs["description"]
-    new, checked_in = load_stack("post2", root=root), load_stack("post2", root=REPO)
-    assert {n: p.version for n, p in new.packages.items()} == {n: p.version for n, p in checked_in.packages.items()}
+    new, checked_in = load("post2", root=root), load_stack("post2", root=REPO)
+    assert {n: p.version for n, p in new.model.packages.items()} == {
+        n: p.version for n, p in checked_in.packages.items()
+    }
     assert rules.lint(new) == []
     assert "wrote stacks/post2.yaml (lint: ok)" in out
     # The pin table of the move, from `stackforge diff`.

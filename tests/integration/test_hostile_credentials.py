@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from stackforge.build import sources as upstreams
-from stackforge.build.context import cache_dir_for
 from stackforge.cli import main as cli
 from stackforge.errors import UserError
 from stackforge.stack.load import load_stack
+from stackforge.workspace import Workspace
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 
@@ -87,7 +87,7 @@ def test_sdist_fetch_uses_the_credential(private_index, tmp_path, monkeypatch, k
     up = stack.upstreams["tinysrc"].sdist
     spec = upstreams.SdistSpec(stack.indexes["priv"].url, up.name, up.version, up.sha256)
     server.reset_log()
-    path = upstreams.fetch_sdist(spec, cache_dir_for(stack))
+    path = upstreams.fetch_sdist(spec, Workspace.at(root).cache())
     assert path.name == "tinysrc-1.0.tar.gz"
     downloads = [r for r in server.requests if r.path.startswith("/files/")]
     assert downloads and all(r.authorized and r.status == 200 for r in downloads)
@@ -106,7 +106,7 @@ def test_sdist_fetch_without_or_with_a_wrong_credential_fails_clearly(private_in
     up = stack.upstreams["tinysrc"].sdist
     with pytest.raises(UserError) as err:
         upstreams.fetch_sdist(
-            upstreams.SdistSpec(stack.indexes["priv"].url, up.name, up.version, up.sha256), cache_dir_for(stack)
+            upstreams.SdistSpec(stack.indexes["priv"].url, up.name, up.version, up.sha256), Workspace.at(root).cache()
         )
     text = err.value.render()
     assert "401" in text and "STACKFORGE_INDEX_<NAME>_USERNAME" in text, text

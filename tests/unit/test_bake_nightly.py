@@ -14,7 +14,7 @@ import pytest
 from stackforge.build import bake as bakemod
 from stackforge.errors import UserError
 from stackforge.publish.nightly import Row, Summary, _gate_summary, nightly, select_stacks
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load
 from tests.fixtures.stack_support import make_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,8 +100,8 @@ def test_bake_command():
 
 
 def test_stack_targets(root):
-    stack = load_stack("example", root=root)
-    assert bakemod.stack_targets(stack, None) == list(stack.targets)
+    stack = load("example", root=root)
+    assert bakemod.stack_targets(stack, None) == list(stack.model.targets)
     assert bakemod.stack_targets(stack, ["nope", "escape"]) == ["escape"]
     with pytest.raises(UserError, match="has no target"):
         bakemod.stack_targets(stack, ["nope"])

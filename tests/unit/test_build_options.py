@@ -6,7 +6,7 @@ import pytest
 
 from stackforge.build.plan import image_labels, make_plan
 from stackforge.errors import UserError
-from stackforge.stack.load import fingerprint, load_stack
+from stackforge.stack.load import fingerprint, load
 from stackforge.stack.tags import local_ref
 from tests.fixtures.stack_support import make_root, parse_errors, run_cli
 
@@ -36,20 +36,20 @@ def kernels(stack) -> list[str]:
 
 
 def test_an_option_selects_its_steps(root):
-    on = load_stack("rs", root)
-    off = load_stack("rs", root, ["options.BUILD_VLLM_RS.value=0"])
+    on = load("rs", root)
+    off = load("rs", root, ["options.BUILD_VLLM_RS.value=0"])
     assert kernels(on) == ["vllm", "vllm_musa", "flashinfer_mamba", "vllm_rs"]
     assert kernels(off) == ["vllm", "vllm_musa", "flashinfer_mamba"]
     # What is built differs, so the fingerprint and the labels do.
-    assert fingerprint(on) != fingerprint(off)
+    assert fingerprint(on.model) != fingerprint(off.model)
     assert image_labels(on)["org.stackforge.option.BUILD_VLLM_RS"] == "1"
     assert image_labels(off)["org.stackforge.option.BUILD_VLLM_RS"] == "0"
 
 
 def test_tuning_stays_out_of_fingerprint_tags_and_labels_but_reaches_the_steps(root):
-    default = load_stack("rs", root)
-    tuned = load_stack("rs", root, ["tuning.MAX_JOBS=16"])
-    assert fingerprint(default) == fingerprint(tuned)
+    default = load("rs", root)
+    tuned = load("rs", root, ["tuning.MAX_JOBS=16"])
+    assert fingerprint(default.model) == fingerprint(tuned.model)
     assert str(local_ref(default)) == str(local_ref(tuned))
     assert image_labels(default) == image_labels(tuned)
     steps = {k.name: k.env for k in make_plan(tuned).kernels}
@@ -59,16 +59,16 @@ def test_tuning_stays_out_of_fingerprint_tags_and_labels_but_reaches_the_steps(r
 
 def test_a_stack_without_options_keeps_its_fingerprint_when_the_schema_grows(root):
     """Empty, empty-by-default keys are left out of the fingerprint: a new feature does not move it."""
-    stack = load_stack("post2", root)
-    explicit = load_stack("post2", root, ["gate.probes=[]"])
-    assert fingerprint(stack) != fingerprint(explicit)  # probes were declared: emptying them is a change
+    stack = load("post2", root)
+    explicit = load("post2", root, ["gate.probes=[]"])
+    assert fingerprint(stack.model) != fingerprint(explicit.model)  # probes were declared: emptying them is a change
     empty = ["kernels.vllm.files={}", "kernels.vllm.trees={}", "kernels.vllm.when={}", "kernels.vllm.toolchain=null"]
-    assert fingerprint(stack) == fingerprint(load_stack("post2", root, empty))
+    assert fingerprint(stack.model) == fingerprint(load("post2", root, empty).model)
 
 
 def test_templates_can_read_option_values(tmp_path):
     root = make_root(tmp_path, {"rs.yaml": RS + 'labels:\n  org.example.rs: "rs={{ options.BUILD_VLLM_RS }}"\n'})
-    assert image_labels(load_stack("rs", root, ["options.BUILD_VLLM_RS.value=0"]))["org.example.rs"] == "rs=0"
+    assert image_labels(load("rs", root, ["options.BUILD_VLLM_RS.value=0"]))["org.example.rs"] == "rs=0"
 
 
 @pytest.mark.parametrize(
@@ -100,4 +100,4 @@ def test_an_unknown_option_in_the_file_names_its_line(tmp_path, capsys):
 def test_option_values_are_strings(tmp_path):
     root = make_root(tmp_path, {"rs.yaml": RS.replace('value: "1"', "value: yes")})
     with pytest.raises(UserError, match="option values are strings"):
-        load_stack("rs", root)
+        load("rs", root)

@@ -18,7 +18,7 @@ from stackforge.build.render import (
     shellword,
 )
 from stackforge.errors import UserError
-from stackforge.stack.load import fingerprint, load_stack
+from stackforge.stack.load import fingerprint, load
 from tests.fixtures.stack_support import REPO, make_root
 
 SHA = "a" * 64
@@ -54,11 +54,11 @@ targets:
 
 @pytest.fixture
 def mixed(tmp_path):
-    return load_stack("mixed", root=make_root(tmp_path, {"mixed.yaml": MIXED}))
+    return load("mixed", root=make_root(tmp_path, {"mixed.yaml": MIXED}))
 
 
 def test_pip_phases_run_vendor_no_deps_then_public_then_vendor_deps(mixed):
-    phases = pip_phases(mixed)
+    phases = pip_phases(mixed.model)
     assert [p.name for p in phases] == ["vend-nodeps", "vend2-nodeps", "pub", "hashed", "vend-deps"]
     assert [p.no_deps for p in phases] == [True, True, False, False, False]
     assert [p.index for p in phases] == ["vend", "vend2", "pub", "hashed", "pub"]
@@ -76,9 +76,9 @@ def test_pip_phases_run_vendor_no_deps_then_public_then_vendor_deps(mixed):
 
 
 def test_hashes_are_required_only_where_every_pin_has_one_or_a_lock_exists(mixed):
-    flags = {p.name: p.require_hashes for p in pip_phases(mixed)}
+    flags = {p.name: p.require_hashes for p in pip_phases(mixed.model)}
     assert flags == {"vend-nodeps": False, "vend2-nodeps": False, "pub": False, "hashed": True, "vend-deps": False}
-    flags = {p.name: p.require_hashes for p in pip_phases(mixed, frozenset({"pub", "vend"}))}
+    flags = {p.name: p.require_hashes for p in pip_phases(mixed.model, frozenset({"pub", "vend"}))}
     assert flags == {"vend-nodeps": True, "vend2-nodeps": False, "pub": True, "hashed": True, "vend-deps": False}
 
 
@@ -89,13 +89,13 @@ def test_make_plan_attaches_locks_and_credentials_to_the_right_phases(mixed):
     assert by["vend-deps"].lock is None and by["hashed"].lock is None
     # Only the private index's own phase mounts the netrc; its dependency phase reads the public index.
     assert {n for n, p in by.items() if p.credentials} == {"vend-nodeps"}
-    assert plan.stack == "mixed" and plan.fingerprint == fingerprint(mixed)
+    assert plan.stack == "mixed" and plan.fingerprint == fingerprint(mixed.model)
     assert plan.local_ref == "stackforge-test/mixed:2.5.0" and plan.upstreams == [] and plan.kernels == []
     assert json.loads(plan.to_json())["phases"][0]["name"] == "vend-nodeps"
 
 
 def test_gate_spec_lists_every_pin_with_its_mode_and_the_vendor_packages_for_abi(mixed):
-    spec = gate_spec(mixed)
+    spec = gate_spec(mixed.model)
     assert spec["stack"] == "mixed"
     assert [(p["name"], p["import"], p["mode"], p["version"]) for p in spec["packages"]] == [
         ("torch", "torch", "prefix", "2.5.0"),
@@ -110,15 +110,15 @@ def test_gate_spec_lists_every_pin_with_its_mode_and_the_vendor_packages_for_abi
 
 
 def test_gate_spec_without_abi_checks_no_package(tmp_path):
-    stack = load_stack("mixed", root=make_root(tmp_path, {"mixed.yaml": MIXED}), overrides=["gate.abi=false"])
-    assert gate_spec(stack)["abi"]["packages"] == []
+    stack = load("mixed", root=make_root(tmp_path, {"mixed.yaml": MIXED}), overrides=["gate.abi=false"])
+    assert gate_spec(stack.model)["abi"]["packages"] == []
 
 
 def test_labels_name_the_base_the_pins_the_sources_and_only_what_is_known(mixed):
     labels = image_labels(mixed)
     assert labels["org.opencontainers.image.title"] == "mixed"
     assert labels["org.opencontainers.image.base.name"] == "stackforge/base:bookworm"
-    assert labels["org.stackforge.fingerprint"] == fingerprint(mixed)
+    assert labels["org.stackforge.fingerprint"] == fingerprint(mixed.model)
     assert labels["org.stackforge.pin.musa-kit"] == "1.0"
     for absent in (
         "org.opencontainers.image.created",
@@ -144,11 +144,11 @@ def test_labels_name_the_base_the_pins_the_sources_and_only_what_is_known(mixed)
 
 
 def test_labels_of_git_and_sdist_upstreams():
-    post1 = image_labels(load_stack("post1", root=REPO))
+    post1 = image_labels(load("post1", root=REPO))
     assert post1["org.opencontainers.image.source"] == "https://github.com/MooreThreads/vllm-musa.git"
     assert post1["org.opencontainers.image.version"] == "v0.1.24"
     assert post1["org.stackforge.upstream.vllm"] == "v0.28.0@2cf0a6915ce544dc493a0990f2ea38d81601128a"
-    example = image_labels(load_stack("example", root=REPO))
+    example = image_labels(load("example", root=REPO))
     assert example["org.opencontainers.image.source"] == "https://pypi.org/simple/markupsafe/"
     assert example["org.opencontainers.image.version"] == "3.0.3"
     assert "org.opencontainers.image.revision" not in example
@@ -269,7 +269,7 @@ def test_context_without_sources_has_requirements_gate_and_empty_source_dirs(tmp
         "vendor-pins.json",
     ]
     assert (deps / "hashed.txt").read_text() == f"six==1.16.0 \\\n    --hash=sha256:{SHA}\n"
-    assert json.loads((ctx.context_dir / "gate" / "gate.json").read_text()) == gate_spec(mixed)
+    assert json.loads((ctx.context_dir / "gate" / "gate.json").read_text()) == gate_spec(mixed.model)
     assert ctx.sources == [] and ctx.series == {} and ctx.source_date_epoch is None
     assert ctx.inputs_fingerprint().startswith("sha256:")
 

@@ -13,7 +13,7 @@ from packaging.version import Version
 from stackforge.errors import UserError
 from stackforge.freshness import audit, bump, lines, newest
 from stackforge.freshness.index import IndexFile, ProjectPage
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load, load_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 9, 23, 11, 59, tzinfo=timezone.utc)
@@ -281,13 +281,13 @@ def test_write_bump_that_fails_lint_leaves_no_file(tmp_path):
     root = tmp_path / "repo"
     shutil.copytree(ROOT / "stacks", root / "stacks")
     shutil.copytree(ROOT / "patches", root / "patches")
-    stack = load_stack("post1", root=root)
-    before = stack.packages["torchvision"].version
+    loaded = load("post1", root=root)
+    before = loaded.model.packages["torchvision"].version
     plan = bump.BumpPlan(
         "post1", "half", [bump.Move("torchvision", before, "0.26.0.post2+musa5.2.0", "x")], [], []
     )  # torchvision alone leaves its train
     with pytest.raises(UserError) as exc:
-        bump.write_bump(stack, plan)
+        bump.write_bump(loaded, plan)
     assert exc.value.exit_code == 1
     assert "would not pass lint, so it was not written" in exc.value.message and "torchvision" in exc.value.message
     assert exc.value.fix == "check the index for the builds named above"

@@ -27,7 +27,7 @@ from stackforge.publish.oci import ArchiveImage
 from stackforge.publish.publisher import publish
 from stackforge.publish.registry import RetryPolicy
 from stackforge.publish.scheme import TagScheme
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load
 from tests.fixtures.faulty_proxy import BLOB_UPLOAD, Fault, FaultyProxy
 from tests.fixtures.gitrepo import build_upstream, make_series
 from tests.fixtures.stub_registry import StubRegistry
@@ -369,7 +369,7 @@ YANKED_CASES = [
 @pytest.mark.parametrize("case", YANKED_CASES, ids=[c[0] for c in YANKED_CASES])
 def test_newest_reports_the_file_pip_would_install(case):
     _, files, sha, yanked, note = case
-    stack = load_stack("example", root=REPO)
+    stack = load("example", root=REPO)
     report = freshness.newest(stack, packages=["idna"], clients={"pypi": FakeClient(files)})
     data = report.packages[0].to_json()
     assert data["pinned_sha256"] == sha and data["pinned_yanked"] is yanked

@@ -16,7 +16,7 @@ import pytest
 
 from stackforge.cli import main as cli
 from stackforge.credentials import env_credentials, for_index, netrc_entries, resolve
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load
 from stackforge.urls import Credential, redact, redact_text, split
 
 REPO = Path(__file__).resolve().parents[2]
@@ -260,14 +260,14 @@ def test_resolver_order_url_then_env_then_netrc(tmp_path, monkeypatch):
     monkeypatch.setenv("NETRC", str(netrc))
     for var in ("USERNAME", "PASSWORD"):
         monkeypatch.delenv(f"STACKFORGE_INDEX_MTHREADS_{var}", raising=False)
-    plain = load_stack("post2", REPO, [f"{IDX}=https://vendor.example/simple"])
+    plain = load("post2", REPO, [f"{IDX}=https://vendor.example/simple"])
     assert for_index(plain, "mthreads").auth == ("n", "from-netrc")
     assert for_index(plain, "mthreads").source == "netrc"
     monkeypatch.setenv("STACKFORGE_INDEX_MTHREADS_PASSWORD", "from-env")
     assert for_index(plain, "mthreads").auth == ("", "from-env")
     assert env_credentials("mthreads") == ("", "from-env")
-    in_url = load_stack("post2", REPO, [f"{IDX}=https://u:from-url@vendor.example/simple"])
-    assert in_url.indexes["mthreads"].url == "https://vendor.example/simple"
+    in_url = load("post2", REPO, [f"{IDX}=https://u:from-url@vendor.example/simple"])
+    assert in_url.model.indexes["mthreads"].url == "https://vendor.example/simple"
     assert for_index(in_url, "mthreads").auth == ("u", "from-url")
     assert resolve("https://vendor.example/simple").auth == ("u", "from-url")  # what the loader split off
 

@@ -17,7 +17,7 @@ from stackforge.build.artifacts import check_uses
 from stackforge.build.plan import image_labels, make_plan
 from stackforge.build.render import render_dockerfile
 from stackforge.errors import UserError
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load
 from tests.fixtures.stack_support import assert_refused, locate, make_root
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
@@ -56,7 +56,7 @@ def between(text: str, start: str, end: str) -> str:
 
 
 def test_option_on_toolchain_stage_then_offline_build_then_files_after_the_wheels():
-    stack = load_stack("post2")
+    stack = load("post2")
     plan = make_plan(stack)
     rs = next(k for k in plan.kernels if k.name == "vllm_rs")
     assert rs.wheels is False and rs.toolchain is not None
@@ -96,7 +96,7 @@ def test_option_on_toolchain_stage_then_offline_build_then_files_after_the_wheel
 
 
 def test_option_off_leaves_out_the_stage_the_files_and_the_probe():
-    stack = load_stack("post2", overrides=["options.BUILD_VLLM_RS.value=0"])
+    stack = load("post2", overrides=["options.BUILD_VLLM_RS.value=0"])
     plan = make_plan(stack)
     assert [k.name for k in plan.kernels] == ["vllm", "vllm_musa", "flashinfer_mamba"]
     assert [f.key for f in plan.files] == ["kernels.flashinfer_mamba.files.mamba"]
@@ -110,7 +110,7 @@ def test_option_off_leaves_out_the_stage_the_files_and_the_probe():
 
 
 def test_a_kernel_with_files_may_still_install_wheels(root):
-    plan = make_plan(load_stack("art", root, ["kernels.vllm_rs.wheels=true"]))
+    plan = make_plan(load("art", root, ["kernels.vllm_rs.wheels=true"]))
     assert [k.name for k in plan.wheel_kernels] == ["vllm", "vllm_musa", "vllm_rs", "extra"]
     assert "/stackforge/wheels/vllm_rs/*.whl" in render_dockerfile(plan)
 
@@ -146,7 +146,7 @@ def test_bad_values_are_refused_with_file_and_line(root, capsys, line_has, value
 
 
 def test_a_toolchain_path_missing_from_the_tree_names_the_key(root, tmp_path):
-    stack = load_stack("art", root)
+    stack = load("art", root)
     tree = tmp_path / "vllm"
     tree.mkdir()
     with pytest.raises(UserError) as exc:

@@ -350,10 +350,10 @@ PUBLIC_REL = "stacks/locks/post2/pypi.txt"
 def _assemble(root: Path, sets: list[str], monkeypatch, *more: str):
     """Assemble post2's context as the build does (upstreams exported and patched, locks checked): no engine."""
     from stackforge.build.context import assemble
-    from stackforge.stack.load import load_stack
+    from stackforge.stack.load import load
 
     monkeypatch.setenv("STACKFORGE_CACHE", str(root.parent / "cache"))
-    return assemble(load_stack("post2", root=root, overrides=[*sets, *more]), root / "build" / "assembled")
+    return assemble(load("post2", root=root, overrides=[*sets, *more]), root / "build" / "assembled")
 
 
 def _header_line(text: str, label: str) -> int:

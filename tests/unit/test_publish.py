@@ -661,10 +661,10 @@ def test_manifest_rewritten_on_the_way_back_leaves_no_tag(stub, images, tmp_path
 
 def test_a_stack_that_fails_lint_is_refused_before_the_engine_or_registry(tmp_path):
     from stackforge.publish.stack import publish_stack
-    from stackforge.stack.load import load_stack
+    from stackforge.stack.load import load
 
     root = Path(__file__).resolve().parents[2]
-    stack = load_stack("post2", root=root, overrides=["packages.torchvision.version=0.26.0.post1+musa5.2.0"])
+    stack = load("post2", root=root, overrides=["packages.torchvision.version=0.26.0.post1+musa5.2.0"])
     with pytest.raises(BuildFailed) as exc:
         publish_stack(stack, "127.0.0.1:9/x", date=DATE, out=tmp_path)  # nothing listens on port 9: never contacted
     msg = exc.value.message

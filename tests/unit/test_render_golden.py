@@ -19,7 +19,7 @@ from test_stack_golden import compare_golden
 from stackforge.build import bake, context, run
 from stackforge.build.context import SourceInfo
 from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, prepare_dockerfile
-from stackforge.stack.load import list_stacks, load, load_stack
+from stackforge.stack.load import list_stacks, load
 from stackforge.workspace import Workspace
 from tests.fixtures.stack_support import REPO, run_cli
 
@@ -50,7 +50,7 @@ def test_every_checked_in_stack_has_a_golden_case():
 
 @pytest.mark.parametrize("name", STACKS)
 def test_rendered_dockerfile_matches_its_golden_file(tmp_path, name):
-    stack = load_stack(name, root=REPO)
+    stack = load(name, root=REPO)
     prepared = prepare_dockerfile(stack, out=tmp_path / "out", sources=False, engine_facts=fixed_engine_facts)
     text = prepared.ctx.dockerfile.read_text(encoding="utf-8")
     assert f'"org.opencontainers.image.base.digest"="{BASE_DIGEST}"' in text

@@ -23,7 +23,7 @@ from stackforge.build.requirements import (
 )
 from stackforge.build.resolve import pin_conflicts
 from stackforge.errors import UserError
-from stackforge.stack.load import StackInvalid, load_stack
+from stackforge.stack.load import StackInvalid, load
 from tests.fixtures.stack_support import make_root, run_cli
 from tests.fixtures.wheels import build_wheel
 from tests.unit.test_gate_scripts import GATE_DIR
@@ -61,7 +61,7 @@ def root(tmp_path):
 
 @pytest.fixture
 def stack(root):
-    return load_stack("req", root=root)
+    return load("req", root=root)
 
 
 def tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -117,7 +117,7 @@ def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(
     assert "# dropped, a vendor index provides it (the vendor pin wins): torch==2.9.0" in text
     assert text.splitlines()[-1] == 'six>=1.16.0; python_version > "3.11"'
     # every pin of the stack, vendor then public, then the upstream's own -c lines
-    assert constraints_file(stack, phase).splitlines()[1:] == [
+    assert constraints_file(stack.model, phase).splitlines()[1:] == [
         "torch==2.11.0.post2+musa5.2.0",
         "flash_mla==0.2.7",
         "torchada==0.1.90",
@@ -218,13 +218,13 @@ def test_write_phases_fills_the_context_and_the_manifest(stack, tmp_path):
 def test_unknown_index_or_upstream_in_a_requirements_phase_is_refused_on_load(tmp_path):
     bad = STACK.replace("index: pub\n    files", "index: pyp\n    files").replace("upstream: vllm,", "upstream: vlm,")
     with pytest.raises(StackInvalid) as info:
-        load_stack("req", root=make_root(tmp_path, {"req.yaml": bad}))
+        load("req", root=make_root(tmp_path, {"req.yaml": bad}))
     text = info.value.render()
     assert "requirements.vllm-common.index: unknown index 'pyp'" in text
     assert "requirements.vllm-common.files.0.upstream: unknown upstream 'vlm'" in text
     bad = STACK.replace("path: requirements/common.txt", "path: ../etc/passwd")
     with pytest.raises(StackInvalid, match="not a relative path"):
-        load_stack("req", root=make_root(tmp_path / "2", {"req.yaml": bad}))
+        load("req", root=make_root(tmp_path / "2", {"req.yaml": bad}))
 
 
 def test_plan_and_dockerfile_guard_every_phase_after_the_vendor_no_deps_phase(stack):
@@ -463,17 +463,20 @@ def test_the_lock_names_the_pin_a_conflicting_resolution_would_move(stack):
         "ERROR: Cannot install -r vllm/requirements/common.txt (line 3) and torchada==0.1.90 because these "
         "package versions have conflicting dependencies."
     )
-    assert pin_conflicts(quiet, stack) == [
+    assert pin_conflicts(quiet, stack.model) == [
         "torchada==0.1.90 (packages.torchada): it conflicts with -r vllm/requirements/common.txt (line 3)"
     ]
     verbose = quiet + (
         "\nThe conflict is caused by:\n    The user requested torchada==0.1.90\n    The user requested torchada\n"
         "    extras 1.0 depends on torchada>=0.1.95\n"
     )
-    assert pin_conflicts(verbose, stack) == [
+    assert pin_conflicts(verbose, stack.model) == [
         "torchada==0.1.90 (packages.torchada): extras 1.0 depends on torchada>=0.1.95"
     ]
-    assert pin_conflicts("ERROR: Cannot install a and b because these package versions have conflicting", stack) == []
+    assert (
+        pin_conflicts("ERROR: Cannot install a and b because these package versions have conflicting", stack.model)
+        == []
+    )
 
 
 def test_pulled_in_by_reads_the_pip_report():

@@ -7,7 +7,7 @@ import pytest
 from stackforge.build import edits
 from stackforge.build.plan import image_labels
 from stackforge.errors import UserError
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load
 from tests.fixtures.stack_support import make_root
 
 OLD = "from enum import Enum, StrEnum"
@@ -15,7 +15,7 @@ OLD = "from enum import Enum, StrEnum"
 
 @pytest.fixture
 def post2(tmp_path):
-    return load_stack("post2", make_root(tmp_path))
+    return load("post2", make_root(tmp_path))
 
 
 def tree(tmp_path, text: str):
@@ -33,7 +33,7 @@ def test_the_fork_fix_applies_once_and_is_labelled(post2, tmp_path):
         "    from strenum import StrEnum\nfrom typing import Any\n"
     )
     label = image_labels(post2)["org.stackforge.edits.vllm_omni"]
-    assert label == edits.digest(post2, "vllm_omni") and label.startswith("sha256:")
+    assert label == edits.digest(post2.model, "vllm_omni") and label.startswith("sha256:")
     assert "org.stackforge.edits.vllm" not in image_labels(post2)  # no edits declared there
 
 
@@ -65,6 +65,6 @@ def test_an_edit_of_a_missing_file_or_a_link_out_of_the_tree_is_refused(post2, t
 def test_edit_paths_are_relative_and_stay_in_the_tree(tmp_path):
     root = make_root(tmp_path)
     with pytest.raises(UserError, match="edits"):
-        load_stack("post2", root, ["upstreams.vllm_omni.edits=[{path: ../x.py, old: a, new: b}]"])
+        load("post2", root, ["upstreams.vllm_omni.edits=[{path: ../x.py, old: a, new: b}]"])
     with pytest.raises(UserError, match="edits"):
-        load_stack("post2", root, ["upstreams.vllm_omni.edits=[{path: x.py, old: '', new: b}]"])
+        load("post2", root, ["upstreams.vllm_omni.edits=[{path: x.py, old: '', new: b}]"])

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stackforge.stack import rules
-from stackforge.stack.load import load_stack, position, stack_files
+from stackforge.stack.load import load
 from stackforge.stack.yamlsrc import Pos
 from tests.fixtures.stack_support import locate, make_root, parse_errors, run_cli
 
@@ -36,8 +36,13 @@ def root(tmp_path):
 
 
 @pytest.fixture
-def stack(root):
-    return load_stack("a", root=root)
+def loaded(root):
+    return load("a", root=root)
+
+
+@pytest.fixture
+def stack(loaded):
+    return loaded.model
 
 
 def at(root, file, line_has, value):
@@ -48,8 +53,8 @@ def triple(pos: Pos) -> tuple:
     return pos.file, pos.line, pos.col
 
 
-def test_chain_of_files(stack):
-    assert stack_files(stack) == ["stacks/post1.yaml", "stacks/post2.yaml", "stacks/a.yaml"]
+def test_chain_of_files(loaded, stack):
+    assert loaded.files == ["stacks/post1.yaml", "stacks/post2.yaml", "stacks/a.yaml"]
     assert stack.name == "a"
     assert stack.inherits == "post2"
 
@@ -72,22 +77,22 @@ def test_package_order_is_the_first_declaration_with_new_packages_last(stack):
     assert names[-1] == "newpkg"
 
 
-def test_positions_point_at_the_file_that_wrote_the_value(root, stack):
-    assert position(stack, ("description",)) == Pos("stacks/a.yaml", 3, 14)
-    assert position(stack, ("packages", "torchvision", "version")) == Pos("stacks/a.yaml", 8, 14)
-    assert position(stack, ("packages", "newpkg", "index")) == Pos("stacks/a.yaml", 11, 12)
-    assert position(stack, ("platform", "gpu_arch", 1)) == Pos("stacks/a.yaml", 5, 21)
-    assert position(stack, ("packages", "torch", "version")) == at(root, "post2.yaml", "  torch:", "2.11.0.post2")
-    assert position(stack, ("packages", "torchada", "version")) == at(root, "post2.yaml", "  torchada:", "0.1.90")
-    assert position(stack, ("packages", "torchvision", "index")) == at(root, "post1.yaml", "  torchvision:", "mthreads")
-    assert position(stack, ("packages", "flash_mla", "version")) == at(root, "post1.yaml", "  flash_mla:", "0.2.7")
-    assert position(stack, ("platform", "python")) == at(root, "post1.yaml", "  python:", '"3.10"')
+def test_positions_point_at_the_file_that_wrote_the_value(root, loaded):
+    assert loaded.position(("description",)) == Pos("stacks/a.yaml", 3, 14)
+    assert loaded.position(("packages", "torchvision", "version")) == Pos("stacks/a.yaml", 8, 14)
+    assert loaded.position(("packages", "newpkg", "index")) == Pos("stacks/a.yaml", 11, 12)
+    assert loaded.position(("platform", "gpu_arch", 1)) == Pos("stacks/a.yaml", 5, 21)
+    assert loaded.position(("packages", "torch", "version")) == at(root, "post2.yaml", "  torch:", "2.11.0.post2")
+    assert loaded.position(("packages", "torchada", "version")) == at(root, "post2.yaml", "  torchada:", "0.1.90")
+    assert loaded.position(("packages", "torchvision", "index")) == at(root, "post1.yaml", "  torchvision:", "mthreads")
+    assert loaded.position(("packages", "flash_mla", "version")) == at(root, "post1.yaml", "  flash_mla:", "0.2.7")
+    assert loaded.position(("platform", "python")) == at(root, "post1.yaml", "  python:", '"3.10"')
 
 
-def test_a_replaced_list_drops_the_parents_positions_below_it(root, stack):
+def test_a_replaced_list_drops_the_parents_positions_below_it(root, loaded):
     # post1 lists five gate imports; a lists one. Item 1 no longer exists, so it must not point into post1.
-    assert position(stack, ("gate", "imports", 0)) == Pos("stacks/a.yaml", 14, 7)
-    assert position(stack, ("gate", "imports", 1)).file == "stacks/a.yaml"
+    assert loaded.position(("gate", "imports", 0)) == Pos("stacks/a.yaml", 14, 7)
+    assert loaded.position(("gate", "imports", 1)).file == "stacks/a.yaml"
 
 
 def test_findings_point_at_each_level(root, capsys):
@@ -113,12 +118,13 @@ def test_four_levels(root):
     (root / "stacks" / "z.yaml").write_text(
         "name: z\ninherits: a\npackages:\n  newpkg: {version: 1.0.1}\n", encoding="utf-8"
     )
-    stack = load_stack("z", root=root)
-    assert stack_files(stack) == ["stacks/post1.yaml", "stacks/post2.yaml", "stacks/a.yaml", "stacks/z.yaml"]
+    loaded = load("z", root=root)
+    stack = loaded.model
+    assert loaded.files == ["stacks/post1.yaml", "stacks/post2.yaml", "stacks/a.yaml", "stacks/z.yaml"]
     assert stack.packages["newpkg"].version == "1.0.1"
     assert stack.packages["newpkg"].index == "pypi"
-    assert position(stack, ("packages", "newpkg", "version")) == Pos("stacks/z.yaml", 4, 21)
-    assert position(stack, ("packages", "newpkg", "index")) == Pos("stacks/a.yaml", 11, 12)
+    assert loaded.position(("packages", "newpkg", "version")) == Pos("stacks/z.yaml", 4, 21)
+    assert loaded.position(("packages", "newpkg", "index")) == Pos("stacks/a.yaml", 11, 12)
     assert stack.description == "child of post2"  # inherited from a
 
 
@@ -142,12 +148,13 @@ def test_an_error_in_the_middle_file_names_the_middle_file(root, capsys):
 
 
 def test_set_overrides_apply_on_top_of_the_whole_chain(root):
-    stack = load_stack("a", root=root, overrides=["packages.torchvision.version=0.26.0.post2+musa5.2.0"])
+    loaded = load("a", root=root, overrides=["packages.torchvision.version=0.26.0.post2+musa5.2.0"])
+    stack = loaded.model
     assert stack.packages["torchvision"].version == "0.26.0.post2+musa5.2.0"
-    assert position(stack, ("packages", "torchvision", "version")) == Pos(
+    assert loaded.position(("packages", "torchvision", "version")) == Pos(
         "--set packages.torchvision.version=0.26.0.post2+musa5.2.0"
     )
-    assert rules.lint(stack) == []
+    assert rules.lint(loaded) == []
 
 
 def test_show_lists_the_chain(root, capsys):

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from stackforge.stack import rules
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load
 from tests.fixtures.stack_support import REPO, locate, make_root, run_cli
 
 RULE_FUNCTIONS = {
@@ -182,7 +182,7 @@ def test_broken_stack_gives_its_finding(tmp_path, capsys, case):
 def test_only_the_broken_rule_fires(tmp_path, case):
     """Each rule is its own function: the broken stack trips exactly that one."""
     _, text, rule, message, *_ = case
-    stack = load_stack("a", root=make_root(tmp_path, {"a.yaml": text}))
+    stack = load("a", root=make_root(tmp_path, {"a.yaml": text}))
     for name, fn in RULE_FUNCTIONS.items():
         found = fn(stack)
         if name == rule:
@@ -221,22 +221,20 @@ def test_finding_from_a_set_override_names_the_override(tmp_path, capsys):
 
 def test_post1_torchaudio_without_post_is_in_the_train():
     """post1's torchaudio is 2.11.0+musa5.2.0: it carries no postN, so only the local label is compared."""
-    stack = load_stack("post1", root=REPO)
-    assert stack.packages["torchaudio"].version == "2.11.0+musa5.2.0"
+    stack = load("post1", root=REPO)
+    assert stack.model.packages["torchaudio"].version == "2.11.0+musa5.2.0"
     assert rules.check_trains(stack) == []
 
 
 @pytest.mark.parametrize("torchada", ["0.1.83", "0.1.80"])
 def test_conditional_minimum_does_not_apply_below_its_condition(tmp_path, torchada):
     """torchada >= 0.1.90 only when torch_musa >= 2.11.0.post2; post1 is at post1."""
-    stack = load_stack("post1", root=make_root(tmp_path), overrides=[f"packages.torchada.version={torchada}"])
+    stack = load("post1", root=make_root(tmp_path), overrides=[f"packages.torchada.version={torchada}"])
     assert rules.check_minimums(stack) == []
 
 
 def test_conditional_minimum_applies_at_its_condition(tmp_path):
-    stack = load_stack(
-        "post1", root=make_root(tmp_path), overrides=["packages.torch_musa.version=2.11.0.post2+musa5.2.0"]
-    )
+    stack = load("post1", root=make_root(tmp_path), overrides=["packages.torch_musa.version=2.11.0.post2+musa5.2.0"])
     assert [f.message for f in rules.check_minimums(stack)] == [
         "torchada 0.1.83 is below the declared minimum 0.1.90 when torch_musa >= 2.11.0.post2"
     ]
@@ -244,13 +242,13 @@ def test_conditional_minimum_applies_at_its_condition(tmp_path):
 
 def test_rules_are_data_a_stack_without_a_train_has_no_train_finding(tmp_path):
     text = child("packages:\n  torchvision:\n    version: 0.26.0.post1+musa5.2.0\nrules:\n  trains: []\n")
-    stack = load_stack("a", root=make_root(tmp_path, {"a.yaml": text}))
+    stack = load("a", root=make_root(tmp_path, {"a.yaml": text}))
     assert rules.lint(stack) == []
 
 
 def test_every_real_stack_passes_every_rule():
     for name in ("post1", "post2"):
-        assert rules.lint(load_stack(name, root=REPO)) == [], name
+        assert rules.lint(load(name, root=REPO)) == [], name
 
 
 # --------------------------------------------------------------------------- lint exit codes

@@ -14,7 +14,7 @@ import pytest
 from stackforge.build.plan import make_plan
 from stackforge.build.render import render_dockerfile
 from stackforge.errors import UserError
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load
 from tests.fixtures.stack_support import make_root, parse_errors, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,20 +64,20 @@ def _root(tmp_path: Path, system: str = SYSTEM) -> Path:
 
 @pytest.fixture
 def stack(tmp_path):
-    return load_stack("sys", _root(tmp_path))
+    return load("sys", _root(tmp_path))
 
 
 def test_layers_load_in_order_with_their_values(stack):
-    assert list(stack.system) == ["os", "musa"]
-    musa = stack.system["musa"]
+    assert list(stack.model.system) == ["os", "musa"]
+    musa = stack.model.system["musa"]
     assert musa.install == "auto" and musa.probe == "mcc"
-    assert [p.name for p in stack.system["os"].packages] == ["gcc-12", "python{{ platform.python }}-dev"]
+    assert [p.name for p in stack.model.system["os"].packages] == ["gcc-12", "python{{ platform.python }}-dev"]
     assert musa.packages[2].line == "2.4.1" and musa.packages[3].version == "2.4.0-1"
 
 
 def test_a_stack_without_system_keeps_its_fingerprint_and_stages(tmp_path):
-    plain = load_stack("post1", _without_system(make_root(tmp_path)))
-    assert plain.system is None
+    plain = load("post1", _without_system(make_root(tmp_path)))
+    assert plain.model.system is None
     text = render_dockerfile(make_plan(plain))
     assert "RUN python3 -m venv /opt/venv\n\nFROM base AS deps" in text and "system-" not in text
 
@@ -136,14 +136,14 @@ def test_signed_by_copies_the_key_and_names_it(tmp_path):
     )
     (root / "keys").mkdir()
     (root / "keys" / "musa.asc").write_text("-----BEGIN PGP PUBLIC KEY BLOCK-----\n")
-    stage = make_plan(load_stack("sys", root)).system[0]
+    stage = make_plan(load("sys", root)).system[0]
     assert (
         "source deb [signed-by=/etc/apt/keyrings/stackforge-musa/musa.asc] https://example.com/apt jammy main"
         in stage.spec
     )
     assert stage.keys == {"system/keys/musa/musa.asc": str(root / "keys" / "musa.asc")}
     assert "COPY system/keys/musa/ /etc/apt/keyrings/stackforge-musa/" in render_dockerfile(
-        make_plan(load_stack("sys", root))
+        make_plan(load("sys", root))
     )
 
 
@@ -193,7 +193,7 @@ def test_a_template_that_renders_a_bad_name_is_refused_at_its_key(tmp_path):
         SYSTEM.replace("musa-toolkit-{{ platform.musa_runtime | dashed }}", "musa toolkit {{ platform.musa_runtime }}"),
     )
     with pytest.raises(UserError) as exc:
-        make_plan(load_stack("sys", root))
+        make_plan(load("sys", root))
     assert "system.musa.packages.0.candidates.0" in str(exc.value) and "Debian package name" in str(exc.value)
     assert exc.value.line is not None
 
@@ -325,8 +325,8 @@ def test_the_mirror_rewrite_replaces_the_url_prefix_literally(tmp_path):
 
 
 def test_post1_declares_the_forks_apt_base_and_devel_stages(tmp_path):
-    stack = load_stack("post1", make_root(tmp_path))
-    assert stack.base.image == "ubuntu:22.04"
+    stack = load("post1", make_root(tmp_path))
+    assert stack.model.base.image == "ubuntu:22.04"
     stages = make_plan(stack).system
     assert [(s.stage, s.install, s.packages) for s in stages] == [
         ("system-os", "always", 45),

@@ -9,7 +9,7 @@ from stackforge.build.plan import make_plan
 from stackforge.build.render import render_dockerfile
 from stackforge.build.run import default_target, target_ref
 from stackforge.errors import UserError
-from stackforge.stack.load import StackInvalid, load_stack
+from stackforge.stack.load import StackInvalid, load
 from stackforge.stack.tags import local_ref
 from tests.fixtures.stack_support import locate, make_root
 
@@ -27,7 +27,7 @@ def errors(exc: StackInvalid) -> list[str]:
 
 
 def test_the_real_chain_orders_parents_first_and_publishes_three_targets():
-    stack = load_stack("post2")
+    stack = load("post2")
     plan = make_plan(stack)
     stages = {t.name: t for t in plan.target_stages}
     assert [t.name for t in plan.target_stages] == ["mooncake", "final", "vllm-openai", "vllm-omni", "default"]
@@ -40,7 +40,7 @@ def test_the_real_chain_orders_parents_first_and_publishes_three_targets():
     ]
     omni = stages["vllm-omni"]
     assert omni.labels["org.stackforge.repin.tilelang-musa"] == "0.1.8+musa.3"
-    assert omni.labels["com.mthreads.vllm-omni.revision"] == stack.upstreams["vllm_omni"].commit
+    assert omni.labels["com.mthreads.vllm-omni.revision"] == stack.model.upstreams["vllm_omni"].commit
     assert [(p.name, p.repin, p.no_deps, p.credentials) for p in omni.pip] == [
         ("tilelang", ["tilelang-musa==0.1.8+musa.3"], True, True),
         ("omni", [], False, False),
@@ -57,7 +57,7 @@ def test_the_real_chain_orders_parents_first_and_publishes_three_targets():
 
 
 def test_the_template_writes_an_alias_as_a_bare_stage_and_labels_the_stack_once():
-    stack = load_stack("post2")
+    stack = load("post2")
     text = render_dockerfile(make_plan(stack), {"org.stackforge.stack": "post2"})
     stages = text.split("\nFROM ")
     default = next(s for s in stages if s.startswith("vllm-openai AS default"))
@@ -75,7 +75,7 @@ def test_the_template_writes_an_alias_as_a_bare_stage_and_labels_the_stack_once(
 def test_a_cycle_in_from_is_a_load_error_with_file_and_line(tmp_path):
     root = make_root(tmp_path, {"child.yaml": CHILD})
     with pytest.raises(StackInvalid) as exc:
-        load_stack("child", root=root)
+        load("child", root=root)
     line, _ = locate(root / "stacks" / "child.yaml", "from: vllm-omni", "vllm-omni")
     (msg,) = errors(exc.value)
     assert f"child.yaml:{line}:" in msg
@@ -101,18 +101,18 @@ def test_a_cycle_in_from_is_a_load_error_with_file_and_line(tmp_path):
 )
 def test_bad_target_values_name_the_key(override, message):
     if message is None:  # an unpublished vllm-openai: the others still publish, so it loads
-        stack = load_stack("post2", overrides=[override])
+        stack = load("post2", overrides=[override])
         assert stack_targets(stack, None) == ["vllm-omni", "default"]
         return
     with pytest.raises(StackInvalid) as exc:
-        load_stack("post2", overrides=[override])
+        load("post2", overrides=[override])
     assert any(message in e for e in errors(exc.value)), errors(exc.value)
 
 
 def test_every_target_unpublished_is_an_error():
     sets = [f"targets.{t}.publish=false" for t in ("vllm-openai", "vllm-omni", "default")]
     with pytest.raises(StackInvalid) as exc:
-        load_stack("post2", overrides=sets)
+        load("post2", overrides=sets)
     assert any("every target is publish: false" in e for e in errors(exc.value))
 
 
@@ -120,7 +120,7 @@ def test_target_env_is_rendered_from_the_platform(tmp_path):
     """The final image keeps the GPU architecture variables the plugin's JIT reads, derived from platform.gpu_arch."""
     root = make_root(tmp_path)
     for arch, torch_arch, mate_arch in ((["mp_31"], "31", "3.1"), (["mp_22", "mp_31"], "22,31", "2.2,3.1")):
-        stack = load_stack("post2", root, [f"platform.gpu_arch=[{', '.join(arch)}]"])
+        stack = load("post2", root, [f"platform.gpu_arch=[{', '.join(arch)}]"])
         (final,) = [t for t in make_plan(stack).target_stages if t.name == "final"]
         assert final.env == {
             "MTHREADS_VISIBLE_DEVICES": "all",

@@ -15,8 +15,8 @@ from stackforge.build.installed import in_tree_series
 from stackforge.build.plan import make_plan
 from stackforge.build.render import render_dockerfile
 from stackforge.errors import UserError
+from stackforge.stack import load as stackload
 from stackforge.stack.installed import export_order
-from stackforge.stack.load import load_stack
 from tests.fixtures import musa_standins as ms
 from tests.fixtures.stack_support import assert_refused, locate, make_root, run_cli
 
@@ -64,7 +64,7 @@ def root(tmp_path):
 
 
 def test_plan_and_dockerfile_carry_every_new_key(root):
-    stack = load_stack("kern", root=root)
+    stack = stackload.load("kern", root=root)
     plan = make_plan(stack)
     kernel = next(k for k in plan.kernels if k.name == "vllm_musa")
     assert kernel.trees == {"vllm": "third_party/vllm", "flashinfer": "third_party/flashinfer"}
@@ -99,16 +99,16 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
         "    python -m mate.aot --all\n" in text
     )
     # the upstream carrying the series is exported (and patched) first
-    assert export_order(stack) == ["vllm_musa", "vllm", "flashinfer", "vllm_omni"]
+    assert export_order(stack.model) == ["vllm_musa", "vllm", "flashinfer", "vllm_omni"]
 
 
 def test_a_stack_without_the_keys_renders_as_before(root):
-    text = render_dockerfile(make_plan(load_stack("post2", root=root)))
+    text = render_dockerfile(make_plan(stackload.load("post2", root=root)))
     assert "AS installed" not in text and "FROM deps AS gate\n" in text
 
 
 def test_step_env_values_are_shell_quoted(root):
-    stack = load_stack("kern", root=root, overrides=["steps.mate-aot.env.MATE_MUSA_ARCH_LIST=3.1; rm -rf /"])
+    stack = stackload.load("kern", root=root, overrides=["steps.mate-aot.env.MATE_MUSA_ARCH_LIST=3.1; rm -rf /"])
     assert "MATE_MUSA_ARCH_LIST='3.1; rm -rf /'; \\\n" in render_dockerfile(make_plan(stack))
 
 
@@ -163,7 +163,7 @@ def test_a_cycle_of_carried_series_is_refused(root, capsys):
 
 
 def test_in_tree_series_directory_missing_or_escaping_names_the_key(root, tmp_path):
-    stack = load_stack("kern", root=root)
+    stack = stackload.load("kern", root=root)
     src = tmp_path / "src"
     (src / "vllm_musa" / "patches" / "vllm").mkdir(parents=True)
     with pytest.raises(UserError) as exc:
@@ -181,7 +181,7 @@ def test_in_tree_series_directory_missing_or_escaping_names_the_key(root, tmp_pa
 
 def test_a_series_without_a_series_file_is_taken_in_file_name_order(root, tmp_path):
     """vllm-musa keeps vLLM's series as vllm_musa/patches/series/*.patch, ordered by name (no series file)."""
-    stack = load_stack("kern", root=root, overrides=["upstreams.vllm.patches_from.order=name"])
+    stack = stackload.load("kern", root=root, overrides=["upstreams.vllm.patches_from.order=name"])
     src = tmp_path / "src"
     carrier = src / "vllm_musa" / "patches" / "vllm"
     carrier.mkdir(parents=True)

@@ -9,9 +9,9 @@ Order, first found wins:
    ``<NAME>`` (upper-cased, every non-alphanumeric character replaced by ``_``);
 3. the ``machine`` entry for the URL's host in ``$NETRC`` or ``~/.netrc``.
 
-The build's netrc secret (through the run's ``Workspace``), the host-side sdist fetch and git fetch,
-``stackforge lock`` and ``stackforge newest`` all ask ``for_index`` / ``for_url``; none reads
-credentials on its own.
+The build's netrc secret, the host-side sdist fetch and git fetch, ``stackforge lock`` and
+``stackforge newest`` all ask the run's ``Workspace`` (``index_credential`` / ``url_credential``,
+thin over ``for_index`` / ``for_url``); none reads credentials on its own.
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from netrc import NetrcParseError, netrc
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.urls import Credential, host, split
+
+if TYPE_CHECKING:
+    from stackforge.stack.load import LoadedStack  # stack.load imports this module
 
 _KNOWN: dict[str, tuple[str | None, Credential | None]] = {}  # clean URL -> (index name, URL credential)
 _LOCK = threading.Lock()
@@ -92,14 +96,10 @@ def resolve(
     return Credential(found[0], found[1], (), "netrc") if found else None
 
 
-def for_index(stack, index_name: str) -> Credential | None:
-    """The credential of the index ``index_name`` of a stack (a ``LoadedStack``, or a model read by the loader)."""
-    from stackforge.stack.load import LoadedStack, credentials_of  # stack.load imports this module
-
-    model, found = (
-        (stack.model, stack.credentials) if isinstance(stack, LoadedStack) else (stack, credentials_of(stack))
-    )
-    return resolve(model.indexes[index_name].url, index_name, found.get(index_name), remembered=False)
+def for_index(loaded: LoadedStack, index_name: str) -> Credential | None:
+    """The credential of the index ``index_name`` of a loaded stack (what its URL carried, split off at load)."""
+    url = loaded.model.indexes[index_name].url
+    return resolve(url, index_name, loaded.credentials.get(index_name), remembered=False)
 
 
 def for_url(url: str) -> Credential | None:

@@ -3,7 +3,9 @@ credential resolver, the CA bundle and the engine.
 
 The CLI builds one :class:`Workspace` per run (``cli/main.py``, from ``--root`` and the verb's
 ``--ca-bundle`` / ``--builder``) and hands it to the library; a library function called without
-one uses :meth:`Workspace.at` the stack's root, so both ask the same questions the same way.
+one uses :meth:`Workspace.at` the stack's root (:func:`workspace_for`), or :meth:`Workspace.default`
+when it holds no stack, so both ask the same questions the same way. Credentials are asked of the
+workspace only (``index_credential``, ``url_credential``).
 
 Every cache lives in one base directory: ``$STACKFORGE_CACHE`` when set, else
 ``<root>/build/cache`` inside the repository, else ``~/.cache/stackforge``
@@ -87,6 +89,14 @@ class Workspace:
         """The workspace of the repository at ``root`` (what a library call without one uses)."""
         fixed = Path(root)
         return cls(lambda: fixed, ca_bundle=ca_bundle, builder=builder)
+
+    @classmethod
+    def default(cls) -> Workspace:
+        """The workspace of a library call made with neither a workspace nor a stack: the repository
+        found upwards from the working directory (looked for only when asked), the default CA bundle."""
+        from stackforge.stack.load import find_root
+
+        return cls(find_root)
 
     @functools.cached_property
     def root(self) -> Path:

@@ -20,7 +20,7 @@ from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.stack import tags
 from stackforge.stack.artifacts import writes_wheels
-from stackforge.stack.load import position
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 
 #: Where the file installer and its spec live in the build context and the image.
@@ -55,12 +55,12 @@ class KernelFile:
     dest: str  # absolute, or {site}/…
 
 
-def toolchain(stack: Stack, kernel: str) -> ToolchainStep | None:
-    tc = stack.kernels[kernel].toolchain
+def toolchain(loaded: LoadedStack, kernel: str) -> ToolchainStep | None:
+    tc = loaded.model.kernels[kernel].toolchain
     if tc is None:
         return None
     env = {
-        key: tags.render_template(stack, value, ("kernels", kernel, "toolchain", "env", key))
+        key: tags.render_template(loaded, value, ("kernels", kernel, "toolchain", "env", key))
         for key, value in tc.env.items()
     }
     return ToolchainStep(tc.run, env, ":".join(tc.path), list(tc.uses))
@@ -88,8 +88,9 @@ def write_context(all_files: list[KernelFile], images: Path, staging: Path) -> N
     atomic_write(out / "files.json", json.dumps([asdict(f) for f in all_files], indent=2) + "\n")
 
 
-def check_uses(stack: Stack, kernel: str, upstream: str, tree: Path) -> None:
+def check_uses(loaded: LoadedStack, kernel: str, upstream: str, tree: Path) -> None:
     """Each path a toolchain ``uses`` is in the exported tree (a UserError naming the key otherwise)."""
+    stack = loaded.model
     tc = stack.kernels[kernel].toolchain
     if tc is None:
         return
@@ -101,6 +102,6 @@ def check_uses(stack: Stack, kernel: str, upstream: str, tree: Path) -> None:
             at = pin.pin if pin.commit else upstream
             raise UserError(
                 f"kernels.{kernel}.toolchain.uses[{i}]: {rel} is not in {upstream}'s tree at {at}",
-                **position(stack, ("kernels", kernel, "toolchain", "uses", i)).as_error_kwargs(),
+                **loaded.position(("kernels", kernel, "toolchain", "uses", i)).as_error_kwargs(),
                 fix=f"name a file or directory of {upstream}'s tree (relative to its root)",
             )

@@ -26,7 +26,7 @@ from stackforge.build.engine import Engine
 from stackforge.errors import UserError
 from stackforge.fslock import stack_lock, stack_locks
 from stackforge.signals import Interrupted
-from stackforge.stack.load import LoadedStack, loaded_of
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.workspace import Workspace, workspace_for
 
@@ -64,16 +64,17 @@ def target_name(stack: str, target: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", f"{stack}-{target}")
 
 
-def stack_targets(stack: Stack, targets: list[str] | None) -> list[str]:
+def stack_targets(loaded: LoadedStack, targets: list[str] | None) -> list[str]:
     """Every published target of the stack, or those of ``targets`` it has (none of them: an error with the fix)."""
     from stackforge.build.run import default_target
     from stackforge.stack.targets import published
 
+    stack = loaded.model
     if not targets:
-        default_target(stack, None)  # a stack without targets is an error with a fix
+        default_target(loaded, None)  # a stack without targets is an error with a fix
         return published(stack)  # an intermediate target (publish: false) is built only as a parent
     chosen = [t for t in targets if t in published(stack)]
-    return chosen or [default_target(stack, targets[0])]
+    return chosen or [default_target(loaded, targets[0])]
 
 
 def prepare(stacks: list[LoadedStack], *, targets: list[str] | None = None, engine: Engine | None = None,
@@ -90,17 +91,17 @@ def prepare(stacks: list[LoadedStack], *, targets: list[str] | None = None, engi
     from stackforge.build.run import secret_files, target_ref
 
     out: list[BakeTarget] = []
-    for loaded in map(loaded_of, stacks):
+    for loaded in stacks:
         ws = workspace_for(loaded, workspace)
         stack = loaded.model
-        names = stack_targets(stack, targets)
+        names = stack_targets(loaded, targets)
         with stack_lock(build_dir_for(loaded)):
             prepared = prepare_build(loaded, engine or ws.engine, sources=sources, syntax=syntax, workspace=ws)
         ctx, args = prepared.ctx, prepared.build_args
         secrets = [(sid, str(path) if path is not None else SECRET_PLACEHOLDER)
                    for sid, path in secret_files(loaded, secrets_dir, ws)]
         for t in names:
-            out.append(BakeTarget(name=target_name(stack.name, t), stack=stack.name, target=t, ref=target_ref(stack, t),
+            out.append(BakeTarget(name=target_name(stack.name, t), stack=stack.name, target=t, ref=target_ref(loaded, t),
                                   context=ctx.context_dir, dockerfile=ctx.dockerfile, args=dict(args), secrets=list(secrets)))
     return out
 

@@ -24,9 +24,9 @@ from stackforge.build.render import images_dir, render_dockerfile, requirements_
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.stack.installed import export_order
-from stackforge.stack.load import LoadedStack, fingerprint, loaded_of, stack_root
+from stackforge.stack.load import LoadedStack, fingerprint
 from stackforge.stack.model import Stack
-from stackforge.workspace import Workspace, cache_dir, workspace_for
+from stackforge.workspace import Workspace, workspace_for
 
 
 @dataclass
@@ -81,30 +81,25 @@ class Context:
         return None
 
 
-def build_dir_for(stack: LoadedStack, out: Path | None = None) -> Path:
+def build_dir_for(loaded: LoadedStack, out: Path | None = None) -> Path:
     """``out``, or build/<stack>/ in the stack's repository."""
-    loaded = loaded_of(stack)
     return Path(out) if out else loaded.root / "build" / loaded.name
 
 
-def cache_dir_for(stack: Stack) -> Path:
-    """The upstream cache of a model read by the loader (the default workspace's, at its root)."""
-    return cache_dir(stack_root(stack), "")
-
-
-def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceInfo:
+def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspace) -> SourceInfo:
+    """Fetch (into the workspace's cache, with its credentials), export, patch and edit upstream ``name``."""
+    stack, root, cache = loaded.model, loaded.root, workspace.cache()
     up = stack.upstreams[name]
-    root = stack_root(stack)
     if up.sdist is not None:
         sdist = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
-        upstreams.export_sdist(sdist, cache, dest)
+        upstreams.export_sdist(sdist, cache, dest, workspace=workspace)
         info = SourceInfo(name, "sdist", f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}")
     else:
         if up.commit is None:
             raise UserError(f"upstreams.{name}: a git upstream needs 'commit'",
                             fix="add commit: … (the commit is checked against the tag)")
         spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
-        mirror = upstreams.fetch_upstream(spec, cache, root=root)
+        mirror = upstreams.fetch_upstream(spec, cache, root=root, workspace=workspace)
         upstreams.export_commit(mirror, up.commit, dest)
         info = SourceInfo(name, "git", up.pin, commit_time=upstreams.commit_time(mirror, up.commit))
     if up.patches or up.patches_from:
@@ -113,13 +108,13 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
         )
 
         # The series another upstream carries first, then the repository's own on top of it.
-        carried = installed.in_tree_series(stack, name, dest.parent) if up.patches_from else None
+        carried = installed.in_tree_series(loaded, name, dest.parent) if up.patches_from else None
         own = root / up.patches if up.patches else None
         if carried is not None:
             try:
                 info.patches = [r.name for r in overlay.apply_to_export(dest, carried)]
             except UserError as err:
-                raise installed.naming_key(stack, name, err) from None
+                raise installed.naming_key(loaded, name, err) from None
         if own is not None:
             info.patches += [r.name for r in overlay.apply_to_export(dest, own)]
         layers = [d for d in (carried, own) if d is not None]
@@ -127,7 +122,7 @@ def _export_source(stack: Stack, name: str, dest: Path, cache: Path) -> SourceIn
         info.series_hash = digest if digest.startswith("sha256:") else f"sha256:{digest}"
         if carried is not None and carried.parent.name == ".series":  # listed by file name for this export only
             shutil.rmtree(carried.parent)
-    info.patches += [f"edit {path}" for path in edits.apply(stack, name, dest)]
+    info.patches += [f"edit {path}" for path in edits.apply(loaded, name, dest)]
     return info
 
 
@@ -140,11 +135,10 @@ def assemble(loaded: LoadedStack, out: Path | None = None, *, sources: bool = Tr
     The context is assembled in a temporary directory beside it and renamed into place, so
     build/<stack>/context/ is the previous complete context or the new one; a failure removes
     the temporary directory."""
-    loaded = loaded_of(loaded)
     stack, root = loaded.model, loaded.root
-    cache = workspace_for(loaded, workspace).cache()
-    locks = read_locks(stack)
-    plan = make_plan(stack, {i: str(l.path.relative_to(root)) for i, l in locks.items()})
+    ws = workspace_for(loaded, workspace)
+    locks = read_locks(loaded)
+    plan = make_plan(loaded, {i: str(l.path.relative_to(root)) for i, l in locks.items()})
     bdir = build_dir_for(loaded, out)
     ctx_dir = bdir / "context"
     with stack_lock(bdir):
@@ -153,7 +147,7 @@ def assemble(loaded: LoadedStack, out: Path | None = None, *, sources: bool = Tr
         staging = Path(tempfile.mkdtemp(prefix=".context-", suffix=STAGING_SUFFIX, dir=bdir))
         try:
             os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700
-            infos, post_install = _fill(stack, plan, locks, staging, sources, root, cache)
+            infos, post_install = _fill(loaded, plan, locks, staging, sources, root, ws)
             _swap(staging, ctx_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -173,9 +167,11 @@ def _remove_leftovers(bdir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path, sources: bool, root: Path,
-          cache: Path) -> tuple[list[SourceInfo], dict[str, str]]:
-    """Requirements files, the gate and the (patched) upstream sources (from ``cache``), written into ``staging``."""
+def _fill(loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: bool, root: Path,
+          workspace: Workspace) -> tuple[list[SourceInfo], dict[str, str]]:
+    """Requirements files, the gate and the (patched) upstream sources (through the workspace's cache),
+    written into ``staging``."""
+    stack = loaded.model
     (staging / "deps").mkdir(parents=True)
     hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
     for phase in plan.phases:
@@ -187,27 +183,27 @@ def _fill(stack: Stack, plan: Plan, locks: dict, staging: Path, sources: bool, r
             text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
         atomic_write(staging / phase.requirements, text)
     if not sources:
-        requirements.write_phases(stack, staging, None, {}, atomic_write)
+        requirements.write_phases(loaded, staging, None, {}, atomic_write)
     gate_dir = staging / "gate"
     shutil.copytree(images_dir(root) / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
-    post_install = installed.write_context(stack, plan.post_install, staging, images_dir(root))
+    post_install = installed.write_context(loaded, plan.post_install, staging, images_dir(root))
     write_system_context(plan.system, images_dir(root), staging)
     artifacts.write_context(plan.files, images_dir(root), staging)
     infos: list[SourceInfo] = []
     if sources:
-        exported = {name: _export_source(stack, name, staging / "src" / name, cache)
+        exported = {name: _export_source(loaded, name, staging / "src" / name, workspace)
                     for name in export_order(stack)}
         infos = [exported[name] for name in stack.upstreams]
-        requirements.write_phases(stack, staging, {n: staging / "src" / n for n in stack.upstreams},
+        requirements.write_phases(loaded, staging, {n: staging / "src" / n for n in stack.upstreams},
                                   {i.name: i.pin for i in infos}, atomic_write)
         for k in plan.kernels:
-            artifacts.check_uses(stack, k.name, k.upstream, staging / "src" / k.upstream)
-        reqlocks.check_fresh(stack, locks, {n: staging / "src" / n for n in stack.upstreams})
+            artifacts.check_uses(loaded, k.name, k.upstream, staging / "src" / k.upstream)
+        reqlocks.check_fresh(loaded, locks, {n: staging / "src" / n for n in stack.upstreams})
     else:
         for name in stack.upstreams:
             (staging / "src" / name).mkdir(parents=True)
-    write_target_context(stack, plan.target_stages, images_dir(root), staging,
+    write_target_context(loaded, plan.target_stages, images_dir(root), staging,
                          {n: staging / "src" / n for n in stack.upstreams} if sources else None,
                          {i.name: i.pin for i in infos})
     return infos, post_install

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from stackforge.errors import UserError
-from stackforge.stack.load import position
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 
 LABEL = "org.stackforge.edits"
@@ -27,15 +27,15 @@ def digest(stack: Stack, name: str) -> str | None:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-def apply(stack: Stack, name: str, tree: Path) -> list[str]:
+def apply(loaded: LoadedStack, name: str, tree: Path) -> list[str]:
     """Apply the edits of upstream ``name`` to its exported ``tree``; the files changed, in order."""
-    up = stack.upstreams[name]
+    up = loaded.model.upstreams[name]
     pin = up.pin if up.git else name
     root = tree.resolve()
     changed = []
     for i, edit in enumerate(up.edits):
         key = f"upstreams.{name}.edits[{i}]"
-        where = position(stack, ("upstreams", name, "edits", i)).as_error_kwargs()
+        where = loaded.position(("upstreams", name, "edits", i)).as_error_kwargs()
         path = tree / edit.path
         if path.is_symlink() or not path.is_file() or not path.resolve().is_relative_to(root):
             raise UserError(f"{key}: {edit.path} is not a file of upstream {name} at {pin}", **where,

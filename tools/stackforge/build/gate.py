@@ -9,14 +9,13 @@ from stackforge.build.engine import Engine
 from stackforge.build.plan import gate_spec
 from stackforge.build.render import images_dir
 from stackforge.errors import UserError
-from stackforge.stack.load import LoadedStack, loaded_of
+from stackforge.stack.load import LoadedStack
 
 
 def run_gate(loaded: LoadedStack, image: str, engine: Engine | None = None,
              script: str = "gate.py") -> tuple[bool, list[str]]:
     """Run images/gate/<script> (of the stack's repository) with this stack's spec inside ``image``, with a
     read-only root filesystem and a writable /tmp, as a hardened runtime would; (all passed, output lines)."""
-    loaded = loaded_of(loaded)
     engine = engine or Engine()
     engine.check()
     if not engine.image_exists(image):

@@ -16,7 +16,7 @@ from pathlib import Path
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.stack import installed, tags
-from stackforge.stack.load import position, stack_root
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 
 #: Where the post-install step's spec, patches and report live in the build context and the image.
@@ -49,9 +49,9 @@ def post_install(stack: Stack) -> list[PostInstallPatch]:
             for i, e in enumerate(stack.post_install)]
 
 
-def steps(stack: Stack) -> list[Step]:
-    return [Step(name, tags.step_env(stack, step.env, ("steps", name, "env")), step.run)
-            for name, step in stack.steps.items()]
+def steps(loaded: LoadedStack) -> list[Step]:
+    return [Step(name, tags.step_env(loaded, step.env, ("steps", name, "env")), step.run)
+            for name, step in loaded.model.steps.items()]
 
 
 def gate_extras(stack: Stack) -> dict:
@@ -64,11 +64,11 @@ def gate_extras(stack: Stack) -> dict:
     return out
 
 
-def write_context(stack: Stack, patches: list[PostInstallPatch], staging: Path, images: Path) -> dict[str, str]:
+def write_context(loaded: LoadedStack, patches: list[PostInstallPatch], staging: Path, images: Path) -> dict[str, str]:
     """Copy the post-install script and patches into the context; {dist: 'sha256:<hex>:applied|skipped'}."""
     if not patches:
         return {}
-    root = stack_root(stack)
+    root = loaded.root
     out_dir = staging / CONTEXT_DIR
     out_dir.mkdir(parents=True)
     shutil.copy2(images / "installed" / "post_install.py", out_dir / "post_install.py")
@@ -77,7 +77,7 @@ def write_context(stack: Stack, patches: list[PostInstallPatch], staging: Path, 
         path = root / entry.patch
         if path.is_symlink() or not path.is_file() or not path.resolve().is_relative_to(root.resolve()):
             raise UserError(f"post_install[{i}].patch: {entry.patch} is not a file of the repository",
-                            **position(stack, ("post_install", i, "patch")).as_error_kwargs(),
+                            **loaded.position(("post_install", i, "patch")).as_error_kwargs(),
                             fix="check the patch in (a unified diff relative to site-packages)")
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
@@ -92,35 +92,36 @@ def labels(records: dict[str, str]) -> dict[str, str]:
     return {f"{LABEL}.{dist}": value for dist, value in records.items()}
 
 
-def in_tree_series(stack: Stack, name: str, src_root: Path) -> Path:
+def in_tree_series(loaded: LoadedStack, name: str, src_root: Path) -> Path:
     """The series directory ``upstreams.<name>.patches_from`` names, inside the other upstream's exported tree
     (already exported under ``src_root``); a UserError naming the key when it is missing or leaves the tree."""
+    stack = loaded.model
     src = stack.upstreams[name].patches_from
     assert src is not None
     key = ("upstreams", name, "patches_from", "path")
     tree = (src_root / src.upstream).resolve()
     found = tree / src.path
     pin = stack.upstreams[src.upstream]
-    at = f"{pin.tag}@{pin.commit}" if pin.commit else src.upstream
+    at = pin.pin if pin.commit else src.upstream
     if not found.resolve().is_relative_to(tree) or found.is_symlink():
         raise UserError(f"upstreams.{name}.patches_from.path: {src.path} leaves {src.upstream}'s tree",
-                        **position(stack, key).as_error_kwargs(), fix="name a directory inside the tree")
+                        **loaded.position(key).as_error_kwargs(), fix="name a directory inside the tree")
     if src.order == "name" and found.is_dir():
-        return _series_by_name(stack, name, found, src_root.parent / ".series" / name)
+        return _series_by_name(loaded, name, found, src_root.parent / ".series" / name)
     if not (found / "series").is_file():
         what = "has no series file" if found.is_dir() else "does not exist"
         raise UserError(f"upstreams.{name}.patches_from.path: {src.path} {what} in {src.upstream} at {at}",
-                        **position(stack, key).as_error_kwargs(),
+                        **loaded.position(key).as_error_kwargs(),
                         fix=f"name the directory of {src.upstream} that holds the series for this {name} pin")
     for entry in found.iterdir():
         if entry.is_symlink() and not entry.resolve().is_relative_to(tree):
             raise UserError(f"upstreams.{name}.patches_from.path: {src.path}/{entry.name} points outside "
-                            f"{src.upstream}'s tree", **position(stack, key).as_error_kwargs(),
+                            f"{src.upstream}'s tree", **loaded.position(key).as_error_kwargs(),
                             fix="the series must be files of the upstream")
     return found
 
 
-def _series_by_name(stack: Stack, name: str, found: Path, out: Path) -> Path:
+def _series_by_name(loaded: LoadedStack, name: str, found: Path, out: Path) -> Path:
     """A series directory beside the exported trees listing every regular ``*.patch`` of ``found`` in file-name
     order (the carrier's tree is left as exported); a directory without patches is an error naming the key."""
     tree = found.parent.resolve()
@@ -128,11 +129,11 @@ def _series_by_name(stack: Stack, name: str, found: Path, out: Path) -> Path:
     for p in found.iterdir():
         if p.is_symlink() and not p.resolve().is_relative_to(tree):
             raise UserError(f"upstreams.{name}.patches_from.path: {p.name} points outside the tree",
-                            **position(stack, ("upstreams", name, "patches_from", "path")).as_error_kwargs(),
+                            **loaded.position(("upstreams", name, "patches_from", "path")).as_error_kwargs(),
                             fix="the series must be files of the upstream")
     if not patches:
         raise UserError(f"upstreams.{name}.patches_from.path: no *.patch files in {found.name}",
-                        **position(stack, ("upstreams", name, "patches_from", "path")).as_error_kwargs(),
+                        **loaded.position(("upstreams", name, "patches_from", "path")).as_error_kwargs(),
                         fix="name the directory that holds the patches, or use order: series with a series file")
     if out.exists():
         shutil.rmtree(out)
@@ -144,10 +145,10 @@ def _series_by_name(stack: Stack, name: str, found: Path, out: Path) -> Path:
     return out
 
 
-def naming_key(stack: Stack, name: str, err: UserError) -> UserError:
+def naming_key(loaded: LoadedStack, name: str, err: UserError) -> UserError:
     """A failure applying an in-tree series, reported against the stack key that asked for it."""
-    src = stack.upstreams[name].patches_from
+    src = loaded.model.upstreams[name].patches_from
     assert src is not None
     return UserError(f"upstreams.{name}.patches_from ({src.upstream}:{src.path}): {err.message}"
                      + (f" [{err.location()}]" if err.file else ""),
-                     **position(stack, ("upstreams", name, "patches_from")).as_error_kwargs(), fix=err.fix)
+                     **loaded.position(("upstreams", name, "patches_from")).as_error_kwargs(), fix=err.fix)

@@ -37,9 +37,10 @@ from stackforge import credentials, progress
 from stackforge.build import reqlocks, requirements, resolve
 from stackforge.build.resolve import Input
 from stackforge.errors import UserError
-from stackforge.stack.load import stack_root
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.urls import redact, scrub
+from stackforge.workspace import Workspace, workspace_for
 
 ENTRY = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>[A-Za-z0-9._+!-]+)$")
 HASH = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
@@ -62,9 +63,10 @@ class Lock:
 DEPS = "-deps"  # the key of a vendor's dependency lock: "<vendor>-deps" (the name of its pip phase)
 
 
-def lock_path(stack: Stack, index: str) -> Path:
+def lock_path(loaded: LoadedStack, index: str) -> Path:
     """``<index>.txt``; for the key ``<vendor>-deps``, the vendor wheels' dependency lock ``<vendor>.deps.txt``."""
-    folder = stack_root(stack) / "stacks" / "locks" / stack.name
+    stack = loaded.model
+    folder = loaded.root / "stacks" / "locks" / stack.name
     if index.endswith(DEPS) and index[: -len(DEPS)] in stack.indexes and index not in stack.indexes:
         return folder / f"{index[: -len(DEPS)]}.deps.txt"
     return folder / f"{index}.txt"
@@ -76,16 +78,17 @@ def vendor_names(stack: Stack) -> dict[str, str]:
             if stack.indexes[p.index].role == "vendor"}
 
 
-def public_inputs(stack: Stack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
+def public_inputs(loaded: LoadedStack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
     """Everything the public resolution of ``index`` must install: its exact pins (``requirements.in``), then
     each requirement file a ``requirements:`` phase of this index reads, flattened from ``trees`` (the exported,
     patched upstream trees; without them, the labels alone) as ``<upstream>/<path>`` (``build/reqlocks.py``);
     its packages are admitted by ``# via -r <upstream>/<path>``. The build holds every pin as a constraint of
     every phase after the one that installs it; here the index's own pins are exact requirements, the public
     pins of other indexes constraints, and the vendor pins are held by :func:`resolve.run_pip`."""
+    stack = loaded.model
     mine = {canonicalize_name(n) for n, p in stack.packages.items() if p.index == index}
     held = [f"{n}=={v}" for n, v in requirements.public_pins(stack).items() if canonicalize_name(n) not in mine]
-    return [Input(REQUIREMENTS_IN[3:], _pins(stack, index), constraints=held), *reqlocks.inputs(stack, index, trees)]
+    return [Input(REQUIREMENTS_IN[3:], _pins(stack, index), constraints=held), *reqlocks.inputs(loaded, index, trees)]
 
 
 def _deps_vendors(stack: Stack, index: str) -> list[str]:
@@ -212,12 +215,13 @@ def _required_by_pins(lock: Lock, pins: set[str]) -> set[str]:
     return reached
 
 
-def verify_lock(stack: Stack, index: str, lock: Lock, rel: str) -> None:
+def verify_lock(loaded: LoadedStack, index: str, lock: Lock, rel: str) -> None:
     """The lock lists every pin of ``index`` once at its version, and nothing the stack does not lead to:
     a vendor index's lock holds exactly its pins; a public index's lock may add only packages that a pin,
     one of its :func:`public_inputs` or a vendor pin requires (by the ``# via`` annotations), and none that
     another index of the stack provides; a vendor's dependency lock (``<vendor>-deps``) only packages its
     pins require, and no pin of the stack."""
+    stack = loaded.model
     fix_name = stack.name
     deps_of = index[: -len(DEPS)] if index not in stack.indexes and index.endswith(DEPS) else None
     made = TARGET.search(lock.text.split("\n", 1)[0])
@@ -247,7 +251,7 @@ def verify_lock(stack: Stack, index: str, lock: Lock, rel: str) -> None:
     elif stack.indexes[index].role == "vendor":
         allowed, why = set(), ""
     else:
-        labels = {"-r " + i.label for i in public_inputs(stack, index)} - {REQUIREMENTS_IN}
+        labels = {"-r " + i.label for i in public_inputs(loaded, index)} - {REQUIREMENTS_IN}
         allowed = _required_by_pins(lock, set(pins) | vendors | labels)
         why = " and no pin requires it (no `# via` chain from a pin)"
     for name in sorted(extra - allowed, key=lambda n: lock.lines[n]):
@@ -267,16 +271,17 @@ def lock_keys(stack: Stack) -> list[str]:
     return keys
 
 
-def read_locks(stack: Stack) -> dict[str, Lock]:
+def read_locks(loaded: LoadedStack) -> dict[str, Lock]:
     """The stack's lock files, parsed strictly and checked against its pins. {lock key: Lock}
 
     An index declared ``lock: true`` whose lock file is missing is an error (for a vendor index with
     ``deps_from``, its dependency lock too): losing the file never silently drops ``--require-hashes``."""
+    stack = loaded.model
     out: dict[str, Lock] = {}
     for key in lock_keys(stack):
         index = key[: -len(DEPS)] if key not in stack.indexes else key
-        path = lock_path(stack, key)
-        rel = str(path.relative_to(stack_root(stack)))
+        path = lock_path(loaded, key)
+        rel = str(path.relative_to(loaded.root))
         if not path.is_file():
             if expects_lock(stack, index):
                 raise UserError(f"index '{index}' is declared `lock: true` but its lock file is missing; "
@@ -288,7 +293,7 @@ def read_locks(stack: Stack) -> dict[str, Lock]:
         except UnicodeDecodeError:
             raise _refuse(rel, None, "the lock file is not UTF-8 text", stack.name) from None
         lock = parse_lock(path, text, rel, stack.name)
-        verify_lock(stack, key, lock, rel)
+        verify_lock(loaded, key, lock, rel)
         out[key] = lock
     return out
 
@@ -336,36 +341,37 @@ def _requested_by(inputs: list[resolve.Input]) -> dict[str, str]:
     return out
 
 
-def lock_public(stack: Stack, index: str, ca_bundle: str | None = None,
+def lock_public(loaded: LoadedStack, index: str, workspace: Workspace | None = None,
                 trees: dict[str, Path] | None = None) -> dict[str, str]:
     """Resolve :func:`public_inputs` of ``index`` with pip for the stack's Python and platform, the vendor
     pins held at their exact versions (``build/resolve.py``). {lock key: text}: the index's lock, and
     ``<vendor>-deps`` for each vendor whose ``deps_from`` is this index (what only its pins require).
-    The index's credential (``credentials.for_index``) reaches pip only through a private temporary
-    directory that is removed afterwards; pip's messages are redacted."""
-    from stackforge.build.context import cache_dir_for
-
+    The index's credential (the workspace's resolver) reaches pip only through a private temporary
+    directory that is removed afterwards; pip's messages are redacted. Pip and the vendor wheels' metadata
+    reach the index through the workspace's CA bundle."""
+    stack, ws = loaded.model, workspace_for(loaded, workspace)
     if trees is None and reqlocks.sources(stack, index):
-        with reqlocks.exported(stack, reqlocks.upstreams_needed(stack, index)) as exported:
-            return lock_public(stack, index, ca_bundle, exported)
+        with reqlocks.exported(loaded, reqlocks.upstreams_needed(stack, index), ws) as exported:
+            return lock_public(loaded, index, ws, exported)
     resolve.check_pip()
     url = stack.indexes[index].url
-    credential = credentials.for_index(stack, index)
+    credential = ws.index_credential(loaded, index)
+    ca_bundle = ws.ca_bundle_file()
     target = resolve.Target.of(stack)
     vendors = vendor_names(stack)
-    inputs = public_inputs(stack, index, trees)
+    inputs = public_inputs(loaded, index, trees)
     deps_vendors = _deps_vendors(stack, index)
     with credentials.private_dir("stackforge-lock-") as tmp:
         stubs = tmp / "vendor-wheels"
         stubs.mkdir()
         for name, pkg in stack.packages.items():
             if canonicalize_name(name) in vendors:
-                meta = resolve.vendor_metadata(stack, pkg.index, name, pkg.version, target,
-                                               cache_dir_for(stack) / "wheel-metadata", ca_bundle)
+                meta = resolve.vendor_metadata(stack, pkg.index, name, pkg.version, target, ws.cache("wheel-metadata"),
+                                               ws.index_credential(loaded, pkg.index), ca_bundle)
                 resolve.stub_wheel(stubs, name, pkg.version, meta)
         env, index_args = resolve.pip_env(tmp, url, credential, ca_bundle)
         report = resolve.run_pip(tmp, target, index_args, env, inputs, vendors, stubs,
-                                 lambda text: scrub(text, credential), stack, index)
+                                 lambda text: scrub(text, credential), stack, index, credential)
         nodes = resolve.graph(report, target)
         stub_url = stubs.as_uri()
     for name, version in vendors.items():
@@ -405,12 +411,13 @@ def lock_public(stack: Stack, index: str, ca_bundle: str | None = None,
     return {k: scrub(v, credential) for k, v in texts.items()}
 
 
-def lock_vendor(stack: Stack, index: str) -> str:
+def lock_vendor(loaded: LoadedStack, index: str, workspace: Workspace | None = None) -> str:
     """Hashes of the exact pins as the vendor index lists them."""
     from stackforge.freshness.index import IndexClient
 
+    stack, ws = loaded.model, workspace_for(loaded, workspace)
     idx = stack.indexes[index]
-    client = IndexClient(idx.url, credential=credentials.for_index(stack, index))
+    client = IndexClient(idx.url, credential=ws.index_credential(loaded, index))
     lines = [f"# Lock of the '{index}' pins of stack '{stack.name}', made by `stackforge lock {stack.name}`\n"
              f"# from the index's own file hashes ({redact(idx.url)}). Do not edit.\n"]
     for name, pkg in stack.packages.items():
@@ -425,9 +432,12 @@ def lock_vendor(stack: Stack, index: str) -> str:
     return "".join(lines)
 
 
-def write_locks(stack: Stack, indexes: list[str] | None = None, ca_bundle: str | None = None) -> list[Path]:
+def write_locks(loaded: LoadedStack, indexes: list[str] | None = None,
+                workspace: Workspace | None = None) -> list[Path]:
     """Lock each index (all by default); locking a public index also writes the dependency lock of every
-    vendor whose ``deps_from`` it is. Every lock is checked as the build reads it before any is written."""
+    vendor whose ``deps_from`` it is. Every lock is checked as the build reads it before any is written.
+    Indexes are reached with the workspace's credentials and CA bundle (default: the one at the stack's root)."""
+    stack, ws = loaded.model, workspace_for(loaded, workspace)
     texts: dict[str, str] = {}
     todo = []
     for index in indexes or list(stack.indexes):
@@ -444,20 +454,20 @@ def write_locks(stack: Stack, indexes: list[str] | None = None, ca_bundle: str |
         trees: dict[str, Path] = {}
         if need:
             with progress.step(f"lock {stack.name}: export and patch {', '.join(need)} for the requirement files"):
-                trees = scope.enter_context(reqlocks.exported(stack, need))
+                trees = scope.enter_context(reqlocks.exported(loaded, need, ws))
         for index in todo:
             role = stack.indexes[index].role
             how = "resolve (pip) for" if role == "public" else "read the file hashes of"
             with progress.step(f"lock {stack.name}: {how} index '{index}' ({redact(stack.indexes[index].url)})"):
-                texts.update(lock_public(stack, index, ca_bundle, trees) if role == "public" else
-                             {index: lock_vendor(stack, index)})
+                texts.update(lock_public(loaded, index, ws, trees) if role == "public" else
+                             {index: lock_vendor(loaded, index, ws)})
     for key, text in texts.items():
-        path = lock_path(stack, key)
-        rel = str(path.relative_to(stack_root(stack)))
-        verify_lock(stack, key, parse_lock(path, text, rel, stack.name), rel)  # never write a lock the build refuses
+        path = lock_path(loaded, key)
+        rel = str(path.relative_to(loaded.root))
+        verify_lock(loaded, key, parse_lock(path, text, rel, stack.name), rel)  # never write a lock the build refuses
     written = []
     for key, text in texts.items():
-        path = lock_path(stack, key)
+        path = lock_path(loaded, key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".partial")
         tmp.write_text(text)

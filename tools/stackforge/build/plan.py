@@ -13,7 +13,7 @@ from stackforge.build.system import SystemStage, system_stages
 from stackforge.build.targets import TargetStage, target_stages
 from stackforge.build.requirements import guarded, requirement_phases
 from stackforge.stack import tags
-from stackforge.stack.load import credentials_of, fingerprint
+from stackforge.stack.load import LoadedStack, fingerprint
 from stackforge.stack.model import Stack
 from stackforge.urls import redact
 
@@ -153,7 +153,7 @@ def gate_spec(stack: Stack) -> dict:
 
 
 def image_labels(
-    stack: Stack,
+    loaded: LoadedStack,
     *,
     base_digest: str | None = None,
     created: str | None = None,
@@ -163,6 +163,7 @@ def image_labels(
     post_install: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible."""
+    stack = loaded.model
     out: dict[str, str] = {
         "org.opencontainers.image.title": f"{stack.name}",
         "org.opencontainers.image.description": stack.description,
@@ -205,7 +206,7 @@ def image_labels(
     for oname, option in stack.options.items():
         out[f"{LABEL_NS}.option.{oname}"] = option.value
     out.update(artifacts.labels([n for n, k in stack.kernels.items() if selected(stack, k.when)]))
-    out.update(tags.labels(stack))
+    out.update(tags.labels(loaded))
     return out
 
 
@@ -214,17 +215,18 @@ def selected(stack: Stack, when: dict[str, str]) -> bool:
     return all(stack.options[name].value == want for name, want in when.items())
 
 
-def kernel_steps(stack: Stack) -> list[KernelStep]:
+def kernel_steps(loaded: LoadedStack) -> list[KernelStep]:
     """The kernel steps the build options select; each one's environment is the stack's tuning, then its own
     (rendered) env."""
+    stack = loaded.model
     return [
         KernelStep(
             n,
             k.upstream,
-            tags.step_env(stack, k.env, ("kernels", n, "env")),
+            tags.step_env(loaded, k.env, ("kernels", n, "env")),
             k.run,
             dict(k.trees),
-            artifacts.toolchain(stack, n),
+            artifacts.toolchain(loaded, n),
             artifacts.files(stack, n),
             artifacts.writes_wheels(stack, n),
         )
@@ -233,12 +235,12 @@ def kernel_steps(stack: Stack) -> list[KernelStep]:
     ]
 
 
-def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
+def make_plan(loaded: LoadedStack, locks: dict[str, str] | None = None) -> Plan:
     """``locks``: {index: repository-relative lock file} for the indexes that have one."""
-    locks = locks or {}
-    tags.labels(stack)  # the label templates render (or refuse) before anything is written
+    stack, locks = loaded.model, locks or {}
+    tags.labels(loaded)  # the label templates render (or refuse) before anything is written
     phases = pip_phases(stack, frozenset(locks))
-    credentials = credentials_of(stack)
+    credentials = loaded.credentials
     for phase in phases:
         # Third-party build scripts of a public phase never see the vendor credentials.
         phase.credentials = stack.indexes[phase.index].private or phase.index in credentials
@@ -251,17 +253,17 @@ def make_plan(stack: Stack, locks: dict[str, str] | None = None) -> Plan:
         fingerprint=fingerprint(stack),
         base_image=stack.base.image,
         python=stack.base.python,
-        local_ref=str(tags.local_ref(stack)),
+        local_ref=str(tags.local_ref(loaded)),
         phases=phases,
         upstreams=list(stack.upstreams),
-        kernels=kernel_steps(stack),
+        kernels=kernel_steps(loaded),
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
         targets={n: {**t.model_dump(include={"entrypoint", "cmd", "env"}),
                      **t.model_dump(by_alias=True, exclude_defaults=True, exclude={"entrypoint", "cmd", "env"})}
                  for n, t in stack.targets.items()},
         post_install=installed.post_install(stack),
-        steps=installed.steps(stack),
-        system=system_stages(stack),
-        target_stages=target_stages(stack),
+        steps=installed.steps(loaded),
+        system=system_stages(loaded),
+        target_stages=target_stages(loaded),
     )

@@ -17,7 +17,7 @@ from stackforge.build.context import Context, assemble, write_dockerfile
 from stackforge.build.plan import image_labels
 from stackforge.errors import BuildFailed
 from stackforge.stack import rules
-from stackforge.stack.load import LoadedStack, loaded_of
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.workspace import Workspace
 
@@ -46,10 +46,11 @@ class Prepared:
     inputs_omitted: str | None = None
 
 
-def lint_or_fail(stack: Stack) -> None:
-    findings = rules.lint(stack)
+def lint_or_fail(loaded: LoadedStack) -> None:
+    stack = loaded.model
+    findings = rules.lint(loaded)
     if findings:
-        text = "\n".join(f.render(stack) for f in findings)
+        text = "\n".join(f.render(loaded) for f in findings)
         raise BuildFailed(f"stack '{stack.name}' fails lint; nothing was built:\n{text}",
                           fix=f"fix the findings (stackforge lint {stack.name})")
 
@@ -65,9 +66,8 @@ def prepare_dockerfile(loaded: LoadedStack, *, out: Path | None = None, sources:
     `created` label). Without it the labels name no base digest or id and no creation time.
     ``sources=False`` fetches no upstream; the labels then hold no `org.stackforge.inputs`, since the
     sources it fingerprints are unknown (``Prepared.inputs_omitted`` gives the reason)."""
-    loaded = loaded_of(loaded)
     stack = loaded.model
-    lint_or_fail(stack)
+    lint_or_fail(loaded)
     base, epoch = engine_facts() if engine_facts else (None, False)
     ctx = assemble(loaded, out, sources=sources, workspace=workspace)
     digest, image_id = (base.digest, base.id) if base else (None, None)
@@ -78,7 +78,7 @@ def prepare_dockerfile(loaded: LoadedStack, *, out: Path | None = None, sources:
         build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
         created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     omitted = None if sources else INPUTS_OMITTED
-    labels = image_labels(stack, base_digest=digest, base_id=image_id, created=created, series=ctx.series,
+    labels = image_labels(loaded, base_digest=digest, base_id=image_id, created=created, series=ctx.series,
                           inputs=None if omitted else ctx.inputs_fingerprint(), post_install=ctx.post_install)
     write_dockerfile(ctx, labels, syntax=syntax)
     return Prepared(ctx, labels, build_args, omitted)

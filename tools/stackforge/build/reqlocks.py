@@ -33,8 +33,9 @@ from stackforge.build import requirements
 from stackforge.build.resolve import Input, Target
 from stackforge.errors import UserError
 from stackforge.stack.installed import export_order
-from stackforge.stack.load import stack_root
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
+from stackforge.workspace import Workspace, workspace_for
 
 if TYPE_CHECKING:
     from stackforge.build.locks import Lock
@@ -71,33 +72,35 @@ def pin_of(stack: Stack, name: str) -> str:
     up = stack.upstreams[name]
     if up.sdist is not None:
         return f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
-    return f"{up.tag}@{up.commit}"
+    return up.pin
 
 
 @contextmanager
-def exported(stack: Stack, names: list[str]) -> Iterator[dict[str, Path]]:
-    """The upstreams ``names`` fetched, verified and patched by the build's own export (same cache, same
-    credentials), in a temporary directory removed afterwards. {upstream: tree}"""
-    from stackforge.build.context import _export_source, cache_dir_for
+def exported(loaded: LoadedStack, names: list[str], workspace: Workspace | None = None) -> Iterator[dict[str, Path]]:
+    """The upstreams ``names`` fetched, verified and patched by the build's own export (the workspace's cache,
+    same credentials), in a temporary directory removed afterwards. {upstream: tree}"""
+    from stackforge.build.context import _export_source
 
+    ws = workspace_for(loaded, workspace)
     with tempfile.TemporaryDirectory(prefix="stackforge-lock-trees-") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
         for name in names:
-            _export_source(stack, name, src / name, cache_dir_for(stack))
+            _export_source(loaded, name, src / name, ws)
         yield {name: src / name for name in names}
 
 
-def inputs(stack: Stack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
+def inputs(loaded: LoadedStack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
     """One resolution input per requirement file of ``index``, labelled ``<upstream>/<path>``: its flattened
     requirements and constraints when ``trees`` are given, else the label alone (what the lock verifier needs)."""
+    stack = loaded.model
     out: list[Input] = []
     for label, key in sources(stack, index).items():
         if trees is None:
             out.append(Input(label))
             continue
         phase, i = _phase_and_item(key)
-        read = requirements.read_item(stack, phase, i, trees, {n: pin_of(stack, n) for n in trees})
+        read = requirements.read_item(loaded, phase, i, trees, {n: pin_of(stack, n) for n in trees})
         out.append(Input(label, list(read.requirements), constraints=list(read.constraints)))
     return out
 
@@ -174,18 +177,19 @@ def verify_header(stack: Stack, key: str, lock: Lock, rel: str) -> None:
             )
 
 
-def check_fresh(stack: Stack, locks: dict[str, Lock], trees: dict[str, Path]) -> None:
+def check_fresh(loaded: LoadedStack, locks: dict[str, Lock], trees: dict[str, Path]) -> None:
     """Each locked public index was locked from the requirement files the build reads now: the digest of
     every file flattened from today's exported, patched tree matches the lock's header, and every package
     a file requires for the stack's target is in the lock (or a vendor pin)."""
+    stack = loaded.model
     target = Target.of(stack).markers()
     vendors = {canonicalize_name(n) for n in requirements.vendor_pins(stack)}
     for key, lock in locks.items():
         if key not in stack.indexes or stack.indexes[key].role != "public" or not sources(stack, key):
             continue
-        rel = str(lock.path.relative_to(stack_root(stack))) if lock.path.is_absolute() else str(lock.path)
+        rel = str(lock.path.relative_to(loaded.root)) if lock.path.is_absolute() else str(lock.path)
         have = recorded(lock.text)
-        for inp in inputs(stack, key, trees):
+        for inp in inputs(loaded, key, trees):
             line, made = have[inp.label]
             now = digest(inp)
             if now != made:

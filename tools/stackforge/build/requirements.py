@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 
 from stackforge import progress
 from stackforge.errors import UserError
-from stackforge.stack.load import position
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 
 if TYPE_CHECKING:
@@ -114,9 +114,10 @@ class PhaseFiles:
 
 
 class _Reader:
-    def __init__(self, stack: Stack, name: str, index: int, upstream: str, tree: Path, pin: str, out: PhaseFiles,
-                 where: tuple = ()):
-        self.stack, self.name, self.index, self.upstream = stack, name, index, upstream
+    def __init__(self, loaded: LoadedStack, name: str, index: int, upstream: str, tree: Path, pin: str,
+                 out: PhaseFiles, where: tuple = ()):
+        stack = loaded.model
+        self.loaded, self.name, self.index, self.upstream = loaded, name, index, upstream
         self.where = where or ("requirements", name)  # the phase's stack key
         self.tree, self.pin, self.out = tree.resolve(), pin, out
         self.vendor = {canonicalize_name(n): stack.packages[n].index for n in vendor_pins(stack)}
@@ -153,7 +154,7 @@ class _Reader:
             if via is None:
                 raise UserError(
                     f"{self.key}: {rel} does not exist in upstream {self.upstream} at {self.pin}",
-                    **position(self.stack, (*self.where, "files", self.index)).as_error_kwargs(),
+                    **self.loaded.position((*self.where, "files", self.index)).as_error_kwargs(),
                     fix=f"name a file the upstream has at that commit, or move upstreams.{self.upstream}",
                 )
             raise self.refuse(
@@ -250,20 +251,20 @@ def _logical_lines(text: str):
         yield start, _COMMENT.sub("", buf).strip()
 
 
-def read_item(stack: Stack, name: str, index: int, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
+def read_item(loaded: LoadedStack, name: str, index: int, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
     """Read one file of requirement phase ``name`` (``files[index]``) alone, as :func:`read_phase` reads it."""
     out = PhaseFiles(f"requirements.{name}")
-    item = stack.requirements[name].files[index]
-    _Reader(stack, name, index, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"), out).read(item.path)
+    item = loaded.model.requirements[name].files[index]
+    _Reader(loaded, name, index, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"), out).read(item.path)
     return out
 
 
-def read_phase(stack: Stack, name: str, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
+def read_phase(loaded: LoadedStack, name: str, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
     """Read requirement phase ``name`` from the exported trees (upstream -> directory); ``pins``: upstream ->
     the pin shown in errors (tag@commit)."""
     out = PhaseFiles(f"requirements.{name}")
-    for i, item in enumerate(stack.requirements[name].files):
-        _Reader(stack, name, i, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"), out).read(item.path)
+    for i, item in enumerate(loaded.model.requirements[name].files):
+        _Reader(loaded, name, i, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"), out).read(item.path)
     return out
 
 
@@ -282,9 +283,11 @@ def constraints_file(stack: Stack, phase: PhaseFiles | None = None) -> str:
     return "\n".join(["# every pin of the stack (vendor, then public): no phase may move one", *lines, *own]) + "\n"
 
 
-def write_phases(stack: Stack, staging: Path, trees: dict[str, Path] | None, pins: dict[str, str], write) -> list:
+def write_phases(loaded: LoadedStack, staging: Path, trees: dict[str, Path] | None, pins: dict[str, str],
+                 write) -> list:
     """Write the vendor pins, the constraints and each requirement phase's files into the context;
     ``trees`` None (no sources) writes placeholders. Returns the phases read."""
+    stack = loaded.model
     write(staging / VENDOR_PINS, json.dumps(vendor_pins(stack), indent=2) + "\n")
     write(staging / PUBLIC_PINS, json.dumps(public_pins(stack), indent=2) + "\n")
     from stackforge.build.plan import pip_phases
@@ -299,7 +302,7 @@ def write_phases(stack: Stack, staging: Path, trees: dict[str, Path] | None, pin
         if trees is None:
             phase = PhaseFiles(f"requirements.{name}", requirements=["# not read: no sources were fetched"])
         else:
-            phase = read_phase(stack, name, trees, pins)
+            phase = read_phase(loaded, name, trees, pins)
             read.append(phase)
             if phase.dropped:
                 progress.note(

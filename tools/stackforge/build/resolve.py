@@ -40,7 +40,7 @@ from packaging.utils import canonicalize_name
 
 from stackforge.errors import UserError
 from stackforge.stack.model import Stack
-from stackforge.urls import redact
+from stackforge.urls import Credential, redact
 
 #: glibc of the base OS named by ``platform.os``: the newest manylinux_2_X a wheel may need
 GLIBC = {
@@ -158,14 +158,14 @@ def stub_wheel(out: Path, name: str, version: str, metadata: str) -> Path:
 
 
 def vendor_metadata(stack: Stack, index: str, name: str, version: str, target: Target, cache: Path,
-                    ca_bundle: str | None = None) -> str:
+                    credential: Credential | None, ca_bundle: Path | None = None) -> str:
     """The METADATA of the vendor's wheel for ``name==version`` (a wheel for the target if there is one),
-    read from the index's file and kept under ``cache`` by the file's sha256."""
-    from stackforge import credentials
+    read from the index's file (with the index's ``credential``, trusting ``ca_bundle``) and kept under
+    ``cache`` by the file's sha256."""
     from stackforge.freshness.index import IndexClient
 
     url = stack.indexes[index].url
-    client = IndexClient(url, credential=credentials.for_index(stack, index))
+    client = IndexClient(url, credential=credential)
     wheels = [f for f in client.project(name).files_for(version) if f.kind == "wheel"]
     if not wheels:
         raise UserError(f"index '{index}' has no wheel for {name}=={version}; `stackforge lock` reads the vendor "
@@ -179,7 +179,7 @@ def vendor_metadata(stack: Stack, index: str, name: str, version: str, target: T
         return hit.read_text()
     cache.mkdir(parents=True, exist_ok=True)
     if ca_bundle:
-        client._session().verify = ca_bundle
+        client._session().verify = str(ca_bundle)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         whl = client.download(chosen, tmp)  # checks the sha256 the index lists
         with zipfile.ZipFile(whl) as zf:
@@ -233,11 +233,10 @@ def pin_conflicts(stderr: str, stack: Stack) -> list[str]:
     return [f"{pins[n][0]}=={pins[n][1]} (packages.{pins[n][0]}): {'; '.join(why)}" for n, why in asked.items()]
 
 
-def _pip_failure(stderr: str, target: Target, stack: Stack, index: str) -> UserError:
+def _pip_failure(stderr: str, target: Target, stack: Stack, index: str, credential: Credential | None) -> UserError:
     """pip's failure as a UserError: a package whose files on the index include no wheel for the target
     is named with the fix; anything else (a conflict, an unreachable index, a refused credential) is
     pip's own message."""
-    from stackforge import credentials
     from stackforge.freshness.index import IndexClient, IndexQueryError
 
     url = stack.indexes[index].url
@@ -245,7 +244,7 @@ def _pip_failure(stderr: str, target: Target, stack: Stack, index: str) -> UserE
     if m:
         name = re.split(r"[<>=!~;\[ ]", m.group(1), maxsplit=1)[0]
         try:
-            files = IndexClient(url, credential=credentials.for_index(stack, index)).project(name).files
+            files = IndexClient(url, credential=credential).project(name).files
         except IndexQueryError:
             files = []
         if files and not any(f.kind == "wheel" and f.tags & target.tags for f in files):
@@ -269,8 +268,10 @@ def _pip_failure(stderr: str, target: Target, stack: Stack, index: str) -> UserE
 
 
 def run_pip(tmp: Path, target: Target, index_args: list[str], env: dict[str, str], inputs: list[Input],
-            vendor_pins: dict[str, str], stubs: Path, scrub, stack: Stack, index: str) -> dict:
-    """One pip resolution; returns the ``--report`` JSON."""
+            vendor_pins: dict[str, str], stubs: Path, scrub, stack: Stack, index: str,
+            credential: Credential | None) -> dict:
+    """One pip resolution; returns the ``--report`` JSON (a failure asks the index, with ``credential``,
+    which packages lack a wheel for the target)."""
     args: list[str] = []
     for n, inp in enumerate(inputs):
         if inp.file is not None:
@@ -296,7 +297,7 @@ def run_pip(tmp: Path, target: Target, index_args: list[str], env: dict[str, str
         text = scrub(proc.stderr)
         for n, inp in enumerate(inputs):  # the inputs by their labels, not their temporary files
             text = text.replace(str(tmp / f"input-{n}.in"), inp.label)
-        raise _pip_failure(text, target, stack, index)
+        raise _pip_failure(text, target, stack, index, credential)
     return json.loads(report.read_text())
 
 
@@ -347,7 +348,7 @@ def reach(nodes: dict[str, Resolved], roots: set[str]) -> set[str]:
     return out
 
 
-def pip_env(tmp: Path, url: str, credential, ca_bundle: str | None) -> tuple[dict[str, str], list[str]]:
+def pip_env(tmp: Path, url: str, credential, ca_bundle: Path | None) -> tuple[dict[str, str], list[str]]:
     """pip's environment (no PIP_* or NETRC of this host; the credential through files in ``tmp``) and
     its index arguments."""
     from stackforge.build.locks import pip_credentials
@@ -355,6 +356,6 @@ def pip_env(tmp: Path, url: str, credential, ca_bundle: str | None) -> tuple[dic
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "NETRC"}
     env.update(pip_credentials(tmp, url, credential))
     if ca_bundle:
-        env["PIP_CERT"] = ca_bundle
+        env["PIP_CERT"] = str(ca_bundle)
     index_args = [] if credential is not None and credential.query else ["--index-url", url]
     return env, index_args

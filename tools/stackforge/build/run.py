@@ -34,7 +34,7 @@ from stackforge.fslock import atomic_write, stack_lock
 from stackforge.signals import Interrupted
 from stackforge.stack import tags
 from stackforge.stack import targets as target_rules
-from stackforge.stack.load import LoadedStack, fingerprint, loaded_of, position, resolved
+from stackforge.stack.load import LoadedStack, fingerprint, resolved
 from stackforge.stack.model import Stack
 from stackforge.urls import redact_text
 from stackforge.workspace import Workspace, workspace_for
@@ -67,9 +67,10 @@ class BuildOutcome:
     duration_s: float = 0.0
 
 
-def default_target(stack: Stack, target: str | None) -> str:
+def default_target(loaded: LoadedStack, target: str | None) -> str:
+    stack = loaded.model
     if not stack.targets:
-        raise UserError(f"stack '{stack.name}' declares no targets", **position(stack, ("name",)).as_error_kwargs(),
+        raise UserError(f"stack '{stack.name}' declares no targets", **loaded.position(("name",)).as_error_kwargs(),
                         fix="add targets: {vllm-openai: {entrypoint: [vllm, serve]}}")
     if target is None:
         return target_rules.published(stack)[0]
@@ -78,16 +79,16 @@ def default_target(stack: Stack, target: str | None) -> str:
                         fix=f"use one of: {', '.join(target_rules.published(stack))}")
     if not stack.targets[target].published:
         raise UserError(f"target '{target}' of stack '{stack.name}' is publish: false: an intermediate stage, "
-                        "never tagged or published", **position(stack, ("targets", target)).as_error_kwargs(),
+                        "never tagged or published", **loaded.position(("targets", target)).as_error_kwargs(),
                         fix=f"build a target that builds on it: {', '.join(target_rules.published(stack))}")
     return target
 
 
-def target_ref(stack: Stack, target: str) -> str:
+def target_ref(loaded: LoadedStack, target: str) -> str:
     """The local reference: the stack's local tag for its first published target, `<tag>-<target>` for the
     others."""
-    ref = tags.local_ref(stack)
-    if target == target_rules.published(stack)[0]:
+    ref = tags.local_ref(loaded)
+    if target == target_rules.published(loaded.model)[0]:
         return str(ref)
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
 
@@ -100,8 +101,9 @@ def netrc_text(loaded: LoadedStack, workspace: Workspace | None = None) -> str:
                                       for name, idx in loaded.model.indexes.items()])
 
 
-def _base_identity(engine: Engine, stack: Stack) -> tuple[str | None, str]:
+def _base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]:
     """(registry manifest digest or None for a local-only image, image id) of the base image."""
+    stack = loaded.model
     image = stack.base.image
     with progress.step(f"resolve base image {image}"):
         if not engine.image_exists(image):
@@ -111,7 +113,7 @@ def _base_identity(engine: Engine, stack: Stack) -> tuple[str | None, str]:
                 raise BuildFailed(
                     f"base image '{image}' is not present and could not be pulled: "
                     f"{(proc.stderr or proc.stdout).strip()[-300:]}",
-                    **position(stack, ("base", "image")).as_error_kwargs(),
+                    **loaded.position(("base", "image")).as_error_kwargs(),
                     fix="pull or build it first, or point the stack elsewhere with --set base.image=…")
         info = engine.sdk().images.get(image).attrs
     digests = info.get("RepoDigests") or []
@@ -119,7 +121,7 @@ def _base_identity(engine: Engine, stack: Stack) -> tuple[str | None, str]:
     image_id = info.get("Id")
     if stack.base.digest and stack.base.digest not in (digest, image_id):
         raise BuildFailed(f"base image '{image}' has digest {digest or image_id}, but the stack pins {stack.base.digest}",
-                          **position(stack, ("base", "digest")).as_error_kwargs(),
+                          **loaded.position(("base", "digest")).as_error_kwargs(),
                           fix="pull the pinned image, or update base.digest")
     return digest, image_id
 
@@ -190,10 +192,9 @@ def prepare(loaded: LoadedStack, engine: Engine, *, out: Path | None = None, sou
     """Everything before the engine runs, shared by `render`, `build` and `bake` so all three write the
     same bytes (and so share BuildKit's cache): the engine resolves the base image and says whether it
     honours SOURCE_DATE_EPOCH; ``sources=False`` asks the engine nothing and fetches no upstream."""
-    loaded = loaded_of(loaded)
 
     def engine_facts() -> tuple[BaseImage, bool]:
-        return BaseImage(*_base_identity(engine, loaded.model)), engine.supports_source_date_epoch()
+        return BaseImage(*_base_identity(engine, loaded)), engine.supports_source_date_epoch()
 
     return prepare_dockerfile(loaded, out=out, sources=sources, syntax=syntax,
                               engine_facts=engine_facts if sources else None, workspace=workspace)
@@ -236,7 +237,7 @@ def _holding_build_dir(fn):
     """Run ``fn(loaded, opts, …)`` holding the lock of the stack's build directory for all of it."""
     @functools.wraps(fn)
     def locked(loaded: LoadedStack, opts: BuildOptions | None = None, *args, **kwargs):
-        loaded, opts = loaded_of(loaded), opts or BuildOptions()
+        opts = opts or BuildOptions()
         with stack_lock(build_dir_for(loaded, opts.out), timeout=opts.lock_timeout):
             return fn(loaded, opts, *args, **kwargs)
     return locked
@@ -252,8 +253,8 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
     stack = loaded.model
     ws = workspace_for(loaded, workspace)
     started = time.monotonic()
-    target = default_target(stack, opts.target)
-    ref = target_ref(stack, target)
+    target = default_target(loaded, opts.target)
+    ref = target_ref(loaded, target)
     engine = engine or ws.engine
     info = engine.check()
     prepared = prepare(loaded, engine, out=opts.out, syntax=opts.syntax, workspace=ws)

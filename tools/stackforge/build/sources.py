@@ -33,11 +33,11 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from stackforge import progress
-from stackforge.credentials import for_url as credential_for_url
 from stackforge.errors import UserError
 from stackforge.patches.git import git, rev_parse
 from stackforge.urls import Credential, redact, redact_text, scrub
 from stackforge.urls import split as split_credentials
+from stackforge.workspace import Workspace
 
 
 
@@ -154,12 +154,19 @@ def verify_pin(mirror: Path, url: str, tag: str | None, commit: str) -> str:
     return full
 
 
-def fetch_upstream(spec: Any, cache_dir: Path | str, *, root: Path | None = None, offline: bool = False) -> Path:
+def _url_credential(url: str, workspace: Workspace | None) -> Credential | None:
+    """The credential of ``url`` from the workspace's resolver (default: :meth:`Workspace.default`)."""
+    return (workspace or Workspace.default()).url_credential(url)
+
+
+def fetch_upstream(spec: Any, cache_dir: Path | str, *, root: Path | None = None, offline: bool = False,
+                   workspace: Workspace | None = None) -> Path:
     """Create or update the bare mirror of ``spec.git`` and verify the pin. Returns the mirror path.
 
     The mirror tracks branches and tags (``refs/heads/*``, ``refs/tags/*``);
     a pinned commit only reachable from elsewhere is fetched by id. With
     ``offline`` the cache is used as it is, and a missing mirror is an error.
+    A remote URL's credential is what it carries, else the workspace's resolver's.
     """
     url_in = field(spec, "git")
     commit = field(spec, "commit")
@@ -170,7 +177,7 @@ def fetch_upstream(spec: Any, cache_dir: Path | str, *, root: Path | None = None
         raise UserError(f"the upstream {redact(str(url_in))} has no pinned commit", fix="set upstreams.<name>.commit to a full commit id")
     url, in_url = split_credentials(str(url_in))
     url = resolve_git_url(url, root)
-    credential = in_url or (credential_for_url(url) if _is_remote_url(url) else None)
+    credential = in_url or (_url_credential(url, workspace) if _is_remote_url(url) else None)
     auth_env = git_credential_env(url, credential)
     mirror = mirror_path(url, cache_dir)
     if offline:
@@ -240,7 +247,8 @@ def export_commit(mirror: Path, commit: str, dest_dir: Path | str) -> Path:
     return dest
 
 
-def export_upstream(spec: Any, cache_dir: Path | str, dest_dir: Path | str, *, root: Path | None = None, offline: bool = False) -> Path:
+def export_upstream(spec: Any, cache_dir: Path | str, dest_dir: Path | str, *, root: Path | None = None, offline: bool = False,
+                    workspace: Workspace | None = None) -> Path:
     """Write a clean tree of the pinned upstream into ``dest_dir``.
 
     The release sdist is the source when the spec declares one; otherwise the
@@ -248,8 +256,8 @@ def export_upstream(spec: Any, cache_dir: Path | str, dest_dir: Path | str, *, r
     """
     sdist = field(spec, "sdist")
     if sdist:
-        return export_sdist(sdist, cache_dir, dest_dir, offline=offline)
-    mirror = fetch_upstream(spec, cache_dir, root=root, offline=offline)
+        return export_sdist(sdist, cache_dir, dest_dir, offline=offline, workspace=workspace)
+    mirror = fetch_upstream(spec, cache_dir, root=root, offline=offline, workspace=workspace)
     return export_commit(mirror, field(spec, "commit"), dest_dir)
 
 
@@ -298,12 +306,14 @@ def _read_url(url: str, what: str, client=None, transfer: progress.Transfer | No
                         fix="check the index URL and the network") from None
 
 
-def find_sdist(index_url: str, name: str, version: str):
+def find_sdist(index_url: str, name: str, version: str, workspace: Workspace | None = None):
     """``(URL of name-version.tar.gz, the IndexClient that found it)`` on a PEP 691/503 simple index;
-    the client carries the index's credential (``credentials.for_url``) for the download."""
+    the client carries the index's credential (what the URL carries, else the workspace's resolver's)
+    for the download."""
     from stackforge.freshness.index import IndexClient, IndexQueryError
 
-    client = IndexClient(index_url)
+    clean, in_url = split_credentials(index_url)
+    client = IndexClient(index_url, credential=in_url or _url_credential(clean, workspace))
     try:
         files = client.project(name).files_for(version)
     except IndexQueryError as exc:
@@ -318,9 +328,9 @@ def find_sdist(index_url: str, name: str, version: str):
     )
 
 
-def find_sdist_url(index_url: str, name: str, version: str) -> str:
+def find_sdist_url(index_url: str, name: str, version: str, workspace: Workspace | None = None) -> str:
     """The URL of ``name-version.tar.gz`` on a PEP 691/503 simple index (through the index client)."""
-    return find_sdist(index_url, name, version)[0]
+    return find_sdist(index_url, name, version, workspace)[0]
 
 
 SAFE_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}\.tar\.gz")
@@ -337,7 +347,7 @@ def sdist_file_name(url: str, name: str, version: str) -> str:
                     fix="the index is misconfigured or hostile: a file name is one path segment ending in .tar.gz")
 
 
-def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False) -> Path:
+def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False, workspace: Workspace | None = None) -> Path:
     """Download the pinned sdist (once) and check its sha256. Returns the cached file."""
     name, version = str(field(sdist, "name")), str(field(sdist, "version"))
     expected = str(field(sdist, "sha256") or "").lower()
@@ -350,7 +360,7 @@ def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False) -> 
                 return f
     if offline:
         raise UserError(f"sdist {name}=={version} is not cached and offline mode is on", fix="run once with network access")
-    url, client = find_sdist(sdist_index_url(sdist), name, version)
+    url, client = find_sdist(sdist_index_url(sdist), name, version, workspace)
     file_name = sdist_file_name(url, name, version)
     with progress.transfer(f"download {name}=={version} (sdist)") as t:
         data = _read_url(url, "sdist", client, t)
@@ -399,9 +409,10 @@ def unpack_sdist(archive: Path, dest_dir: Path | str) -> Path:
     return dest
 
 
-def export_sdist(sdist: Any, cache_dir: Path | str, dest_dir: Path | str, *, offline: bool = False) -> Path:
+def export_sdist(sdist: Any, cache_dir: Path | str, dest_dir: Path | str, *, offline: bool = False,
+                 workspace: Workspace | None = None) -> Path:
     """Download (or reuse), verify and unpack the pinned sdist into ``dest_dir``."""
-    return unpack_sdist(fetch_sdist(sdist, cache_dir, offline=offline), dest_dir)
+    return unpack_sdist(fetch_sdist(sdist, cache_dir, offline=offline, workspace=workspace), dest_dir)
 
 
 def describe(spec: Any) -> str:

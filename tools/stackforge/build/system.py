@@ -20,7 +20,7 @@ from stackforge import grammar
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.stack import tags
-from stackforge.stack.load import position, stack_root
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack, SystemLayer
 
 #: The image's evidence of the system layers: resolution lines, then every installed package.
@@ -41,36 +41,36 @@ class SystemStage:
     keys: dict[str, str] = field(default_factory=dict)  # context file -> repository file (signed-by keys)
 
 
-def _value(stack: Stack, path: tuple, text: str, check: Callable[[str], str | None]) -> str:
+def _value(loaded: LoadedStack, path: tuple, text: str, check: Callable[[str], str | None]) -> str:
     """``text`` rendered (when it is a template) and checked against its grammar; errors name the key."""
-    out = tags.render_template(stack, text, path) if ("{{" in text or "{%" in text) else text
+    out = tags.render_template(loaded, text, path) if ("{{" in text or "{%" in text) else text
     reason = check(out)
     if reason:
         key = ".".join(map(str, path))
         shown = f" (rendered from {text!r})" if out != text else ""
-        raise UserError(f"{key}: {reason}{shown}", **position(stack, path).as_error_kwargs(),
+        raise UserError(f"{key}: {reason}{shown}", **loaded.position(path).as_error_kwargs(),
                         fix="fix the value in the stack (or its --set)")
     return out
 
 
-def _source_line(stack: Stack, layer: str, name: str, keys: dict[str, str], where: tuple = ("system",),
+def _source_line(loaded: LoadedStack, layer: str, name: str, keys: dict[str, str], where: tuple = ("system",),
                  layers: dict[str, SystemLayer] | None = None, full: str | None = None) -> str:
     full = full or layer
-    src = (layers if layers is not None else stack.system or {})[layer].sources[name]
+    src = (layers if layers is not None else loaded.model.system or {})[layer].sources[name]
     path = (*where, layer, "sources", name)
     if "@" in urlsplit(src.url).netloc:
         raise UserError(f"{'.'.join(path)}.url: an apt source URL cannot carry credentials",
-                        **position(stack, (*path, "url")).as_error_kwargs(),
+                        **loaded.position((*path, "url")).as_error_kwargs(),
                         fix="give apt its credentials in /etc/apt/auth.conf.d of the base image")
     options = []
     if src.trusted:
         options.append("trusted=yes")
     if src.signed_by:
-        root = stack_root(stack)
+        root = loaded.root
         key = (root / src.signed_by).resolve()
         if not key.is_file() or not key.is_relative_to(root.resolve()):
             raise UserError(f"{'.'.join(path)}.signed_by: {src.signed_by} is not a file in the repository",
-                            **position(stack, (*path, "signed_by")).as_error_kwargs(),
+                            **loaded.position((*path, "signed_by")).as_error_kwargs(),
                             fix="check the key file into the repository and name it relative to its root")
         suffix = ".asc" if key.suffix == ".asc" else ".gpg"
         keys[f"system/keys/{full}/{name}{suffix}"] = str(key)
@@ -79,13 +79,13 @@ def _source_line(stack: Stack, layer: str, name: str, keys: dict[str, str], wher
     return f"deb {opts}{src.url} {src.suite} {' '.join(src.components)}"
 
 
-def system_stages(stack: Stack, layers: dict[str, SystemLayer] | None = None, at: tuple = ("system",),
+def system_stages(loaded: LoadedStack, layers: dict[str, SystemLayer] | None = None, at: tuple = ("system",),
                   parent: str = "base", prefix: str = "") -> list[SystemStage]:
     """The system layers in stack order, each a stage built on the previous one (the first on ``base``).
 
     A target's layers (``layers``, at stack key ``at``) start from ``parent`` and are named ``prefix<layer>``."""
     out: list[SystemStage] = []
-    for short, layer in (stack.system or {} if layers is None else layers).items():
+    for short, layer in (loaded.model.system or {} if layers is None else layers).items():
         name = prefix + short
         base = (*at, short)
         lines = [f"layer {name}", f"install {layer.install}"]
@@ -94,16 +94,16 @@ def system_stages(stack: Stack, layers: dict[str, SystemLayer] | None = None, at
         if layer.mirror:
             lines.append(f"mirror {layer.mirror.from_} {layer.mirror.to}")
         keys: dict[str, str] = {}
-        lines += [f"source {_source_line(stack, short, s, keys, at, layers, name)}" for s in layer.sources]
+        lines += [f"source {_source_line(loaded, short, s, keys, at, layers, name)}" for s in layer.sources]
         for i, pkg in enumerate(layer.packages):
             where = (*base, "packages", i)
-            logical = _value(stack, (*where, "name"), pkg.name, grammar.check_apt_name)
-            names = [_value(stack, (*where, "candidates", j), c, grammar.check_apt_name)
+            logical = _value(loaded, (*where, "name"), pkg.name, grammar.check_apt_name)
+            names = [_value(loaded, (*where, "candidates", j), c, grammar.check_apt_name)
                      for j, c in enumerate(pkg.candidates)] or [logical]
             if pkg.version is not None:
-                mode, want = "exact", _value(stack, (*where, "version"), pkg.version, grammar.check_apt_version)
+                mode, want = "exact", _value(loaded, (*where, "version"), pkg.version, grammar.check_apt_version)
             elif pkg.line is not None:
-                mode, want = "line", _value(stack, (*where, "line"), pkg.line, grammar.check_apt_version)
+                mode, want = "line", _value(loaded, (*where, "line"), pkg.line, grammar.check_apt_version)
             else:
                 mode, want = "any", "-"
             lines.append(f"package {'.'.join(map(str, where))}|{logical}|{mode}|{want}|{' '.join(names)}")
@@ -111,12 +111,12 @@ def system_stages(stack: Stack, layers: dict[str, SystemLayer] | None = None, at
         for link, target in layer.symlinks.items():
             link_key: tuple = (*base, "symlinks", link)
             lines.append(f"link {'.'.join(link_key)}|{link}|"
-                         f"{_value(stack, link_key, target, grammar.check_absolute_path)}")
+                         f"{_value(loaded, link_key, target, grammar.check_absolute_path)}")
         for key, value in layer.env.items():
             reason = grammar.bad_char(value)
             if reason:
                 raise UserError(f"{'.'.join(base)}.env.{key}: contains {reason}",
-                                **position(stack, (*base, "env", key)).as_error_kwargs(), fix="one printable line")
+                                **loaded.position((*base, "env", key)).as_error_kwargs(), fix="one printable line")
         out.append(SystemStage(name, f"system-{name}", parent, layer.install, len(layer.packages), dict(layer.env),
                                ":".join(layer.path), "\n".join(lines) + "\n", keys))
         parent = f"system-{name}"

@@ -26,7 +26,7 @@ from stackforge.build.system import write_context as write_system_context
 from stackforge.fslock import atomic_write
 from stackforge.stack import tags
 from stackforge.stack import targets as rules
-from stackforge.stack.load import credentials_of
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.urls import redact
 
@@ -89,19 +89,19 @@ def _pin(stack: Stack, name: str) -> str:
     up = stack.upstreams[name]
     if up.sdist is not None:
         return f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
-    return f"{up.tag}@{up.commit}"
+    return up.pin
 
 
-def target_stages(stack: Stack) -> list[TargetStage]:
+def target_stages(loaded: LoadedStack) -> list[TargetStage]:
     """Every target, a parent before its children."""
     from stackforge.build.plan import selected
 
-    credentials = credentials_of(stack)
+    stack, credentials = loaded.model, loaded.credentials
     out: list[TargetStage] = []
     for tname in rules.order(stack):
         t = stack.targets[tname]
         base: tuple = ("targets", tname)
-        labels = {k: tags.render_template(stack, v, (*base, "labels", k)) for k, v in t.labels.items()}
+        labels = {k: tags.render_template(loaded, v, (*base, "labels", k)) for k, v in t.labels.items()}
         phases = []
         for n, (pname, ph) in enumerate(t.pip.items(), 1):
             repin = [str(Requirement(r)).replace(" ", "") for r in ph.requirements] if ph.repin else []
@@ -116,24 +116,25 @@ def target_stages(stack: Stack) -> list[TargetStage]:
                 [f.model_dump() for f in ph.files]))
         kernels = [
             TargetKernel(f"kernel-{tname}.{kname}", k.upstream,
-                         tags.step_env(stack, k.env, (*base, "kernels", kname, "env")), k.run, dict(k.trees))
+                         tags.step_env(loaded, k.env, (*base, "kernels", kname, "env")), k.run, dict(k.trees))
             for kname, k in t.kernels.items() if selected(stack, k.when)
         ]
-        steps = [installed.Step(sname, tags.step_env(stack, step.env, (*base, "steps", sname, "env")), step.run)
+        steps = [installed.Step(sname, tags.step_env(loaded, step.env, (*base, "steps", sname, "env")), step.run)
                  for sname, step in t.steps.items()]
         out.append(TargetStage(
             name=tname, parent=t.from_ or "gate", root=t.from_ is None, alias=t.alias, publish=t.published,
-            labels=labels, env={k: tags.render_template(stack, v, (*base, "env", k)) for k, v in t.env.items()}, workdir=t.workdir, entrypoint=t.entrypoint, cmd=t.cmd,
-            system=system_stages(stack, t.system or {}, (*base, "system"), t.from_ or "gate", f"{tname}."),
+            labels=labels, env={k: tags.render_template(loaded, v, (*base, "env", k)) for k, v in t.env.items()}, workdir=t.workdir, entrypoint=t.entrypoint, cmd=t.cmd,
+            system=system_stages(loaded, t.system or {}, (*base, "system"), t.from_ or "gate", f"{tname}."),
             sources=dict(t.sources), upstream_pins={u: _pin(stack, u) for u in t.sources},
             kernels=kernels, pip=phases, steps=steps, checks=[c.model_dump() for c in t.checks]))
     return out
 
 
-def write_context(stack: Stack, stages: list[TargetStage], images: Path, staging: Path,
+def write_context(loaded: LoadedStack, stages: list[TargetStage], images: Path, staging: Path,
                   trees: dict[str, Path] | None, pins: dict[str, str]) -> None:
     """The scripts, each target's requirement files (its own lines, then its upstream files read at the
     pinned commit like ``requirements:``), its checks and the record of its upstreams, into the context."""
+    stack = loaded.model
     if any(st.scripts for st in stages):
         shutil.copytree(images / "targets", staging / CONTEXT / "_bin", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     write_system_context([s for st in stages for s in st.system], images, staging)
@@ -153,7 +154,7 @@ def write_context(stack: Stack, stages: list[TargetStage], images: Path, staging
             elif ph.files:
                 where = ("targets", st.name, "pip", ph.name)
                 for i, item in enumerate(stack.targets[st.name].pip[ph.name].files):
-                    reqs._Reader(stack, ph.name, i, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"),
+                    reqs._Reader(loaded, ph.name, i, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"),
                                  out, where).read(item.path)
                 if out.dropped:
                     progress.note(f"{ph.key}: dropped {len(out.dropped)} requirement(s) a vendor index provides "

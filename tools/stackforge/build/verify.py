@@ -12,7 +12,7 @@ from stackforge.build.engine import Engine
 from stackforge.build.gate import run_gate
 from stackforge.build.plan import LABEL_NS, gate_spec
 from stackforge.errors import UserError
-from stackforge.stack.load import LoadedStack, fingerprint, loaded_of
+from stackforge.stack.load import LoadedStack, fingerprint
 
 PIN = f"{LABEL_NS}.pin."
 OPTION = f"{LABEL_NS}.option."
@@ -46,7 +46,6 @@ def stack_of(labels: dict[str, str], image: str) -> str:
 
 
 def verify(loaded: LoadedStack, image: str, labels: dict[str, str], engine: Engine | None = None) -> Verification:
-    loaded = loaded_of(loaded)
     stack = loaded.model
     engine = engine or Engine()
     v = Verification(image, stack.name)

@@ -28,9 +28,9 @@ def register(sub) -> None:
 
 def cmd_audit(args) -> int:
     select(args, [args.stack] + ([args.against] if args.against else []))
-    stack = load(args, args.stack).model
-    against = load(args, args.against).model if args.against else None
-    report = freshness.audit(stack, against, allow_file=Path(args.allow).resolve() if args.allow else None)
+    loaded = load(args, args.stack)
+    against = load(args, args.against) if args.against else None
+    report = freshness.audit(loaded, against, allow_file=Path(args.allow).resolve() if args.allow else None)
     if args.json:
         print_json(report.to_json())
     else:

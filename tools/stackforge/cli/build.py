@@ -114,7 +114,7 @@ def add_wait(p) -> None:
 def cmd_render(args) -> int:
     loaded, ws = load(args, args.stack), workspace_of(args)
     stack = loaded.model
-    target = default_target(stack, args.target)
+    target = default_target(loaded, args.target)
     with stack_lock(build_dir_for(loaded, args.out), timeout=args.lock_timeout):
         prepared = prepare(
             loaded, ws.engine, out=args.out, sources=not args.no_sources, syntax=args.syntax, workspace=ws
@@ -125,7 +125,7 @@ def cmd_render(args) -> int:
         return 0
     plan = ctx.plan
     print(f"stack:      {stack.name} ({plan.fingerprint})")
-    print(f"target:     {target} → {target_ref(stack, target)}")
+    print(f"target:     {target} → {target_ref(loaded, target)}")
     print(f"base:       {plan.base_image}")
     for i, ph in enumerate(plan.phases, 1):
         flags = ", ".join(f for f, on in (("--no-deps", ph.no_deps), ("--require-hashes", ph.require_hashes)) if on)

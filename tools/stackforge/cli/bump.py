@@ -6,7 +6,7 @@ import json
 import sys
 
 from stackforge.cli.newest import add_index_options, cache_dir
-from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select
+from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select, workspace_of
 from stackforge.freshness import bump as freshness
 from stackforge.freshness.lines import load_catalog
 from stackforge.stack import diff as diffmod
@@ -35,12 +35,13 @@ def register(sub) -> None:
 
 def cmd_bump(args) -> int:
     select(args, [args.stack, args.name])
-    stack = load(args, args.stack).model
+    loaded = load(args, args.stack)
+    stack = loaded.model
     names = list(stack.packages)
-    catalog, _ = load_catalog(stack, names, cache_dir=cache_dir(args))
+    catalog, _ = load_catalog(loaded, names, cache_dir=cache_dir(args), workspace=workspace_of(args))
     plan = freshness.plan_bump(stack, catalog, new_name=args.name, trains=args.train or None)
     if args.json:
-        return _bump_json(args, stack, plan)
+        return _bump_json(args, loaded, plan)
     for mv in plan.moves:
         print(f"move {mv.package}: {mv.before} -> {mv.after} ({mv.reason})")
     for note in plan.notes:
@@ -56,7 +57,7 @@ def cmd_bump(args) -> int:
     if args.dry_run:
         print(freshness.render_bump(stack, plan, args.description), end="")
         return 0
-    path = freshness.write_bump(stack, plan, force=args.force, description=args.description)
+    path = freshness.write_bump(loaded, plan, force=args.force, description=args.description)
     print(f"wrote {path.relative_to(root_of(args))} (lint: ok)")
     print()
     new = load_stack(args.name, root=root_of(args), overrides=overrides_for(args, args.name))
@@ -64,7 +65,8 @@ def cmd_bump(args) -> int:
     return 0
 
 
-def _bump_json(args, stack, plan) -> int:
+def _bump_json(args, loaded, plan) -> int:
+    stack = loaded.model
     result: dict = {
         "stack": stack.name,
         "name": args.name,
@@ -78,7 +80,7 @@ def _bump_json(args, stack, plan) -> int:
     elif plan.moves and args.dry_run:
         result["text"] = freshness.render_bump(stack, plan, args.description)
     elif plan.moves:
-        path = freshness.write_bump(stack, plan, force=args.force, description=args.description)
+        path = freshness.write_bump(loaded, plan, force=args.force, description=args.description)
         result["written"] = str(path.relative_to(root_of(args)))
         new = load_stack(args.name, root=root_of(args), overrides=overrides_for(args, args.name))
         result["diff"] = json.loads(diffmod.diff_stacks(stack, new).to_json())

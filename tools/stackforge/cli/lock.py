@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 def cmd_lock(args) -> int:
     loaded = load(args, args.stack)
-    paths = write_locks(loaded.model, args.index, workspace_of(args).ca_bundle)
+    paths = write_locks(loaded, args.index, workspace_of(args))
     written = [str(path.relative_to(loaded.root)) for path in paths]
     if args.json:
         print_json({"stack": loaded.name, "written": written})

@@ -42,9 +42,12 @@ def register(sub) -> None:
 
 
 def cmd_newest(args) -> int:
-    stack = load(args, args.stack).model
     report = freshness.newest(
-        stack, packages=args.package or None, cache_dir=cache_dir(args), train_window=args.train_window * 60
+        load(args, args.stack),
+        packages=args.package or None,
+        cache_dir=cache_dir(args),
+        workspace=workspace_of(args),
+        train_window=args.train_window * 60,
     )
     if args.json:
         print_json(report.to_json())

@@ -15,7 +15,8 @@ from stackforge import patches as P
 from stackforge.build import sources as up
 from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select, workspace_of
 from stackforge.errors import UserError
-from stackforge.stack.load import list_stacks, load_stack
+from stackforge.stack.load import LoadedStack, list_stacks, load_stack
+from stackforge.stack.load import load as load_file
 from stackforge.workspace import CACHE_ENV
 
 
@@ -144,10 +145,14 @@ def _cache(args) -> Path:
     return args.cache.resolve() if getattr(args, "cache", None) else workspace_of(args).cache()
 
 
-def _target(args, stack=None, upstream: str | None = None):
-    stack = stack or load(args, args.stack).model
+def _target(args, loaded: LoadedStack | None = None, upstream: str | None = None):
     return P.target_from_stack(
-        stack, upstream or args.upstream, overlays=args.overlay, cache_dir=_cache(args), offline=args.offline
+        loaded or load(args, args.stack),
+        upstream or args.upstream,
+        overlays=args.overlay,
+        cache_dir=_cache(args),
+        offline=args.offline,
+        workspace=workspace_of(args),
     )
 
 
@@ -241,16 +246,14 @@ def cmd_check(args) -> int:
 
 
 def cmd_upstreamed(args) -> int:
-    stack = load(args, args.stack).model
-    target = _target(args, stack)
+    target = _target(args, load(args, args.stack))
     pinned = _pinned_without_overrides(args, target)
     if args.to_commit:
         new, old = args.to_commit, up.field(target.spec, "commit")
     elif pinned and pinned != up.field(target.spec, "commit"):
         # --set upstreams.<u>.commit=NEW: fetch and verify with the stack's own pin, compare against NEW.
         new, old = up.field(target.spec, "commit"), pinned
-        base = load_stack(args.stack, root=root_of(args))
-        target = _target(args, base, target.name)
+        target = _target(args, load_file(args.stack, root=root_of(args)), target.name)
     else:
         raise UserError(
             "which newer upstream commit?", fix=f"pass --to-commit C, or --set upstreams.{target.name}.commit=C"
@@ -282,7 +285,8 @@ def _export_targets(args) -> list:
     names = list_stacks(root)
     select(args, names)
     for name in names:
-        stack = load_stack(name, root=root, overrides=overrides_for(args, name))
+        loaded = load_file(name, root=root, overrides=overrides_for(args, name))
+        stack = loaded.model
         for uname, spec in dict(stack.upstreams).items():
             if not up.field(spec, "patches"):
                 continue
@@ -296,7 +300,14 @@ def _export_targets(args) -> list:
             if key in seen:
                 continue
             seen.add(key)
-            t = P.target_from_stack(stack, uname, overlays=args.overlay, cache_dir=_cache(args), offline=args.offline)
+            t = P.target_from_stack(
+                loaded,
+                uname,
+                overlays=args.overlay,
+                cache_dir=_cache(args),
+                offline=args.offline,
+                workspace=workspace_of(args),
+            )
             out.append((f"{name}/{uname}", t))
     return out
 

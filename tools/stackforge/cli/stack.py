@@ -98,8 +98,8 @@ def cmd_show(args) -> int:
         "stack": resolved(stack),
         "files": list(loaded.files),
         "overrides": [redact_text(o) for o in args.overrides],
-        "local_tag": str(tags.local_ref(stack)),
-        "labels": tags.labels(stack),
+        "local_tag": str(tags.local_ref(loaded)),
+        "labels": tags.labels(loaded),
         "fingerprint": fingerprint(stack),
     }
     if args.json:
@@ -144,15 +144,15 @@ def cmd_lint(args) -> int:
     invalid = False
     for name in names:
         try:
-            stack = load(args, name).model
+            loaded = load(args, name)
         except UserError as err:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})
             continue
-        findings = rules.lint(stack)
+        findings = rules.lint(loaded)
         try:
-            tags.local_ref(stack)
-            tags.labels(stack)
+            tags.local_ref(loaded)
+            tags.labels(loaded)
         except UserError as err:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})
@@ -160,8 +160,8 @@ def cmd_lint(args) -> int:
         report.append(
             {
                 "stack": name,
-                "findings": [f.located(stack) for f in findings],
-                "rendered": [f.render(stack) for f in findings],
+                "findings": [f.located(loaded) for f in findings],
+                "rendered": [f.render(loaded) for f in findings],
             }
         )
     if args.json:
@@ -182,15 +182,15 @@ def cmd_lint(args) -> int:
 
 
 def cmd_tags(args) -> int:
-    stack = load(args, args.stack).model
-    result: dict = {"stack": stack.name, "local": str(tags.local_ref(stack))}
+    loaded = load(args, args.stack)
+    result: dict = {"stack": loaded.name, "local": str(tags.local_ref(loaded))}
     if args.registry:
         if args.revision is None:
             print("note: revision 1 shown; `stackforge publish` takes the first free -rN for the date", file=sys.stderr)
         result["publish"] = str(
-            tags.publish_ref(stack, args.registry, args.date, 1 if args.revision is None else args.revision)
+            tags.publish_ref(loaded, args.registry, args.date, 1 if args.revision is None else args.revision)
         )
-        result["aliases"] = [str(ref) for ref in tags.alias_refs(stack, args.registry)]
+        result["aliases"] = [str(ref) for ref in tags.alias_refs(loaded, args.registry)]
     if args.json:
         print_json(result)
         return 0

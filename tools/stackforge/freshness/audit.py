@@ -9,7 +9,7 @@ from pathlib import Path
 from stackforge.errors import UserError
 from stackforge.freshness.lines import standalone
 from stackforge.patches.git import git
-from stackforge.stack.load import load_stack, stack_files, stack_root
+from stackforge.stack.load import LoadedStack, load
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 
@@ -210,14 +210,15 @@ def tracked_files(root: Path) -> list[str]:
     return [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
 
 
-def audit(stack: Stack, against: Stack | None = None, *, allow_file: Path | None = None) -> AuditReport:
-    """Scan the repository's tracked text files for versions ``stack`` moved away from."""
-    root = stack_root(stack)
+def audit(loaded: LoadedStack, against: LoadedStack | None = None, *, allow_file: Path | None = None) -> AuditReport:
+    """Scan the repository's tracked text files for versions the stack moved away from (since ``against``,
+    default: its parent)."""
+    stack, root = loaded.model, loaded.root
     if against is None:
         if not stack.inherits:
             raise UserError(f"stack {stack.name} has no parent to compare with", fix="pass --against OLD")
-        against = load_stack(stack.inherits, root=root)
-    tokens = stale_tokens(against, stack)
+        against = load(stack.inherits, root=root)
+    tokens = stale_tokens(against.model, stack)
     allow_path = allow_file or (root / ALLOW_FILE)
     try:
         display = str(allow_path.resolve().relative_to(root.resolve()))
@@ -225,7 +226,7 @@ def audit(stack: Stack, against: Stack | None = None, *, allow_file: Path | None
         display = str(allow_path)
     allow = load_allow_list(allow_path, display)
     # The old stack's own files declare the old pins by design.
-    chain = set(stack_files(against))
+    chain = set(against.files)
     regexes = []
     for t in tokens:
         rx = _commit_regex(t.text) if re.fullmatch(r"[0-9a-f]{40}", t.text) else t.pattern()

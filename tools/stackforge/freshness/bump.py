@@ -23,7 +23,7 @@ from stackforge.freshness.lines import (
     standalone,
     versions_in_line,
 )
-from stackforge.stack.load import load_stack, overrides_of, stack_path, stack_root
+from stackforge.stack.load import LoadedStack, load, stack_path
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 
@@ -251,11 +251,12 @@ def render_bump(stack: Stack, plan: BumpPlan, description: str | None = None) ->
     return "\n".join(lines) + "\n"
 
 
-def write_bump(stack: Stack, plan: BumpPlan, *, force: bool = False, description: str | None = None) -> Path:
-    """Write ``stacks/<new>.yaml``, then load and lint it; a file that fails either is removed again."""
+def write_bump(loaded: LoadedStack, plan: BumpPlan, *, force: bool = False, description: str | None = None) -> Path:
+    """Write ``stacks/<new>.yaml``, then load (with the old stack's ``--set`` overrides) and lint it; a file
+    that fails either is removed again."""
     from stackforge.build.prepare import lint_or_fail  # here: freshness does not import the build at start-up
 
-    root = stack_root(stack)
+    stack, root = loaded.model, loaded.root
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", plan.new):
         raise UserError(f"'{plan.new}' is not a usable stack name", fix="use letters, digits, '.', '_' and '-'")
     path = stack_path(root, plan.new)
@@ -265,7 +266,7 @@ def write_bump(stack: Stack, plan: BumpPlan, *, force: bool = False, description
     previous = path.read_text() if path.exists() else None
     path.write_text(text)
     try:
-        new = load_stack(plan.new, root=root, overrides=overrides_of(stack))
+        new = load(plan.new, root=root, overrides=loaded.overrides)
         lint_or_fail(new)
     except BuildFailed as err:  # lint findings, every one rendered
         _restore(path, previous)

@@ -40,7 +40,7 @@ from jinja2.sandbox import SecurityError
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.version import Version
 
-from stackforge import credentials, progress
+from stackforge import progress
 from stackforge.errors import UserError
 from stackforge.freshness.index import (
     IndexClient,
@@ -49,8 +49,10 @@ from stackforge.freshness.index import (
     ProjectPage,
 )
 from stackforge.stack import tags
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
+from stackforge.workspace import Workspace, workspace_for
 
 # glibc of the base OS, for manylinux tags; other OS labels get the widest of these.
 GLIBC = {
@@ -231,12 +233,16 @@ def built_for_pattern(template: str, family_local: str) -> re.Pattern:
 # Querying every package of a stack
 
 
-def clients_for(stack: Stack, cache_dir: Path | None, *, max_workers: int = 8) -> dict[str, IndexClient]:
-    """One client per stack index, with the credential ``credentials.for_index`` resolves for it."""
+def clients_for(
+    loaded: LoadedStack, cache_dir: Path | None, *, workspace: Workspace | None = None, max_workers: int = 8
+) -> dict[str, IndexClient]:
+    """One client per stack index, with the credential the workspace resolves for it (default: the
+    workspace at the stack's root)."""
+    ws = workspace_for(loaded, workspace)
     out = {}
-    for name, idx in stack.indexes.items():
+    for name, idx in loaded.model.indexes.items():
         out[name] = IndexClient(
-            idx.url, credential=credentials.for_index(stack, name), cache_dir=cache_dir, max_workers=max_workers
+            idx.url, credential=ws.index_credential(loaded, name), cache_dir=cache_dir, max_workers=max_workers
         )
     return out
 
@@ -299,16 +305,18 @@ class Catalog:
 
 
 def load_catalog(
-    stack: Stack,
+    loaded: LoadedStack,
     names: list[str] | None = None,
     *,
     cache_dir: Path | None = None,
     clients: dict[str, IndexClient] | None = None,
+    workspace: Workspace | None = None,
 ) -> tuple[Catalog, dict[str, IndexClient]]:
-    """The index pages of ``names`` (default: every package of the stack), with the clients that fetched them;
-    a query over more than one package is a progress step on stderr."""
+    """The index pages of ``names`` (default: every package of the stack), with the clients that fetched them
+    (default: :func:`clients_for`); a query over more than one package is a progress step on stderr."""
+    stack = loaded.model
     names = list(names) if names else list(stack.packages)
-    clients = clients or clients_for(stack, cache_dir)
+    clients = clients or clients_for(loaded, cache_dir, workspace=workspace)
     if len(names) < 2:
         return Catalog(stack, fetch_pages(stack, names, clients)), clients
     indexes = len({stack.packages[n].index for n in names})

@@ -29,9 +29,11 @@ from stackforge.freshness.lines import (
     sortable_version,
     versions_in_line,
 )
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 from stackforge.urls import redact
+from stackforge.workspace import Workspace
 
 DEFAULT_TRAIN_WINDOW = 3600.0  # seconds: train members published further apart than this are flagged
 
@@ -250,14 +252,17 @@ def _target_text(stack: Stack) -> str:
 
 
 def newest(
-    stack: Stack,
+    loaded: LoadedStack,
     *,
     packages: list[str] | None = None,
     cache_dir: Path | None = None,
     clients: dict[str, IndexClient] | None = None,
+    workspace: Workspace | None = None,
     train_window: float = DEFAULT_TRAIN_WINDOW,
 ) -> NewestReport:
-    """Per package: pinned, newest in line, its upload time / size / sha256, status; trains; built-for."""
+    """Per package: pinned, newest in line, its upload time / size / sha256, status; trains; built-for.
+    The indexes are asked with the workspace's credentials (default: the workspace at the stack's root)."""
+    stack = loaded.model
     start = time.monotonic()
     names = packages or list(stack.packages)
     for n in names:
@@ -265,7 +270,7 @@ def newest(
             raise UserError(f"package '{n}' is not in stack {stack.name}", fix=f"packages: {', '.join(stack.packages)}")
     # Built-for checks need the for-package's page too.
     needed = list(dict.fromkeys(names + [bf.for_ for bf in stack.rules.built_for if bf.package in names]))
-    catalog, clients = load_catalog(stack, needed, cache_dir=cache_dir, clients=clients)
+    catalog, clients = load_catalog(loaded, needed, cache_dir=cache_dir, clients=clients, workspace=workspace)
     reports: dict[str, PackageReport] = {}
     for name in needed:
         pkg = stack.packages[name]

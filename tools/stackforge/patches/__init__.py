@@ -67,7 +67,6 @@ from stackforge.patches.ops import (
     find_upstreamed,
     make_target,
     range_diff,
-    stack_root,
     target_from_stack,
 )
 from stackforge.patches.patchfile import PatchFile, parse_patch
@@ -155,7 +154,6 @@ __all__ = [
     "render_index",
     "renumber",
     "series_hash",
-    "stack_root",
     "summary_lines",
     "target_from_stack",
     "write_index",

@@ -3,7 +3,7 @@ upstreamed (+ drop), range-diff.
 
 Everything here takes a ``Target``: one upstream spec (any object with the
 upstream fields) and the layers to apply onto it. ``target_from_stack`` builds
-one from a stack model; tests build them from plain data.
+one from a loaded stack (its model and repository root); tests build them from plain data.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from stackforge.patches.series import (
     render_series,
     renumber,
 )
-from stackforge.stack.load import stack_root as loaded_root
-from stackforge.stack.model import Stack
+from stackforge.stack.load import LoadedStack
+from stackforge.workspace import Workspace
 from stackforge.workspace import cache_dir as workspace_cache
 
 
@@ -58,6 +58,7 @@ class Target:
     root: Path
     cache_dir: Path
     offline: bool = False
+    workspace: Workspace | None = None  # whose credentials fetch the upstream (default: Workspace.default())
     #: a series another upstream carries for this one (``patches_from``): applied before the layers, as the
     #: build applies it, and part of the base the layers sit on (export writes only the layers)
     carried: Series | None = None
@@ -75,6 +76,7 @@ def make_target(
     cache_dir: Path | None = None,
     overlays: Sequence[str] = (),
     offline: bool = False,
+    workspace: Workspace | None = None,
 ) -> Target:
     patches = up.field(spec, "patches")
     if not patches:
@@ -83,30 +85,21 @@ def make_target(
             fix=f"set upstreams.{name}.patches (e.g. patches/{name}) in the stack",
         )
     dirs = layer_dirs(root, name, patches, overlays)
-    return Target(name, spec, load_layers(dirs), root, cache_dir or workspace_cache(root, ""), offline)
-
-
-def stack_root(stack: Any) -> Path:
-    root = getattr(stack, "root", None)
-    if root is None and isinstance(stack, Stack):
-        try:
-            root = loaded_root(stack)
-        except ValueError:
-            root = None
-    if root is None:
-        raise UserError(f"stack {getattr(stack, 'name', '?')} does not say where its repository is")
-    return Path(root)
+    cache = cache_dir or (workspace.cache() if workspace else workspace_cache(root, ""))
+    return Target(name, spec, load_layers(dirs), root, cache, offline, workspace)
 
 
 def target_from_stack(
-    stack: Any,
+    loaded: LoadedStack,
     upstream: str | None = None,
     *,
     overlays: Sequence[str] = (),
     cache_dir: Path | None = None,
     offline: bool = False,
+    workspace: Workspace | None = None,
 ) -> Target:
-    """Pick the upstream (the only one with a series, unless named) of a stack model."""
+    """Pick the upstream (the only one with a series, unless named) of a loaded stack."""
+    stack = loaded.model
     ups = dict(stack.upstreams)
     if upstream is None:
         with_series = [n for n, u in ups.items() if up.field(u, "patches")]
@@ -122,28 +115,30 @@ def target_from_stack(
         )
     spec = _resolve_sdist_index(stack, ups[upstream])
     target = make_target(
-        upstream, spec, root=stack_root(stack), cache_dir=cache_dir, overlays=overlays, offline=offline
+        upstream, spec, root=loaded.root, cache_dir=cache_dir, overlays=overlays, offline=offline, workspace=workspace
     )
-    if isinstance(stack, Stack) and stack.upstreams[upstream].patches_from is not None:
-        target.carried = carried_series(stack, upstream, target.cache_dir, offline=offline)
+    if stack.upstreams[upstream].patches_from is not None:
+        target.carried = carried_series(loaded, upstream, target.cache_dir, offline=offline, workspace=workspace)
     return target
 
 
-def carried_series(stack: Stack, name: str, cache_dir: Path, *, offline: bool = False) -> Series:
+def carried_series(
+    loaded: LoadedStack, name: str, cache_dir: Path, *, offline: bool = False, workspace: Workspace | None = None
+) -> Series:
     """The series ``upstreams.<name>.patches_from`` names, read from the carrying upstream's tree at its pinned
     commit (the build's rules: ``build.installed.in_tree_series``) and kept in the cache under that pin."""
     from stackforge.build.installed import in_tree_series
 
-    src = stack.upstreams[name].patches_from
+    src = loaded.model.upstreams[name].patches_from
     assert src is not None
-    carrier = stack.upstreams[src.upstream]
+    carrier = loaded.model.upstreams[src.upstream]
     key = f"{src.upstream}-{carrier.commit}-{src.order}-{src.path}"
     kept = Path(cache_dir) / "carried" / re.sub(r"[^A-Za-z0-9._-]", "_", key)
     if not (kept / SERIES_FILE).is_file():
         with scratch() as tmp:
-            mirror = up.fetch_upstream(carrier, cache_dir, root=stack_root(stack), offline=offline)
+            mirror = up.fetch_upstream(carrier, cache_dir, root=loaded.root, offline=offline, workspace=workspace)
             up.export_commit(mirror, str(carrier.commit), tmp / "src" / src.upstream)
-            found = in_tree_series(stack, name, tmp / "src")
+            found = in_tree_series(loaded, name, tmp / "src")
             staged = Path(tempfile.mkdtemp(prefix=kept.name + ".", dir=_parent(kept)))
             for entry in found.iterdir():
                 if entry.is_file() and not entry.is_symlink():
@@ -230,6 +225,7 @@ def _prepare(target: Target, dest: Path, *, commit: str | None = None, history: 
         history=history,
         offline=target.offline,
         label=target.name,
+        workspace=target.workspace,
     )
     if target.carried is None:
         return head

@@ -15,6 +15,7 @@ from typing import Any
 from stackforge.build import sources as up
 from stackforge.errors import UserError
 from stackforge.patches.git import BASE_REF, NOTES_REF, git, rev_parse
+from stackforge.workspace import Workspace
 
 BRANCH = "patched"
 # Fixed identity and date of the synthetic commit made from a plain tree, so
@@ -88,14 +89,16 @@ def prepare(
     history: bool | str = True,
     offline: bool = False,
     label: str = "upstream",
+    workspace: Workspace | None = None,
 ) -> str:
-    """A repository at ``dest`` holding the pinned upstream (or ``commit`` of its mirror)."""
+    """A repository at ``dest`` holding the pinned upstream (or ``commit`` of its mirror), fetched with the
+    workspace's credentials."""
     sdist = up.field(spec, "sdist")
     if sdist and commit is None:
-        up.export_sdist(sdist, cache_dir, dest, offline=offline)
+        up.export_sdist(sdist, cache_dir, dest, offline=offline, workspace=workspace)
         msg = f"{label}: {up.field(sdist, 'name')} {up.field(sdist, 'version')} sdist\n\nsha256 {up.field(sdist, 'sha256')}\n"
         return init_tree_repo(dest, msg)
-    mirror = up.fetch_upstream(spec, cache_dir, root=root, offline=offline)
+    mirror = up.fetch_upstream(spec, cache_dir, root=root, offline=offline, workspace=workspace)
     if commit is None:
         commit = up.field(spec, "commit")
     elif rev_parse(mirror, commit) is None:

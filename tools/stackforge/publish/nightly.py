@@ -212,7 +212,7 @@ def select_stacks(
         if not names and not one.model.nightly:
             continue
         try:
-            lint_or_fail(one.model)
+            lint_or_fail(one)
         except BuildFailed as err:
             rows.append(Row(stack=one.name, target="*", status="failed", stage="lint", reason=err.message))
             continue
@@ -282,7 +282,7 @@ def nightly(
         # The rows not yet decided say so; the summary is written before the command stops.
         decided = {(r.stack, r.target) for r in summary.rows}
         for stack in loaded:
-            for target in _targets_or_star(bakemod, stack.model, targets):
+            for target in _targets_or_star(bakemod, stack, targets):
                 if (stack.name, target) not in decided:
                     summary.rows.append(
                         Row(
@@ -385,7 +385,7 @@ def _bake_and_build(
     )
     for stack in loaded:
         try:
-            names = bakemod.stack_targets(stack.model, targets)
+            names = bakemod.stack_targets(stack, targets)
         except UserError as err:
             summary.rows.append(Row(stack=stack.name, target="*", status="failed", stage="build", reason=err.render()))
             continue

@@ -24,7 +24,7 @@ from stackforge.publish.publisher import PublishResult, publish
 from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
 from stackforge.publish.scheme import TagScheme, validate_date
 from stackforge.stack import tags as tagsmod
-from stackforge.stack.load import LoadedStack, loaded_of
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.targets import published
 from stackforge.workspace import Workspace, workspace_for
 
@@ -86,28 +86,27 @@ def publish_stack(
     the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``; the
     engine (unless ``engine`` is given) and the layer cache are the workspace's.
     """
-    loaded = loaded_of(loaded)
     stack, ws = loaded.model, workspace_for(loaded, workspace)
     reg = parse_registry(registry, what="--registry")
     date = validate_date(date)
     try:
-        lint_or_fail(stack)
+        lint_or_fail(loaded)
     except BuildFailed as err:
         raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
-    target = default_target(stack, target)
+    target = default_target(loaded, target)
     suffix = "" if target == published(stack)[0] else f"-{target}"
-    first = tagsmod.publish_ref(stack, str(reg), date, 1)
+    first = tagsmod.publish_ref(loaded, str(reg), date, 1)
     repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
-    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(stack, str(reg), d, r).tag + suffix)
+    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(loaded, str(reg), d, r).tag + suffix)
     aliases = []
-    for alias in tagsmod.alias_refs(stack, str(reg)):
+    for alias in tagsmod.alias_refs(loaded, str(reg)):
         if alias.repository != first.repository:
             raise UserError(
                 f"alias {alias} is not in the publish repository {first.repository}",
                 fix="aliases name the same repository as tags.publish",
             )
         aliases.append(alias.tag + suffix)
-    local = target_ref(stack, target)
+    local = target_ref(loaded, target)
     with stack_lock(build_dir_for(loaded, out)):  # no build of this stack replaces its evidence meanwhile
         evidence = build_dir_for(loaded, out) / "evidence"
         engine = engine or ws.engine

@@ -49,6 +49,10 @@ class LoadedStack:
     def name(self) -> str:
         return self.model.name
 
+    def position(self, path: tuple) -> Pos:
+        """Where the value at ``path`` (or its nearest declared parent) was written."""
+        return _pos_for(tuple(path), self.positions, self.keypositions, False)
+
 
 class StackInvalid(UserError):
     """One or more problems in a stack's input; renders every problem."""
@@ -726,25 +730,13 @@ def load(name_or_path: str, root: Path | str | None = None, overrides: list[str]
     problems = _cross_references(stack, values)
     if problems:
         raise StackInvalid(problems)
-    loaded = LoadedStack(stack, values, keys, files, root, list(overrides or []), credentials)
-    stack._loaded = loaded
-    return loaded
+    return LoadedStack(stack, values, keys, files, root, list(overrides or []), credentials)
 
 
 def load_stack(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> Stack:
-    """The validated model of ``load(...)``, for code that needs the model only (plan, rules, tags);
-    the accessors below read its provenance."""
+    """The validated model of ``load(...)``, for code that needs the model only (the schema's values,
+    not where they were written, the root or the credentials)."""
     return load(name_or_path, root, overrides).model
-
-
-def loaded_of(stack: LoadedStack | Stack) -> LoadedStack:
-    """The ``LoadedStack`` a library entry point works on. The CLI hands one over; a model that
-    ``load_stack`` read is accepted too (its loader record), so callers holding only the model work."""
-    if isinstance(stack, LoadedStack):
-        return stack
-    if stack._loaded is None:
-        raise ValueError(f"stack {stack.name!r} was not read by load_stack, so it has no repository root")
-    return stack._loaded
 
 
 def _split_off_credentials(data: dict) -> tuple[dict, dict]:
@@ -761,34 +753,6 @@ def _split_off_credentials(data: dict) -> tuple[dict, dict]:
                 if cred:
                     out[name] = cred
     return found
-
-
-def position(stack: Stack, path: tuple) -> Pos:
-    """Where the value at ``path`` (or its nearest declared parent) was written."""
-    loaded = stack._loaded
-    if loaded is None:
-        return Pos("?")
-    return _pos_for(tuple(path), loaded.positions, loaded.keypositions, False)
-
-
-def stack_root(stack: Stack) -> Path:
-    """The repository root the stack was loaded from."""
-    return loaded_of(stack).root
-
-
-def stack_files(stack: Stack) -> list[str]:
-    """The files of the stack's inheritance chain, parent first (none for a model not read by load_stack)."""
-    return list(stack._loaded.files) if stack._loaded else []
-
-
-def overrides_of(stack: Stack) -> list[str]:
-    """The ``--set`` overrides the stack was loaded with."""
-    return list(stack._loaded.overrides) if stack._loaded else []
-
-
-def credentials_of(stack: Stack) -> dict[str, Credential]:
-    """The credentials split off the stack's index URLs, by index name."""
-    return dict(stack._loaded.credentials) if stack._loaded else {}
 
 
 def json_schema() -> dict:

@@ -11,7 +11,7 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from packaging.version import InvalidVersion, Version
 from pydantic import (
@@ -19,7 +19,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -27,9 +26,6 @@ from pydantic import (
 
 from stackforge import grammar
 from stackforge.grammar import ENV_NAME_RE as ENV_NAME
-
-if TYPE_CHECKING:
-    from stackforge.stack.load import LoadedStack
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -872,7 +868,3 @@ class Stack(Strict):
     system: dict[SystemLayerName, SystemLayer] | None = Field(
         None, description="system layers (apt), in order, each its own stage system-<layer> after base"
     )
-
-    # Filled by load_stack: the loader's provenance (positions, files, root, overrides, credentials).
-    # Read it through the accessors of stackforge.stack.load.
-    _loaded: LoadedStack | None = PrivateAttr(default=None)

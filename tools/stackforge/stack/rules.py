@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from stackforge.errors import UserError
 from stackforge.stack import tags
-from stackforge.stack.load import position
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 
@@ -32,8 +32,8 @@ class Finding:
         """A finding about the version the stack pins for ``package`` (located at that pin)."""
         return cls(rule, message, ("packages", package, "version"), fix)
 
-    def located(self, stack: Stack) -> dict:
-        pos = position(stack, self.path)
+    def located(self, loaded: LoadedStack) -> dict:
+        pos = loaded.position(self.path)
         return {
             "rule": self.rule,
             "message": self.message,
@@ -43,8 +43,8 @@ class Finding:
             "col": pos.col,
         }
 
-    def render(self, stack: Stack) -> str:
-        d = self.located(stack)
+    def render(self, loaded: LoadedStack) -> str:
+        d = self.located(loaded)
         loc = d["file"] + (f":{d['line']}:{d['col']}" if d["line"] else "")
         return f"{loc}: {self.rule}: {self.message}\n  fix: {self.fix}"
 
@@ -53,8 +53,9 @@ def _pin(stack: Stack, name: str) -> Pin:
     return Pin(stack.packages[name].version)
 
 
-def check_trains(stack: Stack) -> list[Finding]:
+def check_trains(loaded: LoadedStack) -> list[Finding]:
     """Train members move together: same postN (among members that carry one) and same local label."""
+    stack = loaded.model
     out = []
     for train in stack.rules.trains:
         pins = {m: _pin(stack, m) for m in train.members}
@@ -106,8 +107,9 @@ def check_trains(stack: Stack) -> list[Finding]:
     return out
 
 
-def check_built_for(stack: Stack) -> list[Finding]:
+def check_built_for(loaded: LoadedStack) -> list[Finding]:
     """A package built against another names that package's exact version in its local label."""
+    stack = loaded.model
     out = []
     for i, bf in enumerate(stack.rules.built_for):
         target = _pin(stack, bf.for_)
@@ -116,7 +118,7 @@ def check_built_for(stack: Stack) -> list[Finding]:
         except (tags.TemplateRefused, SecurityError) as exc:
             raise UserError(
                 f"rules.built_for.{i}.local: template refused: {exc}",
-                **position(stack, ("rules", "built_for", i, "local")).as_error_kwargs(),
+                **loaded.position(("rules", "built_for", i, "local")).as_error_kwargs(),
                 fix=tags.TEMPLATE_FIX,
             ) from None
         except jinja2.TemplateError as exc:
@@ -145,8 +147,9 @@ def check_built_for(stack: Stack) -> list[Finding]:
     return out
 
 
-def check_aligned(stack: Stack) -> list[Finding]:
+def check_aligned(loaded: LoadedStack) -> list[Finding]:
     """An aligned family (a library and its wrappers) shares one version."""
+    stack = loaded.model
     out = []
     for fam in stack.rules.aligned:
         lead = fam.members[0]
@@ -165,8 +168,9 @@ def check_aligned(stack: Stack) -> list[Finding]:
     return out
 
 
-def check_vendor_build(stack: Stack) -> list[Finding]:
+def check_vendor_build(loaded: LoadedStack) -> list[Finding]:
     """A package that must be the vendor's build carries the vendor's local label."""
+    stack = loaded.model
     out = []
     for vb in stack.rules.vendor_build:
         pin = _pin(stack, vb.package)
@@ -182,8 +186,9 @@ def check_vendor_build(stack: Stack) -> list[Finding]:
     return out
 
 
-def check_minimums(stack: Stack) -> list[Finding]:
+def check_minimums(loaded: LoadedStack) -> list[Finding]:
     """Declared minimum versions, optionally conditional on another pin."""
+    stack = loaded.model
     out = []
     for mn in stack.rules.minimums:
         if mn.when is not None and Version(stack.packages[mn.when.package].version) < Version(mn.when.min):
@@ -202,8 +207,9 @@ def check_minimums(stack: Stack) -> list[Finding]:
     return out
 
 
-def check_indexes(stack: Stack) -> list[Finding]:
+def check_indexes(loaded: LoadedStack) -> list[Finding]:
     """Vendor wheels come from a vendor index whose dependencies come from a public one."""
+    stack = loaded.model
     out = []
     for name, idx in stack.indexes.items():
         if idx.role == "vendor" and idx.deps_from and stack.indexes[idx.deps_from].role != "public":
@@ -227,17 +233,17 @@ def check_indexes(stack: Stack) -> list[Finding]:
     return out
 
 
-def check_locks(stack: Stack) -> list[Finding]:
+def check_locks(loaded: LoadedStack) -> list[Finding]:
     """An index declared ``lock: true`` has its lock file: deleting it never drops ``--require-hashes``."""
+    stack = loaded.model
     from stackforge.build.locks import DEPS, expects_lock, lock_keys, lock_path
-    from stackforge.stack.load import stack_root
 
     out = []
     for key in lock_keys(stack):
         name = key if key in stack.indexes else key[: -len(DEPS)]
-        path = lock_path(stack, key)
+        path = lock_path(loaded, key)
         if expects_lock(stack, name) and not path.is_file():
-            rel = path.relative_to(stack_root(stack)).as_posix()
+            rel = path.relative_to(loaded.root).as_posix()
             out.append(
                 Finding(
                     "lock",
@@ -252,8 +258,8 @@ def check_locks(stack: Stack) -> list[Finding]:
 RULES = [check_trains, check_built_for, check_aligned, check_vendor_build, check_minimums, check_indexes, check_locks]
 
 
-def lint(stack: Stack) -> list[Finding]:
+def lint(loaded: LoadedStack) -> list[Finding]:
     findings: list[Finding] = []
     for rule in RULES:
-        findings.extend(rule(stack))
+        findings.extend(rule(loaded))
     return findings

@@ -18,7 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from stackforge import grammar
 from stackforge.errors import UserError
 from stackforge.grammar import DATE_RE, check_repository, check_tag, split_tag
-from stackforge.stack.load import position
+from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 
@@ -256,12 +256,12 @@ def render_sandboxed(template: str, data: dict, env: Sandbox | None = None) -> s
     return env.render_limited(env.from_string(template), data).strip()
 
 
-def render_template(stack: Stack, template: str, path: tuple, **extra) -> str:
+def render_template(loaded: LoadedStack, template: str, path: tuple, **extra) -> str:
     """A stack template rendered in the sandbox; every refusal is a UserError naming the key and its place."""
     key = ".".join(map(str, path))
-    where = position(stack, path).as_error_kwargs()
+    where = loaded.position(path).as_error_kwargs()
     try:
-        text = render_sandboxed(template, context(stack, **extra))
+        text = render_sandboxed(template, context(loaded.model, **extra))
     except TemplateRefused as exc:
         raise UserError(f"{key}: template refused: {exc}", **where, fix=TEMPLATE_FIX) from None
     except SecurityError as exc:
@@ -289,10 +289,11 @@ def render_template(stack: Stack, template: str, path: tuple, **extra) -> str:
     return text
 
 
-def step_env(stack: Stack, env: dict[str, str], path: tuple) -> dict[str, str]:
+def step_env(loaded: LoadedStack, env: dict[str, str], path: tuple) -> dict[str, str]:
     """The environment of a build step: the stack's tuning, then the step's own ``env`` (at ``path``) rendered
     in the sandbox."""
-    return {**stack.tuning, **{key: render_template(stack, value, (*path, key)) for key, value in env.items()}}
+    rendered = {key: render_template(loaded, value, (*path, key)) for key, value in env.items()}
+    return {**loaded.model.tuning, **rendered}
 
 
 def parse_ref(text: str) -> Ref:
@@ -303,13 +304,13 @@ def parse_ref(text: str) -> Ref:
     return Ref(repository, tag)
 
 
-def _checked(stack: Stack, text: str, path: tuple) -> Ref:
+def _checked(loaded: LoadedStack, text: str, path: tuple) -> Ref:
     try:
         ref = parse_ref(text)
     except ValueError as exc:
         raise UserError(
             f"{'.'.join(map(str, path))} renders '{text}', which {exc}",
-            **position(stack, path).as_error_kwargs(),
+            **loaded.position(path).as_error_kwargs(),
             fix="write the template as repository:tag",
         ) from None
     for reason in (check_repository(ref.repository), check_tag(ref.tag)):
@@ -318,7 +319,7 @@ def _checked(stack: Stack, text: str, path: tuple) -> Ref:
             what = "" if in_repo else f"tag '{ref.tag}' "
             raise UserError(
                 f"{'.'.join(map(str, path))} renders '{text}': {what}{reason}",
-                **position(stack, path).as_error_kwargs(),
+                **loaded.position(path).as_error_kwargs(),
                 fix="change the template: repository names are lowercase"
                 if in_repo
                 else "change the template (the tagsafe filter turns '+' into '_')",
@@ -326,8 +327,8 @@ def _checked(stack: Stack, text: str, path: tuple) -> Ref:
     return ref
 
 
-def local_ref(stack: Stack) -> Ref:
-    return _checked(stack, render_template(stack, stack.tags.local, ("tags", "local")), ("tags", "local"))
+def local_ref(loaded: LoadedStack) -> Ref:
+    return _checked(loaded, render_template(loaded, loaded.model.tags.local, ("tags", "local")), ("tags", "local"))
 
 
 def check_registry(registry: str) -> str:
@@ -343,11 +344,12 @@ def check_registry(registry: str) -> str:
     return registry
 
 
-def publish_ref(stack: Stack, registry: str, date: str | None = None, revision: int = 1) -> Ref:
+def publish_ref(loaded: LoadedStack, registry: str, date: str | None = None, revision: int = 1) -> Ref:
+    stack = loaded.model
     if not stack.tags.publish:
         raise UserError(
             f"stack '{stack.name}' declares no tags.publish template",
-            **position(stack, ("tags",)).as_error_kwargs(),
+            **loaded.position(("tags",)).as_error_kwargs(),
             fix="add tags.publish to the stack",
         )
     date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
@@ -355,20 +357,20 @@ def publish_ref(stack: Stack, registry: str, date: str | None = None, revision: 
         raise UserError(f"date '{date}' is not YYYYMMDD", file="--date", fix="e.g. --date 20260929")
     if revision < 1:
         raise UserError("revision must be 1 or more", file="--revision", fix="e.g. --revision 2")
-    text = render_template(stack, stack.tags.publish, ("tags", "publish"), date=date, revision=revision)
-    return _checked(stack, f"{check_registry(registry)}/{text}", ("tags", "publish"))
+    text = render_template(loaded, stack.tags.publish, ("tags", "publish"), date=date, revision=revision)
+    return _checked(loaded, f"{check_registry(registry)}/{text}", ("tags", "publish"))
 
 
-def alias_refs(stack: Stack, registry: str) -> list[Ref]:
+def alias_refs(loaded: LoadedStack, registry: str) -> list[Ref]:
     return [
         _checked(
-            stack,
-            f"{check_registry(registry)}/{render_template(stack, t, ('tags', 'aliases', i))}",
+            loaded,
+            f"{check_registry(registry)}/{render_template(loaded, t, ('tags', 'aliases', i))}",
             ("tags", "aliases", i),
         )
-        for i, t in enumerate(stack.tags.aliases)
+        for i, t in enumerate(loaded.model.tags.aliases)
     ]
 
 
-def labels(stack: Stack) -> dict[str, str]:
-    return {k: render_template(stack, v, ("labels", k)) for k, v in stack.labels.items()}
+def labels(loaded: LoadedStack) -> dict[str, str]:
+    return {k: render_template(loaded, v, ("labels", k)) for k, v in loaded.model.labels.items()}
