@@ -60,11 +60,12 @@ lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests a
 	$(VENV)/bin/ruff format --check tools tests bench
 	$(VENV)/bin/mypy
 
-lint-domain: $(STAMP) ## stack rules, the stale-reference audit, patch-series lint and byte-stable export
+lint-domain: $(STAMP) ## stack rules, the stale-reference audit, patch-series lint, byte-stable export, the cookbook
 	$(STACKFORGE) lint
 	$(STACKFORGE) audit post2
 	$(STACKFORGE) patches lint
 	$(STACKFORGE) patches export --check
+	$(STACKFORGE) recipe docs --check
 
 format: $(STAMP) ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix tools tests bench

@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "bump",
     "wheel",
     "audit",
+    "recipe",
 ]
 
 

@@ -1,0 +1,52 @@
+"""`stackforge recipe lint --image` against the post2 image built from the stand-ins: the image's own
+`vllm serve --help=all` decides which serve flags exist, its entrypoint which env overrides are read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import musa_builds as mb
+
+pytestmark = pytest.mark.engine
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory, base_image):
+    return mb.session(tmp_path_factory.getbasetemp(), base_image)
+
+
+@pytest.fixture(scope="module")
+def post2(standins):
+    build = standins.happy("post2")
+    assert build.ok, build.describe()
+    return build
+
+
+def test_recipe_lint_against_the_image(post2, tmp_path):
+    good = mb.stackforge("recipe", "lint", "qwen3-8b", "--image", post2.tag)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.strip() == f"qwen3-8b: ok (against {post2.tag})"
+
+    text = (REPO / "recipes" / "qwen3-8b.yaml").read_text()
+    assert '  --max-model-len: "4096"\n' in text
+    bad = tmp_path / "qwen3-8b-typo.yaml"
+    bad.write_text(
+        text.replace('  --max-model-len: "4096"\n', '  --max-model-length: "4096"\n').replace(
+            "ports: {api: 8000}", "ports: {api: 8000}\nenv: {GMEM: {default: '0.75', description: memory}}"
+        )
+    )
+    line = bad.read_text().splitlines().index('  --max-model-length: "4096"') + 1
+    proc = mb.stackforge("recipe", "lint", str(bad), "--image", post2.tag)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert f"error: {bad}:{line}:3: serve.--max-model-length: the image's vllm serve has no option" in out, out
+    assert "fix: did you mean --max-model-len?" in out
+    # vllm-openai's entrypoint is the vllm console script: it reads no $GMEM, so the override is dead
+    assert "env.GMEM: the image's entrypoint (/" in out and "never reads $GMEM" in out, out
+
+    missing = mb.stackforge("recipe", "lint", "qwen3-8b", "--image", "stackforge-test/no-such-image:1")
+    assert missing.returncode == 2 and "no image stackforge-test/no-such-image:1" in missing.stderr

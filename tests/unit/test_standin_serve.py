@@ -1,0 +1,154 @@
+"""The stand-in ``vllm serve``: a real HTTP server on loopback, run as a subprocess (no engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm_serve.py"
+STARTED = re.compile(r"Starting vLLM API server on http://127\.0\.0\.1:(\d+)")
+
+
+@dataclass
+class Running:
+    proc: subprocess.Popen
+    port: int
+    lines: list[str]
+
+    def get(self, path: str) -> tuple[int, dict]:
+        return _call(urllib.request.Request(f"http://127.0.0.1:{self.port}{path}"))
+
+    def chat(self, model: str, prompt: str) -> tuple[int, dict]:
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}]}).encode()
+        return _call(
+            urllib.request.Request(
+                f"http://127.0.0.1:{self.port}/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+        )
+
+
+def _call(req: urllib.request.Request) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def _start(*argv: str, fail: str = "", env: dict | None = None) -> subprocess.Popen:
+    full_env = {k: v for k, v in os.environ.items() if k != "VLLM_ATTENTION_BACKEND"}
+    full_env.update({"STANDIN_SERVE_FAIL": fail, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-u", str(STANDIN), *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=full_env,
+    )
+
+
+@contextmanager
+def serving(*argv: str, fail: str = "", env: dict | None = None) -> Iterator[Running]:
+    proc = _start("Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "0", *argv, fail=fail, env=env)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            found = STARTED.search(line)
+            if found:
+                yield Running(proc, int(found.group(1)), lines)
+                break
+        else:
+            pytest.fail("the server exited before listening:\n" + "".join(lines))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_models_chat_and_backend_from_the_flag():
+    with serving("--served-model-name", "qwen3-8b", "--attention-backend", "TRITON_ATTN") as srv:
+        assert any("Using TRITON_ATTN backend." in line for line in srv.lines)
+        status, models = srv.get("/v1/models")
+        assert status == 200 and [m["id"] for m in models["data"]] == ["qwen3-8b"]
+        status, answer = srv.chat("qwen3-8b", "What is the capital of China? One word.")
+        assert status == 200 and answer["choices"][0]["message"]["content"] == "Beijing"
+        assert srv.chat("qwen3-8b", "Repeat after me: Lantern")[1]["choices"][0]["message"]["content"] == "Lantern"
+        status, err = srv.chat("Qwen/Qwen3-8B", "hi")  # not a served name
+        assert status == 404 and "does not exist" in err["error"]["message"]
+        assert srv.get("/v1/nope")[0] == 404
+
+
+def test_backend_from_the_env_var_when_no_flag():
+    with serving(env={"VLLM_ATTENTION_BACKEND": "FLASHMLA"}) as srv:
+        assert any("Using FLASHMLA backend." in line for line in srv.lines)
+
+
+def test_sigterm_stops_it():
+    with serving() as srv:
+        srv.proc.terminate()
+        assert srv.proc.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize(("fail", "status", "content"), [("wrong-answer", 200, "Nowhere"), ("status:503", 503, None)])
+def test_failure_modes_of_answers(fail, status, content):
+    with serving(fail=fail) as srv:
+        got, body = srv.chat("Qwen/Qwen3-8B", "What is the capital of China?")
+        assert got == status
+        if content:
+            assert body["choices"][0]["message"]["content"] == content
+
+
+def test_die_after_n_requests():
+    with serving(fail="die-after:2") as srv:
+        assert srv.chat("Qwen/Qwen3-8B", "one")[0] == 200
+        assert srv.chat("Qwen/Qwen3-8B", "two")[0] == 200
+        assert srv.proc.wait(timeout=10) == 1
+        rest = srv.proc.stdout.read() if srv.proc.stdout else ""
+        assert "EngineCore died unexpectedly" in rest
+
+
+def test_never_ready_never_listens():
+    proc = _start("m", "--port", "0", fail="never-ready")
+    try:
+        deadline = time.monotonic() + 5
+        out = ""
+        assert proc.stdout is not None
+        while time.monotonic() < deadline and "Loading weights" not in out:
+            out += proc.stdout.readline()
+        assert "Loading weights" in out and "Starting vLLM API server" not in out
+        time.sleep(0.5)
+        assert proc.poll() is None  # still "loading"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_unknown_option_and_help():
+    proc = subprocess.run(
+        [sys.executable, str(STANDIN), "m", "--max-model-length", "4"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "unrecognized arguments: --max-model-length" in proc.stderr
+    full = subprocess.run([sys.executable, str(STANDIN), "--help=all"], capture_output=True, text=True).stdout
+    assert "--gpu-memory-utilization" in full and "--diffusion-config" in full
+    bad = subprocess.run(
+        [sys.executable, str(STANDIN), "m"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "STANDIN_SERVE_FAIL": "explode"},
+    )
+    assert bad.returncode != 0 and "unknown failure mode 'explode'" in bad.stderr

@@ -1,0 +1,101 @@
+"""Read ``recipes/<name>.yaml`` with positions (the stacks' YAML loader and its limits) and validate it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from stackforge.errors import UserError
+from stackforge.recipes.model import RECIPE_NAME, Recipe
+from stackforge.stack.load import StackInvalid, _check_keys, _pos_for, _validation_problems
+from stackforge.stack.yamlsrc import Pos, load_with_positions
+
+RECIPES_DIR = "recipes"
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    """A validated recipe with where each of its values and keys was written."""
+
+    name: str
+    path: Path
+    display: str  # the file as errors name it (relative to the root when inside it)
+    model: Recipe = field(compare=False, repr=False)
+    positions: dict = field(compare=False, repr=False)
+    keypositions: dict = field(compare=False, repr=False)
+
+    def pos(self, path: tuple) -> Pos:
+        """Where the value at ``path`` (or its nearest written parent) is."""
+        found = _pos_for(tuple(path), self.positions, self.keypositions, False)
+        return found if found.file != "?" else Pos(self.display)
+
+    def key_pos(self, path: tuple) -> Pos:
+        """Where the key introducing ``path`` is (the value's position when it has no key)."""
+        return self.keypositions.get(tuple(path)) or self.pos(path)
+
+    def error(self, message: str, path: tuple, fix: str | None = None, *, exit_code: int = 1) -> UserError:
+        return UserError(message, **self.key_pos(path).as_error_kwargs(), fix=fix, exit_code=exit_code)
+
+
+def list_recipes(root: Path) -> list[str]:
+    d = Path(root) / RECIPES_DIR
+    return sorted(p.stem for p in d.glob("*.yaml") if p.is_file() and RECIPE_NAME.match(p.stem)) if d.is_dir() else []
+
+
+def recipe_path(root: Path, name: str) -> Path:
+    """``name`` as recipes/<name>.yaml, or a path to a .yaml file."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        return Path(name)
+    if not RECIPE_NAME.match(name):
+        raise UserError(
+            f"{name!r} is not a recipe name",
+            file=f"{RECIPES_DIR}/",
+            fix="name a recipe by its file's stem (lower-case letters, digits, '.', '_', '-'), or pass a .yaml path",
+        )
+    path = Path(root) / RECIPES_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = list_recipes(root)
+        raise UserError(
+            f"no recipe {name!r}",
+            file=f"{RECIPES_DIR}/{name}.yaml",
+            fix=f"one of: {', '.join(known)}" if known else f"write {RECIPES_DIR}/{name}.yaml",
+        )
+    return path
+
+
+def _display(root: Path, path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def load_recipe(root: Path, name_or_path: str) -> LoadedRecipe:
+    """Load and validate one recipe; raises ``StackInvalid`` (every problem, exit 2) or ``UserError``."""
+    path = recipe_path(root, name_or_path)
+    display = _display(root, path)
+    stem = path.stem
+    if not RECIPE_NAME.match(stem):
+        raise UserError(
+            f"{stem!r} is not a recipe name",
+            file=display,
+            fix="rename the file: lower-case letters, digits, '.', '_', '-' (it names the cookbook page)",
+        )
+    src = load_with_positions(path, display)
+    if not isinstance(src.data, dict):
+        raise UserError("a recipe is a mapping of keys", file=display, line=1, fix="start from recipes/README.md")
+    problems: list[UserError] = []
+    _check_keys(Recipe, src.data, (), src.keys, src.values, problems)
+    if problems:
+        raise StackInvalid(problems)
+    try:
+        model = Recipe.model_validate(src.data)
+    except ValidationError as exc:
+        raise StackInvalid(_validation_problems(exc, src.values, src.keys)) from None
+    loaded = LoadedRecipe(stem, path, display, model, src.values, src.keys)
+    found = [loaded.error(msg, at, fix, exit_code=2) for msg, at, fix in model.problems()]
+    if found:
+        raise StackInvalid(found)
+    return loaded

@@ -1,0 +1,363 @@
+"""The recipe schema: what ``recipes/<name>.yaml`` may say, as pydantic models.
+
+Every value that later reaches a container argument, an environment variable, a URL path, a shell
+line of the generated docs or a regular expression has a grammar checked on load. The loader
+(``recipes/load.py``) turns unknown keys and type errors into errors naming the file, line and column.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from stackforge.stack.model import EnvName, Name, Strict, _grammar
+
+#: A recipe's name: its file's stem (a file name and a docs page name).
+RECIPE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+#: A model id as vLLM takes it: a Hugging Face ``owner/name`` (or ``name``), or an absolute path in the container.
+MODEL_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$|^(?:/[A-Za-z0-9._-]+)+$")
+SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+#: A long option of ``vllm serve``, written with dashes as its ``--help`` lists it.
+FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]{0,63}(?:\.[a-z0-9_-]{1,63})*$")
+URL_PATH = re.compile(r"^/[A-Za-z0-9._~/-]{0,255}$")
+NUMBER = re.compile(r"^-[0-9][0-9.e+-]*$")
+MAX_VALUE = 4096
+MAX_REGEX = 512
+
+
+def _model_id(text: str) -> str | None:
+    if MODEL_ID.match(text) and ".." not in text.split("/"):
+        return None
+    return f"{text!r} is not a model id (owner/name as the hub names it, or an absolute path in the container)"
+
+
+def _served_name(text: str) -> str | None:
+    return None if SERVED_NAME.match(text) else f"{text!r} is not a served model name"
+
+
+def _flag(text: str) -> str | None:
+    if FLAG.match(text):
+        return None
+    return f"{text!r} is not a long option of vllm serve (write --name-with-dashes)"
+
+
+def _argument(text: str) -> str | None:
+    """A container argument: one line of printable text that the engine cannot read as an option."""
+    if len(text) > MAX_VALUE:
+        return f"is {len(text)} characters long (at most {MAX_VALUE})"
+    if text.startswith("-") and not NUMBER.match(text):
+        return f"{text!r} starts with '-' and would be read as an option"
+    return None
+
+
+def _url_path(text: str) -> str | None:
+    if URL_PATH.match(text) and ".." not in text.split("/"):
+        return None
+    return f"{text!r} is not a URL path such as /v1/models (no query, no '..', no spaces)"
+
+
+def _regex(text: str) -> str | None:
+    if len(text) > MAX_REGEX:
+        return f"the regular expression is {len(text)} characters long (at most {MAX_REGEX})"
+    try:
+        re.compile(text)
+    except re.error as exc:
+        return f"{text!r} is not a regular expression: {exc}"
+    return None
+
+
+def _words(text: str) -> str | None:
+    if not text.strip():
+        return "is empty"
+    return None if len(text) <= 200 else f"is {len(text)} characters long (at most 200)"
+
+
+ModelId = Annotated[str, _grammar(_model_id)]
+ServedName = Annotated[str, _grammar(_served_name)]
+Flag = Annotated[str, _grammar(_flag)]
+Argument = Annotated[str, _grammar(_argument)]
+UrlPath = Annotated[str, _grammar(_url_path)]
+Regex = Annotated[str, _grammar(_regex)]
+Words = Annotated[str, _grammar(_words)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class ImageRef(Strict):
+    stack: Name = Field(description="the stack (stacks/<stack>.yaml) whose image serves the recipe, e.g. post2")
+    target: Name = Field(description="the stack's published target, e.g. vllm-openai")
+    overlay: Name | None = Field(None, description="an overlay (overlays/<overlay>/) layered on the target's image")
+
+
+class ModelSpec(Strict):
+    id: ModelId = Field(description="the model vLLM serves: a hub id (owner/name) or an absolute path in the container")
+    served_name: ServedName | None = Field(
+        None, description="the name clients send as `model` (vllm serve --served-model-name); default: the id"
+    )
+    via: Literal["argument", "env"] = Field(
+        "argument",
+        description="argument: the id is the first container argument (`vllm serve MODEL …`); env: the image's "
+        "entrypoint reads it from an env override whose default is the id",
+    )
+
+    @property
+    def name(self) -> str:
+        """What a client sends as ``model``."""
+        return self.served_name or self.id
+
+
+class EnvOverride(Strict):
+    default: Argument = Field(description="the value the entrypoint uses when the variable is not set")
+    description: Words = Field(description="what the variable changes, one line")
+
+    @field_validator("default", mode="before")
+    @classmethod
+    def _text(cls, value: object) -> object:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError(f'{value!r} was read as a number; quote it so it stays as written, e.g. "{value}"')
+        return value
+
+
+class Readiness(Strict):
+    port: Name | None = Field(None, description="the ports: entry polled (default: the first port)")
+    path: UrlPath = Field("/v1/models", description="GET this path until it answers 200")
+    timeout_s: int = Field(600, ge=1, le=86400, description="seconds to wait for readiness before the run fails")
+
+
+class Needs(Strict):
+    overlay: Name | None = Field(
+        None, description="the overlay the recipe cannot work without; image.overlay must name it"
+    )
+    note: Words | None = Field(None, description="the precondition in words, shown where a reader chooses the image")
+
+
+class Hardware(Strict):
+    devices: Literal["mthreads", "none"] = Field(
+        "mthreads", description="the accelerator the container needs (none: runs on any host)"
+    )
+    count: int = Field(1, ge=0, le=64, description="how many devices")
+    min_memory_gib: int | None = Field(None, ge=1, le=4096, description="device memory each device needs, GiB")
+
+
+class Chat(Strict):
+    """One chat completion whose answer must contain a word."""
+
+    multiline_fields = frozenset({"prompt"})
+
+    prompt: Annotated[str, Field(min_length=1, max_length=MAX_VALUE)] = Field(description="the user message")
+    contains: Words = Field(description="the answer must contain this text (case-insensitive)")
+    max_tokens: int = Field(64, ge=1, le=32768, description="max_tokens of the request")
+
+
+class Turns(Strict):
+    """A multi-turn conversation: each turn sends the history so far and must answer with ``status``."""
+
+    multiline_fields = frozenset({"prompt"})
+
+    count: int = Field(ge=1, le=100, description="how many turns")
+    prompt: Annotated[str, Field(min_length=1, max_length=MAX_VALUE)] = Field(
+        "Go on.", description="the user message of every turn"
+    )
+    status: int = Field(200, ge=100, le=599, description="the HTTP status every turn must answer with")
+    max_tokens: int = Field(32, ge=1, le=32768, description="max_tokens of each request")
+
+
+class Get(Strict):
+    """A GET of a path that must answer ``status`` (e.g. a second server's model list)."""
+
+    path: UrlPath = Field(description="the URL path")
+    status: int = Field(200, ge=100, le=599, description="the expected HTTP status")
+
+
+class LogLine(Strict):
+    """A line the server must print, read from its own log (never inferred from the env it was given)."""
+
+    regex: Regex = Field(
+        description="a Python regular expression searched in each log line, e.g. 'Using FLASH_ATTN backend'"
+    )
+
+
+class SmokeRow(Strict):
+    """One smoke row: exactly one of chat, turns, get, log."""
+
+    name: Name = Field(description="the row's name in results and evidence")
+    port: Name | None = Field(None, description="the ports: entry the request goes to (default: the readiness port)")
+    chat: Chat | None = Field(None, description="a chat completion whose answer contains a word")
+    turns: Turns | None = Field(None, description="a multi-turn chat, every turn answering with a status")
+    get: Get | None = Field(None, description="a GET of a path answering with a status")
+    log: LogLine | None = Field(None, description="a line the server's log must contain")
+
+    @model_validator(mode="after")
+    def _one(self) -> SmokeRow:
+        given = [k for k in ("chat", "turns", "get", "log") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"smoke row {self.name!r} declares {', '.join(given) or 'nothing'}; write exactly one of "
+                "chat, turns, get, log"
+            )
+        if self.log is not None and self.port is not None:
+            raise ValueError(f"smoke row {self.name!r}: a log row reads the container's log and takes no port")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("chat", "turns", "get", "log") if getattr(self, k) is not None)
+
+    @property
+    def check(self) -> Chat | Turns | Get | LogLine:
+        """The row's typed request or expectation."""
+        found = self.chat or self.turns or self.get or self.log
+        assert found is not None  # _one guarantees exactly one
+        return found
+
+
+def _flag_list(items: list) -> dict[str, str | bool]:
+    """The list form of serve: ['--flag value', '--flag=value', '--bare'] as the mapping form."""
+    out: dict[str, str | bool] = {}
+    for i, text in enumerate(items):
+        if not isinstance(text, str):
+            raise ValueError(f"serve[{i}]: write '--flag value' as a string")
+        name, _, value = text.strip().partition(" ")
+        if "=" in name and not value:
+            name, _, value = name.partition("=")
+        value = value.strip()
+        for reason in (_flag(name), _argument(value) if value else None):
+            if reason:
+                raise ValueError(f"serve[{i}]: {reason}")
+        if name in out:
+            raise ValueError(f"serve[{i}]: {name} is given twice")
+        out[name] = value or True
+    return out
+
+
+ServeFlags = dict[Flag, Argument | Literal[True]]
+
+
+class ServeFlag(Strict):
+    """One ``vllm serve`` option as the recipe declares it; ``at`` is its key path in the file."""
+
+    name: Flag
+    value: Argument | None = None
+    at: tuple[str | int, ...] = ()
+
+    def argv(self) -> list[str]:
+        return [self.name] if self.value is None else [self.name, self.value]
+
+
+class Recipe(Strict):
+    multiline_fields = frozenset({"notes"})
+
+    description: Words = Field(description="one line: what the recipe serves")
+    image: ImageRef = Field(description="the image that serves it: {stack, target, overlay}")
+    model: ModelSpec = Field(description="the model served: {id, served_name, via}")
+    serve: ServeFlags = Field(
+        default_factory=dict,
+        description="vllm serve options: a mapping {--flag: value} (true: a bare flag) or a list of "
+        "'--flag value' strings; each must exist in the image's own `vllm serve --help=all`",
+    )
+    env: dict[EnvName, EnvOverride] = Field(
+        default_factory=dict,
+        description="env overrides the image's entrypoint reads: {NAME: {default, description}}",
+    )
+    ports: dict[Name, Port] = Field(description="container ports by name, e.g. {api: 8000}; the first is the default")
+    readiness: Readiness = Field(
+        default_factory=lambda: Readiness.model_validate({}),
+        description="when the server is ready: {port, path, timeout_s}",
+    )
+    needs: Needs = Field(default_factory=lambda: Needs.model_validate({}), description="preconditions: {overlay, note}")
+    hardware: Hardware = Field(
+        default_factory=lambda: Hardware.model_validate({}),
+        description="what the host must have: {devices, count, min_memory_gib}",
+    )
+    smoke: list[SmokeRow] = Field(default_factory=list, description="smoke rows, in order: chat, turns, get or log")
+    nightly: bool = Field(False, description="the nightly runs this recipe's smoke rows")
+    notes: str | None = Field(
+        None, max_length=16384, description="Markdown shown on the cookbook page (caveats, limits)"
+    )
+
+    @field_validator("serve", mode="before")
+    @classmethod
+    def _serve_shape(cls, value: object) -> object:
+        if isinstance(value, list):
+            return _flag_list(value)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if item is False or item is None:
+                    raise ValueError(f"{key}: write true for a bare flag, or leave the flag out")
+                if isinstance(item, (int, float)) and not isinstance(item, bool):
+                    raise ValueError(f'{key}: {item!r} was read as a number; quote it, e.g. "{item}"')
+        return value
+
+    def problems(self) -> list[tuple[str, tuple, str]]:
+        """What the recipe says that does not fit together: (message, key path, fix) each."""
+        out: list[tuple[str, tuple, str]] = []
+        if not self.ports:
+            out.append(("ports: no port declared", ("ports",), "declare the server's port, e.g. {api: 8000}"))
+        seen: dict[int, str] = {}
+        for name, port in self.ports.items():
+            if port in seen:
+                out.append(
+                    (
+                        f"ports.{name}: container port {port} is also ports.{seen[port]}",
+                        ("ports", name),
+                        "give each port its own number, or drop the repeated entry",
+                    )
+                )
+            seen.setdefault(port, name)
+        refs: list[tuple[tuple, str | None]] = [(("readiness", "port"), self.readiness.port)]
+        refs += [(("smoke", i, "port"), row.port) for i, row in enumerate(self.smoke)]
+        for path, ref in refs:
+            if ref is not None and ref not in self.ports:
+                out.append(
+                    (
+                        f"{'.'.join(map(str, path))}: no port named {ref!r}",
+                        path,
+                        f"use one of: {', '.join(self.ports)}",
+                    )
+                )
+        names: set[str] = set()
+        for i, row in enumerate(self.smoke):
+            if row.name in names:
+                out.append((f"smoke[{i}].name: {row.name!r} is used twice", ("smoke", i, "name"), "rename one row"))
+            names.add(row.name)
+        if self.needs.overlay is not None and self.needs.overlay != self.image.overlay:
+            out.append(
+                (
+                    f"needs.overlay is {self.needs.overlay!r} but the image carries "
+                    f"{'no overlay' if self.image.overlay is None else repr(self.image.overlay)}",
+                    ("needs", "overlay"),
+                    f"set image.overlay: {self.needs.overlay}",
+                )
+            )
+        if self.model.via == "env" and not any(e.default == self.model.id for e in self.env.values()):
+            out.append(
+                (
+                    "model.via is env, but no env override defaults to model.id",
+                    ("model", "via"),
+                    f"declare it, e.g. env: {{MODEL: {{default: {self.model.id}, description: …}}}}",
+                )
+            )
+        return out
+
+    def flags(self) -> list[ServeFlag]:
+        """The serve options in order, each with its key path (for file:line in errors)."""
+        return [
+            ServeFlag(name=name, value=None if value is True else value, at=("serve", name))
+            for name, value in self.serve.items()
+        ]
+
+    def default_port(self) -> str:
+        return self.readiness.port or next(iter(self.ports))
+
+    def container_args(self) -> list[str]:
+        """The arguments after the image's entrypoint: the model (when passed as an argument), the served
+        name, then the serve options in order."""
+        args: list[str] = []
+        if self.model.via == "argument":
+            args.append(self.model.id)
+            if self.model.served_name and not any(f.name == "--served-model-name" for f in self.flags()):
+                args += ["--served-model-name", self.model.served_name]
+        for flag in self.flags():
+            args += flag.argv()
+        return args
