@@ -77,7 +77,7 @@ demo: $(STAMP) base ## fresh machine: set up the engine, build the example stack
 	printf '<stackforge> & "friends"\n' | docker run --rm -i $$($(STACKFORGE) tags example)
 	@echo
 
-unit: $(STAMP) ## the unit tests only (no engine, about 30 s)
+unit: $(STAMP) ## the unit tests only (no engine; about 3 min on 2 cores)
 	$(PY) -m pytest -q tests/unit
 
 test: $(STAMP) ## the whole test suite (unit + integration against a real engine); CI runs it via .ci/run

@@ -197,8 +197,10 @@ def test_post2_image_tag_and_labels(post2, standins):
 
 
 def test_post2_target_runs_vllm_serve(post2):
-    proc = mb.docker("run", "--rm", "--network=none", post2.image, "stand-in/model", "--port", "8123")
-    assert proc.stdout.strip().splitlines()[-1] == "vllm 0.28.0 serve stand-in/model on port 8123 (stand-in)"
+    # The entrypoint is `vllm serve`: the arguments of `docker run` are its arguments (--help: it prints and
+    # exits; serving for real is what `stackforge smoke` checks).
+    proc = mb.docker("run", "--rm", "--network=none", post2.image, "stand-in/model", "--port", "8123", "--help")
+    assert "usage: vllm serve [model_tag] [options]" in proc.stdout
 
 
 def test_gate_verb_reruns_the_gate_on_the_built_image(post2, standins):

@@ -8,12 +8,13 @@ one from a loaded stack (its model and repository root); tests build them from p
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ class Target:
     #: a series another upstream carries for this one (``patches_from``): applied before the layers, as the
     #: build applies it, and part of the base the layers sit on (export writes only the layers)
     carried: Series | None = None
+    #: reads ``carried`` when a tree is first prepared (a verb that needs no tree never fetches the carrier)
+    carry: Callable[[], Series] | None = field(default=None, repr=False)
 
     @property
     def refs(self) -> list[PatchRef]:
@@ -118,7 +121,9 @@ def target_from_stack(
         upstream, spec, root=loaded.root, cache_dir=cache_dir, overlays=overlays, offline=offline, workspace=workspace
     )
     if stack.upstreams[upstream].patches_from is not None:
-        target.carried = carried_series(loaded, upstream, target.cache_dir, offline=offline, workspace=workspace)
+        target.carry = functools.partial(
+            carried_series, loaded, upstream, target.cache_dir, offline=offline, workspace=workspace
+        )
     return target
 
 
@@ -227,6 +232,8 @@ def _prepare(target: Target, dest: Path, *, commit: str | None = None, history: 
         label=target.name,
         workspace=target.workspace,
     )
+    if target.carried is None and target.carry is not None:
+        target.carried = target.carry()
     if target.carried is None:
         return head
     report = apply_layers(dest, [target.carried], stop_on_failure=True)
