@@ -114,7 +114,7 @@ def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Worksp
                             fix="add commit: … (the commit is checked against the tag)")
         spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
         try:
-            mirror = upstreams.fetch_upstream(spec, cache, root=root, workspace=workspace)
+            mirror = upstreams.fetch_upstream(spec, cache, root=root, workspace=workspace, reuse=not workspace.refresh)
         except UserError as err:
             raise _redirect(loaded, ("upstreams", name, "git"), err) from None
         upstreams.export_commit(mirror, up.commit, dest)

@@ -15,7 +15,16 @@ from stackforge.build.run import (
     prepare,
     target_ref,
 )
-from stackforge.cli.options import BUILD_DIR_OUT, add_json, add_out, add_set, load, print_json, workspace_of
+from stackforge.cli.options import (
+    BUILD_DIR_OUT,
+    add_json,
+    add_out,
+    add_refresh,
+    add_set,
+    load,
+    print_json,
+    workspace_of,
+)
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 
@@ -33,6 +42,7 @@ def register(sub) -> None:
     p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
     add_json(p, "the build plan")
     add_wait(p)
+    add_refresh(p)
     add_set(p)
     p.set_defaults(func=cmd_render)
 
@@ -64,6 +74,7 @@ def register(sub) -> None:
     add_out(p, BUILD_DIR_OUT)
     add_json(p, "the outcome (tag, image id, gate lines, evidence directory, duration)")
     add_wait(p)
+    add_refresh(p)
     add_set(p)
     p.set_defaults(func=cmd_build)
 
