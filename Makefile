@@ -27,7 +27,7 @@ $(error REGISTRY is required, e.g. make nightly REGISTRY=127.0.0.1:5000/mcconlin
 endif
 endif
 
-.PHONY: help venv install engine base image render lint lint-py lint-domain format unit test demo bench bake nightly clean
+.PHONY: help venv install engine base image doctor render lint lint-py lint-domain format unit test demo bench bake nightly clean
 
 help: ## list the targets
 	@printf 'usage: make TARGET [STACK=…] [TARGET=…] [ARGS=…]\n\n'
@@ -47,11 +47,14 @@ base: engine ## the local base image (Debian bookworm + python) the example stac
 	@bash scripts/base-image.sh $(BASE_IMAGE)
 
 # (recipes that pass ARGS are not echoed: ARGS may carry --set values with index credentials)
-image: $(STAMP) engine ## build, gate and tag one stack: STACK=post2 [TARGET=…] [ARGS='--set …']
-	@$(STACKFORGE) build $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)
+image: $(STAMP) engine ## check the endpoints (doctor), then build, gate and tag one stack: STACK=post2 [TARGET=…] [ARGS='--set …']
+	@$(STACKFORGE) build $(STACK) --doctor $(if $(TARGET),--target $(TARGET)) $(ARGS)
 
 render: $(STAMP) ## render STACK's Dockerfile and plan without building
 	@$(STACKFORGE) render $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)
+
+doctor: $(STAMP) ## check the engine and every endpoint STACK needs (base image, git, indexes, apt) at once
+	@$(STACKFORGE) doctor $(STACK) $(ARGS)
 
 lint: lint-py lint-domain ## everything below: what CI checks before the tests
 

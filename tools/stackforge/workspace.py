@@ -83,6 +83,8 @@ class Workspace:
     locate: Callable[[], Path] = field(repr=False)
     ca_bundle: str | None = "auto"
     builder: str | None = None
+    #: fetch every upstream again even when the cache holds its pinned commit (``--refresh``)
+    refresh: bool = False
 
     @classmethod
     def at(cls, root: Path | str, *, ca_bundle: str | None = "auto", builder: str | None = None) -> Workspace:

@@ -86,6 +86,20 @@ def build_dir_for(loaded: LoadedStack, out: Path | None = None) -> Path:
     return Path(out) if out else loaded.root / "build" / loaded.name
 
 
+def _redirect(loaded: LoadedStack, path: tuple[str, ...], err: UserError) -> UserError:
+    """``err`` placed at the stack key whose endpoint failed, with the redirect in the CLI's and make's spelling
+    (an error that already names a file keeps it)."""
+    if err.file:
+        return err
+    key = ".".join(path)
+    fix = (f"{err.fix}; or " if err.fix else "") + (
+        f"redirect it: --set {key}=<URL> (make image STACK={loaded.name} ARGS='--set {key}=<URL>'); "
+        f"`stackforge doctor {loaded.name}` checks every endpoint at once"
+    )
+    return UserError(f"{key}: {err.message}", **loaded.position(path).as_error_kwargs(), fix=fix,
+                     exit_code=err.exit_code)
+
+
 def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspace) -> SourceInfo:
     """Fetch (into the workspace's cache, with its credentials), export, patch and edit upstream ``name``."""
     stack, root, cache = loaded.model, loaded.root, workspace.cache()
@@ -99,7 +113,10 @@ def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Worksp
             raise UserError(f"upstreams.{name}: a git upstream needs 'commit'",
                             fix="add commit: … (the commit is checked against the tag)")
         spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
-        mirror = upstreams.fetch_upstream(spec, cache, root=root, workspace=workspace)
+        try:
+            mirror = upstreams.fetch_upstream(spec, cache, root=root, workspace=workspace, reuse=not workspace.refresh)
+        except UserError as err:
+            raise _redirect(loaded, ("upstreams", name, "git"), err) from None
         upstreams.export_commit(mirror, up.commit, dest)
         info = SourceInfo(name, "git", up.pin, commit_time=upstreams.commit_time(mirror, up.commit))
     if up.patches or up.patches_from:

@@ -114,7 +114,8 @@ def _base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str
                     f"base image '{image}' is not present and could not be pulled: "
                     f"{(proc.stderr or proc.stdout).strip()[-300:]}",
                     **loaded.position(("base", "image")).as_error_kwargs(),
-                    fix="pull or build it first, or point the stack elsewhere with --set base.image=…")
+                    fix=f"pull or build it first, or redirect it: --set base.image=<IMAGE> (make image "
+                        f"STACK={stack.name} ARGS='--set base.image=<IMAGE>')")
         info = engine.sdk().images.get(image).attrs
     digests = info.get("RepoDigests") or []
     digest = digests[0].split("@", 1)[1] if digests else None

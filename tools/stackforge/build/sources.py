@@ -160,12 +160,14 @@ def _url_credential(url: str, workspace: Workspace | None) -> Credential | None:
 
 
 def fetch_upstream(spec: Any, cache_dir: Path | str, *, root: Path | None = None, offline: bool = False,
-                   workspace: Workspace | None = None) -> Path:
+                   workspace: Workspace | None = None, reuse: bool = False) -> Path:
     """Create or update the bare mirror of ``spec.git`` and verify the pin. Returns the mirror path.
 
     The mirror tracks branches and tags (``refs/heads/*``, ``refs/tags/*``);
     a pinned commit only reachable from elsewhere is fetched by id. With
     ``offline`` the cache is used as it is, and a missing mirror is an error.
+    With ``reuse`` (what a build asks for) a mirror that already holds the pinned commit, and the pinned tag
+    naming it, is used without asking the upstream anything.
     A remote URL's credential is what it carries, else the workspace's resolver's.
     """
     url_in = field(spec, "git")
@@ -183,11 +185,22 @@ def fetch_upstream(spec: Any, cache_dir: Path | str, *, root: Path | None = None
     if offline:
         if not mirror.is_dir():
             raise UserError(f"no cached mirror of {url} at {mirror} and offline mode is on", fix="run once with network access, or drop --offline")
+    elif reuse and _holds_pin(mirror, tag, commit):
+        progress.note(f"{field(spec, 'name') or redact(url)} {tag or commit[:12]}: the pinned commit is in the cache "
+                      "(not fetched; --refresh fetches anyway)")
     else:
         with progress.step(f"fetch {field(spec, 'name') or redact(url)} {tag or commit[:12]} (git)"):
             _update_mirror(mirror, url, commit, auth_env, credential)
     verify_pin(mirror, url, tag, commit)
     return mirror
+
+
+def _holds_pin(mirror: Path, tag: str | None, commit: str) -> bool:
+    """Whether the cached mirror already has the pinned commit (and the pinned tag naming it)."""
+    if not mirror.is_dir() or not _has_commit(mirror, commit):
+        return False
+    full = git(mirror, "rev-parse", f"{commit}^{{commit}}", check=False).stdout.strip()
+    return tag is None or peeled_tag(mirror, tag) == full
 
 
 def _update_mirror(mirror: Path, url: str, commit: str, auth_env: dict[str, str],

@@ -6,7 +6,17 @@ import json
 import sys
 
 from stackforge.build import bake as bakemod
-from stackforge.cli.options import add_json, add_out, add_set, load, print_json, root_of, select, workspace_of
+from stackforge.cli.options import (
+    add_json,
+    add_out,
+    add_refresh,
+    add_set,
+    load,
+    print_json,
+    root_of,
+    select,
+    workspace_of,
+)
 from stackforge.errors import UserError
 from stackforge.stack.load import list_stacks
 
@@ -36,6 +46,7 @@ def register(sub) -> None:
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
     add_out(p, "the directory bake.json and bake.log are written to (default: build/bake)")
     add_json(p, "the result (ok, exit code, targets, duration, plan and log files); with --print, the plan")
+    add_refresh(p)
     add_set(p)
     p.set_defaults(func=cmd_bake)
 

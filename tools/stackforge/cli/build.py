@@ -15,7 +15,16 @@ from stackforge.build.run import (
     prepare,
     target_ref,
 )
-from stackforge.cli.options import BUILD_DIR_OUT, add_json, add_out, add_set, load, print_json, workspace_of
+from stackforge.cli.options import (
+    BUILD_DIR_OUT,
+    add_json,
+    add_out,
+    add_refresh,
+    add_set,
+    load,
+    print_json,
+    workspace_of,
+)
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 
@@ -33,6 +42,7 @@ def register(sub) -> None:
     p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
     add_json(p, "the build plan")
     add_wait(p)
+    add_refresh(p)
     add_set(p)
     p.set_defaults(func=cmd_render)
 
@@ -56,9 +66,15 @@ def register(sub) -> None:
     p.add_argument("--syntax", help="add a `# syntax=` line; off by default")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--network", help="network for RUN steps (e.g. host, to reach an index on the host's loopback)")
+    p.add_argument(
+        "--doctor",
+        action="store_true",
+        help="first check the engine and every endpoint the stack needs (`stackforge doctor`); stop on a failure",
+    )
     add_out(p, BUILD_DIR_OUT)
     add_json(p, "the outcome (tag, image id, gate lines, evidence directory, duration)")
     add_wait(p)
+    add_refresh(p)
     add_set(p)
     p.set_defaults(func=cmd_build)
 
@@ -148,6 +164,14 @@ def cmd_render(args) -> int:
 
 def cmd_build(args) -> int:
     loaded = load(args, args.stack)
+    if args.doctor:
+        from stackforge.build import doctor
+
+        rows = doctor.diagnose([loaded], workspace_of(args), timeout=5.0)
+        if doctor.exit_code(rows):
+            print(doctor.render_table(rows), file=sys.stderr)
+            print("doctor: nothing was built; redirect or fix what failed above", file=sys.stderr)
+            return 1
     opts = BuildOptions(
         target=args.target,
         load=args.load,

@@ -22,6 +22,7 @@ from stackforge.signals import Interrupted, handle_signals
 COMMAND_MODULES = [
     "stack",
     "build",
+    "doctor",
     "lock",
     "patches",
     "publish",

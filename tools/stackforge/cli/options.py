@@ -131,11 +131,12 @@ def overrides_for(args, name: str) -> list[str]:
 
 def make_workspace(args) -> Workspace:
     """The run's workspace: the root of ``--root`` (checked when first asked for), the verb's
-    ``--ca-bundle`` and ``--builder`` (where it has them)."""
+    ``--ca-bundle``, ``--builder`` and ``--refresh`` (where it has them)."""
     return Workspace(
         lambda: _checked_root(args),
         ca_bundle=getattr(args, "ca_bundle", "auto"),
         builder=getattr(args, "builder", None),
+        refresh=getattr(args, "refresh", False),
     )
 
 
@@ -176,3 +177,11 @@ def _checked_root(args) -> Path:
 def load(args, name: str) -> LoadedStack:
     """Load stack ``name`` of the workspace's repository with the ``--set`` values that apply to it."""
     return load_stack_file(name, root=root_of(args), overrides=overrides_for(args, name))
+
+
+def add_refresh(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--refresh",
+        action="store_true",
+        help="fetch every upstream again, even one whose pinned commit is already in the cache",
+    )

@@ -1,0 +1,44 @@
+"""`stackforge doctor [STACK…]`: can this host build these stacks? (exit 0 yes, 1 no, 2 bad input)"""
+
+from __future__ import annotations
+
+from stackforge.build import doctor
+from stackforge.cli.options import add_json, add_set, load, print_json, workspace_of
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="check the engine and every endpoint the stacks need (base image, git, indexes, apt), at once",
+        description="Every check runs concurrently with a timeout. A failed endpoint names the --set key that "
+        "redirects it, in the CLI's and in make's spelling. Credentials are used, never printed. "
+        "Exit 0 when everything answers, 1 when something does not, 2 on bad input.",
+    )
+    p.add_argument("stacks", nargs="*", metavar="STACK", help="stacks to check (none: the engine only)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=doctor.DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="per check (default %(default)g)",
+    )
+    p.add_argument("--builder", help="buildx builder to check (default: the current one)")
+    p.add_argument(
+        "--no-engine",
+        dest="engine",
+        action="store_false",
+        help="check the endpoints only (a host without the engine yet); base images are asked of their registry",
+    )
+    add_json(p, "one object per check: stack, check, endpoint, status, detail, key, set, make")
+    add_set(p)
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args) -> int:
+    stacks = [load(args, name) for name in args.stacks]
+    rows = doctor.diagnose(stacks, workspace_of(args), timeout=args.timeout, engine=args.engine)
+    if args.json:
+        print_json([r.to_json() for r in rows])
+    else:
+        print(doctor.render_table(rows))
+    return doctor.exit_code(rows)
