@@ -56,6 +56,12 @@ def register(sub) -> None:
     p.add_argument("--syntax", help="add a `# syntax=` line; off by default")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--network", help="network for RUN steps (e.g. host, to reach an index on the host's loopback)")
+    p.add_argument("--overlay", metavar="NAME", help="build overlays/NAME on its base (built first) instead")
+    p.add_argument(
+        "--reuse-base",
+        action="store_true",
+        help="with --overlay: layer on the image the last gated build of the base target made, without rebuilding",
+    )
     add_out(p, BUILD_DIR_OUT)
     add_json(p, "the outcome (tag, image id, gate lines, evidence directory, duration)")
     add_wait(p)
@@ -157,6 +163,8 @@ def cmd_build(args) -> int:
         network=args.network,
         lock_timeout=args.lock_timeout,
     )
+    if args.overlay:
+        return _build_overlay(args, loaded, opts)
     outcome = build(loaded, opts, workspace=workspace_of(args))
     if args.json:
         print_json(asdict(outcome))
@@ -165,6 +173,27 @@ def cmd_build(args) -> int:
         f"\nbuilt {outcome.tag}"
         + (f" ({outcome.image_id})" if outcome.image_id else "")
         + f" in {outcome.duration_s}s",
+        file=sys.stderr,
+    )
+    for line in outcome.gate:
+        print(f"  {line}", file=sys.stderr)
+    print(f"evidence: {outcome.evidence}", file=sys.stderr)
+    print(outcome.tag)
+    return 0
+
+
+def _build_overlay(args, loaded, opts: BuildOptions) -> int:
+    from stackforge.overlay.build import build_overlay
+    from stackforge.overlay.load import load_overlay
+
+    ov = load_overlay(loaded.root, args.overlay)
+    outcome = build_overlay(loaded, ov, opts, reuse_base=args.reuse_base, workspace=workspace_of(args))
+    if args.json:
+        print_json(asdict(outcome))
+        return 0
+    print(
+        f"\nbuilt overlay {ov.name} as {outcome.tag} ({outcome.image_id}) on {outcome.base['ref']} in "
+        f"{outcome.duration_s}s",
         file=sys.stderr,
     )
     for line in outcome.gate:
@@ -183,6 +212,10 @@ def cmd_verify(args) -> int:
     loaded = load(args, args.stack or stack_of(labels, args.image))
     stack = loaded.model
     result = verify(loaded, args.image, labels, engine)
+    from stackforge.overlay.verify import overlay_of, verify_overlay
+
+    if overlay_of(labels):
+        verify_overlay(result, loaded.root, args.image, labels, engine)
     if args.json:
         print_json(
             {
