@@ -60,7 +60,16 @@ def register(sub) -> None:
 
 def cmd_publish(args) -> int:
     loaded = load(args, args.stack)
-    policy = retry_policy(args)
+    common = dict(
+        date=args.date,
+        out=args.out,
+        allow_ungated=args.allow_ungated,
+        verify_pull=args.verify_pull,
+        policy=retry_policy(args),
+        compression=args.compression,
+        echo=stderr_echo,
+        workspace=workspace_of(args),
+    )
     if args.overlay:
         from stackforge.overlay.load import load_overlay
         from stackforge.overlay.publish import publish_overlay
@@ -69,33 +78,9 @@ def cmd_publish(args) -> int:
             raise UserError(
                 "--target: an overlay publishes the image it was built as", file="--target", fix="leave out --target"
             )
-        result = publish_overlay(
-            loaded,
-            load_overlay(loaded.root, args.overlay),
-            args.registry,
-            date=args.date,
-            out=args.out,
-            allow_ungated=args.allow_ungated,
-            verify_pull=args.verify_pull,
-            policy=policy,
-            compression=args.compression,
-            echo=stderr_echo,
-            workspace=workspace_of(args),
-        )
+        result = publish_overlay(loaded, load_overlay(loaded.root, args.overlay), args.registry, **common)
     else:
-        result = publish_stack(
-            loaded,
-            args.registry,
-            date=args.date,
-            target=args.target,
-            out=args.out,
-            allow_ungated=args.allow_ungated,
-            verify_pull=args.verify_pull,
-            policy=policy,
-            compression=args.compression,
-            echo=stderr_echo,
-            workspace=workspace_of(args),
-        )
+        result = publish_stack(loaded, args.registry, target=args.target, **common)
     if args.json:
         print_json(result.evidence())
         return 0

@@ -15,13 +15,13 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from stackforge import grammar
+from stackforge.recipes.model import EnvOverride, Port, Words
 from stackforge.stack.model import EnvName, LabelKey, Module, Name, Probe, Sha256, Strict, _grammar
 
 #: An overlay's name: its directory under overlays/ (a path component, a tag suffix, a label value).
 OVERLAY_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 #: A file mode as octal text, e.g. "0644", "0755".
 MODE = re.compile(r"^0?[0-7]{3}$")
-MAX_VALUE = 4096
 
 
 def check_overlay_name(name: str) -> str | None:
@@ -58,26 +58,11 @@ def _mode(text: str) -> str | None:
     return None if MODE.match(text) else f'{text!r} is not a file mode such as "0644" or "0755"'
 
 
-def _value(text: str) -> str | None:
-    if len(text) > MAX_VALUE:
-        return f"is {len(text)} characters long (at most {MAX_VALUE})"
-    return grammar.check_text(text)
-
-
-def _words(text: str) -> str | None:
-    if not text.strip():
-        return "is empty"
-    return None if len(text) <= 200 else f"is {len(text)} characters long (at most 200)"
-
-
 OverlayName = Annotated[str, _grammar(check_overlay_name)]
 PinnedImage = Annotated[str, _grammar(_pinned_image)]
 OverlayPath = Annotated[str, _grammar(_overlay_path)]
 Dest = Annotated[str, _grammar(_dest)]
 Mode = Annotated[str, _grammar(_mode)]
-Value = Annotated[str, _grammar(_value)]
-Words = Annotated[str, _grammar(_words)]
-Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 def _quoted(value: object) -> object:
@@ -129,13 +114,6 @@ class Entrypoint(OverlayFile):
     mode: Mode = Field("0755", description='its mode in the image (default "0755")')
 
 
-class EnvDefault(Strict):
-    default: Value = Field(description="the ENV value of the image; the entrypoint reads the variable")
-    description: Words = Field(description="what the override changes, one line")
-
-    _default = field_validator("default", mode="before")(classmethod(lambda cls, v: _quoted(v)))
-
-
 class OverlayTags(Strict):
     local: str = Field(
         description="the local tag: a template over the base stack's values and overlay.name, e.g. "
@@ -156,7 +134,7 @@ class Overlay(Strict):
     )
     files: list[OverlayFile] = Field(default_factory=list, description="extra files: [{src, dest, sha256, mode}]")
     entrypoint: Entrypoint | None = Field(None, description="the image's entrypoint script: {src, dest, sha256, mode}")
-    env: dict[EnvName, EnvDefault] = Field(
+    env: dict[EnvName, EnvOverride] = Field(
         default_factory=dict, description="env overrides the entrypoint reads: {NAME: {default, description}} (ENV)"
     )
     ports: dict[Name, Port] = Field(default_factory=dict, description="container ports by name (EXPOSE)")
