@@ -47,8 +47,8 @@ base: engine ## the local base image (Debian bookworm + python) the example stac
 	@bash scripts/base-image.sh $(BASE_IMAGE)
 
 # (recipes that pass ARGS are not echoed: ARGS may carry --set values with index credentials)
-image: $(STAMP) engine ## check the endpoints (doctor), then build, gate and tag one stack: STACK=post2 [TARGET=…] [ARGS='--set …']
-	@$(STACKFORGE) build $(STACK) --doctor $(if $(TARGET),--target $(TARGET)) $(ARGS)
+image: $(STAMP) engine ## check the endpoints (doctor), then build, gate and tag one stack: STACK=post2 [TARGET=…] [OVERLAY=jev] [ARGS='--set …']
+	@$(STACKFORGE) build $(STACK) --doctor $(if $(TARGET),--target $(TARGET)) $(if $(OVERLAY),--overlay $(OVERLAY)) $(ARGS)
 
 render: $(STAMP) ## render STACK's Dockerfile and plan without building
 	@$(STACKFORGE) render $(STACK) $(if $(TARGET),--target $(TARGET)) $(ARGS)

@@ -71,6 +71,12 @@ def register(sub) -> None:
         action="store_true",
         help="first check the engine and every endpoint the stack needs (`stackforge doctor`); stop on a failure",
     )
+    p.add_argument("--overlay", metavar="NAME", help="build overlays/NAME on its base (built first) instead")
+    p.add_argument(
+        "--reuse-base",
+        action="store_true",
+        help="with --overlay: layer on the image the last gated build of the base target made, without rebuilding",
+    )
     add_out(p, BUILD_DIR_OUT)
     add_json(p, "the outcome (tag, image id, gate lines, evidence directory, duration)")
     add_wait(p)
@@ -181,6 +187,8 @@ def cmd_build(args) -> int:
         network=args.network,
         lock_timeout=args.lock_timeout,
     )
+    if args.overlay:
+        return _build_overlay(args, loaded, opts)
     outcome = build(loaded, opts, workspace=workspace_of(args))
     if args.json:
         print_json(asdict(outcome))
@@ -189,6 +197,27 @@ def cmd_build(args) -> int:
         f"\nbuilt {outcome.tag}"
         + (f" ({outcome.image_id})" if outcome.image_id else "")
         + f" in {outcome.duration_s}s",
+        file=sys.stderr,
+    )
+    for line in outcome.gate:
+        print(f"  {line}", file=sys.stderr)
+    print(f"evidence: {outcome.evidence}", file=sys.stderr)
+    print(outcome.tag)
+    return 0
+
+
+def _build_overlay(args, loaded, opts: BuildOptions) -> int:
+    from stackforge.overlay.build import build_overlay
+    from stackforge.overlay.load import load_overlay
+
+    ov = load_overlay(loaded.root, args.overlay)
+    outcome = build_overlay(loaded, ov, opts, reuse_base=args.reuse_base, workspace=workspace_of(args))
+    if args.json:
+        print_json(asdict(outcome))
+        return 0
+    print(
+        f"\nbuilt overlay {ov.name} as {outcome.tag} ({outcome.image_id}) on {outcome.base['ref']} in "
+        f"{outcome.duration_s}s",
         file=sys.stderr,
     )
     for line in outcome.gate:
@@ -207,6 +236,10 @@ def cmd_verify(args) -> int:
     loaded = load(args, args.stack or stack_of(labels, args.image))
     stack = loaded.model
     result = verify(loaded, args.image, labels, engine)
+    from stackforge.overlay.verify import overlay_of, verify_overlay
+
+    if overlay_of(labels):
+        verify_overlay(result, loaded.root, args.image, labels, engine)
     if args.json:
         print_json(
             {

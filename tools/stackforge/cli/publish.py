@@ -13,6 +13,7 @@ from stackforge.cli.options import (
     retry_policy,
     workspace_of,
 )
+from stackforge.errors import UserError
 from stackforge.publish.publisher import stderr_echo
 from stackforge.publish.stack import publish_stack
 
@@ -36,6 +37,9 @@ def register(sub) -> None:
     )
     p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
     p.add_argument("--target", help="target stage (default: the stack's first published target)")
+    p.add_argument(
+        "--overlay", metavar="NAME", help="publish the gated image of `stackforge build STACK --overlay NAME`"
+    )
     add_out(p, BUILD_DIR_OUT.replace("go here", "are read from (the --out given to `stackforge build`)"))
     p.add_argument(
         "--verify-pull",
@@ -56,20 +60,27 @@ def register(sub) -> None:
 
 def cmd_publish(args) -> int:
     loaded = load(args, args.stack)
-    policy = retry_policy(args)
-    result = publish_stack(
-        loaded,
-        args.registry,
+    common = dict(
         date=args.date,
-        target=args.target,
         out=args.out,
         allow_ungated=args.allow_ungated,
         verify_pull=args.verify_pull,
-        policy=policy,
+        policy=retry_policy(args),
         compression=args.compression,
         echo=stderr_echo,
         workspace=workspace_of(args),
     )
+    if args.overlay:
+        from stackforge.overlay.load import load_overlay
+        from stackforge.overlay.publish import publish_overlay
+
+        if args.target:
+            raise UserError(
+                "--target: an overlay publishes the image it was built as", file="--target", fix="leave out --target"
+            )
+        result = publish_overlay(loaded, load_overlay(loaded.root, args.overlay), args.registry, **common)
+    else:
+        result = publish_stack(loaded, args.registry, target=args.target, **common)
     if args.json:
         print_json(result.evidence())
         return 0

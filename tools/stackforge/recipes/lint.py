@@ -154,6 +154,8 @@ def check_repository(recipe: LoadedRecipe, root: Path) -> list[UserError]:
                 fix="name an overlay of overlays/, or drop image.overlay",
             )
         )
+    elif img.overlay is not None:
+        found += _check_overlay(recipe, root, img.overlay)
     port = recipe.model.serve.get("--port")
     if isinstance(port, str) and (not port.isdigit() or int(port) not in recipe.model.ports.values()):
         found.append(
@@ -164,6 +166,37 @@ def check_repository(recipe: LoadedRecipe, root: Path) -> list[UserError]:
             )
         )
     return found
+
+
+def _check_overlay(recipe: LoadedRecipe, root: Path, name: str) -> list[UserError]:
+    """The overlay loads, and its entrypoint script (in the repository) reads every env override of the recipe."""
+    from stackforge.overlay.load import load_overlay
+
+    try:
+        ov = load_overlay(root, name, where="image.overlay")
+    except UserError as err:
+        return [
+            recipe.error(
+                f"image.overlay: overlays/{name} does not load: {err.message}",
+                ("image", "overlay"),
+                fix="run stackforge build STACK --overlay NAME to see every problem",
+            )
+        ]
+    entry = ov.model.entrypoint
+    if entry is None or not recipe.model.env:
+        return []
+    script = (
+        (ov.dir / entry.src).read_text(encoding="utf-8", errors="replace") if (ov.dir / entry.src).is_file() else ""
+    )
+    return [
+        recipe.error(
+            f"env.{env}: the entrypoint of overlay {name} ({entry.src}) never reads ${env}",
+            ("env", env),
+            fix=f"drop env.{env}, or read ${{{env}:-default}} in overlays/{name}/{entry.src}",
+        )
+        for env in recipe.model.env
+        if not reads_env(script, env)
+    ]
 
 
 def check_image(recipe: LoadedRecipe, image: ImageProbe) -> list[UserError]:

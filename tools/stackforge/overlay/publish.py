@@ -1,0 +1,87 @@
+"""Publish an overlay image with the stack publisher: the gated local image of the last ``stackforge build STACK
+--overlay NAME``, under the overlay's immutable ``tags.publish`` scheme (dated ``-rN``, never moved)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from stackforge.build.engine import Engine
+from stackforge.errors import UserError
+from stackforge.fslock import stack_lock
+from stackforge.overlay.build import check_stack, local_ref, overlay_build_dir, publish_ref
+from stackforge.overlay.load import LoadedOverlay, check_files
+from stackforge.publish.oci import DockerImage
+from stackforge.publish.publisher import PublishResult, publish
+from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
+from stackforge.publish.scheme import TagScheme, validate_date
+from stackforge.publish.stack import check_gated
+from stackforge.stack.load import LoadedStack
+from stackforge.workspace import Workspace, workspace_for
+
+
+def publish_overlay(
+    loaded: LoadedStack,
+    ov: LoadedOverlay,
+    registry: str,
+    *,
+    date: str | None = None,
+    out: Path | None = None,
+    allow_ungated: bool = False,
+    verify_pull: bool = False,
+    policy: RetryPolicy | None = None,
+    compression: str = "gzip",
+    engine: Engine | None = None,
+    echo: Callable[[str], None] | None = None,
+    workspace: Workspace | None = None,
+) -> PublishResult:
+    """Publish the overlay image the last gated overlay build made; the evidence goes beside that build's."""
+    ws = workspace_for(loaded, workspace)
+    reg = parse_registry(registry, what="--registry")
+    date = validate_date(date)
+    target = check_stack(loaded, ov, None)
+    check_files(ov)  # the overlay directory still declares what was built
+    first = publish_ref(loaded, ov, str(reg), date, 1)
+    repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
+    scheme = TagScheme.from_render(lambda d, r: publish_ref(loaded, ov, str(reg), d, r).tag)
+    local = local_ref(loaded, ov)
+    odir = overlay_build_dir(loaded, ov, out)
+    with stack_lock(odir):
+        evidence = odir / "evidence"
+        engine = engine or ws.engine
+        image = DockerImage(local, engine=engine)
+        try:
+            image.inspect()
+        except UserError as err:
+            raise UserError(
+                f"{err.message}; nothing was published",
+                fix=f"build it first: stackforge build {loaded.name} --overlay {ov.name}",
+            ) from None
+        assert image.image_id is not None
+        gated = (
+            None
+            if allow_ungated
+            else check_gated(evidence, f"{loaded.name} --overlay {ov.name}", target, image.image_id, local)
+        )
+        extra = {
+            "stack": loaded.name,
+            "overlay": ov.name,
+            "target": target,
+            "local_ref": local,
+            "gated_build": gated,
+            "date": date,
+        }
+        return publish(
+            image,
+            repository,
+            scheme,
+            date,
+            policy=policy,
+            compression=compression,
+            verify_pull=verify_pull,
+            engine=engine,
+            echo=echo,
+            evidence=evidence,
+            extra=extra,
+            layer_cache=ws.cache("layers"),
+        )
