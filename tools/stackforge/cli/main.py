@@ -32,6 +32,7 @@ COMMAND_MODULES = [
     "wheel",
     "audit",
     "recipe",
+    "smoke",
 ]
 
 
