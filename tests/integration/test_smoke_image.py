@@ -117,3 +117,20 @@ def test_backend_row_fails_when_the_log_shows_another_backend(post2, tmp_path):
     assert backend["status"] == "failed"
     assert backend["reason"].endswith("the log says: Using FLASH_ATTN backend")
     assert [r["status"] for r in data["rows"][:-1]] == ["passed"] * 4
+
+
+def test_the_build_kept_the_targets_reports_and_healthcheck(post2):
+    records = json.loads((post2.evidence / "reports.json").read_text())
+    assert [(r["name"], r["target"], r["exit_code"]) for r in records] == [
+        ("mate-config", "vllm-openai", 0),
+        ("versions", "vllm-openai", 0),
+    ]
+    config = json.loads((post2.evidence / "reports" / "mate-config.txt").read_text())
+    assert config["mate_version"] == "0.2.7" and config["torch_version"] == "2.11.0.post2+musa5.2.0"
+    assert "vllm==0.28.0" in (post2.evidence / "reports" / "versions.txt").read_text().splitlines()
+    health = json.loads(mb.docker("image", "inspect", "--format", "{{json .Config.Healthcheck}}", post2.tag).stdout)
+    assert health["Test"] == ["CMD", "python", "-m", "mate", "check"]
+    assert health["Interval"] == 60 * 10**9 and health["Retries"] == 3
+    # the image's own check passes without devices (MUSA not available is a warning)
+    check = mb.docker("run", "--rm", "--network=none", "--entrypoint", "python", post2.tag, "-m", "mate", "check")
+    assert "Installation OK" in check.stdout and "MUSA not available" in check.stdout

@@ -103,6 +103,20 @@ def recipe(tmp_path: Path, text: str | None = None):
     return load_recipe(REPO, str(path))
 
 
+def without_devices(tmp_path: Path, start, loaded=None, **kw):
+    """A smoke run on a host without devices, allowed to run anyway (as the tests and CI do)."""
+    kw.setdefault("interval", 0.1)
+    return smoke(
+        loaded or recipe(tmp_path),
+        "i",
+        tmp_path / "o",
+        launcher=start,
+        facts=NO_HARDWARE,
+        allow_missing_hardware=True,
+        **kw,
+    )
+
+
 def qwen_text() -> str:
     return (REPO / "recipes" / "qwen3-8b.yaml").read_text()
 
@@ -224,15 +238,7 @@ def test_wrong_answer_fails_the_chat_row_only(tmp_path, launcher):
 
 
 def test_a_server_that_dies_fails_its_row_and_stops_the_run(tmp_path, launcher):
-    report = smoke(
-        recipe(tmp_path),
-        "i",
-        tmp_path / "o",
-        launcher=launcher("die-after:3"),
-        facts=NO_HARDWARE,
-        allow_missing_hardware=True,
-        interval=0.1,
-    )
+    report = without_devices(tmp_path, launcher("die-after:3"))
     rows = {r.name: r for r in report.rows}
     assert rows["capital"].status == "passed"
     assert rows["five-turns"].status == "failed"
@@ -246,16 +252,7 @@ def test_a_server_that_dies_fails_its_row_and_stops_the_run(tmp_path, launcher):
 
 
 def test_never_ready_times_out_and_leaves_the_rows_not_run(tmp_path, launcher):
-    report = smoke(
-        recipe(tmp_path),
-        "i",
-        tmp_path / "o",
-        launcher=launcher("never-ready"),
-        facts=NO_HARDWARE,
-        allow_missing_hardware=True,
-        readiness_timeout=1.5,
-        interval=0.2,
-    )
+    report = without_devices(tmp_path, launcher("never-ready"), readiness_timeout=1.5, interval=0.2)
     ready = report.rows[1]
     assert ready.status == "failed" and ready.reason == "not ready within 1.5 s (nothing answered)"
     assert [r.status for r in report.rows[2:]] == ["not-run"] * 3
@@ -267,15 +264,7 @@ def test_never_ready_times_out_and_leaves_the_rows_not_run(tmp_path, launcher):
 
 def test_backend_row_reads_the_log_not_the_flag(tmp_path, launcher):
     text = qwen_text().replace('regex: "Using FLASH_ATTN backend"', 'regex: "Using TRITON_ATTN backend"')
-    report = smoke(
-        recipe(tmp_path, text),
-        "i",
-        tmp_path / "o",
-        launcher=launcher(),
-        facts=NO_HARDWARE,
-        allow_missing_hardware=True,
-        interval=0.1,
-    )
+    report = without_devices(tmp_path, launcher(), recipe(tmp_path, text))
     backend = report.rows[-1]
     assert backend.status == "failed"
     assert backend.reason == (
@@ -286,16 +275,7 @@ def test_backend_row_reads_the_log_not_the_flag(tmp_path, launcher):
 def test_env_defaults_and_extra_env_reach_the_server_and_are_recorded_by_name(tmp_path, launcher):
     text = qwen_text() + "env: {VLLM_ATTENTION_BACKEND: {default: TORCH_SDPA, description: the backend}}\n"
     text = text.replace("  --attention-backend: FLASH_ATTN\n", "").replace("FLASH_ATTN backend", "TORCH_SDPA backend")
-    report = smoke(
-        recipe(tmp_path, text),
-        "i",
-        tmp_path / "o",
-        launcher=launcher(),
-        facts=NO_HARDWARE,
-        allow_missing_hardware=True,
-        env={"HF_TOKEN": "secret-value"},
-        interval=0.1,
-    )
+    report = without_devices(tmp_path, launcher(), recipe(tmp_path, text), env={"HF_TOKEN": "secret-value"})
     assert report.ok, report.table()
     assert report.container["env"] == {"VLLM_ATTENTION_BACKEND": "TORCH_SDPA", "HF_TOKEN": "<set by --env>"}
     assert "secret-value" not in (tmp_path / "o" / SMOKE_JSON).read_text()
