@@ -22,6 +22,7 @@ from typing import Callable, overload
 from stackforge import credentials, progress
 from stackforge.build import system
 from stackforge.build import inventory
+from stackforge.build import reports as target_reports
 from stackforge.build.context import Context, build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import (
@@ -295,6 +296,7 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
             atomic_write(evidence / evidence_name, "\n".join(reports[name]) + "\n")
     if opts.load:
         inventory.write_evidence(engine, ref, ctx.context_dir, evidence)
+        target_reports.write_evidence(stack, target, engine, ref, evidence, echo=_stderr_line)
     outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
     atomic_write(evidence / "result.json", json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)},
                                                       indent=2, default=str))

@@ -79,6 +79,7 @@ class TargetStage:
     pip: list[TargetPhase] = field(default_factory=list)
     steps: list[installed.Step] = field(default_factory=list)
     checks: list[dict] = field(default_factory=list)
+    healthcheck: dict | None = None  # HEALTHCHECK: {cmd, interval_s, timeout_s, retries, start_period_s}
 
     @property
     def scripts(self) -> bool:
@@ -126,7 +127,8 @@ def target_stages(loaded: LoadedStack) -> list[TargetStage]:
             labels=labels, env={k: tags.render_template(loaded, v, (*base, "env", k)) for k, v in t.env.items()}, workdir=t.workdir, entrypoint=t.entrypoint, cmd=t.cmd,
             system=system_stages(loaded, t.system or {}, (*base, "system"), t.from_ or "gate", f"{tname}."),
             sources=dict(t.sources), upstream_pins={u: _pin(stack, u) for u in t.sources},
-            kernels=kernels, pip=phases, steps=steps, checks=[c.model_dump() for c in t.checks]))
+            kernels=kernels, pip=phases, steps=steps, checks=[c.model_dump() for c in t.checks],
+            healthcheck=t.healthcheck.model_dump() if t.healthcheck else None))
     return out
 
 

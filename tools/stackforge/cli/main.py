@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "wheel",
     "audit",
     "recipe",
+    "smoke",
 ]
 
 

@@ -22,10 +22,12 @@ from stackforge.publish.nightly import declared_nightly, nightly
 def register(sub) -> None:
     p = sub.add_parser(
         "nightly",
-        help="lint, bake, gate and publish every nightly stack; summary in build/nightly/<date>/",
+        help="lint, bake, gate, publish and smoke every nightly stack; summary in build/nightly/<date>/",
         description="Lint every stack with `nightly: true` (or the named ones), bake them together, build and gate "
-        "each (stack, target), publish each that passed, and write build/nightly/<date>/summary.md "
-        "and summary.json. Exits 1 if any row failed; the rows that passed are published anyway.",
+        "each (stack, target), publish each that passed, smoke it with its `nightly: true` recipes (its aliases "
+        "move only when every smoke passed), check that every pin is still the newest of its line, and write "
+        "build/nightly/<date>/summary.md and summary.json. Exits 1 if any row failed; the rows that passed are "
+        "published anyway.",
     )
     p.add_argument("stacks", nargs="*", help="default: every stack with `nightly: true`")
     p.add_argument("--registry", required=True, metavar="HOST[:PORT][/PATH]", help="where to publish")
@@ -34,6 +36,17 @@ def register(sub) -> None:
     p.add_argument("--builder", help="buildx builder for the bake and the builds")
     p.add_argument("--no-bake", dest="bake", action="store_false", help="skip the shared bake; build stacks one by one")
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
+    p.add_argument(
+        "--allow-missing-hardware",
+        action="store_true",
+        help="smoke nightly recipes without their devices on a host that lacks them (as `stackforge smoke`)",
+    )
+    p.add_argument(
+        "--no-freshness",
+        dest="freshness",
+        action="store_false",
+        help="do not ask the indexes whether every pin is still the newest of its line",
+    )
     add_retry(p, "registry attempts per operation", "time budget per registry operation")
     add_out(p, "the directory summary.md and summary.json are written to (default: build/nightly/<date>)")
     add_json(p, "summary.json")
@@ -57,6 +70,8 @@ def cmd_nightly(args) -> int:
         overrides=lambda name: overrides_for(args, name),
         echo=lambda line: print(line, file=sys.stderr, flush=True),
         workspace=workspace_of(args),
+        allow_missing_hardware=args.allow_missing_hardware,
+        freshness=args.freshness,
     )
     if args.json:
         print_json(summary.to_json())

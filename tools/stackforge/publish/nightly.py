@@ -8,15 +8,20 @@ Order per run (``build/nightly/<date>/``):
    log and plan kept as ``bake.log`` / ``bake.json``);
 3. for each stack and target, ``stackforge build`` (from the cache the bake filled) gives the
    verdict, the gate output and the evidence; a failed gate or build fails only that row;
-4. each row that passed is published (``stackforge publish``); its evidence bundle is copied
-   to ``<stack>-<target>/``;
-5. ``summary.json`` and ``summary.md``: a row per stack and target — status, tag, digest,
-   gate result, duration, failure reason, the ``--set`` values its stack was loaded with. Any
-   failed row makes the run fail; the rows that passed are published regardless.
+4. each row that passed is published (``stackforge publish``) under its immutable tag; an image that
+   ``nightly: true`` recipes serve is smoked with each of them (``stackforge smoke``) and its aliases
+   (``-latest``) move only when every smoke passed; an image without a nightly recipe moves them at
+   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/``;
+5. per stack, whether every pin is still the newest of its line (``stackforge newest``);
+6. ``summary.json`` and ``summary.md``: a row per stack and target — status, tag, digest,
+   gate result, smoke verdict, duration, failure reason, the ``--set`` values its stack was loaded
+   with — and the pins' freshness per stack. Any failed row (a failed smoke too) makes the run fail;
+   the rows that passed are published regardless.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -48,6 +53,9 @@ class Row:
     reason: str | None = None
     evidence: str | None = None
     overrides: list[str] = field(default_factory=list)  # the --set values its stack was loaded with (redacted)
+    smoke: str | None = None  # passed | failed | not-run | none (no nightly recipe); None: not published
+    smoke_recipes: dict[str, str] = field(default_factory=dict)  # recipe -> its verdict
+    aliases: dict[str, str] = field(default_factory=dict)  # alias -> moved | unchanged | not moved: why
 
     @property
     def ok(self) -> bool:
@@ -65,6 +73,7 @@ class Summary:
     duration_s: float = 0.0
     directory: Path | None = None
     overrides: list[str] = field(default_factory=list)  # the --set values every row's stack was loaded with
+    freshness: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> pins newest of their lines?
 
     @property
     def ok(self) -> bool:
@@ -81,6 +90,7 @@ class Summary:
             "overrides": self.overrides,
             "bake": self.bake,
             "rows": [asdict(r) for r in self.rows],
+            "freshness": self.freshness,
         }
 
     def markdown(self) -> str:
@@ -99,8 +109,8 @@ class Summary:
             lines.append("")
         lines += [self.bake_line(), ""]
         lines += [
-            "| stack | target | status | tag | digest | gate | duration | failure |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| stack | target | status | tag | digest | gate | smoke | duration | failure |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in self.rows:
             verdict = r.status if r.ok else ("INTERRUPTED" if r.status == "interrupted" else "FAILED")
@@ -111,10 +121,16 @@ class Summary:
                 f"`{r.tag}`" if r.tag else "",
                 f"`{r.digest}`" if r.digest else "",
                 r.gate or "",
+                _smoke_cell(r),
                 f"{r.duration_s:.0f} s",
                 _cell(r.reason),
             ]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        if self.freshness:
+            from stackforge.smoke.nightly import freshness_line
+
+            lines += ["", "| stack | every pin the newest of its line | what moved |", "| --- | --- | --- |"]
+            lines += [freshness_line(name, data) for name, data in self.freshness.items()]
         return "\n".join(lines) + "\n"
 
     def own_overrides(self) -> list[tuple[str, list[str]]]:
@@ -149,6 +165,16 @@ def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool) -> str | No
     if stages == {"load"}:
         return "every stack failed to load"
     return "every stack failed to load or lint"
+
+
+def _smoke_cell(row: Row) -> str:
+    """The smoke verdict and where the aliases went, e.g. ``passed; -latest moved``."""
+    if row.smoke is None:
+        return ""
+    text = "no nightly recipe" if row.smoke == "none" else row.smoke
+    if row.aliases:
+        text += "; " + ", ".join(f"{a.rsplit(':', 1)[-1]} {v}" for a, v in row.aliases.items())
+    return text
 
 
 def _cell(text: str | None) -> str:
@@ -250,9 +276,13 @@ def nightly(
     overrides: Overrides = None,
     echo: Callable[[str], None] = print,
     workspace: Workspace | None = None,
+    allow_missing_hardware: bool = False,
+    freshness: bool = True,
 ) -> Summary:
-    """Bake, build, gate and publish the nightly stacks of the repository at ``root``, with the
-    workspace's engine (its builder), credentials and CA bundle (default: the workspace at ``root``)."""
+    """Bake, build, gate, publish and smoke the nightly stacks of the repository at ``root``, with the
+    workspace's engine (its builder), credentials and CA bundle (default: the workspace at ``root``).
+    ``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``; ``freshness`` asks the
+    indexes whether every pin is still the newest of its line."""
     from stackforge.build import bake as bakemod
 
     ws = workspace if workspace is not None else Workspace.at(root)
@@ -276,8 +306,22 @@ def nightly(
     if not_run:
         summary.bake = {"not_run": not_run}
         echo(f"nightly: bake not run: {not_run}")
+    recipes = _nightly_recipes(root, summary, echo)
     try:
-        _bake_and_build(summary, loaded, targets, registry, date, use_bake, policy, ws, outdir, echo)
+        _bake_and_build(
+            summary,
+            loaded,
+            targets,
+            registry,
+            date,
+            use_bake,
+            policy,
+            ws,
+            outdir,
+            echo,
+            recipes=recipes,
+            allow_missing_hardware=allow_missing_hardware,
+        )
     except Interrupted as intr:
         # The rows not yet decided say so; the summary is written before the command stops.
         decided = {(r.stack, r.target) for r in summary.rows}
@@ -298,9 +342,26 @@ def nightly(
         _write_summary(summary, outdir, started, for_stack)
         intr.notes.append(f"the engine was stopped and nothing more was published (summary: {outdir / 'summary.md'})")
         raise
+    if freshness:
+        from stackforge.smoke.nightly import pin_freshness
+
+        for stack in loaded:
+            echo(f"nightly: {stack.name}: are the pins the newest of their lines?")
+            summary.freshness[stack.name] = pin_freshness(stack, ws)
     _write_summary(summary, outdir, started, for_stack)
     echo(f"nightly: {sum(r.ok for r in summary.rows)}/{len(summary.rows)} passed; summary {outdir / 'summary.md'}")
     return summary
+
+
+def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]):
+    """The nightly recipes by image; a recipe that does not load fails the run (its image's smoke is unknown)."""
+    from stackforge.smoke.nightly import nightly_recipes
+
+    recipes = nightly_recipes(root)
+    for name, error in recipes.invalid.items():
+        summary.rows.append(Row(stack="recipes", target=name, status="failed", stage="load", reason=error))
+        echo(f"nightly: recipe {name}: load failed")
+    return recipes
 
 
 def _targets_or_star(bakemod, stack, targets: list[str] | None) -> list[str]:
@@ -342,12 +403,17 @@ def _bake_and_build(
     workspace: Workspace,
     outdir: Path,
     echo: Callable[[str], None],
+    *,
+    recipes: Any = None,
+    allow_missing_hardware: bool = False,
 ) -> None:
-    """The bake of every loaded stack, then each stack and target built, gated and published (rows appended)."""
+    """The bake of every loaded stack, then each stack and target built, gated, published and smoked (rows
+    appended)."""
     from stackforge.build import bake as bakemod
     from stackforge.build.context import build_dir_for
     from stackforge.build.run import BuildOptions, build
     from stackforge.fslock import stack_lock
+    from stackforge.smoke.run import smoke
 
     engine = workspace.engine
     if loaded:
@@ -382,6 +448,9 @@ def _bake_and_build(
         build=build,
         options=BuildOptions,
         publish=publish_stack,
+        smoke=smoke,
+        recipes=recipes,
+        allow_missing_hardware=allow_missing_hardware,
     )
     for stack in loaded:
         try:
@@ -412,6 +481,9 @@ class NightlyRun:
     build: Callable[..., Any]  # stackforge.build.run.build
     options: Callable[..., Any]  # stackforge.build.run.BuildOptions
     publish: Callable[..., Any]  # stackforge.publish.stack.publish_stack
+    smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
+    recipes: Any = None  # stackforge.smoke.nightly.NightlyRecipes
+    allow_missing_hardware: bool = False
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -444,19 +516,26 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
         echo(f"nightly: {stack.name}/{target}: build FAILED")
     if row.stage is None:
         echo(f"nightly: {stack.name}/{target}: publish")
+        recipes = run.recipes.of(stack.name, target) if run.recipes is not None else []
+        publish = functools.partial(
+            run.publish,
+            stack,
+            run.registry,
+            date=run.date,
+            target=target,
+            policy=run.policy,
+            engine=run.engine,
+            echo=lambda line: None,
+            workspace=run.workspace,
+        )
         try:
-            result = run.publish(
-                stack,
-                run.registry,
-                date=run.date,
-                target=target,
-                policy=run.policy,
-                engine=run.engine,
-                echo=lambda line: None,
-                workspace=run.workspace,
-            )
+            result = publish(move_aliases=not recipes)
             row.status, row.tag, row.digest = result.status, result.reference, result.digest
             echo(f"nightly: {stack.name}/{target}: {result.status} {result.reference}")
+            if recipes:
+                _smoke_then_aliases(run, stack, target, row, recipes, evidence, publish)
+            else:
+                row.smoke, row.aliases = "none", dict(result.aliases)
         except UserError as err:
             row.stage, row.reason = "publish", err.render()
             echo(f"nightly: {stack.name}/{target}: publish FAILED")
@@ -468,6 +547,42 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
         shutil.copytree(evidence, dest)
         row.evidence = str(dest)
     return row
+
+
+def _smoke_then_aliases(
+    run: NightlyRun,
+    stack: LoadedStack,
+    target: str,
+    row: Row,
+    recipes: list,
+    evidence: Path | None,
+    publish: Callable[..., Any],
+) -> None:
+    """Smoke the published image with its nightly recipes; move its aliases only when every smoke passed."""
+    from stackforge.build.run import target_ref
+    from stackforge.smoke.nightly import smoke_image
+
+    assert run.smoke is not None
+    ref = target_ref(stack, target)
+    run.echo(f"nightly: {stack.name}/{target}: smoke {', '.join(r.name for r in recipes)}")
+    verdict = smoke_image(
+        recipes,
+        ref,
+        evidence or _evidence_dir(stack),
+        run.smoke,
+        engine=run.engine,
+        allow_missing_hardware=run.allow_missing_hardware,
+        image_id=run.engine.image_id(ref),
+    )
+    row.smoke, row.smoke_recipes = verdict.verdict, verdict.recipes
+    if verdict.moves_aliases:
+        row.aliases = dict(publish(move_aliases=True).aliases)
+        run.echo(f"nightly: {stack.name}/{target}: smoke passed; aliases {row.aliases}")
+        return
+    row.status, row.stage = "failed", "smoke"
+    row.reason = f"smoke {verdict.verdict} ({verdict.reason}); published {row.tag}, its aliases were not moved"
+    row.aliases = {"*": f"not moved: smoke {verdict.verdict}"}
+    run.echo(f"nightly: {stack.name}/{target}: smoke {verdict.verdict}; aliases not moved")
 
 
 def _evidence_dir(stack: LoadedStack) -> Path:

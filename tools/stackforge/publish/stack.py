@@ -78,13 +78,16 @@ def publish_stack(
     lock_dir: Path | None = None,
     echo: Callable[[str], None] | None = None,
     workspace: Workspace | None = None,
+    move_aliases: bool = True,
 ) -> PublishResult:
     """Publish the local image that ``stackforge build`` made for ``stack``/``target``.
 
     Repository, immutable tag scheme and aliases come from the stack's ``tags:`` templates
     under ``registry``; a target other than the stack's first one gets ``-<target>`` after
     the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``; the
-    engine (unless ``engine`` is given) and the layer cache are the workspace's.
+    engine (unless ``engine`` is given) and the layer cache are the workspace's. ``move_aliases=False``
+    publishes the immutable tag only (the nightly moves ``-latest`` after the image's smoke passed, by
+    publishing again: the image is found already published and only the aliases move).
     """
     stack, ws = loaded.model, workspace_for(loaded, workspace)
     reg = parse_registry(registry, what="--registry")
@@ -120,7 +123,7 @@ def publish_stack(
             repository,
             scheme,
             date,
-            aliases=aliases,
+            aliases=aliases if move_aliases else [],
             policy=policy,
             compression=compression,
             lock_dir=lock_dir,

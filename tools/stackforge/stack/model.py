@@ -597,6 +597,19 @@ class Tags(Strict):
     aliases: list[str] = Field(default_factory=list, description="moving tags updated after a verified publish")
 
 
+class Healthcheck(Strict):
+    """The target's Dockerfile HEALTHCHECK: a command the engine runs in the running container (exit 0:
+    healthy), e.g. MATE's own environment check."""
+
+    cmd: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        min_length=1, description="the command in exec form, e.g. [python, -m, mate, check]; exit 0 means healthy"
+    )
+    interval_s: int = Field(30, ge=1, le=86400, description="seconds between checks")
+    timeout_s: int = Field(30, ge=1, le=86400, description="seconds one check may take")
+    retries: int = Field(3, ge=1, le=100, description="consecutive failures before the container is unhealthy")
+    start_period_s: int = Field(0, ge=0, le=86400, description="seconds of start-up during which failures do not count")
+
+
 class Target(Strict):
     # The exec form is written as JSON: newlines and tabs inside an argument stay on one Dockerfile line.
     multiline_fields: ClassVar[frozenset[str]] = frozenset({"entrypoint", "cmd"})
@@ -638,6 +651,16 @@ class Target(Strict):
     checks: list[Probe] = Field(
         default_factory=list, description="probes run in the target's stage; a failure fails the build"
     )
+    healthcheck: Healthcheck | None = Field(
+        None, description="HEALTHCHECK of the image: {cmd, interval_s, timeout_s, retries, start_period_s}"
+    )
+    reports: dict[Name, Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=dict,
+        description="{name: one shell line} run in the built image after the gate (--network=none); each output "
+        "is kept in the evidence as reports/<name>.txt, e.g. {mate-config: python -m mate show-config --json}",
+    )
+
+    _reports = field_validator("reports")(classmethod(lambda cls, v: {k: _one_line(c) for k, c in v.items()}))
 
     @property
     def alias(self) -> bool:

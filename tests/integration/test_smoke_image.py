@@ -1,0 +1,136 @@
+"""`stackforge smoke` against the post2 vllm-openai image built from the stand-ins: the image's own
+`vllm serve` answers over HTTP in a real container; the failure modes come from STANDIN_SERVE_FAIL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import musa_builds as mb
+
+pytestmark = pytest.mark.engine
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory, base_image):
+    return mb.session(tmp_path_factory.getbasetemp(), base_image)
+
+
+@pytest.fixture(scope="module")
+def post2(standins):
+    build = standins.happy("post2")
+    assert build.ok, build.describe()
+    return build
+
+
+def run(image: str, out: Path, *extra: str, recipe: str = "qwen3-8b"):
+    proc = mb.stackforge(
+        "smoke", recipe, "--image", image, "--allow-missing-hardware", "--out", str(out), *extra, timeout=600
+    )
+    data = json.loads((out / "smoke.json").read_text()) if (out / "smoke.json").is_file() else None
+    return proc, data
+
+
+def gone(name: str) -> bool:
+    return mb.docker("container", "inspect", name, check=False).returncode != 0
+
+
+def test_passing_run(post2, tmp_path):
+    proc, data = run(post2.tag, tmp_path / "ok", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout) == data
+    assert data["ok"] and data["image"] == post2.tag and data["image_id"] == post2.image
+    assert [(r["name"], r["status"]) for r in data["rows"]] == [
+        ("preflight", "passed"),
+        ("readiness", "passed"),
+        ("capital", "passed"),
+        ("five-turns", "passed"),
+        ("backend", "passed"),
+    ]
+    pre = data["rows"][0]["details"]
+    # versions from the image's own python: the stand-ins carry the stack's pins
+    assert pre["versions"]["torch"] == "2.11.0.post2+musa5.2.0" and pre["versions"]["vllm"] == "0.28.0"
+    assert pre["devices"] == [] and "ran without the declared hardware" in pre["note"]
+    assert data["rows"][2]["details"]["answer"] == "Beijing"
+    assert data["rows"][4]["details"]["backends_in_log"] == ["FLASH_ATTN"]
+    assert data["hardware"]["missing"] and data["hardware"]["allowed_missing"]
+    log = (tmp_path / "ok" / "container.log").read_text()
+    assert "Using FLASH_ATTN backend." in log and "POST /v1/chat/completions" in log
+    assert gone(data["container"]["name"]) and data["container"]["removed"]
+
+
+def test_without_the_hardware_nothing_runs(post2, tmp_path):
+    out = tmp_path / "hw"
+    proc = mb.stackforge("smoke", "qwen3-8b", "--image", post2.tag, "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no /dev/mtgpu*" in proc.stderr and "--allow-missing-hardware" in proc.stderr
+    data = json.loads((out / "smoke.json").read_text())
+    assert {r["status"] for r in data["rows"]} == {"not-run"} and data["container"] == {}
+
+
+def test_wrong_answer_fails_the_chat_row(post2, tmp_path):
+    proc, data = run(post2.tag, tmp_path / "wrong", "--env", "STANDIN_SERVE_FAIL=wrong-answer")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    status = {r["name"]: r["status"] for r in data["rows"]}
+    assert status["capital"] == "failed" and status["five-turns"] == "passed" and status["backend"] == "passed"
+    assert "FAILED   capital" in proc.stdout and "does not contain 'Beijing': 'Nowhere'" in proc.stdout
+    assert data["container"]["env"] == {"STANDIN_SERVE_FAIL": "<set by --env>"}
+    assert gone(data["container"]["name"])
+
+
+def test_never_ready_times_out_and_removes_the_container(post2, tmp_path):
+    proc, data = run(
+        post2.tag, tmp_path / "slow", "--env", "STANDIN_SERVE_FAIL=never-ready", "--readiness-timeout", "4"
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    ready = data["rows"][1]
+    assert ready["status"] == "failed" and ready["reason"].startswith("not ready within 4 s")
+    assert [r["status"] for r in data["rows"][2:]] == ["not-run"] * 3
+    assert "never-ready" in (tmp_path / "slow" / "container.log").read_text()
+    assert gone(data["container"]["name"])
+
+
+def test_a_server_that_dies_is_reported(post2, tmp_path):
+    proc, data = run(post2.tag, tmp_path / "dies", "--env", "STANDIN_SERVE_FAIL=die-after:2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = {r["name"]: r for r in data["rows"]}
+    assert rows["capital"]["status"] == "passed"
+    assert rows["five-turns"]["status"] == "failed"
+    assert "the server exited (code 1) during row 'five-turns'" in rows["five-turns"]["reason"]
+    assert "EngineCore died unexpectedly" in rows["five-turns"]["reason"]
+    assert rows["backend"]["status"] == "not-run"
+    assert data["container"]["exit_code"] == 1 and gone(data["container"]["name"])
+
+
+def test_backend_row_fails_when_the_log_shows_another_backend(post2, tmp_path):
+    text = (REPO / "recipes" / "qwen3-8b.yaml").read_text()
+    assert 'regex: "Using FLASH_ATTN backend"' in text
+    variant = tmp_path / "qwen3-8b-triton.yaml"
+    variant.write_text(text.replace('regex: "Using FLASH_ATTN backend"', 'regex: "Using TRITON_ATTN backend"'))
+    proc, data = run(post2.tag, tmp_path / "backend", recipe=str(variant))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    backend = data["rows"][-1]
+    assert backend["status"] == "failed"
+    assert backend["reason"].endswith("the log says: Using FLASH_ATTN backend")
+    assert [r["status"] for r in data["rows"][:-1]] == ["passed"] * 4
+
+
+def test_the_build_kept_the_targets_reports_and_healthcheck(post2):
+    records = json.loads((post2.evidence / "reports.json").read_text())
+    assert [(r["name"], r["target"], r["exit_code"]) for r in records] == [
+        ("mate-config", "vllm-openai", 0),
+        ("versions", "vllm-openai", 0),
+    ]
+    config = json.loads((post2.evidence / "reports" / "mate-config.txt").read_text())
+    assert config["mate_version"] == "0.2.7" and config["torch_version"] == "2.11.0.post2+musa5.2.0"
+    assert "vllm==0.28.0" in (post2.evidence / "reports" / "versions.txt").read_text().splitlines()
+    health = json.loads(mb.docker("image", "inspect", "--format", "{{json .Config.Healthcheck}}", post2.tag).stdout)
+    assert health["Test"] == ["CMD", "python", "-m", "mate", "check"]
+    assert health["Interval"] == 60 * 10**9 and health["Retries"] == 3
+    # the image's own check passes without devices (MUSA not available is a warning)
+    check = mb.docker("run", "--rm", "--network=none", "--entrypoint", "python", post2.tag, "-m", "mate", "check")
+    assert "Installation OK" in check.stdout and "MUSA not available" in check.stdout

@@ -1,0 +1,143 @@
+"""The nightly's smoke step and pin freshness: the build, publish and smoke are stand-in callables, the
+decisions (when aliases move, what the row and the summary say) are the nightly's own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from stackforge.publish.nightly import NightlyRun, Row, Summary, _one
+from stackforge.recipes.load import load_recipe
+from stackforge.smoke.nightly import NightlyRecipes, freshness_line, nightly_recipes, smoke_image
+from stackforge.smoke.report import RowResult, SmokeReport
+from stackforge.stack.load import load
+
+REPO = Path(__file__).resolve().parents[2]
+LATEST = "registry.test/x/vllm:v0.28.0-latest"
+
+
+def report(recipe: str, statuses: list[str]) -> SmokeReport:
+    rep = SmokeReport(recipe, f"recipes/{recipe}.yaml", "img")
+    rep.rows = [
+        RowResult(f"row{i}", "chat", s, None if s == "passed" else f"row{i} went {s}") for i, s in enumerate(statuses)
+    ]
+    return rep
+
+
+class Fakes:
+    def __init__(self, tmp_path: Path, smoke_statuses: list[str]):
+        self.tmp_path, self.smoke_statuses = tmp_path, smoke_statuses
+        self.published: list[bool] = []  # move_aliases of each publish call
+        self.smoked: list[tuple[str, str, Path, dict]] = []
+
+    def build(self, stack, opts, **kw):
+        evidence = self.tmp_path / "evidence"
+        evidence.mkdir(exist_ok=True)
+        (evidence / "result.json").write_text("{}")
+        return SimpleNamespace(evidence=evidence, gate=["gate result: 9 PASS, 0 FAIL"])
+
+    def publish(self, stack, registry, *, move_aliases=True, **kw):
+        self.published.append(move_aliases)
+        return SimpleNamespace(
+            status="published" if len(self.published) == 1 else "already-published",
+            reference="registry.test/x/vllm:v0.28.0-20260929-r1",
+            digest="sha256:" + "a" * 64,
+            aliases={LATEST: "moved"} if move_aliases else {},
+        )
+
+    def smoke(self, recipe, image, outdir, **kw):
+        self.smoked.append((recipe.name, image, outdir, kw))
+        outdir.mkdir(parents=True)
+        (outdir / "smoke.json").write_text("{}")
+        return report(recipe.name, self.smoke_statuses)
+
+    def run(self, recipes: NightlyRecipes) -> NightlyRun:
+        return NightlyRun(
+            registry="registry.test/x",
+            date="20260929",
+            policy=None,
+            workspace=None,  # type: ignore[arg-type]
+            engine=SimpleNamespace(image_id=lambda ref: "sha256:" + "b" * 64),
+            outdir=self.tmp_path / "nightly",
+            echo=lambda line: None,
+            build=self.build,
+            options=lambda **kw: kw,
+            publish=self.publish,
+            smoke=self.smoke,
+            recipes=recipes,
+            allow_missing_hardware=True,
+        )
+
+
+def qwen_recipes() -> NightlyRecipes:
+    return NightlyRecipes({("post2", "vllm-openai"): [load_recipe(REPO, "qwen3-8b")]})
+
+
+def test_checked_in_nightly_recipes_by_image():
+    found = nightly_recipes(REPO)
+    assert [r.name for r in found.of("post2", "vllm-openai")] == ["qwen3-8b"]  # diffusion-gemma needs an overlay
+    assert found.invalid == {}
+
+
+def test_latest_moves_after_the_smoke_passed(tmp_path):
+    fakes = Fakes(tmp_path, ["passed", "passed"])
+    row = _one(fakes.run(qwen_recipes()), load("post2"), "vllm-openai")
+    assert fakes.published == [False, True]  # the immutable tag first, the aliases after the smoke
+    assert row.status == "published" and row.ok and row.smoke == "passed"
+    assert row.smoke_recipes == {"qwen3-8b": "passed"} and row.aliases == {LATEST: "moved"}
+    name, image, outdir, kw = fakes.smoked[0]
+    assert image.startswith("vllm-musa:") and kw["allow_missing_hardware"] is True
+    assert outdir == tmp_path / "evidence" / "smoke" / "qwen3-8b"
+    # the smoke evidence travels with the row's evidence copy
+    assert (Path(row.evidence) / "smoke" / "qwen3-8b" / "smoke.json").is_file()
+
+
+@pytest.mark.parametrize(("statuses", "verdict"), [(["passed", "failed"], "failed"), (["not-run"], "not-run")])
+def test_a_smoke_that_did_not_pass_keeps_latest_where_it_was(tmp_path, statuses, verdict):
+    fakes = Fakes(tmp_path, statuses)
+    row = _one(fakes.run(qwen_recipes()), load("post2"), "vllm-openai")
+    assert fakes.published == [False]  # never published with its aliases
+    assert row.status == "failed" and row.stage == "smoke" and not row.ok and row.smoke == verdict
+    assert row.tag == "registry.test/x/vllm:v0.28.0-20260929-r1"  # the immutable tag stays published
+    assert row.aliases == {"*": f"not moved: smoke {verdict}"}
+    assert f"smoke {verdict} (qwen3-8b: row" in str(row.reason) and "its aliases were not moved" in str(row.reason)
+    md = Summary("20260929", "registry.test/x", rows=[row]).markdown()
+    assert f"| FAILED (smoke) | `{row.tag}` |" in md and f"| {verdict}; * not moved: smoke {verdict} |" in md
+
+
+def test_an_image_without_a_nightly_recipe_moves_latest_at_once(tmp_path):
+    fakes = Fakes(tmp_path, ["failed"])
+    row = _one(fakes.run(NightlyRecipes()), load("post2"), "vllm-omni")
+    assert fakes.published == [True] and fakes.smoked == []
+    assert row.ok and row.smoke == "none" and row.aliases == {LATEST: "moved"}
+    md = Summary("20260929", "r", rows=[row]).markdown()
+    assert "| no nightly recipe; v0.28.0-latest moved |" in md
+
+
+def test_smoke_image_names_the_first_failed_row(tmp_path):
+    recipes = [load_recipe(REPO, "qwen3-8b")]
+    verdict = smoke_image(recipes, "img", tmp_path, lambda r, i, o, **kw: report(r.name, ["passed", "failed"]))
+    assert verdict.verdict == "failed" and not verdict.moves_aliases
+    assert verdict.reason == "qwen3-8b: row1 failed: row1 went failed"
+
+
+def test_freshness_in_summary_json_and_markdown():
+    summary = Summary("20260929", "r", rows=[Row("post2", "vllm-openai", "published")])
+    summary.freshness = {
+        "post2": {
+            "newest": False,
+            "newer": [{"package": "torch", "pinned": "2.11.0.post2+musa5.2.0", "newest": "2.12.0+musa5.2.0"}],
+            "trains_moved": ["torch"],
+            "unknown": [],
+            "error": None,
+        },
+        "post1": {"newest": True, "newer": [], "trains_moved": [], "unknown": [], "error": None},
+    }
+    md = summary.markdown()
+    assert "| post2 | no | train moved: torch; newer: torch 2.11.0.post2+musa5.2.0 → 2.12.0+musa5.2.0 |" in md
+    assert "| post1 | yes |  |" in md
+    assert json.loads(json.dumps(summary.to_json()))["freshness"]["post1"]["newest"] is True
+    assert freshness_line("x", {"error": "index down"}) == "| x | unknown | index down |"

@@ -1,0 +1,322 @@
+"""``stackforge smoke`` without an engine: the stand-in ``vllm serve`` runs as a local process behind the
+same :class:`Container` interface the engine's container has, so readiness, rows, a dying server, the
+evidence and the missing-hardware rule run for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from stackforge.recipes.load import load_recipe
+from stackforge.recipes.model import Hardware
+from stackforge.smoke import run as smokerun
+from stackforge.smoke.report import CONTAINER_LOG, SMOKE_JSON
+from stackforge.smoke.run import ContainerSpec, HostFacts, RowContext, missing_hardware, run_row, smoke, wait_ready
+
+REPO = Path(__file__).resolve().parents[2]
+STANDIN = REPO / "tests" / "fixtures" / "standin_vllm_serve.py"
+NO_HARDWARE = HostFacts((), ("runc",))
+HARDWARE = HostFacts(("/dev/mtgpu0", "/dev/mtgpu1"), ("mthreads", "runc"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ProcessContainer:
+    """The stand-in server as a local process: the recipe's arguments, then its own loopback port."""
+
+    def __init__(self, spec: ContainerSpec, log: Path, fail: str = ""):
+        self.spec, self.log = spec, log
+        self.ports = {port: free_port() for port in spec.ports.values()}
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_ATTENTION_BACKEND"}
+        env.update(spec.env, STANDIN_SERVE_FAIL=fail, PYTHONUNBUFFERED="1")
+        port = self.ports[next(iter(spec.ports.values()))]
+        with log.open("w") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(STANDIN), *spec.args, "--host", "127.0.0.1", "--port", str(port)],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        self.removed = False
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def logs(self) -> str:
+        return self.log.read_text()
+
+    def exec(self, argv: Sequence[str], timeout: float = 120) -> tuple[int, str]:
+        if not self.running():
+            return 1, "container is not running"
+        argv = [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return proc.returncode, proc.stdout if proc.returncode == 0 else proc.stderr
+
+    def address(self, port: int) -> str:
+        return f"127.0.0.1:{self.ports[port]}"
+
+    def remove(self) -> None:
+        if self.running():
+            self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.removed = True
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    started: list[ProcessContainer] = []
+
+    def make(fail: str = ""):
+        def start(spec: ContainerSpec) -> ProcessContainer:
+            c = ProcessContainer(spec, tmp_path / f"server-{len(started)}.log", fail)
+            started.append(c)
+            return c
+
+        return start
+
+    make.started = started  # type: ignore[attr-defined]
+    yield make
+    for c in started:
+        if c.running():
+            c.proc.kill()
+
+
+def recipe(tmp_path: Path, text: str | None = None):
+    if text is None:
+        return load_recipe(REPO, "qwen3-8b")
+    path = tmp_path / "variant.yaml"
+    path.write_text(text)
+    return load_recipe(REPO, str(path))
+
+
+def without_devices(tmp_path: Path, start, loaded=None, **kw):
+    """A smoke run on a host without devices, allowed to run anyway (as the tests and CI do)."""
+    kw.setdefault("interval", 0.1)
+    return smoke(
+        loaded or recipe(tmp_path),
+        "i",
+        tmp_path / "o",
+        launcher=start,
+        facts=NO_HARDWARE,
+        allow_missing_hardware=True,
+        **kw,
+    )
+
+
+def qwen_text() -> str:
+    return (REPO / "recipes" / "qwen3-8b.yaml").read_text()
+
+
+# -- readiness ------------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_readiness_waits_until_200():
+    clock = FakeClock()
+    answers = iter([None, 503, 200])
+    ready = wait_ready(lambda: next(answers), lambda: True, 60, clock=clock, sleep=clock.sleep, interval=2)
+    assert ready.ok and ready.attempts == 3 and ready.waited_s == 4.0
+
+
+def test_readiness_times_out_with_the_last_answer():
+    clock = FakeClock()
+    ready = wait_ready(lambda: 503, lambda: True, 5, clock=clock, sleep=clock.sleep, interval=2)
+    assert not ready.ok and ready.waited_s == 5.0
+    assert ready.reason == "not ready within 5 s (last answer HTTP 503)"
+
+
+def test_readiness_stops_at_once_when_the_server_exits():
+    clock = FakeClock()
+    alive = iter([True, True, False])
+    ready = wait_ready(lambda: None, lambda: next(alive), 600, clock=clock, sleep=clock.sleep, interval=1)
+    assert not ready.ok and ready.attempts == 2 and ready.waited_s == 2.0
+    assert ready.reason == "the server exited before it was ready"
+
+
+# -- hardware -------------------------------------------------------------------------------------------
+
+
+def test_missing_hardware_names_what_is_missing():
+    hw = Hardware.model_validate({"devices": "mthreads", "count": 1})
+    assert missing_hardware(hw, NO_HARDWARE) == "this host has no mthreads device (no /dev/mtgpu*)"
+    no_runtime = HostFacts(("/dev/mtgpu0",), ("runc",))
+    assert "the engine has no mthreads runtime (docker info lists: runc)" in str(missing_hardware(hw, no_runtime))
+    assert missing_hardware(hw, HARDWARE) is None
+    assert missing_hardware(Hardware.model_validate({"devices": "none"}), NO_HARDWARE) is None
+
+
+def test_device_options_live_in_one_place():
+    assert smokerun.PLATFORM_OPTIONS["mthreads"][0] == "--runtime=mthreads"
+    assert "MTHREADS_VISIBLE_DEVICES=all" in smokerun.PLATFORM_OPTIONS["mthreads"]
+    spec = ContainerSpec(
+        "n", "img:1", ["m", "--port", "8000"], {"A": "1"}, {"api": 8000}, smokerun.PLATFORM_OPTIONS["mthreads"]
+    )
+    argv = spec.argv()
+    assert argv[:4] == ["run", "-d", "--name", "n"] and "--runtime=mthreads" in argv
+    assert argv[argv.index("--publish") + 1] == "127.0.0.1::8000/tcp"
+    assert argv[-4:] == ["img:1", "m", "--port", "8000"]
+
+
+def test_missing_hardware_records_every_row_not_run_and_starts_nothing(tmp_path, launcher):
+    report = smoke(recipe(tmp_path), "img:1", tmp_path / "out", launcher=launcher(), facts=NO_HARDWARE)
+    assert launcher.started == []
+    assert not report.ok and report.verdict == "not-run"
+    data = json.loads((tmp_path / "out" / SMOKE_JSON).read_text())
+    assert [r["name"] for r in data["rows"]] == ["preflight", "readiness", "capital", "five-turns", "backend"]
+    assert {r["status"] for r in data["rows"]} == {"not-run"}
+    assert all("no /dev/mtgpu*" in r["reason"] for r in data["rows"])
+    assert data["hardware"]["missing"] and data["hardware"]["allowed_missing"] is False
+    assert data["ok"] is False and data["error"].endswith("no container was started")
+
+
+# -- whole runs against the stand-in server -------------------------------------------------------------
+
+
+def test_passing_run_writes_rows_and_log(tmp_path, launcher):
+    out = tmp_path / "out"
+    report = smoke(recipe(tmp_path), "img:1", out, launcher=launcher(), facts=NO_HARDWARE, allow_missing_hardware=True)
+    data = json.loads((out / SMOKE_JSON).read_text())
+    assert report.ok and data["ok"] is True and data["verdict"] == "passed", report.table()
+    rows = {r["name"]: r for r in data["rows"]}
+    assert list(rows) == ["preflight", "readiness", "capital", "five-turns", "backend"]
+    for row in data["rows"]:
+        assert set(row) == {"name", "kind", "status", "reason", "duration_s", "details"}
+        assert row["status"] == "passed" and row["reason"] is None
+    assert rows["preflight"]["details"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert "no /dev/mtgpu*" in rows["preflight"]["details"]["note"]
+    assert rows["capital"]["details"]["answer"] == "Beijing"
+    assert rows["five-turns"]["details"]["statuses"] == [200] * 5
+    assert rows["backend"]["details"]["line"].endswith("Using FLASH_ATTN backend.")
+    assert rows["backend"]["details"]["backends_in_log"] == ["FLASH_ATTN"]
+    assert data["hardware"]["allowed_missing"] is True and data["hardware"]["device_options"] == []
+    assert data["container"]["docker"][:3] == ["docker", "run", "-d"]
+    assert "--attention-backend" in data["container"]["docker"]
+    assert "Using FLASH_ATTN backend." in (out / CONTAINER_LOG).read_text()
+    assert launcher.started[0].removed
+
+
+def test_wrong_answer_fails_the_chat_row_only(tmp_path, launcher):
+    report = smoke(
+        recipe(tmp_path), "i", tmp_path / "o", launcher=launcher("wrong-answer"), facts=HARDWARE, interval=0.1
+    )
+    status = {r.name: r.status for r in report.rows}
+    assert status == {
+        "preflight": "failed",
+        "readiness": "passed",
+        "capital": "failed",
+        "five-turns": "passed",
+        "backend": "passed",
+    }
+    capital = next(r for r in report.rows if r.name == "capital")
+    assert capital.reason == "the answer does not contain 'Beijing': 'Nowhere'"
+    # the host claims devices, but the "container" sees none: the preflight says so
+    assert report.rows[0].reason == "0 device(s) visible in the container, the recipe needs 1"
+
+
+def test_a_server_that_dies_fails_its_row_and_stops_the_run(tmp_path, launcher):
+    report = without_devices(tmp_path, launcher("die-after:3"))
+    rows = {r.name: r for r in report.rows}
+    assert rows["capital"].status == "passed"
+    assert rows["five-turns"].status == "failed"
+    assert "turn 3 of 5 answered nothing" in str(rows["five-turns"].reason)
+    assert "the server exited (code 1) during row 'five-turns'" in str(rows["five-turns"].reason)
+    assert "EngineCore died unexpectedly" in str(rows["five-turns"].reason)  # the log's last lines
+    assert rows["backend"].status == "not-run" and rows["backend"].reason == (
+        "not run: the server exited during row 'five-turns'"
+    )
+    assert report.verdict == "failed" and launcher.started[0].removed
+
+
+def test_never_ready_times_out_and_leaves_the_rows_not_run(tmp_path, launcher):
+    report = without_devices(tmp_path, launcher("never-ready"), readiness_timeout=1.5, interval=0.2)
+    ready = report.rows[1]
+    assert ready.status == "failed" and ready.reason == "not ready within 1.5 s (nothing answered)"
+    assert [r.status for r in report.rows[2:]] == ["not-run"] * 3
+    assert report.error == "not ready within 1.5 s (nothing answered)"
+    assert launcher.started[0].removed and not launcher.started[0].running()
+    data = json.loads((tmp_path / "o" / SMOKE_JSON).read_text())
+    assert data["rows"][1]["details"]["timeout_s"] == 1.5
+
+
+def test_backend_row_reads_the_log_not_the_flag(tmp_path, launcher):
+    text = qwen_text().replace('regex: "Using FLASH_ATTN backend"', 'regex: "Using TRITON_ATTN backend"')
+    report = without_devices(tmp_path, launcher(), recipe(tmp_path, text))
+    backend = report.rows[-1]
+    assert backend.status == "failed"
+    assert backend.reason == (
+        "no line of the server's log matches 'Using TRITON_ATTN backend'; the log says: Using FLASH_ATTN backend"
+    )
+
+
+def test_env_defaults_and_extra_env_reach_the_server_and_are_recorded_by_name(tmp_path, launcher):
+    text = qwen_text() + "env: {VLLM_ATTENTION_BACKEND: {default: TORCH_SDPA, description: the backend}}\n"
+    text = text.replace("  --attention-backend: FLASH_ATTN\n", "").replace("FLASH_ATTN backend", "TORCH_SDPA backend")
+    report = without_devices(tmp_path, launcher(), recipe(tmp_path, text), env={"HF_TOKEN": "secret-value"})
+    assert report.ok, report.table()
+    assert report.container["env"] == {"VLLM_ATTENTION_BACKEND": "TORCH_SDPA", "HF_TOKEN": "<set by --env>"}
+    assert "secret-value" not in (tmp_path / "o" / SMOKE_JSON).read_text()
+
+
+# -- single rows ----------------------------------------------------------------------------------------
+
+
+def test_rows_against_fixed_answers(tmp_path):
+    loaded = recipe(tmp_path)
+    answers = {
+        "/v1/models": (404, '{"error": {"message": "Not Found"}}'),
+        "/v1/chat/completions": (200, json.dumps({"choices": [{"message": {"content": "It is beijing."}}]})),
+    }
+    calls: list[tuple] = []
+
+    def request(method, url, body=None, timeout=300):
+        calls.append((method, url, body))
+        return answers[url.split("8000", 1)[1]]
+
+    ctx = RowContext(loaded.model, {"api": "127.0.0.1:8000"}, lambda: "x\nINFO Using FLASHMLA backend.\n", request)
+    rows = {r.name: r for r in loaded.model.smoke}
+    chat = run_row(rows["capital"], ctx)
+    assert chat.status == "passed"  # case-insensitive
+    assert calls[0][2]["model"] == "qwen3-8b" and calls[0][2]["messages"][0]["role"] == "user"
+    turns = run_row(rows["five-turns"], ctx)
+    assert turns.status == "passed" and len(calls[-1][2]["messages"]) == 9  # 5 user + 4 assistant
+    log = run_row(rows["backend"], ctx)
+    assert log.status == "failed" and log.details["backends_in_log"] == ["FLASHMLA"]
+    get = load_recipe(REPO, "diffusion-gemma").model.smoke[2]
+    ctx2 = RowContext(
+        load_recipe(REPO, "diffusion-gemma").model, {"api": "h:1", "interposer": "127.0.0.1:8000"}, str, request
+    )
+    got = run_row(get, ctx2)
+    assert got.status == "failed" and got.reason.startswith("GET /v1/models answered HTTP 404")
+    assert calls[-1][1] == "http://127.0.0.1:8000/v1/models"  # the row's own port
+
+
+def test_parse_env_refuses_bad_names():
+    assert smokerun.parse_env(["A_B=x=y"]) == {"A_B": "x=y"}
+    for bad in ("1A=x", "A", "A=\x1b[31m"):
+        with pytest.raises(Exception) as err:
+            smokerun.parse_env([bad])
+        assert "--env" in str(err.value)

@@ -1,0 +1,116 @@
+"""``stackforge smoke RECIPE``: start the recipe's image, prove it serves, keep the evidence."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from stackforge.cli.options import add_json, print_json, root_of, workspace_of
+from stackforge.errors import UserError
+from stackforge.recipes.load import LoadedRecipe, load_recipe
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "smoke",
+        help="start a recipe's image with its flags, wait for readiness, run its smoke rows, keep the evidence "
+        "(exit 0 every row passed, 1 a row failed or did not run, 2 invalid input)",
+    )
+    p.add_argument("recipe", metavar="RECIPE", help="a recipe name (recipes/<name>.yaml) or a .yaml path")
+    p.add_argument(
+        "--image",
+        metavar="REF",
+        help="the local image to smoke (default: the local tag of the recipe's stack and target, as "
+        "`stackforge build STACK --target T` made it)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="where smoke.json and container.log go (default: build/<stack>/evidence/smoke/<recipe>/)",
+    )
+    p.add_argument(
+        "--allow-missing-hardware",
+        action="store_true",
+        help="on a host without the recipe's devices, start the container without device options and run the "
+        "rows anyway (stand-in images, CI); smoke.json records that the hardware was missing",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an extra container environment variable (repeatable; recorded by name only)",
+    )
+    p.add_argument(
+        "--readiness-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="wait at most this long for readiness (default: the recipe's readiness.timeout_s)",
+    )
+    add_json(p, "smoke.json (the run, its hardware, container and rows)")
+    p.set_defaults(func=cmd_smoke)
+
+
+def default_image(recipe: LoadedRecipe, root: Path) -> str:
+    """The local tag ``stackforge build`` gives the recipe's stack and target."""
+    from stackforge.build.run import target_ref
+    from stackforge.stack.load import load
+
+    img = recipe.model.image
+    if img.overlay is not None:
+        raise UserError(
+            f"{recipe.display}: the image carries overlay {img.overlay!r}; name it with --image",
+            fix=f"pass --image REF of the {img.overlay} overlay's image",
+        )
+    loaded = load(img.stack, root=root)
+    return target_ref(loaded, img.target)
+
+
+def cmd_smoke(args) -> int:
+    from stackforge.smoke.run import parse_env, smoke
+
+    root = root_of(args)
+    recipe = load_recipe(root, args.recipe)
+    env = parse_env(args.env)
+    if args.readiness_timeout is not None and not 0 < args.readiness_timeout <= 86400:
+        raise UserError(f"--readiness-timeout {args.readiness_timeout:g}: give 0 < SECONDS <= 86400")
+    image = args.image or default_image(recipe, root)
+    engine = workspace_of(args).engine
+    image_id = engine.image_id(image)
+    if image_id is None:
+        raise UserError(
+            f"no image {image} in the engine",
+            file="--image" if args.image else recipe.display,
+            fix=f"build it: stackforge build {recipe.model.image.stack} --target {recipe.model.image.target}"
+            if not args.image
+            else "build or pull it first",
+        )
+    out = args.out or root / "build" / recipe.model.image.stack / "evidence" / "smoke" / recipe.name
+    report = smoke(
+        recipe,
+        image,
+        out,
+        engine=engine,
+        allow_missing_hardware=args.allow_missing_hardware,
+        env=env,
+        readiness_timeout=args.readiness_timeout,
+        image_id=image_id,
+        echo=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print(report.table())
+        print(f"evidence: {out}")
+    if report.ok:
+        return 0
+    missing = report.hardware.get("missing")
+    if missing and not report.hardware.get("allowed_missing"):
+        print(
+            f"error: {missing}: every row is recorded as not-run ({out / 'smoke.json'})\n"
+            "  fix: run on a host with the recipe's hardware, or pass --allow-missing-hardware to run the rows "
+            "without devices",
+            file=sys.stderr,
+        )
+    return 1

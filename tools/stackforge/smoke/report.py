@@ -1,0 +1,120 @@
+"""Smoke results: one :class:`RowResult` per row, the :class:`SmokeReport` of a run, and its evidence.
+
+A row is ``passed``, ``failed`` or ``not-run`` (with the reason: the host lacks the hardware, the server
+never became ready or died before the row, the run was interrupted). ``not-run`` is never a pass: a
+report is ``ok`` only when every row passed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stackforge.fslock import atomic_write
+
+PASSED, FAILED, NOT_RUN = "passed", "failed", "not-run"
+SMOKE_JSON = "smoke.json"
+CONTAINER_LOG = "container.log"
+
+
+@dataclass
+class RowResult:
+    name: str
+    kind: str  # preflight | readiness | chat | turns | get | log
+    status: str = NOT_RUN
+    reason: str | None = None
+    duration_s: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def passed(self, **details: Any) -> RowResult:
+        self.status, self.details = PASSED, {**self.details, **details}
+        return self
+
+    def failed(self, reason: str, **details: Any) -> RowResult:
+        self.status, self.reason, self.details = FAILED, reason, {**self.details, **details}
+        return self
+
+    def skipped(self, reason: str) -> RowResult:
+        self.status, self.reason = NOT_RUN, reason
+        return self
+
+
+@dataclass
+class SmokeReport:
+    recipe: str
+    file: str
+    image: str
+    image_id: str | None = None
+    stack: str | None = None
+    target: str | None = None
+    overlay: str | None = None
+    hardware: dict[str, Any] = field(default_factory=dict)
+    container: dict[str, Any] = field(default_factory=dict)
+    rows: list[RowResult] = field(default_factory=list)
+    started_at: str = ""
+    finished_at: str = ""
+    duration_s: float = 0.0
+    error: str | None = None  # why the run stopped early (readiness, the server died, interrupted)
+    evidence: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and all(r.status == PASSED for r in self.rows)
+
+    @property
+    def verdict(self) -> str:
+        """passed, failed (a row failed), or not-run (no row failed, but some did not run)."""
+        if self.ok:
+            return PASSED
+        return FAILED if any(r.status == FAILED for r in self.rows) else NOT_RUN
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "file": self.file,
+            "image": self.image,
+            "image_id": self.image_id,
+            "stack": self.stack,
+            "target": self.target,
+            "overlay": self.overlay,
+            "ok": self.ok,
+            "verdict": self.verdict,
+            "error": self.error,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "duration_s": self.duration_s,
+            "hardware": self.hardware,
+            "container": self.container,
+            "log": CONTAINER_LOG,
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+    def table(self) -> str:
+        """One line per row: status, name, kind, duration, reason."""
+        width = max([len(r.name) for r in self.rows] + [4])
+        lines = []
+        for r in self.rows:
+            text = f"{r.status.upper():8} {r.name:<{width}} {r.kind:<9} {r.duration_s:6.1f} s"
+            lines.append(text + (f"  {one_line(r.reason)}" if r.reason else ""))
+        lines.append(f"smoke {self.recipe}: {self.verdict}" + (f" — {one_line(self.error)}" if self.error else ""))
+        return "\n".join(lines)
+
+
+def one_line(text: str | None, limit: int = 300) -> str:
+    if not text:
+        return ""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if len(lines) > 3:  # the first line says what happened, the last ones (a log's tail) why
+        lines = [lines[0], "…", *lines[-2:]]
+    first = " | ".join(lines)
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+def write_evidence(report: SmokeReport, outdir: Path, log: str) -> Path:
+    """``smoke.json`` and ``container.log`` into ``outdir`` (created), each written whole or not at all."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    report.evidence = str(outdir)
+    atomic_write(outdir / CONTAINER_LOG, log)
+    return atomic_write(outdir / SMOKE_JSON, json.dumps(report.to_json(), indent=2) + "\n")

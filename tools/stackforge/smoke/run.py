@@ -1,0 +1,589 @@
+"""Run one recipe's smoke against an image: start, preflight, readiness, rows, stop, evidence.
+
+The engine sits behind :class:`Container` (``docker run -d`` by :class:`DockerContainer`), so the
+orchestration runs unchanged against any process that serves the recipe's ports. Order:
+
+1. the host's hardware: a recipe that needs MUSA devices needs ``/dev/mtgpu*`` and the engine's
+   ``mthreads`` runtime. Without them every row is ``not-run`` with the reason and no container starts,
+   unless ``allow_missing_hardware`` (then the container starts without device options and the report
+   records that the rows ran without the declared hardware);
+2. ``docker run -d`` with the platform's device options (:data:`PLATFORM_OPTIONS`), the recipe's env
+   defaults (and ``--env`` values), each declared port published on a free loopback port, the image's
+   entrypoint with :meth:`Recipe.container_args`;
+3. the preflight row, inside the container: devices visible, python/torch/vllm versions from the image's
+   python, MUSA driver and runtime versions where present;
+4. readiness: GET the readiness path until it answers 200, while the container still runs (a server
+   that exits fails the run at once, with its last log lines) and within the timeout;
+5. the recipe's rows in order (chat, turns, get, log); a server that dies during a row fails that row,
+   and the rows after it are ``not-run``;
+6. always (also on SIGINT/SIGTERM): the log is kept, the container stopped and removed, and the
+   evidence written.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from stackforge import grammar
+from stackforge.errors import UserError
+from stackforge.recipes.load import LoadedRecipe
+from stackforge.recipes.model import Hardware, Recipe, SmokeRow
+from stackforge.signals import Interrupted
+from stackforge.smoke.report import FAILED, NOT_RUN, RowResult, SmokeReport, one_line, write_evidence
+
+#: How a container gets the accelerator (one place): the MT container toolkit's runtime exposes the devices
+#: MTHREADS_VISIBLE_DEVICES names (``docker info`` lists ``Runtimes: mthreads …`` once the toolkit is set
+#: up); vLLM's workers share memory over /dev/shm, hence the host IPC namespace.
+PLATFORM_OPTIONS: dict[str, list[str]] = {
+    "mthreads": ["--runtime=mthreads", "--env", "MTHREADS_VISIBLE_DEVICES=all", "--ipc=host"],
+    "none": [],
+}
+DEVICE_NODES = {"mthreads": "/dev/mtgpu*"}
+RUNTIMES = {"mthreads": "mthreads"}
+#: vLLM's own line naming the attention backend it chose.
+BACKEND_LINE = re.compile(r"Using (\S+) backend")
+LOG_TAIL = 20
+ENV_ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+
+#: Run by the image's python inside the container: what the preflight row records.
+PREFLIGHT = r"""
+import glob, json, os, platform
+from importlib import metadata
+def version(dist):
+    try:
+        return metadata.version(dist)
+    except Exception:
+        return None
+def read(path):
+    try:
+        with open(path) as fh:
+            return fh.read().strip()[:200] or None
+    except OSError:
+        return None
+home = os.environ.get("MUSA_HOME") or "/usr/local/musa"
+runtime = next(filter(None, (read(os.path.join(home, n)) for n in ("version.txt", "version.json"))), None)
+print(json.dumps({
+    "python": platform.python_version(),
+    "versions": {d: version(d) for d in ("torch", "torch_musa", "vllm", "vllm_musa", "mate", "torchada")},
+    "devices": sorted(glob.glob("/dev/mtgpu*")),
+    "visible": {k: os.environ.get(k) for k in ("MTHREADS_VISIBLE_DEVICES", "MUSA_VISIBLE_DEVICES")},
+    "musa_driver": read("/sys/module/mtgpu/version"),
+    "musa_runtime": runtime,
+    "musa_home": home if os.path.isdir(home) else None,
+}))
+"""
+
+
+# -- the host -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the host offers: device nodes and the engine's container runtimes."""
+
+    nodes: tuple[str, ...]
+    runtimes: tuple[str, ...]
+
+
+def host_facts(engine: Any) -> HostFacts:
+    nodes = tuple(sorted(n for pattern in DEVICE_NODES.values() for n in glob.glob(pattern)))
+    proc = engine.cli("info", "--format", "{{json .Runtimes}}", timeout=30)
+    try:
+        runtimes = tuple(sorted(json.loads(proc.stdout or "{}") or {})) if proc.returncode == 0 else ()
+    except ValueError:
+        runtimes = ()
+    return HostFacts(nodes, runtimes)
+
+
+def missing_hardware(hw: Hardware, facts: HostFacts) -> str | None:
+    """Why this host cannot give the container the recipe's devices (None: it can)."""
+    if hw.devices == "none" or hw.count == 0:
+        return None
+    pattern = DEVICE_NODES[hw.devices]
+    nodes = [n for n in facts.nodes if fnmatch.fnmatch(n, pattern)]
+    if not nodes:
+        return f"this host has no {hw.devices} device (no {pattern})"
+    if RUNTIMES[hw.devices] not in facts.runtimes:
+        return (
+            f"the engine has no {RUNTIMES[hw.devices]} runtime (docker info lists: "
+            f"{', '.join(facts.runtimes) or 'none'}); install and set up the MT container toolkit"
+        )
+    return None
+
+
+# -- the container --------------------------------------------------------------------------------------
+
+
+@dataclass
+class ContainerSpec:
+    """What ``docker run`` gets; ``argv()`` is also recorded in the evidence, so a reviewer can rerun it."""
+
+    name: str
+    image: str
+    args: list[str]
+    env: dict[str, str]
+    ports: dict[str, int]
+    options: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, shown_env: dict[str, str] | None = None) -> list[str]:
+        out = ["run", "-d", "--name", self.name]
+        for key, value in self.labels.items():
+            out += ["--label", f"{key}={value}"]
+        out += self.options
+        for port in self.ports.values():
+            out += ["--publish", f"127.0.0.1::{port}/tcp"]
+        for key, value in (shown_env if shown_env is not None else self.env).items():
+            out += ["--env", f"{key}={value}"]
+        return [*out, self.image, *self.args]
+
+
+class Container(Protocol):
+    """A started server: is it running, its log, a command inside it, where a port is reachable."""
+
+    def running(self) -> bool: ...
+
+    def exit_code(self) -> int | None: ...
+
+    def logs(self) -> str: ...
+
+    def exec(self, argv: Sequence[str], timeout: float = 120) -> tuple[int, str]: ...
+
+    def address(self, port: int) -> str: ...
+
+    def remove(self) -> None: ...
+
+
+Launcher = Callable[[ContainerSpec], Container]
+
+
+class DockerContainer:
+    """A container of the local engine, started detached."""
+
+    def __init__(self, engine: Any, spec: ContainerSpec):
+        self.engine, self.spec = engine, spec
+        proc = engine.cli(*spec.argv(), timeout=300)
+        if proc.returncode != 0:
+            self.remove()
+            raise UserError(
+                f"docker run of {spec.image} failed: {one_line(proc.stderr or proc.stdout)}",
+                fix="check the image reference and the engine (the platform's device options need its runtime)",
+            )
+
+    def _inspect(self, fmt: str) -> str | None:
+        proc = self.engine.cli("container", "inspect", "--format", fmt, self.spec.name, timeout=30)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def running(self) -> bool:
+        return self._inspect("{{.State.Running}}") == "true"
+
+    def exit_code(self) -> int | None:
+        code = self._inspect("{{.State.ExitCode}}")
+        return int(code) if code and code.lstrip("-").isdigit() else None
+
+    def logs(self) -> str:
+        try:
+            proc = subprocess.run(
+                [self.engine.docker, "logs", self.spec.name],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                timeout=60,
+                env=self.engine.env,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return proc.stdout if proc.returncode == 0 else ""
+
+    def exec(self, argv: Sequence[str], timeout: float = 120) -> tuple[int, str]:
+        proc = self.engine.cli("exec", self.spec.name, *argv, timeout=timeout)
+        return proc.returncode, proc.stdout if proc.returncode == 0 else (proc.stderr or proc.stdout)
+
+    def address(self, port: int) -> str:
+        proc = self.engine.cli("port", self.spec.name, f"{port}/tcp", timeout=30)
+        for line in (proc.stdout or "").splitlines():
+            if line.startswith("127.0.0.1:"):
+                return line.strip()
+        raise UserError(f"container port {port} of {self.spec.name} is not published on 127.0.0.1")
+
+    def stop(self, grace: int = 10) -> None:
+        self.engine.cli("stop", "--time", str(grace), self.spec.name, timeout=grace + 60)
+
+    def remove(self) -> None:
+        self.engine.cli("rm", "--force", "--volumes", self.spec.name, timeout=120)
+
+    def exists(self) -> bool:
+        return self._inspect("{{.Id}}") is not None
+
+
+# -- readiness and HTTP ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Ready:
+    ok: bool
+    waited_s: float
+    attempts: int
+    reason: str | None = None
+
+
+def wait_ready(
+    probe: Callable[[], int | None],
+    alive: Callable[[], bool],
+    timeout_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    interval: float = 1.0,
+) -> Ready:
+    """Call ``probe`` (an HTTP status, None when nothing answers) until it gives 200; stop at once when
+    ``alive`` says the server exited, or after ``timeout_s``."""
+    start = clock()
+    attempts, last = 0, None
+    while True:
+        if not alive():
+            return Ready(False, round(clock() - start, 1), attempts, "the server exited before it was ready")
+        attempts += 1
+        last = probe()
+        if last == 200:
+            return Ready(True, round(clock() - start, 1), attempts)
+        waited = clock() - start
+        if waited >= timeout_s:
+            answer = f"last answer HTTP {last}" if last is not None else "nothing answered"
+            return Ready(False, round(waited, 1), attempts, f"not ready within {timeout_s:g} s ({answer})")
+        sleep(min(interval, max(0.0, timeout_s - waited)))
+
+
+def http(method: str, url: str, body: dict | None = None, timeout: float = 300) -> tuple[int | None, str]:
+    """(status, body text); status None when the connection failed (the text says how)."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read(1 << 20).decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(1 << 20).decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        return None, str(getattr(exc, "reason", exc))
+
+
+# -- rows -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RowContext:
+    recipe: Recipe
+    addresses: dict[str, str]  # port name -> 127.0.0.1:N
+    logs: Callable[[], str]
+    request: Callable[..., tuple[int | None, str]] = http
+
+    def url(self, row: SmokeRow, path: str) -> str:
+        return f"http://{self.addresses[row.port or self.recipe.default_port()]}{path}"
+
+
+def _content(text: str) -> str | None:
+    try:
+        return str(json.loads(text)["choices"][0]["message"]["content"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _chat_body(recipe: Recipe, messages: list[dict], max_tokens: int) -> dict:
+    return {"model": recipe.model.name, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+
+
+def run_row(row: SmokeRow, ctx: RowContext, result: RowResult | None = None) -> RowResult:
+    """Evaluate one smoke row; its result carries what was asked and what came back."""
+    out = result or RowResult(row.name, row.kind)
+    if row.chat is not None:
+        chat = row.chat
+        status, text = ctx.request(
+            "POST",
+            ctx.url(row, "/v1/chat/completions"),
+            _chat_body(ctx.recipe, [{"role": "user", "content": chat.prompt}], chat.max_tokens),
+        )
+        answer = _content(text) if status == 200 else None
+        details: dict[str, Any] = {"prompt": chat.prompt, "contains": chat.contains, "status": status, "answer": answer}
+        if status != 200:
+            return out.failed(f"the chat request answered {_status(status, text)}", **details)
+        if answer is None or chat.contains.lower() not in answer.lower():
+            return out.failed(f"the answer does not contain {chat.contains!r}: {one_line(answer, 200)!r}", **details)
+        return out.passed(**details)
+    if row.turns is not None:
+        turns = row.turns
+        messages: list[dict] = []
+        statuses: list[int | None] = []
+        for i in range(turns.count):
+            messages.append({"role": "user", "content": turns.prompt})
+            status, text = ctx.request(
+                "POST", ctx.url(row, "/v1/chat/completions"), _chat_body(ctx.recipe, list(messages), turns.max_tokens)
+            )
+            statuses.append(status)
+            if status != turns.status:
+                return out.failed(
+                    f"turn {i + 1} of {turns.count} answered {_status(status, text)}, expected {turns.status}",
+                    statuses=statuses,
+                    expected=turns.status,
+                )
+            messages.append({"role": "assistant", "content": _content(text) or ""})
+        return out.passed(statuses=statuses, expected=turns.status)
+    if row.get is not None:
+        get = row.get
+        status, text = ctx.request("GET", ctx.url(row, get.path))
+        details = {"path": get.path, "status": status, "expected": get.status}
+        if status != get.status:
+            return out.failed(f"GET {get.path} answered {_status(status, text)}, expected {get.status}", **details)
+        return out.passed(**details)
+    assert row.log is not None
+    pattern = re.compile(row.log.regex)
+    lines = ctx.logs().splitlines()
+    found = next((line for line in lines if pattern.search(line)), None)
+    backends = sorted({m.group(1).rstrip(".") for line in lines for m in [BACKEND_LINE.search(line)] if m})
+    details = {"regex": row.log.regex, "line": found, "backends_in_log": backends}
+    if found is None:
+        seen = f"the log says: {', '.join(f'Using {b} backend' for b in backends)}" if backends else ""
+        return out.failed(
+            f"no line of the server's log matches {row.log.regex!r}" + (f"; {seen}" if seen else ""), **details
+        )
+    return out.passed(**details)
+
+
+def _status(status: int | None, text: str) -> str:
+    if status is None:
+        return f"nothing (connection failed: {one_line(text, 120)})"
+    return f"HTTP {status}" + (f" ({one_line(text, 160)})" if status >= 400 and text else "")
+
+
+def preflight(container: Container, hw: Hardware, missing: str | None) -> RowResult:
+    """Inside the container: the devices it sees and the runtime versions (the image's python)."""
+    row = RowResult("preflight", "preflight")
+    code, text = container.exec(["python", "-c", PREFLIGHT], timeout=120)
+    if code != 0 and not container.running():
+        return row.failed(f"the container exited (code {container.exit_code()}) before the preflight could run")
+    if code != 0:
+        return row.failed(f"the image's python did not answer the preflight (exit {code}): {one_line(text)}")
+    try:
+        facts = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return row.failed(f"the preflight printed no JSON: {one_line(text)}")
+    if not isinstance(facts, dict):
+        return row.failed(f"the preflight printed no JSON object: {one_line(text)}")
+    devices = facts.get("devices") or []
+    if hw.devices != "none" and hw.count and missing is None and len(devices) < hw.count:
+        return row.failed(f"{len(devices)} device(s) visible in the container, the recipe needs {hw.count}", **facts)
+    if missing is not None:
+        facts["note"] = f"ran without the declared hardware: {missing}"
+    return row.passed(**facts)
+
+
+# -- the run --------------------------------------------------------------------------------------------
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` values (names by the env grammar; values without control characters)."""
+    out: dict[str, str] = {}
+    for item in items:
+        m = ENV_ARG.match(item)
+        bad = grammar.bad_char(item) if m else None
+        if not m or bad:
+            raise UserError(
+                f"--env {item!r}: {'contains ' + bad if bad else 'write NAME=VALUE'}",
+                file="--env",
+                fix="e.g. --env VLLM_LOGGING_LEVEL=DEBUG",
+            )
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def container_name(recipe: str) -> str:
+    return f"stackforge-smoke-{recipe}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def smoke(
+    loaded: LoadedRecipe,
+    image: str,
+    outdir: Path,
+    *,
+    engine: Any = None,
+    launcher: Launcher | None = None,
+    facts: HostFacts | None = None,
+    allow_missing_hardware: bool = False,
+    env: dict[str, str] | None = None,
+    readiness_timeout: float | None = None,
+    image_id: str | None = None,
+    echo: Callable[[str], None] = lambda line: None,
+    request: Callable[..., tuple[int | None, str]] = http,
+    interval: float = 1.0,
+) -> SmokeReport:
+    """Run the recipe's smoke against ``image`` and write the evidence into ``outdir``."""
+    recipe = loaded.model
+    started = time.monotonic()
+    report = SmokeReport(
+        loaded.name,
+        loaded.display,
+        image,
+        image_id,
+        recipe.image.stack,
+        recipe.image.target,
+        recipe.image.overlay,
+        started_at=_now(),
+    )
+    rows = [RowResult("preflight", "preflight"), RowResult("readiness", "readiness")]
+    rows += [RowResult(r.name, r.kind) for r in recipe.smoke]
+    report.rows = rows
+    hw = recipe.hardware
+    facts = facts if facts is not None else host_facts(engine)
+    missing = missing_hardware(hw, facts)
+    report.hardware = {
+        "declared": hw.devices,
+        "count": hw.count,
+        "min_memory_gib": hw.min_memory_gib,
+        "device_nodes": list(facts.nodes),
+        "runtimes": list(facts.runtimes),
+        "missing": missing,
+        "allowed_missing": bool(missing and allow_missing_hardware),
+    }
+    log = ""
+    if missing and not allow_missing_hardware:
+        for row in rows:
+            row.skipped(f"not run: {missing}")
+        report.error = f"{missing}; no container was started"
+        return _finish(report, outdir, log, started)
+
+    options = [] if missing else list(PLATFORM_OPTIONS[hw.devices])
+    report.hardware["device_options"] = options
+    extra = env or {}
+    spec = ContainerSpec(
+        name=container_name(loaded.name),
+        image=image,
+        args=recipe.container_args(),
+        env={**{k: e.default for k, e in recipe.env.items()}, **extra},
+        ports=dict(recipe.ports),
+        options=options,
+        labels={"org.stackforge.smoke.recipe": loaded.name},
+    )
+    shown = {k: (v if k not in extra else "<set by --env>") for k, v in spec.env.items()}
+    report.container = {"name": spec.name, "docker": ["docker", *spec.argv(shown)], "env": shown}
+    start = launcher or (lambda s: DockerContainer(engine, s))
+    echo(f"smoke: start {image} ({spec.name})")
+    container = start(spec)
+    try:
+        _run(report, container, recipe, missing, readiness_timeout, request, interval, echo)
+    except Interrupted as intr:
+        for row in rows:
+            if row.status == NOT_RUN and row.reason is None:
+                row.skipped(f"not run: interrupted by {intr.name}")
+        report.error = f"interrupted by {intr.name}"
+        intr.notes.append(f"the smoke container {spec.name} was removed (evidence: {outdir})")
+        raise
+    finally:
+        log = container.logs()
+        if isinstance(container, DockerContainer):
+            container.stop()
+            log = container.logs() or log
+        report.container["exit_code"] = container.exit_code()
+        container.remove()
+        report.container["removed"] = not (isinstance(container, DockerContainer) and container.exists())
+        echo(f"smoke: removed {spec.name}")
+        _finish(report, outdir, log, started)
+    return report
+
+
+def _run(
+    report: SmokeReport,
+    container: Container,
+    recipe: Recipe,
+    missing: str | None,
+    readiness_timeout: float | None,
+    request: Callable[..., tuple[int | None, str]],
+    interval: float,
+    echo: Callable[[str], None],
+) -> None:
+    rows = report.rows
+    t = time.monotonic()
+    rows[0] = _timed(preflight(container, recipe.hardware, missing), t)
+    echo(f"smoke: preflight {rows[0].status}")
+
+    ready_row = rows[1]
+    timeout = readiness_timeout if readiness_timeout is not None else recipe.readiness.timeout_s
+    t = time.monotonic()
+    try:
+        addresses = {name: container.address(port) for name, port in recipe.ports.items()}
+    except UserError as err:
+        if container.running():
+            raise
+        addresses, ready = {}, Ready(False, 0.0, 0, err.message)
+    else:
+        ready_url = f"http://{addresses[recipe.default_port()]}{recipe.readiness.path}"
+        echo(f"smoke: wait for {ready_url} (up to {timeout:g} s)")
+        ready = wait_ready(
+            lambda: request("GET", ready_url, timeout=10)[0], container.running, timeout, interval=interval
+        )
+    details = {
+        "url_path": recipe.readiness.path,
+        "timeout_s": timeout,
+        "waited_s": ready.waited_s,
+        "attempts": ready.attempts,
+    }
+    if not ready.ok:
+        reason = str(ready.reason)
+        if not container.running():
+            code = container.exit_code()
+            reason = f"the server exited (code {code}) before it was ready; last log lines:\n{tail(container.logs())}"
+        _timed(ready_row.failed(reason, **details), t)
+        report.error = one_line(reason)
+        for row in rows[2:]:
+            row.skipped("not run: the server never became ready")
+        return
+    _timed(ready_row.passed(**details), t)
+    echo(f"smoke: ready after {ready.waited_s:g} s")
+
+    ctx = RowContext(recipe, addresses, container.logs, request)
+    for i, step in enumerate(recipe.smoke):
+        result = rows[2 + i]
+        t = time.monotonic()
+        run_row(step, ctx, result)
+        if not container.running():
+            code = container.exit_code()
+            why = f"the server exited (code {code}) during row {step.name!r}; last log lines:\n{tail(container.logs())}"
+            result.failed(f"{result.reason}; {why}" if result.status == FAILED else why)
+            _timed(result, t)
+            report.error = one_line(why)
+            for later in rows[3 + i :]:
+                later.skipped(f"not run: the server exited during row {step.name!r}")
+            return
+        _timed(result, t)
+        echo(f"smoke: {step.name} {result.status}")
+
+
+def tail(log: str, n: int = LOG_TAIL) -> str:
+    return "\n".join(log.rstrip().splitlines()[-n:])
+
+
+def _timed(row: RowResult, started: float) -> RowResult:
+    row.duration_s = round(time.monotonic() - started, 2)
+    return row
+
+
+def _finish(report: SmokeReport, outdir: Path, log: str, started: float) -> SmokeReport:
+    report.finished_at = _now()
+    report.duration_s = round(time.monotonic() - started, 1)
+    write_evidence(report, outdir, log)
+    return report
