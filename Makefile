@@ -63,11 +63,12 @@ lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests a
 	$(VENV)/bin/ruff format --check tools tests bench
 	$(VENV)/bin/mypy
 
-lint-domain: $(STAMP) ## stack rules, the stale-reference audit, patch-series lint, byte-stable export, the cookbook
+lint-domain: $(STAMP) ## stack rules, the stale-reference audit, patch-series lint, byte-stable export, recipes and the cookbook
 	$(STACKFORGE) lint
 	$(STACKFORGE) audit post2
 	$(STACKFORGE) patches lint
 	$(STACKFORGE) patches export --check
+	$(STACKFORGE) recipe lint
 	$(STACKFORGE) recipe docs --check
 
 format: $(STAMP) ## apply ruff's fixes and formatting

@@ -137,7 +137,7 @@ def _dedupe(lines):
     return list(dict.fromkeys(l.strip() for l in lines if l.strip()))
 
 
-def _failure_reason(log: str) -> str:
+def failure_reason(log: str) -> str:
     """The most useful lines of a failed build log: gate FAILs, or the failing step and its cause."""
     lines = log.splitlines()
     fails = [m.group(1).strip() for m in (GATE_LINE.match(l) for l in lines)
@@ -269,7 +269,7 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
     _write_inputs(evidence, loaded, ctx, labels, info, target, ref)
 
     had = engine.image_id(ref)
-    with _recording_interrupts(engine, evidence, ref, had, started):
+    with recording_interrupts(engine, evidence, ref, had, started):
         with credentials.private_dir("stackforge-secrets-") as secrets_dir:
             secrets = secret_files(loaded, secrets_dir, ws)
             with progress.step(f"build {ref} with BuildKit (log: {evidence / 'build.log'})"):
@@ -284,8 +284,8 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
         now = engine.image_id(ref)
         if now is not None and now != had:  # never leave a tag pointing at an unchecked image
             engine.remove_image(ref, force=True)
-        atomic_write(evidence / "result.json", json.dumps({"ok": False, "reason": _failure_reason(log)}, indent=2))
-        raise BuildFailed(f"{stack.name}/{target}: {_failure_reason(log)}\n  (no image was tagged; log: "
+        atomic_write(evidence / "result.json", json.dumps({"ok": False, "reason": failure_reason(log)}, indent=2))
+        raise BuildFailed(f"{stack.name}/{target}: {failure_reason(log)}\n  (no image was tagged; log: "
                           f"{evidence / 'build.log'})", fix="read the FAIL/ERROR lines above")
     image_id = engine.image_id(ref) if opts.load else None
     reports = read_gate_from_image(engine, ref) if opts.load else {}
@@ -304,7 +304,7 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
 
 
 @contextmanager
-def _recording_interrupts(engine: Engine, evidence: Path, ref: str, had: str | None, started: float):
+def recording_interrupts(engine: Engine, evidence: Path, ref: str, had: str | None, started: float):
     """Around the engine run: on SIGINT/SIGTERM (the engine's process group is already stopped and the
     secrets directory removed by the inner blocks) drop a tag the interrupted run may have moved, write
     ``result.json`` with status ``interrupted`` and the signal, and let the interruption go on."""

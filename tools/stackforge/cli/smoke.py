@@ -103,7 +103,7 @@ def cmd_smoke(args) -> int:
     else:
         print(report.table())
         print(f"evidence: {out}")
-    if report.ok:
+    if report.exit_code == 0:
         return 0
     missing = report.hardware.get("missing")
     if missing and not report.hardware.get("allowed_missing"):

@@ -30,7 +30,7 @@ from stackforge.build import render as dockerfile_render
 from stackforge.build.context import build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.plan import LABEL_NS
-from stackforge.build.run import BuildOptions, _recording_interrupts, default_target, target_ref
+from stackforge.build.run import BuildOptions, default_target, recording_interrupts, target_ref
 from stackforge.build.run import build as build_stack
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write, stack_lock
@@ -126,7 +126,7 @@ def _render(loaded: LoadedStack, ov: LoadedOverlay, template: str, path: tuple, 
 
 def local_ref(loaded: LoadedStack, ov: LoadedOverlay) -> str:
     text = _render(loaded, ov, ov.model.tags.local, ("tags", "local"))
-    return str(tags._checked(cast(LoadedStack, _At(loaded.model, ov)), text, ("tags", "local")))
+    return str(tags.checked_ref(cast(LoadedStack, _At(loaded.model, ov)), text, ("tags", "local")))
 
 
 def publish_ref(loaded: LoadedStack, ov: LoadedOverlay, registry: str, date: str, revision: int) -> tags.Ref:
@@ -137,7 +137,7 @@ def publish_ref(loaded: LoadedStack, ov: LoadedOverlay, registry: str, date: str
             fix="add tags.publish, e.g. 'vllm:…-{{ overlay.name }}-{{ date }}-r{{ revision }}'",
         )
     text = _render(loaded, ov, ov.model.tags.publish, ("tags", "publish"), date=date, revision=revision)
-    return tags._checked(
+    return tags.checked_ref(
         cast(LoadedStack, _At(loaded.model, ov)), f"{tags.check_registry(registry)}/{text}", ("tags", "publish")
     )
 
@@ -434,7 +434,7 @@ def build_overlay(
             + "\n",
         )
         had = engine.image_id(ref)
-        with _recording_interrupts(engine, evidence, ref, had, started):
+        with recording_interrupts(engine, evidence, ref, had, started):
             with progress.step(f"build overlay {ov.name} as {ref} (log: {evidence / 'build.log'})"):
                 result = engine.build(
                     odir / "context",
@@ -448,9 +448,9 @@ def build_overlay(
                 )
         reason = None
         if result.returncode != 0:
-            from stackforge.build.run import _failure_reason
+            from stackforge.build.run import failure_reason
 
-            reason = _failure_reason(result.log)
+            reason = failure_reason(result.log)
         elif not layers_extend(engine, base.image_id, ref):
             reason = f"the built image's layers do not start with the base image {base.image_id}'s"
         if reason is not None:

@@ -60,15 +60,31 @@ class SmokeReport:
     evidence: str | None = None
 
     @property
+    def without_hardware(self) -> bool:
+        """The rows ran on a host without the declared hardware (``--allow-missing-hardware``)."""
+        return bool(self.hardware.get("missing") and self.hardware.get("allowed_missing"))
+
+    @property
     def ok(self) -> bool:
-        return bool(self.rows) and all(r.status == PASSED for r in self.rows)
+        """Every row passed, on the declared hardware: the only result that vouches for the image."""
+        return bool(self.rows) and all(r.status == PASSED for r in self.rows) and not self.without_hardware
 
     @property
     def verdict(self) -> str:
-        """passed, failed (a row failed), or not-run (no row failed, but some did not run)."""
+        """passed (every row, on the declared hardware), failed (a row failed), or not-run: no row failed, but
+        some did not run, or they ran without the declared hardware (never a pass)."""
         if self.ok:
             return PASSED
         return FAILED if any(r.status == FAILED for r in self.rows) else NOT_RUN
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every row passed; also when the rows ran without the hardware, as asked, and none failed."""
+        if self.ok or (
+            self.without_hardware and self.verdict == NOT_RUN and all(r.status == PASSED for r in self.rows)
+        ):
+            return 0
+        return 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,7 +114,12 @@ class SmokeReport:
         for r in self.rows:
             text = f"{r.status.upper():8} {r.name:<{width}} {r.kind:<9} {r.duration_s:6.1f} s"
             lines.append(text + (f"  {one_line(r.reason)}" if r.reason else ""))
-        lines.append(f"smoke {self.recipe}: {self.verdict}" + (f" — {one_line(self.error)}" if self.error else ""))
+        why = self.error or (
+            f"every row passed, but without the declared hardware ({self.hardware['missing']}): not a hardware result"
+            if self.without_hardware and self.verdict == NOT_RUN
+            else None
+        )
+        lines.append(f"smoke {self.recipe}: {self.verdict}" + (f" — {one_line(why)}" if why else ""))
         return "\n".join(lines)
 
 

@@ -304,7 +304,7 @@ def parse_ref(text: str) -> Ref:
     return Ref(repository, tag)
 
 
-def _checked(loaded: LoadedStack, text: str, path: tuple) -> Ref:
+def checked_ref(loaded: LoadedStack, text: str, path: tuple) -> Ref:
     try:
         ref = parse_ref(text)
     except ValueError as exc:
@@ -328,7 +328,7 @@ def _checked(loaded: LoadedStack, text: str, path: tuple) -> Ref:
 
 
 def local_ref(loaded: LoadedStack) -> Ref:
-    return _checked(loaded, render_template(loaded, loaded.model.tags.local, ("tags", "local")), ("tags", "local"))
+    return checked_ref(loaded, render_template(loaded, loaded.model.tags.local, ("tags", "local")), ("tags", "local"))
 
 
 def check_registry(registry: str) -> str:
@@ -358,12 +358,12 @@ def publish_ref(loaded: LoadedStack, registry: str, date: str | None = None, rev
     if revision < 1:
         raise UserError("revision must be 1 or more", file="--revision", fix="e.g. --revision 2")
     text = render_template(loaded, stack.tags.publish, ("tags", "publish"), date=date, revision=revision)
-    return _checked(loaded, f"{check_registry(registry)}/{text}", ("tags", "publish"))
+    return checked_ref(loaded, f"{check_registry(registry)}/{text}", ("tags", "publish"))
 
 
 def alias_refs(loaded: LoadedStack, registry: str) -> list[Ref]:
     return [
-        _checked(
+        checked_ref(
             loaded,
             f"{check_registry(registry)}/{render_template(loaded, t, ('tags', 'aliases', i))}",
             ("tags", "aliases", i),
