@@ -127,6 +127,29 @@ def test_both_ports_answer_and_the_entrypoint_forwards_signals(jev):
         mb.docker("rm", "--force", name, check=False)
 
 
+def test_the_recipe_smokes_on_the_jev_image_through_both_ports(jev, tmp_path):
+    """recipes/diffusion-gemma.yaml needs the jev overlay: its rows (a chat on the API port, vLLM's backend line,
+    the interposer's port) run against the overlay image."""
+    out = tmp_path / "smoke"
+    proc = mb.stackforge(
+        "smoke", "diffusion-gemma", "--image", TAG, "--out", str(out), "--allow-missing-hardware", "--json"
+    )
+    data = json.loads((out / "smoke.json").read_text())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {r["name"]: r["status"] for r in data["rows"]} == {
+        "preflight": "passed",
+        "readiness": "passed",
+        "generate": "passed",
+        "backend": "passed",
+        "interposer": "passed",
+    }
+    assert data["verdict"] == "not-run" and data["hardware"]["allowed_missing"]  # no MUSA device on this host
+    rows = {r["name"]: r for r in data["rows"]}
+    assert rows["generate"]["details"]["answer"] == "Paris"
+    assert rows["backend"]["details"]["backends_in_log"] == ["TRITON_ATTN"]
+    assert data["container"]["removed"]
+
+
 def test_published_immutably_and_verified(jev, standins, post2, registry):
     ns = "overlay-jev"
     first = overlay_cmd(standins, post2, "publish", "--registry", f"{registry}/{ns}", "--date", DATE)

@@ -74,7 +74,12 @@ def smoke_image(
             continue
         bad = [r for r in rep.rows if r.status != PASSED]
         first = next((r for r in bad if r.status == "failed"), bad[0] if bad else None)
-        detail = f"{first.name} {first.status}: {one_line(first.reason, 160)}" if first else rep.error
+        if first:
+            detail = f"{first.name} {first.status}: {one_line(first.reason, 160)}"
+        elif rep.without_hardware:
+            detail = f"every row passed without the declared hardware ({rep.hardware.get('missing')})"
+        else:
+            detail = rep.error or "no row ran"
         why.append(f"{name}: {detail}")
     return SmokeVerdict(worst, verdicts, "; ".join(why))
 
