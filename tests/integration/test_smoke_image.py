@@ -40,12 +40,12 @@ def gone(name: str) -> bool:
 
 
 def test_passing_run(post2, tmp_path):
-    proc, data = run(post2.tag, tmp_path / "ok", "--json")
+    proc, data = run(post2.image, tmp_path / "ok", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout) == data
     # Every row ran and passed; on this host without the devices that is never the verdict "passed".
     assert not data["ok"] and data["verdict"] == "not-run"
-    assert data["image"] == post2.tag and data["image_id"] == post2.image
+    assert data["image"] == post2.image and data["image_id"] == post2.image  # by id: another module may move the tag
     assert [(r["name"], r["status"]) for r in data["rows"]] == [
         ("preflight", "passed"),
         ("readiness", "passed"),
@@ -67,7 +67,7 @@ def test_passing_run(post2, tmp_path):
 
 def test_without_the_hardware_nothing_runs(post2, tmp_path):
     out = tmp_path / "hw"
-    proc = mb.stackforge("smoke", "qwen3-8b", "--image", post2.tag, "--out", str(out))
+    proc = mb.stackforge("smoke", "qwen3-8b", "--image", post2.image, "--out", str(out))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no /dev/mtgpu*" in proc.stderr and "--allow-missing-hardware" in proc.stderr
     data = json.loads((out / "smoke.json").read_text())
@@ -75,7 +75,7 @@ def test_without_the_hardware_nothing_runs(post2, tmp_path):
 
 
 def test_wrong_answer_fails_the_chat_row(post2, tmp_path):
-    proc, data = run(post2.tag, tmp_path / "wrong", "--env", "STANDIN_SERVE_FAIL=wrong-answer")
+    proc, data = run(post2.image, tmp_path / "wrong", "--env", "STANDIN_SERVE_FAIL=wrong-answer")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     status = {r["name"]: r["status"] for r in data["rows"]}
     assert status["capital"] == "failed" and status["five-turns"] == "passed" and status["backend"] == "passed"
@@ -86,7 +86,7 @@ def test_wrong_answer_fails_the_chat_row(post2, tmp_path):
 
 def test_never_ready_times_out_and_removes_the_container(post2, tmp_path):
     proc, data = run(
-        post2.tag, tmp_path / "slow", "--env", "STANDIN_SERVE_FAIL=never-ready", "--readiness-timeout", "4"
+        post2.image, tmp_path / "slow", "--env", "STANDIN_SERVE_FAIL=never-ready", "--readiness-timeout", "4"
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     ready = data["rows"][1]
@@ -97,7 +97,7 @@ def test_never_ready_times_out_and_removes_the_container(post2, tmp_path):
 
 
 def test_a_server_that_dies_is_reported(post2, tmp_path):
-    proc, data = run(post2.tag, tmp_path / "dies", "--env", "STANDIN_SERVE_FAIL=die-after:2")
+    proc, data = run(post2.image, tmp_path / "dies", "--env", "STANDIN_SERVE_FAIL=die-after:2")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = {r["name"]: r for r in data["rows"]}
     assert rows["capital"]["status"] == "passed"
@@ -113,7 +113,7 @@ def test_backend_row_fails_when_the_log_shows_another_backend(post2, tmp_path):
     assert 'regex: "Using FLASH_ATTN backend"' in text
     variant = tmp_path / "qwen3-8b-triton.yaml"
     variant.write_text(text.replace('regex: "Using FLASH_ATTN backend"', 'regex: "Using TRITON_ATTN backend"'))
-    proc, data = run(post2.tag, tmp_path / "backend", recipe=str(variant))
+    proc, data = run(post2.image, tmp_path / "backend", recipe=str(variant))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     backend = data["rows"][-1]
     assert backend["status"] == "failed"
@@ -130,9 +130,9 @@ def test_the_build_kept_the_targets_reports_and_healthcheck(post2):
     config = json.loads((post2.evidence / "reports" / "mate-config.txt").read_text())
     assert config["mate_version"] == "0.2.7" and config["torch_version"] == "2.11.0.post2+musa5.2.0"
     assert "vllm==0.28.0" in (post2.evidence / "reports" / "versions.txt").read_text().splitlines()
-    health = json.loads(mb.docker("image", "inspect", "--format", "{{json .Config.Healthcheck}}", post2.tag).stdout)
+    health = json.loads(mb.docker("image", "inspect", "--format", "{{json .Config.Healthcheck}}", post2.image).stdout)
     assert health["Test"] == ["CMD", "python", "-m", "mate", "check"]
     assert health["Interval"] == 60 * 10**9 and health["Retries"] == 3
     # the image's own check passes without devices (MUSA not available is a warning)
-    check = mb.docker("run", "--rm", "--network=none", "--entrypoint", "python", post2.tag, "-m", "mate", "check")
+    check = mb.docker("run", "--rm", "--network=none", "--entrypoint", "python", post2.image, "-m", "mate", "check")
     assert "Installation OK" in check.stdout and "MUSA not available" in check.stdout

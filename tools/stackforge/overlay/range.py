@@ -124,7 +124,7 @@ def base_series_hash(loaded: LoadedStack, upstream: str, workspace: Workspace | 
     if not (up.patches or up.patches_from):
         return None
     target = target_from_stack(loaded, upstream, workspace=workspace)
-    dirs = [s.dir for s in (target.carried, *target.layers) if s is not None]  # as the build hashes them
+    dirs = [s.dir for s in (target.carried_layer(), *target.layers) if s is not None]  # as the build hashes them
     digest = series_hash(*dirs)
     return digest if digest.startswith("sha256:") else f"sha256:{digest}"
 

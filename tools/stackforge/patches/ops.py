@@ -70,6 +70,12 @@ class Target:
     def refs(self) -> list[PatchRef]:
         return flatten(self.layers)
 
+    def carried_layer(self) -> Series | None:
+        """The carried series, read from the carrier on first use (None when the upstream carries none)."""
+        if self.carried is None and self.carry is not None:
+            self.carried = self.carry()
+        return self.carried
+
 
 def make_target(
     name: str,
@@ -232,11 +238,10 @@ def _prepare(target: Target, dest: Path, *, commit: str | None = None, history: 
         label=target.name,
         workspace=target.workspace,
     )
-    if target.carried is None and target.carry is not None:
-        target.carried = target.carry()
-    if target.carried is None:
+    carried = target.carried_layer()
+    if carried is None:
         return head
-    report = apply_layers(dest, [target.carried], stop_on_failure=True)
+    report = apply_layers(dest, [carried], stop_on_failure=True)
     if report.failed:
         raise failure_error(report, None)
     base = rev_parse(dest, "HEAD")
