@@ -68,6 +68,7 @@ def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = Non
             )
         data["fingerprint"] = fingerprint(stack)
         before = {p["path"]: p["sha256"] for p in data["parts"]}
+        unchanged = json.dumps({k: v for k, v in data.items() if k != "time"}, sort_keys=True)
         with tempfile.TemporaryDirectory(prefix="stackforge-mirror-") as tmp:
             with progress.step(f"assemble the build context of {stack.name}"):
                 ctx = assemble(loaded, Path(tmp) / "build", sources=True, workspace=ws)
@@ -77,8 +78,10 @@ def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = Non
         _base(loaded, to, data, ws.engine)
         data["not_mirrored"] = not_mirrored(loaded)
         data["target"] = resolve.Target.of(stack).describe()
-        data["time"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        manifest.write(to, data)
+        data["parts"].sort(key=lambda p: (p["kind"], p["path"]))
+        if json.dumps({k: v for k, v in data.items() if k != "time"}, sort_keys=True) != unchanged:
+            data["time"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            manifest.write(to, data)  # a run that added nothing leaves the manifest (and its sha256) as it was
     added = [p["path"] for p in data["parts"] if before.get(p["path"]) != p["sha256"]]
     return {
         "directory": str(to),
