@@ -21,20 +21,13 @@ from tests.fixtures.stack_support import make_root
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def repos(tmp_path_factory):
-    return ms.make_upstreams(tmp_path_factory.mktemp("mirror-upstreams"), load_stack("post2", root=REPO))
-
-
-def test_git_upstreams_are_mirrored_and_read_back_offline(tmp_path, repos, monkeypatch, capsys):
+def test_git_upstreams_are_mirrored_and_read_back_offline(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
     root = make_root(tmp_path)
-    copies = tmp_path / "upstreams"
-    sets = []
-    for name, repo in repos.items():
-        shutil.copytree(repo.path, copies / name)
-        sets += [f"upstreams.{name}.git=file://{copies / name}", f"upstreams.{name}.commit={repo.commit}"]
-    loaded = load("post2", root=root, overrides=sets)
+    upstreams = tmp_path / "upstreams"
+    repos = ms.make_upstreams(upstreams, load_stack("post2", root=REPO))
+    pins = [(f"upstreams.{n}.git=file://{r.path}", f"upstreams.{n}.commit={r.commit}") for n, r in repos.items()]
+    loaded = load("post2", root=root, overrides=[s for pair in pins for s in pair])
     stack, ws, to = loaded.model, Workspace(lambda: root), tmp_path / "mirror"
     data = manifest.empty(stack.name, fingerprint(stack))
     make._git(loaded, to, data, ws)
@@ -42,13 +35,13 @@ def test_git_upstreams_are_mirrored_and_read_back_offline(tmp_path, repos, monke
     assert set(parts) == set(repos)
     for name, repo in repos.items():
         up = stack.upstreams[name]
-        assert parts[name]["commit"] == repo.commit and parts[name]["source"] == f"file://{copies / name}"
+        assert parts[name]["commit"] == repo.commit and parts[name]["source"] == f"file://{repo.path}"
         assert make._holds(to / "git" / f"{name}.git", up.tag, repo.commit)
     assert "mirror vllm v" in capsys.readouterr().err
     make._git(loaded, to, data, ws)  # again: every pin is there, nothing is pushed
     assert "mirror vllm" not in capsys.readouterr().err
     manifest.write(to, data)
-    shutil.move(copies, tmp_path / "gone")
+    shutil.move(upstreams, tmp_path / "gone")  # every upstream is unreachable from here on
     monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "empty-cache"))
     view = offline.upstream_cache(loaded, Workspace(lambda: root, mirror=to))
     for name, repo in repos.items():

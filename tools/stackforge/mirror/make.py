@@ -330,20 +330,13 @@ def _simple(to: Path, index: str, data: dict) -> None:
 
 
 def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> None:
-    stack = loaded.model
-    image = stack.base.image
+    """The base image as the build resolves it (pulled when the engine lacks it, checked against base.digest),
+    saved once per image id."""
+    from stackforge.build.run import _base_identity
+
+    image = loaded.model.base.image
     engine.check()
-    if not engine.image_exists(image):
-        with progress.step(f"pull base image {image}"):
-            proc = engine.cli("pull", image, timeout=1800)
-        if proc.returncode != 0:
-            raise UserError(
-                f"base image '{image}' is not present and could not be pulled: "
-                f"{(proc.stderr or proc.stdout).strip()[-300:]}",
-                **loaded.position(("base", "image")).as_error_kwargs(),
-                fix="pull or build it first, or redirect it: --set base.image=<IMAGE>",
-            )
-    image_id = engine.image_id(image)
+    digest, image_id = _base_identity(engine, loaded)
     have = manifest.part(data, BASE)
     if have and have.get("id") == image_id and (to / BASE).is_file():
         return
@@ -358,15 +351,4 @@ def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> None:
             f"docker save {image} failed: {proc.stderr.strip()[-300:]}", fix="check the engine and the disk"
         )
     os.replace(tmp, out)
-    digests = engine.cli("image", "inspect", "--format", "{{json .RepoDigests}}", image, timeout=30).stdout
-    digest = next(iter(json.loads(digests or "[]") or []), None)
-    _file_part(
-        data,
-        to,
-        BASE,
-        kind="base",
-        image=image,
-        id=image_id,
-        digest=digest.split("@", 1)[1] if digest else None,
-        source=image,
-    )
+    _file_part(data, to, BASE, kind="base", image=image, id=image_id, digest=digest, source=image)
