@@ -85,6 +85,8 @@ class Workspace:
     builder: str | None = None
     #: fetch every upstream again even when the cache holds its pinned commit (``--refresh``)
     refresh: bool = False
+    #: build from this mirror (``stackforge mirror``) with no network: ``build --offline --mirror DIR``
+    mirror: Path | None = None
 
     @classmethod
     def at(cls, root: Path | str, *, ca_bundle: str | None = "auto", builder: str | None = None) -> Workspace:

@@ -50,6 +50,7 @@ class Context:
     locks: dict[str, str] = field(default_factory=dict)  # index -> sha256 of its lock file
     base: str | None = None  # the base image's digest (or id), once resolved
     post_install: dict[str, str] = field(default_factory=dict)  # dist -> sha256:<patch>:applied|skipped
+    mirror: dict | None = None  # the mirror an offline build reads (directory, manifest sha256)
 
     @property
     def stack(self) -> Stack:
@@ -103,10 +104,15 @@ def _redirect(loaded: LoadedStack, path: tuple[str, ...], err: UserError) -> Use
 def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspace) -> SourceInfo:
     """Fetch (into the workspace's cache, with its credentials), export, patch and edit upstream ``name``."""
     stack, root, cache = loaded.model, loaded.root, workspace.cache()
+    offline = workspace.mirror is not None
+    if offline:  # the mirror's repositories and sdists, never a fetch
+        from stackforge.mirror.offline import upstream_cache
+
+        cache = upstream_cache(loaded, workspace)
     up = stack.upstreams[name]
     if up.sdist is not None:
         sdist = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
-        upstreams.export_sdist(sdist, cache, dest, workspace=workspace)
+        upstreams.export_sdist(sdist, cache, dest, workspace=workspace, offline=offline)
         info = SourceInfo(name, "sdist", f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}")
     else:
         if up.commit is None:
@@ -114,7 +120,8 @@ def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Worksp
                             fix="add commit: … (the commit is checked against the tag)")
         spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
         try:
-            mirror = upstreams.fetch_upstream(spec, cache, root=root, workspace=workspace, reuse=not workspace.refresh)
+            mirror = upstreams.fetch_upstream(spec, cache, root=root, workspace=workspace, reuse=not workspace.refresh,
+                                              offline=offline)
         except UserError as err:
             raise _redirect(loaded, ("upstreams", name, "git"), err) from None
         upstreams.export_commit(mirror, up.commit, dest)
@@ -165,13 +172,22 @@ def assemble(loaded: LoadedStack, out: Path | None = None, *, sources: bool = Tr
         try:
             os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700
             infos, post_install = _fill(loaded, plan, locks, staging, sources, root, ws)
+            mirrored = _offline(loaded, plan, staging, ws) if ws.mirror is not None else None
             _swap(staging, ctx_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     dockerfile = bdir / "Dockerfile"
     lock_hashes = {i: hashlib.sha256(l.text.encode()).hexdigest() for i, l in locks.items()}
-    return Context(loaded, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes, post_install=post_install)
+    return Context(loaded, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes, post_install=post_install,
+                   mirror=mirrored)
+
+
+def _offline(loaded: LoadedStack, plan: Plan, staging: Path, ws: Workspace) -> dict:
+    from stackforge.mirror.offline import apply
+
+    assert ws.mirror is not None
+    return apply(loaded, plan, ws.mirror, staging)
 
 
 STAGING_SUFFIX = ".partial"

@@ -38,6 +38,7 @@ class PipPhase:
     report: str = ""  # image path of the phase's record (pip report, preserve lines), read by the inventory
     files: list[dict] = field(default_factory=list)  # requirement files: [{upstream, path}]
     no_index: bool = False  # a requirement phase of a locked index: proves offline that the lock installed it all
+    mirror: str | None = None  # context path of its index's tree in an offline build (mirror/offline.py)
 
     def lock_key(self) -> str:
         """The lock this phase installs from (see build/locks.py): its index's, or ``<vendor>-deps``."""

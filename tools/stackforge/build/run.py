@@ -276,7 +276,8 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
                 result = engine.build(ctx.context_dir, ctx.dockerfile, target=target, tags=[ref],
                                       build_args=build_args, secrets=secrets, load=opts.load,
                                       no_cache=opts.no_cache, on_line=echo, log_file=evidence / "build.log",
-                                      extra_args=[f"--network={opts.network}"] if opts.network else [])
+                                      extra_args=[f"--network={network}"] if (network := "none" if ctx.mirror
+                                                                               else opts.network) else [])
     log = result.log
     atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
     system.write_evidence(stack, engine, ref if result.returncode == 0 and opts.load else None, log, evidence)
@@ -344,5 +345,6 @@ def _write_inputs(evidence: Path, loaded: LoadedStack, ctx: Context, labels: dic
         "engine": asdict(info),
         "resolved": resolved(stack),
         "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **({"mirror": ctx.mirror} if ctx.mirror else {}),
     }
     atomic_write(evidence / "inputs.json", json.dumps(data, indent=2) + "\n")

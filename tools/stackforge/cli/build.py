@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from stackforge.build.context import build_dir_for
 from stackforge.build.gate import run_gate
@@ -71,6 +72,13 @@ def register(sub) -> None:
         action="store_true",
         help="first check the engine and every endpoint the stack needs (`stackforge doctor`); stop on a failure",
     )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="build from --mirror with no network: upstreams, indexes and the base image from the mirror, every "
+        "RUN step with --network=none",
+    )
+    p.add_argument("--mirror", type=Path, metavar="DIR", help="the mirror (`stackforge mirror STACK --to DIR`)")
     p.add_argument("--overlay", metavar="NAME", help="build overlays/NAME on its base (built first) instead")
     p.add_argument(
         "--reuse-base",
@@ -170,6 +178,8 @@ def cmd_render(args) -> int:
 
 def cmd_build(args) -> int:
     loaded = load(args, args.stack)
+    if args.offline or args.mirror:
+        _offline_options(args, loaded)
     if args.doctor:
         from stackforge.build import doctor
 
@@ -204,6 +214,33 @@ def cmd_build(args) -> int:
     print(f"evidence: {outcome.evidence}", file=sys.stderr)
     print(outcome.tag)
     return 0
+
+
+def _offline_options(args, loaded) -> None:
+    """--offline needs --mirror (and the reverse), no --doctor, --overlay or network but none; the base image is
+    loaded from the mirror before the build asks the engine for it."""
+    from stackforge.errors import UserError
+    from stackforge.mirror.offline import load_base
+
+    if not (args.offline and args.mirror):
+        raise UserError(
+            "--offline and --mirror go together",
+            file="--offline" if args.offline else "--mirror",
+            fix=f"stackforge build {loaded.name} --offline --mirror DIR",
+        )
+    for flag, given in (
+        ("--doctor", args.doctor),
+        ("--overlay", args.overlay),
+        ("--network", args.network not in (None, "none")),
+    ):
+        if given:
+            raise UserError(
+                f"{flag} cannot be used with --offline (an offline build reaches no endpoint)",
+                file=flag,
+                fix=f"drop {flag}",
+            )
+    args.network = "none"
+    load_base(loaded, args.mirror, workspace_of(args).engine)
 
 
 def _build_overlay(args, loaded, opts: BuildOptions) -> int:

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "stack",
     "build",
     "doctor",
+    "mirror",
     "lock",
     "patches",
     "publish",

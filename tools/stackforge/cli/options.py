@@ -137,6 +137,7 @@ def make_workspace(args) -> Workspace:
         ca_bundle=getattr(args, "ca_bundle", "auto"),
         builder=getattr(args, "builder", None),
         refresh=getattr(args, "refresh", False),
+        mirror=getattr(args, "mirror", None) if getattr(args, "offline", False) else None,
     )
 
 

@@ -1,0 +1,44 @@
+"""`stackforge mirror STACK --to DIR`: everything a build of the stack needs, for a host with no network."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from stackforge.cli.options import add_json, add_refresh, add_set, load, print_json, workspace_of
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "mirror",
+        help="copy everything a build of a stack needs into a directory (for `build --offline --mirror DIR`)",
+        description="Git repositories of the pinned commits, sdists, every wheel of every pip phase and lock as a "
+        "PEP 503 tree per index, and the base image, with mirror.json (each part's source, sha256 and size). "
+        "Running it again into the same directory adds only what is missing.",
+    )
+    p.add_argument("stack")
+    p.add_argument("--to", type=Path, required=True, metavar="DIR", help="the mirror directory (created if missing)")
+    p.add_argument("--ca-bundle", default="auto", help="extra CA bundle for the downloads (default: as `build`)")
+    add_json(p, "the summary (directory, manifest sha256, parts added and kept, what is not mirrored)")
+    add_refresh(p)
+    add_set(p)
+    p.set_defaults(func=cmd_mirror)
+
+
+def cmd_mirror(args) -> int:
+    from stackforge.mirror.make import make_mirror
+
+    loaded = load(args, args.stack)
+    summary = make_mirror(loaded, args.to, workspace_of(args))
+    if args.json:
+        print_json(summary)
+        return 0
+    print(
+        f"mirror of {summary['stack']} in {summary['directory']}: {summary['parts']} part(s), "
+        f"{len(summary['added'])} added, {summary['kept']} kept; manifest {summary['manifest']}",
+        file=sys.stderr,
+    )
+    for item in summary["not_mirrored"]:
+        print(f"  not mirrored: {item['key']}: {item['reason']}", file=sys.stderr)
+    print(summary["directory"])
+    return 0

@@ -1,0 +1,354 @@
+"""``stackforge mirror STACK --to DIR``: copy everything a build of the stack needs into DIR.
+
+The build context is assembled as the build assembles it (upstreams through the workspace's cache, requirement
+files flattened from the patched trees, locks read), then:
+
+- each git upstream: a bare repository holding the pinned commit (``refs/heads/stackforge/pinned``) and tag;
+- each sdist upstream: its release sdist (sha256 checked against the pin), also served by its index's tree;
+- each pip phase: ``pip download`` with the phase's own flags, requirements and constraints (the files the
+  Dockerfile installs from), for the stack's Python and platform (``build/resolve.py``'s target and marker
+  shim), from the phase's index with its credential; a phase after the vendor phases also sees the vendor
+  wheels already mirrored (``--find-links``), as the build has them installed; a phase whose requirements
+  the index's lock already installed (``--no-index``) needs nothing;
+- the base image: ``docker save`` of the image the engine has (pulled first when it has none).
+
+Each part is recorded in ``mirror.json`` with its source (credentials redacted), sha256 and size. A part
+already there (same pin, same phase inputs, same base image id) is kept, so re-running only adds what is
+missing. What cannot be mirrored yet is listed under ``not_mirrored`` with the stack key and the reason, and
+an offline build of a stack that needs it is refused.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from stackforge import credentials, progress
+from stackforge.build import resolve
+from stackforge.build import sources as upstreams
+from stackforge.build.context import Context, assemble
+from stackforge.build.engine import Engine
+from stackforge.build.locks import vendor_names
+from stackforge.build.prepare import lint_or_fail
+from stackforge.errors import UserError
+from stackforge.fslock import stack_lock
+from stackforge.mirror import manifest
+from stackforge.patches.git import git
+from stackforge.stack.load import LoadedStack, fingerprint
+from stackforge.urls import redact, scrub
+from stackforge.urls import split as split_credentials
+from stackforge.workspace import Workspace, workspace_for
+
+PIN_REF = "refs/heads/stackforge/pinned"
+BASE = "base/image.tar"
+
+
+def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = None) -> dict:
+    """Write (or complete) the mirror of ``loaded`` in ``to``; returns a summary: the directory, the
+    manifest's sha256, the parts added and kept, and what is not mirrored."""
+    stack, ws = loaded.model, workspace_for(loaded, workspace)
+    lint_or_fail(loaded)
+    to = Path(to)
+    to.mkdir(parents=True, exist_ok=True)
+    with stack_lock(to):
+        data = manifest.read(to, required=False) or manifest.empty(stack.name, fingerprint(stack))
+        if data["stack"] != stack.name:
+            raise UserError(
+                f"{to} is the mirror of stack '{data['stack']}', not '{stack.name}'",
+                file="--to",
+                fix="one mirror directory holds one stack: choose another directory",
+            )
+        data["fingerprint"] = fingerprint(stack)
+        before = {p["path"]: p["sha256"] for p in data["parts"]}
+        unchanged = json.dumps({k: v for k, v in data.items() if k != "time"}, sort_keys=True)
+        with tempfile.TemporaryDirectory(prefix="stackforge-mirror-") as tmp:
+            with progress.step(f"assemble the build context of {stack.name}"):
+                ctx = assemble(loaded, Path(tmp) / "build", sources=True, workspace=ws)
+            _git(loaded, to, data, ws)
+            _sdists(loaded, to, data, ws)
+            _wheels(loaded, ctx, to, data, ws)
+        _base(loaded, to, data, ws.engine)
+        data["not_mirrored"] = not_mirrored(loaded)
+        data["target"] = resolve.Target.of(stack).describe()
+        data["parts"].sort(key=lambda p: (p["kind"], p["path"]))
+        if json.dumps({k: v for k, v in data.items() if k != "time"}, sort_keys=True) != unchanged:
+            data["time"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            manifest.write(to, data)  # a run that added nothing leaves the manifest (and its sha256) as it was
+    added = [p["path"] for p in data["parts"] if before.get(p["path"]) != p["sha256"]]
+    return {
+        "directory": str(to),
+        "stack": stack.name,
+        "fingerprint": data["fingerprint"],
+        "manifest": manifest.digest(to),
+        "parts": len(data["parts"]),
+        "added": added,
+        "kept": len(data["parts"]) - len(added),
+        "not_mirrored": data["not_mirrored"],
+    }
+
+
+def not_mirrored(loaded: LoadedStack) -> list[dict]:
+    """What an offline build of this stack would need and a mirror does not hold: {key, reason}."""
+    from stackforge.build.plan import make_plan
+
+    stack = loaded.model
+    out: list[dict] = []
+    apt = (
+        "apt packages are not mirrored: the layer's apt sources are reached inside the build, which an "
+        "offline build runs with no network"
+    )
+    for name, layer in (stack.system or {}).items():
+        if layer.install == "always":
+            out.append({"key": f"system.{name}", "reason": apt})
+        elif layer.install == "auto":
+            out.append(
+                {
+                    "key": f"system.{name}",
+                    "reason": apt + "; install: auto builds offline only on a base "
+                    f"that already carries it (probe: {layer.probe})",
+                }
+            )
+    plan = make_plan(loaded)
+    for k in plan.kernels:
+        if k.toolchain:
+            out.append({"key": f"kernels.{k.name}.toolchain", "reason": "the toolchain step installs with network"})
+    for t in plan.target_stages:
+        for ph in t.pip:
+            out.append({"key": ph.key, "reason": "target pip phases are not mirrored"})
+        for st in t.system:
+            if st.install != "never":
+                out.append({"key": f"targets.{t.name}.system.{st.name}", "reason": apt})
+    return out
+
+
+# --------------------------------------------------------------------------- upstreams
+
+
+def _holds(repo: Path, tag: str | None, commit: str) -> bool:
+    if not repo.is_dir() or not git(repo, "cat-file", "-e", f"{commit}^{{commit}}", check=False).ok:
+        return False
+    full = git(repo, "rev-parse", f"{commit}^{{commit}}").stdout.strip()
+    return tag is None or upstreams.peeled_tag(repo, tag) == full
+
+
+def _repo_record(repo: Path) -> tuple[str, int]:
+    """(sha256 of the repository's refs and the objects they name, its size in bytes): git's object ids
+    pin the content, so the refs listing stands for it."""
+    refs = git(repo, "for-each-ref", "--format=%(refname) %(objectname)").stdout
+    size = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file())
+    import hashlib
+
+    return hashlib.sha256(refs.encode()).hexdigest(), size
+
+
+def _git(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
+    stack = loaded.model
+    for name, up in stack.upstreams.items():
+        if up.git is None or up.commit is None:
+            continue
+        rel = f"git/{name}.git"
+        dest = to / rel
+        if not _holds(dest, up.tag, up.commit):
+            spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
+            cached = upstreams.fetch_upstream(spec, ws.cache(), root=loaded.root, workspace=ws, reuse=True)
+            full = git(cached, "rev-parse", f"{up.commit}^{{commit}}").stdout.strip()
+            if not dest.is_dir():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=dest.parent))
+                git(None, "init", "--quiet", "--bare", str(tmp))
+                tmp.rename(dest)
+            refs = [f"+{full}:{PIN_REF}"] + ([f"+refs/tags/{up.tag}:refs/tags/{up.tag}"] if up.tag else [])
+            with progress.step(f"mirror {name} {up.tag or full[:12]} (git)"):
+                git(cached, "push", "--quiet", str(dest), *refs)
+        sha, size = _repo_record(dest)
+        full = git(dest, "rev-parse", f"{up.commit}^{{commit}}").stdout.strip()
+        url = split_credentials(up.git)[0]
+        manifest.add_part(
+            data,
+            {
+                "kind": "git",
+                "path": rel,
+                "upstream": name,
+                "source": redact(url),
+                "commit": full,
+                "tag": up.tag,
+                "sha256": sha,
+                "size": size,
+            },
+        )
+
+
+def _copy(src: Path, dest: Path) -> None:
+    """``src`` to ``dest`` (a hard link where the file system allows it), atomically."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+def _file_part(data: dict, to: Path, rel: str, **extra) -> None:
+    path = to / rel
+    manifest.add_part(data, {"path": rel, "sha256": manifest.sha256_file(path), "size": path.stat().st_size, **extra})
+
+
+def _sdists(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
+    stack = loaded.model
+    for name, up in stack.upstreams.items():
+        if up.sdist is None:
+            continue
+        index_url = stack.indexes[up.sdist.index].url
+        spec = upstreams.SdistSpec(index_url, up.sdist.name, up.sdist.version, up.sdist.sha256)
+        archive = upstreams.fetch_sdist(spec, ws.cache(), workspace=ws)
+        source = f"{redact(index_url)}/{canonicalize_name(up.sdist.name)}/"
+        for rel in (f"sdist/{archive.name}", f"indexes/{up.sdist.index}/files/{archive.name}"):
+            have = manifest.part(data, rel)
+            if not (have and have["sha256"] == up.sdist.sha256 and (to / rel).is_file()):
+                _copy(archive, to / rel)
+            kind = "sdist" if rel.startswith("sdist/") else "file"
+            _file_part(data, to, rel, kind=kind, upstream=name, index=up.sdist.index, source=source)
+        _simple(to, up.sdist.index, data)
+
+
+# --------------------------------------------------------------------------- pip phases
+
+
+def _wheels(loaded: LoadedStack, ctx: Context, to: Path, data: dict, ws: Workspace) -> None:
+    stack = loaded.model
+    target = resolve.Target.of(stack)
+    vendors = vendor_names(stack)
+    vendor_indexes = [n for n, idx in stack.indexes.items() if idx.role == "vendor"]
+    resolve.check_pip()
+    for phase in ctx.plan.phases:
+        if phase.no_index:
+            continue  # its index's lock installed the closure in an earlier phase
+        key = manifest.phase_key(phase, ctx.context_dir, target)
+        files_dir = manifest.index_dir(to, phase.index) / "files"
+        have = data["phases"].get(phase.name)
+        if have and have["key"] == key and all((files_dir / f).is_file() for f in have["files"]):
+            continue
+        find_links = [
+            manifest.index_dir(to, v) / "files"
+            for v in vendor_indexes
+            if v != phase.index and (manifest.index_dir(to, v) / "files").is_dir()
+        ]
+        with (
+            credentials.private_dir("stackforge-mirror-") as tmp,
+            progress.step(f"mirror pip phase {phase.name} from {phase.index_url}"),
+        ):
+            got = _download(loaded, phase, ctx.context_dir, tmp, target, find_links, ws)
+            names = []
+            for path in got:
+                project = manifest.project_of(path.name)
+                if project and canonicalize_name(project) in vendors and stack.indexes[phase.index].role != "vendor":
+                    continue  # a vendor wheel seen through --find-links: it belongs to its vendor's tree
+                _copy(path, files_dir / path.name)
+                names.append(path.name)
+        source = redact(stack.indexes[phase.index].url)
+        for n in names:
+            _file_part(
+                data,
+                to,
+                f"indexes/{phase.index}/files/{n}",
+                kind="file",
+                index=phase.index,
+                source=f"{source}/{canonicalize_name(manifest.project_of(n) or n)}/",
+            )
+        data["phases"][phase.name] = {"key": key, "index": phase.index, "files": sorted(names)}
+        _simple(to, phase.index, data)
+
+
+def _download(
+    loaded: LoadedStack,
+    phase,
+    context_dir: Path,
+    tmp: Path,
+    target: resolve.Target,
+    find_links: list[Path],
+    ws: Workspace,
+) -> list[Path]:
+    """``pip download`` of one phase into ``tmp/files``: the files it would install, for the target."""
+    stack = loaded.model
+    url = stack.indexes[phase.index].url
+    credential = ws.index_credential(loaded, phase.index)
+    env, index_args = resolve.pip_env(tmp, url, credential, ws.ca_bundle_file())
+    dest = tmp / "files"
+    cmd = [
+        sys.executable,
+        "-c",
+        resolve.PIP_SHIM,
+        json.dumps(target.markers()),
+        "download",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--dest",
+        str(dest),
+        *target.pip_args(),
+        *index_args,
+    ]
+    cmd += ["--no-deps"] if phase.no_deps else []
+    cmd += ["--require-hashes"] if phase.require_hashes else []
+    for d in find_links:
+        cmd += ["--find-links", str(d)]
+    if phase.constraints:
+        cmd += ["-c", str(context_dir / phase.constraints)]
+    cmd += ["-r", str(context_dir / phase.requirements)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
+    if proc.returncode != 0:
+        tail = "\n".join(line for line in scrub(proc.stderr, credential).splitlines() if line.strip())[-1500:]
+        raise UserError(
+            f"{phase.key}: pip could not download pip phase {phase.name} from {redact(url)} for "
+            f"{target.describe()}:\n{tail}",
+            fix="check that the index is reachable (stackforge doctor) and serves a wheel for the "
+            "target of every package the phase installs",
+        )
+    return sorted(dest.iterdir()) if dest.is_dir() else []
+
+
+def _simple(to: Path, index: str, data: dict) -> None:
+    hashes = {
+        p["path"].rsplit("/", 1)[-1]: p["sha256"]
+        for p in data["parts"]
+        if p["kind"] == "file" and p.get("index") == index
+    }
+    manifest.write_simple(manifest.index_dir(to, index), hashes)
+
+
+# --------------------------------------------------------------------------- base image
+
+
+def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> None:
+    """The base image as the build resolves it (pulled when the engine lacks it, checked against base.digest),
+    saved once per image id."""
+    from stackforge.build.run import _base_identity
+
+    image = loaded.model.base.image
+    engine.check()
+    digest, image_id = _base_identity(engine, loaded)
+    have = manifest.part(data, BASE)
+    if have and have.get("id") == image_id and (to / BASE).is_file():
+        return
+    out = to / BASE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".image.{os.getpid()}.tar")
+    with progress.step(f"save base image {image} ({image_id})"):
+        proc = engine.cli("save", "--output", str(tmp), image, timeout=3600)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise UserError(
+            f"docker save {image} failed: {proc.stderr.strip()[-300:]}", fix="check the engine and the disk"
+        )
+    os.replace(tmp, out)
+    _file_part(data, to, BASE, kind="base", image=image, id=image_id, digest=digest, source=image)

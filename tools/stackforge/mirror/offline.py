@@ -1,0 +1,190 @@
+"""``stackforge build STACK --offline --mirror DIR``: the build's side of a mirror.
+
+Nothing here reaches the network, on the host or in the engine:
+
+- upstreams: :func:`upstream_cache` lays out a cache view whose entries are the mirror's git repositories and
+  sdists, and the build reads it with ``offline=True`` (a missing pin is an error, never a fetch);
+- pip phases: :func:`apply` checks that the mirror resolved each phase exactly as the context declares it
+  (same requirements, constraints, flags and target), copies each index's PEP 503 tree into the build context
+  (``mirror/<index>/``) and points the phase at it as ``file:///stackforge/mirror/<index>/simple``, bind-mounted
+  from the context in that RUN alone. The build then runs with ``--network=none``: the engine gives its RUN
+  steps no network at all, which a loopback HTTP server would not allow (it needs ``--network=host``);
+- the base image: :func:`load_base` loads it from the mirror's archive when the engine does not have it, and
+  refuses an engine image of that name with another id.
+
+The stack's values are not changed, so the fingerprint and the image labels are the online build's; the
+evidence (``inputs.json``) records the mirror and its manifest's sha256.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from stackforge import progress
+from stackforge.build import resolve
+from stackforge.build import sources as upstreams
+from stackforge.build.engine import Engine
+from stackforge.errors import UserError
+from stackforge.mirror import manifest
+from stackforge.mirror.make import BASE
+from stackforge.stack.load import LoadedStack
+from stackforge.urls import split as split_credentials
+from stackforge.workspace import Workspace
+
+#: where a phase's index tree is mounted in its RUN step
+MOUNT = "/stackforge/mirror"
+FIX = "re-run `stackforge mirror {stack} --to DIR` with the same --set values on a host with network"
+
+
+def _fix(loaded: LoadedStack) -> str:
+    return FIX.format(stack=loaded.name)
+
+
+def _manifest(loaded: LoadedStack, root: Path) -> dict:
+    data = manifest.read(root)
+    assert data is not None
+    if data.get("stack") != loaded.name:
+        raise UserError(
+            f"{root} is the mirror of stack '{data.get('stack')}', not '{loaded.name}'",
+            file="--mirror",
+            fix=_fix(loaded),
+        )
+    return data
+
+
+def refuse_unmirrored(loaded: LoadedStack, root: Path) -> None:
+    """An offline build needs nothing the mirror cannot hold: a system layer that installs packages, a kernel
+    toolchain or a target pip phase is refused by its key (``install: auto`` layers build when the base already
+    carries them)."""
+    from stackforge.mirror.make import not_mirrored
+
+    for item in not_mirrored(loaded):
+        if "install: auto" in item["reason"]:
+            progress.note(f"{item['key']}: {item['reason']}")
+            continue
+        raise UserError(
+            f"{item['key']}: cannot be built offline: {item['reason']}",
+            file=item["key"],
+            fix="build this stack online, or leave the part out (e.g. --set of the option that selects "
+            "it) for the offline build",
+        )
+
+
+def upstream_cache(loaded: LoadedStack, workspace: Workspace) -> Path:
+    """A cache directory whose git mirrors and sdists are the mirror's (links), for the build's offline fetch."""
+    root = workspace.mirror
+    assert root is not None
+    data = _manifest(loaded, root)
+    view = workspace.cache("mirror-view") / manifest.sha256_file(root / manifest.MANIFEST)[:16]
+    for name, up in loaded.model.upstreams.items():
+        if up.sdist is not None:
+            rec = next((p for p in data["parts"] if p["kind"] == "sdist" and p["sha256"] == up.sdist.sha256), None)
+            if rec is None or not (root / rec["path"]).is_file():
+                raise UserError(
+                    f"upstreams.{name}.sdist: the mirror holds no {up.sdist.name}=={up.sdist.version} "
+                    f"with sha256 {up.sdist.sha256}",
+                    file="--mirror",
+                    fix=_fix(loaded),
+                )
+            link = view / "sdist" / up.sdist.sha256 / Path(rec["path"]).name
+        elif up.git is not None:
+            repo = root / "git" / f"{name}.git"
+            if not repo.is_dir():
+                raise UserError(
+                    f"upstreams.{name}: the mirror holds no repository of it", file="--mirror", fix=_fix(loaded)
+                )
+            url = upstreams.resolve_git_url(split_credentials(up.git)[0], loaded.root)
+            link, rec = upstreams.mirror_path(url, view), {"path": f"git/{name}.git"}
+        else:
+            continue
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to((root / rec["path"]).resolve())
+    return view
+
+
+def apply(loaded: LoadedStack, plan, root: Path, staging: Path) -> dict:
+    """Point every pip phase of ``plan`` at the mirror's tree of its index, copied into the context in
+    ``staging``; returns what the evidence records of the mirror."""
+    data = _manifest(loaded, root)
+    refuse_unmirrored(loaded, root)
+    target = resolve.Target.of(loaded.model)
+    copied: set[str] = set()
+    for phase in plan.phases:
+        if phase.no_index:
+            continue
+        have = data["phases"].get(phase.name)
+        if have is None or have.get("key") != manifest.phase_key(phase, staging, target):
+            raise UserError(
+                f"{phase.key}: the mirror holds no resolution of pip phase {phase.name} as the stack "
+                f"declares it now (other pins, requirement files or target)",
+                file="--mirror",
+                fix=_fix(loaded),
+            )
+        if phase.index not in copied:
+            _copy_tree(data, root, phase.index, staging / "mirror" / phase.index)
+            copied.add(phase.index)
+        phase.index_url = f"file://{MOUNT}/{phase.index}/simple"
+        phase.mirror = f"mirror/{phase.index}"
+        phase.credentials = False
+    return {
+        "directory": str(root.resolve()),
+        "manifest": manifest.digest(root),
+        "made_for_fingerprint": data["fingerprint"],
+        "network": "none",
+    }
+
+
+def _copy_tree(data: dict, root: Path, index: str, dest: Path) -> None:
+    """The index's files (each checked against the manifest's sha256) and its simple/ pages."""
+    src = manifest.index_dir(root, index)
+    for rec in data["parts"]:
+        if rec["kind"] == "file" and rec.get("index") == index:
+            path = root / rec["path"]
+            if not path.is_file() or manifest.sha256_file(path) != rec["sha256"]:
+                raise UserError(
+                    f"{rec['path']} in the mirror is missing or does not match its sha256 in {manifest.MANIFEST}",
+                    file="--mirror",
+                    fix="copy the mirror again",
+                )
+            _link(path, dest / "files" / path.name)
+    shutil.copytree(src / "simple", dest / "simple", dirs_exist_ok=True)
+
+
+def _link(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def load_base(loaded: LoadedStack, root: Path, engine: Engine) -> None:
+    """The stack's base image in the engine, loaded from the mirror when missing, with the mirror's id."""
+    data = _manifest(loaded, root)
+    rec = manifest.part(data, BASE)
+    image = loaded.model.base.image
+    if rec is None or rec.get("image") != image:
+        raise UserError(f"base.image: the mirror holds no image {image}", file="--mirror", fix=_fix(loaded))
+    have = engine.image_id(image)
+    if have is None:
+        path = root / BASE
+        if not path.is_file() or manifest.sha256_file(path) != rec["sha256"]:
+            raise UserError(
+                f"{BASE} in the mirror is missing or does not match its sha256",
+                file="--mirror",
+                fix="copy the mirror again",
+            )
+        with progress.step(f"load base image {image} from the mirror"):
+            engine.cli("load", "--input", str(path), timeout=3600, check=True)
+        have = engine.image_id(image)
+    if have != rec["id"]:
+        raise UserError(
+            f"base.image: the engine's {image} is {have}, the mirror's is {rec['id']}",
+            file="--mirror",
+            fix=f"remove the engine's image (docker image rm {image}) so the mirror's "
+            "is loaded, or make the mirror again from this one",
+        )
