@@ -102,7 +102,7 @@ def netrc_text(loaded: LoadedStack, workspace: Workspace | None = None) -> str:
                                       for name, idx in loaded.model.indexes.items()])
 
 
-def _base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]:
+def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]:
     """(registry manifest digest or None for a local-only image, image id) of the base image."""
     stack = loaded.model
     image = stack.base.image
@@ -196,7 +196,7 @@ def prepare(loaded: LoadedStack, engine: Engine, *, out: Path | None = None, sou
     honours SOURCE_DATE_EPOCH; ``sources=False`` asks the engine nothing and fetches no upstream."""
 
     def engine_facts() -> tuple[BaseImage, bool]:
-        return BaseImage(*_base_identity(engine, loaded)), engine.supports_source_date_epoch()
+        return BaseImage(*base_identity(engine, loaded)), engine.supports_source_date_epoch()
 
     return prepare_dockerfile(loaded, out=out, sources=sources, syntax=syntax,
                               engine_facts=engine_facts if sources else None, workspace=workspace)

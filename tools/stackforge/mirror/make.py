@@ -332,11 +332,11 @@ def _simple(to: Path, index: str, data: dict) -> None:
 def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> None:
     """The base image as the build resolves it (pulled when the engine lacks it, checked against base.digest),
     saved once per image id."""
-    from stackforge.build.run import _base_identity
+    from stackforge.build.run import base_identity
 
     image = loaded.model.base.image
     engine.check()
-    digest, image_id = _base_identity(engine, loaded)
+    digest, image_id = base_identity(engine, loaded)
     have = manifest.part(data, BASE)
     if have and have.get("id") == image_id and (to / BASE).is_file():
         return
