@@ -560,7 +560,9 @@ def _run(
         result = rows[2 + i]
         t = time.monotonic()
         run_row(step, ctx, result)
-        if not container.running():
+        # A server that dies drops its connections a moment before its process is gone: after a failed row,
+        # give it a few seconds to show whether it is exiting, so the row says why it failed.
+        if not container.running() or (result.status == FAILED and _stops_within(container, EXIT_GRACE_S)):
             code = container.exit_code()
             why = f"the server exited (code {code}) during row {step.name!r}; last log lines:\n{tail(container.logs())}"
             result.failed(f"{result.reason}; {why}" if result.status == FAILED else why)
@@ -571,6 +573,18 @@ def _run(
             return
         _timed(result, t)
         echo(f"smoke: {step.name} {result.status}")
+
+
+EXIT_GRACE_S = 3.0
+
+
+def _stops_within(container: Container, seconds: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not container.running():
+            return True
+        time.sleep(interval)
+    return not container.running()
 
 
 def tail(log: str, n: int = LOG_TAIL) -> str:
