@@ -2,7 +2,8 @@
 
 A test that needs the engine FAILS when it is missing (with the fix), it never skips:
 tests marked ``@pytest.mark.engine`` get the ``engine`` fixture automatically.
-Other fixtures belong in their own conftest files or test modules.
+``standins`` is the MUSA stand-in session the post1/post2 modules share; other fixtures belong in their
+own test modules.
 """
 
 from __future__ import annotations
@@ -66,3 +67,12 @@ def registry(tmp_path_factory):
         yield url
     finally:
         stop()
+
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory, base_image):
+    """The MUSA stand-in session every post1/post2 module shares: indexes, git upstreams and the apt
+    repository on loopback, and the builds made from them (tests/fixtures/musa_builds.py)."""
+    from tests.fixtures import musa_builds as mb
+
+    return mb.session(tmp_path_factory.getbasetemp(), base_image)

@@ -25,11 +25,6 @@ SITE = "/opt/venv/lib/python3.11/site-packages"
 BAD_SHA = "deadbeef" * 8
 
 
-@pytest.fixture(scope="session")
-def standins(tmp_path_factory, base_image):
-    return mb.session(tmp_path_factory.getbasetemp(), base_image)
-
-
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

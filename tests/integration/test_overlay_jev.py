@@ -23,11 +23,6 @@ DATE = "20270105"
 PUBLISHED = f"jev-v0.28.0-5.2.0-torch2.11.0.post2-{DATE}-r1"
 
 
-@pytest.fixture(scope="session")
-def standins(tmp_path_factory, base_image):
-    return mb.session(tmp_path_factory.getbasetemp(), base_image)
-
-
 @pytest.fixture(scope="module")
 def post2(standins):
     build = standins.happy("post2")

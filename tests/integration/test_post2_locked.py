@@ -24,11 +24,6 @@ from tests.fixtures import musa_standins as ms
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="session")
-def standins(tmp_path_factory, base_image):
-    return mb.session(tmp_path_factory.getbasetemp(), base_image)
-
-
 @pytest.fixture(scope="module")
 def locked(standins, tmp_path_factory):
     """(root, overrides, lock dir): a copy of the repository's stacks, patches and images with post2's locks."""

@@ -25,11 +25,6 @@ DEEP_EP_SO = "deep_ep_cpp.cpython-311-x86_64-linux-gnu.so"
 PIP_CHECK = "PASS pip    check      No broken requirements found."
 
 
-@pytest.fixture(scope="session")
-def standins(tmp_path_factory, base_image):
-    return mb.session(tmp_path_factory.getbasetemp(), base_image)
-
-
 @pytest.fixture(scope="module")
 def post2(standins):
     build = standins.happy("post2")

@@ -20,11 +20,6 @@ pytestmark = pytest.mark.engine
 TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
 
 
-@pytest.fixture(scope="session")
-def standins(tmp_path_factory, base_image):
-    return mb.session(tmp_path_factory.getbasetemp(), base_image)
-
-
 @pytest.fixture(scope="module")
 def openai(standins):
     build = standins.happy("post2")

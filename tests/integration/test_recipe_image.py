@@ -14,11 +14,6 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def standins(tmp_path_factory, base_image):
-    return mb.session(tmp_path_factory.getbasetemp(), base_image)
-
-
 @pytest.fixture(scope="module")
 def post2(standins):
     build = standins.happy("post2")

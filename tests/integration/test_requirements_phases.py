@@ -21,11 +21,6 @@ POST2_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.
 PHASES = ["mthreads-nodeps", "pypi", "requirements.vllm-common", "requirements.vllm-transitive", "mthreads-deps"]
 
 
-@pytest.fixture(scope="session")
-def standins(tmp_path_factory, base_image):
-    return mb.session(tmp_path_factory.getbasetemp(), base_image)
-
-
 @pytest.fixture(scope="module")
 def post2(standins):
     build = standins.happy("post2")

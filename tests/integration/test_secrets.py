@@ -31,11 +31,6 @@ pytestmark = pytest.mark.engine
 SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-@pytest.fixture(scope="session")
-def standins(tmp_path_factory, base_image):
-    return mb.session(tmp_path_factory.getbasetemp(), base_image)
-
-
 @pytest.fixture(scope="module")
 def canary_build(standins, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("secrets")

@@ -48,11 +48,6 @@ tags:
 """
 
 
-@pytest.fixture(scope="session")
-def standins(tmp_path_factory, base_image):
-    return mb.session(tmp_path_factory.getbasetemp(), base_image)
-
-
 @pytest.fixture(scope="module")
 def world(standins, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kern")

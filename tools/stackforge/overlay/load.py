@@ -11,15 +11,15 @@ from pydantic import ValidationError
 
 from stackforge.errors import UserError
 from stackforge.overlay.model import OVERLAY_NAME, Overlay, OverlayFile
-from stackforge.stack.load import StackInvalid, _check_keys, _pos_for, _validation_problems
-from stackforge.stack.yamlsrc import Pos, load_with_positions
+from stackforge.stack.load import Located, StackInvalid, check_keys, validation_problems
+from stackforge.stack.yamlsrc import load_with_positions
 
 OVERLAYS_DIR = "overlays"
 OVERLAY_FILE = "overlay.yaml"
 
 
 @dataclass(frozen=True)
-class LoadedOverlay:
+class LoadedOverlay(Located):
     """A validated overlay with its directory and where each of its values and keys was written."""
 
     name: str
@@ -28,13 +28,6 @@ class LoadedOverlay:
     model: Overlay = field(compare=False, repr=False)
     positions: dict = field(compare=False, repr=False)
     keypositions: dict = field(compare=False, repr=False)
-
-    def pos(self, path: tuple) -> Pos:
-        found = _pos_for(tuple(path), self.positions, self.keypositions, False)
-        return found if found.file != "?" else Pos(self.display)
-
-    def key_pos(self, path: tuple) -> Pos:
-        return self.keypositions.get(tuple(path)) or self.pos(path)
 
     def error(self, message: str, path: tuple, fix: str | None = None, *, exit_code: int = 2) -> UserError:
         return UserError(message, **self.pos(path).as_error_kwargs(), fix=fix, exit_code=exit_code)
@@ -92,13 +85,13 @@ def load_overlay(root: Path, name: str, *, where: str = "--overlay") -> LoadedOv
     if not isinstance(src.data, dict):
         raise UserError("an overlay is a mapping of keys", file=display, line=1, fix="start from overlays/README.md")
     problems: list[UserError] = []
-    _check_keys(Overlay, src.data, (), src.keys, src.values, problems)
+    check_keys(Overlay, src.data, (), src.keys, src.values, problems)
     if problems:
         raise StackInvalid(problems)
     try:
         model = Overlay.model_validate(src.data)
     except ValidationError as exc:
-        raise StackInvalid(_validation_problems(exc, src.values, src.keys)) from None
+        raise StackInvalid(validation_problems(exc, src.values, src.keys)) from None
     loaded = LoadedOverlay(name, odir, display, model, src.values, src.keys)
     found = [loaded.error(msg, at, fix) for msg, at, fix in model.problems()]
     for upstream in model.patches:

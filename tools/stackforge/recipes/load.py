@@ -9,14 +9,14 @@ from pydantic import ValidationError
 
 from stackforge.errors import UserError
 from stackforge.recipes.model import RECIPE_NAME, Recipe
-from stackforge.stack.load import StackInvalid, _check_keys, _pos_for, _validation_problems
-from stackforge.stack.yamlsrc import Pos, load_with_positions
+from stackforge.stack.load import Located, StackInvalid, check_keys, validation_problems
+from stackforge.stack.yamlsrc import load_with_positions
 
 RECIPES_DIR = "recipes"
 
 
 @dataclass(frozen=True)
-class LoadedRecipe:
+class LoadedRecipe(Located):
     """A validated recipe with where each of its values and keys was written."""
 
     name: str
@@ -25,15 +25,6 @@ class LoadedRecipe:
     model: Recipe = field(compare=False, repr=False)
     positions: dict = field(compare=False, repr=False)
     keypositions: dict = field(compare=False, repr=False)
-
-    def pos(self, path: tuple) -> Pos:
-        """Where the value at ``path`` (or its nearest written parent) is."""
-        found = _pos_for(tuple(path), self.positions, self.keypositions, False)
-        return found if found.file != "?" else Pos(self.display)
-
-    def key_pos(self, path: tuple) -> Pos:
-        """Where the key introducing ``path`` is (the value's position when it has no key)."""
-        return self.keypositions.get(tuple(path)) or self.pos(path)
 
     def error(self, message: str, path: tuple, fix: str | None = None, *, exit_code: int = 1) -> UserError:
         return UserError(message, **self.key_pos(path).as_error_kwargs(), fix=fix, exit_code=exit_code)
@@ -87,13 +78,13 @@ def load_recipe(root: Path, name_or_path: str) -> LoadedRecipe:
     if not isinstance(src.data, dict):
         raise UserError("a recipe is a mapping of keys", file=display, line=1, fix="start from recipes/README.md")
     problems: list[UserError] = []
-    _check_keys(Recipe, src.data, (), src.keys, src.values, problems)
+    check_keys(Recipe, src.data, (), src.keys, src.values, problems)
     if problems:
         raise StackInvalid(problems)
     try:
         model = Recipe.model_validate(src.data)
     except ValidationError as exc:
-        raise StackInvalid(_validation_problems(exc, src.values, src.keys)) from None
+        raise StackInvalid(validation_problems(exc, src.values, src.keys)) from None
     loaded = LoadedRecipe(stem, path, display, model, src.values, src.keys)
     found = [loaded.error(msg, at, fix, exit_code=2) for msg, at, fix in model.problems()]
     if found:

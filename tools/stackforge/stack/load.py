@@ -54,6 +54,25 @@ class LoadedStack:
         return _pos_for(tuple(path), self.positions, self.keypositions, False)
 
 
+class Located:
+    """Positions of a file read with the YAML position loader: its ``display`` name and where each value
+    (``positions``) and key (``keypositions``) was written. Mixed into the loaded records of recipes and
+    overlays."""
+
+    display: str
+    positions: dict
+    keypositions: dict
+
+    def pos(self, path: tuple) -> Pos:
+        """Where the value at ``path`` (or its nearest written parent) is; the file itself when nowhere."""
+        found = _pos_for(tuple(path), self.positions, self.keypositions, False)
+        return found if found.file != "?" else Pos(self.display)
+
+    def key_pos(self, path: tuple) -> Pos:
+        """Where the key introducing ``path`` is (the value's position when it has no key)."""
+        return self.keypositions.get(tuple(path)) or self.pos(path)
+
+
 class StackInvalid(UserError):
     """One or more problems in a stack's input; renders every problem."""
 
@@ -405,7 +424,7 @@ def _field_names(cls: type[BaseModel]) -> dict[str, str]:
     return out
 
 
-def _check_keys(cls: type[BaseModel], data: Any, path: tuple, keys: dict, values: dict, problems: list) -> None:
+def check_keys(cls: type[BaseModel], data: Any, path: tuple, keys: dict, values: dict, problems: list) -> None:
     if not isinstance(data, dict):
         return
     accepted = _field_names(cls)
@@ -424,7 +443,7 @@ def _check_keys(cls: type[BaseModel], data: Any, path: tuple, keys: dict, values
 def _check_value(annotation, value, path, keys, values, problems):
     kind, inner = _model_for(annotation)
     if kind == "model":
-        _check_keys(inner, value, path, keys, values, problems)
+        check_keys(inner, value, path, keys, values, problems)
     elif kind == "dict" and isinstance(value, dict):
         for k, v in value.items():
             _check_value(inner, v, path + (k,), keys, values, problems)
@@ -457,7 +476,7 @@ def _pos_for(loc: tuple, values: dict, keys: dict, missing: bool) -> Pos:
     return values.get(probe) or Pos("?")
 
 
-def _validation_problems(exc: ValidationError, values: dict, keys: dict) -> list[UserError]:
+def validation_problems(exc: ValidationError, values: dict, keys: dict) -> list[UserError]:
     problems = []
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
@@ -704,7 +723,7 @@ def load(name_or_path: str, root: Path | str | None = None, overrides: list[str]
     data, values, keys, files = _load_chain(root, name_or_path, [])
     apply_overrides(data, values, keys, list(overrides or []))
     problems: list[UserError] = []
-    _check_keys(Stack, data, (), keys, values, problems)
+    check_keys(Stack, data, (), keys, values, problems)
     if problems:
         raise StackInvalid(problems)
     # Credentials (userinfo and sensitive query parameters) are split off before validation, so they
@@ -714,7 +733,7 @@ def load(name_or_path: str, root: Path | str | None = None, overrides: list[str]
     try:
         stack = Stack.model_validate(data)
     except ValidationError as exc:
-        raise StackInvalid(_validation_problems(exc, values, keys)) from None
+        raise StackInvalid(validation_problems(exc, values, keys)) from None
     credentials: dict[str, Credential] = {}
     for iname, idx in stack.indexes.items():
         found = index_found.get(iname)
