@@ -3,6 +3,7 @@ decisions (when aliases move, what the row and the summary say) are the nightly'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -141,3 +142,18 @@ def test_freshness_in_summary_json_and_markdown():
     assert "| post1 | yes |  |" in md
     assert json.loads(json.dumps(summary.to_json()))["freshness"]["post1"]["newest"] is True
     assert freshness_line("x", {"error": "index down"}) == "| x | unknown | index down |"
+
+
+def test_a_smoke_that_passed_without_the_hardware_moves_no_alias(tmp_path):
+    fakes = Fakes(tmp_path, ["passed", "passed"])
+
+    def without_hardware(recipe, image, outdir, **kw):
+        rep = fakes.smoke(recipe, image, outdir, **kw)
+        rep.hardware = {"missing": "this host has no mthreads device (no /dev/mtgpu*)", "allowed_missing": True}
+        return rep
+
+    run = dataclasses.replace(fakes.run(qwen_recipes()), smoke=without_hardware)
+    row = _one(run, load("post2"), "vllm-openai")
+    assert row.smoke == "not-run" and not row.ok and fakes.published == [False]
+    assert row.aliases == {"*": "not moved: smoke not-run"}
+    assert "every row passed without the declared hardware (this host has no mthreads device" in str(row.reason)
