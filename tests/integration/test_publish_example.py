@@ -55,7 +55,7 @@ def test_the_gated_example_image_is_published_verified_and_not_twice(built, regi
     args = ("publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE, "--set", f"tags.local={tag}")
     proc = stackforge(root, *args, "--verify-pull")
     assert proc.returncode == 0, proc.stderr
-    evidence_dir = root / "build" / "example" / "evidence"
+    evidence_dir = root / "build" / "example" / "evidence" / "latest"
     ev = json.loads((evidence_dir / "publish.json").read_text())
     result = json.loads((evidence_dir / "result.json").read_text())
     assert ev["status"] == "published" and ev["stack"] == "example" and ev["target"] == "escape"
@@ -97,7 +97,7 @@ def test_an_image_that_is_not_the_gated_one_is_refused(built, registry, tmp_path
         )
     finally:
         subprocess.run(["docker", "image", "rm", other], capture_output=True)
-    assert proc.returncode == 1 and "but the gated build produced" in proc.stderr
+    assert proc.returncode == 1 and "but no gated build of example/" in proc.stderr
     assert requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).status_code == 404
 
 

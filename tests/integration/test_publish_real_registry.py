@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from stackforge.build import evidence as evidence_dirs
 from stackforge.errors import BuildFailed
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import publish
@@ -289,7 +290,7 @@ def test_a_publisher_killed_mid_push_leaves_no_tag_and_the_rerun_succeeds(regist
     tag = SCHEME.tag(DATE, 1)
     assert f"published: {registry.split(':')[0]}" in rerun.stdout and tag in rerun.stdout
     assert tags_of(registry, f"{ns}/vllm") == sorted([tag, ALIAS])
-    evidence = json.loads((out / "evidence" / "publish.json").read_text())
+    evidence = json.loads((evidence_dirs.newest(out / "evidence") / "publish.json").read_text())
     assert evidence["status"] == "published" and evidence["tag"] == tag and evidence["stack"] == "post2"
 
 
@@ -342,7 +343,7 @@ def test_a_proxy_that_rewrites_the_manifest_is_caught(registry, images, root, ns
     assert "manifest digest mismatch" in proc.stderr and "Rolled back" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert tags_of(registry, f"{ns}/vllm") == []
-    evidence = json.loads((tmp_path / "out" / "evidence" / "publish-failed.json").read_text())
+    evidence = json.loads((evidence_dirs.newest(tmp_path / "out" / "evidence") / "publish-failed.json").read_text())
     assert evidence["status"] == "failed" and "mismatch" in evidence["error"] and evidence["tag_left"] is None
 
     with FaultyProxy(registry, [Fault("rewrite-response", MANIFEST_BY_TAG, "GET", times=None)]) as proxy:

@@ -77,6 +77,13 @@ def register(sub) -> None:
         action="store_true",
         help="with --overlay: layer on the image the last gated build of the base target made, without rebuilding",
     )
+    p.add_argument(
+        "--keep-builds",
+        type=int,
+        metavar="N",
+        help="evidence of the newest N builds is kept per stack (default $STACKFORGE_KEEP_BUILDS or 10); "
+        "a build with a publish.json is never deleted",
+    )
     add_out(p, BUILD_DIR_OUT)
     add_json(p, "the outcome (tag, image id, gate lines, evidence directory, duration)")
     add_wait(p)
@@ -186,6 +193,7 @@ def cmd_build(args) -> int:
         out=args.out,
         network=args.network,
         lock_timeout=args.lock_timeout,
+        keep_builds=args.keep_builds,
     )
     if args.overlay:
         return _build_overlay(args, loaded, opts)
