@@ -102,7 +102,8 @@ def register(sub) -> None:
         ),
         (
             "verify",
-            "check a pulled or built image against its stack: labels, pins, gate, ABI",
+            "check an image against its stack: labels, pins, gate, ABI; a registry reference (HOST/NAME:TAG or "
+            "…@sha256:…) without --stack is checked from the image and its attached publish record, no checkout",
             "default: the stack named by the image's org.stackforge.stack label",
             "the verdict, failure count and lines",
             cmd_verify,
@@ -237,9 +238,15 @@ def _build_overlay(args, loaded, opts: BuildOptions) -> int:
 
 def cmd_verify(args) -> int:
     from stackforge.build.verify import image_labels, stack_of, verify
+    from stackforge.publish.operator import is_remote
 
     engine = workspace_of(args).engine
     engine.check()
+    if args.stack is None and not args.overrides and is_remote(args.image):
+        from stackforge.cli.publish import print_verification
+        from stackforge.publish.operator import verify_ref
+
+        return print_verification(args, verify_ref(args.image, engine), f"verify {args.image}")
     labels = image_labels(engine, args.image)
     loaded = load(args, args.stack or stack_of(labels, args.image))
     stack = loaded.model

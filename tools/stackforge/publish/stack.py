@@ -20,6 +20,7 @@ from stackforge.build.prepare import lint_or_fail
 from stackforge.build.run import default_target, target_ref
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
+from stackforge.publish import record
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import FAILED_RECORD, PUBLISHED_RECORD, PublishResult, publish
 from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
@@ -85,6 +86,18 @@ def publish_dir(evidence_root: Path, gated: dict[str, Any] | None, image_id: str
     return evidence.new_build(evidence_root)
 
 
+def destination(loaded: LoadedStack, registry: str, date: str, target: str | None) -> tuple:
+    """(target, repository, tag scheme, the first tag's reference, the target's tag suffix) of a stack's
+    published image under ``registry``, from the stack's ``tags.publish`` template."""
+    reg = parse_registry(registry, what="--registry")
+    target = default_target(loaded, target)
+    suffix = "" if target == published(loaded.model)[0] else f"-{target}"
+    first = tagsmod.publish_ref(loaded, str(reg), date, 1)
+    repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
+    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(loaded, str(reg), d, r).tag + suffix)
+    return target, repository, scheme, first, suffix
+
+
 def publish_stack(
     loaded: LoadedStack,
     registry: str,
@@ -119,11 +132,7 @@ def publish_stack(
         lint_or_fail(loaded)
     except BuildFailed as err:
         raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
-    target = default_target(loaded, target)
-    suffix = "" if target == published(stack)[0] else f"-{target}"
-    first = tagsmod.publish_ref(loaded, str(reg), date, 1)
-    repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
-    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(loaded, str(reg), d, r).tag + suffix)
+    target, repository, scheme, first, suffix = destination(loaded, registry, date, target)
     aliases = []
     for alias in tagsmod.alias_refs(loaded, str(reg)):
         if alias.repository != first.repository:
@@ -141,7 +150,8 @@ def publish_stack(
         assert image.image_id is not None
         gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
         extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
-        return publish(
+        evidence_dir = publish_dir(root, gated, image.image_id)
+        result = publish(
             image,
             repository,
             scheme,
@@ -153,7 +163,9 @@ def publish_stack(
             verify_pull=verify_pull,
             engine=engine,
             echo=echo,
-            evidence=publish_dir(root, gated, image.image_id),
+            evidence=evidence_dir,
             extra=extra,
             layer_cache=ws.cache("layers"),
         )
+        record.attach_after_publish(loaded, target, evidence_dir, result, repository, engine, local, policy)
+        return result
