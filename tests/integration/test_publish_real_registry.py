@@ -94,11 +94,13 @@ def ns():
 
 
 def tags_of(registry: str, repo: str) -> list[str]:
+    """The image tags of ``repo``; the ``sha256-<hex>`` tags holding publish records (the OCI 1.1 fallback
+    for a registry without the referrers API) are left out."""
     r = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=10)
     if r.status_code == 404:
         return []
     r.raise_for_status()
-    return sorted(r.json().get("tags") or [])
+    return sorted(t for t in r.json().get("tags") or [] if not t.startswith("sha256-"))
 
 
 def tag_state(registry: str, repo: str, tag: str) -> tuple[str, str]:
