@@ -74,7 +74,7 @@ def built(tmp_path_factory, base_image):
 def test_example_image_is_gated_labelled_and_tagged(built):
     root, tag, proc = built
     assert proc.stdout.strip().splitlines()[-1] == tag
-    gate = (root / "build" / "example" / "evidence" / "gate.txt").read_text().splitlines()
+    gate = (root / "build" / "example" / "evidence" / "latest" / "gate.txt").read_text().splitlines()
     assert re.fullmatch(r"PASS python +version=3\.11\.\d+ platform=3\.11", gate[0]), gate[0]
     assert gate[1:] == [
         "PASS import setuptools version=80.9.0",
@@ -85,7 +85,7 @@ def test_example_image_is_gated_labelled_and_tagged(built):
         "PASS pip    check      No broken requirements found.",
         "gate result: 7 PASS, 0 FAIL",
     ]
-    readonly = (root / "build" / "example" / "evidence" / "gate-readonly.txt").read_text()
+    readonly = (root / "build" / "example" / "evidence" / "latest" / "gate-readonly.txt").read_text()
     assert "read-only: gate result: 4 PASS, 0 FAIL" in readonly
     labels = json.loads(docker("image", "inspect", tag, "--format", "{{json .Config.Labels}}"))
     assert labels["org.stackforge.pin.setuptools"] == "80.9.0"
@@ -100,7 +100,7 @@ def test_example_image_is_gated_labelled_and_tagged(built):
         == docker("image", "inspect", "stackforge/base:bookworm", "--format", "{{.Id}}").strip()
     )
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", labels["org.stackforge.series.markupsafe"])
-    inputs = json.loads((root / "build" / "example" / "evidence" / "inputs.json").read_text())
+    inputs = json.loads((root / "build" / "example" / "evidence" / "latest" / "inputs.json").read_text())
     assert labels["org.stackforge.fingerprint"] == inputs["fingerprint"]
     assert labels["org.stackforge.inputs"] == inputs["inputs_fingerprint"]
     assert set(inputs["locks"]) == {"pypi"}
@@ -109,7 +109,7 @@ def test_example_image_is_gated_labelled_and_tagged(built):
     # The patch is in the image: the build fails without compiled speedups, and the target runs.
     out = subprocess.run(["docker", "run", "--rm", "-i", tag], input="<a & b>", capture_output=True, text=True)
     assert out.stdout == "&lt;a &amp; b&gt;"
-    evidence = sorted(p.name for p in (root / "build" / "example" / "evidence").iterdir())
+    evidence = sorted(p.name for p in (root / "build" / "example" / "evidence" / "latest").iterdir())
     for name in ("Dockerfile", "build.log", "gate.txt", "inputs.json", "result.json"):
         assert name in evidence
 
@@ -155,7 +155,7 @@ def test_patch_change_reruns_src_kernels_gate_but_not_deps(built, tmp_path):
         text.replace("+# A build that must ship the C speedups", f"+# A build ({token}) that must ship the C speedups")
     )
     stackforge(root, "build", "example", "--set", f"tags.local={tag}-2")
-    log = (root / "build" / "example" / "evidence" / "build.log").read_text()
+    log = (root / "build" / "example" / "evidence" / "latest" / "build.log").read_text()
     result = steps(log)
     deps = {k: v for k, v in result.items() if k.startswith(("[deps ", "[base ")) and re.search(r"\] (RUN|COPY) ", k)}
     assert deps and all(deps.values()), f"dependency steps re-ran after a patch change: {deps}"

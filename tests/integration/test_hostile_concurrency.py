@@ -62,7 +62,7 @@ def test_two_builds_of_one_stack_at_once(tmp_path, base_image):
         assert len(waited) == 1, "exactly one build waits for the other"
         last = waited[0]  # it ran second, so build/tiny/ holds its build
 
-        evidence = root / "build" / "tiny" / "evidence"
+        evidence = root / "build" / "tiny" / "evidence" / "latest"
         result = json.loads((evidence / "result.json").read_text())
         inputs = json.loads((evidence / "inputs.json").read_text())
         image_id = docker("image", "inspect", "--format", "{{.Id}}", tag)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.build import evidence as evidence_dirs
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 
@@ -135,7 +136,7 @@ targets: {{app: {{}}}}
     assert proc.returncode == 128 + signum, err
     assert err.strip().splitlines()[-1].startswith(f"error: interrupted by {name}; the engine was stopped"), err
     assert "Traceback" not in err
-    result = json.loads((out / "evidence" / "result.json").read_text())
+    result = json.loads((evidence_dirs.newest(out / "evidence") / "result.json").read_text())
     assert result["status"] == "interrupted" and result["signal"] == name and result["ok"] is False
     leftover = [
         p

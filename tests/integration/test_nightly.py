@@ -86,7 +86,8 @@ def test_make_nightly_fails_but_publishes_the_stack_that_passed(nightly_run, reg
     assert good["tag"] == f"{registry}/{ns}/stackforge-example:py3.11-markupsafe3.0.3-{DATE}-r1"
     assert good["gate"] == "gate result: 7 PASS, 0 FAIL" and good["duration_s"] > 0
     repo_tags = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]
-    assert sorted(repo_tags) == sorted([good["tag"].rsplit(":", 1)[1], "py3.11-latest"])
+    record_tag = "sha256-" + good["digest"].removeprefix("sha256:")  # the publish record (tag-schema fallback)
+    assert sorted(repo_tags) == sorted([good["tag"].rsplit(":", 1)[1], "py3.11-latest", record_tag])
     head = requests.head(
         f"http://{registry}/v2/{ns}/stackforge-example/manifests/{good['tag'].rsplit(':', 1)[1]}",
         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},

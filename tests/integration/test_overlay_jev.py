@@ -46,7 +46,7 @@ def jev(standins, post2):
 
 
 def test_the_range_is_installed_in_the_image_and_labelled(jev, post2):
-    evidence = post2.out / "overlays" / "jev" / "evidence"
+    evidence = post2.out / "overlays" / "jev" / "evidence" / "latest"
     result = json.loads((evidence / "result.json").read_text())
     assert result["ok"] and result["base"]["image_id"] == post2.image
     assert mb.image_id(TAG) == result["image_id"]
@@ -154,7 +154,7 @@ def test_published_immutably_and_verified(jev, standins, post2, registry):
     assert again.returncode == 0 and "already published" in again.stdout
     tags = requests.get(f"http://{registry}/v2/{ns}/vllm/vllm-openai/tags/list", timeout=10).json()["tags"]
     assert tags == [PUBLISHED]
-    record = json.loads((post2.out / "overlays" / "jev" / "evidence" / "publish.json").read_text())
+    record = json.loads((post2.out / "overlays" / "jev" / "evidence" / "latest" / "publish.json").read_text())
     assert record["overlay"] == "jev" and record["tag"] == PUBLISHED
 
     verify = mb.stackforge("verify", TAG, *ms.set_args(post2.overrides))

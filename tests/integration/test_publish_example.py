@@ -55,7 +55,7 @@ def test_the_gated_example_image_is_published_verified_and_not_twice(built, regi
     args = ("publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE, "--set", f"tags.local={tag}")
     proc = stackforge(root, *args, "--verify-pull")
     assert proc.returncode == 0, proc.stderr
-    evidence_dir = root / "build" / "example" / "evidence"
+    evidence_dir = root / "build" / "example" / "evidence" / "latest"
     ev = json.loads((evidence_dir / "publish.json").read_text())
     result = json.loads((evidence_dir / "result.json").read_text())
     assert ev["status"] == "published" and ev["stack"] == "example" and ev["target"] == "escape"
@@ -65,7 +65,8 @@ def test_the_gated_example_image_is_published_verified_and_not_twice(built, regi
     assert ev["verification"]["pull"]["identical"] is True
     assert f"published: {ev['repository']}:{ev['tag']}" in proc.stdout
     r = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()
-    assert sorted(r["tags"]) == sorted([ev["tag"], *ev["aliases"]])
+    record_tag = "sha256-" + ev["digest"].removeprefix("sha256:")  # the publish record (tag-schema fallback)
+    assert sorted(r["tags"]) == sorted([ev["tag"], *ev["aliases"], record_tag])
     head = requests.head(
         f"http://{registry}/v2/{ns}/stackforge-example/manifests/{ev['tag']}",
         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
@@ -97,7 +98,7 @@ def test_an_image_that_is_not_the_gated_one_is_refused(built, registry, tmp_path
         )
     finally:
         subprocess.run(["docker", "image", "rm", other], capture_output=True)
-    assert proc.returncode == 1 and "but the gated build produced" in proc.stderr
+    assert proc.returncode == 1 and "but no gated build of example/" in proc.stderr
     assert requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).status_code == 404
 
 

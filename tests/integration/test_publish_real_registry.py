@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from stackforge.build import evidence as evidence_dirs
 from stackforge.errors import BuildFailed
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import publish
@@ -93,11 +94,13 @@ def ns():
 
 
 def tags_of(registry: str, repo: str) -> list[str]:
+    """The image tags of ``repo``; the ``sha256-<hex>`` tags holding publish records (the OCI 1.1 fallback
+    for a registry without the referrers API) are left out."""
     r = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=10)
     if r.status_code == 404:
         return []
     r.raise_for_status()
-    return sorted(r.json().get("tags") or [])
+    return sorted(t for t in r.json().get("tags") or [] if not t.startswith("sha256-"))
 
 
 def tag_state(registry: str, repo: str, tag: str) -> tuple[str, str]:
@@ -289,7 +292,7 @@ def test_a_publisher_killed_mid_push_leaves_no_tag_and_the_rerun_succeeds(regist
     tag = SCHEME.tag(DATE, 1)
     assert f"published: {registry.split(':')[0]}" in rerun.stdout and tag in rerun.stdout
     assert tags_of(registry, f"{ns}/vllm") == sorted([tag, ALIAS])
-    evidence = json.loads((out / "evidence" / "publish.json").read_text())
+    evidence = json.loads((evidence_dirs.newest(out / "evidence") / "publish.json").read_text())
     assert evidence["status"] == "published" and evidence["tag"] == tag and evidence["stack"] == "post2"
 
 
@@ -342,7 +345,7 @@ def test_a_proxy_that_rewrites_the_manifest_is_caught(registry, images, root, ns
     assert "manifest digest mismatch" in proc.stderr and "Rolled back" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert tags_of(registry, f"{ns}/vllm") == []
-    evidence = json.loads((tmp_path / "out" / "evidence" / "publish-failed.json").read_text())
+    evidence = json.loads((evidence_dirs.newest(tmp_path / "out" / "evidence") / "publish-failed.json").read_text())
     assert evidence["status"] == "failed" and "mismatch" in evidence["error"] and evidence["tag_left"] is None
 
     with FaultyProxy(registry, [Fault("rewrite-response", MANIFEST_BY_TAG, "GET", times=None)]) as proxy:

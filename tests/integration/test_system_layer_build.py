@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from stackforge.build import evidence as evidence_dirs
 from tests.fixtures import apt_repo
 from tests.fixtures import musa_builds as mb
 
@@ -137,7 +138,7 @@ def test_loader_dirs_links_env_and_venv(happy):
 
 def test_the_evidence_lists_resolutions_and_installed_packages(happy):
     ref, out = happy
-    text = (out / "evidence" / "system.txt").read_text()
+    text = (evidence_dirs.newest(out / "evidence") / "system.txt").read_text()
     assert text == run(ref, "cat /stackforge/system/packages.txt")
     assert "resolved musa-toolkit: musa-toolkit-5-2" in text
     assert "resolved libmthreads-mtml: libmthreads-mtml=2.4.1-1" in text
@@ -154,7 +155,7 @@ def test_auto_keeps_a_base_that_has_the_probe(happy, root, tmp_path_factory):
     proc = build(root, out, f"base.image={ref}", "platform.musa_runtime=5.1")
     assert proc.returncode == 0, proc.stderr[-6000:]
     kept = proc.stdout.strip().splitlines()[-1]
-    text = (out / "evidence" / "system.txt").read_text()
+    text = (evidence_dirs.newest(out / "evidence") / "system.txt").read_text()
     assert "layer musa: install=auto: kept the base's stack (mcc is /usr/local/musa/bin/mcc)" in text
     assert "musa-toolkit-5-1" not in run(kept, "dpkg-query -W -f '${Package}\\n'")
 
@@ -164,7 +165,7 @@ def test_never_skips_the_layer(root, tmp_path_factory):
     proc = build(root, out, "system.musa.install=never")
     assert proc.returncode == 0, proc.stderr[-6000:]
     ref = proc.stdout.strip().splitlines()[-1]
-    assert "layer musa: install=never: skipped" in (out / "evidence" / "system.txt").read_text()
+    assert "layer musa: install=never: skipped" in (evidence_dirs.newest(out / "evidence") / "system.txt").read_text()
     assert not run(ref, "dpkg-query -W -f '${Package}\\n' | grep musa || true").strip()
 
 
@@ -176,4 +177,4 @@ def test_a_line_without_a_match_fails_naming_the_package_and_key(root, tmp_path_
     assert "error: system.musa.packages.2 (libmthreads-compute): no version of line 9.9" in proc.stderr
     assert "system.musa.packages.0 (musa-toolkit): no package" in proc.stderr
     assert mb.image_id(tag) is None
-    assert "error: system.musa.packages.2" in (out / "evidence" / "system.txt").read_text()
+    assert "error: system.musa.packages.2" in (evidence_dirs.newest(out / "evidence") / "system.txt").read_text()

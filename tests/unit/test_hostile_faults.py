@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from stackforge import fslock
+from stackforge.build import evidence as evidence_dirs
 from stackforge.build.engine import BuildResult, EngineInfo
 from stackforge.cli.main import main
 
@@ -350,11 +351,11 @@ def case_full_while_writing_evidence(root, tmp_path, mounts, monkeypatch, capsys
     monkeypatch.setenv("STACKFORGE_PROGRESS", "0")  # stderr holds the error alone
     rc = main(["--root", str(root), "build", "tiny", "--out", str(out), "--ca-bundle", "none"])
     err = capsys.readouterr().err
+    (evidence,) = evidence_dirs.builds(out / "evidence")  # this build's own directory
     assert_one_clean_error(
         SimpleNamespace(rc=rc, out="", err=err),
-        f"cannot write {out / 'evidence' / 'gate.txt'}: no space left on device",
+        f"cannot write {evidence / 'gate.txt'}: no space left on device",
     )
-    evidence = out / "evidence"
     assert json.loads((evidence / "inputs.json").read_text())["stack"] == "tiny"  # whole, not truncated
     assert not (evidence / "result.json").exists() and leftovers(out) == []
 

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stackforge.build import artifacts, edits, installed, reqlocks, requirements
+from stackforge.build import artifacts, edits, embed, installed, reqlocks, requirements
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
@@ -223,6 +223,7 @@ def _fill(loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: 
     post_install = installed.write_context(loaded, plan.post_install, staging, images_dir(root))
     write_system_context(plan.system, images_dir(root), staging)
     artifacts.write_context(plan.files, images_dir(root), staging)
+    embed.write_context(loaded, staging)
     infos: list[SourceInfo] = []
     if sources:
         exported = {name: _export_source(loaded, name, staging / "src" / name, workspace)

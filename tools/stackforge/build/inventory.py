@@ -41,10 +41,11 @@ def write_evidence(engine, ref: str, context_dir: Path, evidence: Path) -> None:
 
 
 def load(spec: str, engine=None) -> dict:
-    """An inventory from an evidence directory, a build directory (its evidence/), an inventory.json file,
-    or a local image reference."""
+    """An inventory from an evidence directory (a build's, or the evidence root: its ``latest``), a build
+    directory, an inventory.json file, or a local image reference."""
     path = Path(spec)
-    for candidate in (path, path / "inventory.json", path / "evidence" / "inventory.json"):
+    for candidate in (path, path / "inventory.json", path / "latest" / "inventory.json",
+                      path / "evidence" / "latest" / "inventory.json", path / "evidence" / "inventory.json"):
         if candidate.is_file():
             try:
                 return json.loads(candidate.read_text())

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from stackforge.build import embed
 from stackforge.build.context import Context, assemble, write_dockerfile
 from stackforge.build.plan import image_labels
 from stackforge.errors import BuildFailed
@@ -80,5 +81,6 @@ def prepare_dockerfile(loaded: LoadedStack, *, out: Path | None = None, sources:
     omitted = None if sources else INPUTS_OMITTED
     labels = image_labels(loaded, base_digest=digest, base_id=image_id, created=created, series=ctx.series,
                           inputs=None if omitted else ctx.inputs_fingerprint(), post_install=ctx.post_install)
+    labels[embed.LABEL] = embed.label(loaded)
     write_dockerfile(ctx, labels, syntax=syntax)
     return Prepared(ctx, labels, build_args, omitted)

@@ -11,7 +11,6 @@ import datetime as _dt
 import functools
 import json
 import re
-import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Callable, overload
 
 from stackforge import credentials, progress
+from stackforge.build import evidence as evidence_dirs
 from stackforge.build import system
 from stackforge.build import inventory
 from stackforge.build import reports as target_reports
@@ -55,6 +55,7 @@ class BuildOptions:
     out: Path | None = None
     network: str | None = None  # RUN steps' network, e.g. "host" to reach an index on the host's loopback
     lock_timeout: float | None = None  # seconds to wait for another build of this directory (0: none)
+    keep_builds: int | None = None  # builds kept per stack (default $STACKFORGE_KEEP_BUILDS or 10)
 
 
 @dataclass
@@ -261,10 +262,8 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
     info = engine.check()
     prepared = prepare(loaded, engine, out=opts.out, syntax=opts.syntax, workspace=ws)
     ctx, labels, build_args = prepared.ctx, prepared.labels, prepared.build_args
-    evidence = ctx.build_dir / "evidence"
-    if evidence.exists():
-        shutil.rmtree(evidence)
-    evidence.mkdir(parents=True)
+    evidence_dirs.keep_builds(opts.keep_builds)  # a bad value fails before the engine runs
+    evidence = evidence_dirs.new_build(ctx.build_dir / "evidence")
     atomic_write(evidence / "Dockerfile", ctx.dockerfile.read_bytes())
     _write_inputs(evidence, loaded, ctx, labels, info, target, ref)
 
@@ -285,7 +284,9 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
         now = engine.image_id(ref)
         if now is not None and now != had:  # never leave a tag pointing at an unchecked image
             engine.remove_image(ref, force=True)
-        atomic_write(evidence / "result.json", json.dumps({"ok": False, "reason": failure_reason(log)}, indent=2))
+        atomic_write(evidence / "result.json", json.dumps({"ok": False, "reason": failure_reason(log), "target": target,
+                                                          "tag": ref, "build_id": evidence.name}, indent=2))
+        evidence_dirs.finish(evidence, ok=False, keep=opts.keep_builds)
         raise BuildFailed(f"{stack.name}/{target}: {failure_reason(log)}\n  (no image was tagged; log: "
                           f"{evidence / 'build.log'})", fix="read the FAIL/ERROR lines above")
     image_id = engine.image_id(ref) if opts.load else None
@@ -299,8 +300,9 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
         inventory.write_evidence(engine, ref, ctx.context_dir, evidence)
         target_reports.write_evidence(stack, target, engine, ref, evidence, echo=_stderr_line)
     outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
-    atomic_write(evidence / "result.json", json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)},
-                                                      indent=2, default=str))
+    atomic_write(evidence / "result.json", json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence),
+                                                       "build_id": evidence.name}, indent=2, default=str))
+    evidence_dirs.finish(evidence, ok=opts.load, keep=opts.keep_builds)
     return outcome
 
 

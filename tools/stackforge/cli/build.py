@@ -85,6 +85,13 @@ def register(sub) -> None:
         action="store_true",
         help="with --overlay: layer on the image the last gated build of the base target made, without rebuilding",
     )
+    p.add_argument(
+        "--keep-builds",
+        type=int,
+        metavar="N",
+        help="evidence of the newest N builds is kept per stack (default $STACKFORGE_KEEP_BUILDS or 10); "
+        "a build with a publish.json is never deleted",
+    )
     add_out(p, BUILD_DIR_OUT)
     add_json(p, "the outcome (tag, image id, gate lines, evidence directory, duration)")
     add_wait(p)
@@ -103,7 +110,8 @@ def register(sub) -> None:
         ),
         (
             "verify",
-            "check a pulled or built image against its stack: labels, pins, gate, ABI",
+            "check an image against its stack: labels, pins, gate, ABI; a registry reference (HOST/NAME:TAG or "
+            "…@sha256:…) without --stack is checked from the image and its attached publish record, no checkout",
             "default: the stack named by the image's org.stackforge.stack label",
             "the verdict, failure count and lines",
             cmd_verify,
@@ -196,6 +204,7 @@ def cmd_build(args) -> int:
         out=args.out,
         network=args.network,
         lock_timeout=args.lock_timeout,
+        keep_builds=args.keep_builds,
     )
     if args.overlay:
         return _build_overlay(args, loaded, opts)
@@ -266,9 +275,15 @@ def _build_overlay(args, loaded, opts: BuildOptions) -> int:
 
 def cmd_verify(args) -> int:
     from stackforge.build.verify import image_labels, stack_of, verify
+    from stackforge.publish.operator import is_remote
 
     engine = workspace_of(args).engine
     engine.check()
+    if args.stack is None and not args.overrides and is_remote(args.image):
+        from stackforge.cli.publish import print_verification
+        from stackforge.publish.operator import verify_ref
+
+        return print_verification(args, verify_ref(args.image, engine), f"verify {args.image}")
     labels = image_labels(engine, args.image)
     loaded = load(args, args.stack or stack_of(labels, args.image))
     stack = loaded.model

@@ -57,6 +57,50 @@ def register(sub) -> None:
     add_set(p)
     p.set_defaults(func=cmd_publish)
 
+    p = sub.add_parser(
+        "pull",
+        help="pull the newest published image of a stack by digest and verify it from its attached record",
+        description="Resolve the newest -rN of the date (default: the newest date) from the registry's tags, "
+        "pull it by digest, fetch the publish record attached to it and run `stackforge verify` on it.",
+    )
+    p.add_argument("stack")
+    p.add_argument("--registry", required=True, metavar="HOST[:PORT][/PATH]", help="registry and namespace")
+    p.add_argument("--date", help="the date YYYYMMDD whose newest revision to pull (default: the newest date)")
+    p.add_argument("--target", help="target (default: the stack's first published target)")
+    add_retry(p)
+    add_json(p, "the verdict, failure count and lines")
+    add_set(p)
+    p.set_defaults(func=cmd_pull)
+
+
+def print_verification(args, v, summary: str) -> int:
+    """A verification's lines (or JSON) and a verdict line; exit 1 when a check failed."""
+    if args.json:
+        print_json({"image": v.image, "stack": v.stack, "ok": not v.failed, "failed": v.failed, "lines": v.lines})
+    else:
+        for line in v.lines:
+            print(line)
+        print(f"{summary}: " + ("ok" if not v.failed else f"{v.failed} FAIL, refused"))
+    return 1 if v.failed else 0
+
+
+def cmd_pull(args) -> int:
+    from stackforge.publish.operator import newest, tag_pulled, verify_ref
+    from stackforge.publish.registry import RegistryClient
+    from stackforge.publish.scheme import validate_date
+    from stackforge.publish.stack import destination
+
+    loaded = load(args, args.stack)
+    date = validate_date(args.date) if args.date else None
+    _, repository, scheme, _, _ = destination(loaded, args.registry, date or "19700101", args.target)
+    policy = retry_policy(args)
+    tag, _ = newest(RegistryClient(repository, policy=policy), scheme, date)
+    engine = workspace_of(args).engine
+    v = verify_ref(f"{repository}:{tag}", engine, policy)
+    if not v.failed:
+        tag_pulled(engine, v.image, f"{repository}:{tag}")
+    return print_verification(args, v, f"pull {repository}:{tag}")
+
 
 def cmd_publish(args) -> int:
     loaded = load(args, args.stack)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from stackforge.build import evidence
 from stackforge.cli.options import add_json, print_json, root_of, workspace_of
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe, load_recipe
@@ -27,7 +28,8 @@ def register(sub) -> None:
         "--out",
         type=Path,
         metavar="DIR",
-        help="where smoke.json and container.log go (default: build/<stack>/evidence/smoke/<recipe>/)",
+        help="where smoke.json and container.log go (default: smoke/<recipe>/ in the evidence of the build that "
+        "made the image, build/<stack>/evidence/<build-id>/; for an image no build made: build/<stack>/smoke/<id>/)",
     )
     p.add_argument(
         "--allow-missing-hardware",
@@ -86,7 +88,7 @@ def cmd_smoke(args) -> int:
             if not args.image
             else "build or pull it first",
         )
-    out = args.out or root / "build" / recipe.model.image.stack / "evidence" / "smoke" / recipe.name
+    out = args.out or evidence.smoke_dir(root / "build" / recipe.model.image.stack, image_id, recipe.name)
     report = smoke(
         recipe,
         image,

@@ -5,7 +5,7 @@ The order is: load and check the overlay on the host (file hashes, the range's c
 check the base carries the series the range continues → apply the range on the host → render
 ``images/overlay/Dockerfile.j2`` in the sandbox → ``docker buildx build`` (the install step and the checks are build
 steps: a FAIL tags nothing) → the base's layers must be a prefix of the overlay's → evidence in
-``build/<stack>/overlays/<name>/evidence/``.
+``build/<stack>/overlays/<name>/evidence/<build-id>/`` (``latest`` names the newest gated one).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import jinja2
 from jinja2.sandbox import SecurityError
 
 from stackforge import grammar, progress
+from stackforge.build import evidence as evidence_dirs
 from stackforge.build import render as dockerfile_render
 from stackforge.build.context import build_dir_for
 from stackforge.build.engine import Engine
@@ -407,10 +408,8 @@ def build_overlay(
         labels = overlay_labels(loaded, ov, base, changed)
         dockerfile = odir / "Dockerfile"
         atomic_write(dockerfile, render_dockerfile(ov, template_view(loaded, ov, base, data, labels), loaded.root))
-        evidence = odir / "evidence"
-        if evidence.exists():
-            shutil.rmtree(evidence)
-        evidence.mkdir(parents=True)
+        evidence_dirs.keep_builds(opts.keep_builds)
+        evidence = evidence_dirs.new_build(odir / "evidence")
         atomic_write(evidence / "Dockerfile", dockerfile.read_bytes())
         atomic_write(evidence / "changed.json", ranges.manifest_text(data))
         base_record = asdict(base) | {"identity": base.identity}
@@ -457,7 +456,11 @@ def build_overlay(
             now = engine.image_id(ref)
             if now is not None and now != had:  # never leave a tag pointing at an unchecked image
                 engine.remove_image(ref, force=True)
-            atomic_write(evidence / "result.json", json.dumps({"ok": False, "reason": reason}, indent=2))
+            atomic_write(
+                evidence / "result.json",
+                json.dumps({"ok": False, "reason": reason, "target": target, "build_id": evidence.name}, indent=2),
+            )
+            evidence_dirs.finish(evidence, ok=False, keep=opts.keep_builds)
             raise BuildFailed(
                 f"{loaded.name} --overlay {ov.name}: {reason}\n  (no image was tagged; log: {evidence / 'build.log'})",
                 fix="read the FAIL/ERROR lines above",
@@ -479,6 +482,11 @@ def build_overlay(
         )
         atomic_write(
             evidence / "result.json",
-            json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence)}, indent=2, default=str),
+            json.dumps(
+                {"ok": True, **asdict(outcome), "evidence": str(evidence), "build_id": evidence.name},
+                indent=2,
+                default=str,
+            ),
         )
+        evidence_dirs.finish(evidence, ok=True, keep=opts.keep_builds)
     return outcome

@@ -15,7 +15,7 @@ from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import PublishResult, publish
 from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
 from stackforge.publish.scheme import TagScheme, validate_date
-from stackforge.publish.stack import check_gated
+from stackforge.publish.stack import check_gated, publish_dir
 from stackforge.stack.load import LoadedStack
 from stackforge.workspace import Workspace, workspace_for
 
@@ -35,7 +35,8 @@ def publish_overlay(
     echo: Callable[[str], None] | None = None,
     workspace: Workspace | None = None,
 ) -> PublishResult:
-    """Publish the overlay image the last gated overlay build made; the evidence goes beside that build's."""
+    """Publish the overlay image a gated overlay build made (found by image id); the record goes beside that
+    build's evidence."""
     ws = workspace_for(loaded, workspace)
     reg = parse_registry(registry, what="--registry")
     date = validate_date(date)
@@ -47,7 +48,7 @@ def publish_overlay(
     local = local_ref(loaded, ov)
     odir = overlay_build_dir(loaded, ov, out)
     with stack_lock(odir):
-        evidence = odir / "evidence"
+        root = odir / "evidence"
         engine = engine or ws.engine
         image = DockerImage(local, engine=engine)
         try:
@@ -61,7 +62,7 @@ def publish_overlay(
         gated = (
             None
             if allow_ungated
-            else check_gated(evidence, f"{loaded.name} --overlay {ov.name}", target, image.image_id, local)
+            else check_gated(root, f"{loaded.name} --overlay {ov.name}", target, image.image_id, local)
         )
         extra = {
             "stack": loaded.name,
@@ -81,7 +82,7 @@ def publish_overlay(
             verify_pull=verify_pull,
             engine=engine,
             echo=echo,
-            evidence=evidence,
+            evidence=publish_dir(root, gated, image.image_id),
             extra=extra,
             layer_cache=ws.cache("layers"),
         )

@@ -586,9 +586,12 @@ def _smoke_then_aliases(
 
 
 def _evidence_dir(stack: LoadedStack) -> Path:
+    """The newest build's evidence (under the nightly's stack lock: the one it just ran, failed or not)."""
+    from stackforge.build import evidence
     from stackforge.build.context import build_dir_for
 
-    return build_dir_for(stack) / "evidence"
+    root = build_dir_for(stack) / "evidence"
+    return evidence.newest(root) or root
 
 
 def _read_lines(path: Path) -> list[str]:

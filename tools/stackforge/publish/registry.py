@@ -1,7 +1,7 @@
 """A small client for the OCI distribution API (the registry side of ``publish``).
 
 Only what publishing needs: ping, list tags (paginated), HEAD/GET/PUT/DELETE a
-manifest, HEAD/GET a blob and upload a blob monolithically. Every request goes
+manifest, HEAD/GET a blob, upload a blob monolithically, and the referrers of a manifest. Every request goes
 through :func:`with_retries`: exponential backoff with full jitter on 5xx, 429,
 408 and connection errors (resets, refused, timeouts), bounded both in attempts
 and in total time. Anything else (4xx) is an answer, not a fault, and is raised
@@ -497,6 +497,10 @@ class RegistryClient:
 
     def put_manifest_once(self, reference: str, body: bytes, media_type: str) -> str | None:
         """One PUT attempt, no retry: the caller re-checks the tag between attempts."""
+        return self._put_manifest(reference, body, media_type).get("Docker-Content-Digest")
+
+    def _put_manifest(self, reference: str, body: bytes, media_type: str) -> Mapping[str, str]:
+        """One PUT of a manifest; the response's headers."""
         resp = self._request(
             "PUT",
             self._url(f"manifests/{reference}"),
@@ -505,7 +509,37 @@ class RegistryClient:
             headers={"Content-Type": media_type},
         )
         resp.close()
-        return resp.headers.get("Docker-Content-Digest")
+        return resp.headers
+
+    def put_manifest_subject(self, reference: str, body: bytes, media_type: str) -> tuple[str | None, str | None]:
+        """PUT a manifest that names a ``subject``; returns (``Docker-Content-Digest``, ``OCI-Subject``). A registry
+        with the referrers API answers ``OCI-Subject``: it indexes the manifest itself, with no fallback tag."""
+
+        def call() -> tuple[str | None, str | None]:
+            headers = self._put_manifest(reference, body, media_type)
+            return headers.get("Docker-Content-Digest"), headers.get("OCI-Subject")
+
+        return self._retry(f"PUT manifest {reference}", call)
+
+    def get_referrers(self, digest: str, artifact_type: str | None = None) -> dict[str, Any] | None:
+        """``GET /v2/<name>/referrers/<digest>``: the OCI image index of the manifests whose subject is ``digest``;
+        None when the registry has no referrers API (404/405, or an answer that is not an image index), so the
+        caller reads the tag-schema fallback (``sha256-<hex>``) instead."""
+        query = f"?{urlencode({'artifactType': artifact_type})}" if artifact_type else ""
+
+        def call() -> dict[str, Any] | None:
+            resp = self._request("GET", self._url(f"referrers/{digest}") + query, ok=(200, 404, 405),
+                                 headers={"Accept": OCI_INDEX})  # fmt: skip
+            if resp.status_code != 200 or not resp.headers.get("Content-Type", "").startswith(OCI_INDEX):
+                resp.close()
+                return None
+            try:
+                data = resp.json()
+            except ValueError:
+                return None
+            return data if isinstance(data, dict) and isinstance(data.get("manifests"), list) else None
+
+        return self._retry(f"GET referrers {digest[:19]}", call)
 
     def delete_manifest(self, digest: str) -> bool:
         """DELETE by digest. False when the registry does not allow deletion or does not have it."""

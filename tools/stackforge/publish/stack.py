@@ -1,9 +1,9 @@
 """Publishing a built stack: the glue between ``stackforge build`` and the publisher.
 
-:func:`publish_stack` takes the local image the last build of a stack and target made, checks
-that this build passed its gate (:func:`check_gated`), derives the repository, tag scheme and
-aliases from the stack's ``tags:`` templates and publishes under the stack's build-directory lock,
-with the evidence in ``build/<stack>/evidence/``.
+:func:`publish_stack` takes the local image of a stack and target, finds the build that gated it by
+its image id (:func:`check_gated`), derives the repository, tag scheme and aliases from the stack's
+``tags:`` templates and publishes under the stack's build-directory lock, with the record beside that
+build's evidence (``build/<stack>/evidence/<build-id>/publish.json``).
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stackforge.build import evidence
 from stackforge.build.context import build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import lint_or_fail
 from stackforge.build.run import default_target, target_ref
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
+from stackforge.publish import record
 from stackforge.publish.oci import DockerImage
-from stackforge.publish.publisher import PublishResult, publish
+from stackforge.publish.publisher import FAILED_RECORD, PUBLISHED_RECORD, PublishResult, publish
 from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
 from stackforge.publish.scheme import TagScheme, validate_date
 from stackforge.stack import tags as tagsmod
@@ -30,37 +32,70 @@ from stackforge.workspace import Workspace, workspace_for
 
 
 def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:
-    """The local image must be the one the last ``stackforge build`` of this stack and target gated."""
-    path = evidence_dir / "result.json"
+    """The local image must be one a ``stackforge build`` of this stack and target gated: the build under the
+    evidence root ``evidence_dir`` whose ``result.json`` has this image id (the newest such build)."""
     fix = f"run `stackforge build {stack_name} --target {target}` first (publish only ships gated images)"
-    try:
-        result = json.loads(path.read_text())
-    except FileNotFoundError:
+    build, every = evidence.find_gated(evidence_dir, image_id, target)
+    if build is None and not every:
         raise UserError(
-            f"no gated build of {stack_name}/{target}: {path} does not exist; nothing was published",
+            f"no gated build of {stack_name}/{target}: {evidence_dir} holds no build; nothing was published",
             fix=fix + ", or pass --allow-ungated",
-        ) from None
-    except ValueError:
-        raise UserError(f"{path} is not valid JSON; nothing was published", fix=fix) from None
-    if not result.get("ok"):
+        )
+    if build is None:
+        gated = [(b, r) for b in reversed(every) if (r := evidence.read_result(b)) and r.get("ok")]
+        ours = [(b, r) for b, r in gated if r.get("target") == target]
+        if ours:
+            seen = f"the newest gated build of {target} ({ours[0][0].name}) produced {ours[0][1].get('image_id')}"
+        else:
+            newest = evidence.read_result(every[-1]) or {}
+            seen = f"the newest build ({every[-1].name}) " + (
+                f"failed: {str(newest.get('reason', 'see its evidence')).splitlines()[0]}"
+                if not newest.get("ok")
+                else f"was for target {newest.get('target')!r}"
+            )
         raise BuildFailed(
-            f"the last build of {stack_name} failed ({result.get('reason', 'see its evidence')}); "
-            "nothing was published",
+            f"local image {local_ref} is {image_id}, but no gated build of {stack_name}/{target} in {evidence_dir} "
+            f"produced it ({seen}); nothing was published",
             fix=fix,
         )
-    if result.get("target") != target:
-        raise UserError(
-            f"the last build of {stack_name} was for target {result.get('target')!r}, not {target!r}; "
-            "nothing was published",
-            fix=fix,
-        )
-    if result.get("image_id") != image_id:
-        raise BuildFailed(
-            f"local image {local_ref} is {image_id}, but the gated build produced {result.get('image_id')}; "
-            "nothing was published",
-            fix=fix,
-        )
-    return {"evidence": str(path), "image_id": result.get("image_id"), "tag": result.get("tag")}
+    result = evidence.read_result(build) or {}
+    return {
+        "evidence": str(build / evidence.RESULT),
+        "build_id": build.name,
+        "image_id": result.get("image_id"),
+        "tag": result.get("tag"),
+    }
+
+
+def publish_dir(evidence_root: Path, gated: dict[str, Any] | None, image_id: str) -> Path:
+    """Where the publish record of ``image_id`` goes: beside the gated build that made it; for an ungated
+    publish, the newest gated build of that image if there is one, else the directory holding an earlier
+    publish record of that image, else a directory of its own (a build id holding only the record)."""
+    if gated is not None:
+        return Path(gated["evidence"]).parent
+    found, every = evidence.find_gated(evidence_root, image_id)
+    if found is not None:
+        return found
+    for build in reversed(every):
+        for name in (PUBLISHED_RECORD, FAILED_RECORD):
+            try:
+                if json.loads((build / name).read_text()).get("image_id") == image_id:
+                    return build
+            except (OSError, ValueError, AttributeError):
+                continue
+    return evidence.new_build(evidence_root)
+
+
+def destination(loaded: LoadedStack, registry: str, date: str, target: str | None) -> tuple:
+    """(target, repository, tag scheme, the first tag's reference, the target's tag suffix) of a stack's
+    published image under ``registry``, from the stack's ``tags.publish`` template."""
+    reg = parse_registry(registry, what="--registry")
+    target = default_target(loaded, target)
+    suffix = "" if target == published(loaded.model)[0] else f"-{target}"
+    first = tagsmod.publish_ref(loaded, str(reg), date, 1)
+    repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
+    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(loaded, str(reg), d, r).tag + suffix)
+    return target, repository, scheme, first, suffix
 
 
 def publish_stack(
@@ -84,8 +119,9 @@ def publish_stack(
 
     Repository, immutable tag scheme and aliases come from the stack's ``tags:`` templates
     under ``registry``; a target other than the stack's first one gets ``-<target>`` after
-    the tag (as its local tag does). The evidence goes to ``build/<stack>/evidence/publish.json``; the
-    engine (unless ``engine`` is given) and the layer cache are the workspace's. ``move_aliases=False``
+    the tag (as its local tag does). The record goes to ``publish.json`` of the gated build that made
+    the image (``build/<stack>/evidence/<build-id>/``); the engine (unless ``engine`` is given) and the
+    layer cache are the workspace's. ``move_aliases=False``
     publishes the immutable tag only (the nightly moves ``-latest`` after the image's smoke passed, by
     publishing again: the image is found already published and only the aliases move).
     """
@@ -96,11 +132,7 @@ def publish_stack(
         lint_or_fail(loaded)
     except BuildFailed as err:
         raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
-    target = default_target(loaded, target)
-    suffix = "" if target == published(stack)[0] else f"-{target}"
-    first = tagsmod.publish_ref(loaded, str(reg), date, 1)
-    repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
-    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(loaded, str(reg), d, r).tag + suffix)
+    target, repository, scheme, first, suffix = destination(loaded, registry, date, target)
     aliases = []
     for alias in tagsmod.alias_refs(loaded, str(reg)):
         if alias.repository != first.repository:
@@ -111,14 +143,15 @@ def publish_stack(
         aliases.append(alias.tag + suffix)
     local = target_ref(loaded, target)
     with stack_lock(build_dir_for(loaded, out)):  # no build of this stack replaces its evidence meanwhile
-        evidence = build_dir_for(loaded, out) / "evidence"
+        root = build_dir_for(loaded, out) / "evidence"
         engine = engine or ws.engine
         image = DockerImage(local, engine=engine)
         image.inspect()
         assert image.image_id is not None
-        gated = None if allow_ungated else check_gated(evidence, stack.name, target, image.image_id, local)
+        gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
         extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
-        return publish(
+        evidence_dir = publish_dir(root, gated, image.image_id)
+        result = publish(
             image,
             repository,
             scheme,
@@ -130,7 +163,9 @@ def publish_stack(
             verify_pull=verify_pull,
             engine=engine,
             echo=echo,
-            evidence=evidence,
+            evidence=evidence_dir,
             extra=extra,
             layer_cache=ws.cache("layers"),
         )
+        record.attach_after_publish(loaded, target, evidence_dir, result, repository, engine, local, policy)
+        return result

@@ -1,0 +1,180 @@
+"""Evidence per build and operators without the build host, on the example stack and a loopback registry
+(docker-registry 2.8: no referrers API, so records use the OCI 1.1 tag-schema fallback).
+
+Two builds of one stack in a row keep both evidence sets (``latest`` moves to the second), and the earlier
+gated image is still published from its own evidence, with its record attached; `pull` and `verify` from an
+empty directory check it; a tampered record and a digest that does not match the record are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stackforge.build import evidence
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry]
+
+REPO = Path(__file__).resolve().parents[2]
+DATE = "20260929"
+
+
+def stackforge(root: Path | None, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"), PYTHONPATH=str(REPO / "tools"))
+    return subprocess.run(
+        [sys.executable, "-m", "stackforge", *(["--root", str(root)] if root else []), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=1800,
+    )
+
+
+def image_id(ref: str) -> str:
+    return subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory, base_image):
+    """Two builds of the example stack in a row: the first as it is, the second with another description (a
+    label, so another image) under another local tag."""
+    root = tmp_path_factory.mktemp("evidence") / "repo"
+    root.mkdir()
+    shutil.copytree(REPO / "stacks", root / "stacks")
+    shutil.copytree(REPO / "patches", root / "patches")
+    token = uuid.uuid4().hex[:8]
+    first, second = f"stackforge-test/example:ev1-{token}", f"stackforge-test/example:ev2-{token}"
+    a = stackforge(root, "build", "example", "--set", f"tags.local={first}")
+    assert a.returncode == 0, a.stderr[-4000:]
+    b = stackforge(
+        root, "build", "example", "--set", f"tags.local={second}", "--set", f"description=second build {token}"
+    )
+    assert b.returncode == 0, b.stderr[-4000:]
+    yield root, first, second
+    subprocess.run(["docker", "image", "rm", first, second], capture_output=True)
+
+
+def test_two_builds_keep_both_evidence_sets_and_latest_moves(two_builds):
+    root, first, second = two_builds
+    ev_root = root / "build" / "example" / "evidence"
+    builds = evidence.builds(ev_root)
+    assert len(builds) == 2
+    results = [json.loads((b / "result.json").read_text()) for b in builds]
+    assert [r["image_id"] for r in results] == [image_id(first), image_id(second)]
+    assert image_id(first) != image_id(second)
+    assert [r["build_id"] for r in results] == [b.name for b in builds]
+    for b in builds:  # each set is whole
+        assert {"inputs.json", "Dockerfile", "build.log", "gate.txt", "result.json"} <= {p.name for p in b.iterdir()}
+    assert os.readlink(ev_root / "latest") == builds[1].name
+
+
+def test_publishing_the_earlier_gated_image_still_works(two_builds, published):
+    root, first, _ = two_builds
+    older, newer = evidence.builds(root / "build" / "example" / "evidence")
+    record = json.loads((older / "publish.json").read_text())
+    assert record["image_id"] == image_id(first) and record["gated_build"]["build_id"] == older.name
+    assert record["digest"] == published[2]["digest"]
+    assert not (newer / "publish.json").exists()
+
+
+def test_an_image_no_gated_build_made_is_refused(two_builds, registry):
+    root, first, _ = two_builds
+    other = f"stackforge-test/example:evx-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["docker", "tag", "stackforge/base:bookworm", other], check=True, capture_output=True)
+    try:
+        proc = stackforge(root, "publish", "example", "--registry", f"{registry}/evx", "--date", DATE,
+                          "--set", f"tags.local={other}")  # fmt: skip
+    finally:
+        subprocess.run(["docker", "image", "rm", other], capture_output=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "no gated build of example/escape" in proc.stderr and "nothing was published" in proc.stderr
+
+
+def publish_first(two_builds, registry) -> tuple[str, str, dict]:
+    """Publish the first build's image to a fresh namespace: (repository, immutable tag, publish.json)."""
+    root, first, _ = two_builds
+    ns = f"ev{uuid.uuid4().hex[:8]}"
+    proc = stackforge(root, "publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE,
+                      "--set", f"tags.local={first}", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    published = json.loads(proc.stdout)
+    return published["repository"], published["tag"], published
+
+
+@pytest.fixture(scope="module")
+def published(two_builds, registry) -> tuple[str, str, dict]:
+    """The first build's image, published while a later build of the stack exists."""
+    return publish_first(two_builds, registry)
+
+
+def test_pull_then_verify_from_an_empty_directory(two_builds, published, tmp_path):
+    root, first, _ = two_builds
+    repository, tag, published = published
+    older = evidence.builds(root / "build" / "example" / "evidence")[0]
+    kept = json.loads((older / "record.json").read_text())
+    assert kept["attached"]["via"] == "tag-schema" and kept["record"]["digest"] == published["digest"]
+
+    pulled = stackforge(root, "pull", "example", "--registry", repository.rsplit("/", 1)[0])
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert f"PASS digest  {repository}:{tag} resolves to {published['digest']}" in pulled.stdout
+    assert pulled.stdout.strip().endswith(": ok")
+
+    empty = tmp_path / "operator"
+    empty.mkdir()
+    proc = stackforge(None, "verify", f"{repository}:{tag}", cwd=empty)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
+    assert any(l.startswith("PASS record  sha256:") and "found via tag-schema" in l for l in out)
+    assert f"PASS record  digest={published['digest']} matches the pulled digest" in out
+    assert "PASS labels  the image's labels equal the record's" in out
+    assert "PASS pin     idna label=3.10 record=3.10" in out
+    assert any(l.startswith("PASS stack   example.yaml sha256 image=sha256:") for l in out)
+    assert "PASS gate    re-run inside the image with a read-only root filesystem" in out
+    assert out[-1] == f"verify {repository}:{tag}: ok"
+    assert list(empty.iterdir()) == []  # nothing written where it ran
+
+
+def tamper(repository: str, image: str, changes: dict, created: str) -> None:
+    """Attach a newer record for the image ``image`` with ``changes`` (as someone with push rights could)."""
+    from stackforge.publish import record as records
+    from stackforge.publish.registry import RegistryClient, parse_repository
+
+    client = RegistryClient(parse_repository(repository))
+    found = records.fetch(client, image)
+    assert found is not None
+    rec = {
+        **found.record,
+        **{k: v if not isinstance(v, dict) else {**found.record[k], **v} for k, v in changes.items()},
+    }
+    info = client.head_manifest(image)
+    assert info is not None
+    records.attach(client, rec, {"mediaType": info.media_type, "digest": image, "size": info.size}, created)
+
+
+def test_a_tampered_record_and_a_digest_that_does_not_match_it_are_refused(two_builds, registry, tmp_path):
+    repository, tag, published = publish_first(two_builds, registry)
+    digest = published["digest"]
+    tamper(repository, digest, {"pins": {"idna": "3.11"}}, "2999-01-01T00:00:00Z")
+    proc = stackforge(None, "verify", f"{repository}:{tag}", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "FAIL pin     idna label=3.10 record=3.11" in proc.stdout.splitlines()
+    assert proc.stdout.strip().endswith("FAIL, refused")
+
+    other = "sha256:" + "0" * 64
+    tamper(repository, digest, {"digest": other}, "2999-01-02T00:00:00Z")
+    proc = stackforge(None, "verify", f"{repository}@{digest}", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (
+        f"FAIL record  digest={other} does not match the pulled digest {digest}: "
+        "the record does not describe this image; refused"
+    ) in proc.stdout.splitlines()

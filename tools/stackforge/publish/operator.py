@@ -1,0 +1,183 @@
+"""Operators without the build host: ``stackforge pull`` and ``stackforge verify REF`` with no checkout.
+
+:func:`verify_ref` checks a published image from the registry and the image alone: the reference's
+manifest digest, the publish record attached to it (:mod:`stackforge.publish.record`), the record against
+that digest and against the image's labels, the stack files embedded in the image against their label
+(:mod:`stackforge.build.embed`) and the record, then loads the stack from those files and re-runs the
+checks of ``stackforge verify`` (labels against the stack's pins and fingerprint, gate and ABI in the image
+with a read-only root). Every check is one ``PASS``/``FAIL`` line; a record that does not describe the
+pulled image (another digest, a changed pin) fails.
+
+:func:`newest` resolves the newest ``-rN`` of a date (default: the newest date) from the registry's tags.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from stackforge.build import embed
+from stackforge.build.plan import LABEL_NS
+from stackforge.build.verify import Verification, verify
+from stackforge.errors import UserError
+from stackforge.grammar import looks_like_host
+from stackforge.publish import record as records
+from stackforge.publish.registry import (
+    RegistryClient,
+    RegistryError,
+    Repository,
+    RetryPolicy,
+    parse_repository,
+)
+from stackforge.publish.scheme import TagScheme
+
+PIN = f"{LABEL_NS}.pin."
+
+
+def split_ref(ref: str) -> tuple[Repository, str]:
+    """(repository, tag or digest) of ``host/name:tag`` or ``host/name@sha256:…``."""
+    if "@" in ref:
+        name, _, reference = ref.partition("@")
+    else:
+        name, sep, reference = ref.rpartition(":")
+        if not sep or "/" in reference:
+            name, reference = ref, "latest"
+    if not looks_like_host(name.split("/", 1)[0]):
+        raise UserError(f"{ref}: name the registry, e.g. registry.example.com/team/vllm:TAG or …@sha256:…",
+                        file="REF", fix="give the reference as published (`stackforge publish` prints it)")  # fmt: skip
+    return parse_repository(name, what="REF"), reference
+
+
+def is_remote(ref: str) -> bool:
+    return looks_like_host(ref.split("/", 1)[0]) and "/" in ref
+
+
+def newest(client: RegistryClient, scheme: TagScheme, date: str | None) -> tuple[str, str]:
+    """(tag, date) of the newest ``-rN`` of ``date`` (or of the newest date) among the repository's tags."""
+    parsed = [(p, t) for t in client.list_tags() if (p := scheme.parse(t))]
+    if date is not None:
+        parsed = [(p, t) for p, t in parsed if p[0] == date]
+    if not parsed:
+        raise UserError(f"{client.repository}: no published tag" + (f" of {date}" if date else ""),
+                        fix="check --registry and --date (`stackforge tags STACK --registry R` shows the scheme)")  # fmt: skip
+    (day, _), tag = max(parsed)
+    return tag, day
+
+
+def _pull(engine: Any, pinned: str) -> None:
+    proc = engine.cli("pull", pinned, timeout=3600)
+    if proc.returncode != 0:
+        raise UserError(f"docker pull {pinned} failed: {(proc.stderr or proc.stdout).strip()[-300:]}",
+                        fix="check the registry is reachable from the engine (a loopback registry is insecure-allowed)")  # fmt: skip
+
+
+def _embedded(engine: Any, image: str) -> dict[str, bytes]:
+    """The files of ``/stackforge/stack/`` in ``image`` (copied out of a created, never started, container)."""
+    proc = engine.cli("create", image, "true", timeout=120)
+    if proc.returncode != 0:
+        raise UserError(f"cannot read {embed.IMAGE_DIR} of {image}: {proc.stderr.strip()[-300:]}")
+    cid = proc.stdout.strip()
+    try:
+        with tempfile.TemporaryDirectory(prefix="stackforge-stack-") as tmp:
+            proc = engine.cli("cp", f"{cid}:{embed.IMAGE_DIR}/.", tmp, timeout=120)
+            if proc.returncode != 0:
+                return {}
+            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+    finally:
+        engine.cli("rm", "-f", cid, timeout=60)
+
+
+def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
+    attrs = engine.sdk().images.get(image).attrs
+    return dict(attrs.get("Config", {}).get("Labels") or {}), str(attrs.get("Id"))
+
+
+def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Verification:
+    """Check the published image ``ref`` from the registry and the image alone (see the module)."""
+    repo, reference = split_ref(ref)
+    client = RegistryClient(repo, policy=policy or RetryPolicy())
+    v = Verification(ref, "?")
+    try:
+        manifest = client.get_manifest(reference)
+    except RegistryError as exc:
+        raise UserError(f"{ref}: {exc}", fix="check the reference and that the registry answers") from None
+    if manifest is None:
+        raise UserError(f"{ref}: the registry has no such image", file="REF")
+    digest = manifest.digest
+    v.image = f"{repo}@{digest}"  # what was checked: the pinned reference
+    if reference.startswith("sha256:"):
+        v.add(digest == reference, f"digest  {ref} served bytes with digest {digest}")
+    else:
+        v.add(True, f"digest  {repo}:{reference} resolves to {digest}")
+    try:
+        found = records.fetch(client, digest)
+    except (RegistryError, ValueError) as exc:
+        v.add(False, f"record  cannot be read: {exc}")
+        return v
+    if found is None:
+        v.add(False, f"record  none attached to {digest} (neither the referrers API nor the tag "
+                     f"{records.fallback_tag(digest)} lists one): not published by stackforge, or its record was removed")  # fmt: skip
+        return v
+    rec = found.record
+    v.add(True, f"record  {found.manifest_digest} found via {found.via} (created {found.created or 'unknown'})")
+    problems = records.check_schema(rec)
+    for problem in problems:
+        v.add(False, f"record  {problem}")
+    if problems:
+        return v
+    v.stack = rec["stack"]
+    v.add(found.subject == digest, f"record  subject={found.subject} pulled={digest}")
+    if rec["digest"] != digest:
+        v.add(False, f"record  digest={rec['digest']} does not match the pulled digest {digest}: the record does not "
+                     "describe this image; refused")  # fmt: skip
+        return v
+    v.add(True, f"record  digest={rec['digest']} matches the pulled digest")
+    tag = rec["tags"][0] if rec["tags"] else None
+    if tag:
+        info = client.head_manifest(tag)
+        v.add(info is not None and info.digest == digest,
+              f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
+    pinned = f"{repo}@{digest}"
+    _pull(engine, pinned)
+    labels, image_id = _labels(engine, pinned)
+    v.add(image_id == rec["image_id"], f"image   id={image_id} record={rec['image_id']}")
+    differ = sorted(k for k in set(labels) | set(rec["labels"]) if labels.get(k) != rec["labels"].get(k))
+    v.add(not differ, "labels  the image's labels equal the record's" if not differ else
+          "labels  differ from the record: " + ", ".join(f"{k} image={labels.get(k)!r} record={rec['labels'].get(k)!r}" for k in differ[:8]))  # fmt: skip
+    pins = {k[len(PIN) :]: val for k, val in labels.items() if k.startswith(PIN)}
+    for name in sorted(set(pins) | set(rec["pins"])):
+        have, want = pins.get(name), rec["pins"].get(name)
+        v.add(have == want, f"pin     {name} label={have or 'missing'} record={want or 'missing'}")
+    fp = labels.get(f"{LABEL_NS}.fingerprint")
+    v.add(fp == rec["fingerprint"], f"fingerprint label={fp} record={rec['fingerprint']}")
+    try:
+        declared = embed.parse_label(labels.get(embed.LABEL))
+    except UserError as err:
+        v.add(False, f"stack   {err.message}")
+        return v
+    files = _embedded(engine, pinned)
+    v.add(set(files) == set(declared), f"stack   {embed.IMAGE_DIR}/ holds {', '.join(sorted(files)) or 'nothing'}; "
+          f"the label names {', '.join(sorted(declared))}")  # fmt: skip
+    for name, want in declared.items():
+        have = embed.digest(files[name]) if name in files else None
+        v.add(have == want, f"stack   {name} sha256 image={have or 'missing'} label={want}")
+        if name != embed.OVERRIDES:
+            in_record = (rec["stack_files"].get(name) or {}).get("sha256")
+            v.add(in_record == want, f"stack   {name} sha256 record={in_record or 'missing'} label={want}")
+    if v.failed:
+        return v
+    with tempfile.TemporaryDirectory(prefix="stackforge-verify-") as tmp:
+        root, overrides = embed.materialise(files, Path(tmp))
+        from stackforge.stack.load import load
+
+        loaded = load(rec["stack"], root=root, overrides=overrides)
+        checked = verify(loaded, pinned, labels, engine)
+    v.lines.extend(checked.lines)
+    v.failed += checked.failed
+    return v
+
+
+def tag_pulled(engine: Any, pinned: str, ref: str) -> None:
+    """Tag the verified image ``pinned`` as ``ref`` in the engine (the tag it was published under)."""
+    engine.cli("tag", pinned, ref, timeout=60)

@@ -1,0 +1,274 @@
+"""The publish record, attached to the image in the registry as an OCI artifact.
+
+After a publish, the record (schema ``stackforge.publish-record/v1``: the stack, its files as loaded, the
+``--set`` values, pins, options, fingerprints, the image's labels, gate/ABI/smoke results, the image digest
+and id, and every tag that names the image) is pushed as an OCI 1.1 artifact manifest whose ``subject`` is
+the image manifest: an empty config, one layer (the record, ``application/vnd.stackforge.publish-record.v1+json``)
+and ``artifactType`` naming it. A registry with the referrers API indexes it itself (it answers the PUT with
+``OCI-Subject``); otherwise the OCI 1.1 tag-schema fallback is kept: the tag ``sha256-<hex of the image
+digest>`` holds an image index listing the image's referrers, and the new artifact is added to it.
+
+:func:`fetch` finds the records of an image the same two ways (``GET /v2/<name>/referrers/<digest>``, else the
+fallback tag) and checks every byte it reads against its digest; the newest record (by its
+``org.opencontainers.image.created`` annotation) is the one ``verify`` checks.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stackforge.build import embed
+from stackforge.publish.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient, RegistryError, sha256_digest
+
+SCHEMA = "stackforge.publish-record/v1"
+ARTIFACT_TYPE = "application/vnd.stackforge.publish-record.v1+json"
+EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
+EMPTY = b"{}"
+CREATED = "org.opencontainers.image.created"
+MAX_RECORD = 16 << 20
+#: the keys every record holds, with their JSON types
+FIELDS: dict[str, type | tuple[type, ...]] = {
+    "schema": str,
+    "stack": str,
+    "target": str,
+    "repository": str,
+    "digest": str,
+    "image_id": str,
+    "tags": list,
+    "stack_files": dict,
+    "overrides": list,
+    "pins": dict,
+    "options": dict,
+    "fingerprint": str,
+    "labels": dict,
+    "gate": dict,
+    "smoke": dict,
+}
+
+
+def fallback_tag(digest: str) -> str:
+    """The OCI 1.1 tag-schema fallback tag of ``digest``: ``sha256-<hex>``."""
+    algorithm, _, hexpart = digest.partition(":")
+    return f"{algorithm}-{hexpart}"
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []
+
+
+def smoke_results(evidence_dir: Path) -> dict[str, Any]:
+    """Each recipe's smoke verdict and rows from ``smoke/<recipe>/smoke.json`` of the build's evidence."""
+    out: dict[str, Any] = {}
+    for path in sorted(evidence_dir.glob("smoke/*/smoke.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        rows = [{"name": r.get("name"), "status": r.get("status")} for r in data.get("rows", []) if isinstance(r, dict)]
+        out[path.parent.name] = {"verdict": data.get("verdict"), "rows": rows}
+    return out
+
+
+def make(
+    loaded: Any,
+    target: str,
+    evidence_dir: Path,
+    published: Any,
+    labels: dict[str, str],
+) -> dict[str, Any]:
+    """The record of one publish: ``loaded`` (a LoadedStack), the build's evidence directory, the
+    ``PublishResult`` and the local image's labels."""
+    from stackforge.stack.load import fingerprint
+
+    stack = loaded.model
+    files = embed.files(loaded)
+    moved = [a for a, status in published.aliases.items() if not str(status).startswith("not moved")]
+    return {
+        "schema": SCHEMA,
+        "stack": stack.name,
+        "target": target,
+        "repository": published.repository,
+        "digest": published.digest,
+        "image_id": published.image_id,
+        "tags": [published.tag, *moved],
+        "stack_files": {
+            n: {"sha256": embed.digest(d), "text": d.decode()} for n, d in files.items() if n != embed.OVERRIDES
+        },
+        "overrides": json.loads(files[embed.OVERRIDES]),
+        "pins": {n: p.version for n, p in stack.packages.items()},
+        "options": {n: o.value for n, o in stack.options.items()},
+        "fingerprint": fingerprint(stack),
+        "inputs_fingerprint": labels.get("org.stackforge.inputs"),
+        "labels": dict(labels),
+        "gate": {
+            "gate": _lines(evidence_dir / "gate.txt"),
+            "abi": _lines(evidence_dir / "abi.txt"),
+            "readonly": _lines(evidence_dir / "gate-readonly.txt"),
+        },
+        "smoke": smoke_results(evidence_dir),
+        "build_id": evidence_dir.name,
+    }
+
+
+def check_schema(record: Any) -> list[str]:
+    """What is wrong with ``record`` as a record of this schema (empty when nothing is)."""
+    if not isinstance(record, dict):
+        return ["the record is not a JSON object"]
+    problems = []
+    if record.get("schema") != SCHEMA:
+        problems.append(f"schema is {record.get('schema')!r}, not {SCHEMA!r}")
+    for key, kind in FIELDS.items():
+        if not isinstance(record.get(key), kind):
+            problems.append(f"{key}: missing or not a {getattr(kind, '__name__', kind)}")
+    return problems
+
+
+def _descriptor(media_type: str, data: bytes, **extra: Any) -> dict[str, Any]:
+    return {"mediaType": media_type, "digest": sha256_digest(data), "size": len(data), **extra}
+
+
+def artifact(record: dict[str, Any], subject: dict[str, Any], created: str) -> tuple[bytes, bytes]:
+    """(record bytes, artifact manifest bytes) for ``record`` referring to ``subject`` (a descriptor)."""
+    body = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": ARTIFACT_TYPE,
+        "config": _descriptor(EMPTY_TYPE, EMPTY),
+        "layers": [_descriptor(ARTIFACT_TYPE, body)],
+        "subject": subject,
+        "annotations": {CREATED: created, "org.stackforge.stack": record["stack"]},
+    }
+    return body, json.dumps(manifest, indent=2, sort_keys=True).encode()
+
+
+def fallback_index(existing: dict[str, Any] | None, entry: dict[str, Any]) -> dict[str, Any]:
+    """The fallback tag's image index with ``entry`` added (once: an entry with its digest is replaced)."""
+    manifests = [
+        m for m in (existing or {}).get("manifests", []) if isinstance(m, dict) and m.get("digest") != entry["digest"]
+    ]
+    return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*manifests, entry]}
+
+
+@dataclass
+class Attached:
+    digest: str  # the artifact manifest's digest
+    via: str  # "referrers" | "tag-schema"
+    fallback_tag: str | None
+
+
+def attach(
+    client: RegistryClient, record: dict[str, Any], subject: dict[str, Any], created: str | None = None
+) -> Attached:
+    """Push ``record`` as an artifact referring to ``subject`` (the image manifest's descriptor)."""
+    created = created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body, manifest = artifact(record, subject, created)
+    for data in (EMPTY, body):
+        digest = sha256_digest(data)
+        if not client.blob_exists(digest):
+            client.upload_blob(digest, len(data), functools.partial(io.BytesIO, data))
+    digest = sha256_digest(manifest)
+    _, indexed = client.put_manifest_subject(digest, manifest, OCI_MANIFEST)
+    if indexed == subject["digest"]:
+        return Attached(digest, "referrers", None)
+    tag = fallback_tag(subject["digest"])
+    entry = _descriptor(OCI_MANIFEST, manifest, artifactType=ARTIFACT_TYPE, annotations={CREATED: created})
+    current = client.get_manifest(tag)
+    existing = current.json() if current is not None else None
+    index = json.dumps(fallback_index(existing, entry), indent=2).encode()
+    client.put_manifest(tag, index, OCI_INDEX)
+    return Attached(digest, "tag-schema", tag)
+
+
+@dataclass
+class Found:
+    record: dict[str, Any]
+    manifest_digest: str
+    via: str
+    created: str
+    subject: str | None
+
+
+def _verified_manifest(client: RegistryClient, digest: str) -> dict[str, Any]:
+    got = client.get_manifest(digest)
+    if got is None:
+        raise RegistryError(f"referrer {digest} is listed but the registry does not hold it")
+    if got.digest != digest:
+        raise RegistryError(f"referrer {digest}: the registry served bytes with digest {got.digest}")
+    return got.json()
+
+
+def referrers(client: RegistryClient, digest: str) -> tuple[list[dict[str, Any]], str]:
+    """(descriptors of the record artifacts referring to ``digest``, how they were found)."""
+    index = client.get_referrers(digest, ARTIFACT_TYPE)
+    via = "referrers"
+    if index is None:
+        via = "tag-schema"
+        got = client.get_manifest(fallback_tag(digest))
+        index = got.json() if got is not None else {"manifests": []}
+    found = [m for m in index.get("manifests", []) if isinstance(m, dict) and m.get("artifactType") == ARTIFACT_TYPE]
+    return found, via
+
+
+def fetch(client: RegistryClient, digest: str) -> Found | None:
+    """The newest publish record attached to the image ``digest`` (None when there is none). Every manifest
+    and blob read is checked against its digest."""
+    found, via = referrers(client, digest)
+    if not found:
+        return None
+    newest = max(enumerate(found), key=lambda im: ((im[1].get("annotations") or {}).get(CREATED, ""), im[0]))[1]
+    manifest = _verified_manifest(client, newest["digest"])
+    layers = [x for x in manifest.get("layers", []) if isinstance(x, dict) and x.get("mediaType") == ARTIFACT_TYPE]
+    if len(layers) != 1:
+        raise RegistryError(f"referrer {newest['digest']} holds {len(layers)} record layers, not one")
+    blob = client.get_blob(layers[0]["digest"], max_bytes=MAX_RECORD)
+    if sha256_digest(blob) != layers[0]["digest"]:
+        raise RegistryError(f"record blob {layers[0]['digest']}: the registry served other bytes")
+    subject = (manifest.get("subject") or {}).get("digest")
+    return Found(json.loads(blob), newest["digest"], via, (manifest.get("annotations") or {}).get(CREATED, ""), subject)
+
+
+def attach_after_publish(
+    loaded: Any,
+    target: str,
+    evidence_dir: Path,
+    published: Any,
+    repository: Any,
+    engine: Any,
+    local_ref: str,
+    policy: Any = None,
+) -> Attached:
+    """Attach the record of a publish that just succeeded, and keep it beside ``publish.json`` as
+    ``record.json`` (with where it was attached). A failure says the image is published and a re-run
+    attaches the record."""
+    from stackforge.errors import BuildFailed
+    from stackforge.fslock import atomic_write
+    from stackforge.publish.registry import RetryPolicy
+
+    labels = dict(engine.sdk().images.get(local_ref).attrs.get("Config", {}).get("Labels") or {})
+    record = make(loaded, target, evidence_dir, published, labels)
+    client = RegistryClient(repository, policy=policy or RetryPolicy())
+    try:
+        info = client.head_manifest(published.digest)
+        if info is None:
+            raise RegistryError(f"the registry no longer holds {published.digest}")
+        subject = {"mediaType": info.media_type or OCI_MANIFEST, "digest": published.digest, "size": info.size}
+        done = attach(client, record, subject, published.finished_at)
+    except RegistryError as exc:
+        raise BuildFailed(
+            f"{published.reference} is published, but its publish record could not be attached: {exc}",
+            fix="re-run the same publish: the image is found already published and the record is attached",
+        ) from None
+    atomic_write(
+        evidence_dir / "record.json", json.dumps({"attached": done.__dict__, "record": record}, indent=2) + "\n"
+    )
+    return done
