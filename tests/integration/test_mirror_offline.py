@@ -229,7 +229,7 @@ def test_offline_build_reaches_no_network_and_keeps_the_fingerprint(offline):
     online, built = offline["online"]["labels"], labels(offline["offline"])
     for key in ("org.stackforge.fingerprint", "org.stackforge.inputs", "org.stackforge.base.id"):
         assert built[key] == online[key], key
-    evidence = offline["root"] / "build" / "example" / "evidence"
+    evidence = offline["root"] / "build" / "example" / "evidence" / "latest"
     inputs = json.loads((evidence / "inputs.json").read_text())
     assert inputs["mirror"]["manifest"] == offline["made"]["manifest"]
     assert inputs["mirror"]["network"] == "none"

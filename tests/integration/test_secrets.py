@@ -128,12 +128,15 @@ def test_no_canary_in_build_log_output_or_build_directory(canary_build):
         if path.is_file():
             scanned.append(path.relative_to(build.out).as_posix())
             assert _found(path.read_bytes(), canaries) == [], path
+    # The build's own evidence directory (one per build) was among the files scanned.
+    evidence = build.evidence.relative_to(build.out).as_posix()
+    assert evidence.startswith("evidence/") and evidence != "evidence/latest"
     for name in (
-        "evidence/build.log",
-        "evidence/inputs.json",
-        "evidence/gate.txt",
-        "evidence/Dockerfile",
-        "evidence/result.json",
+        f"{evidence}/build.log",
+        f"{evidence}/inputs.json",
+        f"{evidence}/gate.txt",
+        f"{evidence}/Dockerfile",
+        f"{evidence}/result.json",
         "Dockerfile",
     ):
         assert name in scanned
