@@ -76,3 +76,11 @@ def standins(tmp_path_factory, base_image):
     from tests.fixtures import musa_builds as mb
 
     return mb.session(tmp_path_factory.getbasetemp(), base_image)
+
+
+@pytest.fixture(scope="session")
+def post2(standins):
+    """post2's vllm-openai image built once from the stand-ins (a module may define its own ``post2``)."""
+    build = standins.happy("post2")
+    assert build.ok, build.describe()
+    return build

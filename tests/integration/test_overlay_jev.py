@@ -23,13 +23,6 @@ DATE = "20270105"
 PUBLISHED = f"jev-v0.28.0-5.2.0-torch2.11.0.post2-{DATE}-r1"
 
 
-@pytest.fixture(scope="module")
-def post2(standins):
-    build = standins.happy("post2")
-    assert build.ok, build.describe()
-    return build
-
-
 def overlay_cmd(standins, post2, verb: str, *extra: str, root: Path | None = None):
     args = [*(["--root", str(root)] if root else []), verb, "post2", "--overlay", "jev", "--out", str(post2.out)]
     env = {"STACKFORGE_CACHE": str(standins.root / "upstream-cache")}

@@ -14,13 +14,6 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def post2(standins):
-    build = standins.happy("post2")
-    assert build.ok, build.describe()
-    return build
-
-
 def test_recipe_lint_against_the_image(post2, tmp_path):
     good = mb.stackforge("recipe", "lint", "qwen3-8b", "--image", post2.tag)
     assert good.returncode == 0, good.stdout + good.stderr

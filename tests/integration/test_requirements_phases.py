@@ -21,13 +21,6 @@ POST2_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.
 PHASES = ["mthreads-nodeps", "pypi", "requirements.vllm-common", "requirements.vllm-transitive", "mthreads-deps"]
 
 
-@pytest.fixture(scope="module")
-def post2(standins):
-    build = standins.happy("post2")
-    assert build.ok, build.describe()
-    return build
-
-
 def vendor_pins(stack) -> dict[str, str]:
     return {n: p.version for n, p in stack.packages.items() if p.index == "mthreads"}
 

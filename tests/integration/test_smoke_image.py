@@ -15,13 +15,6 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def post2(standins):
-    build = standins.happy("post2")
-    assert build.ok, build.describe()
-    return build
-
-
 def run(image: str, out: Path, *extra: str, recipe: str = "qwen3-8b"):
     proc = mb.stackforge(
         "smoke", recipe, "--image", image, "--allow-missing-hardware", "--out", str(out), *extra, timeout=600

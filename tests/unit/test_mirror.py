@@ -12,6 +12,7 @@ import pytest
 from stackforge.build import sources
 from stackforge.build.plan import make_plan
 from stackforge.errors import UserError
+from stackforge.fslock import file_sha256
 from stackforge.mirror import make, manifest, offline
 from stackforge.stack.load import fingerprint, load, load_stack
 from stackforge.workspace import Workspace
@@ -61,7 +62,7 @@ def test_pages_link_each_file_with_its_hash(tmp_path):
     manifest.write_simple(tmp_path / "pypi", {})
     assert (tmp_path / "pypi/simple/index.html").read_text().count("<a ") == 1
     page = (tmp_path / "pypi/simple/foo-bar/index.html").read_text()
-    wheel = manifest.sha256_file(files / "Foo_Bar-1.0-py3-none-any.whl")
+    wheel = file_sha256(files / "Foo_Bar-1.0-py3-none-any.whl")
     assert f'href="../../files/Foo_Bar-1.0-py3-none-any.whl#sha256={wheel}"' in page
     assert "foo_bar-1.0.tar.gz#sha256=" in page and "notes.txt" not in page
 

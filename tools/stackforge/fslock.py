@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -264,3 +265,12 @@ def fs_errors(where: Path | None = None) -> Iterator[None]:
         if err is None:
             raise
         raise err from None
+
+
+def file_sha256(path: Path | str) -> str:
+    """The sha256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

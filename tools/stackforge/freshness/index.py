@@ -51,6 +51,7 @@ from packaging.version import InvalidVersion, Version
 
 from stackforge.credentials import for_url
 from stackforge.errors import UserError
+from stackforge.fslock import file_sha256
 from stackforge.urls import Credential, redact, redact_text, split
 
 JSON_V1 = "application/vnd.pypi.simple.v1+json"
@@ -558,7 +559,7 @@ def download(
     clean = urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
     name = filename or unquote(parts.path.rsplit("/", 1)[-1]) or "download"
     dest = Path(dest_dir) / name
-    if sha256 and dest.exists() and _file_sha256(dest) == sha256:
+    if sha256 and dest.exists() and file_sha256(dest) == sha256:
         return dest
     sess = session or requests.Session()
     kwargs: dict = {"params": {**(in_url.params() if in_url else {}), **(params or {})}}
@@ -589,11 +590,3 @@ def download(
         )
     os.replace(tmp, dest)
     return dest
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

@@ -39,7 +39,7 @@ from stackforge.build.engine import Engine
 from stackforge.build.locks import vendor_names
 from stackforge.build.prepare import lint_or_fail
 from stackforge.errors import UserError
-from stackforge.fslock import stack_lock
+from stackforge.fslock import file_sha256, stack_lock
 from stackforge.mirror import manifest
 from stackforge.patches.git import git
 from stackforge.stack.load import LoadedStack, fingerprint
@@ -200,7 +200,7 @@ def _copy(src: Path, dest: Path) -> None:
 
 def _file_part(data: dict, to: Path, rel: str, **extra) -> None:
     path = to / rel
-    manifest.add_part(data, {"path": rel, "sha256": manifest.sha256_file(path), "size": path.stat().st_size, **extra})
+    manifest.add_part(data, {"path": rel, "sha256": file_sha256(path), "size": path.stat().st_size, **extra})
 
 
 def _sdists(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:

@@ -19,7 +19,7 @@ from packaging.utils import (
 )
 
 from stackforge.errors import UserError
-from stackforge.fslock import atomic_write
+from stackforge.fslock import atomic_write, file_sha256
 
 if TYPE_CHECKING:
     from stackforge.build.plan import PipPhase
@@ -30,14 +30,6 @@ FORMAT = 1
 #: what the static tree's pages are named, so pip reads a directory of a file:// index as a page
 PAGE = "index.html"
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def empty(stack: str, fingerprint: str) -> dict:
@@ -75,7 +67,7 @@ def write(root: Path, data: dict) -> None:
 
 def digest(root: Path) -> str:
     """sha256 of the manifest's bytes: what the build's evidence names."""
-    return "sha256:" + sha256_file(root / MANIFEST)
+    return "sha256:" + file_sha256(root / MANIFEST)
 
 
 def part(data: dict, path: str) -> dict | None:
@@ -145,7 +137,7 @@ def write_simple(index_root: Path, hashes: dict[str, str]) -> None:
     for project, names in projects.items():
         (simple / project).mkdir(exist_ok=True)
         links = "".join(
-            f'<a href="../../files/{html.escape(n)}#sha256={hashes.get(n) or sha256_file(index_root / "files" / n)}">'
+            f'<a href="../../files/{html.escape(n)}#sha256={hashes.get(n) or file_sha256(index_root / "files" / n)}">'
             f"{html.escape(n)}</a>\n"
             for n in names
         )

@@ -27,6 +27,7 @@ from stackforge.build import resolve
 from stackforge.build import sources as upstreams
 from stackforge.build.engine import Engine
 from stackforge.errors import UserError
+from stackforge.fslock import file_sha256
 from stackforge.mirror import manifest
 from stackforge.mirror.make import BASE
 from stackforge.stack.load import LoadedStack
@@ -77,7 +78,7 @@ def upstream_cache(loaded: LoadedStack, workspace: Workspace) -> Path:
     root = workspace.mirror
     assert root is not None
     data = _manifest(loaded, root)
-    view = workspace.cache("mirror-view") / manifest.sha256_file(root / manifest.MANIFEST)[:16]
+    view = workspace.cache("mirror-view") / file_sha256(root / manifest.MANIFEST)[:16]
     for name, up in loaded.model.upstreams.items():
         if up.sdist is not None:
             rec = next((p for p in data["parts"] if p["kind"] == "sdist" and p["sha256"] == up.sdist.sha256), None)
@@ -144,7 +145,7 @@ def _copy_tree(data: dict, root: Path, index: str, dest: Path) -> None:
     for rec in data["parts"]:
         if rec["kind"] == "file" and rec.get("index") == index:
             path = root / rec["path"]
-            if not path.is_file() or manifest.sha256_file(path) != rec["sha256"]:
+            if not path.is_file() or file_sha256(path) != rec["sha256"]:
                 raise UserError(
                     f"{rec['path']} in the mirror is missing or does not match its sha256 in {manifest.MANIFEST}",
                     file="--mirror",
@@ -172,7 +173,7 @@ def load_base(loaded: LoadedStack, root: Path, engine: Engine) -> None:
     have = engine.image_id(image)
     if have is None:
         path = root / BASE
-        if not path.is_file() or manifest.sha256_file(path) != rec["sha256"]:
+        if not path.is_file() or file_sha256(path) != rec["sha256"]:
             raise UserError(
                 f"{BASE} in the mirror is missing or does not match its sha256",
                 file="--mirror",

@@ -3,16 +3,13 @@ and check on the host what it declares: the range directories, and every file's 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from stackforge.errors import UserError
+from stackforge.fslock import file_sha256
 from stackforge.overlay.model import OVERLAY_NAME, Overlay, OverlayFile
-from stackforge.stack.load import Located, StackInvalid, check_keys, validation_problems
-from stackforge.stack.yamlsrc import load_with_positions
+from stackforge.stack.load import Located, StackInvalid, load_model
 
 OVERLAYS_DIR = "overlays"
 OVERLAY_FILE = "overlay.yaml"
@@ -81,18 +78,8 @@ def load_overlay(root: Path, name: str, *, where: str = "--overlay") -> LoadedOv
             fix=f"one of: {', '.join(known)}" if known else f"write {OVERLAYS_DIR}/{name}/{OVERLAY_FILE}",
         )
     display = _display(root, path)
-    src = load_with_positions(path, display)
-    if not isinstance(src.data, dict):
-        raise UserError("an overlay is a mapping of keys", file=display, line=1, fix="start from overlays/README.md")
-    problems: list[UserError] = []
-    check_keys(Overlay, src.data, (), src.keys, src.values, problems)
-    if problems:
-        raise StackInvalid(problems)
-    try:
-        model = Overlay.model_validate(src.data)
-    except ValidationError as exc:
-        raise StackInvalid(validation_problems(exc, src.values, src.keys)) from None
-    loaded = LoadedOverlay(name, odir, display, model, src.values, src.keys)
+    model, values, keys = load_model(Overlay, path, display, "an overlay", "overlays/README.md")
+    loaded = LoadedOverlay(name, odir, display, model, values, keys)
     found = [loaded.error(msg, at, fix) for msg, at, fix in model.problems()]
     for upstream in model.patches:
         if not (loaded.range_dir(upstream) / "series").is_file():
@@ -116,14 +103,6 @@ def load_overlay(root: Path, name: str, *, where: str = "--overlay") -> LoadedOv
     if found:
         raise StackInvalid(found)
     return loaded
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_files(ov: LoadedOverlay) -> dict[str, str]:

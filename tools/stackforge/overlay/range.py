@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stackforge.errors import UserError
-from stackforge.overlay.load import OVERLAYS_DIR, LoadedOverlay, file_sha256
+from stackforge.fslock import file_sha256
+from stackforge.overlay.load import OVERLAYS_DIR, LoadedOverlay
 from stackforge.patches.apply import failure_error
 from stackforge.patches.ops import apply_to, scratch, target_from_stack
 from stackforge.patches.patchfile import parse_patch

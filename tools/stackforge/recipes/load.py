@@ -5,12 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from stackforge.errors import UserError
 from stackforge.recipes.model import RECIPE_NAME, Recipe
-from stackforge.stack.load import Located, StackInvalid, check_keys, validation_problems
-from stackforge.stack.yamlsrc import load_with_positions
+from stackforge.stack.load import Located, StackInvalid, load_model
 
 RECIPES_DIR = "recipes"
 
@@ -74,18 +71,8 @@ def load_recipe(root: Path, name_or_path: str) -> LoadedRecipe:
             file=display,
             fix="rename the file: lower-case letters, digits, '.', '_', '-' (it names the cookbook page)",
         )
-    src = load_with_positions(path, display)
-    if not isinstance(src.data, dict):
-        raise UserError("a recipe is a mapping of keys", file=display, line=1, fix="start from recipes/README.md")
-    problems: list[UserError] = []
-    check_keys(Recipe, src.data, (), src.keys, src.values, problems)
-    if problems:
-        raise StackInvalid(problems)
-    try:
-        model = Recipe.model_validate(src.data)
-    except ValidationError as exc:
-        raise StackInvalid(validation_problems(exc, src.values, src.keys)) from None
-    loaded = LoadedRecipe(stem, path, display, model, src.values, src.keys)
+    model, values, keys = load_model(Recipe, path, display, "a recipe", "recipes/README.md")
+    loaded = LoadedRecipe(stem, path, display, model, values, keys)
     found = [loaded.error(msg, at, fix, exit_code=2) for msg, at, fix in model.problems()]
     if found:
         raise StackInvalid(found)

@@ -476,6 +476,27 @@ def _pos_for(loc: tuple, values: dict, keys: dict, missing: bool) -> Pos:
     return values.get(probe) or Pos("?")
 
 
+M = typing.TypeVar("M", bound=BaseModel)
+
+
+def load_model(cls: type[M], path: Path, display: str, what: str, guide: str) -> tuple[M, dict, dict]:
+    """Read one YAML file (``display`` is how errors name it) into ``cls``: a mapping, known keys, valid
+    values, every problem at its file:line. Returns (model, value positions, key positions). For the files
+    that are not stacks (recipes, overlays); ``what`` and ``guide`` name the file's kind and where to start."""
+    src = load_with_positions(path, display)
+    if not isinstance(src.data, dict):
+        raise UserError(f"{what} is a mapping of keys", file=display, line=1, fix=f"start from {guide}")
+    problems: list[UserError] = []
+    check_keys(cls, src.data, (), src.keys, src.values, problems)
+    if problems:
+        raise StackInvalid(problems)
+    try:
+        model = cls.model_validate(src.data)
+    except ValidationError as exc:
+        raise StackInvalid(validation_problems(exc, src.values, src.keys)) from None
+    return model, src.values, src.keys
+
+
 def validation_problems(exc: ValidationError, values: dict, keys: dict) -> list[UserError]:
     problems = []
     for err in exc.errors():
