@@ -195,7 +195,7 @@ def _git_check(loaded: LoadedStack, workspace: Workspace, uname: str, timeout: f
             return "local repository holds the pinned commit"
         credential = in_url or workspace.url_credential(target)
         args = ["ls-remote", target] + ([f"refs/tags/{up.tag}"] if up.tag else [])
-        res = _git_timed(args, git_credential_env(target, credential), timeout)
+        res = git(None, *args, check=False, env=git_credential_env(target, credential), timeout=timeout)
         if not res.ok:
             raise UserError(redact_text(res.output.strip().splitlines()[-1] if res.output.strip() else "git failed"))
         if up.tag and not res.stdout.strip():
@@ -203,21 +203,6 @@ def _git_check(loaded: LoadedStack, workspace: Workspace, uname: str, timeout: f
         return f"reachable{', tag ' + up.tag + ' present' if up.tag else ''}"
 
     return Check(loaded.name, f"git {uname}", redact(url), key=f"upstreams.{uname}.git", run=run)
-
-
-def _git_timed(args: list[str], env: dict[str, str], timeout: float):
-    """``git args`` that gives up after ``timeout`` seconds (a host that drops packets never answers)."""
-    import subprocess
-
-    from stackforge.patches.git import GitResult, git_env
-
-    try:
-        proc = subprocess.run(["git", *args], capture_output=True, env=git_env(env), timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return GitResult(["git", *args], 124, "", f"no answer within {timeout:g} s")
-    return GitResult(
-        ["git", *args], proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
-    )
 
 
 def _index_check(loaded: LoadedStack, workspace: Workspace, iname: str, timeout: float) -> Check:

@@ -81,6 +81,7 @@ def git(
     env: dict[str, str] | None = ...,
     binary: Literal[False] = ...,
     credential: Credential | None = ...,
+    timeout: float | None = ...,
 ) -> GitResult[str]: ...
 
 
@@ -93,6 +94,7 @@ def git(
     env: dict[str, str] | None = ...,
     binary: Literal[True],
     credential: Credential | None = ...,
+    timeout: float | None = ...,
 ) -> GitResult[bytes]: ...
 
 
@@ -104,6 +106,7 @@ def git(
     env: dict[str, str] | None = None,
     binary: bool = False,
     credential: Credential | None = None,
+    timeout: float | None = None,
 ) -> GitResult[str] | GitResult[bytes]:
     """Run ``git -C repo args`` (plain ``git args`` when ``repo`` is None) with ``env`` added to the
     reproducible environment; raise UserError on failure when ``check``, its text scrubbed of URL
@@ -115,9 +118,11 @@ def git(
     if isinstance(input, str):
         input = input.encode()
     try:
-        proc = subprocess.run(cmd, input=input, capture_output=True, env=git_env(env), check=False)
+        proc = subprocess.run(cmd, input=input, capture_output=True, env=git_env(env), check=False, timeout=timeout)
     except FileNotFoundError as exc:  # pragma: no cover - git is a hard requirement
         raise UserError("git is not installed", fix="install git (apt-get install git)") from exc
+    except subprocess.TimeoutExpired:  # ``timeout``: a host that drops packets never answers
+        proc = subprocess.CompletedProcess(cmd, 124, b"", f"no answer within {timeout:g} s".encode())
     err = proc.stderr.decode("utf-8", "replace")
     res: GitResult[str] | GitResult[bytes]
     if binary:
