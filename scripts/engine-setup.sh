@@ -10,11 +10,21 @@
 #   STACKFORGE_DOCKERD_LOG   dockerd log file (default /var/log/stackforge-dockerd.log)
 #   STACKFORGE_DOCKERD_WAIT  seconds to wait for the daemon (default 60)
 #   STACKFORGE_BUILDX_SUITE  Debian suite that provides docker-buildx (default trixie)
+#   STACKFORGE_ENGINE        modern (default): when no daemon is running and the installed dockerd is
+#                            older than Docker 25, install Debian trixie's docker.io (Docker 26,
+#                            BuildKit 0.13: RUN --network=none, SOURCE_DATE_EPOCH) in its place.
+#                            A daemon that is already running is used as it is (say modern! to
+#                            replace it anyway). host: never replace the installed engine.
+#   STACKFORGE_ENGINE_SUITE  Debian suite that provides the modern docker.io (default trixie)
 set -euo pipefail
 
 DOCKERD_LOG=${STACKFORGE_DOCKERD_LOG:-/var/log/stackforge-dockerd.log}
 DOCKERD_WAIT=${STACKFORGE_DOCKERD_WAIT:-60}
 BUILDX_SUITE=${STACKFORGE_BUILDX_SUITE:-trixie}
+ENGINE=${STACKFORGE_ENGINE:-modern}
+ENGINE_SUITE=${STACKFORGE_ENGINE_SUITE:-trixie}
+ENGINE_MIN_MAJOR=25
+case "$ENGINE" in modern|modern!|host) ;; *) printf 'engine-setup: error: STACKFORGE_ENGINE=%s: use modern, modern! or host\n' "$ENGINE" >&2; exit 2;; esac
 DEBIAN_MIRROR=${STACKFORGE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 # Host tools beside the engine: command -> Debian package.
@@ -25,6 +35,18 @@ die() { printf 'engine-setup: error: %s\n' "$*" >&2; exit 1; }
 
 docker_ok() { docker info >/dev/null 2>&1; }
 buildx_ok() { docker buildx version >/dev/null 2>&1; }
+# Major version of the installed dockerd binary (0 when there is none or it does not say).
+dockerd_major() {
+    command -v dockerd >/dev/null 2>&1 || { echo 0; return; }
+    dockerd --version 2>/dev/null | sed -n 's/^Docker version \([0-9]*\)\..*/\1/p' | head -n1 | grep . || echo 0
+}
+wants_modern() {
+    case "$ENGINE" in
+        host) return 1 ;;
+        modern!) [ "$(dockerd_major)" -lt "$ENGINE_MIN_MAJOR" ] ;;
+        modern) ! docker_ok && [ "$(dockerd_major)" -lt "$ENGINE_MIN_MAJOR" ] ;;
+    esac
+}
 
 missing_tools() {
     local cmd out=()
@@ -52,8 +74,12 @@ report() {
 }
 
 # ---- fast path: everything already there ------------------------------------------------
-if command -v docker >/dev/null 2>&1 && docker_ok && buildx_ok && [ -z "$(missing_tools)" ]; then
+if command -v docker >/dev/null 2>&1 && docker_ok && buildx_ok && [ -z "$(missing_tools)" ] && ! wants_modern; then
     report
+    major=$(docker version --format '{{.Server.Version}}' 2>/dev/null | cut -d. -f1)
+    if [ "${major:-0}" -lt "$ENGINE_MIN_MAJOR" ] 2>/dev/null; then
+        say "note: this engine predates Docker $ENGINE_MIN_MAJOR (no RUN --network=none, no SOURCE_DATE_EPOCH); STACKFORGE_ENGINE=modern! replaces it"
+    fi
     exit 0
 fi
 
@@ -86,8 +112,10 @@ apt_update_once() {
 }
 
 pkgs=()
-command -v dockerd >/dev/null 2>&1 || pkgs+=(docker.io)
-command -v docker >/dev/null 2>&1 || pkgs+=(docker.io)
+if [ "$ENGINE" = host ]; then
+    command -v dockerd >/dev/null 2>&1 || pkgs+=(docker.io)
+    command -v docker >/dev/null 2>&1 || pkgs+=(docker.io)
+fi
 for p in $(missing_tools); do pkgs+=("$p"); done
 # curl for the registry readiness probe; the keyring for debootstrap and the buildx fetch.
 command -v curl >/dev/null 2>&1 || pkgs+=(curl)
@@ -101,17 +129,18 @@ if [ ${#pkgs[@]} -gt 0 ]; then
     say "installed in $((SECONDS - t0)) s"
 fi
 
-if ! buildx_ok; then
-    # bookworm has no docker-buildx package; the newer suite's one is a static Go binary
-    # needing only libc6 >= 2.34. Fetch that single .deb through a private sources list so
-    # the machine's own apt lists stay as they are.
-    tmp=$(mktemp -d /tmp/stackforge-buildx.XXXXXX)
-    trap 'rm -rf "$tmp"' EXIT
-    mkdir -p "$tmp/lists/partial" "$tmp/parts" "$tmp/cache/archives/partial"
-    keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+# fetch_debs SUITE PKG...: download single .debs from another Debian suite through a private
+# sources list, so the machine's own apt lists stay as they are. Prints the .deb paths.
+fetch_tmp=$(mktemp -d /tmp/stackforge-debs.XXXXXX)
+trap 'rm -rf "$fetch_tmp"' EXIT
+fetch_debs() {
+    local suite=$1; shift
+    local tmp="$fetch_tmp/$suite"
+    mkdir -p "$tmp/lists/partial" "$tmp/parts" "$tmp/cache/archives/partial" "$tmp/debs"
+    local keyring=/usr/share/keyrings/debian-archive-keyring.gpg
     [ -r "$keyring" ] || die "$keyring missing (apt-get install debian-archive-keyring)"
-    echo "deb [signed-by=$keyring] $DEBIAN_MIRROR $BUILDX_SUITE main" >"$tmp/sources.list"
-    aptx=(apt-get -qq
+    echo "deb [signed-by=$keyring] $DEBIAN_MIRROR $suite main" >"$tmp/sources.list"
+    local aptx=(apt-get -qq
         -oDir::Etc::SourceList="$tmp/sources.list"
         -oDir::Etc::SourceParts="$tmp/parts"
         -oDir::State::Lists="$tmp/lists"
@@ -119,12 +148,39 @@ if ! buildx_ok; then
         -oDir::Cache::pkgcache= -oDir::Cache::srcpkgcache=
         -oAPT::Get::List-Cleanup=0
         -oAPT::Sandbox::User=root)
+    [ -e "$tmp/lists/updated" ] || { "${aptx[@]}" update >&2 && touch "$tmp/lists/updated"; }
+    (cd "$tmp/debs" && "${aptx[@]}" download "$@" >&2)
+    local p deb
+    for p in "$@"; do
+        deb=$(ls "$tmp/debs/${p}"_*.deb 2>/dev/null | head -n1)
+        [ -n "$deb" ] || die "could not download $p from $DEBIAN_MIRROR $suite"
+        echo "$deb"
+    done
+}
+
+if wants_modern; then
+    # Debian trixie's docker.io (Docker 26, BuildKit 0.13) runs on bookworm: its dependencies
+    # (containerd, runc, tini, iptables, sysvinit-utils) are all met by bookworm's packages.
+    if docker_ok; then
+        say "stopping the running dockerd $(docker version --format '{{.Server.Version}}' 2>/dev/null) to replace it"
+        pkill -x dockerd || true
+        for _ in $(seq 1 60); do pgrep -x dockerd >/dev/null 2>&1 || break; sleep 0.5; done
+    fi
+    say "fetching docker.io from Debian $ENGINE_SUITE (installed dockerd: $(dockerd --version 2>/dev/null || echo none))"
+    t0=$SECONDS
+    deb=$(fetch_debs "$ENGINE_SUITE" docker.io)
+    apt_update_once
+    apt-get install -y -qq --no-install-recommends "$deb" >/dev/null \
+        || die "could not install $(basename "$deb") (STACKFORGE_ENGINE=host keeps the installed engine)"
+    say "installed $(basename "$deb") in $((SECONDS - t0)) s: $(dockerd --version)"
+fi
+
+if ! buildx_ok; then
+    # bookworm has no docker-buildx package; the newer suite's one is a static Go binary
+    # needing only libc6 >= 2.34.
     say "fetching docker-buildx from Debian $BUILDX_SUITE"
     t0=$SECONDS
-    "${aptx[@]}" update
-    (cd "$tmp" && "${aptx[@]}" download docker-buildx)
-    deb=$(ls "$tmp"/docker-buildx_*.deb 2>/dev/null | head -n1)
-    [ -n "$deb" ] || die "could not download docker-buildx from $DEBIAN_MIRROR $BUILDX_SUITE"
+    deb=$(fetch_debs "$BUILDX_SUITE" docker-buildx)
     dpkg -i "$deb" >/dev/null
     say "installed $(basename "$deb") in $((SECONDS - t0)) s"
     buildx_ok || die "docker buildx still not usable after installing $(basename "$deb"); see 'docker buildx version'"
@@ -149,7 +205,9 @@ if ! docker_ok; then
 fi
 
 # buildx must see a builder backed by the daemon.
-docker buildx ls 2>/dev/null | grep -Eq '^[[:alnum:]_-]+\*?[[:space:]]' \
+# (Captured first: grep -q closing the pipe early would fail the pipeline under pipefail.)
+builders=$(docker buildx ls 2>/dev/null || true)
+grep -Eq '^[[:alnum:]_-]+\*?[[:space:]]' <<<"$builders" \
     || die "docker buildx ls shows no builder; run 'docker buildx ls' to see why"
 docker buildx inspect >/dev/null 2>&1 || die "docker buildx inspect fails on the current builder"
 
