@@ -13,16 +13,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from stackforge.build.sources import SdistSpec, fetch_sdist
 from tests.fixtures.index_server import IndexServer
+from tests.fixtures.listener import Listener
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / "build" / "cache"
@@ -30,32 +29,6 @@ pytestmark = pytest.mark.engine
 MARKUPSAFE = "722695808f4b6457b320fdc131280796bdceb04ab50fe1795cd540799ebe1698"
 #: the RUN steps' network interfaces, as the engine gave them, kept in the image
 NET = "gate.prepare=[\"sed -n '3,$p' /proc/net/dev | cut -d: -f1 | tr -d ' ' > /stackforge/net.txt\"]"
-
-
-class Listener:
-    """A TCP listener on 127.0.0.1 that records every connection (and its first bytes) and answers nothing."""
-
-    def __init__(self, port: int = 0):
-        self.sock = socket.create_server(("127.0.0.1", port))
-        self.port = self.sock.getsockname()[1]
-        self.seen: list[bytes] = []
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            conn.settimeout(2)
-            try:
-                self.seen.append(conn.recv(200))
-            except OSError:
-                self.seen.append(b"")
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def stackforge(root: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:

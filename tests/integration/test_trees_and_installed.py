@@ -11,6 +11,7 @@ post2's, so BuildKit's cache serves it.
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
 import shutil
@@ -20,6 +21,7 @@ import pytest
 
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
+from tests.fixtures.listener import Listener
 from tests.fixtures.stack_support import make_root
 
 pytestmark = pytest.mark.engine
@@ -39,6 +41,8 @@ steps:
     env:
       MATE_MUSA_ARCH_LIST: "{{{{ platform.gpu_arch | map('musa_arch') | join(',') }}}}"
     run: python -c "import os, mate; open('/opt/venv/mate-aot.txt', 'w').write(os.environ['MATE_MUSA_ARCH_LIST'])"
+  net-probe:
+    run: python -c "import socket; s = socket.socket(); s.settimeout(3); open('/opt/venv/net-probe.txt', 'w').write(str(s.connect_ex(('127.0.0.1', PROBE_PORT))))"
 rules:
   requires:
     - {{name: torch_musa, dist: torch_musa, min: "2.7"}}
@@ -49,9 +53,17 @@ tags:
 
 
 @pytest.fixture(scope="module")
-def world(standins, tmp_path_factory):
+def probe():
+    """What the net-probe step tries to reach on the host's loopback (the build runs with --network host)."""
+    listener = Listener()
+    yield listener
+    listener.close()
+
+
+@pytest.fixture(scope="module")
+def world(standins, tmp_path_factory, probe):
     tmp = tmp_path_factory.mktemp("kern")
-    root = make_root(tmp, {"kern.yaml": KERN})
+    root = make_root(tmp, {"kern.yaml": KERN.replace("PROBE_PORT", str(probe.port))})
     shutil.copytree(mb.REPO / "patches", root / "patches")
     (root / "patches" / "installed").mkdir()
     (root / MATE_PATCH).write_text(ms.mate_patch("0.2.7"))
@@ -103,6 +115,32 @@ def test_plugin_builds_from_the_exported_patched_vllm_tree(kern, standins):
     )
     labels = mb.labels_of(kern.image)
     assert labels["org.stackforge.upstream.flashinfer"] == standins.repos["flashinfer"].commit  # pinned by commit only
+
+
+def test_offline_steps_get_no_network_and_created_is_the_pinned_commit_time(kern, probe, standins):
+    """The engine takes RUN --network=none: a step that tries the host's loopback (the build itself runs with
+    --network host) reaches nothing, and the image's created time is the pinned vLLM commit's."""
+    from stackforge.build.engine import Engine
+
+    engine = Engine()
+    assert engine.supports_run_network() and engine.supports_source_date_epoch(), engine.buildkit_version()
+    assert "RUN --network=none export PIP_NO_INDEX=1" in (kern.out / "Dockerfile").read_text()
+    assert run_in(kern.image, "print(open('/opt/venv/net-probe.txt').read())") != "0"  # connect_ex: refused
+    assert probe.seen == []
+    vllm = standins.repos["vllm"]
+    epoch = int(ms._git(vllm.path, "log", "-1", "--format=%ct", vllm.commit).strip())
+    created = _dt.datetime.fromtimestamp(epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert mb.labels_of(kern.image)["org.opencontainers.image.created"] == created
+    config_created = mb.docker("image", "inspect", "--format", "{{.Created}}", kern.image).stdout.strip()
+    assert config_created.startswith(created[:-1]), config_created
+
+
+def test_the_same_inputs_give_the_same_image(kern, standins, world):
+    """A second build of the same inputs (from BuildKit's cache) gives the same image config, so the same id:
+    nothing in it depends on when it was built."""
+    again = build(standins, world, label="again")
+    assert again.ok, again.describe()
+    assert again.image == kern.image
 
 
 def test_in_tree_series_hash_is_labelled(kern, world):
