@@ -7,7 +7,8 @@ no environment. So a run stores its rows under a key over exactly those inputs (
 path of every stacks/*.yaml, the overrides, the Python version, and the path, size and mtime of every
 module of stackforge and of the libraries that validate: pydantic, pydantic_core, PyYAML), and a run
 whose key matches prints the stored rows without importing the model. Any change to an input is a
-new key, so the rows are recomputed; a missing, unreadable or malformed store is a miss.
+new key, so the rows are recomputed; a missing, unreadable or malformed store is a miss. Rows are stored
+only when every stack is valid: a run over a file that does not load writes nothing.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def _valid(rows: object, names: list[str]) -> TypeGuard[list[Row]]:
 def rows(
     root: Path, names: list[str], overrides: list[str], cache: Path | None, compute: Callable[[], list[Row]]
 ) -> list[Row]:
-    """The stored rows when the key matches, else ``compute()``'d and stored (in ``cache``; None: not kept)."""
+    """The stored rows when the key matches, else ``compute()``'d and, when every row is valid, stored (in
+    ``cache``; None: not kept)."""
     if cache is None:
         return compute()
     try:
@@ -98,6 +100,8 @@ def rows(
     if _valid(found, names):
         return found
     result = compute()
+    if any("invalid" in r for r in result):
+        return result
     try:
         if key(root, names, overrides) != k:  # an input changed while the rows were computed
             return result
