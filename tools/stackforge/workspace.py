@@ -17,6 +17,7 @@ subdirectory of it:
 - ``layers/``: the publisher's diff-id → blob cache
 - ``index/``: package index pages, revalidated with ETag / Last-Modified
 - ``wheels/``: wheels downloaded by ``stackforge wheel``
+- ``list/``: the rows of ``stackforge list`` (``stack.listing``)
 """
 
 from __future__ import annotations

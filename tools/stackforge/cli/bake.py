@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from stackforge.build import bake as bakemod
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
     add_json,
     add_out,
@@ -18,7 +19,12 @@ from stackforge.cli.options import (
     workspace_of,
 )
 from stackforge.errors import UserError
-from stackforge.stack.load import list_stacks
+from stackforge.stack.names import list_stacks
+
+if TYPE_CHECKING:
+    from stackforge.build import bake as bakemod
+else:
+    bakemod = lazy("stackforge.build.bake")
 
 
 def register(sub) -> None:

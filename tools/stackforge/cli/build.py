@@ -5,17 +5,9 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from stackforge.build.context import build_dir_for
-from stackforge.build.gate import run_gate
-from stackforge.build.plan import LABEL_NS
-from stackforge.build.run import (
-    BuildOptions,
-    build,
-    default_target,
-    prepare,
-    target_ref,
-)
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
     BUILD_DIR_OUT,
     add_json,
@@ -27,6 +19,19 @@ from stackforge.cli.options import (
     workspace_of,
 )
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
+
+if TYPE_CHECKING:
+    from stackforge.build.context import build_dir_for
+    from stackforge.build.gate import run_gate
+    from stackforge.build.run import BuildOptions, build, default_target, prepare, target_ref
+else:
+    build_dir_for = lazy("stackforge.build.context", "build_dir_for")
+    run_gate = lazy("stackforge.build.gate", "run_gate")
+    BuildOptions = lazy("stackforge.build.run", "BuildOptions")
+    build = lazy("stackforge.build.run", "build")
+    default_target = lazy("stackforge.build.run", "default_target")
+    prepare = lazy("stackforge.build.run", "prepare")
+    target_ref = lazy("stackforge.build.run", "target_ref")
 
 
 def register(sub) -> None:
@@ -150,6 +155,8 @@ def add_wait(p) -> None:
 
 
 def cmd_render(args) -> int:
+    from stackforge.build.plan import LABEL_NS
+
     loaded, ws = load(args, args.stack), workspace_of(args)
     stack = loaded.model
     target = default_target(loaded, args.target)

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
+from stackforge.cli.lazy import lazy
 from stackforge.cli.newest import add_index_options, cache_dir
 from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select, workspace_of
-from stackforge.freshness import bump as freshness
-from stackforge.freshness.lines import load_catalog
-from stackforge.stack import diff as diffmod
-from stackforge.stack.load import load_stack
+
+if TYPE_CHECKING:
+    from stackforge.freshness import bump as freshness
+    from stackforge.freshness.lines import load_catalog
+    from stackforge.stack import diff as diffmod
+    from stackforge.stack.load import load_stack
+else:
+    freshness = lazy("stackforge.freshness.bump")
+    load_catalog = lazy("stackforge.freshness.lines", "load_catalog")
+    diffmod = lazy("stackforge.stack.diff")
+    load_stack = lazy("stackforge.stack.load", "load_stack")
 
 
 def register(sub) -> None:

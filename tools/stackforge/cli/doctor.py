@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from stackforge.build import doctor
+from typing import TYPE_CHECKING
+
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, add_set, load, print_json, workspace_of
+
+if TYPE_CHECKING:
+    from stackforge.build import doctor
+else:
+    doctor = lazy("stackforge.build.doctor")
+
+DEFAULT_TIMEOUT = 10.0  # build.doctor.DEFAULT_TIMEOUT, here so that --help imports no library
 
 
 def register(sub) -> None:
@@ -18,7 +27,7 @@ def register(sub) -> None:
     p.add_argument(
         "--timeout",
         type=float,
-        default=doctor.DEFAULT_TIMEOUT,
+        default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help="per check (default %(default)g)",
     )

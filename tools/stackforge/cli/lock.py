@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from stackforge.build.locks import write_locks
+from typing import TYPE_CHECKING
+
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, add_set, load, print_json, workspace_of
+
+if TYPE_CHECKING:
+    from stackforge.build.locks import write_locks
+else:
+    write_locks = lazy("stackforge.build.locks", "write_locks")
 
 
 def register(sub) -> None:

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, add_set, load, print_json, workspace_of
-from stackforge.freshness import newest as freshness
+
+if TYPE_CHECKING:
+    from stackforge.freshness import newest as freshness
+else:
+    freshness = lazy("stackforge.freshness.newest")
+
+DEFAULT_TRAIN_WINDOW = 3600.0  # freshness.newest.DEFAULT_TRAIN_WINDOW, here so that --help imports no library
 
 
 def add_index_options(p) -> None:
@@ -32,7 +41,7 @@ def register(sub) -> None:
     p.add_argument(
         "--train-window",
         type=float,
-        default=freshness.DEFAULT_TRAIN_WINDOW / 60,
+        default=DEFAULT_TRAIN_WINDOW / 60,
         metavar="MINUTES",
         help="flag train members published further apart than this (default %(default)g)",
     )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
     add_json,
     add_out,
@@ -16,7 +18,12 @@ from stackforge.cli.options import (
     select,
     workspace_of,
 )
-from stackforge.publish.nightly import declared_nightly, nightly
+
+if TYPE_CHECKING:
+    from stackforge.publish.nightly import declared_nightly, nightly
+else:
+    declared_nightly = lazy("stackforge.publish.nightly", "declared_nightly")
+    nightly = lazy("stackforge.publish.nightly", "nightly")
 
 
 def register(sub) -> None:

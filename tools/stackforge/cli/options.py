@@ -13,13 +13,15 @@ import argparse
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge.errors import UserError
-from stackforge.stack.load import STACK_NAME, STACKS_DIR, LoadedStack, find_root
-from stackforge.stack.load import load as load_stack_file
+from stackforge.stack.names import STACK_NAME, STACKS_DIR, find_root
 from stackforge.urls import redact_text
 from stackforge.workspace import Workspace
+
+if TYPE_CHECKING:
+    from stackforge.stack.load import LoadedStack
 
 SELECTED = "_selected_stacks"  # the attribute select() sets on args
 WORKSPACE = "workspace"  # the attribute main() sets on args
@@ -177,6 +179,8 @@ def _checked_root(args) -> Path:
 
 def load(args, name: str) -> LoadedStack:
     """Load stack ``name`` of the workspace's repository with the ``--set`` values that apply to it."""
+    from stackforge.stack.load import load as load_stack_file
+
     return load_stack_file(name, root=root_of(args), overrides=overrides_for(args, name))
 
 

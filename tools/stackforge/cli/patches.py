@@ -10,14 +10,27 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from stackforge import patches as P
-from stackforge.build import sources as up
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select, workspace_of
 from stackforge.errors import UserError
-from stackforge.stack.load import LoadedStack, list_stacks, load_stack
-from stackforge.stack.load import load as load_file
+from stackforge.stack.names import list_stacks
 from stackforge.workspace import CACHE_ENV
+
+if TYPE_CHECKING:
+    from stackforge import patches as P
+    from stackforge.build import sources as up
+    from stackforge.stack.load import LoadedStack, load_stack
+    from stackforge.stack.load import load as load_file
+else:
+    P = lazy("stackforge.patches")
+    up = lazy("stackforge.build.sources")
+    load_stack = lazy("stackforge.stack.load", "load_stack")
+    load_file = lazy("stackforge.stack.load", "load")
+
+# patches.lint.DEFAULT_TRACKER_PATTERN, here so that --help imports no library
+DEFAULT_TRACKER_PATTERN = r"(?<![A-Za-z0-9])[A-Z]+-\d{5,}(?!\d)"
 
 
 def register(sub) -> None:
@@ -113,7 +126,7 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--tracker-pattern",
-        default=P.DEFAULT_TRACKER_PATTERN,
+        default=DEFAULT_TRACKER_PATTERN,
         help="regular expression for internal tracker ids that must not ship (default: %(default)s)",
     )
     add_json(p)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
     BUILD_DIR_OUT,
     add_json,
@@ -14,8 +17,13 @@ from stackforge.cli.options import (
     workspace_of,
 )
 from stackforge.errors import UserError
-from stackforge.publish.publisher import stderr_echo
-from stackforge.publish.stack import publish_stack
+
+if TYPE_CHECKING:
+    from stackforge.publish.publisher import stderr_echo
+    from stackforge.publish.stack import publish_stack
+else:
+    stderr_echo = lazy("stackforge.publish.publisher", "stderr_echo")
+    publish_stack = lazy("stackforge.publish.stack", "publish_stack")
 
 
 def register(sub) -> None:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, print_json, root_of, workspace_of
 from stackforge.errors import UserError
-from stackforge.recipes import docs as docsmod
-from stackforge.recipes import lint as lintmod
-from stackforge.recipes.load import LoadedRecipe, list_recipes, load_recipe
+
+if TYPE_CHECKING:
+    from stackforge.recipes import docs as docsmod
+    from stackforge.recipes import lint as lintmod
+    from stackforge.recipes.load import LoadedRecipe, list_recipes, load_recipe
+else:
+    docsmod = lazy("stackforge.recipes.docs")
+    lintmod = lazy("stackforge.recipes.lint")
+    list_recipes = lazy("stackforge.recipes.load", "list_recipes")
+    load_recipe = lazy("stackforge.recipes.load", "load_recipe")
 
 
 def register(sub) -> None:

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from stackforge.build import evidence
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, print_json, root_of, workspace_of
 from stackforge.errors import UserError
-from stackforge.recipes.load import LoadedRecipe, load_recipe
+
+if TYPE_CHECKING:
+    from stackforge.build import evidence
+    from stackforge.recipes.load import LoadedRecipe, load_recipe
+else:
+    evidence = lazy("stackforge.build.evidence")
+    load_recipe = lazy("stackforge.recipes.load", "load_recipe")
 
 
 def register(sub) -> None:

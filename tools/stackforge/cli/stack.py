@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from stackforge.cli.options import add_json, add_set, load, print_json, root_of, select
+from stackforge.cli.lazy import lazy
+from stackforge.cli.options import add_json, add_set, load, print_json, root_of, select, workspace_of
 from stackforge.errors import UserError
-from stackforge.stack import diff as diffmod
-from stackforge.stack import rules, tags
-from stackforge.stack.load import fingerprint, list_stacks, resolved
+from stackforge.stack import listing
+from stackforge.stack.names import list_stacks
 from stackforge.urls import redact_text
+
+if TYPE_CHECKING:
+    from stackforge.stack import diff as diffmod
+    from stackforge.stack import rules, tags
+    from stackforge.stack.load import fingerprint, resolved
+else:
+    diffmod = lazy("stackforge.stack.diff")
+    rules = lazy("stackforge.stack.rules")
+    tags = lazy("stackforge.stack.tags")
+    fingerprint = lazy("stackforge.stack.load", "fingerprint")
+    resolved = lazy("stackforge.stack.load", "resolved")
 
 
 def register(sub) -> None:
@@ -74,13 +86,18 @@ def cmd_list(args) -> int:
     root = root_of(args)
     names = list_stacks(root)
     select(args, names)
-    rows = []
-    for name in names:
-        try:
-            rows.append({"name": name, "description": load(args, name).model.description})
-        except UserError as err:
-            where = err.location()
-            rows.append({"name": name, "invalid": f"{where + ': ' if where else ''}{err.message}"})
+
+    def compute() -> list[dict[str, str]]:
+        rows = []
+        for name in names:
+            try:
+                rows.append({"name": name, "description": load(args, name).model.description})
+            except UserError as err:
+                where = err.location()
+                rows.append({"name": name, "invalid": f"{where + ': ' if where else ''}{err.message}"})
+        return rows
+
+    rows = listing.rows(root, names, list(args.overrides), workspace_of(args).cache("list"), compute)
     if args.json:
         print_json({"stacks": rows})
     else:

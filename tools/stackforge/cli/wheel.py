@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, print_json, workspace_of
-from stackforge.freshness import wheel as wheelmod
+
+if TYPE_CHECKING:
+    from stackforge.freshness import wheel as wheelmod
+else:
+    wheelmod = lazy("stackforge.freshness.wheel")
 
 
 def register(sub) -> None:

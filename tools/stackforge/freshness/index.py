@@ -11,7 +11,9 @@ index declared and nothing more:
 - ``hashes`` -- from the JSON ``hashes`` object or the ``#sha256=`` URL fragment of an HTML link.
 - ``yanked`` -- ``False``, ``True`` or the reason string (PEP 592 / PEP 691).
 
-Queries run concurrently (``IndexClient.projects``) and use HTTP caching: pages are kept on disk
+Queries run concurrently (``IndexClient.projects``; ``lines.fetch_pages`` across a stack's indexes) over
+one HTTP session per index, whose keep-alive connections the threads share; a project page is fetched
+at most once per client, even when several threads ask for it at the same time. They use HTTP caching: pages are kept on disk
 (``cache_dir``, normally ``build/cache/index/``) keyed by URL and revalidated with ``If-None-Match`` /
 ``If-Modified-Since``; a ``304`` answer re-uses the stored body.
 
@@ -30,7 +32,7 @@ import os
 import re
 import threading
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from html.parser import HTMLParser
@@ -48,6 +50,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 from packaging.version import InvalidVersion, Version
+from requests.adapters import HTTPAdapter
 
 from stackforge.credentials import for_url
 from stackforge.errors import UserError
@@ -60,6 +63,7 @@ ACCEPT_JSON_FIRST = f"{JSON_V1}, {HTML_V1};q=0.2, text/html;q=0.01"
 ACCEPT_HTML_ONLY = f"{HTML_V1}, text/html;q=0.01"
 
 CACHE_FORMAT = 1
+POOL_SIZE = 16  # connections to one index at once, kept alive
 
 
 class _Unset(enum.Enum):
@@ -398,8 +402,9 @@ class IndexClient:
         self.timeout = timeout
         self.max_workers = max(1, max_workers)
         self.user_agent = user_agent
-        self._local = threading.local()
+        self._session_obj: requests.Session | None = None
         self._pages: dict[str, ProjectPage] = {}
+        self._inflight: dict[str, Future[ProjectPage]] = {}
         self._lock = threading.Lock()
         self.stats = {"requests": 0, "not_modified": 0}
 
@@ -414,14 +419,25 @@ class IndexClient:
         return redact(self.url.rstrip("/"))
 
     def _session(self) -> requests.Session:
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = requests.Session()
-            s.headers["User-Agent"] = self.user_agent
-            if self.auth is not None:
-                s.auth = self.auth
-            self._local.session = s
-        return s
+        """The index's one session, shared by the threads: at most ``pool_size`` connections to the index at
+        once (a thread waits for a free one), each kept alive for the next request."""
+        with self._lock:
+            s = self._session_obj
+            if s is None:
+                s = requests.Session()
+                s.headers["User-Agent"] = self.user_agent
+                if self.auth is not None:
+                    s.auth = self.auth
+                adapter = HTTPAdapter(pool_connections=1, pool_maxsize=self.pool_size, pool_block=True)
+                s.mount("http://", adapter)
+                s.mount("https://", adapter)
+                self._session_obj = s
+            return s
+
+    @property
+    def pool_size(self) -> int:
+        """Connections to the index at once: ``POOL_SIZE``, or ``max_workers`` when that is more."""
+        return max(self.max_workers, POOL_SIZE)
 
     def project_url(self, name: str) -> str:
         return urljoin(self.url, canonicalize_name(name) + "/")
@@ -488,12 +504,33 @@ class IndexClient:
             raise IndexQueryError(f"{url}: cannot read {path}: {exc.strerror}") from None
 
     def project(self, name: str) -> ProjectPage:
-        """The project page for ``name`` (memoised for the life of the client)."""
+        """The project page for ``name`` (memoised for the life of the client; a thread asking for a page
+        another thread is fetching waits for that fetch)."""
         key = canonicalize_name(name)
         with self._lock:
             page = self._pages.get(key)
+            pending = self._inflight.get(key)
+            if page is None and pending is None:
+                mine: Future[ProjectPage] = Future()
+                self._inflight[key] = mine
         if page is not None:
             return page
+        if pending is not None:
+            return pending.result()
+        try:
+            page = self._fetch(name, key)
+        except BaseException as exc:
+            with self._lock:
+                del self._inflight[key]
+            mine.set_exception(exc)
+            raise
+        with self._lock:
+            self._pages[key] = page
+            del self._inflight[key]
+        mine.set_result(page)
+        return page
+
+    def _fetch(self, name: str, key: str) -> ProjectPage:
         url = self.project_url(name)
         if url.startswith("file://"):
             body, ctype, final_url, from_cache = self._get_file(url), "text/html", url, False
@@ -506,8 +543,6 @@ class IndexClient:
         else:
             raise IndexQueryError(f"{redact(url)}: unexpected Content-Type {ctype!r}")
         page.from_cache = from_cache
-        with self._lock:
-            self._pages[key] = page
         return page
 
     def projects(self, names: Iterable[str]) -> dict[str, ProjectPage | IndexQueryError]:

@@ -248,9 +248,11 @@ def clients_for(
 
 
 def fetch_pages(
-    stack: Stack, names: list[str], clients: dict[str, IndexClient], max_workers: int = 16
+    stack: Stack, names: list[str], clients: dict[str, IndexClient], max_workers: int = 32
 ) -> dict[str, ProjectPage | IndexQueryError]:
-    """Project pages for ``names`` (each from its own index), fetched concurrently."""
+    """Project pages for ``names`` (each from its own index), fetched concurrently: one pool of at most
+    ``max_workers`` threads across the packages and indexes (each index's client bounds its own connections);
+    the result is in the order of ``names`` whatever order the answers come in."""
 
     def one(name: str):
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import re
 import typing
 from dataclasses import dataclass
@@ -24,11 +23,10 @@ from stackforge.errors import UserError
 from stackforge.stack import artifacts, installed
 from stackforge.stack import targets as target_rules
 from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGES, Stack
+from stackforge.stack.names import STACK_NAME, STACKS_DIR, find_root, list_stacks
 from stackforge.stack.yamlsrc import Pos, Refused, load_value, load_with_positions
 from stackforge.urls import Credential, redact_text
 from stackforge.urls import split as split_credentials
-
-STACKS_DIR = "stacks"
 
 
 @dataclass(frozen=True)
@@ -88,23 +86,6 @@ class StackInvalid(UserError):
 # --------------------------------------------------------------------------- repository
 
 
-def find_root(start: Path | None = None) -> Path:
-    """The repository root: the nearest directory upwards holding stacks/."""
-    env = os.environ.get("STACKFORGE_ROOT")
-    if env:
-        return Path(env).resolve()
-    here = (start or Path.cwd()).resolve()
-    for cand in (here, *here.parents):
-        if (cand / STACKS_DIR).is_dir():
-            return cand
-    raise UserError(
-        f"no {STACKS_DIR}/ directory here or in any parent of {here}",
-        fix="run stackforge inside a stackforge repository, or pass --root DIR",
-    )
-
-
-#: A stack is named by its file in stacks/ without ".yaml": one path segment, lowercase.
-STACK_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
 MAX_INHERITANCE = 16  # stacks in one inheritance chain
 
 
@@ -143,11 +124,6 @@ def _confined(root: Path, path: Path, display: str) -> None:
             file=display,
             fix=f"copy the stack into {STACKS_DIR}/ instead of linking to it",
         ) from None
-
-
-def list_stacks(root: Path) -> list[str]:
-    """The stem of every stacks/*.yaml, valid stack name or not (loading one that is not says why)."""
-    return sorted(p.stem for p in (root / STACKS_DIR).glob("*.yaml"))
 
 
 def _known(root: Path) -> list[str]:

@@ -1,0 +1,183 @@
+"""The CLI starts without its libraries: `--help` of every verb and a `list` answered from its stored rows
+import no library module (the model, Jinja, the engine and registry clients, pyelftools)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.stack_support import make_root
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+# Third-party libraries and stackforge's own library packages; none may be imported to build the parser.
+HEAVY = ("pydantic", "pydantic_core", "jinja2", "docker", "requests", "urllib3", "elftools", "yaml")
+HEAVY_OWN = (
+    "stackforge.build",
+    "stackforge.publish",
+    "stackforge.freshness",
+    "stackforge.patches",
+    "stackforge.recipes",
+    "stackforge.mirror",
+    "stackforge.overlay",
+    "stackforge.smoke",
+    "stackforge.stack.model",
+    "stackforge.stack.load",
+    "stackforge.stack.rules",
+    "stackforge.stack.tags",
+)
+
+PROBE = """
+import contextlib, io, json, sys
+from stackforge.cli.main import main
+argvs = json.loads(sys.argv[1])
+codes = []
+for argv in argvs:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            codes.append(main(argv))
+        except SystemExit as exc:
+            codes.append(exc.code)
+    sys.stderr.write(out.getvalue())
+print(json.dumps({"codes": codes, "modules": sorted(sys.modules)}))
+"""
+
+
+def _probe(argvs: list[list[str]], env: dict[str, str] | None = None) -> dict:
+    """Run ``main(argv)`` for each argv in a fresh interpreter; the exit codes and the modules it imported."""
+    full_env = {**os.environ, "PYTHONPATH": str(TOOLS), **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argvs)], capture_output=True, text=True, env=full_env, check=True
+    )
+    result = json.loads(proc.stdout.splitlines()[-1])
+    result["printed"] = proc.stderr
+    return result
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    return [
+        m for m in modules if m.split(".")[0] in HEAVY or any(m == own or m.startswith(own + ".") for own in HEAVY_OWN)
+    ]
+
+
+def _verbs() -> list[list[str]]:
+    """Every verb and sub-verb of the parser, as argv prefixes."""
+    import argparse
+
+    from stackforge.cli.main import build_parser
+
+    def walk(parser: argparse.ArgumentParser, prefix: list[str]) -> list[list[str]]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found.append([*prefix, name])
+                    found += walk(sub, [*prefix, name])
+        return found
+
+    return walk(build_parser(), [])
+
+
+def test_help_of_every_verb_imports_no_library():
+    verbs = _verbs()
+    assert ["newest"] in verbs and ["patches", "apply"] in verbs and ["wheel", "inspect"] in verbs
+    result = _probe([["--help"]] + [[*v, "--help"] for v in verbs])
+    assert set(result["codes"]) == {0}
+    assert "usage: stackforge" in result["printed"] and "--train-window" in result["printed"]
+    assert _heavy(result["modules"]) == []
+
+
+def test_the_guard_sees_a_library_import():
+    """The same probe, on a verb that loads a stack, does see the model: the guard can fail."""
+    result = _probe([["--root", str(TOOLS.parent), "show", "post2", "--json"]])
+    assert result["codes"] == [0]
+    assert "pydantic" in _heavy(result["modules"]) and "stackforge.stack.load" in result["modules"]
+
+
+def test_verb_defaults_written_in_the_cli_are_the_library_defaults():
+    from stackforge.build import doctor
+    from stackforge.cli import audit, newest, patches
+    from stackforge.cli import doctor as doctor_cli
+    from stackforge.freshness import audit as freshness_audit
+    from stackforge.freshness import newest as freshness_newest
+    from stackforge.patches import DEFAULT_TRACKER_PATTERN
+
+    assert newest.DEFAULT_TRAIN_WINDOW == freshness_newest.DEFAULT_TRAIN_WINDOW
+    assert audit.ALLOW_FILE == freshness_audit.ALLOW_FILE
+    assert doctor_cli.DEFAULT_TIMEOUT == doctor.DEFAULT_TIMEOUT
+    assert patches.DEFAULT_TRACKER_PATTERN == DEFAULT_TRACKER_PATTERN
+
+
+def test_lazy_calls_the_attribute_of_the_moment(monkeypatch):
+    from stackforge.cli.lazy import lazy
+    from stackforge.freshness import newest as freshness_newest
+
+    window = lazy("stackforge.freshness.newest")
+    assert window.DEFAULT_TRAIN_WINDOW == freshness_newest.DEFAULT_TRAIN_WINDOW
+    call = lazy("stackforge.freshness.newest", "newest")
+    monkeypatch.setattr(freshness_newest, "newest", lambda *a, **kw: ("patched", a, kw))
+    assert call(1, x=2) == ("patched", (1,), {"x": 2})
+    with pytest.raises(TypeError):
+        window()
+
+
+def _list(root: Path, cache: Path, *extra: str) -> dict:
+    return _probe(
+        [["--root", str(root), "list", *extra], ["--root", str(root), "list", "--json", *extra]],
+        env={"STACKFORGE_CACHE": str(cache)},
+    )
+
+
+def test_list_answers_from_its_stored_rows_without_the_model(tmp_path):
+    root = make_root(tmp_path)
+    cache = tmp_path / "cache"
+    first = _list(root, cache)
+    assert first["codes"] == [0, 0] and "pydantic" in first["modules"]
+    again = _list(root, cache)
+    assert again["printed"] == first["printed"] and again["codes"] == [0, 0]
+    assert _heavy(again["modules"]) == []
+    assert "post2            MUSA 5.2.0 release train, torch 2.11.0.post2" in again["printed"]
+
+
+def test_list_recomputes_when_a_stack_or_a_set_value_changes(tmp_path):
+    root = make_root(tmp_path)
+    cache = tmp_path / "cache"
+    _list(root, cache)
+    post2 = root / "stacks" / "post2.yaml"
+    post2.write_text(post2.read_text().replace("description: MUSA", "descripton: MUSA"))
+    changed = _list(root, cache)
+    assert changed["codes"] == [2, 2] and "pydantic" in changed["modules"]
+    assert "post2            invalid: stacks/post2.yaml:" in changed["printed"] and "descripton" in changed["printed"]
+    # Rows with an invalid stack are not stored: the same rows again, validated again.
+    again = _list(root, cache)
+    assert again["codes"] == [2, 2] and again["printed"] == changed["printed"] and "pydantic" in again["modules"]
+    post2.write_text(post2.read_text().replace("descripton: MUSA", "description: MUSA"))
+    assert _heavy(_list(root, cache)["modules"]) == []  # the valid rows of the first run are stored still
+    overridden = _list(root, cache, "--set", "post1:description=moved")
+    assert "post1            moved" in overridden["printed"] and "pydantic" in overridden["modules"]
+
+
+def test_list_ignores_a_store_that_does_not_match_its_stacks(tmp_path):
+    root = make_root(tmp_path)
+    cache = tmp_path / "cache"
+    first = _list(root, cache)
+    store = cache / "list" / "list.json"
+    entries = json.loads(store.read_text())
+    for rows in entries.values():
+        rows[0] = {"name": "evil", "description": "\x1b]0;owned\x07"}
+    store.write_text(json.dumps(entries))
+    again = _list(root, cache)
+    assert again["printed"] == first["printed"] and "evil" not in again["printed"]
+    entries = json.loads(store.read_text())  # rewritten by the run that refused the wrong name
+    for rows in entries.values():
+        rows[0] = {"name": rows[0]["name"], "description": "\x1b]0;owned\x07"}
+    store.write_text(json.dumps(entries))
+    assert _list(root, cache)["printed"] == first["printed"]
+    store.write_text("{not json")
+    assert _list(root, cache)["printed"] == first["printed"]
