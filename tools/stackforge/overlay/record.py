@@ -63,19 +63,10 @@ def make(
         inputs = json.loads((evidence_dir / "inputs.json").read_text())
     except (OSError, ValueError):
         inputs = {}
-    moved = [a for a, status in published.aliases.items() if not str(status).startswith("not moved")]
     prefix = f"{NS}."
     return {
-        "schema": records.SCHEMA,
-        "stack": labels.get(LABEL_STACK, ""),
-        "target": target,
-        "repository": published.repository,
-        "digest": published.digest,
-        "image_id": published.image_id,
-        "tags": [published.tag, *moved],
-        "stack_files": {
-            n: {"sha256": embed.digest(d), "text": d.decode()} for n, d in stack_files.items() if n != embed.OVERRIDES
-        },
+        **records.head(labels.get(LABEL_STACK, ""), target, published),
+        "stack_files": records.stack_files(stack_files),
         "overrides": json.loads(stack_files[embed.OVERRIDES]) if embed.OVERRIDES in stack_files else [],
         "pins": {k[len(PIN) :]: v for k, v in labels.items() if k.startswith(PIN)},
         "options": options,

@@ -88,6 +88,26 @@ def smoke_results(evidence_dir: Path) -> dict[str, Any]:
     return out
 
 
+def head(stack: str, target: str, published: Any) -> dict[str, Any]:
+    """The keys every record starts with: schema, stack, target, repository, digest, image id and the tags (the
+    immutable one and every alias the publish moved) of ``published`` (a ``PublishResult``)."""
+    moved = [a for a, status in published.aliases.items() if not str(status).startswith("not moved")]
+    return {
+        "schema": SCHEMA,
+        "stack": stack,
+        "target": target,
+        "repository": published.repository,
+        "digest": published.digest,
+        "image_id": published.image_id,
+        "tags": [published.tag, *moved],
+    }
+
+
+def stack_files(files: dict[str, bytes]) -> dict[str, dict[str, str]]:
+    """The embedded stack files (not the overrides) with their sha256 and text."""
+    return {n: {"sha256": embed.digest(d), "text": d.decode()} for n, d in files.items() if n != embed.OVERRIDES}
+
+
 def make(
     loaded: Any,
     target: str,
@@ -101,18 +121,9 @@ def make(
 
     stack = loaded.model
     files = embed.files(loaded)
-    moved = [a for a, status in published.aliases.items() if not str(status).startswith("not moved")]
     return {
-        "schema": SCHEMA,
-        "stack": stack.name,
-        "target": target,
-        "repository": published.repository,
-        "digest": published.digest,
-        "image_id": published.image_id,
-        "tags": [published.tag, *moved],
-        "stack_files": {
-            n: {"sha256": embed.digest(d), "text": d.decode()} for n, d in files.items() if n != embed.OVERRIDES
-        },
+        **head(stack.name, target, published),
+        "stack_files": stack_files(files),
         "overrides": json.loads(files[embed.OVERRIDES]),
         "pins": {n: p.version for n, p in stack.packages.items()},
         "options": {n: o.value for n, o in stack.options.items()},
