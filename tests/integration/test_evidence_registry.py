@@ -8,6 +8,7 @@ empty directory check it; a tampered record and a digest that does not match the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -143,6 +144,16 @@ def test_pull_then_verify_from_an_empty_directory(two_builds, published, tmp_pat
     assert out[-1] == f"verify {repository}:{tag}: ok"
     assert list(empty.iterdir()) == []  # nothing written where it ran
 
+    # no checkout: the repository alone, its tag scheme read off its tags (the fallback tag and alias left out)
+    by_repo = stackforge(None, "pull", repository, cwd=empty)
+    assert by_repo.returncode == 0, by_repo.stdout + by_repo.stderr
+    assert f"PASS digest  {repository}:{tag} resolves to {published['digest']}" in by_repo.stdout
+    assert by_repo.stdout.strip().endswith(f"pull {repository}:{tag}: ok")
+    namespace, name = repository.rsplit("/", 1)
+    same = stackforge(None, "pull", name, "--registry", namespace, "--date", DATE, cwd=empty)
+    assert same.returncode == 0 and same.stdout.strip().endswith(f"pull {repository}:{tag}: ok"), same.stdout
+    assert list(empty.iterdir()) == []
+
 
 def tamper(repository: str, image: str, changes: dict, created: str) -> None:
     """Attach a newer record for the image ``image`` with ``changes`` (as someone with push rights could)."""
@@ -178,3 +189,72 @@ def test_a_tampered_record_and_a_digest_that_does_not_match_it_are_refused(two_b
         f"FAIL record  digest={other} does not match the pulled digest {digest}: "
         "the record does not describe this image; refused"
     ) in proc.stdout.splitlines()
+
+
+@pytest.fixture(scope="module")
+def overlay_published(two_builds, published):
+    """An overlay (one file) on the published first build, pinned by digest, built and published into the same
+    repository (after the tests that pull the stack's tags from it): (repository, the overlay's publish.json, the
+    base's publish.json)."""
+    root = two_builds[0]
+    repository, _, base = published
+    token = uuid.uuid4().hex[:8]
+    odir = root / "overlays" / "tiny"
+    (odir / "files").mkdir(parents=True)
+    data = f"tiny overlay {token}\n".encode()
+    (odir / "files" / "hello.txt").write_bytes(data)
+    (odir / "overlay.yaml").write_text(
+        "description: one file on the published example image\n"
+        f"base: {{image: {repository}@{base['digest']}}}\n"
+        f"files:\n  - {{src: files/hello.txt, dest: /opt/tiny/hello.txt, sha256: {hashlib.sha256(data).hexdigest()}}}\n"
+        "tags:\n"
+        f'  local: "stackforge-test/tiny:{{{{ overlay.name }}}}-{token}"\n'
+        '  publish: "stackforge-example:{{ overlay.name }}-{{ date }}-r{{ revision }}"\n'
+    )
+    built = stackforge(root, "build", "example", "--overlay", "tiny")
+    assert built.returncode == 0, built.stderr[-4000:]
+    proc = stackforge(root, "publish", "example", "--overlay", "tiny", "--registry", repository.rsplit("/", 1)[0],
+                      "--date", DATE, "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    yield repository, json.loads(proc.stdout), base
+    subprocess.run(["docker", "image", "rm", f"stackforge-test/tiny:tiny-{token}"], capture_output=True)
+
+
+def test_an_overlay_is_verified_and_pulled_from_the_registry_alone(overlay_published, tmp_path):
+    repository, published, base = overlay_published
+    ref = f"{repository}:{published['tag']}"
+    assert published["tag"] == f"tiny-{DATE}-r1"
+    proc = stackforge(None, "verify", ref, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
+    assert "PASS overlay name label=tiny record=tiny" in out
+    assert f"PASS overlay base label={base['digest']} record={base['digest']}" in out
+    assert any(l.startswith("PASS overlay /stackforge/overlay/tiny/overlay.yaml sha256 image=sha256:") for l in out)
+    assert any(l.startswith("PASS overlay declaration of the embedded overlay.yaml=sha256:") for l in out)
+    assert any(l.startswith("PASS overlay files of the embedded overlay.yaml=sha256:") for l in out)
+    assert f"PASS overlay base {repository}@{base['digest']} is in the registry" in out
+    assert any(l.startswith("PASS overlay layers start with the ") and "(config diff_ids, from the registry)" in l
+               for l in out)  # fmt: skip
+    assert any(l.startswith("  PASS file   /opt/tiny/hello.txt sha256=") for l in out)
+    assert "PASS overlay range files and files re-hashed inside the image with a read-only root" in out
+    assert any(l.startswith("PASS stack   example.yaml sha256 image=sha256:") for l in out)  # the base's stack
+    assert "PASS gate    re-run inside the image with a read-only root filesystem" in out
+    assert out[-1] == f"verify {ref}: ok"
+
+    two = stackforge(None, "pull", repository, cwd=tmp_path)  # the stack's tags and the overlay's
+    assert two.returncode == 2 and "holds 2 tag schemes:" in two.stderr, two.stderr
+    assert f"tiny-YYYYMMDD-rN (newest {published['tag']})" in two.stderr and "--tags PATTERN" in two.stderr
+
+
+def test_an_overlay_whose_labels_disagree_with_its_record_is_refused(overlay_published, tmp_path):
+    repository, published, _ = overlay_published
+    other = "sha256:" + "0" * 64
+    tamper(repository, published["digest"], {"overlay": {"files": other}}, "2999-01-03T00:00:00Z")
+    proc = stackforge(None, "verify", f"{repository}@{published['digest']}", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    out = proc.stdout.splitlines()
+    assert "PASS labels  the image's labels equal the record's" in out  # only the overlay part was changed
+    assert any(l.startswith("FAIL overlay files label=sha256:") and l.endswith(f"record={other}") for l in out)
+    assert ("FAIL overlay the labels disagree with the record: the image is not the overlay the record describes; "
+            "refused") in out  # fmt: skip
+    assert proc.stdout.strip().endswith("FAIL, refused")

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from stackforge.publish import operator
+from stackforge.errors import UserError
+from stackforge.overlay.record import expected_labels
+from stackforge.publish import operator, scheme
 from stackforge.publish import record as records
 from stackforge.publish.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient, RegistryError, parse_repository
 from stackforge.publish.scheme import TagScheme
@@ -136,3 +138,67 @@ def test_references(ref, repo, reference):
     got_repo, got_ref = operator.split_ref(ref)
     assert (str(got_repo), got_ref) == (repo, reference) and operator.is_remote(ref)
     assert not operator.is_remote("stackforge-example:py3.11")
+
+
+def test_the_tag_schemes_read_off_a_repository_with_no_checkout():
+    tags = [
+        "v1-20260928-r1",
+        "v1-20260929-r2",
+        "v1-20260929-r2-vllm-openai",
+        "jev-v1-20270105-r1",
+        "v1-latest",
+        "v1-20261399-r1",  # not a date
+        "sha256-20260929" + "a" * 56,  # a record fallback tag
+    ]
+    found = scheme.streams(tags)
+    assert {scheme.pattern(s): t for s, t in found.items()} == {
+        "v1-YYYYMMDD-rN": ["v1-20260928-r1", "v1-20260929-r2"],
+        "v1-YYYYMMDD-rN-vllm-openai": ["v1-20260929-r2-vllm-openai"],
+        "jev-v1-YYYYMMDD-rN": ["jev-v1-20270105-r1"],
+    }
+    s = TagScheme("v1-", "-r", "")
+    assert s in found and s.parse("v1-20260929-r2") == ("20260929", 2)
+
+
+def test_pull_by_repository_picks_one_scheme_and_its_newest_revision():
+    with StubRegistry() as reg:
+        for tag in ("v1-20260928-r3", "v1-20260929-r1", "v1-20260929-r2", "jev-v1-20270105-r1", "v1-latest"):
+            reg.put_image(REPO, tag, tag.encode(), [b"l"])
+        client = RegistryClient(parse_repository(f"{reg.address}/{REPO}"))
+        with pytest.raises(UserError, match="holds 2 tag schemes: jev-v1-YYYYMMDD-rN .newest jev-v1-20270105-r1.; "
+                           "v1-YYYYMMDD-rN .newest v1-20260929-r2.") as err:  # fmt: skip
+            operator.newest_published(client, None, None)
+        assert "--tags PATTERN" in str(err.value.fix)
+        assert operator.newest_published(client, None, "v1-YYYYMMDD-rN") == ("v1-20260929-r2", "20260929")
+        assert operator.newest_published(client, "20260928", "v1") == ("v1-20260928-r3", "20260928")
+        assert operator.newest_published(client, None, "jev") == ("jev-v1-20270105-r1", "20270105")
+        with pytest.raises(UserError, match="no published tag .* matching 'other'"):
+            operator.newest_published(client, None, "other")
+
+
+def test_an_overlay_record_and_the_labels_it_names():
+    overlay = {
+        "name": "jev",
+        "fingerprint": "sha256:" + "1" * 64,
+        "definition": {"sha256": "sha256:" + "2" * 64, "text": "base: {stack: post2, target: vllm-openai}\n"},
+        "base": {"identity": "sha256:" + "3" * 64, "image_id": "sha256:" + "3" * 64, "ref": "vllm-musa:post2"},
+        "ranges": {"vllm": "sha256:" + "4" * 64},
+        "changed": {"vllm": "sha256:" + "5" * 64},
+        "files": "sha256:" + "6" * 64,
+    }
+    assert records.check_schema(a_record("sha256:" + "a" * 64, overlay=overlay)) == []
+    assert records.check_schema(a_record("sha256:" + "a" * 64, overlay={**overlay, "base": "x", "files": 1})) == [
+        "overlay.base: missing or not a dict",
+        "overlay.files: missing or not a str",
+    ]
+    ns = "org.stackforge.overlay"
+    assert expected_labels(overlay) == {
+        ns: "jev",
+        f"{ns}.fingerprint": overlay["fingerprint"],
+        f"{ns}.files": overlay["files"],
+        f"{ns}.base": overlay["base"]["identity"],
+        f"{ns}.base.id": overlay["base"]["image_id"],
+        f"{ns}.base.ref": "vllm-musa:post2",
+        f"{ns}.range.vllm": overlay["ranges"]["vllm"],
+        f"{ns}.changed.vllm": overlay["changed"]["vllm"],
+    }

@@ -116,7 +116,8 @@ def register(sub) -> None:
         (
             "verify",
             "check an image against its stack: labels, pins, gate, ABI; a registry reference (HOST/NAME:TAG or "
-            "…@sha256:…) without --stack is checked from the image and its attached publish record, no checkout",
+            "…@sha256:…) without --stack is checked from the image and its attached publish record (a stack's or an "
+            "overlay's), no checkout",
             "default: the stack named by the image's org.stackforge.stack label",
             "the verdict, failure count and lines",
             cmd_verify,

@@ -14,6 +14,7 @@ from stackforge.cli.options import (
     load,
     print_json,
     retry_policy,
+    root_of,
     workspace_of,
 )
 from stackforge.errors import UserError
@@ -67,14 +68,28 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "pull",
-        help="pull the newest published image of a stack by digest and verify it from its attached record",
+        help="pull the newest published image (of a stack, or of a repository with no checkout) by digest and "
+        "verify it from its attached record",
         description="Resolve the newest -rN of the date (default: the newest date) from the registry's tags, "
-        "pull it by digest, fetch the publish record attached to it and run `stackforge verify` on it.",
+        "pull it by digest, fetch the publish record attached to it and verify the image from the image and "
+        "its record alone (as `stackforge verify HOST/NAME:TAG`). STACK (a stack of this checkout, with "
+        "--registry) takes the repository and tag scheme from the stack's tags; a REPOSITORY (HOST/NAME, or NAME "
+        "with --registry; no checkout needed) reads the scheme <...>YYYYMMDD-rN<...> off the repository's tags.",
     )
-    p.add_argument("stack")
-    p.add_argument("--registry", required=True, metavar="HOST[:PORT][/PATH]", help="registry and namespace")
+    p.add_argument("stack", metavar="STACK|REPOSITORY")
+    p.add_argument(
+        "--registry",
+        metavar="HOST[:PORT][/PATH]",
+        help="registry and namespace (required with STACK; with NAME the repository is HOST/PATH/NAME)",
+    )
     p.add_argument("--date", help="the date YYYYMMDD whose newest revision to pull (default: the newest date)")
-    p.add_argument("--target", help="target (default: the stack's first published target)")
+    p.add_argument("--target", help="with STACK: the target (default: the stack's first published target)")
+    p.add_argument(
+        "--tags",
+        metavar="PATTERN",
+        help="with REPOSITORY holding several tag schemes (stacks, targets, overlays): the one to pull, as the "
+        "error lists it (<head>YYYYMMDD-rN<tail>) or what its tags start with before the date",
+    )
     add_retry(p)
     add_json(p, "the verdict, failure count and lines")
     add_set(p)
@@ -92,17 +107,42 @@ def print_verification(args, v, summary: str) -> int:
     return 1 if v.failed else 0
 
 
+def _is_stack(args) -> bool:
+    """Whether ``pull NAME`` names a stack of a checkout (else a repository)."""
+    from stackforge.stack.load import STACK_NAME, STACKS_DIR
+
+    if "/" in args.stack or not STACK_NAME.fullmatch(args.stack):
+        return False
+    try:
+        root = root_of(args)
+    except UserError:
+        return False
+    return (root / STACKS_DIR / f"{args.stack}.yaml").is_file()
+
+
 def cmd_pull(args) -> int:
-    from stackforge.publish.operator import newest, tag_pulled, verify_ref
-    from stackforge.publish.registry import RegistryClient
+    from stackforge.publish.operator import newest, newest_published, tag_pulled, verify_ref
+    from stackforge.publish.registry import RegistryClient, parse_registry
     from stackforge.publish.scheme import validate_date
     from stackforge.publish.stack import destination
 
-    loaded = load(args, args.stack)
     date = validate_date(args.date) if args.date else None
-    _, repository, scheme, _, _ = destination(loaded, args.registry, date or "19700101", args.target)
     policy = retry_policy(args)
-    tag, _ = newest(RegistryClient(repository, policy=policy), scheme, date)
+    if args.registry and _is_stack(args):
+        if args.tags:
+            raise UserError("--tags: a stack's tag scheme comes from its tags.publish", file="--tags",
+                            fix="leave out --tags, or pull the repository (HOST/NAME) instead of the stack")  # fmt: skip
+        loaded = load(args, args.stack)
+        _, repository, scheme, _, _ = destination(loaded, args.registry, date or "19700101", args.target)
+        tag, _ = newest(RegistryClient(repository, policy=policy), scheme, date)
+    else:
+        for flag, given in (("--target", args.target), ("--set", args.overrides)):
+            if given:
+                raise UserError(f"{flag}: {args.stack} is not a stack of this checkout, so it is pulled as a "
+                                "repository", file=flag, fix=f"leave out {flag} (use --tags to pick a scheme)")  # fmt: skip
+        text = f"{args.registry.strip().rstrip('/')}/{args.stack}" if args.registry else args.stack
+        repository = parse_registry(text, what="REPOSITORY", require_name=True)
+        tag, _ = newest_published(RegistryClient(repository, policy=policy), date, args.tags)
     engine = workspace_of(args).engine
     v = verify_ref(f"{repository}:{tag}", engine, policy)
     if not v.failed:

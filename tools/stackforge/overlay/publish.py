@@ -1,5 +1,6 @@
 """Publish an overlay image with the stack publisher: the gated local image of the last ``stackforge build STACK
---overlay NAME``, under the overlay's immutable ``tags.publish`` scheme (dated ``-rN``, never moved)."""
+--overlay NAME``, under the overlay's immutable ``tags.publish`` scheme (dated ``-rN``, never moved), with the overlay's publish record
+attached (:mod:`stackforge.overlay.record`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 from stackforge.build.engine import Engine
 from stackforge.errors import UserError
 from stackforge.fslock import stack_lock
+from stackforge.overlay import record as overlay_record
 from stackforge.overlay.build import check_stack, local_ref, overlay_build_dir, publish_ref
 from stackforge.overlay.load import LoadedOverlay, check_files
+from stackforge.publish import record as records
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import PublishResult, publish
 from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
@@ -72,7 +75,8 @@ def publish_overlay(
             "gated_build": gated,
             "date": date,
         }
-        return publish(
+        evidence_dir = publish_dir(root, gated, image.image_id)
+        result = publish(
             image,
             repository,
             scheme,
@@ -82,7 +86,15 @@ def publish_overlay(
             verify_pull=verify_pull,
             engine=engine,
             echo=echo,
-            evidence=publish_dir(root, gated, image.image_id),
+            evidence=evidence_dir,
             extra=extra,
             layer_cache=ws.cache("layers"),
         )
+        labels = _labels(engine, local)
+        made = overlay_record.make(target, evidence_dir, result, labels, engine, local)
+        records.attach_made(made, evidence_dir, result, repository, policy)
+        return result
+
+
+def _labels(engine: Engine, ref: str) -> dict[str, str]:
+    return dict(engine.sdk().images.get(ref).attrs.get("Config", {}).get("Labels") or {})

@@ -53,6 +53,12 @@ def verify_overlay(v: Verification, root: Path, image: str, labels: dict[str, st
         v.lines.append(
             f"note    overlay base image {base_id or '(unlabelled)'} is not in the local engine: layers not compared"
         )
+    recheck_in_image(v, engine, image, name)
+
+
+def recheck_in_image(v: Verification, engine: Engine, image: str, name: str) -> None:
+    """The range's files and the overlay's files re-hashed inside the image (``install.py --check``) with a
+    read-only root and no network."""
     top = f"/stackforge/overlay/{name}"
     proc = engine.cli(
         "run",

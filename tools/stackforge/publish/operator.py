@@ -5,10 +5,13 @@ manifest digest, the publish record attached to it (:mod:`stackforge.publish.rec
 that digest and against the image's labels, the stack files embedded in the image against their label
 (:mod:`stackforge.build.embed`) and the record, then loads the stack from those files and re-runs the
 checks of ``stackforge verify`` (labels against the stack's pins and fingerprint, gate and ABI in the image
-with a read-only root). Every check is one ``PASS``/``FAIL`` line; a record that does not describe the
-pulled image (another digest, a changed pin) fails.
+with a read-only root). An overlay image's record and labels are checked by
+:func:`stackforge.overlay.record.check_ref` first (its base's stack, when the image carries one, as above).
+Every check is one ``PASS``/``FAIL`` line; a record that does not describe the pulled image (another digest, a
+changed pin, overlay labels the record does not name) fails.
 
-:func:`newest` resolves the newest ``-rN`` of a date (default: the newest date) from the registry's tags.
+:func:`newest` resolves the newest ``-rN`` of a date (default: the newest date) from the registry's tags, with
+the stack's tag scheme; :func:`newest_published` does it with no checkout, reading the scheme off the tags.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from stackforge.publish.registry import (
     RetryPolicy,
     parse_repository,
 )
-from stackforge.publish.scheme import TagScheme
+from stackforge.publish.scheme import TagScheme, pattern, streams
 
 PIN = f"{LABEL_NS}.pin."
+OVERLAY = f"{LABEL_NS}.overlay"
 
 
 def split_ref(ref: str) -> tuple[Repository, str]:
@@ -65,6 +69,27 @@ def newest(client: RegistryClient, scheme: TagScheme, date: str | None) -> tuple
     return tag, day
 
 
+def newest_published(client: RegistryClient, date: str | None, select: str | None) -> tuple[str, str]:
+    """(tag, date) of the newest ``-rN`` in a repository read with no checkout: its tags are grouped by the scheme
+    that renders them (:func:`stackforge.publish.scheme.streams`); ``select`` (a scheme as :func:`pattern` shows
+    it, or what its tags start with before the date) keeps some; exactly one scheme must remain."""
+    found = streams(client.list_tags())
+    if select is not None:
+        found = {s: t for s, t in found.items() if pattern(s) == select or (select and s.head.startswith(select))}
+    if not found:
+        raise UserError(f"{client.repository}: no published tag <…>YYYYMMDD-rN<…>" + (f" matching {select!r}" if select else ""),
+                        file="--tags" if select else None,
+                        fix="check the repository and --tags (the tags `stackforge publish` printed)")  # fmt: skip
+    if len(found) > 1:
+        listed = "; ".join(
+            f"{pattern(s)} (newest {s.newest(t)})" for s, t in sorted(found.items(), key=lambda i: pattern(i[0]))
+        )
+        raise UserError(f"{client.repository} holds {len(found)} tag schemes: {listed}",
+                        fix="pick one with --tags PATTERN (as listed, or what its tags start with before the date)")  # fmt: skip
+    ((scheme, _),) = found.items()
+    return newest(client, scheme, date)
+
+
 def _pull(engine: Any, pinned: str) -> None:
     proc = engine.cli("pull", pinned, timeout=3600)
     if proc.returncode != 0:
@@ -72,20 +97,29 @@ def _pull(engine: Any, pinned: str) -> None:
                         fix="check the registry is reachable from the engine (a loopback registry is insecure-allowed)")  # fmt: skip
 
 
-def _embedded(engine: Any, image: str) -> dict[str, bytes]:
-    """The files of ``/stackforge/stack/`` in ``image`` (copied out of a created, never started, container)."""
+def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
+    """The regular files directly in ``directory`` of ``image`` (copied out of a created, never started,
+    container); empty when the image has no such directory."""
     proc = engine.cli("create", image, "true", timeout=120)
     if proc.returncode != 0:
-        raise UserError(f"cannot read {embed.IMAGE_DIR} of {image}: {proc.stderr.strip()[-300:]}")
+        raise UserError(f"cannot read {directory} of {image}: {proc.stderr.strip()[-300:]}")
     cid = proc.stdout.strip()
     try:
-        with tempfile.TemporaryDirectory(prefix="stackforge-stack-") as tmp:
-            proc = engine.cli("cp", f"{cid}:{embed.IMAGE_DIR}/.", tmp, timeout=120)
+        with tempfile.TemporaryDirectory(prefix="stackforge-image-") as tmp:
+            proc = engine.cli("cp", f"{cid}:{directory}/.", tmp, timeout=120)
             if proc.returncode != 0:
                 return {}
-            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file() and not p.is_symlink()}
     finally:
         engine.cli("rm", "-f", cid, timeout=60)
+
+
+def load_embedded(files: dict[str, bytes], stack: str, into: Path) -> Any:
+    """The stack ``stack`` loaded from the files embedded in an image (written as a repository at ``into``)."""
+    from stackforge.stack.load import load
+
+    root, overrides = embed.materialise(files, into)
+    return load(stack, root=root, overrides=overrides)
 
 
 def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
@@ -145,18 +179,26 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
     differ = sorted(k for k in set(labels) | set(rec["labels"]) if labels.get(k) != rec["labels"].get(k))
     v.add(not differ, "labels  the image's labels equal the record's" if not differ else
           "labels  differ from the record: " + ", ".join(f"{k} image={labels.get(k)!r} record={rec['labels'].get(k)!r}" for k in differ[:8]))  # fmt: skip
+    if OVERLAY in labels or "overlay" in rec:
+        from stackforge.overlay.record import check_ref
+
+        check_ref(v, rec, labels, engine, pinned, client, manifest.json())
+        if v.failed or (not rec["stack_files"] and embed.LABEL not in labels):
+            if not v.failed:
+                v.lines.append("note    the overlay's base carries no stack of its own: no stack checks")
+            return v
     pins = {k[len(PIN) :]: val for k, val in labels.items() if k.startswith(PIN)}
     for name in sorted(set(pins) | set(rec["pins"])):
         have, want = pins.get(name), rec["pins"].get(name)
         v.add(have == want, f"pin     {name} label={have or 'missing'} record={want or 'missing'}")
-    fp = labels.get(f"{LABEL_NS}.fingerprint")
+    fp = labels.get(f"{LABEL_NS}.fingerprint", "")
     v.add(fp == rec["fingerprint"], f"fingerprint label={fp} record={rec['fingerprint']}")
     try:
         declared = embed.parse_label(labels.get(embed.LABEL))
     except UserError as err:
         v.add(False, f"stack   {err.message}")
         return v
-    files = _embedded(engine, pinned)
+    files = image_files(engine, pinned, embed.IMAGE_DIR)
     v.add(set(files) == set(declared), f"stack   {embed.IMAGE_DIR}/ holds {', '.join(sorted(files)) or 'nothing'}; "
           f"the label names {', '.join(sorted(declared))}")  # fmt: skip
     for name, want in declared.items():
@@ -168,10 +210,7 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
     if v.failed:
         return v
     with tempfile.TemporaryDirectory(prefix="stackforge-verify-") as tmp:
-        root, overrides = embed.materialise(files, Path(tmp))
-        from stackforge.stack.load import load
-
-        loaded = load(rec["stack"], root=root, overrides=overrides)
+        loaded = load_embedded(files, rec["stack"], Path(tmp))
         checked = verify(loaded, pinned, labels, engine)
     v.lines.extend(checked.lines)
     v.failed += checked.failed

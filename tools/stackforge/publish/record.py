@@ -50,6 +50,16 @@ FIELDS: dict[str, type | tuple[type, ...]] = {
     "gate": dict,
     "smoke": dict,
 }
+#: what the ``overlay`` key of an overlay image's record holds (``stackforge.overlay.record``)
+OVERLAY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "fingerprint": str,
+    "definition": dict,
+    "base": dict,
+    "ranges": dict,
+    "changed": dict,
+    "files": str,
+}
 
 
 def fallback_tag(digest: str) -> str:
@@ -78,6 +88,26 @@ def smoke_results(evidence_dir: Path) -> dict[str, Any]:
     return out
 
 
+def head(stack: str, target: str, published: Any) -> dict[str, Any]:
+    """The keys every record starts with: schema, stack, target, repository, digest, image id and the tags (the
+    immutable one and every alias the publish moved) of ``published`` (a ``PublishResult``)."""
+    moved = [a for a, status in published.aliases.items() if not str(status).startswith("not moved")]
+    return {
+        "schema": SCHEMA,
+        "stack": stack,
+        "target": target,
+        "repository": published.repository,
+        "digest": published.digest,
+        "image_id": published.image_id,
+        "tags": [published.tag, *moved],
+    }
+
+
+def stack_files(files: dict[str, bytes]) -> dict[str, dict[str, str]]:
+    """The embedded stack files (not the overrides) with their sha256 and text."""
+    return {n: {"sha256": embed.digest(d), "text": d.decode()} for n, d in files.items() if n != embed.OVERRIDES}
+
+
 def make(
     loaded: Any,
     target: str,
@@ -91,18 +121,9 @@ def make(
 
     stack = loaded.model
     files = embed.files(loaded)
-    moved = [a for a, status in published.aliases.items() if not str(status).startswith("not moved")]
     return {
-        "schema": SCHEMA,
-        "stack": stack.name,
-        "target": target,
-        "repository": published.repository,
-        "digest": published.digest,
-        "image_id": published.image_id,
-        "tags": [published.tag, *moved],
-        "stack_files": {
-            n: {"sha256": embed.digest(d), "text": d.decode()} for n, d in files.items() if n != embed.OVERRIDES
-        },
+        **head(stack.name, target, published),
+        "stack_files": stack_files(files),
         "overrides": json.loads(files[embed.OVERRIDES]),
         "pins": {n: p.version for n, p in stack.packages.items()},
         "options": {n: o.value for n, o in stack.options.items()},
@@ -129,6 +150,13 @@ def check_schema(record: Any) -> list[str]:
     for key, kind in FIELDS.items():
         if not isinstance(record.get(key), kind):
             problems.append(f"{key}: missing or not a {getattr(kind, '__name__', kind)}")
+    if "overlay" in record:
+        overlay = record["overlay"]
+        if not isinstance(overlay, dict):
+            return [*problems, "overlay: not an object"]
+        for key, kind in OVERLAY_FIELDS.items():
+            if not isinstance(overlay.get(key), kind):
+                problems.append(f"overlay.{key}: missing or not a {getattr(kind, '__name__', kind)}")
     return problems
 
 
@@ -250,12 +278,21 @@ def attach_after_publish(
     """Attach the record of a publish that just succeeded, and keep it beside ``publish.json`` as
     ``record.json`` (with where it was attached). A failure says the image is published and a re-run
     attaches the record."""
+    labels = dict(engine.sdk().images.get(local_ref).attrs.get("Config", {}).get("Labels") or {})
+    return attach_made(
+        make(loaded, target, evidence_dir, published, labels), evidence_dir, published, repository, policy
+    )
+
+
+def attach_made(
+    record: dict[str, Any], evidence_dir: Path, published: Any, repository: Any, policy: Any = None
+) -> Attached:
+    """Attach ``record`` to the image a publish that just succeeded pushed, and keep it beside ``publish.json``
+    as ``record.json`` (with where it was attached)."""
     from stackforge.errors import BuildFailed
     from stackforge.fslock import atomic_write
     from stackforge.publish.registry import RetryPolicy
 
-    labels = dict(engine.sdk().images.get(local_ref).attrs.get("Config", {}).get("Labels") or {})
-    record = make(loaded, target, evidence_dir, published, labels)
     client = RegistryClient(repository, policy=policy or RetryPolicy())
     try:
         info = client.head_manifest(published.digest)

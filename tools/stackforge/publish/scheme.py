@@ -102,3 +102,34 @@ def first_free_revision(taken: Iterable[int]) -> int:
     """The lowest revision (1, 2, …) not in ``taken``: a gap left by a deleted tag is reused."""
     used = set(taken)
     return next(n for n in range(1, len(used) + 2) if n not in used)
+
+
+#: a published immutable tag read without its templates: <head><YYYYMMDD><mid><N><tail>, where the head is empty or
+#: ends in a separator, the mid is an optional separator and letters (``-r``), and the tail is empty or starts with
+#: a separator (a target's ``-<target>``)
+_PUBLISHED = re.compile(
+    r"(?P<head>(?:.*[-._])?)(?P<date>\d{8})(?P<mid>[-._]?[A-Za-z]{1,8})(?P<rev>[1-9][0-9]{0,8})(?P<tail>(?:[-._].*)?)"
+)
+_FALLBACK = re.compile(r"sha256-[0-9a-f]{64}")
+
+
+def streams(tags: Iterable[str]) -> dict[TagScheme, list[str]]:
+    """The repository's tags grouped by the scheme that renders them (a repository may hold several: another
+    stack's, a target's ``-<target>`` tags, an overlay's); moving aliases, record fallback tags (``sha256-<hex>``)
+    and tags whose date is not a real date are left out."""
+    out: dict[TagScheme, list[str]] = {}
+    for tag in tags:
+        m = _PUBLISHED.fullmatch(tag)
+        if m is None or _FALLBACK.fullmatch(tag):
+            continue
+        try:
+            _dt.datetime.strptime(m["date"], "%Y%m%d")
+        except ValueError:
+            continue
+        out.setdefault(TagScheme(m["head"], m["mid"], m["tail"]), []).append(tag)
+    return out
+
+
+def pattern(scheme: TagScheme) -> str:
+    """How a scheme is shown to an operator: ``<head>YYYYMMDD<mid>N<tail>``."""
+    return f"{scheme.head}YYYYMMDD{scheme.mid}N{scheme.tail}"
