@@ -90,7 +90,7 @@ if [ -z "$kept" ]; then
         mkdir -p "$conf/lists/partial" "$conf/parts"
         echo "deb [trusted=yes] file:$local ./" > "$conf/sources.list"
         printf '%s\n' "Dir::Etc::SourceList \"$conf/sources.list\";" "Dir::Etc::SourceParts \"$conf/parts\";" \
-            "Dir::State::Lists \"$conf/lists\";" 'Dir::Cache::pkgcache "";' 'Dir::Cache::srcpkgcache "";' \
+            "Dir::State::Lists \"$conf/lists\";" 'Dir::Cache::pkgcache "";' 'Dir::Cache::srcpkgcache "";' 'APT::Sandbox::User "root";' \
             > "$conf/apt.conf"
         export APT_CONFIG="$conf/apt.conf"
         note "layer $layer: apt packages from the mirror's repository $local"

@@ -96,8 +96,10 @@ def _script(chain: list[SystemStage]) -> str:
         lines.append(f"sh /stackforge/system/apt-layer.sh /stackforge/system/{st.name}.spec")
     # a resolved version the base already had installed was not fetched: the offline resolution needs it too
     lines.append(
-        "sed -n 's/^resolved [^:]*: //p' /stackforge/system/layers.txt | sort -u | "
-        "(cd /stackforge-debs && xargs -r apt-get download -q)"
+        "sed -n 's/^resolved [^:]*: //p' /stackforge/system/layers.txt | sort -u > /tmp/stackforge-resolved\n"
+        "(cd /stackforge-debs && xargs -r apt-get download -q < /tmp/stackforge-resolved) || "
+        'while read -r p; do (cd /stackforge-debs && apt-get download -q "$p") || '
+        'echo "note: $p is not downloadable (a virtual package?)"; done < /tmp/stackforge-resolved'
     )
     return "\n".join(lines) + "\n"
 
@@ -194,7 +196,7 @@ def write_index(repo: Path, packages: str) -> None:
     atomic_write(repo / "Packages", packages)
     atomic_write(
         repo / "Release",
-        "Origin: stackforge mirror\nLabel: stackforge mirror\nSHA256:\n"
+        "Origin: stackforge mirror\nLabel: stackforge mirror\nDate: Thu, 01 Jan 1970 00:00:00 UTC\nSHA256:\n"
         f" {hashlib.sha256(body).hexdigest()} {len(body)} Packages\n",
     )
 
