@@ -263,13 +263,7 @@ def apply(loaded, plan, root: Path, data: dict, staging: Path, fix: str) -> bool
         )
     for part in data["parts"]:
         if part["kind"] in ("deb", "apt-index"):
-            src = root / part["path"]
-            if not src.is_file() or file_sha256(src) != part["sha256"]:
-                raise UserError(
-                    f"{part['path']} in the mirror is missing or does not match its sha256 in {manifest.MANIFEST}",
-                    file="--mirror",
-                    fix="copy the mirror again",
-                )
+            src = manifest.checked(root, part, part["path"])
             dest = staging / "mirror" / part["path"]
             dest.parent.mkdir(parents=True, exist_ok=True)
             try:

@@ -368,16 +368,18 @@ def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> str:
     have = manifest.part(data, BASE)
     if have and have.get("id") == image_id and (to / BASE).is_file():
         return image_id
-    out = to / BASE
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".image.{os.getpid()}.tar")
-    with progress.step(f"save base image {image} ({image_id})"):
-        proc = engine.cli("save", "--output", str(tmp), image, timeout=3600)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise UserError(
-            f"docker save {image} failed: {proc.stderr.strip()[-300:]}", fix="check the engine and the disk"
-        )
-    os.replace(tmp, out)
+    save_image(engine, image, to / BASE, f"base image {image} ({image_id})")
     _file_part(data, to, BASE, kind="base", image=image, id=image_id, digest=digest, source=image)
     return image_id
+
+
+def save_image(engine: Engine, ref: str, out: Path, what: str) -> None:
+    """``docker save`` of ``ref`` into ``out``, atomically."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with progress.step(f"save {what}"):
+        proc = engine.cli("save", "--output", str(tmp), ref, timeout=3600)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"docker save {ref} failed: {proc.stderr.strip()[-300:]}", fix="check the engine and the disk")
+    os.replace(tmp, out)

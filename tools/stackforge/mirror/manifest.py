@@ -78,6 +78,18 @@ def add_part(data: dict, record: dict) -> None:
     data["parts"] = [p for p in data["parts"] if p["path"] != record["path"]] + [record]
 
 
+def checked(root: Path, record: dict | None, rel: str) -> Path:
+    """The mirror's file ``rel``, present and matching the sha256 its ``record`` holds (a UserError otherwise)."""
+    path = root / rel
+    if record is None or not path.is_file() or file_sha256(path) != record["sha256"]:
+        raise UserError(
+            f"{rel} in the mirror is missing or does not match its sha256 in {MANIFEST}",
+            file="--mirror",
+            fix="copy the mirror again",
+        )
+    return path
+
+
 def index_dir(root: Path, index: str) -> Path:
     return root / "indexes" / index
 

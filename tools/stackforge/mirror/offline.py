@@ -146,13 +146,7 @@ def _copy_tree(data: dict, root: Path, index: str, dest: Path) -> None:
     src = manifest.index_dir(root, index)
     for rec in data["parts"]:
         if rec["kind"] == "file" and rec.get("index") == index:
-            path = root / rec["path"]
-            if not path.is_file() or file_sha256(path) != rec["sha256"]:
-                raise UserError(
-                    f"{rec['path']} in the mirror is missing or does not match its sha256 in {manifest.MANIFEST}",
-                    file="--mirror",
-                    fix="copy the mirror again",
-                )
+            path = manifest.checked(root, rec, rec["path"])
             _link(path, dest / "files" / path.name)
     shutil.copytree(src / "simple", dest / "simple", dirs_exist_ok=True)
 
@@ -175,13 +169,7 @@ def load_base(loaded: LoadedStack, root: Path, engine: Engine) -> None:
         raise UserError(f"base.image: the mirror holds no image {image}", file="--mirror", fix=_fix(loaded))
     have = engine.image_id(image)
     if have is None:
-        path = root / BASE
-        if not path.is_file() or file_sha256(path) != rec["sha256"]:
-            raise UserError(
-                f"{BASE} in the mirror is missing or does not match its sha256",
-                file="--mirror",
-                fix="copy the mirror again",
-            )
+        path = manifest.checked(root, rec, BASE)
         with progress.step(f"load base image {image} from the mirror"):
             engine.cli("load", "--input", str(path), timeout=3600, check=True)
         have = engine.image_id(image)

@@ -72,6 +72,7 @@ def mirror_toolchains(
 ) -> None:
     """Build (or keep) the toolchain stage of every selected kernel that has one, and save it in the mirror."""
     from stackforge.build.run import secret_files
+    from stackforge.mirror.make import save_image
 
     ctx = prepared.ctx
     engine: Engine = ws.engine
@@ -114,16 +115,7 @@ def mirror_toolchains(
         engine.cli("tag", scratch, ref, timeout=60, check=True)
         engine.remove_image(scratch)
         out = to / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        with progress.step(f"save the toolchain stage of kernel {k.name} ({image_id})"):
-            proc = engine.cli("save", "--output", str(tmp), ref, timeout=3600)
-        if proc.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            raise UserError(
-                f"docker save {ref} failed: {proc.stderr.strip()[-300:]}", fix="check the engine and the disk"
-            )
-        os.replace(tmp, out)
+        save_image(engine, ref, out, f"the toolchain stage of kernel {k.name} ({image_id})")
         manifest.add_part(
             data,
             {
@@ -179,14 +171,7 @@ def load(loaded: LoadedStack, root: Path, data: dict, engine: Engine, fix: str) 
         rec = _record(loaded, data, k.name, fix)
         if engine.image_id(rec["image"]) == rec["id"]:
             continue
-        part = manifest.part(data, f"{DIR}/{k.name}.tar")
-        path = root / DIR / f"{k.name}.tar"
-        if part is None or not path.is_file() or file_sha256(path) != part["sha256"]:
-            raise UserError(
-                f"{DIR}/{k.name}.tar in the mirror is missing or does not match its sha256",
-                file="--mirror",
-                fix="copy the mirror again",
-            )
+        path = manifest.checked(root, manifest.part(data, f"{DIR}/{k.name}.tar"), f"{DIR}/{k.name}.tar")
         with progress.step(f"load the toolchain stage of kernel {k.name} from the mirror"):
             engine.cli("load", "--input", str(path), timeout=3600, check=True)
         if engine.image_id(rec["image"]) != rec["id"]:
