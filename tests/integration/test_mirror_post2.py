@@ -89,7 +89,7 @@ def test_post2_builds_offline_with_the_online_fingerprint(offline, post2):
     system = (evidence / "system.txt").read_text()
     assert "layer musa: apt packages from the mirror's repository /stackforge/mirror/apt" in system
     assert "resolved libmthreads-mtml: libmthreads-mtml=2.4.1-1" in system
-    assert "PASS probe vllm-rs" in (evidence / "gate.txt").read_text()
+    assert "PASS probe  vllm-rs result=vllm/vllm-rs is a file" in (evidence / "gate.txt").read_text()
 
 
 def test_a_changed_toolchain_is_refused_naming_its_key(offline, post2, tmp_path):
