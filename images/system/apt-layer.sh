@@ -9,6 +9,8 @@
 # The record goes to /stackforge/system/packages.txt: the layers' lines, then `dpkg-query -W`.
 #
 # `apt-layer.sh --rewrite FROM TO FILE…` replaces the URL prefix FROM by TO in apt source files.
+# `apt-layer.sh --local DIR SPEC` (an offline build from a mirror): the sources are written as above, but apt
+# resolves and installs from the flat repository DIR alone (the mirror's .debs, checked against its manifest).
 set -eu
 
 rewrite() {
@@ -29,6 +31,11 @@ if [ "${1:-}" = --rewrite ]; then
     exit 0
 fi
 
+local=""
+if [ "${1:-}" = --local ]; then
+    local=$2
+    shift 2
+fi
 spec=$1
 here=$(dirname "$0")
 record=/stackforge/system
@@ -78,6 +85,16 @@ if [ -z "$kept" ]; then
     list=/etc/apt/sources.list.d/stackforge-$layer.list
     sed -n 's/^source //p' "$spec" > "$list"
     [ -s "$list" ] || rm -f "$list"
+    if [ -n "$local" ]; then
+        conf=$(mktemp -d /tmp/stackforge-apt.XXXXXX)
+        mkdir -p "$conf/lists/partial" "$conf/parts"
+        echo "deb [trusted=yes] file:$local ./" > "$conf/sources.list"
+        printf '%s\n' "Dir::Etc::SourceList \"$conf/sources.list\";" "Dir::Etc::SourceParts \"$conf/parts\";" \
+            "Dir::State::Lists \"$conf/lists\";" 'Dir::Cache::pkgcache "";' 'Dir::Cache::srcpkgcache "";' 'APT::Sandbox::User "root";' \
+            > "$conf/apt.conf"
+        export APT_CONFIG="$conf/apt.conf"
+        note "layer $layer: apt packages from the mirror's repository $local"
+    fi
     apt-get update -q
     resolved=$(printf '%s' "$packages" | sh "$here/apt-resolve.sh") || {
         printf '%s\n' "$resolved"
@@ -91,6 +108,9 @@ if [ -z "$kept" ]; then
         # shellcheck disable=SC2046  # one word per resolved NAME[=VERSION]
         apt-get install -y -q --allow-downgrades --no-install-recommends -o APT::Keep-Downloaded-Packages=true \
             $(printf '%s\n' "$resolved" | sed 's/^resolved [^:]*: //')
+    fi
+    if [ -n "$local" ]; then
+        rm -rf "$conf"
     fi
 fi
 

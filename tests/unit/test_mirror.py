@@ -1,8 +1,10 @@
 """Mirrors without an engine: the git part of post2's mirror (stand-in upstreams), read back offline once the
-upstreams are gone; the PEP 503 pages; the refusals of an offline build."""
+upstreams are gone; the PEP 503 pages; apt chains and the repository index; target phases' constraints; the refusals of an
+offline build."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -11,11 +13,13 @@ import pytest
 
 from stackforge.build import sources
 from stackforge.build.plan import make_plan
+from stackforge.build.resolve import Target
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
-from stackforge.mirror import make, manifest, offline
+from stackforge.mirror import apt, make, manifest, offline, toolchains
 from stackforge.stack.load import fingerprint, load, load_stack
 from stackforge.workspace import Workspace
+from tests.fixtures import apt_repo
 from tests.fixtures import musa_standins as ms
 from tests.fixtures.stack_support import make_root
 
@@ -67,20 +71,83 @@ def test_pages_link_each_file_with_its_hash(tmp_path):
     assert "foo_bar-1.0.tar.gz#sha256=" in page and "notes.txt" not in page
 
 
-def test_an_offline_build_refuses_what_a_mirror_cannot_hold_and_another_stack(tmp_path):
+def test_apt_chains_run_each_targets_layers_after_the_stacks(tmp_path):
     root = make_root(tmp_path)
-    loaded = load("post1", root=root)
-    keys = [item["key"] for item in make.not_mirrored(loaded)]
-    assert "system.os" in keys and "system.musa" in keys
-    assert any(k.startswith("kernels.") and k.endswith(".toolchain") for k in keys) == any(
-        k.toolchain for k in make_plan(loaded).kernels
+    plan = make_plan(load("post1", root=root, overrides=["system.os.install=never"]))
+    chains = apt.chains(plan)
+    assert [[s.name for s in c] for c in chains] == [["os", "musa", "vllm-omni.media"]]
+    never = make_plan(
+        load(
+            "post1",
+            root=root,
+            overrides=[
+                "system.os.install=never",
+                "system.musa.install=never",
+                "targets.vllm-omni.system.media.install=never",
+            ],
+        )
     )
+    assert apt.chains(never) == []
+
+
+def test_the_repository_index_names_each_deb_with_its_hash(tmp_path):
+    deb = apt_repo._build_deb(apt_repo.Deb("libmthreads-mtml", "2.4.1-1"), tmp_path / "work", tmp_path)
+    control = apt.deb_control(deb)
+    assert "Package: libmthreads-mtml\nVersion: 2.4.1-1\n" in control
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    apt.write_index(repo, control + "Filename: pool/x.deb\n")
+    packages = (repo / "Packages").read_bytes()
+    assert f" {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages" in (repo / "Release").read_text()
+    with pytest.raises(UserError, match="is not a Debian package"):
+        (tmp_path / "bad.deb").write_bytes(b"not an archive")
+        apt.deb_control(tmp_path / "bad.deb")
+
+
+def test_a_target_phase_is_constrained_by_the_vendor_pins_and_earlier_repins(tmp_path):
+    root = make_root(tmp_path)
+    plan = make_plan(load("post1", root=root))
+    omni = next(t for t in plan.target_stages if t.name == "vllm-omni")
+    tilelang, phase = omni.pip[0], omni.pip[1]
+    ctx = tmp_path / "ctx"
+    (ctx / "deps").mkdir(parents=True)
+    (ctx / "deps/vendor-pins.json").write_text(json.dumps({"torch": "2.9.0+musa", "tilelang_musa": "0.1.8+musa.1"}))
+    for ph in omni.pip:
+        (ctx / ph.requirements).parent.mkdir(parents=True, exist_ok=True)
+        (ctx / ph.requirements).write_text("numpy<2\n-c /stackforge/targets/vllm-omni/omni.upstream-constraints.txt\n")
+    (ctx / "targets/vllm-omni/omni.upstream-constraints.txt").write_text("idna<4\n")
+    view = make.target_phase_view(plan, omni, phase, ctx, tmp_path / "v1")
+    assert Path(view.constraints).read_text() == "tilelang-musa==0.1.8+musa.3\ntorch==2.9.0+musa\n"
+    assert f"-c {ctx}/targets/vllm-omni/omni.upstream-constraints.txt" in Path(view.requirements).read_text()
+    own = make.target_phase_view(plan, omni, tilelang, ctx, tmp_path / "v2")
+    assert Path(own.constraints).read_text() == "torch==2.9.0+musa\n"  # its own re-pin is no constraint
+    target = Target.of(load("post1", root=root).model)
+    key = manifest.target_phase_key(view, target)
+    again = make.target_phase_view(plan, omni, phase, ctx, tmp_path / "v3")  # another directory, the same key
+    assert manifest.target_phase_key(again, target) == key
+    (ctx / "targets/vllm-omni/omni.upstream-constraints.txt").write_text("idna<3\n")
+    assert manifest.target_phase_key(make.target_phase_view(plan, omni, phase, ctx, tmp_path / "v4"), target) != key
+
+
+def test_an_offline_build_refuses_a_mirror_of_other_inputs_and_another_stack(tmp_path):
+    root = make_root(tmp_path)
+    loaded = load("post1", root=root, overrides=["system.os.install=never"])
+    plan = make_plan(loaded)
+    data = manifest.empty("post1", fingerprint(loaded.model))
+    data["parts"].append({"kind": "base", "path": "base/image.tar", "id": "sha256:" + "0" * 64, "sha256": "x"})
+    data["apt"] = {"key": "sha256:other", "layers": [], "files": []}
+    staging = tmp_path / "ctx"
+    staging.mkdir()
+    with pytest.raises(UserError) as exc:
+        apt.apply(loaded, plan, tmp_path, data, staging, "fix")
+    assert exc.value.message.startswith("system.musa: the mirror holds no apt packages for the system layers")
+    kernel = next(k for k in plan.kernels if k.toolchain)
+    with pytest.raises(UserError) as exc:
+        toolchains.apply(loaded, plan, data, staging, "fix")
+    assert exc.value.message == f"kernels.{kernel.name}.toolchain: the mirror holds no toolchain stage of this kernel"
     to = tmp_path / "mirror"
     to.mkdir()
     (to / manifest.MANIFEST).write_text(json.dumps(manifest.empty("post1", fingerprint(loaded.model))))
-    with pytest.raises(UserError) as exc:
-        offline.refuse_unmirrored(loaded, to)
-    assert exc.value.message.startswith("system.os: cannot be built offline: apt packages are not mirrored")
     other = load("post2", root=root)
     with pytest.raises(UserError) as exc:
         offline.upstream_cache(other, Workspace(lambda: root, mirror=to))

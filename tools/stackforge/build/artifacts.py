@@ -45,6 +45,7 @@ class ToolchainStep:
     env: dict[str, str]
     path_prefix: str  # "/a:/b", put in front of PATH ("" for none)
     uses: list[str] = field(default_factory=list)  # paths of the kernel's tree, copied into the toolchain stage
+    image: str | None = None  # an offline build: the mirror's image of this stage, used instead of running it
 
 
 @dataclass

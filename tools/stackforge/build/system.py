@@ -39,6 +39,7 @@ class SystemStage:
     path_prefix: str  # "/a:/b" put in front of PATH, or ""
     spec: str  # the text of system/<name>.spec
     keys: dict[str, str] = field(default_factory=dict)  # context file -> repository file (signed-by keys)
+    mirror: str | None = None  # context path of the mirror's apt repository in an offline build (mirror/apt.py)
 
 
 def _value(loaded: LoadedStack, path: tuple, text: str, check: Callable[[str], str | None]) -> str:

@@ -49,6 +49,7 @@ class TargetPhase:
     report: str
     lines: list[str] = field(default_factory=list)  # its own requirements (before the files)
     files: list[dict] = field(default_factory=list)
+    mirror: str | None = None  # context path of its index's tree in an offline build (mirror/offline.py)
 
 
 @dataclass

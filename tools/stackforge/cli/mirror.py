@@ -13,13 +13,19 @@ def register(sub) -> None:
         "mirror",
         help="copy everything a build of a stack needs into a directory (for `build --offline --mirror DIR`)",
         description="Git repositories of the pinned commits, sdists, every wheel of every pip phase and lock as a "
-        "PEP 503 tree per index, and the base image, with mirror.json (each part's source, sha256 and size). "
+        "PEP 503 tree per index, the apt packages of the system layers (a local repository), the kernels' toolchain "
+        "stages and the base image (image archives), with mirror.json (each part's source, sha256 and size). "
         "Running it again into the same directory adds only what is missing.",
     )
     p.add_argument("stack")
     p.add_argument("--to", type=Path, required=True, metavar="DIR", help="the mirror directory (created if missing)")
+    p.add_argument(
+        "--network",
+        help="network of the containers and builds the mirror runs for apt layers and toolchain stages "
+        "(e.g. host, to reach endpoints on the host's loopback)",
+    )
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle for the downloads (default: as `build`)")
-    add_json(p, "the summary (directory, manifest sha256, parts added and kept, what is not mirrored)")
+    add_json(p, "the summary (directory, manifest sha256, parts added and kept)")
     add_refresh(p)
     add_set(p)
     p.set_defaults(func=cmd_mirror)
@@ -29,7 +35,7 @@ def cmd_mirror(args) -> int:
     from stackforge.mirror.make import make_mirror
 
     loaded = load(args, args.stack)
-    summary = make_mirror(loaded, args.to, workspace_of(args))
+    summary = make_mirror(loaded, args.to, workspace_of(args), network=args.network)
     if args.json:
         print_json(summary)
         return 0
@@ -38,7 +44,5 @@ def cmd_mirror(args) -> int:
         f"{len(summary['added'])} added, {summary['kept']} kept; manifest {summary['manifest']}",
         file=sys.stderr,
     )
-    for item in summary["not_mirrored"]:
-        print(f"  not mirrored: {item['key']}: {item['reason']}", file=sys.stderr)
     print(summary["directory"])
     return 0

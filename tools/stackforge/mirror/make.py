@@ -5,17 +5,20 @@ files flattened from the patched trees, locks read), then:
 
 - each git upstream: a bare repository holding the pinned commit (``refs/heads/stackforge/pinned``) and tag;
 - each sdist upstream: its release sdist (sha256 checked against the pin), also served by its index's tree;
-- each pip phase: ``pip download`` with the phase's own flags, requirements and constraints (the files the
-  Dockerfile installs from), for the stack's Python and platform (``build/resolve.py``'s target and marker
-  shim), from the phase's index with its credential; a phase after the vendor phases also sees the vendor
-  wheels already mirrored (``--find-links``), as the build has them installed; a phase whose requirements
-  the index's lock already installed (``--no-index``) needs nothing;
+- each pip phase of the deps stage: ``pip download`` with the phase's own flags, requirements and constraints
+  (the files the Dockerfile installs from), for the stack's Python and platform (``build/resolve.py``'s target
+  and marker shim), from the phase's index with its credential; a phase after the vendor phases also sees the
+  vendor wheels already mirrored (``--find-links``), as the build has them installed; a phase whose
+  requirements the index's lock already installed (``--no-index``) needs nothing;
+- each target pip phase: the same, with the constraints the image writes before it (every vendor pin, with the
+  re-pins of the phases before it; :class:`PhaseView`);
+- the apt packages of every system layer that installs (:mod:`stackforge.mirror.apt`) and the toolchain stage
+  of every kernel that has one (:mod:`stackforge.mirror.toolchains`);
 - the base image: ``docker save`` of the image the engine has (pulled first when it has none).
 
 Each part is recorded in ``mirror.json`` with its source (credentials redacted), sha256 and size. A part
 already there (same pin, same phase inputs, same base image id) is kept, so re-running only adds what is
-missing. What cannot be mirrored yet is listed under ``not_mirrored`` with the stack key and the reason, and
-an offline build of a stack that needs it is refused.
+missing.
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ from packaging.utils import canonicalize_name
 from stackforge import credentials, progress
 from stackforge.build import resolve
 from stackforge.build import sources as upstreams
-from stackforge.build.context import Context, assemble
+from stackforge.build.context import Context
 from stackforge.build.engine import Engine
 from stackforge.build.locks import vendor_names
 from stackforge.build.prepare import lint_or_fail
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256, stack_lock
-from stackforge.mirror import manifest
+from stackforge.mirror import apt, manifest, toolchains
 from stackforge.patches.git import git
 from stackforge.stack.load import LoadedStack, fingerprint
 from stackforge.urls import redact, scrub
@@ -51,9 +54,12 @@ PIN_REF = "refs/heads/stackforge/pinned"
 BASE = "base/image.tar"
 
 
-def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = None) -> dict:
+def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = None, network: str | None = None) -> dict:
     """Write (or complete) the mirror of ``loaded`` in ``to``; returns a summary: the directory, the
-    manifest's sha256, the parts added and kept, and what is not mirrored."""
+    manifest's sha256 and the parts added and kept. ``network`` is the engine network of the containers and
+    builds the mirror runs (apt layers, toolchain stages): ``host`` reaches endpoints on the host's loopback."""
+    from stackforge.build.run import prepare
+
     stack, ws = loaded.model, workspace_for(loaded, workspace)
     lint_or_fail(loaded)
     to = Path(to)
@@ -67,16 +73,19 @@ def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = Non
                 fix="one mirror directory holds one stack: choose another directory",
             )
         data["fingerprint"] = fingerprint(stack)
+        data.pop("not_mirrored", None)
         before = {p["path"]: p["sha256"] for p in data["parts"]}
         unchanged = json.dumps({k: v for k, v in data.items() if k != "time"}, sort_keys=True)
         with tempfile.TemporaryDirectory(prefix="stackforge-mirror-") as tmp:
             with progress.step(f"assemble the build context of {stack.name}"):
-                ctx = assemble(loaded, Path(tmp) / "build", sources=True, workspace=ws)
+                prepared = prepare(loaded, ws.engine, out=Path(tmp) / "build", workspace=ws)
+            ctx = prepared.ctx
             _git(loaded, to, data, ws)
             _sdists(loaded, to, data, ws)
             _wheels(loaded, ctx, to, data, ws)
-        _base(loaded, to, data, ws.engine)
-        data["not_mirrored"] = not_mirrored(loaded)
+            base_id = _base(loaded, to, data, ws.engine)
+            apt.mirror_apt(loaded, ctx.plan, ctx.context_dir, to, data, ws.engine, base_id, network)
+            toolchains.mirror_toolchains(loaded, prepared, to, data, ws, network, base_id)
         data["target"] = resolve.Target.of(stack).describe()
         data["parts"].sort(key=lambda p: (p["kind"], p["path"]))
         if json.dumps({k: v for k, v in data.items() if k != "time"}, sort_keys=True) != unchanged:
@@ -91,42 +100,7 @@ def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = Non
         "parts": len(data["parts"]),
         "added": added,
         "kept": len(data["parts"]) - len(added),
-        "not_mirrored": data["not_mirrored"],
     }
-
-
-def not_mirrored(loaded: LoadedStack) -> list[dict]:
-    """What an offline build of this stack would need and a mirror does not hold: {key, reason}."""
-    from stackforge.build.plan import make_plan
-
-    stack = loaded.model
-    out: list[dict] = []
-    apt = (
-        "apt packages are not mirrored: the layer's apt sources are reached inside the build, which an "
-        "offline build runs with no network"
-    )
-    for name, layer in (stack.system or {}).items():
-        if layer.install == "always":
-            out.append({"key": f"system.{name}", "reason": apt})
-        elif layer.install == "auto":
-            out.append(
-                {
-                    "key": f"system.{name}",
-                    "reason": apt + "; install: auto builds offline only on a base "
-                    f"that already carries it (probe: {layer.probe})",
-                }
-            )
-    plan = make_plan(loaded)
-    for k in plan.kernels:
-        if k.toolchain:
-            out.append({"key": f"kernels.{k.name}.toolchain", "reason": "the toolchain step installs with network"})
-    for t in plan.target_stages:
-        for ph in t.pip:
-            out.append({"key": ph.key, "reason": "target pip phases are not mirrored"})
-        for st in t.system:
-            if st.install != "never":
-                out.append({"key": f"targets.{t.name}.system.{st.name}", "reason": apt})
-    return out
 
 
 # --------------------------------------------------------------------------- upstreams
@@ -225,48 +199,102 @@ def _sdists(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
 
 
 def _wheels(loaded: LoadedStack, ctx: Context, to: Path, data: dict, ws: Workspace) -> None:
-    stack = loaded.model
-    target = resolve.Target.of(stack)
-    vendors = vendor_names(stack)
-    vendor_indexes = [n for n, idx in stack.indexes.items() if idx.role == "vendor"]
+    """Every pip phase of the deps stage and of every target, each resolved as the build runs it."""
+    target = resolve.Target.of(loaded.model)
     resolve.check_pip()
     for phase in ctx.plan.phases:
         if phase.no_index:
             continue  # its index's lock installed the closure in an earlier phase
-        key = manifest.phase_key(phase, ctx.context_dir, target)
-        files_dir = manifest.index_dir(to, phase.index) / "files"
-        have = data["phases"].get(phase.name)
-        if have and have["key"] == key and all((files_dir / f).is_file() for f in have["files"]):
-            continue
-        find_links = [
-            manifest.index_dir(to, v) / "files"
-            for v in vendor_indexes
-            if v != phase.index and (manifest.index_dir(to, v) / "files").is_dir()
-        ]
-        with (
-            credentials.private_dir("stackforge-mirror-") as tmp,
-            progress.step(f"mirror pip phase {phase.name} from {phase.index_url}"),
-        ):
-            got = _download(loaded, phase, ctx.context_dir, tmp, target, find_links, ws)
-            names = []
-            for path in got:
-                project = manifest.project_of(path.name)
-                if project and canonicalize_name(project) in vendors and stack.indexes[phase.index].role != "vendor":
-                    continue  # a vendor wheel seen through --find-links: it belongs to its vendor's tree
-                _copy(path, files_dir / path.name)
-                names.append(path.name)
-        source = redact(stack.indexes[phase.index].url)
-        for n in names:
-            _file_part(
-                data,
-                to,
-                f"indexes/{phase.index}/files/{n}",
-                kind="file",
-                index=phase.index,
-                source=f"{source}/{canonicalize_name(manifest.project_of(n) or n)}/",
-            )
-        data["phases"][phase.name] = {"key": key, "index": phase.index, "files": sorted(names)}
-        _simple(to, phase.index, data)
+        _phase(
+            loaded, phase, phase.name, manifest.phase_key(phase, ctx.context_dir, target), ctx.context_dir, to, data, ws
+        )
+    for t in ctx.plan.target_stages:
+        for ph in t.pip:
+            with tempfile.TemporaryDirectory(prefix="stackforge-mirror-") as tmp:
+                view = target_phase_view(ctx.plan, t, ph, ctx.context_dir, Path(tmp))
+                _phase(loaded, view, ph.key, manifest.target_phase_key(view, target), ctx.context_dir, to, data, ws)
+
+
+class PhaseView:
+    """A target's pip phase as the mirror resolves it on the host: its requirements with the image paths of
+    the context's files made host paths, and the constraints the image writes before it (every vendor pin, with
+    the re-pins of the phases before it)."""
+
+    def __init__(self, ph, original: bytes, requirements: Path, constraints: Path):
+        self.original = original  # the requirements as the context holds them
+        self.name, self.key, self.index, self.index_url = ph.key, ph.key, ph.index, ph.index_url
+        self.no_deps, self.only_binary, self.require_hashes = ph.no_deps, ph.only_binary, False
+        self.requirements, self.constraints = str(requirements), str(constraints)
+
+
+def target_phase_view(plan, t, ph, context_dir: Path, tmp: Path) -> PhaseView:
+    from stackforge.build.requirements import VENDOR_PINS
+
+    pins = json.loads((context_dir / VENDOR_PINS).read_text())
+    by_name = {x.name: x for x in plan.target_stages}
+    line: list = []
+    cur = t
+    while cur is not None:
+        line = [cur, *line]
+        cur = by_name.get(cur.parent)
+    for stage in line:
+        for earlier in stage.pip:
+            if earlier is ph:
+                break
+            for r in earlier.repin:
+                name, version = r.split("==", 1)
+                pins = {n: v for n, v in pins.items() if canonicalize_name(n) != canonicalize_name(name)}
+                pins[name] = version
+    own = {canonicalize_name(r.split("==", 1)[0]) for r in ph.repin}
+    tmp.mkdir(parents=True, exist_ok=True)
+    constraints = tmp / "constraints.txt"
+    constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items()) if canonicalize_name(n) not in own))
+    requirements = tmp / "requirements.txt"
+    original = (context_dir / ph.requirements).read_bytes()
+    requirements.write_text(original.decode().replace(" /stackforge/targets/", f" {context_dir}/targets/"))
+    return PhaseView(ph, original, requirements, constraints)
+
+
+def _phase(
+    loaded: LoadedStack, phase, name: str, key: str, context_dir: Path, to: Path, data: dict, ws: Workspace
+) -> None:
+    """One phase's files into its index's tree (kept when the phase's key and files are there)."""
+    stack = loaded.model
+    target = resolve.Target.of(stack)
+    vendors = vendor_names(stack)
+    files_dir = manifest.index_dir(to, phase.index) / "files"
+    have = data["phases"].get(name)
+    if have and have["key"] == key and all((files_dir / f).is_file() for f in have["files"]):
+        return
+    find_links = [
+        manifest.index_dir(to, v) / "files"
+        for v, idx in stack.indexes.items()
+        if idx.role == "vendor" and v != phase.index and (manifest.index_dir(to, v) / "files").is_dir()
+    ]
+    with (
+        credentials.private_dir("stackforge-mirror-") as tmp,
+        progress.step(f"mirror pip phase {name} from {phase.index_url}"),
+    ):
+        got = _download(loaded, phase, context_dir, tmp, target, find_links, ws)
+        names = []
+        for path in got:
+            project = manifest.project_of(path.name)
+            if project and canonicalize_name(project) in vendors and stack.indexes[phase.index].role != "vendor":
+                continue  # a vendor wheel seen through --find-links: it belongs to its vendor's tree
+            _copy(path, files_dir / path.name)
+            names.append(path.name)
+    source = redact(stack.indexes[phase.index].url)
+    for n in names:
+        _file_part(
+            data,
+            to,
+            f"indexes/{phase.index}/files/{n}",
+            kind="file",
+            index=phase.index,
+            source=f"{source}/{canonicalize_name(manifest.project_of(n) or n)}/",
+        )
+    data["phases"][name] = {"key": key, "index": phase.index, "files": sorted(names)}
+    _simple(to, phase.index, data)
 
 
 def _download(
@@ -329,7 +357,7 @@ def _simple(to: Path, index: str, data: dict) -> None:
 # --------------------------------------------------------------------------- base image
 
 
-def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> None:
+def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> str:
     """The base image as the build resolves it (pulled when the engine lacks it, checked against base.digest),
     saved once per image id."""
     from stackforge.build.run import base_identity
@@ -339,16 +367,19 @@ def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> None:
     digest, image_id = base_identity(engine, loaded)
     have = manifest.part(data, BASE)
     if have and have.get("id") == image_id and (to / BASE).is_file():
-        return
-    out = to / BASE
+        return image_id
+    save_image(engine, image, to / BASE, f"base image {image} ({image_id})")
+    _file_part(data, to, BASE, kind="base", image=image, id=image_id, digest=digest, source=image)
+    return image_id
+
+
+def save_image(engine: Engine, ref: str, out: Path, what: str) -> None:
+    """``docker save`` of ``ref`` into ``out``, atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".image.{os.getpid()}.tar")
-    with progress.step(f"save base image {image} ({image_id})"):
-        proc = engine.cli("save", "--output", str(tmp), image, timeout=3600)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with progress.step(f"save {what}"):
+        proc = engine.cli("save", "--output", str(tmp), ref, timeout=3600)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
-        raise UserError(
-            f"docker save {image} failed: {proc.stderr.strip()[-300:]}", fix="check the engine and the disk"
-        )
+        raise UserError(f"docker save {ref} failed: {proc.stderr.strip()[-300:]}", fix="check the engine and the disk")
     os.replace(tmp, out)
-    _file_part(data, to, BASE, kind="base", image=image, id=image_id, digest=digest, source=image)

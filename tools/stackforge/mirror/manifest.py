@@ -33,7 +33,7 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}")
 
 
 def empty(stack: str, fingerprint: str) -> dict:
-    return {"format": FORMAT, "stack": stack, "fingerprint": fingerprint, "parts": [], "phases": {}, "not_mirrored": []}
+    return {"format": FORMAT, "stack": stack, "fingerprint": fingerprint, "parts": [], "phases": {}}
 
 
 def read(root: Path, *, required: bool = True) -> dict | None:
@@ -78,6 +78,18 @@ def add_part(data: dict, record: dict) -> None:
     data["parts"] = [p for p in data["parts"] if p["path"] != record["path"]] + [record]
 
 
+def checked(root: Path, record: dict | None, rel: str) -> Path:
+    """The mirror's file ``rel``, present and matching the sha256 its ``record`` holds (a UserError otherwise)."""
+    path = root / rel
+    if record is None or not path.is_file() or file_sha256(path) != record["sha256"]:
+        raise UserError(
+            f"{rel} in the mirror is missing or does not match its sha256 in {MANIFEST}",
+            file="--mirror",
+            fix="copy the mirror again",
+        )
+    return path
+
+
 def index_dir(root: Path, index: str) -> Path:
     return root / "indexes" / index
 
@@ -100,6 +112,27 @@ def phase_key(phase: PipPhase, context_dir: Path, target: Target) -> str:
         h.update(b"\0")
         if rel:
             h.update((context_dir / rel).read_bytes())
+    return "sha256:" + h.hexdigest()
+
+
+def target_phase_key(view, target: Target) -> str:
+    """What one target pip phase resolves (``make.PhaseView``): its index, flags, the target, and the bytes
+    of its requirements (and the upstream's own constraints they name) and of the vendor constraints."""
+    h = hashlib.sha256(
+        json.dumps(
+            {
+                "index": view.index,
+                "no_deps": view.no_deps,
+                "only_binary": view.only_binary,
+                "target": target.describe(),
+            },
+            sort_keys=True,
+        ).encode()
+    )
+    h.update(b"\0" + view.original + b"\0" + Path(view.constraints).read_bytes())
+    for line in Path(view.requirements).read_text().splitlines():
+        if line.startswith("-c "):
+            h.update(b"\0" + Path(line[3:].strip()).read_bytes())
     return "sha256:" + h.hexdigest()
 
 

@@ -9,8 +9,13 @@ Nothing here reaches the network, on the host or in the engine:
   (``mirror/<index>/``) and points the phase at it as ``file:///stackforge/mirror/<index>/simple``, bind-mounted
   from the context in that RUN alone. The build then runs with ``--network=none``: the engine gives its RUN
   steps no network at all, which a loopback HTTP server would not allow (it needs ``--network=host``);
+- target pip phases: the same, resolved with the constraints the image writes before each;
+- apt: every system layer that installs reads the mirror's flat repository (``mirror/apt``, bind-mounted in its
+  RUN step; :mod:`stackforge.mirror.apt`);
+- kernel toolchains: each ``toolchain-<kernel>`` stage starts FROM the image the mirror built and saved, when
+  it was built from the same inputs (:mod:`stackforge.mirror.toolchains`);
 - the base image: :func:`load_base` loads it from the mirror's archive when the engine does not have it, and
-  refuses an engine image of that name with another id.
+  refuses an engine image of that name with another id; then it loads the toolchain images.
 
 The stack's values are not changed, so the fingerprint and the image labels are the online build's; the
 evidence (``inputs.json``) records the mirror and its manifest's sha256.
@@ -18,9 +23,13 @@ evidence (``inputs.json``) records the mirror and its manifest's sha256.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from stackforge import progress
 from stackforge.build import resolve
@@ -28,8 +37,8 @@ from stackforge.build import sources as upstreams
 from stackforge.build.engine import Engine
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
-from stackforge.mirror import manifest
-from stackforge.mirror.make import BASE
+from stackforge.mirror import apt, manifest, toolchains
+from stackforge.mirror.make import BASE, target_phase_view
 from stackforge.stack.load import LoadedStack
 from stackforge.urls import split as split_credentials
 from stackforge.workspace import Workspace
@@ -53,24 +62,6 @@ def _manifest(loaded: LoadedStack, root: Path) -> dict:
             fix=_fix(loaded),
         )
     return data
-
-
-def refuse_unmirrored(loaded: LoadedStack, root: Path) -> None:
-    """An offline build needs nothing the mirror cannot hold: a system layer that installs packages, a kernel
-    toolchain or a target pip phase is refused by its key (``install: auto`` layers build when the base already
-    carries them)."""
-    from stackforge.mirror.make import not_mirrored
-
-    for item in not_mirrored(loaded):
-        if "install: auto" in item["reason"]:
-            progress.note(f"{item['key']}: {item['reason']}")
-            continue
-        raise UserError(
-            f"{item['key']}: cannot be built offline: {item['reason']}",
-            file=item["key"],
-            fix="build this stack online, or leave the part out (e.g. --set of the option that selects "
-            "it) for the offline build",
-        )
 
 
 def upstream_cache(loaded: LoadedStack, workspace: Workspace) -> Path:
@@ -111,16 +102,21 @@ def apply(loaded: LoadedStack, plan, root: Path, staging: Path) -> dict:
     """Point every pip phase of ``plan`` at the mirror's tree of its index, copied into the context in
     ``staging``; returns what the evidence records of the mirror."""
     data = _manifest(loaded, root)
-    refuse_unmirrored(loaded, root)
     target = resolve.Target.of(loaded.model)
+    toolchains.apply(loaded, plan, data, staging, _fix(loaded))
     copied: set[str] = set()
-    for phase in plan.phases:
-        if phase.no_index:
-            continue
-        have = data["phases"].get(phase.name)
-        if have is None or have.get("key") != manifest.phase_key(phase, staging, target):
+    phases: list[tuple[Any, str, str, Callable[[], str]]] = [
+        (p, p.name, p.key, functools.partial(manifest.phase_key, p, staging, target))
+        for p in plan.phases
+        if not p.no_index
+    ]
+    for t in plan.target_stages:
+        phases += [(ph, ph.key, ph.key, functools.partial(_target_key, plan, t, ph, staging, target)) for ph in t.pip]
+    for phase, name, key, want in phases:
+        have = data["phases"].get(name)
+        if have is None or have.get("key") != want():
             raise UserError(
-                f"{phase.key}: the mirror holds no resolution of pip phase {phase.name} as the stack "
+                f"{key}: the mirror holds no resolution of pip phase {name} as the stack "
                 f"declares it now (other pins, requirement files or target)",
                 file="--mirror",
                 fix=_fix(loaded),
@@ -131,6 +127,7 @@ def apply(loaded: LoadedStack, plan, root: Path, staging: Path) -> dict:
         phase.index_url = f"file://{MOUNT}/{phase.index}/simple"
         phase.mirror = f"mirror/{phase.index}"
         phase.credentials = False
+    apt.apply(loaded, plan, root, data, staging, _fix(loaded))
     return {
         "directory": str(root.resolve()),
         "manifest": manifest.digest(root),
@@ -139,18 +136,17 @@ def apply(loaded: LoadedStack, plan, root: Path, staging: Path) -> dict:
     }
 
 
+def _target_key(plan, t, ph, staging: Path, target: resolve.Target) -> str:
+    with tempfile.TemporaryDirectory(prefix="stackforge-offline-") as tmp:
+        return manifest.target_phase_key(target_phase_view(plan, t, ph, staging, Path(tmp)), target)
+
+
 def _copy_tree(data: dict, root: Path, index: str, dest: Path) -> None:
     """The index's files (each checked against the manifest's sha256) and its simple/ pages."""
     src = manifest.index_dir(root, index)
     for rec in data["parts"]:
         if rec["kind"] == "file" and rec.get("index") == index:
-            path = root / rec["path"]
-            if not path.is_file() or file_sha256(path) != rec["sha256"]:
-                raise UserError(
-                    f"{rec['path']} in the mirror is missing or does not match its sha256 in {manifest.MANIFEST}",
-                    file="--mirror",
-                    fix="copy the mirror again",
-                )
+            path = manifest.checked(root, rec, rec["path"])
             _link(path, dest / "files" / path.name)
     shutil.copytree(src / "simple", dest / "simple", dirs_exist_ok=True)
 
@@ -164,7 +160,8 @@ def _link(src: Path, dest: Path) -> None:
 
 
 def load_base(loaded: LoadedStack, root: Path, engine: Engine) -> None:
-    """The stack's base image in the engine, loaded from the mirror when missing, with the mirror's id."""
+    """The stack's base image in the engine, loaded from the mirror when missing, with the mirror's id; then
+    the kernels' toolchain images."""
     data = _manifest(loaded, root)
     rec = manifest.part(data, BASE)
     image = loaded.model.base.image
@@ -172,13 +169,7 @@ def load_base(loaded: LoadedStack, root: Path, engine: Engine) -> None:
         raise UserError(f"base.image: the mirror holds no image {image}", file="--mirror", fix=_fix(loaded))
     have = engine.image_id(image)
     if have is None:
-        path = root / BASE
-        if not path.is_file() or file_sha256(path) != rec["sha256"]:
-            raise UserError(
-                f"{BASE} in the mirror is missing or does not match its sha256",
-                file="--mirror",
-                fix="copy the mirror again",
-            )
+        path = manifest.checked(root, rec, BASE)
         with progress.step(f"load base image {image} from the mirror"):
             engine.cli("load", "--input", str(path), timeout=3600, check=True)
         have = engine.image_id(image)
@@ -189,3 +180,4 @@ def load_base(loaded: LoadedStack, root: Path, engine: Engine) -> None:
             fix=f"remove the engine's image (docker image rm {image}) so the mirror's "
             "is loaded, or make the mirror again from this one",
         )
+    toolchains.load(loaded, root, data, engine, _fix(loaded))
