@@ -232,6 +232,8 @@ class Publisher:
         self._verified: dict[str, Any] = {}
         for alias in self.aliases:
             self.scheme.check_alias(alias)
+        if not (isinstance(self.gzip_level, int) and 1 <= self.gzip_level <= 9):
+            raise UserError(f"gzip level {self.gzip_level!r} is not 1-9", fix="give a zlib level from 1 to 9")
 
     # -- small helpers -----------------------------------------------------------------------
 
