@@ -39,7 +39,6 @@ The tag scheme is ``scheme.py``, the image export (step 3) ``oci.py``, the regis
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import hashlib
 import json
 import os
@@ -52,11 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stackforge import progress
 from stackforge.build.engine import Engine
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import flock_wait
-from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage
+from stackforge.publish.oci import DEFAULT_LEVEL, ImageSource, LayerCache, PreparedImage
 from stackforge.publish.registry import (
     DOCKER_MANIFEST,
     OCI_MANIFEST,
@@ -70,6 +68,7 @@ from stackforge.publish.registry import (
     with_retries,
 )
 from stackforge.publish.scheme import TagScheme, first_free_revision, validate_date
+from stackforge.publish.transfer import UPLOADS, Uploader
 from stackforge.signals import Interrupted
 from stackforge.workspace import cache_dir
 
@@ -210,6 +209,9 @@ class Publisher:
     date: str
     aliases: tuple[str, ...] = ()
     compression: str = "gzip"
+    gzip_level: int = DEFAULT_LEVEL
+    mount_from: tuple[str, ...] = ()
+    uploads: int = UPLOADS
     lock_dir: Path = field(default_factory=default_lock_dir)
     lock_timeout: float = 600.0
     verify_pull: bool = False
@@ -230,6 +232,8 @@ class Publisher:
         self._verified: dict[str, Any] = {}
         for alias in self.aliases:
             self.scheme.check_alias(alias)
+        if not (isinstance(self.gzip_level, int) and 1 <= self.gzip_level <= 9):
+            raise UserError(f"gzip level {self.gzip_level!r} is not 1-9", fix="give a zlib level from 1 to 9")
 
     # -- small helpers -----------------------------------------------------------------------
 
@@ -344,26 +348,40 @@ class Publisher:
                 return self._already(found, tags)
 
         with tempfile.TemporaryDirectory(prefix="stackforge-publish-", dir=self.workdir) as tmp:
-            self.log("export", source=self.image.description, compression=self.compression)
+            self.log("export", source=self.image.description, compression=self.compression, level=self.gzip_level)
             cache = (
-                LayerCache(self.layer_cache, self.client.blob_exists)
+                LayerCache(self.layer_cache, lambda d, i: uploader.available(d, i), key=f"pgzip-{self.gzip_level}")
                 if self.layer_cache is not None and self.compression == "gzip"
                 else None
             )
-            self.prepared = img = self.image.prepare(Path(tmp), compression=self.compression, log=self.log, cache=cache)
-            self.log(
-                "exported",
-                image_id=img.image_id,
-                digest=img.digest,
-                layers=len(img.layers),
-                size=img.size,
-                layers_already_in_registry=cache.hits if cache else 0,
+            uploader = Uploader(
+                self.client, self.log, cache=cache, mount_from=self.mount_from, workers=self.uploads, echo=self.log.echo
             )
-            if not pre_checked:
-                found = self._find_published(tags, img.image_id, img.digest, checked)
-                if found:
-                    return self._already(found, tags)
-            self._upload_blobs(img)
+            try:
+                # With the image id known and not yet published, each layer uploads as soon as it is compressed.
+                self.prepared = img = self.image.prepare(
+                    Path(tmp),
+                    compression=self.compression,
+                    log=self.log,
+                    cache=cache,
+                    level=self.gzip_level,
+                    sink=uploader.submit if pre_checked else None,
+                )
+                self.log(
+                    "exported",
+                    image_id=img.image_id,
+                    digest=img.digest,
+                    layers=len(img.layers),
+                    size=img.size,
+                    layers_already_in_registry=cache.hits if cache else 0,
+                )
+                if not pre_checked:
+                    found = self._find_published(tags, img.image_id, img.digest, checked)
+                    if found:
+                        return self._already(found, tags)
+                self._upload_blobs(img, uploader)
+            finally:
+                uploader.close()
         self._put_by_digest(img)
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             outcome = self._tag(img, checked)
@@ -395,17 +413,10 @@ class Publisher:
             "already-published", tag, manifest.digest, image_id, aliases, verification, size=_manifest_size(manifest)
         )
 
-    def _upload_blobs(self, img: PreparedImage) -> None:
-        for blob in img.unique_blobs():
-            if self.client.blob_exists(blob.digest):
-                self.log("blob-exists", digest=blob.digest, size=blob.size)
-                continue
-            t = time.monotonic()
-            self.log("blob-upload", digest=blob.digest, size=blob.size, media_type=blob.media_type)
-            # Running byte counts for a long upload (the push log has its start and end).
-            moving = progress.Transfer(f"upload {blob.digest[:19]}", blob.size, self.log.echo)
-            self.client.upload_blob(blob.digest, blob.size, functools.partial(_counted, blob, moving))
-            self.log("blob-uploaded", digest=blob.digest, seconds=round(time.monotonic() - t, 3))
+    def _upload_blobs(self, img: PreparedImage, uploader: Uploader) -> None:
+        t = time.monotonic()
+        done = uploader.push_all(img.unique_blobs())
+        self.log("blobs", seconds=round(time.monotonic() - t, 3), **uploader.counts, pushed=len(done))
 
     def _put_by_digest(self, img: PreparedImage) -> None:
         got = self.client.put_manifest(img.digest, img.manifest, img.manifest_media_type)
@@ -662,6 +673,8 @@ def publish(
     policy: RetryPolicy | None = None,
     client: RegistryClient | None = None,
     compression: str = "gzip",
+    gzip_level: int = DEFAULT_LEVEL,
+    mount_from: tuple[str, ...] | list[str] = (),
     lock_dir: Path | None = None,
     verify_pull: bool = False,
     engine: Engine | None = None,
@@ -677,7 +690,10 @@ def publish(
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.
     ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or
-    ``~/.cache/stackforge/layers``), a path, or False for none.
+    ``~/.cache/stackforge/layers``), a path, or False for none; it also remembers which repositories
+    received each layer, so a publish to another repository of the same registry mounts it from there.
+    ``mount_from``: more repository names of the same registry to mount layers from.
+    ``gzip_level``: zlib level of the layer blobs (1-9); one level gives the same blob for a layer everywhere.
     When ``evidence`` is given, a success writes ``publish.json`` there and a failure writes
     ``publish-failed.json`` (an earlier ``publish.json`` stays), with ``extra`` fields (e.g. stack, target) first.
     """
@@ -695,6 +711,8 @@ def publish(
         date=date,
         aliases=tuple(aliases),
         compression=compression,
+        gzip_level=gzip_level,
+        mount_from=tuple(mount_from),
         lock_dir=lock_dir or default_lock_dir(),
         verify_pull=verify_pull,
         engine=engine,
@@ -768,8 +786,3 @@ def write_evidence(evidence_dir: Path, record: dict[str, Any], name: str = PUBLI
 
 def stderr_echo(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _counted(blob: Any, moving: progress.Transfer) -> progress.CountingReader:
-    """A fresh upload body for ``blob`` that reports its bytes to ``moving``."""
-    return progress.CountingReader(blob.open(), blob.size, moving)

@@ -573,6 +573,31 @@ class RegistryClient:
 
         return self._retry(f"GET blob {digest[:19]}", call)
 
+    def mount_blob(self, digest: str, source: str) -> bool:
+        """Cross-repository mount: ``POST blobs/uploads/?mount=<digest>&from=<source>`` (same registry).
+
+        True when the registry linked the blob (201); False when it opened an upload session
+        instead (it lacks the blob there or does not mount): that session is cancelled.
+        """
+
+        def call() -> bool:
+            query = urlencode({"mount": digest, "from": source})
+            resp = self._request("POST", self._url(f"blobs/uploads/?{query}"), ok=(201, 202))
+            resp.close()
+            if resp.status_code == 201:
+                return True
+            location = resp.headers.get("Location")
+            if location:
+                try:
+                    self._request(
+                        "DELETE", urljoin(self.repository.base_url + "/", location), ok=(200, 202, 204, 404)
+                    ).close()
+                except RegistryError:
+                    pass  # an abandoned session expires on its own
+            return False
+
+        return self._retry(f"mount blob {digest[:19]}", call)
+
     def upload_blob(self, digest: str, size: int, opener: Callable[[], Any]) -> None:
         """Monolithic upload (POST a session, PUT the bytes with ``?digest=``).
 

@@ -1,0 +1,257 @@
+"""Benchmark: `stackforge publish` vs `docker push` of the same image to the same loopback registry, in one run.
+
+The image: FROM stackforge/base:bookworm (two real Debian + CPython layers, ~600 MB) plus a "deps" layer
+of seeded files (half random bytes, which no compressor shrinks, half text, as wheels mix compiled
+extensions and Python sources) and a small "app" layer whose one file a rebuild changes (the
+one-patch rebuild). A fresh ``docker-registry`` on 127.0.0.1 and a fresh layer cache per run, so
+nothing is skipped that a first publish would not skip.
+
+Measured back to back:
+  docker push            a fresh repository (no layer exists there)
+  publish (first)        stackforge to another fresh repository
+  re-publish             stackforge again after the one-layer rebuild (same repository); its peer is the first publish
+The publish goes through :func:`stackforge.publish.publisher.publish` with the engine's image, the code
+path ``stackforge publish`` runs after its gate check, with the production defaults (settle re-read
+included). Also reported: where the first publish spent its time, and the bounds (``docker save``
+seconds, gzip MB/s per core at the level used, loopback upload MB/s).
+Run: PYTHONPATH=tools python bench/publish_bench.py
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tools")]
+
+from bench.results import Result, table, write  # noqa: E402
+from stackforge.publish.oci import DEFAULT_LEVEL, DockerImage  # noqa: E402
+from stackforge.publish.publisher import publish  # noqa: E402
+from stackforge.publish.registry import RegistryClient, parse_repository  # noqa: E402
+from stackforge.publish.scheme import TagScheme  # noqa: E402
+from tests.fixtures.registry import start_registry  # noqa: E402
+
+BASE = "stackforge/base:bookworm"
+SCHEME = TagScheme.from_prefix("bench-")
+DATE = "20260101"
+WORDS = [
+    "import",
+    "def",
+    "return",
+    "self",
+    "class",
+    "from",
+    "none",
+    "true",
+    "false",
+    "for",
+    "in",
+    "if",
+    "else",
+    "elif",
+    "while",
+    "with",
+    "as",
+    "try",
+    "except",
+    "raise",
+    "yield",
+    "lambda",
+    "async",
+    "await",
+    "numpy",
+    "torch",
+    "tensor",
+    "shape",
+    "dtype",
+    "float",
+    "int",
+    "str",
+    "list",
+    "dict",
+    "value",
+    "key",
+    "index",
+    "data",
+]
+
+
+def engine_cpu() -> float:
+    """CPU seconds dockerd has used so far (docker push compresses there; publish's ``docker save`` runs there)."""
+    try:
+        pid = subprocess.run(["pidof", "dockerd"], capture_output=True, text=True).stdout.split()[0]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, OSError, ValueError):
+        return float("nan")
+
+
+def own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def sh(*cmd: str, **kw: Any) -> float:
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return time.monotonic() - t0
+
+
+def write_context(ctx: Path, deps_mb: int, patch: str) -> None:
+    """The build context: seeded deps (the same bytes every run) and the app file ``patch`` changes."""
+    rng = random.Random(20260101)
+    deps = ctx / "deps"
+    deps.mkdir(parents=True, exist_ok=True)
+    for i in range(deps_mb // 2):
+        (deps / f"ext{i:03d}.so").write_bytes(rng.randbytes(1 << 20))
+        lines = (" ".join(rng.choices(WORDS, k=12)) + "\n" for _ in range(20000))
+        (deps / f"mod{i:03d}.py").write_text("".join(lines)[: 1 << 20])
+    app = ctx / "app"
+    app.mkdir(exist_ok=True)
+    (app / "server.py").write_text("".join(f"# line {n}\n" for n in range(50000)))
+    (app / "PATCH").write_text(patch + "\n")
+    (ctx / "Dockerfile").write_text(f"FROM {BASE}\nCOPY deps /opt/deps\nCOPY app /opt/app\n")
+
+
+def build(ctx: Path, tag: str) -> str:
+    sh("docker", "build", "-q", "-t", tag, str(ctx), env=dict(os.environ, DOCKER_BUILDKIT="1"))
+    return subprocess.run(
+        ["docker", "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def docker_push(registry: str, image: str, repo: str) -> tuple[float, float]:
+    """Seconds and CPU seconds (dockerd) of ``docker push`` to a fresh repository."""
+    ref = f"{registry}/{repo}:v"
+    sh("docker", "tag", image, ref)
+    try:
+        cpu = engine_cpu()
+        took = sh("docker", "push", "-q", ref)
+        return took, engine_cpu() - cpu
+    finally:
+        subprocess.run(["docker", "image", "rm", ref], capture_output=True)
+
+
+def sf_publish(registry: str, image: str, repo: str, cache: Path) -> tuple[float, float, list[dict[str, Any]]]:
+    """Seconds, CPU seconds (this process and dockerd) and the push log of a library publish."""
+    t0, cpu = time.monotonic(), engine_cpu() + own_cpu()
+    res = publish(DockerImage(image), f"{registry}/{repo}", SCHEME, DATE, layer_cache=cache)
+    return time.monotonic() - t0, engine_cpu() + own_cpu() - cpu, res.push_log
+
+
+def phases(log: list[dict[str, Any]]) -> str:
+    """Where a publish spent its time, from its push log."""
+    at = {e["event"]: e["t"] for e in reversed(log)}
+    end = log[-1]["t"]
+    parts = [
+        ("preflight", 0.0, at.get("export", 0.0)),
+        ("export+compress", at.get("export", 0.0), at.get("exported", 0.0)),
+        ("upload tail", at.get("exported", 0.0), at.get("manifest-by-digest", 0.0)),
+        ("tag+verify", at.get("manifest-by-digest", 0.0), at.get("tag-reread", end)),
+        ("settle", at.get("tag-reread", end), end),
+    ]
+    return ", ".join(f"{name} {b - a:.1f} s" for name, a, b in parts)
+
+
+def bounds(registry: str, image: str) -> str:
+    """docker save seconds, zlib MB/s per CPU-second at the publish level, loopback upload MB/s."""
+    import docker
+
+    t0, n = time.monotonic(), 0
+    for chunk in docker.from_env().api.get_image(image, chunk_size=1 << 20):
+        n += len(chunk)
+    save = time.monotonic() - t0
+    sample = bytearray()
+    for root in ("/usr/lib/python3.11", "/usr/lib/x86_64-linux-gnu", "/usr/share"):
+        for dirpath, _dirs, files in os.walk(root):
+            for f in files:
+                try:
+                    sample += Path(dirpath, f).read_bytes()[: 4 << 20]
+                except OSError:
+                    continue
+                if len(sample) >= 64 << 20:
+                    break
+            if len(sample) >= 64 << 20:
+                break
+    data = bytes(sample[: 64 << 20])
+    c0 = time.process_time()
+    z = zlib.compressobj(DEFAULT_LEVEL, zlib.DEFLATED, -15)
+    ratio = len(z.compress(data) + z.flush()) / len(data)
+    gz = len(data) / 1e6 / (time.process_time() - c0)
+    blob = random.Random(1).randbytes(128 << 20)
+    digest = "sha256:" + __import__("hashlib").sha256(blob).hexdigest()
+    client = RegistryClient(parse_repository(f"{registry}/bench/upload-{uuid.uuid4().hex[:6]}"))
+    t0 = time.monotonic()
+    client.upload_blob(digest, len(blob), lambda: __import__("io").BytesIO(blob))
+    up = len(blob) / 1e6 / (time.monotonic() - t0)
+    return (
+        f"docker save {n / 1e6:.0f} MB in {save:.1f} s; gzip level {DEFAULT_LEVEL} {gz:.0f} MB/s per core "
+        f"(ratio {ratio:.2f}, {os.cpu_count()} cores); loopback upload {up:.0f} MB/s"
+    )
+
+
+def measure(deps_mb: int = 60) -> list[Result]:
+    run = uuid.uuid4().hex[:8]
+    with tempfile.TemporaryDirectory(prefix="stackforge-pubbench-") as tmp:
+        ctx, cache = Path(tmp) / "ctx", Path(tmp) / "layers"
+        registry, stop = start_registry(Path(tmp) / "registry")
+        tags = [f"stackforge-bench/publish:{run}-1", f"stackforge-bench/publish:{run}-2"]
+        try:
+            write_context(ctx, deps_mb, "patch 1")
+            build(ctx, tags[0])
+            push1, push1_cpu = docker_push(registry, tags[0], f"bench/docker-{run}")
+            first, first_cpu, log1 = sf_publish(registry, tags[0], f"bench/sf-{run}", cache)
+            (ctx / "app" / "PATCH").write_text("patch 2\n")
+            build(ctx, tags[1])
+            push2, _ = docker_push(registry, tags[1], f"bench/docker-{run}")
+            again, again_cpu, log2 = sf_publish(registry, tags[1], f"bench/sf-{run}", cache)
+            uploaded = sum(1 for e in log2 if e["event"] == "blob-uploaded")
+            limits = bounds(registry, tags[0])
+        finally:
+            stop()
+            subprocess.run(["docker", "image", "rm", *tags], capture_output=True)
+    size = f"FROM {BASE} + {deps_mb} MB seeded deps (half random) + app layer"
+    return [
+        Result(
+            "publish (first)",
+            first,
+            push1,
+            0.7,
+            "docker push",
+            f"{size}; CPU s (ours: process + dockerd; docker push: dockerd) {first_cpu:.1f} vs {push1_cpu:.1f}; "
+            f"{phases(log1)}; bounds: {limits}",
+        ),
+        Result(
+            "re-publish after one-patch rebuild",
+            again,
+            first,
+            0.2,
+            "first publish",
+            f"{uploaded} blob(s) uploaded (config + changed layer); CPU s {again_cpu:.1f}; {phases(log2)}; "
+            f"docker push of the same took {push2:.1f} s",
+        ),
+    ]
+
+
+def main() -> int:
+    results = measure()
+    print(table(results))
+    for r in results:
+        print(f"- {r.measure}: {r.note}")
+    write(results, REPO / "build" / "bench" / "publish.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
