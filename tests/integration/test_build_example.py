@@ -74,6 +74,8 @@ def built(tmp_path_factory, base_image):
 def test_example_image_is_gated_labelled_and_tagged(built):
     root, tag, proc = built
     assert proc.stdout.strip().splitlines()[-1] == tag
+    result = json.loads((root / "build" / "example" / "evidence" / "latest" / "result.json").read_text())
+    assert docker("image", "inspect", tag, "--format", "{{.Id}}").strip() == result["image_id"]  # the tag names it
     gate = (root / "build" / "example" / "evidence" / "latest" / "gate.txt").read_text().splitlines()
     assert re.fullmatch(r"PASS python +version=3\.11\.\d+ platform=3\.11", gate[0]), gate[0]
     assert gate[1:] == [

@@ -29,8 +29,8 @@ PIP_CHECK = "PASS pip    check      No broken requirements found."
 def post2(standins):
     build = standins.happy("post2")
     assert build.ok, build.describe()
-    # The stack's local tag names the image just built (later tests use its id: other tests re-tag).
-    assert mb.image_id(POST2_TAG) == build.image
+    # Tests address the image by its id: the build is shared by the session, and other modules' builds of
+    # post2 move its local tag (test_build_example checks that a build's tag names its image).
     return build
 
 
