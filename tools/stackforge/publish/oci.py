@@ -20,6 +20,7 @@ import posixpath
 import re
 import tarfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import IO, Any, BinaryIO, Protocol
 from stackforge.build.engine import Engine
 from stackforge.errors import BuildFailed, UserError
 from stackforge.grammar import DIGEST_RE
-from stackforge.publish import pgzip
+from stackforge.publish import layerstore, pgzip
 from stackforge.publish.registry import OCI_MANIFEST, sha256_digest
 
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -554,6 +555,11 @@ class DockerImage:
     ) -> PreparedImage:
         if self.image_id is None:
             self.inspect()
+        if compression == "gzip":
+            try:
+                return self._prepare_from_store(workdir, log=log, cache=cache, level=level, sink=sink)
+            except layerstore.Unusable as exc:
+                log("export-from-layer-store-refused", reason=str(exc), then="docker save")
         import docker.errors  # the SDK streams `docker save` without a temporary tar file
 
         try:
@@ -577,3 +583,64 @@ class DockerImage:
             raise BuildFailed(
                 f"the engine's export of {self.ref} is unreadable: {exc}", fix="re-run the publish"
             ) from None
+
+    def _prepare_from_store(
+        self,
+        workdir: Path,
+        *,
+        log: Callable[..., None],
+        cache: LayerCache | None,
+        level: int,
+        sink: Callable[[Blob], object] | None,
+    ) -> PreparedImage:
+        """The image without ``docker save``: config and the layers the target lacks read from the engine's
+        layer store (``layerstore.py``), each rebuilt layer compressed while it is hashed and refused
+        (:class:`layerstore.Unusable`) unless its sha256 is its diff id. Every layer is checked in the store
+        before any is read, so a refusal costs at most the layers already compressed (kept valid: digest-checked)."""
+        assert self.image_id is not None
+        store = layerstore.open_store(self._engine())
+        config_bytes = store.config(self.image_id)
+        try:
+            diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
+        except (ValueError, KeyError, TypeError):
+            diff_ids = None
+        if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
+            raise layerstore.Unusable("the image config has no rootfs.diff_ids")
+        wanted: list[tuple[str, int] | layerstore.Layer] = []
+        for diff_id, chain_id in zip(diff_ids, layerstore.chain_ids(diff_ids)):
+            hit = cache.usable(diff_id) if cache is not None else None
+            wanted.append(hit if hit is not None else store.layer(diff_id, chain_id))
+        log("export-from-layer-store", root=str(store.root), read=sum(isinstance(w, layerstore.Layer) for w in wanted))
+        layers: list[Blob] = []
+        workdir.mkdir(parents=True, exist_ok=True)
+        pool = ThreadPoolExecutor(pgzip.workers(), thread_name_prefix="pgzip")
+        try:
+            for i, (diff_id, want) in enumerate(zip(diff_ids, wanted)):
+                if not isinstance(want, layerstore.Layer):
+                    layers.append(Blob(want[0], want[1], OCI_LAYER_GZIP, diff_id=diff_id, remote=True))
+                    continue
+                path, t = workdir / f"layer-{i}", time.monotonic()
+                with open(path, "wb") as out, io.BufferedReader(_ChunkReader(want.chunks()), _CHUNK) as src:
+                    writer = _HashingWriter(out)
+                    got = pgzip.compress(src, writer.write, level=level, pool=pool)
+                if got != diff_id:
+                    path.unlink()
+                    raise layerstore.Unusable(f"layer {i} rebuilt from the layer store hashes to {got}, not {diff_id}")
+                blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, OCI_LAYER_GZIP, path, diff_id=diff_id)
+                log(
+                    "layer-rebuilt",
+                    index=i,
+                    diff_id=diff_id,
+                    digest=blob.digest,
+                    size=blob.size,
+                    seconds=round(time.monotonic() - t, 3),
+                )
+                if cache is not None:
+                    cache.record(diff_id, blob.digest, blob.size)
+                if sink is not None:
+                    sink(blob)
+                layers.append(blob)
+        finally:
+            pool.shutdown(cancel_futures=True)
+        config = Blob(sha256_digest(config_bytes), len(config_bytes), OCI_CONFIG, data=config_bytes)
+        return PreparedImage(image_id=config.digest, config=config, layers=layers)

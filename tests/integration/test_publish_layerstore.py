@@ -1,0 +1,141 @@
+"""Layers rebuilt from the engine's overlay2 layer store are the bytes `docker save` exports, and a layer the
+store cannot rebuild exactly sends the publish back to `docker save`.
+
+One image, built by the engine on the Debian rootfs: a COPY layer with a non-UTF-8 name, a name over 100
+bytes, a 3 MiB random file, an empty file and a symlink; a RUN layer with a whiteout (a deleted file of the
+base), an opaque directory, a hard link, a setuid file and a FIFO.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stackforge.build.engine import Engine
+from stackforge.publish import layerstore
+from stackforge.publish.oci import ArchiveImage, DockerImage, LayerCache
+from stackforge.publish.publisher import PushLog
+
+pytestmark = [pytest.mark.engine]
+
+ROOTFS = "stackforge/base-rootfs:bookworm"
+
+
+def docker(*args: str) -> str:
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)}: {proc.stderr}")
+    return proc.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image(engine: Engine, base_image: str, tmp_path_factory):
+    """(reference, image id) of the test image; removed at the end."""
+    base = ROOTFS if engine.image_exists(ROOTFS) else base_image  # the small one when the base build kept it
+    ctx = tmp_path_factory.mktemp("layerstore")
+    files = ctx / "files"
+    files.mkdir()
+    (files / os.fsdecode(b"caf\xe9-latin1.txt")).write_bytes(b"not a UTF-8 name\n")
+    (files / ("long-name-" * 15 + ".txt")).write_text("over 100 bytes: a PAX header\n")
+    (files / "big.bin").write_bytes(os.urandom(3 << 20))
+    (files / "empty").write_bytes(b"")
+    (files / "link").symlink_to("big.bin")
+    (ctx / "Dockerfile").write_text(
+        f"FROM {base}\n"
+        "COPY files /srv/files\n"
+        "RUN rm /etc/issue && rm -rf /etc/apt && mkdir /etc/apt && echo new > /etc/apt/sources.list"
+        " && ln /srv/files/big.bin /srv/hard && cp /bin/true /srv/suid && chmod 4755 /srv/suid"
+        " && mkfifo /srv/fifo\n"
+    )
+    ref = f"stackforge-test/layerstore:{uuid.uuid4().hex[:8]}"
+    docker("buildx", "build", "--load", "-q", "-t", ref, str(ctx))
+    yield ref, engine.image_id(ref)
+    subprocess.run(["docker", "image", "rm", "-f", ref], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def saved(engine: Engine, image, tmp_path_factory) -> Path:
+    """The image as `docker save` exports it."""
+    path = tmp_path_factory.mktemp("saved") / "image.tar"
+    with open(path, "wb") as out:
+        for chunk in engine.sdk().api.get_image(image[1], chunk_size=1 << 20):
+            out.write(chunk)
+    return path
+
+
+def test_each_layer_rebuilt_from_the_store_is_the_layer_docker_save_exports(engine, image, saved):
+    store = layerstore.open_store(engine)
+    config = store.config(image[1])
+    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+    with tarfile.open(saved) as tar:
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        manifest = json.load(tar.extractfile("blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1]))  # type: ignore[arg-type]
+        assert manifest["config"]["digest"] == image[1]
+        for layer, diff_id, chain_id in zip(manifest["layers"], diff_ids, layerstore.chain_ids(diff_ids)):
+            exported = tar.extractfile("blobs/sha256/" + layer["digest"].split(":")[1]).read()  # type: ignore[union-attr]
+            rebuilt = b"".join(store.layer(diff_id, chain_id).chunks())
+            assert hashlib.sha256(rebuilt).hexdigest() == diff_id.split(":")[1]
+            assert rebuilt == exported
+    top = tarfile.open(fileobj=io.BytesIO(rebuilt))
+    names = top.getnames()
+    assert "etc/.wh.issue" in names and "etc/apt/.wh..wh..opq" in names and "srv/fifo" in names
+
+
+def test_publish_export_skips_docker_save_and_matches_it(image, saved, tmp_path):
+    log = PushLog()
+    from_store = DockerImage(image[0]).prepare(tmp_path / "store", compression="gzip", log=log)
+    events = [e["event"] for e in log.events]
+    assert "export-from-layer-store" in events and "export-from-layer-store-refused" not in events
+    from_save = ArchiveImage(saved).prepare(tmp_path / "save", compression="gzip", log=PushLog())
+    assert from_store.image_id == from_save.image_id == image[1]
+    assert [b.digest for b in from_store.layers] == [b.digest for b in from_save.layers]
+    assert from_store.digest == from_save.digest
+
+
+def test_a_layer_the_store_rebuilds_wrong_falls_back_to_docker_save(engine, image, tmp_path, monkeypatch):
+    """A copy of the store whose top layer has one byte changed (same size): the rebuilt layer's digest is
+    refused, the publish log says so, and the export from `docker save` gives the same image."""
+    real = layerstore.open_store(engine)
+    config = real.config(image[1])
+    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+    fake = tmp_path / "root"
+    (fake / "image").mkdir(parents=True)
+    (fake / "image" / "overlay2").symlink_to(real.root / "image" / "overlay2")
+    (fake / "overlay2").mkdir()
+    layers = [real.layer(d, c) for d, c in zip(diff_ids, layerstore.chain_ids(diff_ids))]
+    for layer in layers[:-1]:
+        (fake / "overlay2" / layer.files.parent.name).symlink_to(layer.files.parent)
+    top = fake / "overlay2" / layers[-1].files.parent.name
+
+    def special(d: str, names: list[str]) -> list[str]:  # whiteouts and FIFOs: no payload to copy
+        return [
+            n for n in names if not any(f(os.path.join(d, n)) for f in (os.path.islink, os.path.isfile, os.path.isdir))
+        ]
+
+    shutil.copytree(
+        layers[-1].files, top / "diff", symlinks=True, ignore=special
+    )  # whiteouts and FIFOs have no payload
+    sources = top / "diff" / "etc" / "apt" / "sources.list"
+    sources.write_bytes(sources.read_bytes().replace(b"new", b"NEW"))
+    monkeypatch.setattr(layerstore, "open_store", lambda _engine: layerstore.LayerStore(fake))
+
+    # Lower layers are in the registry already (a stub cache), so only the top two are rebuilt.
+    good = DockerImage(image[0]).prepare(tmp_path / "good", compression="gzip", log=PushLog())
+    cache = LayerCache(tmp_path / "cache", lambda digest, diff_id: diff_id in diff_ids[:-2])
+    for b in good.layers:
+        cache.record(b.diff_id, b.digest, b.size)  # type: ignore[arg-type]
+    log = PushLog()
+    again = DockerImage(image[0]).prepare(tmp_path / "again", compression="gzip", log=log, cache=cache)
+    refused = [e for e in log.events if e["event"] == "export-from-layer-store-refused"]
+    assert len(refused) == 1 and f"not {diff_ids[-1]}" in refused[0]["reason"], log.events
+    assert refused[0]["then"] == "docker save"
+    assert again.digest == good.digest
