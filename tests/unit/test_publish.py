@@ -568,6 +568,31 @@ def test_late_writer_from_another_host_is_caught_by_the_settled_reread(stub, ima
     assert stub.tag_digest(REPO, tag1) != r.digest and stub.tag_digest(REPO, r.tag) == r.digest
 
 
+def test_work_that_the_verdict_does_not_decide_fills_the_settle_pause(stub, images, tmp_path):
+    """``during_settle`` runs between the first re-read and the settled one, with the result about to be
+    reported; the pause sleeps only what is left of ``settle_seconds`` counted from the tag write, and the
+    aliases move only after the settled re-read. A failing hook is logged and changes nothing else."""
+    seen = []
+
+    def work(provisional):
+        seen.append((provisional.tag, provisional.aliases, stub.tag_digest(REPO, ALIAS)))
+        time.sleep(0.3)
+
+    r = run(stub.address, images("a"), tmp_path, settle_seconds=0.5, during_settle=work)
+    at = {e["event"]: e for e in r.push_log}
+    assert seen == [(r.tag, {ALIAS: "moved"}, None)]  # before the alias moved
+    assert at["settle-work"]["seconds"] >= 0.3 and at["settle"]["sleep"] <= 0.2 + 0.05
+    assert at["tag-reread-settled"]["t"] - at["tag-written"]["t"] >= 0.5
+    assert at["alias"]["t"] > at["tag-reread-settled"]["t"]
+
+    def broken(_provisional):
+        raise RuntimeError("record store down")
+
+    r2 = run(stub.address, images("b"), tmp_path, settle_seconds=0.05, during_settle=broken)
+    failed = [e for e in r2.push_log if e["event"] == "settle-work-failed"]
+    assert failed and failed[0]["error"] == "record store down" and r2.aliases == {ALIAS: "moved"}
+
+
 # ------------------------------------------------------------- failures after the tag was written
 
 

@@ -14,8 +14,10 @@ The algorithm (one registry repository, one tag scheme ``<head><YYYYMMDD><mid><N
    HEAD that tag right before writing it; if it appeared meanwhile, take the next free
    one. PUT the manifest under the tag.
 6. Re-read the manifest by tag and compare the digest of the bytes received with the
-   pushed digest (and the config digest with the image id); read it once more after
-   ``settle_seconds``. A failed check (a rewritten manifest, a config blob that does not
+   pushed digest (and the config digest with the image id); read it once more
+   ``settle_seconds`` after the tag was written. Work that does not depend on that verdict
+   (``during_settle``: e.g. preparing the publish record) runs in the pause, which sleeps only
+   for what is left of it. A failed check (a rewritten manifest, a config blob that does not
    hash to the image id, a missing layer) fails the publish and rolls the tag back where
    the registry allows deletion, never deleting a manifest that another tag holds; a tag
    taken over by a concurrent publisher on another host makes this one move on to the
@@ -221,6 +223,9 @@ class Publisher:
     settle_seconds: float = 2.0
     log: PushLog = field(default_factory=PushLog)
     max_revisions: int = 100
+    #: called with the result this publish is about to report (its aliases as they would move) while the settle
+    #: pause runs; its failure is logged, never fatal: the same work is done again after the verdict
+    during_settle: Callable[[PublishResult], object] | None = None
 
     def __post_init__(self) -> None:
         self.repository = self.client.repository
@@ -463,17 +468,37 @@ class Publisher:
                 taken.add(revision)
                 checked.discard(tag)
                 continue
+            written_at = time.monotonic()  # the PUT has answered: it landed at or before this
             verdict = self._verify_tag(tag, img)
             if verdict is not None and self.settle_seconds > 0:
                 # A publisher on another host that HEADed this tag before our PUT may still write it:
-                # read it once more after a pause longer than any sane HEAD→PUT gap.
-                time.sleep(self.settle_seconds)
+                # read it once more when a pause longer than any sane HEAD→PUT gap has passed since our write.
+                self._meanwhile(tag, img)
+                elapsed = time.monotonic() - written_at
+                left = self.settle_seconds - elapsed
+                self.log("settle", tag=tag, since_write=round(elapsed, 3), sleep=round(max(left, 0.0), 3))
+                if left > 0:
+                    time.sleep(left)
                 verdict = self._verify_tag(tag, img, again=True)
             if verdict is None:
                 taken.add(revision)
                 continue
             return tag, verdict
         raise BuildFailed(f"no free revision found after {self.max_revisions} tries for date {self.date}")
+
+    def _meanwhile(self, tag: str, img: PreparedImage) -> None:
+        """Run ``during_settle`` with the result this publish would report if the settled re-read confirms ``tag``."""
+        if self.during_settle is None:
+            return
+        t = time.monotonic()
+        try:
+            newest = self.scheme.newest([*self.client.list_tags(), tag]) if self.aliases else tag
+            aliases = {a: "moved" if newest == tag else f"not moved: {newest} is newer" for a in self.aliases}
+            self.during_settle(self._result("published", tag, img.digest, img.image_id, aliases, {}))
+        except Exception as exc:  # the work is redone after the verdict
+            self.log("settle-work-failed", error=str(exc))
+        else:
+            self.log("settle-work", seconds=round(time.monotonic() - t, 3))
 
     def _verify_tag(self, tag: str, img: PreparedImage, again: bool = False) -> dict[str, Any] | None:
         """Re-read the tag. Returns the verification record, None when a concurrent publisher took it."""
@@ -684,6 +709,7 @@ def publish(
     echo: Callable[[str], None] | None = None,
     evidence: Path | None = None,
     extra: dict[str, Any] | None = None,
+    during_settle: Callable[[PublishResult], object] | None = None,
 ) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``. See the module docstring.
 
@@ -696,6 +722,7 @@ def publish(
     ``gzip_level``: zlib level of the layer blobs (1-9); one level gives the same blob for a layer everywhere.
     When ``evidence`` is given, a success writes ``publish.json`` there and a failure writes
     ``publish-failed.json`` (an earlier ``publish.json`` stays), with ``extra`` fields (e.g. stack, target) first.
+    ``during_settle``: work to run in the settle pause (see :class:`Publisher`).
     """
     date = validate_date(date)
     repo = parse_repository(repository) if isinstance(repository, str) else repository
@@ -720,6 +747,7 @@ def publish(
         log=log,
         layer_cache=cache_dir(None, "layers") if layer_cache is True else (layer_cache or None),
         settle_seconds=settle_seconds,
+        during_settle=during_settle,
     )
     try:
         try:

@@ -8,6 +8,9 @@ and ``artifactType`` naming it. A registry with the referrers API indexes it its
 ``OCI-Subject``); otherwise the OCI 1.1 tag-schema fallback is kept: the tag ``sha256-<hex of the image
 digest>`` holds an image index listing the image's referrers, and the new artifact is added to it.
 
+A stack's publish attaches it in two halves (:class:`Attacher`): the record and its blobs while the publisher
+waits out its settle pause, the artifact manifest once the publish has its verdict.
+
 :func:`fetch` finds the records of an image the same two ways (``GET /v2/<name>/referrers/<digest>``, else the
 fallback tag) and checks every byte it reads against its digest; the newest record (by its
 ``org.opencontainers.image.created`` annotation) is the one ``verify`` checks.
@@ -117,12 +120,16 @@ def make(
 ) -> dict[str, Any]:
     """The record of one publish: ``loaded`` (a LoadedStack), the build's evidence directory, the
     ``PublishResult`` and the local image's labels."""
+    return {**head(loaded.model.name, target, published), **details(loaded, evidence_dir, labels)}
+
+
+def details(loaded: Any, evidence_dir: Path, labels: dict[str, str]) -> dict[str, Any]:
+    """The keys of a record after :func:`head`: what the publish result does not decide."""
     from stackforge.stack.load import fingerprint
 
     stack = loaded.model
     files = embed.files(loaded)
     return {
-        **head(stack.name, target, published),
         "stack_files": stack_files(files),
         "overrides": json.loads(files[embed.OVERRIDES]),
         "pins": {n: p.version for n, p in stack.packages.items()},
@@ -164,9 +171,14 @@ def _descriptor(media_type: str, data: bytes, **extra: Any) -> dict[str, Any]:
     return {"mediaType": media_type, "digest": sha256_digest(data), "size": len(data), **extra}
 
 
+def body_of(record: dict[str, Any]) -> bytes:
+    """The record as its artifact's layer holds it."""
+    return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+
+
 def artifact(record: dict[str, Any], subject: dict[str, Any], created: str) -> tuple[bytes, bytes]:
     """(record bytes, artifact manifest bytes) for ``record`` referring to ``subject`` (a descriptor)."""
-    body = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+    body = body_of(record)
     manifest = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
@@ -194,16 +206,28 @@ class Attached:
     fallback_tag: str | None
 
 
+def push_blobs(client: RegistryClient, *blobs: bytes, present: frozenset[str] = frozenset()) -> set[str]:
+    """Upload each of ``blobs`` the repository lacks (``present``: digests known to be there); their digests."""
+    pushed = set()
+    for data in blobs:
+        digest = sha256_digest(data)
+        if digest not in present and not client.blob_exists(digest):
+            client.upload_blob(digest, len(data), functools.partial(io.BytesIO, data))
+        pushed.add(digest)
+    return pushed
+
+
 def attach(
-    client: RegistryClient, record: dict[str, Any], subject: dict[str, Any], created: str | None = None
+    client: RegistryClient,
+    record: dict[str, Any],
+    subject: dict[str, Any],
+    created: str | None = None,
+    present: frozenset[str] = frozenset(),
 ) -> Attached:
     """Push ``record`` as an artifact referring to ``subject`` (the image manifest's descriptor)."""
     created = created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     body, manifest = artifact(record, subject, created)
-    for data in (EMPTY, body):
-        digest = sha256_digest(data)
-        if not client.blob_exists(digest):
-            client.upload_blob(digest, len(data), functools.partial(io.BytesIO, data))
+    push_blobs(client, EMPTY, body, present=present)
     digest = sha256_digest(manifest)
     _, indexed = client.put_manifest_subject(digest, manifest, OCI_MANIFEST)
     if indexed == subject["digest"]:
@@ -265,41 +289,24 @@ def fetch(client: RegistryClient, digest: str) -> Found | None:
     return Found(json.loads(blob), newest["digest"], via, (manifest.get("annotations") or {}).get(CREATED, ""), subject)
 
 
-def attach_after_publish(
-    loaded: Any,
-    target: str,
+def attach_made(
+    record: dict[str, Any],
     evidence_dir: Path,
     published: Any,
     repository: Any,
-    engine: Any,
-    local_ref: str,
     policy: Any = None,
-) -> Attached:
-    """Attach the record of a publish that just succeeded, and keep it beside ``publish.json`` as
-    ``record.json`` (with where it was attached). A failure says the image is published and a re-run
-    attaches the record."""
-    labels = dict(engine.sdk().images.get(local_ref).attrs.get("Config", {}).get("Labels") or {})
-    return attach_made(
-        make(loaded, target, evidence_dir, published, labels), evidence_dir, published, repository, policy
-    )
-
-
-def attach_made(
-    record: dict[str, Any], evidence_dir: Path, published: Any, repository: Any, policy: Any = None
+    early: Early | None = None,
 ) -> Attached:
     """Attach ``record`` to the image a publish that just succeeded pushed, and keep it beside ``publish.json``
-    as ``record.json`` (with where it was attached)."""
+    as ``record.json`` (with where it was attached). ``early``: what :meth:`Attacher.prepare` already did."""
     from stackforge.errors import BuildFailed
     from stackforge.fslock import atomic_write
-    from stackforge.publish.registry import RetryPolicy
 
-    client = RegistryClient(repository, policy=policy or RetryPolicy())
+    early = early if early is not None and early.subject["digest"] == published.digest else None
+    client = early.client if early else _client(repository, policy)
     try:
-        info = client.head_manifest(published.digest)
-        if info is None:
-            raise RegistryError(f"the registry no longer holds {published.digest}")
-        subject = {"mediaType": info.media_type or OCI_MANIFEST, "digest": published.digest, "size": info.size}
-        done = attach(client, record, subject, published.finished_at)
+        subject = early.subject if early else _subject(client, published.digest)
+        done = attach(client, record, subject, published.finished_at, present=early.present if early else frozenset())
     except RegistryError as exc:
         raise BuildFailed(
             f"{published.reference} is published, but its publish record could not be attached: {exc}",
@@ -309,3 +316,61 @@ def attach_made(
         evidence_dir / "record.json", json.dumps({"attached": done.__dict__, "record": record}, indent=2) + "\n"
     )
     return done
+
+
+def _client(repository: Any, policy: Any) -> RegistryClient:
+    from stackforge.publish.registry import RetryPolicy
+
+    return RegistryClient(repository, policy=policy or RetryPolicy())
+
+
+def _subject(client: RegistryClient, digest: str) -> dict[str, Any]:
+    """The descriptor of the image manifest ``digest``, as the registry holds it."""
+    info = client.head_manifest(digest)
+    if info is None:
+        raise RegistryError(f"the registry no longer holds {digest}")
+    return {"mediaType": info.media_type or OCI_MANIFEST, "digest": digest, "size": info.size}
+
+
+@dataclass
+class Early:
+    """What was done for a record before the publish's verdict: its subject and the blobs the registry holds."""
+
+    client: RegistryClient
+    subject: dict[str, Any]
+    present: frozenset[str]
+
+
+@dataclass
+class Attacher:
+    """Attach a stack's publish record in two halves. :meth:`prepare` runs in the publisher's settle pause
+    with the result the publish is about to report: the labels, the record (stack files, fingerprints, gate
+    results), its blobs uploaded and the subject read. :meth:`finish` runs on the result the publish
+    reported: the record for its tags (uploaded again only where they differ) and the artifact manifest."""
+
+    loaded: Any
+    target: str
+    evidence_dir: Path
+    repository: Any
+    engine: Any
+    local_ref: str
+    policy: Any = None
+    _details: dict[str, Any] | None = None
+    _early: Early | None = None
+
+    def _record(self, published: Any) -> dict[str, Any]:
+        if self._details is None:
+            labels = dict(self.engine.sdk().images.get(self.local_ref).attrs.get("Config", {}).get("Labels") or {})
+            self._details = details(self.loaded, self.evidence_dir, labels)
+        return {**head(self.loaded.model.name, self.target, published), **self._details}
+
+    def prepare(self, provisional: Any) -> None:
+        client = _client(self.repository, self.policy)
+        subject = _subject(client, provisional.digest)
+        present = push_blobs(client, EMPTY, body_of(self._record(provisional)))
+        self._early = Early(client, subject, frozenset(present))
+
+    def finish(self, published: Any) -> Attached:
+        return attach_made(
+            self._record(published), self.evidence_dir, published, self.repository, self.policy, self._early
+        )

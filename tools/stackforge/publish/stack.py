@@ -151,6 +151,7 @@ def publish_stack(
         gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
         extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
         evidence_dir = publish_dir(root, gated, image.image_id)
+        attacher = record.Attacher(loaded, target, evidence_dir, repository, engine, local, policy)
         result = publish(
             image,
             repository,
@@ -166,6 +167,7 @@ def publish_stack(
             evidence=evidence_dir,
             extra=extra,
             layer_cache=ws.cache("layers"),
+            during_settle=attacher.prepare,  # the record's work that the verdict does not decide
         )
-        record.attach_after_publish(loaded, target, evidence_dir, result, repository, engine, local, policy)
+        attacher.finish(result)
         return result
