@@ -67,6 +67,13 @@ def test_the_gated_example_image_is_published_verified_and_not_twice(built, regi
     r = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()
     record_tag = "sha256-" + ev["digest"].removeprefix("sha256:")  # the publish record (tag-schema fallback)
     assert sorted(r["tags"]) == sorted([ev["tag"], *ev["aliases"], record_tag])
+    # The record was prepared in the settle pause (exported from the layer store, not `docker save`) and names
+    # the tags the publish reported.
+    events = [e["event"] for e in ev["push_log"]]
+    assert "settle-work" in events and "settle-work-failed" not in events
+    assert "export-from-layer-store" in events and "export-from-layer-store-refused" not in events
+    attached = json.loads((evidence_dir / "record.json").read_text())
+    assert attached["record"]["tags"] == [ev["tag"], *ev["aliases"]]
     head = requests.head(
         f"http://{registry}/v2/{ns}/stackforge-example/manifests/{ev['tag']}",
         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
