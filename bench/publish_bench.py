@@ -12,7 +12,7 @@ Measured back to back:
   re-publish             stackforge again after the one-layer rebuild (same repository); its peer is the first publish
 The publish goes through :func:`stackforge.publish.publisher.publish` with the engine's image, the code
 path ``stackforge publish`` runs after its gate check, with the production defaults (settle re-read
-included). Also reported: where the first publish spent its time, and the bounds (``docker save``
+included; the library call has no publish record to prepare in the pause, so the pause is all sleep). Also reported: where the first publish spent its time, and the bounds (``docker save``
 seconds, gzip MB/s per core at the level used, loopback upload MB/s).
 Run: PYTHONPATH=tools python bench/publish_bench.py
 """
@@ -154,14 +154,25 @@ def phases(log: list[dict[str, Any]]) -> str:
     """Where a publish spent its time, from its push log."""
     at = {e["event"]: e["t"] for e in reversed(log)}
     end = log[-1]["t"]
+    source = (
+        "layer store"
+        if "export-from-layer-store" in at and "export-from-layer-store-refused" not in at
+        else "docker save"
+    )
+    reread = at.get("tag-reread", end)
     parts = [
         ("preflight", 0.0, at.get("export", 0.0)),
-        ("export+compress", at.get("export", 0.0), at.get("exported", 0.0)),
+        (f"export ({source}) + compress", at.get("export", 0.0), at.get("exported", 0.0)),
         ("upload tail", at.get("exported", 0.0), at.get("manifest-by-digest", 0.0)),
-        ("tag+verify", at.get("manifest-by-digest", 0.0), at.get("tag-reread", end)),
-        ("settle", at.get("tag-reread", end), end),
+        ("tag + first re-read", at.get("manifest-by-digest", 0.0), reread),
+        ("settle", reread, at.get("tag-reread-settled", reread)),
+        ("aliases + rest", at.get("tag-reread-settled", reread), end),
     ]
-    return ", ".join(f"{name} {b - a:.1f} s" for name, a, b in parts)
+    rebuilt = sum(e.get("seconds", 0.0) for e in log if e["event"] == "layer-rebuilt")
+    slept = sum(e.get("sleep", 0.0) for e in log if e["event"] == "settle")
+    return ", ".join(f"{name} {b - a:.2f} s" for name, a, b in parts) + (
+        f" (layers rebuilt + compressed {rebuilt:.2f} s; settle slept {slept:.2f} s)"
+    )
 
 
 def bounds(registry: str, image: str) -> str:
