@@ -8,6 +8,7 @@ from stackforge.build.engine import (
     Engine,
     build_command,
     check_build_args,
+    effective_buildkit,
     parse_buildx_inspect,
     parse_buildx_version,
     parse_version,
@@ -148,11 +149,40 @@ def test_parse_buildx_inspect_new_and_old_layouts():
     assert old["name"] == "ci" and old["driver"] == "docker-container" and old["buildkit"] == "v0.12.5"
 
 
-@pytest.mark.parametrize("inspect, expected", [(NEW_INSPECT, False), (OLD_INSPECT, True)])
-def test_supports_source_date_epoch_follows_buildkit_version(inspect, expected):
+DEBIAN_INSPECT = NEW_INSPECT.replace("v0.8+unknown", "v0.0.0+unknown")
+
+
+@pytest.mark.parametrize(
+    "inspect, server, expected",
+    [
+        (NEW_INSPECT, "20.10.24+dfsg1", False),
+        (OLD_INSPECT, "20.10.24", True),  # a docker-container builder says its own version
+        (DEBIAN_INSPECT, "26.1.5+dfsg1", True),  # Debian's build says v0.0.0: Docker 26 embeds 0.13
+        (DEBIAN_INSPECT, "20.10.24+dfsg1", False),
+        (DEBIAN_INSPECT, "31.0.0", True),  # newer than the table: its newest entry
+    ],
+)
+def test_engine_features_follow_the_buildkit_it_runs(inspect, server, expected):
     engine = Engine()
     engine._inspect = parse_buildx_inspect(inspect)  # what _inspect_builder would have cached
+    engine._server = server
     assert engine.supports_source_date_epoch() is expected
+    assert engine.supports_run_network() is expected
+
+
+def test_effective_buildkit_reads_the_report_first_then_the_docker_release():
+    assert effective_buildkit("v0.12.5", "docker", "20.10.24") == (0, 12)
+    assert effective_buildkit("v0.0.0+unknown", "docker", "26.1.5+dfsg1") == (0, 13)
+    assert effective_buildkit("v0.0.0+unknown", "docker-container", "26.1.5") == (0, 0)
+    assert effective_buildkit("v0.0.0+unknown", "docker", "19.03.1") == (0, 0)
+    assert effective_buildkit(None, "docker", None) == (0, 0)
+
+
+def test_buildkit_version_names_the_release_it_is_taken_for():
+    engine = Engine()
+    engine._inspect = parse_buildx_inspect(DEBIAN_INSPECT)
+    engine._server = "26.1.5+dfsg1"
+    assert engine.buildkit_version() == "v0.0.0+unknown (Docker 26.1.5+dfsg1: 0.13)"
 
 
 def test_missing_cli_is_a_user_error_with_the_fix():

@@ -332,6 +332,9 @@ class FillingEngine:
     def supports_source_date_epoch(self):
         return False
 
+    def supports_run_network(self):
+        return False
+
     def image_id(self, ref):
         return "sha256:" + "c" * 64
 

@@ -18,7 +18,7 @@ from test_stack_golden import compare_golden
 
 from stackforge.build import bake, context, run
 from stackforge.build.context import SourceInfo
-from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, prepare_dockerfile
+from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, EngineFacts, prepare_dockerfile
 from stackforge.stack.load import list_stacks, load
 from stackforge.workspace import Workspace
 from tests.fixtures.stack_support import REPO, run_cli
@@ -40,8 +40,8 @@ def check_golden(name: str, text: str, *host_paths: Path) -> None:
     compare_golden(name, text)
 
 
-def fixed_engine_facts() -> tuple[BaseImage, bool]:
-    return BaseImage(BASE_DIGEST, BASE_ID), True
+def fixed_engine_facts() -> EngineFacts:
+    return EngineFacts(BaseImage(BASE_DIGEST, BASE_ID), source_date_epoch=True, run_network=True)
 
 
 def test_every_checked_in_stack_has_a_golden_case():
@@ -78,6 +78,9 @@ class StandInEngine:
         return self
 
     def supports_source_date_epoch(self) -> bool:
+        return True
+
+    def supports_run_network(self) -> bool:
         return True
 
 

@@ -257,8 +257,10 @@ def _swap(staging: Path, ctx_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def write_dockerfile(ctx: Context, labels: dict[str, str], syntax: str | None = None) -> Path:
+def write_dockerfile(ctx: Context, labels: dict[str, str], syntax: str | None = None,
+                     run_network: bool = False) -> Path:
     """Write build/<stack>/Dockerfile (whole, under the build directory's lock)."""
     with stack_lock(ctx.build_dir):
-        atomic_write(ctx.dockerfile, render_dockerfile(ctx.plan, labels, syntax=syntax, root=ctx.loaded.root))
+        atomic_write(ctx.dockerfile, render_dockerfile(ctx.plan, labels, syntax=syntax, root=ctx.loaded.root,
+                                                       run_network=run_network))
     return ctx.dockerfile

@@ -93,7 +93,9 @@ def engine_checks(workspace: Workspace) -> list[Check]:
     def buildkit() -> str:
         engine = workspace.engine
         sde = "yes" if engine.supports_source_date_epoch() else "no (needs BuildKit 0.11 or newer)"
-        return f"buildx {engine.buildx_version()}, BuildKit {engine.buildkit_version()}, SOURCE_DATE_EPOCH: {sde}"
+        net = "yes" if engine.supports_run_network() else "no (needs BuildKit 0.11 or newer)"
+        return (f"buildx {engine.buildx_version()}, BuildKit {engine.buildkit_version()}, SOURCE_DATE_EPOCH: {sde}, "
+                f"RUN --network=none: {net}")
 
     return [
         Check("", "engine", "docker", run=docker),

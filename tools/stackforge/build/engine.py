@@ -35,6 +35,12 @@ SETUP_FIX = "run scripts/engine-setup.sh (as root on Debian it installs and star
 MIN_BUILDKIT = (0, 8)
 #: First BuildKit release that honours SOURCE_DATE_EPOCH.
 SOURCE_DATE_EPOCH_BUILDKIT = (0, 11)
+#: First BuildKit whose built-in Dockerfile frontend takes ``RUN --network=none`` without a ``# syntax=`` line
+#: (the flag left the labs channel in Dockerfile 1.3, BuildKit 0.9; 0.11 is the first release we run it on).
+RUN_NETWORK_BUILDKIT = (0, 11)
+#: BuildKit embedded in each Docker Engine major release, for the ``docker`` driver when the builder reports
+#: no usable version (distribution builds, e.g. Debian's, say ``v0.0.0+unknown``).
+DOCKER_EMBEDDED_BUILDKIT = {20: (0, 8), 23: (0, 11), 24: (0, 12), 25: (0, 12), 26: (0, 13), 27: (0, 15), 28: (0, 20)}
 
 _SECRET_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 _ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,6 +57,25 @@ def parse_version(text: str) -> tuple[int, ...]:
     if not m:
         raise ValueError(f"no version number in {text!r}")
     return tuple(int(p) for p in m.group(1).split("."))
+
+
+def effective_buildkit(reported: str | None, driver: str | None, server_version: str | None) -> tuple[int, int]:
+    """The BuildKit (major, minor) a builder runs: what it reports, or for the ``docker`` driver with no usable
+    version (``v0.0.0+unknown``) the one embedded in the daemon's Docker Engine release. ``(0, 0)`` when
+    neither says."""
+    try:
+        parts = parse_version(reported or "") + (0, 0)
+        level = (parts[0], parts[1])
+    except ValueError:
+        level = (0, 0)
+    if level > (0, 0) or driver != "docker" or not server_version:
+        return level
+    try:
+        major = parse_version(server_version)[0]
+    except ValueError:
+        return (0, 0)
+    known = [m for m in DOCKER_EMBEDDED_BUILDKIT if m <= major]
+    return DOCKER_EMBEDDED_BUILDKIT[max(known)] if known else (0, 0)
 
 
 def parse_buildx_version(output: str) -> str:
@@ -201,6 +226,7 @@ class Engine:
         self.builder = builder
         self.env = dict(os.environ if env is None else env)
         self._inspect: dict[str, str | None] | None = None
+        self._server: str | None = None
 
     # -- plumbing
     def cli(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
@@ -229,6 +255,7 @@ class Engine:
         if info.returncode != 0 or not info.stdout.strip():
             raise UserError(f"no Docker daemon answers: {_last_line(info.stderr) or 'docker version failed'}",
                             fix=SETUP_FIX)
+        self._server = info.stdout.strip()
         bx = self.cli("buildx", "version", timeout=20)
         if bx.returncode != 0:
             raise UserError("the docker buildx plugin is missing ('docker buildx version' fails)", fix=SETUP_FIX)
@@ -237,7 +264,7 @@ class Engine:
         if not bk:
             raise UserError(f"buildx builder {insp.get('name') or self.builder or 'default'} reports no BuildKit version "
                             f"(status {insp.get('status')})", fix=f"check 'docker buildx inspect --bootstrap'; {SETUP_FIX}")
-        if parse_version(bk)[:2] < MIN_BUILDKIT:
+        if effective_buildkit(bk, insp.get("driver"), info.stdout.strip()) < MIN_BUILDKIT:
             raise UserError(f"BuildKit {bk} is too old; stackforge needs >= {'.'.join(map(str, MIN_BUILDKIT))}",
                             fix="upgrade Docker Engine (>= 20.10) or use a newer buildx builder")
         return EngineInfo(
@@ -269,15 +296,44 @@ class Engine:
         return parse_buildx_version(proc.stdout)
 
     def buildkit_version(self) -> str:
-        """BuildKit version of the current (or chosen) builder, e.g. ``v0.8+unknown``."""
-        bk = self._inspect_builder().get("buildkit")
+        """BuildKit version of the current (or chosen) builder as it reports it, e.g. ``v0.8+unknown``; with the
+        release it is taken for when that says nothing, e.g. ``v0.0.0+unknown (Docker 26: 0.13)``."""
+        insp = self._inspect_builder()
+        bk = insp.get("buildkit")
         if not bk:
             raise UserError("the buildx builder reports no BuildKit version", fix=SETUP_FIX)
+        level = self.buildkit_level()
+        try:
+            reported = parse_version(bk)[:2]
+        except ValueError:
+            reported = (0, 0)
+        if reported != level and level > (0, 0):
+            return f"{bk} (Docker {self.server_version()}: {level[0]}.{level[1]})"
         return bk
+
+    def server_version(self) -> str:
+        """The daemon's version (``docker version``), asked once."""
+        if self._server is None:
+            proc = self.cli("version", "--format", "{{.Server.Version}}", timeout=20)
+            if proc.returncode != 0 or not proc.stdout.strip():
+                raise UserError(f"no Docker daemon answers: {_last_line(proc.stderr) or 'docker version failed'}",
+                                fix=SETUP_FIX)
+            self._server = proc.stdout.strip()
+        return self._server
+
+    def buildkit_level(self) -> tuple[int, int]:
+        """(major, minor) of the BuildKit the builds run on (see :func:`effective_buildkit`)."""
+        insp = self._inspect_builder()
+        server = self.server_version() if insp.get("driver") == "docker" else None
+        return effective_buildkit(insp.get("buildkit"), insp.get("driver"), server)
 
     def supports_source_date_epoch(self) -> bool:
         """True when BuildKit honours SOURCE_DATE_EPOCH (0.11 and later)."""
-        return parse_version(self.buildkit_version())[:2] >= SOURCE_DATE_EPOCH_BUILDKIT
+        return self.buildkit_level() >= SOURCE_DATE_EPOCH_BUILDKIT
+
+    def supports_run_network(self) -> bool:
+        """True when the Dockerfile frontend takes ``RUN --network=none`` as it is."""
+        return self.buildkit_level() >= RUN_NETWORK_BUILDKIT
 
     # -- images
     def image_exists(self, ref: str) -> bool:

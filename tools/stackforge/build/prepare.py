@@ -2,7 +2,8 @@
 
 Lint the stack, assemble the build context, compute the image labels and write
 build/<stack>/Dockerfile. Nothing here talks to the engine: what only the engine
-knows (the base image's identity, whether BuildKit honours SOURCE_DATE_EPOCH) comes
+knows (the base image's identity, whether BuildKit honours SOURCE_DATE_EPOCH and
+``RUN --network=none``) comes
 in through a callback, so the same stack and inputs give the same Dockerfile bytes
 whichever verb wrote it.
 """
@@ -35,6 +36,15 @@ class BaseImage:
     id: str | None  # image id
 
 
+@dataclass(frozen=True)
+class EngineFacts:
+    """What only the engine knows and the Dockerfile depends on."""
+
+    base: BaseImage
+    source_date_epoch: bool  # BuildKit honours SOURCE_DATE_EPOCH (0.11+)
+    run_network: bool = False  # the Dockerfile frontend takes RUN --network=none
+
+
 @dataclass
 class Prepared:
     """A stack ready for the engine: context and Dockerfile written, labels and build args fixed.
@@ -57,19 +67,21 @@ def lint_or_fail(loaded: LoadedStack) -> None:
 
 
 def prepare_dockerfile(loaded: LoadedStack, *, out: Path | None = None, sources: bool = True,
-                       syntax: str | None = None, engine_facts: Callable[[], tuple[BaseImage, bool]] | None = None,
+                       syntax: str | None = None, engine_facts: Callable[[], EngineFacts] | None = None,
                        workspace: Workspace | None = None) -> Prepared:
     """Lint, assemble the context, compute the labels and write the Dockerfile.
 
     ``engine_facts``, called once the stack passes lint, gives what only the engine knows: the resolved
-    base image (its digest and id become labels and part of the inputs) and whether BuildKit honours
+    base image (its digest and id become labels and part of the inputs), whether BuildKit honours
     SOURCE_DATE_EPOCH (the pinned upstream commit's time then becomes the build argument and the
-    `created` label). Without it the labels name no base digest or id and no creation time.
+    `created` label) and whether it takes ``RUN --network=none`` (the offline steps then get no network).
+    Without it the labels name no base digest or id and no creation time.
     ``sources=False`` fetches no upstream; the labels then hold no `org.stackforge.inputs`, since the
     sources it fingerprints are unknown (``Prepared.inputs_omitted`` gives the reason)."""
     stack = loaded.model
     lint_or_fail(loaded)
-    base, epoch = engine_facts() if engine_facts else (None, False)
+    facts = engine_facts() if engine_facts else None
+    base, epoch = (facts.base, facts.source_date_epoch) if facts else (None, False)
     ctx = assemble(loaded, out, sources=sources, workspace=workspace)
     digest, image_id = (base.digest, base.id) if base else (None, None)
     ctx.base = digest or image_id
@@ -82,5 +94,5 @@ def prepare_dockerfile(loaded: LoadedStack, *, out: Path | None = None, sources:
     labels = image_labels(loaded, base_digest=digest, base_id=image_id, created=created, series=ctx.series,
                           inputs=None if omitted else ctx.inputs_fingerprint(), post_install=ctx.post_install)
     labels[embed.LABEL] = embed.label(loaded)
-    write_dockerfile(ctx, labels, syntax=syntax)
+    write_dockerfile(ctx, labels, syntax=syntax, run_network=bool(facts and facts.run_network))
     return Prepared(ctx, labels, build_args, omitted)

@@ -68,12 +68,16 @@ def _env(root: Path | None) -> Sandbox:
 
 
 def render_dockerfile(plan: Plan, labels: dict[str, str] | None = None, syntax: str | None = None,
-                      root: Path | None = None) -> str:
-    """The Dockerfile text. ``syntax`` adds a `# syntax=` line (off by default: it needs a registry)."""
+                      root: Path | None = None, run_network: bool = False) -> str:
+    """The Dockerfile text. ``syntax`` adds a `# syntax=` line (off by default: it needs a registry).
+    ``run_network`` (the engine takes ``RUN --network=none``): the steps that must not reach the network
+    (kernel builds, steps, post-install patches, the gates, inventories and checks) run with none at all;
+    without it they are offline only by construction (no index, local git only)."""
     env = _env(root)
     try:
         template = env.get_template("Dockerfile.j2")
-        text = env.render_limited(template, {"plan": plan, "labels": labels or {}, "syntax": syntax})
+        text = env.render_limited(template, {"plan": plan, "labels": labels or {}, "syntax": syntax,
+                                             "offline": "--network=none " if run_network else ""})
     except jinja2.TemplateSyntaxError as exc:
         raise UserError(f"invalid Dockerfile template: {exc.message}", file="images/Dockerfile.j2", line=exc.lineno,
                         fix="fix the template's {{ … }} / {% … %} syntax") from None

@@ -27,6 +27,7 @@ from stackforge.build.context import Context, build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import (
     BaseImage,
+    EngineFacts,
     Prepared,
     prepare_dockerfile,
 )
@@ -196,8 +197,9 @@ def prepare(loaded: LoadedStack, engine: Engine, *, out: Path | None = None, sou
     same bytes (and so share BuildKit's cache): the engine resolves the base image and says whether it
     honours SOURCE_DATE_EPOCH; ``sources=False`` asks the engine nothing and fetches no upstream."""
 
-    def engine_facts() -> tuple[BaseImage, bool]:
-        return BaseImage(*base_identity(engine, loaded)), engine.supports_source_date_epoch()
+    def engine_facts() -> EngineFacts:
+        return EngineFacts(BaseImage(*base_identity(engine, loaded)), engine.supports_source_date_epoch(),
+                           engine.supports_run_network())
 
     return prepare_dockerfile(loaded, out=out, sources=sources, syntax=syntax,
                               engine_facts=engine_facts if sources else None, workspace=workspace)

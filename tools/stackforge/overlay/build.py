@@ -302,7 +302,14 @@ def render_dockerfile(ov: LoadedOverlay, view: dict, root: Path | None) -> str:
     return "\n".join(ln for i, ln in enumerate(lines) if ln or (i and lines[i - 1])).strip() + "\n"
 
 
-def template_view(loaded: LoadedStack, ov: LoadedOverlay, base: BaseImage, data: dict, labels: dict[str, str]) -> dict:
+def template_view(
+    loaded: LoadedStack,
+    ov: LoadedOverlay,
+    base: BaseImage,
+    data: dict,
+    labels: dict[str, str],
+    run_network: bool = False,
+) -> dict:
     reason = grammar.check_image_ref(base.ref)
     if reason:
         raise UserError(
@@ -325,6 +332,7 @@ def template_view(loaded: LoadedStack, ov: LoadedOverlay, base: BaseImage, data:
         "ports": list(m.ports.values()),
         "labels": labels,
         "entrypoint": [m.entrypoint.dest] if m.entrypoint is not None else None,
+        "offline": "--network=none " if run_network else "",  # the engine takes RUN --network=none
     }
 
 
@@ -407,7 +415,12 @@ def build_overlay(
         data, changed = write_context(loaded, ov, odir / "context", images, workspace=ws)
         labels = overlay_labels(loaded, ov, base, changed)
         dockerfile = odir / "Dockerfile"
-        atomic_write(dockerfile, render_dockerfile(ov, template_view(loaded, ov, base, data, labels), loaded.root))
+        atomic_write(
+            dockerfile,
+            render_dockerfile(
+                ov, template_view(loaded, ov, base, data, labels, engine.supports_run_network()), loaded.root
+            ),
+        )
         evidence_dirs.keep_builds(opts.keep_builds)
         evidence = evidence_dirs.new_build(odir / "evidence")
         atomic_write(evidence / "Dockerfile", dockerfile.read_bytes())
