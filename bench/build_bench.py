@@ -50,7 +50,8 @@ INDEXES = CACHE / "bench" / "index"
 PEER = "naive single-stage Dockerfile"
 #: the one-pin change: a public pin moved to its previous release (fetched with the rest)
 PIN_CHANGE = ("filelock", "3.16.1", "3.16.0")
-CA = next((p for p in ("/etc/ssl/certs/ca-certificates.crt",) if Path(p).is_file()), None)
+#: the stackforge under test (``--tools DIR``: another checkout's tools/, e.g. to measure a baseline)
+TOOLS = [REPO / "tools"]
 #: BuildKit plain progress: a step's name, its cache hit, its end
 STEP = re.compile(r"^#(\d+) \[([\w.-]+) +\d+/\d+\] (.*)$")
 CACHED = re.compile(r"^#(\d+) CACHED$")
@@ -101,14 +102,21 @@ def _run(cmd: list[str], **kw) -> Run:
 
 
 def _stackforge(side: Side, *args: str) -> Run:
-    env = dict(os.environ, STACKFORGE_CACHE=str(CACHE), PYTHONPATH=str(REPO / "tools"))
+    env = dict(os.environ, STACKFORGE_CACHE=str(CACHE), PYTHONPATH=str(TOOLS[0]))
     sets = [a for o in side.overrides for a in ("--set", o)]
     return _run([sys.executable, "-m", "stackforge", "--root", str(side.root), *args, *sets], env=env)
 
 
 def build_ours(side: Side, no_cache: bool = False) -> Run:
     return _stackforge(
-        side, "build", STACK, "--network", "host", *(["--no-cache"] if no_cache else []), "--set", f"tags.local={side.tag}"
+        side,
+        "build",
+        STACK,
+        "--network",
+        "host",
+        *(["--no-cache"] if no_cache else []),
+        "--set",
+        f"tags.local={side.tag}",
     )
 
 
@@ -245,10 +253,15 @@ def measure(echo=print) -> list[Result]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--json", action="store_true", help="also write build/bench/results.json")
+    parser.add_argument("--tools", type=Path, help="measure the stackforge in this tools/ directory")
     args = parser.parse_args()
+    if args.tools:
+        TOOLS[0] = args.tools.resolve()
     results = measure(echo=lambda s: print(s, file=sys.stderr, flush=True))
     print(table(results))
-    print("\nTimes are wall-clock seconds on a machine whose 2 cores are shared with other work: noisy; compare the ratios.")
+    print(
+        "\nTimes are wall-clock seconds on a machine whose 2 cores are shared with other work: noisy; compare the ratios."
+    )
     if args.json:
         print(f"written: {write(results)}")
     return 0

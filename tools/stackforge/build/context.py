@@ -6,6 +6,7 @@ git mirror or a checksummed release sdist), patched in order with the overlay.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stackforge.build import artifacts, edits, embed, installed, reqlocks, requirements
+from stackforge.build import artifacts, edits, embed, installed, reqlocks, requirements, reuse
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
@@ -226,7 +227,9 @@ def _fill(loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: 
     embed.write_context(loaded, staging)
     infos: list[SourceInfo] = []
     if sources:
-        exported = {name: _export_source(loaded, name, staging / "src" / name, workspace)
+        exported = {name: reuse.exported(loaded, name, staging, staging.parent / "context",
+                                         functools.partial(_export_source, loaded, name, workspace=workspace),
+                                         refresh=workspace.refresh)
                     for name in export_order(stack)}
         infos = [exported[name] for name in stack.upstreams]
         requirements.write_phases(loaded, staging, {n: staging / "src" / n for n in stack.upstreams},

@@ -23,6 +23,7 @@ from stackforge.build import evidence as evidence_dirs
 from stackforge.build import system
 from stackforge.build import inventory
 from stackforge.build import reports as target_reports
+from stackforge.build import reuse
 from stackforge.build.context import Context, build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import (
@@ -173,18 +174,23 @@ GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
 CHECKS = "checks.txt"
 
 
+#: the other records a build leaves in the image, read in the same container run: section -> image path
+RECORDS = {"inventory.json": inventory.IMAGE_PATH, "system.txt": system.EVIDENCE}
+
+
 def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
-    """The gate's own reports and the target checks' records (``checks.txt``: the lines of every target the
-    image went through, by target name; each line names its target), as the build left them in the image
-    (one container run)."""
+    """The gate's own reports, the target checks' records (``checks.txt``: the lines of every target the
+    image went through, by target name; each line names its target), the inventory and the system record,
+    as the build left them in the image (one container run)."""
     script = "; ".join(f'if [ -f /stackforge/gate/{n} ]; then echo "==> {n}"; cat /stackforge/gate/{n}; fi'
                        for n in GATE_FILES)
     script += f'; for f in /stackforge/targets/*/{CHECKS}; do if [ -f "$f" ]; then echo "==> {CHECKS}"; cat "$f"; fi; done'
+    script += "".join(f'; if [ -f {path} ]; then echo "==> {name}"; cat {path}; echo; fi' for name, path in RECORDS.items())
     proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
     out: dict[str, list[str]] = {}
     current = None
     for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
-        if line.startswith("==> ") and line[4:] in (*GATE_FILES, CHECKS):
+        if line.startswith("==> ") and line[4:] in (*GATE_FILES, CHECKS, *RECORDS):
             current = out.setdefault(line[4:], [])
         elif current is not None and line.strip():
             current.append(line)
@@ -281,7 +287,8 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
                                                                                else opts.network) else [])
     log = result.log
     atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
-    system.write_evidence(stack, engine, ref if result.returncode == 0 and opts.load else None, log, evidence)
+    if result.returncode != 0 or not opts.load:
+        system.write_evidence(stack, engine, None, log, evidence)
     if result.returncode != 0:
         now = engine.image_id(ref)
         if now is not None and now != had:  # never leave a tag pointing at an unchecked image
@@ -292,20 +299,31 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
         raise BuildFailed(f"{stack.name}/{target}: {failure_reason(log)}\n  (no image was tagged; log: "
                           f"{evidence / 'build.log'})", fix="read the FAIL/ERROR lines above")
     image_id = engine.image_id(ref) if opts.load else None
-    reports = read_gate_from_image(engine, ref) if opts.load else {}
+    # Read from the image once; a rebuild that yields the same image id from the same inputs reads the record.
+    reports = reuse.image_files(image_id, ctx.inputs_fingerprint(), ctx.build_dir,
+                                lambda: read_gate_from_image(engine, ref)) if opts.load else {}
     gate = reports.get("result.txt") or gate_lines(log)
     atomic_write(evidence / "gate.txt", "\n".join(gate) + "\n")
     for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt"), (CHECKS, CHECKS)):
         if name in reports:
             atomic_write(evidence / evidence_name, "\n".join(reports[name]) + "\n")
     if opts.load:
-        inventory.write_evidence(engine, ref, ctx.context_dir, evidence)
+        system.write_evidence(stack, engine, None, log, evidence, lines=reports.get("system.txt"))
+        inventory.write_evidence(engine, ref, ctx.context_dir, evidence,
+                                 data=_json_or_none(reports.get("inventory.json")))
         target_reports.write_evidence(stack, target, engine, ref, evidence, echo=_stderr_line)
     outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
     atomic_write(evidence / "result.json", json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence),
                                                        "build_id": evidence.name}, indent=2, default=str))
     evidence_dirs.finish(evidence, ok=opts.load, keep=opts.keep_builds)
     return outcome
+
+
+def _json_or_none(lines: list[str] | None) -> dict | None:
+    try:
+        return json.loads("\n".join(lines)) if lines else None
+    except ValueError:
+        return None
 
 
 @contextmanager
