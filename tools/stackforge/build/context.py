@@ -6,7 +6,6 @@ git mirror or a checksummed release sdist), patched in order with the overlay.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -227,10 +226,12 @@ def _fill(loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: 
     embed.write_context(loaded, staging)
     infos: list[SourceInfo] = []
     if sources:
-        exported = {name: reuse.exported(loaded, name, staging, staging.parent / "context",
-                                         functools.partial(_export_source, loaded, name, workspace=workspace),
-                                         refresh=workspace.refresh)
-                    for name in export_order(stack)}
+        exported = {}
+        for name in export_order(stack):
+            def export(dest: Path, name: str = name) -> SourceInfo:
+                return _export_source(loaded, name, dest, workspace)
+            exported[name] = reuse.exported(loaded, name, staging, staging.parent / "context", export,
+                                            refresh=workspace.refresh)
         infos = [exported[name] for name in stack.upstreams]
         requirements.write_phases(loaded, staging, {n: staging / "src" / n for n in stack.upstreams},
                                   {i.name: i.pin for i in infos}, atomic_write)

@@ -110,7 +110,8 @@ def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]
     stack = loaded.model
     image = stack.base.image
     with progress.step(f"resolve base image {image}"):
-        if not engine.image_exists(image):
+        info = _inspect(engine, image)
+        if info is None:
             with progress.step(f"pull base image {image}"):
                 proc = engine.cli("pull", image, timeout=1800)
             if proc.returncode != 0:
@@ -120,15 +121,26 @@ def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]
                     **loaded.position(("base", "image")).as_error_kwargs(),
                     fix=f"pull or build it first, or redirect it: --set base.image=<IMAGE> (make image "
                         f"STACK={stack.name} ARGS='--set base.image=<IMAGE>')")
-        info = engine.sdk().images.get(image).attrs
+            info = _inspect(engine, image) or {}
     digests = info.get("RepoDigests") or []
     digest = digests[0].split("@", 1)[1] if digests else None
-    image_id = info.get("Id")
+    image_id = str(info.get("Id") or "")
     if stack.base.digest and stack.base.digest not in (digest, image_id):
         raise BuildFailed(f"base image '{image}' has digest {digest or image_id}, but the stack pins {stack.base.digest}",
                           **loaded.position(("base", "digest")).as_error_kwargs(),
                           fix="pull the pinned image, or update base.digest")
     return digest, image_id
+
+
+def _inspect(engine: Engine, image: str) -> dict | None:
+    """The image's id and repository digests (one ``docker image inspect``), or None when it is not there."""
+    proc = engine.cli("image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}}", image, timeout=30)
+    if proc.returncode != 0:
+        if engine.image_exists(image):  # not a missing image: say what failed
+            raise BuildFailed(f"'docker image inspect {image}' failed: {(proc.stderr or '').strip()[-300:]}")
+        return None
+    image_id, _, digests = proc.stdout.strip().partition(" ")
+    return {"Id": json.loads(image_id), "RepoDigests": json.loads(digests or "null")}
 
 
 CAUSE = re.compile(r"Discarding|inconsistent version|Retrying|Connection refused|Name or service not known|"
