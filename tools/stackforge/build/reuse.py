@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stackforge.errors import UserError
-from stackforge.fslock import atomic_write
+from stackforge.fslock import atomic_write, file_sha256
 from stackforge.stack.load import LoadedStack
 
 if TYPE_CHECKING:
@@ -80,19 +80,11 @@ def tree_digest(tree: Path) -> str:
             if stat.S_ISLNK(st.st_mode):
                 h.update(f"L {rel} {os.readlink(p)}\n".encode())
             else:
-                h.update(f"F {rel} {stat.S_IMODE(st.st_mode):o} {_file_sha256(p)}\n".encode())
+                h.update(f"F {rel} {stat.S_IMODE(st.st_mode):o} {file_sha256(p)}\n".encode())
         for d in dirnames:
             if not (base / d).is_symlink():
                 h.update(f"D {(base / d).relative_to(tree).as_posix()}\n".encode())
     return "sha256:" + h.hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def exported(
@@ -107,7 +99,7 @@ def exported(
     """Upstream ``name``'s tree at ``staging/src/<name>`` and its SourceInfo: the previous context's tree
     (``previous/src/<name>``) when its record proves it was made from the same inputs and is unchanged, else
     ``export(dest)``; either way the record is (re)written."""
-    from stackforge.build.context import SourceInfo  # noqa: F811 - the class, at run time
+    from stackforge.build.context import SourceInfo
 
     dest = staging / "src" / name
     record_path = previous.parent / SOURCES / f"{name}.json"
