@@ -75,7 +75,8 @@ class Run:
                 cached.add(m.group(1))
             elif m := DONE.match(line):
                 done.add(m.group(1))
-        return [name for n, name in names.items() if n in done and n not in cached]
+        # A FROM step resolves the base image (never cached, runs nothing): not a step that ran.
+        return [name for n, name in names.items() if n in done and n not in cached and ": FROM " not in name]
 
 
 @dataclass
