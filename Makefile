@@ -87,8 +87,8 @@ unit: $(STAMP) ## the unit tests only (no engine; about 3 min on 2 cores)
 test: $(STAMP) ## the whole test suite (unit + integration against a real engine); CI runs it via .ci/run
 	$(PY) -m pytest -q
 
-bench: $(STAMP) base ## build benchmark: stackforge vs a naive single-stage Dockerfile
-	$(PY) bench/build_bench.py
+bench: $(STAMP) base ## every benchmark side by side with its peer: prints the table, writes build/bench/results.json
+	$(PY) bench/run_all.py
 
 # Nightly: lint every stack with `nightly: true` (or STACKS=…), bake them together, gate each,
 # publish each that passed, write build/nightly/<date>/summary.{md,json}; fails if any failed.

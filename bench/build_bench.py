@@ -1,95 +1,270 @@
-"""Benchmark: stackforge's stage-ordered build vs a naive single-stage Dockerfile, in one run.
+"""Benchmark: stackforge's stage-ordered build vs the naive single-stage Dockerfile, side by side in one run.
 
-For each of the two, on the example stack (same pins, same patched upstream, same gate):
-  cold       --no-cache (layer cache off; BuildKit cache mounts stay as they are)
-  no-op      the same build again
-  one patch  after a one-line change to the upstream's patch
-Prints the times and the ratios naive/stackforge. Needs the engine and the base image
-(`make base`). Run: python bench/build_bench.py
+The stack is bench/stacks/benchpost.yaml (built with ``--root bench``): post2's shape and cost with public
+parts — ~310 MB of vendor wheels (triton, jaxlib, pyarrow) installed --no-deps from one index, ~110 MB of
+public pins and the vendor wheels' dependencies from a second, and zstandard compiled from its release
+sdist (~35 s on one core) with a two-patch series. The wheels and the sdist are fetched from PyPI once
+into build/cache/bench/index/{vendor,public}/ (a second run fetches nothing) and served on loopback by
+tests/fixtures/index_server.py, one server per index. The peer, bench/benchpost.naive.Dockerfile, builds
+the same content (same pins, same patched source, same gate) from the context ``stackforge render`` writes.
+
+Each measure runs stackforge, then the peer, back to back:
+  cold build        --no-cache (layer cache off; cache mounts stay as they are)
+  no-op rebuild     the same build again
+  one-patch rebuild after a one-line change to the upstream's last patch; stackforge must re-run no
+                    dependency step (checked in BuildKit's plain progress: the steps that ran are noted)
+  one-pin change    after moving one public pin (filelock 3.16.1 -> 3.16.0)
+stackforge's kernel step runs with ccache disabled (``--set tuning.CCACHE_DISABLE=1``), so its compile is
+as cold as the peer's (which has no cache mounts). Needs the engine and the base image (``make base``).
+Run alone: python bench/build_bench.py [--json]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-NAIVE = REPO / "bench" / "naive.Dockerfile"
-CA = next((p for p in ("/etc/ssl/certs/ca-certificates.crt",) if Path(p).is_file()), None)
+BENCH = REPO / "bench"
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+
+from bench.results import Result, table, write  # noqa: E402
+from tests.fixtures.index_server import IndexServer  # noqa: E402
+
+STACK = "benchpost"
+NAIVE = BENCH / "benchpost.naive.Dockerfile"
+CACHE = REPO / "build" / "cache"
+INDEXES = CACHE / "bench" / "index"
+PEER = "naive single-stage Dockerfile"
+#: the one-pin change: a public pin moved to its previous release (fetched with the rest)
+PIN_CHANGE = ("filelock", "3.16.1", "3.16.0")
+#: the stackforge under test (``--tools DIR``: another checkout's tools/, e.g. to measure a baseline)
+TOOLS = [REPO / "tools"]
+#: BuildKit plain progress: a step's name, its cache hit, its end
+STEP = re.compile(r"^#(\d+) \[([\w.-]+) +\d+/\d+\] (.*)$")
+CACHED = re.compile(r"^#(\d+) CACHED$")
+DONE = re.compile(r"^#(\d+) DONE ")
 
 
-def run(cmd: list[str], **kw) -> float:
+@dataclass
+class Run:
+    seconds: float
+    log: str
+
+    def ran(self) -> list[str]:
+        """The Dockerfile steps BuildKit executed (not served from its cache), as ``stage: instruction``."""
+        names: dict[str, str] = {}
+        cached: set[str] = set()
+        done: set[str] = set()
+        for line in self.log.splitlines():
+            if m := STEP.match(line):
+                names.setdefault(m.group(1), f"{m.group(2)}: {m.group(3)[:60]}")
+            elif m := CACHED.match(line):
+                cached.add(m.group(1))
+            elif m := DONE.match(line):
+                done.add(m.group(1))
+        # A FROM step resolves the base image (never cached, runs nothing): not a step that ran.
+        return [name for n, name in names.items() if n in done and n not in cached and ": FROM " not in name]
+
+
+@dataclass
+class Side:
+    """One of the two builds (stackforge or the peer) in its own root, so a patch edit touches one only."""
+
+    who: str
+    root: Path
+    overrides: list[str]
+    runs: dict[str, Run] = field(default_factory=dict)
+
+    @property
+    def tag(self) -> str:
+        return f"stackforge-bench/{self.who}:latest"
+
+
+def _run(cmd: list[str], **kw) -> Run:
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
     took = time.monotonic() - t0
     if proc.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return took
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return Run(took, proc.stdout + proc.stderr)
 
 
-def stackforge(root: Path, *args: str) -> float:
-    env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
-    return run([sys.executable, "-m", "stackforge", "--root", str(root), *args], env=env)
+def _stackforge(side: Side, *args: str) -> Run:
+    env = dict(os.environ, STACKFORGE_CACHE=str(CACHE), PYTHONPATH=str(TOOLS[0]))
+    sets = [a for o in side.overrides for a in ("--set", o)]
+    return _run([sys.executable, "-m", "stackforge", "--root", str(side.root), *args, *sets], env=env)
 
 
-def naive_build(root: Path, tag: str, no_cache: bool = False) -> float:
-    # The naive flow also needs the patched source and pins on disk: render them (not timed).
-    stackforge(root, "render", "example")
-    cmd = ["docker", "buildx", "build", "--progress=plain", "--load", "-t", tag, "-f", str(NAIVE)]
-    if CA:
-        cmd += ["--secret", f"id=cabundle,src={CA}"]
+def build_ours(side: Side, no_cache: bool = False) -> Run:
+    return _stackforge(
+        side,
+        "build",
+        STACK,
+        "--network",
+        "host",
+        *(["--no-cache"] if no_cache else []),
+        "--set",
+        f"tags.local={side.tag}",
+    )
+
+
+def build_peer(side: Side, indexes: dict[str, str], no_cache: bool = False) -> Run:
+    # The peer also needs the patched source and the pins on disk: render them (not timed).
+    _stackforge(side, "render", STACK)
+    cmd = ["docker", "buildx", "build", "--progress=plain", "--load", "--network", "host", "-t", side.tag]
+    cmd += ["-f", str(NAIVE), "--build-arg", f"VENDOR_INDEX={indexes['vendor']}/"]
+    cmd += ["--build-arg", f"PUBLIC_INDEX={indexes['public']}/"]
     if no_cache:
         cmd.append("--no-cache")
-    return run(cmd + [str(root / "build" / "example" / "context")])
+    return _run(cmd + [str(side.root / "build" / STACK / "context")])
+
+
+# --------------------------------------------------------------------------- the indexes
+
+
+def _wanted() -> dict[str, list[str]]:
+    """index -> the requirements to fetch into it: the stack's pins, its upstream's sdist, the pin change."""
+    from stackforge.stack.load import load_stack
+
+    stack = load_stack(STACK, root=BENCH)
+    wanted: dict[str, list[str]] = {name: [] for name in stack.indexes}
+    for name, pin in stack.packages.items():
+        wanted[pin.index].append(f"{name}=={pin.version}")
+    name, _, older = PIN_CHANGE
+    wanted[stack.packages[name].index].append(f"{name}=={older}")
+    for up in stack.upstreams.values():
+        if up.sdist is not None:
+            wanted[up.sdist.index].append(f"sdist:{up.sdist.name}=={up.sdist.version}")
+    return wanted
+
+
+def fetch_indexes() -> dict[str, Path]:
+    """Fill build/cache/bench/index/<index>/ from PyPI once; a marker lists what is there."""
+    dirs: dict[str, Path] = {}
+    for index, reqs in _wanted().items():
+        d = INDEXES / index
+        dirs[index] = d
+        marker = d / ".fetched"
+        if marker.is_file() and marker.read_text().split() == sorted(reqs):
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        wheels = [r for r in reqs if not r.startswith("sdist:")]
+        sdists = [r.removeprefix("sdist:") for r in reqs if r.startswith("sdist:")]
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(d)]
+        target = ["--only-binary", ":all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
+        target += [a for p in ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "any") for a in ("--platform", p)]
+        print(f"fetching {len(reqs)} files for the {index} index into {d} (once)", file=sys.stderr, flush=True)
+        for req in wheels:  # one at a time: two versions of one project may be wanted
+            subprocess.run([*pip, *target, req], check=True)
+        for req in sdists:
+            subprocess.run([*pip, "--no-binary", ":all:", req], check=True)
+        marker.write_text("\n".join(sorted(reqs)) + "\n")
+    return dirs
+
+
+@contextmanager
+def serving() -> Iterator[dict[str, str]]:
+    """Both indexes on loopback; yields index name -> URL."""
+    dirs = fetch_indexes()
+    with IndexServer(dirs["vendor"]) as vendor, IndexServer(dirs["public"]) as public:
+        yield {"vendor": vendor.url, "public": public.url}
+
+
+# --------------------------------------------------------------------------- the edits
 
 
 def change_patch(root: Path) -> None:
-    patch = next((root / "patches" / "markupsafe").glob("0001-*.patch"))
+    """A one-line change to the series' last patch (a comment in the Python it adds)."""
+    patch = sorted((root / "patches" / "zstandard").glob("*.patch"))[-1]
     text = patch.read_text()
-    patch.write_text(
-        text.replace(
-            "+# A build that must ship the C speedups",
-            f"+# A build ({uuid.uuid4().hex[:8]}) that must ship the C speedups",
-            1,
-        )
-    )
+    old = "+        # The image ships the C backend alone"
+    assert old in text, patch
+    patch.write_text(text.replace(old, f"+        # The image ({uuid.uuid4().hex[:8]}) ships the C backend alone", 1))
+
+
+def change_pin(root: Path) -> None:
+    name, now, older = PIN_CHANGE
+    path = root / "stacks" / f"{STACK}.yaml"
+    text = path.read_text()
+    new = re.sub(rf"^(  {name}: +\{{version: ){re.escape(now)}\b", rf"\g<1>{older}", text, count=1, flags=re.M)
+    assert new != text, f"{name} {now} not found in {path}"
+    path.write_text(new)
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+MEASURES = (
+    # measure, goal, what the ours side runs before it, what the peer side runs before it
+    ("cold build", 1.15),
+    ("no-op rebuild", 1.5),
+    ("one-patch rebuild", 0.5),
+    ("one-pin change", 1.0),
+)
+
+
+def measure(echo=print) -> list[Result]:
+    """Every measure, stackforge then the peer, back to back; one Result per measure."""
+    with tempfile.TemporaryDirectory(prefix="stackforge-bench-") as tmp, serving() as urls:
+        sets = [f"indexes.{n}.url={u}" for n, u in urls.items()] + ["tuning.CCACHE_DISABLE=1"]
+        ours, peer = (Side(who, Path(tmp) / who, sets) for who in ("stackforge", "naive"))
+        for side in (ours, peer):
+            shutil.copytree(BENCH / "stacks", side.root / "stacks")
+            shutil.copytree(BENCH / "patches", side.root / "patches")
+        results: list[Result] = []
+        for name, goal in MEASURES:
+            if name == "one-patch rebuild":
+                change_patch(ours.root)
+                change_patch(peer.root)
+            elif name == "one-pin change":
+                change_pin(ours.root)
+                change_pin(peer.root)
+            cold = name == "cold build"
+            a = ours.runs[name] = build_ours(ours, no_cache=cold)
+            b = peer.runs[name] = build_peer(peer, urls, no_cache=cold)
+            note = ""
+            if name == "one-patch rebuild":
+                ran = a.ran()
+                deps = [s for s in ran if s.startswith("deps:")]
+                stages = sorted({s.split(":", 1)[0] for s in ran})
+                note = f"stages that ran: {', '.join(stages)}; dependency steps re-run: {len(deps)}"
+                if deps:
+                    note += " (" + "; ".join(deps) + ")"
+            elif name in ("no-op rebuild", "one-pin change"):
+                stages = sorted({s.split(":", 1)[0] for s in a.ran()})
+                note = f"stages that ran: {', '.join(stages) or 'none'}"
+            results.append(Result(name, a.seconds, b.seconds, goal, PEER, note))
+            echo(f"{name}: stackforge {a.seconds:.1f} s, naive {b.seconds:.1f} s  {note}")
+        return results
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="stackforge-bench-") as tmp:
-        results: dict[str, dict[str, float]] = {"stackforge": {}, "naive": {}}
-        for who in ("stackforge", "naive"):
-            root = Path(tmp) / who
-            shutil.copytree(REPO / "stacks", root / "stacks")
-            shutil.copytree(REPO / "patches", root / "patches")
-            tag = f"stackforge-bench/{who}:latest"
-            if who == "stackforge":
-                build = lambda no_cache=False, root=root, tag=tag: stackforge(  # noqa: E731
-                    root, "build", "example", "--set", f"tags.local={tag}", *(["--no-cache"] if no_cache else [])
-                )
-            else:
-                build = lambda no_cache=False, root=root, tag=tag: naive_build(root, tag, no_cache)  # noqa: E731
-            results[who]["cold"] = build(no_cache=True)
-            results[who]["no-op"] = build()
-            change_patch(root)
-            results[who]["one patch"] = build()
-            print(f"{who}: " + ", ".join(f"{k} {v:.1f}s" for k, v in results[who].items()), flush=True)
-    print()
-    print("| build | stackforge (s) | naive single stage (s) | naive / stackforge |")
-    print("| --- | ---: | ---: | ---: |")
-    for step in ("cold", "no-op", "one patch"):
-        a, b = results["stackforge"][step], results["naive"][step]
-        print(f"| {step} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--json", action="store_true", help="also write build/bench/results.json")
+    parser.add_argument("--tools", type=Path, help="measure the stackforge in this tools/ directory")
+    args = parser.parse_args()
+    if args.tools:
+        TOOLS[0] = args.tools.resolve()
+    results = measure(echo=lambda s: print(s, file=sys.stderr, flush=True))
+    print(table(results))
     print(
-        "\nstackforge times include its host-side work (lint, context assembly, evidence); the naive "
-        "times exclude the render that prepares their context."
+        "\nTimes are wall-clock seconds on a machine whose 2 cores are shared with other work: noisy; compare the ratios."
     )
+    if args.json:
+        print(f"written: {write(results)}")
     return 0
 
 

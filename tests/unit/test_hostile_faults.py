@@ -343,6 +343,8 @@ class FillingEngine:
         return BuildResult(0, "#9 0.1 PASS import idna       version=3.10\n#9 0.1 gate result: 1 PASS, 0 FAIL\n")
 
     def cli(self, *args, **kw):
+        if args[:2] == ("image", "inspect"):  # the base image's id and digests
+            return subprocess.CompletedProcess(args, 0, f'"sha256:{"b" * 64}" []\n', "")
         return subprocess.CompletedProcess(args, 1, "", "")
 
 

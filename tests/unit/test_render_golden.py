@@ -77,6 +77,11 @@ class StandInEngine:
     def sdk(self):
         return self
 
+    def cli(self, *args, **kwargs):
+        assert args[:4] == ("image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}}"), args
+        self.asked.append(args[-1])
+        return SimpleNamespace(returncode=0, stdout=f'"{BASE_ID}" ["stackforge/base@{BASE_DIGEST}"]\n', stderr="")
+
     def supports_source_date_epoch(self) -> bool:
         return True
 

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stackforge.build import artifacts, edits, embed, installed, reqlocks, requirements
+from stackforge.build import artifacts, edits, embed, installed, reqlocks, requirements, reuse
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks
 from stackforge.build.plan import Plan, make_plan
@@ -226,8 +226,12 @@ def _fill(loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: 
     embed.write_context(loaded, staging)
     infos: list[SourceInfo] = []
     if sources:
-        exported = {name: _export_source(loaded, name, staging / "src" / name, workspace)
-                    for name in export_order(stack)}
+        exported = {}
+        for name in export_order(stack):
+            def export(dest: Path, name: str = name) -> SourceInfo:
+                return _export_source(loaded, name, dest, workspace)
+            exported[name] = reuse.exported(loaded, name, staging, staging.parent / "context", export,
+                                            refresh=workspace.refresh)
         infos = [exported[name] for name in stack.upstreams]
         requirements.write_phases(loaded, staging, {n: staging / "src" / n for n in stack.upstreams},
                                   {i.name: i.pin for i in infos}, atomic_write)

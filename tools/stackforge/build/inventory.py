@@ -23,10 +23,10 @@ def from_image(engine, ref: str) -> dict | None:
     return json.loads(proc.stdout)
 
 
-def write_evidence(engine, ref: str, context_dir: Path, evidence: Path) -> None:
-    """evidence/inventory.json and preserve.txt from the image; requirements.json (what each requirement
-    phase read and dropped) from the build context."""
-    data = from_image(engine, ref)
+def write_evidence(engine, ref: str, context_dir: Path, evidence: Path, data: dict | None = None) -> None:
+    """evidence/inventory.json and preserve.txt from the image (``data`` when already read from it);
+    requirements.json (what each requirement phase read and dropped) from the build context."""
+    data = data if data is not None else from_image(engine, ref)
     if data is not None:
         atomic_write(evidence / "inventory.json", json.dumps(data, indent=2) + "\n")
         lines = [

@@ -23,6 +23,7 @@ from stackforge.build import evidence as evidence_dirs
 from stackforge.build import system
 from stackforge.build import inventory
 from stackforge.build import reports as target_reports
+from stackforge.build import reuse
 from stackforge.build.context import Context, build_dir_for
 from stackforge.build.engine import Engine
 from stackforge.build.prepare import (
@@ -109,7 +110,8 @@ def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]
     stack = loaded.model
     image = stack.base.image
     with progress.step(f"resolve base image {image}"):
-        if not engine.image_exists(image):
+        info = _inspect(engine, image)
+        if info is None:
             with progress.step(f"pull base image {image}"):
                 proc = engine.cli("pull", image, timeout=1800)
             if proc.returncode != 0:
@@ -119,15 +121,26 @@ def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]
                     **loaded.position(("base", "image")).as_error_kwargs(),
                     fix=f"pull or build it first, or redirect it: --set base.image=<IMAGE> (make image "
                         f"STACK={stack.name} ARGS='--set base.image=<IMAGE>')")
-        info = engine.sdk().images.get(image).attrs
+            info = _inspect(engine, image) or {}
     digests = info.get("RepoDigests") or []
     digest = digests[0].split("@", 1)[1] if digests else None
-    image_id = info.get("Id")
+    image_id = str(info.get("Id") or "")
     if stack.base.digest and stack.base.digest not in (digest, image_id):
         raise BuildFailed(f"base image '{image}' has digest {digest or image_id}, but the stack pins {stack.base.digest}",
                           **loaded.position(("base", "digest")).as_error_kwargs(),
                           fix="pull the pinned image, or update base.digest")
     return digest, image_id
+
+
+def _inspect(engine: Engine, image: str) -> dict | None:
+    """The image's id and repository digests (one ``docker image inspect``), or None when it is not there."""
+    proc = engine.cli("image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}}", image, timeout=30)
+    if proc.returncode != 0:
+        if engine.image_exists(image):  # not a missing image: say what failed
+            raise BuildFailed(f"'docker image inspect {image}' failed: {(proc.stderr or '').strip()[-300:]}")
+        return None
+    image_id, _, digests = proc.stdout.strip().partition(" ")
+    return {"Id": json.loads(image_id), "RepoDigests": json.loads(digests or "null")}
 
 
 CAUSE = re.compile(r"Discarding|inconsistent version|Retrying|Connection refused|Name or service not known|"
@@ -173,18 +186,23 @@ GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
 CHECKS = "checks.txt"
 
 
+#: the other records a build leaves in the image, read in the same container run: section -> image path
+RECORDS = {"inventory.json": inventory.IMAGE_PATH, "system.txt": system.EVIDENCE}
+
+
 def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
-    """The gate's own reports and the target checks' records (``checks.txt``: the lines of every target the
-    image went through, by target name; each line names its target), as the build left them in the image
-    (one container run)."""
+    """The gate's own reports, the target checks' records (``checks.txt``: the lines of every target the
+    image went through, by target name; each line names its target), the inventory and the system record,
+    as the build left them in the image (one container run)."""
     script = "; ".join(f'if [ -f /stackforge/gate/{n} ]; then echo "==> {n}"; cat /stackforge/gate/{n}; fi'
                        for n in GATE_FILES)
     script += f'; for f in /stackforge/targets/*/{CHECKS}; do if [ -f "$f" ]; then echo "==> {CHECKS}"; cat "$f"; fi; done'
+    script += "".join(f'; if [ -f {path} ]; then echo "==> {name}"; cat {path}; echo; fi' for name, path in RECORDS.items())
     proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
     out: dict[str, list[str]] = {}
     current = None
     for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
-        if line.startswith("==> ") and line[4:] in (*GATE_FILES, CHECKS):
+        if line.startswith("==> ") and line[4:] in (*GATE_FILES, CHECKS, *RECORDS):
             current = out.setdefault(line[4:], [])
         elif current is not None and line.strip():
             current.append(line)
@@ -281,7 +299,8 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
                                                                                else opts.network) else [])
     log = result.log
     atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
-    system.write_evidence(stack, engine, ref if result.returncode == 0 and opts.load else None, log, evidence)
+    if result.returncode != 0 or not opts.load:
+        system.write_evidence(stack, engine, None, log, evidence)
     if result.returncode != 0:
         now = engine.image_id(ref)
         if now is not None and now != had:  # never leave a tag pointing at an unchecked image
@@ -292,20 +311,31 @@ def build(loaded: LoadedStack, opts: BuildOptions | None = None, engine: Engine 
         raise BuildFailed(f"{stack.name}/{target}: {failure_reason(log)}\n  (no image was tagged; log: "
                           f"{evidence / 'build.log'})", fix="read the FAIL/ERROR lines above")
     image_id = engine.image_id(ref) if opts.load else None
-    reports = read_gate_from_image(engine, ref) if opts.load else {}
+    # Read from the image once; a rebuild that yields the same image id from the same inputs reads the record.
+    reports = reuse.image_files(image_id, ctx.inputs_fingerprint(), ctx.build_dir,
+                                lambda: read_gate_from_image(engine, ref)) if opts.load else {}
     gate = reports.get("result.txt") or gate_lines(log)
     atomic_write(evidence / "gate.txt", "\n".join(gate) + "\n")
     for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt"), (CHECKS, CHECKS)):
         if name in reports:
             atomic_write(evidence / evidence_name, "\n".join(reports[name]) + "\n")
     if opts.load:
-        inventory.write_evidence(engine, ref, ctx.context_dir, evidence)
+        system.write_evidence(stack, engine, None, log, evidence, lines=reports.get("system.txt"))
+        inventory.write_evidence(engine, ref, ctx.context_dir, evidence,
+                                 data=_json_or_none(reports.get("inventory.json")))
         target_reports.write_evidence(stack, target, engine, ref, evidence, echo=_stderr_line)
     outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
     atomic_write(evidence / "result.json", json.dumps({"ok": True, **asdict(outcome), "evidence": str(evidence),
                                                        "build_id": evidence.name}, indent=2, default=str))
     evidence_dirs.finish(evidence, ok=opts.load, keep=opts.keep_builds)
     return outcome
+
+
+def _json_or_none(lines: list[str] | None) -> dict | None:
+    try:
+        return json.loads("\n".join(lines)) if lines else None
+    except ValueError:
+        return None
 
 
 @contextmanager

@@ -137,13 +137,14 @@ def write_context(stages: list[SystemStage], images: Path, staging: Path) -> Non
             shutil.copyfile(src, staging / dest)
 
 
-def write_evidence(stack: Stack, engine, ref: str | None, log: str, evidence: Path) -> None:
+def write_evidence(stack: Stack, engine, ref: str | None, log: str, evidence: Path,
+                   lines: list[str] | None = None) -> None:
     """``evidence/system.txt``: the image's record (resolution lines and ``dpkg-query -W``) when ``ref``
-    names the built image, else the layer lines of the build log (a failed build)."""
+    names the built image (or ``lines`` holds it, already read), else the layer lines of the build log."""
     if not stack.system:
         return
-    lines: list[str] = []
-    if ref is not None:
+    lines = list(lines or [])
+    if ref is not None and not lines:
         proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "cat", ref, EVIDENCE, timeout=300)
         lines = proc.stdout.splitlines() if proc.returncode == 0 else []
     if not lines:
