@@ -128,6 +128,30 @@ def test_build_prints_only_the_result_on_stdout(built):
     assert re.search(r"^#\d+ ", again.stderr, re.M)
 
 
+def test_a_no_op_rebuild_answers_from_the_record_and_a_patch_edit_builds(built):
+    root, tag, proc = built
+    evidence = root / "build" / "example" / "evidence"
+    before = sorted(p.name for p in evidence.iterdir())
+    image = docker("image", "inspect", tag, "--format", "{{.Id}}").strip()
+    again = stackforge(root, "build", "example", "--set", f"tags.local={tag}")
+    assert again.stdout == proc.stdout  # what the full build printed
+    assert "up to date" in again.stderr and not re.search(r"^#\d+ ", again.stderr, re.M)  # no BuildKit run
+    assert sorted(p.name for p in evidence.iterdir()) == before  # no new evidence directory
+    patch = next((root / "patches" / "markupsafe").glob("0001-*.patch"))
+    text = patch.read_text()
+    patch.write_text(text.replace("+# A build that must ship", f"+# A build ({uuid.uuid4().hex[:8]}) that must ship"))
+    try:
+        edited = stackforge(root, "build", "example", "--set", f"tags.local={tag}")
+        assert "up to date" not in edited.stderr and re.search(r"^#\d+ ", edited.stderr, re.M)
+        assert docker("image", "inspect", tag, "--format", "{{.Id}}").strip() != image
+    finally:
+        patch.write_text(text)
+    # The original inputs again: the record's tag now names another image, so the build runs (from cache).
+    back = stackforge(root, "build", "example", "--set", f"tags.local={tag}")
+    assert "up to date" not in back.stderr and back.stdout == proc.stdout
+    assert docker("image", "inspect", tag, "--format", "{{.Id}}").strip() == image
+
+
 def test_verify_checks_labels_pins_and_reruns_the_gate(built):
     root, tag, _ = built
     ok = stackforge(root, "verify", tag, "--set", f"tags.local={tag}")

@@ -18,6 +18,7 @@ subdirectory of it:
 - ``index/``: package index pages, revalidated with ETag / Last-Modified
 - ``wheels/``: wheels downloaded by ``stackforge wheel``
 - ``list/``: the rows of ``stackforge list`` (``stack.listing``)
+- ``build/``: the records that answer a no-op ``stackforge build`` (``build.uptodate``)
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -18,6 +19,7 @@ from stackforge.cli.options import (
     print_json,
     workspace_of,
 )
+from stackforge.errors import UserError
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 if TYPE_CHECKING:
@@ -193,6 +195,11 @@ def cmd_render(args) -> int:
 
 
 def cmd_build(args) -> int:
+    from stackforge.build import uptodate
+
+    ws, key = workspace_of(args), _uptodate_key(args)
+    if uptodate.answer(key, ws.cache("build")):
+        return 0
     loaded = load(args, args.stack)
     if args.offline or args.mirror:
         _offline_options(args, loaded)
@@ -218,19 +225,27 @@ def cmd_build(args) -> int:
         return _build_overlay(args, loaded, opts)
     outcome = build(loaded, opts, workspace=workspace_of(args))
     if args.json:
-        print_json(asdict(outcome))
-        return 0
-    print(
-        f"\nbuilt {outcome.tag}"
-        + (f" ({outcome.image_id})" if outcome.image_id else "")
-        + f" in {outcome.duration_s}s",
-        file=sys.stderr,
-    )
-    for line in outcome.gate:
-        print(f"  {line}", file=sys.stderr)
-    print(f"evidence: {outcome.evidence}", file=sys.stderr)
-    print(outcome.tag)
+        out, err = json.dumps(asdict(outcome), indent=2, default=str) + "\n", ""
+    else:
+        built = f"\nbuilt {outcome.tag}" + (f" ({outcome.image_id})" if outcome.image_id else "")
+        err = f"{built} in {outcome.duration_s}s\n" + "".join(f"  {line}\n" for line in outcome.gate)
+        err, out = err + f"evidence: {outcome.evidence}\n", f"{outcome.tag}\n"
+    sys.stderr.write(err)
+    sys.stdout.write(out)
+    stack_json = loaded.model.model_dump(mode="json")
+    uptodate.store(key, _uptodate_key(args), ws.cache("build"), ws.root, stack_json, outcome, out, err)
     return 0
+
+
+def _uptodate_key(args) -> str | None:
+    """The key of this build's recorded answer (``build.uptodate``), or None when it may have none."""
+    from stackforge.build import uptodate
+
+    ws = workspace_of(args)
+    try:
+        return uptodate.key(args, ws.root, ws.ca_bundle_file())
+    except (UserError, OSError):
+        return None
 
 
 def _offline_options(args, loaded) -> None:

@@ -43,12 +43,12 @@ def _tree_stat(h, top: Path) -> None:
                 )
 
 
-def code_fingerprint() -> str:
-    """Path, size and mtime of every module of stackforge and of the validating libraries."""
+def code_fingerprint(libraries: tuple[str, ...] = VALIDATING_LIBRARIES) -> str:
+    """Path, size and mtime of every module of stackforge and of ``libraries`` (default: the validating ones)."""
     h = hashlib.sha256(f"{sys.version}\0{sys.prefix}\0{stackforge.__version__}\n".encode())
     h.update(f"{Path(stackforge.__file__).parent}\n".encode())
     _tree_stat(h, Path(stackforge.__file__).parent)
-    for lib in VALIDATING_LIBRARIES:
+    for lib in libraries:
         spec = importlib.util.find_spec(lib)
         origin = spec.origin if spec else None
         h.update(f"{lib}\0{origin}\n".encode())
