@@ -134,6 +134,19 @@ def test_each_input_change_falls_through_to_the_full_build(rig, capsys, monkeypa
         assert len(runs) == 2, change
 
 
+def test_a_no_cache_build_always_builds_and_records_for_a_plain_one(rig, capsys):
+    """--no-cache (and --refresh) change how a build runs, not what it makes: they never answer from a record,
+    and what they built answers the same build without them."""
+    root, _, runs = rig
+    out, _ = build(capsys, root, "--no-cache")
+    build(capsys, root, "--no-cache")
+    assert len(runs) == 2  # never answered
+    again, note = build(capsys, root)
+    assert len(runs) == 2 and again == out and "evidence of build 20260101T000000Z-002" in note
+    build(capsys, root, "--refresh")
+    assert len(runs) == 3
+
+
 def test_an_unknown_option_allows_no_answer(rig, capsys):
     root, _, _ = rig
     from stackforge.cli.main import build_parser

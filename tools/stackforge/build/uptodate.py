@@ -74,6 +74,9 @@ MUST: dict[str, Any] = {
     "reuse_base": False,
     "keep_builds": None,
 }
+#: options that change how a build runs, not what it makes: such a build stores its answer under the key of
+#: the same build without them (a later plain build of the same inputs may answer from it)
+HOW: dict[str, Any] = {"no_cache": False, "refresh": False, "keep_builds": None}
 #: set on args by the CLI and the option helpers; not options
 INTERNAL = frozenset({"func", "workspace", "_selected_stacks"})
 ENV_PREFIXES = ("STACKFORGE_", "DOCKER_", "BUILDX_")
@@ -102,9 +105,12 @@ def _hash_file(h, label: str, path: Path | None) -> None:
     h.update(f"{label}\0{path.resolve()}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
 
 
-def key(args, root: Path, ca_bundle: Path | None) -> str | None:
-    """The digest of the build's inputs, or None when its options allow no recorded answer."""
+def key(args, root: Path, ca_bundle: Path | None, *, as_plain: bool = False) -> str | None:
+    """The digest of the build's inputs, or None when its options allow no recorded answer. ``as_plain``: the
+    key of the same build with the options of :data:`HOW` at their defaults (the key its record goes under)."""
     given = {k: v for k, v in vars(args).items() if k not in INTERNAL}
+    if as_plain:
+        given.update({k: v for k, v in HOW.items() if k in given})
     if set(given) - OPTIONS or any(given.get(k, v) != v for k, v in MUST.items()):
         return None
     options = {k: str(Path(v).resolve()) if k == "out" and v else v for k, v in sorted(given.items())}

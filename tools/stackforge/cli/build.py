@@ -197,9 +197,10 @@ def cmd_render(args) -> int:
 def cmd_build(args) -> int:
     from stackforge.build import uptodate
 
-    ws, key = workspace_of(args), _uptodate_key(args)
-    if uptodate.answer(key, ws.cache("build")):
+    ws = workspace_of(args)
+    if uptodate.answer(_uptodate_key(args), ws.cache("build")):
         return 0
+    key = _uptodate_key(args, as_plain=True)  # a --no-cache or --refresh build records its answer for a plain one
     loaded = load(args, args.stack)
     if args.offline or args.mirror:
         _offline_options(args, loaded)
@@ -233,17 +234,17 @@ def cmd_build(args) -> int:
     sys.stderr.write(err)
     sys.stdout.write(out)
     stack_json = loaded.model.model_dump(mode="json")
-    uptodate.store(key, _uptodate_key(args), ws.cache("build"), ws.root, stack_json, outcome, out, err)
+    uptodate.store(key, _uptodate_key(args, as_plain=True), ws.cache("build"), ws.root, stack_json, outcome, out, err)
     return 0
 
 
-def _uptodate_key(args) -> str | None:
+def _uptodate_key(args, as_plain: bool = False) -> str | None:
     """The key of this build's recorded answer (``build.uptodate``), or None when it may have none."""
     from stackforge.build import uptodate
 
     ws = workspace_of(args)
     try:
-        return uptodate.key(args, ws.root, ws.ca_bundle_file())
+        return uptodate.key(args, ws.root, ws.ca_bundle_file(), as_plain=as_plain)
     except (UserError, OSError):
         return None
 
