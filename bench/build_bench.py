@@ -14,8 +14,10 @@ Each measure runs stackforge, then the peer, back to back:
   one-patch rebuild after a one-line change to the upstream's last patch; stackforge must re-run no
                     dependency step (checked in BuildKit's plain progress: the steps that ran are noted)
   one-pin change    after moving one public pin (filelock 3.16.1 -> 3.16.0)
-stackforge's kernel step runs with ccache disabled (``--set tuning.CCACHE_DISABLE=1``), so its compile is
-as cold as the peer's (which has no cache mounts). Needs the engine and the base image (``make base``).
+stackforge builds as it ships: its kernel step compiles through ccache (a BuildKit cache mount the peer
+does not have). The run's own compiler identity (``--set tuning.CCACHE_COMPILERCHECK=string:bench-<run>``)
+starts every run's ccache empty, so the cold build compiles everything; later builds of the same run hit
+where the compiler's input is unchanged. Needs the engine and the base image (``make base``).
 Run alone: python bench/build_bench.py [--json]
 """
 
@@ -219,7 +221,9 @@ MEASURES = (
 def measure(echo=print) -> list[Result]:
     """Every measure, stackforge then the peer, back to back; one Result per measure."""
     with tempfile.TemporaryDirectory(prefix="stackforge-bench-") as tmp, serving() as urls:
-        sets = [f"indexes.{n}.url={u}" for n, u in urls.items()] + ["tuning.CCACHE_DISABLE=1"]
+        sets = [f"indexes.{n}.url={u}" for n, u in urls.items()] + [
+            f"tuning.CCACHE_COMPILERCHECK=string:bench-{uuid.uuid4().hex[:12]}"
+        ]
         ours, peer = (Side(who, Path(tmp) / who, sets) for who in ("stackforge", "naive"))
         for side in (ours, peer):
             shutil.copytree(BENCH / "stacks", side.root / "stacks")
