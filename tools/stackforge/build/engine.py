@@ -264,7 +264,7 @@ class Engine:
         if not bk:
             raise UserError(f"buildx builder {insp.get('name') or self.builder or 'default'} reports no BuildKit version "
                             f"(status {insp.get('status')})", fix=f"check 'docker buildx inspect --bootstrap'; {SETUP_FIX}")
-        if effective_buildkit(bk, insp.get("driver"), info.stdout.strip()) < MIN_BUILDKIT:
+        if self.buildkit_level() < MIN_BUILDKIT:
             raise UserError(f"BuildKit {bk} is too old; stackforge needs >= {'.'.join(map(str, MIN_BUILDKIT))}",
                             fix="upgrade Docker Engine (>= 20.10) or use a newer buildx builder")
         return EngineInfo(
@@ -303,11 +303,7 @@ class Engine:
         if not bk:
             raise UserError("the buildx builder reports no BuildKit version", fix=SETUP_FIX)
         level = self.buildkit_level()
-        try:
-            reported = parse_version(bk)[:2]
-        except ValueError:
-            reported = (0, 0)
-        if reported != level and level > (0, 0):
+        if level != effective_buildkit(bk, None, None) and level > (0, 0):
             return f"{bk} (Docker {self.server_version()}: {level[0]}.{level[1]})"
         return bk
 
