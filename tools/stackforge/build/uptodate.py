@@ -142,6 +142,14 @@ def key(args, root: Path, ca_bundle: Path | None, *, as_plain: bool = False) -> 
     return h.hexdigest()
 
 
+def keys(args, root: Path, ca_bundle: Path | None) -> tuple[str | None, str | None]:
+    """(the key a recorded answer may be looked up under, the key this build's record goes under), with the
+    inputs hashed once: the first is None when an option of :data:`HOW` asks for the work itself."""
+    plain = key(args, root, ca_bundle, as_plain=True)
+    asks = any(getattr(args, k, v) != v for k, v in HOW.items())
+    return (None if asks else plain), plain
+
+
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
     if path.is_dir():

@@ -198,9 +198,9 @@ def cmd_build(args) -> int:
     from stackforge.build import uptodate
 
     ws = workspace_of(args)
-    if uptodate.answer(_uptodate_key(args), ws.cache("build")):
+    lookup, key = _uptodate_keys(args)  # a --no-cache or --refresh build records its answer for a plain one
+    if uptodate.answer(lookup, ws.cache("build")):
         return 0
-    key = _uptodate_key(args, as_plain=True)  # a --no-cache or --refresh build records its answer for a plain one
     loaded = load(args, args.stack)
     if args.offline or args.mirror:
         _offline_options(args, loaded)
@@ -234,19 +234,19 @@ def cmd_build(args) -> int:
     sys.stderr.write(err)
     sys.stdout.write(out)
     stack_json = loaded.model.model_dump(mode="json")
-    uptodate.store(key, _uptodate_key(args, as_plain=True), ws.cache("build"), ws.root, stack_json, outcome, out, err)
+    uptodate.store(key, _uptodate_keys(args)[1], ws.cache("build"), ws.root, stack_json, outcome, out, err)
     return 0
 
 
-def _uptodate_key(args, as_plain: bool = False) -> str | None:
-    """The key of this build's recorded answer (``build.uptodate``), or None when it may have none."""
+def _uptodate_keys(args) -> tuple[str | None, str | None]:
+    """The keys of this build's recorded answer (``build.uptodate.keys``); None where it may have none."""
     from stackforge.build import uptodate
 
     ws = workspace_of(args)
     try:
-        return uptodate.key(args, ws.root, ws.ca_bundle_file(), as_plain=as_plain)
+        return uptodate.keys(args, ws.root, ws.ca_bundle_file())
     except (UserError, OSError):
-        return None
+        return None, None
 
 
 def _offline_options(args, loaded) -> None:
