@@ -202,3 +202,15 @@ def test_an_overlay_record_and_the_labels_it_names():
         f"{ns}.range.vllm": overlay["ranges"]["vllm"],
         f"{ns}.changed.vllm": overlay["changed"]["vllm"],
     }
+
+
+def test_pull_from_a_registry_that_does_not_answer_is_a_user_error(monkeypatch):
+    client = RegistryClient(parse_repository(f"127.0.0.1:1/{REPO}"))
+
+    def refused() -> list[str]:
+        raise RegistryError("list tags: gave up after 6 attempt(s) in 5.0 s: connection refused")
+
+    monkeypatch.setattr(client, "list_tags", refused)
+    with pytest.raises(UserError, match="cannot list its tags: .*connection refused") as err:
+        operator.newest_published(client, None, None)
+    assert "registry address" in str(err.value.fix)

@@ -57,9 +57,18 @@ def is_remote(ref: str) -> bool:
     return looks_like_host(ref.split("/", 1)[0]) and "/" in ref
 
 
+def _tags(client: RegistryClient) -> list[str]:
+    """The repository's tags; an unreachable registry is the user's to fix, not a traceback."""
+    try:
+        return client.list_tags()
+    except RegistryError as exc:
+        raise UserError(f"{client.repository}: cannot list its tags: {exc}",
+                        fix="check the registry address and that it answers") from None  # fmt: skip
+
+
 def newest(client: RegistryClient, scheme: TagScheme, date: str | None) -> tuple[str, str]:
     """(tag, date) of the newest ``-rN`` of ``date`` (or of the newest date) among the repository's tags."""
-    parsed = [(p, t) for t in client.list_tags() if (p := scheme.parse(t))]
+    parsed = [(p, t) for t in _tags(client) if (p := scheme.parse(t))]
     if date is not None:
         parsed = [(p, t) for p, t in parsed if p[0] == date]
     if not parsed:
@@ -73,7 +82,7 @@ def newest_published(client: RegistryClient, date: str | None, select: str | Non
     """(tag, date) of the newest ``-rN`` in a repository read with no checkout: its tags are grouped by the scheme
     that renders them (:func:`stackforge.publish.scheme.streams`); ``select`` (a scheme as :func:`pattern` shows
     it, or what its tags start with before the date) keeps some; exactly one scheme must remain."""
-    found = streams(client.list_tags())
+    found = streams(_tags(client))
     if select is not None:
         found = {s: t for s, t in found.items() if pattern(s) == select or (select and s.head.startswith(select))}
     if not found:
