@@ -116,6 +116,9 @@ class _Limits(_LoaderBase):
 
     def __init__(self, stream):
         super().__init__(stream)
+        self._start_limits()
+
+    def _start_limits(self) -> None:
         self._depth = 0
         self._nodes = 0
         self._aliases = 0
@@ -185,6 +188,30 @@ class _SafeLimited(_Limits, yaml.SafeLoader):
     """SafeLoader under the limits: stack files."""
 
 
+# libyaml, when PyYAML was built with it, scans and parses in C (most of the time of reading a stack). The
+# composer stays the Python one above, so the limits hold whichever parser feeds it events. Text that fails
+# is read again by the Python loader, which gives the error: one message for a fault, with or without libyaml.
+_CParser = getattr(yaml, "cyaml", None) and getattr(yaml.cyaml, "CParser", None)  # None without libyaml
+
+if _CParser is not None and not TYPE_CHECKING:
+
+    class _FastSafeLimited(
+        _Limits, yaml.composer.Composer, _CParser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver
+    ):
+        """_SafeLimited with libyaml's parser."""
+
+        def __init__(self, stream):
+            _CParser.__init__(self, stream)
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self._start_limits()
+
+    _LOADERS: tuple[type, ...] = (_FastSafeLimited, _SafeLimited)
+else:
+    _LOADERS = (_SafeLimited,)
+
+
 class _BaseLimited(_Limits, yaml.BaseLoader):
     """BaseLoader under the limits (every scalar stays text): --set values."""
 
@@ -245,23 +272,27 @@ def load_with_positions(path: Path, display: str | None = None) -> Sourced:
     """Parse one YAML file under the limits; raise UserError (with line and column) on bad YAML."""
     display = display or str(path)
     text = _read_limited(path, display)
-    loader = None
     try:
         check_text(text)
-        loader = _SafeLimited(text)
-        node = loader.get_single_node()
-        values: dict = {}
-        keys: dict = {}
-        data = _convert(loader, node, (), display, values, keys) if node is not None else None
+        for i, cls in enumerate(_LOADERS):
+            loader = cls(text)
+            try:
+                node = loader.get_single_node()
+                values: dict = {}
+                keys: dict = {}
+                data = _convert(loader, node, (), display, values, keys) if node is not None else None
+                break
+            except (Refused, yaml.YAMLError):
+                if i == len(_LOADERS) - 1:
+                    raise
+            finally:
+                loader.dispose()
     except Refused as exc:
         raise exc.error(display) from None
     except yaml.MarkedYAMLError as exc:
         raise _yaml_error(exc, display) from None
     except yaml.YAMLError as exc:
         raise UserError(f"invalid YAML: {exc}", file=display, fix="check the quoting on that line") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
     return Sourced(data, values, keys)
 
 
