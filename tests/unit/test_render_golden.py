@@ -48,15 +48,47 @@ def test_every_checked_in_stack_has_a_golden_case():
     assert sorted(list_stacks(REPO)) == sorted(STACKS)
 
 
+def with_ca_bundle(tmp_path: Path) -> Workspace:
+    """A workspace whose builds pass a CA bundle (the goldens do not depend on the host having one)."""
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    return Workspace.at(REPO, ca_bundle=str(pem))
+
+
 @pytest.mark.parametrize("name", STACKS)
 def test_rendered_dockerfile_matches_its_golden_file(tmp_path, name):
     stack = load(name, root=REPO)
-    prepared = prepare_dockerfile(stack, out=tmp_path / "out", sources=False, engine_facts=fixed_engine_facts)
+    prepared = prepare_dockerfile(stack, out=tmp_path / "out", sources=False, engine_facts=fixed_engine_facts,
+                                  workspace=with_ca_bundle(tmp_path))
     text = prepared.ctx.dockerfile.read_text(encoding="utf-8")
     assert f'"org.opencontainers.image.base.digest"="{BASE_DIGEST}"' in text
     assert f'"org.stackforge.base.id"="{BASE_ID}"' in text
     assert INPUTS not in text and prepared.inputs_omitted == INPUTS_OMITTED
     check_golden(f"dockerfile_{name}.txt", text, tmp_path)
+
+
+SECRET_LINES = (
+    "    --mount=type=secret,id=cabundle \\\n",
+    "    if [ -s /run/secrets/cabundle ]; then export PIP_CERT=/run/secrets/cabundle; fi; \\\n",
+    "    if [ -s /run/secrets/cabundle ]; then export PIP_CERT=/run/secrets/cabundle CURL_CA_BUNDLE=/run/secrets/cabundle"
+    " SSL_CERT_FILE=/run/secrets/cabundle; fi; \\\n",
+)
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_a_build_without_a_ca_bundle_declares_no_secret_mount(tmp_path, name):
+    """Without a CA bundle the steps that download declare no `cabundle` secret (the engine would set one up
+    for each, at a cost per step); nothing else in the Dockerfile changes."""
+    stack = load(name, root=REPO)
+    with_bundle = prepare_dockerfile(stack, out=tmp_path / "a", sources=False, engine_facts=fixed_engine_facts,
+                                     workspace=with_ca_bundle(tmp_path)).ctx.dockerfile.read_text()
+    without = prepare_dockerfile(stack, out=tmp_path / "b", sources=False, engine_facts=fixed_engine_facts,
+                                 workspace=Workspace.at(REPO, ca_bundle="none")).ctx.dockerfile.read_text()
+    mounts = with_bundle.count("--mount=type=secret,id=cabundle")
+    assert mounts >= 1, "every golden stack downloads in a pip phase"
+    assert "cabundle" not in without
+    stripped = "".join(line for line in with_bundle.splitlines(keepends=True) if line not in SECRET_LINES)
+    assert stripped == without
 
 
 # --------------------------------------------------------------------------- one path for three verbs
@@ -121,7 +153,7 @@ def three_dockerfiles(root: Path, tmp_path: Path, capsys, monkeypatch, *, source
     assert (rc, err) == (0, ""), err
     loaded = load("example", root=root)
     built = run.prepare(loaded, engine, out=tmp_path / "build", sources=sources)
-    [item] = bake.prepare([loaded], engine=engine, sources=sources, workspace=Workspace.at(root, ca_bundle=None))
+    [item] = bake.prepare([loaded], engine=engine, sources=sources, workspace=Workspace.at(root))
     assert item.dockerfile == root / "build" / "example" / "Dockerfile"
     return (
         [

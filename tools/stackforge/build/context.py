@@ -262,9 +262,9 @@ def _swap(staging: Path, ctx_dir: Path) -> None:
 
 
 def write_dockerfile(ctx: Context, labels: dict[str, str], syntax: str | None = None,
-                     run_network: bool = False) -> Path:
+                     run_network: bool = False, ca_bundle: bool = True) -> Path:
     """Write build/<stack>/Dockerfile (whole, under the build directory's lock)."""
     with stack_lock(ctx.build_dir):
         atomic_write(ctx.dockerfile, render_dockerfile(ctx.plan, labels, syntax=syntax, root=ctx.loaded.root,
-                                                       run_network=run_network))
+                                                       run_network=run_network, ca_bundle=ca_bundle))
     return ctx.dockerfile

@@ -21,7 +21,7 @@ from stackforge.errors import BuildFailed
 from stackforge.stack import rules
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
-from stackforge.workspace import Workspace
+from stackforge.workspace import Workspace, workspace_for
 
 #: Why `org.stackforge.inputs` is left out of a Dockerfile rendered without sources.
 INPUTS_OMITTED = ("the upstreams were not fetched (--no-sources), so the fingerprint of the inputs "
@@ -94,5 +94,6 @@ def prepare_dockerfile(loaded: LoadedStack, *, out: Path | None = None, sources:
     labels = image_labels(loaded, base_digest=digest, base_id=image_id, created=created, series=ctx.series,
                           inputs=None if omitted else ctx.inputs_fingerprint(), post_install=ctx.post_install)
     labels[embed.LABEL] = embed.label(loaded)
-    write_dockerfile(ctx, labels, syntax=syntax, run_network=bool(facts and facts.run_network))
+    write_dockerfile(ctx, labels, syntax=syntax, run_network=bool(facts and facts.run_network),
+                     ca_bundle=workspace_for(loaded, workspace).ca_bundle_file() is not None)
     return Prepared(ctx, labels, build_args, omitted)

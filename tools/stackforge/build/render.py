@@ -68,16 +68,19 @@ def _env(root: Path | None) -> Sandbox:
 
 
 def render_dockerfile(plan: Plan, labels: dict[str, str] | None = None, syntax: str | None = None,
-                      root: Path | None = None, run_network: bool = False) -> str:
+                      root: Path | None = None, run_network: bool = False, ca_bundle: bool = True) -> str:
     """The Dockerfile text. ``syntax`` adds a `# syntax=` line (off by default: it needs a registry).
     ``run_network`` (the engine takes ``RUN --network=none``): the steps that must not reach the network
     (kernel builds, steps, post-install patches, the gates, inventories and checks) run with none at all;
-    without it they are offline only by construction (no index, local git only)."""
+    without it they are offline only by construction (no index, local git only).
+    ``ca_bundle`` (the build passes a CA bundle): the steps that download mount it as the `cabundle` secret.
+    Without one they declare no secret mount, which the engine would otherwise set up for every such step."""
     env = _env(root)
     try:
         template = env.get_template("Dockerfile.j2")
         text = env.render_limited(template, {"plan": plan, "labels": labels or {}, "syntax": syntax,
-                                             "offline": "--network=none " if run_network else ""})
+                                             "offline": "--network=none " if run_network else "",
+                                             "ca_bundle": ca_bundle})
     except jinja2.TemplateSyntaxError as exc:
         raise UserError(f"invalid Dockerfile template: {exc.message}", file="images/Dockerfile.j2", line=exc.lineno,
                         fix="fix the template's {{ … }} / {% … %} syntax") from None
