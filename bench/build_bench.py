@@ -14,6 +14,10 @@ Each measure runs stackforge, then the peer, back to back:
   one-patch rebuild after a one-line change to the upstream's last patch; stackforge must re-run no
                     dependency step (checked in BuildKit's plain progress: the steps that ran are noted)
   one-pin change    after moving one public pin (filelock 3.16.1 -> 3.16.0)
+Both sides trust the same certificates: the peer passes no CA bundle, so stackforge builds with
+``--ca-bundle none`` (its steps then declare no secret mount). One more cold build, last, measures the
+default (the host's CA bundle mounted into each downloading step) against the peer's cold build: reported,
+without a goal.
 stackforge builds as it ships: its kernel step compiles through ccache (a BuildKit cache mount the peer
 does not have). The run's own compiler identity (``--set tuning.CCACHE_COMPILERCHECK=string:bench-<run>``)
 starts every run's ccache empty, so the cold build compiles everything; later builds of the same run hit
@@ -110,13 +114,15 @@ def _stackforge(side: Side, *args: str) -> Run:
     return _run([sys.executable, "-m", "stackforge", "--root", str(side.root), *args, *sets], env=env)
 
 
-def build_ours(side: Side, no_cache: bool = False) -> Run:
+def build_ours(side: Side, no_cache: bool = False, ca_bundle: str = "none") -> Run:
     return _stackforge(
         side,
         "build",
         STACK,
         "--network",
         "host",
+        "--ca-bundle",
+        ca_bundle,
         *(["--no-cache"] if no_cache else []),
         "--set",
         f"tags.local={side.tag}",
@@ -218,14 +224,18 @@ MEASURES = (
 )
 
 
+def _own_ccache() -> str:
+    """A run-unique compiler identity: the build's ccache starts empty."""
+    return f"tuning.CCACHE_COMPILERCHECK=string:bench-{uuid.uuid4().hex[:12]}"
+
+
 def measure(echo=print) -> list[Result]:
     """Every measure, stackforge then the peer, back to back; one Result per measure."""
     with tempfile.TemporaryDirectory(prefix="stackforge-bench-") as tmp, serving() as urls:
-        sets = [f"indexes.{n}.url={u}" for n, u in urls.items()] + [
-            f"tuning.CCACHE_COMPILERCHECK=string:bench-{uuid.uuid4().hex[:12]}"
-        ]
-        ours, peer = (Side(who, Path(tmp) / who, sets) for who in ("stackforge", "naive"))
-        for side in (ours, peer):
+        sets = [f"indexes.{n}.url={u}" for n, u in urls.items()]
+        ours, peer = (Side(who, Path(tmp) / who, [*sets, _own_ccache()]) for who in ("stackforge", "naive"))
+        default = Side("stackforge-ca", Path(tmp) / "stackforge-ca", [*sets, _own_ccache()])
+        for side in (ours, peer, default):
             shutil.copytree(BENCH / "stacks", side.root / "stacks")
             shutil.copytree(BENCH / "patches", side.root / "patches")
         results: list[Result] = []
@@ -252,6 +262,10 @@ def measure(echo=print) -> list[Result]:
                 note = f"stages that ran: {', '.join(stages) or 'none'}"
             results.append(Result(name, a.seconds, b.seconds, goal, PEER, note))
             echo(f"{name}: stackforge {a.seconds:.1f} s, naive {b.seconds:.1f} s  {note}")
+        a, b = build_ours(default, no_cache=True, ca_bundle="auto"), peer.runs["cold build"]
+        name, note = "cold build, host CA bundle mounted", "the default --ca-bundle auto; the peer's cold build"
+        results.append(Result(name, a.seconds, b.seconds, None, PEER, note))
+        echo(f"{name}: stackforge {a.seconds:.1f} s, naive {b.seconds:.1f} s (cold build)")
         return results
 
 

@@ -2,7 +2,8 @@
 
 Every figure is measured side by side with its peer in the same run, so the ratio (ours / peer) is what
 compares across runs and machines; the seconds only describe this one. ``goal`` is the ratio the figure
-must not exceed; ``faster`` says ours must also be the smaller of the two (the goal is below 1).
+must not exceed (None: reported, no goal); ``faster`` says ours must also be the smaller of the two (the goal
+is below 1).
 A figure with an absolute budget (e.g. start-up time) names the budget as its peer.
 """
 
@@ -22,7 +23,7 @@ class Result:
     measure: str
     ours_s: float
     peer_s: float
-    goal: float
+    goal: float | None
     peer: str
     note: str = ""
 
@@ -32,11 +33,11 @@ class Result:
 
     @property
     def faster(self) -> bool:
-        return self.goal < 1
+        return self.goal is not None and self.goal < 1
 
     @property
     def met(self) -> bool:
-        return self.ratio <= self.goal
+        return self.goal is None or self.ratio <= self.goal
 
     def as_json(self) -> dict[str, object]:
         doc = asdict(self)
@@ -58,7 +59,7 @@ def table(results: list[Result]) -> str:
     for r in results:
         lines.append(
             f"| {r.measure} | {r.ours_s:.2f} | {r.peer} | {r.peer_s:.2f} | {r.ratio:.2f} | "
-            f"≤ {r.goal:g} | {'yes' if r.met else 'NO'} |"
+            + (f"≤ {r.goal:g} | {'yes' if r.met else 'NO'} |" if r.goal is not None else "report | — |")
         )
     return "\n".join(lines)
 
