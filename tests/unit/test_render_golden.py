@@ -58,8 +58,9 @@ def with_ca_bundle(tmp_path: Path) -> Workspace:
 @pytest.mark.parametrize("name", STACKS)
 def test_rendered_dockerfile_matches_its_golden_file(tmp_path, name):
     stack = load(name, root=REPO)
-    prepared = prepare_dockerfile(stack, out=tmp_path / "out", sources=False, engine_facts=fixed_engine_facts,
-                                  workspace=with_ca_bundle(tmp_path))
+    prepared = prepare_dockerfile(
+        stack, out=tmp_path / "out", sources=False, engine_facts=fixed_engine_facts, workspace=with_ca_bundle(tmp_path)
+    )
     text = prepared.ctx.dockerfile.read_text(encoding="utf-8")
     assert f'"org.opencontainers.image.base.digest"="{BASE_DIGEST}"' in text
     assert f'"org.stackforge.base.id"="{BASE_ID}"' in text
@@ -80,10 +81,16 @@ def test_a_build_without_a_ca_bundle_declares_no_secret_mount(tmp_path, name):
     """Without a CA bundle the steps that download declare no `cabundle` secret (the engine would set one up
     for each, at a cost per step); nothing else in the Dockerfile changes."""
     stack = load(name, root=REPO)
-    with_bundle = prepare_dockerfile(stack, out=tmp_path / "a", sources=False, engine_facts=fixed_engine_facts,
-                                     workspace=with_ca_bundle(tmp_path)).ctx.dockerfile.read_text()
-    without = prepare_dockerfile(stack, out=tmp_path / "b", sources=False, engine_facts=fixed_engine_facts,
-                                 workspace=Workspace.at(REPO, ca_bundle="none")).ctx.dockerfile.read_text()
+    with_bundle = prepare_dockerfile(
+        stack, out=tmp_path / "a", sources=False, engine_facts=fixed_engine_facts, workspace=with_ca_bundle(tmp_path)
+    ).ctx.dockerfile.read_text()
+    without = prepare_dockerfile(
+        stack,
+        out=tmp_path / "b",
+        sources=False,
+        engine_facts=fixed_engine_facts,
+        workspace=Workspace.at(REPO, ca_bundle="none"),
+    ).ctx.dockerfile.read_text()
     mounts = with_bundle.count("--mount=type=secret,id=cabundle")
     assert mounts >= 1, "every golden stack downloads in a pip phase"
     assert "cabundle" not in without
