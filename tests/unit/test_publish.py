@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.errors import BuildFailed, UserError
+from stackforge.publish import publisher
 from stackforge.publish.oci import OCI_LAYER_GZIP, OCI_LAYER_TAR, ArchiveImage, read_save_stream
 from stackforge.publish.publisher import publish
 from stackforge.publish.registry import RetryPolicy
@@ -566,6 +567,28 @@ def test_late_writer_from_another_host_is_caught_by_the_settled_reread(stub, ima
     assert r.tag == SCHEME.tag(DATE, 2) and "tag-lost" in events
     assert r.verification["settled_reread"] is True
     assert stub.tag_digest(REPO, tag1) != r.digest and stub.tag_digest(REPO, r.tag) == r.digest
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.4])
+def test_the_default_settle_pause_scales_with_the_measured_head_to_put_time(stub, images, tmp_path, delay):
+    """By default the settled re-read comes SETTLE_FLOOR after the tag write, or SETTLE_FACTOR times this
+    publisher's own HEAD→PUT time for the tag when that is longer (a registry far away: another host's gap
+    between its HEAD and its PUT is as long)."""
+    tag1 = SCHEME.tag(DATE, 1)
+    slow = [
+        Fault("hook", rf"/manifests/{tag1}$", m, hook=lambda _p: time.sleep(delay), times=1) for m in ("HEAD", "PUT")
+    ]
+    with FaultyProxy(stub.address, slow if delay else []) as proxy:
+        r = run(proxy.address, images("a"), tmp_path, settle_seconds=None)
+    at = {e["event"]: e for e in r.push_log}
+    head_to_put = at["tag-written"]["head_to_put"]
+    assert head_to_put >= 2 * delay
+    want = max(publisher.SETTLE_FLOOR, publisher.SETTLE_FACTOR * head_to_put)
+    assert at["settle"]["settle"] == pytest.approx(want, abs=0.002)
+    assert at["tag-reread-settled"]["t"] - at["tag-written"]["t"] >= want - 0.01
+    assert r.verification["settled_reread"] is True and r.verification["settle_seconds"] == at["settle"]["settle"]
+    if delay:
+        assert want > publisher.SETTLE_FLOOR
 
 
 def test_work_that_the_verdict_does_not_decide_fills_the_settle_pause(stub, images, tmp_path):

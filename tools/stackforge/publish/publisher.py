@@ -15,7 +15,8 @@ The algorithm (one registry repository, one tag scheme ``<head><YYYYMMDD><mid><N
    one. PUT the manifest under the tag.
 6. Re-read the manifest by tag and compare the digest of the bytes received with the
    pushed digest (and the config digest with the image id); read it once more
-   ``settle_seconds`` after the tag was written. Work that does not depend on that verdict
+   ``settle_seconds`` after the tag was written (by default the larger of SETTLE_FLOOR and
+   SETTLE_FACTOR times this publisher's own HEAD→PUT time for the tag, see below). Work that does not depend on that verdict
    (``during_settle``: e.g. preparing the publish record) runs in the pause, which sleeps only
    for what is left of it. A failed check (a rewritten manifest, a config blob that does not
    hash to the image id, a missing layer) fails the publish and rolls the tag back where
@@ -30,7 +31,10 @@ step 6 detects it (if the gap is shorter than ``settle_seconds``) and the publis
 whose write was replaced re-tags its image under the next revision, so the end state
 has distinct revisions, each holding the image its publisher reports. For a moment
 the replaced tag named the other image. Publishers on one host never race: step 5
-runs under an exclusive file lock.
+runs under an exclusive file lock. The gap is about one round trip to the registry (each
+publisher HEADs right before its PUT), so the default pause scales with the HEAD→PUT time this
+publisher measured to the same registry (SETTLE_FACTOR times it), with a floor (SETTLE_FLOOR)
+that covers a peer on a slower link.
 
 Here: :class:`Publisher` (the steps above), :func:`publish` (one call, with its evidence record
 ``publish.json`` on success or ``publish-failed.json`` on failure, see :func:`write_evidence`).
@@ -77,6 +81,12 @@ from stackforge.workspace import cache_dir
 # --------------------------------------------------------------------------------------------
 # Push log
 # --------------------------------------------------------------------------------------------
+
+
+#: the settled re-read of a written tag comes at least this long after the write (seconds) ...
+SETTLE_FLOOR = 1.0
+#: ... and at least this many times this publisher's own HEAD→PUT time for the tag
+SETTLE_FACTOR = 4.0
 
 
 @dataclass
@@ -220,7 +230,9 @@ class Publisher:
     engine: Engine | None = None
     workdir: Path | None = None
     layer_cache: Path | None = None
-    settle_seconds: float = 2.0
+    #: the pause between the tag write and its settled re-read; None: SETTLE_FLOOR or SETTLE_FACTOR times the
+    #: HEAD→PUT time this publisher measured for the tag, whichever is longer
+    settle_seconds: float | None = None
     log: PushLog = field(default_factory=PushLog)
     max_revisions: int = 100
     #: called with the result this publish is about to report (its aliases as they would move) while the settle
@@ -233,6 +245,7 @@ class Publisher:
         self.t0 = time.monotonic()
         self.prepared: PreparedImage | None = None
         self.tag_written: str | None = None
+        self.head_to_put = 0.0  # seconds from the HEAD of the tag to the answer of its PUT
         self.tag_attempted: str | None = None
         self._verified: dict[str, Any] = {}
         for alias in self.aliases:
@@ -436,6 +449,7 @@ class Publisher:
         """HEAD the tag right before writing it; write only while it is free. Retries re-check."""
 
         def attempt() -> str:
+            t = time.monotonic()
             current = self._tag_digest(tag)
             if current is not None:
                 if current == img.digest:
@@ -444,7 +458,8 @@ class Publisher:
             self.tag_attempted = tag
             got = self.client.put_manifest_once(tag, img.manifest, img.manifest_media_type)
             self.tag_written = tag
-            self.log("tag-written", tag=tag, registry_digest=got)
+            self.head_to_put = time.monotonic() - t
+            self.log("tag-written", tag=tag, registry_digest=got, head_to_put=round(self.head_to_put, 3))
             return "written"
 
         return self._retry(f"tag {tag}", attempt)
@@ -470,13 +485,20 @@ class Publisher:
                 continue
             written_at = time.monotonic()  # the PUT has answered: it landed at or before this
             verdict = self._verify_tag(tag, img)
-            if verdict is not None and self.settle_seconds > 0:
+            settle = self.settle()
+            if verdict is not None and settle > 0:
                 # A publisher on another host that HEADed this tag before our PUT may still write it:
-                # read it once more when a pause longer than any sane HEAD→PUT gap has passed since our write.
+                # read it once more when a pause longer than its HEAD→PUT gap has passed since our write.
                 self._meanwhile(tag, img)
                 elapsed = time.monotonic() - written_at
-                left = self.settle_seconds - elapsed
-                self.log("settle", tag=tag, since_write=round(elapsed, 3), sleep=round(max(left, 0.0), 3))
+                left = settle - elapsed
+                self.log(
+                    "settle",
+                    tag=tag,
+                    settle=round(settle, 3),
+                    since_write=round(elapsed, 3),
+                    sleep=round(max(left, 0.0), 3),
+                )
                 if left > 0:
                     time.sleep(left)
                 verdict = self._verify_tag(tag, img, again=True)
@@ -485,6 +507,13 @@ class Publisher:
                 continue
             return tag, verdict
         raise BuildFailed(f"no free revision found after {self.max_revisions} tries for date {self.date}")
+
+    def settle(self) -> float:
+        """The pause before the settled re-read: ``settle_seconds``, or by default SETTLE_FLOOR or SETTLE_FACTOR
+        times this publisher's HEAD→PUT time for the tag, whichever is longer."""
+        if self.settle_seconds is not None:
+            return self.settle_seconds
+        return max(SETTLE_FLOOR, SETTLE_FACTOR * self.head_to_put)
 
     def _meanwhile(self, tag: str, img: PreparedImage) -> None:
         """Run ``during_settle`` with the result this publish would report if the settled re-read confirms ``tag``."""
@@ -519,7 +548,7 @@ class Publisher:
         )
         if ok:
             if again:
-                return {**self._verified, "settled_reread": True, "settle_seconds": self.settle_seconds}
+                return {**self._verified, "settled_reread": True, "settle_seconds": round(self.settle(), 3)}
             config = self.client.get_blob(img.config.digest)
             config_ok = sha256_digest(config) == img.image_id
             if not config_ok:
@@ -544,7 +573,11 @@ class Publisher:
                 "image_id_matches": True,
                 "layers_present": len(img.unique_blobs()) - 1,
             }
-            return {**self._verified, "settled_reread": again, "settle_seconds": self.settle_seconds if again else 0}
+            return {
+                **self._verified,
+                "settled_reread": again,
+                "settle_seconds": round(self.settle(), 3) if again else 0,
+            }
         if config_digest is not None and config_digest != img.image_id and m.header_digest in (None, m.digest):
             # Another image now holds the tag: a publisher on another host wrote it between our HEAD and PUT.
             self.log("tag-lost", tag=tag, digest=m.digest, image_id=config_digest)
@@ -705,7 +738,7 @@ def publish(
     engine: Engine | None = None,
     workdir: Path | None = None,
     layer_cache: Path | bool | None = True,
-    settle_seconds: float = 2.0,
+    settle_seconds: float | None = None,
     echo: Callable[[str], None] | None = None,
     evidence: Path | None = None,
     extra: dict[str, Any] | None = None,
@@ -722,7 +755,8 @@ def publish(
     ``gzip_level``: zlib level of the layer blobs (1-9); one level gives the same blob for a layer everywhere.
     When ``evidence`` is given, a success writes ``publish.json`` there and a failure writes
     ``publish-failed.json`` (an earlier ``publish.json`` stays), with ``extra`` fields (e.g. stack, target) first.
-    ``during_settle``: work to run in the settle pause (see :class:`Publisher`).
+    ``during_settle``: work to run in the settle pause (see :class:`Publisher`); ``settle_seconds``: that
+    pause (None: see :meth:`Publisher.settle`).
     """
     date = validate_date(date)
     repo = parse_repository(repository) if isinstance(repository, str) else repository
