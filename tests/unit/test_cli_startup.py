@@ -93,6 +93,53 @@ def test_help_of_every_verb_imports_no_library():
     assert _heavy(result["modules"]) == []
 
 
+def test_each_verb_is_registered_by_the_module_named_for_it():
+    """VERB_MODULES lists every verb with the module that registers it, and nothing else."""
+    import argparse
+    import importlib
+
+    from stackforge.cli.main import COMMAND_MODULES, VERB_MODULES
+
+    registered = {}
+    for module in COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(f"stackforge.cli.{module}").register(sub)
+        registered.update(dict.fromkeys(sub.choices, module))
+    assert registered == VERB_MODULES
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list", "--json"],
+        ["--root", "/r", "newest", "post2", "--package", "torch", "--set", "a.b=1"],
+        ["--root=/r", "patches", "check", "post2"],
+        ["build", "post2", "--target", "t"],
+    ],
+)
+def test_a_named_verb_parses_as_with_every_verb(argv):
+    """The parser of the named verb alone gives the namespace of the whole parser, and is all that is built."""
+    from stackforge.cli.main import build_parser
+
+    narrow, full = build_parser(argv), build_parser()
+
+    def verbs(parser):
+        return next(a for a in parser._actions if a.dest == "command").choices
+
+    assert len(verbs(narrow)) < len(verbs(full))
+    assert vars(narrow.parse_args(argv)) == vars(full.parse_args(argv))
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["--root", "/r", "--help"], ["nosuchverb"], ["-h", "list"], ["--ro", "/r", "list"]]
+)
+def test_anything_but_a_named_verb_gets_every_verb(argv):
+    from stackforge.cli.main import COMMAND_MODULES, build_parser
+
+    parser = build_parser(argv)
+    assert len({c for a in parser._actions if a.dest == "command" for c in a.choices}) > len(COMMAND_MODULES)
+
+
 def test_the_guard_sees_a_library_import():
     """The same probe, on a verb that loads a stack, does see the model: the guard can fail."""
     result = _probe([["--root", str(TOOLS.parent), "show", "post2", "--json"]])

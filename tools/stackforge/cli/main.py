@@ -37,8 +37,26 @@ COMMAND_MODULES = [
     "smoke",
 ]
 
+# The module that registers each verb, so that a run naming its verb builds that verb's parser only
+# (tests/unit/test_cli_startup.py checks this against what the modules register).
+VERB_MODULES = {
+    **dict.fromkeys(("list", "show", "lint", "tags", "diff", "schema"), "stack"),
+    **dict.fromkeys(("render", "build", "gate", "verify", "abi"), "build"),
+    **dict.fromkeys(("publish", "pull"), "publish"),
+    **{name: name for name in COMMAND_MODULES if name not in ("stack", "build", "publish")},
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def _named_verb(argv: list[str]) -> str | None:
+    """The verb ``argv`` names when it is ``[--root ROOT | --root=ROOT] VERB ...``; anything else (help,
+    --version, an unknown or abbreviated word) is parsed by the whole parser."""
+    rest = argv[2:] if argv[:1] == ["--root"] else argv[1:] if argv[:1] and argv[0].startswith("--root=") else argv
+    return rest[0] if rest and rest[0] in VERB_MODULES else None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every verb; with ``argv`` naming a verb, the parser of that verb only (the same
+    parse for that ``argv``, without importing the other verbs' modules)."""
     parser = argparse.ArgumentParser(
         prog="stackforge",
         description="Render, build, gate and publish vLLM images for MUSA release trains.",
@@ -47,13 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stackforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    verb = _named_verb(argv) if argv is not None else None
+    for name in [VERB_MODULES[verb]] if verb else COMMAND_MODULES:
         importlib.import_module(f"stackforge.cli.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     setattr(args, WORKSPACE, make_workspace(args))
     try:
