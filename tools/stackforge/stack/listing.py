@@ -35,12 +35,12 @@ VALIDATING_LIBRARIES = ("pydantic", "pydantic_core", "yaml")
 def _tree_stat(h, top: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(top):
         dirnames.sort()
+        rel = os.path.relpath(dirpath, top)
+        prefix = "" if rel == os.curdir else rel + os.sep
         for fname in sorted(filenames):
             if fname.endswith((".py", ".so", ".pyd")):
                 st = os.stat(os.path.join(dirpath, fname))
-                h.update(
-                    f"{os.path.relpath(os.path.join(dirpath, fname), top)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode()
-                )
+                h.update(f"{prefix}{fname}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
 
 
 def code_fingerprint(libraries: tuple[str, ...] = VALIDATING_LIBRARIES) -> str:
