@@ -191,10 +191,12 @@ def case_held_timeout(root, tmp_path):
 def case_held_then_released(root, tmp_path):
     """When the holder ends (the kernel drops its lock), the waiting render goes on and succeeds."""
     bdir = root / "build" / "tiny"
-    with held(fslock.lock_path(bdir), 1.5) as pid:
-        res = finish(stackforge(root, "render", "tiny"))
+    with held(fslock.lock_path(bdir), 60) as pid:
+        proc = stackforge(root, "render", "tiny", "--lock-timeout", "60")
+        waiting = proc.stderr.readline()  # the holder ends once the render says it waits
+    assert waiting == f"waiting for another stackforge on {bdir}/ (pid {pid})…\n"
+    res = finish(proc)
     assert res.rc == 0, res.err
-    assert f"waiting for another stackforge on {bdir}/ (pid {pid})…" in res.err
     assert (bdir / "context" / "gate" / "gate.json").is_file() and leftovers(bdir) == []
 
 
