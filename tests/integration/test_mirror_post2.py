@@ -31,13 +31,22 @@ def offline(standins, post2, tmp_path_factory):
     env = {"STACKFORGE_CACHE": str(standins.root / "upstream-cache")}
     made = mb.stackforge("mirror", "post2", "--to", str(mirror), "--network", "host", "--json", *sets, env=env)
     assert made.returncode == 0, made.stderr[-6000:]
+    toolchain = json.loads((mirror / "mirror.json").read_text())["toolchains"]["vllm_rs"]["image"]
+    left_tagged = mb.image_id(toolchain)  # the mirror keeps the stage in its archive, not in the engine
     online = mb.image_id(post2.tag)
     build = mb.stackforge("build", "post2", "--offline", "--mirror", str(mirror), "--out", str(out), *sets, env=env)
     built = mb.image_id(post2.tag)
     if built and built != online:  # the offline image gets its own name; the session's post2 keeps its tag
         mb.docker("tag", built, OFFLINE_TAG)
         mb.docker("tag", online, post2.tag)
-    yield {"mirror": mirror, "made": json.loads(made.stdout), "build": build, "out": out, "online": online}
+    yield {
+        "mirror": mirror,
+        "made": json.loads(made.stdout),
+        "build": build,
+        "out": out,
+        "online": online,
+        "left_tagged": left_tagged,
+    }
     mb.docker("image", "rm", "--force", OFFLINE_TAG, check=False)
 
 
@@ -52,6 +61,8 @@ def test_the_mirror_holds_debs_toolchain_and_every_phase(offline, post2, standin
         assert f"Filename: {p['path'][len('apt/') :]}\nSize: {p['size']}\nSHA256: {p['sha256']}" in packages
     assert data["apt"]["layers"] == ["musa", "vllm-omni.media"]
     tc = data["toolchains"]["vllm_rs"]
+    assert offline["left_tagged"] is None, "the mirror left its toolchain image tagged in the engine"
+    assert "load the toolchain stage of kernel vllm_rs from the mirror" in offline["build"].stderr
     assert parts["toolchains/vllm_rs.tar"]["id"] == tc["id"] == mb.image_id(tc["image"])
     assert (
         tc["built_from"]["run"].startswith("bash tools/install_protoc.sh")

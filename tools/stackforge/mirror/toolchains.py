@@ -2,7 +2,7 @@
 
 A toolchain step (``kernels.<k>.toolchain.run``: protoc, rustup, ``cargo fetch``) is no package: it installs with
 network. :func:`mirror_toolchains` builds the stage online from the stack's own Dockerfile (as ``build`` renders
-it), saves it as ``toolchains/<kernel>.tar`` and records in ``mirror.json`` the image id and what the stage was
+it), saves it as ``toolchains/<kernel>.tar`` (the engine keeps no tag of it) and records in ``mirror.json`` the image id and what the stage was
 built from (the stack's fingerprint, the base image, each pip phase's key, the system layers, the step's run
 line, environment and PATH, the sha256 of each file it ``uses``, the templates). An offline build whose inputs
 give the same key loads the archive (:func:`load`) and its Dockerfile starts the stage ``FROM`` that image
@@ -115,7 +115,10 @@ def mirror_toolchains(
         engine.cli("tag", scratch, ref, timeout=60, check=True)
         engine.remove_image(scratch)
         out = to / rel
-        save_image(engine, ref, out, f"the toolchain stage of kernel {k.name} ({image_id})")
+        try:
+            save_image(engine, ref, out, f"the toolchain stage of kernel {k.name} ({image_id})")
+        finally:
+            engine.remove_image(ref)  # the archive holds it; an offline build loads it from there
         manifest.add_part(
             data,
             {
