@@ -1,6 +1,6 @@
 """The jev overlay built on the post2 vllm-openai image of the stand-in session (shared with test_post_stacks):
 its range installed in the image's vllm, both ports answering, published immutably to the loopback registry,
-verified; and the bad inputs: a file whose sha256 differs, a base image digest the registry does not hold."""
+verified (also by an operator with the registry alone, from an empty directory); and the bad inputs: a file whose sha256 differs, a base image digest the registry does not hold."""
 
 from __future__ import annotations
 
@@ -165,6 +165,33 @@ def test_published_immutably_and_verified(jev, standins, post2, registry):
     assert "PASS overlay layers start with the base image" in out
     assert "PASS overlay range files and files re-hashed inside the image with a read-only root" in out
     assert "PASS file   /opt/jev/entrypoint.sh" in out
+
+
+def test_the_published_overlay_is_verified_from_the_registry_without_a_checkout(
+    jev, standins, post2, registry, tmp_path
+):
+    """An operator with the registry alone verifies the published jev image by its tag, from an empty directory:
+    the overlay's labels against its publish record, the embedded overlay.yaml, the range and the files
+    re-hashed inside the image, its post2 base, and post2's gate re-run."""
+    ns = "overlay-jev"
+    published = overlay_cmd(standins, post2, "publish", "--registry", f"{registry}/{ns}", "--date", DATE)
+    assert published.returncode == 0, published.stdout + published.stderr
+    ref = f"{registry}/{ns}/vllm/vllm-openai:{PUBLISHED}"
+    proc = mb.stackforge("verify", ref, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
+    assert "PASS labels  the image's labels equal the record's" in out
+    assert "PASS overlay name label=jev record=jev" in out
+    assert "PASS overlay base stack=post2 embedded overlay.yaml=post2/vllm-openai" in out
+    assert any(l.startswith("PASS overlay /stackforge/overlay/jev/overlay.yaml sha256 image=sha256:") for l in out)
+    assert any(l.startswith("PASS overlay declaration of the embedded overlay.yaml=sha256:") for l in out)
+    assert any(l.startswith("PASS overlay changed.vllm of the embedded manifest.json=sha256:") for l in out)
+    assert any(l.startswith("PASS overlay layers start with the base image sha256:") for l in out)
+    assert "PASS overlay range files and files re-hashed inside the image with a read-only root" in out
+    assert "PASS gate    re-run inside the image with a read-only root filesystem" in out
+    assert not [l for l in out if l.startswith("FAIL")]
+    assert out[-1] == f"verify {ref}: ok"
+    assert list(tmp_path.iterdir()) == []  # nothing written where the operator stands
 
 
 def copy_root(tmp_path: Path) -> Path:
