@@ -94,6 +94,16 @@ class Side:
     root: Path
     overrides: list[str]
     runs: dict[str, Run] = field(default_factory=dict)
+    images: set[str] = field(default_factory=set)  # every image id a build of this side made
+
+    def built(self, run: Run) -> Run:
+        """Remember the image the build just tagged (removed when the benchmark ends)."""
+        proc = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{.Id}}", self.tag], capture_output=True, text=True
+        )
+        if proc.returncode == 0:
+            self.images.add(proc.stdout.strip())
+        return run
 
     @property
     def tag(self) -> str:
@@ -116,17 +126,19 @@ def _stackforge(side: Side, *args: str) -> Run:
 
 
 def build_ours(side: Side, no_cache: bool = False, ca_bundle: str = "none") -> Run:
-    return _stackforge(
-        side,
-        "build",
-        STACK,
-        "--network",
-        "host",
-        "--ca-bundle",
-        ca_bundle,
-        *(["--no-cache"] if no_cache else []),
-        "--set",
-        f"tags.local={side.tag}",
+    return side.built(
+        _stackforge(
+            side,
+            "build",
+            STACK,
+            "--network",
+            "host",
+            "--ca-bundle",
+            ca_bundle,
+            *(["--no-cache"] if no_cache else []),
+            "--set",
+            f"tags.local={side.tag}",
+        )
     )
 
 
@@ -138,7 +150,14 @@ def build_peer(side: Side, indexes: dict[str, str], no_cache: bool = False) -> R
     cmd += ["--build-arg", f"PUBLIC_INDEX={indexes['public']}/"]
     if no_cache:
         cmd.append("--no-cache")
-    return _run(cmd + [str(side.root / "build" / STACK / "context")])
+    return side.built(_run(cmd + [str(side.root / "build" / STACK / "context")]))
+
+
+def remove_images(*sides: Side) -> None:
+    """Remove every image the benchmark built (each cold build leaves a ~2 GB image behind otherwise)."""
+    ids = sorted({i for side in sides for i in side.images})
+    if ids:
+        subprocess.run(["docker", "image", "rm", "--force", *ids], capture_output=True)
 
 
 # --------------------------------------------------------------------------- the indexes
@@ -262,39 +281,45 @@ def measure(echo=print) -> list[Result]:
         for side in (ours, peer, default):
             shutil.copytree(BENCH / "stacks", side.root / "stacks")
             shutil.copytree(BENCH / "patches", side.root / "patches")
-        results: list[Result] = []
-        for name, goal in MEASURES:
-            if name == "one-patch rebuild":
-                change_patch(ours.root)
-                change_patch(peer.root)
-            elif name == "one-pin change":
-                change_pin(ours.root)
-                change_pin(peer.root)
-            cold = name == "cold build"
-            note = ""
-            if cold:
-                a, b, note = cold_pairs(ours, peer, urls)
-                ours.runs[name], peer.runs[name] = a, b
-            else:
-                a = ours.runs[name] = build_ours(ours, no_cache=cold)
-                b = peer.runs[name] = build_peer(peer, urls, no_cache=cold)
-            if name == "one-patch rebuild":
-                ran = a.ran()
-                deps = [s for s in ran if s.startswith("deps:")]
-                stages = sorted({s.split(":", 1)[0] for s in ran})
-                note = f"stages that ran: {', '.join(stages)}; dependency steps re-run: {len(deps)}"
-                if deps:
-                    note += " (" + "; ".join(deps) + ")"
-            elif name in ("no-op rebuild", "one-pin change"):
-                stages = sorted({s.split(":", 1)[0] for s in a.ran()})
-                note = f"stages that ran: {', '.join(stages) or 'none'}"
-            results.append(Result(name, a.seconds, b.seconds, goal, PEER, note))
-            echo(f"{name}: stackforge {a.seconds:.1f} s, naive {b.seconds:.1f} s  {note}")
-        a, b = build_ours(default, no_cache=True, ca_bundle="auto"), peer.runs["cold build"]
-        name, note = "cold build, host CA bundle mounted", "the default --ca-bundle auto; the peer's cold build"
-        results.append(Result(name, a.seconds, b.seconds, None, PEER, note))
-        echo(f"{name}: stackforge {a.seconds:.1f} s, naive {b.seconds:.1f} s (cold build)")
-        return results
+        try:
+            return _measure(ours, peer, default, urls, echo)
+        finally:
+            remove_images(ours, peer, default)
+
+
+def _measure(ours: Side, peer: Side, default: Side, urls: dict[str, str], echo) -> list[Result]:
+    results: list[Result] = []
+    for name, goal in MEASURES:
+        if name == "one-patch rebuild":
+            change_patch(ours.root)
+            change_patch(peer.root)
+        elif name == "one-pin change":
+            change_pin(ours.root)
+            change_pin(peer.root)
+        note = ""
+        if name == "cold build":
+            a, b, note = cold_pairs(ours, peer, urls)
+            ours.runs[name], peer.runs[name] = a, b
+        else:
+            a = ours.runs[name] = build_ours(ours)
+            b = peer.runs[name] = build_peer(peer, urls)
+        if name == "one-patch rebuild":
+            ran = a.ran()
+            deps = [s for s in ran if s.startswith("deps:")]
+            stages = sorted({s.split(":", 1)[0] for s in ran})
+            note = f"stages that ran: {', '.join(stages)}; dependency steps re-run: {len(deps)}"
+            if deps:
+                note += " (" + "; ".join(deps) + ")"
+        elif name in ("no-op rebuild", "one-pin change"):
+            stages = sorted({s.split(":", 1)[0] for s in a.ran()})
+            note = f"stages that ran: {', '.join(stages) or 'none'}"
+        results.append(Result(name, a.seconds, b.seconds, goal, PEER, note))
+        echo(f"{name}: stackforge {a.seconds:.1f} s, naive {b.seconds:.1f} s  {note}")
+    a, b = build_ours(default, no_cache=True, ca_bundle="auto"), peer.runs["cold build"]
+    name, note = "cold build, host CA bundle mounted", "the default --ca-bundle auto; the peer's cold build"
+    results.append(Result(name, a.seconds, b.seconds, None, PEER, note))
+    echo(f"{name}: stackforge {a.seconds:.1f} s, naive {b.seconds:.1f} s (cold build)")
+    return results
 
 
 def main() -> int:
