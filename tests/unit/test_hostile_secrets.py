@@ -45,7 +45,14 @@ CASES = [
         "vendor.example/simple",
         True,
     ),
-    ("userinfo-colon", IDX, f"https://user:{S}:tail@vendor.example/simple", [S, "tail"], "vendor.example/simple", True),
+    (
+        "userinfo-colon",
+        IDX,
+        f"https://user:{S}:t4ilpart@vendor.example/simple",
+        [S, "t4ilpart"],
+        "vendor.example/simple",
+        True,
+    ),
     ("userinfo-token-only", IDX, f"https://{S}@vendor.example/simple", [S], "vendor.example/simple", True),
     ("query-token", IDX, f"https://vendor.example/simple?token={S}", [S], "vendor.example/simple", True),
     # A query that is not a credential stays in the URL, and an index URL has no query: refused, secret unsaid.

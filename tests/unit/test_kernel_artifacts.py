@@ -80,11 +80,11 @@ def test_option_on_toolchain_stage_then_offline_build_then_files_after_the_wheel
     assert "COPY --from=src-vllm /rust-toolchain.toml /stackforge/toolchain/vllm_rs/rust-toolchain.toml\n" in toolchain
     assert "PIP_NO_INDEX" not in toolchain and "https://sh.rustup.rs" in toolchain
     assert 'ENV RUSTUP_HOME="/usr/local/rustup"' in toolchain and "ENV PATH=/usr/local/cargo/bin:$PATH\n" in toolchain
-    kernel = between(text, "FROM toolchain-vllm_rs AS kernel-vllm_rs\n", "FROM deps AS gate\n")
+    kernel = between(text, "FROM toolchain-vllm_rs AS kernel-vllm_rs\n", "FROM deps AS gate-env\n")
     assert "COPY --from=src-vllm / /stackforge/src/vllm\n" in kernel
     assert "export PIP_NO_INDEX=1 GIT_ALLOW_PROTOCOL=file CARGO_NET_OFFLINE=true;" in kernel
     assert text.index("https://sh.rustup.rs") < text.index("bash build_rust.sh")
-    gate = between(text, "FROM deps AS gate\n", "COPY gate/")
+    gate = between(text, "FROM deps AS gate-env\n", "COPY gate/")
     wheels, files = gate.index("pip install --no-index"), gate.index("install_files.py")
     assert wheels < files and "/stackforge/wheels/vllm_rs" not in gate
     assert "--mount=type=bind,from=kernel-vllm_rs,source=/out/files,target=/stackforge/files/vllm_rs" in gate

@@ -92,7 +92,7 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
         "COPY --from=src-flashinfer / /stackforge/src/vllm_musa/third_party/flashinfer\n"
         "WORKDIR /stackforge/src/vllm_musa\n" in text
     )
-    assert "FROM deps AS installed\n" in text and "FROM installed AS gate\n" in text
+    assert "FROM deps AS installed\n" in text and "FROM installed AS gate-env\n" in text
     assert "RUN python /stackforge/installed/post_install.py /stackforge/installed/post_install.json\n" in text
     assert (
         "RUN export PIP_NO_INDEX=1 GIT_ALLOW_PROTOCOL=file MAX_JOBS=2 CARGO_BUILD_JOBS=4 MATE_MUSA_ARCH_LIST=3.1; \\\n"
@@ -104,7 +104,7 @@ def test_plan_and_dockerfile_carry_every_new_key(root):
 
 def test_a_stack_without_the_keys_renders_as_before(root):
     text = render_dockerfile(make_plan(stackload.load("post2", root=root)))
-    assert "AS installed" not in text and "FROM deps AS gate\n" in text
+    assert "AS installed" not in text and "FROM deps AS gate-env\n" in text
 
 
 def test_step_env_values_are_shell_quoted(root):

@@ -296,7 +296,7 @@ def _one_line(value: str) -> str:
     return value.strip()
 
 
-RESERVED_STAGES = {"base", "venv", "deps", "installed", "gate", "gate-readonly"}
+RESERVED_STAGES = {"base", "venv", "deps", "installed", "gate-env", "gate", "gate-readonly"}
 
 
 def _tree_path(path: str) -> str | None:
