@@ -231,3 +231,54 @@ def test_pins_missing_from_the_index(capsys, dirs):
     assert "lists no file of the pinned version" in pkgs["triton"]["note"]
     assert pkgs["not-on-index"]["status"] == "pin missing from index"
     assert "HTTP 404" in pkgs["not-on-index"]["note"]
+
+
+def test_newest_asks_the_indexes_before_it_imports_the_stack_model(dirs):
+    """The queries start from the stack file alone: a process that only starts them gets every page of post2
+    without importing the model (pydantic), and asking its clients again sends no request."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from stackforge.freshness import prefetch\n"
+        "from stackforge.stack import document\n"
+        "clients = prefetch.start(Path(sys.argv[1]), 'post2', sys.argv[2:]).clients\n"
+        "packages = document.read(Path(sys.argv[1]), 'post2', sys.argv[2:]).data['packages']\n"
+        "for name, pkg in packages.items():\n"
+        "    clients[pkg['index']].project(name)\n"
+        "print(sorted(clients), len(packages), 'pydantic' in sys.modules, 'stackforge.stack.model' in sys.modules)\n"
+    )
+    with serve(*dirs) as (overrides, vendor, public):
+        proc = subprocess.run(
+            [sys.executable, "-c", script, str(REPO), *overrides],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=dict(os.environ),
+        )
+        paths = [r.path for r in vendor.requests + public.requests]
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["['mthreads',", "'pypi']", str(len(paths)), "False", "False"], proc.stdout
+    assert len(paths) == len(set(paths)) == 18  # one request per package of post2, none asked twice
+
+
+def test_the_validated_run_takes_a_prefetched_client_only_when_it_asks_the_same_way(dirs, tmp_path):
+    from stackforge.freshness import lines, prefetch
+    from stackforge.stack.load import load
+
+    with serve(*dirs) as (overrides, vendor, public):
+        started = prefetch.start(REPO, "post2", overrides)
+        early = started.clients
+        loaded = load("post2", root=REPO, overrides=overrides, read=started.document)
+        assert started.document is not None and started.document.used  # the loader took it; the file was read once
+        same = lines.clients_for(loaded, None, reuse=early)
+        assert same["mthreads"] is early["mthreads"] and same["pypi"] is early["pypi"]
+        # The public index with a credential the prefetch did not see: only that client is made again.
+        assert early["pypi"].credential is None
+        other = [overrides[0], f"indexes.pypi.url={public.url.replace('http://', 'http://someone:pw@')}"]
+        changed = lines.clients_for(load("post2", root=REPO, overrides=other), None, reuse=early)
+        assert changed["mthreads"] is early["mthreads"] and changed["pypi"] is not early["pypi"]
+        assert changed["pypi"].auth == ("someone", "pw")
+        # Another cache directory: neither is the same client.
+        cached = lines.clients_for(load("post2", root=REPO, overrides=overrides), tmp_path, reuse=early)
+        assert all(cached[name] is not early[name] for name in early)

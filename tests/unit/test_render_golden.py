@@ -19,7 +19,8 @@ from test_stack_golden import compare_golden
 from stackforge.build import bake, context, run
 from stackforge.build.context import SourceInfo
 from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, EngineFacts, prepare_dockerfile
-from stackforge.stack.load import list_stacks, load
+from stackforge.stack.load import load
+from stackforge.stack.names import list_stacks
 from stackforge.workspace import Workspace
 from tests.fixtures.stack_support import REPO, run_cli
 

@@ -177,3 +177,27 @@ def test_diff_against_the_parent(root, capsys):
     ]
     rc, out, _ = run_cli(capsys, root, "diff", "a", "post2", "--format", "json")
     assert [(r["package"], r["before"], r["after"]) for r in json.loads(out)["removed"]] == [("newpkg", "1.0.0", "—")]
+
+
+def test_a_document_read_earlier_is_taken_once_and_only_for_its_own_root_name_and_overrides(root):
+    """``load(read=…)`` takes a document already read (the prefetch's) instead of reading the files again; one
+    read for other overrides, another stack or another root, or one a load has taken, is read again."""
+    from stackforge.stack import document
+
+    url = "indexes.pypi.url=https://someone:s3cret@pypi.example/simple"
+    doc = document.read(root.resolve(), "a", [url])
+    taken = load("a", root=root, overrides=[url], read=doc)
+    assert doc.used and taken.model.indexes["pypi"].url == "https://pypi.example/simple"
+    assert taken.credentials["pypi"].auth == ("someone", "s3cret")
+    # Taken once: the loader split the credential off its data, so a second load reads the files again.
+    again = load("a", root=root, overrides=[url], read=doc)
+    assert again.credentials["pypi"].auth == ("someone", "s3cret")
+    for other in (document.read(root.resolve(), "a", []), document.read(root.resolve(), "post2", [url])):
+        assert (
+            load("a", root=root, overrides=[url], read=other).model.indexes["pypi"].url == "https://pypi.example/simple"
+        )
+        assert not other.used
+    # The document's values are what is validated: an edit to an unused document for the same stack shows.
+    doc = document.read(root.resolve(), "a", [])
+    doc.data["description"] = "as read earlier"
+    assert load("a", root=root, read=doc).model.description == "as read earlier"

@@ -15,7 +15,8 @@ from pathlib import Path
 from stackforge.build.plan import LABEL_NS
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
-from stackforge.stack.load import STACKS_DIR, LoadedStack
+from stackforge.stack.load import LoadedStack
+from stackforge.stack.names import STACKS_DIR
 from stackforge.urls import redact_text
 
 LABEL = f"{LABEL_NS}.stack.files"

@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
-from stackforge.cli.options import add_json, add_set, load, print_json, workspace_of
+from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, workspace_of
 
 if TYPE_CHECKING:
+    from stackforge.freshness import lines, prefetch
     from stackforge.freshness import newest as freshness
 else:
     freshness = lazy("stackforge.freshness.newest")
+    lines = lazy("stackforge.freshness.lines")
+    prefetch = lazy("stackforge.freshness.prefetch")
 
 DEFAULT_TRAIN_WINDOW = 3600.0  # freshness.newest.DEFAULT_TRAIN_WINDOW, here so that --help imports no library
 
@@ -51,10 +54,15 @@ def register(sub) -> None:
 
 
 def cmd_newest(args) -> int:
+    # The index queries start from the stack file while the stack model is imported and validated.
+    early = prefetch.start(
+        root_of(args), args.stack, overrides_for(args, args.stack), packages=args.package, cache_dir=cache_dir(args)
+    )
+    loaded = load(args, args.stack, read=early.document)
     report = freshness.newest(
-        load(args, args.stack),
+        loaded,
         packages=args.package or None,
-        cache_dir=cache_dir(args),
+        clients=lines.clients_for(loaded, cache_dir(args), workspace=workspace_of(args), reuse=early.clients),
         workspace=workspace_of(args),
         train_window=args.train_window * 60,
     )

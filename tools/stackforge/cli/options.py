@@ -21,6 +21,7 @@ from stackforge.urls import redact_text
 from stackforge.workspace import Workspace
 
 if TYPE_CHECKING:
+    from stackforge.stack.document import Document
     from stackforge.stack.load import LoadedStack
 
 SELECTED = "_selected_stacks"  # the attribute select() sets on args
@@ -177,11 +178,12 @@ def _checked_root(args) -> Path:
     return root
 
 
-def load(args, name: str) -> LoadedStack:
-    """Load stack ``name`` of the workspace's repository with the ``--set`` values that apply to it."""
+def load(args, name: str, read: Document | None = None) -> LoadedStack:
+    """Load stack ``name`` of the workspace's repository with the ``--set`` values that apply to it (``read``:
+    its document as already read, see ``stack.load.load``)."""
     from stackforge.stack.load import load as load_stack_file
 
-    return load_stack_file(name, root=root_of(args), overrides=overrides_for(args, name))
+    return load_stack_file(name, root=root_of(args), overrides=overrides_for(args, name), read=read)
 
 
 def add_refresh(parser: argparse.ArgumentParser) -> None:

@@ -109,7 +109,7 @@ def print_verification(args, v, summary: str) -> int:
 
 def _is_stack(args) -> bool:
     """Whether ``pull NAME`` names a stack of a checkout (else a repository)."""
-    from stackforge.stack.load import STACK_NAME, STACKS_DIR
+    from stackforge.stack.names import STACK_NAME, STACKS_DIR
 
     if "/" in args.stack or not STACK_NAME.fullmatch(args.stack):
         return False

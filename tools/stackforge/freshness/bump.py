@@ -23,7 +23,8 @@ from stackforge.freshness.lines import (
     standalone,
     versions_in_line,
 )
-from stackforge.stack.load import LoadedStack, load, stack_path
+from stackforge.stack.document import stack_path
+from stackforge.stack.load import LoadedStack, load
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 

@@ -397,7 +397,8 @@ class IndexClient:
         self.credential = credential or in_url
         self.auth = self.credential.auth if self.credential else None
         self.host = urlsplit(self.url).hostname
-        self.cache = _DiskCache(Path(cache_dir)) if cache_dir else None
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.cache = _DiskCache(self.cache_dir) if self.cache_dir else None
         self.accept = ACCEPT_JSON_FIRST if prefer_json else ACCEPT_HTML_ONLY
         self.timeout = timeout
         self.max_workers = max(1, max_workers)
@@ -407,6 +408,26 @@ class IndexClient:
         self._inflight: dict[str, Future[ProjectPage]] = {}
         self._lock = threading.Lock()
         self.stats = {"requests": 0, "not_modified": 0}
+
+    def same_as(self, other: IndexClient) -> bool:
+        """Whether ``other`` asks the same index the same way: URL, credential, cache, content types, limits."""
+        return (
+            self.url,
+            self.credential,
+            self.cache_dir,
+            self.accept,
+            self.timeout,
+            self.max_workers,
+            self.user_agent,
+        ) == (
+            other.url,
+            other.credential,
+            other.cache_dir,
+            other.accept,
+            other.timeout,
+            other.max_workers,
+            other.user_agent,
+        )
 
     def params_for(self, url: str) -> dict[str, str]:
         """The credential's query parameters for a request to ``url`` (only on the index's own host)."""

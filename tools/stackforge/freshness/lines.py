@@ -234,16 +234,25 @@ def built_for_pattern(template: str, family_local: str) -> re.Pattern:
 
 
 def clients_for(
-    loaded: LoadedStack, cache_dir: Path | None, *, workspace: Workspace | None = None, max_workers: int = 8
+    loaded: LoadedStack,
+    cache_dir: Path | None,
+    *,
+    workspace: Workspace | None = None,
+    max_workers: int = 8,
+    reuse: dict[str, IndexClient] | None = None,
 ) -> dict[str, IndexClient]:
     """One client per stack index, with the credential the workspace resolves for it (default: the
-    workspace at the stack's root)."""
+    workspace at the stack's root). A client of ``reuse`` (by index name: e.g. the one ``prefetch.start``
+    made, with the pages it has fetched) stands in for the new one only when it asks the same index the same
+    way (``IndexClient.same_as``)."""
     ws = workspace_for(loaded, workspace)
     out = {}
     for name, idx in loaded.model.indexes.items():
-        out[name] = IndexClient(
+        client = IndexClient(
             idx.url, credential=ws.index_credential(loaded, name), cache_dir=cache_dir, max_workers=max_workers
         )
+        earlier = (reuse or {}).get(name)
+        out[name] = earlier if earlier is not None and earlier.same_as(client) else client
     return out
 
 

@@ -221,7 +221,8 @@ def select_stacks(
     it is not a nightly stack anyway (it would not have run).
     """
     from stackforge.build.prepare import lint_or_fail
-    from stackforge.stack.load import list_stacks, load
+    from stackforge.stack.load import load
+    from stackforge.stack.names import list_stacks
 
     for_stack = per_stack(overrides)
     loaded: list[LoadedStack] = []
@@ -248,7 +249,7 @@ def select_stacks(
 
 def declared_nightly(root: Path) -> list[str]:
     """The stacks whose files, without overrides, say ``nightly: true`` (and those that do not load)."""
-    from stackforge.stack.load import list_stacks
+    from stackforge.stack.names import list_stacks
 
     return [name for name in list_stacks(root) if _nightly_as_declared(root, name)]
 

@@ -15,18 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from stackforge.credentials import remember as remember_credentials
 from stackforge.errors import UserError
-from stackforge.stack import artifacts, installed
+from stackforge.stack import artifacts, document, installed
 from stackforge.stack import targets as target_rules
 from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGES, Stack
-from stackforge.stack.names import STACK_NAME, STACKS_DIR, find_root, list_stacks
-from stackforge.stack.yamlsrc import Pos, Refused, load_value, load_with_positions
-from stackforge.urls import Credential, redact_text
-from stackforge.urls import split as split_credentials
+from stackforge.stack.names import find_root
+from stackforge.stack.yamlsrc import Pos, load_with_positions
+from stackforge.urls import Credential
 
 
 @dataclass(frozen=True)
@@ -81,294 +79,6 @@ class StackInvalid(UserError):
 
     def render(self) -> str:
         return "\n".join(p.render() for p in self.problems)
-
-
-# --------------------------------------------------------------------------- repository
-
-
-MAX_INHERITANCE = 16  # stacks in one inheritance chain
-
-
-def _name_problem(root: Path, name: Any) -> tuple[str, str] | None:
-    """Why ``name`` is not a stack name (message, fix), or None when it is one."""
-    if isinstance(name, str) and STACK_NAME.fullmatch(name) and not name.endswith((".yaml", ".yml")):
-        return None
-    shown = repr(name) if isinstance(name, str) and len(name) <= 200 else "this value"
-    known = _known(root)
-    stem = Path(name).stem if isinstance(name, str) and len(name) <= 200 else ""
-    if stem in known:
-        fix = f"name the stack, not a path: '{stem}'"
-    else:
-        fix = (
-            f"name a stack of {STACKS_DIR}/ by its file name without .yaml; known stacks: {', '.join(known) or 'none'}"
-        )
-    return (f"{shown} is not a stack name (lowercase letters, digits, '.', '_' and '-'; no path, no .yaml)"), fix
-
-
-def stack_path(root: Path, name: str) -> Path:
-    """``stacks/<name>.yaml`` under ``root``; a name that is not a single plain segment is an error."""
-    problem = _name_problem(root, name)
-    if problem:
-        raise UserError(problem[0], fix=problem[1])
-    return root / STACKS_DIR / f"{name}.yaml"
-
-
-def _confined(root: Path, path: Path, display: str) -> None:
-    """Refuse a stack file that resolves (through a symlink) outside stacks/."""
-    stacks = (root / STACKS_DIR).resolve()
-    try:
-        path.resolve().relative_to(stacks)
-    except ValueError:
-        raise UserError(
-            f"the file is a link to a file outside {STACKS_DIR}/",
-            file=display,
-            fix=f"copy the stack into {STACKS_DIR}/ instead of linking to it",
-        ) from None
-
-
-def _known(root: Path) -> list[str]:
-    """The stacks that hints may name: files of stacks/ whose stem is a stack name."""
-    return [n for n in list_stacks(root) if STACK_NAME.fullmatch(n)]
-
-
-# --------------------------------------------------------------------------- inheritance
-
-
-def _merge(base: Any, over: Any) -> Any:
-    """Deep-merge mappings (keys keep the parent's order, new keys follow); anything else is replaced."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
-        for key, value in over.items():
-            out[key] = _merge(base[key], value) if key in base else value
-        return out
-    return over
-
-
-def _value_at(data: Any, path: tuple) -> Any:
-    for part in path:
-        data = data[part]
-    return data
-
-
-def _merge_positions(base: dict, over: dict, over_data: Any) -> dict:
-    out = dict(base)
-    # A replaced (non-mapping) value drops the parent's positions below it; mappings merge.
-    for path in over:
-        if isinstance(_value_at(over_data, path), dict):
-            continue
-        for old in [p for p in out if len(p) > len(path) and p[: len(path)] == path]:
-            del out[old]
-    out.update(over)
-    return out
-
-
-def _load_chain(root: Path, name: str, seen: list[str]) -> tuple[dict, dict, dict, list[str]]:
-    path = stack_path(root, name)
-    display = f"{STACKS_DIR}/{name}.yaml"
-    if not path.exists():
-        near = difflib.get_close_matches(name, _known(root), n=1)
-        hint = f"did you mean '{near[0]}'? " if near else ""
-        raise UserError(
-            f"no stack named '{name}' ({display} does not exist)",
-            fix=f"{hint}known stacks: {', '.join(_known(root)) or 'none'}",
-        )
-    _confined(root, path, display)
-    src = load_with_positions(path, display)
-    data = src.data
-    if not isinstance(data, dict):
-        raise UserError(
-            "a stack file must be a mapping of keys (name, platform, packages, …)",
-            file=display,
-            line=1,
-            col=1,
-            fix="start the file with 'name: <stack name>'",
-        )
-    _check_own_name(data, src.values, display, name)
-    parent = data.get("inherits")
-    if parent is None:
-        return data, src.values, src.keys, [display]
-    _check_parent(root, parent, src.values[("inherits",)], [*seen, name])
-    pdata, pvals, pkeys, pfiles = _load_chain(root, parent, [*seen, name])
-    merged = _merge(pdata, data)
-    merged.pop("inherits", None)
-    merged["inherits"] = parent
-    return (
-        merged,
-        _merge_positions(pvals, src.values, data),
-        _merge_positions(pkeys, src.keys, data),
-        [*pfiles, display],
-    )
-
-
-def _check_own_name(data: dict, values: dict, display: str, name: str) -> None:
-    """A stack file names itself, with the name of its file."""
-    own = data.get("name")
-    if own is None:
-        # Without this a child stack would silently carry its parent's name.
-        raise UserError(
-            "missing required key 'name'",
-            file=display,
-            line=1,
-            col=1,
-            fix=f"add 'name: {name}' (every stack file names itself)",
-        )
-    if own != name:
-        shown = repr(own) if isinstance(own, str) and len(own) <= 200 else "this value"
-        raise UserError(
-            f"name {shown} does not match the file name '{name}'",
-            **values[("name",)].as_error_kwargs(),
-            fix=f"set name: {name}"
-            + (f", or rename the file to {own}.yaml" if isinstance(own, str) and STACK_NAME.fullmatch(own) else ""),
-        )
-
-
-def _check_parent(root: Path, parent: Any, pos: Pos, chain: list[str]) -> None:
-    """``inherits`` names another stack of stacks/: a plain name, no cycle, not too long a chain."""
-    if not isinstance(parent, str):
-        raise UserError(
-            "inherits must be the name of another stack", **pos.as_error_kwargs(), fix="write e.g. 'inherits: post1'"
-        )
-    problem = _name_problem(root, parent)
-    if problem:
-        raise UserError(f"inherits: {problem[0]}", **pos.as_error_kwargs(), fix=problem[1])
-    if parent in chain:
-        raise UserError(
-            f"inheritance cycle: {' → '.join([*chain, parent])}",
-            **pos.as_error_kwargs(),
-            fix="remove 'inherits' from one stack in the cycle",
-        )
-    if len(chain) >= MAX_INHERITANCE:
-        raise UserError(
-            f"inheritance chain longer than {MAX_INHERITANCE} stacks ({' → '.join(chain)} → {parent})",
-            **pos.as_error_kwargs(),
-            fix="inherit from a stack nearer the root of the chain",
-        )
-    if not stack_path(root, parent).exists():
-        near = difflib.get_close_matches(parent, _known(root), n=1)
-        raise UserError(
-            f"parent stack '{parent}' does not exist ({STACKS_DIR}/{parent}.yaml)",
-            **pos.as_error_kwargs(),
-            fix=(f"did you mean '{near[0]}'?" if near else f"known stacks: {', '.join(_known(root))}"),
-        )
-
-
-# --------------------------------------------------------------------------- --set overrides
-
-
-def _nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _nulls(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nulls(v) for v in value]
-    return None if value in ("null", "~") else value
-
-
-KEY_PART = re.compile(r"[A-Za-z0-9_-]{1,100}")
-MAX_KEY_PARTS = 16
-LONG_OVERRIDE = 200  # longer overrides are named by their key alone in messages
-_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
-
-
-def _override_value(raw: str, n: int) -> tuple[list[str], Any, Pos]:
-    """Check one ``key.path=value`` override: (key parts, value, where), or UserError.
-
-    The value is read as YAML under the loader's limits, its size checked before it is
-    read, redacted or echoed. Scalars stay text ("3.10" stays "3.10", a hex digest stays a
-    string); pydantic converts where a number or a boolean is meant. null/~ mean "unset".
-    """
-    key, eq, text = raw.partition("=")
-    parts = key.strip().split(".")
-    if len(key) > 1000 or not all(KEY_PART.fullmatch(p) for p in parts):
-        printable = 0 < len(key.strip()) <= 200 and not _UNPRINTABLE.search(key)
-        raise UserError(
-            f"'{redact_text(key)}' is not a key path" if printable else "the key is not a key path",
-            file=f"--set {redact_text(key.strip())}" if printable else f"--set #{n}",
-            fix="write dotted keys of letters, digits, '_' and '-': packages.torch.version",
-        )
-    label = f"--set {'.'.join(parts)}"
-    if len(parts) > MAX_KEY_PARTS:
-        raise UserError(
-            f"a key path of more than {MAX_KEY_PARTS} parts",
-            file=label,
-            fix="name a key of the stack, e.g. packages.torch.version",
-        )
-    if not eq:
-        raise UserError(
-            "an override must look like key.path=value", file=label, fix="e.g. --set upstreams.vllm.commit=0123abcd…"
-        )
-    try:
-        value = _nulls(load_value(text)) if text.strip() else ""
-    except Refused as exc:
-        raise UserError(
-            exc.message + (f" (line {exc.line}, column {exc.col} of the value)" if exc.line else ""),
-            file=label,
-            fix=exc.fix,
-        ) from None
-    except yaml.YAMLError:
-        value = text
-    where = Pos(f"--set {redact_text(raw)}" if len(raw) <= LONG_OVERRIDE else f"{label}=…")
-    return parts, value, where
-
-
-def _check_identity(parts: list[str], value: Any, data: dict, where: Pos) -> None:
-    """``name`` and ``inherits`` are fixed by the stack's file; an override may only repeat them.
-
-    Overrides apply to the resolved stack, after inheritance: a new parent would change
-    which file every inherited value comes from, and a new name would file the build's
-    evidence under another stack. Both are refused.
-    """
-    field = parts[0]
-    if field not in ("name", "inherits"):
-        return
-    current = data.get(field)
-    if len(parts) == 1 and value == current:
-        return
-    own = data.get("name")
-    if field == "name":
-        raise UserError(
-            "--set name cannot rename a stack: its name is its file's "
-            f"({STACKS_DIR}/{own}.yaml), and the build's evidence is filed under it",
-            file=where.file,
-            fix=f"drop --set name; for another stack, write {STACKS_DIR}/<new>.yaml with "
-            f"'name: <new>' and 'inherits: {own}'",
-        )
-    raise UserError(
-        "--set inherits cannot change the parent stack: overrides apply after inheritance "
-        f"(the parent of {own} is {current or 'none'})",
-        file=where.file,
-        fix=f"write {STACKS_DIR}/<new>.yaml with 'name: <new>' and 'inherits: <parent>', "
-        f"or change 'inherits:' in {STACKS_DIR}/{own}.yaml",
-    )
-
-
-def apply_overrides(data: dict, values: dict, keys: dict, overrides: list[str]) -> None:
-    """Apply ``key.path=value`` overrides in place; values are read as YAML scalars/lists under limits."""
-    for n, raw in enumerate(overrides, start=1):
-        parts, value, where = _override_value(raw, n)
-        _check_identity(parts, value, data, where)
-        key = ".".join(parts)
-        node = data
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part) if isinstance(node, dict) else None
-            if nxt is None:
-                nxt = {}
-                node[part] = nxt
-            if not isinstance(nxt, dict):
-                raise UserError(
-                    f"'{'.'.join(parts[: i + 1])}' is a value, not a mapping; cannot set '{key}'",
-                    file=where.file,
-                    fix="override the value itself, or a key below a mapping",
-                )
-            node = nxt
-        node[parts[-1]] = value
-        path = tuple(parts)
-        for old in [p for p in values if p[: len(path)] == path]:
-            del values[old]
-        values[path] = where
-        keys[path] = where
-        for n_ in range(1, len(path)):
-            values.setdefault(path[:n_], where)
-            keys.setdefault(path[:n_], where)
 
 
 # --------------------------------------------------------------------------- validation
@@ -714,11 +424,22 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
     return problems
 
 
-def load(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> LoadedStack:
-    """Load, inherit, override and validate one stack. Raises StackInvalid / UserError (exit code 2)."""
+def load(
+    name_or_path: str,
+    root: Path | str | None = None,
+    overrides: list[str] | None = None,
+    *,
+    read: document.Document | None = None,
+) -> LoadedStack:
+    """Load, inherit, override and validate one stack. Raises StackInvalid / UserError (exit code 2).
+    ``read``: this stack's document as already read (e.g. by ``freshness.prefetch``), used when it is for the same
+    root, name and overrides and no load has taken it yet; otherwise the stack is read here."""
     root = Path(root).resolve() if root else find_root()
-    data, values, keys, files = _load_chain(root, name_or_path, [])
-    apply_overrides(data, values, keys, list(overrides or []))
+    overrides = list(overrides or [])
+    doc = read if read is not None and read.is_for(root, name_or_path, overrides) else None
+    doc = doc or document.read(root, name_or_path, overrides)
+    doc.used = True
+    data, values, keys, files = doc.data, doc.values, doc.keys, doc.files
     problems: list[UserError] = []
     check_keys(Stack, data, (), keys, values, problems)
     if problems:
@@ -726,7 +447,7 @@ def load(name_or_path: str, root: Path | str | None = None, overrides: list[str]
     # Credentials (userinfo and sensitive query parameters) are split off before validation, so they
     # never reach the model, its error messages or anything that prints or hashes it. The resolver
     # keeps them for the steps that use them.
-    index_found, git_found = _split_off_credentials(data)
+    index_found, git_found = document.split_off_credentials(data)
     try:
         stack = Stack.model_validate(data)
     except ValidationError as exc:
@@ -746,29 +467,13 @@ def load(name_or_path: str, root: Path | str | None = None, overrides: list[str]
     problems = _cross_references(stack, values)
     if problems:
         raise StackInvalid(problems)
-    return LoadedStack(stack, values, keys, files, root, list(overrides or []), credentials)
+    return LoadedStack(stack, values, keys, files, root, overrides, credentials)
 
 
 def load_stack(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> Stack:
     """The validated model of ``load(...)``, for code that needs the model only (the schema's values,
     not where they were written, the root or the credentials)."""
     return load(name_or_path, root, overrides).model
-
-
-def _split_off_credentials(data: dict) -> tuple[dict, dict]:
-    """Replace index URLs and git upstream URLs in the raw stack data by their credential-free form;
-    return the credentials found, by index name and by upstream name."""
-    found: tuple[dict, dict] = ({}, {})
-    for (section, key), out in ((("indexes", "url"), found[0]), (("upstreams", "git"), found[1])):
-        entries = data.get(section)
-        if not isinstance(entries, dict):
-            continue
-        for name, entry in entries.items():
-            if isinstance(entry, dict) and isinstance(entry.get(key), str):
-                entry[key], cred = split_credentials(entry[key])
-                if cred:
-                    out[name] = cred
-    return found
 
 
 def json_schema() -> dict:

@@ -29,7 +29,7 @@ from stackforge.grammar import ENV_NAME_RE as ENV_NAME
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-PROJECT_NAME = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
+PROJECT_NAME = grammar.PROJECT_RE
 PYTHON_VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
 TOOLKIT_VERSION = re.compile(r"^[0-9][0-9A-Za-z._+-]{0,63}$")
 REQUIREMENT_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9 ._+-]{0,62}[A-Za-z0-9+])?$")
