@@ -151,3 +151,21 @@ packages:
     assert "Traceback" not in proc.stderr
     # The server records a request once it has answered; none was answered, so none is listed.
     assert asked == []
+
+
+def test_a_failure_while_planning_the_queries_starts_none_and_keeps_the_document(index, tmp_path, monkeypatch):
+    root = write_stack(
+        tmp_path / "repo",
+        "plain",
+        "name: plain\nindexes:\n  idx: {url: 'http://127.0.0.1:%d/simple', role: public}\n"
+        "packages:\n  torch: {index: idx, version: '2.0'}\n" % index.port,
+    )
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("no credential lookup here")
+
+    monkeypatch.setattr(prefetch.credentials, "resolve", refuse)
+    early = prefetch.start(root, "plain", [])
+    assert early.clients == {} and early.document is not None and not early.document.used
+    join_prefetch_threads()
+    assert index.requests == []

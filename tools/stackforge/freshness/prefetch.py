@@ -100,18 +100,20 @@ def start(
         doc = document.read(root.resolve(), stack, list(overrides))
     except Exception:  # the validating load that follows reports every problem
         return Prefetch()
-    data = doc.data
-    urls = _index_urls(data)
     clients: dict[str, IndexClient] = {}
     work: queue.SimpleQueue = queue.SimpleQueue()
-    for name, index in _packages(data, packages).items():
-        if index not in urls:
-            continue
-        if index not in clients:
-            url, found = urls[index]
-            cred = credentials.resolve(url, index, found, remembered=False)
-            clients[index] = IndexClient(url, credential=cred, cache_dir=cache_dir, max_workers=max_workers)
-        work.put((clients[index], name))
+    try:
+        urls = _index_urls(doc.data)
+        for name, index in _packages(doc.data, packages).items():
+            if index not in urls:
+                continue
+            if index not in clients:
+                url, found = urls[index]
+                cred = credentials.resolve(url, index, found, remembered=False)
+                clients[index] = IndexClient(url, credential=cred, cache_dir=cache_dir, max_workers=max_workers)
+            work.put((clients[index], name))
+    except Exception:  # whatever the unvalidated document trips here, the validated run meets and reports
+        return Prefetch(doc)
     for _ in range(min(MAX_THREADS, work.qsize())):
         threading.Thread(target=_drain, args=(work,), name="stackforge-prefetch", daemon=True).start()
     return Prefetch(doc, clients)
