@@ -7,20 +7,17 @@ import sys
 from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
-from stackforge.cli.newest import add_index_options, cache_dir
-from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select, workspace_of
+from stackforge.cli.newest import add_index_options, load_and_query
+from stackforge.cli.options import add_json, add_set, overrides_for, print_json, root_of, select, workspace_of
 
 if TYPE_CHECKING:
     from stackforge.freshness import bump as freshness
-    from stackforge.freshness import prefetch
-    from stackforge.freshness.lines import clients_for, load_catalog
+    from stackforge.freshness.lines import load_catalog
     from stackforge.stack import diff as diffmod
     from stackforge.stack.load import load_stack
 else:
     freshness = lazy("stackforge.freshness.bump")
     load_catalog = lazy("stackforge.freshness.lines", "load_catalog")
-    clients_for = lazy("stackforge.freshness.lines", "clients_for")
-    prefetch = lazy("stackforge.freshness.prefetch")
     diffmod = lazy("stackforge.stack.diff")
     load_stack = lazy("stackforge.stack.load", "load_stack")
 
@@ -47,12 +44,9 @@ def register(sub) -> None:
 
 def cmd_bump(args) -> int:
     select(args, [args.stack, args.name])
-    # The index queries start from the stack file while the stack model is imported and validated.
-    early = prefetch.start(root_of(args), args.stack, overrides_for(args, args.stack), cache_dir=cache_dir(args))
-    loaded = load(args, args.stack, read=early.document)
+    loaded, clients = load_and_query(args)
     stack = loaded.model
     names = list(stack.packages)
-    clients = clients_for(loaded, cache_dir(args), workspace=workspace_of(args), reuse=early.clients)
     catalog, _ = load_catalog(loaded, names, clients=clients, workspace=workspace_of(args))
     plan = freshness.plan_bump(stack, catalog, new_name=args.name, trains=args.train or None)
     if args.json:

@@ -10,6 +10,8 @@ from stackforge.cli.options import add_json, add_set, load, overrides_for, print
 if TYPE_CHECKING:
     from stackforge.freshness import lines, prefetch
     from stackforge.freshness import newest as freshness
+    from stackforge.freshness.index import IndexClient
+    from stackforge.stack.load import LoadedStack
 else:
     freshness = lazy("stackforge.freshness.newest")
     lines = lazy("stackforge.freshness.lines")
@@ -53,16 +55,24 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_newest)
 
 
-def cmd_newest(args) -> int:
-    # The index queries start from the stack file while the stack model is imported and validated.
+def load_and_query(args, packages: list[str] | None = None) -> tuple[LoadedStack, dict[str, IndexClient]]:
+    """Stack ``args.stack`` and its index clients (``lines.clients_for``), the clients already asking for the pages
+    of ``packages`` (default: all): the queries start from the stack file while the model is imported and
+    validated (``freshness.prefetch``)."""
+    cache = cache_dir(args)
     early = prefetch.start(
-        root_of(args), args.stack, overrides_for(args, args.stack), packages=args.package, cache_dir=cache_dir(args)
+        root_of(args), args.stack, overrides_for(args, args.stack), packages=packages, cache_dir=cache
     )
     loaded = load(args, args.stack, read=early.document)
+    return loaded, lines.clients_for(loaded, cache, workspace=workspace_of(args), reuse=early.clients)
+
+
+def cmd_newest(args) -> int:
+    loaded, clients = load_and_query(args, args.package)
     report = freshness.newest(
         loaded,
         packages=args.package or None,
-        clients=lines.clients_for(loaded, cache_dir(args), workspace=workspace_of(args), reuse=early.clients),
+        clients=clients,
         workspace=workspace_of(args),
         train_window=args.train_window * 60,
     )

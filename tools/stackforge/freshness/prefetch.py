@@ -66,7 +66,7 @@ def _packages(data: dict, wanted: Iterable[str] | None) -> dict[str, str]:
     for rule in built_for if isinstance(built_for, list) else []:
         target = rule.get("for") if isinstance(rule, dict) else None
         if isinstance(target, str) and target in packages and rule.get("package") in names:
-            names.append(rule["for"])
+            names.append(target)
     out = {}
     for name in dict.fromkeys(names):
         pkg = packages[name]
