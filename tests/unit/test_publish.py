@@ -719,3 +719,24 @@ def test_a_stack_that_fails_lint_is_refused_before_the_engine_or_registry(tmp_pa
     msg = exc.value.message
     assert msg.startswith("stack 'post2' fails lint") and "torchvision" in msg and "Nothing was published." in msg
     assert exc.value.exit_code == 1 and "rebuild, then publish" in exc.value.fix
+
+
+def test_a_manifest_whose_blobs_the_registry_briefly_does_not_see_is_put_again(stub, images, tmp_path):
+    """Another publisher pushing the same blob can make the registry answer MANIFEST_BLOB_UNKNOWN for a blob it
+    accepted: the publisher looks at its blobs again and repeats the PUT, a bounded number of times."""
+    brief = [Fault("status", MANIFEST_BY_DIGEST, "PUT", status=400, code="MANIFEST_BLOB_UNKNOWN", times=2)]
+    with FaultyProxy(stub.address, brief) as proxy:
+        r = run(proxy.address, images("a"), tmp_path)
+    assert r.status == "published" and r.tag == SCHEME.tag(DATE, 1)
+    seen = [e for e in r.push_log if e["event"] == "manifest-blob-unknown"]
+    assert [e["attempt"] for e in seen] == [1, 2] and all(e["missing"] == [] for e in seen)
+    assert immutable(stub) == {r.tag: r.digest}
+
+    lasting = [Fault("status", MANIFEST_BY_DIGEST, "PUT", status=400, code="MANIFEST_BLOB_UNKNOWN", times=None)]
+    with FaultyProxy(stub.address, lasting) as proxy:
+        with pytest.raises(BuildFailed) as exc:
+            run(proxy.address, images("b"), tmp_path)
+        puts = [e for e in proxy.log if e.method == "PUT" and "/manifests/sha256:" in e.path]
+    assert len(puts) == publisher.BLOB_UNKNOWN_ATTEMPTS
+    assert "MANIFEST_BLOB_UNKNOWN" in exc.value.message and "no tag was created" in exc.value.message
+    assert immutable(stub) == {r.tag: r.digest}

@@ -83,6 +83,11 @@ from stackforge.workspace import cache_dir
 # --------------------------------------------------------------------------------------------
 
 
+#: PUTs of the manifest by digest while the registry answers MANIFEST_BLOB_UNKNOWN for blobs it accepted, and the
+#: pause before the next one (seconds, times the attempt)
+BLOB_UNKNOWN_ATTEMPTS = 3
+BLOB_UNKNOWN_PAUSE = 0.5
+
 #: the settled re-read of a written tag comes at least this long after the write (seconds) ...
 SETTLE_FLOOR = 1.0
 #: ... and at least this many times this publisher's own HEAD→PUT time for the tag
@@ -437,7 +442,19 @@ class Publisher:
         self.log("blobs", seconds=round(time.monotonic() - t, 3), **uploader.counts, pushed=len(done))
 
     def _put_by_digest(self, img: PreparedImage) -> None:
-        got = self.client.put_manifest(img.digest, img.manifest, img.manifest_media_type)
+        for attempt in range(1, BLOB_UNKNOWN_ATTEMPTS + 1):
+            try:
+                got = self.client.put_manifest(img.digest, img.manifest, img.manifest_media_type)
+                break
+            except RegistryError as exc:
+                if "MANIFEST_BLOB_UNKNOWN" not in exc.codes or attempt == BLOB_UNKNOWN_ATTEMPTS:
+                    raise
+                # Every blob was accepted moments ago. A registry can lose sight of one for a moment while
+                # another publisher pushes the same blob (distribution's filesystem driver rewrites the
+                # repository's link file in place): look again, then ask once more.
+                missing = [b.digest for b in img.unique_blobs() if not self.client.blob_exists(b.digest)]
+                self.log("manifest-blob-unknown", attempt=attempt, missing=missing)
+                time.sleep(BLOB_UNKNOWN_PAUSE * attempt)
         self.log("manifest-by-digest", digest=img.digest, registry_digest=got)
         if got and got != img.digest:
             raise BuildFailed(
