@@ -6,9 +6,11 @@ path given as the first argument) and checks, in the stack's order:
 * the interpreter: its version must be the stack's ``platform.python`` (a minor line or a release);
 * each pinned package: import it first (importing torchada patches torch, so
   order matters), then read the installed version from its distribution
-  metadata and compare with the pin — ``exact`` (equal), ``prefix`` (starts
-  with the pin), ``metadata`` (no import, version only) or ``spec`` (found by
-  ``importlib.util.find_spec`` without importing it, version as ``metadata``);
+  metadata and compare with the pin under the local-label rule (``localver.py``: a
+  pin with a local label matches only that build, one without matches any build
+  of its version) — ``exact`` (import first), ``metadata`` (no import, version
+  only) or ``spec`` (found by ``importlib.util.find_spec`` without importing it,
+  version as ``metadata``);
 * extra imports (vllm, the platform plugin): imported, version reported;
 * probes: small named snippets (each with its own env, if any) whose printed result must equal the expectation;
 * requirement rules (``rules.requires``): a distribution's version, or the first version-looking
@@ -42,6 +44,8 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+
+import localver
 
 WIDTH = 10
 SHOWN_WRITES = 5
@@ -186,11 +190,11 @@ def check_package(pkg: dict) -> tuple[bool, str]:
     found = _version(dist)
     if found is None:
         return False, f"FAIL {label} expected={want} found=not-installed"
-    # prefix: the public version must be the pin's; any local label (e.g. a vendor build tag) is accepted.
-    ok = found == want if mode == "exact" else found.split("+", 1)[0] == want.split("+", 1)[0]
-    if ok:
-        return True, f"PASS {label} version={found}"
-    return False, f"FAIL {label} expected={want} found={found}"
+    if localver.matches(want, found):
+        pinned = "" if localver.same_build(want, found) else f" pin={want}"
+        return True, f"PASS {label} version={found}{pinned}"
+    why = f" ({localver.explain(want, found)})" if localver.same_public(want, found) else ""
+    return False, f"FAIL {label} expected={want} found={found}{why}"
 
 
 def check_import(item: dict) -> tuple[bool, str]:

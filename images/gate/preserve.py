@@ -7,9 +7,11 @@
    If pip fails and its message names a conflict with a vendor pin (the constraints file holds them), one
    more line names the phase, its stack key and the package that asked for another version; so does a
    conflict with a public pin (``PUBLIC.json``: {name: version}) that the phase held as a constraint.
-2. After the phase, every vendor pin (``PINS.json``: {name: version}) must still be installed with exactly
-   its version: ``PASS preserve torch version=2.11.0.post2+musa5.2.0`` per pin, or a FAIL naming the phase
-   and who pulled the other version in (from the pip report: the requested item, or the items whose
+2. After the phase, every vendor pin (``PINS.json``: {name: version}) must still be installed at a version the
+   pin matches under the local-label rule (``localver.py``: a pin with a local label matches only that build, a
+   pin without one matches any build of its version, as pip's ``==`` does), and the line names what is
+   installed exactly: ``PASS preserve torch version=2.11.0.post2+musa5.2.0`` per pin (``… pin=0.2.7`` when a
+   build of an unlabelled pin is installed), or a FAIL naming the phase and who pulled the other version in (from the pip report: the requested item, or the items whose
    Requires-Dist names the package; else the dists the phase changed that require it).
 3. Writes OUT.json: the phase, its index, what it installed (name, version, archive URL and sha256 when
    pip knows it, requested, requires_dist) and the preserve lines; ``inventory.py`` reads these records.
@@ -30,6 +32,8 @@ import re
 import subprocess
 import sys
 import tempfile
+
+import localver
 
 NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 DEPENDS = re.compile(r"^\s*(\S+) (\S+) depends on (.+)$")
@@ -108,12 +112,14 @@ def check(pins: dict[str, str], after: dict, items: dict[str, dict], changed: di
     lines = []
     for name, want in pins.items():
         found = after.get(canon(name))
-        if found is not None and found[1] == want:
-            lines.append(f"PASS preserve {name} version={want}")
+        if found is not None and localver.matches(want, found[1]):
+            pinned = "" if localver.same_build(want, found[1]) else f" pin={want}"
+            lines.append(f"PASS preserve {name} version={found[1]}{pinned}")
             continue
         seen = found[1] if found else "not-installed"
+        why = f" ({localver.explain(want, found[1])})" if found and localver.same_public(want, found[1]) else ""
         lines.append(
-            f"FAIL preserve {name} expected={want} found={seen} phase={phase} "
+            f"FAIL preserve {name} expected={want} found={seen}{why} phase={phase} "
             f"pulled-in-by={pulled_in_by(name, items, changed)}"
         )
     return lines

@@ -80,7 +80,7 @@ def test_post2_every_gate_line_passes(post2, standins):
         "PASS import torch      version=2.11.0.post2+musa5.2.0",
         "PASS import torch_musa version=2.11.0.post2+musa5.2.0",
         "PASS import deep_ep    version=1.1.0+musa5.2.0torch2.11.0.post2",
-        "PASS meta   apache-tvm-ffi version=0.1.9.post2+musa.1",
+        "PASS meta   apache-tvm-ffi version=0.1.11.post1+musa.1",
         "PASS import vllm       version=0.28.0",
         "PASS import vllm_musa  version=0.1.24",
         "PASS probe  fused-moe-configs result=100 space-free + 41 spaced = 141",

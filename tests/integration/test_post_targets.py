@@ -102,7 +102,7 @@ def test_omni_checks_labels_source_fix_and_layers(omni, standins):
     assert labels["com.mthreads.vllm-omni.ref"] == "v0.28.0"
     assert labels["org.stackforge.upstream.vllm_omni"] == f"v0.28.0@{commit}"
     assert labels["org.stackforge.repin.tilelang-musa"] == ms.TILELANG_REPIN
-    assert labels["org.stackforge.pin.tilelang_musa"] == "0.1.12"  # the stack's pin; the parent keeps it
+    assert labels["org.stackforge.pin.tilelang_musa"] == "0.1.12+musa.2"  # the stack's pin; the parent keeps it
     assert "org.stackforge.repin.tilelang-musa" not in mb.labels_of(TAG)
     out = run(
         omni.image,

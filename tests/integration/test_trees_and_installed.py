@@ -180,7 +180,7 @@ def test_post_install_patch_applied_when_the_version_matches_and_skipped_otherwi
     assert run_in(kern.image, "import flash_mla; print(hasattr(flash_mla, 'DYNAMO_BOOL_AUGASSIGN_FIXED'))") == "False"
     gate = kern.evidence_lines("gate.txt")
     assert f"PASS patch  mate applied version=0.2.7 (<0.2.8) sha256={mate} files=mate/__init__.py" in gate
-    assert f"PASS patch  flash_mla skipped version=0.2.7 (not <0.2.6) sha256={flash}" in gate
+    assert f"PASS patch  flash_mla skipped version=0.2.7+musa (not <0.2.6) sha256={flash}" in gate
 
 
 def test_step_runs_with_env_derived_from_the_platform(kern):

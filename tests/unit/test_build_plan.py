@@ -36,7 +36,7 @@ indexes:
   vend2:   {{url: "https://vendor2.example/simple", role: vendor}}
   unused:  {{url: "https://unused.example/simple", role: public}}
 packages:
-  torch:    {{version: "2.5.0", index: vend, gate: prefix}}
+  torch:    {{version: "2.5.0", index: vend, gate: spec}}
   idna:     {{version: "3.10", index: pub, import: idna}}
   musa-kit: {{version: "1.0", index: vend2, gate: metadata}}
   six:      {{version: "1.16.0", index: hashed, sha256: ["{SHA}"]}}
@@ -98,7 +98,7 @@ def test_gate_spec_lists_every_pin_with_its_mode_and_the_vendor_packages_for_abi
     spec = gate_spec(mixed.model)
     assert spec["stack"] == "mixed"
     assert [(p["name"], p["import"], p["mode"], p["version"]) for p in spec["packages"]] == [
-        ("torch", "torch", "prefix", "2.5.0"),
+        ("torch", "torch", "spec", "2.5.0"),
         ("idna", "idna", "exact", "3.10"),
         ("musa-kit", "musa_kit", "metadata", "1.0"),
         ("six", "six", "exact", "1.16.0"),

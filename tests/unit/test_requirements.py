@@ -243,7 +243,7 @@ def test_plan_and_dockerfile_guard_every_phase_after_the_vendor_no_deps_phase(st
     assert by["requirements.vllm-common"].files == [{"upstream": "vllm", "path": "requirements/common.txt"}]
     assert plan.gate["pip_check"] is True
     text = render_dockerfile(plan).replace("\\\n    ", "")
-    assert "COPY gate/preserve.py /stackforge/preserve.py\nCOPY deps/vendor-pins.json" in text
+    assert "COPY gate/preserve.py gate/localver.py /stackforge/\nCOPY deps/vendor-pins.json" in text
     assert "\nCOPY deps/public-pins.json /stackforge/deps/public-pins.json\n" in text
     assert (
         "python /stackforge/preserve.py --phase requirements.vllm-common --key requirements.vllm-common "

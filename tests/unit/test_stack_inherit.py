@@ -64,7 +64,7 @@ def test_values_merge_from_every_level(stack):
     assert stack.packages["torch"].version == "2.11.0.post2+musa5.2.0"  # post2
     assert stack.packages["torchvision"].version == "0.26.0.post1+musa5.2.0"  # a
     assert stack.packages["torchvision"].index == "mthreads"  # post1, below a's override
-    assert stack.packages["mate"].gate == "prefix"  # post1
+    assert stack.packages["mate-mubin"].gate == "metadata"  # post1
     assert stack.platform.gpu_arch == ["mp_22", "mp_31"]  # a list is replaced, not merged
     assert stack.platform.python == "3.10"  # post1
     assert [i.module for i in stack.gate.imports] == ["vllm"]

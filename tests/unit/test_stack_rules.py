@@ -22,6 +22,7 @@ RULE_FUNCTIONS = {
     "minimum": rules.check_minimums,
     "index": rules.check_indexes,
     "lock": rules.check_locks,
+    "runtime": rules.check_runtime,
 }
 
 
@@ -97,7 +98,8 @@ BROKEN = [
         "aligned",
         child("packages:\n  flash_mla:\n    version: 0.2.6\n"),
         "aligned",
-        "flash_mla 0.2.6 differs from mate 0.2.7; family 'mate' moves as one version",
+        "flash_mla 0.2.6 differs from mate 0.2.7; family 'mate' moves as one public version (each member may carry "
+        "its own local label)",
         "pin flash_mla 0.2.7",
         5,
         14,
@@ -110,6 +112,15 @@ BROKEN = [
         "pin the vendor build, e.g. 0.1.9.post2+musa.1",
         5,
         14,
+    ),
+    (
+        "runtime",
+        child('platform:\n  musa: 5.1.0\n  musa_runtime: "5.2"\n'),
+        "runtime",
+        "platform.musa_runtime 5.2 is not the line of platform.musa 5.1.0",
+        'set platform.musa_runtime to "5.1"',
+        5,
+        17,
     ),
     (
         "vendor-build-other-label",
@@ -304,3 +315,47 @@ def test_lint_exit_2_on_an_unknown_stack(tmp_path, capsys):
     rc, _, err = run_cli(capsys, make_root(tmp_path), "lint", "post3")
     assert rc == 2
     assert "no stack named 'post3'" in err and "did you mean 'post2'?" in err
+
+
+# --------------------------------------------------------------------------- the runtime line
+
+
+def _runtime_findings(*overrides: str) -> list[str]:
+    return [f.message for f in rules.check_runtime(load("post2", root=REPO, overrides=list(overrides)))]
+
+
+def test_the_runtime_line_agrees_with_the_train_and_the_toolkit():
+    assert _runtime_findings() == []
+    assert _runtime_findings("platform.musa_runtime=5.1") == [
+        "platform.musa_runtime 5.1 is not the line of platform.musa 5.2.0",
+        "train 'torch' is built for MUSA 5.2 (torch 2.11.0.post2+musa5.2.0), but platform.musa_runtime is 5.1",
+    ]
+    # a train built for another runtime line, with the platform otherwise consistent
+    train = [
+        f"packages.{n}.version={v}+musa5.1.0"
+        for n, v in (
+            ("torch", "2.11.0.post2"),
+            ("torch_musa", "2.11.0.post2"),
+            ("torchvision", "0.26.0.post2"),
+            ("torchaudio", "2.11.0.post2"),
+        )
+    ]
+    assert _runtime_findings(*train) == [
+        "train 'torch' is built for MUSA 5.1 (torch 2.11.0.post2+musa5.1.0), but platform.musa_runtime is 5.2"
+    ]
+
+
+def test_apt_packages_of_another_runtime_line_are_findings():
+    layer = load("post2", root=REPO).model.system["musa"].model_dump(by_alias=True, exclude_none=True)
+    layer["packages"][0] = {"name": "musa-toolkit", "candidates": ["musa-toolkit-5-1"]}
+    layer["packages"].append({"name": "libmusa-extra", "line": "5.1"})
+    findings = _runtime_findings("system.musa=" + json.dumps(layer))
+    assert findings == [
+        "apt package musa-toolkit-5-1 is of the MUSA 5.1 line, but platform.musa_runtime is 5.2",
+        "apt package libmusa-extra is pinned to the 5.1 line, but platform.musa_runtime is 5.2",
+    ]
+
+
+def test_lint_exits_1_for_a_runtime_line_the_train_was_not_built_for(tmp_path, capsys):
+    rc, out, err = run_cli(capsys, REPO, "lint", "post2", "--set", "platform.musa_runtime=5.1")
+    assert rc == 1 and "runtime: train 'torch' is built for MUSA 5.2" in out

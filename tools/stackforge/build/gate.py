@@ -23,7 +23,8 @@ def run_gate(loaded: LoadedStack, image: str, engine: Engine | None = None,
                         fix="build it (stackforge build STACK) or pull it first")
     with tempfile.TemporaryDirectory(prefix="stackforge-gate-") as tmp:
         d = Path(tmp)
-        (d / script).write_bytes((images_dir(loaded.root) / "gate" / script).read_bytes())
+        for name in (script, "localver.py"):  # the scripts import the local-label rule from beside them
+            (d / name).write_bytes((images_dir(loaded.root) / "gate" / name).read_bytes())
         (d / "gate.json").write_text(json.dumps(gate_spec(loaded.model)))
         d.chmod(0o755)
         proc = engine.cli("run", "--rm", "--network=none", "--read-only", "--tmpfs", "/tmp",

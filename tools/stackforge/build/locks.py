@@ -33,7 +33,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from stackforge import credentials, progress
+from stackforge import credentials, localver, progress
 from stackforge.build import reqlocks, requirements, resolve
 from stackforge.build.resolve import Input
 from stackforge.errors import UserError
@@ -232,7 +232,7 @@ def verify_lock(loaded: LoadedStack, index: str, lock: Lock, rel: str) -> None:
     pins = {canonicalize_name(n): p for n, p in stack.packages.items() if p.index == index}
     for cname, pkg in pins.items():
         have = lock.pins.get(cname)
-        if have is None or have[0] != pkg.version:
+        if have is None or not localver.matches(pkg.version, have[0]):
             found = f"has {have[0]}" if have else "does not list it"
             raise UserError(f"lock file is stale: {cname} is pinned at {pkg.version} but the lock {found}",
                             file=rel, line=lock.lines.get(cname), fix=f"run: stackforge lock {fix_name}")
@@ -376,7 +376,7 @@ def lock_public(loaded: LoadedStack, index: str, workspace: Workspace | None = N
         stub_url = stubs.as_uri()
     for name, version in vendors.items():
         node = nodes.get(name)
-        if node is not None and (node.version != version or not node.url.startswith(stub_url)):
+        if node is not None and (not localver.matches(version, node.version) or not node.url.startswith(stub_url)):
             raise UserError(f"the resolution of index '{index}' took {name} {node.version} from {redact(node.url)}, "
                             f"not the vendor pin {version}", fix="check the vendor pins and the public requirements")
     requested = _requested_by(inputs)

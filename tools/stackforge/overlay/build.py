@@ -262,7 +262,12 @@ def write_context(
     atomic_write(ctx / "overlay" / "manifest.json", ranges.manifest_text(data))
     bin_dir = ctx / "overlay" / "_bin"
     bin_dir.mkdir()
-    for src in (images / "overlay" / "install.py", images / "targets" / "checks.py", images / "gate" / "gate.py"):
+    for src in (
+        images / "overlay" / "install.py",
+        images / "targets" / "checks.py",
+        images / "gate" / "gate.py",
+        images / "gate" / "localver.py",
+    ):
         shutil.copyfile(src, bin_dir / src.name)
     checks = [c.model_dump() for c in ov.model.checks if _wanted(loaded, c.when)]
     atomic_write(ctx / "overlay" / "checks.json", json.dumps(checks, indent=2) + "\n")

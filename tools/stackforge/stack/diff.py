@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from stackforge import localver
 from stackforge.stack.model import Stack
 
 
@@ -60,21 +61,30 @@ def diff_stacks(old: Stack, new: Stack) -> StackDiff:
     for name, pkg in new.packages.items():
         if name not in old.packages:
             added.append(Row(name, "—", pkg.version, "; ".join(["added", *_notes(new, name)])))
-        elif old.packages[name].version != pkg.version:
-            changed.append(Row(name, old.packages[name].version, pkg.version, "; ".join(_notes(new, name))))
+        elif not localver.same_build(old.packages[name].version, pkg.version):
+            was = old.packages[name].version
+            build = ["another build of the same version"] if localver.same_public(was, pkg.version) else []
+            changed.append(Row(name, was, pkg.version, "; ".join([*build, *_notes(new, name)])))
         else:
             unchanged.append(Row(name, pkg.version, "unchanged"))
     for name, pkg in old.packages.items():
         if name not in new.packages:
             removed.append(Row(name, pkg.version, "—", "removed"))
-    # Unchanged members of an aligned family are one row, as a person writes it.
+    # Unchanged members of an aligned family are one row, as a person writes it: the family's public version,
+    # and which members are which build of it.
     grouped: list[Row] = []
     taken: set[str] = set()
     by_name = {r.package: r for r in unchanged}
     for fam in new.rules.aligned:
         members = [m for m in fam.members if m in by_name]
-        if len(members) > 1 and len({by_name[m].before for m in members}) == 1:
-            grouped.append(Row(", ".join(members), by_name[members[0]].before, "unchanged", f"{fam.name} family"))
+        versions = [by_name[m].before for m in members]
+        if len(members) > 1 and len({localver.public_key(v) for v in versions}) == 1:
+            builds: dict[str, list[str]] = {}
+            for m, v in zip(members, versions):
+                if localver.local(v):
+                    builds.setdefault(f"+{localver.local(v)}", []).append(m)
+            note = "; ".join([f"{fam.name} family", *(f"{b} builds: {', '.join(ms)}" for b, ms in builds.items())])
+            grouped.append(Row(", ".join(members), localver.public(versions[0]), "unchanged", note))
             taken.update(members)
     grouped.extend(r for r in unchanged if r.package not in taken)
     other = []

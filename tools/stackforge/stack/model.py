@@ -465,10 +465,11 @@ class PostInstall(Strict):
 class Package(Strict):
     version: str
     index: Name = Field(description="the one index this package comes from")
-    gate: Literal["exact", "prefix", "metadata", "spec"] = Field(
+    gate: Literal["exact", "metadata", "spec"] = Field(
         "exact",
-        description="exact: import, then installed version == pin; prefix: import, then the installed version's "
-        "public part == the pin's (any local label); metadata: no import, version from package metadata; spec: "
+        description="how the gate finds the package; its version is always compared with the pin by the "
+        "local-label rule (a pin with a local label matches only that build, one without matches any build of "
+        "its version). exact: import, then the version; metadata: no import, version from package metadata; spec: "
         "as metadata, and the module must be found (importlib.util.find_spec) without importing it",
     )
     import_: Module | None = Field(

@@ -7,12 +7,14 @@ which packages share one version, which must be vendor builds, and declared mini
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import jinja2
 from jinja2.sandbox import SecurityError
 from packaging.version import Version
 
+from stackforge import localver
 from stackforge.errors import UserError
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
@@ -78,7 +80,7 @@ def check_trains(loaded: LoadedStack) -> list[Finding]:
         if "local" in train.agree:
             want_local = pins[lead].local
             for m, p in pins.items():
-                if p.local != want_local:
+                if localver.local(p.version) != localver.local(pins[lead].version):
                     label = f"local label '+{p.local}'" if p.local else "no local label"
                     out.append(
                         Finding.on_pin(
@@ -132,7 +134,7 @@ def check_built_for(loaded: LoadedStack) -> list[Finding]:
             )
             continue
         have = _pin(stack, bf.package)
-        if have.local != want:
+        if localver.local(have.version) != (localver.local(f"0+{want}") if localver.valid(f"0+{want}") else want):
             built = f"is built for '+{have.local}'" if have.local else "names no build (no local label)"
             out.append(
                 Finding.on_pin(
@@ -148,7 +150,8 @@ def check_built_for(loaded: LoadedStack) -> list[Finding]:
 
 
 def check_aligned(loaded: LoadedStack) -> list[Finding]:
-    """An aligned family (a library and its wrappers) shares one version."""
+    """An aligned family (a library and its wrappers) shares one public version; each member may be its own
+    build of it (``mate 0.2.7`` beside ``flash_attn_3 0.2.7+musa``: the local-label rule)."""
     stack = loaded.model
     out = []
     for fam in stack.rules.aligned:
@@ -156,13 +159,15 @@ def check_aligned(loaded: LoadedStack) -> list[Finding]:
         want = stack.packages[lead].version
         for m in fam.members[1:]:
             have = stack.packages[m].version
-            if have != want:
+            if not localver.same_public(have, want):
+                label = f"+{localver.local(have)}" if localver.local(have) else ""
                 out.append(
                     Finding.on_pin(
                         "aligned",
-                        f"{m} {have} differs from {lead} {want}; family '{fam.name}' moves as one version",
+                        f"{m} {have} differs from {lead} {want}; family '{fam.name}' moves as one public version "
+                        f"(each member may carry its own local label)",
                         m,
-                        f"pin {m} {want}",
+                        f"pin {m} {localver.public(want)}{label}",
                     )
                 )
     return out
@@ -174,7 +179,7 @@ def check_vendor_build(loaded: LoadedStack) -> list[Finding]:
     out = []
     for vb in stack.rules.vendor_build:
         pin = _pin(stack, vb.package)
-        if not (pin.local or "").startswith(vb.local_prefix):
+        if not (localver.local(pin.version) or "").startswith(vb.local_prefix.lower()):
             out.append(
                 Finding.on_pin(
                     "vendor-build",
@@ -255,7 +260,100 @@ def check_locks(loaded: LoadedStack) -> list[Finding]:
     return out
 
 
-RULES = [check_trains, check_built_for, check_aligned, check_vendor_build, check_minimums, check_indexes, check_locks]
+_RUNTIME_LABEL = re.compile(r"^musa(\d+)\.(\d+)(?:\.\d+)*")
+_DASHED_LINE = re.compile(r"-(\d+)-(\d+)(?=-|$)")
+
+
+def _line(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def check_runtime(loaded: LoadedStack) -> list[Finding]:
+    """``platform.musa_runtime`` is the MUSA line the train was built for (its ``+musaX.Y.Z`` label), the line of
+    ``platform.musa``, and the line every runtime-suffixed apt package and MUSA version line resolves to."""
+    stack = loaded.model
+    runtime = stack.platform.musa_runtime
+    if not runtime:
+        return []
+    want, at = _line(runtime), ("platform", "musa_runtime")
+    out = []
+    if stack.platform.musa and _line(stack.platform.musa) != want:
+        out.append(
+            Finding(
+                "runtime",
+                f"platform.musa_runtime {runtime} is not the line of platform.musa {stack.platform.musa}",
+                at,
+                f'set platform.musa_runtime to "{_line(stack.platform.musa)}"',
+            )
+        )
+    for train in stack.rules.trains:
+        lead = train.members[0]
+        m = _RUNTIME_LABEL.match(localver.local(stack.packages[lead].version) or "")
+        if m and f"{m[1]}.{m[2]}" != want:
+            out.append(
+                Finding(
+                    "runtime",
+                    f"train '{train.name}' is built for MUSA {m[1]}.{m[2]} ({lead} "
+                    f"{stack.packages[lead].version}), but platform.musa_runtime is {runtime}",
+                    at,
+                    f'set platform.musa_runtime to "{m[1]}.{m[2]}", or pin the train\'s build for {runtime}',
+                )
+            )
+    out += _apt_lines(loaded, want, at)
+    return out
+
+
+def _apt_lines(loaded: LoadedStack, want: str, at: tuple) -> list[Finding]:
+    """Apt names with a runtime suffix (``musa-toolkit-5-1``) and MUSA version lines (``5.1``) of another line."""
+    stack = loaded.model
+    ctx = tags.context(stack)
+    out = []
+    for layer_name, layer in (stack.system or {}).items():
+        for i, pkg in enumerate(layer.packages):
+            where = ("system", layer_name, "packages", i)
+            for text in (pkg.name, *pkg.candidates):
+                try:
+                    name = tags.render_sandboxed(text, ctx)
+                except (tags.TemplateRefused, SecurityError, jinja2.TemplateError):
+                    continue  # the system layer reports its own template errors
+                m = _DASHED_LINE.search(name)
+                if m and m[1] == want.split(".")[0] and f"{m[1]}.{m[2]}" != want:
+                    out.append(
+                        Finding(
+                            "runtime",
+                            f"apt package {name} is of the MUSA {m[1]}.{m[2]} line, but "
+                            f"platform.musa_runtime is {want}",
+                            where,
+                            "derive the suffix: {{ platform.musa_runtime | dashed }}",
+                        )
+                    )
+            try:
+                line = tags.render_sandboxed(pkg.line, ctx) if pkg.line else ""
+            except (tags.TemplateRefused, SecurityError, jinja2.TemplateError):
+                continue
+            parts = line.split(".")
+            if len(parts) >= 2 and parts[0] == want.split(".")[0] and _line(line) != want:
+                out.append(
+                    Finding(
+                        "runtime",
+                        f"apt package {pkg.name} is pinned to the {line} line, but platform.musa_runtime is {want}",
+                        (*where, "line"),
+                        'use line: "{{ platform.musa_runtime }}"',
+                    )
+                )
+    return out
+
+
+RULES = [
+    check_trains,
+    check_built_for,
+    check_aligned,
+    check_vendor_build,
+    check_minimums,
+    check_indexes,
+    check_locks,
+    check_runtime,
+]
 
 
 def lint(loaded: LoadedStack) -> list[Finding]:

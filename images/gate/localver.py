@@ -1,0 +1,1 @@
+../../tools/stackforge/localver.py
