@@ -208,3 +208,27 @@ def test_pip_check_is_one_gate_line_and_a_broken_requirement_fails_the_gate(monk
     out = io.StringIO()
     assert gate.run({"pip_check": True}, out=out, read_only=True) == 0  # the read-only re-run skips it
     assert out.getvalue().splitlines() == ["read-only: gate result: 0 PASS, 0 FAIL"]
+
+
+def test_pip_check_passes_only_the_unmet_requirements_the_stack_allows_with_their_reason(monkeypatch):
+    import subprocess
+
+    report = (
+        "vllm-musa 0.1.24 has requirement torch==2.11.0.post2+musa5.2.0, but you have torch 2.11.0.post1+musa5.2.0.\n"
+        "vllm-musa 0.1.24 requires mthreads-ml-py, which is not installed.\n"
+    )
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, report, ""))
+    allow = [{"dist": "vllm_musa", "requires": "Torch", "reason": "the plugin pins the next train"}]
+    out = io.StringIO()
+    assert gate.run({"pip_check": True, "pip_check_allow": allow}, out=out) == 1
+    assert out.getvalue().splitlines() == [
+        "PASS pip    check      allowed: vllm-musa 0.1.24 has requirement torch==2.11.0.post2+musa5.2.0, but you "
+        "have torch 2.11.0.post1+musa5.2.0. (the plugin pins the next train)",
+        "FAIL pip    check      vllm-musa 0.1.24 requires mthreads-ml-py, which is not installed.",
+        "gate result: 1 PASS, 1 FAIL",
+    ]
+    # allowing another requirement of the same distribution does not pass this one
+    other = [{"dist": "vllm-musa", "requires": "torch-musa", "reason": "r"}]
+    out = io.StringIO()
+    assert gate.run({"pip_check": True, "pip_check_allow": other}, out=out) == 1
+    assert out.getvalue().count("FAIL pip") == 2

@@ -143,6 +143,7 @@ def gate_spec(stack: Stack) -> dict:
         "probes": [p.model_dump() for p in stack.gate.probes if selected(stack, p.when)],
         "read_only": stack.gate.read_only,
         "pip_check": True,
+        "pip_check_allow": [a.model_dump() for a in stack.gate.pip_check_allow],
         "abi": {
             "packages": [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]
             if stack.gate.abi

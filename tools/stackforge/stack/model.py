@@ -507,6 +507,12 @@ class Probe(Strict):
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values(v)))
 
 
+class PipCheckAllow(Strict):
+    dist: ProjectName = Field(description="the installed distribution whose requirement pip check reports unmet")
+    requires: ProjectName = Field(description="the project of that requirement")
+    reason: str = Field(min_length=1, description="why the image ships with it unmet (printed on the gate's line)")
+
+
 class Gate(Strict):
     prepare: list[str] = Field(
         default_factory=list,
@@ -519,6 +525,11 @@ class Gate(Strict):
     _prepare = field_validator("prepare")(classmethod(lambda cls, v: [_one_line(c) for c in v]))
     read_only: bool = Field(default=True, description="re-run the imports with site-packages mounted read-only")
     abi: bool = Field(default=True, description="resolve every DT_NEEDED of the vendor packages' shared objects")
+    pip_check_allow: list[PipCheckAllow] = Field(
+        default_factory=list,
+        description="unmet requirements `pip check` may report, each with its reason (e.g. a plugin revision "
+        "that pins another release train than this stack); any other unmet requirement fails the gate",
+    )
     library_path: list[str] = Field(
         default_factory=list,
         description="directories the loader searches for the ABI check, as the runtime would; {site} is site-packages",
