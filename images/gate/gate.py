@@ -3,7 +3,8 @@
 Reads the gate spec written by stackforge (gate.json next to this file, or the
 path given as the first argument) and checks, in the stack's order:
 
-* the interpreter: its version must be the stack's ``platform.python`` (a minor line or a release);
+* the interpreter: its version must be the stack's ``platform.python`` (a minor line or a release), and pip the
+  stack's ``base.pip`` when it names one;
 * each pinned package: import it first (importing torchada patches torch, so
   order matters), then read the installed version from its distribution
   metadata and compare with the pin under the local-label rule (``localver.py``: a
@@ -233,6 +234,15 @@ def _environ(env: dict):
                 os.environ[key] = value
 
 
+def check_installer(want: str) -> tuple[bool, str]:
+    """The pip the phases ran with is the stack's ``base.pip``."""
+    found = _version("pip")
+    label = f"pip    {'version':<{WIDTH}}"
+    if found is not None and localver.matches(want, found):
+        return True, f"PASS {label} version={found}"
+    return False, f"FAIL {label} expected={want} found={found or 'not-installed'}"
+
+
 def check_probe(probe: dict) -> tuple[bool, str]:
     out = io.StringIO()
     try:
@@ -350,6 +360,7 @@ def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
     failed = passed = 0
     prefix = "read-only: " if read_only else ""
     checks = [(check_python, spec["python"], "python")] if "python" in spec and not read_only else []
+    checks += [(check_installer, spec["pip"], "pip")] if spec.get("pip") and not read_only else []
     checks += [(check_package, p, p["name"]) for p in spec.get("packages", [])] + [
         (check_import, i, i["module"]) for i in spec.get("imports", [])
     ]

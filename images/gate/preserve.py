@@ -1,6 +1,6 @@
 """Run one pip phase and check that it kept every vendor pin (run inside the image, standard library only).
 
-    python preserve.py --phase NAME --key STACK_KEY --index INDEX --record OUT.json [--pins PINS.json] \\
+    python preserve.py --phase NAME --key STACK_KEY --index INDEX --record OUT.json [--pins PINS.json|none] \\
         [--public PUBLIC.json] [--lock LOCK --stack STACK] -- python -m pip install ...
 
 1. Runs the pip command (adding ``--report`` when pip has it, 22.2 and later), streaming its output.
@@ -203,8 +203,10 @@ def main(argv: list[str]) -> int:
     opts = dict(zip(argv[1:split:2], argv[2:split:2]))
     command = argv[split + 1 :]
     phase, key, index = opts["--phase"], opts["--key"], opts["--index"]
-    with open(opts.get("--pins", "/stackforge/deps/vendor-pins.json")) as fh:
-        pins: dict[str, str] = json.load(fh)
+    pins: dict[str, str] = {}
+    if opts.get("--pins") != "none":  # the installer phase: no vendor pin is installed before it
+        with open(opts.get("--pins", "/stackforge/deps/vendor-pins.json")) as fh:
+            pins = json.load(fh)
     public: dict[str, str] = {}
     if os.path.isfile(opts.get("--public", PUBLIC)):
         with open(opts.get("--public", PUBLIC)) as fh:

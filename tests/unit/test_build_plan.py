@@ -307,3 +307,16 @@ def test_leftover_staging_directories_are_removed(tmp_path, mixed):
         (out / name / "deep").mkdir(parents=True)
     assemble(mixed, out, sources=False)
     assert sorted(p.name for p in out.iterdir() if os.path.isdir(p)) == ["context"]
+
+
+def test_the_installer_phase_runs_first_from_the_public_index_and_checks_no_vendor_pin():
+    stack = load("post2", root=REPO).model
+    phases = pip_phases(stack)
+    first, vendor = phases[0], phases[1]
+    assert (first.name, first.index, first.pins, first.no_deps) == ("installer", "pypi", ["pip==26.3"], True)
+    assert (first.key, first.checks_pins, first.constraints, first.lock_key()) == ("base.pip", False, None, "installer")
+    # the vendor phase still runs without constraints: the installer installed no pin of the stack
+    assert (vendor.name, vendor.constraints) == ("mthreads-nodeps", None)
+    hashed = load("post2", root=REPO, overrides=["base.pip={version: '26.3', sha256: [" + "a" * 64 + "]}"])
+    assert pip_phases(hashed.model)[0].require_hashes
+    assert pip_phases(load("post2", root=REPO, overrides=["base.pip=null"]).model)[0].name == "mthreads-nodeps"

@@ -232,3 +232,15 @@ def test_pip_check_passes_only_the_unmet_requirements_the_stack_allows_with_thei
     out = io.StringIO()
     assert gate.run({"pip_check": True, "pip_check_allow": other}, out=out) == 1
     assert out.getvalue().count("FAIL pip") == 2
+
+
+def test_the_gate_checks_the_installer_the_stack_pins():
+    import importlib.metadata as md
+
+    have = md.version("pip")
+    out = io.StringIO()
+    assert gate.run({"pip": have}, out=out) == 0
+    assert out.getvalue().splitlines()[0] == f"PASS pip    version    version={have}"
+    out = io.StringIO()
+    assert gate.run({"pip": "1.0"}, out=out) == 1
+    assert out.getvalue().splitlines()[0] == f"FAIL pip    version    expected=1.0 found={have}"

@@ -588,3 +588,36 @@ def test_diff_of_inventories_refuses_a_directory_without_one(tmp_path, capsys, r
     (tmp_path / "empty").mkdir()
     rc, _, err = run_cli(capsys, root, "diff", "--inventory", str(tmp_path / "empty"), str(tmp_path / "empty"))
     assert rc == 2 and "no inventory.json here" in err
+
+
+def test_preserve_with_pins_none_checks_no_vendor_pin_before_any_is_installed(tmp_path):
+    """The installer phase runs before the vendor phase: no pin is installed yet, and none is checked."""
+    site = tmp_path / "site"
+    site.mkdir()
+    record = tmp_path / "installer.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(GATE_DIR / "preserve.py"),
+            "--phase",
+            "installer",
+            "--key",
+            "base.pip",
+            "--index",
+            "pypi",
+            "--record",
+            str(record),
+            "--pins",
+            "none",
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "preserve result: 0 PASS, 0 FAIL after phase installer"
+    assert json.loads(record.read_text())["preserve"] == ["preserve result: 0 PASS, 0 FAIL after phase installer"]

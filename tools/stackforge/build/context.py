@@ -207,6 +207,8 @@ def _fill(loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: 
     stack = loaded.model
     (staging / "deps").mkdir(parents=True)
     hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
+    if stack.base.pip and stack.base.pip.sha256:
+        hashes["pip"] = stack.base.pip.sha256
     for phase in plan.phases:
         if phase.files:
             continue  # a requirement phase: written from the upstream trees below

@@ -34,6 +34,7 @@ class PipPhase:
     lock: str | None = None  # the lock file this phase installs from (repository-relative)
     credentials: bool = False  # mount the netrc secret: only for a private index or one with credentials
     key: str = ""  # the stack key the phase comes from, named when it fails
+    checks_pins: bool = True  # preserve checks the vendor pins after it (not the installer: none is installed yet)
     constraints: str | None = None  # context path of its constraints file (the vendor pins), -c
     report: str = ""  # image path of the phase's record (pip report, preserve lines), read by the inventory
     files: list[dict] = field(default_factory=list)  # requirement files: [{upstream, path}]
@@ -41,7 +42,10 @@ class PipPhase:
     mirror: str | None = None  # context path of its index's tree in an offline build (mirror/offline.py)
 
     def lock_key(self) -> str:
-        """The lock this phase installs from (see build/locks.py): its index's, or ``<vendor>-deps``."""
+        """The lock this phase installs from (see build/locks.py): its index's, or ``<vendor>-deps``; the
+        installer phase has none (its hashes are the stack's ``base.pip.sha256``)."""
+        if self.name == INSTALLER:
+            return INSTALLER
         return self.name if self.name.endswith("-deps") else self.index
 
 
@@ -103,7 +107,7 @@ def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPh
     def pins(index: str) -> list[str]:
         return [f"{n}=={stack.packages[n].version}" for n in by_index[index]]
 
-    phases: list[PipPhase] = []
+    phases: list[PipPhase] = installer_phase(stack)
     for name, idx in stack.indexes.items():
         if idx.role == "vendor" and by_index[name]:
             phases.append(
@@ -131,6 +135,21 @@ def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPh
     return guarded(stack, phases)
 
 
+INSTALLER = "installer"
+
+
+def installer_phase(stack: Stack) -> list[PipPhase]:
+    """The pip the other phases run with (``base.pip``), installed first from the first public index."""
+    pip = stack.base.pip
+    public = next((n for n, i in stack.indexes.items() if i.role == "public"), None)
+    if pip is None or public is None:
+        return []
+    url = redact(stack.indexes[public].url)
+    phase = PipPhase(INSTALLER, public, url, f"deps/{INSTALLER}.txt", True, bool(pip.sha256), [f"pip=={pip.version}"])
+    phase.key, phase.checks_pins = "base.pip", False
+    return [phase]
+
+
 def gate_spec(stack: Stack) -> dict:
     return {
         "stack": stack.name,
@@ -143,6 +162,7 @@ def gate_spec(stack: Stack) -> dict:
         "probes": [p.model_dump() for p in stack.gate.probes if selected(stack, p.when)],
         "read_only": stack.gate.read_only,
         "pip_check": True,
+        "pip": stack.base.pip.version if stack.base.pip else None,
         "pip_check_allow": [a.model_dump() for a in stack.gate.pip_check_allow],
         "abi": {
             "packages": [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]

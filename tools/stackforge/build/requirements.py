@@ -89,7 +89,7 @@ def guarded(stack: Stack, phases: list[PipPhase]) -> list[PipPhase]:
             phase.key = f"indexes.{phase.name[: -len('-deps')]}.deps_from" if deps else f"indexes.{phase.index}"
         if installed and phase.constraints is None:
             phase.constraints = CONSTRAINTS
-        installed = installed or bool(phase.pins)
+        installed = installed or (bool(phase.pins) and phase.checks_pins)
         phase.report = f"/stackforge/reports/{n:02d}-{phase.name}.json"
     return phases
 

@@ -166,6 +166,18 @@ class Platform(Strict):
         return value
 
 
+class Installer(Strict):
+    version: str = Field(description="the exact pip release")
+    sha256: list[Sha256] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
+
+    _v = field_validator("version", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare(cls, value: Any) -> Any:
+        return {"version": value} if isinstance(value, (str, int, float)) else value
+
+
 class Base(Strict):
     image: Annotated[str, _grammar(grammar.check_image_ref)] = Field(
         description="base image reference; the stand-in for tests is set with --set base.image=…"
@@ -175,6 +187,12 @@ class Base(Strict):
     )
     digest: Annotated[str, _grammar(grammar.check_digest)] | None = Field(
         None, description="sha256 digest the base image must have"
+    )
+    pip: Installer | None = Field(
+        None,
+        description='the pip every pip phase runs with ("26.3", or {version, sha256}): installed first, into the '
+        "virtual environment, from the public index with --no-deps; the gate checks it. Unset, the phases run "
+        "with whatever pip the base's venv carries",
     )
 
 
