@@ -252,6 +252,14 @@ def test_the_mirror_carries_the_submodules_and_an_offline_export_reads_them(tmp_
     assert data["parts"][0]["sha256"] == before
 
 
+def test_a_submodule_declared_update_none_is_left_out_as_git_clone_recursive_does(tmp_path):
+    repo = GitRepo(_repo_with(tmp_path, {}))
+    repo.write(".gitmodules", '[submodule "docs"]\n\tpath = docs\n\turl = https://git.example/docs\n\tupdate = none\n')
+    gitlink(repo, "docs", "3" * 40)
+    commit(repo, "docs is not fetched")
+    assert submodules.collect("tool", repo.path, "HEAD", "https://git.example/tool", _never) == []
+
+
 def _repo_with(tmp_path: Path, entries: dict[str, str]) -> Path:
     repo = GitRepo.init(tmp_path / "super")
     repo.write("setup.py", "a\n")

@@ -4,7 +4,7 @@ The superproject's tree at the pinned commit records each submodule as a *gitlin
 commit id); its ``.gitmodules`` at that commit gives the URL. Each submodule is fetched into the cache like an
 upstream (a bare mirror per URL, :func:`stackforge.build.sources.fetch_upstream`), must hold exactly the commit
 the gitlink names, and is walked the same way for its own submodules (at most :data:`MAX_DEPTH` levels,
-:data:`MAX_SUBMODULES` in all). The export writes each one's tree at that commit into the superproject's tree.
+:data:`MAX_SUBMODULES` in all); one declared ``update = none`` is left out, as ``git clone --recursive`` leaves it. The export writes each one's tree at that commit into the superproject's tree.
 
 ``.gitmodules`` is the upstream's data, read as hostile input: it is parsed by ``git config --blob`` without
 includes, and every entry is checked before anything is fetched: a path is relative, inside the tree, made of
@@ -36,6 +36,7 @@ GITLINK = b"160000"
 SEGMENT = re.compile(r"[A-Za-z0-9_+@][A-Za-z0-9._+@-]{0,254}|\.[A-Za-z0-9_+@-][A-Za-z0-9._+@-]{0,253}")
 SCP = re.compile(r"^(?:[A-Za-z0-9._-]+@)?([A-Za-z0-9][A-Za-z0-9.-]*):(?!//)(.*)$")
 REMOTE_SCHEMES = ("https", "http", "ssh", "git")
+SKIP = "\0update=none"  # a submodule declared ``update = none``: not fetched, its directory stays empty
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,8 @@ def collect(
             reason = check_url(resolved, url)
             if reason:
                 raise _refuse(upstream, shown, reason, HOSTILE_FIX)
+        if entry.get("update", "").strip().lower() == "none":
+            resolved = SKIP  # `git clone --recursive` leaves it out too
         by_path[path] = (name, resolved)
     for path, sub_commit in sorted(gitlinks(repo, commit).items()):
         shown = prefix + path
@@ -230,6 +233,8 @@ def collect(
         if reason:
             raise _refuse(upstream, shown[:120], reason, HOSTILE_FIX)
         name, sub_url = by_path.get(path, (path, None))
+        if sub_url == SKIP:
+            continue
         if sub_url is None:
             raise _refuse(
                 upstream,
