@@ -260,6 +260,38 @@ def test_a_submodule_declared_update_none_is_left_out_as_git_clone_recursive_doe
     assert submodules.collect("tool", repo.path, "HEAD", "https://git.example/tool", _never) == []
 
 
+@pytest.mark.parametrize(
+    ("raw", "base", "want"),
+    [
+        ("../cutlass.git", "https://git.example/org/tool.git", "https://git.example/org/cutlass.git"),
+        ("./sub", "https://git.example/org/tool", "https://git.example/org/tool/sub"),
+        ("../../other/x.git", "https://git.example/org/tool", "https://git.example/other/x.git"),
+        ("../../../x", "https://git.example/org/tool", None),  # above the host
+        ("../x", "git@git.example:org/tool.git", "git@git.example:org/x"),
+        ("../x", "file:///srv/git/tool", "file:///srv/git/x"),
+        ("../a/../../x", "https://git.example/org/tool", None),
+        ("https://elsewhere.example/y.git", "https://git.example/org/tool", "https://elsewhere.example/y.git"),
+    ],
+)
+def test_relative_submodule_urls_resolve_against_the_upstream_as_git_resolves_them(raw, base, want):
+    assert submodules.resolve_url(raw, base) == want
+
+
+def test_a_credential_in_gitmodules_is_not_recorded(tmp_path):
+    repo = _repo_with(tmp_path, {"vendor/x": "https://user:s3cret@git.example/x.git"})
+    GitRepo(repo).git("update-index", "--add", "--cacheinfo", f"160000,{'4' * 40},vendor/x")
+    commit(GitRepo(repo), "with a token")
+    seen = []
+
+    def fetch(url: str, commit: str, path: str) -> Path:
+        seen.append(url)
+        raise UserError("not fetched here")
+
+    with pytest.raises(UserError, match="not fetched here"):
+        submodules.collect("tool", repo, "HEAD", "https://git.example/tool", fetch)
+    assert seen == ["https://git.example/x.git"]  # dropped: the resolver gives a credential
+
+
 def _repo_with(tmp_path: Path, entries: dict[str, str]) -> Path:
     repo = GitRepo.init(tmp_path / "super")
     repo.write("setup.py", "a\n")
