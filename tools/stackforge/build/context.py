@@ -37,6 +37,14 @@ class SourceInfo:
     commit_time: int | None = None
     series_hash: str | None = None
     patches: list[str] = field(default_factory=list)
+    submodules: list[dict[str, str]] = field(default_factory=list)  # {path, url, commit}, parents first
+
+    def record(self) -> dict:
+        """As the evidence and the inputs fingerprint hold it (no ``submodules`` key for an upstream without)."""
+        data = asdict(self)
+        if not data["submodules"]:
+            del data["submodules"]
+        return data
 
 
 @dataclass
@@ -58,13 +66,14 @@ class Context:
 
     def inputs_fingerprint(self) -> str:
         """sha256 over everything the image is built from: the resolved stack, the base image's digest,
-        the upstream pins and patch series, the lock files, and the templates and gate scripts."""
+        the upstream pins (with their submodules' commits) and patch series, the lock files, and the templates
+        and gate scripts."""
         images = images_dir(self.loaded.root)
         templates = {p.relative_to(images).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
                      for p in sorted(images.rglob("*")) if p.is_file() and "base" not in p.parts
                      and "__pycache__" not in p.parts}
         blob = json.dumps({"stack": fingerprint(self.stack), "base": self.base,
-                           "sources": [asdict(s) for s in self.sources],
+                           "sources": [s.record() for s in self.sources],
                            "locks": self.locks, "templates": templates,
                            **({"post_install": self.post_install} if self.post_install else {})},
                           sort_keys=True).encode()
@@ -126,6 +135,8 @@ def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Worksp
             raise _redirect(loaded, ("upstreams", name, "git"), err) from None
         upstreams.export_commit(mirror, up.commit, dest)
         info = SourceInfo(name, "git", up.pin, commit_time=upstreams.commit_time(mirror, up.commit))
+        if up.submodules:
+            info.submodules = _export_submodules(loaded, name, mirror, dest, cache, workspace, offline)
     if up.patches or up.patches_from:
         from stackforge import (
             patches as overlay,  # the patch overlay (apply, series hash)
@@ -148,6 +159,32 @@ def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Worksp
             shutil.rmtree(carried.parent)
     info.patches += [f"edit {path}" for path in edits.apply(loaded, name, dest)]
     return info
+
+
+def _export_submodules(loaded: LoadedStack, name: str, mirror: Path, dest: Path, cache: Path, workspace: Workspace,
+                       offline: bool) -> list[dict[str, str]]:
+    """Fetch the submodules the pinned commit records (recursively; from the mirror's repository when offline),
+    write their trees into ``dest`` and return their records; a refusal is placed at
+    ``upstreams.<name>.submodules``."""
+    from stackforge.build import submodules
+    from stackforge.urls import split as split_credentials
+
+    up = loaded.model.upstreams[name]
+    assert up.git is not None and up.commit is not None
+    url = upstreams.resolve_git_url(split_credentials(up.git)[0], loaded.root)
+    if offline:
+        from stackforge.mirror.offline import _fix
+
+        fetch = submodules.repo_fetch(name, mirror, _fix(loaded))
+    else:
+        fetch = submodules.cache_fetch(name, cache, workspace=workspace, reuse=not workspace.refresh)
+    try:
+        subs = submodules.collect(name, mirror, up.commit, url, fetch)
+        submodules.export(subs, dest)
+    except UserError as err:
+        raise UserError(err.message, **loaded.position(("upstreams", name, "submodules")).as_error_kwargs(),
+                        fix=err.fix, exit_code=err.exit_code) from None
+    return [s.record() for s in subs]
 
 
 def assemble(loaded: LoadedStack, out: Path | None = None, *, sources: bool = True,

@@ -40,7 +40,7 @@ VERSION = 1
 SOURCES = ".sources"
 IMAGES = ".image"
 #: the code whose behaviour shapes an exported tree
-_EXPORT_CODE = ("build/sources.py", "build/edits.py", "build/installed.py", "build/context.py", "patches")
+_EXPORT_CODE = ("build/sources.py", "build/submodules.py", "build/edits.py", "build/installed.py", "build/context.py", "patches")
 
 
 def _code_digest() -> str:

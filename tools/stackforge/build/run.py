@@ -373,7 +373,7 @@ def _write_inputs(evidence: Path, loaded: LoadedStack, ctx: Context, labels: dic
         "pins": {n: p.version for n, p in stack.packages.items()},
         "options": {n: o.value for n, o in stack.options.items()},
         "tuning": dict(stack.tuning),
-        "upstreams": [asdict(s) for s in ctx.sources],
+        "upstreams": [s.record() for s in ctx.sources],
         "overrides": [redact_text(o) for o in loaded.overrides],
         "labels": labels,
         "engine": asdict(info),

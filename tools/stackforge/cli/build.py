@@ -180,6 +180,7 @@ def cmd_render(args) -> int:
         print(f"pip {i}:      {ph.name}: {len(ph.pins)} pin(s) from {ph.index_url}" + (f" ({flags})" if flags else ""))
     for s in ctx.sources:
         extra = f", {len(s.patches)} patch(es), series {s.series_hash}" if s.series_hash else ""
+        extra += f", {len(s.submodules)} submodule(s)" if s.submodules else ""
         print(f"source:     {s.name}: {s.kind} {s.pin}{extra}")
     for k in plan.kernels:
         print(f"kernel:     {k.name}: {k.run}")

@@ -142,6 +142,7 @@ def _git(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
             refs = [f"+{full}:{PIN_REF}"] + ([f"+refs/tags/{up.tag}:refs/tags/{up.tag}"] if up.tag else [])
             with progress.step(f"mirror {name} {up.tag or full[:12]} (git)"):
                 git(cached, "push", "--quiet", str(dest), *refs)
+        subs = _submodules(loaded, name, dest, ws) if up.submodules else []
         sha, size = _repo_record(dest)
         full = git(dest, "rev-parse", f"{up.commit}^{{commit}}").stdout.strip()
         url = split_credentials(up.git)[0]
@@ -156,8 +157,42 @@ def _git(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
                 "tag": up.tag,
                 "sha256": sha,
                 "size": size,
+                **({"submodules": subs} if subs else {}),
             },
         )
+
+
+SUBMODULE_REF = "refs/stackforge/submodules/"
+
+
+def _submodules(loaded: LoadedStack, name: str, dest: Path, ws: Workspace) -> list[dict[str, str]]:
+    """The upstream's submodules (recursively), each commit kept in the mirror's repository of the upstream
+    (``refs/stackforge/submodules/<commit>``), where the offline build finds it; fetched through the cache only
+    when the repository does not hold it yet. Returns their records (path, URL, commit)."""
+    from stackforge.build import submodules
+
+    up = loaded.model.upstreams[name]
+    assert up.git is not None and up.commit is not None
+    url = upstreams.resolve_git_url(split_credentials(up.git)[0], loaded.root)
+    full = git(dest, "rev-parse", f"{up.commit}^{{commit}}").stdout.strip()
+    try:
+        try:
+            subs = submodules.collect(name, dest, full, url, submodules.repo_fetch(name, dest, ""))
+        except UserError:  # a commit the mirror does not hold yet (or a refusal, raised again below)
+            fetch = submodules.cache_fetch(name, ws.cache(), workspace=ws, reuse=True)
+            subs = submodules.collect(name, dest, full, url, fetch)
+            for sub in subs:
+                if not git(dest, "cat-file", "-e", f"{sub.commit}^{{commit}}", check=False).ok:
+                    with progress.step(f"mirror {name} submodule {sub.path} {sub.commit[:12]} (git)"):
+                        git(sub.repo, "push", "--quiet", str(dest), f"+{sub.commit}:{SUBMODULE_REF}{sub.commit}")
+    except UserError as err:
+        raise UserError(
+            err.message,
+            **loaded.position(("upstreams", name, "submodules")).as_error_kwargs(),
+            fix=err.fix,
+            exit_code=err.exit_code,
+        ) from None
+    return [s.record() for s in subs]
 
 
 def _copy(src: Path, dest: Path) -> None:

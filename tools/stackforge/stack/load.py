@@ -349,6 +349,14 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
                     fix="add commit: <40 hex> (checked against the tag when there is one)",
                 )
             )
+        if up.submodules and up.sdist is not None:
+            problems.append(
+                UserError(
+                    f"upstreams.{name}.submodules: a release sdist has no submodules to fetch",
+                    **_pos_for(("upstreams", name, "submodules"), values, {}, False).as_error_kwargs(),
+                    fix="drop submodules: true, or pin the upstream's git repository (git and commit) instead",
+                )
+            )
         if up.sdist is not None:
             ref(
                 ("upstreams", name, "sdist", "index"),

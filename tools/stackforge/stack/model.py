@@ -284,6 +284,13 @@ class Upstream(Strict):
         description="in-place fixes applied on the host after the patch series, each checked to match exactly "
         "once (a fix that no longer matches the pinned tree fails the build); labelled org.stackforge.edits.<name>",
     )
+    submodules: bool | None = Field(
+        None,
+        description="true: the export also holds the git submodules the pinned commit records, recursively, each "
+        "at the commit its gitlink names, fetched on the host from the URL .gitmodules gives (checked: no "
+        "transport helpers, options or paths out of the tree); their paths, URLs and commits are recorded in the "
+        "evidence and the inputs fingerprint",
+    )
 
     @property
     def pin(self) -> str:
@@ -299,6 +306,11 @@ class Upstream(Strict):
         if reason:
             raise ValueError(reason)
         return value
+
+    @field_validator("submodules")
+    @classmethod
+    def _submodules(cls, value):
+        return value or None  # false is the default: left out of the fingerprint like an absent key
 
     @field_validator("commit")
     @classmethod
