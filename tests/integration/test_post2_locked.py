@@ -60,7 +60,7 @@ def test_post2_builds_from_its_locks_with_hashes_in_every_phase(standins, locked
     ]
     for name in ("mthreads.txt", "pypi.txt", "mthreads.deps.txt"):
         assert (build.out / "context" / "deps" / name).read_text() == (locks / name).read_text()
-    assert "ninja==" in (locks / "mthreads.deps.txt").read_text()
+    assert "tabulate==" in (locks / "mthreads.deps.txt").read_text()
     # the requirement closure came from the hashed pypi phase; the requirement phase installed nothing and
     # still ran its preserve check
     inventory = json.loads((build.evidence / "inventory.json").read_text())
@@ -70,9 +70,9 @@ def test_post2_builds_from_its_locks_with_hashes_in_every_phase(standins, locked
     phase = next(p for p in inventory["phases"] if p["phase"] == "requirements.vllm-common")
     assert phase["installed"] == [] and "PASS preserve torch version=2.11.0.post2+musa5.2.0" in phase["preserve"]
     show = mb.docker(
-        "run", "--rm", "--network=none", "--entrypoint", "python", build.image, "-m", "pip", "show", "ninja", "torch"
+        "run", "--rm", "--network=none", "--entrypoint", "python", build.image, "-m", "pip", "show", "tabulate", "torch"
     ).stdout
-    assert f"Name: ninja\nVersion: {ms.PUBLIC_DEPS['ninja']}" in show
+    assert f"Name: tabulate\nVersion: {ms.PUBLIC_DEPS['tabulate']}" in show
     assert "Name: torch\nVersion: 2.11.0.post2+musa5.2.0" in show  # torchada's `torch` stayed the vendor's
 
 
@@ -80,14 +80,14 @@ def test_a_changed_hash_in_the_vendor_deps_lock_stops_the_build(standins, locked
     root, overrides, locks = locked
     path = locks / "mthreads.deps.txt"
     good = path.read_text()
-    real = re.search(r"ninja==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", good).group(1)
+    real = re.search(r"tabulate==\S+ \\\n    --hash=sha256:([0-9a-f]{64})", good).group(1)
     path.write_text(good.replace(real, "0" * 64))
     try:
         build = _build(standins, root, overrides, "badhash")
     finally:
         path.write_text(good)
     assert build.proc.returncode == 1, build.describe()
-    assert "DO NOT MATCH THE HASHES" in build.proc.stderr and "ninja" in build.proc.stderr
+    assert "DO NOT MATCH THE HASHES" in build.proc.stderr and "tabulate" in build.proc.stderr
     assert "no image was tagged" in build.proc.stderr
 
 

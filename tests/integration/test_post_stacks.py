@@ -149,13 +149,13 @@ def test_post2_readonly_rerun_and_abi_stage_pass(post2, standins):
 
 
 def test_post2_vendor_wheels_own_dependencies_come_from_the_public_index(post2):
-    # flashinfer-python (vendor, installed --no-deps) requires ninja, which only the public stand-in serves
+    # flashinfer-python (vendor, installed --no-deps) requires tabulate, which only the public stand-in serves
     # and nothing public requires: the vendor wheels' dependency phase installed it.
     proc = mb.docker(
-        "run", "--rm", "--network=none", "--entrypoint", "python", post2.image, "-m", "pip", "show", "ninja"
+        "run", "--rm", "--network=none", "--entrypoint", "python", post2.image, "-m", "pip", "show", "tabulate"
     )
     fields = dict(l.split(": ", 1) for l in proc.stdout.splitlines() if ": " in l)
-    assert fields["Version"] == ms.PUBLIC_DEPS["ninja"]
+    assert fields["Version"] == ms.PUBLIC_DEPS["tabulate"]
     assert fields["Required-by"] == "flashinfer-python"
     phases = re.findall(
         r"^RUN .*pip install --index-url (\S+) .*-r /stackforge/deps/(\S+)$",
@@ -163,13 +163,19 @@ def test_post2_vendor_wheels_own_dependencies_come_from_the_public_index(post2):
         re.M,
     )
     assert [p[1] for p in phases] == [
+        "installer.txt",
         "mthreads.txt",
         "pypi.txt",
+        "requirements/vllm-build.txt",
         "requirements/vllm-common.txt",
         "requirements/vllm-transitive.txt",
         "mthreads.deps.txt",
     ]
-    assert phases[-1][0] == phases[1][0]  # the vendor wheels' dependencies resolve against the public index
+    # the installer and the vendor wheels' dependencies resolve against the public index
+    assert phases[0][0] == phases[-1][0] == phases[2][0]
+    inventory = json.loads((post2.evidence / "inventory.json").read_text())
+    tab = next(d for d in inventory["dists"] if d["name"].lower() == "tabulate")
+    assert tab["phase"] == "mthreads-deps"
 
 
 def test_post2_image_tag_and_labels(post2, standins):
