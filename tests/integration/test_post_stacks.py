@@ -23,6 +23,8 @@ POST2_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.
 POST1_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post1_musa5.2.0"
 DEEP_EP_SO = "deep_ep_cpp.cpython-311-x86_64-linux-gnu.so"
 PIP_CHECK = "PASS pip    check      No broken requirements found."
+#: an unmet requirement post1 allows: pip check names the plugin and the pin (the line's text is pip's own)
+ALLOWED = "allowed: vllm-musa 0.1.24 has requirement {name}=="
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +52,11 @@ def assert_python_line(line: str) -> None:
 
 
 def expected_gate(stack) -> list[str]:
-    """One PASS line per pin in stack order, then the extra imports and the probes, as the seed prints them."""
+    """The installer the phases ran with, one PASS line per pin in stack order, then the extra imports and the
+    probes, as the seed prints them, and pip check (a requirement the stack allows on a line of its own)."""
     verbs = {"metadata": "meta  ", "spec": "spec  "}
-    lines = [f"PASS {verbs.get(p.gate, 'import')} {n:<10} version={p.version}" for n, p in stack.packages.items()]
+    lines = [f"PASS pip    version    version={stack.base.pip.version}"] if stack.base.pip else []
+    lines += [f"PASS {verbs.get(p.gate, 'import')} {n:<10} version={p.version}" for n, p in stack.packages.items()]
     # the extra imports report what the stand-ins serve: the upstreams' tags, the requirement files' wheels
     versions = {
         **{n: v for n, v, _, _ in ms.REQUIREMENT_WHEELS},
@@ -67,7 +71,8 @@ def expected_gate(stack) -> list[str]:
         f"PASS requires MUSA Toolkit version={stack.platform.musa} min=4.3.6",
         f"PASS requires torch_musa version={stack.packages['torch_musa'].version} min=2.7",
     ]
-    lines += [PIP_CHECK]
+    allowed = sorted(f"{a.requires}" for a in stack.gate.pip_check_allow)
+    lines += [PIP_CHECK] if not allowed else [ALLOWED.format(name=n) for n in allowed]
     return lines
 
 
@@ -91,7 +96,7 @@ def test_post2_every_gate_line_passes(post2, standins):
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
     assert_python_line(checks[0])
     assert checks[1:] == expected_gate(stack)
-    assert len(stack.packages) == 18 and len(checks) == 1 + 18 + len(stack.gate.imports) + 2 + 2 + 1
+    assert len(stack.packages) == 18 and len(checks) == 1 + 1 + 18 + len(stack.gate.imports) + 2 + 2 + 1
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"
     # The platform plugin activates when vllm is imported, before vllm's own line, as in the seed.
     assert gate.index(ms.PLUGIN_LINE) == gate.index("PASS import vllm       version=0.28.0") - 1
@@ -209,7 +214,16 @@ def test_gate_verb_reruns_the_gate_on_the_built_image(post2, standins):
     wrong = mb.stackforge("gate", post2.image, "--stack", "post2")
     assert wrong.returncode == 1
     assert re.search(r"^FAIL python +version=3\.11\.\d+ platform=3\.10 ", wrong.stdout, re.M), wrong.stdout
-    proc = mb.stackforge("gate", post2.image, "--stack", "post2", "--set", f"platform.python={ms.BASE_PYTHON}")
+    proc = mb.stackforge(
+        "gate",
+        post2.image,
+        "--stack",
+        "post2",
+        "--set",
+        f"platform.python={ms.BASE_PYTHON}",
+        "--set",
+        f"base.pip={ms.bundled_pip().version}",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout.splitlines()
     for line in (
@@ -250,7 +264,13 @@ def test_post1_builds_end_to_end(post1, standins):
     assert "PASS import deep_ep    version=1.1.0+musa5.2.0torch2.11.0.post1" in gate
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
     assert_python_line(checks[0])
-    assert checks[1:] == expected_gate(stack)
+    expected = expected_gate(stack)
+    allowed = [l for l in checks if l.startswith("PASS pip    check      allowed: ")]
+    assert checks[1 : len(checks) - len(allowed)] == [l for l in expected if "allowed: " not in l]
+    # the plugin revision requires the post2 train: pip check reports each, and post1 allows each with its reason
+    assert len(allowed) == 5 and all(
+        any(line.startswith(f"PASS pip    check      {a}") for line in allowed) for a in expected if "allowed: " in a
+    ), allowed
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"
     assert post1.evidence_lines("abi.txt")[-1] == "abi result: 0 FAIL"
     labels = mb.labels_of(post1.image)

@@ -18,7 +18,14 @@ from tests.fixtures import musa_standins as ms
 pytestmark = pytest.mark.engine
 
 POST2_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
-PHASES = ["mthreads-nodeps", "pypi", "requirements.vllm-common", "requirements.vllm-transitive", "mthreads-deps"]
+PHASES = [
+    "mthreads-nodeps",
+    "pypi",
+    "requirements.vllm-build",
+    "requirements.vllm-common",
+    "requirements.vllm-transitive",
+    "mthreads-deps",
+]
 
 
 def vendor_pins(stack) -> dict[str, str]:
@@ -37,7 +44,9 @@ def test_every_vendor_pin_is_preserved_after_every_phase(post2, standins):
             current.append(line)
     # The stack's phases, then the target's (mooncake is in every published target's chain): the inventory
     # is rewritten after a target's phases, so the evidence describes the image that was tagged.
-    assert list(blocks) == [*PHASES, "mooncake/mooncake"]
+    assert list(blocks) == ["installer", *PHASES, "mooncake/mooncake"]
+    # the installer runs before any vendor pin is installed: it checks none
+    assert blocks["installer"] == ["preserve result: 0 PASS, 0 FAIL after phase installer"]
     for phase in PHASES:
         assert blocks[phase] == [f"PASS preserve {n} version={v}" for n, v in pins.items()] + [
             f"preserve result: 16 PASS, 0 FAIL after phase {phase}"
@@ -57,7 +66,7 @@ def test_inventory_names_each_dist_with_its_index_and_archive_hash(post2, standi
     rows = {r["name"].lower(): r for r in data["dists"]}
     # torch came from the vendor index, with the sha256 of the very wheel the vendor stand-in serves.
     ep = standins.endpoints(standins.specs("post2"))
-    wheel = next(ep.dirs["mthreads"].glob("torch-*.whl"))
+    wheel = next(ep.dirs["mthreads"].glob("torch-2.11.0.post2+musa5.2.0-*.whl"))
     torch = rows["torch"]
     assert (torch["version"], torch["index"], torch["phase"]) == (
         "2.11.0.post2+musa5.2.0",
@@ -86,7 +95,9 @@ def test_inventory_names_each_dist_with_its_index_and_archive_hash(post2, standi
     assert rows["uvloop"]["phase"] == "requirements.vllm-common"  # fastapi[standard] -> uvicorn[standard]
     assert rows["pytest"]["phase"] == "requirements.vllm-common"  # the plugin's requirements/test.txt
     assert rows["pycountry"]["phase"] == "requirements.vllm-transitive"  # the plugin's transitive list
-    assert rows["ninja"]["phase"] == "mthreads-deps"  # flashinfer-python's own dependency, nothing else's
+    assert rows["tabulate"]["phase"] == "mthreads-deps"  # flashinfer-python's own dependency, nothing else's
+    assert rows["setuptools-scm"]["phase"] == "requirements.vllm-build"  # vLLM's build requirements
+    assert (rows["pip"]["version"], rows["pip"]["phase"]) == (ms.bundled_pip().version, "installer")
     assert "six" not in rows  # its marker (python_version > '3.11') is false here
     assert rows["vllm"]["index"] is None and rows["vllm"]["version"] == "0.28.0"  # built in the image
     # The plugin's musa_private.txt names the vendor wheels: every line was dropped, the stack's pins won.
