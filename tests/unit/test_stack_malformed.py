@@ -115,8 +115,8 @@ CASES = [
         "gate-not-a-choice",
         child("packages:\n  mate:\n    gate: prefixed\n"),
         "stacks/a.yaml:5:11",
-        "packages.mate.gate: Input should be 'exact', 'prefix', 'metadata' or 'spec'",
-        "use one of: 'exact', 'prefix'",
+        "packages.mate.gate: Input should be 'exact', 'metadata' or 'spec'",
+        "use one of: 'exact', 'metadata'",
     ),
     Case(
         "env-value-not-a-string",

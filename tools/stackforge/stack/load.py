@@ -500,6 +500,8 @@ def json_schema() -> dict:
     strip(schema)
     packages = schema["$defs"]["SystemLayer"]["properties"]["packages"]  # a bare string is an unpinned package
     packages["items"] = {"anyOf": [packages["items"], {"type": "string"}]}
+    pip = schema["$defs"]["Base"]["properties"]["pip"]  # a bare version is the installer without hashes
+    pip["anyOf"] = [{"type": "string"}, *pip["anyOf"]]
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "stackforge stack file"
     return schema
