@@ -30,7 +30,9 @@ def locked(standins, tmp_path_factory):
     root = tmp_path_factory.mktemp("post2-locked") / "repo"
     for d in ("stacks", "patches", "images"):
         shutil.copytree(mb.REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__", "locks"))
+    pip = ms.bundled_pip()
     overrides = standins.overrides(standins.endpoints(standins.specs("post2")))
+    overrides.append(f"base.pip={{version: '{pip.version}', sha256: [{pip.key()}]}}")  # the installer, hashed too
     proc = mb.stackforge("--root", str(root), "lock", "post2", *ms.set_args(overrides))
     assert proc.returncode == 0, proc.stderr
     return root, overrides, root / "stacks" / "locks" / "post2"
@@ -52,8 +54,10 @@ def test_post2_builds_from_its_locks_with_hashes_in_every_phase(standins, locked
     phases = re.findall(r"^RUN .*pip install --index-url \S+ (.*)-r /stackforge/deps/(\S+)$", dockerfile, re.M)
     # (file, hashes required, offline): every phase is hash-checked, or fetches nothing
     assert [(p[1], "--require-hashes" in p[0], "--no-index" in p[0]) for p in phases] == [
+        ("installer.txt", True, False),
         ("mthreads.txt", True, False),
         ("pypi.txt", True, False),
+        ("requirements/vllm-build.txt", False, True),
         ("requirements/vllm-common.txt", False, True),
         ("requirements/vllm-transitive.txt", False, True),
         ("mthreads.deps.txt", True, False),
@@ -98,7 +102,8 @@ def test_a_requirement_file_changed_after_locking_stops_the_build(standins, lock
     with ms.requirement_patched(root, standins.repos["vllm"], tmp_path, "ninja"):
         build = _build(standins, root, overrides, "stale")
     assert build.proc.returncode == 2, build.describe()
-    line = next(i for i, l in enumerate((locks / "pypi.txt").read_text().splitlines(), 1) if "input vllm/" in l)
+    lines = (locks / "pypi.txt").read_text().splitlines()
+    line = next(i for i, l in enumerate(lines, 1) if "input vllm/requirements/common.txt" in l)
     assert (
         f"stacks/locks/post2/pypi.txt:{line}: lock file is stale: vllm/requirements/common.txt "
         "(requirements.vllm-common.files[0]) changed since the lock was made" in build.proc.stderr

@@ -359,3 +359,13 @@ def test_apt_packages_of_another_runtime_line_are_findings():
 def test_lint_exits_1_for_a_runtime_line_the_train_was_not_built_for(tmp_path, capsys):
     rc, out, err = run_cli(capsys, REPO, "lint", "post2", "--set", "platform.musa_runtime=5.1")
     assert rc == 1 and "runtime: train 'torch' is built for MUSA 5.2" in out
+
+
+def test_a_locked_public_index_needs_a_hashed_installer():
+    """example installs from stacks/locks/example/pypi.txt with hashes: its installer must be hashed too."""
+    unhashed = rules.check_locks(load("example", root=REPO, overrides=["base.pip=26.3"]))
+    assert [(f.rule, f.path) for f in unhashed] == [("lock", ("base", "pip"))]
+    assert "base.pip names no sha256: the installer phase would fetch pip 26.3 without one" in unhashed[0].message
+    hashed = load("example", root=REPO, overrides=["base.pip={version: '26.3', sha256: [" + "a" * 64 + "]}"])
+    assert rules.check_locks(hashed) == []
+    assert rules.check_locks(load("post2", root=REPO)) == []  # no lock: nothing to match

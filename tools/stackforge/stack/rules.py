@@ -243,7 +243,7 @@ def check_locks(loaded: LoadedStack) -> list[Finding]:
     stack = loaded.model
     from stackforge.build.locks import DEPS, expects_lock, lock_keys, lock_path
 
-    out = []
+    out = _unhashed_installer(loaded)
     for key in lock_keys(stack):
         name = key if key in stack.indexes else key[: -len(DEPS)]
         path = lock_path(loaded, key)
@@ -342,6 +342,30 @@ def _apt_lines(loaded: LoadedStack, want: str, at: tuple) -> list[Finding]:
                     )
                 )
     return out
+
+
+def _unhashed_installer(loaded: LoadedStack) -> list[Finding]:
+    """A stack whose public index installs from a lock (with hashes) pins its installer with a hash too: the
+    installer phase (``base.pip``) comes from that index before every other phase."""
+    from stackforge.build.locks import expects_lock, lock_path
+
+    stack = loaded.model
+    pip = stack.base.pip
+    public = next((n for n, i in stack.indexes.items() if i.role == "public"), None)
+    if pip is None or pip.sha256 or public is None:
+        return []
+    if not (expects_lock(stack, public) or lock_path(loaded, public).is_file()):
+        return []
+    return [
+        Finding(
+            "lock",
+            f"index '{public}' installs from a lock with hashes, but base.pip names no sha256: the installer phase "
+            f"would fetch pip {pip.version} without one",
+            ("base", "pip"),
+            f'give base.pip: {{version: "{pip.version}", sha256: [<sha256 of pip-{pip.version}-py3-none-any.whl '
+            f"on '{public}'>]}}",
+        )
+    ]
 
 
 RULES = [
