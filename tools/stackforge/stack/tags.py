@@ -320,7 +320,9 @@ def checked_ref(loaded: LoadedStack, text: str, path: tuple) -> Ref:
             raise UserError(
                 f"{'.'.join(map(str, path))} renders '{text}': {what}{reason}",
                 **loaded.position(path).as_error_kwargs(),
-                fix="change the template: repository names are lowercase"
+                fix="change the template: a registry port is 1-65535"
+                if "out of range" in reason
+                else "change the template: repository names are lowercase"
                 if in_repo
                 else "change the template (the tagsafe filter turns '+' into '_')",
             )
