@@ -16,6 +16,7 @@ from pathlib import Path
 
 from stackforge.build import embed
 from stackforge.build.context import Context, assemble, write_dockerfile
+from stackforge.build.locks import lock_keys, read_lock
 from stackforge.build.plan import image_labels
 from stackforge.errors import BuildFailed
 from stackforge.stack import rules
@@ -59,6 +60,8 @@ class Prepared:
 
 def lint_or_fail(loaded: LoadedStack) -> None:
     stack = loaded.model
+    for key in lock_keys(stack):
+        read_lock(loaded, key)  # a lock file the build would refuse is its own error (file:line, fix; exit 2)
     findings = rules.lint(loaded)
     if findings:
         text = "\n".join(f.render(loaded) for f in findings)
