@@ -41,6 +41,8 @@ def empty(stack: str, fingerprint: str) -> dict:
 REMAKE = "copy the mirror again, or make it again: stackforge mirror STACK --to DIR (on a host with network)"
 HEX64 = re.compile(r"[0-9a-f]{64}")
 KINDS = ("git", "sdist", "file", "base", "deb", "apt-index", "toolchain")
+#: the string fields a part of each kind must have (the build reads them)
+REQUIRED = {"base": ("image", "id"), "toolchain": ("image", "id")}
 
 
 def read(root: Path, *, required: bool = True) -> dict | None:
@@ -116,8 +118,8 @@ def validate(data: dict, path: Path) -> None:
         if "size" in part and (not isinstance(part["size"], int) or isinstance(part["size"], bool)):
             raise bad(f"{where}.size", part["size"], "a number of bytes")
         for key in ("index", "image", "id", "kernel", "upstream"):
-            if key in part and not isinstance(part[key], str):
-                raise bad(f"{where}.{key}", part[key], "a string")
+            if (key in part or key in REQUIRED.get(part["kind"], ())) and not isinstance(part.get(key), str):
+                raise bad(f"{where}.{key}", part.get(key), "a string")
     phases = data.get("phases")
     if not isinstance(phases, dict):
         raise bad("phases", phases, "an object (phase name -> resolution)")
@@ -127,8 +129,8 @@ def validate(data: dict, path: Path) -> None:
             raise bad(where, phase, "an object (key, index, files)")
         if not isinstance(phase.get("key"), str):
             raise bad(f"{where}.key", phase.get("key"), "a string")
-        if "files" in phase and not (_is_str_list(phase["files"]) and all(map(_file_name, phase["files"]))):
-            raise bad(f"{where}.files", phase["files"], "a list of file names")
+        if not (_is_str_list(phase.get("files")) and all(map(_file_name, phase["files"]))):
+            raise bad(f"{where}.files", phase.get("files"), "a list of file names")
     if "apt" in data:
         rec = data["apt"]
         if not isinstance(rec, dict):
