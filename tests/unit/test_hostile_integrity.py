@@ -536,6 +536,15 @@ def test_nightly_whose_stacks_all_fail_lint_says_so_and_builds_nothing(root, tmp
     assert not (root / "build" / "lostlock").exists() and not (out / "bake.json").exists()
 
 
+def test_nightly_reports_a_tampered_lock_as_that_stacks_lint_failure(root, tmp_path):
+    (root / LOCK_REL).write_text(good_lock() + f"evil==1.0 \\\n    --hash=sha256:{HASH_A}\n")
+    out = tmp_path / "nightly"
+    summary = nightly(root, "127.0.0.1:9/team", date="20260929", stacks=["example"], out=out, echo=lambda line: None)
+    assert not summary.ok and [(r.stack, r.stage) for r in summary.rows] == [("example", "lint")]
+    assert "evil is not a pin of index 'pypi'" in summary.rows[0].reason
+    assert not (root / "build" / "example").exists() and not (out / "bake.json").exists()
+
+
 def test_a_pip_compile_lock_with_transitive_dependencies_is_accepted(root, tmp_path):
     """Packages no pin names are admitted only through pip-compile's `# via` chain back to a pin."""
 

@@ -131,7 +131,14 @@ def publish_stack(
     try:
         lint_or_fail(loaded)
     except BuildFailed as err:
-        raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
+        raise BuildFailed(
+            f"{err.message}\nNothing was published.",
+            fix=f"{err.fix}, rebuild, then publish",
+            file=err.file,
+            line=err.line,
+            col=err.col,
+            exit_code=err.exit_code,
+        ) from None
     target, repository, scheme, first, suffix = destination(loaded, registry, date, target)
     aliases = []
     for alias in tagsmod.alias_refs(loaded, str(reg)):
