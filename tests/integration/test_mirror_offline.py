@@ -242,15 +242,19 @@ def test_a_tampered_mirror_is_refused_before_the_engine_runs(offline, tmp_path):
         f"error: --mirror: sha256 mismatch: indexes/pypi/files/idna-3.10-py3-none-any.whl in the mirror has sha256 "
         f"{tampered}, but mirror.json records {recorded}\n" in proc.stderr
     ), proc.stderr
-    # A tampered sdist is that too (not an sdist "not cached" in offline mode).
+    # A tampered sdist is that too (not an sdist "not cached" in offline mode), in a checkout with no earlier
+    # export of it to reuse.
     wheel.unlink()
     wheel.write_bytes(data)
     sdist = copy / "sdist/markupsafe-3.0.3.tar.gz"
     original = sdist.read_bytes()
     sdist.unlink()
     sdist.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    fresh = tmp_path / "fresh"
+    for d in ("stacks", "patches"):
+        shutil.copytree(offline["root"] / d, fresh / d)
     proc = stackforge(
-        offline["root"],
+        fresh,
         "build",
         "example",
         "--offline",

@@ -161,6 +161,17 @@ def test_an_sdist_linked_out_of_the_mirror_is_refused(mirror, tmp_path, link):
     assert not (tmp_path / "src").exists()
 
 
+def test_a_link_out_named_to_forge_a_line_is_shown_escaped(mirror, tmp_path):
+    loaded, to, _, outside = mirror
+    target = outside / "x\nerror: forged"
+    target.write_bytes((to / "sdist" / SDIST).read_bytes())
+    (to / "sdist" / SDIST).unlink()
+    (to / "sdist" / SDIST).symlink_to(target)
+    with pytest.raises(UserError) as exc:
+        export_offline(loaded, to, tmp_path / "src")
+    assert "\n" not in exc.value.message and "x\\nerror: forged" in exc.value.message
+
+
 def test_a_manifest_linked_out_of_the_mirror_is_refused(mirror):
     loaded, to, _, outside = mirror
     shutil.move(to / "mirror.json", outside / "mirror.json")
@@ -316,6 +327,8 @@ SHAPE_CASES = [
     ("apt-files-path", setter("apt", {"key": "k", "files": ["a/../../b"]}), "apt.files is", "a list of file names"),
     ("toolchain-not-object", setter("toolchains", {"k": "x"}), 'toolchains.k is "x"', "an object"),
     ("toolchain-id-number", setter("toolchains", {"k": {"key": "k", "image": "i", "id": 1}}), "toolchains.k.id", ""),
+    ("phase-name-newline", setter("phases", {"p\nerror: forged": 1}), "phases.p\\nerror: forged is 1", "an object"),
+    ("path-newline", edit_part(path="sdist/x\nerror: forged"), 'parts[0].path is "sdist/x\\nerror: forged"', "a rel"),
     ("stack-number", setter("stack", 5), "stack is 5", "a string"),
     ("fingerprint-missing", setter("fingerprint", None), "fingerprint is null", "a string"),
 ]
@@ -343,7 +356,7 @@ def test_a_manifest_of_another_shape_is_refused_naming_the_file_and_field(root, 
     proc = stackforge(root, "build", "example", "--offline", "--mirror", str(to), "--set", "tags.local=sf-test/m:x")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
-    head, fix = proc.stderr.splitlines()[:2]
+    head, fix = proc.stderr.splitlines()  # one error line and its fix: nothing in the manifest forges a line
     assert head.startswith(f"error: {to / 'mirror.json'}: {field}"), proc.stderr
     assert want in head and fix.startswith(f"  {REMAKE}")
     assert not (root / "build").exists() and not (root / "cache").exists()

@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 from stackforge import credentials, progress
 from stackforge.build import reqlocks, requirements, resolve
 from stackforge.build.resolve import Input
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.urls import redact, scrub
@@ -277,7 +277,8 @@ def confined(loaded: LoadedStack, path: Path, rel: str) -> Path:
     stacks = (loaded.root / "stacks").resolve()
     real = path.resolve()
     if not real.is_relative_to(stacks):
-        raise UserError(f"the lock file resolves (through a symlink) to {real}, outside {stacks}; it is neither "
+        raise UserError(f"the lock file resolves (through a symlink) to {printable(real)}, outside "
+                        f"{printable(stacks)}; it is neither "
                         "read nor written",
                         file=rel, fix=f"replace the link with the lock file itself (run: stackforge lock "
                         f"{loaded.model.name})")

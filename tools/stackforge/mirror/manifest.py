@@ -19,8 +19,9 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
 from stackforge.fslock import atomic_write, file_sha256
+from stackforge.grammar import bad_char
 
 if TYPE_CHECKING:
     from stackforge.build.plan import PipPhase
@@ -61,7 +62,9 @@ def read(root: Path, *, required: bool = True) -> dict | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
-        raise UserError(f"{path} cannot be read: {exc}", file="--mirror", fix="make the mirror again") from None
+        raise UserError(
+            f"{printable(path)} cannot be read: {printable(exc)}", file="--mirror", fix="make the mirror again"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("parts"), list):
         raise UserError(
             f"{path} is not a stackforge mirror manifest (format {FORMAT})",
@@ -82,7 +85,7 @@ def _relative(value: object) -> bool:
         isinstance(value, str)
         and bool(value)
         and "\\" not in value
-        and "\0" not in value
+        and bad_char(value) is None
         and all(p not in ("", ".", "..") for p in value.split("/"))
     )
 
@@ -124,7 +127,7 @@ def validate(data: dict, path: Path) -> None:
     if not isinstance(phases, dict):
         raise bad("phases", phases, "an object (phase name -> resolution)")
     for name, phase in phases.items():
-        where = f"phases.{name}"
+        where = f"phases.{printable(name)}"
         if not isinstance(phase, dict):
             raise bad(where, phase, "an object (key, index, files)")
         if not isinstance(phase.get("key"), str):
@@ -143,7 +146,7 @@ def validate(data: dict, path: Path) -> None:
     if not isinstance(kernels, dict):
         raise bad("toolchains", kernels, "an object (kernel -> toolchain stage)")
     for name, rec in kernels.items():
-        where = f"toolchains.{name}"
+        where = f"toolchains.{printable(name)}"
         if not isinstance(rec, dict):
             raise bad(where, rec, "an object (key, image, id, built_from)")
         for key in ("key", "image", "id"):
@@ -177,7 +180,8 @@ def inside(root: Path, rel: str) -> Path:
     real, top = path.resolve(), root.resolve()
     if not real.is_relative_to(top):
         raise UserError(
-            f"{rel} in the mirror resolves (through a symlink) to {real}, outside the mirror {top}",
+            f"{printable(rel)} in the mirror resolves (through a symlink) to {printable(real)}, outside the mirror "
+            f"{printable(top)}",
             file="--mirror",
             fix=REMAKE + "; a mirror holds its files, no link out of it",
         )
@@ -195,7 +199,9 @@ def inside_tree(root: Path, rel: str) -> Path:
                 here = str(entry.relative_to(root.resolve()))
                 inside(root.resolve(), here)
                 if entry.is_dir():
-                    raise UserError(f"{here} in the mirror is a link to a directory", file="--mirror", fix=REMAKE)
+                    raise UserError(
+                        f"{printable(here)} in the mirror is a link to a directory", file="--mirror", fix=REMAKE
+                    )
     return top
 
 
@@ -204,11 +210,14 @@ def checked(root: Path, record: dict | None, rel: str) -> Path:
     UserError otherwise: a file of other bytes is reported as a sha256 mismatch, with both digests)."""
     path = inside(root, rel)
     if record is None or not path.is_file():
-        raise UserError(f"{rel} in the mirror is missing or has no record in {MANIFEST}", file="--mirror", fix=REMAKE)
+        raise UserError(
+            f"{printable(rel)} in the mirror is missing or has no record in {MANIFEST}", file="--mirror", fix=REMAKE
+        )
     found = file_sha256(path)
     if found != record["sha256"]:
         raise UserError(
-            f"sha256 mismatch: {rel} in the mirror has sha256 {found}, but {MANIFEST} records {record['sha256']}",
+            f"sha256 mismatch: {printable(rel)} in the mirror has sha256 {found}, but {MANIFEST} records "
+            f"{record['sha256']}",
             file="--mirror",
             fix=REMAKE + " (the file was changed or damaged)",
         )

@@ -35,7 +35,7 @@ from stackforge import progress
 from stackforge.build import resolve
 from stackforge.build import sources as upstreams
 from stackforge.build.engine import Engine
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
 from stackforge.fslock import file_sha256
 from stackforge.mirror import apt, manifest, toolchains
 from stackforge.mirror.make import BASE, target_phase_view
@@ -57,7 +57,7 @@ def _manifest(loaded: LoadedStack, root: Path) -> dict:
     assert data is not None
     if data.get("stack") != loaded.name:
         raise UserError(
-            f"{root} is the mirror of stack '{data.get('stack')}', not '{loaded.name}'",
+            f"{printable(root)} is the mirror of stack '{printable(data['stack'])}', not '{loaded.name}'",
             file="--mirror",
             fix=_fix(loaded),
         )
