@@ -287,6 +287,21 @@ def test_a_git_mirror_reaching_out_of_the_mirror_is_refused(git_mirror, escape):
     assert exc.value.file == "--mirror"
 
 
+@pytest.mark.parametrize("where", ["sdist", "indexes/pypi/files"])
+def test_mirror_writes_nothing_through_a_link_out_of_the_mirror(root, tmp_path, where):
+    to, outside = tmp_path / "mirror", tmp_path / "outside"
+    outside.mkdir()
+    (to / where).parent.mkdir(parents=True)
+    (to / where).symlink_to(outside)
+    proc = stackforge(root, "mirror", "example", "--to", str(to))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: --to: {where} in the mirror resolves (through a symlink) to {outside}, outside the mirror {to}",
+        "  fix: remove the link, or choose another --to directory; a mirror holds its files, no link out of it",
+    ]
+    assert list(outside.iterdir()) == [] and not (to / "mirror.json").exists()
+
+
 # ------------------------------------------------------------------------------------ manifest shapes
 
 HEX = "a" * 64

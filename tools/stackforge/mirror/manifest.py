@@ -174,33 +174,38 @@ def add_part(data: dict, record: dict) -> None:
     data["parts"] = [p for p in data["parts"] if p["path"] != record["path"]] + [record]
 
 
-def inside(root: Path, rel: str) -> Path:
-    """``root / rel``, refused when it resolves (through a symlink) outside the mirror."""
+def _link_fix(flag: str) -> str:
+    again = REMAKE if flag == "--mirror" else "remove the link, or choose another --to directory"
+    return again + "; a mirror holds its files, no link out of it"
+
+
+def inside(root: Path, rel: str, flag: str = "--mirror") -> Path:
+    """``root / rel``, refused when it resolves (through a symlink) outside the mirror (given by ``flag``)."""
     path = root / rel
     real, top = path.resolve(), root.resolve()
     if not real.is_relative_to(top):
         raise UserError(
             f"{printable(rel)} in the mirror resolves (through a symlink) to {printable(real)}, outside the mirror "
             f"{printable(top)}",
-            file="--mirror",
-            fix=REMAKE + "; a mirror holds its files, no link out of it",
+            file=flag,
+            fix=_link_fix(flag),
         )
     return path
 
 
-def inside_tree(root: Path, rel: str) -> Path:
+def inside_tree(root: Path, rel: str, flag: str = "--mirror") -> Path:
     """The directory ``root / rel``, refused when it or anything in it resolves outside the mirror, or when it
     holds a link to a directory (which a copy would follow)."""
-    top = inside(root, rel)
+    top = inside(root, rel, flag)
     for dirpath, dirnames, filenames in os.walk(top.resolve()):
         for name in dirnames + filenames:
             entry = Path(dirpath) / name
             if entry.is_symlink():
                 here = str(entry.relative_to(root.resolve()))
-                inside(root.resolve(), here)
+                inside(root.resolve(), here, flag)
                 if entry.is_dir():
                     raise UserError(
-                        f"{printable(here)} in the mirror is a link to a directory", file="--mirror", fix=REMAKE
+                        f"{printable(here)} in the mirror is a link to a directory", file=flag, fix=_link_fix(flag)
                     )
     return top
 
