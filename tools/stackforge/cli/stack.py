@@ -204,10 +204,10 @@ def cmd_tags(args) -> int:
     if args.registry:
         if args.revision is None:
             print("note: revision 1 shown; `stackforge publish` takes the first free -rN for the date", file=sys.stderr)
-        tags.publish_scheme(loaded, args.registry)  # refused here as publish refuses it
         result["publish"] = str(
             tags.publish_ref(loaded, args.registry, args.date, 1 if args.revision is None else args.revision)
         )
+        tags.publish_scheme(loaded, args.registry)  # a template publish refuses is refused here too
         result["aliases"] = [str(ref) for ref in tags.alias_refs(loaded, args.registry)]
     if args.json:
         print_json(result)
