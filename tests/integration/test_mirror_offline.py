@@ -10,6 +10,7 @@ request to the old index or to any HTTP endpoint from the host side is recorded.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -235,7 +236,41 @@ def test_a_tampered_mirror_is_refused_before_the_engine_runs(offline, tmp_path):
         check=False,
     )
     assert proc.returncode == 2, proc.stderr
-    assert "idna-3.10-py3-none-any.whl in the mirror is missing or does not match its sha256" in proc.stderr
+    tampered = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    recorded = hashlib.sha256(data).hexdigest()
+    assert (
+        f"error: --mirror: sha256 mismatch: indexes/pypi/files/idna-3.10-py3-none-any.whl in the mirror has sha256 "
+        f"{tampered}, but mirror.json records {recorded}\n" in proc.stderr
+    ), proc.stderr
+    # A tampered sdist is that too (not an sdist "not cached" in offline mode), in a checkout with no earlier
+    # export of it to reuse.
+    wheel.unlink()
+    wheel.write_bytes(data)
+    sdist = copy / "sdist/markupsafe-3.0.3.tar.gz"
+    original = sdist.read_bytes()
+    sdist.unlink()
+    sdist.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    fresh = tmp_path / "fresh"
+    for d in ("stacks", "patches"):
+        shutil.copytree(offline["root"] / d, fresh / d)
+    proc = stackforge(
+        fresh,
+        "build",
+        "example",
+        "--offline",
+        "--mirror",
+        str(copy),
+        *offline["sets"],
+        "--set",
+        "tags.local=stackforge-test/mirror:tampered",
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        "error: --mirror: sha256 mismatch: sdist/markupsafe-3.0.3.tar.gz in the mirror has sha256 "
+        f"{hashlib.sha256(sdist.read_bytes()).hexdigest()}, but mirror.json records {MARKUPSAFE}\n" in proc.stderr
+    ), proc.stderr
+    assert "Traceback" not in proc.stderr and "not cached" not in proc.stderr
     # Without its lock the pypi phase installs other requirements: the mirror did not resolve those.
     unlocked = tmp_path / "repo"
     shutil.copytree(offline["root"] / "stacks", unlocked / "stacks", ignore=shutil.ignore_patterns("locks"))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from stackforge import patches as P
-from stackforge.errors import BuildFailed
+from stackforge.errors import BuildFailed, UserError
 from stackforge.freshness import newest as freshness
 from stackforge.freshness.index import IndexFile, ProjectPage
 from stackforge.publish.nightly import Row, Summary, bake_not_run, nightly
@@ -194,6 +194,74 @@ def test_the_untouched_lock_is_what_pip_gets(root, tmp_path):
     reqs = [p for p in (out / "context" / "deps").iterdir() if p.read_text() == good_lock()]
     assert len(reqs) == 1
     assert "--require-hashes" in (out / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("case", LOCK_CASES, ids=[c[0] for c in LOCK_CASES])
+def test_lint_reports_the_lock_render_refuses_with_file_line_and_fix(root, case):
+    _, edit, offending, message = case
+    text = edit(good_lock())
+    (root / LOCK_REL).write_text(text)
+    proc = sf(root, "lint", "example")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    where = f"{LOCK_REL}:{line_of(text, offending)}" if offending else LOCK_REL
+    assert proc.stdout.startswith(f"{where}: lock: "), proc.stdout
+    assert message in proc.stdout and f"\n  {FIX}" in proc.stdout
+    assert "Traceback" not in proc.stderr and "example: ok" not in proc.stdout
+    found = json.loads(sf(root, "lint", "example", "--json").stdout)["stacks"][0]["findings"]
+    assert [(f["rule"], f["file"], f["line"]) for f in found] == [
+        ("lock", LOCK_REL, line_of(text, offending) if offending else None)
+    ]
+
+
+def link_lock_file(root: Path, outside: Path) -> None:
+    (outside / "pypi.txt").write_text(good_lock())
+    (root / LOCK_REL).unlink()
+    (root / LOCK_REL).symlink_to(outside / "pypi.txt")
+
+
+def link_lock_dir(root: Path, outside: Path) -> None:
+    (outside / "pypi.txt").write_text(good_lock())
+    shutil.rmtree(root / "stacks" / "locks" / "example")
+    (root / "stacks" / "locks" / "example").symlink_to(outside)
+
+
+@pytest.mark.parametrize("link", [link_lock_file, link_lock_dir], ids=["file-link", "directory-link"])
+def test_a_lock_linked_out_of_stacks_is_refused_by_render_and_lint(root, tmp_path, link):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    link(root, outside)
+    out = tmp_path / "out"
+    render = sf(root, "render", "example", "--no-sources", "--out", str(out))
+    assert render.returncode == 2, render.stderr
+    assert render.stderr.startswith(f"error: {LOCK_REL}: the lock file resolves (through a symlink) to "), render.stderr
+    assert str(outside / "pypi.txt") in render.stderr and "outside" in render.stderr
+    assert "fix: replace the link with the lock file itself" in render.stderr and "Traceback" not in render.stderr
+    assert not (out / "context").exists() and not (out / "Dockerfile").exists()
+    lint = sf(root, "lint", "example")
+    assert lint.returncode == 1 and lint.stdout.startswith(f"{LOCK_REL}: lock: the lock file resolves"), lint.stdout
+
+
+def test_a_lock_linked_inside_stacks_is_read(root, tmp_path):
+    kept = root / "stacks" / "locks" / "kept.txt"
+    (root / LOCK_REL).rename(kept)
+    (root / LOCK_REL).symlink_to("../kept.txt")
+    assert sf(root, "lint", "example").returncode == 0
+    assert sf(root, "render", "example", "--no-sources", "--out", str(tmp_path / "out")).returncode == 0
+
+
+def test_lock_writes_no_file_through_a_locks_directory_linked_out_of_stacks(root, tmp_path, monkeypatch):
+    from stackforge.build import locks
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    link_lock_dir(root, outside)
+    (outside / "pypi.txt").write_text("# the file outside, kept\n")
+    monkeypatch.setattr(locks, "lock_public", lambda loaded, index, ws, trees: {index: good_lock()})
+    with pytest.raises(UserError) as exc:
+        locks.write_locks(load("example", root=root), ["pypi"])
+    assert exc.value.file == LOCK_REL and "outside" in exc.value.message
+    assert sorted(p.name for p in outside.iterdir()) == ["pypi.txt"]
+    assert (outside / "pypi.txt").read_text() == "# the file outside, kept\n"
 
 
 LOST_LOCK_CASES = [
@@ -466,6 +534,15 @@ def test_nightly_whose_stacks_all_fail_lint_says_so_and_builds_nothing(root, tmp
     assert "Bake: not run: every stack failed lint." in md and "exit None" not in md
     assert json.loads((out / "summary.json").read_text())["bake"] == {"not_run": "every stack failed lint"}
     assert not (root / "build" / "lostlock").exists() and not (out / "bake.json").exists()
+
+
+def test_nightly_reports_a_tampered_lock_as_that_stacks_lint_failure(root, tmp_path):
+    (root / LOCK_REL).write_text(good_lock() + f"evil==1.0 \\\n    --hash=sha256:{HASH_A}\n")
+    out = tmp_path / "nightly"
+    summary = nightly(root, "127.0.0.1:9/team", date="20260929", stacks=["example"], out=out, echo=lambda line: None)
+    assert not summary.ok and [(r.stack, r.stage) for r in summary.rows] == [("example", "lint")]
+    assert "evil is not a pin of index 'pypi'" in summary.rows[0].reason
+    assert not (root / "build" / "example").exists() and not (out / "bake.json").exists()
 
 
 def test_a_pip_compile_lock_with_transitive_dependencies_is_accepted(root, tmp_path):

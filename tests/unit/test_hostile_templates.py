@@ -260,3 +260,23 @@ def test_newest_and_bump_render_built_for_rules_in_the_sandbox(use, tmp_path, mo
         getattr(lines, use)(template, "2.11.0.post2+musa5.2.0" if use == "render_built_for" else "musa5.2.0")
     assert exc.value.message.startswith("rules.built_for: template refused")
     assert not (tmp_path / CANARY).exists()
+
+
+@pytest.mark.parametrize("template", ["stackforge-example:v1-{{ date }}", "stackforge-example:v1-r{{ revision }}"])
+def test_tags_and_publish_refuse_a_publish_template_without_date_and_revision_alike(tmp_path, template):
+    """`tags --registry` prints no reference `publish` would then refuse: both make one check of the template."""
+    root = make_root(tmp_path)
+    bad = s("tags.publish", template)
+    tags = run(root, tmp_path, "tags", "example", "--registry", "r.example.com/t", *bad)
+    publish = run(root, tmp_path, "publish", "example", "--registry", "r.example.com/t", *bad)
+    errors = []
+    for proc in (tags, publish):
+        assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+        errors.append([line for line in proc.stderr.splitlines() if not line.startswith("note: ")])
+    assert errors[0] == errors[1], errors
+    head, fix = errors[0]
+    assert head.startswith(f"error: --set tags.publish={template}: tags.publish: "), head
+    assert "followed by the revision once" in head
+    assert fix == "  fix: write the publish tag as …{{ date }}…{{ revision }}…"
+    assert not (root / "build").exists()

@@ -13,6 +13,12 @@ from pathlib import Path
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
+def printable(text: object) -> str:
+    """``text`` with its control characters and line separators escaped (``\\n``): a path or a name read from
+    a file can then be put in a message without making a line of its own."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
 @dataclass
 class UserError(Exception):
     message: str
@@ -27,7 +33,7 @@ class UserError(Exception):
         shown escaped, so no input can make an error print a line of its own."""
         if self.file is None:
             return ""
-        loc = _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(self.file))
+        loc = printable(self.file)
         if self.line is not None:
             loc += f":{self.line}"
             if self.col is not None:

@@ -17,9 +17,11 @@ from urllib.parse import urlsplit
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 PATH_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
 REPO_PATH_RE = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$")
+#: A TCP port, 1-65535, without leading zeros.
+PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
 HOST_RE = re.compile(
     r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
-    r"|\[[0-9a-fA-F:]+\])(?::[0-9]+)?$"
+    rf"|\[[0-9a-fA-F:]+\])(?::{PORT})?$"
 )
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 #: The date in a publish tag.
@@ -142,6 +144,9 @@ def check_repository(repo: str) -> str | None:
     """Return a reason when ``repo`` (optionally with a registry host) is not a valid repository name."""
     host, path = split_host(repo)
     if host is not None and not HOST_RE.match(host):
+        port = re.fullmatch(r".*[^:]:([0-9]+)", host)
+        if port and not re.fullmatch(PORT, port.group(1)):
+            return f"registry host '{host}' has port {port.group(1)}, out of range (a port is 1-65535, no leading zero)"
         return f"registry host '{host}' is not a valid host[:port]"
     if not REPO_PATH_RE.match(path):
         return f"repository path '{path}' must be lowercase letters, digits and separators (., _, __, -) between '/'"

@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 from stackforge import credentials, localver, progress
 from stackforge.build import reqlocks, requirements, resolve
 from stackforge.build.resolve import Input
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.urls import redact, scrub
@@ -271,8 +271,40 @@ def lock_keys(stack: Stack) -> list[str]:
     return keys
 
 
+def confined(loaded: LoadedStack, path: Path, rel: str) -> Path:
+    """``path`` (a lock file or where one goes), refused when it resolves outside the repository's ``stacks/``:
+    a symlinked lock file or locks directory pointing elsewhere is neither read nor written through."""
+    stacks = (loaded.root / "stacks").resolve()
+    real = path.resolve()
+    if not real.is_relative_to(stacks):
+        raise UserError(f"the lock file resolves (through a symlink) to {printable(real)}, outside "
+                        f"{printable(stacks)}; it is neither "
+                        "read nor written",
+                        file=rel, fix=f"replace the link with the lock file itself (run: stackforge lock "
+                        f"{loaded.model.name})")
+    return path
+
+
+def read_lock(loaded: LoadedStack, key: str) -> Lock | None:
+    """The lock file of ``key`` read, parsed strictly and checked against the stack's pins (None when there is
+    none): what render, build and lint all check. A UserError names the file, the line and the fix."""
+    stack = loaded.model
+    path = lock_path(loaded, key)
+    rel = str(path.relative_to(loaded.root))
+    if not path.is_file():
+        return None
+    confined(loaded, path, rel)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise _refuse(rel, None, "the lock file is not UTF-8 text", stack.name) from None
+    lock = parse_lock(path, text, rel, stack.name)
+    verify_lock(loaded, key, lock, rel)
+    return lock
+
+
 def read_locks(loaded: LoadedStack) -> dict[str, Lock]:
-    """The stack's lock files, parsed strictly and checked against its pins. {lock key: Lock}
+    """The stack's lock files, parsed strictly and checked against its pins (:func:`read_lock`). {lock key: Lock}
 
     An index declared ``lock: true`` whose lock file is missing is an error (for a vendor index with
     ``deps_from``, its dependency lock too): losing the file never silently drops ``--require-hashes``."""
@@ -280,20 +312,13 @@ def read_locks(loaded: LoadedStack) -> dict[str, Lock]:
     out: dict[str, Lock] = {}
     for key in lock_keys(stack):
         index = key[: -len(DEPS)] if key not in stack.indexes else key
-        path = lock_path(loaded, key)
-        rel = str(path.relative_to(loaded.root))
-        if not path.is_file():
+        lock = read_lock(loaded, key)
+        if lock is None:
             if expects_lock(stack, index):
                 raise UserError(f"index '{index}' is declared `lock: true` but its lock file is missing; "
-                                "nothing was built", file=rel, fix=f"run: stackforge lock {stack.name} "
-                                "(or restore the file from version control)")
+                                "nothing was built", file=str(lock_path(loaded, key).relative_to(loaded.root)),
+                                fix=f"run: stackforge lock {stack.name} (or restore the file from version control)")
             continue
-        try:
-            text = path.read_text()
-        except UnicodeDecodeError:
-            raise _refuse(rel, None, "the lock file is not UTF-8 text", stack.name) from None
-        lock = parse_lock(path, text, rel, stack.name)
-        verify_lock(loaded, key, lock, rel)
         out[key] = lock
     return out
 
@@ -465,6 +490,7 @@ def write_locks(loaded: LoadedStack, indexes: list[str] | None = None,
         path = lock_path(loaded, key)
         rel = str(path.relative_to(loaded.root))
         verify_lock(loaded, key, parse_lock(path, text, rel, stack.name), rel)  # never write a lock the build refuses
+        confined(loaded, path.parent, rel)  # nor one through a locks directory linked out of stacks/
     written = []
     for key, text in texts.items():
         path = lock_path(loaded, key)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from stackforge.build import embed
 from stackforge.build.context import Context, assemble, write_dockerfile
+from stackforge.build.locks import lock_keys, read_lock
 from stackforge.build.plan import image_labels
-from stackforge.errors import BuildFailed
+from stackforge.errors import BuildFailed, UserError
 from stackforge.stack import rules
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
@@ -59,6 +60,12 @@ class Prepared:
 
 def lint_or_fail(loaded: LoadedStack) -> None:
     stack = loaded.model
+    for key in lock_keys(stack):
+        try:
+            read_lock(loaded, key)
+        except UserError as err:  # a lock file the build would refuse: its own error (file:line, fix; exit 2)
+            raise BuildFailed(err.message, file=err.file, line=err.line, col=err.col, fix=err.fix,
+                              exit_code=err.exit_code) from None
     findings = rules.lint(loaded)
     if findings:
         text = "\n".join(f.render(loaded) for f in findings)

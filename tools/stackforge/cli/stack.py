@@ -207,6 +207,7 @@ def cmd_tags(args) -> int:
         result["publish"] = str(
             tags.publish_ref(loaded, args.registry, args.date, 1 if args.revision is None else args.revision)
         )
+        tags.publish_scheme(loaded, args.registry)  # a template publish refuses is refused here too
         result["aliases"] = [str(ref) for ref in tags.alias_refs(loaded, args.registry)]
     if args.json:
         print_json(result)

@@ -65,6 +65,7 @@ def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = Non
     to = Path(to)
     to.mkdir(parents=True, exist_ok=True)
     with stack_lock(to):
+        manifest.inside_tree(to, ".", "--to")  # nothing is written through a link out of the mirror
         data = manifest.read(to, required=False) or manifest.empty(stack.name, fingerprint(stack))
         if data["stack"] != stack.name:
             raise UserError(

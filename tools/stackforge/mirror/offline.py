@@ -35,7 +35,7 @@ from stackforge import progress
 from stackforge.build import resolve
 from stackforge.build import sources as upstreams
 from stackforge.build.engine import Engine
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
 from stackforge.fslock import file_sha256
 from stackforge.mirror import apt, manifest, toolchains
 from stackforge.mirror.make import BASE, target_phase_view
@@ -57,7 +57,7 @@ def _manifest(loaded: LoadedStack, root: Path) -> dict:
     assert data is not None
     if data.get("stack") != loaded.name:
         raise UserError(
-            f"{root} is the mirror of stack '{data.get('stack')}', not '{loaded.name}'",
+            f"{printable(root)} is the mirror of stack '{printable(data['stack'])}', not '{loaded.name}'",
             file="--mirror",
             fix=_fix(loaded),
         )
@@ -73,19 +73,27 @@ def upstream_cache(loaded: LoadedStack, workspace: Workspace) -> Path:
     for name, up in loaded.model.upstreams.items():
         if up.sdist is not None:
             rec = next((p for p in data["parts"] if p["kind"] == "sdist" and p["sha256"] == up.sdist.sha256), None)
-            if rec is None or not (root / rec["path"]).is_file():
+            if rec is None or not manifest.inside(root, rec["path"]).is_file():
                 raise UserError(
                     f"upstreams.{name}.sdist: the mirror holds no {up.sdist.name}=={up.sdist.version} "
                     f"with sha256 {up.sdist.sha256}",
                     file="--mirror",
                     fix=_fix(loaded),
                 )
+            manifest.checked(root, rec, rec["path"])  # other bytes are a sha256 mismatch, not a missing file
             link = view / "sdist" / up.sdist.sha256 / Path(rec["path"]).name
         elif up.git is not None:
-            repo = root / "git" / f"{name}.git"
+            repo = manifest.inside(root, f"git/{name}.git")
             if not repo.is_dir():
                 raise UserError(
                     f"upstreams.{name}: the mirror holds no repository of it", file="--mirror", fix=_fix(loaded)
+                )
+            manifest.inside_tree(root, f"git/{name}.git")
+            if (repo / "objects" / "info" / "alternates").exists():
+                raise UserError(
+                    f"git/{name}.git in the mirror borrows objects from elsewhere (objects/info/alternates)",
+                    file="--mirror",
+                    fix=manifest.REMAKE,
                 )
             url = upstreams.resolve_git_url(split_credentials(up.git)[0], loaded.root)
             link, rec = upstreams.mirror_path(url, view), {"path": f"git/{name}.git"}
@@ -143,12 +151,14 @@ def _target_key(plan, t, ph, staging: Path, target: resolve.Target) -> str:
 
 def _copy_tree(data: dict, root: Path, index: str, dest: Path) -> None:
     """The index's files (each checked against the manifest's sha256) and its simple/ pages."""
-    src = manifest.index_dir(root, index)
     for rec in data["parts"]:
         if rec["kind"] == "file" and rec.get("index") == index:
             path = manifest.checked(root, rec, rec["path"])
             _link(path, dest / "files" / path.name)
-    shutil.copytree(src / "simple", dest / "simple", dirs_exist_ok=True)
+    simple = manifest.inside_tree(root, f"indexes/{index}/simple")
+    if not simple.is_dir():
+        raise UserError(f"indexes/{index}/simple in the mirror is missing", file="--mirror", fix=manifest.REMAKE)
+    shutil.copytree(simple.resolve(), dest / "simple", dirs_exist_ok=True)
 
 
 def _link(src: Path, dest: Path) -> None:

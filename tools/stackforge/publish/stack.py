@@ -24,7 +24,7 @@ from stackforge.publish import record
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import FAILED_RECORD, PUBLISHED_RECORD, PublishResult, publish
 from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
-from stackforge.publish.scheme import TagScheme, validate_date
+from stackforge.publish.scheme import validate_date
 from stackforge.stack import tags as tagsmod
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.targets import published
@@ -94,7 +94,7 @@ def destination(loaded: LoadedStack, registry: str, date: str, target: str | Non
     suffix = "" if target == published(loaded.model)[0] else f"-{target}"
     first = tagsmod.publish_ref(loaded, str(reg), date, 1)
     repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
-    scheme = TagScheme.from_render(lambda d, r: tagsmod.publish_ref(loaded, str(reg), d, r).tag + suffix)
+    scheme = tagsmod.publish_scheme(loaded, str(reg), suffix)
     return target, repository, scheme, first, suffix
 
 
@@ -131,7 +131,14 @@ def publish_stack(
     try:
         lint_or_fail(loaded)
     except BuildFailed as err:
-        raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish") from None
+        raise BuildFailed(
+            f"{err.message}\nNothing was published.",
+            fix=f"{err.fix}, rebuild, then publish",
+            file=err.file,
+            line=err.line,
+            col=err.col,
+            exit_code=err.exit_code,
+        ) from None
     target, repository, scheme, first, suffix = destination(loaded, registry, date, target)
     aliases = []
     for alias in tagsmod.alias_refs(loaded, str(reg)):

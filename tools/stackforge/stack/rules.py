@@ -28,6 +28,9 @@ class Finding:
     message: str
     path: tuple
     fix: str
+    #: where the finding is when it is not in the stack (a lock file): the file (relative to the root) and line
+    file: str | None = None
+    line: int | None = None
 
     @classmethod
     def on_pin(cls, rule: str, message: str, package: str, fix: str) -> Finding:
@@ -36,18 +39,19 @@ class Finding:
 
     def located(self, loaded: LoadedStack) -> dict:
         pos = loaded.position(self.path)
+        file, line, col = (self.file, self.line, None) if self.file else (pos.file, pos.line, pos.col)
         return {
             "rule": self.rule,
             "message": self.message,
             "fix": self.fix,
-            "file": pos.file,
-            "line": pos.line,
-            "col": pos.col,
+            "file": file,
+            "line": line,
+            "col": col,
         }
 
     def render(self, loaded: LoadedStack) -> str:
         d = self.located(loaded)
-        loc = d["file"] + (f":{d['line']}:{d['col']}" if d["line"] else "")
+        loc = d["file"] + (f":{d['line']}" if d["line"] else "") + (f":{d['col']}" if d["line"] and d["col"] else "")
         return f"{loc}: {self.rule}: {self.message}\n  fix: {self.fix}"
 
 
@@ -239,14 +243,29 @@ def check_indexes(loaded: LoadedStack) -> list[Finding]:
 
 
 def check_locks(loaded: LoadedStack) -> list[Finding]:
-    """An index declared ``lock: true`` has its lock file: deleting it never drops ``--require-hashes``."""
+    """An index declared ``lock: true`` has its lock file: deleting it never drops ``--require-hashes``; and
+    each lock file passes the check render and build make before they use it (``build/locks.read_lock``)."""
     stack = loaded.model
-    from stackforge.build.locks import DEPS, expects_lock, lock_keys, lock_path
+    from stackforge.build.locks import DEPS, expects_lock, lock_keys, lock_path, read_lock
 
     out = _unhashed_installer(loaded)
     for key in lock_keys(stack):
         name = key if key in stack.indexes else key[: -len(DEPS)]
         path = lock_path(loaded, key)
+        try:
+            read_lock(loaded, key)
+        except UserError as err:
+            out.append(
+                Finding(
+                    "lock",
+                    err.message.removesuffix("; the lock was not used"),
+                    ("indexes", name, "lock"),
+                    err.fix or f"run: stackforge lock {stack.name}",
+                    file=str(err.file or path.relative_to(loaded.root).as_posix()),
+                    line=err.line,
+                )
+            )
+            continue
         if expects_lock(stack, name) and not path.is_file():
             rel = path.relative_to(loaded.root).as_posix()
             out.append(

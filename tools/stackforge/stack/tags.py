@@ -18,6 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from stackforge import grammar
 from stackforge.errors import UserError
 from stackforge.grammar import DATE_RE, check_repository, check_tag, split_tag
+from stackforge.publish.scheme import TagScheme
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
@@ -320,7 +321,9 @@ def checked_ref(loaded: LoadedStack, text: str, path: tuple) -> Ref:
             raise UserError(
                 f"{'.'.join(map(str, path))} renders '{text}': {what}{reason}",
                 **loaded.position(path).as_error_kwargs(),
-                fix="change the template: repository names are lowercase"
+                fix="change the template: a registry port is 1-65535"
+                if "out of range" in reason
+                else "change the template: repository names are lowercase"
                 if in_repo
                 else "change the template (the tagsafe filter turns '+' into '_')",
             )
@@ -359,6 +362,20 @@ def publish_ref(loaded: LoadedStack, registry: str, date: str | None = None, rev
         raise UserError("revision must be 1 or more", file="--revision", fix="e.g. --revision 2")
     text = render_template(loaded, stack.tags.publish, ("tags", "publish"), date=date, revision=revision)
     return checked_ref(loaded, f"{check_registry(registry)}/{text}", ("tags", "publish"))
+
+
+def publish_scheme(loaded: LoadedStack, registry: str, suffix: str = "") -> TagScheme:
+    """The immutable tag scheme of ``tags.publish`` under ``registry`` (``suffix``: a target's ``-<target>``):
+    the one check that the template holds the date and then the revision, which ``tags --registry`` and
+    ``publish`` both make."""
+    try:
+        return TagScheme.from_render(lambda d, r: publish_ref(loaded, registry, d, r).tag + suffix)
+    except UserError as err:
+        if err.file is not None:
+            raise
+        raise UserError(
+            f"tags.publish: {err.message}", **loaded.position(("tags", "publish")).as_error_kwargs(), fix=err.fix
+        ) from None
 
 
 def alias_refs(loaded: LoadedStack, registry: str) -> list[Ref]:
