@@ -280,6 +280,18 @@ def read_body(
     return b"".join(iter_body(resp, url, limit, deadline, what))
 
 
+def release(resp: requests.Response, deadline: Deadline | None = None, limit: int = ERROR_LIMIT) -> None:
+    """Done with ``resp``: a short rest of its body is read (so its connection goes back to the pool), a long
+    or broken one is cut off with the connection."""
+    try:
+        for _ in iter_body(resp, resp.url or "", limit, deadline):
+            pass
+    except (Exceeded, requests.RequestException):
+        pass
+    finally:
+        resp.close()
+
+
 def stream_to_file(
     resp: requests.Response,
     url: str,

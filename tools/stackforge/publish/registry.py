@@ -399,7 +399,7 @@ class RegistryClient:
             location = resp.headers.get("Location")
             if method not in ("GET", "HEAD") or not resp.is_redirect or not location:
                 return resp
-            resp.close()
+            netread.release(resp, self._deadline)
             url = urljoin(url, location)
             if urlparse(url).scheme not in ("http", "https"):
                 raise MalformedAnswer(f"{method} redirected to a non-HTTP URL {redact(url)}")
@@ -419,7 +419,7 @@ class RegistryClient:
         """``method url``; the response when its status is in ``ok`` (its body unread: use :meth:`_body`)."""
         resp = self._send(method, url, body_factory, headers)
         if resp.status_code == 401 and not _authed and self._authenticate(resp, url):
-            resp.close()
+            netread.release(resp, self._deadline)
             return self._request(
                 method, url, ok=ok, body_factory=body_factory, headers=headers, stream=stream, _authed=True
             )
@@ -529,7 +529,7 @@ class RegistryClient:
     def ping(self) -> None:
         """``GET /v2/``: is this an OCI registry we can talk to? Raises RegistryError."""
         url = f"{self.repository.base_url}/v2/"
-        self._retry("ping", lambda: self._request("GET", url, ok=(200,)).close())
+        self._retry("ping", lambda: netread.release(self._request("GET", url, ok=(200,))))
 
     def list_tags(self) -> list[str]:
         """All tags of the repository; [] if the repository does not exist. ``Link`` pagination is followed on
@@ -564,7 +564,7 @@ class RegistryClient:
             resp = self._request(
                 "HEAD", self._url(f"manifests/{reference}"), ok=(200, 404), headers={"Accept": MANIFEST_ACCEPT}
             )
-            resp.close()
+            netread.release(resp, self._deadline)
             if resp.status_code == 404:
                 return None
             size = resp.headers.get("Content-Length")
@@ -585,7 +585,7 @@ class RegistryClient:
                 headers={"Accept": MANIFEST_ACCEPT, "Cache-Control": "no-cache"},
             )
             if resp.status_code == 404:
-                resp.close()
+                netread.release(resp, self._deadline)
                 return None
             return Manifest(
                 body=self._body(resp, netread.MANIFEST_LIMIT, "manifest"),
@@ -612,7 +612,7 @@ class RegistryClient:
             body_factory=lambda: body,
             headers={"Content-Type": media_type},
         )
-        resp.close()
+        netread.release(resp, self._deadline)
         return resp.headers
 
     def put_manifest_subject(self, reference: str, body: bytes, media_type: str) -> tuple[str | None, str | None]:
@@ -635,7 +635,7 @@ class RegistryClient:
         def call() -> dict[str, Any] | None:
             resp = self._request("GET", url, ok=(200, 404, 405), headers={"Accept": OCI_INDEX})
             if resp.status_code != 200 or not resp.headers.get("Content-Type", "").startswith(OCI_INDEX):
-                resp.close()
+                netread.release(resp, self._deadline)
                 return None
             try:
                 data = self._json(resp, netread.MANIFEST_LIMIT, "referrers index")
@@ -650,7 +650,7 @@ class RegistryClient:
 
         def call() -> bool:
             resp = self._request("DELETE", self._url(f"manifests/{digest}"), ok=(202, 200, 404, 405))
-            resp.close()
+            netread.release(resp, self._deadline)
             return resp.status_code in (200, 202)
 
         return self._retry(f"DELETE manifest {digest}", call)
@@ -658,7 +658,7 @@ class RegistryClient:
     def blob_exists(self, digest: str) -> bool:
         def call() -> bool:
             resp = self._request("HEAD", self._url(f"blobs/{digest}"), ok=(200, 404))
-            resp.close()
+            netread.release(resp, self._deadline)
             return resp.status_code == 200
 
         return self._read(f"HEAD blob {digest[:19]}", self._url(f"blobs/{digest}"), call)
@@ -691,15 +691,14 @@ class RegistryClient:
         def call() -> bool:
             query = urlencode({"mount": digest, "from": source})
             resp = self._request("POST", self._url(f"blobs/uploads/?{query}"), ok=(201, 202))
-            resp.close()
+            netread.release(resp, self._deadline)
             if resp.status_code == 201:
                 return True
             location = resp.headers.get("Location")
             if location:
                 try:
-                    self._request(
-                        "DELETE", urljoin(self.repository.base_url + "/", location), ok=(200, 202, 204, 404)
-                    ).close()
+                    cancel = urljoin(self.repository.base_url + "/", location)
+                    netread.release(self._request("DELETE", cancel, ok=(200, 202, 204, 404)))
                 except RegistryError:
                     pass  # an abandoned session expires on its own
             return False
@@ -716,7 +715,7 @@ class RegistryClient:
         def call() -> None:
             resp = self._request("POST", self._url("blobs/uploads/"), ok=(202,))
             location = resp.headers.get("Location")
-            resp.close()
+            netread.release(resp, self._deadline)
             if not location:
                 raise RegistryError("POST blobs/uploads/ -> 202 without a Location header")
             upload_url = urljoin(self.repository.base_url + "/", location)
@@ -731,7 +730,7 @@ class RegistryClient:
                 body_factory=opener,
                 headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
             )
-            resp.close()
+            netread.release(resp, self._deadline)
             got = resp.headers.get("Docker-Content-Digest")
             if got and got != digest:
                 raise RegistryError(f"blob upload stored {got}, expected {digest}")

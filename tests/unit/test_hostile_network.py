@@ -1,0 +1,247 @@
+"""Network answers are hostile input: credentials stay on their origin, every read is bounded in bytes and in
+total time, and malformed answers are errors, not tracebacks.
+
+Every server here is a real HTTP server on 127.0.0.1 (:mod:`tests.fixtures.hostile_server`, or the stub
+registry); each one stops by itself, so a client that does not stop cannot hang the suite.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+
+from stackforge import netread
+from stackforge.errors import UserError
+from stackforge.publish import operator
+from stackforge.publish import record as records
+from stackforge.publish.registry import OCI_INDEX, RegistryClient, RegistryError, RetryPolicy, parse_repository
+from tests.fixtures.hostile_server import HostileServer, endless, ok, redirect, trickle
+from tests.fixtures.stub_registry import StubRegistry, digest_of
+
+REPO = "team/vllm"
+SECRET = ("user", "s3cret-pw")
+BASIC = "Basic " + base64.b64encode(b"user:s3cret-pw").decode()
+ONE_TRY = RetryPolicy(attempts=1, total_seconds=3.0)
+
+
+def client_of(server, *, policy: RetryPolicy = ONE_TRY, credentials=SECRET) -> RegistryClient:
+    return RegistryClient(parse_repository(f"{server.address}/{REPO}"), policy=policy, credentials=credentials)
+
+
+def basic_auth(inner):
+    """``inner`` behind Basic authentication (a 401 challenge without it)."""
+
+    def answer(h):
+        if h.headers.get("Authorization") != BASIC:
+            return h.reply(401, b"", {"WWW-Authenticate": 'Basic realm="registry"'})
+        return inner(h)
+
+    return answer
+
+
+def tags_page(tags, link: str | None = None):
+    headers = {"Link": f'<{link}>; rel="next"'} if link else {}
+    return ok({"name": REPO, "tags": tags}, headers=headers)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Bytes the client read off the wire through netread (the memory check)."""
+    total = {"read": 0}
+    real = netread._read1
+
+    def counting(resp):
+        data = real(resp)
+        total["read"] += len(data)
+        return data
+
+    monkeypatch.setattr(netread, "_read1", counting)
+    return total
+
+
+# --------------------------------------------------------------------------------------------------
+# Credentials stay on their origin; pagination is bounded
+
+
+def test_a_tag_list_link_to_another_host_gets_no_password_and_is_refused():
+    with HostileServer({r"/tags/list": ok({"tags": []})}, lifetime=20) as other:
+        page = tags_page(["a"], f"{other.url}/v2/{REPO}/tags/list?last=a")
+        with HostileServer({r"/tags/list": basic_auth(page)}, lifetime=20) as reg:
+            with pytest.raises(RegistryError, match="another origin"):
+                client_of(reg).list_tags()
+            assert reg.authorized(), "the registry itself got the credential"
+        assert other.seen == [] and other.authorized() == []
+
+
+def test_a_tag_list_link_naming_itself_is_read_once():
+    with HostileServer(lifetime=10) as reg:
+        reg.routes[r"/tags/list"] = tags_page(["a"], f"/v2/{REPO}/tags/list?n=1000")
+        started = time.monotonic()
+        assert client_of(reg).list_tags() == ["a"]
+        assert len(reg.seen) == 1 and time.monotonic() - started < 5
+
+
+def test_a_tag_list_that_never_ends_stops_at_the_page_limit():
+    def next_page(h):
+        n = int(h.path.rsplit("=", 1)[-1]) if "last=" in h.path else 0
+        return tags_page([f"t{n}"], f"/v2/{REPO}/tags/list?n=1&last={n + 1}")(h)
+
+    with HostileServer({r"/tags/list": next_page}, lifetime=20) as reg:
+        with pytest.raises(RegistryError, match=f"longer than {netread.PAGE_LIMIT} pages"):
+            client_of(reg, policy=RetryPolicy(attempts=1, total_seconds=15)).list_tags()
+        assert len(reg.seen) == netread.PAGE_LIMIT
+
+
+@pytest.mark.parametrize("auth", ["basic", "bearer"])
+def test_a_blob_redirected_to_storage_on_another_host_carries_no_credential(auth):
+    blob = b"config bytes"
+    digest = digest_of(blob)
+    with HostileServer({r"/storage/": ok(blob)}, lifetime=20) as storage:
+        moved = redirect(f"http://localhost:{storage.port}/storage/{digest}")
+        with HostileServer(lifetime=20) as reg:
+            if auth == "basic":
+                reg.routes[r"/blobs/"] = basic_auth(moved)
+            else:
+
+                def bearer(h):
+                    if h.headers.get("Authorization") != "Bearer tok-123":
+                        realm = f'Bearer realm="{reg.url}/token",service="reg"'
+                        return h.reply(401, b"", {"WWW-Authenticate": realm})
+                    return moved(h)
+
+                reg.routes[r"/token"] = basic_auth(ok({"token": "tok-123"}))
+                reg.routes[r"/blobs/"] = bearer
+            assert client_of(reg).get_blob(digest, size=len(blob)) == blob
+            assert reg.authorized()
+        assert len(storage.seen) == 1 and storage.authorized() == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Sizes and deadlines
+
+
+def test_an_endless_manifest_is_cut_off_at_4_mib(counted):
+    with HostileServer({r"/manifests/": endless(head=b'{"a": "')}, lifetime=30) as reg:
+        started = time.monotonic()
+        with pytest.raises(RegistryError, match=f"manifest larger than {netread.MANIFEST_LIMIT} bytes"):
+            client_of(reg).get_manifest("v1")
+        assert time.monotonic() - started < ONE_TRY.total_seconds + 1
+    assert counted["read"] <= netread.MANIFEST_LIMIT + netread.CHUNK
+
+
+@pytest.mark.parametrize("headers_too", [False, True], ids=["body", "status-line"])
+def test_a_registry_that_trickles_is_given_up_on_at_the_deadline(headers_too):
+    with HostileServer({r"/manifests/": trickle(every=0.3, headers_too=headers_too)}, lifetime=30) as reg:
+        started = time.monotonic()
+        with pytest.raises(RegistryError, match=r"no complete answer within 2 s") as err:
+            client_of(reg, policy=RetryPolicy(attempts=3, total_seconds=2.0)).get_manifest("v1")
+        assert time.monotonic() - started < 3.5
+        assert reg.address in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Malformed answers are errors
+
+
+@pytest.mark.parametrize("tags", [[1, 2], [{"a": 1}], "v1", ["ok", None]])
+def test_a_tag_list_whose_tags_are_not_strings_is_refused(tags):
+    with HostileServer({r"/tags/list": ok({"tags": tags})}, lifetime=20) as reg:
+        with pytest.raises(RegistryError, match="not .*strings"):
+            client_of(reg).list_tags()
+
+
+def put_raw(reg: StubRegistry, tag: str, body: bytes, media: str = OCI_INDEX) -> str:
+    d = digest_of(body)
+    with reg.lock:
+        reg.manifests[d] = (body, media)
+        reg.tags.setdefault(REPO, {})[tag] = d
+    return d
+
+
+def an_image(reg: StubRegistry) -> str:
+    return reg.put_image(REPO, "v1-20260929-r1", b'{"config": 1}', [b"layer"])
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        [1, 2],
+        {"manifests": {"a": 1}},
+        {"manifests": [{"artifactType": records.ARTIFACT_TYPE, "mediaType": "x", "size": 2}]},
+        {"manifests": [{"artifactType": records.ARTIFACT_TYPE, "digest": "sha256:zz", "mediaType": "x", "size": 2}]},
+        {"manifests": [{"artifactType": records.ARTIFACT_TYPE, "digest": "sha256:" + "a" * 64, "mediaType": "x"}]},
+    ],
+    ids=["a-list", "manifests-not-a-list", "no-digest", "bad-digest", "no-size"],
+)
+def test_a_malformed_fallback_index_or_referrer_is_an_error(index):
+    with StubRegistry() as reg:
+        digest = an_image(reg)
+        put_raw(reg, records.fallback_tag(digest), json.dumps(index).encode())
+        client = RegistryClient(parse_repository(f"{reg.address}/{REPO}"), policy=ONE_TRY)
+        with pytest.raises(RegistryError):
+            records.fetch(client, digest)
+
+
+class NoEngine:
+    """An engine that records what it was asked and does nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def cli(self, *args: str, **_kw):
+        self.calls.append(args)
+        raise AssertionError(f"the engine was used: docker {' '.join(args)}")
+
+
+def test_a_record_of_another_image_is_refused_before_anything_is_pulled():
+    with StubRegistry() as reg:
+        digest = an_image(reg)
+        other = reg.put_image(REPO, "other", b'{"config": 2}', [b"other layer"])
+        body, media = reg.manifests[other]
+        client = RegistryClient(parse_repository(f"{reg.address}/{REPO}"), policy=ONE_TRY)
+        subject = {"mediaType": media, "digest": other, "size": len(body)}
+        records.attach(client, a_record(digest), subject, "2026-09-29T10:00:00Z")
+        with reg.lock:  # the fallback tag of the pulled image lists the other image's record
+            reg.tags[REPO][records.fallback_tag(digest)] = reg.tags[REPO][records.fallback_tag(other)]
+        engine = NoEngine()
+        v = operator.verify_ref(f"{reg.address}/{REPO}@{digest}", engine, ONE_TRY)
+    assert v.failed and engine.calls == []
+    assert any("not a record of this image" in line for line in v.lines), v.lines
+
+
+def a_record(digest: str) -> dict:
+    return {
+        "schema": records.SCHEMA,
+        "stack": "example",
+        "target": "escape",
+        "repository": f"127.0.0.1/{REPO}",
+        "digest": digest,
+        "image_id": "sha256:" + "c" * 64,
+        "tags": ["v1-20260929-r1"],
+        "stack_files": {},
+        "overrides": [],
+        "pins": {},
+        "options": {},
+        "fingerprint": "f" * 16,
+        "labels": {},
+        "gate": {},
+        "smoke": {},
+    }
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "user:s3cret-pw@127.0.0.1:5000/team/vllm:v1",
+        "https://user:s3cret-pw@127.0.0.1:5000/team/vllm:v1",
+        "127.0.0.1:5000/team/vllm:v1?token=s3cret-pw",
+    ],
+)
+def test_a_password_in_a_verify_reference_is_never_printed_back(ref):
+    with pytest.raises(UserError) as err:
+        operator.verify_ref(ref, NoEngine())
+    assert "s3cret-pw" not in err.value.render()
+    assert "error:" in err.value.render()
