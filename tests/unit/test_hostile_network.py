@@ -245,3 +245,87 @@ def test_a_password_in_a_verify_reference_is_never_printed_back(ref):
         operator.verify_ref(ref, NoEngine())
     assert "s3cret-pw" not in err.value.render()
     assert "error:" in err.value.render()
+
+
+# --------------------------------------------------------------------------------------------------
+# Package indexes and sdists
+
+
+def simple_page(files: list[dict]) -> ok:
+    page = {"meta": {"api-version": "1.1"}, "name": "demo", "files": files}
+    return ok(json.dumps(page).encode(), headers={"Content-Type": "application/vnd.pypi.simple.v1+json"})
+
+
+def test_an_endless_index_page_is_cut_off_at_the_page_limit(counted):
+    from stackforge.freshness.index import IndexClient, IndexQueryError
+
+    endless_page = endless("application/vnd.pypi.simple.v1+json", head=b'{"files": [')
+    with HostileServer({r"/simple/demo/": endless_page}, lifetime=30) as index:
+        started = time.monotonic()
+        with pytest.raises(IndexQueryError, match=f"index page larger than {netread.INDEX_PAGE_LIMIT} bytes"):
+            IndexClient(f"{index.url}/simple", credential=None).project("demo")
+        assert time.monotonic() - started < 15
+    assert counted["read"] <= netread.INDEX_PAGE_LIMIT + netread.CHUNK
+
+
+def test_an_index_page_that_trickles_is_given_up_on_at_its_deadline():
+    from stackforge.freshness.index import IndexClient, IndexQueryError
+
+    with HostileServer({r"/simple/demo/": trickle("application/vnd.pypi.simple.v1+json", every=0.3)}) as index:
+        started = time.monotonic()
+        with pytest.raises(IndexQueryError, match="timed out"):
+            IndexClient(f"{index.url}/simple", credential=None, timeout=5, page_seconds=2).project("demo")
+        assert time.monotonic() - started < 3.5
+
+
+def sdist_spec(index_url: str, sha: str):
+    from stackforge.build.sources import SdistSpec
+
+    return SdistSpec(index_url, "demo", "1.0", sha)
+
+
+def test_an_endless_sdist_stops_at_the_size_the_index_declares_and_nothing_is_kept(tmp_path, counted):
+    from stackforge.build import sources
+
+    files = [{"filename": "demo-1.0.tar.gz", "url": "/files/demo-1.0.tar.gz", "hashes": {"sha256": "a" * 64},
+              "size": 5000}]  # fmt: skip
+    routes = {r"/simple/demo/": simple_page(files), r"/files/": endless("application/gzip")}
+    with HostileServer(routes, lifetime=30) as index:
+        started = time.monotonic()
+        with pytest.raises(UserError, match="sdist larger than 5000 bytes") as err:
+            sources.fetch_sdist(sdist_spec(f"{index.url}/simple", "a" * 64), tmp_path / "cache")
+        assert time.monotonic() - started < 10
+    assert index.address in err.value.message
+    assert counted["read"] <= 5000 + netread.CHUNK
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+
+
+def test_an_index_credential_never_goes_to_a_file_on_another_host(tmp_path):
+    from stackforge.build import sources
+    from stackforge.urls import Credential
+
+    data = b"the sdist bytes"
+    sha = __import__("hashlib").sha256(data).hexdigest()
+    with HostileServer({r"/files/": ok(data)}, lifetime=20) as files_host:
+        entry = {"filename": "demo-1.0.tar.gz", "url": f"http://localhost:{files_host.port}/files/demo-1.0.tar.gz",
+                 "hashes": {"sha256": sha}, "size": len(data)}  # fmt: skip
+        with HostileServer({r"/simple/demo/": basic_auth(simple_page([entry]))}, lifetime=20) as index:
+            workspace = type("W", (), {"url_credential": lambda self, url: Credential(*SECRET, (), "env")})()
+            got = sources.fetch_sdist(sdist_spec(f"{index.url}/simple", sha), tmp_path / "cache", workspace=workspace)
+            assert index.authorized()
+    assert got.read_bytes() == data
+    assert len(files_host.seen) == 1 and files_host.authorized() == []
+
+
+def test_a_git_upstream_redirected_to_another_host_does_not_take_the_credential_along(tmp_path):
+    from stackforge.build import sources
+
+    with HostileServer({r".*": ok(b"no such repository", status=404)}, lifetime=20) as other:
+        moved = redirect(lambda: f"{other.url}/repo.git/info/refs?service=git-upload-pack", 302)
+        with HostileServer({r".*": moved}, lifetime=20) as origin:
+            spec = {"git": f"http://user:s3cret-pw@{origin.address}/repo.git", "commit": "a" * 40, "tag": None}
+            with pytest.raises(UserError) as err:
+                sources.fetch_upstream(spec, tmp_path / "cache")
+            assert origin.authorized()
+    assert other.seen and other.authorized() == []
+    assert "s3cret-pw" not in err.value.render()

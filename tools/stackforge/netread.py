@@ -112,7 +112,9 @@ class Deadline:
         return max(min(per_read, self.remaining()), 0.001)
 
     def error(self, url: str) -> Exceeded:
-        return Exceeded(f"{redact(url)}: no complete answer within {self.seconds:g} s (the limit{self._of()})")
+        return Exceeded(
+            f"{redact(url)}: timed out: no complete answer within {self.seconds:g} s (the limit{self._of()})"
+        )
 
     def check(self, url: str) -> None:
         if self.expired():
