@@ -329,3 +329,18 @@ def test_a_git_upstream_redirected_to_another_host_does_not_take_the_credential_
             assert origin.authorized()
     assert other.seen and other.authorized() == []
     assert "s3cret-pw" not in err.value.render()
+
+
+def test_verify_against_a_registry_that_trickles_ends_within_its_budget(monkeypatch):
+    monkeypatch.setattr(operator, "VERIFY_SECONDS", 3.0, raising=False)
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}
+    routes = {r"/manifests/v1$": ok(manifest), r"/(referrers|manifests)/": trickle(every=0.3)}
+    with HostileServer(routes, lifetime=40) as reg:
+        started = time.monotonic()
+        try:
+            v = operator.verify_ref(f"{reg.address}/{REPO}:v1", NoEngine(), RetryPolicy(attempts=3))
+            failed = v.failed
+        except UserError:
+            failed = 1
+        elapsed = time.monotonic() - started
+    assert failed and elapsed < 3.0 + 1.5, elapsed

@@ -39,6 +39,8 @@ from stackforge.urls import split as split_url
 
 PIN = f"{LABEL_NS}.pin."
 OVERLAY = f"{LABEL_NS}.overlay"
+#: every registry read of one ``verify REF`` (manifest, record, tag) ends within this, however slow the registry
+VERIFY_SECONDS = 60.0
 
 
 def split_ref(ref: str) -> tuple[Repository, str]:
@@ -146,7 +148,7 @@ def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
 def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Verification:
     """Check the published image ``ref`` from the registry and the image alone (see the module)."""
     repo, reference = split_ref(ref)
-    client = RegistryClient(repo, policy=policy or RetryPolicy())
+    client = RegistryClient(repo, policy=policy or RetryPolicy()).budget(VERIFY_SECONDS)
     v = Verification(ref, "?")
     try:
         manifest = client.get_manifest(reference)

@@ -18,7 +18,8 @@ Answers are hostile input (:mod:`stackforge.netread`): ``Authorization`` goes on
 ``netread.REDIRECT_LIMIT``); a tag list's ``Link`` is followed only on the same origin, stops on a URL it has
 already read and fails past ``netread.PAGE_LIMIT`` pages; manifests and indexes are read up to 4 MiB, tag pages
 and token answers up to ``netread.DOCUMENT_LIMIT``, blobs up to the size their descriptor declares and checked
-against their digest on the way; every read operation (its retries included) ends within ``read_seconds``.
+against their digest on the way; every read operation (its retries included) ends within ``read_seconds``, and
+all of them within :meth:`RegistryClient.budget` when one is set.
 A malformed answer (a manifest that is not a JSON object, a tag list whose tags are not strings) is a
 :class:`MalformedAnswer`.
 """
@@ -351,7 +352,9 @@ class RegistryClient:
     session: requests.Session = field(default_factory=netread.session)
     credentials: tuple[str, str] | None = None
     #: wall time of one read operation (a manifest, a tag list, a blob), its retries included
-    read_seconds: float = 60.0
+    read_seconds: float = 30.0
+    #: a monotonic time every read operation of this client ends by (``budget``), or None
+    until: float | None = None
     _auth_header: str | None = field(default=None, repr=False)
     _auth_origin: str = field(default="", repr=False)  # the origin whose challenge the header answers
     _local: threading.local = field(default_factory=threading.local, repr=False)
@@ -506,12 +509,20 @@ class RegistryClient:
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return with_retries(fn, what=what, policy=self.policy, log=self.log)
 
+    def budget(self, seconds: float) -> RegistryClient:
+        """Make every read operation of this client from now on end within ``seconds`` in all (a verb's reads)."""
+        self.until = time.monotonic() + seconds
+        return self
+
     def _read(self, what: str, url: str, fn: Callable[[], T]) -> T:
         """A read operation: ``fn`` with retries, all of it within ``read_seconds`` (and the policy's total); past
         that, or over a size limit, a non-retryable :class:`RegistryError` naming the URL and the limit."""
         if self._deadline is not None:  # nested: the outer operation's deadline holds
             return self._retry(what, fn)
-        self._local.deadline = netread.Deadline(min(self.read_seconds, self.policy.total_seconds), what)
+        seconds = min(self.read_seconds, self.policy.total_seconds)
+        if self.until is not None:
+            seconds = min(seconds, self.until - time.monotonic())
+        self._local.deadline = netread.Deadline(seconds, what)
         try:
             with netread.guard(self._local.deadline, url):
                 return self._retry(what, fn)
