@@ -214,11 +214,11 @@ class WatchedAdapter(HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
-def session(**adapter: Any) -> requests.Session:
-    """A session whose sockets a :func:`guard` watches; no environment proxies or netrc (``trust_env``
-    off: credentials are decided per request, per origin)."""
+def session(*, trust_env: bool = False, **adapter: Any) -> requests.Session:
+    """A session whose sockets a :func:`guard` watches. ``trust_env``: environment proxies and ``~/.netrc``
+    (for a host's own netrc entry), as pip uses them; off, credentials are only what each request carries."""
     s = requests.Session()
-    s.trust_env = False
+    s.trust_env = trust_env
     mounted = WatchedAdapter(**adapter)
     s.mount("http://", mounted)
     s.mount("https://", mounted)

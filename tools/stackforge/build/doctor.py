@@ -290,8 +290,8 @@ def _status(
     deadline = deadline or netread.Deadline(timeout, "one check")
     try:
         with netread.guard(deadline, url):
-            resp = netread.session().get(
-                url, auth=auth, params=params, timeout=deadline.timeout(timeout), stream=True, allow_redirects=False
+            resp = netread.session(trust_env=True).get(
+                url, auth=auth, params=params, timeout=deadline.timeout(timeout), stream=True
             )
             netread.release(resp, deadline)
     except netread.Exceeded:
@@ -326,10 +326,9 @@ def _apt(url: str, suite: str, timeout: float) -> str:
 GRACE = 0.5  # past a check's limit, before it is failed from outside (its own reads give up at the limit)
 
 
-def _one(row: Check) -> Check:
-    """Run ``row``'s check; a UserError (or any error) is the row's failure."""
-    if row.run is None:
-        return row  # skipped; the detail says why
+def _outcome(row: Check) -> tuple[str, str, float]:
+    """(status, detail, seconds) of running ``row``'s check; a UserError (or any error) is its failure."""
+    assert row.run is not None
     started = time.monotonic()
     try:
         detail, status = row.run(), OK
@@ -337,8 +336,12 @@ def _one(row: Check) -> Check:
         status, detail = FAIL, err.message
     except Exception as exc:  # a check must never take the table down with it
         status, detail = FAIL, f"{type(exc).__name__}: {redact_text(str(exc))[-200:]}"
-    if row.status == SKIP:  # not already failed from outside for running out of time
-        row.detail, row.status, row.seconds = detail, status, round(time.monotonic() - started, 2)
+    return status, detail, round(time.monotonic() - started, 2)
+
+
+def _one(row: Check) -> Check:
+    if row.run is not None:  # else skipped; the detail says why
+        row.status, row.detail, row.seconds = _outcome(row)
     return row
 
 
@@ -346,13 +349,20 @@ def _within_limits(rows: list[Check]) -> None:
     """Run the rows with a limit each in a thread of its own (a daemon: one stuck in a read is left behind) and
     fail every one not done within its limit."""
     started = time.monotonic()
-    threads = [(row, threading.Thread(target=_one, args=(row,), daemon=True)) for row in rows]
-    for _, thread in threads:
+    outcomes: dict[int, tuple[str, str, float]] = {}
+
+    def work(i: int, row: Check) -> None:
+        outcomes[i] = _outcome(row)
+
+    threads = [threading.Thread(target=work, args=(i, row), daemon=True) for i, row in enumerate(rows)]
+    for thread in threads:
         thread.start()
-    for row, thread in threads:
+    for i, (row, thread) in enumerate(zip(rows, threads)):
         assert row.limit is not None
         thread.join(max(0.0, started + row.limit + GRACE - time.monotonic()))
-        if thread.is_alive():
+        if i in outcomes:
+            row.status, row.detail, row.seconds = outcomes[i]
+        else:
             row.status, row.seconds = FAIL, round(time.monotonic() - started, 2)
             row.detail = f"timed out: no answer within {row.limit:g} s (the limit for one check)"
 

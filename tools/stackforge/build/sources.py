@@ -291,7 +291,7 @@ def _download(url: str, dest: Path, sha256: str, client=None, transfer: progress
         return _copy_local(Path(urllib.parse.unquote(parsed.path)), url, dest, sha256, transfer)
     import requests
 
-    session = client._session() if client is not None else netread.session()
+    session = client._session() if client is not None else netread.session(trust_env=True)
     params = client.params_for(url) if client is not None else {}
     auth = client.auth_for(url) if client is not None else None
     deadline = netread.Deadline(SDIST_SECONDS, "one sdist download")

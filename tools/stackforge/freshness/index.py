@@ -459,8 +459,7 @@ class IndexClient:
             s = self._session_obj
             if s is None:
                 # No session-wide auth: each request carries the credential only on the index's origin.
-                s = netread.session(pool_connections=1, pool_maxsize=self.pool_size, pool_block=True)
-                s.trust_env = True  # environment proxies and ~/.netrc, as pip uses them
+                s = netread.session(trust_env=True, pool_connections=1, pool_maxsize=self.pool_size, pool_block=True)
                 s.headers["User-Agent"] = self.user_agent
                 self._session_obj = s
             return s
@@ -658,7 +657,7 @@ def download(
     dest = Path(dest_dir) / name
     if sha256 and dest.exists() and file_sha256(dest) == sha256:
         return dest
-    sess = session or netread.session()
+    sess = session or netread.session(trust_env=True)
     kwargs: dict = {"params": {**(in_url.params() if in_url else {}), **(params or {})}}
     if in_url is not None and in_url.auth:
         kwargs["auth"] = in_url.auth
