@@ -166,23 +166,36 @@ def an_image(reg: StubRegistry) -> str:
 
 
 @pytest.mark.parametrize(
-    "index",
+    "index,problem",
     [
-        [1, 2],
-        {"manifests": {"a": 1}},
-        {"manifests": [{"artifactType": records.ARTIFACT_TYPE, "mediaType": "x", "size": 2}]},
-        {"manifests": [{"artifactType": records.ARTIFACT_TYPE, "digest": "sha256:zz", "mediaType": "x", "size": 2}]},
-        {"manifests": [{"artifactType": records.ARTIFACT_TYPE, "digest": "sha256:" + "a" * 64, "mediaType": "x"}]},
+        ([1, 2], "a JSON list, not an object"),
+        ({"manifests": {"a": 1}}, "no list of manifests"),
+        ({"manifests": [{"artifactType": records.ARTIFACT_TYPE, "mediaType": "x", "size": 2}]}, "no sha256 digest"),
+        (
+            {
+                "manifests": [
+                    {"artifactType": records.ARTIFACT_TYPE, "digest": "sha256:zz", "mediaType": "x", "size": 2}
+                ]
+            },
+            "no sha256 digest",
+        ),
+        (
+            {"manifests": [{"artifactType": records.ARTIFACT_TYPE, "digest": "sha256:" + "a" * 64, "mediaType": "x"}]},
+            "declares no size",
+        ),
     ],
     ids=["a-list", "manifests-not-a-list", "no-digest", "bad-digest", "no-size"],
 )
-def test_a_malformed_fallback_index_or_referrer_is_an_error(index):
+def test_a_malformed_fallback_index_or_referrer_is_an_error_before_it_is_followed(index, problem):
     with StubRegistry() as reg:
         digest = an_image(reg)
         put_raw(reg, records.fallback_tag(digest), json.dumps(index).encode())
         client = RegistryClient(parse_repository(f"{reg.address}/{REPO}"), policy=ONE_TRY)
-        with pytest.raises(RegistryError):
+        reg.requests.clear()
+        with pytest.raises(RegistryError, match=problem):
             records.fetch(client, digest)
+        followed = [path for _, path in reg.requests if "/manifests/sha256:" in path]
+    assert followed == []
 
 
 class NoEngine:
