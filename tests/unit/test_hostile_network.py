@@ -310,7 +310,7 @@ def test_an_endless_sdist_stops_at_the_size_the_index_declares_and_nothing_is_ke
         assert time.monotonic() - started < 10
     assert index.address in err.value.message
     assert counted["read"] <= 5000 + netread.CHUNK
-    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+    assert list((tmp_path / "cache").rglob("*")) == [tmp_path / "cache" / "sdist"]
 
 
 def test_an_index_credential_never_goes_to_a_file_on_another_host(tmp_path):

@@ -408,8 +408,13 @@ def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False, wor
         raise UserError(f"sdist {name}=={version} is not cached and offline mode is on", fix="run once with network access")
     url, client = find_sdist(sdist_index_url(sdist), name, version, workspace)
     out = cache / sdist_file_name(url, name, version)
-    with progress.transfer(f"download {name}=={version} (sdist)") as t:
-        _download(url, out, expected, client, t, declared_size(client, name, version, url))
+    try:
+        with progress.transfer(f"download {name}=={version} (sdist)") as t:
+            _download(url, out, expected, client, t, declared_size(client, name, version, url))
+    except BaseException:
+        if cache.is_dir() and not any(cache.iterdir()):
+            cache.rmdir()  # nothing of a failed download is kept
+        raise
     return out
 
 
