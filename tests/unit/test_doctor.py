@@ -12,6 +12,7 @@ import functools
 import json
 import socket
 import threading
+import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 
 from stackforge.stack.load import load_stack
 from tests.fixtures import musa_standins as ms
+from tests.fixtures.hostile_server import HostileServer, endless, trickle
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.stack_support import make_root, run_cli
 from tests.fixtures.stub_registry import StubRegistry
@@ -200,6 +202,29 @@ def test_endpoints_are_checked_at_once_each_with_its_timeout(capsys, root, repos
     timed_out = [r for r in rows if r["status"] == "fail" and "timed out" in r["detail"]]
     assert sorted(r["check"] for r in timed_out) == ["apt musa.musa", "index mthreads", "index pypi"]
     assert silent.most == 3  # all three were waiting at the same time, not one timeout after the other
+
+
+def test_a_server_that_trickles_or_never_ends_is_failed_within_the_timeout(capsys, root, repos, registry, indexes, apt):
+    routes = {
+        r"/a/": trickle("application/vnd.pypi.simple.v1+json", every=0.3),
+        r"/b/": endless("application/vnd.pypi.simple.v1+json"),
+        r"/musa/": trickle("text/plain", every=0.3, headers_too=True),
+    }
+    with HostileServer(routes, lifetime=40) as bad:
+        sets = good(repos, registry, indexes, apt) + [
+            f"indexes.mthreads.url={bad.url}/a/simple",
+            f"indexes.pypi.url={bad.url}/b/simple",
+            f"system.musa.sources.musa.url={bad.url}/musa/",
+        ]
+        started = time.monotonic()
+        rc, rows, _ = doctor(capsys, root, sets)
+        elapsed = time.monotonic() - started
+    assert rc == 1 and elapsed < 8, elapsed  # --timeout 2 per check, all at once; the server goes on for 20 s
+    failed = {r["check"]: r["detail"] for r in rows if r["status"] == "fail"}
+    assert sorted(failed) == ["apt musa.musa", "index mthreads", "index pypi"], failed
+    assert "timed out" in failed["index mthreads"] and "timed out" in failed["apt musa.musa"]
+    assert "larger than" in failed["index pypi"] or "timed out" in failed["index pypi"]
+    assert all(r["seconds"] <= 2 + 1 for r in rows)
 
 
 def test_a_bad_stack_is_exit_2(capsys, root):

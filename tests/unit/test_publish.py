@@ -27,6 +27,7 @@ from stackforge.publish.registry import RetryPolicy
 from stackforge.publish.scheme import TagScheme, validate_date
 from tests.fixtures.faulty_proxy import (
     BLOB_UPLOAD,
+    MANIFEST,
     MANIFEST_BY_DIGEST,
     MANIFEST_BY_TAG,
     Fault,
@@ -424,6 +425,47 @@ def test_persistent_upload_failure_leaves_no_tag_and_a_rerun_succeeds(stub, imag
         r = run(proxy.address, images("a"), tmp_path, evidence=tmp_path / "ev")
     assert r.tag == SCHEME.tag(DATE, 1)
     assert json.loads((tmp_path / "ev" / "publish.json").read_text())["status"] == "published"
+
+
+def complete(reg: StubRegistry, digest: str) -> bool:
+    """Whether the registry holds the manifest ``digest`` and every blob it names."""
+    body, _ = reg.manifests[digest]
+    doc = json.loads(body)
+    return all(d["digest"] in reg.blobs for d in [doc["config"], *doc["layers"]])
+
+
+@pytest.mark.parametrize("action", ["status-mid-body", "reset-mid-body"])
+def test_a_blob_upload_broken_in_the_middle_is_started_again(stub, images, tmp_path, action):
+    fault = Fault(action, BLOB_UPLOAD + ".+digest=", "PUT", status=500, times=2)
+    with FaultyProxy(stub.address, [fault]) as proxy:
+        r = run(proxy.address, images("a"), tmp_path)
+        assert [e.action for e in proxy.fired()] == [action, action]
+    assert r.status == "published" and immutable(stub) == {r.tag: r.digest} and complete(stub, r.digest)
+
+
+@pytest.mark.parametrize("action", ["status-mid-body", "reset-mid-body"])
+def test_blob_uploads_that_always_break_in_the_middle_leave_no_tag_and_a_rerun_completes(
+    stub, images, tmp_path, action
+):
+    with FaultyProxy(stub.address, [Fault(action, BLOB_UPLOAD + ".+digest=", "PUT", times=None)]) as proxy:
+        with pytest.raises(BuildFailed, match="no tag was created"):
+            run(proxy.address, images("a"), tmp_path)
+        assert stub.tags.get(REPO, {}) == {}
+        proxy.clear()
+        r = run(proxy.address, images("a"), tmp_path)
+    assert r.tag == SCHEME.tag(DATE, 1) and immutable(stub) == {r.tag: r.digest} and complete(stub, r.digest)
+
+
+def test_a_registry_that_dies_between_the_blobs_and_the_manifest_leaves_no_tag_and_a_rerun_completes(
+    stub, images, tmp_path
+):
+    with FaultyProxy(stub.address, [Fault("die", MANIFEST, "PUT")]) as proxy:
+        with pytest.raises(BuildFailed, match="no tag was created"):
+            run(proxy.address, images("a"), tmp_path, policy=RetryPolicy(attempts=2, base_delay=0.001, total_seconds=5))
+        assert proxy.fired("die") and stub.tags.get(REPO, {}) == {} and stub.blobs
+        proxy.revive()
+        r = run(proxy.address, images("a"), tmp_path)
+    assert r.tag == SCHEME.tag(DATE, 1) and immutable(stub) == {r.tag: r.digest} and complete(stub, r.digest)
 
 
 def test_persistent_failure_while_tagging_leaves_no_tag(stub, images, tmp_path):

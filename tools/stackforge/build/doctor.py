@@ -13,7 +13,12 @@
 - every apt source of a system layer (stack and targets): ``dists/<suite>/InRelease`` or ``Release``.
 
 Each failed check carries the ``--set`` key that redirects it and its ``make image ARGS='--set …'``
-spelling. Nothing secret is printed: URLs are redacted, credentials travel only in the requests.
+spelling. Nothing secret is printed: URLs are redacted, credentials travel only in the requests (and only to
+the origin they are for).
+
+The timeout is per check, start to end, not per read: an endpoint check runs in a thread of its own and is
+failed when it has not finished in time, whatever the server does (one byte a second, an endless page); its
+reads are bounded in size (:mod:`stackforge.netread`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import functools
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +35,7 @@ from urllib.parse import urljoin
 
 import requests
 
+from stackforge import netread
 from stackforge.build.sources import git_credential_env, resolve_git_url
 from stackforge.errors import UserError
 from stackforge.freshness.index import IndexClient, IndexQueryError, ProjectNotFound
@@ -56,6 +63,7 @@ class Check:
     placeholder: str = "URL"  # what the key's value is
     seconds: float = 0.0
     run: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+    limit: float | None = field(default=None, repr=False, compare=False)  # seconds the whole check may take
 
     @property
     def set_value(self) -> str | None:
@@ -94,8 +102,10 @@ def engine_checks(workspace: Workspace) -> list[Check]:
         engine = workspace.engine
         sde = "yes" if engine.supports_source_date_epoch() else "no (needs BuildKit 0.11 or newer)"
         net = "yes" if engine.supports_run_network() else "no (needs BuildKit 0.11 or newer)"
-        return (f"buildx {engine.buildx_version()}, BuildKit {engine.buildkit_version()}, SOURCE_DATE_EPOCH: {sde}, "
-                f"RUN --network=none: {net}")
+        return (
+            f"buildx {engine.buildx_version()}, BuildKit {engine.buildkit_version()}, SOURCE_DATE_EPOCH: {sde}, "
+            f"RUN --network=none: {net}"
+        )
 
     return [
         Check("", "engine", "docker", run=docker),
@@ -115,6 +125,8 @@ def stack_checks(
             rows.append(_git_check(loaded, workspace, uname, timeout))
     for iname in stack.indexes:
         rows.append(_index_check(loaded, workspace, iname, timeout))
+    for row in rows:
+        row.limit = timeout
     for path, layer in _system_layers(loaded):
         label = ".".join(path[-1:])
         for sname, src in layer.sources.items():
@@ -124,6 +136,7 @@ def stack_checks(
                 redact(src.url),
                 key=".".join((*path, "sources", sname, "url")),
                 run=functools.partial(_apt, src.url, src.suite, timeout),
+                limit=timeout,
             )
             rows.append(_unless_never(row, layer))
         if layer.mirror is not None:
@@ -133,6 +146,7 @@ def stack_checks(
                 redact(layer.mirror.to),
                 key=".".join((*path, "mirror", "to")),
                 run=functools.partial(_reachable, layer.mirror.to, timeout),
+                limit=timeout,
             )
             rows.append(_unless_never(row, layer))
     return rows
@@ -214,14 +228,16 @@ def _index_check(loaded: LoadedStack, workspace: Workspace, iname: str, timeout:
     project = served[0] if served else None
 
     def run() -> str:
-        client = IndexClient(idx.url, credential=workspace.index_credential(loaded, iname), timeout=timeout)
+        client = IndexClient(
+            idx.url, credential=workspace.index_credential(loaded, iname), timeout=timeout, page_seconds=timeout
+        )
         if project is None:
-            resp = requests.get(client.url, auth=client.auth, params=client.params_for(client.url), timeout=timeout)
-            if resp.status_code in (401, 403):
-                raise UserError(f"HTTP {resp.status_code} (credentials missing or refused)")
-            if resp.status_code >= 400:
-                raise UserError(f"HTTP {resp.status_code}")
-            return f"reachable (HTTP {resp.status_code})"
+            status = _status(client.url, timeout, auth=client.auth, params=client.params_for(client.url))
+            if status in (401, 403):
+                raise UserError(f"HTTP {status} (credentials missing or refused)")
+            if status >= 400:
+                raise UserError(f"HTTP {status}")
+            return f"reachable (HTTP {status})"
         try:
             page = client.project(project)
         except ProjectNotFound:
@@ -262,52 +278,104 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {found.group(0) if found else text[-160:]}"
 
 
-def _reachable(url: str, timeout: float) -> str:
+def _status(
+    url: str,
+    timeout: float,
+    deadline: netread.Deadline | None = None,
+    auth: tuple[str, str] | None = None,
+    params: dict[str, str] | None = None,
+) -> int:
+    """The HTTP status of a GET of ``url`` within ``deadline`` (else ``timeout`` from now); its body is not
+    kept (a short one is read to free the connection). ``auth`` goes only to ``url``'s own origin."""
+    deadline = deadline or netread.Deadline(timeout, "one check")
     try:
-        resp = requests.get(url, timeout=timeout)
+        with netread.guard(deadline, url):
+            resp = netread.session(trust_env=True).get(
+                url, auth=auth, params=params, timeout=deadline.timeout(timeout), stream=True
+            )
+            netread.release(resp, deadline)
+    except netread.Exceeded:
+        raise UserError(f"cannot reach it: timed out (no answer within {deadline.seconds:g} s)") from None
     except requests.RequestException as exc:
         raise UserError(f"cannot reach it: {reason(exc)}") from None
-    if resp.status_code >= 400:
-        raise UserError(f"HTTP {resp.status_code}")
-    return f"reachable (HTTP {resp.status_code})"
+    return resp.status_code
+
+
+def _reachable(url: str, timeout: float) -> str:
+    status = _status(url, timeout)
+    if status >= 400:
+        raise UserError(f"HTTP {status}")
+    return f"reachable (HTTP {status})"
 
 
 def _apt(url: str, suite: str, timeout: float) -> str:
     base = url.rstrip("/") + "/"
     last = ""
+    deadline = netread.Deadline(timeout, "one check")  # both files within one timeout
     for name in ("InRelease", "Release"):
-        target = urljoin(base, f"dists/{suite}/{name}")
-        try:
-            resp = requests.get(target, timeout=timeout)
-        except requests.RequestException as exc:
-            raise UserError(f"cannot reach it: {reason(exc)}") from None
-        if resp.status_code == 200:
+        status = _status(urljoin(base, f"dists/{suite}/{name}"), timeout, deadline)
+        if status == 200:
             return f"suite {suite} ({name})"
-        last = f"HTTP {resp.status_code} for dists/{suite}/{name}"
+        last = f"HTTP {status} for dists/{suite}/{name}"
     raise UserError(f"reachable, but no suite {suite}: {last}")
 
 
 # --------------------------------------------------------------------------- running
 
 
+GRACE = 0.5  # past a check's limit, before it is failed from outside (its own reads give up at the limit)
+
+
+def _outcome(row: Check) -> tuple[str, str, float]:
+    """(status, detail, seconds) of running ``row``'s check; a UserError (or any error) is its failure."""
+    assert row.run is not None
+    started = time.monotonic()
+    try:
+        detail, status = row.run(), OK
+    except UserError as err:
+        status, detail = FAIL, err.message
+    except Exception as exc:  # a check must never take the table down with it
+        status, detail = FAIL, f"{type(exc).__name__}: {redact_text(str(exc))[-200:]}"
+    return status, detail, round(time.monotonic() - started, 2)
+
+
+def _one(row: Check) -> Check:
+    if row.run is not None:  # else skipped; the detail says why
+        row.status, row.detail, row.seconds = _outcome(row)
+    return row
+
+
+def _within_limits(rows: list[Check]) -> None:
+    """Run the rows with a limit each in a thread of its own (a daemon: one stuck in a read is left behind) and
+    fail every one not done within its limit."""
+    started = time.monotonic()
+    outcomes: dict[int, tuple[str, str, float]] = {}
+
+    def work(i: int, row: Check) -> None:
+        outcomes[i] = _outcome(row)
+
+    threads = [threading.Thread(target=work, args=(i, row), daemon=True) for i, row in enumerate(rows)]
+    for thread in threads:
+        thread.start()
+    for i, (row, thread) in enumerate(zip(rows, threads)):
+        assert row.limit is not None
+        thread.join(max(0.0, started + row.limit + GRACE - time.monotonic()))
+        if i in outcomes:
+            row.status, row.detail, row.seconds = outcomes[i]
+        else:
+            row.status, row.seconds = FAIL, round(time.monotonic() - started, 2)
+            row.detail = f"timed out: no answer within {row.limit:g} s (the limit for one check)"
+
+
 def run_checks(rows: list[Check], *, workers: int = 8) -> list[Check]:
-    """Run every row's check concurrently; a UserError (or any error) is the row's failure."""
-
-    def one(row: Check) -> Check:
-        if row.run is None:
-            return row  # skipped; the detail says why
-        started = time.monotonic()
-        try:
-            row.detail, row.status = row.run(), OK
-        except UserError as err:
-            row.status, row.detail = FAIL, err.message
-        except Exception as exc:  # a check must never take the table down with it
-            row.status, row.detail = FAIL, f"{type(exc).__name__}: {redact_text(str(exc))[-200:]}"
-        row.seconds = round(time.monotonic() - started, 2)
-        return row
-
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(rows) or 1))) as pool:
-        return list(pool.map(one, rows))
+    """Run every row's check concurrently: the engine's on ``workers`` threads, each endpoint's (a row with a
+    ``limit``) in its own thread, failed when it is not done within that limit."""
+    rest = [r for r in rows if r.limit is None or r.run is None]
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(rest) or 1))) as pool:
+        done = pool.map(_one, rest)
+        _within_limits([r for r in rows if r.limit is not None and r.run is not None])
+        list(done)
+    return rows
 
 
 def diagnose(

@@ -32,7 +32,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from stackforge import progress
+from stackforge import netread, progress
 from stackforge.errors import UserError
 from stackforge.patches.git import git, rev_parse
 from stackforge.urls import Credential, redact, redact_text, scrub
@@ -276,47 +276,80 @@ def export_upstream(spec: Any, cache_dir: Path | str, dest_dir: Path | str, *, r
 
 # --- release sdists ---------------------------------------------------------------
 
-def _read_url(url: str, what: str, client=None, transfer: progress.Transfer | None = None) -> bytes:
-    """The bytes at ``url``: a local file, or an HTTP GET through ``client`` (an ``IndexClient``, whose
-    credential goes with the request) or anonymously, counted on ``transfer`` as they arrive. Messages
-    show the URL redacted."""
+SDIST_SECONDS = 3600.0  # one sdist download, start to end
+
+
+def _download(url: str, dest: Path, sha256: str, client=None, transfer: progress.Transfer | None = None,
+              size: int | None = None) -> None:
+    """Write the sdist at ``url`` to ``dest`` (through ``dest.part``), hashed on the way and checked against
+    ``sha256``: a local file, or an HTTP GET through ``client`` (an ``IndexClient``, whose credential goes only
+    to the index's own origin) or anonymously. At most ``size`` bytes (what the index declared; else
+    ``netread.DOWNLOAD_LIMIT``) within ``SDIST_SECONDS``; over a limit, on a broken connection or a wrong hash
+    nothing is kept. Messages show the URL redacted."""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
-        path = Path(urllib.parse.unquote(parsed.path))
-        if path.is_dir():
-            path = path / "index.html"
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise UserError(f"cannot read {what} {redact(url)}: {exc.strerror}") from None
-        if transfer is not None:
-            transfer.advance(len(data))
-        return data
+        return _copy_local(Path(urllib.parse.unquote(parsed.path)), url, dest, sha256, transfer)
     import requests
 
-    session = client._session() if client is not None else requests.Session()
+    session = client._session() if client is not None else netread.session(trust_env=True)
     params = client.params_for(url) if client is not None else {}
+    auth = client.auth_for(url) if client is not None else None
+    deadline = netread.Deadline(SDIST_SECONDS, "one sdist download")
+    limit = size if size is not None else netread.DOWNLOAD_LIMIT
     try:
-        with session.get(url, timeout=60, headers={"Accept": "text/html"}, params=params, stream=True) as resp:
-            if resp.status_code in (401, 403):
-                raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code} (credentials missing or refused)",
-                                fix="give the index's credentials: user:password@ in its URL, "
-                                    "STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, or a ~/.netrc entry for its host")
-            if resp.status_code != 200:
-                raise UserError(f"{what} {redact(url)} answered HTTP {resp.status_code}",
-                                fix="check the index URL and the project name")
+        with netread.guard(deadline, url), session.get(url, timeout=deadline.timeout(60), headers={"Accept": "*/*"},
+                                                        params=params, auth=auth, stream=True) as resp:  # fmt: skip
+            _check_status(resp, url)
             length = resp.headers.get("Content-Length", "")
             if transfer is not None and length.isdigit():
                 transfer.total = int(length)
-            chunks = []
-            for chunk in resp.iter_content(1 << 20):
-                chunks.append(chunk)
-                if transfer is not None:
-                    transfer.advance(len(chunk))
-            return b"".join(chunks)
+            netread.stream_to_file(resp, url, dest, limit, deadline=deadline, sha256=sha256, what="sdist",
+                                   advance=transfer.advance if transfer is not None else None)  # fmt: skip
+    except netread.Exceeded as exc:
+        raise UserError(exc.message, fix=_MISMATCH_FIX if "sha256 mismatch" in exc.message else exc.fix) from None
     except requests.RequestException as exc:
-        raise UserError(f"cannot reach {what} {redact(url)}: {type(exc).__name__}: {redact_text(str(exc))}",
+        raise UserError(f"cannot reach sdist {redact(url)}: {type(exc).__name__}: {redact_text(str(exc))}",
                         fix="check the index URL and the network") from None
+
+
+_MISMATCH_FIX = "the file on the index is not the pinned one; check sdist.version and sdist.sha256"
+
+
+def _check_status(resp, url: str) -> None:
+    if resp.status_code in (401, 403):
+        raise UserError(f"sdist {redact(url)} answered HTTP {resp.status_code} (credentials missing or refused)",
+                        fix="give the index's credentials: user:password@ in its URL, "
+                            "STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, or a ~/.netrc entry for its host")
+    if resp.status_code != 200:
+        raise UserError(f"sdist {redact(url)} answered HTTP {resp.status_code}",
+                        fix="check the index URL and the project name")
+
+
+def _copy_local(path: Path, url: str, dest: Path, sha256: str, transfer: progress.Transfer | None) -> None:
+    """A local sdist (``file://``) copied to ``dest`` when its sha256 is ``sha256``."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read sdist {redact(url)}: {exc.strerror}") from None
+    if transfer is not None:
+        transfer.advance(len(data))
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256:
+        raise UserError(f"sha256 mismatch for {redact(url)}: expected {sha256}, got {actual}", fix=_MISMATCH_FIX)
+    part = dest.with_name(dest.name + ".part")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part.write_bytes(data)
+    part.replace(dest)
+
+
+def declared_size(client, name: str, version: str, url: str) -> int | None:
+    """The size the index declared for the file at ``url`` (None when it declared none)."""
+    if client is None:
+        return None
+    for f in client.project(name).files_for(version):
+        if urllib.parse.urldefrag(f.url)[0] == url:
+            return f.size
+    return None
 
 
 def find_sdist(index_url: str, name: str, version: str, workspace: Workspace | None = None):
@@ -374,20 +407,14 @@ def fetch_sdist(sdist: Any, cache_dir: Path | str, *, offline: bool = False, wor
     if offline:
         raise UserError(f"sdist {name}=={version} is not cached and offline mode is on", fix="run once with network access")
     url, client = find_sdist(sdist_index_url(sdist), name, version, workspace)
-    file_name = sdist_file_name(url, name, version)
-    with progress.transfer(f"download {name}=={version} (sdist)") as t:
-        data = _read_url(url, "sdist", client, t)
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != expected:
-        raise UserError(
-            f"sha256 mismatch for {redact(url)}: expected {expected}, got {actual}",
-            fix="the file on the index is not the pinned one; check sdist.version and sdist.sha256",
-        )
-    out = cache / file_name
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".part")
-    tmp.write_bytes(data)
-    tmp.replace(out)
+    out = cache / sdist_file_name(url, name, version)
+    try:
+        with progress.transfer(f"download {name}=={version} (sdist)") as t:
+            _download(url, out, expected, client, t, declared_size(client, name, version, url))
+    except BaseException:
+        if cache.is_dir() and not any(cache.iterdir()):
+            cache.rmdir()  # nothing of a failed download is kept
+        raise
     return out
 
 

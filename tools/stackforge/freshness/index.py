@@ -20,7 +20,12 @@ at most once per client, even when several threads ask for it at the same time. 
 Credentials: what ``urls.split`` takes off the index URL (userinfo, sensitive query parameters), an
 explicit ``credential``/``auth``, else ``credentials.for_url`` (what the stack loader split off, the
 environment, ``$NETRC`` or ``~/.netrc``). They are never printed: every URL or exception text this module
-puts in a message goes through ``urls.redact`` / ``urls.redact_text``.
+puts in a message goes through ``urls.redact`` / ``urls.redact_text``. They go only to the index's own origin
+(scheme, host and port): a file on another host (``files.pythonhosted.org``) or a redirect elsewhere gets none.
+
+Answers are bounded (:mod:`stackforge.netread`): a page is read up to ``netread.INDEX_PAGE_LIMIT`` bytes within
+``page_seconds``, a download up to the size the index declares (else ``netread.DOWNLOAD_LIMIT``), streamed to
+``<name>.part`` and hashed on the way; over a limit nothing is kept.
 """
 
 from __future__ import annotations
@@ -50,8 +55,8 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 from packaging.version import InvalidVersion, Version
-from requests.adapters import HTTPAdapter
 
+from stackforge import netread
 from stackforge.credentials import for_url
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
@@ -387,6 +392,7 @@ class IndexClient:
         timeout: float = 30.0,
         max_workers: int = 8,
         user_agent: str = "stackforge-index-client",
+        page_seconds: float = 120.0,
     ) -> None:
         clean, in_url = split(url)
         self.url = clean.rstrip("/") + "/"
@@ -401,6 +407,7 @@ class IndexClient:
         self.cache = _DiskCache(self.cache_dir) if self.cache_dir else None
         self.accept = ACCEPT_JSON_FIRST if prefer_json else ACCEPT_HTML_ONLY
         self.timeout = timeout
+        self.page_seconds = page_seconds
         self.max_workers = max(1, max_workers)
         self.user_agent = user_agent
         self._session_obj: requests.Session | None = None
@@ -417,6 +424,7 @@ class IndexClient:
             self.cache_dir,
             self.accept,
             self.timeout,
+            self.page_seconds,
             self.max_workers,
             self.user_agent,
         ) == (
@@ -425,15 +433,20 @@ class IndexClient:
             other.cache_dir,
             other.accept,
             other.timeout,
+            other.page_seconds,
             other.max_workers,
             other.user_agent,
         )
 
     def params_for(self, url: str) -> dict[str, str]:
-        """The credential's query parameters for a request to ``url`` (only on the index's own host)."""
+        """The credential's query parameters for a request to ``url`` (only on the index's own origin)."""
         if self.credential is None or not self.credential.query:
             return {}
-        return self.credential.params() if urlsplit(url).hostname == self.host else {}
+        return self.credential.params() if netread.same_origin(url, self.url) else {}
+
+    def auth_for(self, url: str) -> tuple[str, str] | None:
+        """The basic-auth pair for a request to ``url``: only on the index's own origin."""
+        return self.auth if netread.same_origin(url, self.url) else None
 
     @property
     def display_url(self) -> str:
@@ -445,13 +458,9 @@ class IndexClient:
         with self._lock:
             s = self._session_obj
             if s is None:
-                s = requests.Session()
+                # No session-wide auth: each request carries the credential only on the index's origin.
+                s = netread.session(trust_env=True, pool_connections=1, pool_maxsize=self.pool_size, pool_block=True)
                 s.headers["User-Agent"] = self.user_agent
-                if self.auth is not None:
-                    s.auth = self.auth
-                adapter = HTTPAdapter(pool_connections=1, pool_maxsize=self.pool_size, pool_block=True)
-                s.mount("http://", adapter)
-                s.mount("https://", adapter)
                 self._session_obj = s
             return s
 
@@ -472,13 +481,32 @@ class IndexClient:
                 headers["If-None-Match"] = cached["etag"]
             if cached.get("last_modified"):
                 headers["If-Modified-Since"] = cached["last_modified"]
+        deadline = netread.Deadline(self.page_seconds, "one index page")
         try:
-            resp = self._session().get(url, headers=headers, params=self.params_for(url), timeout=self.timeout)
+            with netread.guard(deadline, url):
+                return self._get_within(url, accept, headers, cached, deadline)
+        except netread.Exceeded as exc:
+            raise IndexQueryError(exc.message, fix=exc.fix) from None
         except requests.RequestException as exc:
             raise IndexQueryError(
                 f"cannot reach {redact(url)}: {type(exc).__name__}: {redact_text(str(exc))}",
                 fix="check the index URL and your network; credentials come from the environment or ~/.netrc",
             ) from None
+
+    def _get_within(
+        self, url: str, accept: str, headers: dict[str, str], cached: dict | None, deadline: netread.Deadline
+    ) -> tuple[str, str, str, bool]:
+        resp = self._session().get(url, headers=headers, params=self.params_for(url), auth=self.auth_for(url),
+                                   timeout=deadline.timeout(self.timeout), stream=True)  # fmt: skip
+        try:
+            return self._answer(resp, url, accept, cached, deadline)
+        finally:
+            netread.release(resp, deadline)
+
+    def _answer(
+        self, resp: requests.Response, url: str, accept: str, cached: dict | None, deadline: netread.Deadline
+    ) -> tuple[str, str, str, bool]:
+        """(body, content type, final URL, from the cache) of an index's answer, its body bounded."""
         with self._lock:
             self.stats["requests"] += 1
         if resp.status_code == 304 and cached:
@@ -498,7 +526,11 @@ class IndexClient:
         # Decode ourselves: without a charset requests would guess the encoding with a slow detector.
         # PEP 691 JSON is UTF-8; HTML uses its declared charset, else UTF-8.
         charset = resp.encoding if "charset=" in resp.headers.get("Content-Type", "").lower() else "utf-8"
-        body = resp.content.decode(charset or "utf-8", errors="replace")
+        raw = netread.read_body(resp, url, netread.INDEX_PAGE_LIMIT, deadline, "index page")
+        try:
+            body = raw.decode(charset or "utf-8", errors="replace")
+        except LookupError:
+            body = raw.decode("utf-8", errors="replace")
         final_url = split(resp.url)[0]  # without the credential's query parameters
         if self.cache and (resp.headers.get("ETag") or resp.headers.get("Last-Modified")):
             self.cache.put(
@@ -582,7 +614,8 @@ class IndexClient:
             return dict(zip(names, pool.map(one, names)))
 
     def download(self, file: IndexFile, dest_dir: str | Path) -> Path:
-        """Download ``file`` into ``dest_dir`` and check its sha256 (when the index declared one)."""
+        """Download ``file`` into ``dest_dir`` and check its sha256 (when the index declared one); at most the
+        size the index declared. The index's credential goes along only when the file is on its origin."""
         return download(
             file.url,
             dest_dir,
@@ -591,6 +624,8 @@ class IndexClient:
             filename=file.filename,
             timeout=self.timeout,
             params=self.params_for(file.url),
+            auth=self.auth_for(file.url),
+            size=file.size,
         )
 
 
@@ -603,10 +638,15 @@ def download(
     filename: str | None = None,
     timeout: float = 60.0,
     params: dict[str, str] | None = None,
+    auth: tuple[str, str] | None = None,
+    size: int | None = None,
+    seconds: float = 3600.0,
 ) -> Path:
     """Stream ``url`` to ``dest_dir/filename``; verify ``sha256`` (or a ``#sha256=`` fragment) if given.
 
-    An existing file with the expected sha256 is reused without a request.
+    At most ``size`` bytes (what the index declared; else ``netread.DOWNLOAD_LIMIT``) within ``seconds``;
+    hashed on the way, and nothing is kept when a limit or the hash fails. An existing file with the expected
+    sha256 is reused without a request. ``auth``: the index's credential, for a file on the index's origin.
     """
     clean, in_url = split(url)
     parts = urlsplit(clean)
@@ -617,32 +657,25 @@ def download(
     dest = Path(dest_dir) / name
     if sha256 and dest.exists() and file_sha256(dest) == sha256:
         return dest
-    sess = session or requests.Session()
+    sess = session or netread.session(trust_env=True)
     kwargs: dict = {"params": {**(in_url.params() if in_url else {}), **(params or {})}}
     if in_url is not None and in_url.auth:
         kwargs["auth"] = in_url.auth
+    elif auth is not None:
+        kwargs["auth"] = auth
     elif session is None:
         cred = for_url(clean)
         if cred is not None and cred.auth:
             kwargs["auth"] = cred.auth
+    deadline = netread.Deadline(seconds, "one download")
+    limit = size if size is not None else netread.DOWNLOAD_LIMIT
     try:
-        with sess.get(clean, stream=True, timeout=timeout, **kwargs) as resp:
+        with netread.guard(deadline, url), sess.get(clean, stream=True, timeout=timeout, **kwargs) as resp:
             if resp.status_code != 200:
                 raise IndexQueryError(f"{redact(url)}: HTTP {resp.status_code}")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + ".part")
-            h = hashlib.sha256()
-            with open(tmp, "wb") as fh:
-                for chunk in resp.iter_content(1 << 20):
-                    fh.write(chunk)
-                    h.update(chunk)
+            netread.stream_to_file(resp, url, dest, limit, deadline=deadline, sha256=sha256, what="file")
+    except netread.Exceeded as exc:
+        raise IndexQueryError(exc.message, fix=exc.fix) from None
     except requests.RequestException as exc:
         raise IndexQueryError(f"cannot download {redact(url)}: {type(exc).__name__}") from None
-    if sha256 and h.hexdigest() != sha256:
-        tmp.unlink(missing_ok=True)
-        raise IndexQueryError(
-            f"{redact(url)}: sha256 mismatch: index says {sha256}, file is {h.hexdigest()}",
-            fix="the file changed after the index listed it; do not use it",
-        )
-    os.replace(tmp, dest)
     return dest

@@ -34,13 +34,22 @@ from stackforge.publish.registry import (
     parse_repository,
 )
 from stackforge.publish.scheme import TagScheme, pattern, streams
+from stackforge.urls import redact_text
+from stackforge.urls import split as split_url
 
 PIN = f"{LABEL_NS}.pin."
 OVERLAY = f"{LABEL_NS}.overlay"
+#: every registry read of one ``verify REF`` (manifest, record, tag) ends within this, however slow the registry
+VERIFY_SECONDS = 60.0
 
 
 def split_ref(ref: str) -> tuple[Repository, str]:
-    """(repository, tag or digest) of ``host/name:tag`` or ``host/name@sha256:…``."""
+    """(repository, tag or digest) of ``host/name:tag`` or ``host/name@sha256:…``. A reference that carries a
+    credential (``user:password@host/…``) is refused, and never printed back."""
+    if split_url(ref)[1] is not None or "://" in ref:
+        raise UserError(f"{redact_text(ref)}: a reference carries no scheme and no credential", file="REF",
+                        fix="give HOST/NAME:TAG; credentials come from STACKFORGE_REGISTRY_USER/_PASSWORD or "
+                            "`docker login` (the docker config)")  # fmt: skip
     if "@" in ref:
         name, _, reference = ref.partition("@")
     else:
@@ -48,7 +57,7 @@ def split_ref(ref: str) -> tuple[Repository, str]:
         if not sep or "/" in reference:
             name, reference = ref, "latest"
     if not looks_like_host(name.split("/", 1)[0]):
-        raise UserError(f"{ref}: name the registry, e.g. registry.example.com/team/vllm:TAG or …@sha256:…",
+        raise UserError(f"{redact_text(ref)}: name the registry, e.g. registry.example.com/team/vllm:TAG or …@sha256:…",
                         file="REF", fix="give the reference as published (`stackforge publish` prints it)")  # fmt: skip
     return parse_repository(name, what="REF"), reference
 
@@ -139,7 +148,7 @@ def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
 def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Verification:
     """Check the published image ``ref`` from the registry and the image alone (see the module)."""
     repo, reference = split_ref(ref)
-    client = RegistryClient(repo, policy=policy or RetryPolicy())
+    client = RegistryClient(repo, policy=policy or RetryPolicy()).budget(VERIFY_SECONDS)
     v = Verification(ref, "?")
     try:
         manifest = client.get_manifest(reference)
@@ -151,6 +160,8 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
     v.image = f"{repo}@{digest}"  # what was checked: the pinned reference
     if reference.startswith("sha256:"):
         v.add(digest == reference, f"digest  {ref} served bytes with digest {digest}")
+        if digest != reference:
+            return v
     else:
         v.add(True, f"digest  {repo}:{reference} resolves to {digest}")
     try:
@@ -171,6 +182,8 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
         return v
     v.stack = rec["stack"]
     v.add(found.subject == digest, f"record  subject={found.subject} pulled={digest}")
+    if found.subject != digest:
+        return v
     if rec["digest"] != digest:
         v.add(False, f"record  digest={rec['digest']} does not match the pulled digest {digest}: the record does not "
                      "describe this image; refused")  # fmt: skip
@@ -178,7 +191,11 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
     v.add(True, f"record  digest={rec['digest']} matches the pulled digest")
     tag = rec["tags"][0] if rec["tags"] else None
     if tag:
-        info = client.head_manifest(tag)
+        try:
+            info = client.head_manifest(tag)
+        except RegistryError as exc:
+            v.add(False, f"tag     {tag} (from the record) cannot be read: {exc}")
+            return v
         v.add(info is not None and info.digest == digest,
               f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
     pinned = f"{repo}@{digest}"
@@ -191,7 +208,12 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
     if OVERLAY in labels or "overlay" in rec:
         from stackforge.overlay.record import check_ref
 
-        check_ref(v, rec, labels, engine, pinned, client, manifest.json())
+        try:
+            doc = manifest.json()
+        except RegistryError as exc:
+            v.add(False, f"overlay {exc}")
+            return v
+        check_ref(v, rec, labels, engine, pinned, client, doc)
         if v.failed or (not rec["stack_files"] and embed.LABEL not in labels):
             if not v.failed:
                 v.lines.append("note    the overlay's base carries no stack of its own: no stack checks")

@@ -22,12 +22,20 @@ import datetime as _dt
 import functools
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stackforge.build import embed
-from stackforge.publish.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient, RegistryError, sha256_digest
+from stackforge.publish.registry import (
+    OCI_INDEX,
+    OCI_MANIFEST,
+    MalformedAnswer,
+    RegistryClient,
+    RegistryError,
+    sha256_digest,
+)
 
 SCHEMA = "stackforge.publish-record/v1"
 ARTIFACT_TYPE = "application/vnd.stackforge.publish-record.v1+json"
@@ -35,6 +43,7 @@ EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY = b"{}"
 CREATED = "org.opencontainers.image.created"
 MAX_RECORD = 16 << 20
+MANIFEST_LIMIT = 4 << 20  # netread.MANIFEST_LIMIT
 #: the keys every record holds, with their JSON types
 FIELDS: dict[str, type | tuple[type, ...]] = {
     "schema": str,
@@ -157,6 +166,7 @@ def check_schema(record: Any) -> list[str]:
     for key, kind in FIELDS.items():
         if not isinstance(record.get(key), kind):
             problems.append(f"{key}: missing or not a {getattr(kind, '__name__', kind)}")
+    problems += _element_problems(record)
     if "overlay" in record:
         overlay = record["overlay"]
         if not isinstance(overlay, dict):
@@ -165,6 +175,47 @@ def check_schema(record: Any) -> list[str]:
             if not isinstance(overlay.get(key), kind):
                 problems.append(f"overlay.{key}: missing or not a {getattr(kind, '__name__', kind)}")
     return problems
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _element_problems(record: dict[str, Any]) -> list[str]:
+    """What is wrong inside the keys ``verify`` reads item by item: tags, pins, labels, stack files."""
+    problems = []
+    if isinstance(record.get("digest"), str) and not DIGEST.fullmatch(record["digest"]):
+        problems.append("digest: not a sha256 digest")
+    if isinstance(record.get("tags"), list) and not all(isinstance(t, str) and t for t in record["tags"]):
+        problems.append("tags: not a list of tags")
+    for key in ("pins", "labels"):
+        if isinstance(record.get(key), dict) and not _strings(record[key]):
+            problems.append(f"{key}: not an object of strings")
+    files = record.get("stack_files")
+    if isinstance(files, dict) and not all(
+        isinstance(f, dict) and isinstance(f.get("sha256"), str) for f in files.values()
+    ):
+        problems.append("stack_files: an entry without a sha256")
+    return problems
+
+
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def descriptor_problem(desc: Any, limit: int) -> str | None:
+    """What makes ``desc`` unusable as an OCI descriptor of at most ``limit`` bytes (None when nothing does)."""
+    if not isinstance(desc, dict):
+        return "is not an object"
+    if not isinstance(desc.get("digest"), str) or not DIGEST.fullmatch(desc["digest"]):
+        return "has no sha256 digest"
+    if not isinstance(desc.get("mediaType"), str):
+        return "has no media type"
+    size = desc.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= limit:
+        return f"declares no size within 0..{limit} bytes"
+    if not isinstance(desc.get("annotations", {}), dict):
+        return "has annotations that are not an object"
+    return None
 
 
 def _descriptor(media_type: str, data: bytes, **extra: Any) -> dict[str, Any]:
@@ -193,8 +244,11 @@ def artifact(record: dict[str, Any], subject: dict[str, Any], created: str) -> t
 
 def fallback_index(existing: dict[str, Any] | None, entry: dict[str, Any]) -> dict[str, Any]:
     """The fallback tag's image index with ``entry`` added (once: an entry with its digest is replaced)."""
+    listed = (existing or {}).get("manifests", [])
     manifests = [
-        m for m in (existing or {}).get("manifests", []) if isinstance(m, dict) and m.get("digest") != entry["digest"]
+        m
+        for m in (listed if isinstance(listed, list) else [])
+        if isinstance(m, dict) and m.get("digest") != entry["digest"]
     ]
     return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*manifests, entry]}
 
@@ -251,6 +305,8 @@ class Found:
 
 
 def _verified_manifest(client: RegistryClient, digest: str) -> dict[str, Any]:
+    if not DIGEST.fullmatch(digest):
+        raise MalformedAnswer(f"referrer {digest[:80]!r} is not a sha256 digest")
     got = client.get_manifest(digest)
     if got is None:
         raise RegistryError(f"referrer {digest} is listed but the registry does not hold it")
@@ -267,26 +323,57 @@ def referrers(client: RegistryClient, digest: str) -> tuple[list[dict[str, Any]]
         via = "tag-schema"
         got = client.get_manifest(fallback_tag(digest))
         index = got.json() if got is not None else {"manifests": []}
-    found = [m for m in index.get("manifests", []) if isinstance(m, dict) and m.get("artifactType") == ARTIFACT_TYPE]
+    manifests = index.get("manifests", [])
+    if not isinstance(manifests, list):
+        raise MalformedAnswer(f"the {via} index of {digest} has no list of manifests")
+    found = [m for m in manifests if isinstance(m, dict) and m.get("artifactType") == ARTIFACT_TYPE]
+    for m in found:
+        problem = descriptor_problem(m, MANIFEST_LIMIT)
+        if problem:
+            raise MalformedAnswer(f"a record listed by the {via} index of {digest} {problem}")
     return found, via
+
+
+def _subject_of(manifest: dict[str, Any], referrer: str, digest: str) -> str:
+    """The subject digest of the artifact manifest ``referrer``: it must be ``digest`` (the pulled image)."""
+    subject = manifest.get("subject")
+    if isinstance(subject, dict) and not descriptor_problem(subject, MANIFEST_LIMIT) and subject["digest"] == digest:
+        return digest
+    shown = subject.get("digest") if isinstance(subject, dict) else None
+    raise MalformedAnswer(f"referrer {referrer} names the subject {str(shown)[:80]}, not {digest}: "
+                          "it is not a record of this image; refused")  # fmt: skip
+
+
+def _record_layer(manifest: dict[str, Any], referrer: str) -> dict[str, Any]:
+    """The one record layer's descriptor of the artifact manifest ``referrer``, validated."""
+    listed = manifest.get("layers")
+    layers = [x for x in listed if isinstance(x, dict) and x.get("mediaType") == ARTIFACT_TYPE] if isinstance(listed, list) else []  # fmt: skip
+    if len(layers) != 1:
+        raise MalformedAnswer(f"referrer {referrer} holds {len(layers)} record layers, not one")
+    problem = descriptor_problem(layers[0], MAX_RECORD)
+    if problem:
+        raise MalformedAnswer(f"the record layer of referrer {referrer} {problem}")
+    return layers[0]
 
 
 def fetch(client: RegistryClient, digest: str) -> Found | None:
     """The newest publish record attached to the image ``digest`` (None when there is none). Every manifest
-    and blob read is checked against its digest."""
+    and blob read is checked against its digest; a record whose subject is not ``digest`` is refused."""
     found, via = referrers(client, digest)
     if not found:
         return None
-    newest = max(enumerate(found), key=lambda im: ((im[1].get("annotations") or {}).get(CREATED, ""), im[0]))[1]
+    newest = max(enumerate(found), key=lambda im: (str((im[1].get("annotations") or {}).get(CREATED, "")), im[0]))[1]
     manifest = _verified_manifest(client, newest["digest"])
-    layers = [x for x in manifest.get("layers", []) if isinstance(x, dict) and x.get("mediaType") == ARTIFACT_TYPE]
-    if len(layers) != 1:
-        raise RegistryError(f"referrer {newest['digest']} holds {len(layers)} record layers, not one")
-    blob = client.get_blob(layers[0]["digest"], max_bytes=MAX_RECORD)
-    if sha256_digest(blob) != layers[0]["digest"]:
-        raise RegistryError(f"record blob {layers[0]['digest']}: the registry served other bytes")
-    subject = (manifest.get("subject") or {}).get("digest")
-    return Found(json.loads(blob), newest["digest"], via, (manifest.get("annotations") or {}).get(CREATED, ""), subject)
+    subject = _subject_of(manifest, newest["digest"], digest)
+    layer = _record_layer(manifest, newest["digest"])
+    blob = client.get_blob(layer["digest"], max_bytes=MAX_RECORD, size=layer["size"])
+    try:
+        record = json.loads(blob)
+    except ValueError:
+        raise MalformedAnswer(f"record blob {layer['digest']} is not valid JSON") from None
+    annotations = manifest.get("annotations")
+    created = annotations.get(CREATED, "") if isinstance(annotations, dict) else ""
+    return Found(record, newest["digest"], via, str(created), subject)
 
 
 def attach_made(

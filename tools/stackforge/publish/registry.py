@@ -12,6 +12,16 @@ HTTP, everything else over HTTPS, as the docker engine does by default.
 Authentication: anonymous, or Basic/Bearer with credentials from
 ``STACKFORGE_REGISTRY_USER``/``STACKFORGE_REGISTRY_PASSWORD`` or from the
 ``auths`` entry of the docker client config for that host.
+
+Answers are hostile input (:mod:`stackforge.netread`): ``Authorization`` goes only to the registry's own origin
+(a redirect to blob storage elsewhere carries none; redirects are followed by hand, at most
+``netread.REDIRECT_LIMIT``); a tag list's ``Link`` is followed only on the same origin, stops on a URL it has
+already read and fails past ``netread.PAGE_LIMIT`` pages; manifests and indexes are read up to 4 MiB, tag pages
+and token answers up to ``netread.DOCUMENT_LIMIT``, blobs up to the size their descriptor declares and checked
+against their digest on the way; every read operation (its retries included) ends within ``read_seconds``, and
+all of them within :meth:`RegistryClient.budget` when one is set.
+A malformed answer (a manifest that is not a JSON object, a tag list whose tags are not strings) is a
+:class:`MalformedAnswer`.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import json
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,8 +43,10 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 
 import requests
 
+from stackforge import netread
 from stackforge.errors import UserError
 from stackforge.grammar import HOST_RE, REPO_PATH_RE, looks_like_host
+from stackforge.urls import redact
 
 T = TypeVar("T")
 
@@ -180,6 +193,10 @@ class RegistryError(Exception):
         self.retry_after = retry_after
 
 
+class MalformedAnswer(RegistryError, ValueError):
+    """The registry answered something that is not what the API says it answers."""
+
+
 class RetriesExhausted(RegistryError):
     def __init__(self, what: str, attempts: int, elapsed: float, last: Exception):
         super().__init__(
@@ -316,7 +333,14 @@ class Manifest:
         return sha256_digest(self.body)
 
     def json(self) -> dict[str, Any]:
-        return json.loads(self.body)
+        """The manifest as a JSON object; a :class:`MalformedAnswer` when it is not one."""
+        try:
+            doc = json.loads(self.body)
+        except ValueError:
+            raise MalformedAnswer(f"manifest {self.digest} is not valid JSON") from None
+        if not isinstance(doc, dict):
+            raise MalformedAnswer(f"manifest {self.digest} is a JSON {type(doc).__name__}, not an object")
+        return doc
 
 
 @dataclass
@@ -325,9 +349,15 @@ class RegistryClient:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     log: Callable[..., None] | None = None
     timeout: tuple[float, float] = (10.0, 600.0)
-    session: requests.Session = field(default_factory=requests.Session)
+    session: requests.Session = field(default_factory=netread.session)
     credentials: tuple[str, str] | None = None
+    #: wall time of one read operation (a manifest, a tag list, a blob), its retries included
+    read_seconds: float = 30.0
+    #: a monotonic time every read operation of this client ends by (``budget``), or None
+    until: float | None = None
     _auth_header: str | None = field(default=None, repr=False)
+    _auth_origin: str = field(default="", repr=False)  # the origin whose challenge the header answers
+    _local: threading.local = field(default_factory=threading.local, repr=False)
 
     def __post_init__(self) -> None:
         self.session.trust_env = False  # never route a registry through an environment proxy by surprise
@@ -338,6 +368,45 @@ class RegistryClient:
 
     def _url(self, path: str) -> str:
         return f"{self.repository.base_url}/v2/{self.repository.name}/{path}"
+
+    @property
+    def _deadline(self) -> netread.Deadline | None:
+        """The deadline of the read operation this thread is in, if any."""
+        return getattr(self._local, "deadline", None)
+
+    def _timeout(self) -> tuple[float, float]:
+        if self._deadline is None:
+            return self.timeout
+        return self._deadline.timeout(self.timeout[0]), self._deadline.timeout(self.timeout[1])
+
+    def _headers_for(self, url: str, headers: dict[str, str] | None) -> dict[str, str]:
+        """``headers`` plus ``Authorization`` when ``url`` is on the origin that asked for it."""
+        hdrs = dict(headers or {})
+        if self._auth_header and netread.same_origin(url, self._auth_origin):
+            hdrs["Authorization"] = self._auth_header
+        return hdrs
+
+    def _send(
+        self, method: str, url: str, body_factory: Callable[[], Any] | None, headers: dict[str, str] | None
+    ) -> requests.Response:
+        """One request and the redirects of a GET/HEAD, followed by hand: each hop gets ``Authorization`` only
+        when it is on the registry's origin, only http(s), at most ``netread.REDIRECT_LIMIT`` hops."""
+        for _ in range(netread.REDIRECT_LIMIT + 1):
+            data = body_factory() if body_factory else None
+            try:
+                resp = self.session.request(method, url, data=data, headers=self._headers_for(url, headers),
+                                            timeout=self._timeout(), allow_redirects=False, stream=True)  # fmt: skip
+            finally:
+                if data is not None and hasattr(data, "close"):
+                    data.close()
+            location = resp.headers.get("Location")
+            if method not in ("GET", "HEAD") or not resp.is_redirect or not location:
+                return resp
+            netread.release(resp, self._deadline)
+            url = urljoin(url, location)
+            if urlparse(url).scheme not in ("http", "https"):
+                raise MalformedAnswer(f"{method} redirected to a non-HTTP URL {redact(url)}")
+        raise MalformedAnswer(f"{method} {redact(url)}: more than {netread.REDIRECT_LIMIT} redirects")
 
     def _request(
         self,
@@ -350,25 +419,10 @@ class RegistryClient:
         stream: bool = False,
         _authed: bool = False,
     ) -> requests.Response:
-        hdrs = dict(headers or {})
-        if self._auth_header:
-            hdrs["Authorization"] = self._auth_header
-        data = body_factory() if body_factory else None
-        try:
-            resp = self.session.request(
-                method,
-                url,
-                data=data,
-                headers=hdrs,
-                timeout=self.timeout,
-                allow_redirects=method in ("GET", "HEAD"),
-                stream=stream,
-            )
-        finally:
-            if data is not None and hasattr(data, "close"):
-                data.close()
-        if resp.status_code == 401 and not _authed and self._authenticate(resp):
-            resp.close()
+        """``method url``; the response when its status is in ``ok`` (its body unread: use :meth:`_body`)."""
+        resp = self._send(method, url, body_factory, headers)
+        if resp.status_code == 401 and not _authed and self._authenticate(resp, url):
+            netread.release(resp, self._deadline)
             return self._request(
                 method, url, ok=ok, body_factory=body_factory, headers=headers, stream=stream, _authed=True
             )
@@ -376,83 +430,144 @@ class RegistryClient:
             return resp
         raise self._error(method, url, resp)
 
+    def _body(self, resp: requests.Response, limit: int, what: str = "answer") -> bytes:
+        """The body of ``resp`` within ``limit`` bytes and the operation's deadline; closed afterwards."""
+        try:
+            return netread.read_body(resp, resp.url or "", limit, self._deadline, what)
+        finally:
+            resp.close()
+
+    def _json(self, resp: requests.Response, limit: int, what: str) -> Any:
+        body = self._body(resp, limit, what)
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise MalformedAnswer(f"{what} from {redact(resp.url or '')} is not valid JSON") from None
+
     def _error(self, method: str, url: str, resp: requests.Response) -> RegistryError:
         codes: list[str] = []
         detail = ""
         try:
-            payload = resp.json()
+            raw = b"" if method == "HEAD" else self._body(resp, netread.ERROR_LIMIT, "error answer")
+        except (netread.Exceeded, requests.RequestException):
+            raw = b""
+        try:
+            payload = json.loads(raw)
             for err in payload.get("errors", []) or []:
                 codes.append(str(err.get("code")))
                 detail += f" {err.get('code')}: {err.get('message')}"
-        except ValueError:
-            detail = (" " + resp.text[:200].strip()) if method != "HEAD" and resp.text else ""
+        except (ValueError, AttributeError, TypeError):
+            text = raw.decode("utf-8", "replace")
+            detail = (" " + text[:200].strip()) if text.strip() else ""
         retry_after = None
         if resp.headers.get("Retry-After", "").strip().isdigit():
             retry_after = float(resp.headers["Retry-After"])
         path = urlparse(url).path
         resp.close()
         return RegistryError(
-            f"{method} {path} -> HTTP {resp.status_code}{detail}",
+            f"{method} {path} -> HTTP {resp.status_code}{detail[:400]}",
             status=resp.status_code,
             codes=codes,
             retryable=resp.status_code in RETRY_STATUS,
             retry_after=retry_after,
         )
 
-    def _authenticate(self, resp: requests.Response) -> bool:
+    def _authenticate(self, resp: requests.Response, url: str) -> bool:
+        """Answer the challenge of ``resp`` (to a request for ``url``): the header is kept for that origin only."""
         challenge = resp.headers.get("WWW-Authenticate", "")
         scheme, params = _parse_challenge(challenge)
         if scheme == "basic" and self.credentials:
             token = base64.b64encode(":".join(self.credentials).encode()).decode()
-            self._auth_header = f"Basic {token}"
+            self._auth_header, self._auth_origin = f"Basic {token}", url
             return True
         if scheme == "bearer" and params.get("realm"):
-            query = {k: v for k, v in params.items() if k in ("service", "scope")}
-            scope = f"repository:{self.repository.name}:pull,push"
-            query["scope"] = scope
-            auth = self.credentials if self.credentials else None
-            r = self.session.get(params["realm"] + "?" + urlencode(query), auth=auth, timeout=self.timeout)
-            if r.status_code != 200:
-                raise RegistryError(
-                    f"token request to {params['realm']} -> HTTP {r.status_code}",
-                    status=r.status_code,
-                    retryable=r.status_code in RETRY_STATUS,
-                )
-            tok = r.json().get("token") or r.json().get("access_token")
-            if not tok:
-                raise RegistryError(f"token endpoint {params['realm']} returned no token")
-            self._auth_header = f"Bearer {tok}"
+            self._auth_header, self._auth_origin = f"Bearer {self._token(params)}", url
             return True
         return False
 
+    def _token(self, params: dict[str, str]) -> str:
+        """A bearer token from the challenge's realm (with the credentials, if any). The realm is http(s), and
+        https unless the registry itself is plain HTTP; its redirects are not followed; the answer is bounded."""
+        realm = params["realm"]
+        scheme = urlparse(realm).scheme
+        if scheme not in ("http", "https") or (scheme == "http" and self.repository.scheme == "https"):
+            raise MalformedAnswer(f"the registry names a token realm {redact(realm)} that is not https")
+        query = {k: v for k, v in params.items() if k in ("service", "scope")}
+        query["scope"] = f"repository:{self.repository.name}:pull,push"
+        r = self.session.get(realm + ("&" if "?" in realm else "?") + urlencode(query), auth=self.credentials,
+                             timeout=self._timeout(), allow_redirects=False, stream=True)  # fmt: skip
+        if r.status_code != 200:
+            r.close()
+            raise RegistryError(f"token request to {redact(realm)} -> HTTP {r.status_code}", status=r.status_code,
+                                retryable=r.status_code in RETRY_STATUS)  # fmt: skip
+        answer = self._json(r, netread.DOCUMENT_LIMIT, "token answer")
+        tok = (answer.get("token") or answer.get("access_token")) if isinstance(answer, dict) else None
+        if not isinstance(tok, str) or not tok or not tok.isprintable():
+            raise MalformedAnswer(f"token endpoint {redact(realm)} returned no token")
+        return tok
+
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return with_retries(fn, what=what, policy=self.policy, log=self.log)
+
+    def budget(self, seconds: float) -> RegistryClient:
+        """Make every read operation of this client from now on end within ``seconds`` in all (a verb's reads)."""
+        self.until = time.monotonic() + seconds
+        return self
+
+    def _read(self, what: str, url: str, fn: Callable[[], T]) -> T:
+        """A read operation: ``fn`` with retries, all of it within ``read_seconds`` (and the policy's total); past
+        that, or over a size limit, a non-retryable :class:`RegistryError` naming the URL and the limit."""
+        if self._deadline is not None:  # nested: the outer operation's deadline holds
+            return self._retry(what, fn)
+        seconds = min(self.read_seconds, self.policy.total_seconds)
+        if self.until is not None:
+            seconds = min(seconds, self.until - time.monotonic())
+        self._local.deadline = netread.Deadline(seconds, what)
+        try:
+            with netread.guard(self._local.deadline, url):
+                return self._retry(what, fn)
+        except netread.Exceeded as exc:
+            raise RegistryError(exc.message) from None
+        except RetriesExhausted as exc:
+            if isinstance(exc.last, netread.Exceeded):
+                raise RegistryError(exc.last.message) from None
+            raise
+        finally:
+            self._local.deadline = None
 
     # -- API -------------------------------------------------------------------------------
 
     def ping(self) -> None:
         """``GET /v2/``: is this an OCI registry we can talk to? Raises RegistryError."""
         url = f"{self.repository.base_url}/v2/"
-        self._retry("ping", lambda: self._request("GET", url, ok=(200,)).close())
+        self._retry("ping", lambda: netread.release(self._request("GET", url, ok=(200,))))
 
     def list_tags(self) -> list[str]:
-        """All tags of the repository (follows ``Link`` pagination); [] if the repository does not exist."""
+        """All tags of the repository; [] if the repository does not exist. ``Link`` pagination is followed on
+        the registry's origin only, ends at a page already read, and fails past ``netread.PAGE_LIMIT`` pages."""
+        first = self._url("tags/list?n=1000")
+        return self._read("list tags", first, lambda: self._tag_pages(first))
+
+    def _tag_pages(self, first: str) -> list[str]:
         tags: list[str] = []
-        url: str | None = self._url("tags/list?n=1000")
-        while url:
-            current = url
-
-            def fetch(current: str = current) -> requests.Response:
-                return self._request("GET", current, ok=(200, 404))
-
-            resp = self._retry("list tags", fetch)
+        seen: set[str] = set()
+        url: str | None = first
+        while url and url not in seen:
+            if len(seen) >= netread.PAGE_LIMIT:
+                raise MalformedAnswer(f"{redact(first)}: tag list longer than {netread.PAGE_LIMIT} pages (the limit)")
+            seen.add(url)
+            resp = self._request("GET", url, ok=(200, 404))
             if resp.status_code == 404:
-                codes = _error_codes(resp)
+                codes = _error_codes(self._body(resp, netread.ERROR_LIMIT, "error answer"))
                 if not codes or "NAME_UNKNOWN" in codes:
                     return tags
                 raise RegistryError(f"GET tags/list -> HTTP 404 {codes}", status=404, codes=codes)
-            tags.extend(resp.json().get("tags") or [])
-            url = _next_link(resp, current)
+            nxt = _next_link(resp, url)
+            tags.extend(_tag_page(self._json(resp, netread.DOCUMENT_LIMIT, "tag list"), url))
+            if nxt is not None and not netread.same_origin(nxt, first):
+                raise MalformedAnswer(f"{redact(url)}: the tag list's next page is on another origin "
+                                      f"({redact(nxt)}); refused")  # fmt: skip
+            url = nxt
         return tags
 
     def head_manifest(self, reference: str) -> ManifestInfo | None:
@@ -460,7 +575,7 @@ class RegistryClient:
             resp = self._request(
                 "HEAD", self._url(f"manifests/{reference}"), ok=(200, 404), headers={"Accept": MANIFEST_ACCEPT}
             )
-            resp.close()
+            netread.release(resp, self._deadline)
             if resp.status_code == 404:
                 return None
             size = resp.headers.get("Content-Length")
@@ -470,7 +585,7 @@ class RegistryClient:
                 size=int(size) if size and size.isdigit() else None,
             )
 
-        return self._retry(f"HEAD manifest {reference}", call)
+        return self._read(f"HEAD manifest {reference}", self._url(f"manifests/{reference}"), call)
 
     def get_manifest(self, reference: str) -> Manifest | None:
         def call() -> Manifest | None:
@@ -481,15 +596,15 @@ class RegistryClient:
                 headers={"Accept": MANIFEST_ACCEPT, "Cache-Control": "no-cache"},
             )
             if resp.status_code == 404:
-                resp.close()
+                netread.release(resp, self._deadline)
                 return None
             return Manifest(
-                body=resp.content,
+                body=self._body(resp, netread.MANIFEST_LIMIT, "manifest"),
                 media_type=resp.headers.get("Content-Type"),
                 header_digest=resp.headers.get("Docker-Content-Digest"),
             )
 
-        return self._retry(f"GET manifest {reference}", call)
+        return self._read(f"GET manifest {reference}", self._url(f"manifests/{reference}"), call)
 
     def put_manifest(self, reference: str, body: bytes, media_type: str) -> str | None:
         """PUT a manifest under a tag or a digest; returns the registry's ``Docker-Content-Digest``."""
@@ -508,7 +623,7 @@ class RegistryClient:
             body_factory=lambda: body,
             headers={"Content-Type": media_type},
         )
-        resp.close()
+        netread.release(resp, self._deadline)
         return resp.headers
 
     def put_manifest_subject(self, reference: str, body: bytes, media_type: str) -> tuple[str | None, str | None]:
@@ -526,27 +641,27 @@ class RegistryClient:
         None when the registry has no referrers API (404/405, or an answer that is not an image index), so the
         caller reads the tag-schema fallback (``sha256-<hex>``) instead."""
         query = f"?{urlencode({'artifactType': artifact_type})}" if artifact_type else ""
+        url = self._url(f"referrers/{digest}") + query
 
         def call() -> dict[str, Any] | None:
-            resp = self._request("GET", self._url(f"referrers/{digest}") + query, ok=(200, 404, 405),
-                                 headers={"Accept": OCI_INDEX})  # fmt: skip
+            resp = self._request("GET", url, ok=(200, 404, 405), headers={"Accept": OCI_INDEX})
             if resp.status_code != 200 or not resp.headers.get("Content-Type", "").startswith(OCI_INDEX):
-                resp.close()
+                netread.release(resp, self._deadline)
                 return None
             try:
-                data = resp.json()
-            except ValueError:
+                data = self._json(resp, netread.MANIFEST_LIMIT, "referrers index")
+            except MalformedAnswer:
                 return None
             return data if isinstance(data, dict) and isinstance(data.get("manifests"), list) else None
 
-        return self._retry(f"GET referrers {digest[:19]}", call)
+        return self._read(f"GET referrers {digest[:19]}", url, call)
 
     def delete_manifest(self, digest: str) -> bool:
         """DELETE by digest. False when the registry does not allow deletion or does not have it."""
 
         def call() -> bool:
             resp = self._request("DELETE", self._url(f"manifests/{digest}"), ok=(202, 200, 404, 405))
-            resp.close()
+            netread.release(resp, self._deadline)
             return resp.status_code in (200, 202)
 
         return self._retry(f"DELETE manifest {digest}", call)
@@ -554,24 +669,28 @@ class RegistryClient:
     def blob_exists(self, digest: str) -> bool:
         def call() -> bool:
             resp = self._request("HEAD", self._url(f"blobs/{digest}"), ok=(200, 404))
-            resp.close()
+            netread.release(resp, self._deadline)
             return resp.status_code == 200
 
-        return self._retry(f"HEAD blob {digest[:19]}", call)
+        return self._read(f"HEAD blob {digest[:19]}", self._url(f"blobs/{digest}"), call)
 
-    def get_blob(self, digest: str, *, max_bytes: int = 64 << 20) -> bytes:
+    def get_blob(self, digest: str, *, max_bytes: int = 64 << 20, size: int | None = None) -> bytes:
+        """The blob ``digest``: at most ``max_bytes``; with ``size`` (what its descriptor declares) exactly that
+        many bytes, checked against the digest (without, the caller compares)."""
+        if size is not None and not 0 <= size <= max_bytes:
+            raise MalformedAnswer(f"blob {digest}: declared size {size} is not within 0..{max_bytes} bytes")
+        url = self._url(f"blobs/{digest}")
+
         def call() -> bytes:
-            resp = self._request("GET", self._url(f"blobs/{digest}"), ok=(200,), stream=True)
-            chunks, total = [], 0
-            for chunk in resp.iter_content(1 << 16):
-                total += len(chunk)
-                if total > max_bytes:
-                    resp.close()
-                    raise RegistryError(f"blob {digest} larger than {max_bytes} bytes")
-                chunks.append(chunk)
-            return b"".join(chunks)
+            resp = self._request("GET", url, ok=(200,))
+            data = self._body(resp, max_bytes if size is None else size, f"blob {digest[:19]}")
+            if size is not None and len(data) != size:
+                raise MalformedAnswer(f"blob {digest}: {len(data)} bytes served, its descriptor says {size}")
+            if size is not None and sha256_digest(data) != digest:
+                raise MalformedAnswer(f"blob {digest}: the registry served other bytes")
+            return data
 
-        return self._retry(f"GET blob {digest[:19]}", call)
+        return self._read(f"GET blob {digest[:19]}", url, call)
 
     def mount_blob(self, digest: str, source: str) -> bool:
         """Cross-repository mount: ``POST blobs/uploads/?mount=<digest>&from=<source>`` (same registry).
@@ -583,15 +702,14 @@ class RegistryClient:
         def call() -> bool:
             query = urlencode({"mount": digest, "from": source})
             resp = self._request("POST", self._url(f"blobs/uploads/?{query}"), ok=(201, 202))
-            resp.close()
+            netread.release(resp, self._deadline)
             if resp.status_code == 201:
                 return True
             location = resp.headers.get("Location")
             if location:
                 try:
-                    self._request(
-                        "DELETE", urljoin(self.repository.base_url + "/", location), ok=(200, 202, 204, 404)
-                    ).close()
+                    cancel = urljoin(self.repository.base_url + "/", location)
+                    netread.release(self._request("DELETE", cancel, ok=(200, 202, 204, 404)))
                 except RegistryError:
                     pass  # an abandoned session expires on its own
             return False
@@ -608,7 +726,7 @@ class RegistryClient:
         def call() -> None:
             resp = self._request("POST", self._url("blobs/uploads/"), ok=(202,))
             location = resp.headers.get("Location")
-            resp.close()
+            netread.release(resp, self._deadline)
             if not location:
                 raise RegistryError("POST blobs/uploads/ -> 202 without a Location header")
             upload_url = urljoin(self.repository.base_url + "/", location)
@@ -623,7 +741,7 @@ class RegistryClient:
                 body_factory=opener,
                 headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
             )
-            resp.close()
+            netread.release(resp, self._deadline)
             got = resp.headers.get("Docker-Content-Digest")
             if got and got != digest:
                 raise RegistryError(f"blob upload stored {got}, expected {digest}")
@@ -631,16 +749,26 @@ class RegistryClient:
         self._retry(f"upload blob {digest[:19]}", call)
 
 
-def _error_codes(resp: requests.Response) -> list[str]:
+def _error_codes(body: bytes) -> list[str]:
     try:
-        return [str(e.get("code")) for e in (resp.json().get("errors") or [])]
-    except ValueError:
+        return [str(e.get("code")) for e in (json.loads(body).get("errors") or [])]
+    except (ValueError, AttributeError, TypeError):
         return []
+
+
+def _tag_page(doc: Any, url: str) -> list[str]:
+    """The tags of one page of a tag list: ``{"tags": [str, …] | null}``, anything else a MalformedAnswer."""
+    tags = doc.get("tags") if isinstance(doc, dict) else ()
+    if tags is None:
+        return []
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t.isprintable() and len(t) <= 128 for t in tags):
+        raise MalformedAnswer(f'{redact(url)}: the tag list is not {{"tags": [strings]}}')
+    return tags
 
 
 def _next_link(resp: requests.Response, current: str) -> str | None:
     link = resp.headers.get("Link")
-    if not link:
+    if not link or len(link) > 8192:  # no page link, or none a registry would send
         return None
     m = re.search(r"<([^>]+)>\s*;\s*rel=\"?next\"?", link)
     if not m:
