@@ -266,6 +266,7 @@ def locked(indexes, repos, tmp_path_factory):
     """A repository root holding post2's locks, and the --set values they were made with."""
     tmp = tmp_path_factory.mktemp("locked")
     sets = [f"indexes.{n}.url={s.url}" for n, s in indexes.items()] + ms.upstream_overrides(repos)
+    sets.append("base.pip={version: '26.3', sha256: [" + "c" * 64 + "]}")  # a locked stack hashes its installer
     root = _root(tmp)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STACKFORGE_CACHE", str(tmp / "cache"))
