@@ -144,6 +144,14 @@ CASES = [
         expect=[r"No matching distribution found for triton==3\.2\.1"],
     ),
     Case(
+        # vLLM's build requirements not installed in the deps stage: the offline kernel stage cannot fetch them,
+        # and the build fails naming the one vLLM's build imports (the plugin's vLLM install step too)
+        "missing-build-requirement",
+        ["requirements.vllm-build.files=[{upstream: vllm_musa, path: requirements/test.txt}]"],
+        code=1,
+        expect=[r"build requirement setuptools-scm\S* is not installed"],
+    ),
+    Case(
         "hash-mismatch-public",
         # pip checks hashes for a whole phase: every public pin carries one, torchada's is wrong.
         [f"packages.torchada.sha256=[{BAD_SHA}]", f"packages.numpy.sha256=[{BAD_SHA}]"],
