@@ -151,8 +151,11 @@ def test_the_evidence_lists_resolutions_and_installed_packages(happy):
 def test_auto_keeps_a_base_that_has_the_probe(happy, root, tmp_path_factory):
     ref, _ = happy
     out = tmp_path_factory.mktemp("kept")
-    # Line 5.1 would install musa-toolkit-5-1: the base already has mcc, so nothing is installed.
-    proc = build(root, out, f"base.image={ref}", "platform.musa_runtime=5.1")
+    # Line 5.1 would install musa-toolkit-5-1: the base already has mcc, so nothing is installed. (A 5.1 runtime
+    # line goes with a 5.1 toolkit, or lint refuses the stack; the kept base's /usr/local/musa stays as it is.)
+    proc = build(
+        root, out, f"base.image={ref}", "platform.musa_runtime=5.1", "platform.musa=5.1.0", "system.musa.symlinks={}"
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     kept = proc.stdout.strip().splitlines()[-1]
     text = (evidence_dirs.newest(out / "evidence") / "system.txt").read_text()
@@ -172,7 +175,7 @@ def test_never_skips_the_layer(root, tmp_path_factory):
 def test_a_line_without_a_match_fails_naming_the_package_and_key(root, tmp_path_factory):
     out = tmp_path_factory.mktemp("bad")
     tag = "stackforge-test/sysapt:musa9.9"
-    proc = build(root, out, "platform.musa_runtime=9.9", "system.musa.install=always")
+    proc = build(root, out, "platform.musa_runtime=9.9", "platform.musa=9.9.0", "system.musa.install=always")
     assert proc.returncode != 0
     assert "error: system.musa.packages.2 (libmthreads-compute): no version of line 9.9" in proc.stderr
     assert "system.musa.packages.0 (musa-toolkit): no package" in proc.stderr
