@@ -4,8 +4,8 @@
 When it exists, that index's pip phase installs from it with ``--require-hashes``; an
 index declared ``lock: true`` in the stack must have one.
 
-- a public index is locked with pip's own resolver for the stack's Python and platform
-  (``build/resolve.py`` says how and why not pip-tools): the whole resolution of
+- a public index is locked with uv's resolver for the stack's Python and platform
+  (``build/resolve.py`` says how, and why not pip): the whole resolution of
   :func:`public_inputs`, pinned and hashed, with every vendor pin held at its exact
   version and left out, so a public lock never names (or pulls) a package a vendor
   index of the stack provides;
@@ -84,7 +84,7 @@ def public_inputs(loaded: LoadedStack, index: str, trees: dict[str, Path] | None
     patched upstream trees; without them, the labels alone) as ``<upstream>/<path>`` (``build/reqlocks.py``);
     its packages are admitted by ``# via -r <upstream>/<path>``. The build holds every pin as a constraint of
     every phase after the one that installs it; here the index's own pins are exact requirements, the public
-    pins of other indexes constraints, and the vendor pins are held by :func:`resolve.run_pip`."""
+    pins of other indexes constraints, and the vendor pins are held by :func:`resolve.run_uv`."""
     stack = loaded.model
     mine = {canonicalize_name(n) for n, p in stack.packages.items() if p.index == index}
     held = [f"{n}=={v}" for n, v in requirements.public_pins(stack).items() if canonicalize_name(n) not in mine]
@@ -368,17 +368,17 @@ def _requested_by(inputs: list[resolve.Input]) -> dict[str, str]:
 
 def lock_public(loaded: LoadedStack, index: str, workspace: Workspace | None = None,
                 trees: dict[str, Path] | None = None) -> dict[str, str]:
-    """Resolve :func:`public_inputs` of ``index`` with pip for the stack's Python and platform, the vendor
+    """Resolve :func:`public_inputs` of ``index`` with uv for the stack's Python and platform, the vendor
     pins held at their exact versions (``build/resolve.py``). {lock key: text}: the index's lock, and
     ``<vendor>-deps`` for each vendor whose ``deps_from`` is this index (what only its pins require).
-    The index's credential (the workspace's resolver) reaches pip only through a private temporary
-    directory that is removed afterwards; pip's messages are redacted. Pip and the vendor wheels' metadata
+    The index's credential (the workspace's resolver) reaches uv only through a private temporary
+    directory that is removed afterwards; uv's messages are redacted. uv and the vendor wheels' metadata
     reach the index through the workspace's CA bundle."""
     stack, ws = loaded.model, workspace_for(loaded, workspace)
     if trees is None and reqlocks.sources(stack, index):
         with reqlocks.exported(loaded, reqlocks.upstreams_needed(stack, index), ws) as exported:
             return lock_public(loaded, index, ws, exported)
-    resolve.check_pip()
+    uv = resolve.find_uv()
     url = stack.indexes[index].url
     credential = ws.index_credential(loaded, index)
     ca_bundle = ws.ca_bundle_file()
@@ -394,14 +394,15 @@ def lock_public(loaded: LoadedStack, index: str, workspace: Workspace | None = N
                 meta = resolve.vendor_metadata(stack, pkg.index, name, pkg.version, target, ws.cache("wheel-metadata"),
                                                ws.index_credential(loaded, pkg.index), ca_bundle)
                 resolve.stub_wheel(stubs, name, pkg.version, meta)
-        env, index_args = resolve.pip_env(tmp, url, credential, ca_bundle)
-        report = resolve.run_pip(tmp, target, index_args, env, inputs, vendors, stubs,
-                                 lambda text: scrub(text, credential), stack, index, credential)
-        nodes = resolve.graph(report, target)
+        env = resolve.uv_env(tmp, url, credential, ca_bundle, ws.cache("uv"))
+        nodes = resolve.run_uv(uv, tmp, target, env, inputs, vendors, stubs, lambda text: scrub(text, credential),
+                               stack, index, credential)
         stub_url = stubs.as_uri()
+        stub_files = {p.as_uri() for p in stubs.iterdir()} | {str(p) for p in stubs.iterdir()}
     for name, version in vendors.items():
         node = nodes.get(name)
-        if node is not None and (not localver.matches(version, node.version) or not node.url.startswith(stub_url)):
+        if node is not None and (not localver.matches(version, node.version) or not (
+                node.url.startswith(stub_url) or node.url in stub_files)):
             raise UserError(f"the resolution of index '{index}' took {name} {node.version} from {redact(node.url)}, "
                             f"not the vendor pin {version}", fix="check the vendor pins and the public requirements")
     requested = _requested_by(inputs)
@@ -415,7 +416,7 @@ def lock_public(loaded: LoadedStack, index: str, workspace: Workspace | None = N
     kind = f"for {target.describe()}"
     held = f"; the {len(vendors)} vendor pins held at their exact versions and left out" if vendors else ""
     head = (f"# Lock of the '{index}' requirements of stack '{stack.name}' {kind}, made by "
-            f"`stackforge lock {stack.name}`\n# (pip's resolver against {redact(url)}{held}). Do not edit.\n"
+            f"`stackforge lock {stack.name}`\n# (uv's resolver against {redact(url)}{held}). Do not edit.\n"
             + reqlocks.header(stack, index, inputs))
     taken = set(public)
     for vendor in deps_vendors:
@@ -482,7 +483,7 @@ def write_locks(loaded: LoadedStack, indexes: list[str] | None = None,
                 trees = scope.enter_context(reqlocks.exported(loaded, need, ws))
         for index in todo:
             role = stack.indexes[index].role
-            how = "resolve (pip) for" if role == "public" else "read the file hashes of"
+            how = "resolve (uv) for" if role == "public" else "read the file hashes of"
             with progress.step(f"lock {stack.name}: {how} index '{index}' ({redact(stack.indexes[index].url)})"):
                 texts.update(lock_public(loaded, index, ws, trees) if role == "public" else
                              {index: lock_vendor(loaded, index, ws)})
