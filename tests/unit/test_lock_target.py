@@ -69,8 +69,9 @@ def _cli(capsys, root: Path, *argv: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def creds(monkeypatch, tmp_path):
-    monkeypatch.setenv("STACKFORGE_INDEX_PUB_USERNAME", USER)
-    monkeypatch.setenv("STACKFORGE_INDEX_PUB_PASSWORD", PASSWORD)
+    for name in ("PUB", "PUB2"):
+        monkeypatch.setenv(f"STACKFORGE_INDEX_{name}_USERNAME", USER)
+        monkeypatch.setenv(f"STACKFORGE_INDEX_{name}_PASSWORD", PASSWORD)
     monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("NETRC", raising=False)
 
@@ -130,3 +131,104 @@ def test_the_lock_resolves_markers_and_wheels_for_the_target_with_uv_and_no_pip_
     assert not any("pip._vendor" in a or "markers" in a for c in seen for a in c)
     assert not any(PASSWORD in a or PASSWORD.replace(" ", "%20") in a for c in seen for a in c)
     assert PASSWORD not in text + out + err
+
+
+# --------------------------------------------------------------------------- lock --check
+
+TWO_INDEXES = ["indexes.pub2={url: URL, role: public, private: true}", "packages.armonly={version: '1.0', index: pub2}"]
+
+
+def _two(server: IndexServer) -> list[str]:
+    sets = [s.replace("URL", f'"{server.url}"') for s in TWO_INDEXES]
+    return [a for s in sets for a in ("--set", s)]
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def test_lock_check_passes_offline_then_names_each_lock_and_what_moved(index, tmp_path, monkeypatch, capsys, creds):
+    root = _root(tmp_path, index)
+    two = _two(index)
+    assert _cli(capsys, root, "lock", "tiny", *two)[0] == 0
+    folder = root / "stacks" / "locks" / "tiny"
+    pub = (folder / "pub.txt").read_text()
+    assert "# held (the other pins of the stack, which the resolution held at their versions):\n" in pub
+    assert "#   armonly==1.0 (index 'pub2')\n" in pub
+    before = _snapshot(folder)
+
+    index.reset_log()
+    code, out, err = _cli(capsys, root, "lock", "--check", "tiny", *two)
+    assert code == 0, err
+    assert out.splitlines() == ["current: stacks/locks/tiny/pub.txt", "current: stacks/locks/tiny/pub2.txt"]
+    assert index.requests == []  # offline: the stack and its lock files are all it reads
+
+    # a pin the public resolution held moved: both locks are named, each with what moved, and the fix
+    code, out, err = _cli(capsys, root, "lock", "tiny", "--check", *two, "--set", "packages.armonly.version=2.0")
+    assert code == 1
+    line = pub.splitlines().index("#   armonly==1.0 (index 'pub2')")  # the line of the `# held` head
+    assert (
+        f"stale: stacks/locks/tiny/pub.txt:{line}: packages.armonly moved: the resolution held armonly==1.0 "
+        "(index 'pub2'), the stack pins 2.0 (index 'pub2')\n  fix: run: stackforge lock tiny"
+    ) in err
+    assert "stale: stacks/locks/tiny/pub2.txt:" in err and "armonly is pinned at 2.0 but the lock has 1.0" in err
+    # the target moved, and a pin of the index itself
+    code, out, err = _cli(capsys, root, "lock", "--check", "tiny", *two, "--set", "platform.python=3.11")
+    assert code == 1 and "the lock was resolved for CPython 3.10 on manylinux_2_35_x86_64, but the stack" in err
+    code, out, err = _cli(capsys, root, "lock", "--check", "tiny", *two, "--set", "packages.fast.version=2.1")
+    assert (
+        code == 1 and "stale: stacks/locks/tiny/pub.txt:" in err and "fast is pinned at 2.1 but the lock has 2.0" in err
+    )
+    # pub2's resolution held fast: its lock moved too
+    assert "stale: stacks/locks/tiny/pub2.txt:" in err and "packages.fast moved: the resolution held fast==2.0" in err
+    # a lock made before the held pins were recorded cannot be checked: stale, with the fix
+    (folder / "pub.txt").write_text("".join(l for l in pub.splitlines(True) if not l.startswith("#   armonly")))
+    try:
+        code, out, err = _cli(capsys, root, "lock", "--check", "tiny", *two)
+    finally:
+        (folder / "pub.txt").write_text(pub)
+    assert code == 1 and "packages.armonly (armonly==1.0, index 'pub2') is a pin the resolution did not hold" in err
+    assert _snapshot(folder).keys() == before.keys()
+    assert all(_snapshot(folder)[n][0] == before[n][0] for n in before)  # --check rewrote nothing
+    assert index.requests == []
+
+
+def test_lock_check_bad_input_exits_2(index, tmp_path, capsys, creds):
+    root = _root(tmp_path, index)
+    code, out, err = _cli(capsys, root, "lock", "--check", "tiny", "nosuch")
+    assert code == 2 and "no stack named 'nosuch'" in err and "Traceback" not in err
+    code, out, err = _cli(capsys, root, "lock", "--check", "tiny", "--index", "nope")
+    assert code == 2 and "stack 'tiny' has no index 'nope'" in err
+    code, out, err = _cli(capsys, root, "lock", "tiny", "tiny")
+    assert code == 2 and "add --check to check several" in err
+    assert not (root / "stacks" / "locks").exists()
+
+
+def test_lock_check_of_a_stack_declared_locked_without_its_lock_fails(index, tmp_path, capsys, creds):
+    root = _root(tmp_path, index)
+    code, out, err = _cli(capsys, root, "lock", "--check", "tiny")
+    assert (code, out.strip()) == (0, "tiny: no lock files (stacks/locks/tiny/)")
+    code, out, err = _cli(capsys, root, "lock", "--check", "tiny", "--set", "indexes.pub.lock=true")
+    assert code == 1
+    assert "stale: stacks/locks/tiny/pub.txt: index 'pub' is declared `lock: true` but its lock file is missing" in err
+
+
+def test_the_checked_in_example_lock_is_current(capsys):
+    from tests.fixtures.stack_support import REPO
+
+    code, out, err = _cli(capsys, REPO, "lock", "--check", "example")
+    assert (code, out.strip()) == (0, "current: stacks/locks/example/pypi.txt"), err
+
+
+# --------------------------------------------------------------------------- the unlocked public phase
+
+
+def test_an_unlocked_public_phase_is_named_at_render_time_not_refused(index, tmp_path, capsys, creds):
+    root = _root(tmp_path, index)
+    note = "note: index 'pub' of tiny has no lock: its phase installs without hashes (run: stackforge lock tiny)"
+    code, out, err = _cli(capsys, root, "render", "tiny", "--no-sources", "--out", str(tmp_path / "r1"))
+    assert code == 0, err
+    assert err.splitlines().count(note) == 1
+    assert _cli(capsys, root, "lock", "tiny")[0] == 0
+    code, out, err = _cli(capsys, root, "render", "tiny", "--no-sources", "--out", str(tmp_path / "r2"))
+    assert code == 0 and "has no lock" not in err, err
