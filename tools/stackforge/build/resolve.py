@@ -208,8 +208,8 @@ def vendor_metadata(stack: Stack, index: str, name: str, version: str, target: T
 
 # uv's conflict explanation: "you require numpy==1.26.4", "gguf==0.17.1 depends on numpy>=2"
 _YOU = re.compile(r"you require (?P<reqs>.+?)(?=, we can conclude|,? and (?:you require|because)|\.?$)", re.M)
-_DEPENDS = re.compile(r"(?P<who>[A-Za-z0-9][\w.-]*)(?:==|>=|<=|>|<|!=)?(?P<ver>[\w.+!*-]*) depends on "
-                      r"(?P<dep>[^,;]+?)(?=,| and |\.?$)", re.M)
+_DEPENDS = re.compile(r"(?:all versions of |only )?(?P<who>[A-Za-z0-9][\w.-]*)(?:==(?P<ver>[\w.+!*-]+))? depends? on "
+                      r"(?P<dep>[^,;]+?)(?=,|\.?$)", re.M)
 _NO_WHEEL = re.compile(r"(?P<name>[A-Za-z0-9][\w.-]*?)(?:[=<>!~]=?[\w.+!*-]+)? has no (?:usable )?wheels|"
                        r"(?P<name2>[A-Za-z0-9][\w.-]*?)(?:[=<>!~]=?[\w.+!*-]+)? has no wheels with a matching|"
                        r"(?P<name3>[A-Za-z0-9][\w.-]*?) was not found in the package registry|"
@@ -218,7 +218,9 @@ _NO_WHEEL = re.compile(r"(?P<name>[A-Za-z0-9][\w.-]*?)(?:[=<>!~]=?[\w.+!*-]+)? h
 
 def pin_conflicts(stderr: str, stack: Stack) -> list[str]:
     """From uv's conflict message: each pin of the stack that a requirement asks another version of, with its
-    stack key and what asked (``numpy==1.26.4 (packages.numpy): gguf==0.17.1 depends on numpy>=2``)."""
+    stack key and what asked (``numpy==1.26.4 (packages.numpy): gguf==0.17.1 depends on numpy>=2``). uv says
+    ``you require numpy==1.26.4 and numpy==1.26`` (the inputs) and ``[all versions of] gguf[==0.17.1] depend[s]
+    on numpy>=2 [and <a constraint>]``."""
     pins: dict[str, tuple[str, str]] = {canonicalize_name(n): (n, p.version) for n, p in stack.packages.items()}
     asked: dict[str, list[str]] = {}
     text = " ".join(line.strip(" │╰─▶×") for line in stderr.splitlines())
@@ -367,9 +369,9 @@ def parse_pylock(text: str) -> dict[str, list[tuple[str, str]]]:
         name = re.search(r'^name = "([^"]+)"', block, re.M)
         if name is None:
             continue
-        wheels = re.findall(r'url = "([^"]+)"[^{}]*?hashes = \{ sha256 = "([0-9a-f]{64})" \}', block)
+        wheels = re.findall(r'url = "([^"]+)"[^{}]*?hashes = \{[^}]*?\bsha256 = "([0-9a-f]{64})"', block)
         if not wheels:  # a path (local file) instead of a URL
-            wheels = re.findall(r'path = "([^"]+)"[^{}]*?hashes = \{ sha256 = "([0-9a-f]{64})" \}', block)
+            wheels = re.findall(r'path = "([^"]+)"[^{}]*?hashes = \{[^}]*?\bsha256 = "([0-9a-f]{64})"', block)
         out[canonicalize_name(name.group(1))] = wheels
     return out
 
