@@ -613,15 +613,12 @@ def check_stack(loaded: LoadedStack, sources: bool = False, workspace: Workspace
             continue
         checked.append(path)
         try:
-            text = path.read_text()
-            lock = parse_lock(path, text, rel, stack.name)
-            verify_lock(loaded, key, lock, rel)
-        except UnicodeDecodeError:
-            stale.append(Stale(rel, None, "the lock file is not UTF-8 text"))
-            continue
+            lock = read_lock(loaded, key)  # as render, build and lint read it
         except UserError as err:
             stale.append(Stale(rel, err.line, _plain(err.message)))
             continue
+        assert lock is not None
+        text = lock.text
         made_by = _resolution_index(stack, key)
         if made_by is None:
             continue
