@@ -232,3 +232,21 @@ def test_an_unlocked_public_phase_is_named_at_render_time_not_refused(index, tmp
     assert _cli(capsys, root, "lock", "tiny")[0] == 0
     code, out, err = _cli(capsys, root, "render", "tiny", "--no-sources", "--out", str(tmp_path / "r2"))
     assert code == 0 and "has no lock" not in err, err
+
+
+def test_a_query_token_reaches_uv_through_its_environment_not_its_command_line(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "files"
+    build_wheel(d, "top", "1.0")
+    build_wheel(d, "fast", "2.0", python_tag="cp310", abi_tag="cp310", platform_tag=MANYLINUX)
+    monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
+    with IndexServer(d) as server:
+        root = _root(tmp_path, server)
+        seen = _spy(monkeypatch)
+        token = "s3cr3t-Tok"
+        code, out, err = _cli(capsys, root, "lock", "tiny", "--set", f"indexes.pub.url={server.url}?token={token}")
+        pages = [r.path for r in server.requests if r.path.startswith("/simple/")]
+    assert code == 0, err
+    assert pages and all(p.endswith(f"?token={token}") for p in pages)  # every page asked with the token
+    text = (root / "stacks" / "locks" / "tiny" / "pub.txt").read_text()
+    assert "top==1.0" in text and "fast==2.0" in text
+    assert not any(token in a for c in seen for a in c) and token not in text + out + err
