@@ -63,8 +63,9 @@ lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests a
 	$(VENV)/bin/ruff format --check tools tests bench
 	$(VENV)/bin/mypy
 
-lint-domain: $(STAMP) ## stack rules, the stale-reference audit, patch-series lint, byte-stable export, recipes and the cookbook
+lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, patch-series lint, byte-stable export, recipes and the cookbook
 	$(STACKFORGE) lint
+	$(STACKFORGE) lock --check $(notdir $(wildcard stacks/locks/*))
 	$(STACKFORGE) audit post2
 	$(STACKFORGE) patches lint
 	$(STACKFORGE) patches export --check

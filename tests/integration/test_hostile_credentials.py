@@ -1,4 +1,4 @@
-"""A private index that requires HTTP basic auth: the host-side sdist fetch, ``stackforge lock`` (pip)
+"""A private index that requires HTTP basic auth: the host-side sdist fetch, ``stackforge lock`` (uv)
 and ``stackforge newest`` take its credential from each source the README names (userinfo in the URL,
 ``STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD``, ``~/.netrc``) through the one resolver, and without it they
 fail with a message that names the 401 and the fix. The password is never printed, never written into a
@@ -130,7 +130,7 @@ def test_lock_without_a_credential_fails_clearly(private_index, tmp_path, monkey
     _source("none", server, tmp_path, monkeypatch)
     code, text = _cli(capsys, root, "lock", "tiny")
     assert code == 2
-    assert "pip could not resolve index 'priv'" in text and "credentials" in text
+    assert "uv could not resolve index 'priv'" in text and "credentials" in text
     assert "Traceback" not in text
 
 

@@ -105,7 +105,8 @@ def leftovers(d: Path) -> list[str]:
 def assert_one_clean_error(res: SimpleNamespace, *needles: str) -> None:
     assert res.rc == 2, (res.out, res.err)
     assert "Traceback" not in res.err
-    assert res.err.startswith("error: ") and "\n  fix: " in res.err, res.err
+    err = "".join(line for line in res.err.splitlines(True) if not line.startswith("note: "))  # notes are not errors
+    assert err.startswith("error: ") and "\n  fix: " in err, res.err
     for needle in needles:
         assert needle in res.err.splitlines()[0] + res.err, (needle, res.err)
 

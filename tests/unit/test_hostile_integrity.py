@@ -122,7 +122,7 @@ LOCK_CASES = [
         "duplicate",
         append(f"IDNA==3.10 \\\n    --hash=sha256:{HASH_B}\n"),
         "IDNA==3.10",
-        "idna is listed twice (also on line 3)",
+        "idna is listed twice (also on line 4)",
     ),
     (
         "extra-index-url",

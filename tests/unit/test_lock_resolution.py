@@ -257,7 +257,7 @@ def test_a_requirement_file_that_would_move_a_public_pin_fails_the_lock_naming_t
         "the requirements of index 'pypi' would move a pin of the stack, which every phase after the one that "
         "installs it holds as a constraint: numpy==1.26.4 (packages.numpy): a requirement asks for numpy==1.26"
     ) in text
-    assert "ERROR: Cannot install " in text  # pip's own message follows
+    assert "your requirements are unsatisfiable" in text  # uv's own message follows
     assert "Traceback" not in text and not locks.exists()
 
 
@@ -418,6 +418,33 @@ def test_a_moved_upstream_commit_that_changes_a_requirement_file_makes_the_lock_
     assert err.value.line == _header_line((root / PUBLIC_REL).read_text(), "vllm/requirements/common.txt")
     assert "vllm/requirements/common.txt (requirements.vllm-common.files[0]) changed since the lock" in str(err.value)
     assert f"upstream vllm at v0.28.1@{tagged['v0.28.1']}" in str(err.value)
+
+
+def test_lock_check_reads_the_requirement_files_only_with_sources(locked, repos, tmp_path, monkeypatch, capsys):
+    """Offline, ``lock --check`` checks post2's locks against the stack and names the requirement files it did not
+    re-read; with ``--sources`` it exports and patches the upstreams and finds the file the series changed."""
+    root, sets = locked
+    monkeypatch.setenv("STACKFORGE_CACHE", str(root.parent / "cache"))
+    argv = ["--root", str(root), "lock", "--check", "post2", *[a for s in sets for a in ("--set", s)]]
+    before = {p.name: p.read_bytes() for p in (root / "stacks" / "locks" / "post2").iterdir()}
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "current: stacks/locks/post2/pypi.txt" in out and "current: stacks/locks/post2/mthreads.txt" in out
+    assert "were checked by name, not re-read: add --sources" in err
+    assert cli.main([*argv, "--sources"]) == 0
+    text = (root / PUBLIC_REL).read_text()
+    with ms.requirement_patched(root, repos["vllm"], tmp_path, "ninja"):
+        assert cli.main(argv) == 0  # the file's name is still the one the lock records
+        capsys.readouterr()
+        assert cli.main([*argv, "--sources"]) == 1
+    out, err = capsys.readouterr()
+    line = _header_line(text, "vllm/requirements/common.txt")
+    assert (
+        f"stale: {PUBLIC_REL}:{line}: vllm/requirements/common.txt (requirements.vllm-common.files[0]) changed" in err
+    )
+    assert "fix: run: stackforge lock post2" in err
+    assert {p.name: p.read_bytes() for p in (root / "stacks" / "locks" / "post2").iterdir()} == before
 
 
 @pytest.mark.parametrize(

@@ -459,24 +459,33 @@ def test_a_public_pin_is_named_only_when_the_phase_held_it(tmp_path):
 
 
 def test_the_lock_names_the_pin_a_conflicting_resolution_would_move(stack):
-    quiet = (
-        "ERROR: Cannot install -r vllm/requirements/common.txt (line 3) and torchada==0.1.90 because these "
-        "package versions have conflicting dependencies."
+    """uv's own messages (0.13), for a pin as an input, as a constraint, and against an input's range."""
+    dependency = (
+        "error: No solution found when resolving dependencies\n  cause: Because all versions of extras depend on "
+        "torchada>=0.1.95 and you require torchada==0.1.90, we can conclude that your requirements and all versions "
+        "of extras are incompatible.\n         And because you require extras, we can conclude that your "
+        "requirements are unsatisfiable.\n"
     )
-    assert pin_conflicts(quiet, stack.model) == [
-        "torchada==0.1.90 (packages.torchada): it conflicts with -r vllm/requirements/common.txt (line 3)"
+    assert pin_conflicts(dependency, stack.model) == [
+        "torchada==0.1.90 (packages.torchada): extras depends on torchada>=0.1.95"
     ]
-    verbose = quiet + (
-        "\nThe conflict is caused by:\n    The user requested torchada==0.1.90\n    The user requested torchada\n"
-        "    extras 1.0 depends on torchada>=0.1.95\n"
-    )
-    assert pin_conflicts(verbose, stack.model) == [
-        "torchada==0.1.90 (packages.torchada): extras 1.0 depends on torchada>=0.1.95"
+    constraint = dependency.replace("and you require torchada==0.1.90", "and torchada==0.1.90")
+    assert pin_conflicts(constraint, stack.model) == [
+        "torchada==0.1.90 (packages.torchada): extras depends on torchada>=0.1.95"
     ]
-    assert (
-        pin_conflicts("ERROR: Cannot install a and b because these package versions have conflicting", stack.model)
-        == []
+    versioned = dependency.replace("all versions of extras depend on", "extras==1.0 depends on")
+    assert pin_conflicts(versioned, stack.model) == [
+        "torchada==0.1.90 (packages.torchada): extras==1.0 depends on torchada>=0.1.95"
+    ]
+    inputs = (
+        "error: No solution found when resolving dependencies\n  cause: Because you require torchada==0.1.90 and "
+        "torchada>=0.1.95, we can conclude that your requirements are unsatisfiable.\n"
     )
+    assert pin_conflicts(inputs, stack.model) == [
+        "torchada==0.1.90 (packages.torchada): a requirement asks for torchada>=0.1.95"
+    ]
+    other = inputs.replace("torchada", "unpinned-thing")
+    assert pin_conflicts(other, stack.model) == []
 
 
 def test_pulled_in_by_reads_the_pip_report():

@@ -10,13 +10,14 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stackforge.build import artifacts, edits, embed, installed, reqlocks, requirements, reuse
 from stackforge.build import sources as upstreams
-from stackforge.build.locks import read_locks
+from stackforge.build.locks import read_locks, unlocked_notes
 from stackforge.build.plan import Plan, make_plan
 from stackforge.build.system import write_context as write_system_context
 from stackforge.build.targets import write_context as write_target_context
@@ -199,6 +200,8 @@ def assemble(loaded: LoadedStack, out: Path | None = None, *, sources: bool = Tr
     stack, root = loaded.model, loaded.root
     ws = workspace_for(loaded, workspace)
     locks = read_locks(loaded)
+    for note in unlocked_notes(loaded):  # not an error: the phase installs, without --require-hashes
+        print(note, file=sys.stderr)
     plan = make_plan(loaded, {i: str(l.path.relative_to(root)) for i, l in locks.items()})
     bdir = build_dir_for(loaded, out)
     ctx_dir = bdir / "context"

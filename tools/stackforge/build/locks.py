@@ -4,8 +4,8 @@
 When it exists, that index's pip phase installs from it with ``--require-hashes``; an
 index declared ``lock: true`` in the stack must have one.
 
-- a public index is locked with pip's own resolver for the stack's Python and platform
-  (``build/resolve.py`` says how and why not pip-tools): the whole resolution of
+- a public index is locked with uv's resolver for the stack's Python and platform
+  (``build/resolve.py`` says how, and why not pip): the whole resolution of
   :func:`public_inputs`, pinned and hashed, with every vendor pin held at its exact
   version and left out, so a public lock never names (or pulls) a package a vendor
   index of the stack provides;
@@ -17,6 +17,10 @@ index declared ``lock: true`` in the stack must have one.
   with ``--require-hashes``;
 - a vendor index (installed ``--no-deps``) is locked from the index's own file
   hashes (PEP 691/503) for the exact pins.
+
+A public lock (and its vendors' dependency locks) records in its header the target it was resolved for and
+every other pin of the stack the resolution held (``# held …``), so ``stackforge lock --check`` can tell
+offline whether the lock is still current for the stack (:func:`check_stack`).
 
 A lock holds only ``name==version --hash=sha256:…`` entries and comments: any option,
 URL, path, range, duplicate or unhashed entry, a pin missing from it, or a package no pin
@@ -84,7 +88,7 @@ def public_inputs(loaded: LoadedStack, index: str, trees: dict[str, Path] | None
     patched upstream trees; without them, the labels alone) as ``<upstream>/<path>`` (``build/reqlocks.py``);
     its packages are admitted by ``# via -r <upstream>/<path>``. The build holds every pin as a constraint of
     every phase after the one that installs it; here the index's own pins are exact requirements, the public
-    pins of other indexes constraints, and the vendor pins are held by :func:`resolve.run_pip`."""
+    pins of other indexes constraints, and the vendor pins are held by :func:`resolve.run_uv`."""
     stack = loaded.model
     mine = {canonicalize_name(n) for n, p in stack.packages.items() if p.index == index}
     held = [f"{n}=={v}" for n, v in requirements.public_pins(stack).items() if canonicalize_name(n) not in mine]
@@ -368,17 +372,17 @@ def _requested_by(inputs: list[resolve.Input]) -> dict[str, str]:
 
 def lock_public(loaded: LoadedStack, index: str, workspace: Workspace | None = None,
                 trees: dict[str, Path] | None = None) -> dict[str, str]:
-    """Resolve :func:`public_inputs` of ``index`` with pip for the stack's Python and platform, the vendor
+    """Resolve :func:`public_inputs` of ``index`` with uv for the stack's Python and platform, the vendor
     pins held at their exact versions (``build/resolve.py``). {lock key: text}: the index's lock, and
     ``<vendor>-deps`` for each vendor whose ``deps_from`` is this index (what only its pins require).
-    The index's credential (the workspace's resolver) reaches pip only through a private temporary
-    directory that is removed afterwards; pip's messages are redacted. Pip and the vendor wheels' metadata
+    The index's credential (the workspace's resolver) reaches uv only through a private temporary
+    directory that is removed afterwards; uv's messages are redacted. uv and the vendor wheels' metadata
     reach the index through the workspace's CA bundle."""
     stack, ws = loaded.model, workspace_for(loaded, workspace)
     if trees is None and reqlocks.sources(stack, index):
         with reqlocks.exported(loaded, reqlocks.upstreams_needed(stack, index), ws) as exported:
             return lock_public(loaded, index, ws, exported)
-    resolve.check_pip()
+    uv = resolve.find_uv()
     url = stack.indexes[index].url
     credential = ws.index_credential(loaded, index)
     ca_bundle = ws.ca_bundle_file()
@@ -394,14 +398,15 @@ def lock_public(loaded: LoadedStack, index: str, workspace: Workspace | None = N
                 meta = resolve.vendor_metadata(stack, pkg.index, name, pkg.version, target, ws.cache("wheel-metadata"),
                                                ws.index_credential(loaded, pkg.index), ca_bundle)
                 resolve.stub_wheel(stubs, name, pkg.version, meta)
-        env, index_args = resolve.pip_env(tmp, url, credential, ca_bundle)
-        report = resolve.run_pip(tmp, target, index_args, env, inputs, vendors, stubs,
-                                 lambda text: scrub(text, credential), stack, index, credential)
-        nodes = resolve.graph(report, target)
+        env = resolve.uv_env(tmp, url, credential, ca_bundle, ws.cache("uv"))
+        nodes = resolve.run_uv(uv, tmp, target, env, inputs, vendors, stubs, lambda text: scrub(text, credential),
+                               stack, index, credential)
         stub_url = stubs.as_uri()
+        stub_files = {p.as_uri() for p in stubs.iterdir()} | {str(p) for p in stubs.iterdir()}
     for name, version in vendors.items():
         node = nodes.get(name)
-        if node is not None and (not localver.matches(version, node.version) or not node.url.startswith(stub_url)):
+        if node is not None and (not localver.matches(version, node.version) or not (
+                node.url.startswith(stub_url) or node.url in stub_files)):
             raise UserError(f"the resolution of index '{index}' took {name} {node.version} from {redact(node.url)}, "
                             f"not the vendor pin {version}", fix="check the vendor pins and the public requirements")
     requested = _requested_by(inputs)
@@ -415,8 +420,8 @@ def lock_public(loaded: LoadedStack, index: str, workspace: Workspace | None = N
     kind = f"for {target.describe()}"
     held = f"; the {len(vendors)} vendor pins held at their exact versions and left out" if vendors else ""
     head = (f"# Lock of the '{index}' requirements of stack '{stack.name}' {kind}, made by "
-            f"`stackforge lock {stack.name}`\n# (pip's resolver against {redact(url)}{held}). Do not edit.\n"
-            + reqlocks.header(stack, index, inputs))
+            f"`stackforge lock {stack.name}`\n# (uv's resolver against {redact(url)}{held}). Do not edit.\n"
+            + reqlocks.header(stack, index, inputs) + held_block(stack, index))
     taken = set(public)
     for vendor in deps_vendors:
         own: set[str] = {canonicalize_name(n) for n, p in stack.packages.items() if p.index == vendor}
@@ -425,7 +430,7 @@ def lock_public(loaded: LoadedStack, index: str, workspace: Workspace | None = N
         texts[vendor + DEPS] = (
             f"# Lock of the dependencies of the '{vendor}' wheels of stack '{stack.name}' {kind}, from index "
             f"'{index}',\n# made by `stackforge lock {stack.name}` in the same resolution as {index}.txt. "
-            "Do not edit.\n" + "".join(_entry_text(nodes[n], via[n]) for n in mine))
+            "Do not edit.\n" + held_block(stack, index) + "".join(_entry_text(nodes[n], via[n]) for n in mine))
     for name in sorted(taken):
         if not nodes[name].sha256:
             raise UserError(f"index '{index}' gives no sha256 for {name}=={nodes[name].version} "
@@ -482,7 +487,7 @@ def write_locks(loaded: LoadedStack, indexes: list[str] | None = None,
                 trees = scope.enter_context(reqlocks.exported(loaded, need, ws))
         for index in todo:
             role = stack.indexes[index].role
-            how = "resolve (pip) for" if role == "public" else "read the file hashes of"
+            how = "resolve (uv) for" if role == "public" else "read the file hashes of"
             with progress.step(f"lock {stack.name}: {how} index '{index}' ({redact(stack.indexes[index].url)})"):
                 texts.update(lock_public(loaded, index, ws, trees) if role == "public" else
                              {index: lock_vendor(loaded, index, ws)})
@@ -500,3 +505,158 @@ def write_locks(loaded: LoadedStack, indexes: list[str] | None = None,
         tmp.replace(path)
         written.append(path)
     return written
+
+
+# --------------------------------------------------------------------------- held pins, --check, notes
+
+HELD_HEAD = "# held (the other pins of the stack, which the resolution held at their versions):"
+HELD_ITEM = re.compile(r"^#\s+(?P<name>[A-Za-z0-9][\w.-]*)==(?P<version>\S+) \(index '(?P<index>[^']+)'\)$")
+
+
+def held_pins(stack: Stack, index: str) -> dict[str, tuple[str, str, str]]:
+    """Canonical name -> (name, version, index) of every pin the resolution of public ``index`` holds: the
+    pins of every other index of the stack (vendor pins as stand-ins, public pins as constraints)."""
+    return {canonicalize_name(n): (n, p.version, p.index) for n, p in stack.packages.items() if p.index != index}
+
+
+def held_block(stack: Stack, index: str) -> str:
+    """The header lines recording :func:`held_pins` (``none`` when the stack has no other pin)."""
+    held = held_pins(stack, index)
+    if not held:
+        return HELD_HEAD + " none\n"
+    return HELD_HEAD + "\n" + "".join(f"#   {n}=={v} (index '{i}')\n" for _, (n, v, i) in sorted(held.items()))
+
+
+def recorded_held(text: str) -> tuple[int, dict[str, tuple[str, str, str]]] | None:
+    """(line, held pins) a lock's header records, or None when it records none (made before it did)."""
+    lines = text.splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.startswith(HELD_HEAD):
+            continue
+        out: dict[str, tuple[str, str, str]] = {}
+        if line[len(HELD_HEAD):].strip() != "none":
+            for more in lines[number:]:
+                m = HELD_ITEM.match(more)
+                if not m:
+                    break
+                out[canonicalize_name(m.group("name"))] = (m.group("name"), m.group("version"), m.group("index"))
+        return number, out
+    return None
+
+
+@dataclass
+class Stale:
+    """One checked-in lock that is not current for its inputs."""
+
+    rel: str
+    line: int | None
+    message: str
+
+    def render(self, stack: str) -> str:
+        where = f"{self.rel}:{self.line}" if self.line else self.rel
+        return f"stale: {where}: {self.message}\n  fix: run: stackforge lock {stack} (and review its diff)"
+
+
+def _plain(message: str) -> str:
+    return message.removeprefix("lock file is stale: ").removesuffix("; the lock was not used")
+
+
+def _resolution_index(stack: Stack, key: str) -> str | None:
+    """The public index whose resolution made the lock ``key`` (None for a vendor index's own lock)."""
+    if key in stack.indexes:
+        return key if stack.indexes[key].role == "public" else None
+    return stack.indexes[key[: -len(DEPS)]].deps_from
+
+
+def _held_moves(stack: Stack, index: str, made: dict[str, tuple[str, str, str]]) -> list[str]:
+    now = held_pins(stack, index)
+    out = []
+    for name in sorted(set(made) | set(now)):
+        if name not in now:
+            out.append(f"{made[name][0]}=={made[name][1]} (index '{made[name][2]}') was held by the resolution, and "
+                       "the stack no longer pins it")
+        elif name not in made:
+            out.append(f"packages.{now[name][0]} ({now[name][0]}=={now[name][1]}, index '{now[name][2]}') is a pin "
+                       "the resolution did not hold")
+        elif made[name][1:] != now[name][1:]:
+            out.append(f"packages.{now[name][0]} moved: the resolution held {made[name][0]}=={made[name][1]} "
+                       f"(index '{made[name][2]}'), the stack pins {now[name][1]} (index '{now[name][2]}')")
+    return out
+
+
+def check_stack(loaded: LoadedStack, sources: bool = False, workspace: Workspace | None = None,
+                indexes: list[str] | None = None) -> tuple[list[Path], list[Stale], list[str]]:
+    """``stackforge lock --check``: is every checked-in lock of the stack current for its inputs? Writes nothing.
+
+    Offline, from the stack and the lock files alone: each lock parses and passes the build's own checks
+    (:func:`verify_lock`: its pins at the stack's versions, the target it was resolved for, the requirement
+    files its index's phases read), and the other pins of the stack its resolution held are the ones the lock
+    recorded (``# held``); an index declared ``lock: true`` has its lock. With ``sources``, the upstreams are
+    exported and patched as the build does (their cache or their remotes) and each requirement file's
+    flattened digest is compared with the lock's header (:func:`reqlocks.check_fresh`). The file hashes of a
+    vendor lock and what the index serves now are not checked (that is `stackforge lock`'s work).
+    Returns (locks checked, stale ones, notes)."""
+    stack = loaded.model
+    checked: list[Path] = []
+    stale: list[Stale] = []
+    notes: list[str] = []
+    fresh: dict[str, Lock] = {}
+    for key in lock_keys(stack):
+        index = key[: -len(DEPS)] if key not in stack.indexes else key
+        if indexes and index not in indexes:
+            continue
+        path = lock_path(loaded, key)
+        rel = str(path.relative_to(loaded.root))
+        if not path.is_file():
+            if expects_lock(stack, index):
+                stale.append(Stale(rel, None, f"index '{index}' is declared `lock: true` but its lock file is missing"))
+            continue
+        checked.append(path)
+        try:
+            lock = read_lock(loaded, key)  # as render, build and lint read it
+        except UserError as err:
+            stale.append(Stale(rel, err.line, _plain(err.message)))
+            continue
+        assert lock is not None
+        text = lock.text
+        made_by = _resolution_index(stack, key)
+        if made_by is None:
+            continue
+        held = recorded_held(text)
+        if held is None:
+            stale.append(Stale(rel, 1, "it records no `# held` pins (made before `stackforge lock` recorded the "
+                               "other pins its resolution held), so it cannot be checked"))
+        else:
+            for moved in _held_moves(stack, made_by, held[1]):
+                stale.append(Stale(rel, held[0], moved))
+        if key in stack.indexes and reqlocks.sources(stack, key):
+            fresh[key] = lock
+    if fresh and sources:
+        need = [n for n in reqlocks.upstreams_needed(stack) if any(
+            n in reqlocks.upstreams_needed(stack, k) for k in fresh)]
+        with reqlocks.exported(loaded, need, workspace_for(loaded, workspace)) as trees:
+            for key, lock in fresh.items():
+                try:
+                    reqlocks.check_fresh(loaded, {key: lock}, trees)
+                except UserError as err:
+                    stale.append(Stale(str(lock.path.relative_to(loaded.root)), err.line, _plain(err.message)))
+    elif fresh:
+        names = ", ".join(sorted({label for k in fresh for label in reqlocks.sources(stack, k)}))
+        rels = ", ".join(str(lock_path(loaded, k).relative_to(loaded.root)) for k in fresh)
+        notes.append(f"note: the requirement files of {rels} ({names}) were checked by name, not re-read: add "
+                     "--sources to export the upstreams and compare their digests (the build does at every assemble)")
+    return checked, stale, notes
+
+
+def unlocked_notes(loaded: LoadedStack) -> list[str]:
+    """One ``note:`` per public index of the stack with pins (or requirement files) and no lock: its pip phase
+    installs without ``--require-hashes``."""
+    stack = loaded.model
+    out = []
+    for index, idx in stack.indexes.items():
+        if idx.role != "public" or lock_path(loaded, index).is_file():
+            continue
+        if _pins(stack, index) or reqlocks.sources(stack, index):
+            out.append(f"note: index '{index}' of {stack.name} has no lock: its phase installs without hashes "
+                       f"(run: stackforge lock {stack.name})")
+    return out

@@ -7,7 +7,7 @@ files flattened from the patched trees, locks read), then:
 - each sdist upstream: its release sdist (sha256 checked against the pin), also served by its index's tree;
 - each pip phase of the deps stage: ``pip download`` with the phase's own flags, requirements and constraints
   (the files the Dockerfile installs from), for the stack's Python and platform (``build/resolve.py``'s target
-  and marker shim), from the phase's index with its credential; a phase after the vendor phases also sees the
+  and a marker shim), from the phase's index with its credential; a phase after the vendor phases also sees the
   vendor wheels already mirrored (``--find-links``), as the build has them installed; a phase whose
   requirements the index's lock already installed (``--no-index``) needs nothing;
 - each target pip phase: the same, with the constraints the image writes before it (every vendor pin, with the
@@ -233,6 +233,18 @@ def _sdists(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
 
 # --------------------------------------------------------------------------- pip phases
 
+# pip download with its marker environment replaced by the target's (argv[1] is the environment as JSON):
+# ``pip download`` has no option for the markers of another interpreter. `stackforge lock` resolves with uv
+# (build/resolve.py) and needs no such hook; the mirror still downloads with pip.
+PIP_SHIM = """import json, runpy, sys
+env = json.loads(sys.argv.pop(1))
+from pip._vendor.packaging import markers
+host = markers.default_environment
+markers.default_environment = lambda: {**host(), **env}
+sys.argv[0] = "pip"
+runpy.run_module("pip", run_name="__main__", alter_sys=True)
+"""
+
 
 def _wheels(loaded: LoadedStack, ctx: Context, to: Path, data: dict, ws: Workspace) -> None:
     """Every pip phase of the deps stage and of every target, each resolved as the build runs it."""
@@ -351,7 +363,7 @@ def _download(
     cmd = [
         sys.executable,
         "-c",
-        resolve.PIP_SHIM,
+        PIP_SHIM,
         json.dumps(target.markers()),
         "download",
         "--quiet",
