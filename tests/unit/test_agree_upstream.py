@@ -1,0 +1,260 @@
+"""`upstreams.<name>.agree`: the stack against its plugin's own files, from real local git upstreams — checked by
+`stackforge lint` from the host's mirror cache (a note when the pinned commit is not fetched), by render and build
+from the exported tree, and by `stackforge drift` against a newer revision."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stackforge.build.prepare import prepare_dockerfile
+from stackforge.errors import UserError
+from stackforge.stack.load import StackInvalid, fingerprint, load
+from stackforge.workspace import Workspace
+from tests.fixtures.gitrepo import GitRepo
+from tests.fixtures.stack_support import make_root, run_cli
+
+MUSA_TXT = "# Common dependencies\n-r common.txt\n-r musa_private.txt\n"
+PRIVATE = "# MUSA self-built wheels\ntorch==2.11.0.post2+musa5.2.0\nflash_mla==0.2.7+musa\n"
+COMMON_1 = "mooncake-transfer-engine==0.3.12.post1\nnumpy==1.26\n"
+COMMON_2 = "mooncake-transfer-engine==0.3.13\nnumpy==1.26\nhuggingface_hub<2.0\n"
+
+
+class Upstreams:
+    """A vLLM-like upstream tagged v0.28.0, and a plugin with two commits on main: the second moves the
+    Mooncake pin 0.3.12.post1 -> 0.3.13, adds huggingface_hub<2.0 and names vLLM v0.29.0 in third_party/PINS."""
+
+    def __init__(self, base: Path):
+        self.vllm = GitRepo.init(base / "vllm")
+        self.vllm.write("setup.py", "# vllm\n")
+        self.vllm_commit = self.vllm.commit("vLLM 0.28.0")
+        self.vllm.tag("v0.28.0")
+        self.plugin = GitRepo.init(base / "plugin")
+        self.plugin.write("requirements/musa.txt", MUSA_TXT)
+        self.plugin.write("requirements/musa_private.txt", PRIVATE)
+        self.plugin.write("requirements/common.txt", COMMON_1)
+        self.plugin.write("third_party/PINS", f"# pins\nVLLM_TAG=v0.28.0\nVLLM_COMMIT={self.vllm_commit}\n")
+        self.first = self.plugin.commit("plugin 0.1.24")
+        self.plugin.tag("v0.1.24")
+        self.plugin.write("requirements/common.txt", COMMON_2)
+        self.plugin.write("third_party/PINS", f"# pins\nVLLM_TAG=v0.29.0\nVLLM_COMMIT={'d' * 40}\n")
+        self.second = self.plugin.commit("move Mooncake, cap huggingface_hub, vLLM 0.29.0")
+
+
+def stack_text(up: Upstreams, agree: str = "") -> str:
+    agree = agree or (
+        "      requirements: [requirements/musa_private.txt, requirements/common.txt]\n"
+        "      keys: {third_party/PINS: {VLLM_TAG: upstreams.vllm.tag, VLLM_COMMIT: upstreams.vllm.commit}}\n"
+    )
+    return f"""\
+name: agr
+platform: {{os: debian12, python: "3.11"}}
+base: {{image: "stackforge/base:bookworm"}}
+indexes:
+  vend: {{url: "https://vendor.example/simple", role: vendor, deps_from: pub}}
+  pub:  {{url: "https://pypi.example/simple", role: public}}
+upstreams:
+  vllm: {{git: "{up.vllm.path}", tag: v0.28.0, commit: "{up.vllm_commit}"}}
+  plugin:
+    git: "{up.plugin.path}"
+    tag: v0.1.24
+    commit: "{up.first}"
+    agree:
+{agree}packages:
+  torch:      {{version: "2.11.0.post2+musa5.2.0", index: vend}}
+  flash_mla:  {{version: "0.2.7", index: vend}}
+  mooncake-transfer-engine: {{version: "0.3.12.post1", index: pub}}
+  numpy:      {{version: "1.26.0", index: pub}}
+requirements:
+  plugin:
+    index: pub
+    files: [{{upstream: plugin, path: requirements/musa.txt}}]
+tags: {{local: "agr:1"}}
+targets: {{run: {{entrypoint: [python3]}}}}
+"""
+
+
+@pytest.fixture
+def up(tmp_path):
+    return Upstreams(tmp_path / "upstreams")
+
+
+@pytest.fixture
+def root(tmp_path, up, monkeypatch):
+    monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
+    return make_root(tmp_path, {"agr.yaml": stack_text(up)})
+
+
+def test_lint_notes_an_upstream_that_is_not_fetched_and_checks_it_once_it_is(capsys, root, up, tmp_path):
+    rc, out, err = run_cli(capsys, root, "lint", "agr")
+    assert rc == 0, err
+    assert out == "agr: ok\n"
+    assert err == (
+        f"note: agr: not checked: upstream plugin at {up.first} is not fetched (run stackforge render agr, "
+        "or stackforge lint --upstreams agr)\n"
+    )
+    assert not (tmp_path / "cache" / "git").exists()  # lint fetched nothing
+    rc, out, err = run_cli(capsys, root, "lint", "agr", "--json")
+    assert rc == 0 and json.loads(out)["stacks"][0]["notes"] == [
+        f"not checked: upstream plugin at {up.first} is not fetched (run stackforge render agr, "
+        "or stackforge lint --upstreams agr)"
+    ]
+    # --upstreams fetches the pinned commit, then compares
+    rc, out, err = run_cli(capsys, root, "lint", "--upstreams", "agr")
+    assert rc == 1, err
+    assert out.splitlines() == [
+        "plugin:requirements/musa_private.txt:3: agree: 'flash_mla==0.2.7+musa' pins flash_mla 0.2.7+musa, but the "
+        "stack pins flash_mla 0.2.7",
+        "  fix: pin packages.flash_mla.version: '0.2.7+musa' (the upstream's), or add "
+        "upstreams.plugin.agree.except.flash_mla: <why they differ>",
+    ]
+    # the commit is cached now: plain lint compares without asking the upstream anything
+    up.plugin.git("tag", "-d", "v0.1.24")  # the cache answers, not the repository
+    rc, out2, err = run_cli(capsys, root, "lint", "agr", "--json")
+    assert rc == 1 and err == ""
+    data = json.loads(out2)
+    assert data["ok"] is False
+    [stack] = data["stacks"]
+    assert "notes" not in stack
+    assert stack["findings"] == [
+        {
+            "rule": "agree",
+            "message": "'flash_mla==0.2.7+musa' pins flash_mla 0.2.7+musa, but the stack pins flash_mla 0.2.7",
+            "fix": "pin packages.flash_mla.version: '0.2.7+musa' (the upstream's), or add "
+            "upstreams.plugin.agree.except.flash_mla: <why they differ>",
+            "file": "plugin:requirements/musa_private.txt",
+            "line": 3,
+            "col": None,
+            "kind": "pin",
+            "package": "flash_mla",
+            "stack": "0.2.7",
+            "upstream": "==0.2.7+musa",
+        }
+    ]
+
+
+def test_a_reasoned_except_is_the_way_past_and_a_stale_one_is_a_finding(capsys, root, up):
+    base = (
+        "      requirements: [requirements/musa_private.txt, requirements/common.txt]\n"
+        "      except:\n"
+        "        flash_mla: the +musa build is not on the vendor index yet\n"
+    )
+    (root / "stacks" / "agr.yaml").write_text(stack_text(up, base))
+    rc, out, err = run_cli(capsys, root, "lint", "--upstreams", "agr")
+    assert (rc, out) == (0, "agr: ok\n"), err
+    stale = base + "        numpy: numpy differs\n"
+    (root / "stacks" / "agr.yaml").write_text(stack_text(up, stale))
+    rc, out, err = run_cli(capsys, root, "lint", "agr")
+    assert rc == 1
+    assert out.splitlines()[0] == (
+        "plugin:requirements/common.txt:2: agree: upstreams.plugin.agree.except.numpy is stale: the upstream's "
+        "'numpy==1.26' agrees with the stack's 1.26.0"
+    )
+    # pinning the upstream's version makes the except stale; without it, the stack is clean
+    (root / "stacks" / "agr.yaml").write_text(stack_text(up, base))
+    rc, out, err = run_cli(capsys, root, "lint", "agr", "--set", "packages.flash_mla.version=0.2.7+musa")
+    assert rc == 1 and out.splitlines()[0] == (
+        "plugin:requirements/musa_private.txt:3: agree: upstreams.plugin.agree.except.flash_mla is stale: the "
+        "upstream's 'flash_mla==0.2.7+musa' agrees with the stack's 0.2.7+musa"
+    )
+    (root / "stacks" / "agr.yaml").write_text(stack_text(up))
+    rc, out, err = run_cli(capsys, root, "lint", "agr", "--set", "packages.flash_mla.version=0.2.7+musa")
+    assert (rc, out) == (0, "agr: ok\n"), out
+
+
+@pytest.mark.parametrize(
+    "agree, message",
+    [
+        ("      except: {flash_mla: ''}\n", "an except needs its reason"),
+        ("      except: {flash_mla: '   '}\n", "an except needs its reason"),
+        ("      except: {torchvision: why}\n", "upstreams.plugin.agree.except: 'torchvision' is not a package"),
+        ("      requirements: [../outside.txt]\n", "is not a relative path inside the repository"),
+        ("      keys: {third_party/PINS: {VLLM_TAG: upstreams.vlm.tag}}\n", "'upstreams.vlm.tag' names no value"),
+        ("      keys: {third_party/PINS: {VLLM_TAG: tag}}\n", "is not a stack key"),
+        ("      exceptions: {flash_mla: why}\n", "exceptions"),
+    ],
+)
+def test_an_invalid_agree_block_is_refused_on_load(tmp_path, up, agree, message):
+    root = make_root(tmp_path, {"agr.yaml": stack_text(up, agree)})
+    with pytest.raises(StackInvalid) as info:
+        load("agr", root=root)
+    assert message in info.value.render()
+
+
+def test_the_agree_block_is_not_part_of_the_fingerprint(tmp_path, up):
+    one = load("agr", root=make_root(tmp_path / "a", {"agr.yaml": stack_text(up)}))
+    other = load("agr", root=make_root(tmp_path / "b", {"agr.yaml": stack_text(up, "      except: {torch: why}\n")}))
+    assert fingerprint(one.model) == fingerprint(other.model)
+
+
+def test_a_child_stack_takes_its_parents_except_away_with_null(tmp_path, up):
+    child = "name: agr2\ninherits: agr\nupstreams:\n  plugin:\n    agree:\n      except: {flash_mla: null}\n"
+    parent = stack_text(up, "      except: {flash_mla: why, torch: why not}\n")
+    loaded = load("agr2", root=make_root(tmp_path, {"agr.yaml": parent, "agr2.yaml": child}))
+    agree = loaded.model.upstreams["plugin"].agree
+    assert agree is not None and agree.except_ == {"torch": "why not"}
+
+
+def test_render_fails_on_a_disagreement_naming_the_line_and_writes_nothing(root, up, tmp_path):
+    loaded = load("agr", root=root)
+    out = tmp_path / "out"
+    with pytest.raises(UserError) as info:
+        prepare_dockerfile(loaded, out=out, sources=True, workspace=Workspace.at(root))
+    err = info.value
+    assert (err.file, err.line, err.exit_code) == ("plugin:requirements/musa_private.txt", 3, 1)
+    assert err.message == (
+        f"stack 'agr' disagrees with upstream plugin at v0.1.24@{up.first}: 'flash_mla==0.2.7+musa' pins flash_mla "
+        "0.2.7+musa, but the stack pins flash_mla 0.2.7; nothing was built"
+    )
+    assert not (out / "context").exists() and not (out / "Dockerfile").exists()
+
+
+def test_render_checks_every_disagreement_of_the_files_and_keys_at_once(root, up, tmp_path):
+    up.vllm.tag("v0.27.0")  # the same commit under another tag: the plugin's PINS names v0.28.0
+    loaded = load("agr", root=root, overrides=["upstreams.vllm.tag=v0.27.0", "packages.numpy.version=1.26.4"])
+    with pytest.raises(UserError) as info:
+        prepare_dockerfile(loaded, out=tmp_path / "out", sources=True, workspace=Workspace.at(root))
+    text = info.value.message
+    assert text.splitlines()[0] == (
+        f"stack 'agr' disagrees with upstream plugin at v0.1.24@{up.first} in 3 places; nothing was built:"
+    )
+    assert "plugin:requirements/musa_private.txt:3: agree: 'flash_mla==0.2.7+musa' pins" in text
+    assert (
+        "plugin:requirements/common.txt:2: agree: 'numpy==1.26' pins numpy 1.26, but the stack pins numpy 1.26.4"
+        in text
+    )
+    assert "plugin:third_party/PINS:2: agree: VLLM_TAG=v0.28.0, but the stack's upstreams.vllm.tag is v0.27.0" in text
+
+
+def test_render_with_agreeing_pins_leaves_the_vendor_lines_to_the_vendor_phase(root, up, tmp_path):
+    loaded = load("agr", root=root, overrides=["packages.flash_mla.version=0.2.7+musa"])
+    out = tmp_path / "out"
+    prepared = prepare_dockerfile(loaded, out=out, sources=True, workspace=Workspace.at(root))
+    assert prepared.ctx.dockerfile.is_file()
+    manifest = json.loads((out / "context" / "deps" / "requirements.json").read_text())
+    assert [(d["package"], d["where"], d["pin"], d["excepted"]) for d in manifest[0]["dropped"]] == [
+        ("torch", "plugin:requirements/musa_private.txt:2", "2.11.0.post2+musa5.2.0", None),
+        ("flash_mla", "plugin:requirements/musa_private.txt:3", "0.2.7+musa", None),
+    ]
+    text = (out / "context" / "deps" / "requirements" / "plugin.txt").read_text().splitlines()
+    assert text[-2:] == ["mooncake-transfer-engine==0.3.12.post1", "numpy==1.26"]
+
+
+def test_without_an_agree_block_a_disagreeing_vendor_line_still_fails_the_requirement_phase(root, up, tmp_path):
+    text = (
+        stack_text(up)
+        .replace("    agree:\n", "")
+        .replace(
+            "      requirements: [requirements/musa_private.txt, requirements/common.txt]\n"
+            "      keys: {third_party/PINS: {VLLM_TAG: upstreams.vllm.tag, VLLM_COMMIT: upstreams.vllm.commit}}\n",
+            "",
+        )
+    )
+    (root / "stacks" / "agr.yaml").write_text(text)
+    with pytest.raises(UserError) as info:
+        prepare_dockerfile(load("agr", root=root), out=tmp_path / "out", sources=True, workspace=Workspace.at(root))
+    err = info.value
+    assert (err.file, err.line) == ("plugin:requirements/musa_private.txt", 3)
+    assert err.message.startswith("requirements.plugin.files[0]: 'flash_mla==0.2.7+musa' pins flash_mla 0.2.7+musa")
