@@ -258,3 +258,118 @@ def test_without_an_agree_block_a_disagreeing_vendor_line_still_fails_the_requir
     err = info.value
     assert (err.file, err.line) == ("plugin:requirements/musa_private.txt", 3)
     assert err.message.startswith("requirements.plugin.files[0]: 'flash_mla==0.2.7+musa' pins flash_mla 0.2.7+musa")
+
+
+# --------------------------------------------------------------------------------------------------------- drift
+
+
+def test_drift_against_the_default_branch_names_what_moved_with_its_lines(capsys, root, up):
+    rc, out, err = run_cli(capsys, root, "drift", "agr")
+    assert rc == 1, err
+    lines = out.splitlines()
+    assert lines[0] == f"agr: upstream plugin v0.1.24@{up.first} → main@{up.second[:12]}: 4 change(s)"
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:8]]
+    d = "d" * 40
+    assert rows == [
+        ["change", "package", "stack", "v0.1.24", "main", "where"],
+        ["-" * len(rows[1][0])] + rows[1][1:],  # the header rule
+        [
+            "moved",
+            "mooncake-transfer-engine",
+            "0.3.12.post1 (differs)",
+            "==0.3.12.post1",
+            "==0.3.13",
+            "requirements/common.txt:1",
+        ],
+        ["constraint", "huggingface-hub", "", "", "<2.0", "requirements/common.txt:3"],
+        ["key", "VLLM_COMMIT", f"{up.vllm_commit} (differs)", up.vllm_commit, d, "third_party/PINS:3"],
+        ["key", "VLLM_TAG", "v0.28.0 (differs)", "v0.28.0", "v0.29.0", "third_party/PINS:2"],
+    ]
+    assert set(rows[1][0]) == {"-"}
+    assert lines[8] == f"  third_party/PINS at main: VLLM_TAG=v0.29.0 (line 2), VLLM_COMMIT={d} (line 3)"
+
+    rc, out, err = run_cli(capsys, root, "drift", "agr", "--json")
+    assert rc == 1, err
+    data = json.loads(out)
+    assert (data["stack"], data["drifted"]) == ("agr", True)
+    [plugin] = data["upstreams"]
+    assert plugin["pinned"] == {"pin": f"v0.1.24@{up.first}", "commit": up.first}
+    assert plugin["at"] == {"ref": "main", "commit": up.second}
+    assert plugin["rows"][:2] == [
+        {
+            "change": "moved",
+            "package": "mooncake-transfer-engine",
+            "stack": "0.3.12.post1",
+            "before": "==0.3.12.post1",
+            "after": "==0.3.13",
+            "where": "requirements/common.txt:1",
+            "agrees": False,
+        },
+        {
+            "change": "constraint",
+            "package": "huggingface-hub",
+            "stack": None,
+            "before": None,
+            "after": "<2.0",
+            "where": "requirements/common.txt:3",
+            "agrees": None,
+        },
+    ]
+    assert plugin["keys"] == {
+        "third_party/PINS": {
+            "VLLM_TAG": {"value": "v0.29.0", "line": 2, "stack": "v0.28.0"},
+            "VLLM_COMMIT": {"value": d, "line": 3, "stack": up.vllm_commit},
+        }
+    }
+
+
+def test_drift_at_the_pinned_tag_is_none_and_a_stack_pin_meets_a_new_constraint(capsys, root, up):
+    rc, out, err = run_cli(capsys, root, "drift", "agr", "--at", "v0.1.24")
+    assert rc == 0, err
+    assert out.splitlines() == [
+        f"agr: upstream plugin v0.1.24@{up.first} → v0.1.24@{up.first[:12]}: no drift",
+        f"  third_party/PINS at v0.1.24: VLLM_TAG=v0.28.0 (line 2), VLLM_COMMIT={up.vllm_commit} (line 3)",
+    ]
+    # a stack that pins huggingface-hub sees whether its pin meets the new constraint; --at a commit id works
+    extra = "packages.huggingface-hub={version: 0.35.3, index: pub}"
+    rc, out, err = run_cli(capsys, root, "drift", "agr", "--at", up.second, "--json", "--set", extra)
+    assert rc == 1, err
+    hub = next(r for r in json.loads(out)["upstreams"][0]["rows"] if r["package"] == "huggingface-hub")
+    assert (hub["stack"], hub["after"], hub["agrees"]) == ("0.35.3", "<2.0", True)
+
+
+def test_drift_offline_answers_from_the_cache_once_fetched(capsys, root, up):
+    rc, out, err = run_cli(capsys, root, "drift", "agr", "--offline")
+    assert rc == 2 and out == ""
+    assert err.startswith(f"error: upstream plugin at {up.first} is not fetched\n")
+    assert run_cli(capsys, root, "drift", "agr")[0] == 1  # fetches, records the default branch
+    up.plugin.write("requirements/common.txt", COMMON_1)
+    up.plugin.commit("back to 0.3.12.post1")  # not fetched: the cache still says main is the second commit
+    rc, out, err = run_cli(capsys, root, "drift", "agr", "--offline", "--json")
+    assert rc == 1 and json.loads(out)["upstreams"][0]["at"]["commit"] == up.second
+    rc, out, err = run_cli(capsys, root, "drift", "agr", "--json")  # fetched again: only the keys moved
+    assert rc == 1 and [r["change"] for r in json.loads(out)["upstreams"][0]["rows"]] == ["key", "key"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--upstream", "vllm"], "--upstream vllm: upstreams.vllm declares no agree: (nothing to compare)"),
+        (["--upstream", "nope"], "--upstream nope: stack 'agr' has no upstream 'nope'"),
+        (["--at", "no-such-branch"], "--at no-such-branch: neither a branch, a tag nor a commit of upstream plugin"),
+        (["--at=--upload-pack=x"], "--at --upload-pack=x: neither a branch"),
+    ],
+)
+def test_drift_bad_input_exits_2_with_one_error(capsys, root, args, message):
+    rc, out, err = run_cli(capsys, root, "drift", "agr", *args)
+    assert (rc, out) == (2, "")
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {message}"), err
+    assert "Traceback" not in err
+
+
+def test_drift_of_a_stack_without_agree_is_bad_input(capsys, tmp_path):
+    root = make_root(tmp_path)
+    rc, out, err = run_cli(capsys, root, "drift", "post2")
+    assert (rc, out) == (2, "")
+    assert err.startswith("error: stack 'post2' has no upstream that declares agree: (nothing to compare)")
