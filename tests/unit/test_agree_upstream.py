@@ -97,8 +97,8 @@ def test_lint_notes_an_upstream_that_is_not_fetched_and_checks_it_once_it_is(cap
     )
     assert not (tmp_path / "cache" / "git").exists()  # lint fetched nothing
     rc, out, err = run_cli(capsys, root, "lint", "agr", "--json")
-    assert rc == 0 and json.loads(out)["stacks"][0]["notes"] == [
-        f"not checked: upstream plugin at {up.first} is not fetched (run stackforge render agr, "
+    assert rc == 0 and json.loads(out)["notes"] == [
+        f"agr: not checked: upstream plugin at {up.first} is not fetched (run stackforge render agr, "
         "or stackforge lint --upstreams agr)"
     ]
     # --upstreams fetches the pinned commit, then compares
@@ -117,7 +117,7 @@ def test_lint_notes_an_upstream_that_is_not_fetched_and_checks_it_once_it_is(cap
     data = json.loads(out2)
     assert data["ok"] is False
     [stack] = data["stacks"]
-    assert "notes" not in stack
+    assert "notes" not in data and set(stack) == {"stack", "findings"}
     assert stack["findings"] == [
         {
             "rule": "agree",
@@ -373,3 +373,46 @@ def test_drift_of_a_stack_without_agree_is_bad_input(capsys, tmp_path):
     rc, out, err = run_cli(capsys, root, "drift", "post2")
     assert (rc, out) == (2, "")
     assert err.startswith("error: stack 'post2' has no upstream that declares agree: (nothing to compare)")
+
+
+# ------------------------------------------------------------------ post1 and post2 against the plugin stand-in
+
+
+@pytest.fixture(scope="module")
+def plugin_standins(tmp_path_factory):
+    """vllm, the plugin (its requirement files and third_party/PINS on their upstream lines, from the facts),
+    FlashInfer and vllm-omni stand-ins at the tags the stacks pin."""
+    from tests.fixtures import musa_standins as ms
+
+    repo = Path(__file__).resolve().parents[2]
+    return ms.make_upstreams(tmp_path_factory.mktemp("agree-upstreams"), load("post2", root=repo).model)
+
+
+@pytest.mark.parametrize("name", ["post1", "post2"])
+def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plugin_standins, tmp_path, monkeypatch):
+    import shutil
+
+    from stackforge.build.context import assemble
+    from tests.fixtures import facts
+    from tests.fixtures import musa_standins as ms
+    from tests.fixtures.stack_support import REPO
+
+    monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
+    root = make_root(tmp_path)
+    shutil.copytree(REPO / "patches", root / "patches")
+    loaded = load(name, root=root, overrides=ms.upstream_overrides(plugin_standins))
+    ctx = assemble(loaded, tmp_path / "out")
+    manifest = json.loads((ctx.context_dir / "deps" / "requirements.json").read_text())
+    dropped = {d["package"]: d for d in manifest[0]["dropped"]}
+    plugin = facts.plugin_vendor_pins()
+    assert set(dropped) == set(plugin)  # every line of musa_private.txt names a vendor pin, left to the vendor phase
+    for package, (line, version) in plugin.items():
+        assert dropped[package]["where"] == f"vllm_musa:requirements/musa_private.txt:{line}"
+        assert dropped[package]["pin"] == loaded.model.packages[package].version
+    excepted = {p for p, d in dropped.items() if d["excepted"]}
+    assert excepted == ({"torch", "torch_musa", "torchvision", "torchaudio", "deep_ep"} if name == "post1" else set())
+    # lint, from the mirror the render filled, agrees too
+    from stackforge.build.agree import lint_upstreams
+
+    result = lint_upstreams(loaded, Workspace.at(root))
+    assert (result.findings, result.notes, result.checked) == ([], [], ["vllm_musa"])

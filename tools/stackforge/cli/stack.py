@@ -192,8 +192,10 @@ def cmd_lint(args) -> int:
             }
         )
     if args.json:
-        stacks = [{k: v for k, v in r.items() if k != "rendered"} for r in report]
-        print_json({"ok": not invalid and not any(r.get("findings") for r in report), "stacks": stacks})
+        stacks = [{k: v for k, v in r.items() if k not in ("rendered", "notes")} for r in report]
+        notes = [f"{r['stack']}: {n}" for r in report for n in r.get("notes", [])]
+        ok = not invalid and not any(r.get("findings") for r in report)
+        print_json({"ok": ok, "stacks": stacks, **({"notes": notes} if notes else {})})
     else:
         for r in report:
             for note in r.get("notes", []):
