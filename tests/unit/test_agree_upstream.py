@@ -416,3 +416,29 @@ def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plu
 
     result = lint_upstreams(loaded, Workspace.at(root))
     assert (result.findings, result.notes, result.checked) == ([], [], ["vllm_musa"])
+
+
+def test_the_nightly_summary_has_a_drift_column_with_n_a_and_its_reason(root, up, tmp_path, monkeypatch):
+    from stackforge.freshness.drift import nightly_cell
+    from stackforge.publish.nightly import Row, Summary
+
+    summary = Summary("20260929", "r", rows=[Row("agr", "run", "published")])
+    summary.drift = {
+        "agr": nightly_cell(load("agr", root=root), Workspace.at(root)),
+        "post2": nightly_cell(load("post2", root=root, overrides=["upstreams.vllm_musa.git=/nonexistent/plugin"])),
+    }
+    monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "empty-cache"))
+    summary.drift["offline"] = nightly_cell(load("agr", root=root), fetch=False)
+    md = summary.markdown().splitlines()
+    i = md.index("| stack | upstream pins drifted | what drifted |")
+    assert md[i + 2] == (
+        "| agr | yes | plugin: moved mooncake-transfer-engine ==0.3.12.post1 → ==0.3.13 (requirements/common.txt:1); "
+        "plugin: constraint huggingface-hub ∅ → <2.0 (requirements/common.txt:3); "
+        f"plugin: key VLLM_COMMIT {up.vllm_commit} → {'d' * 40} (third_party/PINS:3); "
+        "plugin: key VLLM_TAG v0.28.0 → v0.29.0 (third_party/PINS:2) |"
+    )
+    assert md[i + 3] == "| post2 | n/a | upstream git path /nonexistent/plugin does not exist |"
+    assert md[i + 4] == (f"| offline | n/a | upstream plugin at {up.first} is not fetched |")
+    data = json.loads(json.dumps(summary.to_json()))["drift"]
+    assert data["agr"]["drifted"] is True and data["agr"]["rows"] == 4
+    assert data["post2"] == {"error": "n/a: upstream git path /nonexistent/plugin does not exist"}
