@@ -183,6 +183,15 @@ def test_an_invalid_agree_block_is_refused_on_load(tmp_path, up, agree, message)
     assert message in info.value.render()
 
 
+def test_a_compared_value_the_stack_leaves_unset_is_a_finding_not_a_load_error(capsys, root, up):
+    rc, out, err = run_cli(capsys, root, "lint", "--upstreams", "agr", "--set", "upstreams.vllm.tag=null")
+    assert rc == 1, err
+    assert (
+        "plugin:third_party/PINS:2: agree: VLLM_TAG=v0.28.0, but the stack sets no upstreams.vllm.tag"
+        in out.splitlines()
+    )
+
+
 def test_the_agree_block_is_not_part_of_the_fingerprint(tmp_path, up):
     one = load("agr", root=make_root(tmp_path / "a", {"agr.yaml": stack_text(up)}))
     other = load("agr", root=make_root(tmp_path / "b", {"agr.yaml": stack_text(up, "      except: {torch: why}\n")}))

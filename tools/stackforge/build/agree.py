@@ -71,12 +71,13 @@ def pins(loaded: LoadedStack) -> dict[str, str]:
     return {n: p.version for n, p in loaded.model.packages.items()}
 
 
-def key_values(loaded: LoadedStack, upstream: str) -> dict[str, dict[str, tuple[str, str]]]:
-    """``{path: {KEY: (stack key, stack value)}}`` of the upstream's ``agree.keys``."""
+def key_values(loaded: LoadedStack, upstream: str) -> dict[str, dict[str, tuple[str, str | None]]]:
+    """``{path: {KEY: (stack key, stack value)}}`` of the upstream's ``agree.keys`` (None: the stack leaves the
+    value unset)."""
     agree = loaded.model.upstreams[upstream].agree
-    out: dict[str, dict[str, tuple[str, str]]] = {}
+    out: dict[str, dict[str, tuple[str, str | None]]] = {}
     for path, keys in (agree.keys if agree else {}).items():
-        out[path] = {k: (ref, stack_value(loaded.model, ref) or "") for k, ref in keys.items()}
+        out[path] = {k: (ref, stack_value(loaded.model, ref)) for k, ref in keys.items()}
     return out
 
 

@@ -336,9 +336,12 @@ def parse_keys(text: str) -> dict[str, tuple[str, int]]:
     return out
 
 
-def compare_keys(upstream: str, path: str, text: str | None, wanted: dict[str, tuple[str, str]]) -> list[Finding]:
+def compare_keys(
+    upstream: str, path: str, text: str | None, wanted: dict[str, tuple[str, str | None]]
+) -> list[Finding]:
     """Compare KEY=VALUE file ``path`` (``text``; None: the upstream has no such file) with the stack:
-    ``wanted`` is ``{KEY: (stack key, stack value)}``. Values are compared as strings."""
+    ``wanted`` is ``{KEY: (stack key, stack value)}`` (None: the stack leaves it unset). Values are compared as
+    strings."""
     if text is None:
         return [
             Finding(
@@ -383,7 +386,9 @@ def compare_keys(upstream: str, path: str, text: str | None, wanted: dict[str, t
                     key,
                     value,
                     have,
-                    f"{key}={have}, but the stack's {ref} is {value}",
+                    f"{key}={have}, but the stack's {ref} is {value}"
+                    if value is not None
+                    else f"{key}={have}, but the stack sets no {ref}",
                     f"set {ref}: {have} (the upstream's), or move upstreams.{upstream}.commit to a revision that "
                     f"names {value}",
                 )
@@ -426,7 +431,7 @@ def drift(
     env: dict[str, str] | None = None,
     keys_before: dict[str, dict[str, tuple[str, int]]] | None = None,
     keys_after: dict[str, dict[str, tuple[str, int]]] | None = None,
-    key_values: dict[str, dict[str, str]] | None = None,
+    key_values: dict[str, dict[str, str | None]] | None = None,
 ) -> list[DriftRow]:
     """What moved in the upstream's requirement lines (``before`` at the pinned revision, ``after`` at the newer
     one) and its KEY=VALUE files (``{path: parse_keys(...)}``), with the stack's pins (``{name: version}``) and
@@ -449,9 +454,7 @@ def drift(
             change = "added" if line.pinned() is not None or not line.specifier else "constraint"
             rows.append(DriftRow(change, name, stack, None, line.specifier, line.where, agrees(name, line.specifier)))
         elif prev.specifier != line.specifier:
-            change = "moved" if line.pinned() is not None and prev.pinned() is not None else "constraint"
-            if change == "constraint" and line.pinned() is not None:
-                change = "moved"
+            change = "moved" if line.pinned() is not None else "constraint"  # now an exact pin, or a range
             rows.append(
                 DriftRow(change, name, stack, prev.specifier, line.specifier, line.where, agrees(name, line.specifier))
             )

@@ -433,15 +433,39 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
     return problems
 
 
-def stack_value(stack: Stack, key: str) -> str | None:
-    """The text at dotted ``key`` of the resolved stack (e.g. ``upstreams.vllm.tag``); None when there is no
-    such value or it is not a single value."""
-    node: Any = resolved(stack)
+class _Unknown(Exception):
+    pass
+
+
+def _walk(stack: Stack, key: str) -> Any:
+    """The value at dotted ``key`` of the model (None when declared but unset); _Unknown when the path names no
+    field or no declared entry."""
+    node: Any = stack
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return None if isinstance(node, (dict, list, bool)) or node is None else str(node)
+        if isinstance(node, BaseModel):
+            fields = {f.alias or n: n for n, f in type(node).model_fields.items()} | {
+                n: n for n in type(node).model_fields
+            }
+            if part not in fields:
+                raise _Unknown(part)
+            node = getattr(node, fields[part])
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise _Unknown(part)
+    if isinstance(node, (dict, list, BaseModel, bool)):
+        raise _Unknown(key)
+    return node
+
+
+def stack_value(stack: Stack, key: str) -> str | None:
+    """The text at dotted ``key`` of the stack (e.g. ``upstreams.vllm.tag``); None when it is unset (or names
+    nothing)."""
+    try:
+        value = _walk(stack, key)
+    except _Unknown:
+        return None
+    return None if value is None else str(value)
 
 
 def _agree_references(stack: Stack, values: dict) -> list[UserError]:
@@ -467,7 +491,9 @@ def _agree_references(stack: Stack, values: dict) -> list[UserError]:
                 )
         for file, keys in up.agree.keys.items():
             for key, ref in keys.items():
-                if stack_value(stack, ref) is None:
+                try:
+                    _walk(stack, ref)
+                except _Unknown:
                     where = ("upstreams", uname, "agree", "keys", file, key)
                     problems.append(
                         UserError(
