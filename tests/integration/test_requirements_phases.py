@@ -100,13 +100,16 @@ def test_inventory_names_each_dist_with_its_index_and_archive_hash(post2, standi
     assert (rows["pip"]["version"], rows["pip"]["phase"]) == (ms.bundled_pip().version, "installer")
     assert "six" not in rows  # its marker (python_version > '3.11') is false here
     assert rows["vllm"]["index"] is None and rows["vllm"]["version"] == "0.28.0"  # built in the image
-    # The plugin's musa_private.txt names the vendor wheels: every line was dropped, the stack's pins won.
+    # The plugin's musa_private.txt names the vendor wheels: every line agrees with post2's pin (Version equality:
+    # flash_attn_3==0.2.7+musa is the pin 0.2.7+musa), so each is left to the vendor phase, none excepted.
     manifest = json.loads((post2.evidence / "requirements.json").read_text())
-    dropped = [d["package"] for m in manifest for d in m["dropped"]]
-    assert len(dropped) == 16 and "torch" in dropped and "apache-tvm-ffi" in dropped
-    assert {d["where"].rsplit(":", 1)[0] for m in manifest for d in m["dropped"]} == {
-        "vllm_musa:requirements/musa_private.txt"
-    }
+    dropped = {d["package"]: d for m in manifest for d in m["dropped"]}
+    assert set(dropped) == set(vendor_pins(standins.stack("post2")))
+    assert all(
+        d["pin"] == vendor_pins(standins.stack("post2"))[n] and d["excepted"] is None for n, d in dropped.items()
+    )
+    assert dropped["flash_attn_3"]["pin"] == "0.2.7+musa"
+    assert {d["where"].rsplit(":", 1)[0] for d in dropped.values()} == {"vllm_musa:requirements/musa_private.txt"}
     # The image holds the same inventory; diff of the build against its image finds nothing.
     proc = mb.stackforge("diff", "--inventory", str(post2.evidence), post2.image)
     assert proc.returncode == 0, proc.stderr

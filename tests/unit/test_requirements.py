@@ -76,7 +76,7 @@ def read(stack, tmp_path, files, name="vllm-common"):
     return read_phase(stack, name, {"vllm": tree(tmp_path, files)}, {"vllm": PIN})
 
 
-def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(stack, tmp_path):
+def test_requirement_lines_are_flattened_through_r_and_vendor_lines_that_agree_are_dropped(stack, tmp_path):
     phase = read(
         stack,
         tmp_path,
@@ -91,7 +91,7 @@ def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(
             -r musa/private.txt
             -c constraints.txt
             """,
-            "requirements/musa/private.txt": "torch==2.9.0\nFlash-MLA==0.2.7+musa\n",
+            "requirements/musa/private.txt": "torch==2.11.0.post2+musa5.2.0\nFlash-MLA==0.2.7\n",
             "requirements/constraints.txt": "numpy<2\ntorch>=2\n",
         },
     )
@@ -102,11 +102,11 @@ def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(
         'six>=1.16.0; python_version > "3.11"',
     ]
     assert phase.constraints == ["numpy<2"]
-    # Names are compared canonically: Flash-MLA is the vendor pin flash_mla.
-    assert [(d.package, d.where) for d in phase.dropped] == [
-        ("torch", "vllm:requirements/musa/private.txt:1"),
-        ("Flash-MLA", "vllm:requirements/musa/private.txt:2"),
-        ("torch", "vllm:requirements/constraints.txt:2"),
+    # Names are compared canonically: Flash-MLA is the vendor pin flash_mla; each line agrees with its pin.
+    assert [(d.package, d.where, d.pin, d.excepted) for d in phase.dropped] == [
+        ("torch", "vllm:requirements/musa/private.txt:1", "2.11.0.post2+musa5.2.0", None),
+        ("Flash-MLA", "vllm:requirements/musa/private.txt:2", "0.2.7", None),
+        ("torch", "vllm:requirements/constraints.txt:2", "2.11.0.post2+musa5.2.0", None),
     ]
     assert [f["path"] for f in phase.files] == [
         "requirements/common.txt",
@@ -114,7 +114,10 @@ def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(
         "requirements/constraints.txt",
     ]
     text = requirements_file(phase)
-    assert "# dropped, a vendor index provides it (the vendor pin wins): torch==2.9.0" in text
+    assert (
+        "# dropped, the vendor phase installs torch==2.11.0.post2+musa5.2.0: torch==2.11.0.post2+musa5.2.0 "
+        "(vllm:requirements/musa/private.txt:1)" in text
+    )
     assert text.splitlines()[-1] == 'six>=1.16.0; python_version > "3.11"'
     # every pin of the stack, vendor then public, then the upstream's own -c lines
     assert constraints_file(stack.model, phase).splitlines()[1:] == [
@@ -124,6 +127,46 @@ def test_requirement_lines_are_flattened_through_r_and_vendor_names_are_dropped(
         "# the upstream's own constraints",
         "numpy<2",
     ]
+
+
+@pytest.mark.parametrize(
+    "line, stack_has, upstream_has, kind",
+    [
+        # the plugin's line: 0.2.7+musa is another version than the stack's 0.2.7 (PEP 440 matching would accept it)
+        ("flash_mla==0.2.7+musa", "0.2.7", "0.2.7+musa", "pins flash_mla 0.2.7+musa"),
+        ("torch==2.9.0", "2.11.0.post2+musa5.2.0", "2.9.0", "pins torch 2.9.0"),
+        ("torch<2.10", "2.11.0.post2+musa5.2.0", "<2.10", "asks torch<2.10"),
+    ],
+)
+def test_a_vendor_line_that_disagrees_fails_naming_its_line_both_versions_and_the_fix(
+    stack, tmp_path, line, stack_has, upstream_has, kind
+):
+    files = {"requirements/common.txt": "regex\n-r private.txt\n", "requirements/private.txt": f"# pins\n{line}\n"}
+    with pytest.raises(UserError) as info:
+        read(stack, tmp_path, files)
+    err = info.value
+    assert (err.file, err.line, err.exit_code) == ("vllm:requirements/private.txt", 2, 1)
+    assert kind in err.message and stack_has in err.message and upstream_has in err.message, err.message
+    assert err.message.startswith("requirements.vllm-common.files[0]: ")
+    name = line.split("=")[0].split("<")[0]
+    assert f"upstreams.vllm.agree.except.{name}: <why they differ>" in err.fix
+
+
+def test_a_vendor_line_the_stack_excepts_is_dropped_with_the_reason(tmp_path):
+    text = STACK.replace(
+        'commit: "%s"}' % ("c" * 40),
+        'commit: "%s",\n         agree: {except: {flash-mla: "the +musa build is not on the index yet"}}}' % ("c" * 40),
+    )
+    loaded = load("req", root=make_root(tmp_path, {"req.yaml": text}))
+    phase = read(loaded, tmp_path, {"requirements/common.txt": "regex\nflash_mla==0.2.7+musa\n"})
+    assert [(d.package, d.pin, d.excepted) for d in phase.dropped] == [
+        ("flash_mla", "0.2.7", "the +musa build is not on the index yet")
+    ]
+    assert phase.requirements == ["regex"]
+    assert (
+        "# dropped, the stack differs on purpose (the +musa build is not on the index yet): flash_mla==0.2.7+musa "
+        "(vllm:requirements/common.txt:2); the vendor phase installs flash_mla==0.2.7"
+    ) in requirements_file(phase)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +237,7 @@ def test_a_file_missing_at_the_pinned_commit_names_the_stack_key_and_the_commit(
 def test_write_phases_fills_the_context_and_the_manifest(stack, tmp_path):
     staging = tmp_path / "ctx"
     (staging / "deps").mkdir(parents=True)
-    top = tree(tmp_path, {"requirements/common.txt": "regex\ntorch\n"})
+    top = tree(tmp_path, {"requirements/common.txt": "regex\ntorch\n"})  # an unpinned vendor name agrees
 
     def write(path, text):
         Path(path).write_text(text)
@@ -212,7 +255,14 @@ def test_write_phases_fills_the_context_and_the_manifest(stack, tmp_path):
     ]
     assert (staging / "deps/requirements/vllm-common.txt").read_text().splitlines()[-1] == "regex"
     manifest = json.loads((staging / "deps/requirements.json").read_text())
-    assert manifest[0]["dropped"][0]["package"] == "torch"
+    assert manifest[0]["dropped"][0] == {
+        "phase": "requirements.vllm-common",
+        "requirement": "torch",
+        "package": "torch",
+        "where": "vllm:requirements/common.txt:2",
+        "pin": "2.11.0.post2+musa5.2.0",
+        "excepted": None,
+    }
 
 
 def test_unknown_index_or_upstream_in_a_requirements_phase_is_refused_on_load(tmp_path):

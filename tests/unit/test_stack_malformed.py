@@ -482,4 +482,8 @@ def test_malformed_table_does_not_touch_the_real_stacks():
         text=True,
         timeout=60,
     )
-    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.returncode == 0
+    # at most a note per stack when the plugin it agrees with is not fetched on this host
+    assert all(
+        line.startswith(("note: post1: not checked", "note: post2: not checked")) for line in proc.stderr.splitlines()
+    )

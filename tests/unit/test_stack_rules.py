@@ -209,7 +209,7 @@ def test_rule_list_covers_every_rule_function():
 def test_lint_text_output_names_file_line_rule_and_fix(tmp_path, capsys):
     root = make_root(tmp_path, {"a.yaml": BROKEN[0][1]})
     rc, out, err = run_cli(capsys, root, "lint", "a")
-    assert (rc, err) == (1, "")
+    assert (rc, err) == (1, not_fetched("a"))
     assert out == (
         f"stacks/a.yaml:5:14: train: {BROKEN[0][3]}\n"
         "  fix: move torchvision to its post2 build with the rest of the train\n"
@@ -264,6 +264,16 @@ def test_every_real_stack_passes_every_rule():
 
 # --------------------------------------------------------------------------- lint exit codes
 
+#: what lint says of a stack whose plugin (upstreams.vllm_musa.agree) is not in the host's mirror cache
+NOT_FETCHED = (
+    "not checked: upstream vllm_musa at 078be0e7c285b1171d424f7f9ce1d757f78d4f6f is not fetched "
+    "(run stackforge render {stack}, or stackforge lint --upstreams {stack})"
+)
+
+
+def not_fetched(*stacks: str) -> str:
+    return "".join(f"note: {s}: {NOT_FETCHED.format(stack=s)}\n" for s in stacks)
+
 
 def test_lint_exit_0_when_clean(tmp_path, capsys):
     root = make_root(tmp_path)
@@ -273,13 +283,14 @@ def test_lint_exit_0_when_clean(tmp_path, capsys):
     assert json.loads(out) == {
         "ok": True,
         "stacks": [{"stack": "post1", "findings": []}, {"stack": "post2", "findings": []}],
+        "notes": [f"{n}: {NOT_FETCHED.format(stack=n)}" for n in ("post1", "post2")],
     }
 
 
 def test_lint_exit_1_on_findings_and_reports_the_clean_stacks_too(tmp_path, capsys):
     root = make_root(tmp_path, {"a.yaml": BROKEN[0][1]})
     rc, out, err = run_cli(capsys, root, "lint")
-    assert (rc, err) == (1, "")
+    assert (rc, err) == (1, not_fetched("a", "post1", "post2"))
     assert "post1: ok" in out.splitlines() and "post2: ok" in out.splitlines()
     assert out.startswith("stacks/a.yaml:5:14: train: ")
 
@@ -288,7 +299,9 @@ def test_lint_exit_2_on_invalid_input_even_with_findings(tmp_path, capsys):
     root = make_root(tmp_path, {"a.yaml": BROKEN[0][1], "b.yaml": "name: b\ninherits: post2\nplatfrom: {}\n"})
     rc, out, err = run_cli(capsys, root, "lint")
     assert rc == 2
-    assert err == "error: stacks/b.yaml:3:1: unknown key 'platfrom' in the top level\n  fix: did you mean 'platform'?\n"
+    assert err == not_fetched("a") + (
+        "error: stacks/b.yaml:3:1: unknown key 'platfrom' in the top level\n  fix: did you mean 'platform'?\n"
+    ) + not_fetched("post1", "post2")
     assert "stacks/a.yaml:5:14: train: " in out  # the valid stacks are still checked
 
 

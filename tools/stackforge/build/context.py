@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stackforge.build import artifacts, edits, embed, installed, reqlocks, requirements, reuse
+from stackforge.build import agree, artifacts, edits, embed, installed, reqlocks, requirements, reuse
 from stackforge.build import sources as upstreams
 from stackforge.build.locks import read_locks, unlocked_notes
 from stackforge.build.plan import Plan, make_plan
@@ -275,6 +275,7 @@ def _fill(loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: 
             exported[name] = reuse.exported(loaded, name, staging, staging.parent / "context", export,
                                             refresh=workspace.refresh)
         infos = [exported[name] for name in stack.upstreams]
+        agree.check_trees(loaded, {n: staging / "src" / n for n in stack.upstreams})
         requirements.write_phases(loaded, staging, {n: staging / "src" / n for n in stack.upstreams},
                                   {i.name: i.pin for i in infos}, atomic_write)
         for k in plan.kernels:

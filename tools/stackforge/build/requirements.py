@@ -8,8 +8,11 @@ phase that every vendor pin still has its exact version and names the pin a refu
 The context side (:func:`read_phase`) reads the requirement files on the host from the exported, patched
 upstream trees. Requirement files are hostile input: ``-r``/``-c`` are followed inside the same tree only,
 every other option (index URLs, find-links, editables, per-requirement options), URL and path requirements
-are refused with the file's line and the stack key, and a package a vendor index of the stack provides is
-dropped with a note (the vendor pin wins). What pip reads is the flattened result, written into deps/.
+are refused with the file's line and the stack key. A line naming a package a vendor index of the stack provides
+is compared with the vendor pin (``stack.agreement``): a line that agrees is dropped (the vendor phase installs
+the pin), a line that disagrees fails naming the file's line, both versions and the fix, unless the upstream's
+``agree.except`` gives the reason the stack differs (then it is dropped, and the manifest says why). What pip
+reads is the flattened result, written into deps/.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from stackforge import progress
-from stackforge.errors import UserError
+from stackforge.errors import BuildFailed, UserError
+from stackforge.stack import agreement
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 
@@ -39,7 +43,6 @@ CONSTRAINTS = "deps/constraints.txt"  # every pin of the stack as a `name==versi
 MANIFEST = "deps/requirements.json"  # what each requirement phase read and dropped (copied into the evidence)
 MAX_BYTES = 256 * 1024  # one requirement file
 MAX_FILES = 64  # files one phase may read through -r/-c
-_COMMENT = re.compile(r"(^|\s+)#.*$")
 _OPTION = re.compile(r"^(-r|--requirement|-c|--constraint)(?:=|\s+|(?<=^-[rc]))(\S.*)$")
 
 
@@ -96,10 +99,14 @@ def guarded(stack: Stack, phases: list[PipPhase]) -> list[PipPhase]:
 
 @dataclass
 class Dropped:
+    """A line naming a vendor pin, left to the vendor phase: it agrees with the pin, or ``excepted`` says why not."""
+
     phase: str
     requirement: str
     package: str
     where: str  # upstream:path:line
+    pin: str = ""  # the stack's version of the package
+    excepted: str | None = None  # the upstream's agree.except reason when the line asks another version
 
 
 @dataclass
@@ -120,7 +127,12 @@ class _Reader:
         self.loaded, self.name, self.index, self.upstream = loaded, name, index, upstream
         self.where = where or ("requirements", name)  # the phase's stack key
         self.tree, self.pin, self.out = tree.resolve(), pin, out
-        self.vendor = {canonicalize_name(n): stack.packages[n].index for n in vendor_pins(stack)}
+        self.vendor = {canonicalize_name(n): (n, v) for n, v in vendor_pins(stack).items()}
+        agree = stack.upstreams[upstream].agree
+        self.excepts: dict[str, str] = {
+            canonicalize_name(n): r for n, r in (agree.except_ if agree else {}).items() if r is not None
+        }
+        self.env = agreement.marker_environment(stack.platform.python, stack.platform.arch)
         self.open: list[Path] = []
         self.seen: set[Path] = set()
 
@@ -229,26 +241,33 @@ class _Reader:
             raise self.refuse(rel, lineno, f"{line!r}: a direct URL reference is refused", "name a version instead")
         vendor = self.vendor.get(canonicalize_name(req.name))
         if vendor is not None:
-            self.out.dropped.append(Dropped(self.out.phase, str(req), req.name, f"{self.upstream}:{rel}:{lineno}"))
+            self.vendor_line(rel, lineno, line, req, *vendor)
             return
         (self.out.constraints if constraints else self.out.requirements).append(str(req))
 
+    def vendor_line(self, rel: str, lineno: int, text: str, req: Requirement, name: str, version: str) -> None:
+        """A line naming vendor pin ``name``: dropped when it agrees (or is excepted), else the build fails."""
+        where = f"{self.upstream}:{rel}:{lineno}"
+        line = agreement.Line(rel, lineno, text, canonicalize_name(req.name), str(req.specifier),
+                              str(req.marker) if req.marker else None)
+        ok, kind = agreement.satisfies(version, line.specifier)
+        if not agreement.applies(line, self.env):
+            ok = True  # not for this platform: pip would skip it too
+        excepted = None if ok else self.excepts.get(line.name)
+        if not ok and excepted is None:
+            finding = agreement.line_finding(self.upstream, line, name, version, kind,
+                                             f"upstreams.{self.upstream}.agree.except")
+            raise BuildFailed(
+                f"{self.key}: {finding.message} (upstream {self.upstream} at {self.pin}); the vendor phase installs "
+                f"the stack's pin, so the upstream's line is not dropped silently",
+                file=f"{self.upstream}:{rel}",
+                line=lineno,
+                fix=finding.fix,
+            )
+        self.out.dropped.append(Dropped(self.out.phase, str(req), req.name, where, version, excepted))
 
-def _logical_lines(text: str):
-    """(first line number, text) of each requirement line: comments stripped, ``\\`` continuations joined."""
-    start, buf = 0, ""
-    for n, raw in enumerate(text.splitlines(), 1):
-        if not buf:
-            start = n
-        if raw.endswith("\\"):
-            buf += raw[:-1]
-            continue
-        line = _COMMENT.sub("", buf + raw).strip()
-        buf = ""
-        if line:
-            yield start, line
-    if buf and _COMMENT.sub("", buf).strip():
-        yield start, _COMMENT.sub("", buf).strip()
+
+_logical_lines = agreement.logical_lines
 
 
 def read_item(loaded: LoadedStack, name: str, index: int, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
@@ -271,7 +290,10 @@ def read_phase(loaded: LoadedStack, name: str, trees: dict[str, Path], pins: dic
 def requirements_file(phase: PhaseFiles) -> str:
     head = [f"# {phase.phase}: " + ", ".join(f"{f['upstream']}:{f['path']}" for f in phase.files)]
     dropped = [
-        f"# dropped, a vendor index provides it (the vendor pin wins): {d.requirement} ({d.where})"
+        f"# dropped, the vendor phase installs {d.package}=={d.pin}: {d.requirement} ({d.where})"
+        if d.excepted is None
+        else f"# dropped, the stack differs on purpose ({d.excepted}): {d.requirement} ({d.where}); "
+        f"the vendor phase installs {d.package}=={d.pin}"
         for d in phase.dropped
     ]
     return "\n".join(head + dropped + phase.requirements) + "\n"
@@ -304,10 +326,17 @@ def write_phases(loaded: LoadedStack, staging: Path, trees: dict[str, Path] | No
         else:
             phase = read_phase(loaded, name, trees, pins)
             read.append(phase)
-            if phase.dropped:
+            agreed = [d.package for d in phase.dropped if d.excepted is None]
+            excepted = [f"{d.package} ({d.excepted})" for d in phase.dropped if d.excepted is not None]
+            if agreed:
                 progress.note(
-                    f"{phase.phase}: dropped {len(phase.dropped)} requirement(s) a vendor index provides "
-                    f"(the vendor pins win): {', '.join(d.package for d in phase.dropped)}"
+                    f"{phase.phase}: {len(agreed)} line(s) naming a vendor pin agree with it and are left to the "
+                    f"vendor phase: {', '.join(agreed)}"
+                )
+            if excepted:
+                progress.note(
+                    f"{phase.phase}: {len(excepted)} line(s) ask another version than the vendor pin, excepted by "
+                    f"the stack: {', '.join(excepted)}"
                 )
         write(staging / "deps" / "requirements" / f"{name}.txt", requirements_file(phase))
         write(staging / "deps" / "requirements" / f"{name}.constraints.txt", constraints_file(stack, phase))

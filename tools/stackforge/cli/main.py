@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "bake",
     "nightly",
     "newest",
+    "drift",
     "bump",
     "wheel",
     "audit",

@@ -54,6 +54,12 @@ def register(sub) -> None:
         action="store_false",
         help="do not ask the indexes whether every pin is still the newest of its line",
     )
+    p.add_argument(
+        "--no-drift",
+        dest="drift",
+        action="store_false",
+        help="do not compare the upstreams' own pins (agree:) with their default branches (stackforge drift)",
+    )
     add_retry(p, "registry attempts per operation", "time budget per registry operation")
     add_out(p, "the directory summary.md and summary.json are written to (default: build/nightly/<date>)")
     add_json(p, "summary.json")
@@ -79,6 +85,7 @@ def cmd_nightly(args) -> int:
         workspace=workspace_of(args),
         allow_missing_hardware=args.allow_missing_hardware,
         freshness=args.freshness,
+        drift=args.drift,
     )
     if args.json:
         print_json(summary.to_json())

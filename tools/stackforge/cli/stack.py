@@ -14,10 +14,12 @@ from stackforge.stack.names import list_stacks
 from stackforge.urls import redact_text
 
 if TYPE_CHECKING:
+    from stackforge.build import agree
     from stackforge.stack import diff as diffmod
     from stackforge.stack import rules, tags
     from stackforge.stack.load import fingerprint, resolved
 else:
+    agree = lazy("stackforge.build.agree")
     diffmod = lazy("stackforge.stack.diff")
     rules = lazy("stackforge.stack.rules")
     tags = lazy("stackforge.stack.tags")
@@ -39,6 +41,12 @@ def register(sub) -> None:
 
     p = sub.add_parser("lint", help="check stacks against their release-train rules (exit 1 on findings)")
     p.add_argument("stacks", nargs="*", help="default: every stack")
+    p.add_argument(
+        "--upstreams",
+        action="store_true",
+        help="fetch the upstreams that declare `agree:` when the host's cache lacks their pinned commit, and compare "
+        "(default: compare only those already fetched; the others are a note)",
+    )
     add_json(p, "the findings per stack (a list of objects)")
     add_set(p)
     p.set_defaults(func=cmd_lint)
@@ -170,6 +178,7 @@ def cmd_lint(args) -> int:
         try:
             tags.local_ref(loaded)
             tags.labels(loaded)
+            upstream = agree.lint_upstreams(loaded, workspace_of(args), fetch=args.upstreams)
         except UserError as err:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})
@@ -177,15 +186,20 @@ def cmd_lint(args) -> int:
         report.append(
             {
                 "stack": name,
-                "findings": [f.located(loaded) for f in findings],
-                "rendered": [f.render(loaded) for f in findings],
+                "findings": [f.located(loaded) for f in findings] + [agree.located(f) for f in upstream.findings],
+                "rendered": [f.render(loaded) for f in findings] + [agree.render(f) for f in upstream.findings],
+                **({"notes": upstream.notes} if upstream.notes else {}),
             }
         )
     if args.json:
-        stacks = [{k: v for k, v in r.items() if k != "rendered"} for r in report]
-        print_json({"ok": not invalid and not any(r.get("findings") for r in report), "stacks": stacks})
+        stacks = [{k: v for k, v in r.items() if k not in ("rendered", "notes")} for r in report]
+        notes = [f"{r['stack']}: {n}" for r in report for n in r.get("notes", [])]
+        ok = not invalid and not any(r.get("findings") for r in report)
+        print_json({"ok": ok, "stacks": stacks, **({"notes": notes} if notes else {})})
     else:
         for r in report:
+            for note in r.get("notes", []):
+                print(f"note: {r['stack']}: {note}", file=sys.stderr)
             if "invalid" in r:
                 print(r["invalid"], file=sys.stderr)
             elif r["rendered"]:

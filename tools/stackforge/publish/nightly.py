@@ -12,10 +12,12 @@ Order per run (``build/nightly/<date>/``):
    ``nightly: true`` recipes serve is smoked with each of them (``stackforge smoke``) and its aliases
    (``-latest``) move only when every smoke passed; an image without a nightly recipe moves them at
    once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/``;
-5. per stack, whether every pin is still the newest of its line (``stackforge newest``);
+5. per stack, whether every pin is still the newest of its line (``stackforge newest``), and whether
+   its upstreams' own pins drifted since the pinned commits (``stackforge drift``: "n/a" with the reason
+   when it cannot be computed, e.g. no upstream declares ``agree:`` or the upstream cannot be fetched);
 6. ``summary.json`` and ``summary.md``: a row per stack and target — status, tag, digest,
    gate result, smoke verdict, duration, failure reason, the ``--set`` values its stack was loaded
-   with — and the pins' freshness per stack. Any failed row (a failed smoke too) makes the run fail;
+   with — and the pins' freshness and drift per stack. Any failed row (a failed smoke too) makes the run fail;
    the rows that passed are published regardless.
 """
 
@@ -74,6 +76,7 @@ class Summary:
     directory: Path | None = None
     overrides: list[str] = field(default_factory=list)  # the --set values every row's stack was loaded with
     freshness: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> pins newest of their lines?
+    drift: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> its upstreams' pins drifted?
 
     @property
     def ok(self) -> bool:
@@ -91,6 +94,7 @@ class Summary:
             "bake": self.bake,
             "rows": [asdict(r) for r in self.rows],
             "freshness": self.freshness,
+            **({"drift": self.drift} if self.drift else {}),
         }
 
     def markdown(self) -> str:
@@ -131,6 +135,11 @@ class Summary:
 
             lines += ["", "| stack | every pin the newest of its line | what moved |", "| --- | --- | --- |"]
             lines += [freshness_line(name, data) for name, data in self.freshness.items()]
+        if self.drift:
+            from stackforge.freshness.drift import nightly_line
+
+            lines += ["", "| stack | upstream pins drifted | what drifted |", "| --- | --- | --- |"]
+            lines += [nightly_line(name, data) for name, data in self.drift.items()]
         return "\n".join(lines) + "\n"
 
     def own_overrides(self) -> list[tuple[str, list[str]]]:
@@ -279,11 +288,13 @@ def nightly(
     workspace: Workspace | None = None,
     allow_missing_hardware: bool = False,
     freshness: bool = True,
+    drift: bool = True,
 ) -> Summary:
     """Bake, build, gate, publish and smoke the nightly stacks of the repository at ``root``, with the
     workspace's engine (its builder), credentials and CA bundle (default: the workspace at ``root``).
     ``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``; ``freshness`` asks the
-    indexes whether every pin is still the newest of its line."""
+    indexes whether every pin is still the newest of its line; ``drift`` compares each stack's upstreams that declare
+    ``agree:`` at the pinned commits with their default branches (``stackforge drift``)."""
     from stackforge.build import bake as bakemod
 
     ws = workspace if workspace is not None else Workspace.at(root)
@@ -349,6 +360,12 @@ def nightly(
         for stack in loaded:
             echo(f"nightly: {stack.name}: are the pins the newest of their lines?")
             summary.freshness[stack.name] = pin_freshness(stack, ws)
+    if drift:
+        from stackforge.freshness.drift import nightly_cell
+
+        for stack in loaded:
+            echo(f"nightly: {stack.name}: did the upstreams' own pins drift?")
+            summary.drift[stack.name] = nightly_cell(stack, ws, fetch=ws.mirror is None)
     _write_summary(summary, outdir, started, for_stack)
     echo(f"nightly: {sum(r.ok for r in summary.rows)}/{len(summary.rows)} passed; summary {outdir / 'summary.md'}")
     return summary

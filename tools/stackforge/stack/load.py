@@ -365,6 +365,7 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
                 "index",
                 "declare it under indexes:",
             )
+    problems += _agree_references(stack, values)
     for name, phase in stack.requirements.items():
         ref(("requirements", name, "index"), phase.index, stack.indexes, "index", "declare it under indexes:")
         for i, item in enumerate(phase.files):
@@ -429,6 +430,78 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
     problems += installed.problems(stack, lambda path: _pos_for(path, values, {}, False))
     problems += artifacts.problems(stack, lambda path: _pos_for(path, values, {}, False))
     problems += target_rules.problems(stack, lambda path: _pos_for(path, values, {}, False))
+    return problems
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _walk(stack: Stack, key: str) -> Any:
+    """The value at dotted ``key`` of the model (None when declared but unset); _Unknown when the path names no
+    field or no declared entry."""
+    node: Any = stack
+    for part in key.split("."):
+        if isinstance(node, BaseModel):
+            fields = {f.alias or n: n for n, f in type(node).model_fields.items()} | {
+                n: n for n in type(node).model_fields
+            }
+            if part not in fields:
+                raise _Unknown(part)
+            node = getattr(node, fields[part])
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise _Unknown(part)
+    if isinstance(node, (dict, list, BaseModel, bool)):
+        raise _Unknown(key)
+    return node
+
+
+def stack_value(stack: Stack, key: str) -> str | None:
+    """The text at dotted ``key`` of the stack (e.g. ``upstreams.vllm.tag``); None when it is unset (or names
+    nothing)."""
+    try:
+        value = _walk(stack, key)
+    except _Unknown:
+        return None
+    return None if value is None else str(value)
+
+
+def _agree_references(stack: Stack, values: dict) -> list[UserError]:
+    """An upstream's ``agree``: its exceptions name packages of the stack, its keys name values of the stack."""
+    from packaging.utils import canonicalize_name
+
+    problems: list[UserError] = []
+    packages = {canonicalize_name(n) for n in stack.packages}
+    for uname, up in stack.upstreams.items():
+        if up.agree is None:
+            continue
+        for pkg in up.agree.except_:
+            if canonicalize_name(pkg) not in packages:
+                near = difflib.get_close_matches(pkg, list(stack.packages), n=1)
+                path = ("upstreams", uname, "agree", "except", pkg)
+                problems.append(
+                    UserError(
+                        f"upstreams.{uname}.agree.except: '{pkg}' is not a package of the stack; only a pin of the "
+                        "stack is compared",
+                        **_pos_for(path, values, {}, False).as_error_kwargs(),
+                        fix=f"did you mean '{near[0]}'?" if near else "remove it",
+                    )
+                )
+        for file, keys in up.agree.keys.items():
+            for key, ref in keys.items():
+                try:
+                    _walk(stack, ref)
+                except _Unknown:
+                    where = ("upstreams", uname, "agree", "keys", file, key)
+                    problems.append(
+                        UserError(
+                            f"upstreams.{uname}.agree.keys.{file}.{key}: '{ref}' names no value of the stack",
+                            **_pos_for(where, values, {}, False).as_error_kwargs(),
+                            fix="name a single value, e.g. upstreams.vllm.tag or packages.torch.version",
+                        )
+                    )
     return problems
 
 
@@ -545,5 +618,7 @@ def fingerprint(stack: Stack) -> str:
     import json
 
     data = {k: v for k, v in _unused_dropped(stack, resolved(stack)).items() if k not in UNFINGERPRINTED}
+    for up in data.get("upstreams", {}).values():
+        up.pop("agree", None)  # what the stack must agree with is checked, never built
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest()

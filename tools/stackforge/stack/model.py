@@ -17,6 +17,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -262,6 +263,53 @@ class SourceEdit(Strict):
     new: str = Field(description="the replacement")
 
 
+def _stack_ref(text: str) -> str | None:
+    """A dotted key of the resolved stack whose value is compared, e.g. upstreams.vllm.tag."""
+    ok = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*(?:\.[A-Za-z0-9_][A-Za-z0-9_.+-]*)+", text)
+    return None if ok else f"{text!r} is not a stack key such as upstreams.vllm.tag"
+
+
+def _reason(value: object) -> object:
+    if value is None:
+        return None  # a child stack's null takes its parent's override away
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("an except needs its reason: a non-empty string saying why the stack differs")
+    return value.strip()
+
+
+class Agree(Strict):
+    """What of an upstream's own files the stack must agree with (checked by render, build and lint)."""
+
+    multiline_fields: ClassVar[frozenset[str]] = frozenset({"except_"})
+
+    requirements: list[Annotated[str, _grammar(grammar.check_relative_path)]] = Field(
+        default_factory=list,
+        description="requirement files of the upstream (-r/-c inside its tree followed): every line naming a pin "
+        "of the stack must agree with it (==V is Version equality: 0.2.7 is not 0.2.7+musa; any other specifier "
+        "must be met)",
+    )
+    keys: dict[
+        Annotated[str, _grammar(grammar.check_relative_path)],
+        dict[EnvName, Annotated[str, _grammar(_stack_ref)]],
+    ] = Field(
+        default_factory=dict,
+        description="KEY=VALUE files of the upstream, read by regex, and the stack key each KEY must equal, e.g. "
+        "{third_party/PINS: {VLLM_TAG: upstreams.vllm.tag, VLLM_COMMIT: upstreams.vllm.commit}}",
+    )
+    except_: dict[ProjectName, Annotated[str | None, BeforeValidator(_reason)]] = Field(
+        default_factory=dict,
+        alias="except",
+        description="{package: why the stack differs from the upstream's line}: the only way past a "
+        "disagreement; an except for a package the files agree on (or do not name) is itself a finding; a child "
+        "stack's null removes its parent's",
+    )
+
+    @field_validator("except_")
+    @classmethod
+    def _drop_nulls(cls, value: dict) -> dict:
+        return {k: v for k, v in value.items() if v is not None}
+
+
 class Upstream(Strict):
     git: str | None = Field(default=None, description="git URL or local path of the upstream repository")
     tag: Annotated[str, _grammar(grammar.check_git_ref)] | None = Field(
@@ -290,6 +338,12 @@ class Upstream(Strict):
         "at the commit its gitlink names, fetched on the host from the URL .gitmodules gives (checked: no "
         "transport helpers, options or paths out of the tree); their paths, URLs and commits are recorded in the "
         "evidence and the inputs fingerprint",
+    )
+    agree: Agree | None = Field(
+        None,
+        description="the upstream's own pins the stack must agree with: requirement files, KEY=VALUE files, and "
+        "the reasoned exceptions (render and build fail on a disagreement; `stackforge lint` checks a fetched "
+        "upstream; `stackforge drift` compares with a newer revision)",
     )
 
     @property

@@ -1,0 +1,484 @@
+"""Does a stack agree with an upstream's own files? Pure functions over text (no I/O).
+
+An upstream (e.g. the platform plugin) keeps its own pins: requirement files (``requirements/musa_private.txt``:
+``torch==2.11.0.post2+musa5.2.0``) and KEY=VALUE files read by regex (``third_party/PINS``: ``VLLM_TAG=v0.28.0``).
+:func:`read_requirements` parses requirement files (following ``-r``/``-c`` inside the same upstream) through a
+``read(path)`` callback the caller gives, :func:`compare` compares each line that names a pin of the stack with
+that pin, :func:`compare_keys` compares KEY=VALUE files with stack values, and :func:`drift` compares the files of
+two revisions of the upstream. Findings name the upstream's file and line, the package, the stack's version and
+the upstream's specifier.
+
+Comparison, with ``packaging``: ``==V`` is Version equality (``1.26`` is ``1.26.0``, but ``0.2.7`` is not
+``0.2.7+musa``, although PEP 440 matching would accept it); ``===V`` is string equality; a wildcard (``==1.26.*``)
+and every other specifier must be satisfied by the stack's version (else a *constraint* finding); a line without a
+specifier agrees; a line whose marker is false on the stack's platform is not compared.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import Specifier
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+MAX_FILES = 64  # files one read may follow through -r/-c
+_COMMENT = re.compile(r"(^|\s+)#.*$")
+_INCLUDE = re.compile(r"^(-r|--requirement|-c|--constraint)(?:=|\s+|(?<=^-[rc]))(\S.*)$")
+_KEY = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
+
+
+def logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(first line number, text) of each requirement line: comments stripped, ``\\`` continuations joined."""
+    start, buf = 0, ""
+    for n, raw in enumerate(text.splitlines(), 1):
+        if not buf:
+            start = n
+        if raw.endswith("\\"):
+            buf += raw[:-1]
+            continue
+        line = _COMMENT.sub("", buf + raw).strip()
+        buf = ""
+        if line:
+            yield start, line
+    if buf and _COMMENT.sub("", buf).strip():
+        yield start, _COMMENT.sub("", buf).strip()
+
+
+@dataclass(frozen=True)
+class Line:
+    """One requirement of an upstream's file."""
+
+    path: str  # relative to the upstream's tree
+    line: int
+    text: str  # the requirement as written (comment stripped)
+    name: str  # canonical project name
+    specifier: str  # e.g. "==0.2.7+musa", "<2.0", "" (none)
+    marker: str | None = None
+    constraint: bool = False  # read through -c
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    def pinned(self) -> str | None:
+        """The version of an exact pin (``==V`` or ``===V``, no wildcard, nothing else), else None."""
+        specs = _specs(self.specifier)
+        if len(specs) == 1 and specs[0].operator in ("==", "===") and not specs[0].version.endswith(".*"):
+            return specs[0].version
+        return None
+
+
+@dataclass
+class Read:
+    """What :func:`read_requirements` found: the lines, the files read, and what it could not use."""
+
+    lines: list[Line] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # "path" (named by the stack) or "path (via file:line)"
+    skipped: list[str] = field(default_factory=list)  # "file:line: why" (options, URLs, unparsable lines)
+
+
+def _specs(text: str) -> list[Specifier]:
+    from packaging.specifiers import SpecifierSet
+
+    return sorted(SpecifierSet(text), key=str) if text else []
+
+
+def _inside(base: str, target: str) -> str | None:
+    """``target`` (relative to the directory of ``base``) as a tree path, None when it leaves the tree."""
+    if target.startswith(("/", "~")) or "://" in target:
+        return None
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(base), target))
+    return None if joined.startswith("../") or joined in ("..", ".") else joined
+
+
+def read_requirements(read: Callable[[str], str | None], paths: list[str]) -> Read:
+    """Parse the requirement files ``paths`` of one upstream; ``read(path)`` gives a file's text (None when the
+    upstream has no such file). ``-r``/``-c`` are followed inside the same tree; other options, URLs and lines
+    that are not requirements are skipped and listed."""
+    out = Read()
+    seen: set[str] = set()
+
+    def one(path: str, constraint: bool, via: str | None) -> None:
+        if path in seen:
+            return
+        if len(seen) >= MAX_FILES:
+            out.skipped.append(f"{path}: more than {MAX_FILES} files")
+            return
+        seen.add(path)
+        text = read(path)
+        if text is None:
+            out.missing.append(path if via is None else f"{path} (via {via})")
+            return
+        out.files.append(path)
+        for lineno, line in logical_lines(text):
+            where = f"{path}:{lineno}"
+            if line.startswith("-"):
+                m = _INCLUDE.match(line)
+                target = _inside(path, m.group(2).strip()) if m else None
+                if m and target is not None:
+                    one(target, constraint or m.group(1) in ("-c", "--constraint"), where)
+                else:
+                    out.skipped.append(f"{where}: {line.split()[0]} is not followed")
+                continue
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                out.skipped.append(f"{where}: not a requirement")
+                continue
+            if req.url:
+                out.skipped.append(f"{where}: a URL")
+                continue
+            out.lines.append(
+                Line(
+                    path,
+                    lineno,
+                    line,
+                    canonicalize_name(req.name),
+                    str(req.specifier),
+                    str(req.marker) if req.marker else None,
+                    constraint,
+                )
+            )
+
+    for path in paths:
+        one(path, False, None)
+    return out
+
+
+def marker_environment(python: str, arch: str = "x86_64") -> dict[str, str]:
+    """The PEP 508 environment of a stack's platform: Linux, CPython ``python`` (``"3.10"``) on ``arch``."""
+    parts = python.split(".")
+    full = python if len(parts) >= 3 else f"{python}.0"
+    return {
+        "python_version": ".".join(parts[:2]),
+        "python_full_version": full,
+        "implementation_version": full,
+        "platform_machine": arch,
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
+
+
+def applies(line: Line, env: dict[str, str] | None) -> bool:
+    """Whether ``line``'s marker holds on the platform ``env`` (a line without a marker, or no ``env``: yes)."""
+    if not line.marker or env is None:
+        return True
+    try:
+        return Marker(line.marker).evaluate(env)
+    except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+        return True
+
+
+def satisfies(version: str, specifier: str) -> tuple[bool, str]:
+    """Whether the exact pin ``version`` meets ``specifier``, and the kind of a miss: ``pin`` (an ``==``/``===``
+    the version is not) or ``constraint`` (any other specifier, a wildcard included)."""
+    try:
+        have = Version(version)
+    except InvalidVersion:
+        return False, "pin"
+    for spec in _specs(specifier):
+        if spec.operator == "===":
+            if spec.version != version:
+                return False, "pin"
+        elif spec.operator == "==" and not spec.version.endswith(".*"):
+            try:
+                if Version(spec.version) != have:
+                    return False, "pin"
+            except InvalidVersion:
+                return False, "pin"
+        elif not spec.contains(have, prereleases=True):
+            return False, "constraint"
+    return True, ""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The stack and an upstream's file disagree (or a stack override is stale)."""
+
+    kind: str  # pin | constraint | key | stale | missing
+    upstream: str
+    path: str | None  # the upstream's file; None for a stale override that names no line
+    line: int | None
+    package: str  # the package (or KEY of a KEY=VALUE file)
+    stack: str | None  # the stack's version (or value)
+    spec: str | None  # the upstream's specifier (or value)
+    message: str
+    fix: str
+
+    @property
+    def where(self) -> str:
+        if self.path is None:
+            return f"{self.upstream}"
+        return f"{self.upstream}:{self.path}" + (f":{self.line}" if self.line else "")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Agreement:
+    """The lines naming a pin of the stack: those that agree, those an ``except`` lets through, the findings."""
+
+    agreed: list[Line] = field(default_factory=list)
+    excepted: list[tuple[Line, str]] = field(default_factory=list)  # (line, the reason)
+    findings: list[Finding] = field(default_factory=list)
+
+
+def canonical_pins(pins: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """``{canonical name: (name as the stack writes it, version)}``."""
+    return {str(canonicalize_name(n)): (n, v) for n, v in pins.items()}
+
+
+def line_finding(upstream: str, line: Line, name: str, version: str, kind: str, except_key: str) -> Finding:
+    """The finding of a line naming pin ``name`` (written so in the stack) that ``version`` does not meet."""
+    want = line.pinned()
+    if kind == "pin":
+        message = f"{line.text!r} pins {name} {want}, but the stack pins {name} {version}"
+        fix = f"pin packages.{name}.version: {want!r} (the upstream's), or add {except_key}.{name}: <why they differ>"
+    else:
+        message = f"{line.text!r} asks {name}{line.specifier}, which the stack's {name} {version} does not meet"
+        fix = f"pin a version of {name} that meets {line.specifier}, or add {except_key}.{name}: <why they differ>"
+    return Finding(kind, upstream, line.path, line.line, name, version, line.specifier, message, fix)
+
+
+def compare(
+    upstream: str,
+    lines: list[Line],
+    pins: dict[str, str],
+    excepts: dict[str, str] | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    stale: bool = True,
+    except_key: str | None = None,
+) -> Agreement:
+    """Compare each line naming a pin of ``pins`` (``{name: version}``) with it. A line that disagrees is a
+    finding unless ``excepts`` (``{name: reason}``) names its package; with ``stale``, an except whose package
+    every line agrees with, or that no line names, is a finding too (``stale``)."""
+    except_key = except_key or f"upstreams.{upstream}.agree.except"
+    by_name = canonical_pins(pins)
+    reasons = {str(canonicalize_name(n)): (n, r) for n, r in (excepts or {}).items()}
+    out = Agreement()
+    named: set[str] = set()
+    differ: set[str] = set()
+    for line in lines:
+        pin = by_name.get(line.name)
+        if pin is None or not applies(line, env):
+            continue
+        named.add(line.name)
+        name, version = pin
+        ok, kind = satisfies(version, line.specifier)
+        if ok:
+            out.agreed.append(line)
+        elif line.name in reasons:
+            differ.add(line.name)
+            out.excepted.append((line, reasons[line.name][1]))
+        else:
+            out.findings.append(line_finding(upstream, line, name, version, kind, except_key))
+    if stale:
+        for key, (written, _) in reasons.items():
+            if key in differ:
+                continue
+            first = next((ln for ln in lines if ln.name == key and applies(ln, env)), None)
+            pinned = by_name[key][1] if key in by_name else None
+            if first is None:
+                what = f"{except_key}.{written} names a package none of the upstream's files name"
+                out.findings.append(
+                    Finding(
+                        "stale", upstream, None, None, written, pinned, None, what, f"remove {except_key}.{written}"
+                    )
+                )
+            else:
+                what = (
+                    f"{except_key}.{written} is stale: the upstream's {first.text!r} agrees with the stack's {pinned}"
+                )
+                out.findings.append(
+                    Finding(
+                        "stale",
+                        upstream,
+                        first.path,
+                        first.line,
+                        written,
+                        pinned,
+                        first.specifier,
+                        what,
+                        f"remove {except_key}.{written}",
+                    )
+                )
+    return out
+
+
+def parse_keys(text: str) -> dict[str, tuple[str, int]]:
+    """``{KEY: (value, line)}`` of a KEY=VALUE file (``#`` comments, optional quotes; the last assignment wins)."""
+    out: dict[str, tuple[str, int]] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        if raw.lstrip().startswith("#"):
+            continue
+        m = _KEY.match(raw)
+        if not m:
+            continue
+        value = m.group(2)
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        else:
+            value = re.sub(r"\s+#.*$", "", value)
+        out[m.group(1)] = (value, n)
+    return out
+
+
+def compare_keys(
+    upstream: str, path: str, text: str | None, wanted: dict[str, tuple[str, str | None]]
+) -> list[Finding]:
+    """Compare KEY=VALUE file ``path`` (``text``; None: the upstream has no such file) with the stack:
+    ``wanted`` is ``{KEY: (stack key, stack value)}`` (None: the stack leaves it unset). Values are compared as
+    strings."""
+    if text is None:
+        return [
+            Finding(
+                "missing",
+                upstream,
+                path,
+                None,
+                key,
+                value,
+                None,
+                f"{path} does not exist in the upstream, so {key} cannot be compared with {ref}",
+                f"name a file the upstream has in upstreams.{upstream}.agree.keys",
+            )
+            for key, (ref, value) in wanted.items()
+        ]
+    found = parse_keys(text)
+    out = []
+    for key, (ref, value) in wanted.items():
+        if key not in found:
+            out.append(
+                Finding(
+                    "missing",
+                    upstream,
+                    path,
+                    None,
+                    key,
+                    value,
+                    None,
+                    f"{path} assigns no {key} to compare with {ref}",
+                    f"remove {key} from upstreams.{upstream}.agree.keys.{path}, or name the key the file assigns",
+                )
+            )
+            continue
+        have, line = found[key]
+        if have != value:
+            out.append(
+                Finding(
+                    "key",
+                    upstream,
+                    path,
+                    line,
+                    key,
+                    value,
+                    have,
+                    f"{key}={have}, but the stack's {ref} is {value}"
+                    if value is not None
+                    else f"{key}={have}, but the stack sets no {ref}",
+                    f"set {ref}: {have} (the upstream's), or move upstreams.{upstream}.commit to a revision that "
+                    f"names {value}",
+                )
+            )
+    return out
+
+
+# --- drift ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DriftRow:
+    """One thing that differs between the upstream's files at the pinned revision and at a newer one."""
+
+    change: str  # moved | added | removed | constraint | key
+    package: str  # canonical name, or KEY
+    stack: str | None  # the stack's pin (or value) of it, if any
+    before: str | None  # the specifier (or value) at the pinned revision
+    after: str | None  # ... at the newer one
+    where: str  # file:line at the newer revision (at the pinned one for a removal)
+    agrees: bool | None = None  # whether the stack's pin meets the newer specifier (None: the stack has no pin)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _by_name(lines: list[Line], env: dict[str, str] | None) -> dict[str, Line]:
+    out: dict[str, Line] = {}
+    for line in lines:
+        if applies(line, env) and line.name not in out:
+            out[line.name] = line
+    return out
+
+
+def drift(
+    before: list[Line],
+    after: list[Line],
+    pins: dict[str, str],
+    *,
+    env: dict[str, str] | None = None,
+    keys_before: dict[str, dict[str, tuple[str, int]]] | None = None,
+    keys_after: dict[str, dict[str, tuple[str, int]]] | None = None,
+    key_values: dict[str, dict[str, str | None]] | None = None,
+) -> list[DriftRow]:
+    """What moved in the upstream's requirement lines (``before`` at the pinned revision, ``after`` at the newer
+    one) and its KEY=VALUE files (``{path: parse_keys(...)}``), with the stack's pins (``{name: version}``) and
+    compared values (``key_values``: ``{path: {KEY: stack value}}``; keys_before/after cover the same paths).
+    An exact pin whose version changed is *moved*; a line that appears is *added* (an exact pin) or a new
+    *constraint* (any other specifier, or an exact pin that became a range); a line that goes is *removed*."""
+    pins_by = {k: v for k, (_, v) in canonical_pins(pins).items()}
+    old, new = _by_name(before, env), _by_name(after, env)
+    rows: list[DriftRow] = []
+
+    def agrees(name: str, spec: str | None) -> bool | None:
+        if name not in pins_by or spec is None:
+            return None
+        return satisfies(pins_by[name], spec)[0]
+
+    for name, line in new.items():
+        prev = old.get(name)
+        stack = pins_by.get(name)
+        if prev is None:
+            change = "added" if line.pinned() is not None or not line.specifier else "constraint"
+            rows.append(DriftRow(change, name, stack, None, line.specifier, line.where, agrees(name, line.specifier)))
+        elif prev.specifier != line.specifier:
+            change = "moved" if line.pinned() is not None else "constraint"  # now an exact pin, or a range
+            rows.append(
+                DriftRow(change, name, stack, prev.specifier, line.specifier, line.where, agrees(name, line.specifier))
+            )
+    for name, line in old.items():
+        if name not in new:
+            rows.append(DriftRow("removed", name, pins_by.get(name), line.specifier, None, line.where, None))
+    for path, wanted in (key_values or {}).items():
+        kb, ka = (keys_before or {}).get(path, {}), (keys_after or {}).get(path, {})
+        for key in wanted:
+            b, a = kb.get(key), ka.get(key)
+            if (b and b[0]) != (a and a[0]):
+                where = f"{path}:{a[1]}" if a else (f"{path}:{b[1]}" if b else path)
+                value = wanted[key]
+                rows.append(
+                    DriftRow(
+                        "key",
+                        key,
+                        value,
+                        b[0] if b else None,
+                        a[0] if a else None,
+                        where,
+                        None if a is None else a[0] == value,
+                    )
+                )
+    order = {"moved": 0, "constraint": 1, "added": 2, "removed": 3, "key": 4}
+    rows.sort(key=lambda r: (order[r.change], r.where.split(":")[0], r.package))
+    return rows
