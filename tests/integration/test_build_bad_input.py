@@ -144,6 +144,24 @@ CASES = [
         expect=[r"No matching distribution found for triton==3\.2\.1"],
     ),
     Case(
+        # post2 with the vendor pins it had before it carried the plugin's: every one that differs from the plugin's
+        # requirements/musa_private.txt is named with its line, before anything is built (never at the gate)
+        "pins-that-differ-from-the-plugin",
+        [
+            *(f"packages.{n}.version=0.2.7" for n in ("flash_attn_3", "flash_mla", "deep-gemm", "flashinfer-python")),
+            "packages.sageattention.version=0.2.7",
+            "packages.tilelang_musa.version=0.1.12",
+            "packages.apache-tvm-ffi.version=0.1.9.post2+musa.1",
+            "packages.torch-c-dlpack-ext.version=0.1.3",
+        ],
+        code=1,
+        expect=[
+            r"requirements/musa_private\.txt:21: agree: 'flash_attn_3==0\.2\.7\+musa' pins flash_attn_3 0\.2\.7\+musa, "
+            r"but the stack pins flash_attn_3 0\.2\.7",
+            r"requirements/musa_private\.txt:32: agree: 'torch-c-dlpack-ext==0\.1\.5'",
+        ],
+    ),
+    Case(
         # vLLM's build requirements not installed in the deps stage: the offline kernel stage cannot fetch them,
         # and the build fails naming the one vLLM's build imports (the plugin's vLLM install step too)
         "missing-build-requirement",

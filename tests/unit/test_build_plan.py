@@ -320,3 +320,16 @@ def test_the_installer_phase_runs_first_from_the_public_index_and_checks_no_vend
     hashed = load("post2", root=REPO, overrides=["base.pip={version: '26.3', sha256: [" + "a" * 64 + "]}"])
     assert pip_phases(hashed.model)[0].require_hashes
     assert pip_phases(load("post2", root=REPO, overrides=["base.pip=null"]).model)[0].name == "mthreads-nodeps"
+
+
+def test_pip_check_allows_what_an_upstreams_agree_except_excuses_with_its_reason():
+    """post1 pins the post1 train against a plugin revision whose wheel requires the post2 train: the reasons
+    the stack gives in upstreams.vllm_musa.agree.except are the reasons pip check's lines print."""
+    post1 = load("post1", root=REPO).model
+    allowed = gate_spec(post1)["pip_check_allow"]
+    assert [(a["dist"], a["requires"]) for a in allowed] == [
+        ("vllm_musa", n) for n in ("torch", "torch_musa", "torchvision", "torchaudio", "deep_ep")
+    ]
+    reason = post1.upstreams["vllm_musa"].agree.except_["torch"]
+    assert allowed[0]["reason"] == f"upstreams.vllm_musa.agree.except: {reason}"
+    assert gate_spec(load("post2", root=REPO).model)["pip_check_allow"] == []  # post2 excepts nothing

@@ -150,6 +150,17 @@ def installer_phase(stack: Stack) -> list[PipPhase]:
     return [phase]
 
 
+def pip_check_allow(stack: Stack) -> list[dict]:
+    """Unmet requirements pip check may report: the stack's own (``gate.pip_check_allow``), and each package an
+    upstream's ``agree.except`` excuses, as a requirement of that upstream's distribution (the plugin's wheel
+    requires the train its revision pins; the stack says why it pins another)."""
+    out = [a.model_dump() for a in stack.gate.pip_check_allow]
+    for name, up in stack.upstreams.items():
+        for package, reason in (up.agree.except_ if up.agree else {}).items():
+            out.append({"dist": name, "requires": package, "reason": f"upstreams.{name}.agree.except: {reason}"})
+    return out
+
+
 def gate_spec(stack: Stack) -> dict:
     return {
         "stack": stack.name,
@@ -163,7 +174,7 @@ def gate_spec(stack: Stack) -> dict:
         "read_only": stack.gate.read_only,
         "pip_check": True,
         "pip": stack.base.pip.version if stack.base.pip else None,
-        "pip_check_allow": [a.model_dump() for a in stack.gate.pip_check_allow],
+        "pip_check_allow": pip_check_allow(stack),
         "abi": {
             "packages": [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]
             if stack.gate.abi
