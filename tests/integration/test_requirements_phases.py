@@ -160,11 +160,12 @@ def test_a_requirement_file_missing_at_the_pinned_commit_fails_before_the_engine
     assert mb.image_id(POST2_TAG) == before
 
 
-def _refused(standins, override: str, label: str, line: str, pip_says: str):
-    """post2 built with one more --set fails in its pip phases with pip's message and our line; nothing tagged."""
+def _refused(standins, override: str | list[str], label: str, line: str, pip_says: str):
+    """post2 built with more --set values fails in its pip phases with pip's message and our line; nothing tagged."""
     before = mb.image_id(POST2_TAG)
     ep = standins.endpoints(standins.specs("post2"))
-    build = standins.build("post2", [*standins.overrides(ep), override], label=label)
+    extra = [override] if isinstance(override, str) else override
+    build = standins.build("post2", [*standins.overrides(ep), *extra], label=label)
     assert build.proc.returncode == 1, build.describe()
     assert line in build.proc.stderr, build.describe()
     assert pip_says in build.log  # pip's own message is kept
@@ -188,10 +189,11 @@ def test_a_phase_that_would_replace_the_vendor_torch_fails_naming_the_phase_and_
 
 def test_a_phase_that_would_move_a_public_pin_fails_naming_the_phase_and_the_pin(post2, standins):
     # The plugin's requirements/common.txt says numpy==1.26 (1.26.0, post2's pin). Pinned at 1.26.4 instead (the
-    # public stand-in serves it for the omni target), the pin is a constraint of that phase: pip refuses.
+    # public stand-in serves it for the omni target), the pin is a constraint of that phase: pip refuses. (The
+    # agreement rule would name the line first: the stack excepts it, to reach the phase.)
     _refused(
         standins,
-        "packages.numpy.version=1.26.4",
+        ["packages.numpy.version=1.26.4", "upstreams.vllm_musa.agree.except.numpy=to reach the pip phase"],
         "moves-numpy",
         "ERROR: pip phase requirements.vllm-common (stack key requirements.vllm-common) would move the public pin "
         "numpy==1.26.4 (stack key packages.numpy; the constraints hold it): the phase requests numpy==1.26",
