@@ -342,38 +342,22 @@ def compare_keys(
     """Compare KEY=VALUE file ``path`` (``text``; None: the upstream has no such file) with the stack:
     ``wanted`` is ``{KEY: (stack key, stack value)}`` (None: the stack leaves it unset). Values are compared as
     strings."""
+
+    def missing(key: str, value: str | None, message: str, fix: str) -> Finding:
+        return Finding("missing", upstream, path, None, key, value, None, message, fix)
+
     if text is None:
+        fix = f"name a file the upstream has in upstreams.{upstream}.agree.keys"
         return [
-            Finding(
-                "missing",
-                upstream,
-                path,
-                None,
-                key,
-                value,
-                None,
-                f"{path} does not exist in the upstream, so {key} cannot be compared with {ref}",
-                f"name a file the upstream has in upstreams.{upstream}.agree.keys",
-            )
+            missing(key, value, f"{path} does not exist in the upstream, so {key} cannot be compared with {ref}", fix)
             for key, (ref, value) in wanted.items()
         ]
     found = parse_keys(text)
     out = []
     for key, (ref, value) in wanted.items():
         if key not in found:
-            out.append(
-                Finding(
-                    "missing",
-                    upstream,
-                    path,
-                    None,
-                    key,
-                    value,
-                    None,
-                    f"{path} assigns no {key} to compare with {ref}",
-                    f"remove {key} from upstreams.{upstream}.agree.keys.{path}, or name the key the file assigns",
-                )
-            )
+            fix = f"remove {key} from upstreams.{upstream}.agree.keys.{path}, or name the key the file assigns"
+            out.append(missing(key, value, f"{path} assigns no {key} to compare with {ref}", fix))
             continue
         have, line = found[key]
         if have != value:
