@@ -713,7 +713,7 @@ class Target(Strict):
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
     env: dict[EnvName, str] = Field(default_factory=dict)
-    # Per-target layers (build/targets.py): a target builds on the gate, or on another target with `from:`.
+    # Per-target layers (builder/targets.py): a target builds on the gate, or on another target with `from:`.
     from_: Name | None = Field(
         None, alias="from", description="the target this one builds on (a child target); default: the gate"
     )
