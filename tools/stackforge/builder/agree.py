@@ -13,11 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stackforge.clients import upstream as sources
+from stackforge.clients.git import git
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.stack import agreement
 from stackforge.stack.agreement import Finding
 from stackforge.stack.load import LoadedStack, stack_value
+from stackforge.urls import split
 
 MAX_BYTES = 256 * 1024  # one file of an upstream read for a comparison
 
@@ -50,7 +53,6 @@ def tree_reader(tree: Path, upstream: str) -> Reader:
 def git_reader(mirror: Path, commit: str, upstream: str) -> Reader:
     """Files of ``commit`` in a bare mirror; a path that is no regular file there (a link, a directory, absent)
     reads as missing."""
-    from stackforge.clients.git import git
 
     def read(rel: str) -> str | None:
         entry = git(mirror, "ls-tree", commit, "--", rel, check=False).stdout.split("\t", 1)[0].split()
@@ -171,9 +173,6 @@ class LintResult:
 
 def cached_mirror(loaded: LoadedStack, name: str, workspace: Workspace) -> Path | None:
     """The host's bare mirror of git upstream ``name`` when it holds the pinned commit, else None (no network)."""
-    from stackforge.clients import upstream as sources
-    from stackforge.clients.git import git
-    from stackforge.urls import split
 
     up = loaded.model.upstreams[name]
     if up.git is None or up.commit is None:
@@ -192,7 +191,6 @@ def cached_mirror(loaded: LoadedStack, name: str, workspace: Workspace) -> Path 
 def fetch_mirror(loaded: LoadedStack, name: str, workspace: Workspace, *, refresh: bool = False) -> Path:
     """The mirror of git upstream ``name`` holding its pinned commit: fetched when it does not, or always with
     ``refresh`` (to see the upstream's newest branches and tags)."""
-    from stackforge.clients import upstream as sources
 
     up = loaded.model.upstreams[name]
     spec = sources.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)

@@ -24,12 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stackforge.builder.context import build_dir_for
+from stackforge.builder.run import default_target, secret_files, target_ref
+from stackforge.builder.run import prepare as prepare_build
 from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.fslock import stack_lock, stack_locks
 from stackforge.signals import Interrupted
 from stackforge.stack.load import LoadedStack
+from stackforge.stack.targets import published
 
 SECRET_PLACEHOLDER = "(a temporary file written by `stackforge bake` when it runs)"
 
@@ -67,8 +71,6 @@ def target_name(stack: str, target: str) -> str:
 
 def stack_targets(loaded: LoadedStack, targets: list[str] | None) -> list[str]:
     """Every published target of the stack, or those of ``targets`` it has (none of them: an error with the fix)."""
-    from stackforge.builder.run import default_target
-    from stackforge.stack.targets import published
 
     stack = loaded.model
     if not targets:
@@ -94,9 +96,6 @@ def prepare(
     files are then not written either and their ``src`` is a placeholder. The engine, credentials
     and CA bundle are the workspace's (default: the one at each stack's root).
     """
-    from stackforge.builder.context import build_dir_for
-    from stackforge.builder.run import prepare as prepare_build
-    from stackforge.builder.run import secret_files, target_ref
 
     out: list[BakeTarget] = []
     for loaded in stacks:
@@ -221,7 +220,6 @@ def bake(
 ) -> tuple[list[BakeTarget], BakeRun]:
     """Prepare every stack, then run one bake over all their targets with the workspace's engine (or
     ``engine``), holding every stack's build directory lock until it ends. Secrets live only while it runs."""
-    from stackforge.builder.context import build_dir_for
 
     engine = engine or (workspace.engine if workspace is not None else Engine())
     engine.check()

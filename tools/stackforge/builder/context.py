@@ -19,10 +19,12 @@ from pathlib import Path
 from stackforge import patches
 from stackforge.builder import agree, artifacts, edits, embed, installed, reqlocks, requirements, reuse
 from stackforge.builder.locks import read_locks, unlocked_notes
+from stackforge.builder.offline import _fix, apply, upstream_cache
 from stackforge.builder.plan import Plan, make_plan
 from stackforge.builder.render import images_dir, render_dockerfile, requirements_text
 from stackforge.builder.system import write_context as write_system_context
 from stackforge.builder.targets import write_context as write_target_context
+from stackforge.clients import submodules
 from stackforge.clients import upstream as upstreams
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
@@ -31,6 +33,7 @@ from stackforge.patches.series import in_tree_series
 from stackforge.stack.installed import export_order
 from stackforge.stack.load import LoadedStack, fingerprint
 from stackforge.stack.model import Stack
+from stackforge.urls import split as split_credentials
 
 
 @dataclass
@@ -128,8 +131,6 @@ def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Worksp
     stack, root, cache = loaded.model, loaded.root, workspace.cache()
     offline = workspace.mirror is not None
     if offline:  # the mirror's repositories and sdists, never a fetch
-        from stackforge.builder.offline import upstream_cache
-
         cache = upstream_cache(loaded, workspace)
     up = stack.upstreams[name]
     if up.sdist is not None:
@@ -179,15 +180,11 @@ def _export_submodules(
     """Fetch the submodules the pinned commit records (recursively; from the mirror's repository when offline),
     write their trees into ``dest`` and return their records; a refusal is placed at
     ``upstreams.<name>.submodules``."""
-    from stackforge.clients import submodules
-    from stackforge.urls import split as split_credentials
 
     up = loaded.model.upstreams[name]
     assert up.git is not None and up.commit is not None
     url = upstreams.resolve_git_url(split_credentials(up.git)[0], loaded.root)
     if offline:
-        from stackforge.builder.offline import _fix
-
         fetch = submodules.repo_fetch(name, mirror, _fix(loaded))
     else:
         fetch = submodules.cache_fetch(name, cache, workspace=workspace, reuse=not workspace.refresh)
@@ -242,8 +239,6 @@ def assemble(
 
 
 def _offline(loaded: LoadedStack, plan: Plan, staging: Path, ws: Workspace) -> dict:
-    from stackforge.builder.offline import apply
-
     assert ws.mirror is not None
     return apply(loaded, plan, ws.mirror, staging)
 

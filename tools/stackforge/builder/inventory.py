@@ -8,7 +8,9 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stackforge.builder.render import images_dir
 from stackforge.builder.requirements import MANIFEST
+from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 
@@ -61,8 +63,6 @@ def load(spec: str, engine=None) -> dict:
     if path.exists():
         raise UserError(f"{spec}: no inventory.json here", fix="pass a build's evidence directory or an image")
     if engine is None:
-        from stackforge.clients.engine import Engine
-
         engine = Engine()
     if not engine.image_exists(spec):
         raise UserError(
@@ -76,7 +76,6 @@ def load(spec: str, engine=None) -> dict:
 def taken_from(engine, ref: str) -> dict:
     """The inventory of an image stackforge did not build (e.g. one built from the fork's Dockerfile): the
     same in-image script, run over what is installed; without pip's records no row names its index."""
-    from stackforge.builder.render import images_dir
 
     script = images_dir() / "gate" / "inventory.py"
     probe = (

@@ -41,6 +41,7 @@ from packaging.version import InvalidVersion, Version
 from stackforge import credentials, localver, progress
 from stackforge.builder import reqlocks, requirements, resolve
 from stackforge.builder.resolve import Input
+from stackforge.clients.index import IndexClient
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError, printable
 from stackforge.stack.load import LoadedStack
@@ -495,7 +496,6 @@ def lock_public(
 
 def lock_vendor(loaded: LoadedStack, index: str, workspace: Workspace | None = None) -> str:
     """Hashes of the exact pins as the vendor index lists them."""
-    from stackforge.clients.index import IndexClient
 
     stack, ws = loaded.model, workspace_for(loaded, workspace)
     idx = stack.indexes[index]

@@ -20,8 +20,9 @@ from pathlib import Path
 from stackforge import credentials, progress
 from stackforge.builder import mirror_manifest as manifest
 from stackforge.builder import resolve
+from stackforge.builder.plan import make_plan
 from stackforge.builder.render import images_dir
-from stackforge.clients.engine import Engine
+from stackforge.clients.engine import Engine, save_image
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
 from stackforge.stack.load import LoadedStack, fingerprint
@@ -72,7 +73,6 @@ def mirror_toolchains(
 ) -> None:
     """Build (or keep) the toolchain stage of every selected kernel that has one, and save it in the mirror."""
     from stackforge.builder.run import secret_files
-    from stackforge.clients.engine import save_image
 
     ctx = prepared.ctx
     engine: Engine = ws.engine
@@ -166,7 +166,6 @@ def apply(loaded: LoadedStack, plan, data: dict, staging: Path, fix: str) -> Non
 
 def load(loaded: LoadedStack, root: Path, data: dict, engine: Engine, fix: str) -> None:
     """The toolchain images the build needs, loaded from the mirror's archives when the engine lacks them."""
-    from stackforge.builder.plan import make_plan
 
     for k in make_plan(loaded).kernels:
         if k.toolchain is None:

@@ -33,6 +33,7 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.stack import agreement
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
+from stackforge.urls import redact
 
 if TYPE_CHECKING:
     from stackforge.builder.plan import PipPhase
@@ -63,7 +64,6 @@ def stack_pins(stack: Stack) -> dict[str, str]:
 
 def requirement_phases(stack: Stack) -> list[PipPhase]:
     from stackforge.builder.plan import PipPhase
-    from stackforge.urls import redact
 
     return [
         PipPhase(

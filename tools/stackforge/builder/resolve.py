@@ -47,6 +47,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from stackforge import credentials
+from stackforge.clients.index import IndexClient, IndexQueryError
 from stackforge.errors import UserError
 from stackforge.stack.model import Stack
 from stackforge.urls import Credential, redact
@@ -208,7 +210,6 @@ def vendor_metadata(
     """The METADATA of the vendor's wheel for ``name==version`` (a wheel for the target if there is one),
     read from the index's file (with the index's ``credential``, trusting ``ca_bundle``) and kept under
     ``cache`` by the file's sha256."""
-    from stackforge.clients.index import IndexClient
 
     url = stack.indexes[index].url
     client = IndexClient(url, credential=credential)
@@ -293,7 +294,6 @@ def _uv_failure(stderr: str, target: Target, stack: Stack, index: str, credentia
     """uv's failure as a UserError: a package whose files on the index include no wheel for the target
     is named with the fix; a requirement that would move a pin names the pin; anything else (a conflict, an
     unreachable index, a refused credential) is uv's own message."""
-    from stackforge.clients.index import IndexClient, IndexQueryError
 
     url = stack.indexes[index].url
     flat = " ".join(line.strip(" │╰─▶×") for line in stderr.splitlines())
@@ -361,7 +361,6 @@ def uv_env(tmp: Path, url: str, credential: Credential | None, ca_bundle: Path |
     """uv's environment: none of this host's UV_*, PIP_* or NETRC settings; the index (``UV_DEFAULT_INDEX``,
     holding a query credential when there is one) and a user/password credential (a netrc file in the private
     directory ``tmp``) never on the command line; the workspace's CA bundle and cache."""
-    from stackforge import credentials
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_")) and k != "NETRC"}
     env.update(

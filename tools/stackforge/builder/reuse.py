@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, file_sha256
+from stackforge.patches import series_hash
 from stackforge.stack.load import LoadedStack
 
 if TYPE_CHECKING:
@@ -63,7 +64,6 @@ def _code_digest() -> str:
 
 def upstream_inputs(loaded: LoadedStack, name: str, _seen: frozenset[str] = frozenset()) -> str:
     """sha256 over everything upstream ``name``'s exported, patched tree is made from."""
-    from stackforge.patches import series_hash
 
     up = loaded.model.upstreams[name]
     doc: dict[str, Any] = {"version": VERSION, "code": _code_digest(), "upstream": up.model_dump(mode="json")}

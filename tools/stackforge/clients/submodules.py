@@ -24,7 +24,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from stackforge import grammar
+from stackforge.clients import upstream as sources
 from stackforge.clients.git import git
+from stackforge.clients.upstream import export_commit
 from stackforge.errors import UserError
 from stackforge.urls import redact
 from stackforge.urls import split as split_credentials
@@ -261,7 +263,6 @@ def cache_fetch(
     reuse: bool = True,
 ) -> Fetch:
     """A :data:`Fetch` through the host's cache (a bare mirror per URL, as upstreams are fetched)."""
-    from stackforge.clients import upstream as sources
 
     def fetch(url: str, commit: str, path: str) -> Path:
         spec = sources.UpstreamSpec(git=url, commit=commit, name=f"{upstream} submodule {path}")
@@ -294,7 +295,6 @@ def repo_fetch(upstream: str, repo: Path, fix: str) -> Fetch:
 def export(subs: list[Submodule], dest: Path) -> None:
     """Write each submodule's tree at its commit into ``dest`` (the superproject's exported tree; a gitlink
     exports as an empty directory), parents before children, never through a link."""
-    from stackforge.clients.upstream import export_commit
 
     for sub in subs:
         cur = dest

@@ -34,6 +34,7 @@ from packaging.utils import canonicalize_name
 
 from stackforge import netread, progress
 from stackforge.clients.git import git, rev_parse
+from stackforge.clients.index import IndexClient, IndexQueryError
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.urls import Credential, redact, redact_text, scrub
@@ -389,7 +390,6 @@ def find_sdist(index_url: str, name: str, version: str, workspace: Workspace | N
     """``(URL of name-version.tar.gz, the IndexClient that found it)`` on a PEP 691/503 simple index;
     the client carries the index's credential (what the URL carries, else the workspace's resolver's)
     for the download."""
-    from stackforge.clients.index import IndexClient, IndexQueryError
 
     clean, in_url = split_credentials(index_url)
     client = IndexClient(index_url, credential=in_url or _url_credential(clean, workspace))

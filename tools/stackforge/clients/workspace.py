@@ -122,7 +122,8 @@ class Workspace:
 
     @functools.cached_property
     def engine(self) -> Engine:
-        """The engine, created when first used (a verb that builds nothing never checks for one)."""
+        """The engine, created when first used (a verb that builds nothing never checks for one); its module is
+        imported here, so a run that answers without the engine (``stackforge list``, a no-op build) never loads it."""
         from stackforge.clients.engine import Engine
 
         return Engine(builder=self.builder)

@@ -38,9 +38,11 @@ import requests
 from stackforge import netread
 from stackforge.clients.git import git
 from stackforge.clients.index import IndexClient, IndexQueryError, ProjectNotFound
+from stackforge.clients.registry import RegistryClient, RegistryError, Repository, RetryPolicy, is_loopback_host
 from stackforge.clients.upstream import git_credential_env, resolve_git_url
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
+from stackforge.grammar import split_host, split_tag
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import SystemLayer
 from stackforge.urls import redact, redact_text
@@ -175,8 +177,6 @@ def _base_check(loaded: LoadedStack, workspace: Workspace | None, timeout: float
 def registry_digest(image: str, timeout: float) -> str | None:
     """The manifest digest ``image``'s registry answers for it (Docker Hub for a reference without a host);
     a UserError when the registry cannot be reached or does not have it."""
-    from stackforge.clients.registry import RegistryClient, RegistryError, Repository, RetryPolicy, is_loopback_host
-    from stackforge.grammar import split_host, split_tag
 
     name, _, digest = image.partition("@")
     host, path = split_host(name)

@@ -43,6 +43,8 @@ from stackforge.builder.context import Context
 from stackforge.builder.locks import vendor_names
 from stackforge.builder.mirror_manifest import BASE, target_phase_view
 from stackforge.builder.prepare import lint_or_fail
+from stackforge.builder.run import base_identity, prepare
+from stackforge.clients import submodules
 from stackforge.clients import upstream as upstreams
 from stackforge.clients.engine import Engine, save_image
 from stackforge.clients.git import git
@@ -60,7 +62,6 @@ def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = Non
     """Write (or complete) the mirror of ``loaded`` in ``to``; returns a summary: the directory, the
     manifest's sha256 and the parts added and kept. ``network`` is the engine network of the containers and
     builds the mirror runs (apt layers, toolchain stages): ``host`` reaches endpoints on the host's loopback."""
-    from stackforge.builder.run import prepare
 
     stack, ws = loaded.model, workspace_for(loaded, workspace)
     lint_or_fail(loaded)
@@ -172,7 +173,6 @@ def _submodules(loaded: LoadedStack, name: str, dest: Path, ws: Workspace) -> li
     """The upstream's submodules (recursively), each commit kept in the mirror's repository of the upstream
     (``refs/stackforge/submodules/<commit>``), where the offline build finds it; fetched through the cache only
     when the repository does not hold it yet. Returns their records (path, URL, commit)."""
-    from stackforge.clients import submodules
 
     up = loaded.model.upstreams[name]
     assert up.git is not None and up.commit is not None
@@ -370,7 +370,6 @@ def _simple(to: Path, index: str, data: dict) -> None:
 def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> str:
     """The base image as the build resolves it (pulled when the engine lacks it, checked against base.digest),
     saved once per image id."""
-    from stackforge.builder.run import base_identity
 
     image = loaded.model.base.image
     engine.check()

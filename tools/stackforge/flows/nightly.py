@@ -32,12 +32,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stackforge.builder import bake as bakemod
+from stackforge.builder import evidence
+from stackforge.builder.context import build_dir_for
+from stackforge.builder.prepare import lint_or_fail
+from stackforge.builder.run import BuildOptions, build, target_ref
 from stackforge.clients.registry import RetryPolicy, parse_registry
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import BuildFailed, UserError
+from stackforge.flows.nightly_smoke import freshness_line, nightly_recipes, pin_freshness, smoke_image
+from stackforge.freshness.drift import nightly_cell, nightly_line
+from stackforge.fslock import atomic_write, stack_lock
 from stackforge.publish.stack import publish_stack
 from stackforge.signals import Interrupted
-from stackforge.stack.load import LoadedStack
+from stackforge.smoke.run import smoke
+from stackforge.stack.load import LoadedStack, load, load_stack
+from stackforge.stack.names import list_stacks
 from stackforge.stack.scheme import validate_date
 from stackforge.urls import redact_text
 
@@ -131,13 +141,9 @@ class Summary:
             ]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         if self.freshness:
-            from stackforge.flows.nightly_smoke import freshness_line
-
             lines += ["", "| stack | every pin the newest of its line | what moved |", "| --- | --- | --- |"]
             lines += [freshness_line(name, data) for name, data in self.freshness.items()]
         if self.drift:
-            from stackforge.freshness.drift import nightly_line
-
             lines += ["", "| stack | upstream pins drifted | what drifted |", "| --- | --- | --- |"]
             lines += [nightly_line(name, data) for name, data in self.drift.items()]
         return "\n".join(lines) + "\n"
@@ -229,9 +235,6 @@ def select_stacks(
     stack, a function gives each stack's own. A stack they make invalid gets a failed row, unless
     it is not a nightly stack anyway (it would not have run).
     """
-    from stackforge.builder.prepare import lint_or_fail
-    from stackforge.stack.load import load
-    from stackforge.stack.names import list_stacks
 
     for_stack = per_stack(overrides)
     loaded: list[LoadedStack] = []
@@ -258,14 +261,12 @@ def select_stacks(
 
 def declared_nightly(root: Path) -> list[str]:
     """The stacks whose files, without overrides, say ``nightly: true`` (and those that do not load)."""
-    from stackforge.stack.names import list_stacks
 
     return [name for name in list_stacks(root) if _nightly_as_declared(root, name)]
 
 
 def _nightly_as_declared(root: Path, name: str) -> bool:
     """Whether the stack file, without overrides, is a nightly stack (True when it does not load either)."""
-    from stackforge.stack.load import load_stack
 
     try:
         return bool(load_stack(name, root=root).nightly)
@@ -295,7 +296,6 @@ def nightly(
     ``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``; ``freshness`` asks the
     indexes whether every pin is still the newest of its line; ``drift`` compares each stack's upstreams that declare
     ``agree:`` at the pinned commits with their default branches (``stackforge drift``)."""
-    from stackforge.builder import bake as bakemod
 
     ws = workspace if workspace is not None else Workspace.at(root)
     started = time.monotonic()
@@ -355,14 +355,10 @@ def nightly(
         intr.notes.append(f"the engine was stopped and nothing more was published (summary: {outdir / 'summary.md'})")
         raise
     if freshness:
-        from stackforge.flows.nightly_smoke import pin_freshness
-
         for stack in loaded:
             echo(f"nightly: {stack.name}: are the pins the newest of their lines?")
             summary.freshness[stack.name] = pin_freshness(stack, ws)
     if drift:
-        from stackforge.freshness.drift import nightly_cell
-
         for stack in loaded:
             echo(f"nightly: {stack.name}: did the upstreams' own pins drift?")
             summary.drift[stack.name] = nightly_cell(stack, ws, fetch=ws.mirror is None)
@@ -373,7 +369,6 @@ def nightly(
 
 def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]):
     """The nightly recipes by image; a recipe that does not load fails the run (its image's smoke is unknown)."""
-    from stackforge.flows.nightly_smoke import nightly_recipes
 
     recipes = nightly_recipes(root)
     for name, error in recipes.invalid.items():
@@ -401,8 +396,6 @@ def _record_overrides(summary: Summary, for_stack: Callable[[str], list[str]]) -
 
 
 def _write_summary(summary: Summary, outdir: Path, started: float, for_stack: Callable[[str], list[str]]) -> None:
-    from stackforge.fslock import atomic_write
-
     _record_overrides(summary, for_stack)
     summary.finished_at = _now()
     summary.duration_s = round(time.monotonic() - started, 1)
@@ -427,11 +420,6 @@ def _bake_and_build(
 ) -> None:
     """The bake of every loaded stack, then each stack and target built, gated, published and smoked (rows
     appended)."""
-    from stackforge.builder import bake as bakemod
-    from stackforge.builder.context import build_dir_for
-    from stackforge.builder.run import BuildOptions, build
-    from stackforge.fslock import stack_lock
-    from stackforge.smoke.run import smoke
 
     engine = workspace.engine
     if loaded:
@@ -577,8 +565,6 @@ def _smoke_then_aliases(
     publish: Callable[..., Any],
 ) -> None:
     """Smoke the published image with its nightly recipes; move its aliases only when every smoke passed."""
-    from stackforge.builder.run import target_ref
-    from stackforge.flows.nightly_smoke import smoke_image
 
     assert run.smoke is not None
     ref = target_ref(stack, target)
@@ -605,8 +591,6 @@ def _smoke_then_aliases(
 
 def _evidence_dir(stack: LoadedStack) -> Path:
     """The newest build's evidence (under the nightly's stack lock: the one it just ran, failed or not)."""
-    from stackforge.builder import evidence
-    from stackforge.builder.context import build_dir_for
 
     root = build_dir_for(stack) / "evidence"
     return evidence.newest(root) or root

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stackforge.errors import UserError
+from stackforge.freshness.newest import STATUS_NEWER, STATUS_NEWEST, newest
 from stackforge.recipes.load import LoadedRecipe, list_recipes, load_recipe
 from stackforge.smoke.report import PASSED, SmokeReport, one_line
 from stackforge.stack.load import LoadedStack
@@ -88,7 +89,6 @@ def pin_freshness(loaded: LoadedStack, workspace: Any) -> dict[str, Any]:
     """Whether every pin of the stack is the newest of its line: the packages with a newer release, the
     trains whose newest members differ from the pins (the train has moved); an index that does not answer
     makes the answer unknown."""
-    from stackforge.freshness.newest import STATUS_NEWER, STATUS_NEWEST, newest
 
     try:
         report = newest(loaded, workspace=workspace)

@@ -32,6 +32,7 @@ from stackforge.clients.registry import (
     split_ref,
 )
 from stackforge.errors import UserError
+from stackforge.overlay.record import check_ref
 from stackforge.publish import record as records
 from stackforge.stack.scheme import TagScheme, pattern, streams
 
@@ -156,8 +157,6 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
     v.add(not differ, "labels  the image's labels equal the record's" if not differ else
           "labels  differ from the record: " + ", ".join(f"{k} image={labels.get(k)!r} record={rec['labels'].get(k)!r}" for k in differ[:8]))  # fmt: skip
     if OVERLAY in labels or "overlay" in rec:
-        from stackforge.overlay.record import check_ref
-
         try:
             doc = manifest.json()
         except RegistryError as exc:

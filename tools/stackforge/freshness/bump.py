@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 from packaging.version import Version
 
+from stackforge.builder.prepare import lint_or_fail
 from stackforge.errors import BuildFailed, UserError
 from stackforge.freshness.lines import (
     Catalog,
@@ -255,7 +256,6 @@ def render_bump(stack: Stack, plan: BumpPlan, description: str | None = None) ->
 def write_bump(loaded: LoadedStack, plan: BumpPlan, *, force: bool = False, description: str | None = None) -> Path:
     """Write ``stacks/<new>.yaml``, then load (with the old stack's ``--set`` overrides) and lint it; a file
     that fails either is removed again."""
-    from stackforge.builder.prepare import lint_or_fail  # here: freshness does not import the build at start-up
 
     stack, root = loaded.model, loaded.root
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", plan.new):

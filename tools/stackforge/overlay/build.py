@@ -30,7 +30,7 @@ from stackforge.builder import evidence as evidence_dirs
 from stackforge.builder import render as dockerfile_render
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.plan import LABEL_NS
-from stackforge.builder.run import BuildOptions, default_target, recording_interrupts, target_ref
+from stackforge.builder.run import BuildOptions, default_target, failure_reason, recording_interrupts, target_ref
 from stackforge.builder.run import build as build_stack
 from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace, workspace_for
@@ -38,6 +38,7 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.overlay import range as ranges
 from stackforge.overlay.load import OVERLAY_FILE, LoadedOverlay, check_files
+from stackforge.publish.stack import check_gated
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.yamlsrc import Pos
@@ -193,8 +194,6 @@ def resolve_base(
         return BaseImage(base.image, attrs["Id"], base.digest)
     assert base.target is not None
     if reuse:
-        from stackforge.publish.stack import check_gated
-
         ref = target_ref(loaded, base.target)
         image_id = engine.image_id(ref)
         if image_id is None:
@@ -465,8 +464,6 @@ def build_overlay(
                 )
         reason = None
         if result.returncode != 0:
-            from stackforge.builder.run import failure_reason
-
             reason = failure_reason(result.log)
         elif not layers_extend(engine, base.image_id, ref):
             reason = f"the built image's layers do not start with the base image {base.image_id}'s"

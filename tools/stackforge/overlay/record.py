@@ -33,6 +33,8 @@ from stackforge.overlay import range as ranges
 from stackforge.overlay.build import NS, files_digest, fingerprint, layers_extend
 from stackforge.overlay.load import OVERLAY_FILE, LoadedOverlay
 from stackforge.overlay.model import OVERLAY_NAME, Overlay
+from stackforge.overlay.verify import recheck_in_image
+from stackforge.publish import record as records
 from stackforge.stack.load import StackInvalid, load_model
 
 MANIFEST = "manifest.json"
@@ -50,7 +52,6 @@ def make(
 ) -> dict[str, Any]:
     """The record of an overlay publish: the stack record's keys (the stack part as the image carries it) and
     ``overlay``."""
-    from stackforge.publish import record as records
 
     name = labels[NS]
     stack_files = image_files(engine, local_ref, embed.IMAGE_DIR) if embed.LABEL in labels else {}
@@ -163,7 +164,6 @@ def check_ref(
     manifest: dict[str, Any],
 ) -> None:
     """Add the overlay lines of ``verify REF`` to ``v`` (see the module)."""
-    from stackforge.overlay.verify import recheck_in_image
 
     overlay = rec.get("overlay")
     name = labels.get(NS)

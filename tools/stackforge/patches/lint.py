@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from stackforge.errors import UserError
 from stackforge.patches.index import index_is_current
 from stackforge.patches.patchfile import ZERO_FROM, index_is_full, parse_patch
 from stackforge.patches.series import (
@@ -352,8 +353,6 @@ def lint_layers(
 
 
 def lint_repository(root: Path, *, tracker_pattern: str = DEFAULT_TRACKER_PATTERN) -> list[Finding]:
-    from stackforge.errors import UserError
-
     out: list[Finding] = []
     dirs = []
     pdir = root / "patches"

@@ -34,8 +34,12 @@ from stackforge.clients.registry import (
     MalformedAnswer,
     RegistryClient,
     RegistryError,
+    RetryPolicy,
     sha256_digest,
 )
+from stackforge.errors import BuildFailed
+from stackforge.fslock import atomic_write
+from stackforge.stack.load import fingerprint
 
 SCHEMA = "stackforge.publish-record/v1"
 ARTIFACT_TYPE = "application/vnd.stackforge.publish-record.v1+json"
@@ -134,7 +138,6 @@ def make(
 
 def details(loaded: Any, evidence_dir: Path, labels: dict[str, str]) -> dict[str, Any]:
     """The keys of a record after :func:`head`: what the publish result does not decide."""
-    from stackforge.stack.load import fingerprint
 
     stack = loaded.model
     files = embed.files(loaded)
@@ -386,8 +389,6 @@ def attach_made(
 ) -> Attached:
     """Attach ``record`` to the image a publish that just succeeded pushed, and keep it beside ``publish.json``
     as ``record.json`` (with where it was attached). ``early``: what :meth:`Attacher.prepare` already did."""
-    from stackforge.errors import BuildFailed
-    from stackforge.fslock import atomic_write
 
     early = early if early is not None and early.subject["digest"] == published.digest else None
     client = early.client if early else _client(repository, policy)
@@ -406,8 +407,6 @@ def attach_made(
 
 
 def _client(repository: Any, policy: Any) -> RegistryClient:
-    from stackforge.clients.registry import RetryPolicy
-
     return RegistryClient(repository, policy=policy or RetryPolicy())
 
 

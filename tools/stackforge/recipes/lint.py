@@ -17,7 +17,9 @@ from typing import Protocol
 
 from stackforge import grammar
 from stackforge.errors import UserError
+from stackforge.overlay.load import load_overlay
 from stackforge.recipes.load import LoadedRecipe
+from stackforge.stack.load import load_stack
 
 #: A long option as ``--help`` output lists it (``--enforce-eager, --no-enforce-eager``, ``--port PORT``).
 HELP_FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -118,7 +120,6 @@ def reads_env(text: str, name: str) -> bool:
 def check_repository(recipe: LoadedRecipe, root: Path) -> list[UserError]:
     """The recipe's image exists in the repository: the stack loads, the target is published, the overlay
     directory exists; a ``--port`` flag names one of the recipe's ports."""
-    from stackforge.stack.load import load_stack
 
     found: list[UserError] = []
     img = recipe.model.image
@@ -170,7 +171,6 @@ def check_repository(recipe: LoadedRecipe, root: Path) -> list[UserError]:
 
 def _check_overlay(recipe: LoadedRecipe, root: Path, name: str) -> list[UserError]:
     """The overlay loads, and its entrypoint script (in the repository) reads every env override of the recipe."""
-    from stackforge.overlay.load import load_overlay
 
     try:
         ov = load_overlay(root, name, where="image.overlay")

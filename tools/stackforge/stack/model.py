@@ -27,6 +27,7 @@ from pydantic import (
 
 from stackforge import grammar
 from stackforge.grammar import ENV_NAME_RE as ENV_NAME
+from stackforge.urls import redact
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -216,8 +217,6 @@ class Index(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        from stackforge.urls import redact
-
         reason = grammar.check_url(value, redact(value))
         if reason:
             raise ValueError(reason)
@@ -354,8 +353,6 @@ class Upstream(Strict):
     @field_validator("git")
     @classmethod
     def _git(cls, value):
-        from stackforge.urls import redact
-
         reason = value is not None and grammar.check_git_source(value, redact(value))
         if reason:
             raise ValueError(reason)
