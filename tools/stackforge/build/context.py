@@ -2,7 +2,7 @@
 
 Everything the engine needs is here before the build starts, so nothing inside
 the build talks to GitHub: upstreams come from the host-side cache (a verified
-git mirror or a checksummed release sdist), patched in order with the overlay.
+git mirror or a checksummed release sdist), patched in order with the patch series.
 """
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Worksp
             info.submodules = _export_submodules(loaded, name, mirror, dest, cache, workspace, offline)
     if up.patches or up.patches_from:
         from stackforge import (
-            patches as overlay,  # the patch overlay (apply, series hash)
+            patches as overlay,  # the patch series (apply, series hash)
         )
 
         # The series another upstream carries first, then the repository's own on top of it.
