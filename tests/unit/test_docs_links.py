@@ -154,3 +154,38 @@ def test_a_missing_file_a_missing_anchor_and_a_repeated_heading(tmp_path: Path):
     ]
     assert problems[0].startswith("README.md:4: docs/missing.md: no such file")
     assert "has no heading with the anchor #same-2" in problems[1]
+
+
+CODE_SPAN = re.compile(r"(?<!`)`([^`\s]+/[^`\s/]+\.py)`(?!`)")  # a path with a directory: not an upstream's setup.py
+
+
+def _spans(text: str) -> list[tuple[int, str]]:
+    out = []
+    for number, line in _prose_lines_raw(text):
+        out += [(number, m.group(1)) for m in CODE_SPAN.finditer(line)]
+    return out
+
+
+def module_paths(path: Path) -> list[tuple[int, str]]:
+    """(line, path) of every ``dir/….py`` path the page names in a code span, e.g. `stack/model.py`."""
+    return _spans(path.read_text(encoding="utf-8"))
+
+
+def test_every_python_file_the_docs_name_exists():
+    """A page names modules by their path in the package (`stack/agreement.py`) or in the repository
+    (`images/gate/gate.py`, `bench/run_all.py`): each must exist, so a moved module cannot leave a stale name."""
+    bases = [REPO, REPO / "tools", REPO / "tools" / "stackforge"]
+    missing = [
+        f"{page.relative_to(REPO)}:{number}: {name}"
+        for page in pages(REPO)
+        for number, name in module_paths(page)
+        if not any((base / name).is_file() for base in bases)
+    ]
+    assert missing == [], "\n".join(missing)
+
+
+def test_module_paths_are_found_in_code_spans_only():
+    page = (
+        "Run `stack/model.py`, `images/gate/gate.py`, `setup.py`; plain stack/x.py is prose.\n```\n`no/such.py`\n```\n"
+    )
+    assert [name for _, name in _spans(page)] == ["stack/model.py", "images/gate/gate.py"]
