@@ -58,10 +58,11 @@ doctor: $(STAMP) ## check the engine and every endpoint STACK needs (base image,
 
 lint: lint-py lint-domain ## everything below: what CI checks before the tests
 
-lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests and benchmarks
-	$(VENV)/bin/ruff check tools tests bench
-	$(VENV)/bin/ruff format --check tools tests bench
+lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests and benchmarks; the package's floors
+	$(VENV)/bin/ruff check tools tests bench scripts
+	$(VENV)/bin/ruff format --check tools tests bench scripts
 	$(VENV)/bin/mypy
+	$(PY) scripts/layers.py
 
 lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, patch-series lint, byte-stable export, recipes, the cookbook and the stack-file reference
 	$(STACKFORGE) lint
@@ -74,8 +75,8 @@ lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, 
 	$(STACKFORGE) schema --docs --check
 
 format: $(STAMP) ## apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix tools tests bench
-	$(VENV)/bin/ruff format tools tests bench
+	$(VENV)/bin/ruff check --fix tools tests bench scripts
+	$(VENV)/bin/ruff format tools tests bench scripts
 
 demo: $(STAMP) base ## fresh machine: set up the engine, build the example stack, run its image
 	@$(STACKFORGE) build example $(ARGS)

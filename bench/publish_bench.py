@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tools")]
 
 from bench.results import Result, table, write  # noqa: E402
+from stackforge.clients.registry import RegistryClient, parse_repository  # noqa: E402
 from stackforge.publish.oci import DEFAULT_LEVEL, DockerImage  # noqa: E402
 from stackforge.publish.publisher import publish  # noqa: E402
-from stackforge.publish.registry import RegistryClient, parse_repository  # noqa: E402
-from stackforge.publish.scheme import TagScheme  # noqa: E402
+from stackforge.stack.scheme import TagScheme  # noqa: E402
 from tests.fixtures.registry import start_registry  # noqa: E402
 
 BASE = "stackforge/base:bookworm"

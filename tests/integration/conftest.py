@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build.engine import Engine
+from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
 from tests.fixtures.registry import start_registry
 

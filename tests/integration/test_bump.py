@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stackforge.builder import prepare
 from stackforge.cli.main import main
-from stackforge.stack import rules
 from stackforge.stack.load import load, load_stack
 from tests.fixtures.musa_index import build_wheels, index_dirs, serve
 
@@ -48,7 +48,7 @@ def test_bump_post1_reproduces_the_checked_in_post2(built, root, tmp_path, capsy
     assert {n: p.version for n, p in new.model.packages.items()} == {
         n: p.version for n, p in checked_in.packages.items()
     }
-    assert rules.lint(new) == []
+    assert prepare.lint(new) == []
     assert "wrote stacks/post2.yaml (lint: ok)" in out
     # The pin table of the move, from `stackforge diff`.
     assert "| package | before | after | note |" in out

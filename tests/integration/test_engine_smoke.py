@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build.engine import Engine
+from stackforge.clients.engine import Engine
 
 pytestmark = pytest.mark.engine
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import evidence
+from stackforge.builder import evidence
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
@@ -157,8 +157,8 @@ def test_pull_then_verify_from_an_empty_directory(two_builds, published, tmp_pat
 
 def tamper(repository: str, image: str, changes: dict, created: str) -> None:
     """Attach a newer record for the image ``image`` with ``changes`` (as someone with push rights could)."""
+    from stackforge.clients.registry import RegistryClient, parse_repository
     from stackforge.publish import record as records
-    from stackforge.publish.registry import RegistryClient, parse_repository
 
     client = RegistryClient(parse_repository(repository))
     found = records.fetch(client, image)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import sources as upstreams
 from stackforge.cli import main as cli
+from stackforge.clients import upstream as upstreams
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.stack.load import load_stack
-from stackforge.workspace import Workspace
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 

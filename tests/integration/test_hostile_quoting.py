@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build.engine import Engine
-from stackforge.build.render import dockerword, execform
+from stackforge.builder.render import dockerword, execform
+from stackforge.clients.engine import Engine
 
 pytestmark = pytest.mark.engine
 

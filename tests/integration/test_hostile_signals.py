@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import evidence as evidence_dirs
+from stackforge.builder import evidence as evidence_dirs
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from stackforge.freshness.index import IndexClient, IndexQueryError, ProjectNotFound
+from stackforge.clients.index import IndexClient, IndexQueryError, ProjectNotFound
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_wheel
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build.sources import SdistSpec, fetch_sdist
+from stackforge.clients.upstream import SdistSpec, fetch_sdist
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.listener import Listener
 

@@ -12,7 +12,7 @@ import pytest
 
 from stackforge import patches as P
 from stackforge.cli.main import main
-from stackforge.patches.git import git
+from stackforge.clients.git import git
 from tests.fixtures.gitrepo import build_scenario, copy_scenario, make_layer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from stackforge import patches as P
-from stackforge.build.sources import export_upstream
+from stackforge.clients.git import BASE_REF, git
+from stackforge.clients.upstream import export_upstream
 from stackforge.errors import UserError
 from stackforge.patches.apply import read_note
-from stackforge.patches.git import BASE_REF, git
 from stackforge.patches.patchfile import parse_patch
 from tests.fixtures.gitrepo import (
     LAYER_CHANGES,

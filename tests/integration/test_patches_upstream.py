@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import sources as up
+from stackforge.clients import upstream as up
 from stackforge.errors import UserError
 from tests.fixtures.gitrepo import build_upstream
 from tests.fixtures.index_server import IndexServer

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build.engine import Engine
+from stackforge.clients.engine import Engine
 from stackforge.publish import layerstore
 from stackforge.publish.oci import ArchiveImage, DockerImage, LayerCache
 from stackforge.publish.publisher import PushLog

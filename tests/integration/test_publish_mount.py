@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.clients.registry import RetryPolicy
 from stackforge.publish.oci import ArchiveImage
 from stackforge.publish.publisher import publish
-from stackforge.publish.registry import RetryPolicy
-from stackforge.publish.scheme import TagScheme
+from stackforge.stack.scheme import TagScheme
 from tests.unit.test_publish import layer_tar, save_archive
 
 pytestmark = [pytest.mark.registry]

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from stackforge.build import evidence as evidence_dirs
+from stackforge.builder import evidence as evidence_dirs
+from stackforge.clients.registry import RetryPolicy
 from stackforge.errors import BuildFailed
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import publish
-from stackforge.publish.registry import RetryPolicy
-from stackforge.publish.scheme import TagScheme
+from stackforge.stack.scheme import TagScheme
 from tests.fixtures.faulty_proxy import (
     BLOB_UPLOAD,
     MANIFEST_BY_DIGEST,

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from stackforge.build import evidence as evidence_dirs
+from stackforge.builder import evidence as evidence_dirs
 from tests.fixtures import apt_repo
 from tests.fixtures import musa_builds as mb
 

@@ -120,7 +120,7 @@ def test_plugin_builds_from_the_exported_patched_vllm_tree(kern, standins):
 def test_offline_steps_get_no_network_and_created_is_the_pinned_commit_time(kern, probe, standins):
     """The engine takes RUN --network=none: a step that tries the host's loopback (the build itself runs with
     --network host) reaches nothing, and the image's created time is the pinned vLLM commit's."""
-    from stackforge.build.engine import Engine
+    from stackforge.clients.engine import Engine
 
     engine = Engine()
     assert engine.supports_run_network() and engine.supports_source_date_epoch(), engine.buildkit_version()

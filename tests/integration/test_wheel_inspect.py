@@ -129,7 +129,7 @@ def test_diff_finds_only_the_so_and_its_needed_changes(deep_ep, capsys):
 
 
 def test_inspect_by_url_downloads_and_checks_the_hash(deep_ep, tmp_path, capsys, monkeypatch):
-    from stackforge.freshness.index import IndexClient
+    from stackforge.clients.index import IndexClient
 
     monkeypatch.chdir(tmp_path)  # no repository here: the download goes to a temporary cache
     serve_dir = tmp_path / "idx"

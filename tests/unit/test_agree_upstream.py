@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build.prepare import prepare_dockerfile
+from stackforge.builder.prepare import prepare_dockerfile
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, fingerprint, load
-from stackforge.workspace import Workspace
 from tests.fixtures.gitrepo import GitRepo
 from tests.fixtures.stack_support import make_root, run_cli
 
@@ -402,7 +402,7 @@ def plugin_standins(tmp_path_factory):
 def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plugin_standins, tmp_path, monkeypatch):
     import shutil
 
-    from stackforge.build.context import assemble
+    from stackforge.builder.context import assemble
     from tests.fixtures import facts
     from tests.fixtures import musa_standins as ms
     from tests.fixtures.stack_support import REPO
@@ -423,15 +423,15 @@ def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plu
     excepted = {p for p, d in dropped.items() if d["excepted"]}
     assert excepted == ({"torch", "torch_musa", "torchvision", "torchaudio", "deep_ep"} if name == "post1" else set())
     # lint, from the mirror the render filled, agrees too
-    from stackforge.build.agree import lint_upstreams
+    from stackforge.builder.agree import lint_upstreams
 
     result = lint_upstreams(loaded, Workspace.at(root))
     assert (result.findings, result.notes, result.checked) == ([], [], ["vllm_musa"])
 
 
 def test_the_nightly_summary_has_a_drift_column_with_n_a_and_its_reason(root, up, tmp_path, monkeypatch):
+    from stackforge.flows.nightly import Row, Summary
     from stackforge.freshness.drift import nightly_cell
-    from stackforge.publish.nightly import Row, Summary
 
     summary = Summary("20260929", "r", rows=[Row("agr", "run", "published")])
     summary.drift = {

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import bake as bakemod
+from stackforge.builder import bake as bakemod
 from stackforge.errors import UserError
-from stackforge.publish.nightly import Row, Summary, _gate_summary, nightly, select_stacks
+from stackforge.flows.nightly import Row, Summary, _gate_summary, nightly, select_stacks
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import make_root
 

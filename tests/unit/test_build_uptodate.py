@@ -1,4 +1,4 @@
-"""A no-op build answered from the record of the last gated build of the same inputs (build/uptodate.py), and
+"""A no-op build answered from the record of the last gated build of the same inputs (builder/uptodate.py), and
 every input change (or engine-side doubt) falling through to the full build."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import stackforge.build.run as run
-from stackforge.build import uptodate
+import stackforge.builder.run as run
+from stackforge.builder import uptodate
 from stackforge.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def test_the_answer_imports_no_library(rig, capsys, tmp_path):
     build(capsys, root)
     probe = (
         "import json, sys\n"
-        "from stackforge.build import uptodate\n"
+        "from stackforge.builder import uptodate\n"
         "uptodate._engine_ids = lambda refs: [" + repr(IMAGE) + ", " + repr(BASE_ID) + "]\n"
         "from stackforge.cli.main import main\n"
         f"rc = main(['--root', {str(root)!r}, 'build', 'example', '--set', 'tags.local={TAG}'])\n"
@@ -179,6 +179,6 @@ def test_the_answer_imports_no_library(rig, capsys, tmp_path):
         m
         for m in result["modules"]
         if m.split(".")[0] in ("pydantic", "pydantic_core", "jinja2", "docker", "yaml")
-        or m.startswith(("stackforge.stack.model", "stackforge.stack.load", "stackforge.build.engine"))
+        or m.startswith(("stackforge.stack.model", "stackforge.stack.load", "stackforge.clients.engine"))
     ]
     assert heavy == []

@@ -18,7 +18,7 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 # Third-party libraries and stackforge's own library packages; none may be imported to build the parser.
 HEAVY = ("pydantic", "pydantic_core", "jinja2", "docker", "requests", "urllib3", "elftools", "yaml")
 HEAVY_OWN = (
-    "stackforge.build",
+    "stackforge.builder",
     "stackforge.publish",
     "stackforge.freshness",
     "stackforge.patches",
@@ -148,9 +148,9 @@ def test_the_guard_sees_a_library_import():
 
 
 def test_verb_defaults_written_in_the_cli_are_the_library_defaults():
-    from stackforge.build import doctor
     from stackforge.cli import audit, newest, patches
     from stackforge.cli import doctor as doctor_cli
+    from stackforge.flows import doctor
     from stackforge.freshness import audit as freshness_audit
     from stackforge.freshness import newest as freshness_newest
     from stackforge.patches import DEFAULT_TRACKER_PATTERN

@@ -1,10 +1,10 @@
-"""Pure parts of stackforge.build.engine: argv assembly and version parsing (no engine needed)."""
+"""Pure parts of stackforge.clients.engine: argv assembly and version parsing (no engine needed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from stackforge.build.engine import (
+from stackforge.clients.engine import (
     Engine,
     build_command,
     check_build_args,

@@ -10,9 +10,9 @@ import yaml
 from packaging.tags import Tag
 from packaging.version import Version
 
+from stackforge.clients.index import IndexFile, ProjectPage
 from stackforge.errors import UserError
 from stackforge.freshness import audit, bump, lines, newest
-from stackforge.freshness.index import IndexFile, ProjectPage
 from stackforge.stack.load import load, load_stack
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stackforge.build import sources as upstream
+from stackforge.clients import upstream
 from stackforge.errors import UserError
 
 DATA = b"not really a tarball, but the pinned bytes\n"

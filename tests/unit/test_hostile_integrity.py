@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 
 from stackforge import patches as P
+from stackforge.clients.index import IndexFile, ProjectPage
+from stackforge.clients.registry import RetryPolicy
 from stackforge.errors import BuildFailed, UserError
+from stackforge.flows.nightly import Row, Summary, bake_not_run, nightly
 from stackforge.freshness import newest as freshness
-from stackforge.freshness.index import IndexFile, ProjectPage
-from stackforge.publish.nightly import Row, Summary, bake_not_run, nightly
 from stackforge.publish.oci import ArchiveImage
 from stackforge.publish.publisher import publish
-from stackforge.publish.registry import RetryPolicy
-from stackforge.publish.scheme import TagScheme
 from stackforge.stack.load import load
+from stackforge.stack.scheme import TagScheme
 from tests.fixtures.faulty_proxy import BLOB_UPLOAD, Fault, FaultyProxy
 from tests.fixtures.gitrepo import build_upstream, make_series
 from tests.fixtures.stub_registry import StubRegistry
@@ -250,7 +250,7 @@ def test_a_lock_linked_inside_stacks_is_read(root, tmp_path):
 
 
 def test_lock_writes_no_file_through_a_locks_directory_linked_out_of_stacks(root, tmp_path, monkeypatch):
-    from stackforge.build import locks
+    from stackforge.builder import locks
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -474,7 +474,7 @@ def whitespace_upstreamed(tmp_path):
     )  # same change, other spacing
     carrier = repo.commit("Engine: cap the first step (upstream style)")
     repo.tag("v1.1")
-    from stackforge.build.sources import UpstreamSpec
+    from stackforge.clients.upstream import UpstreamSpec
 
     spec = UpstreamSpec(git=str(repo.path), tag="v1.0", commit=v1_0, patches=str(patches), name="demo")
     target = P.make_target("demo", spec, root=tmp_path / "repo", cache_dir=tmp_path / "cache")
@@ -603,8 +603,8 @@ def test_an_interrupted_nightly_writes_its_summary_with_the_undecided_rows(root,
     ``interrupted``, and the command says where the summary is."""
     import signal
 
-    from stackforge.build import bake as bakemod
-    from stackforge.build.engine import Engine
+    from stackforge.builder import bake as bakemod
+    from stackforge.clients.engine import Engine
     from stackforge.signals import Interrupted
 
     monkeypatch.setattr(Engine, "check", lambda self: None)

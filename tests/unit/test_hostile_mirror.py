@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import sources
+from stackforge.builder import mirror_manifest as manifest
+from stackforge.builder import offline
+from stackforge.clients import upstream as sources
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
-from stackforge.mirror import manifest, offline
 from stackforge.stack.load import fingerprint, load
-from stackforge.workspace import Workspace
 from tests.fixtures.gitrepo import build_upstream
 
 REPO = Path(__file__).resolve().parents[2]

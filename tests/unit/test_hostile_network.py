@@ -14,10 +14,10 @@ import time
 import pytest
 
 from stackforge import netread
+from stackforge.clients.registry import OCI_INDEX, RegistryClient, RegistryError, RetryPolicy, parse_repository
 from stackforge.errors import UserError
-from stackforge.publish import operator
+from stackforge.flows import operator
 from stackforge.publish import record as records
-from stackforge.publish.registry import OCI_INDEX, RegistryClient, RegistryError, RetryPolicy, parse_repository
 from tests.fixtures.hostile_server import HostileServer, endless, ok, redirect, trickle
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
@@ -270,7 +270,7 @@ def simple_page(files: list[dict]) -> ok:
 
 
 def test_an_endless_index_page_is_cut_off_at_the_page_limit(counted):
-    from stackforge.freshness.index import IndexClient, IndexQueryError
+    from stackforge.clients.index import IndexClient, IndexQueryError
 
     endless_page = endless("application/vnd.pypi.simple.v1+json", head=b'{"files": [')
     with HostileServer({r"/simple/demo/": endless_page}, lifetime=30) as index:
@@ -282,7 +282,7 @@ def test_an_endless_index_page_is_cut_off_at_the_page_limit(counted):
 
 
 def test_an_index_page_that_trickles_is_given_up_on_at_its_deadline():
-    from stackforge.freshness.index import IndexClient, IndexQueryError
+    from stackforge.clients.index import IndexClient, IndexQueryError
 
     with HostileServer({r"/simple/demo/": trickle("application/vnd.pypi.simple.v1+json", every=0.3)}) as index:
         started = time.monotonic()
@@ -292,13 +292,13 @@ def test_an_index_page_that_trickles_is_given_up_on_at_its_deadline():
 
 
 def sdist_spec(index_url: str, sha: str):
-    from stackforge.build.sources import SdistSpec
+    from stackforge.clients.upstream import SdistSpec
 
     return SdistSpec(index_url, "demo", "1.0", sha)
 
 
 def test_an_endless_sdist_stops_at_the_size_the_index_declares_and_nothing_is_kept(tmp_path, counted):
-    from stackforge.build import sources
+    from stackforge.clients import upstream as sources
 
     files = [{"filename": "demo-1.0.tar.gz", "url": "/files/demo-1.0.tar.gz", "hashes": {"sha256": "a" * 64},
               "size": 5000}]  # fmt: skip
@@ -314,7 +314,7 @@ def test_an_endless_sdist_stops_at_the_size_the_index_declares_and_nothing_is_ke
 
 
 def test_an_index_credential_never_goes_to_a_file_on_another_host(tmp_path):
-    from stackforge.build import sources
+    from stackforge.clients import upstream as sources
     from stackforge.urls import Credential
 
     data = b"the sdist bytes"
@@ -331,7 +331,7 @@ def test_an_index_credential_never_goes_to_a_file_on_another_host(tmp_path):
 
 
 def test_a_git_upstream_redirected_to_another_host_does_not_take_the_credential_along(tmp_path):
-    from stackforge.build import sources
+    from stackforge.clients import upstream as sources
 
     with HostileServer({r".*": ok(b"no such repository", status=404)}, lifetime=20) as other:
         moved = redirect(lambda: f"{other.url}/repo.git/info/refs?service=git-upload-pack", 302)

@@ -9,8 +9,7 @@ import pytest
 from packaging.tags import Tag
 from packaging.version import Version
 
-from stackforge.credentials import env_credentials
-from stackforge.freshness.index import (
+from stackforge.clients.index import (
     IndexFile,
     format_time,
     parse_html_page,
@@ -19,6 +18,7 @@ from stackforge.freshness.index import (
     redact,
     split_userinfo,
 )
+from stackforge.credentials import env_credentials
 
 BASE = "https://index.example/simple/torch/"
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stackforge.freshness.index import JSON_V1, POOL_SIZE, IndexClient, IndexQueryError, ProjectNotFound
+from stackforge.clients.index import JSON_V1, POOL_SIZE, IndexClient, IndexQueryError, ProjectNotFound
 from stackforge.freshness.lines import fetch_pages
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build.artifacts import check_uses
-from stackforge.build.plan import image_labels, make_plan
-from stackforge.build.render import render_dockerfile
+from stackforge.builder.artifacts import check_uses
+from stackforge.builder.plan import image_labels, make_plan
+from stackforge.builder.render import render_dockerfile
 from stackforge.errors import UserError
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import assert_refused, locate, make_root

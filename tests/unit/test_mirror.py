@@ -11,14 +11,26 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import sources
-from stackforge.build.plan import make_plan
-from stackforge.build.resolve import Target
+from stackforge.builder import (
+    mirror_apt as apt,
+)
+from stackforge.builder import (
+    mirror_manifest as manifest,
+)
+from stackforge.builder import (
+    mirror_toolchains as toolchains,
+)
+from stackforge.builder import (
+    offline,
+)
+from stackforge.builder.plan import make_plan
+from stackforge.builder.resolve import Target
+from stackforge.clients import upstream as sources
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
+from stackforge.flows import mirror as make
 from stackforge.fslock import file_sha256
-from stackforge.mirror import apt, make, manifest, offline, toolchains
 from stackforge.stack.load import fingerprint, load, load_stack
-from stackforge.workspace import Workspace
 from tests.fixtures import apt_repo
 from tests.fixtures import musa_standins as ms
 from tests.fixtures.stack_support import make_root
@@ -116,17 +128,17 @@ def test_a_target_phase_is_constrained_by_the_vendor_pins_and_earlier_repins(tmp
         (ctx / ph.requirements).parent.mkdir(parents=True, exist_ok=True)
         (ctx / ph.requirements).write_text("numpy<2\n-c /stackforge/targets/vllm-omni/omni.upstream-constraints.txt\n")
     (ctx / "targets/vllm-omni/omni.upstream-constraints.txt").write_text("idna<4\n")
-    view = make.target_phase_view(plan, omni, phase, ctx, tmp_path / "v1")
+    view = manifest.target_phase_view(plan, omni, phase, ctx, tmp_path / "v1")
     assert Path(view.constraints).read_text() == "tilelang-musa==0.1.8+musa.3\ntorch==2.9.0+musa\n"
     assert f"-c {ctx}/targets/vllm-omni/omni.upstream-constraints.txt" in Path(view.requirements).read_text()
-    own = make.target_phase_view(plan, omni, tilelang, ctx, tmp_path / "v2")
+    own = manifest.target_phase_view(plan, omni, tilelang, ctx, tmp_path / "v2")
     assert Path(own.constraints).read_text() == "torch==2.9.0+musa\n"  # its own re-pin is no constraint
     target = Target.of(load("post1", root=root).model)
     key = manifest.target_phase_key(view, target)
-    again = make.target_phase_view(plan, omni, phase, ctx, tmp_path / "v3")  # another directory, the same key
+    again = manifest.target_phase_view(plan, omni, phase, ctx, tmp_path / "v3")  # another directory, the same key
     assert manifest.target_phase_key(again, target) == key
     (ctx / "targets/vllm-omni/omni.upstream-constraints.txt").write_text("idna<3\n")
-    assert manifest.target_phase_key(make.target_phase_view(plan, omni, phase, ctx, tmp_path / "v4"), target) != key
+    assert manifest.target_phase_key(manifest.target_phase_view(plan, omni, phase, ctx, tmp_path / "v4"), target) != key
 
 
 def test_an_offline_build_refuses_a_mirror_of_other_inputs_and_another_stack(tmp_path):

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from stackforge.publish.nightly import NightlyRun, Row, Summary, _one
+from stackforge.flows.nightly import NightlyRun, Row, Summary, _one
+from stackforge.flows.nightly_smoke import NightlyRecipes, freshness_line, nightly_recipes, smoke_image
 from stackforge.recipes.load import load_recipe
-from stackforge.smoke.nightly import NightlyRecipes, freshness_line, nightly_recipes, smoke_image
 from stackforge.smoke.report import RowResult, SmokeReport
 from stackforge.stack.load import load
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.clients.index import ProjectNotFound
 from stackforge.freshness import prefetch
-from stackforge.freshness.index import ProjectNotFound
 from tests.fixtures.index_server import IndexServer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.clients.registry import RetryPolicy
 from stackforge.errors import BuildFailed, UserError
 from stackforge.publish import publisher
 from stackforge.publish.oci import OCI_LAYER_GZIP, OCI_LAYER_TAR, ArchiveImage, read_save_stream
 from stackforge.publish.publisher import publish
-from stackforge.publish.registry import RetryPolicy
-from stackforge.publish.scheme import TagScheme, validate_date
+from stackforge.stack.scheme import TagScheme, validate_date
 from tests.fixtures.faulty_proxy import (
     BLOB_UPLOAD,
     MANIFEST,

@@ -7,12 +7,14 @@ import json
 
 import pytest
 
+from stackforge.clients import registry
+from stackforge.clients.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient, RegistryError, parse_repository
 from stackforge.errors import UserError
+from stackforge.flows import operator
 from stackforge.overlay.record import expected_labels
-from stackforge.publish import operator, scheme
 from stackforge.publish import record as records
-from stackforge.publish.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient, RegistryError, parse_repository
-from stackforge.publish.scheme import TagScheme
+from stackforge.stack import scheme
+from stackforge.stack.scheme import TagScheme
 from tests.fixtures.stub_registry import StubRegistry
 
 REPO = "team/vllm"
@@ -135,9 +137,9 @@ def test_the_newest_revision_of_a_date_and_of_all_dates():
     ],
 )
 def test_references(ref, repo, reference):
-    got_repo, got_ref = operator.split_ref(ref)
-    assert (str(got_repo), got_ref) == (repo, reference) and operator.is_remote(ref)
-    assert not operator.is_remote("stackforge-example:py3.11")
+    got_repo, got_ref = registry.split_ref(ref)
+    assert (str(got_repo), got_ref) == (repo, reference) and registry.is_remote(ref)
+    assert not registry.is_remote("stackforge-example:py3.11")
 
 
 def test_the_tag_schemes_read_off_a_repository_with_no_checkout():

@@ -12,8 +12,7 @@ import socket
 import pytest
 import requests
 
-from stackforge.errors import UserError
-from stackforge.publish.registry import (
+from stackforge.clients.registry import (
     RegistryClient,
     RegistryError,
     RetriesExhausted,
@@ -23,6 +22,7 @@ from stackforge.publish.registry import (
     parse_repository,
     with_retries,
 )
+from stackforge.errors import UserError
 from tests.fixtures.faulty_proxy import Fault, FaultyProxy
 from tests.fixtures.stub_registry import StubRegistry
 

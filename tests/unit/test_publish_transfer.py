@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from stackforge.clients.registry import RetryPolicy
 from stackforge.publish import pgzip
 from stackforge.publish.oci import ArchiveImage
 from stackforge.publish.publisher import publish
-from stackforge.publish.registry import RetryPolicy
-from stackforge.publish.scheme import TagScheme
+from stackforge.stack.scheme import TagScheme
 from tests.fixtures.stub_registry import StubRegistry
 from tests.unit.test_publish import layer_tar, save_archive
 

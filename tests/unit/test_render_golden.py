@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import pytest
 from test_stack_golden import compare_golden
 
-from stackforge.build import bake, context, run
-from stackforge.build.context import SourceInfo
-from stackforge.build.prepare import INPUTS_OMITTED, BaseImage, EngineFacts, prepare_dockerfile
+from stackforge.builder import bake, context, run
+from stackforge.builder.context import SourceInfo
+from stackforge.builder.prepare import INPUTS_OMITTED, BaseImage, EngineFacts, prepare_dockerfile
+from stackforge.clients.workspace import Workspace
 from stackforge.stack.load import load
 from stackforge.stack.names import list_stacks
-from stackforge.workspace import Workspace
 from tests.fixtures.stack_support import REPO, run_cli
 
 BASE_DIGEST = "sha256:" + "d" * 64
@@ -154,7 +154,7 @@ def root(tmp_path):
 def three_dockerfiles(root: Path, tmp_path: Path, capsys, monkeypatch, *, sources: bool):
     """The Dockerfiles `render`, `build` and `bake` write for the example stack (and what they returned)."""
     engine = StandInEngine()
-    monkeypatch.setattr("stackforge.build.engine.Engine", lambda builder=None: engine)  # the workspace's engine
+    monkeypatch.setattr("stackforge.clients.engine.Engine", lambda builder=None: engine)  # the workspace's engine
     rc, out, err = run_cli(
         capsys, root, "render", "example", "--out", str(tmp_path / "render"), *([] if sources else ["--no-sources"])
     )

@@ -12,16 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import inventory as inv
-from stackforge.build.plan import make_plan
-from stackforge.build.render import render_dockerfile
-from stackforge.build.requirements import (
-    constraints_file,
-    read_phase,
-    requirements_file,
-    write_phases,
-)
-from stackforge.build.resolve import pin_conflicts
+from stackforge.builder import inventory as inv
+from stackforge.builder.plan import make_plan
+from stackforge.builder.render import render_dockerfile
+from stackforge.builder.requirements import constraints_file, read_phase, requirements_file, write_phases
+from stackforge.builder.resolve import pin_conflicts
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, load
 from tests.fixtures.stack_support import make_root, run_cli

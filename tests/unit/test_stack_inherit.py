@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stackforge.stack import rules
+from stackforge.builder import prepare
 from stackforge.stack.load import load
 from stackforge.stack.yamlsrc import Pos
 from tests.fixtures.stack_support import locate, make_root, parse_errors, run_cli
@@ -154,7 +154,7 @@ def test_set_overrides_apply_on_top_of_the_whole_chain(root):
     assert loaded.position(("packages", "torchvision", "version")) == Pos(
         "--set packages.torchvision.version=0.26.0.post2+musa5.2.0"
     )
-    assert rules.lint(loaded) == []
+    assert prepare.lint(loaded) == []
 
 
 def test_show_lists_the_chain(root, capsys):

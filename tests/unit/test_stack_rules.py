@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from stackforge.builder import locks, prepare
 from stackforge.stack import rules
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import REPO, locate, make_root, run_cli
@@ -21,7 +22,7 @@ RULE_FUNCTIONS = {
     "vendor-build": rules.check_vendor_build,
     "minimum": rules.check_minimums,
     "index": rules.check_indexes,
-    "lock": rules.check_locks,
+    "lock": locks.check_locks,
     "runtime": rules.check_runtime,
 }
 
@@ -203,7 +204,7 @@ def test_only_the_broken_rule_fires(tmp_path, case):
 
 
 def test_rule_list_covers_every_rule_function():
-    assert set(rules.RULES) == set(RULE_FUNCTIONS.values())
+    assert set(prepare.RULES) == set(RULE_FUNCTIONS.values())
 
 
 def test_lint_text_output_names_file_line_rule_and_fix(tmp_path, capsys):
@@ -254,12 +255,12 @@ def test_conditional_minimum_applies_at_its_condition(tmp_path):
 def test_rules_are_data_a_stack_without_a_train_has_no_train_finding(tmp_path):
     text = child("packages:\n  torchvision:\n    version: 0.26.0.post1+musa5.2.0\nrules:\n  trains: []\n")
     stack = load("a", root=make_root(tmp_path, {"a.yaml": text}))
-    assert rules.lint(stack) == []
+    assert prepare.lint(stack) == []
 
 
 def test_every_real_stack_passes_every_rule():
     for name in ("post1", "post2"):
-        assert rules.lint(load(name, root=REPO)) == [], name
+        assert prepare.lint(load(name, root=REPO)) == [], name
 
 
 # --------------------------------------------------------------------------- lint exit codes
@@ -376,9 +377,9 @@ def test_lint_exits_1_for_a_runtime_line_the_train_was_not_built_for(tmp_path, c
 
 def test_a_locked_public_index_needs_a_hashed_installer():
     """example installs from stacks/locks/example/pypi.txt with hashes: its installer must be hashed too."""
-    unhashed = rules.check_locks(load("example", root=REPO, overrides=["base.pip=26.3"]))
+    unhashed = locks.check_locks(load("example", root=REPO, overrides=["base.pip=26.3"]))
     assert [(f.rule, f.path) for f in unhashed] == [("lock", ("base", "pip"))]
     assert "base.pip names no sha256: the installer phase would fetch pip 26.3 without one" in unhashed[0].message
     hashed = load("example", root=REPO, overrides=["base.pip={version: '26.3', sha256: [" + "a" * 64 + "]}"])
-    assert rules.check_locks(hashed) == []
-    assert rules.check_locks(load("post2", root=REPO)) == []  # no lock: nothing to match
+    assert locks.check_locks(hashed) == []
+    assert locks.check_locks(load("post2", root=REPO)) == []  # no lock: nothing to match

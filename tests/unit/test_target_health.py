@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import reports
-from stackforge.build.plan import make_plan
-from stackforge.build.render import render_dockerfile
+from stackforge.builder import reports
+from stackforge.builder.plan import make_plan
+from stackforge.builder.render import render_dockerfile
 from stackforge.stack.load import StackInvalid, load
 
 

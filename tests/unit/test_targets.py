@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from stackforge.build.bake import stack_targets
-from stackforge.build.plan import make_plan
-from stackforge.build.render import render_dockerfile
-from stackforge.build.run import default_target, target_ref
+from stackforge.builder.bake import stack_targets
+from stackforge.builder.plan import make_plan
+from stackforge.builder.render import render_dockerfile
+from stackforge.builder.run import default_target, target_ref
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, load
 from stackforge.stack.tags import local_ref

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build.installed import in_tree_series
-from stackforge.build.plan import make_plan
-from stackforge.build.render import render_dockerfile
+from stackforge.builder.plan import make_plan
+from stackforge.builder.render import render_dockerfile
 from stackforge.errors import UserError
+from stackforge.patches.series import in_tree_series
 from stackforge.stack import load as stackload
 from stackforge.stack.installed import export_order
 from tests.fixtures import musa_standins as ms

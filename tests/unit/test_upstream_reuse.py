@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build.context import assemble
+from stackforge.builder.context import assemble
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.stack.load import load, load_stack
-from stackforge.workspace import Workspace
 from tests.fixtures import musa_standins as ms
 from tests.fixtures.stack_support import make_root
 

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.build import context, submodules
-from stackforge.build.context import SourceInfo, assemble
+from stackforge.builder import context
+from stackforge.builder import mirror_manifest as manifest
+from stackforge.builder.context import SourceInfo, assemble
+from stackforge.clients import submodules
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
-from stackforge.mirror import make, manifest
+from stackforge.flows import mirror as make
 from stackforge.stack.load import fingerprint, load
-from stackforge.workspace import Workspace
 from tests.fixtures.gitrepo import GitRepo
 from tests.fixtures.stack_support import make_root, parse_errors, run_cli
 

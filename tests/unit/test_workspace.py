@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from stackforge.cli.options import root_of, workspace_of
+from stackforge.clients.workspace import Workspace, ca_bundle_file
 from stackforge.errors import UserError
-from stackforge.workspace import Workspace, ca_bundle_file
 
 
 def test_caches_live_under_the_root_unless_the_environment_says_otherwise(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 and the one implementation of the OCI image reference grammar (``[host[:port]/]path[:tag][@digest]``).
 
 Used by the loader (``stack/model.py``), the tag checks (``stack/tags.py``), the registry client's
-reference parsing (``publish/registry.py``) and the publish tag scheme (``publish/scheme.py``).
+reference parsing (``clients/registry.py``) and the publish tag scheme (``stack/scheme.py``).
 Each ``check_*`` function returns ``None`` for a valid value and otherwise the reason, worded so it
 completes "<key>: …" in an error message; ``split_*`` functions cut a reference into its parts.
 """

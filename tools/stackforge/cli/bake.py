@@ -22,9 +22,9 @@ from stackforge.errors import UserError
 from stackforge.stack.names import list_stacks
 
 if TYPE_CHECKING:
-    from stackforge.build import bake as bakemod
+    from stackforge.builder import bake as bakemod
 else:
-    bakemod = lazy("stackforge.build.bake")
+    bakemod = lazy("stackforge.builder.bake")
 
 
 def register(sub) -> None:

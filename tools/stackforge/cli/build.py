@@ -23,17 +23,17 @@ from stackforge.errors import UserError
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 if TYPE_CHECKING:
-    from stackforge.build.context import build_dir_for
-    from stackforge.build.gate import run_gate
-    from stackforge.build.run import BuildOptions, build, default_target, prepare, target_ref
+    from stackforge.builder.context import build_dir_for
+    from stackforge.builder.gate import run_gate
+    from stackforge.builder.run import BuildOptions, build, default_target, prepare, target_ref
 else:
-    build_dir_for = lazy("stackforge.build.context", "build_dir_for")
-    run_gate = lazy("stackforge.build.gate", "run_gate")
-    BuildOptions = lazy("stackforge.build.run", "BuildOptions")
-    build = lazy("stackforge.build.run", "build")
-    default_target = lazy("stackforge.build.run", "default_target")
-    prepare = lazy("stackforge.build.run", "prepare")
-    target_ref = lazy("stackforge.build.run", "target_ref")
+    build_dir_for = lazy("stackforge.builder.context", "build_dir_for")
+    run_gate = lazy("stackforge.builder.gate", "run_gate")
+    BuildOptions = lazy("stackforge.builder.run", "BuildOptions")
+    build = lazy("stackforge.builder.run", "build")
+    default_target = lazy("stackforge.builder.run", "default_target")
+    prepare = lazy("stackforge.builder.run", "prepare")
+    target_ref = lazy("stackforge.builder.run", "target_ref")
 
 
 def register(sub) -> None:
@@ -158,7 +158,7 @@ def add_wait(p) -> None:
 
 
 def cmd_render(args) -> int:
-    from stackforge.build.plan import LABEL_NS
+    from stackforge.builder.plan import LABEL_NS
 
     loaded, ws = load(args, args.stack), workspace_of(args)
     stack = loaded.model
@@ -196,7 +196,7 @@ def cmd_render(args) -> int:
 
 
 def cmd_build(args) -> int:
-    from stackforge.build import uptodate
+    from stackforge.builder import uptodate
 
     ws = workspace_of(args)
     lookup, key = _uptodate_keys(args)  # a --no-cache or --refresh build records its answer for a plain one
@@ -206,7 +206,7 @@ def cmd_build(args) -> int:
     if args.offline or args.mirror:
         _offline_options(args, loaded)
     if args.doctor:
-        from stackforge.build import doctor
+        from stackforge.flows import doctor
 
         rows = doctor.diagnose([loaded], workspace_of(args), timeout=5.0)
         if doctor.exit_code(rows):
@@ -241,7 +241,7 @@ def cmd_build(args) -> int:
 
 def _uptodate_keys(args) -> tuple[str | None, str | None]:
     """The keys of this build's recorded answer (``build.uptodate.keys``); None where it may have none."""
-    from stackforge.build import uptodate
+    from stackforge.builder import uptodate
 
     ws = workspace_of(args)
     try:
@@ -253,8 +253,8 @@ def _uptodate_keys(args) -> tuple[str | None, str | None]:
 def _offline_options(args, loaded) -> None:
     """--offline needs --mirror (and the reverse), no --doctor, --overlay or network but none; the base image is
     loaded from the mirror before the build asks the engine for it."""
+    from stackforge.builder.offline import load_base
     from stackforge.errors import UserError
-    from stackforge.mirror.offline import load_base
 
     if not (args.offline and args.mirror):
         raise UserError(
@@ -299,14 +299,14 @@ def _build_overlay(args, loaded, opts: BuildOptions) -> int:
 
 
 def cmd_verify(args) -> int:
-    from stackforge.build.verify import image_labels, stack_of, verify
-    from stackforge.publish.operator import is_remote
+    from stackforge.builder.verify import image_labels, stack_of, verify
+    from stackforge.clients.registry import is_remote
 
     engine = workspace_of(args).engine
     engine.check()
     if args.stack is None and not args.overrides and is_remote(args.image):
         from stackforge.cli.publish import print_verification
-        from stackforge.publish.operator import verify_ref
+        from stackforge.flows.operator import verify_ref
 
         return print_verification(args, verify_ref(args.image, engine), f"verify {args.image}")
     labels = image_labels(engine, args.image)

@@ -8,9 +8,9 @@ from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, add_set, load, print_json, workspace_of
 
 if TYPE_CHECKING:
-    from stackforge.build import doctor
+    from stackforge.flows import doctor
 else:
-    doctor = lazy("stackforge.build.doctor")
+    doctor = lazy("stackforge.flows.doctor")
 
 DEFAULT_TIMEOUT = 10.0  # build.doctor.DEFAULT_TIMEOUT, here so that --help imports no library
 

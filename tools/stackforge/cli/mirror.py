@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def cmd_mirror(args) -> int:
-    from stackforge.mirror.make import make_mirror
+    from stackforge.flows.mirror import make_mirror
 
     loaded = load(args, args.stack)
     summary = make_mirror(loaded, args.to, workspace_of(args), network=args.network)

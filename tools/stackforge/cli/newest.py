@@ -8,9 +8,9 @@ from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, workspace_of
 
 if TYPE_CHECKING:
+    from stackforge.clients.index import IndexClient
     from stackforge.freshness import lines, prefetch
     from stackforge.freshness import newest as freshness
-    from stackforge.freshness.index import IndexClient
     from stackforge.stack.load import LoadedStack
 else:
     freshness = lazy("stackforge.freshness.newest")

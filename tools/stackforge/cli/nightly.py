@@ -20,10 +20,10 @@ from stackforge.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from stackforge.publish.nightly import declared_nightly, nightly
+    from stackforge.flows.nightly import declared_nightly, nightly
 else:
-    declared_nightly = lazy("stackforge.publish.nightly", "declared_nightly")
-    nightly = lazy("stackforge.publish.nightly", "nightly")
+    declared_nightly = lazy("stackforge.flows.nightly", "declared_nightly")
+    nightly = lazy("stackforge.flows.nightly", "nightly")
 
 
 def register(sub) -> None:

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.stack.names import STACK_NAME, STACKS_DIR, find_root
 from stackforge.urls import redact_text
-from stackforge.workspace import Workspace
 
 if TYPE_CHECKING:
     from stackforge.stack.document import Document
@@ -65,7 +65,7 @@ def add_retry(
 
 def retry_policy(args):
     """The registry retry policy of ``--retries`` / ``--retry-time`` (at least one attempt and one second)."""
-    from stackforge.publish.registry import RetryPolicy
+    from stackforge.clients.registry import RetryPolicy
 
     return RetryPolicy(attempts=max(1, args.retries), total_seconds=max(1.0, args.retry_time))
 

@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select, workspace_of
+from stackforge.clients.workspace import CACHE_ENV
 from stackforge.errors import UserError
 from stackforge.stack.names import list_stacks
-from stackforge.workspace import CACHE_ENV
 
 if TYPE_CHECKING:
     from stackforge import patches as P
-    from stackforge.build import sources as up
+    from stackforge.clients import upstream as up
     from stackforge.stack.load import LoadedStack, load_stack
     from stackforge.stack.load import load as load_file
 else:
     P = lazy("stackforge.patches")
-    up = lazy("stackforge.build.sources")
+    up = lazy("stackforge.clients.upstream")
     load_stack = lazy("stackforge.stack.load", "load_stack")
     load_file = lazy("stackforge.stack.load", "load")
 

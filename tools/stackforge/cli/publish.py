@@ -121,10 +121,10 @@ def _is_stack(args) -> bool:
 
 
 def cmd_pull(args) -> int:
-    from stackforge.publish.operator import newest, newest_published, tag_pulled, verify_ref
-    from stackforge.publish.registry import RegistryClient, parse_registry
-    from stackforge.publish.scheme import validate_date
+    from stackforge.clients.registry import RegistryClient, parse_registry
+    from stackforge.flows.operator import newest, newest_published, tag_pulled, verify_ref
     from stackforge.publish.stack import destination
+    from stackforge.stack.scheme import validate_date
 
     date = validate_date(args.date) if args.date else None
     policy = retry_policy(args)

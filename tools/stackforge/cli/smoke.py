@@ -11,10 +11,10 @@ from stackforge.cli.options import add_json, print_json, root_of, workspace_of
 from stackforge.errors import UserError
 
 if TYPE_CHECKING:
-    from stackforge.build import evidence
+    from stackforge.builder import evidence
     from stackforge.recipes.load import LoadedRecipe, load_recipe
 else:
-    evidence = lazy("stackforge.build.evidence")
+    evidence = lazy("stackforge.builder.evidence")
     load_recipe = lazy("stackforge.recipes.load", "load_recipe")
 
 
@@ -63,7 +63,7 @@ def register(sub) -> None:
 
 def default_image(recipe: LoadedRecipe, root: Path) -> str:
     """The local tag ``stackforge build`` gives the recipe's stack and target."""
-    from stackforge.build.run import target_ref
+    from stackforge.builder.run import target_ref
     from stackforge.stack.load import load
 
     img = recipe.model.image

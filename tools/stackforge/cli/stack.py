@@ -14,12 +14,13 @@ from stackforge.stack.names import list_stacks
 from stackforge.urls import redact_text
 
 if TYPE_CHECKING:
-    from stackforge.build import agree
+    from stackforge.builder import agree, prepare
     from stackforge.stack import diff as diffmod
     from stackforge.stack import rules, tags
     from stackforge.stack.load import fingerprint, resolved
 else:
-    agree = lazy("stackforge.build.agree")
+    agree = lazy("stackforge.builder.agree")
+    prepare = lazy("stackforge.builder.prepare")
     diffmod = lazy("stackforge.stack.diff")
     rules = lazy("stackforge.stack.rules")
     tags = lazy("stackforge.stack.tags")
@@ -184,7 +185,7 @@ def cmd_lint(args) -> int:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})
             continue
-        findings = rules.lint(loaded)
+        findings = prepare.lint(loaded)
         try:
             tags.local_ref(loaded)
             tags.labels(loaded)
@@ -243,7 +244,7 @@ def cmd_tags(args) -> int:
 
 def cmd_diff(args) -> int:
     if args.inventory:
-        from stackforge.build import inventory
+        from stackforge.builder import inventory
 
         d_inv = inventory.diff(inventory.load(args.old), inventory.load(args.new))
         print(d_inv.to_json() if args.json or args.format == "json" else inventory.to_text(d_inv), end="")

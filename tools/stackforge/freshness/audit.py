@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from stackforge.clients.git import git
 from stackforge.errors import UserError
 from stackforge.freshness.lines import standalone
-from stackforge.patches.git import git
 from stackforge.stack.load import LoadedStack, load
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin

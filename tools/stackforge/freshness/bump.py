@@ -255,7 +255,7 @@ def render_bump(stack: Stack, plan: BumpPlan, description: str | None = None) ->
 def write_bump(loaded: LoadedStack, plan: BumpPlan, *, force: bool = False, description: str | None = None) -> Path:
     """Write ``stacks/<new>.yaml``, then load (with the old stack's ``--set`` overrides) and lint it; a file
     that fails either is removed again."""
-    from stackforge.build.prepare import lint_or_fail  # here: freshness does not import the build at start-up
+    from stackforge.builder.prepare import lint_or_fail  # here: freshness does not import the build at start-up
 
     stack, root = loaded.model, loaded.root
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", plan.new):

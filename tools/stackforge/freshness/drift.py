@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stackforge.build import agree
+from stackforge.builder import agree
+from stackforge.clients.git import git, rev_parse
+from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
-from stackforge.patches.git import git, rev_parse
 from stackforge.stack import agreement
 from stackforge.stack.agreement import DriftRow
 from stackforge.stack.load import LoadedStack
-from stackforge.workspace import Workspace, workspace_for
 
 
 @dataclass
@@ -121,7 +121,7 @@ def _agreeing(loaded: LoadedStack, upstream: str | None) -> list[str]:
 def default_branch(mirror: Path, url: str, workspace: Workspace, fetch: bool) -> str:
     """The upstream's default branch: asked of the upstream when ``fetch`` (and recorded as the mirror's HEAD),
     else the mirror's HEAD as last recorded."""
-    from stackforge.build import sources
+    from stackforge.clients import upstream as sources
     from stackforge.urls import split
 
     if fetch:

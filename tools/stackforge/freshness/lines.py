@@ -41,18 +41,13 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.version import Version
 
 from stackforge import progress
+from stackforge.clients.index import IndexClient, IndexFile, IndexQueryError, ProjectPage
+from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
-from stackforge.freshness.index import (
-    IndexClient,
-    IndexFile,
-    IndexQueryError,
-    ProjectPage,
-)
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
-from stackforge.workspace import Workspace, workspace_for
 
 # glibc of the base OS, for manylinux tags; other OS labels get the widest of these.
 GLIBC = {

@@ -15,14 +15,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from stackforge.clients.index import IndexClient, IndexFile, ProjectNotFound, ProjectPage, format_time
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
-from stackforge.freshness.index import (
-    IndexClient,
-    IndexFile,
-    ProjectNotFound,
-    ProjectPage,
-    format_time,
-)
 from stackforge.freshness.lines import (
     built_for_pattern,
     load_catalog,
@@ -33,7 +28,6 @@ from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 from stackforge.urls import redact
-from stackforge.workspace import Workspace
 
 DEFAULT_TRAIN_WINDOW = 3600.0  # seconds: train members published further apart than this are flagged
 

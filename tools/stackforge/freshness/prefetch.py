@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stackforge import credentials, grammar
-from stackforge.freshness.index import IndexClient
+from stackforge.clients.index import IndexClient
 from stackforge.stack import document
 from stackforge.urls import Credential, redact
 from stackforge.urls import split as split_credentials

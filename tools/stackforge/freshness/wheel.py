@@ -36,8 +36,8 @@ from elftools.elf.dynamic import Dynamic, DynamicSection, DynamicSegment, Dynami
 from elftools.elf.elffile import ELFFile
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from stackforge.clients.index import download, redact
 from stackforge.errors import UserError
-from stackforge.freshness.index import download, redact
 
 ELF_MAGIC = b"\x7fELF"
 _CHUNK = 1 << 20

@@ -26,13 +26,14 @@ import jinja2
 from jinja2.sandbox import SecurityError
 
 from stackforge import grammar, progress
-from stackforge.build import evidence as evidence_dirs
-from stackforge.build import render as dockerfile_render
-from stackforge.build.context import build_dir_for
-from stackforge.build.engine import Engine
-from stackforge.build.plan import LABEL_NS
-from stackforge.build.run import BuildOptions, default_target, recording_interrupts, target_ref
-from stackforge.build.run import build as build_stack
+from stackforge.builder import evidence as evidence_dirs
+from stackforge.builder import render as dockerfile_render
+from stackforge.builder.context import build_dir_for
+from stackforge.builder.plan import LABEL_NS
+from stackforge.builder.run import BuildOptions, default_target, recording_interrupts, target_ref
+from stackforge.builder.run import build as build_stack
+from stackforge.clients.engine import Engine
+from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.overlay import range as ranges
@@ -40,7 +41,6 @@ from stackforge.overlay.load import OVERLAY_FILE, LoadedOverlay, check_files
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.yamlsrc import Pos
-from stackforge.workspace import Workspace, workspace_for
 
 NS = f"{LABEL_NS}.overlay"
 TEMPLATE = "overlay/Dockerfile.j2"
@@ -465,7 +465,7 @@ def build_overlay(
                 )
         reason = None
         if result.returncode != 0:
-            from stackforge.build.run import failure_reason
+            from stackforge.builder.run import failure_reason
 
             reason = failure_reason(result.log)
         elif not layers_extend(engine, base.image_id, ref):

@@ -15,8 +15,8 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from stackforge import grammar
-from stackforge.recipes.model import EnvOverride, Port, Words
 from stackforge.stack.model import EnvName, LabelKey, Module, Name, Probe, Sha256, Strict, _grammar
+from stackforge.stack.values import EnvOverride, Port, Words
 
 #: An overlay's name: its directory under overlays/ (a path component, a tag suffix, a label value).
 OVERLAY_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from stackforge.build.engine import Engine
+from stackforge.clients.engine import Engine
+from stackforge.clients.registry import RetryPolicy, parse_registry, parse_repository
+from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.fslock import stack_lock
 from stackforge.overlay import record as overlay_record
@@ -16,11 +18,9 @@ from stackforge.overlay.load import LoadedOverlay, check_files
 from stackforge.publish import record as records
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import PublishResult, publish
-from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
-from stackforge.publish.scheme import TagScheme, validate_date
 from stackforge.publish.stack import check_gated, publish_dir
 from stackforge.stack.load import LoadedStack
-from stackforge.workspace import Workspace, workspace_for
+from stackforge.stack.scheme import TagScheme, validate_date
 
 
 def publish_overlay(

@@ -15,6 +15,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
 from stackforge.overlay.load import OVERLAYS_DIR, LoadedOverlay
@@ -23,7 +24,6 @@ from stackforge.patches.ops import apply_to, scratch, target_from_stack
 from stackforge.patches.patchfile import parse_patch
 from stackforge.patches.series import read_series, series_hash
 from stackforge.stack.load import LoadedStack
-from stackforge.workspace import Workspace
 
 
 @dataclass(frozen=True)

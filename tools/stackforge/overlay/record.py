@@ -22,15 +22,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stackforge.build import embed
-from stackforge.build.plan import LABEL_NS
-from stackforge.build.verify import Verification
+from stackforge.builder import embed
+from stackforge.builder.embed import load_embedded
+from stackforge.builder.plan import LABEL_NS
+from stackforge.builder.verify import Verification
+from stackforge.clients.engine import image_files
+from stackforge.clients.registry import RegistryClient, RegistryError, sha256_digest, split_ref
 from stackforge.errors import UserError
 from stackforge.overlay import range as ranges
 from stackforge.overlay.build import NS, files_digest, fingerprint, layers_extend
 from stackforge.overlay.load import OVERLAY_FILE, LoadedOverlay
 from stackforge.overlay.model import OVERLAY_NAME, Overlay
-from stackforge.publish.registry import RegistryClient, RegistryError, sha256_digest
 from stackforge.stack.load import StackInvalid, load_model
 
 MANIFEST = "manifest.json"
@@ -49,7 +51,6 @@ def make(
     """The record of an overlay publish: the stack record's keys (the stack part as the image carries it) and
     ``overlay``."""
     from stackforge.publish import record as records
-    from stackforge.publish.operator import image_files, load_embedded
 
     name = labels[NS]
     stack_files = image_files(engine, local_ref, embed.IMAGE_DIR) if embed.LABEL in labels else {}
@@ -132,8 +133,6 @@ def _diff_ids(client: RegistryClient, manifest: dict[str, Any]) -> list[str] | N
 
 
 def _check_registry_base(v: Verification, ref: str, client: RegistryClient, manifest: dict[str, Any]) -> None:
-    from stackforge.publish.operator import split_ref
-
     repo, digest = split_ref(ref)
     base_client = RegistryClient(repo, policy=client.policy)
     try:
@@ -165,7 +164,6 @@ def check_ref(
 ) -> None:
     """Add the overlay lines of ``verify REF`` to ``v`` (see the module)."""
     from stackforge.overlay.verify import recheck_in_image
-    from stackforge.publish.operator import image_files
 
     overlay = rec.get("overlay")
     name = labels.get(NS)

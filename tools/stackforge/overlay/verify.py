@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stackforge.build.engine import Engine
-from stackforge.build.verify import Verification
+from stackforge.builder.verify import Verification
+from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
 from stackforge.overlay import range as ranges
 from stackforge.overlay.build import NS, files_digest, fingerprint, layers_extend

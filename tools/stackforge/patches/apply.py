@@ -22,15 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeGuard
 
+from stackforge.clients.git import BASE_REF, NOTES_REF, am_in_progress, git, git_dir, rev_parse
 from stackforge.errors import UserError
-from stackforge.patches.git import (
-    BASE_REF,
-    NOTES_REF,
-    am_in_progress,
-    git,
-    git_dir,
-    rev_parse,
-)
 from stackforge.patches.patchfile import Hunk, parse_patch
 from stackforge.patches.series import BASE_LAYER, PatchRef, Series, flatten
 

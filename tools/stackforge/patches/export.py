@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stackforge.clients.git import BASE_REF, git, git_bytes, rev_parse
 from stackforge.errors import UserError
 from stackforge.patches.apply import read_note
-from stackforge.patches.git import BASE_REF, git, git_bytes, rev_parse
 from stackforge.patches.index import render_index
 from stackforge.patches.patchfile import parse_patch
 from stackforge.patches.series import (

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stackforge.build import sources as up
+from stackforge.clients import upstream as up
+from stackforge.clients.git import BASE_REF, git, git_bytes, rev_parse
+from stackforge.clients.workspace import Workspace
+from stackforge.clients.workspace import cache_dir as workspace_cache
 from stackforge.errors import UserError
 from stackforge.patches.apply import (
     FAILS,
@@ -30,7 +33,6 @@ from stackforge.patches.apply import (
     seed_blobs,
 )
 from stackforge.patches.export import Change, plan_export
-from stackforge.patches.git import BASE_REF, git, git_bytes, rev_parse
 from stackforge.patches.index import render_index, write_index
 from stackforge.patches.patchfile import parse_patch
 from stackforge.patches.repo import prepare
@@ -41,14 +43,13 @@ from stackforge.patches.series import (
     Series,
     drop_entries,
     flatten,
+    in_tree_series,
     layer_dirs,
     load_layers,
     render_series,
     renumber,
 )
 from stackforge.stack.load import LoadedStack
-from stackforge.workspace import Workspace
-from stackforge.workspace import cache_dir as workspace_cache
 
 
 @dataclass
@@ -137,9 +138,7 @@ def carried_series(
     loaded: LoadedStack, name: str, cache_dir: Path, *, offline: bool = False, workspace: Workspace | None = None
 ) -> Series:
     """The series ``upstreams.<name>.patches_from`` names, read from the carrying upstream's tree at its pinned
-    commit (the build's rules: ``build.installed.in_tree_series``) and kept in the cache under that pin."""
-    from stackforge.build.installed import in_tree_series
-
+    commit (the build's rules: ``patches.series.in_tree_series``) and kept in the cache under that pin."""
     src = loaded.model.upstreams[name].patches_from
     assert src is not None
     carrier = loaded.model.upstreams[src.upstream]

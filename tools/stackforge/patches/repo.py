@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stackforge.build import sources as up
+from stackforge.clients import upstream as up
+from stackforge.clients.git import BASE_REF, NOTES_REF, git, rev_parse
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
-from stackforge.patches.git import BASE_REF, NOTES_REF, git, rev_parse
-from stackforge.workspace import Workspace
 
 BRANCH = "patched"
 # Fixed identity and date of the synthetic commit made from a plain tree, so

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stackforge.errors import UserError
+from stackforge.stack.load import LoadedStack
 
 SERIES_FILE = "series"
 INDEX_FILE = "README.md"
@@ -324,3 +326,67 @@ def drop_entries(series: Series, names: Iterable[str], notes: Sequence[str] = ()
 
 
 HISTORY_HEADING = "# History (patches that left the series):"
+
+
+def in_tree_series(loaded: LoadedStack, name: str, src_root: Path) -> Path:
+    """The series directory ``upstreams.<name>.patches_from`` names, inside the other upstream's exported tree
+    (already exported under ``src_root``); a UserError naming the key when it is missing or leaves the tree."""
+    stack = loaded.model
+    src = stack.upstreams[name].patches_from
+    assert src is not None
+    key = ("upstreams", name, "patches_from", "path")
+    tree = (src_root / src.upstream).resolve()
+    found = tree / src.path
+    pin = stack.upstreams[src.upstream]
+    at = pin.pin if pin.commit else src.upstream
+    if not found.resolve().is_relative_to(tree) or found.is_symlink():
+        raise UserError(
+            f"upstreams.{name}.patches_from.path: {src.path} leaves {src.upstream}'s tree",
+            **loaded.position(key).as_error_kwargs(),
+            fix="name a directory inside the tree",
+        )
+    if src.order == "name" and found.is_dir():
+        return _series_by_name(loaded, name, found, src_root.parent / ".series" / name)
+    if not (found / "series").is_file():
+        what = "has no series file" if found.is_dir() else "does not exist"
+        raise UserError(
+            f"upstreams.{name}.patches_from.path: {src.path} {what} in {src.upstream} at {at}",
+            **loaded.position(key).as_error_kwargs(),
+            fix=f"name the directory of {src.upstream} that holds the series for this {name} pin",
+        )
+    for entry in found.iterdir():
+        if entry.is_symlink() and not entry.resolve().is_relative_to(tree):
+            raise UserError(
+                f"upstreams.{name}.patches_from.path: {src.path}/{entry.name} points outside {src.upstream}'s tree",
+                **loaded.position(key).as_error_kwargs(),
+                fix="the series must be files of the upstream",
+            )
+    return found
+
+
+def _series_by_name(loaded: LoadedStack, name: str, found: Path, out: Path) -> Path:
+    """A series directory beside the exported trees listing every regular ``*.patch`` of ``found`` in file-name
+    order (the carrier's tree is left as exported); a directory without patches is an error naming the key."""
+    tree = found.parent.resolve()
+    patches = sorted(p for p in found.iterdir() if p.name.endswith(".patch") and not p.is_symlink() and p.is_file())
+    for p in found.iterdir():
+        if p.is_symlink() and not p.resolve().is_relative_to(tree):
+            raise UserError(
+                f"upstreams.{name}.patches_from.path: {p.name} points outside the tree",
+                **loaded.position(("upstreams", name, "patches_from", "path")).as_error_kwargs(),
+                fix="the series must be files of the upstream",
+            )
+    if not patches:
+        raise UserError(
+            f"upstreams.{name}.patches_from.path: no *.patch files in {found.name}",
+            **loaded.position(("upstreams", name, "patches_from", "path")).as_error_kwargs(),
+            fix="name the directory that holds the patches, or use order: series with a series file",
+        )
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for p in patches:
+        shutil.copyfile(p, out / p.name)
+    header = f"# generated: every *.patch of {found.name}, in file-name order (patches_from.order: name)\n"
+    (out / "series").write_text(header + "".join(f"{p.name}\n" for p in patches))
+    return out

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol
 
-from stackforge.build.engine import Engine
+from stackforge.clients.engine import Engine
+from stackforge.clients.registry import OCI_MANIFEST, sha256_digest
 from stackforge.errors import BuildFailed, UserError
 from stackforge.grammar import DIGEST_RE
 from stackforge.publish import layerstore, pgzip
-from stackforge.publish.registry import OCI_MANIFEST, sha256_digest
 
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"

@@ -57,11 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stackforge.build.engine import Engine
-from stackforge.errors import BuildFailed, UserError
-from stackforge.fslock import flock_wait
-from stackforge.publish.oci import DEFAULT_LEVEL, ImageSource, LayerCache, PreparedImage
-from stackforge.publish.registry import (
+from stackforge.clients.engine import Engine
+from stackforge.clients.registry import (
     DOCKER_MANIFEST,
     OCI_MANIFEST,
     Manifest,
@@ -73,10 +70,13 @@ from stackforge.publish.registry import (
     sha256_digest,
     with_retries,
 )
-from stackforge.publish.scheme import TagScheme, first_free_revision, validate_date
+from stackforge.clients.workspace import cache_dir
+from stackforge.errors import BuildFailed, UserError
+from stackforge.fslock import flock_wait
+from stackforge.publish.oci import DEFAULT_LEVEL, ImageSource, LayerCache, PreparedImage
 from stackforge.publish.transfer import UPLOADS, Uploader
 from stackforge.signals import Interrupted
-from stackforge.workspace import cache_dir
+from stackforge.stack.scheme import TagScheme, first_free_revision, validate_date
 
 # --------------------------------------------------------------------------------------------
 # Push log

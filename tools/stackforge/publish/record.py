@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stackforge.build import embed
-from stackforge.publish.registry import (
+from stackforge.builder import embed
+from stackforge.clients.registry import (
     OCI_INDEX,
     OCI_MANIFEST,
     MalformedAnswer,
@@ -406,7 +406,7 @@ def attach_made(
 
 
 def _client(repository: Any, policy: Any) -> RegistryClient:
-    from stackforge.publish.registry import RetryPolicy
+    from stackforge.clients.registry import RetryPolicy
 
     return RegistryClient(repository, policy=policy or RetryPolicy())
 

@@ -13,22 +13,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stackforge.build import evidence
-from stackforge.build.context import build_dir_for
-from stackforge.build.engine import Engine
-from stackforge.build.prepare import lint_or_fail
-from stackforge.build.run import default_target, target_ref
+from stackforge.builder import evidence
+from stackforge.builder.context import build_dir_for
+from stackforge.builder.prepare import lint_or_fail
+from stackforge.builder.run import default_target, target_ref
+from stackforge.clients.engine import Engine
+from stackforge.clients.registry import RetryPolicy, parse_registry, parse_repository
+from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
 from stackforge.publish import record
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import FAILED_RECORD, PUBLISHED_RECORD, PublishResult, publish
-from stackforge.publish.registry import RetryPolicy, parse_registry, parse_repository
-from stackforge.publish.scheme import validate_date
 from stackforge.stack import tags as tagsmod
 from stackforge.stack.load import LoadedStack
+from stackforge.stack.scheme import validate_date
 from stackforge.stack.targets import published
-from stackforge.workspace import Workspace, workspace_for
 
 
 def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:

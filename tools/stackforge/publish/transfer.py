@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stackforge import progress
+from stackforge.clients.registry import RegistryClient
 from stackforge.publish.oci import Blob, LayerCache
-from stackforge.publish.registry import RegistryClient
 
 UPLOADS = 4  # concurrent blob pushes: enough to hide per-request latency, few enough for a registry
 

@@ -51,7 +51,7 @@ class DockerImage:
     """An image in the local engine, asked through ``docker run --rm --network=none``."""
 
     ref: str
-    engine: object  # stackforge.build.engine.Engine (kept untyped: no import of the build layer at load time)
+    engine: object  # stackforge.clients.engine.Engine (kept untyped: no import of the build layer at load time)
 
     def __post_init__(self) -> None:
         reason = grammar.check_image_ref(self.ref)

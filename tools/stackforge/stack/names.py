@@ -1,4 +1,4 @@
-"""Where stacks live and what a stack is called: the repository root, ``stacks/``, the name grammar.
+"""Where stacks live and what a stack is called: ``stacks/`` (found from the root, see ``clients.workspace``), the name grammar.
 
 Kept free of the model and the YAML loader, so a command that only names stacks (``stackforge list``
 from its cache, ``--set STACK:`` scopes) imports neither.
@@ -6,31 +6,14 @@ from its cache, ``--set STACK:`` scopes) imports neither.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
-from stackforge.errors import UserError
-
-STACKS_DIR = "stacks"
+from stackforge.clients.workspace import STACKS_DIR
+from stackforge.clients.workspace import find_root as find_root  # the root is found where the caches are
 
 #: A stack is named by its file in stacks/ without ".yaml": one path segment, lowercase.
 STACK_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
-
-
-def find_root(start: Path | None = None) -> Path:
-    """The repository root: the nearest directory upwards holding stacks/."""
-    env = os.environ.get("STACKFORGE_ROOT")
-    if env:
-        return Path(env).resolve()
-    here = (start or Path.cwd()).resolve()
-    for cand in (here, *here.parents):
-        if (cand / STACKS_DIR).is_dir():
-            return cand
-    raise UserError(
-        f"no {STACKS_DIR}/ directory here or in any parent of {here}",
-        fix="run stackforge inside a stackforge repository, or pass --root DIR",
-    )
 
 
 def list_stacks(root: Path) -> list[str]:

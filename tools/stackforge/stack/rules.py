@@ -242,43 +242,6 @@ def check_indexes(loaded: LoadedStack) -> list[Finding]:
     return out
 
 
-def check_locks(loaded: LoadedStack) -> list[Finding]:
-    """An index declared ``lock: true`` has its lock file: deleting it never drops ``--require-hashes``; and
-    each lock file passes the check render and build make before they use it (``build/locks.read_lock``)."""
-    stack = loaded.model
-    from stackforge.build.locks import DEPS, expects_lock, lock_keys, lock_path, read_lock
-
-    out = _unhashed_installer(loaded)
-    for key in lock_keys(stack):
-        name = key if key in stack.indexes else key[: -len(DEPS)]
-        path = lock_path(loaded, key)
-        try:
-            read_lock(loaded, key)
-        except UserError as err:
-            out.append(
-                Finding(
-                    "lock",
-                    err.message.removesuffix("; the lock was not used"),
-                    ("indexes", name, "lock"),
-                    err.fix or f"run: stackforge lock {stack.name}",
-                    file=str(err.file or path.relative_to(loaded.root).as_posix()),
-                    line=err.line,
-                )
-            )
-            continue
-        if expects_lock(stack, name) and not path.is_file():
-            rel = path.relative_to(loaded.root).as_posix()
-            out.append(
-                Finding(
-                    "lock",
-                    f"index '{name}' is declared `lock: true` but {rel} is missing",
-                    ("indexes", name, "lock"),
-                    f"run: stackforge lock {stack.name} (or restore {rel} from version control)",
-                )
-            )
-    return out
-
-
 _RUNTIME_LABEL = re.compile(r"^musa(\d+)\.(\d+)(?:\.\d+)*")
 _DASHED_LINE = re.compile(r"-(\d+)-(\d+)(?=-|$)")
 
@@ -363,30 +326,6 @@ def _apt_lines(loaded: LoadedStack, want: str, at: tuple) -> list[Finding]:
     return out
 
 
-def _unhashed_installer(loaded: LoadedStack) -> list[Finding]:
-    """A stack whose public index installs from a lock (with hashes) pins its installer with a hash too: the
-    installer phase (``base.pip``) comes from that index before every other phase."""
-    from stackforge.build.locks import expects_lock, lock_path
-
-    stack = loaded.model
-    pip = stack.base.pip
-    public = next((n for n, i in stack.indexes.items() if i.role == "public"), None)
-    if pip is None or pip.sha256 or public is None:
-        return []
-    if not (expects_lock(stack, public) or lock_path(loaded, public).is_file()):
-        return []
-    return [
-        Finding(
-            "lock",
-            f"index '{public}' installs from a lock with hashes, but base.pip names no sha256: the installer phase "
-            f"would fetch pip {pip.version} without one",
-            ("base", "pip"),
-            f'give base.pip: {{version: "{pip.version}", sha256: [<sha256 of pip-{pip.version}-py3-none-any.whl '
-            f"on '{public}'>]}}",
-        )
-    ]
-
-
 RULES = [
     check_trains,
     check_built_for,
@@ -394,7 +333,6 @@ RULES = [
     check_vendor_build,
     check_minimums,
     check_indexes,
-    check_locks,
     check_runtime,
 ]
 

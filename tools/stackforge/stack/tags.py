@@ -18,10 +18,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from stackforge import grammar
 from stackforge.errors import UserError
 from stackforge.grammar import DATE_RE, check_repository, check_tag, split_tag
-from stackforge.publish.scheme import TagScheme
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
+from stackforge.stack.scheme import TagScheme
 
 #: Longest template source and longest rendered text of a stack template (a tag, a label, an env value).
 MAX_SOURCE = 4096

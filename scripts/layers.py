@@ -1,0 +1,129 @@
+"""The package's floors, checked: an import may reach down, never up, and never sideways into another unit
+of the same floor. Imports inside functions count; imports under ``if TYPE_CHECKING:`` (annotations only,
+never run) do not.
+
+usage: python scripts/layers.py [PACKAGE_DIR]   (default: tools/stackforge); exit 1 and one line per
+upward or sideways import, naming the file, the line and the floors.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: bottom to top. A floor is a list of units (a subpackage or a top-level module); units of one floor are
+#: independent of each other, except in the base floor, whose small modules may use each other.
+FLOORS: list[list[str]] = [
+    ["errors", "urls", "grammar", "fslock", "progress", "signals", "localver", "netread", "credentials"],
+    ["clients"],
+    ["stack"],
+    ["patches"],
+    ["builder"],
+    ["freshness", "publish"],
+    ["overlay"],
+    ["recipes"],
+    ["smoke"],
+    ["flows"],
+    ["cli"],
+    ["__main__"],
+]
+SHARED_FLOOR = 0
+PACKAGE = "stackforge"
+
+
+@dataclass(frozen=True)
+class Violation:
+    path: Path
+    line: int
+    source: str
+    target: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.source} imports {self.target}: {self.why}"
+
+
+def floor_of(unit: str) -> int | None:
+    return next((i for i, units in enumerate(FLOORS) if unit in units), None)
+
+
+def unit_of(module: str, package_dir: Path) -> str | None:
+    """The unit of a dotted module inside the package (``stackforge.builder.run`` → ``builder``); a name the
+    package's ``__init__`` defines (``stackforge.__version__``) is the package itself."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    if len(parts) == 1 or not ((package_dir / parts[1]).is_dir() or (package_dir / f"{parts[1]}.py").is_file()):
+        return PACKAGE
+    return parts[1]
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
+
+
+def imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, dotted target) of every import that runs; ``from X import name`` yields ``X.name``."""
+    skip = _type_checking_nodes(tree)
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            origin = ".".join(base[: len(base) - node.level + 1] + [node.module or ""]) if node.level else node.module
+            origin = (origin or "").strip(".")
+            out.extend((node.lineno, f"{origin}.{alias.name}") for alias in node.names)
+    return out
+
+
+def check(package_dir: Path) -> list[Violation]:
+    found: list[Violation] = []
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir.parent).with_suffix("")
+        is_package = rel.name == "__init__"
+        module = ".".join(rel.parts[:-1] if is_package else rel.parts)
+        source = unit_of(module, package_dir)
+        if source is None or source == PACKAGE:
+            continue
+        src_floor = floor_of(source)
+        if src_floor is None:
+            found.append(Violation(path, 1, source, "-", "a unit on no floor: add it to FLOORS in scripts/layers.py"))
+            continue
+        seen: set[tuple[int, str]] = set()
+        for line, target_module in imported(ast.parse(path.read_text(), str(path)), module, is_package):
+            target = unit_of(target_module, package_dir)
+            if target is None or target in (source, PACKAGE) or (line, target) in seen:
+                continue
+            seen.add((line, target))
+            dst_floor = floor_of(target)
+            if dst_floor is None:
+                found.append(Violation(path, line, source, target, "a unit on no floor"))
+            elif dst_floor > src_floor:
+                found.append(Violation(path, line, source, target, f"up from floor {src_floor} to {dst_floor}"))
+            elif dst_floor == src_floor and src_floor != SHARED_FLOOR:
+                found.append(Violation(path, line, source, target, f"sideways on floor {src_floor}"))
+    return found
+
+
+def main(argv: list[str]) -> int:
+    package_dir = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "tools" / PACKAGE
+    found = check(package_dir)
+    for violation in found:
+        print(violation)
+    if found:
+        print(f"{len(found)} import(s) against the floors; the floors are listed in scripts/layers.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

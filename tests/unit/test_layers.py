@@ -1,0 +1,94 @@
+"""The floors of the package (scripts/layers.py): the real tree keeps them, and an import that runs up or
+sideways is caught wherever it sits."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "layers.py"
+
+
+def _layers():
+    spec = importlib.util.spec_from_file_location("layers", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["layers"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+layers = _layers()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    copy = tmp_path / "stackforge"
+    shutil.copytree(REPO / "tools" / "stackforge", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def _append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+def test_the_package_keeps_its_floors():
+    assert [str(v) for v in layers.check(REPO / "tools" / "stackforge")] == []
+
+
+def test_every_unit_of_the_package_is_on_a_floor():
+    package = REPO / "tools" / "stackforge"
+    units = {p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    units |= {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    assert units == {u for floor in layers.FLOORS for u in floor}
+
+
+def test_an_upward_import_at_module_level_fails(tree: Path):
+    _append(tree / "stack" / "rules.py", "\nfrom stackforge.builder import run  # noqa\n")
+    found = layers.check(tree)
+    assert [(v.path.name, v.source, v.target) for v in found] == [("rules.py", "stack", "builder")]
+    assert "up from floor 2 to 4" in str(found[0])
+
+
+def test_an_upward_import_inside_a_function_fails(tree: Path):
+    _append(
+        tree / "clients" / "git.py", "\n\ndef _late():\n    from stackforge.publish import record\n    return record\n"
+    )
+    found = layers.check(tree)
+    assert [(v.source, v.target) for v in found] == [("clients", "publish")]
+
+
+def test_a_sideways_import_between_steps_of_one_floor_fails(tree: Path):
+    _append(tree / "publish" / "record.py", "\nfrom stackforge.freshness import lines  # noqa\n")
+    assert [(v.source, v.target, v.why) for v in layers.check(tree)] == [
+        ("publish", "freshness", "sideways on floor 5")
+    ]
+
+
+def test_a_relative_upward_import_fails(tree: Path):
+    _append(tree / "patches" / "series.py", "\nfrom ..flows import nightly  # noqa\n")
+    assert [(v.source, v.target) for v in layers.check(tree)] == [("patches", "flows")]
+
+
+def test_annotations_only_imports_do_not_count(tree: Path):
+    _append(tree / "clients" / "git.py", "\nif TYPE_CHECKING:\n    from stackforge.builder.plan import Plan\n")
+    assert layers.check(tree) == []
+
+
+def test_a_new_unit_must_be_placed_on_a_floor(tree: Path):
+    (tree / "extras").mkdir()
+    (tree / "extras" / "__init__.py").write_text("")
+    assert next(v.why for v in layers.check(tree)).startswith("a unit on no floor")
+
+
+def test_the_script_exits_non_zero_and_names_the_file(tree: Path):
+    _append(tree / "errors.py", "\nfrom stackforge.stack import model  # noqa\n")
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "errors.py:" in proc.stdout and "errors imports stack: up from floor 0 to 2" in proc.stdout

@@ -1,0 +1,350 @@
+"""Assemble the build context on the host: patched upstream sources, pins, gate spec.
+
+Everything the engine needs is here before the build starts, so nothing inside
+the build talks to GitHub: upstreams come from the host-side cache (a verified
+git mirror or a checksummed release sdist), patched in order with its patch series.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stackforge import patches
+from stackforge.builder import agree, artifacts, edits, embed, installed, reqlocks, requirements, reuse
+from stackforge.builder.locks import read_locks, unlocked_notes
+from stackforge.builder.plan import Plan, make_plan
+from stackforge.builder.render import images_dir, render_dockerfile, requirements_text
+from stackforge.builder.system import write_context as write_system_context
+from stackforge.builder.targets import write_context as write_target_context
+from stackforge.clients import upstream as upstreams
+from stackforge.clients.workspace import Workspace, workspace_for
+from stackforge.errors import UserError
+from stackforge.fslock import atomic_write, stack_lock
+from stackforge.patches.series import in_tree_series
+from stackforge.stack.installed import export_order
+from stackforge.stack.load import LoadedStack, fingerprint
+from stackforge.stack.model import Stack
+
+
+@dataclass
+class SourceInfo:
+    name: str
+    kind: str  # git | sdist
+    pin: str  # tag@commit or name==version@sha256
+    commit_time: int | None = None
+    series_hash: str | None = None
+    patches: list[str] = field(default_factory=list)
+    submodules: list[dict[str, str]] = field(default_factory=list)  # {path, url, commit}, parents first
+
+    def record(self) -> dict:
+        """As the evidence and the inputs fingerprint hold it (no ``submodules`` key for an upstream without)."""
+        data = asdict(self)
+        if not data["submodules"]:
+            del data["submodules"]
+        return data
+
+
+@dataclass
+class Context:
+    loaded: LoadedStack
+    plan: Plan
+    build_dir: Path  # build/<stack>/
+    context_dir: Path  # build/<stack>/context/
+    dockerfile: Path
+    sources: list[SourceInfo]
+    locks: dict[str, str] = field(default_factory=dict)  # index -> sha256 of its lock file
+    base: str | None = None  # the base image's digest (or id), once resolved
+    post_install: dict[str, str] = field(default_factory=dict)  # dist -> sha256:<patch>:applied|skipped
+    mirror: dict | None = None  # the mirror an offline build reads (directory, manifest sha256)
+
+    @property
+    def stack(self) -> Stack:
+        return self.loaded.model
+
+    def inputs_fingerprint(self) -> str:
+        """sha256 over everything the image is built from: the resolved stack, the base image's digest,
+        the upstream pins (with their submodules' commits) and patch series, the lock files, and the templates
+        and gate scripts."""
+        images = images_dir(self.loaded.root)
+        templates = {
+            p.relative_to(images).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(images.rglob("*"))
+            if p.is_file() and "base" not in p.parts and "__pycache__" not in p.parts
+        }
+        blob = json.dumps(
+            {
+                "stack": fingerprint(self.stack),
+                "base": self.base,
+                "sources": [s.record() for s in self.sources],
+                "locks": self.locks,
+                "templates": templates,
+                **({"post_install": self.post_install} if self.post_install else {}),
+            },
+            sort_keys=True,
+        ).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+    @property
+    def series(self) -> dict[str, str]:
+        return {s.name: s.series_hash for s in self.sources if s.series_hash}
+
+    @property
+    def source_date_epoch(self) -> int | None:
+        """The pinned upstream commit's time (of the first upstream), for reproducible `created`."""
+        for s in self.sources:
+            return s.commit_time
+        return None
+
+
+def build_dir_for(loaded: LoadedStack, out: Path | None = None) -> Path:
+    """``out``, or build/<stack>/ in the stack's repository."""
+    return Path(out) if out else loaded.root / "build" / loaded.name
+
+
+def _redirect(loaded: LoadedStack, path: tuple[str, ...], err: UserError) -> UserError:
+    """``err`` placed at the stack key whose endpoint failed, with the redirect in the CLI's and make's spelling
+    (an error that already names a file keeps it)."""
+    if err.file:
+        return err
+    key = ".".join(path)
+    fix = (f"{err.fix}; or " if err.fix else "") + (
+        f"redirect it: --set {key}=<URL> (make image STACK={loaded.name} ARGS='--set {key}=<URL>'); "
+        f"`stackforge doctor {loaded.name}` checks every endpoint at once"
+    )
+    return UserError(
+        f"{key}: {err.message}", **loaded.position(path).as_error_kwargs(), fix=fix, exit_code=err.exit_code
+    )
+
+
+def _export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspace) -> SourceInfo:
+    """Fetch (into the workspace's cache, with its credentials), export, patch and edit upstream ``name``."""
+    stack, root, cache = loaded.model, loaded.root, workspace.cache()
+    offline = workspace.mirror is not None
+    if offline:  # the mirror's repositories and sdists, never a fetch
+        from stackforge.builder.offline import upstream_cache
+
+        cache = upstream_cache(loaded, workspace)
+    up = stack.upstreams[name]
+    if up.sdist is not None:
+        sdist = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
+        upstreams.export_sdist(sdist, cache, dest, workspace=workspace, offline=offline)
+        info = SourceInfo(name, "sdist", f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}")
+    else:
+        if up.commit is None:
+            raise UserError(
+                f"upstreams.{name}: a git upstream needs 'commit'",
+                fix="add commit: … (the commit is checked against the tag)",
+            )
+        spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
+        try:
+            mirror = upstreams.fetch_upstream(
+                spec, cache, root=root, workspace=workspace, reuse=not workspace.refresh, offline=offline
+            )
+        except UserError as err:
+            raise _redirect(loaded, ("upstreams", name, "git"), err) from None
+        upstreams.export_commit(mirror, up.commit, dest)
+        info = SourceInfo(name, "git", up.pin, commit_time=upstreams.commit_time(mirror, up.commit))
+        if up.submodules:
+            info.submodules = _export_submodules(loaded, name, mirror, dest, cache, workspace, offline)
+    if up.patches or up.patches_from:
+        # The series another upstream carries first, then the repository's own on top of it.
+        carried = in_tree_series(loaded, name, dest.parent) if up.patches_from else None
+        own = root / up.patches if up.patches else None
+        if carried is not None:
+            try:
+                info.patches = [r.name for r in patches.apply_to_export(dest, carried)]
+            except UserError as err:
+                raise installed.naming_key(loaded, name, err) from None
+        if own is not None:
+            info.patches += [r.name for r in patches.apply_to_export(dest, own)]
+        layers = [d for d in (carried, own) if d is not None]
+        digest = patches.series_hash(*layers)
+        info.series_hash = digest if digest.startswith("sha256:") else f"sha256:{digest}"
+        if carried is not None and carried.parent.name == ".series":  # listed by file name for this export only
+            shutil.rmtree(carried.parent)
+    info.patches += [f"edit {path}" for path in edits.apply(loaded, name, dest)]
+    return info
+
+
+def _export_submodules(
+    loaded: LoadedStack, name: str, mirror: Path, dest: Path, cache: Path, workspace: Workspace, offline: bool
+) -> list[dict[str, str]]:
+    """Fetch the submodules the pinned commit records (recursively; from the mirror's repository when offline),
+    write their trees into ``dest`` and return their records; a refusal is placed at
+    ``upstreams.<name>.submodules``."""
+    from stackforge.clients import submodules
+    from stackforge.urls import split as split_credentials
+
+    up = loaded.model.upstreams[name]
+    assert up.git is not None and up.commit is not None
+    url = upstreams.resolve_git_url(split_credentials(up.git)[0], loaded.root)
+    if offline:
+        from stackforge.builder.offline import _fix
+
+        fetch = submodules.repo_fetch(name, mirror, _fix(loaded))
+    else:
+        fetch = submodules.cache_fetch(name, cache, workspace=workspace, reuse=not workspace.refresh)
+    try:
+        subs = submodules.collect(name, mirror, up.commit, url, fetch)
+        submodules.export(subs, dest)
+    except UserError as err:
+        raise UserError(
+            err.message,
+            **loaded.position(("upstreams", name, "submodules")).as_error_kwargs(),
+            fix=err.fix,
+            exit_code=err.exit_code,
+        ) from None
+    return [s.record() for s in subs]
+
+
+def assemble(
+    loaded: LoadedStack, out: Path | None = None, *, sources: bool = True, workspace: Workspace | None = None
+) -> Context:
+    """Write build/<stack>/context/ under the build directory's lock. With ``sources=False`` upstreams
+    are not fetched (for `render --no-sources`, which shows the plan only); fetched upstreams are
+    cached in the workspace's cache (default: the one at the stack's root).
+
+    The context is assembled in a temporary directory beside it and renamed into place, so
+    build/<stack>/context/ is the previous complete context or the new one; a failure removes
+    the temporary directory."""
+    root = loaded.root
+    ws = workspace_for(loaded, workspace)
+    locks = read_locks(loaded)
+    for note in unlocked_notes(loaded):  # not an error: the phase installs, without --require-hashes
+        print(note, file=sys.stderr)
+    plan = make_plan(loaded, {i: str(ln.path.relative_to(root)) for i, ln in locks.items()})
+    bdir = build_dir_for(loaded, out)
+    ctx_dir = bdir / "context"
+    with stack_lock(bdir):
+        _remove_leftovers(bdir)
+        bdir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".context-", suffix=STAGING_SUFFIX, dir=bdir))
+        try:
+            os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700
+            infos, post_install = _fill(loaded, plan, locks, staging, sources, root, ws)
+            mirrored = _offline(loaded, plan, staging, ws) if ws.mirror is not None else None
+            _swap(staging, ctx_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    dockerfile = bdir / "Dockerfile"
+    lock_hashes = {i: hashlib.sha256(ln.text.encode()).hexdigest() for i, ln in locks.items()}
+    return Context(
+        loaded, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes, post_install=post_install, mirror=mirrored
+    )
+
+
+def _offline(loaded: LoadedStack, plan: Plan, staging: Path, ws: Workspace) -> dict:
+    from stackforge.builder.offline import apply
+
+    assert ws.mirror is not None
+    return apply(loaded, plan, ws.mirror, staging)
+
+
+STAGING_SUFFIX = ".partial"
+
+
+def _remove_leftovers(bdir: Path) -> None:
+    """Remove staging directories a killed run left behind (the caller holds the lock)."""
+    for path in [bdir / "context.partial", *bdir.glob(f".context-*{STAGING_SUFFIX}*")]:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _fill(
+    loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: bool, root: Path, workspace: Workspace
+) -> tuple[list[SourceInfo], dict[str, str]]:
+    """Requirements files, the gate and the (patched) upstream sources (through the workspace's cache),
+    written into ``staging``."""
+    stack = loaded.model
+    (staging / "deps").mkdir(parents=True)
+    hashes = {n: p.sha256 for n, p in stack.packages.items() if p.sha256}
+    if stack.base.pip and stack.base.pip.sha256:
+        hashes["pip"] = stack.base.pip.sha256
+    for phase in plan.phases:
+        if phase.files:
+            continue  # a requirement phase: written from the upstream trees below
+        if phase.lock:
+            text = locks[phase.lock_key()].text
+        else:
+            text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
+        atomic_write(staging / phase.requirements, text)
+    if not sources:
+        requirements.write_phases(loaded, staging, None, {}, atomic_write)
+    gate_dir = staging / "gate"
+    shutil.copytree(images_dir(root) / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
+    post_install = installed.write_context(loaded, plan.post_install, staging, images_dir(root))
+    write_system_context(plan.system, images_dir(root), staging)
+    artifacts.write_context(plan.files, images_dir(root), staging)
+    embed.write_context(loaded, staging)
+    infos: list[SourceInfo] = []
+    if sources:
+        exported = {}
+        for name in export_order(stack):
+
+            def export(dest: Path, name: str = name) -> SourceInfo:
+                return _export_source(loaded, name, dest, workspace)
+
+            exported[name] = reuse.exported(
+                loaded, name, staging, staging.parent / "context", export, refresh=workspace.refresh
+            )
+        infos = [exported[name] for name in stack.upstreams]
+        agree.check_trees(loaded, {n: staging / "src" / n for n in stack.upstreams})
+        requirements.write_phases(
+            loaded,
+            staging,
+            {n: staging / "src" / n for n in stack.upstreams},
+            {i.name: i.pin for i in infos},
+            atomic_write,
+        )
+        for k in plan.kernels:
+            artifacts.check_uses(loaded, k.name, k.upstream, staging / "src" / k.upstream)
+        reqlocks.check_fresh(loaded, locks, {n: staging / "src" / n for n in stack.upstreams})
+    else:
+        for name in stack.upstreams:
+            (staging / "src" / name).mkdir(parents=True)
+    write_target_context(
+        loaded,
+        plan.target_stages,
+        images_dir(root),
+        staging,
+        {n: staging / "src" / n for n in stack.upstreams} if sources else None,
+        {i.name: i.pin for i in infos},
+    )
+    return infos, post_install
+
+
+def _swap(staging: Path, ctx_dir: Path) -> None:
+    """Rename the complete ``staging`` to ``ctx_dir``; the previous context is moved aside, then removed."""
+    old = staging.with_name(staging.name + ".old")
+    if ctx_dir.exists() or ctx_dir.is_symlink():
+        ctx_dir.rename(old)
+    try:
+        staging.rename(ctx_dir)
+    except BaseException:
+        if old.exists() and not ctx_dir.exists():
+            old.rename(ctx_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_dockerfile(
+    ctx: Context, labels: dict[str, str], syntax: str | None = None, run_network: bool = False, ca_bundle: bool = True
+) -> Path:
+    """Write build/<stack>/Dockerfile (whole, under the build directory's lock)."""
+    with stack_lock(ctx.build_dir):
+        atomic_write(
+            ctx.dockerfile,
+            render_dockerfile(
+                ctx.plan, labels, syntax=syntax, root=ctx.loaded.root, run_network=run_network, ca_bundle=ca_bundle
+            ),
+        )
+    return ctx.dockerfile

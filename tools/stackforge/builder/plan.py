@@ -1,0 +1,306 @@
+"""The build plan: everything the Dockerfile and the build need, derived from the stack.
+
+Pure: no I/O. ``show``, ``render --dry-run`` and tests read it directly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from stackforge.builder import artifacts, edits, installed
+from stackforge.builder.requirements import guarded, requirement_phases
+from stackforge.builder.system import SystemStage, system_stages
+from stackforge.builder.targets import TargetStage, target_stages
+from stackforge.stack import tags
+from stackforge.stack.load import LoadedStack, fingerprint
+from stackforge.stack.model import Stack
+from stackforge.urls import redact
+
+LABEL_NS = "org.stackforge"
+
+
+@dataclass
+class PipPhase:
+    """One `pip install` step against one index."""
+
+    name: str  # e.g. "mthreads-nodeps", "pypi", "mthreads-deps"
+    index: str  # index whose URL pip uses
+    index_url: str  # credential-free URL: written into the Dockerfile as part of the cache key
+    requirements: str  # context path of the requirements file
+    no_deps: bool
+    require_hashes: bool
+    pins: list[str]  # "name==version" lines
+    lock: str | None = None  # the lock file this phase installs from (repository-relative)
+    credentials: bool = False  # mount the netrc secret: only for a private index or one with credentials
+    key: str = ""  # the stack key the phase comes from, named when it fails
+    checks_pins: bool = True  # preserve checks the vendor pins after it (not the installer: none is installed yet)
+    constraints: str | None = None  # context path of its constraints file (the vendor pins), -c
+    report: str = ""  # image path of the phase's record (pip report, preserve lines), read by the inventory
+    files: list[dict] = field(default_factory=list)  # requirement files: [{upstream, path}]
+    no_index: bool = False  # a requirement phase of a locked index: proves offline that the lock installed it all
+    mirror: str | None = None  # context path of its index's tree in an offline build (builder/offline.py)
+
+    def lock_key(self) -> str:
+        """The lock this phase installs from (see builder/locks.py): its index's, or ``<vendor>-deps``; the
+        installer phase has none (its hashes are the stack's ``base.pip.sha256``)."""
+        if self.name == INSTALLER:
+            return INSTALLER
+        return self.name if self.name.endswith("-deps") else self.index
+
+
+@dataclass
+class KernelStep:
+    name: str
+    upstream: str
+    env: dict[str, str]
+    run: str
+    trees: dict[str, str] = field(default_factory=dict)  # other upstream -> path inside this tree
+    toolchain: artifacts.ToolchainStep | None = None  # installed with network before the offline build
+    files: list[artifacts.KernelFile] = field(default_factory=list)  # installed in the gate after the wheels
+    wheels: bool = True  # its /out/wheels are installed
+
+
+@dataclass
+class Plan:
+    stack: str
+    fingerprint: str
+    base_image: str
+    python: str
+    local_ref: str
+    phases: list[PipPhase]
+    upstreams: list[str]
+    kernels: list[KernelStep]
+    gate: dict
+    gate_prepare: list[str]
+    targets: dict[str, dict]
+    post_install: list[installed.PostInstallPatch] = field(default_factory=list)
+    steps: list[installed.Step] = field(default_factory=list)
+    system: list[SystemStage] = field(default_factory=list)  # apt layers, each a stage after base
+    target_stages: list[TargetStage] = field(default_factory=list)  # targets, a parent before its children
+
+    @property
+    def wheel_kernels(self) -> list[KernelStep]:
+        return [k for k in self.kernels if k.wheels]
+
+    @property
+    def files(self) -> list[artifacts.KernelFile]:
+        return [f for k in self.kernels for f in k.files]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPhase]:
+    """Vendor wheels first (--no-deps), then public pins, then the vendor wheels' own dependencies.
+
+    ``locked`` names the locks that exist (builder/locks.py keys: an index, or ``<vendor>-deps``): their
+    phases require hashes."""
+    by_index: dict[str, list[str]] = {name: [] for name in stack.indexes}
+    hashes: dict[str, bool] = {name: True for name in stack.indexes}
+    for pname, pkg in stack.packages.items():
+        by_index[pkg.index].append(pname)
+        hashes[pkg.index] &= bool(pkg.sha256)
+    for name in locked:
+        hashes[name] = True
+
+    def pins(index: str) -> list[str]:
+        return [f"{n}=={stack.packages[n].version}" for n in by_index[index]]
+
+    phases: list[PipPhase] = installer_phase(stack)
+    for name, idx in stack.indexes.items():
+        if idx.role == "vendor" and by_index[name]:
+            phases.append(
+                PipPhase(f"{name}-nodeps", name, redact(idx.url), f"deps/{name}.txt", True, hashes[name], pins(name))
+            )
+    for name, idx in stack.indexes.items():
+        if idx.role == "public" and by_index[name]:
+            phases.append(PipPhase(name, name, redact(idx.url), f"deps/{name}.txt", False, hashes[name], pins(name)))
+    phases += requirement_phases(stack)
+    for name, idx in stack.indexes.items():
+        if idx.role == "vendor" and idx.deps_from and by_index[name]:
+            src = stack.indexes[idx.deps_from]
+            # Already-installed exact pins; pip resolves only what they require, from the public index.
+            phases.append(
+                PipPhase(
+                    f"{name}-deps",
+                    idx.deps_from,
+                    redact(src.url),
+                    f"deps/{name}.deps.txt",
+                    False,
+                    f"{name}-deps" in locked,
+                    pins(name),
+                )
+            )
+    return guarded(stack, phases)
+
+
+INSTALLER = "installer"
+
+
+def installer_phase(stack: Stack) -> list[PipPhase]:
+    """The pip the other phases run with (``base.pip``), installed first from the first public index."""
+    pip = stack.base.pip
+    public = next((n for n, i in stack.indexes.items() if i.role == "public"), None)
+    if pip is None or public is None:
+        return []
+    url = redact(stack.indexes[public].url)
+    phase = PipPhase(INSTALLER, public, url, f"deps/{INSTALLER}.txt", True, bool(pip.sha256), [f"pip=={pip.version}"])
+    phase.key, phase.checks_pins = "base.pip", False
+    return [phase]
+
+
+def pip_check_allow(stack: Stack) -> list[dict]:
+    """Unmet requirements pip check may report: the stack's own (``gate.pip_check_allow``), and each package an
+    upstream's ``agree.except`` excuses, as a requirement of that upstream's distribution (the plugin's wheel
+    requires the train its revision pins; the stack says why it pins another)."""
+    out = [a.model_dump() for a in stack.gate.pip_check_allow]
+    for name, up in stack.upstreams.items():
+        for package, reason in (up.agree.except_ if up.agree else {}).items():
+            out.append({"dist": name, "requires": package, "reason": f"upstreams.{name}.agree.except: {reason}"})
+    return out
+
+
+def gate_spec(stack: Stack) -> dict:
+    return {
+        "stack": stack.name,
+        "python": stack.platform.python,
+        "packages": [
+            {"name": n, "dist": n, "import": p.import_name, "mode": p.gate, "version": p.version}
+            for n, p in stack.packages.items()
+        ],
+        "imports": [i.model_dump() for i in stack.gate.imports],
+        "probes": [p.model_dump() for p in stack.gate.probes if selected(stack, p.when)],
+        "read_only": stack.gate.read_only,
+        "pip_check": True,
+        "pip": stack.base.pip.version if stack.base.pip else None,
+        "pip_check_allow": pip_check_allow(stack),
+        "abi": {
+            "packages": [n for n, p in stack.packages.items() if stack.indexes[p.index].role == "vendor"]
+            if stack.gate.abi
+            else [],
+            "library_path": list(stack.gate.library_path),
+        },
+        **installed.gate_extras(stack),
+    }
+
+
+def image_labels(
+    loaded: LoadedStack,
+    *,
+    base_digest: str | None = None,
+    created: str | None = None,
+    series: dict[str, str] | None = None,
+    inputs: str | None = None,
+    base_id: str | None = None,
+    post_install: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible."""
+    stack = loaded.model
+    out: dict[str, str] = {
+        "org.opencontainers.image.title": f"{stack.name}",
+        "org.opencontainers.image.description": stack.description,
+    }
+    if stack.upstreams:
+        name = stack.source or next(iter(stack.upstreams))
+        up = stack.upstreams[name]
+        if up.git:
+            out["org.opencontainers.image.source"] = redact(up.git) if "://" in up.git else up.git
+            out["org.opencontainers.image.revision"] = up.commit or ""
+            out["org.opencontainers.image.version"] = up.tag or ""
+        elif up.sdist:
+            out["org.opencontainers.image.source"] = f"{redact(stack.indexes[up.sdist.index].url)}/{up.sdist.name}/"
+            out["org.opencontainers.image.version"] = up.sdist.version
+    if created:
+        out["org.opencontainers.image.created"] = created
+    out["org.opencontainers.image.base.name"] = stack.base.image
+    if base_digest:  # a registry manifest digest; a local-only base has none
+        out["org.opencontainers.image.base.digest"] = base_digest
+    if base_id:
+        out[f"{LABEL_NS}.base.id"] = base_id
+    out[f"{LABEL_NS}.stack"] = stack.name
+    out[f"{LABEL_NS}.fingerprint"] = fingerprint(stack)
+    if inputs:
+        out[f"{LABEL_NS}.inputs"] = inputs
+    for uname, up in stack.upstreams.items():
+        if up.git:
+            out[f"{LABEL_NS}.upstream.{uname}"] = up.pin
+        elif up.sdist:
+            out[f"{LABEL_NS}.upstream.{uname}"] = f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
+    for uname, digest in (series or {}).items():
+        out[f"{LABEL_NS}.series.{uname}"] = digest
+    for uname in stack.upstreams:
+        declared = edits.digest(stack, uname)
+        if declared:
+            out[f"{edits.LABEL}.{uname}"] = declared
+    out.update(installed.labels(post_install or {}))
+    for pname, pkg in stack.packages.items():
+        out[f"{LABEL_NS}.pin.{pname}"] = pkg.version
+    for oname, option in stack.options.items():
+        out[f"{LABEL_NS}.option.{oname}"] = option.value
+    out.update(artifacts.labels([n for n, k in stack.kernels.items() if selected(stack, k.when)]))
+    out.update(tags.labels(loaded))
+    return out
+
+
+def selected(stack: Stack, when: dict[str, str]) -> bool:
+    """Whether a step whose ``when`` names build options runs with the stack's option values."""
+    return all(stack.options[name].value == want for name, want in when.items())
+
+
+def kernel_steps(loaded: LoadedStack) -> list[KernelStep]:
+    """The kernel steps the build options select; each one's environment is the stack's tuning, then its own
+    (rendered) env."""
+    stack = loaded.model
+    return [
+        KernelStep(
+            n,
+            k.upstream,
+            tags.step_env(loaded, k.env, ("kernels", n, "env")),
+            k.run,
+            dict(k.trees),
+            artifacts.toolchain(loaded, n),
+            artifacts.files(stack, n),
+            artifacts.writes_wheels(stack, n),
+        )
+        for n, k in stack.kernels.items()
+        if selected(stack, k.when)
+    ]
+
+
+def make_plan(loaded: LoadedStack, locks: dict[str, str] | None = None) -> Plan:
+    """``locks``: {index: repository-relative lock file} for the indexes that have one."""
+    stack, locks = loaded.model, locks or {}
+    tags.labels(loaded)  # the label templates render (or refuse) before anything is written
+    phases = pip_phases(stack, frozenset(locks))
+    credentials = loaded.credentials
+    for phase in phases:
+        # Third-party build scripts of a public phase never see the vendor credentials.
+        phase.credentials = stack.indexes[phase.index].private or phase.index in credentials
+        if phase.require_hashes and phase.lock_key() in locks:
+            phase.lock = locks[phase.lock_key()]
+        elif phase.files and phase.index in locks:  # its index's lock holds its closure (builder/reqlocks.py)
+            phase.lock, phase.no_index, phase.credentials = locks[phase.index], True, False
+    return Plan(
+        stack=stack.name,
+        fingerprint=fingerprint(stack),
+        base_image=stack.base.image,
+        python=stack.base.python,
+        local_ref=str(tags.local_ref(loaded)),
+        phases=phases,
+        upstreams=list(stack.upstreams),
+        kernels=kernel_steps(loaded),
+        gate=gate_spec(stack),
+        gate_prepare=list(stack.gate.prepare),
+        targets={
+            n: {
+                **t.model_dump(include={"entrypoint", "cmd", "env"}),
+                **t.model_dump(by_alias=True, exclude_defaults=True, exclude={"entrypoint", "cmd", "env"}),
+            }
+            for n, t in stack.targets.items()
+        },
+        post_install=installed.post_install(stack),
+        steps=installed.steps(loaded),
+        system=system_stages(loaded),
+        target_stages=target_stages(loaded),
+    )

@@ -1,0 +1,136 @@
+"""The one path from a stack to its Dockerfile, shared by `render`, `build` and `bake`.
+
+Lint the stack, assemble the build context, compute the image labels and write
+build/<stack>/Dockerfile. Nothing here talks to the engine: what only the engine
+knows (the base image's identity, whether BuildKit honours SOURCE_DATE_EPOCH and
+``RUN --network=none``) comes
+in through a callback, so the same stack and inputs give the same Dockerfile bytes
+whichever verb wrote it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from stackforge.builder import embed
+from stackforge.builder.context import Context, assemble, write_dockerfile
+from stackforge.builder.locks import check_locks, lock_keys, read_lock
+from stackforge.builder.plan import image_labels
+from stackforge.clients.workspace import Workspace, workspace_for
+from stackforge.errors import BuildFailed, UserError
+from stackforge.stack import rules
+from stackforge.stack.load import LoadedStack
+
+#: Why `org.stackforge.inputs` is left out of a Dockerfile rendered without sources.
+INPUTS_OMITTED = (
+    "the upstreams were not fetched (--no-sources), so the fingerprint of the inputs "
+    "(sources, patch series, base image) cannot be computed"
+)
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """The base image as the engine resolved it."""
+
+    digest: str | None  # registry manifest digest; None for a local-only image
+    id: str | None  # image id
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What only the engine knows and the Dockerfile depends on."""
+
+    base: BaseImage
+    source_date_epoch: bool  # BuildKit honours SOURCE_DATE_EPOCH (0.11+)
+    run_network: bool = False  # the Dockerfile frontend takes RUN --network=none
+
+
+@dataclass
+class Prepared:
+    """A stack ready for the engine: context and Dockerfile written, labels and build args fixed.
+
+    ``inputs_omitted`` says why the labels hold no `org.stackforge.inputs` (None when they do)."""
+
+    ctx: Context
+    labels: dict[str, str]
+    build_args: dict[str, str]
+    inputs_omitted: str | None = None
+
+
+#: every rule a stack is held to: the release-train rules (``stack.rules``), then its lock files
+RULES = [*rules.RULES, check_locks]
+
+
+def lint(loaded: LoadedStack) -> list[rules.Finding]:
+    return [finding for rule in RULES for finding in rule(loaded)]
+
+
+def lint_or_fail(loaded: LoadedStack) -> None:
+    stack = loaded.model
+    for key in lock_keys(stack):
+        try:
+            read_lock(loaded, key)
+        except UserError as err:  # a lock file the build would refuse: its own error (file:line, fix; exit 2)
+            raise BuildFailed(
+                err.message, file=err.file, line=err.line, col=err.col, fix=err.fix, exit_code=err.exit_code
+            ) from None
+    findings = lint(loaded)
+    if findings:
+        text = "\n".join(f.render(loaded) for f in findings)
+        raise BuildFailed(
+            f"stack '{stack.name}' fails lint; nothing was built:\n{text}",
+            fix=f"fix the findings (stackforge lint {stack.name})",
+        )
+
+
+def prepare_dockerfile(
+    loaded: LoadedStack,
+    *,
+    out: Path | None = None,
+    sources: bool = True,
+    syntax: str | None = None,
+    engine_facts: Callable[[], EngineFacts] | None = None,
+    workspace: Workspace | None = None,
+) -> Prepared:
+    """Lint, assemble the context, compute the labels and write the Dockerfile.
+
+    ``engine_facts``, called once the stack passes lint, gives what only the engine knows: the resolved
+    base image (its digest and id become labels and part of the inputs), whether BuildKit honours
+    SOURCE_DATE_EPOCH (the pinned upstream commit's time then becomes the build argument and the
+    `created` label) and whether it takes ``RUN --network=none`` (the offline steps then get no network).
+    Without it the labels name no base digest or id and no creation time.
+    ``sources=False`` fetches no upstream; the labels then hold no `org.stackforge.inputs`, since the
+    sources it fingerprints are unknown (``Prepared.inputs_omitted`` gives the reason)."""
+    lint_or_fail(loaded)
+    facts = engine_facts() if engine_facts else None
+    base, epoch = (facts.base, facts.source_date_epoch) if facts else (None, False)
+    ctx = assemble(loaded, out, sources=sources, workspace=workspace)
+    digest, image_id = (base.digest, base.id) if base else (None, None)
+    ctx.base = digest or image_id
+    created = None
+    build_args: dict[str, str] = {}
+    if sources and epoch and ctx.source_date_epoch is not None:
+        build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
+        created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    omitted = None if sources else INPUTS_OMITTED
+    labels = image_labels(
+        loaded,
+        base_digest=digest,
+        base_id=image_id,
+        created=created,
+        series=ctx.series,
+        inputs=None if omitted else ctx.inputs_fingerprint(),
+        post_install=ctx.post_install,
+    )
+    labels[embed.LABEL] = embed.label(loaded)
+    write_dockerfile(
+        ctx,
+        labels,
+        syntax=syntax,
+        run_network=bool(facts and facts.run_network),
+        ca_bundle=workspace_for(loaded, workspace).ca_bundle_file() is not None,
+    )
+    return Prepared(ctx, labels, build_args, omitted)

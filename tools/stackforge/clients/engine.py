@@ -1,0 +1,522 @@
+"""The build engine: BuildKit driven through ``docker buildx``.
+
+Everything else in stackforge talks to the engine through :class:`Engine`; nothing
+else spawns ``docker``. Builds go through the ``docker buildx`` CLI (the Python SDK
+has no buildx); image queries also go through the CLI so that they always reach the
+same daemon as the builds (the CLI honours docker contexts, the SDK does not).
+:meth:`Engine.sdk` hands out a docker SDK client bound to that same daemon for
+callers that need the API directly.
+
+The pure half (argument assembly, version parsing) is separate functions so it can
+be unit-tested without an engine.
+
+Secrets (private-index credentials, an extra CA bundle) are passed only as BuildKit
+secrets (``--secret id=…,src=…``): they are mounted at ``/run/secrets/<id>`` for the
+RUN steps that ask for them and never land in a layer or in the image history.
+Build args do land in the history, so :func:`build_command` refuses build args that
+look like credentials.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from stackforge import progress
+from stackforge.errors import UserError
+
+SETUP_FIX = "run scripts/engine-setup.sh (as root on Debian it installs and starts dockerd + buildx)"
+
+#: BuildKit needs this for ``RUN --mount=type=cache|secret`` (without a ``# syntax=`` line).
+MIN_BUILDKIT = (0, 8)
+#: First BuildKit release that honours SOURCE_DATE_EPOCH.
+SOURCE_DATE_EPOCH_BUILDKIT = (0, 11)
+#: First BuildKit whose built-in Dockerfile frontend takes ``RUN --network=none`` without a ``# syntax=`` line
+#: (the flag left the labs channel in Dockerfile 1.3, BuildKit 0.9; 0.11 is the first release we run it on).
+RUN_NETWORK_BUILDKIT = (0, 11)
+#: BuildKit embedded in each Docker Engine major release, for the ``docker`` driver when the builder reports
+#: no usable version (distribution builds, e.g. Debian's, say ``v0.0.0+unknown``).
+DOCKER_EMBEDDED_BUILDKIT = {20: (0, 8), 23: (0, 11), 24: (0, 12), 25: (0, 12), 26: (0, 13), 27: (0, 15), 28: (0, 20)}
+
+_SECRET_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CREDENTIAL_NAME = re.compile(r"(PASSWORD|PASSWD|TOKEN|SECRET|CREDENTIAL|API_?KEY)", re.I)
+_URL_WITH_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.I)
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"v0.13.1+ds1"`` -> ``(0, 13, 1)``; ``"v0.8+unknown"`` -> ``(0, 8)``."""
+    m = re.search(r"v?(\d+(?:\.\d+)*)", text or "")
+    if not m:
+        raise ValueError(f"no version number in {text!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def effective_buildkit(reported: str | None, driver: str | None, server_version: str | None) -> tuple[int, int]:
+    """The BuildKit (major, minor) a builder runs: what it reports, or for the ``docker`` driver with no usable
+    version (``v0.0.0+unknown``) the one embedded in the daemon's Docker Engine release. ``(0, 0)`` when
+    neither says."""
+    try:
+        parts = parse_version(reported or "") + (0, 0)
+        level = (parts[0], parts[1])
+    except ValueError:
+        level = (0, 0)
+    if level > (0, 0) or driver != "docker" or not server_version:
+        return level
+    try:
+        major = parse_version(server_version)[0]
+    except ValueError:
+        return (0, 0)
+    known = [m for m in DOCKER_EMBEDDED_BUILDKIT if m <= major]
+    return DOCKER_EMBEDDED_BUILDKIT[max(known)] if known else (0, 0)
+
+
+def parse_buildx_version(output: str) -> str:
+    """Version from ``docker buildx version`` output.
+
+    ``github.com/docker/buildx 0.13.1+ds1 0.13.1+ds1-3`` -> ``0.13.1+ds1``;
+    ``github.com/docker/buildx v0.17.1 257815a`` -> ``0.17.1``.
+    """
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and "buildx" in parts[0]:
+            return parts[1].removeprefix("v")
+    m = re.search(r"v?(\d+\.\d+(?:\.\d+)?\S*)", output)
+    if not m:
+        raise ValueError(f"cannot read a buildx version from {output!r}")
+    return m.group(1)
+
+
+def parse_buildx_inspect(output: str) -> dict[str, str | None]:
+    """Builder name, driver, status and BuildKit version from ``docker buildx inspect``.
+
+    Handles both the old (``Buildkit: v0.8``) and the new (``BuildKit version: v0.8``) layout.
+    """
+    info: dict[str, str | None] = {"name": None, "driver": None, "status": None, "buildkit": None}
+    for line in output.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip().lower(), value.strip()
+        if key == "name" and info["name"] is None:
+            info["name"] = value
+        elif key == "driver" and info["driver"] is None:
+            info["driver"] = value
+        elif key == "status" and info["status"] is None:
+            info["status"] = value
+        elif key in ("buildkit", "buildkit version") and value and info["buildkit"] is None:
+            info["buildkit"] = value
+    return info
+
+
+def check_build_args(build_args: Mapping[str, str]) -> None:
+    """Refuse build args that would leak a credential into the image history."""
+    for name, value in build_args.items():
+        if not _ARG_NAME.match(name):
+            raise UserError(f"invalid build arg name {name!r}", fix="use letters, digits and underscores")
+        if _CREDENTIAL_NAME.search(name):
+            raise UserError(
+                f"build arg {name} looks like a credential; build args are recorded in the image history",
+                fix=f"pass it as a BuildKit secret instead (secrets=[('{name.lower()}', PATH)]) "
+                "and read /run/secrets/<id> in the RUN step that needs it",
+            )
+        if _URL_WITH_PASSWORD.search(str(value)):
+            raise UserError(
+                f"build arg {name} holds a URL with a password; build args are recorded in the image history",
+                fix="drop the credentials from the URL and pass them as a BuildKit secret",
+            )
+
+
+def build_command(
+    context: str | os.PathLike,
+    *,
+    dockerfile: str | os.PathLike | None = None,
+    target: str | None = None,
+    tags: Sequence[str] = (),
+    build_args: Mapping[str, str] | None = None,
+    secrets: Iterable[tuple[str, str | os.PathLike]] = (),
+    labels: Mapping[str, str] | None = None,
+    load: bool = True,
+    progress: str = "plain",
+    metadata_file: str | os.PathLike | None = None,
+    builder: str | None = None,
+    no_cache: bool = False,
+    extra_args: Sequence[str] = (),
+    docker: str = "docker",
+) -> list[str]:
+    """The ``docker buildx build`` argv for these options (no I/O, no validation of paths).
+
+    Secrets become ``--secret id=ID,src=PATH`` and nothing else; build args are checked
+    with :func:`check_build_args`.
+    """
+    args = dict(build_args or {})
+    check_build_args(args)
+    cmd = [docker, "buildx"]
+    if builder:
+        cmd += ["--builder", builder]
+    cmd += ["build", f"--progress={progress}"]
+    if dockerfile is not None:
+        cmd += ["--file", os.fspath(dockerfile)]
+    if target:
+        cmd += ["--target", target]
+    for tag in tags:
+        cmd += ["--tag", tag]
+    for name in args:
+        cmd += ["--build-arg", f"{name}={args[name]}"]
+    seen: set[str] = set()
+    for sid, src in secrets:
+        if not _SECRET_ID.match(sid):
+            raise UserError(f"invalid secret id {sid!r}", fix="use letters, digits, '.', '_' and '-'")
+        if sid in seen:
+            raise UserError(f"secret id {sid!r} given twice")
+        seen.add(sid)
+        src = os.fspath(src)
+        if "," in src:
+            raise UserError(
+                f"secret {sid}: path {src!r} contains a comma, which buildx cannot parse",
+                fix="move the file to a path without commas",
+            )
+        cmd += ["--secret", f"id={sid},src={src}"]
+    for key, value in (labels or {}).items():
+        cmd += ["--label", f"{key}={value}"]
+    if load:
+        cmd.append("--load")
+    if no_cache:
+        cmd.append("--no-cache")
+    if metadata_file is not None:
+        cmd += ["--metadata-file", os.fspath(metadata_file)]
+    cmd += list(extra_args)
+    cmd.append(os.fspath(context))
+    return cmd
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class BuildResult(NamedTuple):
+    """Outcome of :meth:`Engine.build`; unpacks as ``(returncode, log)``."""
+
+    returncode: int
+    log: str
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    server_version: str
+    buildx_version: str
+    builder: str | None
+    driver: str | None
+    buildkit_version: str | None
+
+
+class Engine:
+    """BuildKit via ``docker buildx``.
+
+    ``docker`` is the CLI to run; ``builder`` selects a buildx builder (default: the
+    current one, ``default`` on a plain dockerd).
+    """
+
+    def __init__(self, docker: str = "docker", builder: str | None = None, env: Mapping[str, str] | None = None):
+        self.docker = docker
+        self.builder = builder
+        self.env = dict(os.environ if env is None else env)
+        self._inspect: dict[str, str | None] | None = None
+        self._server: str | None = None
+
+    # -- plumbing
+    def cli(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+        """Run ``docker ARGS`` against this engine (bounded in time); engine trouble is a UserError."""
+        try:
+            proc = subprocess.run([self.docker, *args], capture_output=True, text=True, timeout=timeout, env=self.env)
+        except FileNotFoundError:
+            raise UserError(f"'{self.docker}' (the docker CLI) is not installed", fix=SETUP_FIX) from None
+        except subprocess.TimeoutExpired:
+            raise UserError(
+                f"'{self.docker} {' '.join(args)}' did not answer within {timeout:.0f} s", fix=SETUP_FIX
+            ) from None
+        if check and proc.returncode != 0:
+            raise UserError(f"'{self.docker} {' '.join(args)}' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
+        return proc
+
+    def _buildx(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+        pre = ["buildx", "--builder", self.builder] if self.builder else ["buildx"]
+        return self.cli(*pre, *args, timeout=timeout, check=check)
+
+    # -- checks and versions
+    def check(self) -> EngineInfo:
+        """Raise :class:`UserError` (with the fix) unless daemon, buildx and BuildKit are usable."""
+        if shutil.which(self.docker, path=self.env.get("PATH")) is None and not os.path.isabs(self.docker):
+            raise UserError("the docker CLI is not installed (no 'docker' on PATH)", fix=SETUP_FIX)
+        info = self.cli("version", "--format", "{{.Server.Version}}", timeout=20)
+        if info.returncode != 0 or not info.stdout.strip():
+            raise UserError(
+                f"no Docker daemon answers: {_last_line(info.stderr) or 'docker version failed'}", fix=SETUP_FIX
+            )
+        self._server = info.stdout.strip()
+        bx = self.cli("buildx", "version", timeout=20)
+        if bx.returncode != 0:
+            raise UserError("the docker buildx plugin is missing ('docker buildx version' fails)", fix=SETUP_FIX)
+        insp = self._inspect_builder()
+        bk = insp.get("buildkit")
+        if not bk:
+            raise UserError(
+                f"buildx builder {insp.get('name') or self.builder or 'default'} reports no BuildKit version "
+                f"(status {insp.get('status')})",
+                fix=f"check 'docker buildx inspect --bootstrap'; {SETUP_FIX}",
+            )
+        if self.buildkit_level() < MIN_BUILDKIT:
+            raise UserError(
+                f"BuildKit {bk} is too old; stackforge needs >= {'.'.join(map(str, MIN_BUILDKIT))}",
+                fix="upgrade Docker Engine (>= 20.10) or use a newer buildx builder",
+            )
+        return EngineInfo(
+            server_version=info.stdout.strip(),
+            buildx_version=parse_buildx_version(bx.stdout),
+            builder=insp.get("name"),
+            driver=insp.get("driver"),
+            buildkit_version=bk,
+        )
+
+    def _inspect_builder(self) -> dict[str, str | None]:
+        if self._inspect is None:
+            proc = self._buildx("inspect", timeout=30)
+            if proc.returncode != 0:
+                raise UserError(f"'docker buildx inspect' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
+            info = parse_buildx_inspect(proc.stdout)
+            if not info.get("buildkit"):
+                # A docker-container/remote builder that is not booted yet reports no version.
+                proc = self._buildx("inspect", "--bootstrap", timeout=300)
+                if proc.returncode == 0:
+                    info = parse_buildx_inspect(proc.stdout)
+            self._inspect = info
+        return self._inspect
+
+    def buildx_version(self) -> str:
+        proc = self.cli("buildx", "version", timeout=20)
+        if proc.returncode != 0:
+            raise UserError("the docker buildx plugin is missing ('docker buildx version' fails)", fix=SETUP_FIX)
+        return parse_buildx_version(proc.stdout)
+
+    def buildkit_version(self) -> str:
+        """BuildKit version of the current (or chosen) builder as it reports it, e.g. ``v0.8+unknown``; with the
+        release it is taken for when that says nothing, e.g. ``v0.0.0+unknown (Docker 26: 0.13)``."""
+        insp = self._inspect_builder()
+        bk = insp.get("buildkit")
+        if not bk:
+            raise UserError("the buildx builder reports no BuildKit version", fix=SETUP_FIX)
+        level = self.buildkit_level()
+        if level != effective_buildkit(bk, None, None) and level > (0, 0):
+            return f"{bk} (Docker {self.server_version()}: {level[0]}.{level[1]})"
+        return bk
+
+    def server_version(self) -> str:
+        """The daemon's version (``docker version``), asked once."""
+        if self._server is None:
+            proc = self.cli("version", "--format", "{{.Server.Version}}", timeout=20)
+            if proc.returncode != 0 or not proc.stdout.strip():
+                raise UserError(
+                    f"no Docker daemon answers: {_last_line(proc.stderr) or 'docker version failed'}", fix=SETUP_FIX
+                )
+            self._server = proc.stdout.strip()
+        return self._server
+
+    def buildkit_level(self) -> tuple[int, int]:
+        """(major, minor) of the BuildKit the builds run on (see :func:`effective_buildkit`)."""
+        insp = self._inspect_builder()
+        server = self.server_version() if insp.get("driver") == "docker" else None
+        return effective_buildkit(insp.get("buildkit"), insp.get("driver"), server)
+
+    def supports_source_date_epoch(self) -> bool:
+        """True when BuildKit honours SOURCE_DATE_EPOCH (0.11 and later)."""
+        return self.buildkit_level() >= SOURCE_DATE_EPOCH_BUILDKIT
+
+    def supports_run_network(self) -> bool:
+        """True when the Dockerfile frontend takes ``RUN --network=none`` as it is."""
+        return self.buildkit_level() >= RUN_NETWORK_BUILDKIT
+
+    # -- images
+    def image_exists(self, ref: str) -> bool:
+        return self.image_id(ref) is not None
+
+    def image_id(self, ref: str) -> str | None:
+        """``sha256:…`` id of a local image, or None when there is no such image."""
+        proc = self.cli("image", "inspect", "--format", "{{.Id}}", ref, timeout=30)
+        if proc.returncode != 0:
+            if "no such image" in proc.stderr.lower() or "not found" in proc.stderr.lower():
+                return None
+            raise UserError(f"'docker image inspect {ref}' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
+        return proc.stdout.strip() or None
+
+    def remove_image(self, ref: str, force: bool = False) -> bool:
+        """Remove a local image (tag). Returns False when it did not exist."""
+        if not self.image_exists(ref):
+            return False
+        args = ["image", "rm"] + (["--force"] if force else []) + [ref]
+        self.cli(*args, timeout=60, check=True)
+        return True
+
+    def history(self, ref: str) -> str:
+        """``docker history --no-trunc`` of an image (every layer's command, untruncated)."""
+        return self.cli("history", "--no-trunc", ref, timeout=30, check=True).stdout
+
+    def sdk(self):
+        """A docker SDK client for the daemon the CLI uses (current context or DOCKER_HOST)."""
+        import docker  # local import: only callers of sdk() need the package
+
+        if self.env.get("DOCKER_HOST"):
+            return docker.DockerClient(base_url=self.env["DOCKER_HOST"])
+        proc = self.cli("context", "inspect", "--format", "{{.Endpoints.docker.Host}}", timeout=10)
+        host = proc.stdout.strip() if proc.returncode == 0 else ""
+        return docker.DockerClient(base_url=host or "unix:///var/run/docker.sock")
+
+    # -- builds
+    def build(
+        self,
+        context: str | os.PathLike,
+        dockerfile: str | os.PathLike | None = None,
+        *,
+        secrets: Iterable[tuple[str, str | os.PathLike]] = (),
+        builder: str | None = None,
+        on_line: Callable[[str], None] | None = None,
+        log_file: str | os.PathLike | None = None,
+        env: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> BuildResult:
+        """Run ``docker buildx build --progress=plain`` and stream its output.
+
+        ``options`` are :func:`build_command`'s (target, tags, build_args, labels, load, metadata_file,
+        no_cache, extra_args); ``builder`` defaults to the engine's. Each output line (without the newline) goes to ``on_line`` and to ``log_file``
+        (appended, flushed per line) as it arrives. Returns ``(returncode, full log)``;
+        a failing build is not an exception here (callers decide), a missing secret file
+        or a missing engine is a :class:`UserError`.
+        """
+        secret_paths = [(sid, Path(src)) for sid, src in secrets]
+        for sid, path in secret_paths:
+            if not path.is_file():
+                raise UserError(f"secret {sid}: file {path} does not exist", fix="create it or drop the secret")
+        cmd = build_command(
+            context,
+            dockerfile=dockerfile,
+            secrets=secret_paths,
+            builder=builder or self.builder,
+            docker=self.docker,
+            **options,
+        )
+        return self.stream(cmd, on_line=on_line, log_file=log_file, env=env)
+
+    def stream(
+        self,
+        cmd: Sequence[str],
+        *,
+        on_line: Callable[[str], None] | None = None,
+        log_file: str | os.PathLike | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> BuildResult:
+        """Run an engine command (build, bake), streaming each output line to ``on_line`` and ``log_file``
+        (appended, flushed per line). Returns ``(returncode, full log)``; a failure is not raised."""
+        run_env = dict(self.env)
+        run_env.update(env or {})
+        lines: list[str] = []
+        with contextlib.ExitStack() as scope:
+            log = scope.enter_context(open(log_file, "a", encoding="utf-8")) if log_file is not None else None
+            if log:
+                log.write("$ " + " ".join(cmd) + "\n")
+                log.flush()
+            try:
+                # Its own session: a signal to stackforge does not reach it by accident, and
+                # stop_group() ends it with every process it started.
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=run_env,
+                    text=True,
+                    encoding="utf-8",
+                    errors="replace",
+                    bufsize=1,
+                    start_new_session=True,
+                )
+            except FileNotFoundError:
+                raise UserError(f"'{self.docker}' (the docker CLI) is not installed", fix=SETUP_FIX) from None
+            assert proc.stdout is not None
+            try:
+                for raw in proc.stdout:
+                    line = raw.rstrip("\n")
+                    lines.append(line)
+                    if log:
+                        log.write(line + "\n")
+                        log.flush()
+                    if on_line:
+                        on_line(line)
+                rc = proc.wait()
+            except BaseException:
+                stop_group(proc)
+                raise
+        return BuildResult(rc, "\n".join(lines) + ("\n" if lines else ""))
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End ``proc`` and its process group (started with ``start_new_session``): SIGTERM first, so
+    buildx cancels the build in BuildKit, then SIGKILL after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        try:
+            proc.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # anything of the group still running after the leader exited
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _last_line(text: str | None) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def save_image(engine: Engine, ref: str, out: Path, what: str) -> None:
+    """``docker save`` of ``ref`` into ``out``, atomically."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with progress.step(f"save {what}"):
+        proc = engine.cli("save", "--output", str(tmp), ref, timeout=3600)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"docker save {ref} failed: {proc.stderr.strip()[-300:]}", fix="check the engine and the disk")
+    os.replace(tmp, out)
+
+
+def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
+    """The regular files directly in ``directory`` of ``image`` (copied out of a created, never started,
+    container); empty when the image has no such directory."""
+    proc = engine.cli("create", image, "true", timeout=120)
+    if proc.returncode != 0:
+        raise UserError(f"cannot read {directory} of {image}: {proc.stderr.strip()[-300:]}")
+    cid = proc.stdout.strip()
+    try:
+        with tempfile.TemporaryDirectory(prefix="stackforge-image-") as tmp:
+            proc = engine.cli("cp", f"{cid}:{directory}/.", tmp, timeout=120)
+            if proc.returncode != 0:
+                return {}
+            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file() and not p.is_symlink()}
+    finally:
+        engine.cli("rm", "-f", cid, timeout=60)

@@ -1,0 +1,619 @@
+"""The nightly: lint every nightly stack, bake them, gate them, publish each that passed.
+
+Order per run (``build/nightly/<date>/``):
+
+1. load and lint every selected stack (``nightly: true`` unless stacks are named); a stack
+   that does not load or lint gets a failed row and is not built;
+2. one ``docker buildx bake`` over all remaining stacks × targets (shared stages built once;
+   log and plan kept as ``bake.log`` / ``bake.json``);
+3. for each stack and target, ``stackforge build`` (from the cache the bake filled) gives the
+   verdict, the gate output and the evidence; a failed gate or build fails only that row;
+4. each row that passed is published (``stackforge publish``) under its immutable tag; an image that
+   ``nightly: true`` recipes serve is smoked with each of them (``stackforge smoke``) and its aliases
+   (``-latest``) move only when every smoke passed; an image without a nightly recipe moves them at
+   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/``;
+5. per stack, whether every pin is still the newest of its line (``stackforge newest``), and whether
+   its upstreams' own pins drifted since the pinned commits (``stackforge drift``: "n/a" with the reason
+   when it cannot be computed, e.g. no upstream declares ``agree:`` or the upstream cannot be fetched);
+6. ``summary.json`` and ``summary.md``: a row per stack and target — status, tag, digest,
+   gate result, smoke verdict, duration, failure reason, the ``--set`` values its stack was loaded
+   with — and the pins' freshness and drift per stack. Any failed row (a failed smoke too) makes the run fail;
+   the rows that passed are published regardless.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stackforge.clients.registry import RetryPolicy, parse_registry
+from stackforge.clients.workspace import Workspace
+from stackforge.errors import BuildFailed, UserError
+from stackforge.publish.stack import publish_stack
+from stackforge.signals import Interrupted
+from stackforge.stack.load import LoadedStack
+from stackforge.stack.scheme import validate_date
+from stackforge.urls import redact_text
+
+
+@dataclass
+class Row:
+    stack: str
+    target: str
+    status: str  # published | already-published | failed
+    stage: str | None = None  # where it failed: load | lint | bake | build | gate | publish
+    tag: str | None = None
+    digest: str | None = None
+    gate: str | None = None
+    duration_s: float = 0.0
+    reason: str | None = None
+    evidence: str | None = None
+    overrides: list[str] = field(default_factory=list)  # the --set values its stack was loaded with (redacted)
+    smoke: str | None = None  # passed | failed | not-run | none (no nightly recipe); None: not published
+    smoke_recipes: dict[str, str] = field(default_factory=dict)  # recipe -> its verdict
+    aliases: dict[str, str] = field(default_factory=dict)  # alias -> moved | unchanged | not moved: why
+
+    @property
+    def ok(self) -> bool:
+        return self.status not in ("failed", "interrupted")
+
+
+@dataclass
+class Summary:
+    date: str
+    registry: str
+    rows: list[Row] = field(default_factory=list)
+    bake: dict[str, Any] = field(default_factory=dict)
+    started_at: str = ""
+    finished_at: str = ""
+    duration_s: float = 0.0
+    directory: Path | None = None
+    overrides: list[str] = field(default_factory=list)  # the --set values every row's stack was loaded with
+    freshness: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> pins newest of their lines?
+    drift: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> its upstreams' pins drifted?
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and all(r.ok for r in self.rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "date": self.date,
+            "registry": self.registry,
+            "ok": self.ok,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "duration_s": self.duration_s,
+            "overrides": self.overrides,
+            "bake": self.bake,
+            "rows": [asdict(r) for r in self.rows],
+            "freshness": self.freshness,
+            **({"drift": self.drift} if self.drift else {}),
+        }
+
+    def markdown(self) -> str:
+        lines = [
+            f"# Nightly {self.date}",
+            "",
+            f"Registry `{self.registry}` — {sum(r.ok for r in self.rows)} of {len(self.rows)} passed"
+            f" in {self.duration_s:.0f} s.",
+            "",
+        ]
+        if self.overrides:
+            lines += ["Overrides: " + " ".join(f"`--set {o}`" for o in self.overrides), ""]
+        own = self.own_overrides()
+        if own:
+            lines += [f"Overrides of `{name}`: " + " ".join(f"`--set {o}`" for o in values) for name, values in own]
+            lines.append("")
+        lines += [self.bake_line(), ""]
+        lines += [
+            "| stack | target | status | tag | digest | gate | smoke | duration | failure |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in self.rows:
+            verdict = r.status if r.ok else ("INTERRUPTED" if r.status == "interrupted" else "FAILED")
+            cells = [
+                r.stack,
+                r.target,
+                verdict if r.ok else f"{verdict} ({r.stage})",
+                f"`{r.tag}`" if r.tag else "",
+                f"`{r.digest}`" if r.digest else "",
+                r.gate or "",
+                _smoke_cell(r),
+                f"{r.duration_s:.0f} s",
+                _cell(r.reason),
+            ]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        if self.freshness:
+            from stackforge.flows.nightly_smoke import freshness_line
+
+            lines += ["", "| stack | every pin the newest of its line | what moved |", "| --- | --- | --- |"]
+            lines += [freshness_line(name, data) for name, data in self.freshness.items()]
+        if self.drift:
+            from stackforge.freshness.drift import nightly_line
+
+            lines += ["", "| stack | upstream pins drifted | what drifted |", "| --- | --- | --- |"]
+            lines += [nightly_line(name, data) for name, data in self.drift.items()]
+        return "\n".join(lines) + "\n"
+
+    def own_overrides(self) -> list[tuple[str, list[str]]]:
+        """Per stack, the overrides it was loaded with beyond those every stack was loaded with."""
+        own: dict[str, list[str]] = {}
+        for r in self.rows:
+            extra = [o for o in r.overrides if o not in self.overrides]
+            if extra and r.stack not in own:
+                own[r.stack] = extra
+        return list(own.items())
+
+    def bake_line(self) -> str:
+        """What the bake did: its exit and duration, or why it did not run."""
+        b = self.bake
+        if b.get("returncode") is not None:
+            return (
+                f"Bake: exit {b['returncode']} in {b.get('duration_s')} s "
+                f"({b.get('targets')} targets; log `{b.get('log')}`)."
+            )
+        return f"Bake: not run: {_cell(b.get('not_run') or b.get('error') or 'no bake was attempted')}."
+
+
+def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool) -> str | None:
+    """Why the bake does not run for this selection (None when it runs)."""
+    if loaded:
+        return None if use_bake else "--no-bake was given"
+    if not rows:
+        return "no stack selected"
+    stages = {r.stage for r in rows}
+    if stages == {"lint"}:
+        return "every stack failed lint"
+    if stages == {"load"}:
+        return "every stack failed to load"
+    return "every stack failed to load or lint"
+
+
+def _smoke_cell(row: Row) -> str:
+    """The smoke verdict and where the aliases went, e.g. ``passed; -latest moved``."""
+    if row.smoke is None:
+        return ""
+    text = "no nightly recipe" if row.smoke == "none" else row.smoke
+    if row.aliases:
+        text += "; " + ", ".join(f"{a.rsplit(':', 1)[-1]} {v}" for a, v in row.aliases.items())
+    return text
+
+
+def _cell(text: str | None) -> str:
+    if not text:
+        return ""
+    first = " ".join(text.strip().splitlines()[:3])
+    return first if len(first) <= 300 else first[:297] + "…"
+
+
+def _now() -> str:
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _gate_summary(lines: list[str]) -> str | None:
+    results = [line.strip() for line in lines if line.strip().startswith("gate result:")]
+    fails = [line.strip() for line in lines if line.strip().startswith("FAIL ")]
+    if results:
+        return results[-1]
+    return f"{len(fails)} FAIL" if fails else None
+
+
+#: The ``--set key.path=value`` values a nightly loads its stacks with: one list for every stack,
+#: or a function giving the list for each stack's name.
+Overrides = Sequence[str] | Callable[[str], list[str]] | None
+
+
+def per_stack(overrides: Overrides) -> Callable[[str], list[str]]:
+    """``overrides`` as a function of the stack's name."""
+    if callable(overrides):
+        return overrides
+    every = list(overrides or [])
+    return lambda name: list(every)
+
+
+def select_stacks(
+    root: Path, names: list[str] | None, overrides: Overrides = None
+) -> tuple[list[LoadedStack], list[Row]]:
+    """Load the named stacks (default: every stack with ``nightly: true``) and lint them.
+
+    ``overrides`` (``--set key.path=value``) apply when each stack loads: a list applies to every
+    stack, a function gives each stack's own. A stack they make invalid gets a failed row, unless
+    it is not a nightly stack anyway (it would not have run).
+    """
+    from stackforge.builder.prepare import lint_or_fail
+    from stackforge.stack.load import load
+    from stackforge.stack.names import list_stacks
+
+    for_stack = per_stack(overrides)
+    loaded: list[LoadedStack] = []
+    rows: list[Row] = []
+    for name in names or list_stacks(root):
+        own = for_stack(name)
+        try:
+            one = load(name, root=root, overrides=own)
+        except UserError as err:
+            if not names and own and not _nightly_as_declared(root, name):
+                continue
+            rows.append(Row(stack=name, target="*", status="failed", stage="load", reason=err.render()))
+            continue
+        if not names and not one.model.nightly:
+            continue
+        try:
+            lint_or_fail(one)
+        except BuildFailed as err:
+            rows.append(Row(stack=one.name, target="*", status="failed", stage="lint", reason=err.message))
+            continue
+        loaded.append(one)
+    return loaded, rows
+
+
+def declared_nightly(root: Path) -> list[str]:
+    """The stacks whose files, without overrides, say ``nightly: true`` (and those that do not load)."""
+    from stackforge.stack.names import list_stacks
+
+    return [name for name in list_stacks(root) if _nightly_as_declared(root, name)]
+
+
+def _nightly_as_declared(root: Path, name: str) -> bool:
+    """Whether the stack file, without overrides, is a nightly stack (True when it does not load either)."""
+    from stackforge.stack.load import load_stack
+
+    try:
+        return bool(load_stack(name, root=root).nightly)
+    except UserError:
+        return True
+
+
+def nightly(
+    root: Path,
+    registry: str,
+    *,
+    date: str | None = None,
+    stacks: list[str] | None = None,
+    targets: list[str] | None = None,
+    use_bake: bool = True,
+    policy: RetryPolicy | None = None,
+    out: Path | None = None,
+    overrides: Overrides = None,
+    echo: Callable[[str], None] = print,
+    workspace: Workspace | None = None,
+    allow_missing_hardware: bool = False,
+    freshness: bool = True,
+    drift: bool = True,
+) -> Summary:
+    """Bake, build, gate, publish and smoke the nightly stacks of the repository at ``root``, with the
+    workspace's engine (its builder), credentials and CA bundle (default: the workspace at ``root``).
+    ``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``; ``freshness`` asks the
+    indexes whether every pin is still the newest of its line; ``drift`` compares each stack's upstreams that declare
+    ``agree:`` at the pinned commits with their default branches (``stackforge drift``)."""
+    from stackforge.builder import bake as bakemod
+
+    ws = workspace if workspace is not None else Workspace.at(root)
+    started = time.monotonic()
+    parse_registry(registry, what="--registry")
+    date = validate_date(date)
+    outdir = out or root / "build" / "nightly" / date
+    outdir.mkdir(parents=True, exist_ok=True)
+    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir)
+    for_stack = per_stack(overrides)
+
+    loaded, summary.rows = select_stacks(root, stacks, for_stack)
+    for row in summary.rows:
+        echo(f"nightly: {row.stack}: {row.stage} failed")
+    if not loaded and not summary.rows:
+        raise UserError(
+            f"no nightly stacks in {root / 'stacks'}",
+            fix="mark stacks with `nightly: true`, or name them: stackforge nightly STACK…",
+        )
+    not_run = bake_not_run(summary.rows, loaded, use_bake)
+    if not_run:
+        summary.bake = {"not_run": not_run}
+        echo(f"nightly: bake not run: {not_run}")
+    recipes = _nightly_recipes(root, summary, echo)
+    try:
+        _bake_and_build(
+            summary,
+            loaded,
+            targets,
+            registry,
+            date,
+            use_bake,
+            policy,
+            ws,
+            outdir,
+            echo,
+            recipes=recipes,
+            allow_missing_hardware=allow_missing_hardware,
+        )
+    except Interrupted as intr:
+        # The rows not yet decided say so; the summary is written before the command stops.
+        decided = {(r.stack, r.target) for r in summary.rows}
+        for stack in loaded:
+            for target in _targets_or_star(bakemod, stack, targets):
+                if (stack.name, target) not in decided:
+                    summary.rows.append(
+                        Row(
+                            stack=stack.name,
+                            target=target,
+                            status="interrupted",
+                            stage="bake" if not summary.bake else "build",
+                            reason=f"interrupted by {intr.name} before it finished",
+                        )
+                    )
+        if not summary.bake:
+            summary.bake = {"not_run": f"interrupted by {intr.name}"}
+        _write_summary(summary, outdir, started, for_stack)
+        intr.notes.append(f"the engine was stopped and nothing more was published (summary: {outdir / 'summary.md'})")
+        raise
+    if freshness:
+        from stackforge.flows.nightly_smoke import pin_freshness
+
+        for stack in loaded:
+            echo(f"nightly: {stack.name}: are the pins the newest of their lines?")
+            summary.freshness[stack.name] = pin_freshness(stack, ws)
+    if drift:
+        from stackforge.freshness.drift import nightly_cell
+
+        for stack in loaded:
+            echo(f"nightly: {stack.name}: did the upstreams' own pins drift?")
+            summary.drift[stack.name] = nightly_cell(stack, ws, fetch=ws.mirror is None)
+    _write_summary(summary, outdir, started, for_stack)
+    echo(f"nightly: {sum(r.ok for r in summary.rows)}/{len(summary.rows)} passed; summary {outdir / 'summary.md'}")
+    return summary
+
+
+def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]):
+    """The nightly recipes by image; a recipe that does not load fails the run (its image's smoke is unknown)."""
+    from stackforge.flows.nightly_smoke import nightly_recipes
+
+    recipes = nightly_recipes(root)
+    for name, error in recipes.invalid.items():
+        summary.rows.append(Row(stack="recipes", target=name, status="failed", stage="load", reason=error))
+        echo(f"nightly: recipe {name}: load failed")
+    return recipes
+
+
+def _targets_or_star(bakemod, stack, targets: list[str] | None) -> list[str]:
+    try:
+        return bakemod.stack_targets(stack, targets)
+    except UserError:
+        return ["*"]
+
+
+def _record_overrides(summary: Summary, for_stack: Callable[[str], list[str]]) -> None:
+    """Each row's overrides, and those every row's stack was loaded with, redacted."""
+    shown: dict[str, list[str]] = {}
+    for row in summary.rows:
+        if row.stack not in shown:
+            shown[row.stack] = [redact_text(o) for o in for_stack(row.stack)]
+        row.overrides = list(shown[row.stack])
+    lists = list(shown.values())
+    summary.overrides = [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
+
+
+def _write_summary(summary: Summary, outdir: Path, started: float, for_stack: Callable[[str], list[str]]) -> None:
+    from stackforge.fslock import atomic_write
+
+    _record_overrides(summary, for_stack)
+    summary.finished_at = _now()
+    summary.duration_s = round(time.monotonic() - started, 1)
+    atomic_write(outdir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
+    atomic_write(outdir / "summary.md", summary.markdown())
+
+
+def _bake_and_build(
+    summary: Summary,
+    loaded: list[LoadedStack],
+    targets: list[str] | None,
+    registry: str,
+    date: str,
+    use_bake: bool,
+    policy: RetryPolicy | None,
+    workspace: Workspace,
+    outdir: Path,
+    echo: Callable[[str], None],
+    *,
+    recipes: Any = None,
+    allow_missing_hardware: bool = False,
+) -> None:
+    """The bake of every loaded stack, then each stack and target built, gated, published and smoked (rows
+    appended)."""
+    from stackforge.builder import bake as bakemod
+    from stackforge.builder.context import build_dir_for
+    from stackforge.builder.run import BuildOptions, build
+    from stackforge.fslock import stack_lock
+    from stackforge.smoke.run import smoke
+
+    engine = workspace.engine
+    if loaded:
+        engine.check()
+    if loaded and use_bake:
+        echo(f"nightly: bake {', '.join(s.name for s in loaded)}")
+        try:
+            items, baked = bakemod.bake(loaded, workspace=workspace, targets=targets, workdir=outdir, engine=engine)
+            summary.bake = {
+                "returncode": baked.returncode,
+                "duration_s": baked.duration_s,
+                "targets": len(items),
+                "log": str(baked.log_file),
+                "plan": str(outdir / "bake.json"),
+            }
+            echo(
+                f"nightly: bake exit {baked.returncode} in {baked.duration_s} s"
+                + ("" if baked.returncode == 0 else " (each stack is now built on its own for its verdict)")
+            )
+        except UserError as err:
+            summary.bake = {"not_run": f"the bake could not start: {err.message}", "error": err.render()}
+            echo(f"nightly: bake could not run: {err.message}")
+
+    run = NightlyRun(
+        registry=registry,
+        date=date,
+        policy=policy,
+        workspace=workspace,
+        engine=engine,
+        outdir=outdir,
+        echo=echo,
+        build=build,
+        options=BuildOptions,
+        publish=publish_stack,
+        smoke=smoke,
+        recipes=recipes,
+        allow_missing_hardware=allow_missing_hardware,
+    )
+    for stack in loaded:
+        try:
+            names = bakemod.stack_targets(stack, targets)
+        except UserError as err:
+            summary.rows.append(Row(stack=stack.name, target="*", status="failed", stage="build", reason=err.render()))
+            continue
+        for target in names:
+            try:
+                with stack_lock(build_dir_for(stack)):  # its build, publish and evidence copy, as one
+                    row = _one(run, stack, target)
+            except UserError as err:  # the build directory is busy or cannot be written
+                row = Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render())
+            summary.rows.append(row)
+
+
+@dataclass(frozen=True)
+class NightlyRun:
+    """What every (stack, target) of one nightly is built, gated and published with."""
+
+    registry: str
+    date: str
+    policy: RetryPolicy | None
+    workspace: Workspace  # the builder, credentials and CA bundle
+    engine: Any
+    outdir: Path
+    echo: Callable[[str], None]
+    build: Callable[..., Any]  # stackforge.builder.run.build
+    options: Callable[..., Any]  # stackforge.builder.run.BuildOptions
+    publish: Callable[..., Any]  # stackforge.publish.stack.publish_stack
+    smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
+    recipes: Any = None  # stackforge.flows.nightly_smoke.NightlyRecipes
+    allow_missing_hardware: bool = False
+
+
+def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
+    """Build, gate and publish one stack and target; its evidence bundle is copied under ``run.outdir``."""
+    echo = run.echo
+    t0 = time.monotonic()
+    row = Row(stack=stack.name, target=target, status="failed")
+    echo(f"nightly: {stack.name}/{target}: build and gate")
+    evidence = None
+    try:
+        outcome = run.build(
+            stack,
+            run.options(target=target),
+            engine=run.engine,
+            echo=lambda line: None,
+            workspace=run.workspace,
+        )
+        evidence = outcome.evidence
+        row.gate = _gate_summary(outcome.gate)
+    except BuildFailed as err:
+        evidence = _evidence_dir(stack)
+        gate = _read_lines(evidence / "gate.txt")
+        failed_gate = any(line.strip().startswith("FAIL ") for line in gate)
+        row.stage = "gate" if failed_gate else "build"
+        row.gate = _gate_summary(gate)
+        row.reason = err.message
+        echo(f"nightly: {stack.name}/{target}: {row.stage} FAILED")
+    except UserError as err:
+        row.stage, row.reason = "build", err.render()
+        echo(f"nightly: {stack.name}/{target}: build FAILED")
+    if row.stage is None:
+        echo(f"nightly: {stack.name}/{target}: publish")
+        recipes = run.recipes.of(stack.name, target) if run.recipes is not None else []
+        publish = functools.partial(
+            run.publish,
+            stack,
+            run.registry,
+            date=run.date,
+            target=target,
+            policy=run.policy,
+            engine=run.engine,
+            echo=lambda line: None,
+            workspace=run.workspace,
+        )
+        try:
+            result = publish(move_aliases=not recipes)
+            row.status, row.tag, row.digest = result.status, result.reference, result.digest
+            echo(f"nightly: {stack.name}/{target}: {result.status} {result.reference}")
+            if recipes:
+                _smoke_then_aliases(run, stack, target, row, recipes, evidence, publish)
+            else:
+                row.smoke, row.aliases = "none", dict(result.aliases)
+        except UserError as err:
+            row.stage, row.reason = "publish", err.render()
+            echo(f"nightly: {stack.name}/{target}: publish FAILED")
+    row.duration_s = round(time.monotonic() - t0, 1)
+    if evidence is not None and evidence.is_dir():
+        dest = run.outdir / f"{stack.name}-{target}"
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(evidence, dest)
+        row.evidence = str(dest)
+    return row
+
+
+def _smoke_then_aliases(
+    run: NightlyRun,
+    stack: LoadedStack,
+    target: str,
+    row: Row,
+    recipes: list,
+    evidence: Path | None,
+    publish: Callable[..., Any],
+) -> None:
+    """Smoke the published image with its nightly recipes; move its aliases only when every smoke passed."""
+    from stackforge.builder.run import target_ref
+    from stackforge.flows.nightly_smoke import smoke_image
+
+    assert run.smoke is not None
+    ref = target_ref(stack, target)
+    run.echo(f"nightly: {stack.name}/{target}: smoke {', '.join(r.name for r in recipes)}")
+    verdict = smoke_image(
+        recipes,
+        ref,
+        evidence or _evidence_dir(stack),
+        run.smoke,
+        engine=run.engine,
+        allow_missing_hardware=run.allow_missing_hardware,
+        image_id=run.engine.image_id(ref),
+    )
+    row.smoke, row.smoke_recipes = verdict.verdict, verdict.recipes
+    if verdict.moves_aliases:
+        row.aliases = dict(publish(move_aliases=True).aliases)
+        run.echo(f"nightly: {stack.name}/{target}: smoke passed; aliases {row.aliases}")
+        return
+    row.status, row.stage = "failed", "smoke"
+    row.reason = f"smoke {verdict.verdict} ({verdict.reason}); published {row.tag}, its aliases were not moved"
+    row.aliases = {"*": f"not moved: smoke {verdict.verdict}"}
+    run.echo(f"nightly: {stack.name}/{target}: smoke {verdict.verdict}; aliases not moved")
+
+
+def _evidence_dir(stack: LoadedStack) -> Path:
+    """The newest build's evidence (under the nightly's stack lock: the one it just ran, failed or not)."""
+    from stackforge.builder import evidence
+    from stackforge.builder.context import build_dir_for
+
+    root = build_dir_for(stack) / "evidence"
+    return evidence.newest(root) or root
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []

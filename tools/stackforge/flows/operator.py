@@ -1,0 +1,203 @@
+"""Operators without the build host: ``stackforge pull`` and ``stackforge verify REF`` with no checkout.
+
+:func:`verify_ref` checks a published image from the registry and the image alone: the reference's
+manifest digest, the publish record attached to it (:mod:`stackforge.publish.record`), the record against
+that digest and against the image's labels, the stack files embedded in the image against their label
+(:mod:`stackforge.builder.embed`) and the record, then loads the stack from those files and re-runs the
+checks of ``stackforge verify`` (labels against the stack's pins and fingerprint, gate and ABI in the image
+with a read-only root). An overlay image's record and labels are checked by
+:func:`stackforge.overlay.record.check_ref` first (its base's stack, when the image carries one, as above).
+Every check is one ``PASS``/``FAIL`` line; a record that does not describe the pulled image (another digest, a
+changed pin, overlay labels the record does not name) fails.
+
+:func:`newest` resolves the newest ``-rN`` of a date (default: the newest date) from the registry's tags, with
+the stack's tag scheme; :func:`newest_published` does it with no checkout, reading the scheme off the tags.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from stackforge.builder import embed
+from stackforge.builder.embed import load_embedded
+from stackforge.builder.plan import LABEL_NS
+from stackforge.builder.verify import Verification, verify
+from stackforge.clients.engine import image_files
+from stackforge.clients.registry import (
+    RegistryClient,
+    RegistryError,
+    RetryPolicy,
+    split_ref,
+)
+from stackforge.errors import UserError
+from stackforge.publish import record as records
+from stackforge.stack.scheme import TagScheme, pattern, streams
+
+PIN = f"{LABEL_NS}.pin."
+OVERLAY = f"{LABEL_NS}.overlay"
+#: every registry read of one ``verify REF`` (manifest, record, tag) ends within this, however slow the registry
+VERIFY_SECONDS = 60.0
+
+
+def _tags(client: RegistryClient) -> list[str]:
+    """The repository's tags; an unreachable registry is the user's to fix, not a traceback."""
+    try:
+        return client.list_tags()
+    except RegistryError as exc:
+        raise UserError(f"{client.repository}: cannot list its tags: {exc}",
+                        fix="check the registry address and that it answers") from None  # fmt: skip
+
+
+def newest(client: RegistryClient, scheme: TagScheme, date: str | None) -> tuple[str, str]:
+    """(tag, date) of the newest ``-rN`` of ``date`` (or of the newest date) among the repository's tags."""
+    parsed = [(p, t) for t in _tags(client) if (p := scheme.parse(t))]
+    if date is not None:
+        parsed = [(p, t) for p, t in parsed if p[0] == date]
+    if not parsed:
+        raise UserError(f"{client.repository}: no published tag" + (f" of {date}" if date else ""),
+                        fix="check --registry and --date (`stackforge tags STACK --registry R` shows the scheme)")  # fmt: skip
+    (day, _), tag = max(parsed)
+    return tag, day
+
+
+def newest_published(client: RegistryClient, date: str | None, select: str | None) -> tuple[str, str]:
+    """(tag, date) of the newest ``-rN`` in a repository read with no checkout: its tags are grouped by the scheme
+    that renders them (:func:`stackforge.stack.scheme.streams`); ``select`` (a scheme as :func:`pattern` shows
+    it, or what its tags start with before the date) keeps some; exactly one scheme must remain."""
+    found = streams(_tags(client))
+    if select is not None:
+        found = {s: t for s, t in found.items() if pattern(s) == select or (select and s.head.startswith(select))}
+    if not found:
+        raise UserError(f"{client.repository}: no published tag <…>YYYYMMDD-rN<…>" + (f" matching {select!r}" if select else ""),
+                        file="--tags" if select else None,
+                        fix="check the repository and --tags (the tags `stackforge publish` printed)")  # fmt: skip
+    if len(found) > 1:
+        listed = "; ".join(
+            f"{pattern(s)} (newest {s.newest(t)})" for s, t in sorted(found.items(), key=lambda i: pattern(i[0]))
+        )
+        raise UserError(f"{client.repository} holds {len(found)} tag schemes: {listed}",
+                        fix="pick one with --tags PATTERN (as listed, or what its tags start with before the date)")  # fmt: skip
+    ((scheme, _),) = found.items()
+    return newest(client, scheme, date)
+
+
+def _pull(engine: Any, pinned: str) -> None:
+    proc = engine.cli("pull", pinned, timeout=3600)
+    if proc.returncode != 0:
+        raise UserError(f"docker pull {pinned} failed: {(proc.stderr or proc.stdout).strip()[-300:]}",
+                        fix="check the registry is reachable from the engine (a loopback registry is insecure-allowed)")  # fmt: skip
+
+
+def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
+    attrs = engine.sdk().images.get(image).attrs
+    return dict(attrs.get("Config", {}).get("Labels") or {}), str(attrs.get("Id"))
+
+
+def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Verification:
+    """Check the published image ``ref`` from the registry and the image alone (see the module)."""
+    repo, reference = split_ref(ref)
+    client = RegistryClient(repo, policy=policy or RetryPolicy()).budget(VERIFY_SECONDS)
+    v = Verification(ref, "?")
+    try:
+        manifest = client.get_manifest(reference)
+    except RegistryError as exc:
+        raise UserError(f"{ref}: {exc}", fix="check the reference and that the registry answers") from None
+    if manifest is None:
+        raise UserError(f"{ref}: the registry has no such image", file="REF")
+    digest = manifest.digest
+    v.image = f"{repo}@{digest}"  # what was checked: the pinned reference
+    if reference.startswith("sha256:"):
+        v.add(digest == reference, f"digest  {ref} served bytes with digest {digest}")
+        if digest != reference:
+            return v
+    else:
+        v.add(True, f"digest  {repo}:{reference} resolves to {digest}")
+    try:
+        found = records.fetch(client, digest)
+    except (RegistryError, ValueError) as exc:
+        v.add(False, f"record  cannot be read: {exc}")
+        return v
+    if found is None:
+        v.add(False, f"record  none attached to {digest} (neither the referrers API nor the tag "
+                     f"{records.fallback_tag(digest)} lists one): not published by stackforge, or its record was removed")  # fmt: skip
+        return v
+    rec = found.record
+    v.add(True, f"record  {found.manifest_digest} found via {found.via} (created {found.created or 'unknown'})")
+    problems = records.check_schema(rec)
+    for problem in problems:
+        v.add(False, f"record  {problem}")
+    if problems:
+        return v
+    v.stack = rec["stack"]
+    v.add(found.subject == digest, f"record  subject={found.subject} pulled={digest}")
+    if found.subject != digest:
+        return v
+    if rec["digest"] != digest:
+        v.add(False, f"record  digest={rec['digest']} does not match the pulled digest {digest}: the record does not "
+                     "describe this image; refused")  # fmt: skip
+        return v
+    v.add(True, f"record  digest={rec['digest']} matches the pulled digest")
+    tag = rec["tags"][0] if rec["tags"] else None
+    if tag:
+        try:
+            info = client.head_manifest(tag)
+        except RegistryError as exc:
+            v.add(False, f"tag     {tag} (from the record) cannot be read: {exc}")
+            return v
+        v.add(info is not None and info.digest == digest,
+              f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
+    pinned = f"{repo}@{digest}"
+    _pull(engine, pinned)
+    labels, image_id = _labels(engine, pinned)
+    v.add(image_id == rec["image_id"], f"image   id={image_id} record={rec['image_id']}")
+    differ = sorted(k for k in set(labels) | set(rec["labels"]) if labels.get(k) != rec["labels"].get(k))
+    v.add(not differ, "labels  the image's labels equal the record's" if not differ else
+          "labels  differ from the record: " + ", ".join(f"{k} image={labels.get(k)!r} record={rec['labels'].get(k)!r}" for k in differ[:8]))  # fmt: skip
+    if OVERLAY in labels or "overlay" in rec:
+        from stackforge.overlay.record import check_ref
+
+        try:
+            doc = manifest.json()
+        except RegistryError as exc:
+            v.add(False, f"overlay {exc}")
+            return v
+        check_ref(v, rec, labels, engine, pinned, client, doc)
+        if v.failed or (not rec["stack_files"] and embed.LABEL not in labels):
+            if not v.failed:
+                v.lines.append("note    the overlay's base carries no stack of its own: no stack checks")
+            return v
+    pins = {k[len(PIN) :]: val for k, val in labels.items() if k.startswith(PIN)}
+    for name in sorted(set(pins) | set(rec["pins"])):
+        have, want = pins.get(name), rec["pins"].get(name)
+        v.add(have == want, f"pin     {name} label={have or 'missing'} record={want or 'missing'}")
+    fp = labels.get(f"{LABEL_NS}.fingerprint", "")
+    v.add(fp == rec["fingerprint"], f"fingerprint label={fp} record={rec['fingerprint']}")
+    try:
+        declared = embed.parse_label(labels.get(embed.LABEL))
+    except UserError as err:
+        v.add(False, f"stack   {err.message}")
+        return v
+    files = image_files(engine, pinned, embed.IMAGE_DIR)
+    v.add(set(files) == set(declared), f"stack   {embed.IMAGE_DIR}/ holds {', '.join(sorted(files)) or 'nothing'}; "
+          f"the label names {', '.join(sorted(declared))}")  # fmt: skip
+    for name, want in declared.items():
+        have = embed.digest(files[name]) if name in files else None
+        v.add(have == want, f"stack   {name} sha256 image={have or 'missing'} label={want}")
+        if name != embed.OVERRIDES:
+            in_record = (rec["stack_files"].get(name) or {}).get("sha256")
+            v.add(in_record == want, f"stack   {name} sha256 record={in_record or 'missing'} label={want}")
+    if v.failed:
+        return v
+    with tempfile.TemporaryDirectory(prefix="stackforge-verify-") as tmp:
+        loaded = load_embedded(files, rec["stack"], Path(tmp))
+        checked = verify(loaded, pinned, labels, engine)
+    v.lines.extend(checked.lines)
+    v.failed += checked.failed
+    return v
+
+
+def tag_pulled(engine: Any, pinned: str, ref: str) -> None:
+    """Tag the verified image ``pinned`` as ``ref`` in the engine (the tag it was published under)."""
+    engine.cli("tag", pinned, ref, timeout=60)
