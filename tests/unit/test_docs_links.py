@@ -189,3 +189,21 @@ def test_module_paths_are_found_in_code_spans_only():
         "Run `stack/model.py`, `images/gate/gate.py`, `setup.py`; plain stack/x.py is prose.\n```\n`no/such.py`\n```\n"
     )
     assert [name for _, name in _spans(page)] == ["stack/model.py", "images/gate/gate.py"]
+
+
+def test_the_architecture_page_names_every_module_of_the_package():
+    """docs/architecture.md's package layout names each module under its unit (``builder/`` … ``run``), so a
+    module added or moved without the page fails here."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    layout = text.split("## Package layout", 1)[1].split("\n## ", 1)[0]
+    sections = dict(re.findall(r"^([a-z_]+)/ +(.*?)(?=^\S|\Z)", layout, re.S | re.M))
+    package = REPO / "tools" / "stackforge"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if path.name in ("__init__.py", "__main__.py") or "__pycache__" in rel.parts:
+            continue
+        where = sections.get(rel.parts[0], "") if len(rel.parts) > 1 else layout
+        if not re.search(rf"(?<![\w/]){re.escape(path.stem)}\b", where):
+            missing.append(str(rel))
+    assert missing == [], f"docs/architecture.md does not name: {missing}"
