@@ -64,7 +64,7 @@ lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests a
 	$(VENV)/bin/mypy
 	$(PY) scripts/layers.py
 
-lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, patch-series lint, byte-stable export, recipes and the cookbook
+lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, patch-series lint, byte-stable export, recipes, the cookbook and the stack-file reference
 	$(STACKFORGE) lint
 	$(STACKFORGE) lock --check $(notdir $(wildcard stacks/locks/*))
 	$(STACKFORGE) audit post2
@@ -72,6 +72,7 @@ lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, 
 	$(STACKFORGE) patches export --check
 	$(STACKFORGE) recipe lint
 	$(STACKFORGE) recipe docs --check
+	$(STACKFORGE) schema --docs --check
 
 format: $(STAMP) ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix tools tests bench scripts

@@ -1,4 +1,4 @@
-"""The patch overlay against real git repositories made by the tests.
+"""The patch series against real git repositories made by the tests.
 
 The scenario (tests/fixtures/gitrepo.py): an upstream with history tagged v1.0,
 a 12-patch series on it written by plain ``git format-patch``; v1.1 carries

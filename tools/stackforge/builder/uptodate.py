@@ -9,7 +9,7 @@ environment (``STACKFORGE_*``, ``DOCKER_*``, ``BUILDX_*``), the docker client's 
 builder, ``~/.netrc``, the CA bundle's bytes, and :func:`~stackforge.stack.listing.code_fingerprint` (stackforge,
 pydantic, PyYAML, Jinja). The record holds what the build produced (tag, image id, base reference and id,
 the evidence directory, and what it printed) and the digests of the other repository files the stack names
-(a patch overlay, a key file outside those trees).
+(a patch series, a key file outside those trees).
 
 A later build whose key matches asks the engine once (``docker image inspect TAG BASE``): when the tag still
 names the recorded image, the base the recorded id, the extra files their recorded digests and the evidence
@@ -161,7 +161,7 @@ def _digest(path: Path) -> str:
 
 def named_files(root: Path, values: Any) -> dict[str, str]:
     """Digests of the repository paths (outside :data:`TREES`) among the strings of ``values`` (a stack as
-    JSON): a patch overlay, a key file named by a stack value."""
+    JSON): a patch series, a key file named by a stack value."""
     root = root.resolve()
     inside = [root / t for t in TREES]
     found: dict[str, str] = {}

@@ -1,4 +1,4 @@
-"""``stackforge patches``: the patch overlay on a stack's pinned upstream.
+"""``stackforge patches``: the patch series on a stack's pinned upstream.
 
 apply, check, upstreamed, export, range-diff, lint, index, renumber, hash.
 The work is done in ``stackforge.patches``; this module only reads arguments,
@@ -34,7 +34,7 @@ DEFAULT_TRACKER_PATTERN = r"(?<![A-Za-z0-9])[A-Z]+-\d{5,}(?!\d)"
 
 
 def register(sub) -> None:
-    top = sub.add_parser("patches", help="the patch overlay: apply, check, upstreamed, export, range-diff, lint, index")
+    top = sub.add_parser("patches", help="the patch series: apply, check, upstreamed, export, range-diff, lint, index")
     verbs = top.add_subparsers(dest="patches_command", metavar="VERB")
     verbs.required = True
 

@@ -85,8 +85,18 @@ def register(sub) -> None:
     add_set(p)
     p.set_defaults(func=cmd_diff)
 
-    p = sub.add_parser("schema", help="print the JSON Schema of stack files (for editors)")
-    add_json(p, "the schema (always JSON; accepted for symmetry)")
+    p = sub.add_parser(
+        "schema", help="print the JSON Schema of stack files (for editors), or write the stack-file reference"
+    )
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help="write docs/stack-reference.md (every key path: type, default, description) instead of printing",
+    )
+    p.add_argument(
+        "--check", action="store_true", help="with --docs: write nothing; exit 1 if docs/stack-reference.md is stale"
+    )
+    add_json(p, "the schema (always JSON; accepted for symmetry); with --docs, the file and whether it was stale")
     p.set_defaults(func=cmd_schema)
 
 
@@ -251,7 +261,29 @@ def cmd_diff(args) -> int:
 
 
 def cmd_schema(args) -> int:
+    if args.docs:
+        return _schema_docs(args)
+    if args.check:
+        raise UserError("--check needs --docs", fix="run: stackforge schema --docs --check")
     from stackforge.stack.load import json_schema
 
     print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def _schema_docs(args) -> int:
+    """Write (or check) docs/stack-reference.md, generated from the model's field descriptions."""
+    from stackforge.stack import reference
+
+    result = reference.generate(root_of(args), check=args.check)
+    if args.json:
+        print_json({"check": args.check, "file": result.path, "stale": result.stale})
+    elif result.stale:
+        print(f"{result.path}: out of date" if args.check else f"wrote {result.path}")
+    if args.check and result.stale:
+        print(
+            "error: the stack-file reference differs from the model\n  fix: run: stackforge schema --docs",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -151,7 +151,10 @@ def _exact_version(value: object) -> str:
 class Platform(Strict):
     os: Name = Field(description="base OS label used in tags, e.g. ubuntu22.04")
     python: Annotated[str, _grammar(_python_version)] = Field(description='Python version, quoted: "3.10"')
-    arch: Literal["x86_64", "aarch64"] = "x86_64"
+    arch: Literal["x86_64", "aarch64"] = Field(
+        "x86_64",
+        description="CPU architecture of the image: wheel tags and the platform `stackforge lock` resolves for",
+    )
     musa: Annotated[str, _grammar(_toolkit_version)] | None = Field(
         default=None, description="MUSA toolkit version, e.g. 5.2.0"
     )
@@ -225,9 +228,9 @@ class Index(Strict):
 
 class Sdist(Strict):
     index: Name = Field(description="name of the index that serves the sdist")
-    name: ProjectName
-    version: str
-    sha256: str
+    name: ProjectName = Field(description="the project name on the index, e.g. markupsafe")
+    version: str = Field(description="the exact release version of the sdist")
+    sha256: str = Field(description="sha256 of the sdist file; the download is checked against it")
 
     _v = field_validator("version", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
 
@@ -319,7 +322,7 @@ class Upstream(Strict):
     commit: str | None = Field(default=None, description="full 40-hex commit id")
     sdist: Sdist | None = Field(default=None, description="a release sdist instead of git")
     patches: Annotated[str, _grammar(grammar.check_relative_path)] | None = Field(
-        None, description="patch overlay directory, relative to the repository root"
+        None, description="patch series directory (a `series` file and its patches), relative to the repository root"
     )
     patches_from: PatchesFrom | None = Field(
         None,
@@ -399,7 +402,7 @@ class BuildOption(Strict):
     value: Annotated[str, _grammar(grammar.check_name)] = Field(
         description="the chosen value, one of choices (set with --set options.NAME.value=…)"
     )
-    description: str = ""
+    description: str = Field("", description="what the option selects, for readers")
 
     @field_validator("choices", "value", mode="before")
     @classmethod
@@ -544,7 +547,7 @@ class PostInstall(Strict):
 
 
 class Package(Strict):
-    version: str
+    version: str = Field(description='the exact pinned version, bare and quoted, e.g. "2.11.0.post2+musa5.2.0"')
     index: Name = Field(description="the one index this package comes from")
     gate: Literal["exact", "metadata", "spec"] = Field(
         "exact",
@@ -566,15 +569,17 @@ class Package(Strict):
 
 
 class GateImport(Strict):
-    module: Module
-    dist: ProjectName | None = None
+    module: Module = Field(description="module the gate imports after the packages (PASS import …)")
+    dist: ProjectName | None = Field(
+        None, description="distribution whose version the gate reports for the module (default: the module name)"
+    )
 
 
 class Probe(Strict):
     multiline_fields: ClassVar[frozenset[str]] = frozenset({"code", "description"})
 
-    name: Name
-    description: str = ""
+    name: Name = Field(description="the probe's name on its gate line (PASS probe <name> …)")
+    description: str = Field("", description="what the probe shows, for readers")
     code: str = Field(description="Python run in the gate after the imports; it prints one result line")
     expect: str = Field(description="the exact line the code must print")
     when: dict[EnvName, Annotated[str, _grammar(grammar.check_name)]] = Field(
@@ -600,8 +605,14 @@ class Gate(Strict):
         description="commands run in the gate stage before the checks; what they write stays in the image layer "
         "(e.g. files a package would otherwise create at import time)",
     )
-    imports: list[GateImport] = Field(default_factory=list)
-    probes: list[Probe] = Field(default_factory=list)
+    imports: list[GateImport] = Field(
+        default_factory=list,
+        description="extra modules the gate imports after the packages, e.g. {module: vllm, dist: vllm}",
+    )
+    probes: list[Probe] = Field(
+        default_factory=list,
+        description="Python snippets the gate runs after the imports; each must print its expected line",
+    )
 
     _prepare = field_validator("prepare")(classmethod(lambda cls, v: [_one_line(c) for c in v]))
     read_only: bool = Field(default=True, description="re-run the imports with site-packages mounted read-only")
@@ -625,38 +636,49 @@ def _default_agreement() -> list[Agreement]:
 
 
 class Train(Strict):
-    name: str
-    members: list[str] = Field(min_length=1)
-    agree: list[Agreement] = Field(default_factory=_default_agreement)
+    name: str = Field(description="the train's name in lint findings, e.g. torch")
+    members: list[str] = Field(
+        min_length=1, description="pins that move together; the first is the lead the others are compared with"
+    )
+    agree: list[Agreement] = Field(
+        default_factory=_default_agreement,
+        description="which parts of the members' versions must agree: post (the .postN), local (the local label), "
+        "release (the release numbers)",
+    )
 
 
 class BuiltFor(Strict):
-    package: str
-    for_: str = Field(alias="for")
+    package: str = Field(description="the pin built against another pin, e.g. deep_ep")
+    for_: str = Field(alias="for", description="the pin it is built against, e.g. torch")
     local: str = Field(description="template of the local label, e.g. '{{ for.local }}torch{{ for.public }}'")
 
 
 class Aligned(Strict):
-    name: str
-    members: list[str] = Field(min_length=1)
+    name: str = Field(description="the family's name in lint findings, e.g. mate")
+    members: list[str] = Field(
+        min_length=1,
+        description="pins that share one public version (each may carry its own local label); the first is the lead",
+    )
 
 
 class VendorBuild(Strict):
-    package: str
-    local_prefix: str
+    package: str = Field(description="the pin that must be the vendor's build, e.g. apache-tvm-ffi")
+    local_prefix: str = Field(description="what its local label must start with, e.g. musa (0.1.0+musa.1)")
 
 
 class Condition(Strict):
-    package: str
-    min: str
+    package: str = Field(description="the pin the condition reads")
+    min: str = Field(description="the minimum applies only when that pin is at least this version")
 
     _v = field_validator("min", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
 
 
 class Minimum(Strict):
-    package: str
-    min: str
-    when: Condition | None = None
+    package: str = Field(description="the pin that has a minimum version")
+    min: str = Field(description="the lowest version `stackforge lint` accepts")
+    when: Condition | None = Field(
+        None, description="apply only when another pin is at least a version: {package, min}"
+    )
 
     _v = field_validator("min", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
 
@@ -674,11 +696,22 @@ class Requirement(Strict):
 
 
 class Rules(Strict):
-    trains: list[Train] = Field(default_factory=list)
-    built_for: list[BuiltFor] = Field(default_factory=list)
-    aligned: list[Aligned] = Field(default_factory=list)
-    vendor_build: list[VendorBuild] = Field(default_factory=list)
-    minimums: list[Minimum] = Field(default_factory=list)
+    trains: list[Train] = Field(
+        default_factory=list, description="release trains: pins whose versions move together, e.g. torch and torch_musa"
+    )
+    built_for: list[BuiltFor] = Field(
+        default_factory=list,
+        description="pins whose local label names the pin they were built against (deep_ep names the stack's torch)",
+    )
+    aligned: list[Aligned] = Field(
+        default_factory=list, description="families sharing one public version (MATE and its wrappers)"
+    )
+    vendor_build: list[VendorBuild] = Field(
+        default_factory=list, description="pins that must be a vendor build (a +<local_prefix> label)"
+    )
+    minimums: list[Minimum] = Field(
+        default_factory=list, description="minimum versions of pins, each optionally conditional on another pin"
+    )
     requires: list[Requirement] = Field(
         default_factory=list, description="minimum versions checked in the image by the gate (PASS requires …)"
     )
@@ -707,9 +740,14 @@ class Target(Strict):
     # The exec form is written as JSON: newlines and tabs inside an argument stay on one Dockerfile line.
     multiline_fields: ClassVar[frozenset[str]] = frozenset({"entrypoint", "cmd"})
 
-    entrypoint: list[str] | None = None
-    cmd: list[str] | None = None
-    env: dict[EnvName, str] = Field(default_factory=dict)
+    entrypoint: list[str] | None = Field(
+        None, description="ENTRYPOINT in exec form, e.g. [vllm, serve]; child targets inherit it"
+    )
+    cmd: list[str] | None = Field(None, description="CMD in exec form; child targets inherit it")
+    env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="ENV of the target; values may use {{ … }} like tags (e.g. from platform.gpu_arch)",
+    )
     # Per-target layers (builder/targets.py): a target builds on the gate, or on another target with `from:`.
     from_: Name | None = Field(
         None, alias="from", description="the target this one builds on (a child target); default: the gate"
@@ -937,7 +975,7 @@ Target.model_rebuild()
 
 
 class Stack(Strict):
-    name: Name
+    name: Name = Field(description="the stack's name: its file's name (stacks/<name>.yaml); cannot be overridden")
     description: str = Field(default="", description="one line; it becomes the image's description label")
     inherits: Name | None = Field(default=None, description="parent stack name (stacks/<name>.yaml)")
     nightly: bool = Field(default=False, description="built and published by `stackforge nightly`")
@@ -946,22 +984,47 @@ class Stack(Strict):
         description="the upstream whose repository, commit and tag become the "
         "image's org.opencontainers.image.{source,revision,version} (default: the first)",
     )
-    platform: Platform
-    base: Base
-    indexes: dict[Name, Index]
-    upstreams: dict[Name, Upstream] = Field(default_factory=dict)
-    kernels: dict[Name, Kernel] = Field(default_factory=dict)
-    packages: dict[ProjectName, Package]
+    platform: Platform = Field(
+        description="what the image is built for: OS label, Python, CPU and GPU architectures, MUSA"
+    )
+    base: Base = Field(description="the base image, its interpreter and the pip the phases run with")
+    indexes: dict[Name, Index] = Field(
+        description="package indexes by name, each vendor or public; every package comes from exactly one"
+    )
+    upstreams: dict[Name, Upstream] = Field(
+        default_factory=dict,
+        description="source trees (git or release sdist) fetched, verified and patched on the host",
+    )
+    kernels: dict[Name, Kernel] = Field(
+        default_factory=dict,
+        description="offline build steps in their own stages, from an upstream's patched tree; their wheels and "
+        "files are installed after the pip phases",
+    )
+    packages: dict[ProjectName, Package] = Field(
+        description="the pins, {project: {version, index, …}}: one exact version from one index each"
+    )
     requirements: dict[Name, RequirementsPhase] = Field(
         default_factory=dict,
         description="pip phases from upstream requirement files, run in order after the public pins, with every "
         "pin of the stack (vendor and public) as constraints: a file that would move a pin fails the phase",
     )
-    gate: Gate = Field(default_factory=Gate)
-    rules: Rules = Field(default_factory=Rules)
-    tags: Tags
-    labels: dict[LabelKey, str] = Field(default_factory=dict)
-    targets: dict[Name, Target] = Field(default_factory=dict)
+    gate: Gate = Field(
+        default_factory=Gate,
+        description="what the gate checks beyond the pins: prepare commands, imports, probes, the read-only "
+        "re-run, ABI, pip check",
+    )
+    rules: Rules = Field(
+        default_factory=Rules,
+        description="rules between the pins that `stackforge lint` checks, and the minimums the gate checks (requires)",
+    )
+    tags: Tags = Field(description="tag templates: the local tag, the publish tag and the moving aliases")
+    labels: dict[LabelKey, str] = Field(
+        default_factory=dict, description="extra labels of the image; values may use {{ … }} like tags"
+    )
+    targets: dict[Name, Target] = Field(
+        default_factory=dict,
+        description="the images built on the gate (or on another target), by name, e.g. vllm-openai",
+    )
     options: dict[EnvName, BuildOption] = Field(
         default_factory=dict,
         description="build options with declared choices; they select optional steps, are part of the "
