@@ -12,12 +12,12 @@ import socket
 import pytest
 import requests
 
+from stackforge import credentials
 from stackforge.clients.registry import (
     RegistryClient,
     RegistryError,
     RetriesExhausted,
     RetryPolicy,
-    credentials_for,
     parse_registry,
     parse_repository,
     with_retries,
@@ -315,11 +315,11 @@ def test_basic_auth_flow():
 
 
 def test_credentials_from_env_and_docker_config(tmp_path):
-    assert credentials_for(
+    assert credentials.for_registry(
         "r.example.com", env={"STACKFORGE_REGISTRY_USER": "u", "STACKFORGE_REGISTRY_PASSWORD": "p"}
     ) == ("u", "p")
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"auths": {"https://r.example.com": {"auth": base64.b64encode(b"me:s3:cret").decode()}}}))
-    assert credentials_for("r.example.com", env={}, docker_config=cfg) == ("me", "s3:cret")
-    assert credentials_for("other.example.com", env={}, docker_config=cfg) is None
-    assert credentials_for("r.example.com", env={}, docker_config=tmp_path / "missing.json") is None
+    assert credentials.for_registry("r.example.com", env={}, docker_config=cfg) == ("me", "s3:cret")
+    assert credentials.for_registry("other.example.com", env={}, docker_config=cfg) is None
+    assert credentials.for_registry("r.example.com", env={}, docker_config=tmp_path / "missing.json") is None

@@ -12,6 +12,7 @@ import pytest
 from stackforge.builder import reports
 from stackforge.builder.plan import make_plan
 from stackforge.builder.render import render_dockerfile
+from stackforge.clients.engine import Engine
 from stackforge.stack.load import StackInvalid, load
 
 
@@ -72,16 +73,13 @@ def test_reports_of_the_chain_run_parents_first():
     assert reports.chain_reports(stack, "final") == []
 
 
-class FakeEngine:
-    """A docker CLI that records its arguments and answers like ``docker run --rm … sh -c CMD`` would."""
-
-    def __init__(self, tmp_path: Path):
-        self.docker = str(tmp_path / "docker")
-        Path(self.docker).write_text(
-            '#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\nfor last; do :; done\nsh -c "$last"\n'
-        )
-        os.chmod(self.docker, stat.S_IRWXU)
-        self.env = dict(os.environ)
+def fake_engine(tmp_path: Path) -> Engine:
+    """The engine client over a docker CLI that records its arguments and answers like
+    ``docker run --rm … sh -c CMD`` would."""
+    docker = tmp_path / "docker"
+    docker.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\nfor last; do :; done\nsh -c "$last"\n')
+    os.chmod(docker, stat.S_IRWXU)
+    return Engine(docker=str(docker))
 
 
 def test_reports_are_kept_with_exit_codes(tmp_path):
@@ -91,7 +89,7 @@ def test_reports_are_kept_with_exit_codes(tmp_path):
     evidence = tmp_path / "evidence"
     evidence.mkdir()
     said: list[str] = []
-    records = reports.write_evidence(stack, "vllm-openai", FakeEngine(tmp_path), "img:1", evidence, said.append)
+    records = reports.write_evidence(stack, "vllm-openai", fake_engine(tmp_path), "img:1", evidence, said.append)
     assert [(r["name"], r["exit_code"], r["file"]) for r in records] == [
         ("hello", 0, "reports/hello.txt"),
         ("broken", 3, "reports/broken.txt"),

@@ -16,12 +16,14 @@ thin over ``for_index`` / ``for_url``); none reads credentials on its own.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from netrc import NetrcParseError, netrc
 from pathlib import Path
@@ -59,12 +61,28 @@ def env_credentials(index_name: str, environ: dict[str, str] | None = None) -> t
     return (user or "", password or "")
 
 
+def netrc_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The netrc file index and git credentials are read from: ``$NETRC``, else ``~/.netrc``."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("NETRC") or os.path.expanduser("~/.netrc"))
+
+
+def docker_config_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The docker client's configuration directory (registry logins, the current buildx builder)."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("DOCKER_CONFIG") or Path.home() / ".docker")
+
+
+def docker_config_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The docker client's configuration file: registry logins (``auths``) and credential helpers."""
+    return docker_config_dir(environ) / "config.json"
+
+
 def netrc_credentials(hostname: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
     """``(login, password)`` for ``hostname`` from ``$NETRC`` or ``~/.netrc``; ``None`` when absent or unreadable."""
     if not hostname:
         return None
-    env = os.environ if environ is None else environ
-    path = Path(env.get("NETRC") or os.path.expanduser("~/.netrc"))
+    path = netrc_file(environ)
     try:
         found = netrc(str(path)).authenticators(hostname) if path.is_file() else None
     except (NetrcParseError, OSError):
@@ -143,3 +161,29 @@ def write_secret(path: Path, text: str) -> Path:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     return path
+
+
+def for_registry(
+    host: str, env: Mapping[str, str] | None = None, docker_config: Path | None = None
+) -> tuple[str, str] | None:
+    """``(user, password)`` for registry ``host``: ``STACKFORGE_REGISTRY_USER``/``_PASSWORD``, else the ``auths``
+    entry of the docker client config (``docker login`` without a credential helper); ``None`` when neither."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    user, password = environ.get("STACKFORGE_REGISTRY_USER"), environ.get("STACKFORGE_REGISTRY_PASSWORD")
+    if user and password:
+        return user, password
+    if docker_config is None:
+        docker_config = docker_config_file(environ)
+    try:
+        auths = json.loads(Path(docker_config).read_text()).get("auths", {})
+    except (OSError, ValueError):
+        return None
+    for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v2/", f"http://{host}/v2/"):
+        entry = auths.get(key)
+        if entry and entry.get("auth"):
+            try:
+                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                return None
+            return user, password
+    return None

@@ -30,7 +30,6 @@ leads to is an error naming the lock file and line, and the lock is not used.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from packaging.version import InvalidVersion, Version
 from stackforge import credentials, localver, progress
 from stackforge.builder import reqlocks, requirements, resolve
 from stackforge.builder.resolve import Input
+from stackforge.clients import pip
 from stackforge.clients.index import IndexClient
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError, printable
@@ -364,22 +364,6 @@ def _pins(stack: Stack, index: str) -> list[str]:
     return [f"{n}=={p.version}" for n, p in stack.packages.items() if p.index == index]
 
 
-def pip_credentials(tmp: Path, url: str, credential) -> dict[str, str]:
-    """Environment that gives pip the index credential through files in the private directory ``tmp``
-    (never on the command line, never in the lock): a netrc (``NETRC``) for user/password, and a pip
-    configuration file holding the index URL when the credential has query parameters."""
-    env = {"PIP_CONFIG_FILE": os.devnull}
-    if credential is None:
-        return env
-    text = credentials.netrc_entries([(url, credential)])
-    if text:
-        env["NETRC"] = str(credentials.write_secret(tmp / "netrc", text))
-    if credential.query:
-        conf = credentials.write_secret(tmp / "pip.conf", f"[global]\nindex-url = {credential.with_query(url)}\n")
-        env["PIP_CONFIG_FILE"] = str(conf)
-    return env
-
-
 def _entry_text(node: resolve.Resolved, via: set[str]) -> str:
     lines = [f"{node.name}=={node.version} \\\n    --hash=sha256:{node.sha256}\n"]
     names = sorted(via, key=lambda v: (not v.startswith("-r "), v))
@@ -416,7 +400,7 @@ def lock_public(
     if trees is None and reqlocks.sources(stack, index):
         with reqlocks.exported(loaded, reqlocks.upstreams_needed(stack, index), ws) as exported:
             return lock_public(loaded, index, ws, exported)
-    uv = resolve.find_uv()
+    uv = pip.find_uv()
     url = stack.indexes[index].url
     credential = ws.index_credential(loaded, index)
     ca_bundle = ws.ca_bundle_file()
@@ -440,7 +424,7 @@ def lock_public(
                     ca_bundle,
                 )
                 resolve.stub_wheel(stubs, name, pkg.version, meta)
-        env = resolve.uv_env(tmp, url, credential, ca_bundle, ws.cache("uv"))
+        env = pip.uv_env(tmp, url, credential, ca_bundle, ws.cache("uv"))
         nodes = resolve.run_uv(
             uv, tmp, target, env, inputs, vendors, stubs, lambda text: scrub(text, credential), stack, index, credential
         )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stackforge.clients.engine import Engine
 from stackforge.fslock import atomic_write
 from stackforge.stack.model import Stack
 
@@ -34,7 +35,7 @@ def chain_reports(stack: Stack, target: str) -> list[tuple[str, str, str]]:
 
 
 def write_evidence(
-    stack: Stack, target: str, engine: Any, ref: str, evidence: Path, echo: Callable[[str], None] | None = None
+    stack: Stack, target: str, engine: Engine, ref: str, evidence: Path, echo: Callable[[str], None] | None = None
 ) -> list[dict[str, Any]]:
     """Run the reports against the image ``ref`` and keep their output in ``evidence``."""
     found = chain_reports(stack, target)
@@ -46,14 +47,8 @@ def write_evidence(
     for owner, name, command in found:
         t = time.monotonic()
         try:
-            proc = subprocess.run(
-                [engine.docker, "run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", command],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                timeout=TIMEOUT_S,
-                env=engine.env,
+            proc = engine.run_merged(
+                "run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", command, timeout=TIMEOUT_S
             )
             code: int | None = proc.returncode
             output = proc.stdout[:MAX_OUTPUT]

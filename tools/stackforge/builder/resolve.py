@@ -34,9 +34,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -47,7 +44,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from stackforge import credentials
+from stackforge.clients import pip
 from stackforge.clients.index import IndexClient, IndexQueryError
 from stackforge.errors import UserError
 from stackforge.stack.model import Stack
@@ -63,9 +60,7 @@ GLIBC = {
     "debian13": (2, 41),
 }
 FALLBACK_GLIBC = (2, 17)
-PIP_MIN = (23, 0)  # --report format 1 and --dry-run
 
-UV_MIN = (0, 13)  # pylock.toml output, --python-platform <arch>-manylinux_2_X
 #: the glibc minors uv's --python-platform names, per architecture
 UV_GLIBC = {"x86_64": (17, 28, *range(31, 41)), "aarch64": (17, 28, *range(31, 41))}
 
@@ -156,24 +151,6 @@ class Resolved:
     extras: set[str]
     requested: bool
     via: set[str] = field(default_factory=set)
-
-
-def check_pip() -> None:
-    """The host's pip can download for another target (``stackforge mirror``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        have = version("pip")
-    except PackageNotFoundError:
-        have = None
-    parts = tuple(int(p) for p in re.findall(r"\d+", have or "")[:2])
-    if have is None or parts < PIP_MIN:
-        found = f"pip {have}" if have else "no pip"
-        raise UserError(
-            f"`stackforge mirror` downloads with pip and found {found} for {sys.executable}",
-            fix=f"run: {sys.executable} -m pip install 'pip>={PIP_MIN[0]}.{PIP_MIN[1]}' "
-            "(or: python -m ensurepip --upgrade)",
-        )
 
 
 def stub_wheel(out: Path, name: str, version: str, metadata: str) -> Path:
@@ -327,62 +304,6 @@ def _uv_failure(stderr: str, target: Target, stack: Stack, index: str, credentia
     )
 
 
-def find_uv() -> str:
-    """The uv binary `stackforge lock` resolves with: the ``uv`` package's (a dependency of stackforge), else
-    ``uv`` on PATH; it must be at least :data:`UV_MIN`."""
-    path: str | None = None
-    try:
-        from uv import find_uv_bin  # type: ignore[import-not-found,unused-ignore]
-
-        path = find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        path = shutil.which("uv")
-    want = f"uv>={UV_MIN[0]}.{UV_MIN[1]}"
-    fix = f"run: {sys.executable} -m pip install '{want}' (stackforge's own dependency; `make venv` installs it)"
-    if path is None:
-        raise UserError(
-            "`stackforge lock` resolves with uv's resolver (for the stack's Python and platform) and "
-            f"found no uv for {sys.executable}",
-            fix=fix,
-        )
-    try:
-        said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        said = ""
-    have = tuple(int(p) for p in re.findall(r"\d+", said)[:2])
-    if have < UV_MIN:
-        raise UserError(
-            f"`stackforge lock` needs {want} and found {said.strip() or 'no working uv'} at {path}", fix=fix
-        )
-    return path
-
-
-def uv_env(tmp: Path, url: str, credential: Credential | None, ca_bundle: Path | None, cache: Path) -> dict[str, str]:
-    """uv's environment: none of this host's UV_*, PIP_* or NETRC settings; the index (``UV_DEFAULT_INDEX``,
-    holding a query credential when there is one) and a user/password credential (a netrc file in the private
-    directory ``tmp``) never on the command line; the workspace's CA bundle and cache."""
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_")) and k != "NETRC"}
-    env.update(
-        {
-            "UV_NO_CONFIG": "1",
-            "UV_PYTHON_DOWNLOADS": "never",
-            "UV_CACHE_DIR": str(cache),
-            "UV_NO_PROGRESS": "1",
-            "UV_DEFAULT_INDEX": url,
-        }
-    )
-    if credential is not None:
-        text = credentials.netrc_entries([(url, credential)])
-        if text:
-            env["NETRC"] = str(credentials.write_secret(tmp / "netrc", text))
-        if credential.query:
-            env["UV_DEFAULT_INDEX"] = credential.with_query(url)
-    if ca_bundle:
-        env["SSL_CERT_FILE"] = str(ca_bundle)
-    return env
-
-
 _REQ_ENTRY = re.compile(r"^(?P<name>[A-Za-z0-9][\w.-]*)==(?P<version>\S+?)\s*(?:\\)?$")
 
 
@@ -495,7 +416,7 @@ def run_uv(
     ]
 
     def run(cmd: list[str]) -> None:
-        proc = subprocess.run([uv, *common, *cmd], capture_output=True, text=True, env=env, cwd=work)
+        proc = pip.run_uv(uv, [*common, *cmd], env, work)
         if proc.returncode != 0:
             text = scrub(proc.stderr).replace(str(work) + os.sep, "")
             raise _uv_failure(text, target, stack, index, credential)
@@ -530,16 +451,3 @@ def reach(nodes: dict[str, Resolved], roots: set[str]) -> set[str]:
                 out.add(other.name)
                 todo.append(other.name)
     return out
-
-
-def pip_env(tmp: Path, url: str, credential, ca_bundle: Path | None) -> tuple[dict[str, str], list[str]]:
-    """pip's environment for ``stackforge mirror`` (no PIP_* or NETRC of this host; the credential through files
-    in ``tmp``) and its index arguments."""
-    from stackforge.builder.locks import pip_credentials
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "NETRC"}
-    env.update(pip_credentials(tmp, url, credential))
-    if ca_bundle:
-        env["PIP_CERT"] = str(ca_bundle)
-    index_args = [] if credential is not None and credential.query else ["--index-url", url]
-    return env, index_args

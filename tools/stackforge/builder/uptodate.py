@@ -25,12 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import stackforge
+from stackforge import credentials
+from stackforge.errors import UserError
 from stackforge.stack.listing import code_fingerprint
 
 VERSION = 1
@@ -134,10 +135,10 @@ def key(args, root: Path, ca_bundle: Path | None, *, as_plain: bool = False) -> 
         trees.add(SOURCE_IMAGES)
     for tree in sorted(trees):
         _hash_tree(h, tree)
-    docker_config = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
-    _hash_file(h, "docker config", docker_config / "config.json")
+    docker_config = credentials.docker_config_dir()
+    _hash_file(h, "docker config", credentials.docker_config_file())
     _hash_file(h, "buildx builder", docker_config / "buildx" / "current")
-    _hash_file(h, "netrc", Path.home() / ".netrc")
+    _hash_file(h, "netrc", credentials.netrc_file())
     _hash_file(h, "ca bundle", ca_bundle)
     return h.hexdigest()
 
@@ -195,14 +196,11 @@ def _load(store: Path) -> dict[str, Any]:
 
 def _engine_ids(refs: list[str]) -> list[str] | None:
     """The image id of each reference, from one ``docker image inspect``; None when any is missing."""
+    from stackforge.clients.engine import Engine  # here: the answer's other paths never load the engine client
+
     try:
-        proc = subprocess.run(
-            ["docker", "image", "inspect", "--format", "{{.Id}}", "--", *refs],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
+        proc = Engine().cli("image", "inspect", "--format", "{{.Id}}", "--", *refs, timeout=30)
+    except UserError:
         return None
     ids = proc.stdout.split()
     return ids if proc.returncode == 0 and len(ids) == len(refs) else None

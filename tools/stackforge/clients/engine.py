@@ -250,6 +250,20 @@ class Engine:
             raise UserError(f"'{self.docker} {' '.join(args)}' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
         return proc
 
+    def run_merged(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
+        """``docker ARGS`` with stderr merged into stdout (undecodable bytes replaced): output a person reads, such
+        as a container's log or a report command's. A timeout (``subprocess.TimeoutExpired``) or a CLI that does
+        not start (``OSError``) is raised as is, for the caller to record."""
+        return subprocess.run(
+            [self.docker, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            env=self.env,
+        )
+
     def _buildx(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
         pre = ["buildx", "--builder", self.builder] if self.builder else ["buildx"]
         return self.cli(*pre, *args, timeout=timeout, check=check)

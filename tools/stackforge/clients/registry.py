@@ -30,20 +30,18 @@ import base64
 import hashlib
 import ipaddress
 import json
-import os
 import random
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 
 import requests
 
-from stackforge import netread
+from stackforge import credentials, netread
 from stackforge.errors import UserError
 from stackforge.grammar import HOST_RE, REPO_PATH_RE, looks_like_host
 from stackforge.urls import redact, redact_text
@@ -280,30 +278,6 @@ def _short(exc: BaseException) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def credentials_for(
-    host: str, env: Mapping[str, str] | None = None, docker_config: Path | None = None
-) -> tuple[str, str] | None:
-    environ: Mapping[str, str] = os.environ if env is None else env
-    user, password = environ.get("STACKFORGE_REGISTRY_USER"), environ.get("STACKFORGE_REGISTRY_PASSWORD")
-    if user and password:
-        return user, password
-    if docker_config is None:
-        docker_config = Path(environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
-    try:
-        auths = json.loads(Path(docker_config).read_text()).get("auths", {})
-    except (OSError, ValueError):
-        return None
-    for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v2/", f"http://{host}/v2/"):
-        entry = auths.get(key)
-        if entry and entry.get("auth"):
-            try:
-                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
-            except (ValueError, UnicodeDecodeError):
-                return None
-            return user, password
-    return None
-
-
 def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     scheme, _, rest = header.strip().partition(" ")
     params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
@@ -363,7 +337,7 @@ class RegistryClient:
     def __post_init__(self) -> None:
         self.session.trust_env = False  # never route a registry through an environment proxy by surprise
         if self.credentials is None:
-            self.credentials = credentials_for(self.repository.host)
+            self.credentials = credentials.for_registry(self.repository.host)
 
     # -- plumbing ------------------------------------------------------------------------
 

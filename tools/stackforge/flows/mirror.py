@@ -27,8 +27,6 @@ import datetime as _dt
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -44,7 +42,7 @@ from stackforge.builder.locks import vendor_names
 from stackforge.builder.mirror_manifest import BASE, target_phase_view
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.run import base_identity, prepare
-from stackforge.clients import submodules
+from stackforge.clients import pip, submodules
 from stackforge.clients import upstream as upstreams
 from stackforge.clients.engine import Engine, save_image
 from stackforge.clients.git import git
@@ -235,23 +233,11 @@ def _sdists(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
 
 # --------------------------------------------------------------------------- pip phases
 
-# pip download with its marker environment replaced by the target's (argv[1] is the environment as JSON):
-# ``pip download`` has no option for the markers of another interpreter. `stackforge lock` resolves with uv
-# (builder/resolve.py) and needs no such hook; the mirror still downloads with pip.
-PIP_SHIM = """import json, runpy, sys
-env = json.loads(sys.argv.pop(1))
-from pip._vendor.packaging import markers
-host = markers.default_environment
-markers.default_environment = lambda: {**host(), **env}
-sys.argv[0] = "pip"
-runpy.run_module("pip", run_name="__main__", alter_sys=True)
-"""
-
 
 def _wheels(loaded: LoadedStack, ctx: Context, to: Path, data: dict, ws: Workspace) -> None:
     """Every pip phase of the deps stage and of every target, each resolved as the build runs it."""
     target = resolve.Target.of(loaded.model)
-    resolve.check_pip()
+    pip.check_pip()
     for phase in ctx.plan.phases:
         if phase.no_index:
             continue  # its index's lock installed the closure in an earlier phase
@@ -320,14 +306,9 @@ def _download(
     stack = loaded.model
     url = stack.indexes[phase.index].url
     credential = ws.index_credential(loaded, phase.index)
-    env, index_args = resolve.pip_env(tmp, url, credential, ws.ca_bundle_file())
+    env, index_args = pip.pip_env(tmp, url, credential, ws.ca_bundle_file())
     dest = tmp / "files"
     cmd = [
-        sys.executable,
-        "-c",
-        PIP_SHIM,
-        json.dumps(target.markers()),
-        "download",
         "--quiet",
         "--disable-pip-version-check",
         "--no-input",
@@ -343,7 +324,7 @@ def _download(
     if phase.constraints:
         cmd += ["-c", str(context_dir / phase.constraints)]
     cmd += ["-r", str(context_dir / phase.requirements)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
+    proc = pip.pip_download(cmd, target.markers(), env, tmp)
     if proc.returncode != 0:
         tail = "\n".join(line for line in scrub(proc.stderr, credential).splitlines() if line.strip())[-1500:]
         raise UserError(

@@ -195,15 +195,7 @@ class DockerContainer:
 
     def logs(self) -> str:
         try:
-            proc = subprocess.run(
-                [self.engine.docker, "logs", self.spec.name],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                timeout=60,
-                env=self.engine.env,
-            )
+            proc = self.engine.run_merged("logs", self.spec.name, timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             return ""
         return proc.stdout if proc.returncode == 0 else ""
