@@ -8,9 +8,10 @@ import os
 import pytest
 
 from stackforge.builder import context, render
-from stackforge.builder.context import SourceInfo, assemble
+from stackforge.builder.context import assemble
 from stackforge.builder.plan import gate_spec, image_labels, make_plan, pip_phases
 from stackforge.builder.render import dockerword, execform, render_dockerfile, requirements_text, shellword
+from stackforge.builder.sources import SourceInfo
 from stackforge.errors import UserError
 from stackforge.stack.load import fingerprint, load
 from tests.fixtures.stack_support import REPO, make_root

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from stackforge.builder import reuse
-from stackforge.builder.context import SourceInfo
+from stackforge.builder.sources import SourceInfo
 from stackforge.stack.load import load
 
 REPO = Path(__file__).resolve().parents[2]

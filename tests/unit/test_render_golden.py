@@ -17,8 +17,8 @@ import pytest
 from test_stack_golden import compare_golden
 
 from stackforge.builder import bake, context, run
-from stackforge.builder.context import SourceInfo
 from stackforge.builder.prepare import INPUTS_OMITTED, BaseImage, EngineFacts, prepare_dockerfile
+from stackforge.builder.sources import SourceInfo
 from stackforge.clients.workspace import Workspace
 from stackforge.stack.load import load
 from stackforge.stack.names import list_stacks
@@ -177,7 +177,7 @@ def three_dockerfiles(root: Path, tmp_path: Path, capsys, monkeypatch, *, source
 
 def test_render_build_and_bake_write_the_same_dockerfile(root, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("STACKFORGE_PROGRESS", "0")  # the test compares stderr
-    monkeypatch.setattr(context, "_export_source", fake_export)
+    monkeypatch.setattr(context, "export_source", fake_export)
     files, out, engine, built = three_dockerfiles(root, tmp_path, capsys, monkeypatch, sources=True)
     assert files[0] == files[1] == files[2]
     text = files[0].decode()

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import context
 from stackforge.builder import mirror_manifest as manifest
-from stackforge.builder.context import SourceInfo, assemble
+from stackforge.builder import sources
+from stackforge.builder.context import assemble
+from stackforge.builder.sources import SourceInfo
 from stackforge.clients import submodules
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
@@ -246,7 +247,7 @@ def test_the_mirror_carries_the_submodules_and_an_offline_export_reads_them(tmp_
         shutil.move(repo.path, tmp_path / "gone" / repo.path.name)
     monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "empty-cache"))
     tree = tmp_path / "offline" / "src" / "tool"  # the build's export of the upstream, read from the mirror
-    info = context._export_source(loaded, "tool", tree, Workspace(lambda: root, mirror=to))
+    info = sources.export_source(loaded, "tool", tree, Workspace(lambda: root, mirror=to))
     assert (tree / "vendor" / "lib" / "deps" / "leaf" / "leaf.txt").read_text() == "leaf v1\n"
     assert info.submodules == part["submodules"]
     before = data["parts"][0]["sha256"]

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from stackforge.builder.context import build_dir_for
-from stackforge.builder.run import default_target, secret_files, target_ref
+from stackforge.builder.run import default_target, target_ref
 from stackforge.builder.run import prepare as prepare_build
+from stackforge.builder.secrets import secret_files
 from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError

@@ -22,6 +22,7 @@ from stackforge.builder import mirror_manifest as manifest
 from stackforge.builder import resolve
 from stackforge.builder.plan import make_plan
 from stackforge.builder.render import images_dir
+from stackforge.builder.secrets import secret_files
 from stackforge.clients.engine import Engine, save_image
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
@@ -72,8 +73,6 @@ def mirror_toolchains(
     loaded: LoadedStack, prepared, to: Path, data: dict, ws, network: str | None, base_id: str
 ) -> None:
     """Build (or keep) the toolchain stage of every selected kernel that has one, and save it in the mirror."""
-    from stackforge.builder.run import secret_files
-
     ctx = prepared.ctx
     engine: Engine = ws.engine
     kept: dict = {}

@@ -31,6 +31,7 @@ from packaging.utils import canonicalize_name
 
 from stackforge.builder import requirements
 from stackforge.builder.resolve import Input, Target
+from stackforge.builder.sources import export_source
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.stack.installed import export_order
@@ -79,14 +80,12 @@ def pin_of(stack: Stack, name: str) -> str:
 def exported(loaded: LoadedStack, names: list[str], workspace: Workspace | None = None) -> Iterator[dict[str, Path]]:
     """The upstreams ``names`` fetched, verified and patched by the build's own export (the workspace's cache,
     same credentials), in a temporary directory removed afterwards. {upstream: tree}"""
-    from stackforge.builder.context import _export_source
-
     ws = workspace_for(loaded, workspace)
     with tempfile.TemporaryDirectory(prefix="stackforge-lock-trees-") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
         for name in names:
-            _export_source(loaded, name, src / name, ws)
+            export_source(loaded, name, src / name, ws)
         yield {name: src / name for name in names}
 
 

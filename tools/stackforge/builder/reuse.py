@@ -26,15 +26,13 @@ import stat
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from stackforge.builder.sources import SourceInfo
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, file_sha256
 from stackforge.patches import series_hash
 from stackforge.stack.load import LoadedStack
-
-if TYPE_CHECKING:
-    from stackforge.builder.context import SourceInfo
 
 #: bump when the layout of a record or the meaning of a fingerprint changes
 VERSION = 1
@@ -106,8 +104,6 @@ def exported(
     """Upstream ``name``'s tree at ``staging/src/<name>`` and its SourceInfo: the previous context's tree
     (``previous/src/<name>``) when its record proves it was made from the same inputs and is unchanged, else
     ``export(dest)``; either way the record is (re)written."""
-    from stackforge.builder.context import SourceInfo
-
     dest = staging / "src" / name
     record_path = previous.parent / SOURCES / f"{name}.json"
     try:

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import overload
 
 from stackforge import credentials, progress
 from stackforge.builder import evidence as evidence_dirs
@@ -26,6 +25,7 @@ from stackforge.builder import inventory, reuse, system
 from stackforge.builder import reports as target_reports
 from stackforge.builder.context import Context, build_dir_for
 from stackforge.builder.prepare import BaseImage, EngineFacts, Prepared, prepare_dockerfile
+from stackforge.builder.secrets import secret_files
 from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
@@ -101,15 +101,6 @@ def target_ref(loaded: LoadedStack, target: str) -> str:
     if target == target_rules.published(loaded.model)[0]:
         return str(ref)
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
-
-
-def netrc_text(loaded: LoadedStack, workspace: Workspace | None = None) -> str:
-    """netrc lines for the stack's indexes, from the workspace's resolver (``credentials.for_index``: the
-    URL's own credentials split off at load time, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, ~/.netrc)."""
-    ws = workspace_for(loaded, workspace)
-    return credentials.netrc_entries(
-        [(idx.url, ws.index_credential(loaded, name)) for name, idx in loaded.model.indexes.items()]
-    )
 
 
 def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]:
@@ -257,39 +248,6 @@ def prepare(
         engine_facts=engine_facts if sources else None,
         workspace=workspace,
     )
-
-
-@overload
-def secret_files(
-    loaded: LoadedStack, secrets_dir: Path, workspace: Workspace | None = None
-) -> list[tuple[str, Path]]: ...
-
-
-@overload
-def secret_files(
-    loaded: LoadedStack, secrets_dir: None, workspace: Workspace | None = None
-) -> list[tuple[str, Path | None]]: ...
-
-
-def secret_files(
-    loaded: LoadedStack,
-    secrets_dir: Path | None,
-    workspace: Workspace | None = None,
-) -> list[tuple[str, Path]] | list[tuple[str, Path | None]]:
-    """The BuildKit secrets of a build: a netrc with the index credentials (written into
-    ``secrets_dir``, mode 600; ``None`` when no directory is given) and the workspace's CA bundle."""
-    ws = workspace_for(loaded, workspace)
-    secrets: list[tuple[str, Path | None]] = []
-    text = netrc_text(loaded, ws)
-    if text:
-        path = None
-        if secrets_dir is not None:
-            path = credentials.write_secret(secrets_dir / f"{loaded.name}.netrc", text)
-        secrets.append(("netrc", path))
-    bundle = ws.ca_bundle_file()
-    if bundle is not None:
-        secrets.append(("cabundle", bundle))
-    return secrets
 
 
 def _stderr_line(line: str) -> None:

@@ -25,6 +25,7 @@ from typing import TypeGuard
 from stackforge.clients.git import BASE_REF, NOTES_REF, am_in_progress, git, git_dir, rev_parse
 from stackforge.errors import UserError
 from stackforge.patches.patchfile import Hunk, parse_patch
+from stackforge.patches.repo import init_tree_repo
 from stackforge.patches.series import BASE_LAYER, PatchRef, Series, flatten
 
 STATE_FILE = ".stackforge-apply-state"
@@ -491,8 +492,6 @@ def apply_series(
     left mid-apply. With ``keep_git=False`` the ``.git`` directory is removed
     after a successful apply, leaving only the patched files.
     """
-    from stackforge.patches.repo import init_tree_repo
-
     tree = Path(tree_dir)
     if isinstance(patch_paths, Series):
         refs = flatten([patch_paths])
