@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,7 +178,6 @@ def run(
 ) -> BakeRun:
     """Write ``workdir/bake.json`` and run it with ``engine`` (and its builder); the log goes to
     ``workdir/bake.log``. A failing bake is not raised."""
-    import time
 
     engine = engine or Engine()
     workdir.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ evidence after a build, and compared between two builds or images (`stackforge d
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -114,7 +115,6 @@ class InventoryDiff:
 
 
 def _key(row: dict) -> str:
-    import re
 
     return re.sub(r"[-_.]+", "-", row["name"]).lower()
 

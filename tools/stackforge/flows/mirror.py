@@ -24,6 +24,7 @@ missing.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import shutil
@@ -120,7 +121,6 @@ def _repo_record(repo: Path) -> tuple[str, int]:
     pin the content, so the refs listing stands for it."""
     refs = git(repo, "for-each-ref", "--format=%(refname) %(objectname)").stdout
     size = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file())
-    import hashlib
 
     return hashlib.sha256(refs.encode()).hexdigest(), size
 

@@ -23,6 +23,7 @@ Order per run (``build/nightly/<date>/``):
 
 from __future__ import annotations
 
+import datetime as _dt
 import functools
 import json
 import shutil
@@ -200,7 +201,6 @@ def _cell(text: str | None) -> str:
 
 
 def _now() -> str:
-    import datetime as _dt
 
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -20,6 +20,7 @@ the ``DT_NEEDED`` entries gained and lost.
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
 import io
 import json
@@ -309,7 +310,6 @@ def _check_record(zf: zipfile.ZipFile, files: dict[str, FileEntry], record: str 
         return ["no RECORD file"]
     problems = []
     listed = set()
-    import csv
 
     for row in csv.reader(io.StringIO(record)):
         if not row or not row[0]:

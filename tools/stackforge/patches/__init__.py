@@ -20,6 +20,8 @@ This module is the public API; the build uses ``series_hash`` (labels, evidence)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from stackforge.patches.apply import (
     CLEAN,
     FAILS,
@@ -92,7 +94,6 @@ def apply_to_export(tree_dir, patch_dir, *range_dirs, keep_git: bool = False) ->
     only (``keep_git=False``). Raises UserError naming the failing patch.
     Returns one result per patch, in order.
     """
-    from pathlib import Path
 
     layers = [read_series(patch_dir)]
     layers += [

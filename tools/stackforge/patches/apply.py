@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -514,7 +515,5 @@ def apply_series(
     if report.failed:
         raise failure_error(report, None)
     if not keep_git:
-        import shutil
-
         shutil.rmtree(tree / ".git")
     return report

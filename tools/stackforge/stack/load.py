@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import re
 import typing
 from dataclasses import dataclass
@@ -614,8 +616,6 @@ def _unused_dropped(model: BaseModel, data: dict) -> dict:
 
 def fingerprint(stack: Stack) -> str:
     """sha256 of the resolved stack: equal fingerprints mean equal declared inputs."""
-    import hashlib
-    import json
 
     data = {k: v for k, v in _unused_dropped(stack, resolved(stack)).items() if k not in UNFINGERPRINTED}
     for up in data.get("upstreams", {}).values():
