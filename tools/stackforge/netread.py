@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import threading
 import time
@@ -328,3 +329,30 @@ def stream_to_file(
         part.unlink(missing_ok=True)
         raise
     return h.hexdigest()
+
+
+#: what a connection error's text means, in the words a person looks for
+CAUSES = [
+    ("Connection refused", "connection refused"),
+    ("Connection reset", "connection reset by peer"),
+    ("RemoteDisconnected", "connection closed without a response"),
+    ("Name or service not known", "host name not found"),
+    ("Temporary failure in name resolution", "host name not found"),
+    ("Failed to resolve", "host name not found"),
+    ("Read timed out", "read timed out"),
+    ("timed out", "timed out"),
+    ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
+    ("WRONG_VERSION_NUMBER", "TLS handshake failed (is it a plain-HTTP registry?)"),
+]
+
+
+def short_cause(exc: BaseException) -> str:
+    """What a failed request came to, in a few words ("host name not found", "connection refused", …);
+    the exception's own text, on one line and cut at 300 characters, when it is none of :data:`CAUSES`."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)):
+        for needle, cause in CAUSES:
+            if needle in text:
+                return cause
+    text = re.sub(r"\s+", " ", text)
+    return text[:300]

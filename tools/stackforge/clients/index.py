@@ -82,6 +82,15 @@ class IndexQueryError(UserError):
     """The index could not be queried (network, HTTP status, unparseable page)."""
 
 
+class IndexUnreachable(IndexQueryError):
+    """No answer from the index (name resolution, connection, TLS, time-out): every page on it fails alike, so a
+    report says it once per index (``cause`` in a few words, see ``netread.short_cause``)."""
+
+    def __init__(self, message: str, *, cause: str, fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.cause = cause
+
+
 class ProjectNotFound(IndexQueryError):
     """The index has no page for this project (HTTP 404)."""
 
@@ -487,6 +496,13 @@ class IndexClient:
                 return self._get_within(url, accept, headers, cached, deadline)
         except netread.Exceeded as exc:
             raise IndexQueryError(exc.message, fix=exc.fix) from None
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            cause = redact_text(netread.short_cause(exc))
+            raise IndexUnreachable(
+                f"cannot reach {redact(url)}: {type(exc).__name__}: {cause}",
+                cause=cause,
+                fix="check the index URL and your network; credentials come from the environment or ~/.netrc",
+            ) from None
         except requests.RequestException as exc:
             raise IndexQueryError(
                 f"cannot reach {redact(url)}: {type(exc).__name__}: {redact_text(str(exc))}",

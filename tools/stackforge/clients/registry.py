@@ -199,7 +199,7 @@ class MalformedAnswer(RegistryError, ValueError):
 class RetriesExhausted(RegistryError):
     def __init__(self, what: str, attempts: int, elapsed: float, last: Exception):
         super().__init__(
-            f"{what}: gave up after {attempts} attempt(s) in {elapsed:.1f} s: {_short(last)}",
+            f"{what}: gave up after {attempts} attempt(s) in {elapsed:.1f} s: {netread.short_cause(last)}",
             status=getattr(last, "status", None),
             codes=getattr(last, "codes", ()),
         )
@@ -242,35 +242,11 @@ def with_retries(
                 delay = max(delay, min(retry_after, policy.max_delay))
             if failures >= policy.attempts or elapsed + delay > policy.total_seconds:
                 if log:
-                    log("gave-up", what=what, attempts=failures, error=_short(exc))
+                    log("gave-up", what=what, attempts=failures, error=netread.short_cause(exc))
                 raise RetriesExhausted(what, failures, elapsed, exc) from exc
             if log:
-                log("retry", what=what, attempt=failures, delay=round(delay, 3), error=_short(exc))
+                log("retry", what=what, attempt=failures, delay=round(delay, 3), error=netread.short_cause(exc))
             sleep(delay)
-
-
-_CAUSES = [
-    ("Connection refused", "connection refused"),
-    ("Connection reset", "connection reset by peer"),
-    ("RemoteDisconnected", "connection closed without a response"),
-    ("Name or service not known", "host name not found"),
-    ("Temporary failure in name resolution", "host name not found"),
-    ("Failed to resolve", "host name not found"),
-    ("Read timed out", "read timed out"),
-    ("timed out", "timed out"),
-    ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
-    ("WRONG_VERSION_NUMBER", "TLS handshake failed (is it a plain-HTTP registry?)"),
-]
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)):
-        for needle, cause in _CAUSES:
-            if needle in text:
-                return cause
-    text = re.sub(r"\s+", " ", text)
-    return text[:300]
 
 
 # --------------------------------------------------------------------------------------------

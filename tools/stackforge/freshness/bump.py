@@ -17,6 +17,7 @@ from packaging.version import Version
 
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.errors import BuildFailed, UserError
+from stackforge.freshness import lines as pin_lines
 from stackforge.freshness.lines import (
     Catalog,
     built_for_pattern,
@@ -94,8 +95,7 @@ def plan_bump(stack: Stack, catalog: Catalog, *, new_name: str, trains: list[str
         missing_pages = [m for m in train.members if catalog.page(m) is None]
         if missing_pages:
             problems.append(
-                f"train {train.name}: cannot query {', '.join(missing_pages)}: "
-                + "; ".join(getattr(catalog.pages.get(m), "message", "no answer") for m in missing_pages)
+                f"train {train.name}: cannot query {', '.join(missing_pages)}: {_why(stack, catalog, missing_pages)}"
             )
             continue
         lines = {m: catalog.line(m) for m in train.members}
@@ -231,6 +231,20 @@ def bump_description(stack: Stack, moves: list[Move]) -> str:
             old_pub, new_pub = Pin(mv.before).public, Pin(mv.after).public
             desc = re.sub(standalone(old_pub), new_pub, desc)
     return desc
+
+
+def _why(stack: Stack, catalog: Catalog, names: list[str]) -> str:
+    """Why pages could not be read: an index that gave no answer once (its cause and the redirect), every other
+    failure with its own message."""
+    out: list[str] = []
+    for index in dict.fromkeys(stack.packages[n].index for n in names):
+        on_index = [n for n in names if stack.packages[n].index == index]
+        cause = pin_lines.unreachable(catalog, on_index)
+        if cause is not None:
+            out.append(f"index '{index}' is unreachable ({cause}); redirect: {pin_lines.redirect(index)}")
+        else:
+            out += [getattr(catalog.pages.get(n), "message", "no answer") for n in on_index]
+    return "; ".join(dict.fromkeys(out))
 
 
 def render_bump(stack: Stack, plan: BumpPlan, description: str | None = None) -> str:

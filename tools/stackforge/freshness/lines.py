@@ -41,7 +41,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.version import Version
 
 from stackforge import progress
-from stackforge.clients.index import IndexClient, IndexFile, IndexQueryError, ProjectPage
+from stackforge.clients.index import IndexClient, IndexFile, IndexQueryError, IndexUnreachable, ProjectPage
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.stack import tags
@@ -337,3 +337,17 @@ def sortable_version(v: str) -> Version:
         return Version(v)
     except Exception:
         return Version("0")
+
+
+def unreachable(catalog: Catalog, names: list[str]) -> str | None:
+    """The cause, in a few words, when the index of ``names`` gave no answer to any of them (said once for the
+    index instead of once per package); None when it answered at least once, or refused for another reason."""
+    errors = [catalog.pages.get(n) for n in names]
+    if not errors or not all(isinstance(e, IndexUnreachable) for e in errors):
+        return None
+    return "; ".join(dict.fromkeys(e.cause for e in errors if isinstance(e, IndexUnreachable)))
+
+
+def redirect(index: str) -> str:
+    """The ``--set`` that points the stack at another URL for index ``index`` (as ``stackforge doctor`` says it)."""
+    return f"--set indexes.{index}.url=<URL>"

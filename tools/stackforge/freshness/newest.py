@@ -15,9 +15,17 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from stackforge.clients.index import IndexClient, IndexFile, ProjectNotFound, ProjectPage, format_time
+from stackforge.clients.index import (
+    IndexClient,
+    IndexFile,
+    IndexUnreachable,
+    ProjectNotFound,
+    ProjectPage,
+    format_time,
+)
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
+from stackforge.freshness import lines
 from stackforge.freshness.lines import (
     built_for_pattern,
     load_catalog,
@@ -205,13 +213,18 @@ class NewestReport:
             out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
         out.append("")
         out.append("lines:")
+        silent: dict[str, list[str]] = {}  # an unreachable index: its packages named once, its cause above
         for p in self.packages:
+            if p.note.startswith(UNREACHABLE_NOTE) and not p.line:
+                silent.setdefault(p.note, []).append(p.name)
+                continue
             pinned = (
                 f"; pinned {p.pinned} published {format_time(p.pinned_file.upload_time)}"
                 if p.pinned_file and p.status != STATUS_NEWEST
                 else ""
             )
             out.append(f"  {p.name}: {p.line or '-'}{pinned}" + (f" — {p.note}" if p.note else ""))
+        out.extend(f"  {', '.join(names)}: {note}" for note, names in silent.items())
         if self.trains:
             out.append("")
             out.extend(t.describe() for t in self.trains)
@@ -243,6 +256,9 @@ def _duration(seconds: float) -> str:
 def _target_text(stack: Stack) -> str:
     p = stack.platform
     return f"python {p.python}, {p.arch}, {p.os}"
+
+
+UNREACHABLE_NOTE = "cannot reach index"
 
 
 def newest(
@@ -361,6 +377,12 @@ def newest(
         on_index = [catalog.page(n) for n in needed if stack.packages[n].index == iname]
         fmts = {p.format for p in on_index if p is not None}
         indexes[iname] = f"{clients[iname].display_url} ({'/'.join(sorted(fmts)) or 'no answer'})"
+        cause = lines.unreachable(catalog, [n for n in needed if stack.packages[n].index == iname])
+        if cause is not None:
+            indexes[iname] += f": unreachable ({cause}); redirect: {lines.redirect(iname)}"
+            for n in names:
+                if stack.packages[n].index == iname and isinstance(catalog.pages.get(n), IndexUnreachable):
+                    reports[n].note = f"{UNREACHABLE_NOTE} '{iname}' (its line above)"
     return NewestReport(
         stack.name, _target_text(stack), [reports[n] for n in names], trains, built, indexes, time.monotonic() - start
     )
