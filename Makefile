@@ -83,6 +83,8 @@ demo: $(STAMP) base ## fresh machine: set up the engine, build the example stack
 	@echo '--- running the example image: it HTML-escapes its input with the compiled speedups'
 	printf '<stackforge> & "friends"\n' | docker run --rm -i $$($(STACKFORGE) tags example)
 	@echo
+	@echo 'stackforge is installed in $(VENV)/bin: run `. $(VENV)/bin/activate` to put it on PATH for this shell,'
+	@echo 'or call $(VENV)/bin/stackforge (every make target uses it already).'
 
 unit: $(STAMP) ## the unit tests only (no engine; about 3 min on 2 cores)
 	$(PY) -m pytest -q tests/unit

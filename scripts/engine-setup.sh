@@ -89,7 +89,14 @@ if [ "$(id -u)" != 0 ] || ! is_debian; then
     # We cannot install here; say exactly what is missing.
     need=()
     command -v docker >/dev/null 2>&1 || need+=("the docker CLI")
-    if command -v docker >/dev/null 2>&1 && ! docker_ok; then need+=("a running Docker daemon (dockerd >= 20.10) that this user can reach (docker info fails)"); fi
+    if command -v docker >/dev/null 2>&1 && ! docker_ok; then
+        denied=$(docker info 2>&1 | grep -o 'permission denied while trying to connect to the [A-Za-z ]*socket at [^ ]*' | head -n1 || true)
+        socket=${denied##* at unix://}
+        if [ -n "$denied" ]; then
+            die "the Docker daemon runs, but this user may not use its socket (${socket%:}: permission denied). Fix: add the user to the 'docker' group (sudo usermod -aG docker \$USER) and log in again (or run: newgrp docker); or set DOCKER_HOST to a daemon this user can reach (a rootless dockerd: unix://\$XDG_RUNTIME_DIR/docker.sock)."
+        fi
+        need+=("a running Docker daemon (dockerd >= 20.10) that this user can reach (docker info fails)")
+    fi
     command -v docker >/dev/null 2>&1 && ! buildx_ok && need+=("the docker buildx plugin (>= 0.10; https://github.com/docker/buildx)")
     if [ ${#need[@]} -gt 0 ]; then
         die "no usable build engine. Install: $(IFS=';'; echo "${need[*]}"). $( [ "$(id -u)" != 0 ] && echo 'Or run this script as root on Debian to install them.' || echo 'Automatic install is supported on Debian only.')"

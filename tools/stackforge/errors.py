@@ -19,6 +19,12 @@ def printable(text: object) -> str:
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
+def clip(text: object, limit: int = 300) -> str:
+    """``text`` on one line, cut at its end (never its start, where a message says what failed) to ``limit``."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
 @dataclass
 class UserError(Exception):
     message: str

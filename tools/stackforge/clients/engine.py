@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from stackforge import progress
-from stackforge.errors import UserError
+from stackforge.errors import UserError, clip
 
 SETUP_FIX = "run scripts/engine-setup.sh (as root on Debian it installs and starts dockerd + buildx)"
 
@@ -275,9 +275,7 @@ class Engine:
             raise UserError("the docker CLI is not installed (no 'docker' on PATH)", fix=SETUP_FIX)
         info = self.cli("version", "--format", "{{.Server.Version}}", timeout=20)
         if info.returncode != 0 or not info.stdout.strip():
-            raise UserError(
-                f"no Docker daemon answers: {_last_line(info.stderr) or 'docker version failed'}", fix=SETUP_FIX
-            )
+            raise daemon_error(info.stderr)
         self._server = info.stdout.strip()
         bx = self.cli("buildx", "version", timeout=20)
         if bx.returncode != 0:
@@ -340,9 +338,7 @@ class Engine:
         if self._server is None:
             proc = self.cli("version", "--format", "{{.Server.Version}}", timeout=20)
             if proc.returncode != 0 or not proc.stdout.strip():
-                raise UserError(
-                    f"no Docker daemon answers: {_last_line(proc.stderr) or 'docker version failed'}", fix=SETUP_FIX
-                )
+                raise daemon_error(proc.stderr)
             self._server = proc.stdout.strip()
         return self._server
 
@@ -500,6 +496,30 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+_DENIED = re.compile(
+    r"permission denied while trying to connect to the (?:Docker daemon )?socket at (?:unix://)?(\S+?):? "
+)
+_NOT_RUNNING = re.compile(r"Cannot connect to the Docker daemon at (?:unix://)?(\S+?)\.? Is the docker daemon running")
+
+
+def daemon_error(stderr: str | None) -> UserError:
+    """Why no daemon answered, from the docker CLI's own words: a socket this user may not open is named with the
+    way to get access; a daemon that does not run, with the way to start one."""
+    text = stderr or ""
+    denied = _DENIED.search(text)
+    if denied:
+        return UserError(
+            f"this user may not use the Docker daemon's socket {denied.group(1)} (permission denied)",
+            fix="add the user to the 'docker' group (sudo usermod -aG docker $USER) and log in again (or run "
+            "`newgrp docker`); or set DOCKER_HOST to a daemon this user can reach, e.g. a rootless dockerd "
+            "(unix://$XDG_RUNTIME_DIR/docker.sock)",
+        )
+    down = _NOT_RUNNING.search(text)
+    if down:
+        return UserError(f"no Docker daemon runs at {down.group(1)}", fix=SETUP_FIX)
+    return UserError(f"no Docker daemon answers: {clip(_last_line(text)) or 'docker version failed'}", fix=SETUP_FIX)
 
 
 def _last_line(text: str | None) -> str:

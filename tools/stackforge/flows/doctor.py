@@ -36,12 +36,13 @@ from urllib.parse import urljoin
 import requests
 
 from stackforge import netread
+from stackforge.clients.engine import daemon_error
 from stackforge.clients.git import git
 from stackforge.clients.index import IndexClient, IndexQueryError, ProjectNotFound
 from stackforge.clients.registry import RegistryClient, RegistryError, Repository, RetryPolicy, is_loopback_host
 from stackforge.clients.upstream import git_credential_env, resolve_git_url
 from stackforge.clients.workspace import Workspace
-from stackforge.errors import UserError
+from stackforge.errors import UserError, clip
 from stackforge.grammar import split_host, split_tag
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import SystemLayer
@@ -97,7 +98,8 @@ def engine_checks(workspace: Workspace) -> list[Check]:
             raise UserError("no docker CLI on PATH", fix="install the engine: make engine")
         proc = workspace.engine.cli("version", "--format", "{{.Server.Version}}", timeout=DEFAULT_TIMEOUT)
         if proc.returncode != 0:
-            raise UserError(f"the daemon does not answer: {redact_text((proc.stderr or proc.stdout).strip())[-200:]}")
+            err = daemon_error(redact_text(proc.stderr or proc.stdout))
+            raise UserError(f"{err.message}; fix: {err.fix}")
         return f"server {proc.stdout.strip()}"
 
     def buildkit() -> str:
@@ -188,7 +190,7 @@ def registry_digest(image: str, timeout: float) -> str | None:
     try:
         info = client.head_manifest(digest or tag or "latest")
     except (RegistryError, requests.RequestException) as exc:
-        raise UserError(f"its registry cannot be asked: {redact_text(str(exc))[-200:]}") from None
+        raise UserError(f"its registry cannot be asked: {clip(redact_text(str(exc)))}") from None
     if info is None:
         raise UserError(f"its registry {host} has no {path}:{digest or tag or 'latest'}")
     return info.digest
@@ -335,7 +337,7 @@ def _outcome(row: Check) -> tuple[str, str, float]:
     except UserError as err:
         status, detail = FAIL, err.message
     except Exception as exc:  # a check must never take the table down with it
-        status, detail = FAIL, f"{type(exc).__name__}: {redact_text(str(exc))[-200:]}"
+        status, detail = FAIL, f"{type(exc).__name__}: {clip(redact_text(str(exc)))}"
     return status, detail, round(time.monotonic() - started, 2)
 
 
@@ -382,10 +384,15 @@ def diagnose(
     stacks: list[LoadedStack], workspace: Workspace, *, timeout: float = DEFAULT_TIMEOUT, engine: bool = True
 ) -> list[Check]:
     """Every row for these stacks (and the engine, once), checked."""
-    rows = engine_checks(workspace) if engine else []
+    host = run_checks(engine_checks(workspace)) if engine else []
+    answers = all(r.status == OK for r in host)
+    rows: list[Check] = []
     for loaded in stacks:
         rows += stack_checks(loaded, workspace, timeout, engine=engine)
-    return run_checks(rows)
+    for row in rows:
+        if row.check == "base image" and not answers:  # asked of the engine first: not a fault of the image
+            row.run, row.key, row.detail = None, None, "not checked: the engine does not answer (its row above)"
+    return host + run_checks(rows)
 
 
 def render_table(rows: list[Check]) -> str:
