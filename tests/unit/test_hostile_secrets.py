@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.cli import main as cli
-from stackforge.credentials import env_credentials, for_index, netrc_entries, resolve
+from stackforge.clients.credentials import env_credentials, for_index, netrc_entries, resolve
 from stackforge.stack.load import load
 from stackforge.urls import Credential, redact, redact_text, split
 

@@ -9,6 +9,7 @@ import pytest
 from packaging.tags import Tag
 from packaging.version import Version
 
+from stackforge.clients.credentials import env_credentials
 from stackforge.clients.index import (
     IndexFile,
     format_time,
@@ -18,7 +19,6 @@ from stackforge.clients.index import (
     redact,
     split_userinfo,
 )
-from stackforge.credentials import env_credentials
 
 BASE = "https://index.example/simple/torch/"
 

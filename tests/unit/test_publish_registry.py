@@ -12,7 +12,7 @@ import socket
 import pytest
 import requests
 
-from stackforge import credentials
+from stackforge.clients import credentials
 from stackforge.clients.registry import (
     RegistryClient,
     RegistryError,

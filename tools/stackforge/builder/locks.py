@@ -37,10 +37,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from stackforge import credentials, localver, progress
+from stackforge import localver, progress
 from stackforge.builder import reqlocks, requirements, resolve
 from stackforge.builder.resolve import Input
-from stackforge.clients import pip
+from stackforge.clients import credentials, pip
 from stackforge.clients.index import IndexClient
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError, printable

@@ -17,12 +17,13 @@ import json
 import os
 from pathlib import Path
 
-from stackforge import credentials, progress
+from stackforge import progress
 from stackforge.builder import mirror_manifest as manifest
 from stackforge.builder import resolve
 from stackforge.builder.plan import make_plan
 from stackforge.builder.render import images_dir
 from stackforge.builder.secrets import secret_files
+from stackforge.clients import credentials
 from stackforge.clients.engine import Engine, save_image
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256

@@ -19,13 +19,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stackforge import credentials, progress
+from stackforge import progress
 from stackforge.builder import evidence as evidence_dirs
 from stackforge.builder import inventory, reuse, system
 from stackforge.builder import reports as target_reports
 from stackforge.builder.context import Context, build_dir_for
 from stackforge.builder.prepare import BaseImage, EngineFacts, Prepared, prepare_dockerfile
 from stackforge.builder.secrets import secret_files
+from stackforge.clients import credentials
 from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import overload
 
-from stackforge import credentials
+from stackforge.clients import credentials
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.stack.load import LoadedStack
 

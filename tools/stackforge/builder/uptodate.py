@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import stackforge
-from stackforge import credentials
+from stackforge.clients import credentials
 from stackforge.errors import UserError
 from stackforge.stack.listing import code_fingerprint
 

@@ -57,7 +57,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from stackforge import netread
-from stackforge.credentials import for_url
+from stackforge.clients.credentials import for_url
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
 from stackforge.urls import Credential, redact, redact_text, split

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stackforge import credentials
+from stackforge.clients import credentials
 from stackforge.errors import UserError
 from stackforge.urls import Credential
 

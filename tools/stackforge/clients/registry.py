@@ -41,7 +41,8 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 
 import requests
 
-from stackforge import credentials, netread
+from stackforge import netread
+from stackforge.clients import credentials
 from stackforge.errors import UserError
 from stackforge.grammar import HOST_RE, REPO_PATH_RE, looks_like_host
 from stackforge.urls import redact, redact_text

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackforge import credentials
+from stackforge.clients import credentials
 from stackforge.errors import UserError
 from stackforge.urls import Credential
 

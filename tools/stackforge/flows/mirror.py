@@ -33,7 +33,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from stackforge import credentials, progress
+from stackforge import progress
 from stackforge.builder import mirror_apt as apt
 from stackforge.builder import mirror_manifest as manifest
 from stackforge.builder import mirror_toolchains as toolchains
@@ -43,7 +43,7 @@ from stackforge.builder.locks import vendor_names
 from stackforge.builder.mirror_manifest import BASE, target_phase_view
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.run import base_identity, prepare
-from stackforge.clients import pip, submodules
+from stackforge.clients import credentials, pip, submodules
 from stackforge.clients import upstream as upstreams
 from stackforge.clients.engine import Engine, save_image
 from stackforge.clients.git import git

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stackforge import credentials, grammar
+from stackforge import grammar
+from stackforge.clients import credentials
 from stackforge.clients.index import IndexClient
 from stackforge.stack import document
 from stackforge.urls import Credential, redact

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from stackforge.credentials import remember as remember_credentials
+from stackforge.clients.credentials import remember as remember_credentials
 from stackforge.errors import UserError
 from stackforge.stack import artifacts, document, installed
 from stackforge.stack import targets as target_rules
