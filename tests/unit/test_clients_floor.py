@@ -66,10 +66,5 @@ def test_a_process_started_by_a_step_is_found(tmp_path):
 
 def test_no_step_reads_a_credential_file_or_variable():
     needles = ("STACKFORGE_REGISTRY_PASSWORD", "STACKFORGE_REGISTRY_USER", '".netrc"', "'.netrc'", '"config.json"')
-    found = [
-        f"{rel}: {needle}"
-        for rel, path in _outside_clients()
-        for needle in needles
-        if needle in path.read_text()
-    ]
+    found = [f"{rel}: {needle}" for rel, path in _outside_clients() for needle in needles if needle in path.read_text()]
     assert found == []

@@ -16,13 +16,14 @@ Every failure here is an :class:`Exceeded` (a ``UserError``, exit 1) naming the 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,13 @@ class WatchedAdapter(HTTPAdapter):
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
 
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        """Connections through an environment proxy are watched too."""
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if hasattr(manager, "pool_classes_by_scheme"):
+            manager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
+        return manager
+
 
 def session(*, trust_env: bool = False, **adapter: Any) -> requests.Session:
     """A session whose sockets a :func:`guard` watches. ``trust_env``: environment proxies and ``~/.netrc``
@@ -224,6 +232,35 @@ def session(*, trust_env: bool = False, **adapter: Any) -> requests.Session:
     s.mount("http://", mounted)
     s.mount("https://", mounted)
     return s
+
+
+def _loopback(hostname: str) -> bool:
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def environment_settings(url: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What the environment says about reaching ``url``, as docker reads it for a registry: the proxy of
+    ``HTTPS_PROXY``/``HTTP_PROXY`` unless ``NO_PROXY`` exempts the host (a loopback host is never proxied), and the
+    CA bundle of ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``. Never ``~/.netrc``: credentials are only what each
+    request carries. For a session made with ``trust_env=False``."""
+    env = os.environ if environ is None else environ
+    hostname = urlsplit(url).hostname or ""
+    proxies: dict[str, str] = {}
+    if not _loopback(hostname):
+        lower = {
+            k.lower(): v for k, v in env.items() if k.lower() in ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+        }
+        scheme = urlsplit(url).scheme
+        proxy = lower.get(f"{scheme}_proxy") or lower.get("all_proxy")
+        if proxy and not requests.utils.should_bypass_proxies(url, no_proxy=lower.get("no_proxy", "")):
+            proxies = {scheme: proxy}
+    verify: bool | str = env.get("REQUESTS_CA_BUNDLE") or env.get("CURL_CA_BUNDLE") or True
+    return {"proxies": proxies, "verify": verify}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -29,6 +30,7 @@ from netrc import NetrcParseError, netrc
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stackforge.errors import UserError, clip
 from stackforge.urls import Credential, host, split
 
 if TYPE_CHECKING:
@@ -166,24 +168,112 @@ def write_secret(path: Path, text: str) -> Path:
 def for_registry(
     host: str, env: Mapping[str, str] | None = None, docker_config: Path | None = None
 ) -> tuple[str, str] | None:
-    """``(user, password)`` for registry ``host``: ``STACKFORGE_REGISTRY_USER``/``_PASSWORD``, else the ``auths``
-    entry of the docker client config (``docker login`` without a credential helper); ``None`` when neither."""
+    """``(user, password)`` for registry ``host``, found as docker finds it: ``STACKFORGE_REGISTRY_USER``/``_PASSWORD``
+    first; then the docker client config: the credential helper ``credHelpers`` names for the host, else its
+    ``credsStore`` (each asked through the ``docker-credential-<name> get`` protocol), else the host's ``auths``
+    entry (``docker login`` without a helper). ``None``: anonymous. A helper the config names but the host does
+    not have is a UserError, as it is for docker."""
     environ: Mapping[str, str] = os.environ if env is None else env
     user, password = environ.get("STACKFORGE_REGISTRY_USER"), environ.get("STACKFORGE_REGISTRY_PASSWORD")
     if user and password:
         return user, password
-    if docker_config is None:
-        docker_config = docker_config_file(environ)
+    path = docker_config if docker_config is not None else docker_config_file(environ)
     try:
-        auths = json.loads(Path(docker_config).read_text()).get("auths", {})
+        config = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    for key in (host, f"https://{host}", f"http://{host}", f"https://{host}/v2/", f"http://{host}/v2/"):
+    if not isinstance(config, dict):
+        return None
+    helper = (config.get("credHelpers") or {}).get(host) or config.get("credsStore")
+    if isinstance(helper, str) and helper:
+        found = helper_get(helper, host, environ, path)
+        if found is not None:
+            return found
+    return _auths_entry(config.get("auths") or {}, host)
+
+
+def _server_keys(host: str) -> list[str]:
+    """The keys docker stores a registry's login under (Docker Hub's is its v1 index URL)."""
+    keys = [host, f"https://{host}", f"http://{host}", f"https://{host}/v2/", f"http://{host}/v2/"]
+    if host in ("docker.io", "index.docker.io", "registry-1.docker.io"):
+        keys.insert(0, "https://index.docker.io/v1/")
+    return keys
+
+
+def _auths_entry(auths: dict, host: str) -> tuple[str, str] | None:
+    for key in _server_keys(host):
         entry = auths.get(key)
-        if entry and entry.get("auth"):
+        if isinstance(entry, dict) and entry.get("auth"):
             try:
                 user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
             except (ValueError, UnicodeDecodeError):
                 return None
             return user, password
     return None
+
+
+#: what a credential helper says when it holds nothing for a server (exit status 1)
+_NOT_FOUND = re.compile(r"credentials not found|not found in native keychain|no credentials", re.I)
+HELPER_SECONDS = 30.0
+
+
+_ASKED: dict[tuple[str, str, str], tuple[str, str] | None] = {}  # (helper, host, PATH) -> its answer, per run
+
+
+def helper_get(name: str, host: str, environ: Mapping[str, str], config: Path) -> tuple[str, str] | None:
+    """Ask ``docker-credential-<name>`` (the docker credential-helper protocol: the server on stdin, a JSON
+    ``{"Username", "Secret"}`` on stdout) for each key docker may have stored ``host`` under; once per run."""
+    memo = (name, host, environ.get("PATH", ""))
+    with _LOCK:
+        if memo in _ASKED:
+            return _ASKED[memo]
+    found = _ask_helper(name, host, environ, config)
+    with _LOCK:
+        _ASKED[memo] = found
+    return found
+
+
+def _ask_helper(name: str, host: str, environ: Mapping[str, str], config: Path) -> tuple[str, str] | None:
+    program = shutil.which(f"docker-credential-{name}", path=environ.get("PATH"))
+    if program is None:
+        raise UserError(
+            f"{config} names the credential helper '{name}' for {host}, and docker-credential-{name} is not on PATH",
+            fix=f"install docker-credential-{name}, or remove it from {config} (credsStore / credHelpers), or set "
+            "STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD",
+        )
+    for key in _server_keys(host):
+        try:
+            proc = subprocess.run(
+                [program, "get"], input=key, capture_output=True, text=True, timeout=HELPER_SECONDS, env=dict(environ)
+            )
+        except subprocess.TimeoutExpired:
+            raise UserError(
+                f"docker-credential-{name} gave no answer for {host} within {HELPER_SECONDS:g} s",
+                fix="check the helper (its keychain may wait to be unlocked)",
+            ) from None
+        if proc.returncode != 0:
+            if _NOT_FOUND.search(proc.stdout + proc.stderr):
+                continue
+            raise UserError(
+                f"docker-credential-{name} failed for {host}: {clip(proc.stderr or proc.stdout)}",
+                fix="check the helper, or set STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD",
+            )
+        return _helper_answer(name, host, proc.stdout)
+    return None
+
+
+def _helper_answer(name: str, host: str, text: str) -> tuple[str, str]:
+    try:
+        data = json.loads(text)
+        user, secret = data["Username"], data["Secret"]
+    except (ValueError, KeyError, TypeError):
+        raise UserError(
+            f"docker-credential-{name} answered for {host} with no Username and Secret",
+            fix="check the helper's version",
+        ) from None
+    if user == "<token>":  # an identity token: docker trades it at the registry's OAuth endpoint
+        raise UserError(
+            f"docker-credential-{name} holds an identity token for {host}, which stackforge cannot use",
+            fix="set STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD (an access token as the password)",
+        )
+    return str(user), str(secret)

@@ -312,7 +312,7 @@ class RegistryClient:
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
     def __post_init__(self) -> None:
-        self.session.trust_env = False  # never route a registry through an environment proxy by surprise
+        self.session.trust_env = False  # proxies and CA bundle per request (netread.environment_settings), no netrc
         if self.credentials is None:
             self.credentials = credentials.for_registry(self.repository.host)
 
@@ -347,7 +347,8 @@ class RegistryClient:
             data = body_factory() if body_factory else None
             try:
                 resp = self.session.request(method, url, data=data, headers=self._headers_for(url, headers),
-                                            timeout=self._timeout(), allow_redirects=False, stream=True)  # fmt: skip
+                                            timeout=self._timeout(), allow_redirects=False, stream=True,
+                                            **netread.environment_settings(url))  # fmt: skip
             finally:
                 if data is not None and hasattr(data, "close"):
                     data.close()
