@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.build import evidence as evidence_dirs
+from tests.fixtures import run_names
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 
@@ -69,7 +70,7 @@ def test_a_signal_mid_build_stops_the_engine_and_leaves_no_secret(tmp_path, base
     root = tmp_path / "repo"
     (root / "stacks").mkdir(parents=True)
     (root / "images").symlink_to(REPO / "images")
-    tag = f"stackforge-sigtest-{secrets.token_hex(4)}"
+    tag = f"{run_names.NS}/sig-{secrets.token_hex(4)}"
     with IndexServer(files, auth=("ci", password)) as server:
         (root / "stacks" / "sig.yaml").write_text(f"""name: sig
 platform: {{os: debian12, python: "3.11"}}

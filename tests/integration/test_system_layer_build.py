@@ -14,12 +14,12 @@ import textwrap
 import pytest
 
 from stackforge.build import evidence as evidence_dirs
-from tests.fixtures import apt_repo
+from tests.fixtures import apt_repo, run_names
 from tests.fixtures import musa_builds as mb
 
 pytestmark = pytest.mark.engine
 
-TAG = "stackforge-test/sysapt:musa{{ platform.musa_runtime }}"
+TAG = run_names.namespaced("sysapt:musa{{ platform.musa_runtime }}")
 
 STACK = """\
 name: sysapt
@@ -174,7 +174,7 @@ def test_never_skips_the_layer(root, tmp_path_factory):
 
 def test_a_line_without_a_match_fails_naming_the_package_and_key(root, tmp_path_factory):
     out = tmp_path_factory.mktemp("bad")
-    tag = "stackforge-test/sysapt:musa9.9"
+    tag = run_names.image("sysapt", "musa9.9")
     proc = build(root, out, "platform.musa_runtime=9.9", "platform.musa=9.9.0", "system.musa.install=always")
     assert proc.returncode != 0
     assert "error: system.musa.packages.2 (libmthreads-compute): no version of line 9.9" in proc.stderr
