@@ -48,6 +48,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     _remove_run_objects(str(_shim["real"]))
     _foreign[:] = run_names.foreign(run_names.recorded(_shim["dir"]), SHARED)
+    shutil.rmtree(_shim["dir"], ignore_errors=True)
     if _foreign:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -66,7 +67,7 @@ def _remove_run_objects(docker: str) -> None:
         proc = subprocess.run([docker, *args], capture_output=True, text=True, timeout=120)
         return proc.stdout.split() if proc.returncode == 0 else []
 
-    containers = lines("ps", "-aq", "--filter", f"name=^{run_names.NS}-")
+    containers = lines("ps", "-aq", "--filter", f"name={run_names.NS}-")
     if containers:
         subprocess.run([docker, "rm", "-f", *containers], capture_output=True, timeout=300)
     ns = run_names.NS

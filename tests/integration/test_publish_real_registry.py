@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,10 +34,10 @@ from tests.fixtures.faulty_proxy import (
     Fault,
     FaultyProxy,
 )
+from tests.fixtures.stack_support import RootSpec, repo_root
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DATE = "20260929"
 PREFIX = "v0.28.0-ph1-5.2.0-torch2.11.0.post2"  # what stacks/post2.yaml renders
 SCHEME = TagScheme.from_prefix(PREFIX)
@@ -121,12 +120,9 @@ def lib_publish(address: str, ns: str, ref: str, tmp_path: Path, **kw):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """A private copy of the stacks, so CLI runs own their build/ directory."""
-    r = tmp_path_factory.mktemp("pubroot") / "repo"
-    r.mkdir()
-    shutil.copytree(REPO_ROOT / "stacks", r / "stacks")
-    shutil.copytree(REPO_ROOT / "patches", r / "patches")
-    return r
+    """A private copy of the stacks, so CLI runs own their build/ directory (one for the module: the shared
+    ``root`` of tests/conftest.py is one per test)."""
+    return repo_root(tmp_path_factory.mktemp("pubroot"), RootSpec(parts=("stacks", "patches")))
 
 
 def cli_args(root: Path, registry: str, ref: str, out: Path, *extra: str) -> list[str]:

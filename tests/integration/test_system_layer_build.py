@@ -9,13 +9,12 @@ already has ``mcc``; ``never`` skips; a version line with no match fails naming 
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from stackforge.build import evidence as evidence_dirs
 from tests.fixtures import apt_repo, run_names
 from tests.fixtures import musa_builds as mb
+from tests.fixtures.stack_support import RootSpec, repo_root
 
 pytestmark = pytest.mark.engine
 
@@ -72,11 +71,9 @@ def repo_url(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory, repo_url, base_image):
-    repo = tmp_path_factory.mktemp("sysroot")
-    (repo / "stacks").mkdir()
+    """A repository with the sysapt stack alone (one for the module: the shared ``root`` is one per test)."""
     text = STACK.format(base=base_image, tag=TAG, repo=repo_url, suite=apt_repo.SUITE)
-    (repo / "stacks" / "sysapt.yaml").write_text(textwrap.dedent(text))
-    return repo
+    return repo_root(tmp_path_factory.mktemp("sysroot"), RootSpec(stacks=(), stack_files={"sysapt.yaml": text}))
 
 
 def build(root, out, *sets: str):
