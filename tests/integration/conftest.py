@@ -34,6 +34,8 @@ BASE_IMAGE = os.environ.get("STACKFORGE_TEST_BASE_IMAGE", "stackforge/base:bookw
 SHARED = (BASE_IMAGE, "{}-rootfs:{}".format(*BASE_IMAGE.rsplit(":", 1)))
 _shim: dict[str, Path] = {}
 _foreign: list[str] = []
+#: the repository prefixes of the session's images: its namespace and its registries (``host:port/``)
+_prefixes: list[str] = [f"{run_names.NS}/"]
 
 
 def pytest_configure(config):
@@ -61,20 +63,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def _remove_run_objects(docker: str) -> None:
-    """Remove this run's containers and images (cheap; no test relies on it)."""
+    """Remove this run's containers and the references of its images (cheap; no test relies on it). By reference,
+    never by image id: another run may hold the same image under its own name."""
 
     def lines(*args: str) -> list[str]:
         proc = subprocess.run([docker, *args], capture_output=True, text=True, timeout=120)
-        return proc.stdout.split() if proc.returncode == 0 else []
+        return proc.stdout.splitlines() if proc.returncode == 0 else []
 
     containers = lines("ps", "-aq", "--filter", f"name={run_names.NS}-")
     if containers:
         subprocess.run([docker, "rm", "-f", *containers], capture_output=True, timeout=300)
-    ns = run_names.NS
-    images = lines("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "--filter", f"reference={ns}/*",
-                   "--filter", f"reference={ns}/*/*")  # fmt: skip
-    if images:
-        subprocess.run([docker, "image", "rm", "-f", *images], capture_output=True, timeout=600)
+    refs = []
+    for line in lines("image", "ls", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}"):
+        repo, tag, digest = (line.split() + ["", "", ""])[:3]
+        if repo.startswith(tuple(_prefixes)):
+            refs.append(f"{repo}:{tag}" if tag != "<none>" else f"{repo}@{digest}")
+    if refs:
+        subprocess.run([docker, "image", "rm", *refs], capture_output=True, timeout=600)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -117,6 +122,7 @@ def registry(tmp_path_factory):
         url, stop = start_registry(tmp_path_factory.mktemp("registry"))
     except UserError as err:
         pytest.fail(f"registry not usable: {err.render()}", pytrace=False)
+    _prefixes.append(f"{url}/")
     try:
         yield url
     finally:
