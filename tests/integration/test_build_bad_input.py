@@ -18,6 +18,7 @@ import pytest
 
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
+from tests.fixtures import run_names
 
 pytestmark = pytest.mark.engine
 
@@ -257,7 +258,7 @@ def test_bad_input(case: Case, standins):
     endpoints = standins.endpoints(specs, label=f"{case.id}-" if case.serve else "")
     extra = case.overrides(standins) if callable(case.overrides) else case.overrides
     # A tag of this case's own, so another build of post2 on the same engine cannot make it appear.
-    tag = f"stackforge-test/bad-input:{case.id}"
+    tag = f"{run_names.NS}/bad-input:{case.id}"
     mb.docker("image", "rm", tag, check=False)
     assert mb.image_id(tag) is None
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import run_names
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.engine
 
@@ -66,7 +68,7 @@ def image_exists(ref: str) -> bool:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, base_image):
     root = make_root(tmp_path_factory.mktemp("example"))
-    tag = "stackforge-test/example:built"
+    tag = run_names.image("example", "built")
     proc = stackforge(root, "build", "example", "--set", f"tags.local={tag}")
     return root, tag, proc
 
@@ -193,7 +195,7 @@ def test_patch_change_reruns_src_kernels_gate_but_not_deps(built, tmp_path):
 
 def test_stale_lock_stops_before_the_build(built):
     root, _, _ = built
-    bad = "stackforge-test/example:stale"
+    bad = run_names.image("example", "stale")
     proc = stackforge(
         root, "build", "example", "--set", f"tags.local={bad}", "--set", "packages.idna.version=3.9", check=False
     )
@@ -211,7 +213,7 @@ def test_stale_lock_stops_before_the_build(built):
 
 def test_hash_mismatch_fails_the_build_and_tags_nothing(built):
     root, _, _ = built
-    bad = "stackforge-test/example:badhash"
+    bad = run_names.image("example", "badhash")
     lock = root / "stacks" / "locks" / "example" / "pypi.txt"
     good = lock.read_text()
     first = re.search(r"idna==3\.10 \\\n    --hash=sha256:([0-9a-f]{64})", good).group(1)
@@ -229,7 +231,7 @@ def test_hash_mismatch_fails_the_build_and_tags_nothing(built):
 
 def test_pin_that_does_not_match_the_install_fails_and_tags_nothing(built):
     root, tag, _ = built
-    bad = "stackforge-test/example:mismatch"
+    bad = run_names.image("example", "mismatch")
     # This case changes the public pins, so it runs without the lock file (and says so: lock=false).
     shutil.rmtree(root / "stacks" / "locks" / "example")
     if image_exists(bad):

@@ -11,6 +11,7 @@ from stackforge.builder import prepare
 from stackforge.cli.main import main
 from stackforge.stack.load import load, load_stack
 from tests.fixtures.musa_index import build_wheels, index_dirs, serve
+from tests.fixtures.stack_support import RootSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,12 +22,9 @@ def built(tmp_path_factory):
 
 
 @pytest.fixture
-def root(tmp_path):
+def root_spec() -> RootSpec:
     """A repository with only post1: the bump has to produce post2 by itself."""
-    r = tmp_path / "repo"
-    (r / "stacks").mkdir(parents=True)
-    (r / "stacks" / "post1.yaml").write_text((REPO / "stacks" / "post1.yaml").read_text())
-    return r
+    return RootSpec(stacks=("post1.yaml",))
 
 
 def sets(overrides):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.clients.engine import Engine
+from tests.fixtures import run_names
 
 pytestmark = pytest.mark.engine
 
@@ -25,7 +26,7 @@ def _write(dirpath: Path, text: str) -> Path:
 
 @pytest.fixture
 def tag(engine: Engine, request):
-    ref = f"stackforge-test/{request.node.name.lower().replace('_', '-')[:60]}:{secrets.token_hex(4)}"
+    ref = f"{run_names.NS}/{request.node.name.lower().replace('_', '-')[:60]}:{secrets.token_hex(4)}"
     yield ref
     engine.remove_image(ref, force=True)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.builder import evidence
+from tests.fixtures import run_names
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
@@ -54,7 +55,7 @@ def two_builds(tmp_path_factory, base_image):
     shutil.copytree(REPO / "stacks", root / "stacks")
     shutil.copytree(REPO / "patches", root / "patches")
     token = uuid.uuid4().hex[:8]
-    first, second = f"stackforge-test/example:ev1-{token}", f"stackforge-test/example:ev2-{token}"
+    first, second = f"{run_names.NS}/example:ev1-{token}", f"{run_names.NS}/example:ev2-{token}"
     a = stackforge(root, "build", "example", "--set", f"tags.local={first}")
     assert a.returncode == 0, a.stderr[-4000:]
     b = stackforge(
@@ -90,7 +91,7 @@ def test_publishing_the_earlier_gated_image_still_works(two_builds, published):
 
 def test_an_image_no_gated_build_made_is_refused(two_builds, registry):
     root, first, _ = two_builds
-    other = f"stackforge-test/example:evx-{uuid.uuid4().hex[:8]}"
+    other = f"{run_names.NS}/example:evx-{uuid.uuid4().hex[:8]}"
     subprocess.run(["docker", "tag", "stackforge/base:bookworm", other], check=True, capture_output=True)
     try:
         proc = stackforge(root, "publish", "example", "--registry", f"{registry}/evx", "--date", DATE,
@@ -208,7 +209,7 @@ def overlay_published(two_builds, published):
         f"base: {{image: {repository}@{base['digest']}}}\n"
         f"files:\n  - {{src: files/hello.txt, dest: /opt/tiny/hello.txt, sha256: {hashlib.sha256(data).hexdigest()}}}\n"
         "tags:\n"
-        f'  local: "stackforge-test/tiny:{{{{ overlay.name }}}}-{token}"\n'
+        f'  local: "{run_names.NS}/tiny:{{{{ overlay.name }}}}-{token}"\n'
         '  publish: "stackforge-example:{{ overlay.name }}-{{ date }}-r{{ revision }}"\n'
     )
     built = stackforge(root, "build", "example", "--overlay", "tiny")
@@ -217,7 +218,7 @@ def overlay_published(two_builds, published):
                       "--date", DATE, "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     yield repository, json.loads(proc.stdout), base
-    subprocess.run(["docker", "image", "rm", f"stackforge-test/tiny:tiny-{token}"], capture_output=True)
+    subprocess.run(["docker", "image", "rm", f"{run_names.NS}/tiny:tiny-{token}"], capture_output=True)
 
 
 def test_an_overlay_is_verified_and_pulled_from_the_registry_alone(overlay_published, tmp_path):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import run_names
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.engine
 
@@ -48,7 +50,7 @@ def test_two_builds_of_one_stack_at_once(tmp_path, base_image):
     root = tmp_path / "repo"
     (root / "stacks").mkdir(parents=True)
     (root / "stacks" / "tiny.yaml").write_text(TINY)
-    tag = f"stackforge-test/tiny:{uuid.uuid4().hex[:12]}"
+    tag = f"{run_names.NS}/tiny:{uuid.uuid4().hex[:12]}"
     procs = {
         d: start(root, "build", "tiny", "--set", f"tags.local={tag}", "--set", f"description=build {d}")
         for d in ("A", "B")

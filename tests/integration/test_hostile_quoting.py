@@ -15,6 +15,7 @@ import pytest
 
 from stackforge.builder.render import dockerword, execform
 from stackforge.clients.engine import Engine
+from tests.fixtures import run_names
 
 pytestmark = pytest.mark.engine
 
@@ -37,7 +38,7 @@ def dockerfile(base: str) -> str:
 
 @pytest.fixture
 def tag(engine: Engine):
-    ref = f"stackforge-test/hostile-quoting:{secrets.token_hex(4)}"
+    ref = f"{run_names.NS}/hostile-quoting:{secrets.token_hex(4)}"
     yield ref
     engine.remove_image(ref, force=True)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.builder import evidence as evidence_dirs
+from tests.fixtures import run_names
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 
@@ -69,7 +70,7 @@ def test_a_signal_mid_build_stops_the_engine_and_leaves_no_secret(tmp_path, base
     root = tmp_path / "repo"
     (root / "stacks").mkdir(parents=True)
     (root / "images").symlink_to(REPO / "images")
-    tag = f"stackforge-sigtest-{secrets.token_hex(4)}"
+    tag = f"{run_names.NS}/sig-{secrets.token_hex(4)}"
     with IndexServer(files, auth=("ci", password)) as server:
         (root / "stacks" / "sig.yaml").write_text(f"""name: sig
 platform: {{os: debian12, python: "3.11"}}
@@ -124,7 +125,8 @@ targets: {{app: {{}}}}
                 assert time.monotonic() < deadline, "".join(lines[-30:])
             else:
                 pytest.fail("the build ended before its kernel step ran:\n" + "".join(lines[-30:]))
-            assert _processes_with("buildx"), "no buildx process while the build runs:\n" + "".join(lines[-40:])
+            mine = [c for c in _processes_with(str(out / "context")) if "buildx" in c]  # not another run's
+            assert mine, "no buildx process of this build while it runs:\n" + "".join(lines[-40:])
             time.sleep(1)
             proc.send_signal(signum)
             rest, err = proc.communicate(timeout=60)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.clients.upstream import SdistSpec, fetch_sdist
+from tests.fixtures import run_names
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.listener import Listener
 
@@ -102,7 +103,7 @@ def offline(tmp_path_factory, base_image):
     mirror = tmp / "mirror"
     server = IndexServer(files).start()
     sets = ["--set", f"indexes.pypi.url={server.url}", "--set", NET]
-    tag = "stackforge-test/mirror:example"  # the tags are part of the fingerprint: both builds use one
+    tag = run_names.image("mirror", "example")  # the tags are part of the fingerprint: both builds use one
     try:
         stackforge(root, "build", "example", *sets, "--set", f"tags.local={tag}", "--network", "host")
         online = {"labels": labels(tag), "interfaces": interfaces(tag)}
@@ -232,7 +233,7 @@ def test_a_tampered_mirror_is_refused_before_the_engine_runs(offline, tmp_path):
         str(copy),
         *offline["sets"],
         "--set",
-        "tags.local=stackforge-test/mirror:tampered",
+        f"tags.local={run_names.image('mirror', 'tampered')}",
         check=False,
     )
     assert proc.returncode == 2, proc.stderr
@@ -262,7 +263,7 @@ def test_a_tampered_mirror_is_refused_before_the_engine_runs(offline, tmp_path):
         str(copy),
         *offline["sets"],
         "--set",
-        "tags.local=stackforge-test/mirror:tampered",
+        f"tags.local={run_names.image('mirror', 'tampered')}",
         check=False,
     )
     assert proc.returncode == 2, proc.stderr

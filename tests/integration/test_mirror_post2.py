@@ -18,9 +18,10 @@ import pytest
 
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
+from tests.fixtures import run_names
 
 pytestmark = pytest.mark.engine
-OFFLINE_TAG = "stackforge-test/mirror:post2-offline"
+OFFLINE_TAG = run_names.image("mirror", "post2-offline")
 
 
 @pytest.fixture(scope="module")

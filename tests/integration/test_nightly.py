@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.fixtures import run_names
+
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,13 +45,13 @@ def nightly_run(tmp_path_factory, base_image, registry):
     (root / "stacks" / "nightly-good.yaml").write_text(
         f"name: nightly-good\ninherits: example\nnightly: true\n"
         f"indexes:\n  pypi: {{lock: false}}\n"  # the example's lock is its own
-        f'tags:\n  local: "stackforge-test/nightly-good:{run}"\n'
+        f'tags:\n  local: "{run_names.NS}/nightly-good:{run}"\n'
     )
     (root / "stacks" / "nightly-bad.yaml").write_text(
         f"name: nightly-bad\ninherits: example\nnightly: true\n"
         f"indexes:\n  pypi: {{lock: false}}\n"
         f"packages:\n  markupsafe: {{version: 3.0.2, index: pypi}}\n"
-        f'tags:\n  local: "stackforge-test/nightly-bad:{run}"\n'
+        f'tags:\n  local: "{run_names.NS}/nightly-bad:{run}"\n'
     )
     ns = f"n{run}"
     env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"), STACKFORGE_LOCK_DIR=str(root / "locks"))
@@ -70,7 +72,7 @@ def nightly_run(tmp_path_factory, base_image, registry):
         timeout=1800,
     )
     yield root, ns, proc
-    subprocess.run(["docker", "image", "rm", f"stackforge-test/nightly-good:{run}"], capture_output=True)
+    subprocess.run(["docker", "image", "rm", f"{run_names.NS}/nightly-good:{run}"], capture_output=True)
 
 
 def test_make_nightly_fails_but_publishes_the_stack_that_passed(nightly_run, registry):

@@ -14,25 +14,33 @@ import requests
 
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
+from tests.fixtures import run_names
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
 REPO = Path(__file__).resolve().parents[2]
-TAG = "vllm-musa:v0.28.0-torch2.11.0.post2-jev"
+#: the overlay's own local tag, built in the run's namespace (``jev_root``)
+TAG = run_names.namespaced("vllm-musa:v0.28.0-torch2.11.0.post2-jev")
 DATE = "20270105"
 PUBLISHED = f"jev-v0.28.0-5.2.0-torch2.11.0.post2-{DATE}-r1"
 
 
-def overlay_cmd(standins, post2, verb: str, *extra: str, root: Path | None = None):
-    args = [*(["--root", str(root)] if root else []), verb, "post2", "--overlay", "jev", "--out", str(post2.out)]
+def overlay_cmd(standins, post2, verb: str, *extra: str, root: Path):
+    args = ["--root", str(root), verb, "post2", "--overlay", "jev", "--out", str(post2.out)]
     env = {"STACKFORGE_CACHE": str(standins.root / "upstream-cache")}
     return mb.stackforge(*args, *extra, *ms.set_args(post2.overrides), env=env)
 
 
 @pytest.fixture(scope="module")
-def jev(standins, post2):
+def jev_root(tmp_path_factory) -> Path:
+    """The repository's stacks, patches, overlays and recipes (the jev overlay's local tag in the run's namespace)."""
+    return copy_root(tmp_path_factory.mktemp("jev"))
+
+
+@pytest.fixture(scope="module")
+def jev(standins, post2, jev_root):
     mb.docker("image", "rm", "--force", TAG, check=False)
-    proc = overlay_cmd(standins, post2, "build", "--network", "host")
+    proc = overlay_cmd(standins, post2, "build", "--network", "host", root=jev_root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == TAG
     return proc
@@ -82,7 +90,7 @@ def wait_for(url: str, timeout: float = 90) -> requests.Response:
 
 
 def test_both_ports_answer_and_the_entrypoint_forwards_signals(jev):
-    name = "stackforge-test-jev"
+    name = run_names.container("jev")
     mb.docker("rm", "--force", name, check=False)
     mb.docker(
         "run",
@@ -138,12 +146,12 @@ def test_the_recipe_smokes_on_the_jev_image_through_both_ports(jev, tmp_path):
     assert data["container"]["removed"]
 
 
-def test_published_immutably_and_verified(jev, standins, post2, registry):
+def test_published_immutably_and_verified(jev, standins, post2, registry, jev_root):
     ns = "overlay-jev"
-    first = overlay_cmd(standins, post2, "publish", "--registry", f"{registry}/{ns}", "--date", DATE)
+    first = overlay_cmd(standins, post2, "publish", "--registry", f"{registry}/{ns}", "--date", DATE, root=jev_root)
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"published: {registry}/{ns}/vllm/vllm-openai:{PUBLISHED}" in first.stdout
-    again = overlay_cmd(standins, post2, "publish", "--registry", f"{registry}/{ns}", "--date", DATE)
+    again = overlay_cmd(standins, post2, "publish", "--registry", f"{registry}/{ns}", "--date", DATE, root=jev_root)
     assert again.returncode == 0 and "already published" in again.stdout
     base = f"http://{registry}/v2/{ns}/vllm/vllm-openai"
     tags = requests.get(f"{base}/tags/list", timeout=10).json()["tags"]
@@ -158,7 +166,7 @@ def test_published_immutably_and_verified(jev, standins, post2, registry):
     record = json.loads((post2.out / "overlays" / "jev" / "evidence" / "latest" / "publish.json").read_text())
     assert record["overlay"] == "jev" and record["tag"] == PUBLISHED
 
-    verify = mb.stackforge("verify", TAG, *ms.set_args(post2.overrides))
+    verify = mb.stackforge("--root", str(jev_root), "verify", TAG, *ms.set_args(post2.overrides))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     out = verify.stdout
     assert "PASS overlay range.vllm label=sha256:" in out
@@ -168,13 +176,13 @@ def test_published_immutably_and_verified(jev, standins, post2, registry):
 
 
 def test_the_published_overlay_is_verified_from_the_registry_without_a_checkout(
-    jev, standins, post2, registry, tmp_path
+    jev, standins, post2, registry, tmp_path, jev_root
 ):
     """An operator with the registry alone verifies the published jev image by its tag, from an empty directory:
     the overlay's labels against its publish record, the embedded overlay.yaml, the range and the files
     re-hashed inside the image, its post2 base, and post2's gate re-run."""
     ns = "overlay-jev"
-    published = overlay_cmd(standins, post2, "publish", "--registry", f"{registry}/{ns}", "--date", DATE)
+    published = overlay_cmd(standins, post2, "publish", "--registry", f"{registry}/{ns}", "--date", DATE, root=jev_root)
     assert published.returncode == 0, published.stdout + published.stderr
     ref = f"{registry}/{ns}/vllm/vllm-openai:{PUBLISHED}"
     proc = mb.stackforge("verify", ref, cwd=tmp_path)
@@ -198,6 +206,10 @@ def copy_root(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     for part in ("stacks", "patches", "overlays", "recipes"):
         shutil.copytree(REPO / part, root / part)
+    overlay = root / "overlays" / "jev" / "overlay.yaml"
+    local = '  local: "vllm-musa:'
+    assert overlay.read_text().count(local) == 1, "overlays/jev/overlay.yaml: tags.local is not vllm-musa:…"
+    overlay.write_text(overlay.read_text().replace(local, f'  local: "{run_names.NS}/vllm-musa:'))
     return root
 
 

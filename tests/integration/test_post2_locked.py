@@ -20,6 +20,7 @@ import pytest
 
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
+from tests.fixtures import run_names
 
 pytestmark = pytest.mark.engine
 
@@ -41,7 +42,7 @@ def locked(standins, tmp_path_factory):
 def _build(standins, root, overrides, label):
     out = standins.root / "builds" / f"locked-{label}"
     args = ["--root", str(root), "build", "post2", "--network", "host", "--out", str(out), *ms.set_args(overrides)]
-    args += ["--set", f"tags.local=stackforge-test/post2-locked:{label}"]  # leaves the stack's own tag to others
+    args += ["--set", f"tags.local={run_names.NS}/post2-locked:{label}"]  # leaves the stack's own tag to others
     proc = mb.stackforge(*args, env={"STACKFORGE_CACHE": str(standins.root / "upstream-cache")})
     return mb.Build("post2", args, proc, out, list(overrides))
 
@@ -109,4 +110,4 @@ def test_a_requirement_file_changed_after_locking_stops_the_build(standins, lock
         "(requirements.vllm-common.files[0]) changed since the lock was made" in build.proc.stderr
     )
     assert "fix: run: stackforge lock post2" in build.proc.stderr
-    assert mb.image_id("stackforge-test/post2-locked:stale") is None
+    assert mb.image_id(run_names.image("post2-locked", "stale")) is None

@@ -17,11 +17,13 @@ from stackforge.builder.plan import pip_check_allow
 from stackforge.stack.load import fingerprint
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
+from tests.fixtures import run_names
 
 pytestmark = pytest.mark.engine
 
-POST2_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
-POST1_TAG = "vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post1_musa5.2.0"
+#: the stacks' own local tags, built in the run's namespace (tests/fixtures/run_names.py)
+POST2_TAG = run_names.namespaced("vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0")
+POST1_TAG = run_names.namespaced("vllm-musa:ubuntu22.04_py3.11_musa_runtime_5.2_pytorch_release_2.11.0.post1_musa5.2.0")
 DEEP_EP_SO = "deep_ep_cpp.cpython-311-x86_64-linux-gnu.so"
 PIP_CHECK = "PASS pip    check      No broken requirements found."
 #: an unmet requirement post1 allows: pip check names the plugin and the pin (the line's text is pip's own)

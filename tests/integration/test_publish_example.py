@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.fixtures import run_names
+
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +44,7 @@ def built(tmp_path_factory, base_image):
     root.mkdir()
     shutil.copytree(REPO / "stacks", root / "stacks")
     shutil.copytree(REPO / "patches", root / "patches")
-    tag = f"stackforge-test/example:publish-{uuid.uuid4().hex[:8]}"
+    tag = f"{run_names.NS}/example:publish-{uuid.uuid4().hex[:8]}"
     proc = stackforge(root, "build", "example", "--set", f"tags.local={tag}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield root, tag
@@ -92,7 +94,7 @@ def test_the_gated_example_image_is_published_verified_and_not_twice(built, regi
 def test_an_image_that_is_not_the_gated_one_is_refused(built, registry, tmp_path):
     root, tag = built
     ns = f"e{uuid.uuid4().hex[:8]}"
-    other = f"stackforge-test/example:ungated-{ns}"
+    other = f"{run_names.NS}/example:ungated-{ns}"
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         info = tarfile.TarInfo("not-gated")

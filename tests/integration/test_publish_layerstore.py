@@ -24,6 +24,7 @@ from stackforge.clients.engine import Engine
 from stackforge.publish import layerstore
 from stackforge.publish.oci import ArchiveImage, DockerImage, LayerCache
 from stackforge.publish.publisher import PushLog
+from tests.fixtures import run_names
 
 pytestmark = [pytest.mark.engine]
 
@@ -56,7 +57,7 @@ def image(engine: Engine, base_image: str, tmp_path_factory):
         " && ln /srv/files/big.bin /srv/hard && cp /bin/true /srv/suid && chmod 4755 /srv/suid"
         " && mkfifo /srv/fifo\n"
     )
-    ref = f"stackforge-test/layerstore:{uuid.uuid4().hex[:8]}"
+    ref = f"{run_names.NS}/layerstore:{uuid.uuid4().hex[:8]}"
     docker("buildx", "build", "--load", "-q", "-t", ref, str(ctx))
     yield ref, engine.image_id(ref)
     subprocess.run(["docker", "image", "rm", "-f", ref], capture_output=True)

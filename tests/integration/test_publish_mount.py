@@ -16,7 +16,7 @@ from stackforge.clients.registry import RetryPolicy
 from stackforge.publish.oci import ArchiveImage
 from stackforge.publish.publisher import publish
 from stackforge.stack.scheme import TagScheme
-from tests.unit.test_publish import layer_tar, save_archive
+from tests.fixtures.save_archive import layer_tar, save_archive
 
 pytestmark = [pytest.mark.registry]
 

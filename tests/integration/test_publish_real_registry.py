@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from stackforge.errors import BuildFailed
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import publish
 from stackforge.stack.scheme import TagScheme
+from tests.fixtures import run_names
 from tests.fixtures.faulty_proxy import (
     BLOB_UPLOAD,
     MANIFEST_BY_DIGEST,
@@ -34,10 +34,10 @@ from tests.fixtures.faulty_proxy import (
     Fault,
     FaultyProxy,
 )
+from tests.fixtures.stack_support import RootSpec, repo_root
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DATE = "20260929"
 PREFIX = "v0.28.0-ph1-5.2.0-torch2.11.0.post2"  # what stacks/post2.yaml renders
 SCHEME = TagScheme.from_prefix(PREFIX)
@@ -70,14 +70,14 @@ def rootfs_tar(files: dict[str, bytes]) -> bytes:
 def images(engine, tmp_path_factory):
     """Four distinct two-layer images built by the engine; removed at the end."""
     run = uuid.uuid4().hex[:8]
-    base = f"stackforge-test/publish-base:{run}"
+    base = f"{run_names.NS}/publish-base:{run}"
     docker("import", "-", base, input=rootfs_tar({"etc/os-release": b"ID=debian\n", "bin/note": b"base"}))
     refs = []
     for i in range(4):
         ctx = tmp_path_factory.mktemp(f"img{i}")
         (ctx / "payload.txt").write_text(f"image {i} of run {run}\n" * 50)
         (ctx / "Dockerfile").write_text(f"FROM {base}\nCOPY payload.txt /srv/payload.txt\n")
-        ref = f"stackforge-test/publish:{run}-{i}"
+        ref = f"{run_names.NS}/publish:{run}-{i}"
         docker("buildx", "build", "--load", "-q", "-t", ref, str(ctx))
         refs.append(ref)
     yield refs
@@ -120,12 +120,9 @@ def lib_publish(address: str, ns: str, ref: str, tmp_path: Path, **kw):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """A private copy of the stacks, so CLI runs own their build/ directory."""
-    r = tmp_path_factory.mktemp("pubroot") / "repo"
-    r.mkdir()
-    shutil.copytree(REPO_ROOT / "stacks", r / "stacks")
-    shutil.copytree(REPO_ROOT / "patches", r / "patches")
-    return r
+    """A private copy of the stacks, so CLI runs own their build/ directory (one for the module: the shared
+    ``root`` of tests/conftest.py is one per test)."""
+    return repo_root(tmp_path_factory.mktemp("pubroot"), RootSpec(parts=("stacks", "patches")))
 
 
 def cli_args(root: Path, registry: str, ref: str, out: Path, *extra: str) -> list[str]:
@@ -187,7 +184,7 @@ def test_r1_then_r2_on_one_date_and_the_repull_gives_the_same_image_id(registry,
 @pytest.mark.parametrize("compression", ["gzip", "none"])
 def test_a_node_without_the_image_pulls_it_back_identical(registry, engine, ns, tmp_path, compression):
     """Remove the local image after publishing, pull by tag and by digest: same image id, layers verified by the engine."""
-    ref = f"stackforge-test/publish-pull:{ns}"
+    ref = f"{run_names.NS}/publish-pull:{ns}"
     docker("import", "-", ref, input=rootfs_tar({"srv/data": f"{ns} {compression}".encode() * 1000}))
     local_id = image_id(ref)
     r = lib_publish(registry, ns, ref, tmp_path, compression=compression, aliases=())

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import musa_builds as mb
+from tests.fixtures import run_names
 
 pytestmark = pytest.mark.engine
 
@@ -36,5 +37,5 @@ def test_recipe_lint_against_the_image(post2, tmp_path):
     # vllm-openai's entrypoint is the vllm console script: it reads no $GMEM, so the override is dead
     assert "env.GMEM: the image's entrypoint (/" in out and "never reads $GMEM" in out, out
 
-    missing = mb.stackforge("recipe", "lint", "qwen3-8b", "--image", "stackforge-test/no-such-image:1")
-    assert missing.returncode == 2 and "no image stackforge-test/no-such-image:1" in missing.stderr
+    missing = mb.stackforge("recipe", "lint", "qwen3-8b", "--image", run_names.image("no-such-image", "1"))
+    assert missing.returncode == 2 and f"no image {run_names.image('no-such-image', '1')}" in missing.stderr

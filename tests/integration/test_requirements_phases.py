@@ -14,10 +14,11 @@ import pytest
 
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
+from tests.fixtures import run_names
 
 pytestmark = pytest.mark.engine
 
-POST2_TAG = "vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0"
+POST2_TAG = run_names.namespaced("vllm-musa:ubuntu22.04_py3.10_musa_runtime_5.2_pytorch_release_2.11.0.post2_musa5.2.0")
 PHASES = [
     "mthreads-nodeps",
     "pypi",
@@ -119,8 +120,8 @@ def test_inventory_names_each_dist_with_its_index_and_archive_hash(post2, standi
 def test_an_image_stackforge_did_not_build_is_compared_by_what_it_has_installed(post2):
     """The migration check: a build's inventory against an image without /stackforge/inventory.json (built
     from the fork's Dockerfile, say). Here: the post2 image with its inventory removed."""
-    name = "stackforge-test-foreign-inventory"
-    ref = "stackforge-test/foreign:inventory"
+    name = run_names.container("foreign-inventory")
+    ref = run_names.image("foreign", "inventory")
     mb.docker("rm", "-f", name, check=False)
     mb.docker("run", "--name", name, "--entrypoint", "rm", post2.image, "/stackforge/inventory.json")
     try:

@@ -9,17 +9,16 @@ already has ``mcc``; ``never`` skips; a version line with no match fails naming 
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from stackforge.builder import evidence as evidence_dirs
-from tests.fixtures import apt_repo
+from tests.fixtures import apt_repo, run_names
 from tests.fixtures import musa_builds as mb
+from tests.fixtures.stack_support import RootSpec, repo_root
 
 pytestmark = pytest.mark.engine
 
-TAG = "stackforge-test/sysapt:musa{{ platform.musa_runtime }}"
+TAG = run_names.namespaced("sysapt:musa{{ platform.musa_runtime }}")
 
 STACK = """\
 name: sysapt
@@ -72,11 +71,9 @@ def repo_url(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory, repo_url, base_image):
-    repo = tmp_path_factory.mktemp("sysroot")
-    (repo / "stacks").mkdir()
+    """A repository with the sysapt stack alone (one for the module: the shared ``root`` is one per test)."""
     text = STACK.format(base=base_image, tag=TAG, repo=repo_url, suite=apt_repo.SUITE)
-    (repo / "stacks" / "sysapt.yaml").write_text(textwrap.dedent(text))
-    return repo
+    return repo_root(tmp_path_factory.mktemp("sysroot"), RootSpec(stacks=(), stack_files={"sysapt.yaml": text}))
 
 
 def build(root, out, *sets: str):
@@ -174,7 +171,7 @@ def test_never_skips_the_layer(root, tmp_path_factory):
 
 def test_a_line_without_a_match_fails_naming_the_package_and_key(root, tmp_path_factory):
     out = tmp_path_factory.mktemp("bad")
-    tag = "stackforge-test/sysapt:musa9.9"
+    tag = run_names.image("sysapt", "musa9.9")
     proc = build(root, out, "platform.musa_runtime=9.9", "platform.musa=9.9.0", "system.musa.install=always")
     assert proc.returncode != 0
     assert "error: system.musa.packages.2 (libmthreads-compute): no version of line 9.9" in proc.stderr

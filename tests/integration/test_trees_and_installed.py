@@ -21,12 +21,13 @@ import pytest
 
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
+from tests.fixtures import run_names
 from tests.fixtures.listener import Listener
 from tests.fixtures.stack_support import make_root
 
 pytestmark = pytest.mark.engine
 
-TAG = "stackforge-test/kern:post2"
+TAG = run_names.image("kern", "post2")
 MATE_PATCH = "patches/installed/mate-dynamo-bool.patch"
 FLASH_PATCH = "patches/installed/flash-mla-old.patch"
 
@@ -216,13 +217,13 @@ def test_plugin_without_the_tree_cannot_fetch_vllm(standins, world, kern):
         "kern",
         "kernels.vllm_musa.trees={}",
         "kernels.vllm_musa.env.SKIP_THIRD_PARTY=0",
-        "tags.local=stackforge-test/kern:no-tree",
+        f"tags.local={run_names.image('kern', 'no-tree')}",
         label="no-tree",
     )
     assert failed.proc.returncode == 1, failed.describe()
     assert "third_party/vllm: cloning into it failed" in failed.log
     assert "transport 'https' not allowed" in failed.log
-    assert mb.image_id("stackforge-test/kern:no-tree") is None
+    assert mb.image_id(run_names.image("kern", "no-tree")) is None
 
 
 def test_plugin_told_to_patch_again_fails_strictly(standins, world, kern):
@@ -232,12 +233,12 @@ def test_plugin_told_to_patch_again_fails_strictly(standins, world, kern):
         world,
         "kern",
         "kernels.vllm_musa.env.VLLM_MUSA_NO_BUILD_PATCH=0",
-        "tags.local=stackforge-test/kern:patched-twice",
+        f"tags.local={run_names.image('kern', 'patched-twice')}",
         label="patched-twice",
     )
     assert failed.proc.returncode == 1, failed.describe()
     assert f"MUSA build patch: failed (strict) {ms.PLUGIN_PATCH}" in failed.log
-    assert mb.image_id("stackforge-test/kern:patched-twice") is None
+    assert mb.image_id(run_names.image("kern", "patched-twice")) is None
 
 
 @pytest.mark.parametrize(
@@ -260,10 +261,10 @@ def test_bad_in_tree_series_names_the_key(standins, world, path, message):
           vllm:
             patches_from: {{upstream: vllm_musa, path: {path}}}
         tags:
-          local: stackforge-test/kern:bad
+          local: {run_names.image("kern", "bad")}
         """)
     )
     failed = build(standins, world, "kern-bad", label=f"bad-{path.rsplit('/', 1)[1]}")
     assert failed.proc.returncode == 2, failed.describe()
     assert "kern-bad.yaml:5:" in failed.proc.stderr and message in failed.proc.stderr, failed.proc.stderr
-    assert mb.image_id("stackforge-test/kern:bad") is None
+    assert mb.image_id(run_names.image("kern", "bad")) is None

@@ -14,7 +14,7 @@ from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, fingerprint, load
 from tests.fixtures.gitrepo import GitRepo
-from tests.fixtures.stack_support import make_root, run_cli
+from tests.fixtures.stack_support import RootSpec, make_root, run_cli
 
 MUSA_TXT = "# Common dependencies\n-r common.txt\n-r musa_private.txt\n"
 PRIVATE = "# MUSA self-built wheels\ntorch==2.11.0.post2+musa5.2.0\nflash_mla==0.2.7+musa\n"
@@ -82,9 +82,8 @@ def up(tmp_path):
 
 
 @pytest.fixture
-def root(tmp_path, up, monkeypatch):
-    monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
-    return make_root(tmp_path, {"agr.yaml": stack_text(up)})
+def root_spec(tmp_path, up) -> RootSpec:
+    return RootSpec(stack_files={"agr.yaml": stack_text(up)}, env={"STACKFORGE_CACHE": str(tmp_path / "cache")})
 
 
 def test_lint_notes_an_upstream_that_is_not_fetched_and_checks_it_once_it_is(capsys, root, up, tmp_path):

@@ -15,7 +15,7 @@ from stackforge.builder import bake as bakemod
 from stackforge.errors import UserError
 from stackforge.flows.nightly import Row, Summary, _gate_summary, nightly, select_stacks
 from stackforge.stack.load import load
-from tests.fixtures.stack_support import make_root
+from tests.fixtures.stack_support import RootSpec, make_root
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,19 +31,25 @@ def copy_stacks(dest):
 UNLOCKED = "indexes:\n  pypi: {lock: false}\n"
 
 
+def _no_nightly(root: Path) -> None:
+    """None of the repository's stacks is nightly: these tests declare their own nightly stacks."""
+    for path in (root / "stacks").glob("*.yaml"):
+        if path.name not in ("nightly-good.yaml", "nightly-bad.yaml"):
+            path.write_text(re.sub(r"(?m)^nightly: true\b.*$", "nightly: false", path.read_text()))
+
+
 @pytest.fixture
-def root(tmp_path):
-    r = tmp_path / "repo"
-    r.mkdir()
-    copy_stacks(r / "stacks")
-    shutil.copytree(REPO / "patches", r / "patches")
-    (r / "stacks" / "nightly-good.yaml").write_text("name: nightly-good\ninherits: example\nnightly: true\n" + UNLOCKED)
-    (r / "stacks" / "nightly-bad.yaml").write_text(
-        "name: nightly-bad\ninherits: example\nnightly: true\n"
-        + UNLOCKED
-        + "packages:\n  markupsafe: {version: 3.0.2, index: pypi}\n"
+def root_spec() -> RootSpec:
+    return RootSpec(
+        parts=("stacks", "patches"),
+        stack_files={
+            "nightly-good.yaml": "name: nightly-good\ninherits: example\nnightly: true\n" + UNLOCKED,
+            "nightly-bad.yaml": "name: nightly-bad\ninherits: example\nnightly: true\n"
+            + UNLOCKED
+            + "packages:\n  markupsafe: {version: 3.0.2, index: pypi}\n",
+        },
+        edit=_no_nightly,
     )
-    return r
 
 
 def item(name="s-t", **kw):

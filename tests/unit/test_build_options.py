@@ -8,7 +8,7 @@ from stackforge.builder.plan import image_labels, make_plan
 from stackforge.errors import UserError
 from stackforge.stack.load import fingerprint, load
 from stackforge.stack.tags import local_ref
-from tests.fixtures.stack_support import make_root, parse_errors, run_cli
+from tests.fixtures.stack_support import RootSpec, make_root, parse_errors, run_cli
 
 RS = """\
 name: rs
@@ -27,8 +27,8 @@ kernels:
 
 
 @pytest.fixture
-def root(tmp_path):
-    return make_root(tmp_path, {"rs.yaml": RS})
+def root_spec() -> RootSpec:
+    return RootSpec(stack_files={"rs.yaml": RS})
 
 
 def kernels(stack) -> list[str]:

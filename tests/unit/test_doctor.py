@@ -22,7 +22,7 @@ from stackforge.stack.load import load_stack
 from tests.fixtures import musa_standins as ms
 from tests.fixtures.hostile_server import HostileServer, endless, trickle
 from tests.fixtures.index_server import IndexServer
-from tests.fixtures.stack_support import make_root, run_cli
+from tests.fixtures.stack_support import RootSpec, run_cli
 from tests.fixtures.stub_registry import StubRegistry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,10 +111,8 @@ def closed_port() -> int:
 
 
 @pytest.fixture
-def root(tmp_path, monkeypatch):
-    monkeypatch.setenv("STACKFORGE_INDEX_MTHREADS_USERNAME", "ci")
-    monkeypatch.setenv("STACKFORGE_INDEX_MTHREADS_PASSWORD", SECRET)
-    return make_root(tmp_path)
+def root_spec() -> RootSpec:
+    return RootSpec(env={"STACKFORGE_INDEX_MTHREADS_USERNAME": "ci", "STACKFORGE_INDEX_MTHREADS_PASSWORD": SECRET})
 
 
 def good(repos, registry, indexes, apt) -> list[str]:

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import io
 import os
 import sys
 import textwrap
 from pathlib import Path
 
-GATE_DIR = Path(__file__).resolve().parents[2] / "images" / "gate"
-
-
-def load(name: str):
-    """An image script as a module; its directory is on sys.path, as when the image runs it as a script."""
-    spec = importlib.util.spec_from_file_location(f"stackforge_image_{name}", GATE_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(GATE_DIR))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(GATE_DIR))
-    return module
-
+from tests.fixtures.image_scripts import load
 
 gate = load("gate")
 abi = load("abi")

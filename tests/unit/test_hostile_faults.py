@@ -25,6 +25,7 @@ from stackforge import fslock
 from stackforge.builder import evidence as evidence_dirs
 from stackforge.cli.main import main
 from stackforge.clients.engine import BuildResult, EngineInfo
+from tests.fixtures.stack_support import RootSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,18 +56,14 @@ time.sleep(float(sys.argv[2]))
 
 
 @pytest.fixture
-def root(tmp_path):
+def root_spec() -> RootSpec:
     """A repository with two small stacks and a gate directory big enough that a render takes a while."""
-    r = tmp_path / "repo"
-    (r / "stacks").mkdir(parents=True)
-    for name in ("tiny", "tiny2"):
-        (r / "stacks" / f"{name}.yaml").write_text(TINY.format(name=name))
-    shutil.copytree(REPO / "images", r / "images", ignore=shutil.ignore_patterns("__pycache__"))
-    bulk = r / "images" / "gate" / "bulk"
-    bulk.mkdir()
-    for i in range(1500):
-        (bulk / f"f{i}").write_text(f"{i}\n")
-    return r
+    return RootSpec(
+        parts=("images",),
+        stacks=(),
+        stack_files={f"{name}.yaml": TINY.format(name=name) for name in ("tiny", "tiny2")},
+        files={f"images/gate/bulk/f{i}": f"{i}\n" for i in range(1500)},
+    )
 
 
 def stackforge(root: Path, *args: str, **env: str) -> subprocess.Popen:

@@ -30,8 +30,9 @@ from stackforge.stack.load import load
 from stackforge.stack.scheme import TagScheme
 from tests.fixtures.faulty_proxy import BLOB_UPLOAD, Fault, FaultyProxy
 from tests.fixtures.gitrepo import build_upstream, make_series
+from tests.fixtures.save_archive import layer_tar, save_archive
+from tests.fixtures.stack_support import RootSpec
 from tests.fixtures.stub_registry import StubRegistry
-from tests.unit.test_publish import layer_tar, save_archive
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK_REL = "stacks/locks/example/pypi.txt"
@@ -43,12 +44,9 @@ FIX = "fix: run: stackforge lock example"
 
 
 @pytest.fixture
-def root(tmp_path):
+def root_spec() -> RootSpec:
     """A copy of the repository's stacks (with the example's lock) and patches."""
-    r = tmp_path / "repo"
-    shutil.copytree(REPO / "stacks", r / "stacks", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "patches", r / "patches")
-    return r
+    return RootSpec(parts=("stacks", "patches"))
 
 
 def sf(root: Path, *args: str) -> subprocess.CompletedProcess:

@@ -29,8 +29,8 @@ from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.stack.load import fingerprint, load
 from tests.fixtures.gitrepo import build_upstream
+from tests.fixtures.stack_support import RootSpec
 
-REPO = Path(__file__).resolve().parents[2]
 SDIST = "markupsafe-3.0.3.tar.gz"
 REMAKE = "fix: copy the mirror again, or make it again: stackforge mirror STACK --to DIR"
 
@@ -46,11 +46,8 @@ def sdist_bytes(text: str = "original") -> bytes:
 
 
 @pytest.fixture
-def root(tmp_path):
-    r = tmp_path / "repo"
-    shutil.copytree(REPO / "stacks", r / "stacks", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "patches", r / "patches")
-    return r
+def root_spec() -> RootSpec:
+    return RootSpec(parts=("stacks", "patches"))
 
 
 @pytest.fixture

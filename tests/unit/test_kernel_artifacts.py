@@ -18,7 +18,7 @@ from stackforge.builder.plan import image_labels, make_plan
 from stackforge.builder.render import render_dockerfile
 from stackforge.errors import UserError
 from stackforge.stack.load import load
-from tests.fixtures.stack_support import assert_refused, locate, make_root
+from tests.fixtures.stack_support import RootSpec, assert_refused, locate
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 INSTALLER = IMAGES / "kernels" / "install_files.py"
@@ -47,8 +47,8 @@ gate:
 
 
 @pytest.fixture
-def root(tmp_path):
-    return make_root(tmp_path, {"art.yaml": ART})
+def root_spec() -> RootSpec:
+    return RootSpec(stack_files={"art.yaml": ART})
 
 
 def between(text: str, start: str, end: str) -> str:

@@ -10,8 +10,8 @@ import pytest
 from stackforge import localver
 from stackforge.stack.diff import diff_stacks
 from stackforge.stack.load import load
-from tests.unit.test_gate_scripts import GATE_DIR
-from tests.unit.test_gate_scripts import load as load_image_script
+from tests.fixtures.image_scripts import GATE_DIR
+from tests.fixtures.image_scripts import load as load_image_script
 
 gate = load_image_script("gate")
 preserve = load_image_script("preserve")

@@ -18,17 +18,16 @@ from stackforge.overlay import range as ranges
 from stackforge.overlay.load import check_files, load_overlay
 from stackforge.recipes.lint import reads_env
 from stackforge.stack.load import load
+from tests.fixtures.stack_support import RootSpec
 
 REPO = Path(__file__).resolve().parents[2]
 JEV = REPO / "overlays" / "jev"
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
+def root_spec() -> RootSpec:
     """A repository holding the stacks, patches and the jev overlay, to edit freely."""
-    for part in ("stacks", "patches", "overlays"):
-        shutil.copytree(REPO / part, tmp_path / part)
-    return tmp_path
+    return RootSpec(parts=("stacks", "patches", "overlays"))
 
 
 def problems(root: Path, name: str = "jev") -> list[UserError]:

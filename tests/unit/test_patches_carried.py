@@ -9,7 +9,6 @@ carried series went first.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from stackforge.stack.load import load_stack
 from tests.fixtures import musa_standins as ms
-from tests.fixtures.stack_support import make_root, run_cli
+from tests.fixtures.stack_support import RootSpec, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 OWN = "0001-Platform-Name-the-series-release.patch"
@@ -42,14 +41,12 @@ def own_patch(vllm: ms.UpstreamRepo, work: Path) -> str:
 
 
 @pytest.fixture
-def root(tmp_path, repos, monkeypatch):
-    monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
-    root = make_root(tmp_path)
-    shutil.copytree(REPO / "patches", root / "patches")
-    series = root / "patches" / "vllm"
-    (series / OWN).write_text(own_patch(repos["vllm"], tmp_path))
-    (series / "series").write_text(f"{OWN}\n")
-    return root
+def root_spec(tmp_path, repos) -> RootSpec:
+    return RootSpec(
+        parts=("patches",),
+        files={f"patches/vllm/{OWN}": own_patch(repos["vllm"], tmp_path), "patches/vllm/series": f"{OWN}\n"},
+        env={"STACKFORGE_CACHE": str(tmp_path / "cache")},
+    )
 
 
 def sets(repos, *extra: str) -> list[str]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
-import hashlib
-import io
 import json
 import tarfile
 import threading
@@ -33,6 +31,7 @@ from tests.fixtures.faulty_proxy import (
     Fault,
     FaultyProxy,
 )
+from tests.fixtures.save_archive import add_file, layer_tar, save_archive
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
 PREFIX = "v0.28.0-ph1-5.2.0-torch2.11.0.post2"
@@ -44,81 +43,6 @@ FAST = RetryPolicy(attempts=5, base_delay=0.001, max_delay=0.01, total_seconds=1
 
 
 # ------------------------------------------------------------------------------ archive helpers
-
-
-def layer_tar(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in sorted(files.items()):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime = len(data), 0
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _link(tar: tarfile.TarFile, name: str, target: str) -> None:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = tarfile.SYMTYPE, target
-    tar.addfile(info)
-
-
-def save_archive(
-    path: Path,
-    layers: list[bytes],
-    *,
-    flavour: str = "legacy",
-    note: str = "",
-    diff_ids: list[str] | None = None,
-    stored: list[bytes] | None = None,
-) -> str:
-    """Write a docker-save archive; returns the image id (sha256 of the config)."""
-    diff_ids = diff_ids or [digest_of(l) for l in layers]
-    config = json.dumps(
-        {
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Labels": {"note": note}},
-            "rootfs": {"type": "layers", "diff_ids": diff_ids},
-        },
-        sort_keys=True,
-    ).encode()
-    image_id = digest_of(config)
-    stored = stored or layers
-    with tarfile.open(path, "w") as tar:
-        if flavour == "legacy":
-            names, first_of = [], {}
-            for i, (layer, raw) in enumerate(zip(layers, stored)):
-                v1 = hashlib.sha256(f"{i}-{digest_of(layer)}".encode()).hexdigest()
-                d = digest_of(layer)
-                if d in first_of:  # docker save links a repeated layer to its first copy
-                    _link(tar, f"{v1}/layer.tar", f"../{first_of[d]}/layer.tar")
-                else:
-                    first_of[d] = v1
-                    _add(tar, f"{v1}/layer.tar", raw)
-                _add(tar, f"{v1}/VERSION", b"1.0")
-                _add(tar, f"{v1}/json", json.dumps({"id": v1}).encode())
-                names.append(f"{v1}/layer.tar")
-            cfg_name = image_id.split(":")[1] + ".json"
-            _add(tar, cfg_name, config)
-        else:
-            _add(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-            names, seen = [], set()
-            for raw in stored:
-                d = digest_of(raw)
-                if d not in seen:
-                    seen.add(d)
-                    _add(tar, f"blobs/sha256/{d.split(':')[1]}", raw)
-                names.append(f"blobs/sha256/{d.split(':')[1]}")
-            cfg_name = f"blobs/sha256/{image_id.split(':')[1]}"
-            _add(tar, cfg_name, config)
-        _add(tar, "manifest.json", json.dumps([{"Config": cfg_name, "RepoTags": ["x:y"], "Layers": names}]).encode())
-    return image_id
 
 
 @pytest.fixture
@@ -246,7 +170,7 @@ def test_corrupt_layer_is_caught(tmp_path):
 
 def test_archive_without_manifest_is_refused(tmp_path):
     with tarfile.open(tmp_path / "x.tar", "w") as tar:
-        _add(tar, "hello.txt", b"hi")
+        add_file(tar, "hello.txt", b"hi")
     with open(tmp_path / "x.tar", "rb") as fh, pytest.raises(BuildFailed, match="no manifest.json"):
         read_save_stream(fh, tmp_path / "w")
 

@@ -16,8 +16,8 @@ from stackforge.publish import pgzip
 from stackforge.publish.oci import ArchiveImage
 from stackforge.publish.publisher import publish
 from stackforge.stack.scheme import TagScheme
+from tests.fixtures.save_archive import layer_tar, save_archive
 from tests.fixtures.stub_registry import StubRegistry
-from tests.unit.test_publish import layer_tar, save_archive
 
 FAST = RetryPolicy(attempts=3, base_delay=0.001, max_delay=0.01, total_seconds=10)
 BLOCK = 64 << 10

@@ -4,7 +4,6 @@ generated cookbook and its --check, and the verbs' exit codes."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from stackforge.errors import UserError
 from stackforge.recipes import docs as docsmod
 from stackforge.recipes.lint import check_image, check_repository, help_flags, reads_env
 from stackforge.recipes.load import list_recipes, load_recipe
+from tests.fixtures.stack_support import RootSpec
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "fixtures" / "standin_vllm_serve.py"
@@ -39,14 +39,13 @@ smoke:
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
+def root_spec() -> RootSpec:
     """A repository with the real stacks, the docs templates and no recipes yet."""
-    shutil.copytree(REPO / "stacks", tmp_path / "stacks")
-    shutil.copytree(REPO / "images" / "docs", tmp_path / "images" / "docs")
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "overlays" / "jev").mkdir(parents=True)
-    (tmp_path / "README.md").write_text(f"# x\n\n{docsmod.BEGIN}\n{docsmod.END}\n\nafter\n", encoding="utf-8")
-    return tmp_path
+    return RootSpec(
+        parts=("stacks", "images/docs"),
+        dirs=("recipes", "overlays/jev"),
+        files={"README.md": f"# x\n\n{docsmod.BEGIN}\n{docsmod.END}\n\nafter\n"},
+    )
 
 
 def write(root: Path, name: str, text: str) -> Path:

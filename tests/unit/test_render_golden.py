@@ -9,7 +9,6 @@ After an intended change to a template, a stack or the labels, regenerate and re
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +21,7 @@ from stackforge.builder.sources import SourceInfo
 from stackforge.clients.workspace import Workspace
 from stackforge.stack.load import load
 from stackforge.stack.names import list_stacks
-from tests.fixtures.stack_support import REPO, run_cli
+from tests.fixtures.stack_support import REPO, RootSpec, run_cli
 
 BASE_DIGEST = "sha256:" + "d" * 64
 BASE_ID = "sha256:" + "e" * 64
@@ -144,11 +143,9 @@ def fake_export(stack, name, dest: Path, cache) -> SourceInfo:
 
 
 @pytest.fixture
-def root(tmp_path):
+def root_spec() -> RootSpec:
     """A repository root with a copy of stacks/ (the templates come from the source tree)."""
-    r = tmp_path / "repo"
-    shutil.copytree(REPO / "stacks", r / "stacks")
-    return r
+    return RootSpec(parts=("stacks",))
 
 
 def three_dockerfiles(root: Path, tmp_path: Path, capsys, monkeypatch, *, sources: bool):

@@ -19,10 +19,10 @@ from stackforge.builder.requirements import constraints_file, read_phase, requir
 from stackforge.builder.resolve import pin_conflicts
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, load
-from tests.fixtures.stack_support import make_root, run_cli
+from tests.fixtures.image_scripts import GATE_DIR
+from tests.fixtures.image_scripts import load as load_image_script
+from tests.fixtures.stack_support import RootSpec, make_root, run_cli
 from tests.fixtures.wheels import build_wheel
-from tests.unit.test_gate_scripts import GATE_DIR
-from tests.unit.test_gate_scripts import load as load_image_script
 
 PIN = "v0.28.0@" + "c" * 40
 
@@ -50,8 +50,8 @@ targets: {run: {entrypoint: [python3]}}
 
 
 @pytest.fixture
-def root(tmp_path):
-    return make_root(tmp_path, {"req.yaml": STACK})
+def root_spec() -> RootSpec:
+    return RootSpec(stack_files={"req.yaml": STACK})
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from stackforge.builder import prepare
 from stackforge.stack.load import load
 from stackforge.stack.yamlsrc import Pos
-from tests.fixtures.stack_support import locate, make_root, parse_errors, run_cli
+from tests.fixtures.stack_support import RootSpec, locate, parse_errors, run_cli
 
 A = """\
 name: a
@@ -31,8 +31,8 @@ gate:
 
 
 @pytest.fixture
-def root(tmp_path):
-    return make_root(tmp_path, {"a.yaml": A})
+def root_spec() -> RootSpec:
+    return RootSpec(stack_files={"a.yaml": A})
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from stackforge.patches.series import in_tree_series
 from stackforge.stack import load as stackload
 from stackforge.stack.installed import export_order
 from tests.fixtures import musa_standins as ms
-from tests.fixtures.stack_support import assert_refused, locate, make_root, run_cli
+from tests.fixtures.stack_support import RootSpec, assert_refused, locate, run_cli
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 
@@ -59,8 +59,8 @@ gate = load(IMAGES / "gate" / "gate.py", "stackforge_image_gate_requires")
 
 
 @pytest.fixture
-def root(tmp_path):
-    return make_root(tmp_path, {"kern.yaml": KERN})
+def root_spec() -> RootSpec:
+    return RootSpec(stack_files={"kern.yaml": KERN})
 
 
 def test_plan_and_dockerfile_carry_every_new_key(root):

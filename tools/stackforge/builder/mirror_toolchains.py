@@ -88,7 +88,8 @@ def mirror_toolchains(
         if have and have["key"] == want and part and (to / rel).is_file():
             kept[k.name] = have
             continue
-        scratch = f"{REPOSITORY}:{loaded.name}-{k.name}-building"
+        # A name of this process alone: two mirrors on one engine never tag or remove each other's stage.
+        scratch = f"{REPOSITORY}:{loaded.name}-{k.name}-building-{os.getpid()}-{os.urandom(3).hex()}"
         with credentials.private_dir("stackforge-secrets-") as secrets_dir:
             secrets = secret_files(loaded, secrets_dir, ws)
             with progress.step(f"build the toolchain stage of kernel {k.name} (toolchain-{k.name}) with network"):

@@ -12,7 +12,7 @@ Two kinds of source, both checked before anything is built from them:
 
 An upstream spec is any object (or mapping) with ``git``, ``tag``, ``commit``,
 optional ``sdist`` (``index_url`` or ``index``, ``name``, ``version``,
-``sha256``) and optional ``patches``. Git runs through ``patches.git.git``; this module knows nothing
+``sha256``) and optional ``patches``. Git runs through ``clients.git.git``; this module knows nothing
 about patch series.
 """
 
