@@ -27,8 +27,9 @@ ENGINE_MIN_MAJOR=25
 case "$ENGINE" in modern|modern!|host) ;; *) printf 'engine-setup: error: STACKFORGE_ENGINE=%s: use modern, modern! or host\n' "$ENGINE" >&2; exit 2;; esac
 DEBIAN_MIRROR=${STACKFORGE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
-# Host tools beside the engine: command -> Debian package.
-declare -A TOOLS=([docker-registry]=docker-registry [debootstrap]=debootstrap [ccache]=ccache)
+# Tools the tests need beside the engine (command → Debian package): the registry, the base image, the
+# compiler cache, and a headless browser for the history site.
+declare -A TOOLS=([docker-registry]=docker-registry [debootstrap]=debootstrap [ccache]=ccache [chromium]=chromium)
 
 say() { printf 'engine-setup: %s\n' "$*"; }
 die() { printf 'engine-setup: error: %s\n' "$*" >&2; exit 1; }
@@ -68,7 +69,7 @@ report() {
         /^(Buildkit|BuildKit version):/ {printf "buildkit=%s ", $2}')
     say "builder: ${bk:-?}"
     local cmd
-    for cmd in docker-registry debootstrap ccache; do
+    for cmd in docker-registry debootstrap ccache chromium; do
         if command -v "$cmd" >/dev/null 2>&1; then say "$cmd: $(command -v "$cmd")"; else say "$cmd: not installed"; fi
     done
 }

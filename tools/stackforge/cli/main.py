@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "publish",
     "bake",
     "nightly",
+    "history",
     "newest",
     "drift",
     "bump",

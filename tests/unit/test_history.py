@@ -1,0 +1,95 @@
+"""`stackforge history`: the nights as a static site — newest first, failed rows marked, "same image as" an
+earlier night, per image its packages and what changed since its previous night; every value escaped."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from stackforge.cli.main import main
+from stackforge.errors import UserError
+from stackforge.flows import history
+from tests.fixtures.nights import Image, write_night
+
+D1 = "sha256:" + "a" * 64
+D2 = "sha256:" + "b" * 64
+VLLM = {"vllm": "0.11.0+musa", "torch": "2.7.1+musa.4.3.0", "numpy": "1.26.4"}
+
+
+@pytest.fixture
+def nights(tmp_path):
+    root = tmp_path / "nightly"
+    write_night(root, "20261128", [Image("post2", "vllm-openai", D1, VLLM, {"libc6": "2.36-9"})])
+    write_night(root, "20261129", [Image("post2", "vllm-openai", D1, VLLM, {"libc6": "2.36-9"})])
+    moved = {**VLLM, "numpy": "2.2.6", "triton": "3.2.0"}
+    del moved["torch"]
+    write_night(
+        root,
+        "20261130",
+        [
+            Image("post2", "vllm-openai", D2, moved, {"libc6": "2.36-10"}),
+            Image("post1", "vllm-openai", None, failed_at="gate"),
+        ],
+    )
+    return root
+
+
+def test_the_index_lists_the_nights_newest_first_and_marks_a_failed_row(nights, tmp_path):
+    index, read = history.history(nights, tmp_path / "site")
+    assert [n.date for n in read] == ["20261130", "20261129", "20261128"]
+    html = index.read_text()
+    heads = re.findall(r"<h2 id=\"night-(\d+)\">", html)
+    assert heads == ["20261130", "20261129", "20261128"]
+    failed = re.findall(r'<tr class="failed">\s*<td>post1</td>', html)
+    assert len(failed) == 1 and "failed (gate)" in html and "gate failed: see the log" in html
+    assert "same image as 20261128" in html  # the 29th published the 28th's digest again
+    assert html.count("same image as") == 1
+    assert "5.40 GB" in html
+
+
+def test_an_image_page_lists_its_packages_and_what_changed(nights, tmp_path):
+    history.history(nights, tmp_path / "site")
+    page = (tmp_path / "site" / "images" / "20261130-post2-vllm-openai.html").read_text()
+    assert 'href="20261129-post2-vllm-openai.html"' in page and 'href="../index.html#night-20261130"' in page
+    rows = re.findall(
+        r'<tr class="(added|removed|changed)"><td[^>]*>\w+</td><td>([^<]+)</td><td>([^<]*)</td><td>([^<]*)</td>', page
+    )
+    assert sorted(rows) == [
+        ("added", "triton", "", "3.2.0"),
+        ("changed", "libc6 (deb)", "2.36-9", "2.36-10"),
+        ("changed", "numpy", "1.26.4", "2.2.6"),
+        ("removed", "torch", "2.7.1+musa.4.3.0", ""),
+    ]
+    same = (tmp_path / "site" / "images" / "20261129-post2-vllm-openai.html").read_text()
+    assert "No change in the installed Python distributions" in same
+    assert "<td>vllm</td><td>0.11.0+musa</td>" in same
+
+
+def test_values_from_a_summary_are_escaped(tmp_path):
+    root = tmp_path / "nightly"
+    night = write_night(root, "20261201", [Image("post2", "vllm-openai", None, failed_at="build")])
+    data = json.loads((night / "summary.json").read_text())
+    data["rows"][0]["reason"] = '<script>alert("x")</script>'
+    data["rows"][0]["target"] = '"><img src=x onerror=alert(1)>'
+    (night / "summary.json").write_text(json.dumps(data))
+    html = history.history(root, tmp_path / "site")[0].read_text()
+    assert "<script>" not in html and "<img" not in html and "&lt;script&gt;" in html
+
+
+def test_the_site_is_replaced_whole_and_a_bad_summary_is_named(nights, tmp_path):
+    site = tmp_path / "site"
+    history.history(nights, site)
+    (site / "stale.html").write_text("old")
+    history.history(nights, site)
+    assert not (site / "stale.html").exists()
+    (nights / "20261130" / "summary.json").write_text("{not json")
+    with pytest.raises(UserError, match=r"20261130/summary.json is not JSON"):
+        history.history(nights, site)
+    assert (site / "index.html").is_file() and not list(site.parent.glob(".site-*"))
+
+
+def test_the_cli_prints_the_index(nights, tmp_path, capsys):
+    assert main(["history", "--nights", str(nights), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "out" / "index.html")
