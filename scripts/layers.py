@@ -85,9 +85,21 @@ def imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, st
     return out
 
 
+def _in_package(path: Path, package_dir: Path) -> bool:
+    """Every directory from the package down to ``path`` is a Python package (holds ``__init__.py``)."""
+    folder = path.parent
+    while folder != package_dir.parent:
+        if not (folder / "__init__.py").is_file():
+            return False
+        folder = folder.parent
+    return True
+
+
 def check(package_dir: Path) -> list[Violation]:
     found: list[Violation] = []
     for path in sorted(package_dir.rglob("*.py")):
+        if not _in_package(path, package_dir):
+            continue  # data shipped with the package (stackforge/images/: scripts that run inside images)
         rel = path.relative_to(package_dir.parent).with_suffix("")
         is_package = rel.name == "__init__"
         module = ".".join(rel.parts[:-1] if is_package else rel.parts)

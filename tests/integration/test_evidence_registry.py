@@ -119,6 +119,41 @@ def published(two_builds, registry) -> tuple[str, str, dict]:
     return publish_first(two_builds, registry)
 
 
+@pytest.fixture(scope="module")
+def installed_cli(tmp_path_factory) -> Path:
+    """stackforge as an operator installs it: a wheel built from this checkout, installed with its dependencies in
+    a fresh virtual environment (no editable install, no PYTHONPATH); its ``stackforge`` executable."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "__pycache__", "*.egg-info"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (tmp / "dist").glob("stackforge-*.whl")
+    venv = tmp / "venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
+                         timeout=900)  # fmt: skip
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    return venv / "bin" / "stackforge"
+
+
+def test_the_installed_wheel_verifies_a_published_image_from_an_empty_directory(installed_cli, published, tmp_path):
+    """The templates and in-image scripts travel in the wheel: verify re-runs the gate from them, anywhere."""
+    repository, tag, published = published
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STACKFORGE_ROOT")}
+    env["STACKFORGE_CACHE"] = str(tmp_path / "cache")
+    proc = subprocess.run([str(installed_cli), "verify", f"{repository}:{tag}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
+    assert "PASS gate    re-run inside the image with a read-only root filesystem" in out
+    assert out[-1] == f"verify {repository}:{tag}: ok"
+    module = subprocess.run([str(installed_cli.parent / "python"), "-c", "import stackforge; print(stackforge.__file__)"],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, check=True).stdout  # fmt: skip
+    assert str(installed_cli.parents[2]) in module and str(REPO) not in module  # the wheel's copy, not the checkout
+
+
 def test_pull_then_verify_from_an_empty_directory(two_builds, published, tmp_path):
     root, first, _ = two_builds
     repository, tag, published = published

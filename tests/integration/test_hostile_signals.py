@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.builder import evidence as evidence_dirs
+from stackforge.builder.render import SOURCE_IMAGES
 from tests.fixtures import run_names
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel
@@ -69,7 +70,7 @@ def test_a_signal_mid_build_stops_the_engine_and_leaves_no_secret(tmp_path, base
     password = "CANARYsig" + secrets.token_hex(10)
     root = tmp_path / "repo"
     (root / "stacks").mkdir(parents=True)
-    (root / "images").symlink_to(REPO / "images")
+    (root / "images").symlink_to(SOURCE_IMAGES)
     tag = f"{run_names.NS}/sig-{secrets.token_hex(4)}"
     with IndexServer(files, auth=("ci", password)) as server:
         (root / "stacks" / "sig.yaml").write_text(f"""name: sig

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def locked(standins, tmp_path_factory):
-    """(root, overrides, lock dir): a copy of the repository's stacks, patches and images with post2's locks."""
+    """(root, overrides, lock dir): a copy of the repository's stacks and patches with post2's locks."""
     root = tmp_path_factory.mktemp("post2-locked") / "repo"
-    for d in ("stacks", "patches", "images"):
+    for d in ("stacks", "patches"):
         shutil.copytree(mb.REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__", "locks"))
     pip = ms.bundled_pip()
     overrides = standins.overrides(standins.endpoints(standins.specs("post2")))

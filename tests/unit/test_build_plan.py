@@ -213,7 +213,7 @@ def test_images_dir_prefers_the_roots_templates_and_falls_back_to_the_source_tre
     assert render.images_dir(tmp_path) == own
     assert render.images_dir(tmp_path / "elsewhere") == render.SOURCE_IMAGES
     monkeypatch.setattr(render, "SOURCE_IMAGES", tmp_path / "missing")
-    with pytest.raises(UserError, match="no images/Dockerfile.j2 found"):
+    with pytest.raises(UserError, match=r"stackforge.s templates are missing: no .*missing/Dockerfile.j2"):
         render.images_dir(tmp_path / "elsewhere")
 
 

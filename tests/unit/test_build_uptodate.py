@@ -14,6 +14,7 @@ import pytest
 
 import stackforge.builder.run as run
 from stackforge.builder import uptodate
+from stackforge.builder.render import SOURCE_IMAGES
 from stackforge.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +32,8 @@ def rig(tmp_path, monkeypatch):
     and a fake engine (tag → image id) for the up-to-date check's one ``docker image inspect``."""
     root = tmp_path / "repo"
     for tree in ("stacks", "patches", "images"):
-        shutil.copytree(REPO / tree, root / tree, ignore=shutil.ignore_patterns("__pycache__"))
+        source = SOURCE_IMAGES if tree == "images" else REPO / tree
+        shutil.copytree(source, root / tree, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
     engine = {TAG: IMAGE, BASE: BASE_ID}
     runs: list[str] = []

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.builder.render import SOURCE_IMAGES
 from tests.fixtures.stack_support import REPO, parse_errors
 
 TIMEOUT = 20  # seconds; every refusal here takes well under one
@@ -344,7 +345,7 @@ def make_repo(tmp_path: Path, files: dict) -> Path:
     """A repository root with copies of the real stacks/ and images/ plus ``files`` under stacks/."""
     root = tmp_path / "repo"
     shutil.copytree(REPO / "stacks", root / "stacks")
-    shutil.copytree(REPO / "images", root / "images")
+    shutil.copytree(SOURCE_IMAGES, root / "images")
     for name, text in files.items():
         path = root / "stacks" / name
         path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))

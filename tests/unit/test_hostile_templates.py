@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.builder.render import SOURCE_IMAGES
+
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "pwned"
 # {c} is replaced by the canary's absolute path.
@@ -29,7 +31,7 @@ def make_root(tmp_path: Path, stack: str | None = None, dockerfile: str | None =
     shutil.copy(REPO / "stacks" / "example.yaml", root / "stacks" / "example.yaml")
     shutil.copytree(REPO / "stacks" / "locks" / "example", root / "stacks" / "locks" / "example")
     shutil.copytree(REPO / "patches" / "markupsafe", root / "patches" / "markupsafe")
-    shutil.copytree(REPO / "images", root / "images", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SOURCE_IMAGES, root / "images", ignore=shutil.ignore_patterns("__pycache__"))
     if stack is not None:
         (root / "stacks" / "hostile.yaml").write_text(textwrap.dedent(stack), encoding="utf-8")
     if dockerfile is not None:

@@ -15,12 +15,12 @@ import pytest
 
 from stackforge.builder.artifacts import check_uses
 from stackforge.builder.plan import image_labels, make_plan
-from stackforge.builder.render import render_dockerfile
+from stackforge.builder.render import SOURCE_IMAGES, render_dockerfile
 from stackforge.errors import UserError
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import RootSpec, assert_refused, locate
 
-IMAGES = Path(__file__).resolve().parents[2] / "images"
+IMAGES = SOURCE_IMAGES
 INSTALLER = IMAGES / "kernels" / "install_files.py"
 
 ART = """\

@@ -4,6 +4,7 @@ version (the rule itself, the gate, the preserve check, the stack rules, diff an
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from tests.fixtures.image_scripts import load as load_image_script
 
 gate = load_image_script("gate")
 preserve = load_image_script("preserve")
-REPO = GATE_DIR.parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: (pin, installed, verdict, matches)
 TABLE = [

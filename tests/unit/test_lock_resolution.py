@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.builder.locks import parse_lock
+from stackforge.builder.render import SOURCE_IMAGES
 from stackforge.cli import main as cli
 from stackforge.errors import UserError
 from tests.fixtures import musa_standins as ms
@@ -496,7 +497,7 @@ def test_the_offline_phase_names_the_lock_when_pip_finds_nothing(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "images" / "gate" / "preserve.py"),
+            str(SOURCE_IMAGES / "gate" / "preserve.py"),
             *args,
             "--",
             sys.executable,

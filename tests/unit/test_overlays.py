@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.builder.render import SOURCE_IMAGES
 from stackforge.errors import UserError
 from stackforge.overlay import build as ob
 from stackforge.overlay import range as ranges
@@ -219,7 +220,7 @@ def test_the_install_script_replaces_files_in_site_packages_and_checks_them(tmp_
         "extra": [],
     }
     (top / "manifest.json").write_text(json.dumps(manifest))
-    script = REPO / "images" / "overlay" / "install.py"
+    script = SOURCE_IMAGES / "overlay" / "install.py"
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, str(script), str(top)], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from stackforge.builder.plan import make_plan
-from stackforge.builder.render import render_dockerfile
+from stackforge.builder.render import SOURCE_IMAGES, render_dockerfile
 from stackforge.errors import UserError
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import make_root, parse_errors, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
-RESOLVE = REPO / "images" / "system" / "apt-resolve.sh"
-LAYER = REPO / "images" / "system" / "apt-layer.sh"
+RESOLVE = SOURCE_IMAGES / "system" / "apt-resolve.sh"
+LAYER = SOURCE_IMAGES / "system" / "apt-layer.sh"
 
 SYSTEM = """\
 system:

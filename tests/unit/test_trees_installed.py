@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.builder.plan import make_plan
-from stackforge.builder.render import render_dockerfile
+from stackforge.builder.render import SOURCE_IMAGES, render_dockerfile
 from stackforge.errors import UserError
 from stackforge.patches.series import in_tree_series
 from stackforge.stack import load as stackload
@@ -20,7 +20,7 @@ from stackforge.stack.installed import export_order
 from tests.fixtures import musa_standins as ms
 from tests.fixtures.stack_support import RootSpec, assert_refused, locate, run_cli
 
-IMAGES = Path(__file__).resolve().parents[2] / "images"
+IMAGES = SOURCE_IMAGES
 
 KERN = """\
 name: kern

@@ -14,7 +14,8 @@ from stackforge.builder.plan import Plan
 from stackforge.errors import UserError
 from stackforge.stack.tags import Sandbox
 
-SOURCE_IMAGES = Path(__file__).resolve().parents[3] / "images"
+#: the templates and in-image scripts stackforge ships (package data: a wheel carries them)
+SOURCE_IMAGES = Path(__file__).resolve().parents[1] / "images"
 #: Longest Dockerfile the template may render.
 MAX_DOCKERFILE = 4 * 1024 * 1024
 # Line breaks JSON leaves as they are but str.splitlines (and a reader) would break a line at.
@@ -22,13 +23,16 @@ _JSON_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"
 
 
 def images_dir(root: Path | None = None) -> Path:
-    """The templates and image scripts: the repository's images/ (``root``) when it has them, else the
-    ones beside this source tree."""
+    """The templates and image scripts: a repository's own images/ (``root``) when it carries them, else the
+    ones stackforge ships (``stackforge/images/``, in the checkout and in an installed wheel alike)."""
     if root is not None and (Path(root) / "images" / "Dockerfile.j2").is_file():
         return Path(root) / "images"
     if (SOURCE_IMAGES / "Dockerfile.j2").is_file():
         return SOURCE_IMAGES
-    raise UserError("no images/Dockerfile.j2 found", fix="run stackforge inside its repository (or pass --root)")
+    raise UserError(
+        f"stackforge's templates are missing: no {SOURCE_IMAGES / 'Dockerfile.j2'}",
+        fix="reinstall stackforge (its wheel carries stackforge/images/)",
+    )
 
 
 def dockerword(value: object) -> str:

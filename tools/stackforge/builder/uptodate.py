@@ -82,7 +82,7 @@ HOW: dict[str, Any] = {"no_cache": False, "refresh": False, "keep_builds": None}
 INTERNAL = frozenset({"func", "workspace", "_selected_stacks"})
 ENV_PREFIXES = ("STACKFORGE_", "DOCKER_", "BUILDX_")
 TREES = ("stacks", "patches", "images")
-SOURCE_IMAGES = Path(stackforge.__file__).resolve().parents[2] / "images"
+SOURCE_IMAGES = Path(stackforge.__file__).resolve().parent / "images"  # builder.render.SOURCE_IMAGES
 #: libraries whose code shapes what a build renders, beyond the validating ones
 LIBRARIES = ("pydantic", "pydantic_core", "yaml", "jinja2")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import SecurityError
 
+from stackforge.builder.render import images_dir
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
 from stackforge.stack.tags import Sandbox
@@ -43,7 +44,7 @@ def _shell(value: object) -> str:
 def _env(root: Path) -> Sandbox:
     env = Sandbox(
         limit=MAX_PAGE,
-        loader=jinja2.FileSystemLoader(str(Path(root) / "images" / "docs")),
+        loader=jinja2.FileSystemLoader(str(images_dir(root) / "docs")),
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,

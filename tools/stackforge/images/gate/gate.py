@@ -44,7 +44,9 @@ import site
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, ClassVar
 
 import localver
 
@@ -61,7 +63,7 @@ class WriteAudit:
     """Records attempts to change anything under site-packages (an audit hook cannot be removed,
     so it is installed once and switched by ``who``)."""
 
-    EVENTS = {
+    EVENTS: ClassVar[dict[str, tuple[int, ...]]] = {
         "os.symlink": (1,),
         "os.link": (1,),
         "os.mkdir": (0,),
@@ -179,14 +181,14 @@ def check_package(pkg: dict) -> tuple[bool, str]:
     if mode == "spec":
         try:
             found_spec = importlib.util.find_spec(module)
-        except BaseException as exc:  # noqa: BLE001 - a parent package that fails to import
+        except BaseException as exc:
             return False, f"FAIL {label} expected={want} error=find_spec {module}: {_err(exc)}"
         if found_spec is None:
             return False, f"FAIL {label} expected={want} error=no module spec for {module}"
     elif mode != "metadata":
         try:
             importlib.import_module(module)
-        except BaseException as exc:  # noqa: BLE001 - any import failure is a gate failure
+        except BaseException as exc:
             return False, f"FAIL {label} expected={want} error=import {module}: {_err(exc)}"
     found = _version(dist)
     if found is None:
@@ -203,7 +205,7 @@ def check_import(item: dict) -> tuple[bool, str]:
     label = f"import {module:<{WIDTH}}"
     try:
         importlib.import_module(module)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         return False, f"FAIL {label} error={_err(exc)}"
     return True, f"PASS {label} version={_version(dist) or 'unknown'}"
 
@@ -248,7 +250,7 @@ def check_probe(probe: dict) -> tuple[bool, str]:
     try:
         with contextlib.redirect_stdout(out), _environ(probe.get("env") or {}):
             exec(compile(probe["code"], f"<probe {probe['name']}>", "exec"), {"__name__": "__probe__"})
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         return False, f"FAIL probe  {probe['name']} error={_err(exc)}"
     lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
     found = lines[-1].strip() if lines else ""
@@ -265,12 +267,13 @@ def _at_least(found: str, minimum: str) -> bool:
         try:
             from packaging.version import Version
         except ImportError:
-            from pip._vendor.packaging.version import Version  # type: ignore[no-redef]
+            from pip._vendor.packaging.version import Version  # type: ignore[assignment]
         return Version(found) >= Version(minimum)
-    except Exception:  # noqa: BLE001 - not PEP 440: compare the leading numbers
+    except Exception:
 
-        def release(text):
-            return tuple(int(x) for x in re.match(r"\d+(?:\.\d+)*", text).group().split("."))
+        def release(text: str) -> tuple[int, ...]:
+            m = re.match(r"\d+(?:\.\d+)*", text)
+            return tuple(int(x) for x in m.group().split(".")) if m else ()
 
         return release(found) >= release(minimum)
 
@@ -314,7 +317,9 @@ def _canon(name: str) -> str:
 def _allowed(line: str, allow: list) -> str | None:
     """The declared reason when the stack allows this unmet requirement (``gate.pip_check_allow``)."""
     m = UNMET.match(line)
-    for a in allow if m else []:
+    if m is None:
+        return None
+    for a in allow:
         if (_canon(a["dist"]), _canon(a["requires"])) == (_canon(m.group(1)), _canon(m.group(2))):
             return a["reason"]
     return None
@@ -359,7 +364,8 @@ def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
     AUDIT = AUDIT or WriteAudit(site_dirs())
     failed = passed = 0
     prefix = "read-only: " if read_only else ""
-    checks = [(check_python, spec["python"], "python")] if "python" in spec and not read_only else []
+    checks: list[tuple[Callable[[Any], tuple[bool, str]], Any, str]] = []
+    checks += [(check_python, spec["python"], "python")] if "python" in spec and not read_only else []
     checks += [(check_installer, spec["pip"], "pip")] if spec.get("pip") and not read_only else []
     checks += [(check_package, p, p["name"]) for p in spec.get("packages", [])] + [
         (check_import, i, i["module"]) for i in spec.get("imports", [])

@@ -153,8 +153,10 @@ def public_conflicts(output: list[str], phase: str, key: str, public: dict[str, 
         # a bare name ("The user requested numpy") is satisfied by the pin: only versioned asks conflict
         why = [w for w in conflict(output, {name: version}) if not BARE.fullmatch(w)]
         if why:
-            lines.append(f"ERROR: pip phase {phase} (stack key {key}) would move the public pin {name}=={version} "
-                         f"(stack key packages.{name}; the constraints hold it): {'; '.join(why)}")
+            lines.append(
+                f"ERROR: pip phase {phase} (stack key {key}) would move the public pin {name}=={version} "
+                f"(stack key packages.{name}; the constraints hold it): {'; '.join(why)}"
+            )
     return lines
 
 
@@ -218,8 +220,11 @@ def main(argv: list[str]) -> int:
         if rc != 0:
             why = conflict(output, pins)
             moved = public_conflicts(output, phase, key, public)
-            what = (f"would replace a vendor pin (the constraints hold them): {'; '.join(why)}" if why
-                    else f"failed (pip exit {rc}; its message is above)")
+            what = (
+                f"would replace a vendor pin (the constraints hold them): {'; '.join(why)}"
+                if why
+                else f"failed (pip exit {rc}; its message is above)"
+            )
             if why or not moved:
                 print(f"ERROR: pip phase {phase} (stack key {key}) {what}", flush=True)
             for line in moved:

@@ -32,7 +32,7 @@ def matches(version: str, specifier: str) -> bool:
     try:
         from packaging.specifiers import SpecifierSet
     except ImportError:
-        from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[no-redef]
+        from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[assignment]
     return SpecifierSet(specifier).contains(version, prereleases=True)
 
 

@@ -12,7 +12,7 @@ import json
 import sys
 
 sys.path.insert(0, "/stackforge/gate")
-from gate import check_probe  # noqa: E402  (the gate's own probe runner)
+from gate import check_probe
 
 
 def main(argv: list[str]) -> int:
