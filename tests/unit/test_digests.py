@@ -84,8 +84,15 @@ def test_following_links_hashes_what_they_point_to(tree, tmp_path):
 def test_following_a_link_that_leads_back_up_ends(tree):
     (tree / "pkg" / "up").symlink_to("..")
     (tree / "dangling").symlink_to("nowhere")
+    (tree / "a").mkdir()
+    (tree / "b").mkdir()
+    (tree / "a" / "to_b").symlink_to("../b")  # a cycle through two links
+    (tree / "b" / "to_a").symlink_to("../a")
     first = tree_digest(tree, follow_links=True)
     assert tree_digest(tree, follow_links=True) == first
+    (tree / "b" / "to_a").unlink()
+    (tree / "b" / "to_a").symlink_to("../pkg")
+    assert tree_digest(tree, follow_links=True) != first
 
 
 def test_the_code_fingerprint_sees_a_module_touched(tmp_path, monkeypatch):

@@ -36,19 +36,24 @@ def tree_digest(top: Path, *, follow_links: bool = False, skip: Iterable[str] = 
     """``sha256:`` over every entry under ``top``, in sorted order: each directory (``D path``), each file
     (``F path mode sha256``) and, unless ``follow_links``, each symlink as its target (``L path target``).
     With ``follow_links`` a link is hashed as what it points to (a directory is walked), except a dangling one
-    and one that leads back up the tree, which are hashed as links. Directories named in ``skip`` (at any depth,
-    e.g. ``__pycache__``) are left out, with what is under them. A file as ``top`` is one entry, named ``.``."""
+    and one that leads back to a directory it is under (a cycle), which are hashed as links. Directories named
+    in ``skip`` (at any depth, e.g. ``__pycache__``) are left out, with what is under them. A file as ``top`` is
+    one entry, named ``.``."""
     skipped = frozenset(skip)
     h = hashlib.sha256()
     if not top.is_dir() or (top.is_symlink() and not follow_links):
         _entry(h, top, ".", follow_links)
         return "sha256:" + h.hexdigest()
+    chains = {os.fspath(top): frozenset({os.path.realpath(top)})}  # each directory's real path and its parents'
     for dirpath, dirnames, filenames in os.walk(top, followlinks=follow_links):
-        base = Path(dirpath)
+        base, chain = Path(dirpath), chains.pop(dirpath, frozenset())
         dirnames[:] = sorted(d for d in dirnames if d not in skipped)
-        here = os.path.realpath(dirpath)
-        links = [d for d in dirnames if (base / d).is_symlink() and (not follow_links or _leads_back(base / d, here))]
+        links = [
+            d for d in dirnames if (base / d).is_symlink() and (not follow_links or os.path.realpath(base / d) in chain)
+        ]
         dirnames[:] = [d for d in dirnames if d not in links]
+        if follow_links:
+            chains.update((os.path.join(dirpath, d), chain | {os.path.realpath(base / d)}) for d in dirnames)
         for name in sorted(filenames + links):
             path = base / name
             _entry(h, path, path.relative_to(top).as_posix(), follow_links and name not in links)
@@ -64,12 +69,6 @@ def _entry(h, path: Path, rel: str, follow: bool) -> None:
         h.update(f"L {rel} {os.readlink(path)}\n".encode())
     else:
         h.update(f"F {rel} {stat.S_IMODE(st.st_mode):o} {file_digest(path)}\n".encode())
-
-
-def _leads_back(link: Path, here: str) -> bool:
-    """Whether directory ``link`` resolves to ``here`` or one of its parents (walking it would not end)."""
-    target = os.path.realpath(link)
-    return here == target or here.startswith(target.rstrip(os.sep) + os.sep)
 
 
 def code_fingerprint(libraries: Iterable[str] = (), *, within: Iterable[str] | None = None) -> str:
