@@ -18,7 +18,6 @@ from pathlib import Path
 
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
-from stackforge.stack import tags
 from stackforge.stack.artifacts import writes_wheels
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
@@ -56,15 +55,12 @@ class KernelFile:
     dest: str  # absolute, or {site}/…
 
 
-def toolchain(loaded: LoadedStack, kernel: str) -> ToolchainStep | None:
-    tc = loaded.model.kernels[kernel].toolchain
+def toolchain(stack: Stack, kernel: str, env: dict[str, str]) -> ToolchainStep | None:
+    """The kernel's toolchain step (None without one); ``env``: its rendered environment."""
+    tc = stack.kernels[kernel].toolchain
     if tc is None:
         return None
-    env = {
-        key: tags.render_template(loaded, value, ("kernels", kernel, "toolchain", "env", key))
-        for key, value in tc.env.items()
-    }
-    return ToolchainStep(tc.run, env, ":".join(tc.path), list(tc.uses))
+    return ToolchainStep(tc.run, dict(env), ":".join(tc.path), list(tc.uses))
 
 
 def files(stack: Stack, kernel: str) -> list[KernelFile]:

@@ -20,7 +20,7 @@ from stackforge.builder import agree, artifacts, embed, installed, reqlocks, req
 from stackforge.builder.locks import read_locks, unlocked_notes
 from stackforge.builder.offline import apply
 from stackforge.builder.plan import Plan, make_plan
-from stackforge.builder.render import images_dir, render_dockerfile, requirements_text
+from stackforge.builder.render import images_dir, render_dockerfile, requirements_text, templates_digest
 from stackforge.builder.sources import SourceInfo, export_source
 from stackforge.builder.system import write_context as write_system_context
 from stackforge.builder.targets import write_context as write_target_context
@@ -52,19 +52,13 @@ class Context:
         """sha256 over everything the image is built from: the resolved stack, the base image's digest,
         the upstream pins (with their submodules' commits) and patch series, the lock files, and the templates
         and gate scripts."""
-        images = images_dir(self.loaded.root)
-        templates = {
-            p.relative_to(images).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(images.rglob("*"))
-            if p.is_file() and "base" not in p.parts and "__pycache__" not in p.parts
-        }
         blob = json.dumps(
             {
                 "stack": fingerprint(self.stack),
                 "base": self.base,
                 "sources": [s.record() for s in self.sources],
                 "locks": self.locks,
-                "templates": templates,
+                "templates": templates_digest(images_dir(self.loaded.root)),
                 **({"post_install": self.post_install} if self.post_install else {}),
             },
             sort_keys=True,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
-from stackforge.stack import installed, tags
+from stackforge.stack import installed
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 
@@ -52,11 +52,9 @@ def post_install(stack: Stack) -> list[PostInstallPatch]:
     ]
 
 
-def steps(loaded: LoadedStack) -> list[Step]:
-    return [
-        Step(name, tags.step_env(loaded, step.env, ("steps", name, "env")), step.run)
-        for name, step in loaded.model.steps.items()
-    ]
+def steps(stack: Stack, env: dict[str, dict[str, str]]) -> list[Step]:
+    """The stack's steps; ``env``: each one's environment (the tuning, then its own, rendered)."""
+    return [Step(name, dict(env[name]), step.run) for name, step in stack.steps.items()]
 
 
 def gate_extras(stack: Stack) -> dict:

@@ -21,10 +21,11 @@ from stackforge import progress
 from stackforge.builder import mirror_manifest as manifest
 from stackforge.builder import resolve
 from stackforge.builder.plan import make_plan
-from stackforge.builder.render import images_dir
+from stackforge.builder.render import images_dir, templates_digest
 from stackforge.builder.secrets import secret_files
 from stackforge.clients import credentials
 from stackforge.clients.engine import Engine, save_image
+from stackforge.digests import tree_digest
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
 from stackforge.stack.load import LoadedStack, fingerprint
@@ -33,24 +34,9 @@ DIR = "toolchains"
 REPOSITORY = "stackforge-mirror/toolchain"
 
 
-def _tree(path: Path) -> str:
-    """sha256 of a file, or of a directory's files (relative path, executable bit, bytes)."""
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for p in files:
-        h.update(f"{p.relative_to(path).as_posix() if p != path else ''}\0{os.access(p, os.X_OK)}\0".encode())
-        h.update(bytes.fromhex(file_sha256(p)))
-    return h.hexdigest()
-
-
 def built_from(loaded: LoadedStack, plan, kernel, context_dir: Path, base_id: str) -> dict:
     """What the ``toolchain-<kernel>`` stage is built from (the stages before it and its own step)."""
     target = resolve.Target.of(loaded.model)
-    images = images_dir(loaded.root)
-    templates = hashlib.sha256()
-    for p in sorted(images.rglob("*")):
-        if p.is_file() and "base" not in p.relative_to(images).parts and "__pycache__" not in p.parts:
-            templates.update(p.relative_to(images).as_posix().encode() + b"\0" + bytes.fromhex(file_sha256(p)))
     tc = kernel.toolchain
     return {
         "stage": f"toolchain-{kernel.name}",
@@ -61,8 +47,8 @@ def built_from(loaded: LoadedStack, plan, kernel, context_dir: Path, base_id: st
         "run": tc.run,
         "env": tc.env,
         "path": tc.path_prefix,
-        "uses": {u: _tree(context_dir / "src" / kernel.upstream / u) for u in tc.uses},
-        "templates": templates.hexdigest(),
+        "uses": {u: tree_digest(context_dir / "src" / kernel.upstream / u) for u in tc.uses},
+        "templates": templates_digest(images_dir(loaded.root)),
     }
 
 

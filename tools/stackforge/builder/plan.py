@@ -12,9 +12,9 @@ from stackforge.builder import artifacts, edits, installed
 from stackforge.builder.requirements import guarded, requirement_phases
 from stackforge.builder.system import SystemStage, system_stages
 from stackforge.builder.targets import TargetStage, target_stages
-from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack, fingerprint
 from stackforge.stack.model import Stack
+from stackforge.stack.resolved import Resolved, selected
 from stackforge.urls import redact
 
 LABEL_NS = "org.stackforge"
@@ -239,27 +239,21 @@ def image_labels(
     for oname, option in stack.options.items():
         out[f"{LABEL_NS}.option.{oname}"] = option.value
     out.update(artifacts.labels([n for n, k in stack.kernels.items() if selected(stack, k.when)]))
-    out.update(tags.labels(loaded))
+    out.update(loaded.resolved.labels)
     return out
 
 
-def selected(stack: Stack, when: dict[str, str]) -> bool:
-    """Whether a step whose ``when`` names build options runs with the stack's option values."""
-    return all(stack.options[name].value == want for name, want in when.items())
-
-
-def kernel_steps(loaded: LoadedStack) -> list[KernelStep]:
+def kernel_steps(stack: Stack, resolved: Resolved) -> list[KernelStep]:
     """The kernel steps the build options select; each one's environment is the stack's tuning, then its own
     (rendered) env."""
-    stack = loaded.model
     return [
         KernelStep(
             n,
             k.upstream,
-            tags.step_env(loaded, k.env, ("kernels", n, "env")),
+            dict(resolved.kernels[n]),
             k.run,
             dict(k.trees),
-            artifacts.toolchain(loaded, n),
+            artifacts.toolchain(stack, n, resolved.toolchains.get(n, {})),
             artifacts.files(stack, n),
             artifacts.writes_wheels(stack, n),
         )
@@ -271,7 +265,7 @@ def kernel_steps(loaded: LoadedStack) -> list[KernelStep]:
 def make_plan(loaded: LoadedStack, locks: dict[str, str] | None = None) -> Plan:
     """``locks``: {index: repository-relative lock file} for the indexes that have one."""
     stack, locks = loaded.model, locks or {}
-    tags.labels(loaded)  # the label templates render (or refuse) before anything is written
+    resolved = loaded.resolved  # every template renders (or refuses) before anything is written
     phases = pip_phases(stack, frozenset(locks))
     credentials = loaded.credentials
     for phase in phases:
@@ -286,10 +280,10 @@ def make_plan(loaded: LoadedStack, locks: dict[str, str] | None = None) -> Plan:
         fingerprint=fingerprint(stack),
         base_image=stack.base.image,
         python=stack.base.python,
-        local_ref=str(tags.local_ref(loaded)),
+        local_ref=str(resolved.local),
         phases=phases,
         upstreams=list(stack.upstreams),
-        kernels=kernel_steps(loaded),
+        kernels=kernel_steps(stack, resolved),
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
         targets={
@@ -300,7 +294,7 @@ def make_plan(loaded: LoadedStack, locks: dict[str, str] | None = None) -> Plan:
             for n, t in stack.targets.items()
         },
         post_install=installed.post_install(stack),
-        steps=installed.steps(loaded),
-        system=system_stages(loaded),
-        target_stages=target_stages(loaded),
+        steps=installed.steps(stack, resolved.steps),
+        system=system_stages(loaded, resolved),
+        target_stages=target_stages(loaded, resolved),
     )

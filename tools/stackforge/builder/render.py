@@ -11,6 +11,7 @@ from jinja2.sandbox import SecurityError
 
 from stackforge import grammar
 from stackforge.builder.plan import Plan
+from stackforge.digests import tree_digest
 from stackforge.errors import UserError
 from stackforge.stack.tags import Sandbox
 
@@ -20,6 +21,12 @@ SOURCE_IMAGES = Path(__file__).resolve().parents[1] / "images"
 MAX_DOCKERFILE = 4 * 1024 * 1024
 # Line breaks JSON leaves as they are but str.splitlines (and a reader) would break a line at.
 _JSON_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def templates_digest(images: Path) -> str:
+    """The templates and image scripts an image is built from: ``images/`` without the local base image's
+    directory and bytecode, read through its symlinks."""
+    return tree_digest(images, follow_links=True, skip=("base", "__pycache__"))
 
 
 def images_dir(root: Path | None = None) -> Path:

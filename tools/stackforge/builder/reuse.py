@@ -22,20 +22,20 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from stackforge.builder.sources import SourceInfo
+from stackforge.digests import code_fingerprint, tree_digest
 from stackforge.errors import UserError
-from stackforge.fslock import atomic_write, file_sha256
+from stackforge.fslock import atomic_write
 from stackforge.patches import series_hash
 from stackforge.stack.load import LoadedStack
 
 #: bump when the layout of a record or the meaning of a fingerprint changes
-VERSION = 1
+VERSION = 2
 SOURCES = ".sources"
 IMAGES = ".image"
 #: the code whose behaviour shapes an exported tree
@@ -50,14 +50,8 @@ _EXPORT_CODE = (
 
 
 def _code_digest() -> str:
-    pkg = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for rel in _EXPORT_CODE:
-        path = pkg / rel
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        for f in files:
-            h.update(f"{f.relative_to(pkg).as_posix()} {hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
-    return h.hexdigest()
+    """The fingerprint of the export code only: a change elsewhere in stackforge keeps the trees."""
+    return code_fingerprint(within=_EXPORT_CODE)
 
 
 def upstream_inputs(loaded: LoadedStack, name: str, _seen: frozenset[str] = frozenset()) -> str:
@@ -70,26 +64,6 @@ def upstream_inputs(loaded: LoadedStack, name: str, _seen: frozenset[str] = froz
     if up.patches_from and up.patches_from.upstream not in _seen:  # the carried series is read from that tree
         doc["carried"] = upstream_inputs(loaded, up.patches_from.upstream, _seen | {name})
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-
-
-def tree_digest(tree: Path) -> str:
-    """sha256 over every entry of ``tree``: relative path, kind, mode bits, and the bytes or link target."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(tree):
-        dirnames.sort()
-        base = Path(dirpath)
-        for fname in sorted(filenames) + [d for d in dirnames if (base / d).is_symlink()]:
-            p = base / fname
-            st = p.lstat()
-            rel = p.relative_to(tree).as_posix()
-            if stat.S_ISLNK(st.st_mode):
-                h.update(f"L {rel} {os.readlink(p)}\n".encode())
-            else:
-                h.update(f"F {rel} {stat.S_IMODE(st.st_mode):o} {file_sha256(p)}\n".encode())
-        for d in dirnames:
-            if not (base / d).is_symlink():
-                h.update(f"D {(base / d).relative_to(tree).as_posix()}\n".encode())
-    return "sha256:" + h.hexdigest()
 
 
 def exported(

@@ -32,7 +32,6 @@ from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.signals import Interrupted
-from stackforge.stack import tags
 from stackforge.stack import targets as target_rules
 from stackforge.stack.load import LoadedStack, fingerprint, resolved
 from stackforge.urls import redact_text
@@ -98,7 +97,7 @@ def default_target(loaded: LoadedStack, target: str | None) -> str:
 def target_ref(loaded: LoadedStack, target: str) -> str:
     """The local reference: the stack's local tag for its first published target, `<tag>-<target>` for the
     others."""
-    ref = tags.local_ref(loaded)
+    ref = loaded.resolved.local
     if target == target_rules.published(loaded.model)[0]:
         return str(ref)
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]

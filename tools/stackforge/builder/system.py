@@ -5,7 +5,8 @@ Each layer becomes a spec file (``system/<layer>.spec`` in the build context) th
 the install mode (``auto`` keeps a base that has the probe command), the packages resolved by
 ``images/system/apt-resolve.sh`` against the sources (``apt-cache madison``) and installed in one apt
 transaction, the loader directories and the symlinks. Every value is rendered (templates) and checked
-against its grammar here, before it reaches the spec file or the Dockerfile.
+against its grammar here (rendered once per load: ``stack/resolved.py``), before it reaches the spec file or the
+Dockerfile.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from stackforge import grammar
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
-from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack, SystemLayer
+from stackforge.stack.resolved import Resolved
 
 #: The image's evidence of the system layers: resolution lines, then every installed package.
 EVIDENCE = "/stackforge/system/packages.txt"
@@ -43,9 +45,10 @@ class SystemStage:
     mirror: str | None = None  # context path of the mirror's apt repository in an offline build (builder/mirror_apt.py)
 
 
-def _value(loaded: LoadedStack, path: tuple, text: str, check: Callable[[str], str | None]) -> str:
-    """``text`` rendered (when it is a template) and checked against its grammar; errors name the key."""
-    out = tags.render_template(loaded, text, path) if ("{{" in text or "{%" in text) else text
+def _value(loaded: LoadedStack, resolved: Resolved, path: tuple, text: str, check: Callable[[str], str | None]) -> str:
+    """``text`` as the load resolved it (rendered when it is a template) checked against its grammar; errors
+    name the key."""
+    out = resolved.value(path, text)
     reason = check(out)
     if reason:
         key = ".".join(map(str, path))
@@ -97,14 +100,17 @@ def _source_line(
 
 def system_stages(
     loaded: LoadedStack,
+    resolved: Resolved,
     layers: dict[str, SystemLayer] | None = None,
     at: tuple = ("system",),
     parent: str = "base",
     prefix: str = "",
 ) -> list[SystemStage]:
-    """The system layers in stack order, each a stage built on the previous one (the first on ``base``).
+    """The system layers in stack order, each a stage built on the previous one (the first on ``base``), with
+    the values ``resolved`` rendered.
 
     A target's layers (``layers``, at stack key ``at``) start from ``parent`` and are named ``prefix<layer>``."""
+    checked = partial(_value, loaded, resolved)
     out: list[SystemStage] = []
     for short, layer in (loaded.model.system or {} if layers is None else layers).items():
         name = prefix + short
@@ -118,24 +124,21 @@ def system_stages(
         lines += [f"source {_source_line(loaded, short, s, keys, at, layers, name)}" for s in layer.sources]
         for i, pkg in enumerate(layer.packages):
             where = (*base, "packages", i)
-            logical = _value(loaded, (*where, "name"), pkg.name, grammar.check_apt_name)
+            logical = checked((*where, "name"), pkg.name, grammar.check_apt_name)
             names = [
-                _value(loaded, (*where, "candidates", j), c, grammar.check_apt_name)
-                for j, c in enumerate(pkg.candidates)
+                checked((*where, "candidates", j), c, grammar.check_apt_name) for j, c in enumerate(pkg.candidates)
             ] or [logical]
             if pkg.version is not None:
-                mode, want = "exact", _value(loaded, (*where, "version"), pkg.version, grammar.check_apt_version)
+                mode, want = "exact", checked((*where, "version"), pkg.version, grammar.check_apt_version)
             elif pkg.line is not None:
-                mode, want = "line", _value(loaded, (*where, "line"), pkg.line, grammar.check_apt_version)
+                mode, want = "line", checked((*where, "line"), pkg.line, grammar.check_apt_version)
             else:
                 mode, want = "any", "-"
             lines.append(f"package {'.'.join(map(str, where))}|{logical}|{mode}|{want}|{' '.join(names)}")
         lines += [f"ld {d}" for d in layer.ld_dirs]
         for link, target in layer.symlinks.items():
             link_key: tuple = (*base, "symlinks", link)
-            lines.append(
-                f"link {'.'.join(link_key)}|{link}|{_value(loaded, link_key, target, grammar.check_absolute_path)}"
-            )
+            lines.append(f"link {'.'.join(link_key)}|{link}|{checked(link_key, target, grammar.check_absolute_path)}")
         for key, value in layer.env.items():
             reason = grammar.bad_char(value)
             if reason:

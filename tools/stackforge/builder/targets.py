@@ -24,10 +24,10 @@ from stackforge.builder import requirements as reqs
 from stackforge.builder.system import SystemStage, system_stages
 from stackforge.builder.system import write_context as write_system_context
 from stackforge.fslock import atomic_write
-from stackforge.stack import tags
 from stackforge.stack import targets as rules
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
+from stackforge.stack.resolved import Resolved, selected
 from stackforge.urls import redact
 
 CONTEXT = "targets"  # context dir: targets/_bin (the scripts), targets/<target>/ (its files)
@@ -94,16 +94,15 @@ def _pin(stack: Stack, name: str) -> str:
     return up.pin
 
 
-def target_stages(loaded: LoadedStack) -> list[TargetStage]:
-    """Every target, a parent before its children."""
-    from stackforge.builder.plan import selected
-
+def target_stages(loaded: LoadedStack, resolved: Resolved) -> list[TargetStage]:
+    """Every target, a parent before its children, with the values ``resolved`` rendered."""
     stack, credentials = loaded.model, loaded.credentials
     out: list[TargetStage] = []
     for tname in rules.order(stack):
         t = stack.targets[tname]
         base: tuple = ("targets", tname)
-        labels = {k: tags.render_template(loaded, v, (*base, "labels", k)) for k, v in t.labels.items()}
+        values = resolved.targets[tname]
+        labels = dict(values.labels)
         phases = []
         for n, (pname, ph) in enumerate(t.pip.items(), 1):
             repin = [str(Requirement(r)).replace(" ", "") for r in ph.requirements] if ph.repin else []
@@ -131,17 +130,14 @@ def target_stages(loaded: LoadedStack) -> list[TargetStage]:
             TargetKernel(
                 f"kernel-{tname}.{kname}",
                 k.upstream,
-                tags.step_env(loaded, k.env, (*base, "kernels", kname, "env")),
+                dict(values.kernels[kname]),
                 k.run,
                 dict(k.trees),
             )
             for kname, k in t.kernels.items()
             if selected(stack, k.when)
         ]
-        steps = [
-            installed.Step(sname, tags.step_env(loaded, step.env, (*base, "steps", sname, "env")), step.run)
-            for sname, step in t.steps.items()
-        ]
+        steps = [installed.Step(sname, dict(values.steps[sname]), step.run) for sname, step in t.steps.items()]
         out.append(
             TargetStage(
                 name=tname,
@@ -150,11 +146,13 @@ def target_stages(loaded: LoadedStack) -> list[TargetStage]:
                 alias=t.alias,
                 publish=t.published,
                 labels=labels,
-                env={k: tags.render_template(loaded, v, (*base, "env", k)) for k, v in t.env.items()},
+                env=dict(values.env),
                 workdir=t.workdir,
                 entrypoint=t.entrypoint,
                 cmd=t.cmd,
-                system=system_stages(loaded, t.system or {}, (*base, "system"), t.from_ or "gate", f"{tname}."),
+                system=system_stages(
+                    loaded, resolved, t.system or {}, (*base, "system"), t.from_ or "gate", f"{tname}."
+                ),
                 sources=dict(t.sources),
                 upstream_pins={u: _pin(stack, u) for u in t.sources},
                 kernels=kernels,

@@ -6,7 +6,7 @@ or one of :data:`MUST` at a value other than its default, means no record and no
 the bytes of every file under the root's ``stacks/`` (lock files included: ``stacks/locks/``), ``patches/`` and
 ``images/`` (and of the template tree beside the source, which a root without one renders from), the
 environment (``STACKFORGE_*``, ``DOCKER_*``, ``BUILDX_*``), the docker client's configuration and current
-builder, ``~/.netrc``, the CA bundle's bytes, and :func:`~stackforge.stack.listing.code_fingerprint` (stackforge,
+builder, ``~/.netrc``, the CA bundle's bytes, and :func:`~stackforge.digests.code_fingerprint` (stackforge,
 pydantic, PyYAML, Jinja). The record holds what the build produced (tag, image id, base reference and id,
 the evidence directory, and what it printed) and the digests of the other repository files the stack names
 (a patch series, a key file outside those trees).
@@ -31,10 +31,10 @@ from typing import Any
 
 import stackforge
 from stackforge.clients import credentials
+from stackforge.digests import code_fingerprint, file_digest, tree_digest
 from stackforge.errors import UserError
-from stackforge.stack.listing import code_fingerprint
 
-VERSION = 1
+VERSION = 2
 STORE = "uptodate.json"
 KEEP = 16  # keys kept (e.g. each target, with and without --json)
 #: options (argparse destinations) a recorded answer may stand for: each is part of the key
@@ -85,25 +85,14 @@ TREES = ("stacks", "patches", "images")
 SOURCE_IMAGES = Path(stackforge.__file__).resolve().parent / "images"  # builder.render.SOURCE_IMAGES
 #: libraries whose code shapes what a build renders, beyond the validating ones
 LIBRARIES = ("pydantic", "pydantic_core", "yaml", "jinja2")
-
-
-def _hash_tree(h, top: Path) -> None:
-    """Relative path and bytes of every file under ``top`` (symlinks followed; ``__pycache__`` skipped)."""
-    h.update(f"tree {top}\n".encode())
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for fname in sorted(filenames):
-            path = os.path.join(dirpath, fname)
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-            h.update(f"{os.path.relpath(path, top)}\0{os.stat(path).st_mode & 0o777:o}\0{digest}\n".encode())
+SKIP = ("__pycache__",)
 
 
 def _hash_file(h, label: str, path: Path | None) -> None:
     if path is None or not path.is_file():
         h.update(f"{label}\0absent\n".encode())
         return
-    h.update(f"{label}\0{path.resolve()}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
+    h.update(f"{label}\0{path.resolve()}\0{file_digest(path)}\n".encode())
 
 
 def key(args, root: Path, ca_bundle: Path | None, *, as_plain: bool = False) -> str | None:
@@ -134,7 +123,7 @@ def key(args, root: Path, ca_bundle: Path | None, *, as_plain: bool = False) -> 
     if SOURCE_IMAGES.is_dir():
         trees.add(SOURCE_IMAGES)
     for tree in sorted(trees):
-        _hash_tree(h, tree)
+        h.update(f"tree {tree} {_digest(tree)}\n".encode())
     docker_config = credentials.docker_config_dir()
     _hash_file(h, "docker config", credentials.docker_config_file())
     _hash_file(h, "buildx builder", docker_config / "buildx" / "current")
@@ -152,12 +141,8 @@ def keys(args, root: Path, ca_bundle: Path | None) -> tuple[str | None, str | No
 
 
 def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    if path.is_dir():
-        _hash_tree(h, path)
-    else:
-        _hash_file(h, "file", path)
-    return h.hexdigest()
+    """A file or a tree as the build reads it: through its symlinks, without ``__pycache__``."""
+    return tree_digest(path, follow_links=True, skip=SKIP)
 
 
 def named_files(root: Path, values: Any) -> dict[str, str]:

@@ -134,8 +134,8 @@ def cmd_show(args) -> int:
         "stack": resolved(stack),
         "files": list(loaded.files),
         "overrides": [redact_text(o) for o in args.overrides],
-        "local_tag": str(tags.local_ref(loaded)),
-        "labels": tags.labels(loaded),
+        "local_tag": str(loaded.resolved.local),
+        "labels": loaded.resolved.labels,
         "fingerprint": fingerprint(stack),
     }
     if args.json:
@@ -187,8 +187,7 @@ def cmd_lint(args) -> int:
             continue
         findings = prepare.lint(loaded)
         try:
-            tags.local_ref(loaded)
-            tags.labels(loaded)
+            tags.local_ref(loaded)  # every template of the stack renders (or refuses): stack/resolved.py
             upstream = agree.lint_upstreams(loaded, workspace_of(args), fetch=args.upstreams)
         except UserError as err:
             invalid = True
@@ -225,7 +224,7 @@ def cmd_lint(args) -> int:
 
 def cmd_tags(args) -> int:
     loaded = load(args, args.stack)
-    result: dict = {"stack": loaded.name, "local": str(tags.local_ref(loaded))}
+    result: dict = {"stack": loaded.name, "local": str(loaded.resolved.local)}
     if args.registry:
         if args.revision is None:
             print("note: revision 1 shown; `stackforge publish` takes the first free -rN for the date", file=sys.stderr)

@@ -341,8 +341,13 @@ def template_view(
 
 
 def overlay_labels(
-    loaded: LoadedStack, ov: LoadedOverlay, base: BaseImage, changed: dict[str, list[ranges.Changed]]
+    loaded: LoadedStack,
+    ov: LoadedOverlay,
+    base: BaseImage,
+    changed: dict[str, list[ranges.Changed]],
+    rendered: dict[str, str] | None = None,
 ) -> dict[str, str]:
+    """The overlay image's labels: its own (``rendered``, when the build rendered them already), then stackforge's."""
     out = {
         NS: ov.name,
         f"{NS}.base": base.identity,
@@ -354,7 +359,7 @@ def overlay_labels(
     for upstream, items in changed.items():
         out[f"{NS}.range.{upstream}"] = ranges.range_hash(ov, upstream)
         out[f"{NS}.changed.{upstream}"] = ranges.changed_digest(items)
-    return {**rendered_labels(loaded, ov), **out}
+    return {**(rendered_labels(loaded, ov) if rendered is None else rendered), **out}
 
 
 def _stderr_line(line: str) -> None:
@@ -406,7 +411,7 @@ def build_overlay(
     for upstream in ov.model.patches:
         ranges.changed_paths(ov, upstream)
     ref = local_ref(loaded, ov)
-    rendered_labels(loaded, ov)
+    own_labels = rendered_labels(loaded, ov)  # the overlay's templates render (or refuse) before the base is built
     engine = engine or ws.engine
     info = engine.check()
     base = resolve_base(loaded, ov, engine, opts, reuse=reuse_base, workspace=ws, echo=echo)
@@ -417,7 +422,7 @@ def build_overlay(
     with stack_lock(odir, timeout=opts.lock_timeout):
         images = dockerfile_render.images_dir(loaded.root)
         data, changed = write_context(loaded, ov, odir / "context", images, workspace=ws)
-        labels = overlay_labels(loaded, ov, base, changed)
+        labels = overlay_labels(loaded, ov, base, changed, own_labels)
         dockerfile = odir / "Dockerfile"
         atomic_write(
             dockerfile,

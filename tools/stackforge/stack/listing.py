@@ -14,15 +14,13 @@ only when every stack is valid: a run over a file that does not load writes noth
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeGuard
 
-import stackforge
+from stackforge.digests import code_fingerprint
 from stackforge.stack.names import STACKS_DIR
 
 Row = dict[str, str]
@@ -32,34 +30,9 @@ KEEP = 16  # keys kept in the store (e.g. list with and without a --set)
 VALIDATING_LIBRARIES = ("pydantic", "pydantic_core", "yaml")
 
 
-def _tree_stat(h, top: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames.sort()
-        rel = os.path.relpath(dirpath, top)
-        prefix = "" if rel == os.curdir else rel + os.sep
-        for fname in sorted(filenames):
-            if fname.endswith((".py", ".so", ".pyd")):
-                st = os.stat(os.path.join(dirpath, fname))
-                h.update(f"{prefix}{fname}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-
-
-def code_fingerprint(libraries: tuple[str, ...] = VALIDATING_LIBRARIES) -> str:
-    """Path, size and mtime of every module of stackforge and of ``libraries`` (default: the validating ones)."""
-    h = hashlib.sha256(f"{sys.version}\0{sys.prefix}\0{stackforge.__version__}\n".encode())
-    h.update(f"{Path(stackforge.__file__).parent}\n".encode())
-    _tree_stat(h, Path(stackforge.__file__).parent)
-    for lib in libraries:
-        spec = importlib.util.find_spec(lib)
-        origin = spec.origin if spec else None
-        h.update(f"{lib}\0{origin}\n".encode())
-        if origin:
-            _tree_stat(h, Path(origin).parent)
-    return h.hexdigest()
-
-
 def key(root: Path, names: list[str], overrides: list[str]) -> str:
     """The key of the rows of ``names`` under ``root`` with ``overrides``."""
-    h = hashlib.sha256(f"{code_fingerprint()}\0{root}\n".encode())
+    h = hashlib.sha256(f"{code_fingerprint(VALIDATING_LIBRARIES)}\0{root}\n".encode())
     for name in names:
         path = root / STACKS_DIR / f"{name}.yaml"
         h.update(f"{name}\0{path.resolve()}\0".encode())

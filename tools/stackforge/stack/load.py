@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,6 +28,9 @@ from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGES, Stack
 from stackforge.stack.names import find_root
 from stackforge.stack.yamlsrc import Pos, load_with_positions
 from stackforge.urls import Credential
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import Resolved
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,14 @@ class LoadedStack:
     @property
     def name(self) -> str:
         return self.model.name
+
+    @functools.cached_property
+    def resolved(self) -> Resolved:
+        """Every templated value rendered, once per load (``stack/resolved.py``); the first template error is
+        raised when a value is first needed."""
+        from stackforge.stack.resolved import resolve  # Jinja is imported when a template is first rendered
+
+        return resolve(self)
 
     def position(self, path: tuple) -> Pos:
         """Where the value at ``path`` (or its nearest declared parent) was written."""

@@ -286,18 +286,23 @@ def check_runtime(loaded: LoadedStack) -> list[Finding]:
 
 
 def _apt_lines(loaded: LoadedStack, want: str, at: tuple) -> list[Finding]:
-    """Apt names with a runtime suffix (``musa-toolkit-5-1``) and MUSA version lines (``5.1``) of another line."""
+    """Apt names with a runtime suffix (``musa-toolkit-5-1``) and MUSA version lines (``5.1``) of another line,
+    as the load resolved them (``stack/resolved.py``)."""
     stack = loaded.model
-    ctx = tags.context(stack)
+    try:
+        resolved = loaded.resolved
+    except UserError:
+        return []  # a template that fails is reported where its value is used (lint, render, build)
     out = []
     for layer_name, layer in (stack.system or {}).items():
         for i, pkg in enumerate(layer.packages):
             where = ("system", layer_name, "packages", i)
-            for text in (pkg.name, *pkg.candidates):
-                try:
-                    name = tags.render_sandboxed(text, ctx)
-                except (tags.TemplateRefused, SecurityError, jinja2.TemplateError):
-                    continue  # the system layer reports its own template errors
+            written = [
+                ((*where, "name"), pkg.name),
+                *(((*where, "candidates", j), c) for j, c in enumerate(pkg.candidates)),
+            ]
+            for path, text in written:
+                name = resolved.value(path, text)
                 m = _DASHED_LINE.search(name)
                 if m and m[1] == want.split(".")[0] and f"{m[1]}.{m[2]}" != want:
                     out.append(
@@ -309,10 +314,7 @@ def _apt_lines(loaded: LoadedStack, want: str, at: tuple) -> list[Finding]:
                             "derive the suffix: {{ platform.musa_runtime | dashed }}",
                         )
                     )
-            try:
-                line = tags.render_sandboxed(pkg.line, ctx) if pkg.line else ""
-            except (tags.TemplateRefused, SecurityError, jinja2.TemplateError):
-                continue
+            line = resolved.value((*where, "line"), pkg.line) if pkg.line else ""
             parts = line.split(".")
             if len(parts) >= 2 and parts[0] == want.split(".")[0] and _line(line) != want:
                 out.append(

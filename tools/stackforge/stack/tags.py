@@ -3,6 +3,8 @@
 Templates live in the stack (``tags:``, ``labels:``, kernel ``env:``) and render in a Jinja
 sandbox: values, a few filters and if/else only, with bounded output. Every rendered
 reference is checked against the OCI distribution grammar for repository names and tags.
+A stack's templated values render once per load (``stack/resolved.py``); the publish references
+(:func:`publish_ref`, :func:`alias_refs`) render at publish time, when the registry, date and revision are known.
 """
 
 from __future__ import annotations
@@ -257,12 +259,13 @@ def render_sandboxed(template: str, data: dict, env: Sandbox | None = None) -> s
     return env.render_limited(env.from_string(template), data).strip()
 
 
-def render_template(loaded: LoadedStack, template: str, path: tuple, **extra) -> str:
-    """A stack template rendered in the sandbox; every refusal is a UserError naming the key and its place."""
+def render_template(loaded: LoadedStack, template: str, path: tuple, *, data: dict | None = None, **extra) -> str:
+    """A stack template rendered in the sandbox with ``data`` (default: the stack's :func:`context`) and
+    ``extra``; every refusal is a UserError naming the key and its place."""
     key = ".".join(map(str, path))
     where = loaded.position(path).as_error_kwargs()
     try:
-        text = render_sandboxed(template, context(loaded.model, **extra))
+        text = render_sandboxed(template, {**(context(loaded.model) if data is None else data), **extra})
     except TemplateRefused as exc:
         raise UserError(f"{key}: template refused: {exc}", **where, fix=TEMPLATE_FIX) from None
     except SecurityError as exc:
@@ -288,13 +291,6 @@ def render_template(loaded: LoadedStack, template: str, path: tuple, **extra) ->
             fix="a rendered tag, label or environment value is one line of printable text",
         )
     return text
-
-
-def step_env(loaded: LoadedStack, env: dict[str, str], path: tuple) -> dict[str, str]:
-    """The environment of a build step: the stack's tuning, then the step's own ``env`` (at ``path``) rendered
-    in the sandbox."""
-    rendered = {key: render_template(loaded, value, (*path, key)) for key, value in env.items()}
-    return {**loaded.model.tuning, **rendered}
 
 
 def parse_ref(text: str) -> Ref:
@@ -331,7 +327,8 @@ def checked_ref(loaded: LoadedStack, text: str, path: tuple) -> Ref:
 
 
 def local_ref(loaded: LoadedStack) -> Ref:
-    return checked_ref(loaded, render_template(loaded, loaded.model.tags.local, ("tags", "local")), ("tags", "local"))
+    """The local reference (``tags.local``), as the load resolved it (``stack/resolved.py``)."""
+    return loaded.resolved.local
 
 
 def check_registry(registry: str) -> str:
@@ -348,6 +345,9 @@ def check_registry(registry: str) -> str:
 
 
 def publish_ref(loaded: LoadedStack, registry: str, date: str | None = None, revision: int = 1) -> Ref:
+    """The immutable publish reference under ``registry``. Rendered here, at publish time, not with the rest of
+    the stack's templates (``stack/resolved.py``): it depends on the registry, the date and the revision; the
+    other values come from the resolved context."""
     stack = loaded.model
     if not stack.tags.publish:
         raise UserError(
@@ -360,7 +360,8 @@ def publish_ref(loaded: LoadedStack, registry: str, date: str | None = None, rev
         raise UserError(f"date '{date}' is not YYYYMMDD", file="--date", fix="e.g. --date 20260929")
     if revision < 1:
         raise UserError("revision must be 1 or more", file="--revision", fix="e.g. --revision 2")
-    text = render_template(loaded, stack.tags.publish, ("tags", "publish"), date=date, revision=revision)
+    data = loaded.resolved.context
+    text = render_template(loaded, stack.tags.publish, ("tags", "publish"), data=data, date=date, revision=revision)
     return checked_ref(loaded, f"{check_registry(registry)}/{text}", ("tags", "publish"))
 
 
@@ -379,15 +380,14 @@ def publish_scheme(loaded: LoadedStack, registry: str, suffix: str = "") -> TagS
 
 
 def alias_refs(loaded: LoadedStack, registry: str) -> list[Ref]:
+    """The moving aliases under ``registry``: rendered at publish time, like :func:`publish_ref`, from the
+    resolved context."""
+    data = loaded.resolved.context
     return [
         checked_ref(
             loaded,
-            f"{check_registry(registry)}/{render_template(loaded, t, ('tags', 'aliases', i))}",
+            f"{check_registry(registry)}/{render_template(loaded, t, ('tags', 'aliases', i), data=data)}",
             ("tags", "aliases", i),
         )
         for i, t in enumerate(loaded.model.tags.aliases)
     ]
-
-
-def labels(loaded: LoadedStack) -> dict[str, str]:
-    return {k: render_template(loaded, v, ("labels", k)) for k, v in loaded.model.labels.items()}
