@@ -13,6 +13,7 @@ from stackforge.errors import UserError
 from stackforge.flows import operator
 from stackforge.overlay.record import expected_labels
 from stackforge.publish import record as records
+from stackforge.publish.record_schema import OverlayPart, PublishRecord
 from stackforge.stack import scheme
 from stackforge.stack.scheme import TagScheme
 from tests.fixtures.stub_registry import StubRegistry
@@ -42,6 +43,10 @@ def a_record(digest: str, **changes) -> dict:
     return rec
 
 
+def the_record(digest: str, **changes) -> PublishRecord:
+    return PublishRecord.model_validate(a_record(digest, **changes))
+
+
 def setup(reg: StubRegistry) -> tuple[RegistryClient, dict]:
     digest = reg.put_image(REPO, "v1-20260929-r1", b'{"config": 1}', [b"layer"])
     body, media = reg.manifests[digest]
@@ -63,7 +68,7 @@ def test_the_record_schema():
 
 def test_the_artifact_refers_to_the_image_and_carries_the_record():
     subject = {"mediaType": OCI_MANIFEST, "digest": "sha256:" + "a" * 64, "size": 7}
-    body, manifest = records.artifact(a_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
+    body, manifest = records.artifact(the_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
     doc = json.loads(manifest)
     assert doc["artifactType"] == records.ARTIFACT_TYPE and doc["subject"] == subject
     assert doc["config"] == {"mediaType": records.EMPTY_TYPE, "digest": records.sha256_digest(b"{}"), "size": 2}
@@ -76,9 +81,9 @@ def test_the_artifact_refers_to_the_image_and_carries_the_record():
 def test_the_tag_schema_fallback_without_a_referrers_api():
     with StubRegistry() as reg:
         client, subject = setup(reg)
-        first = records.attach(client, a_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
+        first = records.attach(client, the_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
         assert first.via == "tag-schema" and first.fallback_tag == "sha256-" + subject["digest"][7:]
-        again = records.attach(client, a_record(subject["digest"], tags=["x"]), subject, "2026-09-30T10:00:00Z")
+        again = records.attach(client, the_record(subject["digest"], tags=["x"]), subject, "2026-09-30T10:00:00Z")
         index_digest = reg.tag_digest(REPO, first.fallback_tag)
         body, media = reg.manifests[index_digest]
         index = json.loads(body)
@@ -87,7 +92,7 @@ def test_the_tag_schema_fallback_without_a_referrers_api():
         entry = index["manifests"][1]
         assert entry["artifactType"] == records.ARTIFACT_TYPE and entry["mediaType"] == OCI_MANIFEST
         assert entry["annotations"] == {records.CREATED: "2026-09-30T10:00:00Z"}
-        records.attach(client, a_record(subject["digest"], tags=["x"]), subject, "2026-09-30T10:00:00Z")
+        records.attach(client, the_record(subject["digest"], tags=["x"]), subject, "2026-09-30T10:00:00Z")
         assert len(json.loads(reg.manifests[reg.tag_digest(REPO, first.fallback_tag)][0])["manifests"]) == 2  # once
         found = records.fetch(client, subject["digest"])
         assert found is not None and found.via == "tag-schema" and found.record["tags"] == ["x"]
@@ -97,7 +102,7 @@ def test_the_tag_schema_fallback_without_a_referrers_api():
 def test_the_referrers_api_where_the_registry_has_it():
     with StubRegistry(referrers=True) as reg:
         client, subject = setup(reg)
-        done = records.attach(client, a_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
+        done = records.attach(client, the_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
         assert done.via == "referrers" and done.fallback_tag is None
         assert reg.tag_digest(REPO, records.fallback_tag(subject["digest"])) is None  # no fallback tag written
         found = records.fetch(client, subject["digest"])
@@ -108,7 +113,7 @@ def test_an_image_without_a_record_and_a_record_served_altered():
     with StubRegistry() as reg:
         client, subject = setup(reg)
         assert records.fetch(client, subject["digest"]) is None
-        records.attach(client, a_record(subject["digest"]), subject)
+        records.attach(client, the_record(subject["digest"]), subject)
         found = records.fetch(client, subject["digest"])
         assert found is not None
         layer = json.loads(reg.manifests[found.manifest_digest][0])["layers"][0]["digest"]
@@ -194,7 +199,7 @@ def test_an_overlay_record_and_the_labels_it_names():
         "overlay.files: missing or not a str",
     ]
     ns = "org.stackforge.overlay"
-    assert expected_labels(overlay) == {
+    assert expected_labels(OverlayPart.model_validate(overlay)) == {
         ns: "jev",
         f"{ns}.fingerprint": overlay["fingerprint"],
         f"{ns}.files": overlay["files"],
