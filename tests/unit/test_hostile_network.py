@@ -337,7 +337,7 @@ def test_a_git_upstream_redirected_to_another_host_does_not_take_the_credential_
     with HostileServer({r".*": ok(b"no such repository", status=404)}, lifetime=20) as other:
         moved = redirect(lambda: f"{other.url}/repo.git/info/refs?service=git-upload-pack", 302)
         with HostileServer({r".*": moved}, lifetime=20) as origin:
-            spec = {"git": f"http://user:s3cret-pw@{origin.address}/repo.git", "commit": "a" * 40, "tag": None}
+            spec = sources.UpstreamSpec(git=f"http://user:s3cret-pw@{origin.address}/repo.git", commit="a" * 40)
             with pytest.raises(UserError) as err:
                 sources.fetch_upstream(spec, tmp_path / "cache")
             assert origin.authorized()
