@@ -72,6 +72,7 @@ def test_older_records_and_keys_of_a_newer_writer_still_read():
         ({"stack_files": {"example.yaml": {"text": "x"}}}, "stack_files: an entry without a sha256"),
         ({"gate": {"gate": [1]}}, "gate: at gate.0"),
         ({"overlay": []}, "overlay: not an object"),
+        ({"overlay": None}, "overlay: not an object"),
         ({"image_id": 7}, "image_id: missing or not a str"),
     ],
 )
@@ -89,6 +90,7 @@ def test_the_json_schema_accepts_the_records_the_model_accepts_and_refuses_other
     assert list(validator.iter_errors(a_record(DIGEST))) == []
     assert list(validator.iter_errors(a_record(DIGEST, schema="other/v9")))
     assert list(validator.iter_errors(a_record("sha256:zz")))
+    assert list(validator.iter_errors({**a_record(DIGEST), "overlay": None}))
 
 
 def test_every_field_is_described():

@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError, field_validator
 
 from stackforge.errors import UserError
 from stackforge.stack.reference import DocsResult
@@ -111,6 +111,13 @@ class PublishRecord(Part):
     build_id: str | None = Field(None, description="the build id of the evidence the record was made from")
     overlay: OverlayPart | None = Field(None, description="an overlay image's overlay; absent for a stack image")
 
+    @field_validator("overlay", mode="before")
+    @classmethod
+    def _overlay_object(cls, value: Any) -> Any:
+        if value is None:  # absent is a stack image's record; a null overlay is neither
+            raise ValueError("not an object")
+        return value
+
 
 #: how a key whose items are wrong is said (the keys ``verify`` reads item by item)
 ITEMS = {
@@ -177,6 +184,9 @@ def parse(data: Any, source: str = "the publish record") -> PublishRecord:
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of the record."""
     schema = PublishRecord.model_json_schema(by_alias=True)
+    overlay = schema["properties"]["overlay"]  # absent or an object, never null
+    overlay.pop("default", None)
+    overlay["$ref"] = next(o["$ref"] for o in overlay.pop("anyOf") if "$ref" in o)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "stackforge publish record"
     return schema
