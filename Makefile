@@ -73,6 +73,7 @@ lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, 
 	$(STACKFORGE) recipe lint
 	$(STACKFORGE) recipe docs --check
 	$(STACKFORGE) schema --docs --check
+	$(STACKFORGE) schema --record --docs --check
 
 format: $(STAMP) ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix tools tests bench scripts

@@ -36,7 +36,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tools")]
 from bench.results import Result, table, write  # noqa: E402
 from stackforge.clients.registry import RegistryClient, parse_repository  # noqa: E402
 from stackforge.publish.oci import DEFAULT_LEVEL, DockerImage  # noqa: E402
-from stackforge.publish.publisher import publish  # noqa: E402
+from stackforge.publish.publisher import PublishOptions, publish  # noqa: E402
 from stackforge.stack.scheme import TagScheme  # noqa: E402
 from tests.fixtures.registry import start_registry  # noqa: E402
 
@@ -146,7 +146,7 @@ def docker_push(registry: str, image: str, repo: str) -> tuple[float, float]:
 def sf_publish(registry: str, image: str, repo: str, cache: Path) -> tuple[float, float, list[dict[str, Any]]]:
     """Seconds, CPU seconds (this process and dockerd) and the push log of a library publish."""
     t0, cpu = time.monotonic(), engine_cpu() + own_cpu()
-    res = publish(DockerImage(image), f"{registry}/{repo}", SCHEME, DATE, layer_cache=cache)
+    res = publish(DockerImage(image), f"{registry}/{repo}", SCHEME, DATE, PublishOptions(layer_cache=cache))
     return time.monotonic() - t0, engine_cpu() + own_cpu() - cpu, res.push_log
 
 

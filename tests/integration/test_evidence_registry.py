@@ -195,6 +195,7 @@ def tamper(repository: str, image: str, changes: dict, created: str) -> None:
     """Attach a newer record for the image ``image`` with ``changes`` (as someone with push rights could)."""
     from stackforge.clients.registry import RegistryClient, parse_repository
     from stackforge.publish import record as records
+    from stackforge.publish.record_schema import parse
 
     client = RegistryClient(parse_repository(repository))
     found = records.fetch(client, image)
@@ -205,7 +206,7 @@ def tamper(repository: str, image: str, changes: dict, created: str) -> None:
     }
     info = client.head_manifest(image)
     assert info is not None
-    records.attach(client, rec, {"mediaType": info.media_type, "digest": image, "size": info.size}, created)
+    records.attach(client, parse(rec), {"mediaType": info.media_type, "digest": image, "size": info.size}, created)
 
 
 def test_a_tampered_record_and_a_digest_that_does_not_match_it_are_refused(two_builds, registry, tmp_path):

@@ -14,8 +14,8 @@ import pytest
 
 from stackforge.clients.registry import RetryPolicy
 from stackforge.publish.oci import ArchiveImage
-from stackforge.publish.publisher import publish
 from stackforge.stack.scheme import TagScheme
+from tests.fixtures.publish_call import publish_with
 from tests.fixtures.save_archive import layer_tar, save_archive
 
 pytestmark = [pytest.mark.registry]
@@ -35,7 +35,7 @@ def test_layers_are_mounted_from_where_this_host_pushed_them_and_never_uploaded_
     image_id = save_archive(path, [base, app], flavour="oci")
 
     def go(repo: str, cache: Path, **kw):
-        return publish(ArchiveImage(path, image_id=image_id), f"{registry}/{ns}/{repo}", SCHEME, "20260101",
+        return publish_with(ArchiveImage(path, image_id=image_id), f"{registry}/{ns}/{repo}", SCHEME, "20260101",
                        policy=FAST, lock_dir=tmp_path / "locks", layer_cache=cache, settle_seconds=0, **kw)  # fmt: skip
 
     first = go("one", tmp_path / "cache")

@@ -24,7 +24,6 @@ from stackforge.builder import evidence as evidence_dirs
 from stackforge.clients.registry import RetryPolicy
 from stackforge.errors import BuildFailed
 from stackforge.publish.oci import DockerImage
-from stackforge.publish.publisher import publish
 from stackforge.stack.scheme import TagScheme
 from tests.fixtures import run_names
 from tests.fixtures.faulty_proxy import (
@@ -34,6 +33,7 @@ from tests.fixtures.faulty_proxy import (
     Fault,
     FaultyProxy,
 )
+from tests.fixtures.publish_call import publish_with
 from tests.fixtures.stack_support import RootSpec, repo_root
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
@@ -115,7 +115,7 @@ def lib_publish(address: str, ns: str, ref: str, tmp_path: Path, **kw):
     kw.setdefault("policy", FAST)
     kw.setdefault("layer_cache", tmp_path / "layers")
     kw.setdefault("settle_seconds", 0.2)
-    return publish(DockerImage(ref), f"{address}/{ns}/vllm", SCHEME, DATE, lock_dir=tmp_path / "locks", **kw)
+    return publish_with(DockerImage(ref), f"{address}/{ns}/vllm", SCHEME, DATE, lock_dir=tmp_path / "locks", **kw)
 
 
 @pytest.fixture(scope="module")
@@ -377,7 +377,7 @@ def test_bad_input_is_a_clear_error_with_no_tag(registry, images, root, ns, tmp_
 
 def _older_date(registry, ns, images, tmp_path):
     newer = lib_publish(registry, ns, images[0], tmp_path)
-    older = publish(
+    older = publish_with(
         DockerImage(images[1]),
         f"{registry}/{ns}/vllm",
         SCHEME,

@@ -13,7 +13,7 @@ import pytest
 
 from stackforge.builder import bake as bakemod
 from stackforge.errors import UserError
-from stackforge.flows.nightly import Row, Summary, _gate_summary, nightly, select_stacks
+from stackforge.flows.nightly import NightlyOptions, Row, Summary, _gate_summary, nightly, select_stacks
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import RootSpec, make_root
 
@@ -229,10 +229,12 @@ def test_the_summary_says_which_overrides_each_rows_stack_was_loaded_with(root):
     summary = nightly(
         root,
         "127.0.0.1:9/team",
-        date="20260929",
-        out=out,
-        overrides=lambda name: ["description=every", *own.get(name, [])],
-        echo=lambda line: None,
+        NightlyOptions(
+            date="20260929",
+            out=out,
+            overrides=lambda name: ["description=every", *own.get(name, [])],
+            echo=lambda line: None,
+        ),
     )
     rows = {r.stack: r for r in summary.rows}
     assert set(rows) == {"nightly-good", "nightly-bad"} and all(r.stage == "load" for r in rows.values())
@@ -256,9 +258,8 @@ def test_the_summary_says_which_overrides_each_rows_stack_was_loaded_with(root):
 
 
 def test_one_override_list_applies_to_every_row(root):
-    summary = nightly(
-        root, "127.0.0.1:9/team", date="20260929", out=root / "out", overrides=["packges.x=1"], echo=lambda line: None
-    )
+    options = NightlyOptions(date="20260929", out=root / "out", overrides=["packges.x=1"], echo=lambda line: None)
+    summary = nightly(root, "127.0.0.1:9/team", options)
     assert summary.overrides == ["packges.x=1"] and all(r.overrides == ["packges.x=1"] for r in summary.rows)
     assert "Overrides of" not in summary.markdown()
 
@@ -278,8 +279,8 @@ def _run_nightly_command(monkeypatch, tmp_path, *sets):
 
     seen = {}
 
-    def fake_nightly(root, registry, **kw):
-        seen.update(kw, registry=registry)
+    def fake_nightly(root, registry, options, **kw):
+        seen.update(vars(options), **kw, registry=registry)
         return Summary(date="20260929", registry=registry, rows=[Row("s", "t", "published")])
 
     monkeypatch.setattr(cmd, "nightly", fake_nightly)

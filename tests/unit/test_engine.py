@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stackforge.clients.engine import (
+    BuildCommand,
     Engine,
-    build_command,
     check_build_args,
     effective_buildkit,
     parse_buildx_inspect,
@@ -21,7 +21,7 @@ def _pairs(cmd: list[str], flag: str) -> list[str]:
 
 
 def test_build_command_assembles_every_option_in_place():
-    cmd = build_command(
+    cmd = BuildCommand(
         "/ctx",
         dockerfile="/ctx/build/Dockerfile",
         target="vllm-openai",
@@ -31,7 +31,7 @@ def test_build_command_assembles_every_option_in_place():
         labels={"org.opencontainers.image.revision": "abc"},
         metadata_file="/out/meta.json",
         builder="ci",
-    )
+    ).argv()
     assert cmd[:5] == ["docker", "buildx", "--builder", "ci", "build"]
     assert "--progress=plain" in cmd
     assert _pairs(cmd, "--file") == ["/ctx/build/Dockerfile"]
@@ -49,7 +49,7 @@ def test_build_command_assembles_every_option_in_place():
 
 
 def test_secrets_never_become_build_args():
-    cmd = build_command("/ctx", secrets=[("pip_token", "/run/creds/token")], build_args={"A": "1"})
+    cmd = BuildCommand("/ctx", secrets=[("pip_token", "/run/creds/token")], build_args={"A": "1"}).argv()
     build_args = _pairs(cmd, "--build-arg")
     assert build_args == ["A=1"]
     assert not any("pip_token" in a or "/run/creds/token" in a for a in build_args)
@@ -57,14 +57,14 @@ def test_secrets_never_become_build_args():
 
 
 def test_minimal_command_has_no_optional_flags():
-    cmd = build_command("ctx", load=False)
+    cmd = BuildCommand("ctx", load=False).argv()
     assert cmd == ["docker", "buildx", "build", "--progress=plain", "ctx"]
 
 
 @pytest.mark.parametrize("name", ["PIP_PASSWORD", "hf_token", "NPM_AUTH_TOKEN", "AWS_SECRET_ACCESS_KEY", "API_KEY"])
 def test_credential_like_build_args_are_refused(name):
     with pytest.raises(UserError) as exc:
-        build_command("/ctx", build_args={name: "x"})
+        BuildCommand("/ctx", build_args={name: "x"}).argv()
     assert "secret" in exc.value.fix
 
 
@@ -78,14 +78,14 @@ def test_url_with_password_in_build_arg_is_refused():
 @pytest.mark.parametrize("sid", ["bad id", "a,b", "", "x=y"])
 def test_invalid_secret_ids_are_refused(sid):
     with pytest.raises(UserError):
-        build_command("/ctx", secrets=[(sid, "/tmp/f")])
+        BuildCommand("/ctx", secrets=[(sid, "/tmp/f")]).argv()
 
 
 def test_duplicate_secret_id_and_comma_in_path_are_refused():
     with pytest.raises(UserError):
-        build_command("/ctx", secrets=[("a", "/x"), ("a", "/y")])
+        BuildCommand("/ctx", secrets=[("a", "/x"), ("a", "/y")]).argv()
     with pytest.raises(UserError):
-        build_command("/ctx", secrets=[("a", "/tmp/a,b")])
+        BuildCommand("/ctx", secrets=[("a", "/tmp/a,b")]).argv()
 
 
 @pytest.mark.parametrize(

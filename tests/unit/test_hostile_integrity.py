@@ -22,14 +22,14 @@ from stackforge import patches as P
 from stackforge.clients.index import IndexFile, ProjectPage
 from stackforge.clients.registry import RetryPolicy
 from stackforge.errors import BuildFailed, UserError
-from stackforge.flows.nightly import Row, Summary, bake_not_run, nightly
+from stackforge.flows.nightly import NightlyOptions, Row, Summary, bake_not_run, nightly
 from stackforge.freshness import newest as freshness
 from stackforge.publish.oci import ArchiveImage
-from stackforge.publish.publisher import publish
 from stackforge.stack.load import load
 from stackforge.stack.scheme import TagScheme
 from tests.fixtures.faulty_proxy import BLOB_UPLOAD, Fault, FaultyProxy
 from tests.fixtures.gitrepo import build_upstream, make_series
+from tests.fixtures.publish_call import publish_with
 from tests.fixtures.save_archive import layer_tar, save_archive
 from tests.fixtures.stack_support import RootSpec
 from tests.fixtures.stub_registry import StubRegistry
@@ -322,7 +322,7 @@ def images(tmp_path):
 
 
 def pub(address: str, image: ArchiveImage, tmp_path: Path, date: str, **kw):
-    return publish(
+    return publish_with(
         image,
         f"{address}/{NAME}",
         SCHEME,
@@ -525,7 +525,9 @@ def test_summary_says_why_the_bake_did_not_run(case):
 def test_nightly_whose_stacks_all_fail_lint_says_so_and_builds_nothing(root, tmp_path):
     (root / "stacks" / "lostlock.yaml").write_text("name: lostlock\ninherits: example\nnightly: true\n")
     out = tmp_path / "nightly"
-    summary = nightly(root, "127.0.0.1:9/team", date="20260929", stacks=["lostlock"], out=out, echo=lambda line: None)
+    summary = nightly(
+        root, "127.0.0.1:9/team", NightlyOptions(date="20260929", stacks=["lostlock"], out=out, echo=lambda line: None)
+    )
     assert not summary.ok and [(r.stack, r.stage) for r in summary.rows] == [("lostlock", "lint")]
     assert "stacks/locks/lostlock/pypi.txt is missing" in summary.rows[0].reason
     md = (out / "summary.md").read_text()
@@ -537,7 +539,9 @@ def test_nightly_whose_stacks_all_fail_lint_says_so_and_builds_nothing(root, tmp
 def test_nightly_reports_a_tampered_lock_as_that_stacks_lint_failure(root, tmp_path):
     (root / LOCK_REL).write_text(good_lock() + f"evil==1.0 \\\n    --hash=sha256:{HASH_A}\n")
     out = tmp_path / "nightly"
-    summary = nightly(root, "127.0.0.1:9/team", date="20260929", stacks=["example"], out=out, echo=lambda line: None)
+    summary = nightly(
+        root, "127.0.0.1:9/team", NightlyOptions(date="20260929", stacks=["example"], out=out, echo=lambda line: None)
+    )
     assert not summary.ok and [(r.stack, r.stage) for r in summary.rows] == [("example", "lint")]
     assert "evil is not a pin of index 'pypi'" in summary.rows[0].reason
     assert not (root / "build" / "example").exists() and not (out / "bake.json").exists()
@@ -613,7 +617,11 @@ def test_an_interrupted_nightly_writes_its_summary_with_the_undecided_rows(root,
     monkeypatch.setattr(bakemod, "bake", bake_interrupted)
     out = tmp_path / "nightly"
     with pytest.raises(Interrupted) as exc:
-        nightly(root, "127.0.0.1:9/team", date="20260929", stacks=["example"], out=out, echo=lambda line: None)
+        nightly(
+            root,
+            "127.0.0.1:9/team",
+            NightlyOptions(date="20260929", stacks=["example"], out=out, echo=lambda line: None),
+        )
     assert exc.value.render().endswith(f"nothing more was published (summary: {out / 'summary.md'})")
     data = json.loads((out / "summary.json").read_text())
     assert data["ok"] is False and data["bake"] == {"not_run": "interrupted by SIGTERM"}

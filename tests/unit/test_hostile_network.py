@@ -18,6 +18,7 @@ from stackforge.clients.registry import OCI_INDEX, RegistryClient, RegistryError
 from stackforge.errors import UserError
 from stackforge.flows import operator
 from stackforge.publish import record as records
+from stackforge.publish.record_schema import PublishRecord
 from tests.fixtures.hostile_server import HostileServer, endless, ok, redirect, trickle
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
@@ -216,7 +217,7 @@ def test_a_record_of_another_image_is_refused_before_anything_is_pulled():
         body, media = reg.manifests[other]
         client = RegistryClient(parse_repository(f"{reg.address}/{REPO}"), policy=ONE_TRY)
         subject = {"mediaType": media, "digest": other, "size": len(body)}
-        records.attach(client, a_record(digest), subject, "2026-09-29T10:00:00Z")
+        records.attach(client, PublishRecord.model_validate(a_record(digest)), subject, "2026-09-29T10:00:00Z")
         with reg.lock:  # the fallback tag of the pulled image lists the other image's record
             reg.tags[REPO][records.fallback_tag(digest)] = reg.tags[REPO][records.fallback_tag(other)]
         engine = NoEngine()
@@ -336,7 +337,7 @@ def test_a_git_upstream_redirected_to_another_host_does_not_take_the_credential_
     with HostileServer({r".*": ok(b"no such repository", status=404)}, lifetime=20) as other:
         moved = redirect(lambda: f"{other.url}/repo.git/info/refs?service=git-upload-pack", 302)
         with HostileServer({r".*": moved}, lifetime=20) as origin:
-            spec = {"git": f"http://user:s3cret-pw@{origin.address}/repo.git", "commit": "a" * 40, "tag": None}
+            spec = sources.UpstreamSpec(git=f"http://user:s3cret-pw@{origin.address}/repo.git", commit="a" * 40)
             with pytest.raises(UserError) as err:
                 sources.fetch_upstream(spec, tmp_path / "cache")
             assert origin.authorized()

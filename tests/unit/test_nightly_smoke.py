@@ -14,6 +14,7 @@ from stackforge.flows.nightly import NightlyRun, Row, Summary, _one
 from stackforge.flows.nightly_smoke import NightlyRecipes, freshness_line, nightly_recipes, smoke_image
 from stackforge.recipes.load import load_recipe
 from stackforge.smoke.report import RowResult, SmokeReport
+from stackforge.smoke.run import SmokeOptions
 from stackforge.stack.load import load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +91,7 @@ def test_latest_moves_after_the_smoke_passed(tmp_path):
     assert row.status == "published" and row.ok and row.smoke == "passed"
     assert row.smoke_recipes == {"qwen3-8b": "passed"} and row.aliases == {LATEST: "moved"}
     name, image, outdir, kw = fakes.smoked[0]
-    assert image.startswith("vllm-musa:") and kw["allow_missing_hardware"] is True
+    assert image.startswith("vllm-musa:") and kw["options"].allow_missing_hardware is True
     assert outdir == tmp_path / "evidence" / "smoke" / "qwen3-8b"
     # the smoke evidence travels with the row's evidence copy
     assert (Path(row.evidence) / "smoke" / "qwen3-8b" / "smoke.json").is_file()
@@ -120,7 +121,9 @@ def test_an_image_without_a_nightly_recipe_moves_latest_at_once(tmp_path):
 
 def test_smoke_image_names_the_first_failed_row(tmp_path):
     recipes = [load_recipe(REPO, "qwen3-8b")]
-    verdict = smoke_image(recipes, "img", tmp_path, lambda r, i, o, **kw: report(r.name, ["passed", "failed"]))
+    verdict = smoke_image(
+        recipes, "img", tmp_path, lambda r, i, o, **kw: report(r.name, ["passed", "failed"]), SmokeOptions()
+    )
     assert verdict.verdict == "failed" and not verdict.moves_aliases
     assert verdict.reason == "qwen3-8b: row1 failed: row1 went failed"
 

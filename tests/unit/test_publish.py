@@ -21,7 +21,6 @@ from stackforge.clients.registry import RetryPolicy
 from stackforge.errors import BuildFailed, UserError
 from stackforge.publish import publisher
 from stackforge.publish.oci import OCI_LAYER_GZIP, OCI_LAYER_TAR, ArchiveImage, read_save_stream
-from stackforge.publish.publisher import publish
 from stackforge.stack.scheme import TagScheme, validate_date
 from tests.fixtures.faulty_proxy import (
     BLOB_UPLOAD,
@@ -31,6 +30,7 @@ from tests.fixtures.faulty_proxy import (
     Fault,
     FaultyProxy,
 )
+from tests.fixtures.publish_call import publish_with
 from tests.fixtures.save_archive import add_file, layer_tar, save_archive
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
@@ -71,7 +71,7 @@ def stub():
 def run(address: str, image: ArchiveImage, tmp_path: Path, *, date: str = DATE, aliases=(ALIAS,), **kw):
     kw.setdefault("layer_cache", tmp_path / "layers")
     kw.setdefault("settle_seconds", 0)
-    return publish(
+    return publish_with(
         image,
         f"{address}/{REPO}",
         SCHEME,
@@ -474,7 +474,7 @@ def test_unreachable_registry_is_a_user_error_and_creates_nothing(images, tmp_pa
 def test_bad_registry_reference(images, tmp_path):
     for bad in ["http://127.0.0.1:5000/x", "127.0.0.1:5000/UPPER", "nohost/x"]:
         with pytest.raises(UserError):
-            publish(images("a"), bad, SCHEME, DATE, policy=FAST, lock_dir=tmp_path, layer_cache=False)
+            publish_with(images("a"), bad, SCHEME, DATE, policy=FAST, lock_dir=tmp_path, layer_cache=False)
 
 
 def test_evidence_records_what_was_published(stub, images, tmp_path):
@@ -706,3 +706,27 @@ def test_a_manifest_whose_blobs_the_registry_briefly_does_not_see_is_put_again(s
     assert len(puts) == publisher.BLOB_UNKNOWN_ATTEMPTS
     assert "MANIFEST_BLOB_UNKNOWN" in exc.value.message and "no tag was created" in exc.value.message
     assert immutable(stub) == {r.tag: r.digest}
+
+
+def test_the_publish_verb_builds_the_options_once_from_its_flags(monkeypatch, capsys):
+    """``stackforge publish`` turns its flags into one PublishOptions and passes it to publish_stack."""
+    from types import SimpleNamespace
+
+    from stackforge.cli import publish as verb
+    from stackforge.cli.main import main
+
+    seen: dict = {}
+
+    def fake_publish_stack(loaded, registry, options, **kw):
+        seen.update(kw, registry=registry, options=options)
+        return SimpleNamespace(evidence=lambda: {"status": "published"})
+
+    monkeypatch.setattr(verb, "publish_stack", fake_publish_stack)
+    root = Path(__file__).resolve().parents[2]
+    argv = ["--root", str(root), "publish", "example", "--registry", "127.0.0.1:9/x", "--compression", "none"]
+    assert main([*argv, "--verify-pull", "--retries", "2", "--date", DATE, "--json"]) == 0
+    options = seen["options"]
+    assert isinstance(options, publisher.PublishOptions) and options.compression == "none" and options.verify_pull
+    assert options.policy is not None and options.policy.attempts == 2 and options.echo is verb.stderr_echo
+    assert seen["registry"] == "127.0.0.1:9/x" and seen["date"] == DATE and seen["allow_ungated"] is False
+    assert json.loads(capsys.readouterr().out) == {"status": "published"}

@@ -13,33 +13,15 @@ from stackforge.errors import UserError
 from stackforge.flows import operator
 from stackforge.overlay.record import expected_labels
 from stackforge.publish import record as records
+from stackforge.publish.record_schema import OverlayPart, PublishRecord
 from stackforge.stack import scheme
 from stackforge.stack.scheme import TagScheme
+from tests.fixtures.records import REPO, a_record
 from tests.fixtures.stub_registry import StubRegistry
 
-REPO = "team/vllm"
 
-
-def a_record(digest: str, **changes) -> dict:
-    rec = {
-        "schema": records.SCHEMA,
-        "stack": "example",
-        "target": "escape",
-        "repository": f"127.0.0.1/{REPO}",
-        "digest": digest,
-        "image_id": "sha256:" + "c" * 64,
-        "tags": ["v1-20260929-r1", "v1-latest"],
-        "stack_files": {"example.yaml": {"sha256": "sha256:" + "d" * 64, "text": "name: example\n"}},
-        "overrides": [],
-        "pins": {"idna": "3.10"},
-        "options": {},
-        "fingerprint": "f" * 16,
-        "labels": {"org.stackforge.pin.idna": "3.10"},
-        "gate": {"gate": ["gate result: 4 PASS, 0 FAIL"], "abi": [], "readonly": []},
-        "smoke": {},
-    }
-    rec.update(changes)
-    return rec
+def the_record(digest: str, **changes) -> PublishRecord:
+    return PublishRecord.model_validate(a_record(digest, **changes))
 
 
 def setup(reg: StubRegistry) -> tuple[RegistryClient, dict]:
@@ -63,7 +45,7 @@ def test_the_record_schema():
 
 def test_the_artifact_refers_to_the_image_and_carries_the_record():
     subject = {"mediaType": OCI_MANIFEST, "digest": "sha256:" + "a" * 64, "size": 7}
-    body, manifest = records.artifact(a_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
+    body, manifest = records.artifact(the_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
     doc = json.loads(manifest)
     assert doc["artifactType"] == records.ARTIFACT_TYPE and doc["subject"] == subject
     assert doc["config"] == {"mediaType": records.EMPTY_TYPE, "digest": records.sha256_digest(b"{}"), "size": 2}
@@ -76,9 +58,9 @@ def test_the_artifact_refers_to_the_image_and_carries_the_record():
 def test_the_tag_schema_fallback_without_a_referrers_api():
     with StubRegistry() as reg:
         client, subject = setup(reg)
-        first = records.attach(client, a_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
+        first = records.attach(client, the_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
         assert first.via == "tag-schema" and first.fallback_tag == "sha256-" + subject["digest"][7:]
-        again = records.attach(client, a_record(subject["digest"], tags=["x"]), subject, "2026-09-30T10:00:00Z")
+        again = records.attach(client, the_record(subject["digest"], tags=["x"]), subject, "2026-09-30T10:00:00Z")
         index_digest = reg.tag_digest(REPO, first.fallback_tag)
         body, media = reg.manifests[index_digest]
         index = json.loads(body)
@@ -87,7 +69,7 @@ def test_the_tag_schema_fallback_without_a_referrers_api():
         entry = index["manifests"][1]
         assert entry["artifactType"] == records.ARTIFACT_TYPE and entry["mediaType"] == OCI_MANIFEST
         assert entry["annotations"] == {records.CREATED: "2026-09-30T10:00:00Z"}
-        records.attach(client, a_record(subject["digest"], tags=["x"]), subject, "2026-09-30T10:00:00Z")
+        records.attach(client, the_record(subject["digest"], tags=["x"]), subject, "2026-09-30T10:00:00Z")
         assert len(json.loads(reg.manifests[reg.tag_digest(REPO, first.fallback_tag)][0])["manifests"]) == 2  # once
         found = records.fetch(client, subject["digest"])
         assert found is not None and found.via == "tag-schema" and found.record["tags"] == ["x"]
@@ -97,7 +79,7 @@ def test_the_tag_schema_fallback_without_a_referrers_api():
 def test_the_referrers_api_where_the_registry_has_it():
     with StubRegistry(referrers=True) as reg:
         client, subject = setup(reg)
-        done = records.attach(client, a_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
+        done = records.attach(client, the_record(subject["digest"]), subject, "2026-09-29T10:00:00Z")
         assert done.via == "referrers" and done.fallback_tag is None
         assert reg.tag_digest(REPO, records.fallback_tag(subject["digest"])) is None  # no fallback tag written
         found = records.fetch(client, subject["digest"])
@@ -108,7 +90,7 @@ def test_an_image_without_a_record_and_a_record_served_altered():
     with StubRegistry() as reg:
         client, subject = setup(reg)
         assert records.fetch(client, subject["digest"]) is None
-        records.attach(client, a_record(subject["digest"]), subject)
+        records.attach(client, the_record(subject["digest"]), subject)
         found = records.fetch(client, subject["digest"])
         assert found is not None
         layer = json.loads(reg.manifests[found.manifest_digest][0])["layers"][0]["digest"]
@@ -194,7 +176,7 @@ def test_an_overlay_record_and_the_labels_it_names():
         "overlay.files: missing or not a str",
     ]
     ns = "org.stackforge.overlay"
-    assert expected_labels(overlay) == {
+    assert expected_labels(OverlayPart.model_validate(overlay)) == {
         ns: "jev",
         f"{ns}.fingerprint": overlay["fingerprint"],
         f"{ns}.files": overlay["files"],

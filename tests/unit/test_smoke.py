@@ -18,7 +18,16 @@ from stackforge.recipes.load import load_recipe
 from stackforge.recipes.model import Hardware
 from stackforge.smoke import run as smokerun
 from stackforge.smoke.report import CONTAINER_LOG, SMOKE_JSON
-from stackforge.smoke.run import ContainerSpec, HostFacts, RowContext, missing_hardware, run_row, smoke, wait_ready
+from stackforge.smoke.run import (
+    ContainerSpec,
+    HostFacts,
+    RowContext,
+    SmokeOptions,
+    missing_hardware,
+    run_row,
+    smoke,
+    wait_ready,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "fixtures" / "standin_vllm_serve.py"
@@ -106,15 +115,8 @@ def recipe(tmp_path: Path, text: str | None = None):
 def without_devices(tmp_path: Path, start, loaded=None, **kw):
     """A smoke run on a host without devices, allowed to run anyway (as the tests and CI do)."""
     kw.setdefault("interval", 0.1)
-    return smoke(
-        loaded or recipe(tmp_path),
-        "i",
-        tmp_path / "o",
-        launcher=start,
-        facts=NO_HARDWARE,
-        allow_missing_hardware=True,
-        **kw,
-    )
+    options = SmokeOptions(allow_missing_hardware=True, **kw)
+    return smoke(loaded or recipe(tmp_path), "i", tmp_path / "o", options, launcher=start, facts=NO_HARDWARE)
 
 
 def qwen_text() -> str:
@@ -198,7 +200,14 @@ def test_missing_hardware_records_every_row_not_run_and_starts_nothing(tmp_path,
 
 def test_passing_run_writes_rows_and_log(tmp_path, launcher):
     out = tmp_path / "out"
-    report = smoke(recipe(tmp_path), "img:1", out, launcher=launcher(), facts=NO_HARDWARE, allow_missing_hardware=True)
+    report = smoke(
+        recipe(tmp_path),
+        "img:1",
+        out,
+        SmokeOptions(allow_missing_hardware=True),
+        launcher=launcher(),
+        facts=NO_HARDWARE,
+    )
     data = json.loads((out / SMOKE_JSON).read_text())
     # Every row passed, but on a host without the declared devices: never a pass, and the exit is 0 as asked.
     assert not report.ok and data["ok"] is False and data["verdict"] == "not-run", report.table()
@@ -223,7 +232,12 @@ def test_passing_run_writes_rows_and_log(tmp_path, launcher):
 
 def test_wrong_answer_fails_the_chat_row_only(tmp_path, launcher):
     report = smoke(
-        recipe(tmp_path), "i", tmp_path / "o", launcher=launcher("wrong-answer"), facts=HARDWARE, interval=0.1
+        recipe(tmp_path),
+        "i",
+        tmp_path / "o",
+        SmokeOptions(interval=0.1),
+        launcher=launcher("wrong-answer"),
+        facts=HARDWARE,
     )
     status = {r.name: r.status for r in report.rows}
     assert status == {

@@ -20,10 +20,11 @@ from stackforge.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from stackforge.flows.nightly import declared_nightly, nightly
+    from stackforge.flows.nightly import NightlyOptions, declared_nightly, nightly
 else:
     declared_nightly = lazy("stackforge.flows.nightly", "declared_nightly")
     nightly = lazy("stackforge.flows.nightly", "nightly")
+    NightlyOptions = lazy("stackforge.flows.nightly", "NightlyOptions")
 
 
 def register(sub) -> None:
@@ -71,9 +72,7 @@ def cmd_nightly(args) -> int:
     # A --set scope must name a stack this run builds: the named ones, else the declared nightly stacks.
     select(args, args.stacks or declared_nightly(root_of(args)))
     policy = retry_policy(args)
-    summary = nightly(
-        root_of(args),
-        args.registry,
+    options = NightlyOptions(
         date=args.date,
         stacks=args.stacks or None,
         targets=args.targets,
@@ -82,11 +81,11 @@ def cmd_nightly(args) -> int:
         out=args.out,
         overrides=lambda name: overrides_for(args, name),
         echo=lambda line: print(line, file=sys.stderr, flush=True),
-        workspace=workspace_of(args),
         allow_missing_hardware=args.allow_missing_hardware,
         freshness=args.freshness,
         drift=args.drift,
     )
+    summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))
     if args.json:
         print_json(summary.to_json())
     else:

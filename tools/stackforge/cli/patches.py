@@ -175,9 +175,9 @@ def _pinned_without_overrides(args, target) -> str | None:
         return None
     base = load_stack(args.stack, root=root_of(args))
     spec = dict(base.upstreams).get(target.name)
-    if spec is None or up.field(spec, "git") != up.field(target.spec, "git"):
+    if spec is None or spec.git != target.spec.git:
         return None  # another repository: its commits say nothing about this one
-    return up.field(spec, "commit")
+    return spec.commit
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -262,10 +262,10 @@ def cmd_upstreamed(args) -> int:
     target = _target(args, load(args, args.stack))
     pinned = _pinned_without_overrides(args, target)
     if args.to_commit:
-        new, old = args.to_commit, up.field(target.spec, "commit")
-    elif pinned and pinned != up.field(target.spec, "commit"):
+        new, old = args.to_commit, target.spec.commit
+    elif pinned and pinned != target.spec.commit:
         # --set upstreams.<u>.commit=NEW: fetch and verify with the stack's own pin, compare against NEW.
-        new, old = up.field(target.spec, "commit"), pinned
+        new, old = target.spec.commit, pinned
         target = _target(args, load_file(args.stack, root=root_of(args)), target.name)
     else:
         raise UserError(
@@ -301,15 +301,9 @@ def _export_targets(args) -> list:
         loaded = load_file(name, root=root, overrides=overrides_for(args, name))
         stack = loaded.model
         for uname, spec in dict(stack.upstreams).items():
-            if not up.field(spec, "patches"):
+            if not spec.patches:
                 continue
-            sd = up.field(spec, "sdist")
-            key = (
-                str(up.field(spec, "patches")),
-                up.field(spec, "git"),
-                up.field(spec, "commit"),
-                up.field(sd, "sha256"),
-            )
+            key = (spec.patches, spec.git, spec.commit, spec.sdist.sha256 if spec.sdist else None)
             if key in seen:
                 continue
             seen.add(key)

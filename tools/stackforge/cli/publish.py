@@ -20,9 +20,10 @@ from stackforge.cli.options import (
 from stackforge.errors import UserError
 
 if TYPE_CHECKING:
-    from stackforge.publish.publisher import stderr_echo
+    from stackforge.publish.publisher import PublishOptions, stderr_echo
     from stackforge.publish.stack import publish_stack
 else:
+    PublishOptions = lazy("stackforge.publish.publisher", "PublishOptions")
     stderr_echo = lazy("stackforge.publish.publisher", "stderr_echo")
     publish_stack = lazy("stackforge.publish.stack", "publish_stack")
 
@@ -152,16 +153,10 @@ def cmd_pull(args) -> int:
 
 def cmd_publish(args) -> int:
     loaded = load(args, args.stack)
-    common = dict(
-        date=args.date,
-        out=args.out,
-        allow_ungated=args.allow_ungated,
-        verify_pull=args.verify_pull,
-        policy=retry_policy(args),
-        compression=args.compression,
-        echo=stderr_echo,
-        workspace=workspace_of(args),
+    options = PublishOptions(
+        policy=retry_policy(args), compression=args.compression, verify_pull=args.verify_pull, echo=stderr_echo
     )
+    common = dict(date=args.date, out=args.out, allow_ungated=args.allow_ungated, workspace=workspace_of(args))
     if args.overlay:
         from stackforge.overlay.load import load_overlay
         from stackforge.overlay.publish import publish_overlay
@@ -170,9 +165,9 @@ def cmd_publish(args) -> int:
             raise UserError(
                 "--target: an overlay publishes the image it was built as", file="--target", fix="leave out --target"
             )
-        result = publish_overlay(loaded, load_overlay(loaded.root, args.overlay), args.registry, **common)
+        result = publish_overlay(loaded, load_overlay(loaded.root, args.overlay), args.registry, options, **common)
     else:
-        result = publish_stack(loaded, args.registry, target=args.target, **common)
+        result = publish_stack(loaded, args.registry, options, target=args.target, **common)
     if args.json:
         print_json(result.evidence())
         return 0

@@ -77,7 +77,7 @@ def default_image(recipe: LoadedRecipe, root: Path) -> str:
 
 
 def cmd_smoke(args) -> int:
-    from stackforge.smoke.run import parse_env, smoke
+    from stackforge.smoke.run import SmokeOptions, parse_env, smoke
 
     root = root_of(args)
     recipe = load_recipe(root, args.recipe)
@@ -96,17 +96,13 @@ def cmd_smoke(args) -> int:
             else "build or pull it first",
         )
     out = args.out or evidence.smoke_dir(root / "build" / recipe.model.image.stack, image_id, recipe.name)
-    report = smoke(
-        recipe,
-        image,
-        out,
-        engine=engine,
+    options = SmokeOptions(
         allow_missing_hardware=args.allow_missing_hardware,
         env=env,
         readiness_timeout=args.readiness_timeout,
-        image_id=image_id,
         echo=lambda line: print(line, file=sys.stderr, flush=True),
     )
+    report = smoke(recipe, image, out, options, engine=engine, image_id=image_id)
     if args.json:
         print_json(report.to_json())
     else:

@@ -96,6 +96,11 @@ def register(sub) -> None:
     p.add_argument(
         "--check", action="store_true", help="with --docs: write nothing; exit 1 if docs/stack-reference.md is stale"
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="the publish record's JSON Schema instead (with --docs: write docs/record-schema.json)",
+    )
     add_json(p, "the schema (always JSON; accepted for symmetry); with --docs, the file and whether it was stale")
     p.set_defaults(func=cmd_schema)
 
@@ -264,6 +269,11 @@ def cmd_schema(args) -> int:
         return _schema_docs(args)
     if args.check:
         raise UserError("--check needs --docs", fix="run: stackforge schema --docs --check")
+    if args.record:
+        from stackforge.publish import record_schema
+
+        print(record_schema.schema_text(), end="")
+        return 0
     from stackforge.stack.load import json_schema
 
     print(json.dumps(json_schema(), indent=2))
@@ -271,18 +281,23 @@ def cmd_schema(args) -> int:
 
 
 def _schema_docs(args) -> int:
-    """Write (or check) docs/stack-reference.md, generated from the model's field descriptions."""
-    from stackforge.stack import reference
+    """Write (or check) docs/stack-reference.md, generated from the model's field descriptions (with --record:
+    docs/record-schema.json, the publish record's JSON Schema)."""
+    if args.record:
+        from stackforge.publish import record_schema
 
-    result = reference.generate(root_of(args), check=args.check)
+        result = record_schema.generate(root_of(args), check=args.check)
+        what, fix = "the publish record's JSON Schema differs from the model", "stackforge schema --record --docs"
+    else:
+        from stackforge.stack import reference
+
+        result = reference.generate(root_of(args), check=args.check)
+        what, fix = "the stack-file reference differs from the model", "stackforge schema --docs"
     if args.json:
         print_json({"check": args.check, "file": result.path, "stale": result.stale})
     elif result.stale:
         print(f"{result.path}: out of date" if args.check else f"wrote {result.path}")
     if args.check and result.stale:
-        print(
-            "error: the stack-file reference differs from the model\n  fix: run: stackforge schema --docs",
-            file=sys.stderr,
-        )
+        print(f"error: {what}\n  fix: run: {fix}", file=sys.stderr)
         return 1
     return 0

@@ -13,7 +13,7 @@ be unit-tested without an engine.
 Secrets (private-index credentials, an extra CA bundle) are passed only as BuildKit
 secrets (``--secret id=…,src=…``): they are mounted at ``/run/secrets/<id>`` for the
 RUN steps that ask for them and never land in a layer or in the image history.
-Build args do land in the history, so :func:`build_command` refuses build args that
+Build args do land in the history, so :meth:`BuildCommand.argv` refuses build args that
 look like credentials.
 """
 
@@ -139,67 +139,67 @@ def check_build_args(build_args: Mapping[str, str]) -> None:
             )
 
 
-def build_command(
-    context: str | os.PathLike,
-    *,
-    dockerfile: str | os.PathLike | None = None,
-    target: str | None = None,
-    tags: Sequence[str] = (),
-    build_args: Mapping[str, str] | None = None,
-    secrets: Iterable[tuple[str, str | os.PathLike]] = (),
-    labels: Mapping[str, str] | None = None,
-    load: bool = True,
-    progress: str = "plain",
-    metadata_file: str | os.PathLike | None = None,
-    builder: str | None = None,
-    no_cache: bool = False,
-    extra_args: Sequence[str] = (),
-    docker: str = "docker",
-) -> list[str]:
-    """The ``docker buildx build`` argv for these options (no I/O, no validation of paths).
+@dataclass(frozen=True)
+class BuildCommand:
+    """A ``docker buildx build``: its options; :meth:`argv` is the command (no I/O, no validation of paths)."""
 
-    Secrets become ``--secret id=ID,src=PATH`` and nothing else; build args are checked
-    with :func:`check_build_args`.
-    """
-    args = dict(build_args or {})
-    check_build_args(args)
-    cmd = [docker, "buildx"]
-    if builder:
-        cmd += ["--builder", builder]
-    cmd += ["build", f"--progress={progress}"]
-    if dockerfile is not None:
-        cmd += ["--file", os.fspath(dockerfile)]
-    if target:
-        cmd += ["--target", target]
-    for tag in tags:
-        cmd += ["--tag", tag]
-    for name in args:
-        cmd += ["--build-arg", f"{name}={args[name]}"]
-    seen: set[str] = set()
-    for sid, src in secrets:
-        if not _SECRET_ID.match(sid):
-            raise UserError(f"invalid secret id {sid!r}", fix="use letters, digits, '.', '_' and '-'")
-        if sid in seen:
-            raise UserError(f"secret id {sid!r} given twice")
-        seen.add(sid)
-        src = os.fspath(src)
-        if "," in src:
-            raise UserError(
-                f"secret {sid}: path {src!r} contains a comma, which buildx cannot parse",
-                fix="move the file to a path without commas",
-            )
-        cmd += ["--secret", f"id={sid},src={src}"]
-    for key, value in (labels or {}).items():
-        cmd += ["--label", f"{key}={value}"]
-    if load:
-        cmd.append("--load")
-    if no_cache:
-        cmd.append("--no-cache")
-    if metadata_file is not None:
-        cmd += ["--metadata-file", os.fspath(metadata_file)]
-    cmd += list(extra_args)
-    cmd.append(os.fspath(context))
-    return cmd
+    context: str | os.PathLike
+    dockerfile: str | os.PathLike | None = None
+    target: str | None = None
+    tags: Sequence[str] = ()
+    build_args: Mapping[str, str] | None = None
+    secrets: Iterable[tuple[str, str | os.PathLike]] = ()
+    labels: Mapping[str, str] | None = None
+    load: bool = True
+    progress: str = "plain"
+    metadata_file: str | os.PathLike | None = None
+    builder: str | None = None
+    no_cache: bool = False
+    extra_args: Sequence[str] = ()
+    docker: str = "docker"
+
+    def argv(self) -> list[str]:
+        """The argv. Secrets become ``--secret id=ID,src=PATH`` and nothing else; build args are checked
+        with :func:`check_build_args`."""
+        args = dict(self.build_args or {})
+        check_build_args(args)
+        cmd = [self.docker, "buildx"]
+        if self.builder:
+            cmd += ["--builder", self.builder]
+        cmd += ["build", f"--progress={self.progress}"]
+        if self.dockerfile is not None:
+            cmd += ["--file", os.fspath(self.dockerfile)]
+        if self.target:
+            cmd += ["--target", self.target]
+        for tag in self.tags:
+            cmd += ["--tag", tag]
+        for name in args:
+            cmd += ["--build-arg", f"{name}={args[name]}"]
+        seen: set[str] = set()
+        for sid, src in self.secrets:
+            if not _SECRET_ID.match(sid):
+                raise UserError(f"invalid secret id {sid!r}", fix="use letters, digits, '.', '_' and '-'")
+            if sid in seen:
+                raise UserError(f"secret id {sid!r} given twice")
+            seen.add(sid)
+            src = os.fspath(src)
+            if "," in src:
+                raise UserError(
+                    f"secret {sid}: path {src!r} contains a comma, which buildx cannot parse",
+                    fix="move the file to a path without commas",
+                )
+            cmd += ["--secret", f"id={sid},src={src}"]
+        for key, value in (self.labels or {}).items():
+            cmd += ["--label", f"{key}={value}"]
+        if self.load:
+            cmd.append("--load")
+        if self.no_cache:
+            cmd.append("--no-cache")
+        if self.metadata_file is not None:
+            cmd += ["--metadata-file", os.fspath(self.metadata_file)]
+        cmd += list(self.extra_args)
+        cmd.append(os.fspath(self.context))
+        return cmd
 
 
 # --------------------------------------------------------------------------- engine
@@ -406,7 +406,7 @@ class Engine:
     ) -> BuildResult:
         """Run ``docker buildx build --progress=plain`` and stream its output.
 
-        ``options`` are :func:`build_command`'s (target, tags, build_args, labels, load, metadata_file,
+        ``options`` are :class:`BuildCommand`'s (target, tags, build_args, labels, load, metadata_file,
         no_cache, extra_args); ``builder`` defaults to the engine's. Each output line (without the newline) goes to ``on_line`` and to ``log_file``
         (appended, flushed per line) as it arrives. Returns ``(returncode, full log)``;
         a failing build is not an exception here (callers decide), a missing secret file
@@ -416,14 +416,14 @@ class Engine:
         for sid, path in secret_paths:
             if not path.is_file():
                 raise UserError(f"secret {sid}: file {path} does not exist", fix="create it or drop the secret")
-        cmd = build_command(
+        cmd = BuildCommand(
             context,
             dockerfile=dockerfile,
             secrets=secret_paths,
             builder=builder or self.builder,
             docker=self.docker,
             **options,
-        )
+        ).argv()
         return self.stream(cmd, on_line=on_line, log_file=log_file, env=env)
 
     def stream(

@@ -10,10 +10,11 @@ Two kinds of source, both checked before anything is built from them:
   ``.tar.gz`` downloaded into ``<cache>/sdist/<sha256>/`` and checked against
   the pinned sha256.
 
-An upstream spec is any object (or mapping) with ``git``, ``tag``, ``commit``,
-optional ``sdist`` (``index_url`` or ``index``, ``name``, ``version``,
-``sha256``) and optional ``patches``. Git runs through ``clients.git.git``; this module knows nothing
-about patch series.
+An upstream is an :class:`UpstreamPin`: ``git``, ``tag``, ``commit``, optional ``sdist`` (an
+:class:`SdistPin`: ``name``, ``version``, ``sha256``) and optional ``patches``; the stack's
+``upstreams.<name>`` and an :class:`UpstreamSpec` both are one. An sdist is downloaded from an
+:class:`SdistSpec` (it carries the index URL). Git runs through ``clients.git.git``; this module knows
+nothing about patch series.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import tempfile
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from packaging.utils import canonicalize_name
 
@@ -61,17 +62,56 @@ class UpstreamSpec:
     name: str | None = None
 
 
-def field(obj: Any, name: str, default: Any = None) -> Any:
-    """Read ``name`` from an attribute-style object or a mapping."""
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
+class SdistPin(Protocol):
+    """A pinned release sdist: the stack's ``upstreams.<name>.sdist`` or an :class:`SdistSpec`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
 
 
-def sdist_index_url(sdist: Any) -> str:
-    url = field(sdist, "index_url") or field(sdist, "index")
+class UpstreamPin(Protocol):
+    """A pinned upstream: the stack's ``upstreams.<name>`` (``stack.model.Upstream``) or an :class:`UpstreamSpec`."""
+
+    @property
+    def git(self) -> str | None: ...
+    @property
+    def tag(self) -> str | None: ...
+    @property
+    def commit(self) -> str | None: ...
+    @property
+    def sdist(self) -> SdistPin | None: ...
+    @property
+    def patches(self) -> str | None: ...
+
+
+def sdist_of(spec: UpstreamPin) -> SdistSpec | None:
+    """The upstream's sdist with its index URL (None when it declares none). The stack's own sdist names its
+    index; a caller that has the stack gives an :class:`UpstreamSpec` with the URL looked up."""
+    sdist = spec.sdist
+    if sdist is None or isinstance(sdist, SdistSpec):
+        return sdist
+    raise UserError(
+        f"the upstream sdist {sdist.name}=={sdist.version} is given without its index URL",
+        fix="pass an UpstreamSpec whose SdistSpec carries the index URL (patches.ops does it from the stack)",
+    )
+
+
+def pinned_commit(spec: UpstreamPin) -> str:
+    """The upstream's pinned commit; none is a UserError."""
+    if not spec.commit:
+        raise UserError(
+            f"the upstream {redact(str(spec.git))} has no pinned commit",
+            fix="set upstreams.<name>.commit to a full commit id",
+        )
+    return spec.commit
+
+
+def sdist_index_url(sdist: SdistSpec) -> str:
+    url = sdist.index_url
     if not url:
         raise UserError("the upstream sdist has no index URL", fix="set sdist.index_url (a PEP 503 simple index URL)")
     return str(url)
@@ -165,7 +205,7 @@ def _url_credential(url: str, workspace: Workspace | None) -> Credential | None:
 
 
 def fetch_upstream(
-    spec: Any,
+    spec: UpstreamPin,
     cache_dir: Path | str,
     *,
     root: Path | None = None,
@@ -182,16 +222,11 @@ def fetch_upstream(
     naming it, is used without asking the upstream anything.
     A remote URL's credential is what it carries, else the workspace's resolver's.
     """
-    url_in = field(spec, "git")
-    commit = field(spec, "commit")
-    tag = field(spec, "tag")
+    url_in, commit, tag = spec.git, spec.commit, spec.tag
+    label = spec.name if isinstance(spec, UpstreamSpec) else None
     if not url_in:
         raise UserError("the upstream has no git URL", fix="set upstreams.<name>.git")
-    if not commit:
-        raise UserError(
-            f"the upstream {redact(str(url_in))} has no pinned commit",
-            fix="set upstreams.<name>.commit to a full commit id",
-        )
+    commit = pinned_commit(spec)
     url, in_url = split_credentials(str(url_in))
     url = resolve_git_url(url, root)
     credential = in_url or (_url_credential(url, workspace) if _is_remote_url(url) else None)
@@ -205,11 +240,11 @@ def fetch_upstream(
             )
     elif reuse and _holds_pin(mirror, tag, commit):
         progress.note(
-            f"{field(spec, 'name') or redact(url)} {tag or commit[:12]}: the pinned commit is in the cache "
+            f"{label or redact(url)} {tag or commit[:12]}: the pinned commit is in the cache "
             "(not fetched; --refresh fetches anyway)"
         )
     else:
-        with progress.step(f"fetch {field(spec, 'name') or redact(url)} {tag or commit[:12]} (git)"):
+        with progress.step(f"fetch {label or redact(url)} {tag or commit[:12]} (git)"):
             _update_mirror(mirror, url, commit, auth_env, credential)
     verify_pin(mirror, url, tag, commit)
     return mirror
@@ -282,7 +317,7 @@ def export_commit(mirror: Path, commit: str, dest_dir: Path | str) -> Path:
 
 
 def export_upstream(
-    spec: Any,
+    spec: UpstreamPin,
     cache_dir: Path | str,
     dest_dir: Path | str,
     *,
@@ -295,11 +330,11 @@ def export_upstream(
     The release sdist is the source when the spec declares one; otherwise the
     pinned git commit (verified against its tag) is exported from the mirror.
     """
-    sdist = field(spec, "sdist")
+    sdist = sdist_of(spec)
     if sdist:
         return export_sdist(sdist, cache_dir, dest_dir, offline=offline, workspace=workspace)
     mirror = fetch_upstream(spec, cache_dir, root=root, offline=offline, workspace=workspace)
-    return export_commit(mirror, field(spec, "commit"), dest_dir)
+    return export_commit(mirror, str(spec.commit), dest_dir)
 
 
 # --- release sdists ---------------------------------------------------------------
@@ -431,11 +466,11 @@ def sdist_file_name(url: str, name: str, version: str) -> str:
 
 
 def fetch_sdist(
-    sdist: Any, cache_dir: Path | str, *, offline: bool = False, workspace: Workspace | None = None
+    sdist: SdistSpec, cache_dir: Path | str, *, offline: bool = False, workspace: Workspace | None = None
 ) -> Path:
     """Download the pinned sdist (once) and check its sha256. Returns the cached file."""
-    name, version = str(field(sdist, "name")), str(field(sdist, "version"))
-    expected = str(field(sdist, "sha256") or "").lower()
+    name, version = str(sdist.name), str(sdist.version)
+    expected = str(sdist.sha256 or "").lower()
     if not re.fullmatch(r"[0-9a-f]{64}", expected):
         raise UserError(
             f"sdist {name}=={version} has no valid sha256 pin ({expected!r})",
@@ -494,7 +529,7 @@ def unpack_sdist(archive: Path, dest_dir: Path | str) -> Path:
 
 
 def export_sdist(
-    sdist: Any,
+    sdist: SdistSpec,
     cache_dir: Path | str,
     dest_dir: Path | str,
     *,
@@ -505,11 +540,11 @@ def export_sdist(
     return unpack_sdist(fetch_sdist(sdist, cache_dir, offline=offline, workspace=workspace), dest_dir)
 
 
-def describe(spec: Any) -> str:
+def describe(spec: UpstreamPin) -> str:
     """A short human description of the pin."""
-    sdist = field(spec, "sdist")
+    sdist = spec.sdist
     if sdist:
-        return f"{field(sdist, 'name')}=={field(sdist, 'version')} (sdist)"
-    tag = field(spec, "tag")
-    commit = str(field(spec, "commit") or "")
+        return f"{sdist.name}=={sdist.version} (sdist)"
+    tag = spec.tag
+    commit = str(spec.commit or "")
     return f"{tag} ({commit[:12]})" if tag else commit[:12]

@@ -29,7 +29,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,10 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.flows.nightly_smoke import freshness_line, nightly_recipes, pin_freshness, smoke_image
 from stackforge.freshness.drift import nightly_cell, nightly_line
 from stackforge.fslock import atomic_write, stack_lock
+from stackforge.publish.publisher import PublishOptions
 from stackforge.publish.stack import publish_stack
 from stackforge.signals import Interrupted
-from stackforge.smoke.run import smoke
+from stackforge.smoke.run import SmokeOptions, smoke
 from stackforge.stack.load import LoadedStack, load, load_stack
 from stackforge.stack.names import list_stacks
 from stackforge.stack.scheme import validate_date
@@ -274,39 +275,49 @@ def _nightly_as_declared(root: Path, name: str) -> bool:
         return True
 
 
-def nightly(
-    root: Path,
-    registry: str,
-    *,
-    date: str | None = None,
-    stacks: list[str] | None = None,
-    targets: list[str] | None = None,
-    use_bake: bool = True,
-    policy: RetryPolicy | None = None,
-    out: Path | None = None,
-    overrides: Overrides = None,
-    echo: Callable[[str], None] = print,
-    workspace: Workspace | None = None,
-    allow_missing_hardware: bool = False,
-    freshness: bool = True,
-    drift: bool = True,
-) -> Summary:
-    """Bake, build, gate, publish and smoke the nightly stacks of the repository at ``root``, with the
-    workspace's engine (its builder), credentials and CA bundle (default: the workspace at ``root``).
-    ``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``; ``freshness`` asks the
-    indexes whether every pin is still the newest of its line; ``drift`` compares each stack's upstreams that declare
-    ``agree:`` at the pinned commits with their default branches (``stackforge drift``)."""
+@dataclass(frozen=True)
+class NightlyOptions:
+    """What ``stackforge nightly``'s flags decide, built once by the verb and passed to :func:`nightly`.
 
+    ``stacks``: the stacks to run (None: every stack with ``nightly: true``); ``targets``: their targets (None: the
+    published ones); ``use_bake``: bake every stack together first; ``out``: where the summary goes (default
+    ``build/nightly/<date>``); ``overrides``: the ``--set`` values (a list, or a function of the stack's name);
+    ``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``; ``freshness`` asks the indexes
+    whether every pin is still the newest of its line; ``drift`` compares each stack's upstreams that declare
+    ``agree:`` at the pinned commits with their default branches (``stackforge drift``).
+    """
+
+    date: str | None = None
+    stacks: list[str] | None = None
+    targets: list[str] | None = None
+    use_bake: bool = True
+    policy: RetryPolicy | None = None
+    out: Path | None = None
+    overrides: Overrides = None
+    echo: Callable[[str], None] = print
+    allow_missing_hardware: bool = False
+    freshness: bool = True
+    drift: bool = True
+
+
+def nightly(
+    root: Path, registry: str, options: NightlyOptions | None = None, *, workspace: Workspace | None = None
+) -> Summary:
+    """Bake, build, gate, publish and smoke the nightly stacks of the repository at ``root`` as ``options`` say,
+    with the workspace's engine (its builder), credentials and CA bundle (default: the workspace at ``root``)."""
+
+    options = options or NightlyOptions()
+    echo = options.echo
     ws = workspace if workspace is not None else Workspace.at(root)
     started = time.monotonic()
     parse_registry(registry, what="--registry")
-    date = validate_date(date)
-    outdir = out or root / "build" / "nightly" / date
+    date = validate_date(options.date)
+    outdir = options.out or root / "build" / "nightly" / date
     outdir.mkdir(parents=True, exist_ok=True)
     summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir)
-    for_stack = per_stack(overrides)
+    for_stack = per_stack(options.overrides)
 
-    loaded, summary.rows = select_stacks(root, stacks, for_stack)
+    loaded, summary.rows = select_stacks(root, options.stacks, for_stack)
     for row in summary.rows:
         echo(f"nightly: {row.stack}: {row.stage} failed")
     if not loaded and not summary.rows:
@@ -314,31 +325,18 @@ def nightly(
             f"no nightly stacks in {root / 'stacks'}",
             fix="mark stacks with `nightly: true`, or name them: stackforge nightly STACK…",
         )
-    not_run = bake_not_run(summary.rows, loaded, use_bake)
+    not_run = bake_not_run(summary.rows, loaded, options.use_bake)
     if not_run:
         summary.bake = {"not_run": not_run}
         echo(f"nightly: bake not run: {not_run}")
     recipes = _nightly_recipes(root, summary, echo)
     try:
-        _bake_and_build(
-            summary,
-            loaded,
-            targets,
-            registry,
-            date,
-            use_bake,
-            policy,
-            ws,
-            outdir,
-            echo,
-            recipes=recipes,
-            allow_missing_hardware=allow_missing_hardware,
-        )
+        _bake_and_build(summary, loaded, replace(options, date=date), registry, ws, outdir, recipes)
     except Interrupted as intr:
         # The rows not yet decided say so; the summary is written before the command stops.
         decided = {(r.stack, r.target) for r in summary.rows}
         for stack in loaded:
-            for target in _targets_or_star(bakemod, stack, targets):
+            for target in _targets_or_star(bakemod, stack, options.targets):
                 if (stack.name, target) not in decided:
                     summary.rows.append(
                         Row(
@@ -354,11 +352,11 @@ def nightly(
         _write_summary(summary, outdir, started, for_stack)
         intr.notes.append(f"the engine was stopped and nothing more was published (summary: {outdir / 'summary.md'})")
         raise
-    if freshness:
+    if options.freshness:
         for stack in loaded:
             echo(f"nightly: {stack.name}: are the pins the newest of their lines?")
             summary.freshness[stack.name] = pin_freshness(stack, ws)
-    if drift:
+    if options.drift:
         for stack in loaded:
             echo(f"nightly: {stack.name}: did the upstreams' own pins drift?")
             summary.drift[stack.name] = nightly_cell(stack, ws, fetch=ws.mirror is None)
@@ -406,25 +404,20 @@ def _write_summary(summary: Summary, outdir: Path, started: float, for_stack: Ca
 def _bake_and_build(
     summary: Summary,
     loaded: list[LoadedStack],
-    targets: list[str] | None,
+    options: NightlyOptions,
     registry: str,
-    date: str,
-    use_bake: bool,
-    policy: RetryPolicy | None,
     workspace: Workspace,
     outdir: Path,
-    echo: Callable[[str], None],
-    *,
     recipes: Any = None,
-    allow_missing_hardware: bool = False,
 ) -> None:
     """The bake of every loaded stack, then each stack and target built, gated, published and smoked (rows
-    appended)."""
+    appended). ``options.date`` is the validated date."""
 
-    engine = workspace.engine
+    engine, echo, targets = workspace.engine, options.echo, options.targets
+    assert options.date is not None
     if loaded:
         engine.check()
-    if loaded and use_bake:
+    if loaded and options.use_bake:
         echo(f"nightly: bake {', '.join(s.name for s in loaded)}")
         try:
             items, baked = bakemod.bake(loaded, workspace=workspace, targets=targets, workdir=outdir, engine=engine)
@@ -445,8 +438,8 @@ def _bake_and_build(
 
     run = NightlyRun(
         registry=registry,
-        date=date,
-        policy=policy,
+        date=options.date,
+        policy=options.policy,
         workspace=workspace,
         engine=engine,
         outdir=outdir,
@@ -456,7 +449,7 @@ def _bake_and_build(
         publish=publish_stack,
         smoke=smoke,
         recipes=recipes,
-        allow_missing_hardware=allow_missing_hardware,
+        allow_missing_hardware=options.allow_missing_hardware,
     )
     for stack in loaded:
         try:
@@ -527,11 +520,10 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             run.publish,
             stack,
             run.registry,
+            options=PublishOptions(policy=run.policy, echo=lambda line: None),
             date=run.date,
             target=target,
-            policy=run.policy,
             engine=run.engine,
-            echo=lambda line: None,
             workspace=run.workspace,
         )
         try:
@@ -574,8 +566,8 @@ def _smoke_then_aliases(
         ref,
         evidence or _evidence_dir(stack),
         run.smoke,
+        SmokeOptions(allow_missing_hardware=run.allow_missing_hardware),
         engine=run.engine,
-        allow_missing_hardware=run.allow_missing_hardware,
         image_id=run.engine.image_id(ref),
     )
     row.smoke, row.smoke_recipes = verdict.verdict, verdict.recipes

@@ -14,6 +14,7 @@ from stackforge.errors import UserError
 from stackforge.freshness.newest import STATUS_NEWER, STATUS_NEWEST, newest
 from stackforge.recipes.load import LoadedRecipe, list_recipes, load_recipe
 from stackforge.smoke.report import PASSED, SmokeReport, one_line
+from stackforge.smoke.run import SmokeOptions
 from stackforge.stack.load import LoadedStack
 
 
@@ -59,12 +60,13 @@ def smoke_image(
     image: str,
     evidence: Path,
     run_smoke: Callable[..., SmokeReport],
+    options: SmokeOptions,
     **kwargs: Any,
 ) -> SmokeVerdict:
-    """Smoke ``image`` with each recipe (evidence in ``evidence/smoke/<recipe>/``)."""
+    """Smoke ``image`` with each recipe as ``options`` say (evidence in ``evidence/smoke/<recipe>/``)."""
     if not recipes:
         return SmokeVerdict("none")
-    reports = {r.name: run_smoke(r, image, evidence / "smoke" / r.name, **kwargs) for r in recipes}
+    reports = {r.name: run_smoke(r, image, evidence / "smoke" / r.name, options=options, **kwargs) for r in recipes}
     verdicts = {name: rep.verdict for name, rep in reports.items()}
     if all(v == PASSED for v in verdicts.values()):
         return SmokeVerdict(PASSED, verdicts)

@@ -124,23 +124,23 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
         v.add(False, f"record  none attached to {digest} (neither the referrers API nor the tag "
                      f"{records.fallback_tag(digest)} lists one): not published by stackforge, or its record was removed")  # fmt: skip
         return v
-    rec = found.record
     v.add(True, f"record  {found.manifest_digest} found via {found.via} (created {found.created or 'unknown'})")
-    problems = records.check_schema(rec)
+    problems = records.check_schema(found.record)
     for problem in problems:
         v.add(False, f"record  {problem}")
     if problems:
         return v
-    v.stack = rec["stack"]
+    rec = found.parsed()
+    v.stack = rec.stack
     v.add(found.subject == digest, f"record  subject={found.subject} pulled={digest}")
     if found.subject != digest:
         return v
-    if rec["digest"] != digest:
-        v.add(False, f"record  digest={rec['digest']} does not match the pulled digest {digest}: the record does not "
+    if rec.digest != digest:
+        v.add(False, f"record  digest={rec.digest} does not match the pulled digest {digest}: the record does not "
                      "describe this image; refused")  # fmt: skip
         return v
-    v.add(True, f"record  digest={rec['digest']} matches the pulled digest")
-    tag = rec["tags"][0] if rec["tags"] else None
+    v.add(True, f"record  digest={rec.digest} matches the pulled digest")
+    tag = rec.tags[0] if rec.tags else None
     if tag:
         try:
             info = client.head_manifest(tag)
@@ -152,27 +152,27 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
     pinned = f"{repo}@{digest}"
     _pull(engine, pinned)
     labels, image_id = _labels(engine, pinned)
-    v.add(image_id == rec["image_id"], f"image   id={image_id} record={rec['image_id']}")
-    differ = sorted(k for k in set(labels) | set(rec["labels"]) if labels.get(k) != rec["labels"].get(k))
+    v.add(image_id == rec.image_id, f"image   id={image_id} record={rec.image_id}")
+    differ = sorted(k for k in set(labels) | set(rec.labels) if labels.get(k) != rec.labels.get(k))
     v.add(not differ, "labels  the image's labels equal the record's" if not differ else
-          "labels  differ from the record: " + ", ".join(f"{k} image={labels.get(k)!r} record={rec['labels'].get(k)!r}" for k in differ[:8]))  # fmt: skip
-    if OVERLAY in labels or "overlay" in rec:
+          "labels  differ from the record: " + ", ".join(f"{k} image={labels.get(k)!r} record={rec.labels.get(k)!r}" for k in differ[:8]))  # fmt: skip
+    if OVERLAY in labels or rec.overlay is not None:
         try:
             doc = manifest.json()
         except RegistryError as exc:
             v.add(False, f"overlay {exc}")
             return v
         check_ref(v, rec, labels, engine, pinned, client, doc)
-        if v.failed or (not rec["stack_files"] and embed.LABEL not in labels):
+        if v.failed or (not rec.stack_files and embed.LABEL not in labels):
             if not v.failed:
                 v.lines.append("note    the overlay's base carries no stack of its own: no stack checks")
             return v
     pins = {k[len(PIN) :]: val for k, val in labels.items() if k.startswith(PIN)}
-    for name in sorted(set(pins) | set(rec["pins"])):
-        have, want = pins.get(name), rec["pins"].get(name)
+    for name in sorted(set(pins) | set(rec.pins)):
+        have, want = pins.get(name), rec.pins.get(name)
         v.add(have == want, f"pin     {name} label={have or 'missing'} record={want or 'missing'}")
     fp = labels.get(f"{LABEL_NS}.fingerprint", "")
-    v.add(fp == rec["fingerprint"], f"fingerprint label={fp} record={rec['fingerprint']}")
+    v.add(fp == rec.fingerprint, f"fingerprint label={fp} record={rec.fingerprint}")
     try:
         declared = embed.parse_label(labels.get(embed.LABEL))
     except UserError as err:
@@ -185,12 +185,13 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
         have = embed.digest(files[name]) if name in files else None
         v.add(have == want, f"stack   {name} sha256 image={have or 'missing'} label={want}")
         if name != embed.OVERRIDES:
-            in_record = (rec["stack_files"].get(name) or {}).get("sha256")
+            entry = rec.stack_files.get(name)
+            in_record = entry.sha256 if entry else None
             v.add(in_record == want, f"stack   {name} sha256 record={in_record or 'missing'} label={want}")
     if v.failed:
         return v
     with tempfile.TemporaryDirectory(prefix="stackforge-verify-") as tmp:
-        loaded = load_embedded(files, rec["stack"], Path(tmp))
+        loaded = load_embedded(files, rec.stack, Path(tmp))
         checked = verify(loaded, pinned, labels, engine)
     v.lines.extend(checked.lines)
     v.failed += checked.failed

@@ -4,11 +4,11 @@ attached (:mod:`stackforge.overlay.record`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from stackforge.clients.engine import Engine
-from stackforge.clients.registry import RetryPolicy, parse_registry, parse_repository
+from stackforge.clients.registry import parse_registry, parse_repository
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.fslock import stack_lock
@@ -17,7 +17,7 @@ from stackforge.overlay.build import check_stack, local_ref, overlay_build_dir, 
 from stackforge.overlay.load import LoadedOverlay, check_files
 from stackforge.publish import record as records
 from stackforge.publish.oci import DockerImage
-from stackforge.publish.publisher import PublishResult, publish
+from stackforge.publish.publisher import PublishOptions, PublishResult, publish
 from stackforge.publish.stack import check_gated, publish_dir
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.scheme import TagScheme, validate_date
@@ -27,15 +27,12 @@ def publish_overlay(
     loaded: LoadedStack,
     ov: LoadedOverlay,
     registry: str,
+    options: PublishOptions | None = None,
     *,
     date: str | None = None,
     out: Path | None = None,
     allow_ungated: bool = False,
-    verify_pull: bool = False,
-    policy: RetryPolicy | None = None,
-    compression: str = "gzip",
     engine: Engine | None = None,
-    echo: Callable[[str], None] | None = None,
     workspace: Workspace | None = None,
 ) -> PublishResult:
     """Publish the overlay image a gated overlay build made (found by image id); the record goes beside that
@@ -76,23 +73,11 @@ def publish_overlay(
             "date": date,
         }
         evidence_dir = publish_dir(root, gated, image.image_id)
-        result = publish(
-            image,
-            repository,
-            scheme,
-            date,
-            policy=policy,
-            compression=compression,
-            verify_pull=verify_pull,
-            engine=engine,
-            echo=echo,
-            evidence=evidence_dir,
-            extra=extra,
-            layer_cache=ws.cache("layers"),
-        )
+        options = replace(options or PublishOptions(), layer_cache=ws.cache("layers"))
+        result = publish(image, repository, scheme, date, options, engine=engine, evidence=evidence_dir, extra=extra)
         labels = _labels(engine, local)
         made = overlay_record.make(target, evidence_dir, result, labels, engine, local)
-        records.attach_made(made, evidence_dir, result, repository, policy)
+        records.attach_made(made, evidence_dir, result, repository, options.policy)
         return result
 
 

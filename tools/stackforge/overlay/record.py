@@ -35,6 +35,7 @@ from stackforge.overlay.load import OVERLAY_FILE, LoadedOverlay
 from stackforge.overlay.model import OVERLAY_NAME, Overlay
 from stackforge.overlay.verify import recheck_in_image
 from stackforge.publish import record as records
+from stackforge.publish.record_schema import GateResults, OverlayPart, PublishRecord
 from stackforge.stack.load import StackInvalid, load_model
 
 MANIFEST = "manifest.json"
@@ -49,7 +50,7 @@ def image_dir(name: str) -> str:
 
 def make(
     target: str, evidence_dir: Path, published: Any, labels: dict[str, str], engine: Any, local_ref: str
-) -> dict[str, Any]:
+) -> PublishRecord:
     """The record of an overlay publish: the stack record's keys (the stack part as the image carries it) and
     ``overlay``."""
 
@@ -66,48 +67,48 @@ def make(
     except (OSError, ValueError):
         inputs = {}
     prefix = f"{NS}."
-    return {
+    return PublishRecord(
         **records.head(labels.get(LABEL_STACK, ""), target, published),
-        "stack_files": records.stack_files(stack_files),
-        "overrides": json.loads(stack_files[embed.OVERRIDES]) if embed.OVERRIDES in stack_files else [],
-        "pins": {k[len(PIN) :]: v for k, v in labels.items() if k.startswith(PIN)},
-        "options": options,
-        "fingerprint": labels.get(FINGERPRINT, ""),
-        "inputs_fingerprint": labels.get(f"{LABEL_NS}.inputs"),
-        "labels": dict(labels),
-        "gate": {"gate": records._lines(evidence_dir / "gate.txt"), "abi": [], "readonly": []},
-        "smoke": records.smoke_results(evidence_dir),
-        "build_id": evidence_dir.name,
-        "overlay": {
-            "name": name,
-            "fingerprint": labels.get(f"{NS}.fingerprint", ""),
-            "definition": {"sha256": embed.digest(definition), "text": definition.decode()},
-            "base": inputs.get("base")
+        stack_files=records.stack_files(stack_files),
+        overrides=json.loads(stack_files[embed.OVERRIDES]) if embed.OVERRIDES in stack_files else [],
+        pins={k[len(PIN) :]: v for k, v in labels.items() if k.startswith(PIN)},
+        options=options,
+        fingerprint=labels.get(FINGERPRINT, ""),
+        inputs_fingerprint=labels.get(f"{LABEL_NS}.inputs"),
+        labels=dict(labels),
+        gate=GateResults(gate=records._lines(evidence_dir / "gate.txt"), abi=[], readonly=[]),
+        smoke=records.smoke_results(evidence_dir),
+        build_id=evidence_dir.name,
+        overlay=OverlayPart(
+            name=name,
+            fingerprint=labels.get(f"{NS}.fingerprint", ""),
+            definition=records.file_entry(definition),
+            base=inputs.get("base")
             or {
                 "identity": labels.get(f"{NS}.base"),
                 "image_id": labels.get(f"{NS}.base.id"),
                 "ref": labels.get(f"{NS}.base.ref"),
             },
-            "ranges": {k[len(prefix) + 6 :]: v for k, v in labels.items() if k.startswith(f"{prefix}range.")},
-            "changed": {k[len(prefix) + 8 :]: v for k, v in labels.items() if k.startswith(f"{prefix}changed.")},
-            "files": labels.get(f"{NS}.files", ""),
-        },
-    }
+            ranges={k[len(prefix) + 6 :]: v for k, v in labels.items() if k.startswith(f"{prefix}range.")},
+            changed={k[len(prefix) + 8 :]: v for k, v in labels.items() if k.startswith(f"{prefix}changed.")},
+            files=labels.get(f"{NS}.files", ""),
+        ),
+    )
 
 
-def expected_labels(overlay: dict[str, Any]) -> dict[str, str]:
+def expected_labels(overlay: OverlayPart) -> dict[str, str]:
     """The ``org.stackforge.overlay*`` labels the record's ``overlay`` says the image carries."""
-    base = overlay["base"] if isinstance(overlay.get("base"), dict) else {}
-    out = {
-        NS: overlay.get("name"),
-        f"{NS}.fingerprint": overlay.get("fingerprint"),
-        f"{NS}.files": overlay.get("files"),
+    base = overlay.base
+    out: dict[str, Any] = {
+        NS: overlay.name,
+        f"{NS}.fingerprint": overlay.fingerprint,
+        f"{NS}.files": overlay.files,
         f"{NS}.base": base.get("identity"),
         f"{NS}.base.id": base.get("image_id"),
         f"{NS}.base.ref": base.get("ref"),
     }
-    for kind in ("range", "changed"):
-        for upstream, value in (overlay.get(f"{kind}s" if kind == "range" else kind) or {}).items():
+    for kind, values in (("range", overlay.ranges), ("changed", overlay.changed)):
+        for upstream, value in values.items():
             out[f"{NS}.{kind}.{upstream}"] = value
     return {k: str(v) if v is not None else "" for k, v in out.items()}
 
@@ -156,7 +157,7 @@ def _check_registry_base(v: Verification, ref: str, client: RegistryClient, mani
 
 def check_ref(
     v: Verification,
-    rec: dict[str, Any],
+    rec: PublishRecord,
     labels: dict[str, str],
     engine: Any,
     pinned: str,
@@ -165,11 +166,11 @@ def check_ref(
 ) -> None:
     """Add the overlay lines of ``verify REF`` to ``v`` (see the module)."""
 
-    overlay = rec.get("overlay")
+    overlay = rec.overlay
     name = labels.get(NS)
-    if not isinstance(overlay, dict) or name is None:
+    if overlay is None or name is None:
         v.add(False, f"overlay the image's label {NS}={name or 'missing'} but the record "
-              + ("describes no overlay" if not isinstance(overlay, dict) else f"describes overlay {overlay.get('name')}")
+              + ("describes no overlay" if overlay is None else f"describes overlay {overlay.name}")
               + ": the record does not describe this image; refused")  # fmt: skip
         return
     before = v.failed
@@ -183,7 +184,7 @@ def check_ref(
         return
     files = image_files(engine, pinned, image_dir(name))
     text = files.get(OVERLAY_FILE)
-    defined = (overlay.get("definition") or {}).get("sha256")
+    defined = overlay.definition.sha256
     v.add(text is not None and embed.digest(text) == defined,
           f"overlay {image_dir(name)}/{OVERLAY_FILE} sha256 image={embed.digest(text) if text is not None else 'missing'} record={defined}")  # fmt: skip
     if text is None:

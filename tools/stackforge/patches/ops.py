@@ -1,9 +1,9 @@
 """Series operations against a pinned upstream: apply, check, export --check,
 upstreamed (+ drop), range-diff.
 
-Everything here takes a ``Target``: one upstream spec (any object with the
-upstream fields) and the layers to apply onto it. ``target_from_stack`` builds
-one from a loaded stack (its model and repository root); tests build them from plain data.
+Everything here takes a ``Target``: one upstream (a ``clients.upstream.UpstreamPin``: the stack's upstream,
+or an ``UpstreamSpec``) and the layers to apply onto it. ``target_from_stack`` builds one from a loaded stack
+(its model and repository root; an sdist's index looked up to its URL); tests build them from an ``UpstreamSpec``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from stackforge.clients import upstream as up
 from stackforge.clients.git import BASE_REF, git, git_bytes, rev_parse
@@ -50,12 +49,13 @@ from stackforge.patches.series import (
     renumber,
 )
 from stackforge.stack.load import LoadedStack
+from stackforge.stack.model import Stack, Upstream
 
 
 @dataclass
 class Target:
     name: str  # the upstream's name in the stack
-    spec: Any
+    spec: up.UpstreamPin
     layers: list[Series]
     root: Path
     cache_dir: Path
@@ -80,7 +80,7 @@ class Target:
 
 def make_target(
     name: str,
-    spec: Any,
+    spec: up.UpstreamPin,
     *,
     root: Path,
     cache_dir: Path | None = None,
@@ -88,7 +88,7 @@ def make_target(
     offline: bool = False,
     workspace: Workspace | None = None,
 ) -> Target:
-    patches = up.field(spec, "patches")
+    patches = spec.patches
     if not patches:
         raise UserError(
             f"upstream {name!r} declares no patch series",
@@ -112,7 +112,7 @@ def target_from_stack(
     stack = loaded.model
     ups = dict(stack.upstreams)
     if upstream is None:
-        with_series = [n for n, u in ups.items() if up.field(u, "patches")]
+        with_series = [n for n, u in ups.items() if u.patches]
         if len(with_series) != 1:
             raise UserError(
                 f"stack {stack.name} has {len(with_series)} upstreams with a patch series ({', '.join(with_series) or 'none'})",
@@ -164,23 +164,19 @@ def _parent(path: Path) -> Path:
     return path.parent
 
 
-def _resolve_sdist_index(stack: Any, spec: Any) -> Any:
-    """An sdist's ``index`` may name one of the stack's indexes; give it a URL."""
-    sdist = up.field(spec, "sdist")
+def _resolve_sdist_index(stack: Stack, spec: Upstream) -> up.UpstreamPin:
+    """An sdist's ``index`` names one of the stack's indexes; give it that index's URL."""
+    sdist = spec.sdist
     if not sdist:
         return spec
-    idx = up.field(sdist, "index_url") or up.field(sdist, "index")
-    indexes = dict(getattr(stack, "indexes", {}) or {})
-    if idx in indexes:
-        idx = up.field(indexes[idx], "url")
+    index = stack.indexes.get(sdist.index)
+    url = index.url if index is not None else sdist.index
     return up.UpstreamSpec(
-        git=up.field(spec, "git"),
-        tag=up.field(spec, "tag"),
-        commit=up.field(spec, "commit"),
-        sdist=up.SdistSpec(
-            str(idx), up.field(sdist, "name"), str(up.field(sdist, "version")), up.field(sdist, "sha256")
-        ),
-        patches=up.field(spec, "patches"),
+        git=spec.git,
+        tag=spec.tag,
+        commit=spec.commit,
+        sdist=up.SdistSpec(str(url), sdist.name, str(sdist.version), sdist.sha256),
+        patches=spec.patches,
     )
 
 
@@ -267,13 +263,13 @@ def check(target: Target, *, commit: str | None = None, seed_commit: str | None 
     """
     with scratch() as tmp:
         head = _prepare(target, tmp, commit=commit, history="shared")
-        seed = seed_commit or (up.field(target.spec, "commit") if commit else None)
+        seed = seed_commit or (target.spec.commit if commit else None)
         _seed(tmp, head, seed, target.refs)
         report = apply_layers(tmp, target.layers, stop_on_failure=False)
         report.repo = Path("(scratch)")
-    if up.field(target.spec, "sdist"):
+    if target.spec.sdist:
         return report
-    found = find_upstreamed(target, commit or up.field(target.spec, "commit"), old_commit=seed)
+    found = find_upstreamed(target, commit or up.pinned_commit(target.spec), old_commit=seed)
     by_name = {(u.layer, u.name): u for u in found}
     for r in report.results:
         u = by_name.get((r.layer, r.name))
@@ -375,7 +371,7 @@ def _find_carrier(repo: Path, patch: Path, new: str, old: str | None) -> str | N
 
 
 def _require_git(target: Target, what: str) -> None:
-    if up.field(target.spec, "sdist"):
+    if target.spec.sdist:
         raise UserError(
             f"upstream {target.name} is a release sdist; {what} needs a git upstream",
             fix="drop sdist from the upstream to work on its git history",
@@ -388,7 +384,7 @@ def _two_pins(target: Target, tmp: Path, old_commit: str, new_commit: str) -> tu
     new_id = rev_parse(tmp, new_commit)
     if new_id is None:
         raise UserError(
-            f"commit {new_commit} is not in the upstream {up.field(target.spec, 'git')}",
+            f"commit {new_commit} is not in the upstream {target.spec.git}",
             fix="fetch it first; is the id right?",
         )
     return old_id, new_id
@@ -405,7 +401,7 @@ def find_upstreamed(target: Target, new_commit: str, *, old_commit: str | None =
     cover the patch best.
     """
     _require_git(target, "upstreamed detection")
-    old = old_commit or up.field(target.spec, "commit")
+    old = old_commit or up.pinned_commit(target.spec)
     refs = target.refs
     found: dict[str, Upstreamed] = {}
     with scratch() as tmp:

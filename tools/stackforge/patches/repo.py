@@ -10,7 +10,6 @@ single commit is that tree.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from stackforge.clients import upstream as up
 from stackforge.clients.git import BASE_REF, NOTES_REF, git, rev_parse
@@ -80,7 +79,7 @@ def clone_commit(mirror: Path, commit: str, dest: Path, *, history: bool | str =
 
 
 def prepare(
-    spec: Any,
+    spec: up.UpstreamPin,
     cache_dir: Path,
     dest: Path,
     *,
@@ -93,17 +92,17 @@ def prepare(
 ) -> str:
     """A repository at ``dest`` holding the pinned upstream (or ``commit`` of its mirror), fetched with the
     workspace's credentials."""
-    sdist = up.field(spec, "sdist")
-    if sdist and commit is None:
+    sdist = up.sdist_of(spec) if commit is None else None
+    if sdist:
         up.export_sdist(sdist, cache_dir, dest, offline=offline, workspace=workspace)
-        msg = f"{label}: {up.field(sdist, 'name')} {up.field(sdist, 'version')} sdist\n\nsha256 {up.field(sdist, 'sha256')}\n"
+        msg = f"{label}: {sdist.name} {sdist.version} sdist\n\nsha256 {sdist.sha256}\n"
         return init_tree_repo(dest, msg)
     mirror = up.fetch_upstream(spec, cache_dir, root=root, offline=offline, workspace=workspace)
     if commit is None:
-        commit = up.field(spec, "commit")
+        commit = up.pinned_commit(spec)
     elif rev_parse(mirror, commit) is None:
         raise UserError(
-            f"commit {commit} is not in the upstream mirror of {up.field(spec, 'git')}",
+            f"commit {commit} is not in the upstream mirror of {spec.git}",
             fix="fetch it upstream first or check the id",
         )
     return clone_commit(mirror, commit, dest, history=history)

@@ -738,48 +738,60 @@ class Publisher:
         return {"reference": ref, "image_id": got, "identical": ok, "seconds": round(time.monotonic() - t, 3)}
 
 
+@dataclass(frozen=True)
+class PublishOptions:
+    """How a publish pushes, as ``stackforge publish``'s flags (or the nightly) decide: built once by the verb
+    and passed down to :func:`publish`.
+
+    ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or ``~/.cache/stackforge/layers``),
+    a path, or False for none; it also remembers which repositories received each layer, so a publish to another
+    repository of the same registry mounts it from there. ``mount_from``: more repository names of the same registry
+    to mount layers from. ``gzip_level``: zlib level of the layer blobs (1-9); one level gives the same blob for a
+    layer everywhere. ``settle_seconds``: the pause before the tag is re-read (None: see :meth:`Publisher.settle`).
+    ``echo``: where the push log's lines go.
+    """
+
+    policy: RetryPolicy | None = None
+    compression: str = "gzip"
+    gzip_level: int = DEFAULT_LEVEL
+    mount_from: tuple[str, ...] | list[str] = ()
+    lock_dir: Path | None = None
+    verify_pull: bool = False
+    workdir: Path | None = None
+    layer_cache: Path | bool | None = True
+    settle_seconds: float | None = None
+    echo: Callable[[str], None] | None = None
+
+
 def publish(
     image: ImageSource,
     repository: Repository | str,
     scheme: TagScheme,
     date: str | None = None,
+    options: PublishOptions | None = None,
     *,
     aliases: tuple[str, ...] | list[str] = (),
-    policy: RetryPolicy | None = None,
     client: RegistryClient | None = None,
-    compression: str = "gzip",
-    gzip_level: int = DEFAULT_LEVEL,
-    mount_from: tuple[str, ...] | list[str] = (),
-    lock_dir: Path | None = None,
-    verify_pull: bool = False,
     engine: Engine | None = None,
-    workdir: Path | None = None,
-    layer_cache: Path | bool | None = True,
-    settle_seconds: float | None = None,
-    echo: Callable[[str], None] | None = None,
     evidence: Path | None = None,
     extra: dict[str, Any] | None = None,
     during_settle: Callable[[PublishResult], object] | None = None,
 ) -> PublishResult:
-    """Publish ``image`` to ``repository`` under the first free revision of ``date``. See the module docstring.
+    """Publish ``image`` to ``repository`` under the first free revision of ``date``, as ``options`` say. See the
+    module docstring.
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.
-    ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or
-    ``~/.cache/stackforge/layers``), a path, or False for none; it also remembers which repositories
-    received each layer, so a publish to another repository of the same registry mounts it from there.
-    ``mount_from``: more repository names of the same registry to mount layers from.
-    ``gzip_level``: zlib level of the layer blobs (1-9); one level gives the same blob for a layer everywhere.
     When ``evidence`` is given, a success writes ``publish.json`` there and a failure writes
     ``publish-failed.json`` (an earlier ``publish.json`` stays), with ``extra`` fields (e.g. stack, target) first.
-    ``during_settle``: work to run in the settle pause (see :class:`Publisher`); ``settle_seconds``: that
-    pause (None: see :meth:`Publisher.settle`).
+    ``during_settle``: work to run in the settle pause (see :class:`Publisher`).
     """
+    options = options or PublishOptions()
     date = validate_date(date)
     repo = parse_repository(repository) if isinstance(repository, str) else repository
-    log = PushLog(echo=echo)
+    log = PushLog(echo=options.echo)
     if client is None:
-        client = RegistryClient(repo, policy=policy or RetryPolicy(), log=log)
+        client = RegistryClient(repo, policy=options.policy or RetryPolicy(), log=log)
     else:
         client.log = client.log or log
     pub = Publisher(
@@ -788,16 +800,16 @@ def publish(
         scheme=scheme,
         date=date,
         aliases=tuple(aliases),
-        compression=compression,
-        gzip_level=gzip_level,
-        mount_from=tuple(mount_from),
-        lock_dir=lock_dir or default_lock_dir(),
-        verify_pull=verify_pull,
+        compression=options.compression,
+        gzip_level=options.gzip_level,
+        mount_from=tuple(options.mount_from),
+        lock_dir=options.lock_dir or default_lock_dir(),
+        verify_pull=options.verify_pull,
         engine=engine,
-        workdir=workdir,
+        workdir=options.workdir,
         log=log,
-        layer_cache=cache_dir(None, "layers") if layer_cache is True else (layer_cache or None),
-        settle_seconds=settle_seconds,
+        layer_cache=cache_dir(None, "layers") if options.layer_cache is True else (options.layer_cache or None),
+        settle_seconds=options.settle_seconds,
         during_settle=during_settle,
     )
     try:

@@ -1,6 +1,7 @@
 """The publish record, attached to the image in the registry as an OCI artifact.
 
-After a publish, the record (schema ``stackforge.publish-record/v1``: the stack, its files as loaded, the
+After a publish, the record (:class:`stackforge.publish.record_schema.PublishRecord`, schema
+``stackforge.publish-record/v1``: the stack, its files as loaded, the
 ``--set`` values, pins, options, fingerprints, the image's labels, gate/ABI/smoke results, the image digest
 and id, and every tag that names the image) is pushed as an OCI 1.1 artifact manifest whose ``subject`` is
 the image manifest: an empty config, one layer (the record, ``application/vnd.stackforge.publish-record.v1+json``)
@@ -39,43 +40,15 @@ from stackforge.clients.registry import (
 )
 from stackforge.errors import BuildFailed
 from stackforge.fslock import atomic_write
+from stackforge.publish.record_schema import SCHEMA, FileEntry, GateResults, PublishRecord, parse, problems
 from stackforge.stack.load import fingerprint
 
-SCHEMA = "stackforge.publish-record/v1"
 ARTIFACT_TYPE = "application/vnd.stackforge.publish-record.v1+json"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY = b"{}"
 CREATED = "org.opencontainers.image.created"
 MAX_RECORD = 16 << 20
 MANIFEST_LIMIT = 4 << 20  # netread.MANIFEST_LIMIT
-#: the keys every record holds, with their JSON types
-FIELDS: dict[str, type | tuple[type, ...]] = {
-    "schema": str,
-    "stack": str,
-    "target": str,
-    "repository": str,
-    "digest": str,
-    "image_id": str,
-    "tags": list,
-    "stack_files": dict,
-    "overrides": list,
-    "pins": dict,
-    "options": dict,
-    "fingerprint": str,
-    "labels": dict,
-    "gate": dict,
-    "smoke": dict,
-}
-#: what the ``overlay`` key of an overlay image's record holds (``stackforge.overlay.record``)
-OVERLAY_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "name": str,
-    "fingerprint": str,
-    "definition": dict,
-    "base": dict,
-    "ranges": dict,
-    "changed": dict,
-    "files": str,
-}
 
 
 def fallback_tag(digest: str) -> str:
@@ -119,9 +92,14 @@ def head(stack: str, target: str, published: Any) -> dict[str, Any]:
     }
 
 
-def stack_files(files: dict[str, bytes]) -> dict[str, dict[str, str]]:
+def file_entry(data: bytes) -> FileEntry:
+    """A file of the record: its sha256 and text."""
+    return FileEntry(sha256=embed.digest(data), text=data.decode())
+
+
+def stack_files(files: dict[str, bytes]) -> dict[str, FileEntry]:
     """The embedded stack files (not the overrides) with their sha256 and text."""
-    return {n: {"sha256": embed.digest(d), "text": d.decode()} for n, d in files.items() if n != embed.OVERRIDES}
+    return {n: file_entry(d) for n, d in files.items() if n != embed.OVERRIDES}
 
 
 def make(
@@ -130,10 +108,10 @@ def make(
     evidence_dir: Path,
     published: Any,
     labels: dict[str, str],
-) -> dict[str, Any]:
+) -> PublishRecord:
     """The record of one publish: ``loaded`` (a LoadedStack), the build's evidence directory, the
     ``PublishResult`` and the local image's labels."""
-    return {**head(loaded.model.name, target, published), **details(loaded, evidence_dir, labels)}
+    return PublishRecord(**head(loaded.model.name, target, published), **details(loaded, evidence_dir, labels))
 
 
 def details(loaded: Any, evidence_dir: Path, labels: dict[str, str]) -> dict[str, Any]:
@@ -149,57 +127,19 @@ def details(loaded: Any, evidence_dir: Path, labels: dict[str, str]) -> dict[str
         "fingerprint": fingerprint(stack),
         "inputs_fingerprint": labels.get("org.stackforge.inputs"),
         "labels": dict(labels),
-        "gate": {
-            "gate": _lines(evidence_dir / "gate.txt"),
-            "abi": _lines(evidence_dir / "abi.txt"),
-            "readonly": _lines(evidence_dir / "gate-readonly.txt"),
-        },
+        "gate": GateResults(
+            gate=_lines(evidence_dir / "gate.txt"),
+            abi=_lines(evidence_dir / "abi.txt"),
+            readonly=_lines(evidence_dir / "gate-readonly.txt"),
+        ),
         "smoke": smoke_results(evidence_dir),
         "build_id": evidence_dir.name,
     }
 
 
 def check_schema(record: Any) -> list[str]:
-    """What is wrong with ``record`` as a record of this schema (empty when nothing is)."""
-    if not isinstance(record, dict):
-        return ["the record is not a JSON object"]
-    problems = []
-    if record.get("schema") != SCHEMA:
-        problems.append(f"schema is {record.get('schema')!r}, not {SCHEMA!r}")
-    for key, kind in FIELDS.items():
-        if not isinstance(record.get(key), kind):
-            problems.append(f"{key}: missing or not a {getattr(kind, '__name__', kind)}")
-    problems += _element_problems(record)
-    if "overlay" in record:
-        overlay = record["overlay"]
-        if not isinstance(overlay, dict):
-            return [*problems, "overlay: not an object"]
-        for key, kind in OVERLAY_FIELDS.items():
-            if not isinstance(overlay.get(key), kind):
-                problems.append(f"overlay.{key}: missing or not a {getattr(kind, '__name__', kind)}")
-    return problems
-
-
-def _strings(value: Any) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-
-
-def _element_problems(record: dict[str, Any]) -> list[str]:
-    """What is wrong inside the keys ``verify`` reads item by item: tags, pins, labels, stack files."""
-    problems = []
-    if isinstance(record.get("digest"), str) and not DIGEST.fullmatch(record["digest"]):
-        problems.append("digest: not a sha256 digest")
-    if isinstance(record.get("tags"), list) and not all(isinstance(t, str) and t for t in record["tags"]):
-        problems.append("tags: not a list of tags")
-    for key in ("pins", "labels"):
-        if isinstance(record.get(key), dict) and not _strings(record[key]):
-            problems.append(f"{key}: not an object of strings")
-    files = record.get("stack_files")
-    if isinstance(files, dict) and not all(
-        isinstance(f, dict) and isinstance(f.get("sha256"), str) for f in files.values()
-    ):
-        problems.append("stack_files: an entry without a sha256")
-    return problems
+    """What is wrong with ``record`` as a record of this schema (empty when nothing is): one line per key."""
+    return problems(record)
 
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -225,12 +165,12 @@ def _descriptor(media_type: str, data: bytes, **extra: Any) -> dict[str, Any]:
     return {"mediaType": media_type, "digest": sha256_digest(data), "size": len(data), **extra}
 
 
-def body_of(record: dict[str, Any]) -> bytes:
+def body_of(record: PublishRecord) -> bytes:
     """The record as its artifact's layer holds it."""
-    return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+    return (json.dumps(record.data(), indent=2, sort_keys=True) + "\n").encode()
 
 
-def artifact(record: dict[str, Any], subject: dict[str, Any], created: str) -> tuple[bytes, bytes]:
+def artifact(record: PublishRecord, subject: dict[str, Any], created: str) -> tuple[bytes, bytes]:
     """(record bytes, artifact manifest bytes) for ``record`` referring to ``subject`` (a descriptor)."""
     body = body_of(record)
     manifest = {
@@ -240,7 +180,7 @@ def artifact(record: dict[str, Any], subject: dict[str, Any], created: str) -> t
         "config": _descriptor(EMPTY_TYPE, EMPTY),
         "layers": [_descriptor(ARTIFACT_TYPE, body)],
         "subject": subject,
-        "annotations": {CREATED: created, "org.stackforge.stack": record["stack"]},
+        "annotations": {CREATED: created, "org.stackforge.stack": record.stack},
     }
     return body, json.dumps(manifest, indent=2, sort_keys=True).encode()
 
@@ -276,7 +216,7 @@ def push_blobs(client: RegistryClient, *blobs: bytes, present: frozenset[str] = 
 
 def attach(
     client: RegistryClient,
-    record: dict[str, Any],
+    record: PublishRecord,
     subject: dict[str, Any],
     created: str | None = None,
     present: frozenset[str] = frozenset(),
@@ -300,11 +240,15 @@ def attach(
 
 @dataclass
 class Found:
-    record: dict[str, Any]
+    record: Any  # the record as the registry served it (JSON, not yet validated: see :meth:`parsed`)
     manifest_digest: str
     via: str
     created: str
     subject: str | None
+
+    def parsed(self) -> PublishRecord:
+        """The record validated; a :class:`UserError` naming every bad key when it is not a record."""
+        return parse(self.record, f"the record {self.manifest_digest}")
 
 
 def _verified_manifest(client: RegistryClient, digest: str) -> dict[str, Any]:
@@ -380,7 +324,7 @@ def fetch(client: RegistryClient, digest: str) -> Found | None:
 
 
 def attach_made(
-    record: dict[str, Any],
+    record: PublishRecord,
     evidence_dir: Path,
     published: Any,
     repository: Any,
@@ -401,7 +345,7 @@ def attach_made(
             fix="re-run the same publish: the image is found already published and the record is attached",
         ) from None
     atomic_write(
-        evidence_dir / "record.json", json.dumps({"attached": done.__dict__, "record": record}, indent=2) + "\n"
+        evidence_dir / "record.json", json.dumps({"attached": done.__dict__, "record": record.data()}, indent=2) + "\n"
     )
     return done
 
@@ -444,11 +388,11 @@ class Attacher:
     _details: dict[str, Any] | None = None
     _early: Early | None = None
 
-    def _record(self, published: Any) -> dict[str, Any]:
+    def _record(self, published: Any) -> PublishRecord:
         if self._details is None:
             labels = dict(self.engine.sdk().images.get(self.local_ref).attrs.get("Config", {}).get("Labels") or {})
             self._details = details(self.loaded, self.evidence_dir, labels)
-        return {**head(self.loaded.model.name, self.target, published), **self._details}
+        return PublishRecord(**head(self.loaded.model.name, self.target, published), **self._details)
 
     def prepare(self, provisional: Any) -> None:
         client = _client(self.repository, self.policy)

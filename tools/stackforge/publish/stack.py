@@ -9,7 +9,7 @@ build's evidence (``build/<stack>/evidence/<build-id>/publish.json``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +18,13 @@ from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.run import default_target, target_ref
 from stackforge.clients.engine import Engine
-from stackforge.clients.registry import RetryPolicy, parse_registry, parse_repository
+from stackforge.clients.registry import parse_registry, parse_repository
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
 from stackforge.publish import record
 from stackforge.publish.oci import DockerImage
-from stackforge.publish.publisher import FAILED_RECORD, PUBLISHED_RECORD, PublishResult, publish
+from stackforge.publish.publisher import FAILED_RECORD, PUBLISHED_RECORD, PublishOptions, PublishResult, publish
 from stackforge.stack import tags as tagsmod
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.scheme import validate_date
@@ -101,21 +101,18 @@ def destination(loaded: LoadedStack, registry: str, date: str, target: str | Non
 def publish_stack(
     loaded: LoadedStack,
     registry: str,
+    options: PublishOptions | None = None,
     *,
     date: str | None = None,
     target: str | None = None,
     out: Path | None = None,
     allow_ungated: bool = False,
-    verify_pull: bool = False,
-    policy: RetryPolicy | None = None,
-    compression: str = "gzip",
     engine: Engine | None = None,
-    lock_dir: Path | None = None,
-    echo: Callable[[str], None] | None = None,
     workspace: Workspace | None = None,
     move_aliases: bool = True,
 ) -> PublishResult:
-    """Publish the local image that ``stackforge build`` made for ``stack``/``target``.
+    """Publish the local image that ``stackforge build`` made for ``stack``/``target``, pushed as ``options`` say
+    (the layer cache is the workspace's).
 
     Repository, immutable tag scheme and aliases come from the stack's ``tags:`` templates
     under ``registry``; a target other than the stack's first one gets ``-<target>`` after
@@ -158,22 +155,18 @@ def publish_stack(
         gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
         extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
         evidence_dir = publish_dir(root, gated, image.image_id)
-        attacher = record.Attacher(loaded, target, evidence_dir, repository, engine, local, policy)
+        options = replace(options or PublishOptions(), layer_cache=ws.cache("layers"))
+        attacher = record.Attacher(loaded, target, evidence_dir, repository, engine, local, options.policy)
         result = publish(
             image,
             repository,
             scheme,
             date,
+            options,
             aliases=aliases if move_aliases else [],
-            policy=policy,
-            compression=compression,
-            lock_dir=lock_dir,
-            verify_pull=verify_pull,
             engine=engine,
-            echo=echo,
             evidence=evidence_dir,
             extra=extra,
-            layer_cache=ws.cache("layers"),
             during_settle=attacher.prepare,  # the record's work that the verdict does not decide
         )
         attacher.finish(result)

@@ -408,23 +408,34 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+@dataclass(frozen=True)
+class SmokeOptions:
+    """How a smoke runs, as ``stackforge smoke``'s flags (or the nightly) decide: built once and passed to
+    :func:`smoke`. ``env``: values for the recipe's env (``--env``); ``readiness_timeout``: instead of the
+    recipe's; ``interval``: between readiness probes."""
+
+    allow_missing_hardware: bool = False
+    env: dict[str, str] | None = None
+    readiness_timeout: float | None = None
+    echo: Callable[[str], None] = lambda line: None
+    interval: float = 1.0
+
+
 def smoke(
     loaded: LoadedRecipe,
     image: str,
     outdir: Path,
+    options: SmokeOptions | None = None,
     *,
     engine: Any = None,
     launcher: Launcher | None = None,
     facts: HostFacts | None = None,
-    allow_missing_hardware: bool = False,
-    env: dict[str, str] | None = None,
-    readiness_timeout: float | None = None,
     image_id: str | None = None,
-    echo: Callable[[str], None] = lambda line: None,
     request: Callable[..., tuple[int | None, str]] = http,
-    interval: float = 1.0,
 ) -> SmokeReport:
-    """Run the recipe's smoke against ``image`` and write the evidence into ``outdir``."""
+    """Run the recipe's smoke against ``image`` as ``options`` say and write the evidence into ``outdir``."""
+    options = options or SmokeOptions()
+    allow_missing_hardware, echo = options.allow_missing_hardware, options.echo
     recipe = loaded.model
     started = time.monotonic()
     report = SmokeReport(
@@ -459,16 +470,16 @@ def smoke(
         report.error = f"{missing}; no container was started"
         return _finish(report, outdir, log, started)
 
-    options = [] if missing else list(PLATFORM_OPTIONS[hw.devices])
-    report.hardware["device_options"] = options
-    extra = env or {}
+    device_options = [] if missing else list(PLATFORM_OPTIONS[hw.devices])
+    report.hardware["device_options"] = device_options
+    extra = options.env or {}
     spec = ContainerSpec(
         name=container_name(loaded.name),
         image=image,
         args=recipe.container_args(),
         env={**{k: e.default for k, e in recipe.env.items()}, **extra},
         ports=dict(recipe.ports),
-        options=options,
+        options=device_options,
         labels={"org.stackforge.smoke.recipe": loaded.name},
     )
     shown = {k: (v if k not in extra else "<set by --env>") for k, v in spec.env.items()}
@@ -477,7 +488,7 @@ def smoke(
     echo(f"smoke: start {image} ({spec.name})")
     container = start(spec)
     try:
-        _run(report, container, recipe, missing, readiness_timeout, request, interval, echo)
+        _run(report, container, recipe, missing, options.readiness_timeout, request, options.interval, echo)
     except Interrupted as intr:
         for row in rows:
             if row.status == NOT_RUN and row.reason is None:

@@ -1,0 +1,146 @@
+"""The publish record as a model: the JSON it writes is the JSON it was given (keys, order, bytes), reading
+refuses a bad record naming the key, older records still read, and docs/record-schema.json is current."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+from pydantic import BaseModel
+
+from stackforge.cli.main import main
+from stackforge.errors import UserError
+from stackforge.publish import record as records
+from stackforge.publish import record_schema
+from stackforge.publish.record_schema import OverlayPart, PublishRecord
+from stackforge.stack.load import load
+from tests.fixtures.records import a_record
+
+REPO = Path(__file__).resolve().parents[2]
+DIGEST = "sha256:" + "a" * 64
+
+
+def full_record() -> dict:
+    """A record as today's writer makes it: the head, the details (inputs fingerprint, build id) and an overlay."""
+    rec = a_record(DIGEST)
+    keys = list(rec)
+    at = keys.index("labels")
+    rec = {**{k: rec[k] for k in keys[:at]}, "inputs_fingerprint": None, **{k: rec[k] for k in keys[at:]}}
+    rec["smoke"] = {"chat": {"verdict": "passed", "rows": [{"name": "reply", "status": "passed"}]}}
+    rec["build_id"] = "20260929-101500-1"
+    rec["overlay"] = {
+        "name": "jev",
+        "fingerprint": "sha256:" + "1" * 64,
+        "definition": {"sha256": "sha256:" + "2" * 64, "text": "base: {stack: post2}\n"},
+        "base": {"identity": None, "image_id": "sha256:" + "3" * 64, "ref": None},
+        "ranges": {"vllm": "sha256:" + "4" * 64},
+        "changed": {},
+        "files": "sha256:" + "6" * 64,
+    }
+    return rec
+
+
+def test_the_record_writes_the_keys_it_was_given_in_their_order_and_bytes():
+    for rec in (full_record(), a_record(DIGEST)):
+        model = PublishRecord.model_validate(rec)
+        assert json.dumps(model.data()) == json.dumps(rec)  # same keys, same order, same values
+        assert records.body_of(model) == (json.dumps(rec, indent=2, sort_keys=True) + "\n").encode()
+
+
+def test_the_model_built_from_keywords_writes_the_same_record():
+    rec = full_record()
+    assert PublishRecord(**rec).data() == rec and list(PublishRecord(**rec).data()) == list(rec)
+
+
+def test_older_records_and_keys_of_a_newer_writer_still_read():
+    older = a_record(DIGEST)  # no inputs_fingerprint, build_id, overlay
+    assert record_schema.problems(older) == [] and record_schema.parse(older).overlay is None
+    newer = {**full_record(), "provenance": {"builder": "x"}}
+    assert record_schema.parse(newer).data()["provenance"] == {"builder": "x"}
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"digest": "sha256:zz"}, "digest: not a sha256 digest"),
+        ({"tags": ["v1", 3]}, "tags: not a list of tags"),
+        ({"labels": {"a": 1}}, "labels: not an object of strings"),
+        ({"stack_files": {"example.yaml": {"text": "x"}}}, "stack_files: an entry without a sha256"),
+        ({"gate": {"gate": [1]}}, "gate: at gate.0"),
+        ({"overlay": []}, "overlay: not an object"),
+        ({"overlay": None}, "overlay: not an object"),
+        ({"image_id": 7}, "image_id: missing or not a str"),
+    ],
+)
+def test_a_bad_record_is_a_user_error_naming_the_key(changes, named):
+    with pytest.raises(UserError, match="not a stackforge.publish-record/v1 record") as err:
+        record_schema.parse({**a_record(DIGEST), **changes}, "the record sha256:ff")
+    assert named in err.value.message and "the record sha256:ff" in err.value.message
+
+
+def test_the_json_schema_accepts_the_records_the_model_accepts_and_refuses_others():
+    schema = record_schema.json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    assert list(validator.iter_errors(full_record())) == []
+    assert list(validator.iter_errors(a_record(DIGEST))) == []
+    assert list(validator.iter_errors(a_record(DIGEST, schema="other/v9")))
+    assert list(validator.iter_errors(a_record("sha256:zz")))
+    assert list(validator.iter_errors({**a_record(DIGEST), "overlay": None}))
+
+
+def test_every_field_is_described():
+    models: set[type[BaseModel]] = {
+        c for c in vars(record_schema).values() if isinstance(c, type) and issubclass(c, record_schema.Part)
+    } - {record_schema.Part}
+    assert {PublishRecord, OverlayPart, record_schema.FileEntry, record_schema.SmokeRow} <= models
+    for cls in models:
+        assert (cls.__doc__ or "").strip(), cls.__name__
+        for name, info in cls.model_fields.items():
+            assert (info.description or "").strip(), f"{cls.__name__}.{name} has no description"
+
+
+def test_the_checked_in_schema_is_current():
+    assert not record_schema.generate(REPO, check=True).stale, "run: stackforge schema --record --docs"
+
+
+def test_schema_record_prints_it_and_docs_check_fails_on_a_stale_file(tmp_path: Path, capsys):
+    shutil.copytree(REPO / "stacks", tmp_path / "stacks")
+    assert main(["--root", str(tmp_path), "schema", "--record"]) == 0
+    assert json.loads(capsys.readouterr().out) == record_schema.json_schema()
+    assert main(["--root", str(tmp_path), "schema", "--record", "--docs", "--check"]) == 1
+    out, err = capsys.readouterr()
+    assert "docs/record-schema.json: out of date" in out and "fix: run: stackforge schema --record --docs" in err
+    assert main(["--root", str(tmp_path), "schema", "--record", "--docs"]) == 0
+    assert (tmp_path / record_schema.SCHEMA_FILE).read_text(encoding="utf-8") == record_schema.schema_text()
+    assert main(["--root", str(tmp_path), "schema", "--record", "--docs", "--check"]) == 0
+    assert not (tmp_path / "docs" / "stack-reference.md").exists()  # --record leaves the stack reference alone
+
+
+def test_a_stack_record_holds_its_keys_in_the_order_they_were_always_written(tmp_path: Path):
+    evidence = tmp_path / "20260929-101500-1"
+    (evidence / "smoke" / "chat").mkdir(parents=True)
+    (evidence / "gate.txt").write_text("gate result: 4 PASS, 0 FAIL\n")
+    rows = [{"name": "reply", "status": "passed", "seconds": 2}, "not a row"]
+    (evidence / "smoke" / "chat" / "smoke.json").write_text(json.dumps({"verdict": "passed", "rows": rows}))
+    published = SimpleNamespace(
+        aliases={"v1-latest": "moved", "v1-stable": "not moved: newer"},
+        repository="127.0.0.1:5000/team/vllm",
+        digest=DIGEST,
+        image_id="sha256:" + "b" * 64,
+        tag="v1-20260929-r1",
+    )
+    made = records.make(load("example", REPO), "escape", evidence, published, {"org.stackforge.inputs": "i"})
+    data = made.data()
+    assert list(data) == [
+        *("schema", "stack", "target", "repository", "digest", "image_id", "tags", "stack_files", "overrides"),
+        *("pins", "options", "fingerprint", "inputs_fingerprint", "labels", "gate", "smoke", "build_id"),
+    ]
+    assert data["tags"] == ["v1-20260929-r1", "v1-latest"] and data["build_id"] == evidence.name
+    assert data["gate"] == {"gate": ["gate result: 4 PASS, 0 FAIL"], "abi": [], "readonly": []}
+    assert data["smoke"] == {"chat": {"verdict": "passed", "rows": [{"name": "reply", "status": "passed"}]}}
+    assert record_schema.parse(json.loads(records.body_of(made))) == made
