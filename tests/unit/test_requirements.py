@@ -237,7 +237,7 @@ def test_write_phases_fills_the_context_and_the_manifest(stack, tmp_path):
     def write(path, text):
         Path(path).write_text(text)
 
-    write_phases(stack, staging, {"vllm": top}, {"vllm": PIN}, write)
+    write_phases(stack, staging, {"vllm": top}, {"vllm": PIN}, write, constrained=True)
     assert json.loads((staging / "deps/vendor-pins.json").read_text()) == {
         "torch": "2.11.0.post2+musa5.2.0",
         "flash_mla": "0.2.7",
@@ -431,7 +431,7 @@ def test_a_requirement_file_that_moves_a_public_pin_is_refused_naming_the_phase_
     staging = tmp_path / "ctx"
     (staging / "deps").mkdir(parents=True)
     top = tree(tmp_path, {"requirements/common.txt": common})
-    write_phases(stack, staging, {"vllm": top}, {"vllm": PIN}, lambda path, text: Path(path).write_text(text))
+    write_phases(stack, staging, {"vllm": top}, {"vllm": PIN}, lambda path, text: Path(path).write_text(text), True)
     served = tmp_path / "wheels"
     for version in ("0.1.81", "0.1.90", "0.1.95"):
         build_wheel(served, "torchada", version)

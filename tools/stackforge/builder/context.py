@@ -19,7 +19,7 @@ from pathlib import Path
 from stackforge.builder import agree, artifacts, embed, installed, reqlocks, requirements, reuse
 from stackforge.builder.locks import read_locks, unlocked_notes
 from stackforge.builder.offline import apply
-from stackforge.builder.plan import Plan, make_plan
+from stackforge.builder.plan import Plan, make_plan, pip_phases
 from stackforge.builder.render import images_dir, render_dockerfile, requirements_text, templates_digest
 from stackforge.builder.sources import SourceInfo, export_source
 from stackforge.builder.system import write_context as write_system_context
@@ -152,8 +152,9 @@ def _fill(
         else:
             text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
         atomic_write(staging / phase.requirements, text)
+    constrained = any(phase.constraints == requirements.CONSTRAINTS for phase in pip_phases(stack))
     if not sources:
-        requirements.write_phases(loaded, staging, None, {}, atomic_write)
+        requirements.write_phases(loaded, staging, None, {}, atomic_write, constrained)
     gate_dir = staging / "gate"
     shutil.copytree(images_dir(root) / "gate", gate_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     atomic_write(gate_dir / "gate.json", json.dumps(plan.gate, indent=2) + "\n")
@@ -180,6 +181,7 @@ def _fill(
             {n: staging / "src" / n for n in stack.upstreams},
             {i.name: i.pin for i in infos},
             atomic_write,
+            constrained,
         )
         for k in plan.kernels:
             artifacts.check_uses(loaded, k.name, k.upstream, staging / "src" / k.upstream)

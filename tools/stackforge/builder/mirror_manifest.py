@@ -25,7 +25,7 @@ from stackforge.fslock import atomic_write, file_sha256
 from stackforge.grammar import bad_char
 
 if TYPE_CHECKING:
-    from stackforge.builder.plan import PipPhase
+    from stackforge.builder.phases import PipPhase
     from stackforge.builder.resolve import Target
 
 MANIFEST = "mirror.json"

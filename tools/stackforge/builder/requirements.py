@@ -23,20 +23,17 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from stackforge import progress
+from stackforge.builder.phases import PipPhase
 from stackforge.errors import BuildFailed, UserError
 from stackforge.stack import agreement
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.urls import redact
-
-if TYPE_CHECKING:
-    from stackforge.builder.plan import PipPhase
 
 VENDOR_PINS = "deps/vendor-pins.json"  # {name: version} of every vendor pin, read by preserve.py
 PUBLIC_PINS = "deps/public-pins.json"  # {name: version} of every public pin, read by preserve.py
@@ -63,8 +60,6 @@ def stack_pins(stack: Stack) -> dict[str, str]:
 
 
 def requirement_phases(stack: Stack) -> list[PipPhase]:
-    from stackforge.builder.plan import PipPhase
-
     return [
         PipPhase(
             f"requirements.{name}",
@@ -317,16 +312,20 @@ def constraints_file(stack: Stack, phase: PhaseFiles | None = None) -> str:
 
 
 def write_phases(
-    loaded: LoadedStack, staging: Path, trees: dict[str, Path] | None, pins: dict[str, str], write
+    loaded: LoadedStack,
+    staging: Path,
+    trees: dict[str, Path] | None,
+    pins: dict[str, str],
+    write,
+    constrained: bool,
 ) -> list:
-    """Write the vendor pins, the constraints and each requirement phase's files into the context;
-    ``trees`` None (no sources) writes placeholders. Returns the phases read."""
+    """Write the vendor pins, the constraints (when a phase of the plan reads them: ``constrained``) and each
+    requirement phase's files into the context; ``trees`` None (no sources) writes placeholders. Returns the
+    phases read."""
     stack = loaded.model
     write(staging / VENDOR_PINS, json.dumps(vendor_pins(stack), indent=2) + "\n")
     write(staging / PUBLIC_PINS, json.dumps(public_pins(stack), indent=2) + "\n")
-    from stackforge.builder.plan import pip_phases
-
-    if any(phase.constraints == CONSTRAINTS for phase in pip_phases(stack)):
+    if constrained:
         write(staging / CONSTRAINTS, constraints_file(stack))
     if not stack.requirements:
         return []
