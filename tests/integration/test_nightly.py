@@ -79,7 +79,9 @@ def test_make_nightly_fails_but_publishes_the_stack_that_passed(nightly_run, reg
     root, ns, proc = nightly_run
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
-    summary = json.loads((root / "build" / "nightly" / DATE / "summary.json").read_text())
+    text = (root / "build" / "nightly" / DATE / "summary.json").read_text()
+    assert str(root) not in text and str(REPO) not in text  # no host path: it travels as a CI artifact
+    summary = json.loads(text)
     rows = {r["stack"]: r for r in summary["rows"]}
     assert set(rows) == {"nightly-good", "nightly-bad"} and summary["ok"] is False
 
@@ -96,7 +98,8 @@ def test_make_nightly_fails_but_publishes_the_stack_that_passed(nightly_run, reg
         timeout=10,
     )
     assert head.headers["Docker-Content-Digest"] == good["digest"]
-    evidence = Path(good["evidence"])
+    evidence = root / "build" / "nightly" / DATE / good["evidence"]  # relative to the run directory
+    assert not Path(good["evidence"]).is_absolute()
     assert json.loads((evidence / "publish.json").read_text())["digest"] == good["digest"]
     assert json.loads((evidence / "result.json").read_text())["ok"] is True
     # The bake prepared exactly the Dockerfile the build used (same labels, same cache keys).

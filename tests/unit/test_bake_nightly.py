@@ -13,7 +13,7 @@ import pytest
 
 from stackforge.builder import bake as bakemod
 from stackforge.errors import UserError
-from stackforge.flows.nightly import NightlyOptions, Row, Summary, _gate_summary, nightly, select_stacks
+from stackforge.flows.nightly import NightlyOptions, Row, Summary, _gate_summary, _host_free, nightly, select_stacks
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import RootSpec, make_root
 
@@ -354,3 +354,13 @@ def test_an_interrupted_bake_ends_its_log_with_the_signal_and_says_where_it_is(t
     lines = (tmp_path / "bake.log").read_text().splitlines()
     assert lines[0] == "#1 building" and lines[-1].startswith("stackforge: interrupted by SIGINT after ")
     assert json.loads((tmp_path / "bake.json").read_text())["group"]["default"]["targets"] == ["a"]
+
+
+def test_a_summary_names_no_directory_of_the_host(tmp_path):
+    """Paths inside the run directory by their own names, the repository's by their path in it."""
+    out, root = tmp_path / "build" / "nightly" / "20260929", tmp_path
+    text = f'{{"reason": "build failed (log: {root}/build/x/evidence/1/build.log)", "log": "{out}/bake.log"}}'
+    assert (
+        _host_free(text, out, root)
+        == '{"reason": "build failed (log: build/x/evidence/1/build.log)", "log": "bake.log"}'
+    )

@@ -349,7 +349,7 @@ def nightly(
                     )
         if not summary.bake:
             summary.bake = {"not_run": f"interrupted by {intr.name}"}
-        _write_summary(summary, outdir, started, for_stack)
+        _write_summary(summary, outdir, started, for_stack, root)
         intr.notes.append(f"the engine was stopped and nothing more was published (summary: {outdir / 'summary.md'})")
         raise
     if options.freshness:
@@ -360,7 +360,7 @@ def nightly(
         for stack in loaded:
             echo(f"nightly: {stack.name}: did the upstreams' own pins drift?")
             summary.drift[stack.name] = nightly_cell(stack, ws, fetch=ws.mirror is None)
-    _write_summary(summary, outdir, started, for_stack)
+    _write_summary(summary, outdir, started, for_stack, root)
     echo(f"nightly: {sum(r.ok for r in summary.rows)}/{len(summary.rows)} passed; summary {outdir / 'summary.md'}")
     return summary
 
@@ -393,11 +393,30 @@ def _record_overrides(summary: Summary, for_stack: Callable[[str], list[str]]) -
     summary.overrides = [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
 
 
-def _write_summary(summary: Summary, outdir: Path, started: float, for_stack: Callable[[str], list[str]]) -> None:
+def _relative(path: Path, outdir: Path) -> str:
+    """``path`` as the summary names it: relative to the run directory when it is inside it."""
+    try:
+        return Path(path).resolve().relative_to(outdir.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _host_free(text: str, outdir: Path, root: Path) -> str:
+    """A message without this host's directories: the run directory's files by their own names, the
+    repository's by their path in it (a downloaded summary names nothing that is not in it or in a checkout)."""
+    for base in sorted({str(outdir.resolve()), str(outdir), str(root.resolve()), str(root)}, key=len, reverse=True):
+        text = text.replace(base + "/", "")
+    return text
+
+
+def _write_summary(
+    summary: Summary, outdir: Path, started: float, for_stack: Callable[[str], list[str]], root: Path
+) -> None:
     _record_overrides(summary, for_stack)
     summary.finished_at = _now()
     summary.duration_s = round(time.monotonic() - started, 1)
-    atomic_write(outdir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
+    text = _host_free(json.dumps(summary.to_json(), indent=2) + "\n", outdir, root)
+    atomic_write(outdir / "summary.json", text)
     atomic_write(outdir / "summary.md", summary.markdown())
 
 
@@ -425,8 +444,8 @@ def _bake_and_build(
                 "returncode": baked.returncode,
                 "duration_s": baked.duration_s,
                 "targets": len(items),
-                "log": str(baked.log_file),
-                "plan": str(outdir / "bake.json"),
+                "log": _relative(baked.log_file, outdir),
+                "plan": "bake.json",
             }
             echo(
                 f"nightly: bake exit {baked.returncode} in {baked.duration_s} s"
@@ -543,7 +562,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(evidence, dest)
-        row.evidence = str(dest)
+        row.evidence = dest.name  # relative to the run directory: the summary travels as an artifact
     return row
 
 
