@@ -37,7 +37,8 @@ def test_no_credential_is_written_to_disk(path):
     assert not re.search(r"netrc|docker login|config\.json|> *~/", scripts), scripts
     env = _env(doc)
     for var in ("STACKFORGE_REGISTRY_PASSWORD", "STACKFORGE_INDEX_MTHREADS_PASSWORD"):
-        assert (var in env and "secrets." in str(env[var])) or str(env[var]).startswith("$"), var
+        assert var in env, var
+        assert "secrets." in str(env[var]) or str(env[var]).startswith("$"), var
 
 
 @pytest.mark.parametrize("path", [WORKFLOW, GITLAB], ids=["github", "gitlab"])
