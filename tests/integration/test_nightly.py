@@ -11,13 +11,16 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 import requests
 
+from tests.fixtures import musa_builds as mb
 from tests.fixtures import run_names
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
@@ -130,3 +133,30 @@ def test_the_bake_shared_the_common_stages(nightly_run):
             vertices.setdefault(m.group(3), set()).add(m.group(1))
     assert vertices, "no base-stage steps in the bake log"
     assert all(len(ids) == 1 for ids in vertices.values()), vertices
+
+
+def test_a_nightly_to_an_unreachable_registry_stops_in_seconds_without_baking(tmp_path, base_image):
+    """The preflight asks the engine, every endpoint and the registry (a push started and cancelled) first."""
+    root = tmp_path / "repo"
+    copy_stacks(root / "stacks")
+    (root / "stacks" / "nightly-good.yaml").write_text(
+        "name: nightly-good\ninherits: example\nnightly: true\nindexes:\n  pypi: {lock: false}\n"
+        f'tags:\n  local: "{run_names.NS}/nightly-pre:1"\n'
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    out = tmp_path / "night"
+    started = time.monotonic()
+    proc = mb.stackforge("--root", str(root), "nightly", "--registry", f"127.0.0.1:{closed}/team", "--date", DATE,
+                         "--out", str(out), "--no-freshness", "--no-drift", "--set", f"base.image={base_image}")  # fmt: skip
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert took < 60, f"the preflight took {took:.0f} s"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(r["stack"], r["status"], r["stage"]) for r in summary["rows"]] == [("nightly-good", "failed", "preflight")]
+    reason = summary["rows"][0]["reason"]
+    assert f"registry push 127.0.0.1:{closed}/team/" in reason and "connection refused" in reason
+    assert "STACKFORGE_REGISTRY_USER" in reason
+    assert summary["bake"] == {"not_run": "the preflight failed"} and not (out / "bake.json").exists()
+    assert "nightly: preflight FAILED, nothing is built" in proc.stderr

@@ -4,6 +4,7 @@ process (docker, git, pip, uv) or reads a credential file on its own (``clients/
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 from pathlib import Path
 
@@ -64,7 +65,21 @@ def test_a_process_started_by_a_step_is_found(tmp_path):
     assert spawns(copy) == [f"smoke/run.py:{lines + 1}: subprocess.run"]
 
 
+#: how code reads a credential source: an environment variable that holds one, or a file docker, pip or git keep
+#: one in (a message may name them; only clients/ reads them)
+READS = re.compile(
+    r"""(?:environ(?:\.get)?\(?\[?|getenv\()\s*["'](?:STACKFORGE_REGISTRY_(?:USER|PASSWORD)|STACKFORGE_INDEX_|NETRC|DOCKER_CONFIG)"""
+    r"""|["']\.netrc["']|["']config\.json["']"""
+)
+
+
 def test_no_step_reads_a_credential_file_or_variable():
-    needles = ("STACKFORGE_REGISTRY_PASSWORD", "STACKFORGE_REGISTRY_USER", '".netrc"', "'.netrc'", '"config.json"')
-    found = [f"{rel}: {needle}" for rel, path in _outside_clients() for needle in needles if needle in path.read_text()]
+    found = [f"{rel}: {m.group(0)}" for rel, path in _outside_clients() for m in READS.finditer(path.read_text())]
     assert found == []
+
+
+def test_a_step_that_reads_a_credential_is_found(tmp_path):
+    step = "import os\nuser = os.environ.get('STACKFORGE_REGISTRY_USER')\nhome = Path.home() / '.netrc'\n"
+    message = "fix='set STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD'"
+    assert [m.group(0) for m in READS.finditer(step)] == ["environ.get('STACKFORGE_REGISTRY_USER", "'.netrc'"]
+    assert list(READS.finditer(message)) == []

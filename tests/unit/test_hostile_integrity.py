@@ -620,7 +620,7 @@ def test_an_interrupted_nightly_writes_its_summary_with_the_undecided_rows(root,
         nightly(
             root,
             "127.0.0.1:9/team",
-            NightlyOptions(date="20260929", stacks=["example"], out=out, echo=lambda line: None),
+            NightlyOptions(date="20260929", stacks=["example"], out=out, echo=lambda line: None, preflight=False),
         )
     assert exc.value.render().endswith(f"nothing more was published (summary: {out / 'summary.md'})")
     data = json.loads((out / "summary.json").read_text())

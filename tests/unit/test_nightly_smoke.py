@@ -94,7 +94,8 @@ def test_latest_moves_after_the_smoke_passed(tmp_path):
     assert image.startswith("vllm-musa:") and kw["options"].allow_missing_hardware is True
     assert outdir == tmp_path / "evidence" / "smoke" / "qwen3-8b"
     # the smoke evidence travels with the row's evidence copy
-    assert (Path(row.evidence) / "smoke" / "qwen3-8b" / "smoke.json").is_file()
+    assert not Path(row.evidence).is_absolute()  # relative to the run directory
+    assert (tmp_path / "nightly" / row.evidence / "smoke" / "qwen3-8b" / "smoke.json").is_file()
 
 
 @pytest.mark.parametrize(("statuses", "verdict"), [(["passed", "failed"], "failed"), (["not-run"], "not-run")])

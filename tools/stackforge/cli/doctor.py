@@ -25,6 +25,12 @@ def register(sub) -> None:
     )
     p.add_argument("stacks", nargs="*", metavar="STACK", help="stacks to check (none: the engine only)")
     p.add_argument(
+        "--registry",
+        metavar="HOST[:PORT]/PATH",
+        help="also check that each stack's image can be pushed there: the registry answers and takes the "
+        "credentials (an upload started and cancelled; nothing is stored)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT,
@@ -45,7 +51,7 @@ def register(sub) -> None:
 
 def cmd_doctor(args) -> int:
     stacks = [load(args, name) for name in args.stacks]
-    rows = doctor.diagnose(stacks, workspace_of(args), timeout=args.timeout, engine=args.engine)
+    rows = doctor.diagnose(stacks, workspace_of(args), timeout=args.timeout, engine=args.engine, registry=args.registry)
     if args.json:
         print_json([r.to_json() for r in rows])
     else:

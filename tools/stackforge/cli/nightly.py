@@ -61,6 +61,12 @@ def register(sub) -> None:
         action="store_false",
         help="do not compare the upstreams' own pins (agree:) with their default branches (stackforge drift)",
     )
+    p.add_argument(
+        "--no-preflight",
+        dest="preflight",
+        action="store_false",
+        help="bake without first checking the engine, the registry (a push) and every endpoint the stacks need",
+    )
     add_retry(p, "registry attempts per operation", "time budget per registry operation")
     add_out(p, "the directory summary.md and summary.json are written to (default: build/nightly/<date>)")
     add_json(p, "summary.json")
@@ -84,6 +90,7 @@ def cmd_nightly(args) -> int:
         allow_missing_hardware=args.allow_missing_hardware,
         freshness=args.freshness,
         drift=args.drift,
+        preflight=args.preflight,
     )
     summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))
     if args.json:

@@ -495,6 +495,20 @@ class RegistryClient:
         url = f"{self.repository.base_url}/v2/"
         self._retry("ping", lambda: netread.release(self._request("GET", url, ok=(200,))))
 
+    def check_push(self) -> None:
+        """Start a blob upload and cancel it: the registry answers and takes this client's credentials for a push
+        to the repository; nothing is stored. Raises RegistryError (a 401/403 names the refusal)."""
+
+        def call() -> None:
+            resp = self._request("POST", self._url("blobs/uploads/"), ok=(202,))
+            location = resp.headers.get("Location")
+            netread.release(resp, self._deadline)
+            if location:  # cancel the session; a registry that keeps it lets it expire
+                done = self._request("DELETE", urljoin(self.repository.base_url + "/", location), ok=range(200, 600))
+                netread.release(done, self._deadline)
+
+        self._retry("check push", call)
+
     def list_tags(self) -> list[str]:
         """All tags of the repository; [] if the repository does not exist. ``Link`` pagination is followed on
         the registry's origin only, ends at a page already read, and fails past ``netread.PAGE_LIMIT`` pages."""

@@ -39,11 +39,19 @@ from stackforge import netread
 from stackforge.clients.engine import daemon_error
 from stackforge.clients.git import git
 from stackforge.clients.index import IndexClient, IndexQueryError, ProjectNotFound
-from stackforge.clients.registry import RegistryClient, RegistryError, Repository, RetryPolicy, is_loopback_host
+from stackforge.clients.registry import (
+    RegistryClient,
+    RegistryError,
+    Repository,
+    RetryPolicy,
+    is_loopback_host,
+    parse_repository,
+)
 from stackforge.clients.upstream import git_credential_env, resolve_git_url
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError, clip
 from stackforge.grammar import split_host, split_tag
+from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import SystemLayer
 from stackforge.urls import redact, redact_text
@@ -380,15 +388,44 @@ def run_checks(rows: list[Check], *, workers: int = 8) -> list[Check]:
     return rows
 
 
+def registry_check(loaded: LoadedStack, registry: str, timeout: float = DEFAULT_TIMEOUT) -> Check:
+    """Can this host push the stack's image to ``registry``: the registry answers and takes the credentials (an
+    upload started and cancelled in the repository the publisher uses; nothing is stored)."""
+    repository = tags.publish_ref(loaded, registry).repository
+
+    def run() -> str:
+        client = RegistryClient(
+            parse_repository(repository, what="--registry"),
+            policy=RetryPolicy(attempts=1, total_seconds=timeout),
+            timeout=(timeout, timeout),
+        )
+        try:
+            client.check_push()
+        except (RegistryError, requests.RequestException) as exc:
+            raise UserError(
+                f"{clip(redact_text(str(exc)))}; fix: check --registry, and the push credential "
+                "(STACKFORGE_REGISTRY_USER/_PASSWORD, or the docker config's login)"
+            ) from None
+        return "answers, and accepts a push (an upload started and cancelled)"
+
+    return Check(loaded.name, "registry push", redact(repository), run=run, limit=timeout)
+
+
 def diagnose(
-    stacks: list[LoadedStack], workspace: Workspace, *, timeout: float = DEFAULT_TIMEOUT, engine: bool = True
+    stacks: list[LoadedStack],
+    workspace: Workspace,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    engine: bool = True,
+    registry: str | None = None,
 ) -> list[Check]:
-    """Every row for these stacks (and the engine, once), checked."""
+    """Every row for these stacks (and the engine, once), checked; with ``registry``, each stack's push to it."""
     host = run_checks(engine_checks(workspace)) if engine else []
     answers = all(r.status == OK for r in host)
     rows: list[Check] = []
     for loaded in stacks:
         rows += stack_checks(loaded, workspace, timeout, engine=engine)
+        rows += [registry_check(loaded, registry, timeout)] if registry else []
     for row in rows:
         if row.check == "base image" and not answers:  # asked of the engine first: not a fault of the image
             row.run, row.key, row.detail = None, None, "not checked: the engine does not answer (its row above)"

@@ -41,6 +41,7 @@ from stackforge.builder.run import BuildOptions, build, target_ref
 from stackforge.clients.registry import RetryPolicy, parse_registry
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import BuildFailed, UserError
+from stackforge.flows import doctor
 from stackforge.flows.nightly_smoke import freshness_line, nightly_recipes, pin_freshness, smoke_image
 from stackforge.freshness.drift import nightly_cell, nightly_line
 from stackforge.fslock import atomic_write, stack_lock
@@ -298,6 +299,9 @@ class NightlyOptions:
     allow_missing_hardware: bool = False
     freshness: bool = True
     drift: bool = True
+    #: before the bake, check every endpoint the night needs (doctor's rows and the registry push): stop in
+    #: seconds, naming what failed, instead of after a night of building
+    preflight: bool = True
 
 
 def nightly(
@@ -436,6 +440,8 @@ def _bake_and_build(
     assert options.date is not None
     if loaded:
         engine.check()
+    if loaded and options.preflight and not _preflight(summary, loaded, options, registry, workspace):
+        return
     if loaded and options.use_bake:
         echo(f"nightly: bake {', '.join(s.name for s in loaded)}")
         try:
@@ -483,6 +489,31 @@ def _bake_and_build(
             except UserError as err:  # the build directory is busy or cannot be written
                 row = Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render())
             summary.rows.append(row)
+
+
+def _redirect(row: doctor.Check) -> str:
+    fixes = row.fixes()
+    return f" (redirect: {fixes[0]})" if fixes else ""
+
+
+def _preflight(
+    summary: Summary, loaded: list[LoadedStack], options: NightlyOptions, registry: str, workspace: Workspace
+) -> bool:
+    """Doctor's rows for the night's stacks and each stack's push to the registry, before anything is built;
+    False (every row failed at stage ``preflight``, naming what failed and its redirect) when one fails."""
+    options.echo(f"nightly: preflight: the engine, the registry and every endpoint of {len(loaded)} stack(s)")
+    rows = doctor.diagnose(loaded, workspace, registry=registry)
+    failed = [r for r in rows if r.status == doctor.FAIL]
+    if not failed:
+        return True
+    lines = [f"{r.check} {r.endpoint}: {r.detail}{_redirect(r)}" for r in failed]
+    options.echo("nightly: preflight FAILED, nothing is built:\n  " + "\n  ".join(lines))
+    reason = "preflight failed, nothing was built: " + "; ".join(dict.fromkeys(lines))
+    for stack in loaded:
+        for target in _targets_or_star(bakemod, stack, options.targets):
+            summary.rows.append(Row(stack=stack.name, target=target, status="failed", stage="preflight", reason=reason))
+    summary.bake = {"not_run": "the preflight failed"}
+    return False
 
 
 @dataclass(frozen=True)
