@@ -34,8 +34,10 @@ class Fakes:
         self.tmp_path, self.smoke_statuses = tmp_path, smoke_statuses
         self.published: list[bool] = []  # move_aliases of each publish call
         self.smoked: list[tuple[str, str, Path, dict]] = []
+        self.said: list[str] = []  # the nightly's stderr lines
 
     def build(self, stack, opts, **kw):
+        kw["echo"]("#7 [deps 2/5] RUN pip install …")  # a line of the engine's log, as the real build streams it
         evidence = self.tmp_path / "evidence"
         evidence.mkdir(exist_ok=True)
         (evidence / "result.json").write_text("{}")
@@ -64,7 +66,7 @@ class Fakes:
             workspace=None,  # type: ignore[arg-type]
             engine=SimpleNamespace(image_id=lambda ref: "sha256:" + "b" * 64),
             outdir=self.tmp_path / "nightly",
-            echo=lambda line: None,
+            echo=self.said.append,
             build=self.build,
             options=lambda **kw: kw,
             publish=self.publish,
@@ -161,3 +163,9 @@ def test_a_smoke_that_passed_without_the_hardware_moves_no_alias(tmp_path):
     assert row.smoke == "not-run" and not row.ok and fakes.published == [False]
     assert row.aliases == {"*": "not moved: smoke not-run"}
     assert "every row passed without the declared hardware (this host has no mthreads device" in str(row.reason)
+
+
+def test_the_engine_log_of_each_build_streams_with_its_stack_and_target(tmp_path):
+    fakes = Fakes(tmp_path, ["passed"])
+    _one(fakes.run(qwen_recipes()), load("post2"), "vllm-openai")
+    assert "[post2/vllm-openai] #7 [deps 2/5] RUN pip install …" in fakes.said

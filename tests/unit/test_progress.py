@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from stackforge import progress
@@ -61,3 +63,33 @@ def test_an_upload_body_counts_what_was_read_and_keeps_its_length(capsys, monkey
     assert body.read(4) == b"0123" and len(body) == 6
     assert capsys.readouterr().err == "stackforge: upload sha256:ab: 4 B of 10 B (1 B/s)\n"
     assert body.read() == b"456789" and len(body) == 0 and t.done == 10
+
+
+def test_a_long_step_says_it_is_still_running_until_it_ends(monkeypatch):
+    monkeypatch.setenv("STACKFORGE_PROGRESS", "1")
+    lines: list[str] = []
+    with progress.step("fetch vllm (git)", lines.append, heartbeat=0.05):
+        time.sleep(0.3)
+    beats = [line for line in lines if "still running after" in line]
+    assert (
+        len(beats) >= 3
+        and lines[0] == "stackforge: fetch vllm (git)…"
+        and lines[-1].startswith("stackforge: fetch vllm (git): done in")
+    )
+    count = len(lines)
+    time.sleep(0.15)
+    assert len(lines) == count  # the heartbeat ends with the step
+
+
+def test_a_short_or_failing_step_has_no_heartbeat_left_behind(monkeypatch):
+    monkeypatch.setenv("STACKFORGE_PROGRESS", "1")
+    lines: list[str] = []
+    with progress.step("tag", lines.append, heartbeat=10):
+        pass
+    assert [line for line in lines if "still running" in line] == []
+    with pytest.raises(RuntimeError), progress.step("pull", lines.append, heartbeat=0.05):
+        time.sleep(0.12)
+        raise RuntimeError("no")
+    count = len(lines)
+    time.sleep(0.15)
+    assert len(lines) == count and lines[-1].startswith("stackforge: pull: failed after")

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 INTERVAL_S = 5.0  # at most one running-transfer line per interval
+HEARTBEAT_S = 10.0  # a step that runs longer says so this often: a quiet log is not a hung one
 
 
 def enabled() -> bool:
@@ -46,16 +48,30 @@ def note(text: str, echo: Callable[[str], None] | None = None) -> None:
         (echo or _stderr)(f"stackforge: {text}")
 
 
+def _heartbeat(what: str, echo: Callable[[str], None] | None, started: float, every: float, stop: threading.Event):
+    while not stop.wait(every):
+        note(f"{what}: still running after {time.monotonic() - started:.0f} s", echo)
+
+
 @contextmanager
-def step(what: str, echo: Callable[[str], None] | None = None) -> Iterator[None]:
-    """``<what>…`` when the step starts, ``<what>: done in N s`` (or ``failed after N s``) when it ends."""
+def step(what: str, echo: Callable[[str], None] | None = None, heartbeat: float = HEARTBEAT_S) -> Iterator[None]:
+    """``<what>…`` when the step starts, ``<what>: still running after N s`` every ``heartbeat`` seconds while it
+    runs, ``<what>: done in N s`` (or ``failed after N s``) when it ends."""
     started = time.monotonic()
     note(f"{what}…", echo)
+    stop = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(what, echo, started, heartbeat, stop), daemon=True)
+    if enabled() and heartbeat > 0:
+        beat.start()
     try:
         yield
     except BaseException:
         note(f"{what}: failed after {time.monotonic() - started:.1f} s", echo)
         raise
+    finally:
+        stop.set()
+        if beat.is_alive():
+            beat.join()
     note(f"{what}: done in {time.monotonic() - started:.1f} s", echo)
 
 

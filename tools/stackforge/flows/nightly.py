@@ -445,7 +445,14 @@ def _bake_and_build(
     if loaded and options.use_bake:
         echo(f"nightly: bake {', '.join(s.name for s in loaded)}")
         try:
-            items, baked = bakemod.bake(loaded, workspace=workspace, targets=targets, workdir=outdir, engine=engine)
+            items, baked = bakemod.bake(
+                loaded,
+                workspace=workspace,
+                targets=targets,
+                workdir=outdir,
+                engine=engine,
+                on_line=lambda line: echo(f"[bake] {line}"),
+            )
             summary.bake = {
                 "returncode": baked.returncode,
                 "duration_s": baked.duration_s,
@@ -547,7 +554,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             stack,
             run.options(target=target),
             engine=run.engine,
-            echo=lambda line: None,
+            echo=lambda line: echo(f"[{stack.name}/{target}] {line}"),  # the engine's log, each line prefixed
             workspace=run.workspace,
         )
         evidence = outcome.evidence

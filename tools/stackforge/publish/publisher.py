@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stackforge import progress
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import (
     DOCKER_MANIFEST,
@@ -382,14 +383,15 @@ class Publisher:
             )
             try:
                 # With the image id known and not yet published, each layer uploads as soon as it is compressed.
-                self.prepared = img = self.image.prepare(
-                    Path(tmp),
-                    compression=self.compression,
-                    log=self.log,
-                    cache=cache,
-                    level=self.gzip_level,
-                    sink=uploader.submit if pre_checked else None,
-                )
+                with progress.step(f"export the layers of {self.image.description}", self.log.echo):
+                    self.prepared = img = self.image.prepare(
+                        Path(tmp),
+                        compression=self.compression,
+                        log=self.log,
+                        cache=cache,
+                        level=self.gzip_level,
+                        sink=uploader.submit if pre_checked else None,
+                    )
                 self.log(
                     "exported",
                     image_id=img.image_id,
@@ -438,7 +440,8 @@ class Publisher:
 
     def _upload_blobs(self, img: PreparedImage, uploader: Uploader) -> None:
         t = time.monotonic()
-        done = uploader.push_all(img.unique_blobs())
+        with progress.step(f"upload the blobs the registry lacks to {self.repository}", self.log.echo):
+            done = uploader.push_all(img.unique_blobs())
         self.log("blobs", seconds=round(time.monotonic() - t, 3), **uploader.counts, pushed=len(done))
 
     def _put_by_digest(self, img: PreparedImage) -> None:
