@@ -124,9 +124,26 @@ def test_bake_print_renders_the_matrix_of_nightly_stacks(root):
     doc = json.loads(proc.stdout)
     assert doc["group"]["default"]["targets"] == ["nightly-bad-escape", "nightly-good-escape"]
     good = doc["target"]["nightly-good-escape"]
-    assert good["context"] == str(root / "build" / "nightly-good" / "context")
+    # paths relative to the repository (run the bake there, or send the plan to another builder)
+    assert good["context"] == "build/nightly-good/context" and good["dockerfile"] == "../Dockerfile"
     assert good["target"] == "escape" and good["output"] == ["type=docker"] and "secret" not in good
-    assert (root / "build" / "nightly-good" / "Dockerfile").is_file()
+    assert (root / good["context"] / good["dockerfile"]).resolve() == root / "build" / "nightly-good" / "Dockerfile"
+    assert str(root) not in proc.stdout
+
+
+def test_bake_print_names_no_host_file_for_a_secret(root, tmp_path):
+    bundle = tmp_path / "corp-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(root), "bake", "--print", "--ca-bundle", str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    good = json.loads(proc.stdout)["target"]["nightly-good-escape"]
+    assert good["secret"] == ["id=cabundle,src=(on the host that runs the bake: the CA bundle (--ca-bundle))"]
+    assert str(tmp_path) not in proc.stdout
 
 
 def test_bake_without_nightly_stacks_says_what_to_do(tmp_path):

@@ -259,13 +259,24 @@ def _bake(
     finally:
         shutil.rmtree(secrets_dir, ignore_errors=True)
     # The plan on disk keeps no path to a deleted secret file.
-    (workdir / "bake.json").write_text(json.dumps(plan(_placeholders(items), load=load), indent=2) + "\n")
+    root = stacks[0].root if stacks else workdir
+    (workdir / "bake.json").write_text(json.dumps(plan(portable(items, root), load=load), indent=2) + "\n")
     return items, result
 
 
-def _placeholders(items: list[BakeTarget]) -> list[BakeTarget]:
+#: a host file the plan names by what it is, not by where it is on this host
+HOST_SECRET = "(on the host that runs the bake: {what})"
+SECRET_WHAT = {"netrc": "the index credentials stackforge writes", "cabundle": "the CA bundle (--ca-bundle)"}
+
+
+def portable(items: list[BakeTarget], root: Path) -> list[BakeTarget]:
+    """The targets as a plan that can be committed or sent to another builder: contexts relative to the
+    repository ``root`` (run ``docker buildx bake`` there), each Dockerfile relative to its context, and every
+    secret named by what it holds instead of a host path."""
     out = []
     for i in items:
-        secrets = [(sid, SECRET_PLACEHOLDER if sid == "netrc" else src) for sid, src in i.secrets]
-        out.append(BakeTarget(i.name, i.stack, i.target, i.ref, i.context, i.dockerfile, dict(i.args), secrets))
+        context = Path(os.path.relpath(i.context, root)) if Path(i.context).is_relative_to(root) else i.context
+        dockerfile = Path(os.path.relpath(i.dockerfile, i.context))
+        secrets = [(sid, HOST_SECRET.format(what=SECRET_WHAT.get(sid, sid))) for sid, _ in i.secrets]
+        out.append(BakeTarget(i.name, i.stack, i.target, i.ref, context, dockerfile, dict(i.args), secrets))
     return out

@@ -73,7 +73,7 @@ def cmd_bake(args) -> int:
     root, stacks = _stacks(args)
     if args.print:
         items = bakemod.prepare(stacks, targets=args.targets, sources=False, workspace=workspace_of(args))
-        print(json.dumps(bakemod.plan(items, load=args.load), indent=2))
+        print(json.dumps(bakemod.plan(bakemod.portable(items, root), load=args.load), indent=2))
         return 0
     workdir = args.out or root / "build" / "bake"
     items, run = bakemod.bake(
