@@ -17,7 +17,7 @@ import pytest
 from stackforge.recipes.load import load_recipe
 from stackforge.recipes.model import Hardware
 from stackforge.smoke import run as smokerun
-from stackforge.smoke.report import CONTAINER_LOG, SMOKE_JSON
+from stackforge.smoke.report import CONTAINER_LOG, SMOKE_JSON, RowResult, SmokeReport
 from stackforge.smoke.run import (
     ContainerSpec,
     HostFacts,
@@ -193,6 +193,19 @@ def test_missing_hardware_records_every_row_not_run_and_starts_nothing(tmp_path,
     assert all("no /dev/mtgpu*" in r["reason"] for r in data["rows"])
     assert data["hardware"]["missing"] and data["hardware"]["allowed_missing"] is False
     assert data["ok"] is False and data["error"].endswith("no container was started")
+    assert report.exit_code == 3 and data["exit_code"] == 3  # not run: told apart from a failure
+
+
+def test_the_exit_code_tells_passed_failed_and_not_run_apart():
+    def report(*statuses: str) -> SmokeReport:
+        return SmokeReport(
+            "r", "r.yaml", "img:1", rows=[RowResult(f"r{i}", "chat", status=s) for i, s in enumerate(statuses)]
+        )
+
+    assert report("passed", "passed").exit_code == 0
+    assert report("passed", "failed", "not-run").exit_code == 1
+    assert report("passed", "not-run").exit_code == 3
+    assert report().exit_code == 3
 
 
 # -- whole runs against the stand-in server -------------------------------------------------------------

@@ -22,7 +22,8 @@ def register(sub) -> None:
     p = sub.add_parser(
         "smoke",
         help="start a recipe's image with its flags, wait for readiness, run its smoke rows, keep the evidence "
-        "(exit 0 every row passed, 1 a row failed or did not run, 2 invalid input)",
+        "(exit 0 every row passed, 1 a row failed, 3 no row failed but some did not run, e.g. no device; "
+        "2 invalid input)",
     )
     p.add_argument("recipe", metavar="RECIPE", help="a recipe name (recipes/<name>.yaml) or a .yaml path")
     p.add_argument(
@@ -118,4 +119,4 @@ def cmd_smoke(args) -> int:
             "without devices",
             file=sys.stderr,
         )
-    return 1
+    return report.exit_code

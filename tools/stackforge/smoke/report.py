@@ -15,6 +15,8 @@ from typing import Any
 from stackforge.fslock import atomic_write
 
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not-run"
+#: the exit statuses of `stackforge smoke` besides 0 (passed) and 2 (invalid input)
+EXIT_FAILED, EXIT_NOT_RUN = 1, 3
 SMOKE_JSON = "smoke.json"
 CONTAINER_LOG = "container.log"
 
@@ -79,12 +81,14 @@ class SmokeReport:
 
     @property
     def exit_code(self) -> int:
-        """0 when every row passed; also when the rows ran without the hardware, as asked, and none failed."""
+        """0 when every row passed (also when the rows ran without the hardware, as asked, and all passed);
+        1 when a row failed; 3 when none failed but some did not run (e.g. no device on this host): a script
+        tells "failed" from "not run" without reading smoke.json."""
         if self.ok or (
             self.without_hardware and self.verdict == NOT_RUN and all(r.status == PASSED for r in self.rows)
         ):
             return 0
-        return 1
+        return EXIT_FAILED if self.verdict == FAILED else EXIT_NOT_RUN
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +101,7 @@ class SmokeReport:
             "overlay": self.overlay,
             "ok": self.ok,
             "verdict": self.verdict,
+            "exit_code": self.exit_code,
             "error": self.error,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
