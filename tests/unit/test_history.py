@@ -93,3 +93,15 @@ def test_the_site_is_replaced_whole_and_a_bad_summary_is_named(nights, tmp_path)
 def test_the_cli_prints_the_index(nights, tmp_path, capsys):
     assert main(["history", "--nights", str(nights), "--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "out" / "index.html")
+
+
+def test_evidence_named_outside_its_night_is_not_read(tmp_path):
+    root = tmp_path / "nightly"
+    night = write_night(root, "20261202", [Image("post2", "vllm-openai", D1, VLLM)])
+    outside = tmp_path / "elsewhere"
+    (night / "post2-vllm-openai").rename(outside)
+    data = json.loads((night / "summary.json").read_text())
+    data["rows"][0]["evidence"] = "../../elsewhere"
+    (night / "summary.json").write_text(json.dumps(data))
+    (image,) = history.read_nights(root)[0].images
+    assert image.dists == [] and not image.kept and image.size is None

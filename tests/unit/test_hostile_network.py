@@ -20,6 +20,7 @@ from stackforge.flows import operator
 from stackforge.publish import record as records
 from stackforge.publish.record_schema import PublishRecord
 from tests.fixtures.hostile_server import HostileServer, endless, ok, redirect, trickle
+from tests.fixtures.records import a_record as publisher_record
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
 REPO = "team/vllm"
@@ -227,23 +228,8 @@ def test_a_record_of_another_image_is_refused_before_anything_is_pulled():
 
 
 def a_record(digest: str) -> dict:
-    return {
-        "schema": records.SCHEMA,
-        "stack": "example",
-        "target": "escape",
-        "repository": f"127.0.0.1/{REPO}",
-        "digest": digest,
-        "image_id": "sha256:" + "c" * 64,
-        "tags": ["v1-20260929-r1"],
-        "stack_files": {},
-        "overrides": [],
-        "pins": {},
-        "options": {},
-        "fingerprint": "f" * 16,
-        "labels": {},
-        "gate": {},
-        "smoke": {},
-    }
+    """A record of the publisher's shape with nothing in its stack files, pins, labels or gate."""
+    return publisher_record(digest, tags=["v1-20260929-r1"], stack_files={}, pins={}, labels={}, gate={})
 
 
 @pytest.mark.parametrize(

@@ -119,10 +119,5 @@ def _export_submodules(
         subs = submodules.collect(name, mirror, up.commit, url, fetch)
         submodules.export(subs, dest)
     except UserError as err:
-        raise UserError(
-            err.message,
-            **loaded.position(("upstreams", name, "submodules")).as_error_kwargs(),
-            fix=err.fix,
-            exit_code=err.exit_code,
-        ) from None
+        raise loaded.placed(err, ("upstreams", name, "submodules")) from None
     return [s.record() for s in subs]

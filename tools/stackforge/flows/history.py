@@ -116,6 +116,8 @@ def _evidence_dir(night_dir: Path, value: Any) -> Path | None:
     if not isinstance(value, str) or not value:
         return None
     path = Path(value) if Path(value).is_absolute() else night_dir / value
+    if not Path(value).is_absolute() and not path.resolve().is_relative_to(night_dir.resolve()):
+        return None
     return path if path.is_dir() else None
 
 

@@ -187,12 +187,7 @@ def _submodules(loaded: LoadedStack, name: str, dest: Path, ws: Workspace) -> li
                     with progress.step(f"mirror {name} submodule {sub.path} {sub.commit[:12]} (git)"):
                         git(sub.repo, "push", "--quiet", str(dest), f"+{sub.commit}:{SUBMODULE_REF}{sub.commit}")
     except UserError as err:
-        raise UserError(
-            err.message,
-            **loaded.position(("upstreams", name, "submodules")).as_error_kwargs(),
-            fix=err.fix,
-            exit_code=err.exit_code,
-        ) from None
+        raise loaded.placed(err, ("upstreams", name, "submodules")) from None
     return [s.record() for s in subs]
 
 

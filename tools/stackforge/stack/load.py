@@ -63,6 +63,10 @@ class LoadedStack:
         """Where the value at ``path`` (or its nearest declared parent) was written."""
         return _pos_for(tuple(path), self.positions, self.keypositions, False)
 
+    def placed(self, err: UserError, path: tuple) -> UserError:
+        """``err`` (its message, fix and exit code) placed at the stack key ``path``."""
+        return UserError(err.message, **self.position(path).as_error_kwargs(), fix=err.fix, exit_code=err.exit_code)
+
 
 class Located:
     """Positions of a file read with the YAML position loader: its ``display`` name and where each value
