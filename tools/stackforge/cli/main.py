@@ -37,6 +37,7 @@ COMMAND_MODULES = [
     "audit",
     "recipe",
     "smoke",
+    "trust",
 ]
 
 # The module that registers each verb, so that a run naming its verb builds that verb's parser only
@@ -45,7 +46,8 @@ VERB_MODULES = {
     **dict.fromkeys(("list", "show", "lint", "tags", "diff", "schema"), "stack"),
     **dict.fromkeys(("render", "build", "gate", "verify", "abi"), "build"),
     **dict.fromkeys(("publish", "pull"), "publish"),
-    **{name: name for name in COMMAND_MODULES if name not in ("stack", "build", "publish")},
+    **dict.fromkeys(("sbom", "scan"), "trust"),
+    **{name: name for name in COMMAND_MODULES if name not in ("stack", "build", "publish", "trust")},
 }
 
 

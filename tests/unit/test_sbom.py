@@ -1,0 +1,73 @@
+"""The SBOM document: valid CycloneDX 1.5, deterministic for one image, every distribution and package in it,
+no credential in it, and read back as the scan's packages (Debian by source package)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stackforge.builder import sbom
+from stackforge.errors import UserError
+from stackforge.osv import Package
+
+DPKG = (
+    "libssl3\t3.0.11-1~deb12u1\tamd64\topenssl\t3.0.11-1~deb12u1\n"
+    "openssl\t3.0.11-1~deb12u1\tamd64\t\t\n"  # a binary package built from the source of its own name
+    "zlib1g\t1:1.2.13.dfsg-1\tamd64\tzlib\t1:1.2.13.dfsg-1\n"
+    "garbage line\n"
+)
+DISTS = [
+    {"name": "torch", "version": "2.11.0.post2+musa5.2.0", "index": "mthreads", "phase": "vendor", "sha256": "ab" * 32},
+    {"name": "Jinja2", "version": "3.1.4", "index": "https://user:s3cret@pypi.example/simple", "phase": "public"},
+    {"name": "pip", "version": "23.0.1", "index": None, "phase": None, "sha256": None},
+]
+
+
+def make(image_id: str = "sha256:" + "1" * 64) -> str:
+    return sbom.document("vllm-openai:post2", image_id, "2026-09-29T10:15:30.123456789Z", DISTS, sbom.parse_dpkg(DPKG))
+
+
+def test_dpkg_lines_parse_with_their_source():
+    debs = sbom.parse_dpkg(DPKG)
+    assert [(d.name, d.source, d.source_version) for d in debs] == [
+        ("libssl3", "openssl", "3.0.11-1~deb12u1"),
+        ("openssl", "openssl", "3.0.11-1~deb12u1"),
+        ("zlib1g", "zlib", "1:1.2.13.dfsg-1"),
+    ]
+
+
+def test_the_document_is_cyclonedx_and_lists_everything():
+    doc = json.loads(make())
+    assert doc["bomFormat"] == "CycloneDX" and doc["specVersion"] == "1.5"
+    assert doc["metadata"]["timestamp"].startswith("2026-09-29T10:15:30")
+    assert doc["metadata"]["component"]["version"] == "sha256:" + "1" * 64
+    purls = sorted(c["purl"] for c in doc["components"])
+    assert "pkg:pypi/torch@2.11.0.post2%2Bmusa5.2.0" in purls and "pkg:pypi/jinja2@3.1.4" in purls
+    assert any(p.startswith("pkg:deb/debian/libssl3@3.0.11-1~deb12u1?") for p in purls)
+    assert len(purls) == 6
+    torch = next(c for c in doc["components"] if c["name"] == "torch")
+    assert torch["hashes"] == [{"alg": "SHA-256", "content": "ab" * 32}]
+    assert {"name": "stackforge:index", "value": "mthreads"} in torch["properties"]
+    assert "s3cret" not in json.dumps(doc)
+
+
+def test_the_same_image_gives_the_same_bytes_and_another_image_another_serial():
+    assert make() == make()
+    assert json.loads(make("sha256:" + "2" * 64))["serialNumber"] != json.loads(make())["serialNumber"]
+
+
+def test_packages_read_back_by_source_for_debian():
+    assert sbom.packages(make()) == [
+        Package("Debian", "openssl", "3.0.11-1~deb12u1"),
+        Package("Debian", "zlib", "1:1.2.13.dfsg-1"),
+        Package("PyPI", "Jinja2", "3.1.4"),
+        Package("PyPI", "pip", "23.0.1"),
+        Package("PyPI", "torch", "2.11.0.post2+musa5.2.0"),
+    ]
+
+
+@pytest.mark.parametrize("text", ["{}", "[]", "not json", json.dumps({"bomFormat": "SPDX"})])
+def test_what_is_not_an_sbom_is_refused(text):
+    with pytest.raises(UserError, match="not a CycloneDX SBOM"):
+        sbom.packages(text)

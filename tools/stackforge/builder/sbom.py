@@ -1,0 +1,158 @@
+"""The image's SBOM: CycloneDX 1.5 JSON of every installed Python distribution and Debian package.
+
+Python distributions come from the image's inventory (``/stackforge/inventory.json``, or the same script run over
+an image stackforge did not build): name, version, the index name that served it and the archive's sha256 when
+a pip phase recorded them. Debian packages come from the image's dpkg database (``dpkg-query`` in one container
+run): binary name, version, architecture, and the source package and version advisories name. The document is
+made with cyclonedx-python-lib and validated against the CycloneDX 1.5 schema; it is deterministic for one image
+(serial number from the image id, timestamp from the image's created time), so two builds of the same bytes give
+the same SBOM.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from stackforge.builder import inventory
+from stackforge.errors import UserError
+from stackforge.osv import Package
+from stackforge.urls import redact_text
+
+MEDIA_TYPE = "application/vnd.cyclonedx+json"
+#: one line per package: binary name, version, architecture, source name, source version
+DPKG_FORMAT = r"${Package}\t${Version}\t${Architecture}\t${source:Package}\t${source:Version}\n"
+PROP = "stackforge"
+
+
+@dataclass(frozen=True)
+class Deb:
+    name: str
+    version: str
+    arch: str
+    source: str
+    source_version: str
+
+
+def parse_dpkg(text: str) -> list[Deb]:
+    out = []
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) != 5 or not parts[0]:
+            continue
+        name, version, arch, source, source_version = parts
+        out.append(Deb(name, version, arch, source or name, source_version or version))
+    return sorted(out, key=lambda d: (d.name, d.arch))
+
+
+def dpkg_of(engine: Any, ref: str) -> list[Deb]:
+    """The image's Debian packages (none when it has no dpkg)."""
+    proc = engine.cli(
+        "run", "--rm", "--network=none", "--entrypoint", "dpkg-query", ref, "-W", "-f", DPKG_FORMAT, timeout=300
+    )
+    return parse_dpkg(proc.stdout) if proc.returncode == 0 else []
+
+
+def document(image: str, image_id: str, created: str | None, dists: list[dict], debs: list[Deb]) -> str:
+    """The CycloneDX 1.5 JSON text (validated) for an image and what it has installed."""
+    from cyclonedx.model import HashAlgorithm, HashType, Property
+    from cyclonedx.model.bom import Bom
+    from cyclonedx.model.component import Component, ComponentType
+    from cyclonedx.output.json import JsonV1Dot5
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+    from packageurl import PackageURL
+
+    bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"stackforge:sbom:{image_id}"))
+    bom.metadata.timestamp = _timestamp(created)
+    root = Component(name=image, type=ComponentType.CONTAINER, version=image_id, bom_ref="image")
+    bom.metadata.component = root
+    parts = []
+    for d in dists:
+        props = [Property(name=f"{PROP}:{k}", value=redact_text(str(d[k]))) for k in ("index", "phase") if d.get(k)]
+        sha = d.get("sha256")
+        parts.append(
+            Component(
+                type=ComponentType.LIBRARY,
+                name=d["name"],
+                version=d["version"],
+                purl=PackageURL(type="pypi", name=_pypi(d["name"]), version=d["version"]),
+                hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha)] if sha else [],
+                properties=props,
+                bom_ref=f"pypi:{_pypi(d['name'])}",
+            )
+        )
+    for deb in debs:
+        parts.append(
+            Component(
+                type=ComponentType.LIBRARY,
+                name=deb.name,
+                version=deb.version,
+                purl=PackageURL(
+                    type="deb",
+                    namespace="debian",
+                    name=deb.name,
+                    version=deb.version,
+                    qualifiers={"arch": deb.arch, "upstream": f"{deb.source}@{deb.source_version}"},
+                ),
+                properties=[
+                    Property(name=f"{PROP}:deb:source", value=deb.source),
+                    Property(name=f"{PROP}:deb:source_version", value=deb.source_version),
+                ],
+                bom_ref=f"deb:{deb.name}:{deb.arch}",
+            )
+        )
+    for part in parts:
+        bom.components.add(part)
+    bom.register_dependency(root, parts)
+    text = JsonV1Dot5(bom).output_as_string(indent=2)
+    problem = JsonStrictValidator(SchemaVersion.V1_5).validate_str(text)
+    if problem is not None:  # pragma: no cover - the library wrote what its own schema refuses
+        raise UserError(f"the SBOM of {image} is not valid CycloneDX 1.5: {problem}")
+    return text
+
+
+def of_image(engine: Any, ref: str) -> str:
+    """The SBOM of a local image: its inventory and dpkg database."""
+    if not engine.image_exists(ref):
+        raise UserError(f"image {ref!r} is not in the local engine", file="IMAGE", fix=f"docker pull {ref} first")
+    attrs = engine.sdk().images.get(ref).attrs
+    data = inventory.from_image(engine, ref) or inventory.taken_from(engine, ref)
+    return document(ref, str(attrs.get("Id")), attrs.get("Created"), data.get("dists", []), dpkg_of(engine, ref))
+
+
+def packages(text: str) -> list[Package]:
+    """The packages an SBOM lists, as the vulnerability scan names them (Debian: source package and version)."""
+    try:
+        doc = json.loads(text)
+        components = doc["components"] if doc.get("bomFormat") == "CycloneDX" else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        components = None
+    if not isinstance(components, list):
+        raise UserError("not a CycloneDX SBOM (no bomFormat CycloneDX with components)")
+    out = []
+    for c in components:
+        purl = str(c.get("purl") or "")
+        props = {p.get("name"): p.get("value") for p in c.get("properties") or [] if isinstance(p, dict)}
+        if purl.startswith("pkg:pypi/"):
+            out.append(Package("PyPI", str(c.get("name")), str(c.get("version"))))
+        elif purl.startswith("pkg:deb/"):
+            source = props.get(f"{PROP}:deb:source") or c.get("name")
+            version = props.get(f"{PROP}:deb:source_version") or c.get("version")
+            out.append(Package("Debian", str(source), str(version)))
+    return sorted(set(out), key=lambda p: (p.ecosystem, p.name, p.version))
+
+
+def _pypi(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _timestamp(created: str | None) -> _dt.datetime:
+    """The image's created time to the second (the engine writes it with nanoseconds, in UTC)."""
+    try:
+        return _dt.datetime.strptime(str(created)[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=_dt.timezone.utc)
+    except ValueError:
+        return _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
