@@ -181,7 +181,7 @@ def test_r1_then_r2_on_one_date_and_the_repull_gives_the_same_image_id(registry,
     assert evidence["verification"]["pull"]["identical"] is True and evidence["push_log"]
 
 
-@pytest.mark.parametrize("compression", ["gzip", "none"])
+@pytest.mark.parametrize("compression", ["gzip", "zstd", "none"])
 def test_a_node_without_the_image_pulls_it_back_identical(registry, engine, ns, tmp_path, compression):
     """Remove the local image after publishing, pull by tag and by digest: same image id, layers verified by the engine."""
     ref = f"{run_names.NS}/publish-pull:{ns}"
@@ -189,6 +189,13 @@ def test_a_node_without_the_image_pulls_it_back_identical(registry, engine, ns, 
     local_id = image_id(ref)
     r = lib_publish(registry, ns, ref, tmp_path, compression=compression, aliases=())
     assert r.verification["layers_present"] == 1
+    manifest = requests.get(
+        f"http://{registry}/v2/{ns}/vllm/manifests/{r.digest}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+        timeout=30,
+    ).json()
+    suffix = {"gzip": "+gzip", "zstd": "+zstd", "none": ""}[compression]
+    assert [d["mediaType"] for d in manifest["layers"]] == [f"application/vnd.oci.image.layer.v1.tar{suffix}"]
     docker("image", "rm", ref)
     pulled = f"{registry}/{ns}/vllm"
     try:

@@ -45,6 +45,11 @@ def register(sub) -> None:
     p.add_argument("--no-bake", dest="bake", action="store_false", help="skip the shared bake; build stacks one by one")
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
     p.add_argument(
+        "--compression",
+        choices=["gzip", "zstd"],
+        help="layer compression of every publish (default: each stack's tags.compression, else gzip)",
+    )
+    p.add_argument(
         "--allow-missing-hardware",
         action="store_true",
         help="smoke nightly recipes without their devices on a host that lacks them (as `stackforge smoke`)",
@@ -91,6 +96,7 @@ def cmd_nightly(args) -> int:
         freshness=args.freshness,
         drift=args.drift,
         preflight=args.preflight,
+        compression=args.compression,
     )
     summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))
     if args.json:

@@ -61,7 +61,18 @@ def register(sub) -> None:
         action="store_true",
         help="publish the local image even without a passing `stackforge build` record for it",
     )
-    p.add_argument("--compression", choices=["gzip", "none"], default="gzip", help="layer compression (default gzip)")
+    p.add_argument(
+        "--compression",
+        choices=["gzip", "zstd", "none"],
+        help="layer compression (default: the stack's tags.compression, else gzip; zstd layers pull on Docker 23+ and "
+        "containerd 1.5+, not older engines)",
+    )
+    p.add_argument(
+        "--compression-level",
+        type=int,
+        metavar="N",
+        help="the codec's level (gzip 1-9, default 1; zstd 1-19, default 3); one level gives one blob everywhere",
+    )
     add_retry(p)
     add_json(p, "the evidence record")
     add_set(p)
@@ -154,7 +165,11 @@ def cmd_pull(args) -> int:
 def cmd_publish(args) -> int:
     loaded = load(args, args.stack)
     options = PublishOptions(
-        policy=retry_policy(args), compression=args.compression, verify_pull=args.verify_pull, echo=stderr_echo
+        policy=retry_policy(args),
+        compression=args.compression,
+        level=args.compression_level,
+        verify_pull=args.verify_pull,
+        echo=stderr_echo,
     )
     common = dict(date=args.date, out=args.out, allow_ungated=args.allow_ungated, workspace=workspace_of(args))
     if args.overlay:

@@ -302,6 +302,8 @@ class NightlyOptions:
     #: before the bake, check every endpoint the night needs (doctor's rows and the registry push): stop in
     #: seconds, naming what failed, instead of after a night of building
     preflight: bool = True
+    #: the layer compression of every publish (None: each stack's tags.compression, else gzip)
+    compression: str | None = None
 
 
 def nightly(
@@ -482,6 +484,7 @@ def _bake_and_build(
         smoke=smoke,
         recipes=recipes,
         allow_missing_hardware=options.allow_missing_hardware,
+        compression=options.compression,
     )
     for stack in loaded:
         try:
@@ -540,6 +543,7 @@ class NightlyRun:
     smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
     recipes: Any = None  # stackforge.flows.nightly_smoke.NightlyRecipes
     allow_missing_hardware: bool = False
+    compression: str | None = None
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -577,7 +581,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             run.publish,
             stack,
             run.registry,
-            options=PublishOptions(policy=run.policy, echo=lambda line: None),
+            options=PublishOptions(policy=run.policy, compression=run.compression, echo=lambda line: None),
             date=run.date,
             target=target,
             engine=run.engine,

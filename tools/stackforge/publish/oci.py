@@ -31,20 +31,17 @@ from stackforge.clients.engine import Engine
 from stackforge.clients.registry import OCI_MANIFEST, sha256_digest
 from stackforge.errors import BuildFailed, UserError
 from stackforge.grammar import DIGEST_RE
-from stackforge.publish import layerstore, pgzip
+from stackforge.publish import layerstore
+from stackforge.publish.codec import OCI_LAYER_GZIP, OCI_LAYER_ZSTD, Codec, codec
 
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
-OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
-OCI_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20
 _SMALL_JSON = 64 << 20
 _OCI_BLOB = re.compile(r"blobs/sha256/([0-9a-f]{64})")
-# zlib level 1: about 3 % larger blobs than docker push makes, at well under half the CPU of level 6 (see README)
-DEFAULT_LEVEL = 1
 
 
 @dataclass
@@ -125,7 +122,7 @@ class ImageSource(Protocol):
         compression: str,
         log: Callable[..., None],
         cache: LayerCache | None = None,
-        level: int = ...,
+        level: int | None = None,
         sink: Callable[[Blob], object] | None = None,
     ) -> PreparedImage: ...
 
@@ -137,12 +134,12 @@ class LayerCache:
     Gzip is what makes exporting slow; base layers repeat from one publish to the next. An entry is
     used only when ``available(digest, diff_id)`` confirms the registry holds that blob in the target
     repository (after a cross-repository mount from one of :meth:`sources`, where it allows one).
-    ``key`` names the compressor and level: blobs of another level never mix in.
+    ``key`` names the codec and level (:attr:`Codec.key`): blobs of another codec or level never mix in.
     """
 
     directory: Path
     available: Callable[[str, str], bool]
-    key: str = f"pgzip-{DEFAULT_LEVEL}"
+    key: str = "pgzip-1"
     hits: int = 0
     keep_repositories: int = 8
 
@@ -241,7 +238,7 @@ def read_save_stream(
     workdir: Path,
     *,
     compression: str = "gzip",
-    level: int = DEFAULT_LEVEL,
+    level: int | None = None,
     expected_id: str | None = None,
     cache: LayerCache | None = None,
     pool: ThreadPoolExecutor | None = None,
@@ -250,21 +247,20 @@ def read_save_stream(
     """Turn a ``docker save`` stream (legacy or OCI-layout flavour) into upload-ready blobs.
 
     One pass, streaming: small JSON files are kept in memory, layers go to ``workdir``,
-    uncompressed layers gzip-compressed there in parallel blocks (``pgzip``: the same input
-    gives the same bytes) unless ``compression`` is ``"none"``. Already compressed
+    uncompressed layers compressed there by the ``compression`` codec at ``level`` (None: the codec's default;
+    ``codec.py``: the same input gives the same bytes) unless ``compression`` is ``"none"``. Already compressed
     layers (a containerd image store exports them) are stored as they are. In the OCI-layout
     flavour a blob's name is its digest, so a layer whose cached blob the registry holds is
     skipped unread. ``sink`` gets every layer blob as soon as it is on disk (to upload it while
     the next one compresses).
     """
-    if compression not in ("gzip", "none"):
-        raise UserError(f"unknown layer compression {compression!r}", fix="use gzip or none")
+    packer = codec(compression, level)
     workdir.mkdir(parents=True, exist_ok=True)
-    own_pool = pool is None and compression == "gzip"
-    if own_pool:
-        pool = ThreadPoolExecutor(pgzip.workers(), thread_name_prefix="pgzip")
+    own_pool = pool is None and packer is not None
+    if own_pool and packer is not None:
+        pool = packer.pool()
     try:
-        entries = _read_members(stream, workdir, compression, level, cache, pool, sink)
+        entries = _read_members(stream, workdir, packer, cache, pool, sink)
     finally:
         if own_pool and pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -274,8 +270,7 @@ def read_save_stream(
 def _read_members(
     stream: BinaryIO,
     workdir: Path,
-    compression: str,
-    level: int,
+    packer: Codec | None,
     cache: LayerCache | None,
     pool: ThreadPoolExecutor | None,
     sink: Callable[[Blob], object] | None,
@@ -294,12 +289,12 @@ def _read_members(
             if not member.isfile():
                 continue
             named = _OCI_BLOB.fullmatch(name)
-            if cache is not None and named and compression == "gzip":
+            if cache is not None and named and packer is not None:
                 diff_id = "sha256:" + named.group(1)
                 hit = cache.usable(diff_id)  # only layers have entries: a config or index is read below
                 if hit is not None:
                     entries[name] = _Entry(
-                        digest=hit[0], size=hit[1], media_type=OCI_LAYER_GZIP, diff_id=diff_id, remote=True
+                        digest=hit[0], size=hit[1], media_type=packer.media_type, diff_id=diff_id, remote=True
                     )
                     continue  # not read: the stream skips it
             src = tar.extractfile(member)
@@ -317,7 +312,7 @@ def _read_members(
                 continue
             counter += 1
             path = workdir / f"blob-{counter}"
-            entry = entries[name] = _store_layer(head, src, path, compression, level, cache, pool, bool(named))
+            entry = entries[name] = _store_layer(head, src, path, packer, cache, pool, bool(named))
             if sink is not None and entry.path is not None:
                 sink(entry.blob())
     return entries
@@ -327,8 +322,7 @@ def _store_layer(
     head: bytes,
     src: IO[bytes],
     path: Path,
-    compression: str,
-    level: int,
+    packer: Codec | None,
     cache: LayerCache | None = None,
     pool: ThreadPoolExecutor | None = None,
     named: bool = False,
@@ -337,7 +331,7 @@ def _store_layer(
     was asked before reading it and it is compressed straight from the stream."""
     with open(path, "wb") as out:
         writer = _HashingWriter(out)
-        if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC) or compression == "none":
+        if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC) or packer is None:
             media = (
                 OCI_LAYER_GZIP
                 if head.startswith(_GZIP_MAGIC)
@@ -357,13 +351,13 @@ def _store_layer(
                 diff_id=digest if media == OCI_LAYER_TAR else None,
             )
         if cache is not None and not named:
-            return _store_layer_cached(head, src, path, writer, level, cache, pool)
-        diff_id = pgzip.compress(src, writer.write, level=level, pool=pool, head=head)
+            return _store_layer_cached(head, src, path, writer, packer, cache, pool)
+        diff_id = packer.compress(src, writer.write, pool=pool, head=head)
     entry = _Entry(
         path=path,
         digest="sha256:" + writer.hash.hexdigest(),
         size=writer.size,
-        media_type=OCI_LAYER_GZIP,
+        media_type=packer.media_type,
         diff_id=diff_id,
     )
     if cache is not None:
@@ -376,7 +370,7 @@ def _store_layer_cached(
     src: IO[bytes],
     path: Path,
     writer: _HashingWriter,
-    level: int,
+    packer: Codec,
     cache: LayerCache,
     pool: ThreadPoolExecutor | None,
 ) -> _Entry:
@@ -393,13 +387,13 @@ def _store_layer_cached(
     hit = cache.usable(diff_id)
     if hit is not None:
         raw.unlink()
-        return _Entry(path=None, digest=hit[0], size=hit[1], media_type=OCI_LAYER_GZIP, diff_id=diff_id, remote=True)
+        return _Entry(path=None, digest=hit[0], size=hit[1], media_type=packer.media_type, diff_id=diff_id, remote=True)
     with open(raw, "rb") as fh:
-        pgzip.compress(fh, writer.write, level=level, pool=pool)
+        packer.compress(fh, writer.write, pool=pool)
     raw.unlink()
     digest = "sha256:" + writer.hash.hexdigest()
     cache.record(diff_id, digest, writer.size)
-    return _Entry(path=path, digest=digest, size=writer.size, media_type=OCI_LAYER_GZIP, diff_id=diff_id)
+    return _Entry(path=path, digest=digest, size=writer.size, media_type=packer.media_type, diff_id=diff_id)
 
 
 def _resolve(entries: dict[str, _Entry], name: str) -> _Entry:
@@ -482,7 +476,7 @@ class ArchiveImage:
         compression: str,
         log: Callable[..., None],
         cache: LayerCache | None = None,
-        level: int = DEFAULT_LEVEL,
+        level: int | None = None,
         sink: Callable[[Blob], object] | None = None,
     ) -> PreparedImage:
         with open(self.path, "rb") as fh:
@@ -550,14 +544,15 @@ class DockerImage:
         compression: str,
         log: Callable[..., None],
         cache: LayerCache | None = None,
-        level: int = DEFAULT_LEVEL,
+        level: int | None = None,
         sink: Callable[[Blob], object] | None = None,
     ) -> PreparedImage:
         if self.image_id is None:
             self.inspect()
-        if compression == "gzip":
+        packer = codec(compression, level)
+        if packer is not None:
             try:
-                return self._prepare_from_store(workdir, log=log, cache=cache, level=level, sink=sink)
+                return self._prepare_from_store(workdir, log=log, cache=cache, packer=packer, sink=sink)
             except layerstore.Unusable as exc:
                 log("export-from-layer-store-refused", reason=str(exc), then="docker save")
         import docker.errors  # the SDK streams `docker save` without a temporary tar file
@@ -590,7 +585,7 @@ class DockerImage:
         *,
         log: Callable[..., None],
         cache: LayerCache | None,
-        level: int,
+        packer: Codec,
         sink: Callable[[Blob], object] | None,
     ) -> PreparedImage:
         """The image without ``docker save``: config and the layers the target lacks read from the engine's
@@ -613,20 +608,20 @@ class DockerImage:
         log("export-from-layer-store", root=str(store.root), read=sum(isinstance(w, layerstore.Layer) for w in wanted))
         layers: list[Blob] = []
         workdir.mkdir(parents=True, exist_ok=True)
-        pool = ThreadPoolExecutor(pgzip.workers(), thread_name_prefix="pgzip")
+        pool = packer.pool()
         try:
             for i, (diff_id, want) in enumerate(zip(diff_ids, wanted)):
                 if not isinstance(want, layerstore.Layer):
-                    layers.append(Blob(want[0], want[1], OCI_LAYER_GZIP, diff_id=diff_id, remote=True))
+                    layers.append(Blob(want[0], want[1], packer.media_type, diff_id=diff_id, remote=True))
                     continue
                 path, t = workdir / f"layer-{i}", time.monotonic()
                 with open(path, "wb") as out, io.BufferedReader(_ChunkReader(want.chunks()), _CHUNK) as src:
                     writer = _HashingWriter(out)
-                    got = pgzip.compress(src, writer.write, level=level, pool=pool)
+                    got = packer.compress(src, writer.write, pool=pool)
                 if got != diff_id:
                     path.unlink()
                     raise layerstore.Unusable(f"layer {i} rebuilt from the layer store hashes to {got}, not {diff_id}")
-                blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, OCI_LAYER_GZIP, path, diff_id=diff_id)
+                blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
                 log(
                     "layer-rebuilt",
                     index=i,
@@ -641,6 +636,7 @@ class DockerImage:
                     sink(blob)
                 layers.append(blob)
         finally:
-            pool.shutdown(cancel_futures=True)
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
         config = Blob(sha256_digest(config_bytes), len(config_bytes), OCI_CONFIG, data=config_bytes)
         return PreparedImage(image_id=config.digest, config=config, layers=layers)

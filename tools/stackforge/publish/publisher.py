@@ -74,7 +74,8 @@ from stackforge.clients.registry import (
 from stackforge.clients.workspace import cache_dir
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import flock_wait
-from stackforge.publish.oci import DEFAULT_LEVEL, ImageSource, LayerCache, PreparedImage
+from stackforge.publish.codec import codec
+from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage
 from stackforge.publish.transfer import UPLOADS, Uploader
 from stackforge.signals import Interrupted
 from stackforge.stack.scheme import TagScheme, first_free_revision, validate_date
@@ -227,7 +228,8 @@ class Publisher:
     date: str
     aliases: tuple[str, ...] = ()
     compression: str = "gzip"
-    gzip_level: int = DEFAULT_LEVEL
+    #: the codec's level (None: its default, see codec.py)
+    level: int | None = None
     mount_from: tuple[str, ...] = ()
     uploads: int = UPLOADS
     lock_dir: Path = field(default_factory=default_lock_dir)
@@ -256,8 +258,7 @@ class Publisher:
         self._verified: dict[str, Any] = {}
         for alias in self.aliases:
             self.scheme.check_alias(alias)
-        if not (isinstance(self.gzip_level, int) and 1 <= self.gzip_level <= 9):
-            raise UserError(f"gzip level {self.gzip_level!r} is not 1-9", fix="give a zlib level from 1 to 9")
+        self.codec = codec(self.compression, self.level)
 
     # -- small helpers -----------------------------------------------------------------------
 
@@ -372,10 +373,11 @@ class Publisher:
                 return self._already(found, tags)
 
         with tempfile.TemporaryDirectory(prefix="stackforge-publish-", dir=self.workdir) as tmp:
-            self.log("export", source=self.image.description, compression=self.compression, level=self.gzip_level)
+            level = self.codec.level if self.codec is not None else None
+            self.log("export", source=self.image.description, compression=self.compression, level=level)
             cache = (
-                LayerCache(self.layer_cache, lambda d, i: uploader.available(d, i), key=f"pgzip-{self.gzip_level}")
-                if self.layer_cache is not None and self.compression == "gzip"
+                LayerCache(self.layer_cache, lambda d, i: uploader.available(d, i), key=self.codec.key)
+                if self.layer_cache is not None and self.codec is not None
                 else None
             )
             uploader = Uploader(
@@ -389,7 +391,7 @@ class Publisher:
                         compression=self.compression,
                         log=self.log,
                         cache=cache,
-                        level=self.gzip_level,
+                        level=level,
                         sink=uploader.submit if pre_checked else None,
                     )
                 self.log(
@@ -749,14 +751,16 @@ class PublishOptions:
     ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or ``~/.cache/stackforge/layers``),
     a path, or False for none; it also remembers which repositories received each layer, so a publish to another
     repository of the same registry mounts it from there. ``mount_from``: more repository names of the same registry
-    to mount layers from. ``gzip_level``: zlib level of the layer blobs (1-9); one level gives the same blob for a
-    layer everywhere. ``settle_seconds``: the pause before the tag is re-read (None: see :meth:`Publisher.settle`).
-    ``echo``: where the push log's lines go.
+    to mount layers from. ``compression``: the layer codec (gzip, zstd or none, see ``codec.py``); ``level``: its
+    level (None: the codec's default); one codec and level give the same blob for a layer everywhere.
+    ``settle_seconds``: the pause before the tag is re-read (None: see :meth:`Publisher.settle`). ``echo``: where
+    the push log's lines go.
     """
 
     policy: RetryPolicy | None = None
-    compression: str = "gzip"
-    gzip_level: int = DEFAULT_LEVEL
+    #: None: the stack's tags.compression, else gzip
+    compression: str | None = None
+    level: int | None = None
     mount_from: tuple[str, ...] | list[str] = ()
     lock_dir: Path | None = None
     verify_pull: bool = False
@@ -803,8 +807,8 @@ def publish(
         scheme=scheme,
         date=date,
         aliases=tuple(aliases),
-        compression=options.compression,
-        gzip_level=options.gzip_level,
+        compression=options.compression or "gzip",
+        level=options.level,
         mount_from=tuple(options.mount_from),
         lock_dir=options.lock_dir or default_lock_dir(),
         verify_pull=options.verify_pull,

@@ -155,7 +155,9 @@ def publish_stack(
         gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
         extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
         evidence_dir = publish_dir(root, gated, image.image_id)
-        options = replace(options or PublishOptions(), layer_cache=ws.cache("layers"))
+        options = options or PublishOptions()
+        compression = options.compression or stack.tags.compression or "gzip"
+        options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
         attacher = record.Attacher(loaded, target, evidence_dir, repository, engine, local, options.policy)
         result = publish(
             image,

@@ -721,6 +721,11 @@ class Tags(Strict):
     local: str = Field(description="Jinja2 template of the local image reference")
     publish: str | None = Field(default=None, description="template of the publish reference (needs date and revision)")
     aliases: list[str] = Field(default_factory=list, description="moving tags updated after a verified publish")
+    compression: Literal["gzip", "zstd"] | None = Field(
+        None,
+        description="the layer compression `publish` and the nightly write (default gzip; zstd needs Docker 23 or "
+        "containerd 1.5 to pull); `publish --compression` overrides it",
+    )
 
 
 class Healthcheck(Strict):
