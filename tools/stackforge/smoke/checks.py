@@ -1,0 +1,220 @@
+"""The smoke rows that sample and compare numbers: a chat request with seed, temperature and ``repeat``; a
+``numeric`` row (a command's numbers against a reference file); a ``dump`` row (MATE's Level-10 dump of a command,
+replayed by the image's own ``mate replay`` and compared with the run).
+
+Each takes what it needs as plain callables (an HTTP request, a command inside the container), so it runs
+unchanged against a fake in the unit tests and against a real container in a smoke run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stackforge.recipes.model import Chat
+from stackforge.recipes.numeric import BadReference, DumpReplay, Numeric, load_reference
+from stackforge.smoke.numbers import ANSI, PARSERS, compare, parse_mate_log
+from stackforge.smoke.report import RowResult, one_line
+
+#: (status, body text) of one chat request: the body is the request's JSON.
+Send = Callable[[dict], tuple[int | None, str]]
+#: (exit code, output) of an argv inside the container.
+Exec = Callable[..., tuple[int, str]]
+
+#: ``mate list-dumps DIR`` as mate/__main__.py prints a dump: ``  <dir name>: <function> [<status>]``.
+DUMP_LINE = re.compile(r"^\s+(\S+): (\S+) \[(\w+)\]\s*$")
+#: A dump's directory name as mate/api_logging.py makes it: ``<time>_pid<pid>_<function>_call<NNNN>``.
+DUMP_NAME = re.compile(r"^\d{8}_\d{6}_\d+_pid\d+_(.+)_call(\d{4,})$")
+#: ``mate replay --dir DUMP``'s verdict for a single dump (mate/__main__.py replay_cmd).
+REPLAY_PASSED = "Replay passed - outputs match!"
+
+
+def content_of(text: str) -> str | None:
+    """The assistant's answer of a chat completion body."""
+    try:
+        return str(json.loads(text)["choices"][0]["message"]["content"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def status_text(status: int | None, text: str) -> str:
+    if status is None:
+        return f"nothing (connection failed: {one_line(text, 120)})"
+    return f"HTTP {status}" + (f" ({one_line(text, 160)})" if status >= 400 and text else "")
+
+
+def chat_body(model: str, messages: list[dict], max_tokens: int, temperature: float = 0, seed: int | None = None):
+    """An OpenAI chat request; ``seed`` only when given (vLLM then seeds this request's sampling)."""
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+# -- chat -----------------------------------------------------------------------------------------------
+
+
+def chat_row(chat: Chat, model: str, send: Send, out: RowResult) -> RowResult:
+    """Send the request ``repeat`` times: each must answer 200 (and contain the word); every answer the same."""
+    body = chat_body(model, [{"role": "user", "content": chat.prompt}], chat.max_tokens, chat.temperature, chat.seed)
+    details: dict[str, Any] = {
+        "prompt": chat.prompt,
+        "contains": chat.contains,
+        "temperature": chat.temperature,
+        "seed": chat.seed,
+        "max_tokens": chat.max_tokens,
+    }
+    answers: list[str | None] = []
+    for i in range(chat.repeat):
+        status, text = send(body)
+        answer = content_of(text) if status == 200 else None
+        answers.append(answer)
+        _keep(details, chat.repeat, answers, status)
+        which = f"request {i + 1} of {chat.repeat}" if chat.repeat > 1 else "the chat request"
+        if status != 200:
+            return out.failed(f"{which} answered {status_text(status, text)}", **details)
+        if answer is None:
+            return out.failed(f"{which} answered no message content: {one_line(text, 200)!r}", **details)
+        if chat.contains is not None and chat.contains.lower() not in answer.lower():
+            return out.failed(
+                f"{'answer ' + str(i + 1) if chat.repeat > 1 else 'the answer'} does not contain "
+                f"{chat.contains!r}: {one_line(answer, 200)!r}",
+                **details,
+            )
+    first = answers[0]
+    differ = next((i for i, a in enumerate(answers) if a != first), None)
+    if differ is not None:
+        seeded = f"seed {chat.seed}" if chat.seed is not None else "no seed"
+        return out.failed(
+            f"answers 1 and {differ + 1} of {chat.repeat} differ ({seeded}, temperature {chat.temperature:g}): "
+            f"{one_line(first, 120)!r} vs {one_line(answers[differ], 120)!r}",
+            **details,
+        )
+    return out.passed(**details)
+
+
+def _keep(details: dict, repeat: int, answers: list[str | None], status: int | None) -> None:
+    details["status"] = status
+    if repeat > 1:
+        details["answers"] = list(answers)
+    details["answer"] = answers[-1]
+
+
+# -- numeric --------------------------------------------------------------------------------------------
+
+
+def numeric_row(numeric: Numeric, run: Exec, root: Path | None, out: RowResult) -> RowResult:
+    """Run the command, read its numbers, compare them with the reference file."""
+    details: dict[str, Any] = {
+        "argv": numeric.run.argv,
+        "format": numeric.format,
+        "reference": numeric.reference,
+        "tolerance": numeric.tolerance.model_dump(),
+    }
+    if root is None:
+        return out.failed("the reference file has no repository to be read from (run smoke from the repository)")
+    try:
+        expected = load_reference(root, numeric.reference)
+    except BadReference as err:
+        return out.failed(str(err), **details)
+    code, text = run(numeric.run.argv, timeout=numeric.run.timeout_s)
+    details["exit_code"] = code
+    details["output_tail"] = _tail(text)
+    if code != 0:
+        return out.failed(f"`{' '.join(numeric.run.argv)}` exited {code}: {one_line(_last(text))}", **details)
+    values = PARSERS[numeric.format](text)
+    if isinstance(values, str):
+        return out.failed(f"`{' '.join(numeric.run.argv)}`: {values}", **details)
+    result = compare(values, expected, numeric.tolerance)
+    details.update(result.as_details())
+    if not result.ok:
+        return out.failed(result.reason("the command's output"), **details)
+    return out.passed(**details)
+
+
+# -- dump / replay --------------------------------------------------------------------------------------
+
+
+def dump_dir(row: str) -> str:
+    """A fresh directory inside the container for this row's dumps."""
+    return f"/tmp/stackforge-dumps-{re.sub(r'[^A-Za-z0-9_.-]', '-', row)}-{os.urandom(4).hex()}"
+
+
+def dump_row(dump: DumpReplay, row: str, run: Exec, out: RowResult, where: str | None = None) -> RowResult:
+    """Run with the dump level on, list the dumps, replay each, compare each replay's statistics with the run's."""
+    where = where or dump_dir(row)
+    env = ["env", f"{dump.level_env}={dump.level}", f"{dump.dir_env}={where}"]
+    details: dict[str, Any] = {
+        "argv": dump.run.argv,
+        "env": {dump.level_env: str(dump.level), dump.dir_env: where},
+        "tolerance": dump.tolerance.model_dump(),
+    }
+    code, text = run([*env, *dump.run.argv], timeout=dump.run.timeout_s)
+    details["exit_code"] = code
+    if code != 0:
+        return out.failed(f"`{' '.join(dump.run.argv)}` exited {code}: {one_line(_last(text))}", **details)
+    ran = parse_mate_log(text)
+    if isinstance(ran, str):
+        return out.failed(f"the run: {ran}", **details)
+    code, listing = run([*dump.tool, "list-dumps", where], timeout=120)
+    dumps = [m.groups() for m in map(DUMP_LINE.match, ANSI.sub("", listing).splitlines()) if m]
+    details["dumps"] = [{"dir": d, "function": f, "status": s} for d, f, s in dumps]
+    if code != 0 or not dumps:
+        return out.failed(
+            f"the run wrote no Level-{dump.level} dump into {where} (`{' '.join(dump.tool)} list-dumps` exit {code}: "
+            f"{one_line(_last(listing))}); does the command call MATE, and does MATE read {dump.level_env}?",
+            **details,
+        )
+    unfinished = [d for d, _, s in dumps if s != "completed"]
+    if unfinished:
+        return out.failed(f"dump(s) without outputs (the call did not complete): {', '.join(unfinished)}", **details)
+    replays: list[dict] = []
+    details["replays"] = replays
+    for name, function, _ in dumps:
+        failed = _replay(dump, run, f"{where}/{name}", name, function, ran, replays)
+        if failed:
+            return out.failed(failed, **details)
+    return out.passed(**details)
+
+
+def _replay(
+    dump: DumpReplay, run: Exec, path: str, name: str, function: str, ran: dict[str, float], replays: list[dict]
+) -> str | None:
+    """Replay one dump; the reason it failed, or None."""
+    m = DUMP_NAME.match(name)
+    call = int(m.group(2)) if m else 1
+    argv = ["env", f"{dump.level_env}={dump.replay_level}", *dump.tool, "replay", "--dir", path]
+    code, text = run(argv, timeout=dump.run.timeout_s)
+    entry: dict[str, Any] = {"dump": name, "function": function, "exit_code": code, "output_tail": _tail(text)}
+    replays.append(entry)
+    if code != 0 or REPLAY_PASSED not in ANSI.sub("", text):
+        return f"`mate replay --dir {path}` exited {code}: {one_line(_last(text))}"
+    stats = parse_mate_log(text)
+    if isinstance(stats, str):
+        return f"the replay of {name}: {stats}"
+    # the replay is the first call of its process: compare it with the run's call number ``call``
+    prefix = f"{function}#1"
+    replayed = {f"{function}#{call}{k[len(prefix) :]}": v for k, v in stats.items() if k.startswith(prefix)}
+    expected = {
+        k: v for k, v in ran.items() if k.startswith(f"{function}#{call}.") or k.startswith(f"{function}#{call}[")
+    }
+    if not expected:
+        return f"the run logged no output statistics for {function} call {call} (the dump {name})"
+    result = compare(replayed, expected, dump.tolerance)
+    entry.update(result.as_details())
+    if not result.ok:
+        return f"the replay of {name} differs from the run: {result.reason('the replay')}"
+    return None
+
+
+def _tail(text: str, n: int = 20) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def _last(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
