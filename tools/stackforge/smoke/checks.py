@@ -77,7 +77,7 @@ def chat_row(chat: Chat, model: str, send: Send, out: RowResult) -> RowResult:
         which = f"request {i + 1} of {chat.repeat}" if chat.repeat > 1 else "the chat request"
         if status != 200:
             return out.failed(f"{which} answered {status_text(status, text)}", **details)
-        if answer is None:
+        if not answer:
             return out.failed(f"{which} answered no message content: {one_line(text, 200)!r}", **details)
         if chat.contains is not None and chat.contains.lower() not in answer.lower():
             return out.failed(
