@@ -407,6 +407,7 @@ class SmokeOptions:
     readiness_timeout: float | None = None
     echo: Callable[[str], None] = lambda line: None
     interval: float = 1.0
+    root: Path | None = None  # the repository numeric rows read reference files from (default: the recipe's)
 
 
 def smoke(
@@ -485,7 +486,7 @@ def smoke(
             request,
             options.interval,
             echo,
-            root=loaded.path.resolve().parent.parent,  # recipes/<name>.yaml: the reference files' repository
+            root=options.root or recipe_repository(loaded),
         )
     except Interrupted as intr:
         for row in rows:
@@ -575,6 +576,12 @@ def _run(
             return
         _timed(result, t)
         echo(f"smoke: {step.name} {result.status}")
+
+
+def recipe_repository(loaded: LoadedRecipe) -> Path | None:
+    """The repository a recipe file belongs to: the directory holding its recipes/ (None for a file elsewhere)."""
+    path = loaded.path.resolve()
+    return path.parent.parent if path.parent.name == "recipes" else None
 
 
 EXIT_GRACE_S = 3.0
