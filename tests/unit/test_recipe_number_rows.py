@@ -232,8 +232,47 @@ def test_numeric_row_fails_on_a_missing_name_an_exit_code_or_no_repository(root)
     assert crashed.reason == "`python -m mate.regression --seed 0` exited 1: No module named mate.regression"
     nowhere = run_row(recipe.smoke[1], RowContext(recipe, {}, str, exec=lambda argv, timeout=0: (0, "")))
     assert nowhere.status == "failed" and "no repository" in nowhere.reason
-    no_exec = run_row(recipe.smoke[1], RowContext(recipe, {}, str))
+    no_exec = run_row(recipe.smoke[1], RowContext(recipe, {}, str, root=root))
     assert no_exec.status == "failed" and "runs a command in the container" in no_exec.reason
+
+
+LOGPROBS = BASE.replace(
+    '      run: {argv: [python, -m, mate.regression, --seed, "0"]}\n',
+    '      logprobs: {prompt: "Name a city.", max_tokens: 4, seed: 3}\n',
+)
+
+
+def logprob_ctx(recipe: Recipe, root: Path, tokens: list[tuple[str, float]], calls: list) -> RowContext:
+    def request(method, url, body=None, timeout=300):
+        calls.append((url, body))
+        content = [{"token": t, "logprob": lp, "bytes": [], "top_logprobs": []} for t, lp in tokens]
+        text = "".join(t for t, _ in tokens)
+        return 200, json.dumps({"choices": [{"message": {"content": text}, "logprobs": {"content": content}}]})
+
+    return RowContext(recipe, {"api": "127.0.0.1:8000"}, str, request, root=root)
+
+
+def test_numeric_row_reads_a_greedy_requests_logprobs(root):
+    assert "logprobs:" in LOGPROBS
+    (root / "refs" / "regression.json").write_text(json.dumps({"0:Beijing": -0.25, "1: river": -1.5}))
+    recipe = load(root, LOGPROBS).model
+    calls: list = []
+    ok = run_row(recipe.smoke[1], logprob_ctx(recipe, root, [("Beijing", -0.25002), (" river", -1.5)], calls))
+    assert ok.status == "passed", ok.reason
+    url, body = calls[0]
+    assert url.endswith("/v1/chat/completions") and body["logprobs"] is True
+    assert (body["temperature"], body["seed"], body["max_tokens"]) == (0, 3, 4)
+    moved = run_row(recipe.smoke[1], logprob_ctx(recipe, root, [("Beijing", -0.5), (" river", -1.5)], []))
+    assert moved.status == "failed" and moved.reason.startswith("1 of 2 value(s) out of tolerance: 0:Beijing -0.5")
+    other = run_row(recipe.smoke[1], logprob_ctx(recipe, root, [("Beijing", -0.25), (" lake", -1.5)], []))
+    assert other.reason == "missing from the answer's logprobs: 1: river; not in the reference: 1: lake"
+
+
+def test_a_numeric_row_reads_exactly_one_source(root):
+    both = LOGPROBS.replace("      logprobs:", "      run: {argv: [python]}\n      logprobs:")
+    assert "exactly one of run (a command) or logprobs" in problems_of(root, both)
+    neither = BASE.replace('      run: {argv: [python, -m, mate.regression, --seed, "0"]}\n', "")
+    assert "exactly one of run (a command) or logprobs" in problems_of(root, neither)
 
 
 # -- dump / replay against the stand-in MATE, run as processes -------------------------------------------

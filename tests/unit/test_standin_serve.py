@@ -182,3 +182,23 @@ def test_ignore_seed_samples_differently_each_time():
         }
         assert len(answers) > 1
         assert _sampled(srv, "What is the capital of China?", temperature=0, seed=7) == "Beijing"
+
+
+def test_logprobs_come_in_vllms_shape_and_are_fixed_for_a_greedy_request():
+    body = {"messages": [{"role": "user", "content": "Name a city in China."}], "logprobs": True, "seed": 1}
+    with serving() as srv:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{srv.port}/v1/chat/completions",
+            data=json.dumps({"model": "Qwen/Qwen3-8B", **body}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        first, second = _call(req)[1], _call(req)[1]
+        content = first["choices"][0]["logprobs"]["content"]
+        assert [t["token"] for t in content] == ["China"] and -3 <= content[0]["logprob"] <= 0
+        assert first["choices"][0]["logprobs"] == second["choices"][0]["logprobs"]
+        assert _call(srv_request(srv, "hi"))[1]["choices"][0]["logprobs"] is None  # not asked for
+
+
+def srv_request(srv: Running, prompt: str) -> urllib.request.Request:
+    data = json.dumps({"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": prompt}]}).encode()
+    return urllib.request.Request(f"http://127.0.0.1:{srv.port}/v1/chat/completions", data=data)

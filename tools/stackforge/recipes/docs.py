@@ -75,7 +75,7 @@ def _context(recipe: LoadedRecipe) -> dict:
         {
             "name": row.name,
             "kind": row.kind,
-            "port": "-" if row.kind in ("numeric", "dump") else row.port or m.default_port(),
+            "port": "-" if row.dump or (row.numeric and row.numeric.run) else row.port or m.default_port(),
             "what": _what(row),
         }
         for row in m.smoke
@@ -135,7 +135,12 @@ def _what(row: SmokeRow) -> str:
         return f"GET {row.get.path} answers HTTP {row.get.status}"
     if row.numeric is not None:
         n = row.numeric
-        return f"`{' '.join(n.run.argv)}` prints numbers ({n.format}) within {_tol(n.tolerance)} of {n.reference}"
+        source = (
+            f"`{' '.join(n.run.argv)}` prints numbers ({n.format})"
+            if n.run is not None
+            else f"the token logprobs of a greedy chat ({n.logprobs.max_tokens if n.logprobs else 0} tokens) are"
+        )
+        return f"{source} within {_tol(n.tolerance)} of {n.reference}"
     if row.dump is not None:
         d = row.dump
         return (

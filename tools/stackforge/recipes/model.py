@@ -156,7 +156,7 @@ class SmokeRow(Strict):
                 f"smoke row {self.name!r} declares {', '.join(given) or 'nothing'}; write exactly one of "
                 f"{', '.join(ROW_KINDS)}"
             )
-        if self.kind in ("log", "numeric", "dump") and self.port is not None:
+        if (self.kind in ("log", "dump") or (self.numeric and self.numeric.run)) and self.port is not None:
             raise ValueError(f"smoke row {self.name!r}: a {self.kind} row reads the container, not a port; drop port")
         return self
 

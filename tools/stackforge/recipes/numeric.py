@@ -93,16 +93,36 @@ class Tolerance(Strict):
         return abs(value - expected) <= self.abs + self.rel * abs(expected)
 
 
-class Numeric(Strict):
-    """A command prints numbers; each must match the reference file's within the tolerance, no name missing or
-    extra."""
+class Logprobs(Strict):
+    """A greedy chat request asking for logprobs (vLLM: ``choices[0].logprobs.content[i].logprob``); the values
+    are named ``<i>:<token>``, so a changed token is a missing and an extra name."""
 
-    run: Command = Field(description="the command inside the container: {argv: [...], timeout_s}")
-    format: Format = Field("json", description="how it prints its numbers: json (last line) or mate-log")
+    multiline_fields = frozenset({"prompt"})
+
+    prompt: Annotated[str, Field(min_length=1, max_length=MAX_VALUE)] = Field(description="the user message")
+    max_tokens: int = Field(8, ge=1, le=256, description="max_tokens of the request (one value per token)")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="seed of the request")
+
+
+class Numeric(Strict):
+    """Numbers from a command (or a chat request's logprobs); each must match the reference file's within the
+    tolerance, no name missing or extra."""
+
+    run: Command | None = Field(None, description="the command inside the container: {argv: [...], timeout_s}")
+    logprobs: Logprobs | None = Field(
+        None, description="instead of run: a greedy chat request whose token logprobs are the numbers"
+    )
+    format: Format = Field("json", description="how the command prints its numbers: json (last line) or mate-log")
     reference: Reference = Field(
         description="a JSON object {name: number} in the repository, e.g. recipes/references/<recipe>/<row>.json"
     )
     tolerance: Tolerance = Field(description="{abs, rel}: how far a value may be from the reference")
+
+    @model_validator(mode="after")
+    def _source(self) -> Numeric:
+        if (self.run is None) == (self.logprobs is None):
+            raise ValueError("a numeric row reads its numbers from exactly one of run (a command) or logprobs")
+        return self
 
 
 #: MATE's Level-10 dump, as mate/api_logging.py reads it: MATE_LOGLEVEL=10 dumps every @mate_api call into

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stackforge.recipes.model import Chat
-from stackforge.recipes.numeric import BadReference, DumpReplay, Numeric, load_reference
+from stackforge.recipes.numeric import BadReference, DumpReplay, Logprobs, Numeric, load_reference
 from stackforge.smoke.numbers import ANSI, PARSERS, compare, parse_mate_log
 from stackforge.smoke.report import RowResult, one_line
 
@@ -107,33 +107,67 @@ def _keep(details: dict, repeat: int, answers: list[str | None], status: int | N
 # -- numeric --------------------------------------------------------------------------------------------
 
 
-def numeric_row(numeric: Numeric, run: Exec, root: Path | None, out: RowResult) -> RowResult:
-    """Run the command, read its numbers, compare them with the reference file."""
-    details: dict[str, Any] = {
-        "argv": numeric.run.argv,
-        "format": numeric.format,
-        "reference": numeric.reference,
-        "tolerance": numeric.tolerance.model_dump(),
-    }
+def numeric_row(
+    numeric: Numeric, run: Exec | None, root: Path | None, out: RowResult, chat: tuple[str, Send] | None = None
+) -> RowResult:
+    """Read the numbers (a command's output, or a chat request's logprobs; ``chat`` is (model, send)) and
+    compare them with the reference file."""
+    details: dict[str, Any] = {"reference": numeric.reference, "tolerance": numeric.tolerance.model_dump()}
     if root is None:
         return out.failed("the reference file has no repository to be read from (run smoke from the repository)")
     try:
         expected = load_reference(root, numeric.reference)
     except BadReference as err:
         return out.failed(str(err), **details)
-    code, text = run(numeric.run.argv, timeout=numeric.run.timeout_s)
-    details["exit_code"] = code
-    details["output_tail"] = _tail(text)
-    if code != 0:
-        return out.failed(f"`{' '.join(numeric.run.argv)}` exited {code}: {one_line(_last(text))}", **details)
-    values = PARSERS[numeric.format](text)
+    if numeric.logprobs is not None:
+        if chat is None:
+            return out.failed("a logprobs row sends a chat request, and there is no server to send it to")
+        values = _logprobs(numeric.logprobs, chat[0], chat[1], details)
+    elif run is None:
+        return out.failed("a numeric row runs a command in the container, and there is none")
+    else:
+        values = _command_numbers(numeric, run, details)
     if isinstance(values, str):
-        return out.failed(f"`{' '.join(numeric.run.argv)}`: {values}", **details)
+        return out.failed(values, **details)
     result = compare(values, expected, numeric.tolerance)
     details.update(result.as_details())
     if not result.ok:
-        return out.failed(result.reason("the command's output"), **details)
+        return out.failed(
+            result.reason("the answer's logprobs" if numeric.logprobs else "the command's output"), **details
+        )
     return out.passed(**details)
+
+
+def _command_numbers(numeric: Numeric, run: Exec, details: dict) -> dict[str, float] | str:
+    assert numeric.run is not None
+    argv = numeric.run.argv
+    details.update(argv=argv, format=numeric.format)
+    code, text = run(argv, timeout=numeric.run.timeout_s)
+    details.update(exit_code=code, output_tail=_tail(text))
+    if code != 0:
+        return f"`{' '.join(argv)}` exited {code}: {one_line(_last(text))}"
+    values = PARSERS[numeric.format](text)
+    return f"`{' '.join(argv)}`: {values}" if isinstance(values, str) else values
+
+
+def _logprobs(req: Logprobs, model: str, send: Send, details: dict) -> dict[str, float] | str:
+    """A greedy request with logprobs: {"<i>:<token>": logprob} from choices[0].logprobs.content."""
+    body = chat_body(model, [{"role": "user", "content": req.prompt}], req.max_tokens, 0, req.seed)
+    body["logprobs"] = True
+    details.update(prompt=req.prompt, max_tokens=req.max_tokens, seed=req.seed)
+    status, text = send(body)
+    details["status"] = status
+    if status != 200:
+        return f"the logprobs request answered {status_text(status, text)}"
+    try:
+        content = json.loads(text)["choices"][0]["logprobs"]["content"]
+        values = {f"{i}:{t['token']}": float(t["logprob"]) for i, t in enumerate(content)}
+    except (ValueError, KeyError, IndexError, TypeError):
+        return f"the answer has no choices[0].logprobs.content[i].logprob: {one_line(text, 200)!r}"
+    if not values:
+        return "the answer carries no token logprobs"
+    details["answer"] = content_of(text)
+    return values
 
 
 # -- dump / replay --------------------------------------------------------------------------------------

@@ -301,12 +301,15 @@ def run_row(row: SmokeRow, ctx: RowContext, result: RowResult | None = None) -> 
     if row.chat is not None:
         url = ctx.url(row, "/v1/chat/completions")
         return chat_row(row.chat, ctx.recipe.model.name, lambda body: ctx.request("POST", url, body), out)
-    if row.numeric is not None or row.dump is not None:
+    if row.numeric is not None:
+        send = None
+        if row.numeric.logprobs is not None:
+            url = ctx.url(row, "/v1/chat/completions")
+            send = (ctx.recipe.model.name, lambda body: ctx.request("POST", url, body))
+        return numeric_row(row.numeric, ctx.exec, ctx.root, out, send)
+    if row.dump is not None:
         if ctx.exec is None:
-            return out.failed(f"a {row.kind} row runs a command in the container, and there is none")
-        if row.numeric is not None:
-            return numeric_row(row.numeric, ctx.exec, ctx.root, out)
-        assert row.dump is not None
+            return out.failed("a dump row runs a command in the container, and there is none")
         return dump_row(row.dump, row.name, ctx.exec, out)
     if row.turns is not None:
         turns = row.turns
