@@ -355,3 +355,43 @@ def subprocess_with_level(tmp_path: Path) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": str(pkg), "MATE_LOGLEVEL": "5"}
     proc = subprocess.run([PY, "-m", "mate.regression"], env=env, capture_output=True, text=True, check=False)
     return proc.returncode, proc.stdout
+
+
+def mate_call(function: str, mean: float) -> str:
+    """One @mate_api call as MATE logs it at level >= 5 (mate/api_logging.py)."""
+    return (
+        f"{'=' * 80}\n[2026-12-02 10:00:00] MATE API Call: {function}\n{'-' * 80}\nOutput value:\n  Tensor(\n"
+        f"    shape=(2,)\n    min=0.000000\n    max=1.000000\n    mean={mean:.6f}\n    nan_count=0\n    inf_count=0\n"
+        f"  )\n{'=' * 80}\n"
+    )
+
+
+def test_each_dump_is_compared_with_its_own_call_of_the_run():
+    dumps = ["20261202_100000_001_pid7_gemm_call0001", "20261202_100000_002_pid7_gemm_call0002"]
+    replayed = {dumps[0]: 0.25, dumps[1]: 0.75}
+    status = {"value": "completed"}
+
+    def run(argv, timeout=120):
+        if argv[-2:] == ["--seed", "3"]:
+            return 0, mate_call("gemm", 0.25) + mate_call("gemm", 0.75) + '{"x": 1}\n'
+        if "list-dumps" in argv:
+            lines = [f"  {d}: gemm [{status['value'] if d == dumps[1] else 'completed'}]" for d in dumps]
+            return 0, f"Found 2 dumps in {argv[-1]}:\n" + "\n".join(lines) + "\n"
+        dump = argv[-1].rsplit("/", 1)[1]
+        return (
+            0,
+            f"Replaying single dump: {argv[-1]}\n{mate_call('gemm', replayed[dump])}✅ Replay passed - outputs match!\n",
+        )
+
+    ok = dump_row(replay_row(), "r", run, RowResult("r", "dump"), "/tmp/d")
+    assert ok.status == "passed", ok.reason
+    assert [v["name"] for r in ok.details["replays"] for v in r["values"] if v["name"].endswith("mean")] == [
+        "gemm#1.mean",
+        "gemm#2.mean",
+    ]
+    replayed[dumps[1]] = 0.25  # the second call's replay gives the first call's numbers
+    swapped = dump_row(replay_row(), "r", run, RowResult("r", "dump"), "/tmp/d")
+    assert swapped.status == "failed" and "gemm#2.mean 0.25 vs 0.75" in swapped.reason
+    status["value"] = "inputs_saved"  # the process died inside the call: MATE saved only its inputs
+    unfinished = dump_row(replay_row(), "r", run, RowResult("r", "dump"), "/tmp/d")
+    assert unfinished.reason == f"dump(s) without outputs (the call did not complete): {dumps[1]}"

@@ -226,16 +226,14 @@ def _replay(
     entry: dict[str, Any] = {"dump": name, "function": function, "exit_code": code, "output_tail": _tail(text)}
     replays.append(entry)
     if code != 0 or REPLAY_PASSED not in ANSI.sub("", text):
-        return f"`mate replay --dir {path}` exited {code}: {one_line(_last(text))}"
+        return f"`{' '.join(dump.tool)} replay --dir {path}` exited {code}: {one_line(_last(text))}"
     stats = parse_mate_log(text)
     if isinstance(stats, str):
         return f"the replay of {name}: {stats}"
-    # the replay is the first call of its process: compare it with the run's call number ``call``
-    prefix = f"{function}#1"
-    replayed = {f"{function}#{call}{k[len(prefix) :]}": v for k, v in stats.items() if k.startswith(prefix)}
-    expected = {
-        k: v for k, v in ran.items() if k.startswith(f"{function}#{call}.") or k.startswith(f"{function}#{call}[")
-    }
+    # the replay is the first call of its process: compare it with the run's call number ``call`` (the run is one
+    # process, as MATE numbers each function's calls per process)
+    replayed = {f"{function}#{call}{rest}": v for k, v in stats.items() for rest in [_stat_of(k, function, 1)] if rest}
+    expected = {k: v for k, v in ran.items() if _stat_of(k, function, call)}
     if not expected:
         return f"the run logged no output statistics for {function} call {call} (the dump {name})"
     result = compare(replayed, expected, dump.tolerance)
@@ -243,6 +241,13 @@ def _replay(
     if not result.ok:
         return f"the replay of {name} differs from the run: {result.reason('the replay')}"
     return None
+
+
+def _stat_of(name: str, function: str, call: int) -> str | None:
+    """``.mean`` or ``[1].max`` when ``name`` is a statistic of that call of ``function``, else None."""
+    head = f"{function}#{call}"
+    rest = name[len(head) :] if name.startswith(head) else ""
+    return rest if rest[:1] in (".", "[") else None
 
 
 def _tail(text: str, n: int = 20) -> str:
