@@ -40,6 +40,9 @@ def test_passing_run(post2, tmp_path):
         ("capital", "passed"),
         ("five-turns", "passed"),
         ("backend", "passed"),
+        ("seeded-sampling", "passed"),
+        ("mate-regression", "passed"),
+        ("mate-dump-replay", "passed"),
     ]
     pre = data["rows"][0]["details"]
     # versions from the image's own python: the stand-ins carry the stack's pins
@@ -47,6 +50,19 @@ def test_passing_run(post2, tmp_path):
     assert pre["devices"] == [] and "ran without the declared hardware" in pre["note"]
     assert data["rows"][2]["details"]["answer"] == "Beijing"
     assert data["rows"][4]["details"]["backends_in_log"] == ["FLASH_ATTN"]
+    # the image's own sampler, MATE regression and mate replay, each run inside the container
+    answers = data["rows"][5]["details"]["answers"]
+    assert len(answers) == 3 and len(set(answers)) == 1 and len(answers[0].split()) > 1
+    assert all(v["ok"] for v in data["rows"][6]["details"]["values"]) and data["rows"][6]["details"]["exit_code"] == 0
+    replay = data["rows"][7]["details"]
+    assert replay["env"]["MATE_LOGLEVEL"] == "10" and replay["env"]["MATE_DUMP_DIR"].startswith(
+        "/tmp/stackforge-dumps-"
+    )
+    assert [(d["function"], d["status"]) for d in replay["dumps"]] == [
+        ("gemm", "completed"),
+        ("softmax_rows", "completed"),
+    ]
+    assert all(r["exit_code"] == 0 and "Replay passed" in r["output_tail"] for r in replay["replays"])
     assert data["hardware"]["missing"] and data["hardware"]["allowed_missing"]
     log = (tmp_path / "ok" / "container.log").read_text()
     assert "Using FLASH_ATTN backend." in log and "POST /v1/chat/completions" in log
@@ -79,7 +95,7 @@ def test_never_ready_times_out_and_removes_the_container(post2, tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     ready = data["rows"][1]
     assert ready["status"] == "failed" and ready["reason"].startswith("not ready within 4 s")
-    assert [r["status"] for r in data["rows"][2:]] == ["not-run"] * 3
+    assert [r["status"] for r in data["rows"][2:]] == ["not-run"] * 6
     assert "never-ready" in (tmp_path / "slow" / "container.log").read_text()
     assert gone(data["container"]["name"])
 
@@ -103,10 +119,33 @@ def test_backend_row_fails_when_the_log_shows_another_backend(post2, tmp_path):
     variant.write_text(text.replace('regex: "Using FLASH_ATTN backend"', 'regex: "Using TRITON_ATTN backend"'))
     proc, data = run(post2.image, tmp_path / "backend", recipe=str(variant))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    backend = data["rows"][-1]
+    status = {r["name"]: r["status"] for r in data["rows"]}
+    backend = next(r for r in data["rows"] if r["name"] == "backend")
     assert backend["status"] == "failed"
     assert backend["reason"].endswith("the log says: Using FLASH_ATTN backend")
-    assert [r["status"] for r in data["rows"][:-1]] == ["passed"] * 4
+    assert [n for n, s in status.items() if s != "passed"] == ["backend"]
+
+
+def test_a_sampler_that_ignores_the_seed_fails_the_repeat_row(post2, tmp_path):
+    proc, data = run(post2.image, tmp_path / "seed", "--env", "STANDIN_SERVE_FAIL=ignore-seed")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = {r["name"]: r for r in data["rows"]}
+    assert [n for n, r in rows.items() if r["status"] != "passed"] == ["seeded-sampling"]
+    assert rows["seeded-sampling"]["reason"].startswith("answers 1 and 2 of 3 differ (seed 1234, temperature 0.8)")
+    assert "FAILED   seeded-sampling" in proc.stdout
+
+
+def test_numbers_that_moved_fail_the_numeric_and_replay_rows(post2, tmp_path):
+    # every MATE output moves by 0.01 (the reference no longer holds); a replay moves by another 0.0005: inside
+    # mate replay's own torch.allclose(1e-3), outside the row's abs 1e-5
+    fail = "STANDIN_MATE_FAIL=drift:0.01,replay-drift:0.0005"
+    proc, data = run(post2.image, tmp_path / "drift", "--env", fail)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = {r["name"]: r for r in data["rows"]}
+    assert [n for n, r in rows.items() if r["status"] != "passed"] == ["mate-regression", "mate-dump-replay"]
+    assert rows["mate-regression"]["reason"].startswith("4 of 4 value(s) out of tolerance: gemm.sum 8.61773 vs 7.97773")
+    assert "differs from the run" in rows["mate-dump-replay"]["reason"]
+    assert all(r["exit_code"] == 0 for r in rows["mate-dump-replay"]["details"]["replays"])  # mate itself passed
 
 
 def test_the_build_kept_the_targets_reports_and_healthcheck(post2):

@@ -28,10 +28,13 @@ from stackforge.smoke.run import (
     smoke,
     wait_ready,
 )
+from tests.fixtures import musa_standins as ms
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "fixtures" / "standin_vllm_serve.py"
 NO_HARDWARE = HostFacts((), ("runc",))
+#: the rows of recipes/qwen3-8b.yaml, in order
+QWEN_ROWS = ["capital", "five-turns", "backend", "seeded-sampling", "mate-regression", "mate-dump-replay"]
 HARDWARE = HostFacts(("/dev/mtgpu0", "/dev/mtgpu1"), ("mthreads", "runc"))
 
 
@@ -71,8 +74,15 @@ class ProcessContainer:
     def exec(self, argv: Sequence[str], timeout: float = 120) -> tuple[int, str]:
         if not self.running():
             return 1, "container is not running"
-        argv = [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        # the "image": `python` is this interpreter, with the stand-in mate package installed
+        image = self.log.parent / "image"
+        if not image.is_dir():
+            ms.mate_tree(image / "site")
+            (image / "bin").mkdir()
+            (image / "bin" / "python").symlink_to(sys.executable)
+        env = {**os.environ, **self.spec.env, "PYTHONPATH": str(image / "site")}
+        env["PATH"] = f"{image / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env)
         return proc.returncode, proc.stdout if proc.returncode == 0 else proc.stderr
 
     def address(self, port: int) -> str:
@@ -115,6 +125,7 @@ def recipe(tmp_path: Path, text: str | None = None):
 def without_devices(tmp_path: Path, start, loaded=None, **kw):
     """A smoke run on a host without devices, allowed to run anyway (as the tests and CI do)."""
     kw.setdefault("interval", 0.1)
+    kw.setdefault("root", REPO)  # a variant recipe in tmp_path reads the repository's reference files
     options = SmokeOptions(allow_missing_hardware=True, **kw)
     return smoke(loaded or recipe(tmp_path), "i", tmp_path / "o", options, launcher=start, facts=NO_HARDWARE)
 
@@ -188,7 +199,7 @@ def test_missing_hardware_records_every_row_not_run_and_starts_nothing(tmp_path,
     assert launcher.started == []
     assert not report.ok and report.verdict == "not-run"
     data = json.loads((tmp_path / "out" / SMOKE_JSON).read_text())
-    assert [r["name"] for r in data["rows"]] == ["preflight", "readiness", "capital", "five-turns", "backend"]
+    assert [r["name"] for r in data["rows"]] == ["preflight", "readiness", *QWEN_ROWS]
     assert {r["status"] for r in data["rows"]} == {"not-run"}
     assert all("no /dev/mtgpu*" in r["reason"] for r in data["rows"])
     assert data["hardware"]["missing"] and data["hardware"]["allowed_missing"] is False
@@ -226,7 +237,7 @@ def test_passing_run_writes_rows_and_log(tmp_path, launcher):
     assert not report.ok and data["ok"] is False and data["verdict"] == "not-run", report.table()
     assert report.exit_code == 0 and "without the declared hardware" in report.table().splitlines()[-1]
     rows = {r["name"]: r for r in data["rows"]}
-    assert list(rows) == ["preflight", "readiness", "capital", "five-turns", "backend"]
+    assert list(rows) == ["preflight", "readiness", *QWEN_ROWS]
     for row in data["rows"]:
         assert set(row) == {"name", "kind", "status", "reason", "duration_s", "details"}
         assert row["status"] == "passed" and row["reason"] is None
@@ -236,6 +247,15 @@ def test_passing_run_writes_rows_and_log(tmp_path, launcher):
     assert rows["five-turns"]["details"]["statuses"] == [200] * 5
     assert rows["backend"]["details"]["line"].endswith("Using FLASH_ATTN backend.")
     assert rows["backend"]["details"]["backends_in_log"] == ["FLASH_ATTN"]
+    sampled = rows["seeded-sampling"]["details"]["answers"]
+    assert len(sampled) == 3 and len(set(sampled)) == 1 and len(sampled[0].split()) > 1  # sampled, and the same
+    assert {v["name"] for v in rows["mate-regression"]["details"]["values"]} == {
+        "gemm.sum",
+        "gemm.mean",
+        "softmax.max",
+        "lse.mean",
+    }
+    assert [d["function"] for d in rows["mate-dump-replay"]["details"]["dumps"]] == ["gemm", "softmax_rows"]
     assert data["hardware"]["allowed_missing"] is True and data["hardware"]["device_options"] == []
     assert data["container"]["docker"][:3] == ["docker", "run", "-d"]
     assert "--attention-backend" in data["container"]["docker"]
@@ -259,6 +279,9 @@ def test_wrong_answer_fails_the_chat_row_only(tmp_path, launcher):
         "capital": "failed",
         "five-turns": "passed",
         "backend": "passed",
+        "seeded-sampling": "passed",  # "Nowhere" every time: the same text
+        "mate-regression": "passed",
+        "mate-dump-replay": "passed",
     }
     capital = next(r for r in report.rows if r.name == "capital")
     assert capital.reason == "the answer does not contain 'Beijing': 'Nowhere'"
@@ -284,7 +307,7 @@ def test_never_ready_times_out_and_leaves_the_rows_not_run(tmp_path, launcher):
     report = without_devices(tmp_path, launcher("never-ready"), readiness_timeout=1.5, interval=0.2)
     ready = report.rows[1]
     assert ready.status == "failed" and ready.reason == "not ready within 1.5 s (nothing answered)"
-    assert [r.status for r in report.rows[2:]] == ["not-run"] * 3
+    assert [r.status for r in report.rows[2:]] == ["not-run"] * len(QWEN_ROWS)
     assert report.error == "not ready within 1.5 s (nothing answered)"
     assert launcher.started[0].removed and not launcher.started[0].running()
     data = json.loads((tmp_path / "o" / SMOKE_JSON).read_text())
@@ -294,7 +317,7 @@ def test_never_ready_times_out_and_leaves_the_rows_not_run(tmp_path, launcher):
 def test_backend_row_reads_the_log_not_the_flag(tmp_path, launcher):
     text = qwen_text().replace('regex: "Using FLASH_ATTN backend"', 'regex: "Using TRITON_ATTN backend"')
     report = without_devices(tmp_path, launcher(), recipe(tmp_path, text))
-    backend = report.rows[-1]
+    backend = next(r for r in report.rows if r.name == "backend")
     assert backend.status == "failed"
     assert backend.reason == (
         "no line of the server's log matches 'Using TRITON_ATTN backend'; the log says: Using FLASH_ATTN backend"
@@ -349,3 +372,12 @@ def test_parse_env_refuses_bad_names():
         with pytest.raises(Exception) as err:
             smokerun.parse_env([bad])
         assert "--env" in str(err.value)
+
+
+def test_a_sampler_that_ignores_the_seed_fails_the_repeat_row(tmp_path, launcher):
+    report = without_devices(tmp_path, launcher("ignore-seed"))
+    rows = {r.name: r for r in report.rows}
+    assert rows["capital"].status == "passed"  # greedy: no seed involved
+    sampled = rows["seeded-sampling"]
+    assert sampled.status == "failed" and sampled.reason.startswith("answers 1 and 2 of 3 differ (seed 1234")
+    assert len(set(sampled.details["answers"])) > 1 and report.exit_code == 1

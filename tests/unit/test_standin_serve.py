@@ -152,3 +152,53 @@ def test_unknown_option_and_help():
         env={**os.environ, "STANDIN_SERVE_FAIL": "explode"},
     )
     assert bad.returncode != 0 and "unknown failure mode 'explode'" in bad.stderr
+
+
+def _sampled(srv: Running, prompt: str, **params) -> str:
+    body = json.dumps({"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": prompt}], **params})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{srv.port}/v1/chat/completions", data=body.encode(), headers={"Content-Type": "x"}
+    )
+    status, answer = _call(req)
+    assert status == 200, answer
+    return str(answer["choices"][0]["message"]["content"])
+
+
+def test_sampling_is_reproducible_with_a_seed_only():
+    prompt = "What is the capital of China?"
+    with serving() as srv:
+        assert _sampled(srv, prompt, temperature=0, seed=7) == "Beijing"  # greedy: the seed changes nothing
+        seeded = [_sampled(srv, prompt, temperature=0.8, seed=7, max_tokens=12) for _ in range(3)]
+        assert seeded[0].startswith("Beijing ") and len(seeded[0].split()) == 12 and len(set(seeded)) == 1
+        assert _sampled(srv, prompt, temperature=0.8, seed=8, max_tokens=12) != seeded[0]
+        unseeded = {_sampled(srv, prompt, temperature=0.8, max_tokens=12) for _ in range(4)}
+        assert len(unseeded) > 1
+
+
+def test_ignore_seed_samples_differently_each_time():
+    with serving(fail="ignore-seed") as srv:
+        answers = {
+            _sampled(srv, "What is the capital of China?", temperature=0.8, seed=7, max_tokens=12) for _ in range(4)
+        }
+        assert len(answers) > 1
+        assert _sampled(srv, "What is the capital of China?", temperature=0, seed=7) == "Beijing"
+
+
+def test_logprobs_come_in_vllms_shape_and_are_fixed_for_a_greedy_request():
+    body = {"messages": [{"role": "user", "content": "Name a city in China."}], "logprobs": True, "seed": 1}
+    with serving() as srv:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{srv.port}/v1/chat/completions",
+            data=json.dumps({"model": "Qwen/Qwen3-8B", **body}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        first, second = _call(req)[1], _call(req)[1]
+        content = first["choices"][0]["logprobs"]["content"]
+        assert [t["token"] for t in content] == ["China"] and -3 <= content[0]["logprob"] <= 0
+        assert first["choices"][0]["logprobs"] == second["choices"][0]["logprobs"]
+        assert _call(srv_request(srv, "hi"))[1]["choices"][0]["logprobs"] is None  # not asked for
+
+
+def srv_request(srv: Running, prompt: str) -> urllib.request.Request:
+    data = json.dumps({"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": prompt}]}).encode()
+    return urllib.request.Request(f"http://127.0.0.1:{srv.port}/v1/chat/completions", data=data)

@@ -102,6 +102,7 @@ def cmd_smoke(args) -> int:
         env=env,
         readiness_timeout=args.readiness_timeout,
         echo=lambda line: print(line, file=sys.stderr, flush=True),
+        root=root,
     )
     report = smoke(recipe, image, out, options, engine=engine, image_id=image_id)
     if args.json:

@@ -15,6 +15,8 @@ from jinja2.sandbox import SecurityError
 from stackforge.builder.render import images_dir
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
+from stackforge.recipes.model import SmokeRow
+from stackforge.recipes.numeric import Tolerance
 from stackforge.stack.tags import Sandbox
 
 COOKBOOK_DIR = "docs/cookbook"
@@ -69,30 +71,29 @@ def _context(recipe: LoadedRecipe) -> dict:
     build = ["make", "image", f"STACK={m.image.stack}", f"TARGET={m.image.target}"]
     if m.image.overlay:
         build.append(f"OVERLAY={m.image.overlay}")
-    rows = []
-    for row in m.smoke:
-        c = row.check
-        if row.kind == "chat":
-            what = f"chat: the answer contains {c.contains!r}"  # type: ignore[union-attr]
-        elif row.kind == "turns":
-            what = f"{c.count} chat turns, each HTTP {c.status}"  # type: ignore[union-attr]
-        elif row.kind == "get":
-            what = f"GET {c.path} answers HTTP {c.status}"  # type: ignore[union-attr]
-        else:
-            what = f"the server log has a line matching /{c.regex}/"  # type: ignore[union-attr]
-        rows.append({"name": row.name, "kind": row.kind, "port": row.port or m.default_port(), "what": what})
+    rows = [
+        {
+            "name": row.name,
+            "kind": row.kind,
+            "port": "-" if row.dump or (row.numeric and row.numeric.run) else row.port or m.default_port(),
+            "what": _what(row),
+        }
+        for row in m.smoke
+    ]
     chat = next((r.chat for r in m.smoke if r.chat is not None), None)
     api_port = ports[m.default_port()]
     request = None
     if chat is not None:
-        request = json.dumps(
-            {
-                "model": m.model.name,
-                "messages": [{"role": "user", "content": chat.prompt}],
-                "max_tokens": chat.max_tokens,
-            },
-            ensure_ascii=False,
-        )
+        body: dict = {
+            "model": m.model.name,
+            "messages": [{"role": "user", "content": chat.prompt}],
+            "max_tokens": chat.max_tokens,
+        }
+        if chat.temperature or chat.seed is not None:
+            body["temperature"] = chat.temperature
+        if chat.seed is not None:
+            body["seed"] = chat.seed
+        request = json.dumps(body, ensure_ascii=False)
     return {
         "name": recipe.name,
         "file": f"recipes/{recipe.name}.yaml",
@@ -117,6 +118,41 @@ def _context(recipe: LoadedRecipe) -> dict:
         + shlex.quote(request),
         "notes": (m.notes or "").strip(),
     }
+
+
+def _what(row: SmokeRow) -> str:
+    """What a smoke row checks, in words, for the cookbook's table."""
+    if row.chat is not None:
+        c = row.chat
+        sampled = f" (temperature {c.temperature:g}" + (f", seed {c.seed})" if c.seed is not None else ")")
+        parts = [f"the answer contains {c.contains!r}"] if c.contains else []
+        if c.repeat > 1:
+            parts.append(f"{c.repeat} requests answer the same text")
+        return "chat: " + " and ".join(parts) + (sampled if c.temperature else "")
+    if row.turns is not None:
+        return f"{row.turns.count} chat turns, each HTTP {row.turns.status}"
+    if row.get is not None:
+        return f"GET {row.get.path} answers HTTP {row.get.status}"
+    if row.numeric is not None:
+        n = row.numeric
+        source = (
+            f"`{' '.join(n.run.argv)}` prints numbers ({n.format})"
+            if n.run is not None
+            else f"the token logprobs of a greedy chat ({n.logprobs.max_tokens if n.logprobs else 0} tokens) are"
+        )
+        return f"{source} within {_tol(n.tolerance)} of {n.reference}"
+    if row.dump is not None:
+        d = row.dump
+        return (
+            f"`{' '.join(d.run.argv)}` with {d.level_env}={d.level}: each dump replayed by "
+            f"`{' '.join(d.tool)} replay` matches the run within {_tol(d.tolerance)}"
+        )
+    assert row.log is not None
+    return f"the server log has a line matching /{row.log.regex}/"
+
+
+def _tol(t: Tolerance) -> str:
+    return " + ".join(p for p in (f"abs {t.abs:g}" if t.abs else "", f"rel {t.rel:g}" if t.rel else "") if p)
 
 
 def _render(root: Path, template: str, data: dict) -> str:

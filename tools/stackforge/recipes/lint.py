@@ -19,6 +19,7 @@ from stackforge import grammar
 from stackforge.errors import UserError
 from stackforge.overlay.load import load_overlay
 from stackforge.recipes.load import LoadedRecipe
+from stackforge.recipes.numeric import BadReference, load_reference
 from stackforge.stack.load import load_stack
 
 #: A long option as ``--help`` output lists it (``--enforce-eager, --no-enforce-eager``, ``--port PORT``).
@@ -157,6 +158,7 @@ def check_repository(recipe: LoadedRecipe, root: Path) -> list[UserError]:
         )
     elif img.overlay is not None:
         found += _check_overlay(recipe, root, img.overlay)
+    found += _check_references(recipe, root)
     port = recipe.model.serve.get("--port")
     if isinstance(port, str) and (not port.isdigit() or int(port) not in recipe.model.ports.values()):
         found.append(
@@ -166,6 +168,25 @@ def check_repository(recipe: LoadedRecipe, root: Path) -> list[UserError]:
                 fix="make --port one of the ports, or add it to ports:",
             )
         )
+    return found
+
+
+def _check_references(recipe: LoadedRecipe, root: Path) -> list[UserError]:
+    """Each numeric row's reference file is in the repository and holds {name: number}."""
+    found = []
+    for i, row in enumerate(recipe.model.smoke):
+        if row.numeric is None:
+            continue
+        try:
+            load_reference(root, row.numeric.reference)
+        except BadReference as err:
+            found.append(
+                recipe.error(
+                    f"smoke[{i}].numeric.reference: {err}",
+                    ("smoke", i, "numeric", "reference"),
+                    fix='write it as a JSON object, e.g. {"gemm.sum": 7.98}, from a run on a known-good image',
+                )
+            )
     return found
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from stackforge.recipes.numeric import DumpReplay, Numeric
 from stackforge.stack.model import EnvName, Name, Strict
 from stackforge.stack.values import (
     MAX_VALUE,
@@ -74,13 +75,30 @@ class Hardware(Strict):
 
 
 class Chat(Strict):
-    """One chat completion whose answer must contain a word."""
+    """One chat completion whose answer must contain a word; with ``repeat``, the same request sent N times must
+    answer the same text each time (seeded sampling is deterministic)."""
 
     multiline_fields = frozenset({"prompt"})
 
     prompt: Annotated[str, Field(min_length=1, max_length=MAX_VALUE)] = Field(description="the user message")
-    contains: Words = Field(description="the answer must contain this text (case-insensitive)")
+    contains: Words | None = Field(None, description="the answer must contain this text (case-insensitive)")
     max_tokens: int = Field(64, ge=1, le=32768, description="max_tokens of the request")
+    temperature: float = Field(
+        0.0, ge=0.0, le=2.0, description="temperature of the request (0: greedy; OpenAI's range 0 to 2)"
+    )
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="seed of the request (per-request sampling)")
+    repeat: int = Field(1, ge=1, le=20, description="send the request this many times; every answer must be equal")
+
+    @model_validator(mode="after")
+    def _checks_something(self) -> Chat:
+        if self.contains is None and self.repeat == 1:
+            raise ValueError("a chat row checks nothing: give contains, or repeat >= 2 (the same answer N times)")
+        if self.repeat > 1 and self.temperature > 0 and self.seed is None:
+            raise ValueError(
+                f"repeat {self.repeat} at temperature {self.temperature:g} without a seed: unseeded sampling may "
+                "answer differently each time; add a seed (e.g. seed: 1234) or set temperature: 0"
+            )
+        return self
 
 
 class Turns(Strict):
@@ -111,8 +129,11 @@ class LogLine(Strict):
     )
 
 
+ROW_KINDS = ("chat", "turns", "get", "log", "numeric", "dump")
+
+
 class SmokeRow(Strict):
-    """One smoke row: exactly one of chat, turns, get, log."""
+    """One smoke row: exactly one of chat, turns, get, log, numeric, dump."""
 
     name: Name = Field(description="the row's name in results and evidence")
     port: Name | None = Field(None, description="the ports: entry the request goes to (default: the readiness port)")
@@ -120,27 +141,33 @@ class SmokeRow(Strict):
     turns: Turns | None = Field(None, description="a multi-turn chat, every turn answering with a status")
     get: Get | None = Field(None, description="a GET of a path answering with a status")
     log: LogLine | None = Field(None, description="a line the server's log must contain")
+    numeric: Numeric | None = Field(
+        None, description="numbers a command prints in the container, compared with a reference file"
+    )
+    dump: DumpReplay | None = Field(
+        None, description="a MATE Level-10 dump of a command, replayed by the image's tool and compared"
+    )
 
     @model_validator(mode="after")
     def _one(self) -> SmokeRow:
-        given = [k for k in ("chat", "turns", "get", "log") if getattr(self, k) is not None]
+        given = [k for k in ROW_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
                 f"smoke row {self.name!r} declares {', '.join(given) or 'nothing'}; write exactly one of "
-                "chat, turns, get, log"
+                f"{', '.join(ROW_KINDS)}"
             )
-        if self.log is not None and self.port is not None:
-            raise ValueError(f"smoke row {self.name!r}: a log row reads the container's log and takes no port")
+        if (self.kind in ("log", "dump") or (self.numeric and self.numeric.run)) and self.port is not None:
+            raise ValueError(f"smoke row {self.name!r}: a {self.kind} row reads the container, not a port; drop port")
         return self
 
     @property
     def kind(self) -> str:
-        return next(k for k in ("chat", "turns", "get", "log") if getattr(self, k) is not None)
+        return next(k for k in ROW_KINDS if getattr(self, k) is not None)
 
     @property
-    def check(self) -> Chat | Turns | Get | LogLine:
+    def check(self) -> Chat | Turns | Get | LogLine | Numeric | DumpReplay:
         """The row's typed request or expectation."""
-        found = self.chat or self.turns or self.get or self.log
+        found = self.chat or self.turns or self.get or self.log or self.numeric or self.dump
         assert found is not None  # _one guarantees exactly one
         return found
 
@@ -207,7 +234,9 @@ class Recipe(Strict):
         default_factory=lambda: Hardware.model_validate({}),
         description="what the host must have: {devices, count, min_memory_gib}",
     )
-    smoke: list[SmokeRow] = Field(default_factory=list, description="smoke rows, in order: chat, turns, get or log")
+    smoke: list[SmokeRow] = Field(
+        default_factory=list, description="smoke rows, in order: chat, turns, get, log, numeric or dump"
+    )
     nightly: bool = Field(False, description="the nightly runs this recipe's smoke rows")
     notes: str | None = Field(
         None, max_length=16384, description="Markdown shown on the cookbook page (caveats, limits)"

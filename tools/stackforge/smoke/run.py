@@ -41,6 +41,9 @@ from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
 from stackforge.recipes.model import Hardware, Recipe, SmokeRow
 from stackforge.signals import Interrupted
+from stackforge.smoke.checks import chat_body, chat_row, dump_row, numeric_row
+from stackforge.smoke.checks import content_of as _content
+from stackforge.smoke.checks import status_text as _status
 from stackforge.smoke.report import FAILED, NOT_RUN, RowResult, SmokeReport, one_line, write_evidence
 
 #: How a container gets the accelerator (one place): the MT container toolkit's runtime exposes the devices
@@ -281,39 +284,33 @@ class RowContext:
     addresses: dict[str, str]  # port name -> 127.0.0.1:N
     logs: Callable[[], str]
     request: Callable[..., tuple[int | None, str]] = http
+    exec: Callable[..., tuple[int, str]] | None = None  # an argv inside the container (Container.exec)
+    root: Path | None = None  # the repository the recipe's reference files are read from
 
     def url(self, row: SmokeRow, path: str) -> str:
         return f"http://{self.addresses[row.port or self.recipe.default_port()]}{path}"
 
 
-def _content(text: str) -> str | None:
-    try:
-        return str(json.loads(text)["choices"][0]["message"]["content"])
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None
-
-
 def _chat_body(recipe: Recipe, messages: list[dict], max_tokens: int) -> dict:
-    return {"model": recipe.model.name, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    return chat_body(recipe.model.name, messages, max_tokens)
 
 
 def run_row(row: SmokeRow, ctx: RowContext, result: RowResult | None = None) -> RowResult:
     """Evaluate one smoke row; its result carries what was asked and what came back."""
     out = result or RowResult(row.name, row.kind)
     if row.chat is not None:
-        chat = row.chat
-        status, text = ctx.request(
-            "POST",
-            ctx.url(row, "/v1/chat/completions"),
-            _chat_body(ctx.recipe, [{"role": "user", "content": chat.prompt}], chat.max_tokens),
-        )
-        answer = _content(text) if status == 200 else None
-        details: dict[str, Any] = {"prompt": chat.prompt, "contains": chat.contains, "status": status, "answer": answer}
-        if status != 200:
-            return out.failed(f"the chat request answered {_status(status, text)}", **details)
-        if answer is None or chat.contains.lower() not in answer.lower():
-            return out.failed(f"the answer does not contain {chat.contains!r}: {one_line(answer, 200)!r}", **details)
-        return out.passed(**details)
+        url = ctx.url(row, "/v1/chat/completions")
+        return chat_row(row.chat, ctx.recipe.model.name, lambda body: ctx.request("POST", url, body), out)
+    if row.numeric is not None:
+        send = None
+        if row.numeric.logprobs is not None:
+            url = ctx.url(row, "/v1/chat/completions")
+            send = (ctx.recipe.model.name, lambda body: ctx.request("POST", url, body))
+        return numeric_row(row.numeric, ctx.exec, ctx.root, out, send)
+    if row.dump is not None:
+        if ctx.exec is None:
+            return out.failed("a dump row runs a command in the container, and there is none")
+        return dump_row(row.dump, row.name, ctx.exec, out)
     if row.turns is not None:
         turns = row.turns
         messages: list[dict] = []
@@ -335,7 +332,7 @@ def run_row(row: SmokeRow, ctx: RowContext, result: RowResult | None = None) -> 
     if row.get is not None:
         get = row.get
         status, text = ctx.request("GET", ctx.url(row, get.path))
-        details = {"path": get.path, "status": status, "expected": get.status}
+        details: dict[str, Any] = {"path": get.path, "status": status, "expected": get.status}
         if status != get.status:
             return out.failed(f"GET {get.path} answered {_status(status, text)}, expected {get.status}", **details)
         return out.passed(**details)
@@ -351,12 +348,6 @@ def run_row(row: SmokeRow, ctx: RowContext, result: RowResult | None = None) -> 
             f"no line of the server's log matches {row.log.regex!r}" + (f"; {seen}" if seen else ""), **details
         )
     return out.passed(**details)
-
-
-def _status(status: int | None, text: str) -> str:
-    if status is None:
-        return f"nothing (connection failed: {one_line(text, 120)})"
-    return f"HTTP {status}" + (f" ({one_line(text, 160)})" if status >= 400 and text else "")
 
 
 def preflight(container: Container, hw: Hardware, missing: str | None) -> RowResult:
@@ -419,6 +410,7 @@ class SmokeOptions:
     readiness_timeout: float | None = None
     echo: Callable[[str], None] = lambda line: None
     interval: float = 1.0
+    root: Path | None = None  # the repository numeric rows read reference files from (default: the recipe's)
 
 
 def smoke(
@@ -488,7 +480,17 @@ def smoke(
     echo(f"smoke: start {image} ({spec.name})")
     container = start(spec)
     try:
-        _run(report, container, recipe, missing, options.readiness_timeout, request, options.interval, echo)
+        _run(
+            report,
+            container,
+            recipe,
+            missing,
+            options.readiness_timeout,
+            request,
+            options.interval,
+            echo,
+            root=options.root or recipe_repository(loaded),
+        )
     except Interrupted as intr:
         for row in rows:
             if row.status == NOT_RUN and row.reason is None:
@@ -518,6 +520,7 @@ def _run(
     request: Callable[..., tuple[int | None, str]],
     interval: float,
     echo: Callable[[str], None],
+    root: Path | None = None,
 ) -> None:
     rows = report.rows
     t = time.monotonic()
@@ -558,7 +561,7 @@ def _run(
     _timed(ready_row.passed(**details), t)
     echo(f"smoke: ready after {ready.waited_s:g} s")
 
-    ctx = RowContext(recipe, addresses, container.logs, request)
+    ctx = RowContext(recipe, addresses, container.logs, request, exec=container.exec, root=root)
     for i, step in enumerate(recipe.smoke):
         result = rows[2 + i]
         t = time.monotonic()
@@ -576,6 +579,12 @@ def _run(
             return
         _timed(result, t)
         echo(f"smoke: {step.name} {result.status}")
+
+
+def recipe_repository(loaded: LoadedRecipe) -> Path | None:
+    """The repository a recipe file belongs to: the directory holding its recipes/ (None for a file elsewhere)."""
+    path = loaded.path.resolve()
+    return path.parent.parent if path.parent.name == "recipes" else None
 
 
 EXIT_GRACE_S = 3.0
