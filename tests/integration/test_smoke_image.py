@@ -15,7 +15,11 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(image: str, out: Path, *extra: str, recipe: str = "qwen3-8b"):
+#: recipes/qwen3-8b.yaml plus MATE rows whose regression command only the stand-in MATE wheel has
+MATE_RECIPE = str(REPO / "tests" / "fixtures" / "recipes" / "qwen3-8b-mate.yaml")
+
+
+def run(image: str, out: Path, *extra: str, recipe: str = MATE_RECIPE):
     proc = mb.stackforge(
         "smoke", recipe, "--image", image, "--allow-missing-hardware", "--out", str(out), *extra, timeout=600
     )

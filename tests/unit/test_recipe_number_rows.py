@@ -71,7 +71,7 @@ def problems_of(root: Path, text: str) -> str:
 
 
 def test_the_rows_load_typed():
-    rows = {r.name: r for r in load_recipe(REPO, "qwen3-8b").model.smoke}
+    rows = {r.name: r for r in load_recipe(REPO, str(REPO / "tests/fixtures/recipes/qwen3-8b-mate.yaml")).model.smoke}
     sampled = rows["seeded-sampling"].chat
     assert sampled is not None and (sampled.temperature, sampled.seed, sampled.repeat) == (0.8, 1234, 3)
     assert rows["mate-regression"].kind == "numeric" and rows["mate-dump-replay"].kind == "dump"

@@ -33,7 +33,8 @@ from tests.fixtures import musa_standins as ms
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "fixtures" / "standin_vllm_serve.py"
 NO_HARDWARE = HostFacts((), ("runc",))
-#: the rows of recipes/qwen3-8b.yaml, in order
+#: the rows of tests/fixtures/recipes/qwen3-8b-mate.yaml (recipes/qwen3-8b.yaml and the stand-in MATE rows), in order
+MATE_RECIPE = REPO / "tests" / "fixtures" / "recipes" / "qwen3-8b-mate.yaml"
 QWEN_ROWS = ["capital", "five-turns", "backend", "seeded-sampling", "mate-regression", "mate-dump-replay"]
 HARDWARE = HostFacts(("/dev/mtgpu0", "/dev/mtgpu1"), ("mthreads", "runc"))
 
@@ -116,7 +117,7 @@ def launcher(tmp_path):
 
 def recipe(tmp_path: Path, text: str | None = None):
     if text is None:
-        return load_recipe(REPO, "qwen3-8b")
+        return load_recipe(REPO, str(MATE_RECIPE))
     path = tmp_path / "variant.yaml"
     path.write_text(text)
     return load_recipe(REPO, str(path))
@@ -131,7 +132,7 @@ def without_devices(tmp_path: Path, start, loaded=None, **kw):
 
 
 def qwen_text() -> str:
-    return (REPO / "recipes" / "qwen3-8b.yaml").read_text()
+    return MATE_RECIPE.read_text()
 
 
 # -- readiness ------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from stackforge import grammar
+from stackforge.clients.workspace import STACKS_DIR
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
 from stackforge.recipes.model import Hardware, Recipe, SmokeRow
@@ -582,9 +583,10 @@ def _run(
 
 
 def recipe_repository(loaded: LoadedRecipe) -> Path | None:
-    """The repository a recipe file belongs to: the directory holding its recipes/ (None for a file elsewhere)."""
-    path = loaded.path.resolve()
-    return path.parent.parent if path.parent.name == "recipes" else None
+    """The repository a recipe file belongs to: the nearest directory upwards holding stacks/ (None for a file
+    outside any repository)."""
+    here = loaded.path.resolve().parent
+    return next((d for d in (here, *here.parents) if (d / STACKS_DIR).is_dir()), None)
 
 
 EXIT_GRACE_S = 3.0
