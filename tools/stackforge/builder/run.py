@@ -418,6 +418,7 @@ def _write_inputs(evidence: Path, loaded: LoadedStack, ctx: Context, labels: dic
         "overrides": [redact_text(o) for o in loaded.overrides],
         "labels": labels,
         "engine": asdict(info),
+        "source_date_epoch": ctx.source_date_epoch if labels.get("org.opencontainers.image.created") else None,
         "resolved": resolved(stack),
         "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         **({"mirror": ctx.mirror} if ctx.mirror else {}),
