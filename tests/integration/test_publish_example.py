@@ -160,7 +160,22 @@ def test_a_signed_publish_attaches_provenance_before_any_tag(built, registry, tm
     assert f"sha256-{hexpart}.att" in tags  # cosign's attestation tag
     index = requests.get(f"{base}/manifests/sha256-{hexpart}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()  # fmt: skip
     kinds = sorted(m["artifactType"] for m in index["manifests"])
-    assert kinds == ["application/vnd.in-toto+json", "application/vnd.stackforge.publish-record.v1+json"]
+    assert kinds == [
+        "application/vnd.cyclonedx+json",
+        "application/vnd.in-toto+json",
+        "application/vnd.stackforge.publish-record.v1+json",
+    ]
+    # The build's SBOM travels with the image: `sbom REF` reads it back from the registry, byte for byte.
+    ref = f"{registry}/{ns}/stackforge-example:{ev['tag']}"
+    printed = stackforge(root, "sbom", ref)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == (evidence_dir / "sbom.cdx.json").read_text()
+    sbom_doc = json.loads(printed.stdout)
+    inventory = json.loads((evidence_dir / "inventory.json").read_text())
+    assert {c["name"] for c in sbom_doc["components"] if c["purl"].startswith("pkg:pypi/")} == {
+        d["name"] for d in inventory["dists"]
+    }
+    assert any(c["purl"].startswith("pkg:deb/debian/libc6@") for c in sbom_doc["components"])
     envelope = (evidence_dir / "provenance.json").read_bytes()
     stmt = provenance.open_envelope(envelope, provenance.public_key(pub))
     record = json.loads((evidence_dir / "record.json").read_text())["record"]

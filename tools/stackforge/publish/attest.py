@@ -130,3 +130,16 @@ class Signing:
             "envelope": _digest(envelope),
         }
         atomic_write(self.evidence_dir / "provenance.json", envelope.decode() + "\n")
+
+
+def attach_sbom(client: RegistryClient, digest: str, body: bytes) -> referrers.Attached | None:
+    """Attach the SBOM ``body`` to the image ``digest`` unless the same bytes are attached already (None then)."""
+    if any(f.body == body for f in referrers.fetch_all(client, digest, SBOM)):
+        return None
+    return referrers.attach(client, SBOM, body, referrers.subject_of(client, digest))
+
+
+def sbom_of(client: RegistryClient, digest: str) -> bytes | None:
+    """The newest SBOM attached to the image ``digest`` (checked byte for byte and by its subject)."""
+    found = referrers.fetch_all(client, digest, SBOM)
+    return found[-1].body if found else None

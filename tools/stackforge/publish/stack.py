@@ -18,7 +18,7 @@ from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.run import default_target, target_ref
 from stackforge.clients.engine import Engine
-from stackforge.clients.registry import RegistryClient, RetryPolicy, parse_registry, parse_repository
+from stackforge.clients.registry import RegistryClient, RegistryError, RetryPolicy, parse_registry, parse_repository
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
@@ -174,7 +174,23 @@ def publish_stack(
             before_tag=signing,
         )
         attacher.finish(result)
+        _attach_sbom(evidence_dir, repository, options, result)
         return result
+
+
+def _attach_sbom(evidence_dir: Path, repository: Any, options: PublishOptions, result: PublishResult) -> None:
+    """The build's SBOM (``sbom.cdx.json`` of its evidence) attached to the published image."""
+    path = evidence_dir / "sbom.cdx.json"
+    if not path.is_file():
+        return
+    client = RegistryClient(repository, policy=options.policy or RetryPolicy())
+    try:
+        attest.attach_sbom(client, result.digest, path.read_bytes())
+    except RegistryError as exc:
+        raise BuildFailed(
+            f"{result.reference} is published, but its SBOM could not be attached: {exc}",
+            fix="re-run the same publish: the image is found already published and the SBOM is attached",
+        ) from None
 
 
 def _signing(
