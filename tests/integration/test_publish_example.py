@@ -129,3 +129,64 @@ def test_a_stack_that_fails_lint_publishes_nothing(built, registry):
     assert proc.returncode == 1 and "stack 'post2' fails lint" in proc.stderr and "torchvision" in proc.stderr
     assert "Nothing was published." in proc.stderr and "Traceback" not in proc.stderr
     assert requests.get(f"http://{registry}/v2/{ns}/vllm/tags/list", timeout=10).status_code == 404
+
+
+def openssl_key(directory: Path, name: str, *algorithm: str) -> tuple[Path, Path]:
+    key, pub = directory / f"{name}.pem", directory / f"{name}.pub"
+    subprocess.run(["openssl", "genpkey", *algorithm, "-out", str(key)], check=True, capture_output=True)
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True)
+    return key, pub
+
+
+def test_a_signed_publish_attaches_provenance_before_any_tag(built, registry, tmp_path):
+    from stackforge.publish import provenance
+
+    root, tag = built
+    ns = f"e{uuid.uuid4().hex[:8]}"
+    key, pub = openssl_key(tmp_path, "p256", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256")
+    rsa, _ = openssl_key(tmp_path, "rsa", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048")
+    args = ("publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE, "--set", f"tags.local={tag}")
+    refused = stackforge(root, *args, "--sign-key", str(rsa))
+    assert refused.returncode == 2 and "Ed25519 or ECDSA P-256" in refused.stderr
+    assert requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).status_code == 404
+
+    proc = stackforge(root, *args, "--sign-key", str(key))
+    assert proc.returncode == 0, proc.stderr
+    evidence_dir = root / "build" / "example" / "evidence" / "latest"
+    ev = json.loads((evidence_dir / "publish.json").read_text())
+    base = f"http://{registry}/v2/{ns}/stackforge-example"
+    hexpart = ev["digest"].removeprefix("sha256:")
+    tags = requests.get(f"{base}/tags/list", timeout=10).json()["tags"]
+    assert f"sha256-{hexpart}.att" in tags  # cosign's attestation tag
+    index = requests.get(f"{base}/manifests/sha256-{hexpart}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()  # fmt: skip
+    kinds = sorted(m["artifactType"] for m in index["manifests"])
+    assert kinds == [
+        "application/vnd.cyclonedx+json",
+        "application/vnd.in-toto+json",
+        "application/vnd.stackforge.publish-record.v1+json",
+    ]
+    # The build's SBOM travels with the image: `sbom REF` reads it back from the registry, byte for byte.
+    ref = f"{registry}/{ns}/stackforge-example:{ev['tag']}"
+    printed = stackforge(root, "sbom", ref)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == (evidence_dir / "sbom.cdx.json").read_text()
+    sbom_doc = json.loads(printed.stdout)
+    inventory = json.loads((evidence_dir / "inventory.json").read_text())
+    assert {c["name"] for c in sbom_doc["components"] if c["purl"].startswith("pkg:pypi/")} == {
+        d["name"] for d in inventory["dists"]
+    }
+    assert any(c["purl"].startswith("pkg:deb/debian/libc6@") for c in sbom_doc["components"])
+    envelope = (evidence_dir / "provenance.json").read_bytes()
+    stmt = provenance.open_envelope(envelope, provenance.public_key(pub))
+    record = json.loads((evidence_dir / "record.json").read_text())["record"]
+    assert all(ok for ok, _ in provenance.check(stmt, ev["digest"], record)), provenance.check(
+        stmt, ev["digest"], record
+    )
+    deps = {d["name"] for d in stmt["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    assert "base" in deps and set(record["pins"]) <= deps
+
+    again = stackforge(root, *args, "--sign-key", str(key))  # already published and signed: nothing new
+    assert again.returncode == 0 and "already published" in again.stdout
+    index2 = requests.get(f"{base}/manifests/sha256-{hexpart}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()  # fmt: skip
+    signed = [m for m in index2["manifests"] if m["artifactType"] == "application/vnd.in-toto+json"]
+    assert len(signed) == 1  # signed once: the re-publish found its signature (its record is attached again)

@@ -35,7 +35,7 @@ from stackforge.patches import series_hash
 from stackforge.stack.load import LoadedStack
 
 #: bump when the layout of a record or the meaning of a fingerprint changes
-VERSION = 2
+VERSION = 3  # 3: the image records carry dpkg.txt
 SOURCES = ".sources"
 IMAGES = ".image"
 #: the code whose behaviour shapes an exported tree

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from stackforge import progress
 from stackforge.builder import evidence as evidence_dirs
-from stackforge.builder import inventory, reuse, system
+from stackforge.builder import inventory, reuse, sbom, system
 from stackforge.builder import reports as target_reports
 from stackforge.builder.context import Context, build_dir_for
 from stackforge.builder.prepare import BaseImage, EngineFacts, Prepared, prepare_dockerfile
@@ -194,6 +194,8 @@ CHECKS = "checks.txt"
 
 #: the other records a build leaves in the image, read in the same container run: section -> image path
 RECORDS = {"inventory.json": inventory.IMAGE_PATH, "system.txt": system.EVIDENCE}
+#: the image's Debian packages as sbom.DPKG_FORMAT lists them (read in the same container run as the records)
+DPKG = "dpkg.txt"
 
 
 def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
@@ -209,11 +211,14 @@ def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
     script += "".join(
         f'; if [ -f {path} ]; then echo "==> {name}"; cat {path}; echo; fi' for name, path in RECORDS.items()
     )
+    script += (
+        f"; if command -v dpkg-query >/dev/null; then echo '==> {DPKG}'; dpkg-query -W -f '{sbom.DPKG_FORMAT}'; fi"
+    )
     proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
     out: dict[str, list[str]] = {}
     current = None
     for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
-        if line.startswith("==> ") and line[4:] in (*GATE_FILES, CHECKS, *RECORDS):
+        if line.startswith("==> ") and line[4:] in (*GATE_FILES, CHECKS, *RECORDS, DPKG):
             current = out.setdefault(line[4:], [])
         elif current is not None and line.strip():
             current.append(line)
@@ -346,9 +351,10 @@ def build(
             atomic_write(evidence / evidence_name, "\n".join(reports[name]) + "\n")
     if opts.load:
         system.write_evidence(stack, engine, None, log, evidence, lines=reports.get("system.txt"))
-        inventory.write_evidence(
-            engine, ref, ctx.context_dir, evidence, data=_json_or_none(reports.get("inventory.json"))
-        )
+        installed = _json_or_none(reports.get("inventory.json"))
+        inventory.write_evidence(engine, ref, ctx.context_dir, evidence, data=installed)
+        if installed is not None and image_id is not None:
+            sbom.write_evidence(engine, ref, image_id, evidence, installed, reports.get(DPKG, []))
         target_reports.write_evidence(stack, target, engine, ref, evidence, echo=_stderr_line)
     outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
     atomic_write(
@@ -418,6 +424,7 @@ def _write_inputs(evidence: Path, loaded: LoadedStack, ctx: Context, labels: dic
         "overrides": [redact_text(o) for o in loaded.overrides],
         "labels": labels,
         "engine": asdict(info),
+        "source_date_epoch": ctx.source_date_epoch if labels.get("org.opencontainers.image.created") else None,
         "resolved": resolved(stack),
         "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         **({"mirror": ctx.mirror} if ctx.mirror else {}),

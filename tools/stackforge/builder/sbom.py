@@ -15,10 +15,12 @@ import datetime as _dt
 import json
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from stackforge.builder import inventory
 from stackforge.errors import UserError
+from stackforge.fslock import atomic_write
 from stackforge.osv import Package
 from stackforge.urls import redact_text
 
@@ -113,6 +115,20 @@ def document(image: str, image_id: str, created: str | None, dists: list[dict], 
     if problem is not None:  # pragma: no cover - the library wrote what its own schema refuses
         raise UserError(f"the SBOM of {image} is not valid CycloneDX 1.5: {problem}")
     return text
+
+
+EVIDENCE = "sbom.cdx.json"
+
+
+def write_evidence(
+    engine: Any, ref: str, image_id: str, evidence: Path, installed: dict, dpkg_lines: list[str]
+) -> Path:
+    """``sbom.cdx.json`` in the build's evidence, from the records the build read out of the image (its inventory
+    and its dpkg-query lines): no container runs for it."""
+    created = engine.sdk().images.get(image_id).attrs.get("Created")
+    text = document(ref, image_id, created, installed.get("dists", []), parse_dpkg("\n".join(dpkg_lines)))
+    atomic_write(evidence / EVIDENCE, text + "\n")
+    return evidence / EVIDENCE
 
 
 def of_image(engine: Any, ref: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
@@ -48,6 +49,13 @@ def register(sub) -> None:
         "--compression",
         choices=["gzip", "zstd"],
         help="layer compression of every publish (default: each stack's tags.compression, else gzip)",
+    )
+    p.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="KEY",
+        help="sign every publish's provenance with this PEM private key (Ed25519 or ECDSA P-256); with a key, no "
+        "image is published unsigned",
     )
     p.add_argument(
         "--allow-missing-hardware",
@@ -97,6 +105,7 @@ def cmd_nightly(args) -> int:
         drift=args.drift,
         preflight=args.preflight,
         compression=args.compression,
+        sign_key=args.sign_key,
     )
     summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))
     if args.json:

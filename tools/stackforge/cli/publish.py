@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
@@ -66,6 +67,13 @@ def register(sub) -> None:
         choices=["gzip", "zstd", "none"],
         help="layer compression (default: the stack's tags.compression, else gzip; zstd layers pull on Docker 23+ and "
         "containerd 1.5+, not older engines)",
+    )
+    p.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="KEY",
+        help="a PEM private key (Ed25519 or ECDSA P-256, as openssl genpkey writes it): attach DSSE-signed SLSA "
+        "provenance before any tag names the image; no tag is written when signing fails",
     )
     p.add_argument(
         "--compression-level",
@@ -168,6 +176,7 @@ def cmd_publish(args) -> int:
         policy=retry_policy(args),
         compression=args.compression,
         level=args.compression_level,
+        sign_key=args.sign_key,
         verify_pull=args.verify_pull,
         echo=stderr_echo,
     )

@@ -11,10 +11,8 @@ from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, print_json, workspace_of
 
 if TYPE_CHECKING:
-    from stackforge.builder import sbom
     from stackforge.flows import scan
 else:
-    sbom = lazy("stackforge.builder.sbom")
     scan = lazy("stackforge.flows.scan")
 
 
@@ -24,7 +22,11 @@ def register(sub) -> None:
         help="print the image's SBOM (CycloneDX 1.5 JSON): every Python distribution (version, index, wheel "
         "sha256) and Debian package (version, source package) installed in it",
     )
-    p.add_argument("image", metavar="IMAGE", help="a local image (docker pull a published one first)")
+    p.add_argument(
+        "image",
+        metavar="IMAGE",
+        help="a local image, or a published REGISTRY/NAME:TAG (the SBOM stackforge publish attached to it)",
+    )
     p.add_argument("--out", type=Path, metavar="FILE", help="write it to FILE instead of stdout")
     p.set_defaults(func=cmd_sbom)
 
@@ -33,7 +35,7 @@ def register(sub) -> None:
         help="match the image's SBOM against an OSV database directory, offline (exit 1 when a finding is at or "
         "above --fail-on, 2 bad input)",
     )
-    s.add_argument("image", metavar="IMAGE", help="a local image")
+    s.add_argument("image", metavar="IMAGE", help="a local image, or a published REGISTRY/NAME:TAG")
     s.add_argument("--osv", type=Path, required=True, metavar="DIR", help="OSV JSON records (PyPI and Debian)")
     s.add_argument(
         "--fail-on",
@@ -46,12 +48,12 @@ def register(sub) -> None:
 
 
 def cmd_sbom(args) -> int:
-    text = sbom.of_image(workspace_of(args).engine, args.image)
+    text = scan.sbom_text(workspace_of(args).engine, args.image).rstrip("\n") + "\n"
     if args.out:
-        args.out.write_text(text + "\n")
+        args.out.write_text(text)
         print(f"sbom: wrote {args.out}", file=sys.stderr)
     else:
-        print(text)
+        sys.stdout.write(text)
     return 0
 
 

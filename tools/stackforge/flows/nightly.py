@@ -304,6 +304,8 @@ class NightlyOptions:
     preflight: bool = True
     #: the layer compression of every publish (None: each stack's tags.compression, else gzip)
     compression: str | None = None
+    #: sign every publish's provenance with this PEM private key; a night with a key never publishes unsigned
+    sign_key: Path | None = None
 
 
 def nightly(
@@ -485,6 +487,7 @@ def _bake_and_build(
         recipes=recipes,
         allow_missing_hardware=options.allow_missing_hardware,
         compression=options.compression,
+        sign_key=options.sign_key,
     )
     for stack in loaded:
         try:
@@ -544,6 +547,7 @@ class NightlyRun:
     recipes: Any = None  # stackforge.flows.nightly_smoke.NightlyRecipes
     allow_missing_hardware: bool = False
     compression: str | None = None
+    sign_key: Path | None = None
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -581,7 +585,9 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             run.publish,
             stack,
             run.registry,
-            options=PublishOptions(policy=run.policy, compression=run.compression, echo=lambda line: None),
+            options=PublishOptions(
+                policy=run.policy, compression=run.compression, sign_key=run.sign_key, echo=lambda line: None
+            ),
             date=run.date,
             target=target,
             engine=run.engine,

@@ -246,6 +246,9 @@ class Publisher:
     #: called with the result this publish is about to report (its aliases as they would move) while the settle
     #: pause runs; its failure is logged, never fatal: the same work is done again after the verdict
     during_settle: Callable[[PublishResult], object] | None = None
+    #: called with (manifest digest, image id) once the registry holds the image by digest and before any tag or
+    #: alias names it (e.g. attaching signed provenance); its failure fails the publish with no tag written
+    before_tag: Callable[[str, str], object] | None = None
 
     def __post_init__(self) -> None:
         self.repository = self.client.repository
@@ -410,6 +413,8 @@ class Publisher:
             finally:
                 uploader.close()
         self._put_by_digest(img)
+        if self.before_tag is not None:
+            self.before_tag(img.digest, img.image_id)
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             outcome = self._tag(img, checked)
             if not isinstance(outcome, _Found):
@@ -432,6 +437,8 @@ class Publisher:
             "config_digest": _config_digest(manifest),
             "image_id_matches": _config_digest(manifest) == image_id,
         }
+        if self.before_tag is not None:
+            self.before_tag(manifest.digest, image_id)
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             aliases = self._advance_aliases(tag, manifest.body, manifest.media_type or OCI_MANIFEST, manifest.digest)
         if self.verify_pull:
@@ -768,6 +775,8 @@ class PublishOptions:
     layer_cache: Path | bool | None = True
     settle_seconds: float | None = None
     echo: Callable[[str], None] | None = None
+    #: a PEM private key (Ed25519 or ECDSA P-256): a stack's publish attaches signed provenance before any tag
+    sign_key: Path | None = None
 
 
 def publish(
@@ -783,6 +792,7 @@ def publish(
     evidence: Path | None = None,
     extra: dict[str, Any] | None = None,
     during_settle: Callable[[PublishResult], object] | None = None,
+    before_tag: Callable[[str, str], object] | None = None,
 ) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``, as ``options`` say. See the
     module docstring.
@@ -791,7 +801,8 @@ def publish(
     fails; either way no new immutable tag is left behind unless the message says otherwise.
     When ``evidence`` is given, a success writes ``publish.json`` there and a failure writes
     ``publish-failed.json`` (an earlier ``publish.json`` stays), with ``extra`` fields (e.g. stack, target) first.
-    ``during_settle``: work to run in the settle pause (see :class:`Publisher`).
+    ``during_settle``: work to run in the settle pause; ``before_tag``: work that must be done before a tag names
+    the image (see :class:`Publisher`).
     """
     options = options or PublishOptions()
     date = validate_date(date)
@@ -818,6 +829,7 @@ def publish(
         layer_cache=cache_dir(None, "layers") if options.layer_cache is True else (options.layer_cache or None),
         settle_seconds=options.settle_seconds,
         during_settle=during_settle,
+        before_tag=before_tag,
     )
     try:
         try:

@@ -18,11 +18,11 @@ from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.run import default_target, target_ref
 from stackforge.clients.engine import Engine
-from stackforge.clients.registry import parse_registry, parse_repository
+from stackforge.clients.registry import RegistryClient, RegistryError, RetryPolicy, parse_registry, parse_repository
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
-from stackforge.publish import record
+from stackforge.publish import attest, record
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import FAILED_RECORD, PUBLISHED_RECORD, PublishOptions, PublishResult, publish
 from stackforge.stack import tags as tagsmod
@@ -159,6 +159,7 @@ def publish_stack(
         compression = options.compression or stack.tags.compression or "gzip"
         options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
         attacher = record.Attacher(loaded, target, evidence_dir, repository, engine, local, options.policy)
+        signing = _signing(loaded, target, options, evidence_dir, repository, engine, local)
         result = publish(
             image,
             repository,
@@ -170,6 +171,54 @@ def publish_stack(
             evidence=evidence_dir,
             extra=extra,
             during_settle=attacher.prepare,  # the record's work that the verdict does not decide
+            before_tag=signing,
         )
         attacher.finish(result)
+        _attach_sbom(evidence_dir, repository, options, result)
         return result
+
+
+def _attach_sbom(evidence_dir: Path, repository: Any, options: PublishOptions, result: PublishResult) -> None:
+    """The build's SBOM (``sbom.cdx.json`` of its evidence) attached to the published image."""
+    path = evidence_dir / "sbom.cdx.json"
+    if not path.is_file():
+        return
+    client = RegistryClient(repository, policy=options.policy or RetryPolicy())
+    try:
+        attest.attach_sbom(client, result.digest, path.read_bytes())
+    except RegistryError as exc:
+        raise BuildFailed(
+            f"{result.reference} is published, but its SBOM could not be attached: {exc}",
+            fix="re-run the same publish: the image is found already published and the SBOM is attached",
+        ) from None
+
+
+def _signing(
+    loaded: LoadedStack,
+    target: str,
+    options: PublishOptions,
+    evidence_dir: Path,
+    repository: Any,
+    engine: Any,
+    local: str,
+) -> attest.Signing | None:
+    """The provenance signer of this publish (None without ``options.sign_key``); the key is read now, so a bad
+    key fails before anything is pushed."""
+    if options.sign_key is None:
+        return None
+    from stackforge.publish import provenance
+
+    provenance.signer(options.sign_key)
+
+    def unsigned() -> dict[str, Any]:
+        labels = dict(engine.sdk().images.get(local).attrs.get("Config", {}).get("Labels") or {})
+        data = record.details(loaded, evidence_dir, labels)
+        data["stack_files"] = {n: e.model_dump() for n, e in data["stack_files"].items()}
+        return {"stack": loaded.model.name, "target": target, **{k: v for k, v in data.items() if k != "gate"}}
+
+    try:
+        inputs = json.loads((evidence_dir / "inputs.json").read_text())
+    except (OSError, ValueError):
+        inputs = {}
+    client = RegistryClient(repository, policy=options.policy or RetryPolicy())
+    return attest.Signing(options.sign_key, unsigned, inputs, client, evidence_dir)
