@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from packaging.version import Version
 
 from tests.fixtures import run_names
 
@@ -190,3 +191,26 @@ def test_a_signed_publish_attaches_provenance_before_any_tag(built, registry, tm
     index2 = requests.get(f"{base}/manifests/sha256-{hexpart}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()  # fmt: skip
     signed = [m for m in index2["manifests"] if m["artifactType"] == "application/vnd.in-toto+json"]
     assert len(signed) == 1  # signed once: the re-publish found its signature (its record is attached again)
+
+
+def test_a_known_vulnerability_keeps_the_aliases_where_they_were(built, registry):
+    root, tag = built
+    ns = f"e{uuid.uuid4().hex[:8]}"
+    osv_dir = REPO / "tests" / "fixtures" / "osv"
+    args = ("publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE, "--set", f"tags.local={tag}")
+    held = stackforge(root, *args, "--osv", str(osv_dir), "--fail-on", "medium")
+    assert held.returncode == 0, held.stderr
+    evidence_dir = root / "build" / "example" / "evidence" / "latest"
+    ev = json.loads((evidence_dir / "publish.json").read_text())
+    sbom_doc = json.loads((evidence_dir / "sbom.cdx.json").read_text())
+    pip = next(c["version"] for c in sbom_doc["components"] if c["name"] == "pip")
+    assert Version(pip) < Version("25.3")  # the example image's pip is older than the fixture advisory's fix
+    assert ev["scan"]["blocking"] and "TEST-GHSA-4xh5-x5gv-qwph" in ev["scan"]["blocking"]
+    assert "not moved: " in held.stdout and "at or above medium" in held.stdout
+    tags = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]
+    assert ev["tag"] in tags and not any(t.endswith("-latest") for t in tags)  # immutable tag only
+
+    clear = stackforge(root, *args, "--osv", str(osv_dir), "--fail-on", "critical")
+    assert clear.returncode == 0 and "already published" in clear.stdout
+    tags = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]
+    assert any(t.endswith("-latest") for t in tags)  # nothing at or above critical: the alias moves

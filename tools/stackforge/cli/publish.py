@@ -76,6 +76,19 @@ def register(sub) -> None:
         "provenance before any tag names the image; no tag is written when signing fails",
     )
     p.add_argument(
+        "--osv",
+        type=Path,
+        metavar="DIR",
+        help="scan the build's SBOM against this OSV database directory (offline) and move no alias while a "
+        "finding at or above --fail-on stands; the immutable tag is published either way",
+    )
+    p.add_argument(
+        "--fail-on",
+        default="high",
+        metavar="SEVERITY",
+        help="with --osv: low, medium, high or critical (default high; unknown severity counts as high)",
+    )
+    p.add_argument(
         "--compression-level",
         type=int,
         metavar="N",
@@ -177,6 +190,8 @@ def cmd_publish(args) -> int:
         compression=args.compression,
         level=args.compression_level,
         sign_key=args.sign_key,
+        osv=args.osv,
+        fail_on=args.fail_on,
         verify_pull=args.verify_pull,
         echo=stderr_echo,
     )

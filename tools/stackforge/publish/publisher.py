@@ -777,6 +777,10 @@ class PublishOptions:
     echo: Callable[[str], None] | None = None
     #: a PEM private key (Ed25519 or ECDSA P-256): a stack's publish attaches signed provenance before any tag
     sign_key: Path | None = None
+    #: an OSV database directory: a stack's publish scans the build's SBOM and moves no alias while a finding at or
+    #: above ``fail_on`` stands (the immutable tag is published either way)
+    osv: Path | None = None
+    fail_on: str = "high"
 
 
 def publish(

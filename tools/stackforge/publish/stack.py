@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stackforge.builder import evidence
+from stackforge import osv
+from stackforge.builder import evidence, sbom
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.run import default_target, target_ref
@@ -155,6 +156,9 @@ def publish_stack(
         gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
         extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
         evidence_dir = publish_dir(root, gated, image.image_id)
+        held = vulnerability_gate(options or PublishOptions(), evidence_dir, engine, local)
+        if held is not None:
+            extra["scan"] = held
         options = options or PublishOptions()
         compression = options.compression or stack.tags.compression or "gzip"
         options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
@@ -166,7 +170,7 @@ def publish_stack(
             scheme,
             date,
             options,
-            aliases=aliases if move_aliases else [],
+            aliases=aliases if move_aliases and not (held and held["blocking"]) else [],
             engine=engine,
             evidence=evidence_dir,
             extra=extra,
@@ -175,7 +179,37 @@ def publish_stack(
         )
         attacher.finish(result)
         _attach_sbom(evidence_dir, repository, options, result)
+        if held and held["blocking"] and move_aliases:
+            result.aliases.update({a: f"not moved: {held['reason']}" for a in aliases})
         return result
+
+
+def vulnerability_gate(options: PublishOptions, evidence_dir: Path, engine: Any, local: str) -> dict[str, Any] | None:
+    """The scan of the build's SBOM against ``options.osv`` (None without it): its findings and, when one is at
+    or above ``options.fail_on``, the reason no alias moves."""
+    if options.osv is None:
+        return None
+    if options.fail_on not in osv.LEVELS:
+        raise UserError(f"--fail-on {options.fail_on!r} is not a severity", fix=f"use one of: {', '.join(osv.LEVELS)}")
+    path = evidence_dir / sbom.EVIDENCE
+    text = path.read_text() if path.is_file() else sbom.of_image(engine, local)
+    db = osv.load(options.osv)
+    findings = osv.scan(db, sbom.packages(text))
+    blocking = [f for f in findings if f.at_least(options.fail_on)]
+    reason = (
+        f"{len(blocking)} known vulnerabilit{'y' if len(blocking) == 1 else 'ies'} at or above {options.fail_on} "
+        f"({', '.join(f.id for f in blocking[:5])}{', …' if len(blocking) > 5 else ''})"
+        if blocking
+        else None
+    )
+    return {
+        "database": str(options.osv),
+        "records": db.count,
+        "fail_on": options.fail_on,
+        "findings": [f.line() for f in findings],
+        "blocking": [f.id for f in blocking],
+        "reason": reason,
+    }
 
 
 def _attach_sbom(evidence_dir: Path, repository: Any, options: PublishOptions, result: PublishResult) -> None:
