@@ -28,6 +28,7 @@ def register(sub) -> None:
         help="a local image, or a published REGISTRY/NAME:TAG (the SBOM stackforge publish attached to it)",
     )
     p.add_argument("--out", type=Path, metavar="FILE", help="write it to FILE instead of stdout")
+    p.add_argument("--json", action="store_true", help="print the SBOM (always JSON; accepted for symmetry)")
     p.set_defaults(func=cmd_sbom)
 
     s = sub.add_parser(
