@@ -37,6 +37,7 @@ COMMAND_MODULES = [
     "audit",
     "recipe",
     "smoke",
+    "test",
 ]
 
 # The module that registers each verb, so that a run naming its verb builds that verb's parser only
