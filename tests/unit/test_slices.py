@@ -470,3 +470,15 @@ def test_the_cli_exit_codes_tell_passed_failed_not_run_and_bad_input(tmp_path, c
     assert rc == 2 and "one of: contracts, demo" in err
     rc, _, err = run_cli(capsys, root, "test", "post1")
     assert rc == 2 and "declare no test slice" in err
+
+
+def test_evidence_goes_to_the_gated_build_that_made_the_image(tmp_path):
+    from stackforge.builder import evidence
+
+    stack_dir = tmp_path / "build" / "post2"
+    build = stack_dir / "evidence" / "20261202T101500Z-001"
+    build.mkdir(parents=True)
+    (build / "result.json").write_text(json.dumps({"ok": True, "image_id": "sha256:" + "a" * 64}))
+    assert evidence.tests_dir(stack_dir, "sha256:" + "a" * 64, "contracts") == build / "tests" / "contracts"
+    other = evidence.tests_dir(stack_dir, "sha256:" + "b" * 64, "contracts")
+    assert other == stack_dir / "tests" / ("b" * 12) / "contracts"

@@ -310,7 +310,7 @@ def run_slice(
         out.mkdir()
         out.chmod(0o777)  # the image's user may not be ours
         result.files = stage(loaded, ref, staged, workspace)
-        name = f"stackforge-test-{os.getpid()}-{os.urandom(3).hex()}"
+        name = container_name(ref.name)
         argv = docker_argv(ref, where.image, staged, out, [] if missing else list(PLATFORM_OPTIONS[hw.devices]), name)
         result.docker = ["docker", *argv]
         code, output = _pytest(engine, argv, name, ref.slice.timeout_s)
@@ -371,6 +371,11 @@ def previous_outcomes(outdir: Path) -> dict[str, str] | None:
         return {str(t["id"]): str(t["outcome"]) for t in data["tests"]} if data.get("tests") else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def container_name(slice_name: str) -> str:
+    """Unique per run: the slice, this process and random hex (as a smoke container's name)."""
+    return f"stackforge-slice-{slice_name.lower()}-{os.getpid()}-{os.urandom(3).hex()}"
 
 
 def _now() -> str:
