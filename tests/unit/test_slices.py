@@ -482,3 +482,38 @@ def test_evidence_goes_to_the_gated_build_that_made_the_image(tmp_path):
     assert evidence.tests_dir(stack_dir, "sha256:" + "a" * 64, "contracts") == build / "tests" / "contracts"
     other = evidence.tests_dir(stack_dir, "sha256:" + "b" * 64, "contracts")
     assert other == stack_dir / "tests" / ("b" * 12) / "contracts"
+
+
+RECIPE = """\
+description: a model on the demo image
+image: {{stack: demo, target: vllm-openai{overlay}}}
+model: {{id: Org/Model}}
+ports: {{api: 8000}}
+hardware: {{devices: mthreads, count: 1}}
+tests:
+  reads:
+    files: {{paths: [tests/test_demo.py]}}
+    expect: {{passed: 60, xfailed: 4}}
+    hardware: {{devices: mthreads, count: 1}}
+"""
+
+
+def test_a_recipe_declares_slices_for_its_image(tmp_path, capsys):
+    root = _stack(
+        tmp_path,
+        SLICE,
+        {
+            "tests/test_demo.py": PASSING,
+            "recipes/plain.yaml": RECIPE.format(overlay=""),
+            "recipes/layered.yaml": RECIPE.format(overlay=", overlay: jev"),
+        },
+    )
+    loaded = load("demo", root=root)
+    names = [r.name for r in slices.declared(loaded)]
+    assert names == ["contracts", "demo", "plain.reads"]  # the stack's (post2's inherited first), then the recipe's
+    plain = _ref(loaded, "plain.reads")
+    assert plain.owner == "plain" and plain.target == "vllm-openai" and plain.slice.expected()["xfailed"] == 4
+    assert "layered.reads" in [r.name for r in slices.declared(loaded, overlay="jev")]
+    (root / "recipes" / "plain.yaml").write_text(RECIPE.format(overlay="").replace("xfailed: 4", "xfail: 4"))
+    rc, _, err = run_cli(capsys, root, "recipe", "lint", "plain")
+    assert rc == 2 and "recipes/plain.yaml:9:" in err and "tests.reads.expect.xfail" in err
