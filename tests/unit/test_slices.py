@@ -517,3 +517,43 @@ def test_a_recipe_declares_slices_for_its_image(tmp_path, capsys):
     (root / "recipes" / "plain.yaml").write_text(RECIPE.format(overlay="").replace("xfailed: 4", "xfail: 4"))
     rc, _, err = run_cli(capsys, root, "recipe", "lint", "plain")
     assert rc == 2 and "recipes/plain.yaml:9:" in err and "tests.reads.expect.xfail" in err
+
+
+def test_a_recipe_slice_path_that_is_missing_is_refused_at_the_recipe_line(tmp_path):
+    root = _stack(tmp_path, SLICE, {"recipes/plain.yaml": RECIPE.format(overlay="")})
+    loaded = load("demo", root=root)
+    from stackforge.errors import UserError
+
+    with pytest.raises(UserError, match="no tests/test_demo.py in the repository") as info:
+        slices.run_slice(
+            loaded,
+            _ref(loaded, "plain.reads"),
+            slices.SliceTarget("img", None, tmp_path / "ev"),
+            _workspace(root, LocalEngine()),
+            facts=NO_DEVICE,
+            allow_missing_hardware=True,
+        )
+    assert info.value.file == "recipes/plain.yaml" and info.value.line == 8
+
+
+def test_a_slice_that_runs_past_its_timeout_fails_and_its_container_is_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(slices, "ENGINE_GRACE_S", 0)
+    slow = "import time\n\ndef test_slow():\n    time.sleep(30)\n"
+    root = _stack(
+        tmp_path,
+        "tests:\n  slow:\n    files: {paths: [tests/test_slow.py]}\n    expect: {passed: 1}\n    timeout_s: 2\n",
+        {"tests/test_slow.py": slow},
+    )
+    loaded = load("demo", root=root)
+    engine = LocalEngine()
+    result = slices.run_slice(
+        loaded,
+        _ref(loaded, "slow"),
+        slices.SliceTarget("img", None, tmp_path / "ev"),
+        _workspace(root, engine),
+        facts=NO_DEVICE,
+    )
+    assert result.verdict == "failed" and result.pytest_exit is None
+    assert "did not finish within 2 s" in (result.reason or "")
+    name = result.docker[result.docker.index("--name") + 1]
+    assert ("rm", "--force", name) in engine.calls

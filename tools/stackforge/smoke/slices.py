@@ -32,7 +32,7 @@ from stackforge.clients import upstream as upstreams
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
-from stackforge.recipes.load import list_recipes, load_recipe
+from stackforge.recipes.load import LoadedRecipe, list_recipes, load_recipe
 from stackforge.recipes.model import Hardware
 from stackforge.smoke.pytest_result import Comparison, TestCase, compare, junit_counts, parse_junit, parse_summary
 from stackforge.smoke.report import EXIT_FAILED, EXIT_NOT_RUN, FAILED, NOT_RUN, PASSED, one_line
@@ -59,6 +59,7 @@ class SliceRef:
     slice: Slice
     owner: str | None = None  # the recipe declaring it; None: the stack
     target: str | None = None  # the image target it runs in (resolved)
+    recipe: LoadedRecipe | None = field(default=None, compare=False, repr=False)  # where a recipe's keys are
 
     @property
     def declared_at(self) -> tuple[str, ...]:
@@ -133,7 +134,10 @@ def declared(loaded: LoadedStack, overlay: str | None = None) -> list[SliceRef]:
         image = found.model.image
         if image.stack != loaded.name or not found.model.tests or image.overlay not in (None, overlay):
             continue
-        out += [SliceRef(f"{recipe}.{n}", sl, recipe, sl.target or image.target) for n, sl in found.model.tests.items()]
+        out += [
+            SliceRef(f"{recipe}.{n}", sl, recipe, sl.target or image.target, found)
+            for n, sl in found.model.tests.items()
+        ]
     return out
 
 
@@ -206,10 +210,10 @@ def stage(loaded: LoadedStack, ref: SliceRef, dest: Path, workspace: Workspace) 
 
 
 def _placed(loaded: LoadedStack, ref: SliceRef, at: tuple, message: str, fix: str) -> UserError:
-    where = f"recipes/{ref.owner}.yaml" if ref.owner else None
+    """An error at the slice's key ``at``: in the recipe that declares it, else in the stack's file."""
     text = f"{'.'.join(map(str, at))}: {message}"
-    if where:
-        return UserError(text, file=where, fix=fix, exit_code=2)
+    if ref.recipe is not None:
+        return ref.recipe.error(text, at, fix, exit_code=2)
     return loaded.placed(UserError(text, fix=fix, exit_code=2), at)
 
 
