@@ -557,3 +557,22 @@ def test_a_slice_that_runs_past_its_timeout_fails_and_its_container_is_removed(t
     assert "did not finish within 2 s" in (result.reason or "")
     name = result.docker[result.docker.index("--name") + 1]
     assert ("rm", "--force", name) in engine.calls
+
+
+def test_a_repository_path_that_leads_outside_is_refused(tmp_path):
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not the repository's\n")
+    root = _stack(tmp_path, "tests:\n  leak:\n    files: {paths: [tests/link.txt]}\n    expect: {passed: 1}\n")
+    (root / "tests").mkdir(exist_ok=True)
+    (root / "tests" / "link.txt").symlink_to(outside)
+    loaded = load("demo", root=root)
+    from stackforge.errors import UserError
+
+    with pytest.raises(UserError, match="tests/link.txt leads outside the repository"):
+        slices.run_slice(
+            loaded,
+            _ref(loaded, "leak"),
+            slices.SliceTarget("img", None, tmp_path / "ev"),
+            _workspace(root, LocalEngine()),
+            facts=NO_DEVICE,
+        )

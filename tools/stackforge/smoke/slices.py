@@ -172,11 +172,15 @@ def stage(loaded: LoadedStack, ref: SliceRef, dest: Path, workspace: Workspace) 
         missing = [p for p in files.paths if not (loaded.root / p).exists()]
         if missing:
             raise _placed(loaded, ref, at, f"no {', '.join(missing)} in the repository", "fix the paths")
+        root = loaded.root.resolve()
+        outside = [p for p in files.paths if not (loaded.root / p).resolve().is_relative_to(root)]
+        if outside:
+            raise _placed(loaded, ref, at, f"{', '.join(outside)} leads outside the repository", "name files in it")
         for path in files.paths:
             src, out = loaded.root / path, dest / path
             out.parent.mkdir(parents=True, exist_ok=True)
-            if src.is_dir():
-                shutil.copytree(src, out, symlinks=False, dirs_exist_ok=True)
+            if src.is_dir():  # links inside are kept as links: the container sees them, the host is not read
+                shutil.copytree(src, out, symlinks=True, dirs_exist_ok=True)
             else:
                 shutil.copy2(src, out)
         return {"from": "repository", "paths": list(files.paths)}
