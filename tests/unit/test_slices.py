@@ -9,6 +9,7 @@ real run.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.clients.workspace import Workspace
+from stackforge.signals import Interrupted
 from stackforge.smoke import slices
 from stackforge.smoke.pytest_result import compare, parse_junit, parse_summary
 from stackforge.smoke.run import HostFacts
@@ -576,3 +578,51 @@ def test_a_repository_path_that_leads_outside_is_refused(tmp_path):
             _workspace(root, LocalEngine()),
             facts=NO_DEVICE,
         )
+
+
+TEARDOWN = """
+import pytest
+
+@pytest.fixture
+def resource():
+    yield
+    raise RuntimeError("teardown broke")
+
+def test_fails_then_teardown_errors(resource):
+    assert False
+"""
+
+
+def test_a_failure_then_a_teardown_error_counts_as_pytest_counts_it(tmp_path):
+    slice_yaml = "tests:\n  td:\n    files: {paths: [tests/test_td.py]}\n    expect: {failed: 1, error: 1}\n"
+    root = _stack(tmp_path, slice_yaml, {"tests/test_td.py": TEARDOWN})
+    loaded = load("demo", root=root)
+    where = slices.SliceTarget("img", None, tmp_path / "ev")
+    result = slices.run_slice(loaded, _ref(loaded, "td"), where, _workspace(root, LocalEngine()), facts=NO_DEVICE)
+    assert result.counts["failed"] == 1 and result.counts["error"] == 1
+    assert result.verdict == "passed", result.reason
+    # pytest's JUnit XML records the teardown error as a testcase of its own: both count the same
+    outcomes = sorted(t["outcome"] for t in result.tests)
+    assert outcomes == ["error", "failed"] and result.note is None
+
+
+class InterruptedEngine(LocalEngine):
+    def run_merged(self, *argv: str, timeout: float):
+        raise Interrupted(signal.SIGTERM)
+
+
+def test_an_interrupted_run_removes_its_container(tmp_path):
+    root = _stack(tmp_path, SLICE, {"tests/test_demo.py": PASSING, "data/x": ""})
+    loaded = load("demo", root=root)
+    engine = InterruptedEngine()
+    with pytest.raises(Interrupted) as info:
+        slices.run_slice(
+            loaded,
+            _ref(loaded, "demo"),
+            slices.SliceTarget("img", None, tmp_path / "ev"),
+            _workspace(root, engine),
+            facts=NO_DEVICE,
+        )
+    removed = [c for c in engine.calls if c[:2] == ("rm", "--force")]
+    assert len(removed) == 1 and removed[0][2].startswith("stackforge-slice-demo-")
+    assert info.value.notes == [f"the test container {removed[0][2]} was removed"]
