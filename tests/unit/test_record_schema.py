@@ -127,6 +127,9 @@ def test_a_stack_record_holds_its_keys_in_the_order_they_were_always_written(tmp
     (evidence / "gate.txt").write_text("gate result: 4 PASS, 0 FAIL\n")
     rows = [{"name": "reply", "status": "passed", "seconds": 2}, "not a row"]
     (evidence / "smoke" / "chat" / "smoke.json").write_text(json.dumps({"verdict": "passed", "rows": rows}))
+    (evidence / "tests" / "contracts").mkdir(parents=True)
+    slice_result = {"verdict": "failed", "counts": {"passed": 19, "failed": 1}, "expected": {"passed": 20}, "tests": []}
+    (evidence / "tests" / "contracts" / "result.json").write_text(json.dumps(slice_result))
     published = SimpleNamespace(
         aliases={"v1-latest": "moved", "v1-stable": "not moved: newer"},
         repository="127.0.0.1:5000/team/vllm",
@@ -138,9 +141,12 @@ def test_a_stack_record_holds_its_keys_in_the_order_they_were_always_written(tmp
     data = made.data()
     assert list(data) == [
         *("schema", "stack", "target", "repository", "digest", "image_id", "tags", "stack_files", "overrides"),
-        *("pins", "options", "fingerprint", "inputs_fingerprint", "labels", "gate", "smoke", "build_id"),
+        *("pins", "options", "fingerprint", "inputs_fingerprint", "labels", "gate", "smoke", "tests", "build_id"),
     ]
     assert data["tags"] == ["v1-20260929-r1", "v1-latest"] and data["build_id"] == evidence.name
     assert data["gate"] == {"gate": ["gate result: 4 PASS, 0 FAIL"], "abi": [], "readonly": []}
     assert data["smoke"] == {"chat": {"verdict": "passed", "rows": [{"name": "reply", "status": "passed"}]}}
+    assert data["tests"] == {
+        "contracts": {"verdict": "failed", "counts": {"passed": 19, "failed": 1}, "expected": {"passed": 20}}
+    }
     assert record_schema.parse(json.loads(records.body_of(made))) == made

@@ -184,13 +184,30 @@ def finish(build: Path, *, ok: bool, keep: int | str | None = None) -> None:
     prune(root, keep_builds(keep), current=build)
 
 
-def smoke_dir(stack_dir: Path, image_id: str, recipe: str) -> Path:
-    """Where a smoke of ``image_id`` with ``recipe`` keeps its evidence: ``smoke/<recipe>/`` of the gated build
-    that made the image (the stack's builds, then its overlays'), else ``<stack_dir>/smoke/<image id>/<recipe>/``
-    for an image no build here made."""
+def made_by(stack_dir: Path, image_id: str) -> Path | None:
+    """The gated build under ``stack_dir`` that made ``image_id`` (the stack's builds, then its overlays'), or None."""
     roots = [stack_dir / "evidence", *sorted((stack_dir / "overlays").glob("*/evidence"))]
     for root in roots:
         found, _ = find_gated(root, image_id)
         if found is not None:
-            return found / "smoke" / recipe
+            return found
+    return None
+
+
+def smoke_dir(stack_dir: Path, image_id: str, recipe: str) -> Path:
+    """Where a smoke of ``image_id`` with ``recipe`` keeps its evidence: ``smoke/<recipe>/`` of the gated build
+    that made the image (the stack's builds, then its overlays'), else ``<stack_dir>/smoke/<image id>/<recipe>/``
+    for an image no build here made."""
+    found = made_by(stack_dir, image_id)
+    if found is not None:
+        return found / "smoke" / recipe
     return stack_dir / "smoke" / image_id.removeprefix("sha256:")[:12] / recipe
+
+
+def tests_dir(stack_dir: Path, image_id: str, slice_name: str) -> Path:
+    """Where a test slice run in ``image_id`` keeps its evidence: ``tests/<slice>/`` of the gated build that made
+    the image, else ``<stack_dir>/tests/<image id>/<slice>/`` for an image no build here made."""
+    found = made_by(stack_dir, image_id)
+    if found is not None:
+        return found / "tests" / slice_name
+    return stack_dir / "tests" / image_id.removeprefix("sha256:")[:12] / slice_name

@@ -38,6 +38,7 @@ COMMAND_MODULES = [
     "recipe",
     "smoke",
     "trust",
+    "test",
 ]
 
 # The module that registers each verb, so that a run naming its verb builds that verb's parser only

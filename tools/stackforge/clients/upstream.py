@@ -27,6 +27,7 @@ import sys
 import tarfile
 import tempfile
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -314,6 +315,29 @@ def export_commit(mirror: Path, commit: str, dest_dir: Path | str) -> Path:
         git(None, *plain, "read-tree", commit, env=env)
         git(None, *plain, "checkout-index", "--all", "--force", env=env)
     return dest
+
+
+def export_paths(mirror: Path, commit: str, paths: Sequence[str], dest_dir: Path | str) -> list[str]:
+    """Write the files of ``commit``'s tree under each of ``paths`` (a file or a directory) into ``dest_dir`` at
+    the same relative paths. Returns the paths the tree does not hold (then nothing is written)."""
+    files: list[str] = []
+    missing: list[str] = []
+    for path in paths:
+        listed = git(mirror, "ls-tree", "-r", "-z", "--name-only", commit, "--", path.rstrip("/"))
+        found = [f for f in listed.stdout.split("\0") if f]
+        if not found:
+            missing.append(path)
+        files += found
+    if missing:
+        return missing
+    dest = Path(dest_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="stackforge-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        plain = ["-c", "core.autocrlf=false", "-c", "core.eol=lf", "--git-dir", str(mirror), "--work-tree", str(dest)]
+        git(None, *plain, "read-tree", commit, env=env)
+        git(None, *plain, "checkout-index", "--force", "-z", "--stdin", env=env, input="\0".join(sorted(set(files))))
+    return []
 
 
 def export_upstream(

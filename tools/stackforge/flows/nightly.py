@@ -7,7 +7,9 @@ Order per run (``build/nightly/<date>/``):
 2. one ``docker buildx bake`` over all remaining stacks × targets (shared stages built once;
    log and plan kept as ``bake.log`` / ``bake.json``);
 3. for each stack and target, ``stackforge build`` (from the cache the bake filled) gives the
-   verdict, the gate output and the evidence; a failed gate or build fails only that row;
+   verdict, the gate output and the evidence; a failed gate or build fails only that row; then the target's
+   ``nightly: true`` test slices that need no device run in the built image (``stackforge test``, into the
+   evidence's ``tests/<slice>/``), and one that does not pass fails the row before it is published;
 4. each row that passed is published (``stackforge publish``) under its immutable tag; an image that
    ``nightly: true`` recipes serve is smoked with each of them (``stackforge smoke``) and its aliases
    (``-latest``) move only when every smoke passed; an image without a nightly recipe moves them at
@@ -48,6 +50,7 @@ from stackforge.fslock import atomic_write, stack_lock
 from stackforge.publish.publisher import PublishOptions
 from stackforge.publish.stack import publish_stack
 from stackforge.signals import Interrupted
+from stackforge.smoke import slices as slice_runs
 from stackforge.smoke.run import SmokeOptions, smoke
 from stackforge.stack.load import LoadedStack, load, load_stack
 from stackforge.stack.names import list_stacks
@@ -60,7 +63,7 @@ class Row:
     stack: str
     target: str
     status: str  # published | already-published | failed
-    stage: str | None = None  # where it failed: load | lint | bake | build | gate | publish
+    stage: str | None = None  # where it failed: load | lint | bake | build | gate | tests | publish
     tag: str | None = None
     digest: str | None = None
     gate: str | None = None
@@ -70,6 +73,7 @@ class Row:
     overrides: list[str] = field(default_factory=list)  # the --set values its stack was loaded with (redacted)
     smoke: str | None = None  # passed | failed | not-run | none (no nightly recipe); None: not published
     smoke_recipes: dict[str, str] = field(default_factory=dict)  # recipe -> its verdict
+    tests: dict[str, str] = field(default_factory=dict)  # test slice -> its verdict (the device-free nightly ones)
     aliases: dict[str, str] = field(default_factory=dict)  # alias -> moved | unchanged | not moved: why
 
     @property
@@ -143,6 +147,10 @@ class Summary:
                 _cell(r.reason),
             ]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        slices = [v for r in self.rows for v in r.tests.values()]
+        if slices:
+            counted = ", ".join(f"{slices.count(v)} {v}" for v in ("passed", "failed", "not-run") if v in slices)
+            lines += ["", f"Test slices: {counted} (`stackforge test`; results under each row's evidence, tests/)."]
         if self.freshness:
             lines += ["", "| stack | every pin the newest of its line | what moved |", "| --- | --- | --- |"]
             lines += [freshness_line(name, data) for name, data in self.freshness.items()]
@@ -488,6 +496,7 @@ def _bake_and_build(
         allow_missing_hardware=options.allow_missing_hardware,
         compression=options.compression,
         sign_key=options.sign_key,
+        test=slice_runs.run_slice,
     )
     for stack in loaded:
         try:
@@ -548,6 +557,7 @@ class NightlyRun:
     allow_missing_hardware: bool = False
     compression: str | None = None
     sign_key: Path | None = None
+    test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -578,6 +588,8 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
     except UserError as err:
         row.stage, row.reason = "build", err.render()
         echo(f"nightly: {stack.name}/{target}: build FAILED")
+    if row.stage is None and evidence is not None and run.test is not None:
+        _test_slices(run, stack, target, row, evidence)
     if row.stage is None:
         echo(f"nightly: {stack.name}/{target}: publish")
         recipes = run.recipes.of(stack.name, target) if run.recipes is not None else []
@@ -612,6 +624,35 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
         shutil.copytree(evidence, dest)
         row.evidence = dest.name  # relative to the run directory: the summary travels as an artifact
     return row
+
+
+def _test_slices(run: NightlyRun, stack: LoadedStack, target: str, row: Row, evidence: Path) -> None:
+    """Run the target's nightly test slices that need no device in the built image, into the build's evidence
+    (``tests/<slice>/``, which the publish record reads); a slice that does not pass fails the row before
+    publishing, as the gate does."""
+    test = run.test
+    assert test is not None
+    try:
+        refs = [
+            r
+            for r in slice_runs.declared(stack)
+            if r.target == target and r.slice.nightly and r.slice.hardware.devices == "none"
+        ]
+        if not refs:
+            return
+        image = target_ref(stack, target)
+        image_id = run.engine.image_id(image)
+        for ref in refs:
+            run.echo(f"nightly: {stack.name}/{target}: test {ref.name}")
+            where = slice_runs.SliceTarget(image, image_id, evidence / "tests" / ref.name)
+            result = test(stack, ref, where, run.workspace, engine=run.engine)
+            row.tests[ref.name] = result.verdict
+            if result.verdict != "passed":
+                row.stage, row.reason = "tests", f"test slice {ref.name} {result.verdict}: {result.reason}"
+    except UserError as err:
+        row.stage, row.reason = "tests", err.render()
+    if row.stage == "tests":
+        run.echo(f"nightly: {stack.name}/{target}: tests FAILED; not published")
 
 
 def _smoke_then_aliases(

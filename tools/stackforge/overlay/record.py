@@ -78,6 +78,7 @@ def make(
         labels=dict(labels),
         gate=GateResults(gate=records._lines(evidence_dir / "gate.txt"), abi=[], readonly=[]),
         smoke=records.smoke_results(evidence_dir),
+        tests=records.test_results(evidence_dir),
         build_id=evidence_dir.name,
         overlay=OverlayPart(
             name=name,

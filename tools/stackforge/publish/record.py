@@ -77,6 +77,21 @@ def smoke_results(evidence_dir: Path) -> dict[str, Any]:
     return out
 
 
+def test_results(evidence_dir: Path) -> dict[str, Any]:
+    """Each test slice's verdict, counts and expected counts from ``tests/<slice>/result.json`` of the build's
+    evidence."""
+    out: dict[str, Any] = {}
+    for path in sorted(evidence_dir.glob("tests/*/result.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            keep = {k: data.get(k) for k in ("counts", "expected") if isinstance(data.get(k), dict)}
+            out[path.parent.name] = {"verdict": data.get("verdict"), **keep}
+    return out
+
+
 def head(stack: str, target: str, published: Any) -> dict[str, Any]:
     """The keys every record starts with: schema, stack, target, repository, digest, image id and the tags (the
     immutable one and every alias the publish moved) of ``published`` (a ``PublishResult``)."""
@@ -133,6 +148,7 @@ def details(loaded: Any, evidence_dir: Path, labels: dict[str, str]) -> dict[str
             readonly=_lines(evidence_dir / "gate-readonly.txt"),
         ),
         "smoke": smoke_results(evidence_dir),
+        "tests": test_results(evidence_dir),
         "build_id": evidence_dir.name,
     }
 

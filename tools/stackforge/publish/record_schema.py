@@ -70,6 +70,16 @@ class SmokeResult(Part):
     rows: list[SmokeRow] = Field(default_factory=list, description="each check of the recipe: name and status")
 
 
+class SliceResult(Part):
+    """One test slice's verdict and counts, from `tests/<slice>/result.json` of the build's evidence."""
+
+    verdict: JsonValue = Field(None, description="the slice's verdict: passed, failed or not-run")
+    counts: dict[str, JsonValue] = Field(
+        default_factory=dict, description="the count of each pytest outcome the run reported"
+    )
+    expected: dict[str, JsonValue] = Field(default_factory=dict, description="the counts the slice declares")
+
+
 class OverlayPart(Part):
     """What an overlay image's record adds: the overlay (see `stackforge.overlay.record`)."""
 
@@ -108,6 +118,9 @@ class PublishRecord(Part):
     labels: dict[str, str] = Field(description="the image's labels")
     gate: GateResults = Field(description="the gate's results")
     smoke: dict[str, SmokeResult] = Field(description="each recipe's smoke results, by recipe")
+    tests: dict[str, SliceResult] = Field(
+        default_factory=dict, description="each test slice's verdict and counts, by slice (`stackforge test`)"
+    )
     build_id: str | None = Field(None, description="the build id of the evidence the record was made from")
     overlay: OverlayPart | None = Field(None, description="an overlay image's overlay; absent for a stack image")
 

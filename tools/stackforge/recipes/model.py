@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from stackforge.recipes.numeric import DumpReplay, Numeric
-from stackforge.stack.model import EnvName, Name, Strict
+from stackforge.stack.model import EnvName, Name, Slice, Strict
 from stackforge.stack.values import (
     MAX_VALUE,
     Argument,
@@ -238,6 +238,11 @@ class Recipe(Strict):
         default_factory=list, description="smoke rows, in order: chat, turns, get, log, numeric or dump"
     )
     nightly: bool = Field(False, description="the nightly runs this recipe's smoke rows")
+    tests: dict[Name, Slice] = Field(
+        default_factory=dict,
+        description="pytest slices `stackforge test` runs in the recipe's image (files from an upstream of "
+        "image.stack at its pinned commit, or of this repository); target defaults to image.target",
+    )
     notes: str | None = Field(
         None, max_length=16384, description="Markdown shown on the cookbook page (caveats, limits)"
     )

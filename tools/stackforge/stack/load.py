@@ -445,6 +445,21 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
                 "package",
                 "declare it under packages:",
             )
+    for name, sl in stack.tests.items():
+        up_name = sl.files.upstream
+        at = ("tests", name, "files", "upstream")
+        known = up_name is not None and ref(at, up_name, stack.upstreams, "upstream", "declare it under upstreams:")
+        if known and stack.upstreams[str(up_name)].git is None:
+            problems.append(
+                UserError(
+                    f"tests.{name}.files.upstream: {up_name!r} is a release sdist; slices read a git upstream "
+                    "at its pinned commit",
+                    **_pos_for(at, values, {}, False).as_error_kwargs(),
+                    fix="name a git upstream, or copy the files into this repository and drop upstream:",
+                )
+            )
+        if sl.target is not None:
+            ref(("tests", name, "target"), sl.target, stack.targets, "target", "name one of the stack's targets")
     problems += installed.problems(stack, lambda path: _pos_for(path, values, {}, False))
     problems += artifacts.problems(stack, lambda path: _pos_for(path, values, {}, False))
     problems += target_rules.problems(stack, lambda path: _pos_for(path, values, {}, False))
@@ -603,8 +618,9 @@ def resolved(stack: Stack) -> dict:
     return stack.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-#: Keys of the resolved stack that do not change what is built; the fingerprint leaves them out.
-UNFINGERPRINTED = ("tuning",)
+#: Keys of the resolved stack that do not change what is built (tuning; the test slices run in the built image);
+#: the fingerprint leaves them out.
+UNFINGERPRINTED = ("tuning", "tests")
 
 
 def _unused_dropped(model: BaseModel, data: dict) -> dict:

@@ -979,6 +979,135 @@ class RequirementsPhase(Strict):
 Target.model_rebuild()
 
 
+#: pytest's outcome words, as its summary line and `expect:` spell them.
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error")
+Outcome = Literal["passed", "failed", "skipped", "xfailed", "xpassed", "error"]
+#: The pytest options a slice's selection may hold, each followed by its value.
+SELECT_OPTIONS = ("-k", "-m", "--deselect")
+#: A -k / -m expression: names, and/or/not, parentheses (pytest's own expression grammar, nothing a shell reads).
+SELECT_EXPRESSION = re.compile(r"^[A-Za-z0-9_ ()\[\].:-]{1,512}$")
+#: A test function or class after the file in a node id, optionally with its parameter id.
+NODE_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\[[A-Za-z0-9_.,:+=/ -]{0,200}\])?$")
+
+
+def _node_id(text: str) -> str | None:
+    """Why ``text`` is not a pytest node id (``path/to/test_x.py::Class::test[param]``), or None."""
+    path, *parts = text.split("::")
+    reason = grammar.check_relative_path(path)
+    if reason:
+        return f"{text!r}: the file part is not a relative path"
+    bad = next((p for p in parts if not NODE_PART.match(p)), None)
+    return f"{text!r}: {bad!r} is not a test or class name (write Class::test_name[param])" if bad is not None else None
+
+
+def selection_nodes(args: list[str]) -> list[str]:
+    """The node ids of a selection (its arguments that are not an option or an option's value)."""
+    return [a for i, a in enumerate(args) if a not in SELECT_OPTIONS and (i == 0 or args[i - 1] not in SELECT_OPTIONS)]
+
+
+def check_selection(args: list[str]) -> str | None:
+    """Why ``args`` is not a slice's pytest selection, or None: node ids, ``-k EXPR``, ``-m EXPR``,
+    ``--deselect NODEID``; no other option reaches pytest."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in SELECT_OPTIONS:
+            if i + 1 >= len(args):
+                return f"select[{i}]: {arg} needs a value after it, e.g. [{arg}, 'not slow']"
+            value = args[i + 1]
+            if arg == "--deselect":
+                reason = _node_id(value)
+            elif value.startswith("-") or not SELECT_EXPRESSION.match(value):
+                reason = f"{value!r} is not a pytest expression (names, and, or, not, parentheses)"
+            else:
+                reason = None
+            if reason:
+                return f"select[{i + 1}]: {reason}"
+            i += 2
+            continue
+        if arg.startswith("-"):
+            return f"select[{i}]: option {arg!r} is not taken (a selection holds node ids, -k, -m, --deselect)"
+        reason = _node_id(arg)
+        if reason:
+            return f"select[{i}]: {reason}"
+        i += 1
+    return None
+
+
+class SliceFiles(Strict):
+    upstream: Name | None = Field(
+        None,
+        description="the upstream (under upstreams:) whose tree at the stack's pinned commit holds the paths; "
+        "absent: the paths are files of this repository",
+    )
+    paths: list[Annotated[str, _grammar(grammar.check_relative_path)]] = Field(
+        min_length=1,
+        max_length=256,
+        description="files or directories staged for the run at the same relative paths (the test files and "
+        "whatever they read, e.g. [tests/test_x.py, requirements])",
+    )
+
+
+class SliceHardware(Strict):
+    devices: Literal["none", "mthreads"] = Field(
+        "none", description="the accelerator the slice needs (none: it runs on any host, in CI and the nightly)"
+    )
+    count: int = Field(1, ge=0, le=64, description="how many devices")
+
+
+class Slice(Strict):
+    """A pytest slice run inside the built image with a read-only root (``stackforge test``)."""
+
+    description: str = Field("", max_length=200, description="what the slice shows, one line")
+    files: SliceFiles = Field(description="where the test files come from: {upstream, paths}")
+    select: list[Annotated[str, Field(min_length=1, max_length=512)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="pytest arguments: node ids (tests/test_x.py::test_y), -k EXPR, -m EXPR, --deselect NODEID; "
+        "default: the paths",
+    )
+    expect: dict[Outcome, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
+        min_length=1,
+        description="the counts pytest must report, e.g. {passed: 60, xfailed: 4}; an outcome not named must be 0 "
+        "(passed, failed, skipped, xfailed, xpassed, error)",
+    )
+    hardware: SliceHardware = Field(
+        default_factory=lambda: SliceHardware.model_validate({}),
+        description="the devices the slice needs: {devices: none | mthreads, count}",
+    )
+    target: Name | None = Field(
+        None, description="the image target the slice runs in (default: the stack's first published target)"
+    )
+    timeout_s: int = Field(600, ge=1, le=86400, description="seconds the run may take before it fails")
+    nightly: bool = Field(False, description="the nightly runs this slice after the build (when it needs no device)")
+
+    @field_validator("select")
+    @classmethod
+    def _grammar(cls, value: list[str]) -> list[str]:
+        reason = check_selection(value)
+        if reason:
+            raise ValueError(reason)
+        return value
+
+    @model_validator(mode="after")
+    def _staged(self) -> Slice:
+        staged = [p.rstrip("/") for p in self.files.paths]
+        for node in selection_nodes(self.select):
+            path = node.split("::")[0].rstrip("/")
+            if not any(path == p or path.startswith(p + "/") for p in staged):
+                raise ValueError(f"select: {node!r} is not under files.paths ({', '.join(staged)}); stage it there")
+        return self
+
+    def arguments(self) -> list[str]:
+        """What follows ``pytest`` options: the selection, or the staged paths when it names no node id."""
+        return list(self.select) if selection_nodes(self.select) else [*self.select, *self.files.paths]
+
+    def expected(self) -> dict[str, int]:
+        """Every outcome's expected count (0 for one not named)."""
+        declared: dict[str, int] = {str(k): v for k, v in self.expect.items()}
+        return {o: declared.get(o, 0) for o in OUTCOMES}
+
+
 class Stack(Strict):
     name: Name = Field(description="the stack's name: its file's name (stacks/<name>.yaml); cannot be overridden")
     description: str = Field(default="", description="one line; it becomes the image's description label")
@@ -1051,4 +1180,9 @@ class Stack(Strict):
     )
     system: dict[SystemLayerName, SystemLayer] | None = Field(
         None, description="system layers (apt), in order, each its own stage system-<layer> after base"
+    )
+    tests: dict[Name, Slice] = Field(
+        default_factory=dict,
+        description="pytest slices run in the built image by `stackforge test` (read-only root, no network), each "
+        "with the counts pytest must report; never part of the fingerprint",
     )
