@@ -64,7 +64,9 @@ def _env(root: Path) -> Sandbox:
 def _docker_run(m: Recipe) -> str:
     publish = [a for port in m.ports.values() for a in ("-p", f"{port}:{port}")]
     env_args = [a for name, e in m.env.items() for a in ("-e", f"{name}={e.default}")]
-    return " ".join(shlex.quote(w) for w in ["docker", "run", "--rm", *publish, *env_args, "IMAGE", *m.container_args()])
+    return " ".join(
+        shlex.quote(w) for w in ["docker", "run", "--rm", *publish, *env_args, "IMAGE", *m.container_args()]
+    )
 
 
 def _configurations(recipe: LoadedRecipe) -> list[dict]:
