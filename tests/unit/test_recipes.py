@@ -422,3 +422,16 @@ def test_smoke_refuses_an_undeclared_configuration(root, capsys):
     err = capsys.readouterr().err
     assert "recipes/a.yaml:15:1: --configuration huge: no configuration 'huge'" in err, err
     assert "fix: use one of: small, large" in err
+
+
+def test_evidence_of_a_configuration_other_than_the_default_is_kept_apart(root):
+    from stackforge.cli.smoke import evidence_name
+
+    write(root, "a", CONFIGURED)
+    loaded = load_recipe(root, "a")
+    assert [evidence_name(loaded, c) for c in (None, "small", "large")] == ["a", "a", "a@large"]
+    write(root, "b", GOOD)
+    assert evidence_name(load_recipe(root, "b"), None) == "b"
+    with pytest.raises(UserError, match="no configuration 'x' \\(the recipe declares none\\)") as err:
+        evidence_name(load_recipe(root, "b"), "x")
+    assert err.value.fix == "drop --configuration" and err.value.exit_code == 2
