@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,14 @@ def test_recipe_lint_against_the_image(post2, tmp_path):
 
     missing = mb.stackforge("recipe", "lint", "qwen3-8b", "--image", run_names.image("no-such-image", "1"))
     assert missing.returncode == 2 and f"no image {run_names.image('no-such-image', '1')}" in missing.stderr
+
+
+def test_the_matrix_recipes_lint_clean_against_the_image(post2):
+    """The post2 matrix's recipes use vLLM's own options (quantization, speculative config, remote code, MLA
+    backend): the image's `vllm serve --help=all` lists every one, for every configuration."""
+    names = ["qwen3-30b-a3b-fp8", "deepseek-v2-lite", "nemotron-3.5-mtp6"]
+    proc = mb.stackforge("recipe", "lint", *names, "--image", post2.tag, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] and [r["recipe"] for r in report["recipes"]] == names
+    assert all(r["findings"] == [] for r in report["recipes"])

@@ -167,3 +167,43 @@ def test_the_build_kept_the_targets_reports_and_healthcheck(post2):
     # the image's own check passes without devices (MUSA not available is a warning)
     check = mb.docker("run", "--rm", "--network=none", "--entrypoint", "python", post2.image, "-m", "mate", "check")
     assert "Installation OK" in check.stdout and "MUSA not available" in check.stdout
+
+
+def test_deepseek_rows_pass_in_the_image(post2, tmp_path):
+    proc, data = run(post2.image, tmp_path / "dsv2", recipe="deepseek-v2-lite")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["name"]: r for r in data["rows"]}
+    assert all(r["status"] == "passed" for r in data["rows"]), proc.stdout
+    assert rows["backend"]["details"]["backends_in_log"] == ["FLASHMLA"]
+    assert rows["chat-200"]["details"]["matches"] == 6
+    assert rows["no-http-500"]["details"]["matches"] == 0 and rows["no-seq-tot"]["details"]["matches"] == 0
+
+
+def test_deepseek_rows_fail_on_the_seq_tot_engine_death(post2, tmp_path):
+    proc, data = run(post2.image, tmp_path / "seq", "--env", "STANDIN_SERVE_FAIL=seq-tot", recipe="deepseek-v2-lite")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = {r["name"]: r for r in data["rows"]}
+    assert rows["five-turns"]["status"] == "failed" and "turn 4 of 5 answered HTTP 500" in rows["five-turns"]["reason"]
+    assert rows["no-http-500"]["status"] == "failed"
+    assert '"POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error' in rows["no-http-500"]["reason"]
+    seq = rows["no-seq-tot"]
+    assert seq["status"] == "failed" and seq["details"]["matches"] >= 1
+    assert "AttributeError: 'ChunkedContextMetadata' object has no attribute 'seq_tot'" in seq["reason"]
+    assert "EngineDeadError" in (tmp_path / "seq" / "container.log").read_text()
+    assert gone(data["container"]["name"])
+
+
+def test_qwen_moe_rows_find_torchadas_config_in_the_image(post2, tmp_path):
+    """The image's torchada sets VLLM_TUNED_CONFIG_FOLDER at import; the fused-MoE lookup finds the FP8 config."""
+    proc, data = run(post2.image, tmp_path / "qwen-moe", recipe="qwen3-30b-a3b-fp8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    moe = next(r for r in data["rows"] if r["name"] == "moe-config")
+    assert "/torchada/triton/autotune/fused_moe/configs/triton_3_2_0/E=128,N=768," in moe["details"]["line"]
+
+
+def test_nemotron_runs_its_second_configuration(post2, tmp_path):
+    out = tmp_path / "nemotron"
+    proc, data = run(post2.image, out, "--configuration", "budget-24", recipe="nemotron-3.5-mtp6")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert data["configuration"] == "budget-24" and "smoke nemotron-3.5-mtp6 (budget-24):" in proc.stdout
+    assert {r["name"]: r["status"] for r in data["rows"]}["mtp-lines"] == "passed"

@@ -304,3 +304,134 @@ def test_verbs_exit_codes(root, capsys):
     assert main(["recipe", "schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert "smoke" in schema["properties"] and schema["properties"]["serve"]["description"]
+
+
+# --------------------------------------------------------------------------- log counts and configurations
+
+CONFIGURED = (
+    GOOD
+    + """configurations:
+  - name: small
+    description: the base budget
+  - name: large
+    description: a larger budget and another length
+    serve: {--max-model-len: "8192", --dtype: bfloat16}
+    max_tokens: 64
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "line", "needle"),
+    [
+        (('Using FLASH_ATTN backend"}', 'Using FLASH_ATTN backend", count: 0, min: 1}'), 14, "not both"),
+        (('Using FLASH_ATTN backend"}', 'Using FLASH_ATTN backend", min: 3, max: 1}'), 14, "min 3 is above max 1"),
+        (('Using FLASH_ATTN backend"}', 'Using FLASH_ATTN backend", count: -1}'), 14, "greater than or equal to 0"),
+        (("  - name: large", "  - name: small"), 18, "'small' is used twice"),
+        (("    max_tokens: 64", "    max_tokens: 64\n    env: {GMEM: '0.8'}"), 22, "declares no env override GMEM"),
+        (("    max_tokens: 64", "    max_tokens: 64\n    servee: {}"), 22, "unknown key 'servee'"),
+        (("--dtype: bfloat16}", "--dtype: 16}"), 20, "read as a number"),
+    ],
+)
+def test_count_and_configuration_errors_name_file_line_and_fix(root, change, line, needle):
+    old, new = change
+    assert old in CONFIGURED
+    err = error_of(root, CONFIGURED.replace(old, new, 1))
+    problems = getattr(err, "problems", [err])
+    rendered = "\n".join(p.render() for p in problems)
+    assert (str(problems[0].file), problems[0].line) == ("recipes/bad.yaml", line), rendered
+    assert needle in rendered, rendered
+
+
+def test_a_budget_without_a_chat_row_is_a_problem(root):
+    text = GOOD.split("smoke:")[0] + "configurations:\n  - {name: a, description: more, max_tokens: 9}\n"
+    err = error_of(root, text)
+    assert err.line == 9 and "no chat or turns row to give it to" in err.message and err.fix
+
+
+def test_configured_merges_flags_and_sets_budgets(root):
+    write(root, "a", CONFIGURED)
+    model = load_recipe(root, "a").model
+    assert model.configured() == model.configured("small")
+    assert model.configured("small").container_args() == model.container_args()
+    large = model.configured("large")
+    assert large.serve == {"--max-model-len": "8192", "--enforce-eager": True, "--dtype": "bfloat16"}
+    assert large.smoke[0].chat.max_tokens == 64 and large.smoke[1].turns.max_tokens == 64  # type: ignore[union-attr]
+    assert model.smoke[0].chat.max_tokens == 64 and model.smoke[1].turns.max_tokens == 32  # type: ignore[union-attr]
+    assert large.configurations == [] and large.smoke[2] == model.smoke[2]
+    with pytest.raises(KeyError, match="no configuration 'huge' \\(the recipe declares small, large\\)"):
+        model.configured("huge")
+    assert [f.at for f in model.configuration_flags()] == [
+        ("configurations", 1, "serve", "--max-model-len"),
+        ("configurations", 1, "serve", "--dtype"),
+    ]
+
+
+def test_image_check_reads_every_configurations_flags(root):
+    write(root, "a", CONFIGURED.replace("--dtype: bfloat16", "--dtyp: bfloat16"))
+    (found,) = check_image(load_recipe(root, "a"), FakeImage(standin_help()))
+    assert (found.file, found.line) == ("recipes/a.yaml", 20)
+    assert found.message.startswith("configurations.1.serve.--dtyp: the image's vllm serve has no option --dtyp")
+    assert found.fix == "did you mean --dtype?"
+
+
+def test_every_checked_in_recipe_lints_clean_against_the_stand_ins_help():
+    """The stand-in's `vllm serve --help=all` carries vLLM's own options (tests/fixtures/facts/vllm.yaml)."""
+    help_text = standin_help()
+    for name in list_recipes(REPO):
+        recipe = load_recipe(REPO, name)
+        found = [f.render() for f in check_image(recipe, FakeImage(help_text)) if not f.message.startswith("env.")]
+        assert found == [], name
+        assert check_repository(recipe, REPO) == [], name
+    assert {"qwen3-30b-a3b-fp8", "deepseek-v2-lite", "nemotron-3.5-mtp6"} <= set(list_recipes(REPO))
+
+
+def test_matrix_recipes_say_what_the_record_ran():
+    qwen = load_recipe(REPO, "qwen3-30b-a3b-fp8").model
+    assert qwen.serve["--quantization"] == "fp8" and qwen.serve["--enforce-eager"] is True
+    deepseek = load_recipe(REPO, "deepseek-v2-lite").model
+    assert deepseek.serve["--attention-backend"] == "FLASHMLA" and deepseek.serve["--enforce-eager"] is True
+    assert [r.check.expectation() for r in deepseek.smoke if r.log] == [  # type: ignore[union-attr]
+        "at least 1 line",
+        "exactly 6 lines",
+        "no line",
+        "no line",
+    ]
+    nemotron = load_recipe(REPO, "nemotron-3.5-mtp6").model
+    assert "--enforce-eager" not in nemotron.serve  # the compiled protocol
+    assert json.loads(str(nemotron.serve["--speculative-config"])) == {"method": "mtp", "num_speculative_tokens": 6}
+    assert [(c.name, c.max_tokens) for c in nemotron.configurations] == [("budget-64", 64), ("budget-24", 24)]
+
+
+def test_cookbook_shows_each_configuration(root):
+    write(root, "a", CONFIGURED)
+    page = docsmod.render_page(root, load_recipe(root, "a"))
+    assert "| `small` (default) | the base budget | (none) | (each row's) |" in page
+    assert "| `large` | a larger budget and another length | `--max-model-len 8192`, `--dtype bfloat16` | 64 |" in page
+    assert "stackforge smoke a --configuration large --image IMAGE" in page
+    assert "--max-model-len 8192 --enforce-eager --dtype bfloat16" in page
+    write(root, "b", GOOD.replace('"Using FLASH_ATTN backend"}', '"seq_tot", count: 0}'))
+    assert "| backend | api | the server log has no line matching /seq_tot/ |" in docsmod.render_page(
+        root, load_recipe(root, "b")
+    )
+
+
+def test_smoke_refuses_an_undeclared_configuration(root, capsys):
+    write(root, "a", CONFIGURED)
+    assert main(["--root", str(root), "smoke", "a", "--configuration", "huge", "--image", "x:1"]) == 2
+    err = capsys.readouterr().err
+    assert "recipes/a.yaml:15:1: --configuration huge: no configuration 'huge'" in err, err
+    assert "fix: use one of: small, large" in err
+
+
+def test_evidence_of_a_configuration_other_than_the_default_is_kept_apart(root):
+    from stackforge.cli.smoke import evidence_name
+
+    write(root, "a", CONFIGURED)
+    loaded = load_recipe(root, "a")
+    assert [evidence_name(loaded, c) for c in (None, "small", "large")] == ["a", "a", "a@large"]
+    write(root, "b", GOOD)
+    assert evidence_name(load_recipe(root, "b"), None) == "b"
+    with pytest.raises(UserError, match="no configuration 'x' \\(the recipe declares none\\)") as err:
+        evidence_name(load_recipe(root, "b"), "x")
+    assert err.value.fix == "drop --configuration" and err.value.exit_code == 2

@@ -382,3 +382,125 @@ def test_a_sampler_that_ignores_the_seed_fails_the_repeat_row(tmp_path, launcher
     sampled = rows["seeded-sampling"]
     assert sampled.status == "failed" and sampled.reason.startswith("answers 1 and 2 of 3 differ (seed 1234")
     assert len(set(sampled.details["answers"])) > 1 and report.exit_code == 1
+
+
+# -- log rows that count, configurations, the post2 matrix's recipes against the stand-in -------------------
+
+
+def log_result(text: str, **row) -> RowResult:
+    from stackforge.recipes.model import LogLine
+
+    return smokerun.log_row(LogLine.model_validate(row), text, RowResult("r", "log"))
+
+
+def test_log_rows_count_matching_lines_and_name_them():
+    log = 'a "POST /v1/chat/completions HTTP/1.1" 200 OK\nb seq_tot here\nc seq_tot again\n'
+    none = log_result(log, regex="seq_tot", count=0)
+    assert none.status == "failed" and none.details["matches"] == 2
+    assert none.reason == (
+        "2 lines of the server's log match 'seq_tot', expected no line: b seq_tot here | c seq_tot again"
+    )
+    assert none.details["lines"] == ["b seq_tot here", "c seq_tot again"]
+    assert log_result(log, regex="seq_tot", count=2).status == "passed"
+    assert log_result(log, regex="seq_tot", min=1, max=2).status == "passed"
+    assert log_result(log, regex="seq_tot", max=1).reason.startswith(
+        "2 lines of the server's log match 'seq_tot', expected at most 1 line:"
+    )
+    assert log_result(log, regex='HTTP/1.1" 500', count=0).status == "passed"
+    missing = log_result(log, regex="Using FLASHMLA backend", count=1)
+    assert missing.reason == "no line of the server's log matches 'Using FLASHMLA backend', expected exactly 1 line"
+    # without a bound: at least one line, as before
+    assert log_result(log, regex="seq_tot").status == "passed"
+    assert log_result(log, regex="nope").reason == "no line of the server's log matches 'nope'"
+
+
+def deepseek(tmp_path: Path):
+    return load_recipe(REPO, "deepseek-v2-lite")
+
+
+def test_deepseek_rows_pass_against_the_stand_in(tmp_path, launcher):
+    report = without_devices(tmp_path, launcher(), deepseek(tmp_path))
+    assert report.exit_code == 0 and all(r.status == "passed" for r in report.rows), report.table()
+    rows = {r.name: r for r in report.rows}
+    assert rows["backend"].details["backends_in_log"] == ["FLASHMLA"]
+    assert rows["chat-200"].details["matches"] == 6 and rows["no-http-500"].details["matches"] == 0
+    assert rows["no-seq-tot"].details == {**rows["no-seq-tot"].details, "matches": 0, "lines": []}
+
+
+def test_deepseek_rows_fail_on_the_records_seq_tot_failure(tmp_path, launcher):
+    report = without_devices(tmp_path, launcher("seq-tot"), deepseek(tmp_path))
+    rows = {r.name: r for r in report.rows}
+    assert report.exit_code == 1 and report.verdict == "failed"
+    assert rows["capital"].status == "passed" and rows["backend"].status == "passed"
+    # the 4th turn is the first request with 4 user turns: the engine dies and it answers 500, the server stays up
+    assert rows["five-turns"].status == "failed"
+    assert rows["five-turns"].reason.startswith("turn 4 of 5 answered HTTP 500")
+    assert rows["chat-200"].status == "failed" and rows["chat-200"].details["matches"] == 4
+    http500 = rows["no-http-500"]
+    assert http500.status == "failed" and http500.details["matches"] == 1
+    assert '"POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error' in http500.reason
+    seq = rows["no-seq-tot"]
+    assert seq.status == "failed" and seq.details["matches"] == 1
+    assert seq.reason.startswith("1 line of the server's log match 'seq_tot', expected no line: (EngineCore pid=")
+    assert "AttributeError: 'ChunkedContextMetadata' object has no attribute 'seq_tot'" in seq.reason
+    log = (tmp_path / "o" / CONTAINER_LOG).read_text()
+    assert "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue." in log
+
+
+def test_a_configuration_changes_the_token_budget_and_is_recorded(tmp_path, launcher):
+    loaded = load_recipe(REPO, "nemotron-3.5-mtp6")
+    budgets: list[int] = []
+
+    def request(method, url, body=None, timeout=300):
+        if body is not None:
+            budgets.append(body["max_tokens"])
+        return smokerun.http(method, url, body, timeout)
+
+    options = SmokeOptions(allow_missing_hardware=True, interval=0.1, configuration="budget-24")
+    report = smoke(loaded, "i", tmp_path / "o", options, launcher=launcher(), facts=NO_HARDWARE, request=request)
+    assert budgets == [24] and report.configuration == "budget-24", report.table()
+    assert all(r.status == "passed" for r in report.rows), report.table()  # the stand-in answers within any budget
+    data = json.loads((tmp_path / "o" / SMOKE_JSON).read_text())
+    assert data["configuration"] == "budget-24" and report.table().splitlines()[-1].startswith(
+        "smoke nemotron-3.5-mtp6 (budget-24):"
+    )
+    rows = {r.name: r for r in report.rows}
+    assert rows["mtp-lines"].details["matches"] == 2
+    budgets.clear()
+    default = smoke(
+        loaded,
+        "i",
+        tmp_path / "d",
+        SmokeOptions(allow_missing_hardware=True, interval=0.1),
+        launcher=launcher(),
+        facts=NO_HARDWARE,
+        request=request,
+    )
+    assert budgets == [64] and default.configuration == "budget-64"
+
+
+def test_qwen_moe_rows_read_the_fused_moe_lookup(tmp_path, launcher, monkeypatch):
+    from tests.fixtures.musa_standins import QWEN3_MOE_FP8_CONFIG
+
+    loaded = load_recipe(REPO, "qwen3-30b-a3b-fp8")
+    folder = tmp_path / "torchada" / "configs" / "triton_3_2_0"
+    folder.mkdir(parents=True)
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(folder))
+    missing = without_devices(tmp_path, launcher(), loaded)
+    rows = {r.name: r for r in missing.rows}
+    assert rows["moe-config"].status == "failed" and rows["no-default-moe-config"].status == "failed"
+    assert "Using default MoE config. Performance might be sub-optimal! Config file not found at" in str(
+        rows["no-default-moe-config"].reason
+    )
+    (folder / QWEN3_MOE_FP8_CONFIG).write_text("{}\n")
+    found = smoke(
+        loaded,
+        "i",
+        tmp_path / "found",
+        SmokeOptions(allow_missing_hardware=True, interval=0.1),
+        launcher=launcher(),
+        facts=NO_HARDWARE,
+    )
+    assert all(r.status == "passed" for r in found.rows), found.table()
+    line = next(r for r in found.rows if r.name == "moe-config").details["line"]
+    assert line.endswith(f"Using configuration from {folder / QWEN3_MOE_FP8_CONFIG} for MoE layer.")

@@ -202,3 +202,84 @@ def test_logprobs_come_in_vllms_shape_and_are_fixed_for_a_greedy_request():
 def srv_request(srv: Running, prompt: str) -> urllib.request.Request:
     data = json.dumps({"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": prompt}]}).encode()
     return urllib.request.Request(f"http://127.0.0.1:{srv.port}/v1/chat/completions", data=data)
+
+
+def test_options_are_vllms_from_the_facts():
+    from tests.fixtures import facts
+
+    full = subprocess.run([sys.executable, str(STANDIN), "--help=all"], capture_output=True, text=True).stdout
+    groups = facts.vllm_serve()["serve"]["groups"]
+    flags = [f for g in groups for o in g["options"] for f in o["flags"]]
+    assert {"--quantization", "-q", "--speculative-config", "--trust-remote-code", "--attention-backend"} <= set(flags)
+    for flag in flags:
+        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", full), flag
+    assert "--no-enforce-eager" in full and "--no-trust-remote-code" in full  # BooleanOptionalAction, as vLLM's
+    sources = facts.upstream("vllm")["serve"]["sources"]
+    assert all(o["source"] in sources for g in groups for o in g["options"])
+    bad = subprocess.run(
+        [sys.executable, str(STANDIN), "m", "--speculative-config", "{not json"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--speculative-config" in bad.stderr
+
+
+def test_mtp_lines_only_with_an_mtp_speculative_config():
+    spec = '{"method": "mtp", "num_speculative_tokens": 6}'
+    with serving("--speculative-config", spec) as srv:
+        mtp = [line for line in srv.lines if "Detected MTP model." in line]
+        assert [line.split("] ", 1)[1].strip() for line in mtp] == [
+            "Detected MTP model. Sharing target model embedding weights with the draft model.",
+            "Detected MTP model. Sharing target model lm_head weights with the draft model.",
+        ]
+        assert mtp[0].startswith("(EngineCore pid=") and "[llm_base_proposer.py:" in mtp[0]
+        assert any("'num_speculative_tokens': 6" in line for line in srv.lines if "non-default args" in line)
+    with serving() as srv:
+        assert not any("MTP" in line for line in srv.lines)
+
+
+def test_access_lines_have_uvicorns_shape():
+    with serving() as srv:
+        assert srv.chat("Qwen/Qwen3-8B", "hi")[0] == 200
+        assert srv.chat("nope", "hi")[0] == 404
+        time.sleep(0.2)
+        srv.proc.terminate()
+        rest = srv.proc.stdout.read() if srv.proc.stdout else ""
+    access = [line for line in rest.splitlines() if "INFO:     127.0.0.1:" in line]
+    assert re.fullmatch(
+        r'\(APIServer pid=\d+\) INFO:     127\.0\.0\.1:\d+ - "POST /v1/chat/completions HTTP/1\.1" 200 OK', access[0]
+    ), access
+    assert access[1].endswith('"POST /v1/chat/completions HTTP/1.1" 404 Not Found')
+
+
+def test_seq_tot_kills_the_engine_at_the_fourth_user_turn_and_keeps_serving_500():
+    def turns(srv: Running, n: int) -> int:
+        messages = []
+        for _ in range(n):
+            messages += [
+                {"role": "user", "content": "Name one more city in China."},
+                {"role": "assistant", "content": "x"},
+            ]
+        body = json.dumps({"model": "Qwen/Qwen3-8B", "messages": messages[:-1]}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{srv.port}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        return _call(req)[0]
+
+    with serving(fail="seq-tot") as srv:
+        assert [turns(srv, n) for n in (1, 2, 3)] == [200, 200, 200]
+        assert turns(srv, 4) == 500
+        status, body = srv.chat("Qwen/Qwen3-8B", "one turn")  # the engine is dead: every request fails now
+        assert status == 500 and "EngineCore encountered an issue" in body["error"]["message"]
+        time.sleep(0.2)
+        srv.proc.terminate()
+        rest = srv.proc.stdout.read() if srv.proc.stdout else ""
+    errors = [line for line in rest.splitlines() if " ERROR " in line]
+    assert [e.split("] ", 1)[1] for e in errors] == [
+        "EngineCore encountered a fatal error.",
+        "AttributeError: 'ChunkedContextMetadata' object has no attribute 'seq_tot'",
+        "AsyncLLM output_handler failed.",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for "
+        "the root cause.",
+    ]
+    assert errors[1].startswith("(EngineCore pid=") and "[core.py:1348]" in errors[1]
+    assert errors[3].startswith("(APIServer pid=") and "[async_llm.py:744]" in errors[3]
+    assert rest.count('"POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error') == 2

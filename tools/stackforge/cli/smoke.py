@@ -58,6 +58,12 @@ def register(sub) -> None:
         metavar="SECONDS",
         help="wait at most this long for readiness (default: the recipe's readiness.timeout_s)",
     )
+    p.add_argument(
+        "--configuration",
+        metavar="NAME",
+        help="run this one of the recipe's configurations (its serve flags, env values and token budget; default: "
+        "the first); its evidence goes to smoke/<recipe>@<NAME>/ unless it is the default",
+    )
     add_json(p, "smoke.json (the run, its hardware, container and rows)")
     p.set_defaults(func=cmd_smoke)
 
@@ -77,11 +83,29 @@ def default_image(recipe: LoadedRecipe, root: Path) -> str:
     return target_ref(loaded, img.target)
 
 
+def evidence_name(recipe: LoadedRecipe, configuration: str | None) -> str:
+    """The recipe's name in evidence paths: ``<recipe>`` for its default configuration, else
+    ``<recipe>@<configuration>``. Raises UserError (exit 2) naming the declared configurations."""
+    try:
+        chosen = recipe.model.configuration(configuration)
+    except KeyError as err:
+        declared = [c.name for c in recipe.model.configurations]
+        raise UserError(
+            f"--configuration {configuration}: {err.args[0]}",
+            **recipe.key_pos(("configurations",) if declared else ()).as_error_kwargs(),
+            fix=f"use one of: {', '.join(declared)}" if declared else "drop --configuration",
+            exit_code=2,
+        ) from None
+    default = recipe.model.configuration()
+    return recipe.name if chosen is None or chosen is default else f"{recipe.name}@{chosen.name}"
+
+
 def cmd_smoke(args) -> int:
     from stackforge.smoke.run import SmokeOptions, parse_env, smoke
 
     root = root_of(args)
     recipe = load_recipe(root, args.recipe)
+    name = evidence_name(recipe, args.configuration)
     env = parse_env(args.env)
     if args.readiness_timeout is not None and not 0 < args.readiness_timeout <= 86400:
         raise UserError(f"--readiness-timeout {args.readiness_timeout:g}: give 0 < SECONDS <= 86400")
@@ -96,13 +120,14 @@ def cmd_smoke(args) -> int:
             if not args.image
             else "build or pull it first",
         )
-    out = args.out or evidence.smoke_dir(root / "build" / recipe.model.image.stack, image_id, recipe.name)
+    out = args.out or evidence.smoke_dir(root / "build" / recipe.model.image.stack, image_id, name)
     options = SmokeOptions(
         allow_missing_hardware=args.allow_missing_hardware,
         env=env,
         readiness_timeout=args.readiness_timeout,
         echo=lambda line: print(line, file=sys.stderr, flush=True),
         root=root,
+        configuration=args.configuration,
     )
     report = smoke(recipe, image, out, options, engine=engine, image_id=image_id)
     if args.json:

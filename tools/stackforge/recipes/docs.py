@@ -15,7 +15,7 @@ from jinja2.sandbox import SecurityError
 from stackforge.builder.render import images_dir
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
-from stackforge.recipes.model import SmokeRow
+from stackforge.recipes.model import LogLine, Recipe, SmokeRow
 from stackforge.recipes.numeric import Tolerance
 from stackforge.stack.tags import Sandbox
 
@@ -62,12 +62,40 @@ def _env(root: Path) -> Sandbox:
     return env
 
 
-def _context(recipe: LoadedRecipe) -> dict:
-    """The recipe as plain data for the templates (no model objects reach the sandbox)."""
-    m = recipe.model
-    ports = dict(m.ports)
-    publish = [a for port in ports.values() for a in ("-p", f"{port}:{port}")]
+def _docker_run(m: Recipe) -> str:
+    publish = [a for port in m.ports.values() for a in ("-p", f"{port}:{port}")]
     env_args = [a for name, e in m.env.items() for a in ("-e", f"{name}={e.default}")]
+    return " ".join(
+        shlex.quote(w) for w in ["docker", "run", "--rm", *publish, *env_args, "IMAGE", *m.container_args()]
+    )
+
+
+def _configurations(recipe: LoadedRecipe) -> list[dict]:
+    """Each configuration: what it changes, its docker run line and its smoke command."""
+    out = []
+    for i, conf in enumerate(recipe.model.configurations):
+        smoke = ["stackforge", "smoke", recipe.name] + ([] if i == 0 else ["--configuration", conf.name])
+        out.append(
+            {
+                "name": conf.name,
+                "default": i == 0,
+                "description": conf.description,
+                "flags": [{"name": n, "value": None if v is True else v} for n, v in conf.serve.items()],
+                "env": [{"name": n, "value": v} for n, v in conf.env.items()],
+                "max_tokens": conf.max_tokens,
+                "run": _docker_run(recipe.model.configured(conf.name)),
+                "smoke": " ".join(shlex.quote(w) for w in smoke),
+                "notes": (conf.notes or "").strip(),
+            }
+        )
+    return out
+
+
+def _context(recipe: LoadedRecipe) -> dict:
+    """The recipe as plain data for the templates (no model objects reach the sandbox). The run line, serve
+    options and request are the default configuration's (the first, when the recipe declares any)."""
+    m = recipe.model.configured()
+    ports = dict(m.ports)
     build = ["make", "image", f"STACK={m.image.stack}", f"TARGET={m.image.target}"]
     if m.image.overlay:
         build.append(f"OVERLAY={m.image.overlay}")
@@ -101,9 +129,8 @@ def _context(recipe: LoadedRecipe) -> dict:
         "image": m.image.model_dump(),
         "model": {"id": m.model.id, "served_name": m.model.name, "via": m.model.via},
         "build": " ".join(shlex.quote(w) for w in build),
-        "run": " ".join(
-            shlex.quote(w) for w in ["docker", "run", "--rm", *publish, *env_args, "IMAGE", *m.container_args()]
-        ),
+        "run": _docker_run(m),
+        "configurations": _configurations(recipe),
         "flags": [{"name": f.name, "value": f.value} for f in m.flags()],
         "env": [{"name": n, "default": e.default, "description": e.description} for n, e in m.env.items()],
         "ports": [{"name": n, "port": p} for n, p in ports.items()],
@@ -147,8 +174,11 @@ def _what(row: SmokeRow) -> str:
             f"`{' '.join(d.run.argv)}` with {d.level_env}={d.level}: each dump replayed by "
             f"`{' '.join(d.tool)} replay` matches the run within {_tol(d.tolerance)}"
         )
-    assert row.log is not None
-    return f"the server log has a line matching /{row.log.regex}/"
+    c = row.log
+    assert isinstance(c, LogLine)
+    if c.bounds() == (1, None):
+        return f"the server log has a line matching /{c.regex}/"
+    return f"the server log has {c.expectation()} matching /{c.regex}/"
 
 
 def _tol(t: Tolerance) -> str:

@@ -159,12 +159,14 @@ def check_repository(recipe: LoadedRecipe, root: Path) -> list[UserError]:
     elif img.overlay is not None:
         found += _check_overlay(recipe, root, img.overlay)
     found += _check_references(recipe, root)
-    port = recipe.model.serve.get("--port")
-    if isinstance(port, str) and (not port.isdigit() or int(port) not in recipe.model.ports.values()):
+    for flag in [*recipe.model.flags(), *recipe.model.configuration_flags()]:
+        port = flag.value
+        if flag.name != "--port" or port is None or (port.isdigit() and int(port) in recipe.model.ports.values()):
+            continue
         found.append(
             recipe.error(
-                f"serve.--port is {port} but ports: declares {sorted(recipe.model.ports.values())}",
-                ("serve", "--port"),
+                f"{'.'.join(map(str, flag.at))} is {port} but ports: declares {sorted(recipe.model.ports.values())}",
+                flag.at,
                 fix="make --port one of the ports, or add it to ports:",
             )
         )
@@ -221,9 +223,10 @@ def _check_overlay(recipe: LoadedRecipe, root: Path, name: str) -> list[UserErro
 
 
 def check_image(recipe: LoadedRecipe, image: ImageProbe) -> list[UserError]:
-    """Every serve flag is an option of the image's vllm serve; every env override is read by its entrypoint."""
+    """Every serve flag (the recipe's and each configuration's) is an option of the image's vllm serve; every
+    env override is read by its entrypoint."""
     found: list[UserError] = []
-    flags = recipe.model.flags()
+    flags = [*recipe.model.flags(), *recipe.model.configuration_flags()]
     if flags:
         try:
             known = help_flags(image.serve_help())
@@ -244,7 +247,8 @@ def check_image(recipe: LoadedRecipe, image: ImageProbe) -> list[UserError]:
             near = difflib.get_close_matches(base, sorted(known), n=1, cutoff=0.75)
             found.append(
                 recipe.error(
-                    f"serve.{flag.name}: the image's vllm serve has no option {base} ({image.ref})",
+                    f"{'.'.join(map(str, flag.at[:-1]))}.{flag.name}: the image's vllm serve has no option {base} "
+                    f"({image.ref})",
                     flag.at,
                     fix=f"did you mean {near[0]}?"
                     if near

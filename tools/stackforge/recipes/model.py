@@ -121,12 +121,51 @@ class Get(Strict):
     status: int = Field(200, ge=100, le=599, description="the expected HTTP status")
 
 
+#: The most lines a log row counts to (a bound above it could never be checked against a kept log).
+MAX_LOG_COUNT = 1_000_000
+
+
 class LogLine(Strict):
-    """A line the server must print, read from its own log (never inferred from the env it was given)."""
+    """Lines of the server's own log (never inferred from the env it was given): by default at least one must
+    match; ``count`` (exactly N, 0: the line must not occur) or ``min``/``max`` bound how many do."""
 
     regex: Regex = Field(
         description="a Python regular expression searched in each log line, e.g. 'Using FLASH_ATTN backend'"
     )
+    count: int | None = Field(
+        None, ge=0, le=MAX_LOG_COUNT, description="exactly this many lines match (0: no line may match)"
+    )
+    min: int | None = Field(None, ge=0, le=MAX_LOG_COUNT, description="at least this many lines match")
+    max: int | None = Field(None, ge=0, le=MAX_LOG_COUNT, description="at most this many lines match")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LogLine:
+        if self.count is not None and (self.min is not None or self.max is not None):
+            raise ValueError("log: give count (exactly N) or min/max (a range), not both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"log: min {self.min} is above max {self.max}; swap them")
+        return self
+
+    def bounds(self) -> tuple[int, int | None]:
+        """(least, most) matching lines; most None: no upper bound. Without count/min/max: at least one."""
+        if self.count is not None:
+            return self.count, self.count
+        if self.min is None and self.max is None:
+            return 1, None
+        return self.min or 0, self.max
+
+    def expectation(self) -> str:
+        """The bound in words, e.g. 'no line', 'exactly 2 lines', 'at least 1 line'."""
+        least, most = self.bounds()
+
+        def lines(n: int) -> str:
+            return f"{n} line" + ("" if n == 1 else "s")
+
+        if most is None:
+            return f"at least {lines(least)}"
+        if least == most:
+            return "no line" if most == 0 else f"exactly {lines(most)}"
+        return f"at most {lines(most)}" if least == 0 else f"between {least} and {lines(most)}"
 
 
 ROW_KINDS = ("chat", "turns", "get", "log", "numeric", "dump")
@@ -198,6 +237,54 @@ def _flag_list(items: list) -> dict[str, str | bool]:
 ServeFlags = dict[Flag, Argument | Literal[True]]
 
 
+def _serve_shape(value: object) -> object:
+    """serve: as a list of '--flag value' strings, or a mapping whose values are text or true."""
+    if isinstance(value, list):
+        return _flag_list(value)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if item is False or item is None:
+                raise ValueError(f"{key}: write true for a bare flag, or leave the flag out")
+            if isinstance(item, (int, float)) and not isinstance(item, bool):
+                raise ValueError(f'{key}: {item!r} was read as a number; quote it, e.g. "{item}"')
+    return value
+
+
+class Configuration(Strict):
+    """A named serve configuration of the recipe: the same image, model and rows with some serve flags, env
+    values or the chat rows' token budget changed (e.g. a re-run with a larger ``max_tokens``)."""
+
+    multiline_fields = frozenset({"notes"})
+
+    name: Name = Field(description="the configuration's name (stackforge smoke RECIPE --configuration NAME)")
+    description: Words = Field(description="one line: what this configuration changes and why")
+    serve: ServeFlags = Field(
+        default_factory=dict,
+        description="vllm serve options added to the recipe's, or replacing the recipe's option of the same name",
+    )
+    env: dict[EnvName, Argument] = Field(
+        default_factory=dict, description="values for the recipe's env overrides (each must be declared in env:)"
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, le=32768, description="max_tokens of every chat and turns row (default: each row's own)"
+    )
+    notes: str | None = Field(None, max_length=4096, description="Markdown shown with the configuration")
+
+    @field_validator("serve", mode="before")
+    @classmethod
+    def _serve(cls, value: object) -> object:
+        return _serve_shape(value)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_text(cls, value: object) -> object:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(item, str):
+                    raise ValueError(f'{key}: {item!r} is not text; quote it, e.g. "{item}"')
+        return value
+
+
 class ServeFlag(Strict):
     """One ``vllm serve`` option as the recipe declares it; ``at`` is its key path in the file."""
 
@@ -237,6 +324,11 @@ class Recipe(Strict):
     smoke: list[SmokeRow] = Field(
         default_factory=list, description="smoke rows, in order: chat, turns, get, log, numeric or dump"
     )
+    configurations: list[Configuration] = Field(
+        default_factory=list,
+        description="named serve configurations of this recipe (each the recipe with some serve flags, env values "
+        "or the chat rows' max_tokens changed); the first is the default of stackforge smoke",
+    )
     nightly: bool = Field(False, description="the nightly runs this recipe's smoke rows")
     tests: dict[Name, Slice] = Field(
         default_factory=dict,
@@ -250,15 +342,7 @@ class Recipe(Strict):
     @field_validator("serve", mode="before")
     @classmethod
     def _serve_shape(cls, value: object) -> object:
-        if isinstance(value, list):
-            return _flag_list(value)
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if item is False or item is None:
-                    raise ValueError(f"{key}: write true for a bare flag, or leave the flag out")
-                if isinstance(item, (int, float)) and not isinstance(item, bool):
-                    raise ValueError(f'{key}: {item!r} was read as a number; quote it, e.g. "{item}"')
-        return value
+        return _serve_shape(value)
 
     def problems(self) -> list[tuple[str, tuple, str]]:
         """What the recipe says that does not fit together: (message, key path, fix) each."""
@@ -301,6 +385,7 @@ class Recipe(Strict):
                     f"set image.overlay: {self.needs.overlay}",
                 )
             )
+        out += self._configuration_problems()
         if self.model.via == "env" and not any(e.default == self.model.id for e in self.env.values()):
             out.append(
                 (
@@ -311,12 +396,75 @@ class Recipe(Strict):
             )
         return out
 
+    def _configuration_problems(self) -> list[tuple[str, tuple, str]]:
+        out: list[tuple[str, tuple, str]] = []
+        seen: set[str] = set()
+        budgets = any(row.chat is not None or row.turns is not None for row in self.smoke)
+        for i, conf in enumerate(self.configurations):
+            at = ("configurations", i)
+            if conf.name in seen:
+                out.append((f"configurations[{i}].name: {conf.name!r} is used twice", (*at, "name"), "rename one"))
+            seen.add(conf.name)
+            for env in conf.env:
+                if env not in self.env:
+                    out.append(
+                        (
+                            f"configurations[{i}].env.{env}: the recipe declares no env override {env}",
+                            (*at, "env", env),
+                            f"declare it in env: (default and description), or drop it from {conf.name}",
+                        )
+                    )
+            if conf.max_tokens is not None and not budgets:
+                out.append(
+                    (
+                        f"configurations[{i}].max_tokens: the recipe has no chat or turns row to give it to",
+                        (*at, "max_tokens"),
+                        "drop max_tokens, or add a chat row",
+                    )
+                )
+        return out
+
     def flags(self) -> list[ServeFlag]:
         """The serve options in order, each with its key path (for file:line in errors)."""
         return [
             ServeFlag(name=name, value=None if value is True else value, at=("serve", name))
             for name, value in self.serve.items()
         ]
+
+    def configuration_flags(self) -> list[ServeFlag]:
+        """Every configuration's own serve options, each with its key path (lint checks them like serve:)."""
+        return [
+            ServeFlag(name=name, value=None if value is True else value, at=("configurations", i, "serve", name))
+            for i, conf in enumerate(self.configurations)
+            for name, value in conf.serve.items()
+        ]
+
+    def configuration(self, name: str | None = None) -> Configuration | None:
+        """The configuration called ``name`` (None: the first, the default); None when the recipe declares none.
+        Raises ``KeyError`` naming the known ones for a name it does not declare."""
+        if name is None:
+            return self.configurations[0] if self.configurations else None
+        for conf in self.configurations:
+            if conf.name == name:
+                return conf
+        known = ", ".join(c.name for c in self.configurations)
+        raise KeyError(f"no configuration {name!r} (the recipe declares {known or 'none'})")
+
+    def configured(self, name: str | None = None) -> Recipe:
+        """The recipe as configuration ``name`` (default: the first) runs it: its serve options added or
+        replacing the recipe's of the same name, its env values as the overrides' defaults, its max_tokens on
+        every chat and turns row. The recipe itself when it declares no configurations."""
+        conf = self.configuration(name)
+        if conf is None:
+            return self
+        env = {
+            key: e.model_copy(update={"default": conf.env[key]}) if key in conf.env else e
+            for key, e in self.env.items()
+        }
+        rows = [_with_budget(row, conf.max_tokens) for row in self.smoke]
+        return self.model_copy(
+            update={"serve": {**self.serve, **conf.serve}, "env": env, "smoke": rows, "configurations": []}
+        )
 
     def default_port(self) -> str:
         return self.readiness.port or next(iter(self.ports))
@@ -332,3 +480,14 @@ class Recipe(Strict):
         for flag in self.flags():
             args += flag.argv()
         return args
+
+
+def _with_budget(row: SmokeRow, max_tokens: int | None) -> SmokeRow:
+    """The row with ``max_tokens`` on its chat or turns request (unchanged when None or another kind)."""
+    if max_tokens is None:
+        return row
+    if row.chat is not None:
+        return row.model_copy(update={"chat": row.chat.model_copy(update={"max_tokens": max_tokens})})
+    if row.turns is not None:
+        return row.model_copy(update={"turns": row.turns.model_copy(update={"max_tokens": max_tokens})})
+    return row

@@ -60,6 +60,7 @@ class SmokeReport:
     duration_s: float = 0.0
     error: str | None = None  # why the run stopped early (readiness, the server died, interrupted)
     evidence: str | None = None
+    configuration: str | None = None  # the recipe's configuration that ran (None: the recipe declares none)
 
     @property
     def without_hardware(self) -> bool:
@@ -94,6 +95,7 @@ class SmokeReport:
         return {
             "recipe": self.recipe,
             "file": self.file,
+            "configuration": self.configuration,
             "image": self.image,
             "image_id": self.image_id,
             "stack": self.stack,
@@ -124,7 +126,8 @@ class SmokeReport:
             if self.without_hardware and self.verdict == NOT_RUN
             else None
         )
-        lines.append(f"smoke {self.recipe}: {self.verdict}" + (f" — {one_line(why)}" if why else ""))
+        name = self.recipe + (f" ({self.configuration})" if self.configuration else "")
+        lines.append(f"smoke {name}: {self.verdict}" + (f" — {one_line(why)}" if why else ""))
         return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ from stackforge import grammar
 from stackforge.clients.workspace import STACKS_DIR
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
-from stackforge.recipes.model import Hardware, Recipe, SmokeRow
+from stackforge.recipes.model import Hardware, LogLine, Recipe, SmokeRow
 from stackforge.signals import Interrupted
 from stackforge.smoke.checks import chat_body, chat_row, dump_row, numeric_row
 from stackforge.smoke.checks import content_of as _content
@@ -338,17 +338,42 @@ def run_row(row: SmokeRow, ctx: RowContext, result: RowResult | None = None) -> 
             return out.failed(f"GET {get.path} answered {_status(status, text)}, expected {get.status}", **details)
         return out.passed(**details)
     assert row.log is not None
-    pattern = re.compile(row.log.regex)
-    lines = ctx.logs().splitlines()
-    found = next((line for line in lines if pattern.search(line)), None)
+    return log_row(row.log, ctx.logs(), out)
+
+
+#: How many matching lines a log row keeps in its details (the count is always whole).
+LOG_LINES_KEPT = 20
+
+
+def log_row(log: LogLine, text: str, out: RowResult) -> RowResult:
+    """Count the log's lines matching ``log.regex`` against the row's bounds; the result names the lines."""
+    pattern = re.compile(log.regex)
+    lines = text.splitlines()
+    found = [line for line in lines if pattern.search(line)]
     backends = sorted({m.group(1).rstrip(".") for line in lines for m in [BACKEND_LINE.search(line)] if m})
-    details = {"regex": row.log.regex, "line": found, "backends_in_log": backends}
-    if found is None:
+    least, most = log.bounds()
+    details: dict[str, Any] = {
+        "regex": log.regex,
+        "expected": log.expectation(),
+        "matches": len(found),
+        "line": found[0] if found else None,
+        "lines": found[:LOG_LINES_KEPT],
+        "backends_in_log": backends,
+    }
+    if least <= len(found) and (most is None or len(found) <= most):
+        return out.passed(**details)
+    if not found:
         seen = f"the log says: {', '.join(f'Using {b} backend' for b in backends)}" if backends else ""
+        want = "" if (least, most) == (1, None) else f", expected {log.expectation()}"
         return out.failed(
-            f"no line of the server's log matches {row.log.regex!r}" + (f"; {seen}" if seen else ""), **details
+            f"no line of the server's log matches {log.regex!r}{want}" + (f"; {seen}" if seen else ""), **details
         )
-    return out.passed(**details)
+    shown = " | ".join(one_line(line, 200) for line in found[:3]) + (" | …" if len(found) > 3 else "")
+    return out.failed(
+        f"{len(found)} line{'s' if len(found) != 1 else ''} of the server's log match {log.regex!r}, "
+        f"expected {log.expectation()}: {shown}",
+        **details,
+    )
 
 
 def preflight(container: Container, hw: Hardware, missing: str | None) -> RowResult:
@@ -404,7 +429,8 @@ def _now() -> str:
 class SmokeOptions:
     """How a smoke runs, as ``stackforge smoke``'s flags (or the nightly) decide: built once and passed to
     :func:`smoke`. ``env``: values for the recipe's env (``--env``); ``readiness_timeout``: instead of the
-    recipe's; ``interval``: between readiness probes."""
+    recipe's; ``interval``: between readiness probes; ``configuration``: which of the recipe's configurations
+    runs (``--configuration``; the recipe with that configuration's flags, env values and token budget)."""
 
     allow_missing_hardware: bool = False
     env: dict[str, str] | None = None
@@ -412,6 +438,7 @@ class SmokeOptions:
     echo: Callable[[str], None] = lambda line: None
     interval: float = 1.0
     root: Path | None = None  # the repository numeric rows read reference files from (default: the recipe's)
+    configuration: str | None = None  # the recipe's configuration to run (None: its first, the default)
 
 
 def smoke(
@@ -429,7 +456,8 @@ def smoke(
     """Run the recipe's smoke against ``image`` as ``options`` say and write the evidence into ``outdir``."""
     options = options or SmokeOptions()
     allow_missing_hardware, echo = options.allow_missing_hardware, options.echo
-    recipe = loaded.model
+    conf = loaded.model.configuration(options.configuration)
+    recipe = loaded.model.configured(options.configuration)
     started = time.monotonic()
     report = SmokeReport(
         loaded.name,
@@ -440,6 +468,7 @@ def smoke(
         recipe.image.target,
         recipe.image.overlay,
         started_at=_now(),
+        configuration=conf.name if conf else None,
     )
     rows = [RowResult("preflight", "preflight"), RowResult("readiness", "readiness")]
     rows += [RowResult(r.name, r.kind) for r in recipe.smoke]
@@ -478,7 +507,7 @@ def smoke(
     shown = {k: (v if k not in extra else "<set by --env>") for k, v in spec.env.items()}
     report.container = {"name": spec.name, "docker": ["docker", *spec.argv(shown)], "env": shown}
     start = launcher or (lambda s: DockerContainer(engine, s))
-    echo(f"smoke: start {image} ({spec.name})")
+    echo(f"smoke: start {image} ({spec.name})" + (f", configuration {conf.name}" if conf else ""))
     container = start(spec)
     try:
         _run(
