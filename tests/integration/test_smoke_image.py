@@ -199,6 +199,15 @@ def test_qwen_moe_rows_find_torchadas_config_in_the_image(post2, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     moe = next(r for r in data["rows"] if r["name"] == "moe-config")
     assert "/torchada/triton/autotune/fused_moe/configs/triton_3_2_0/E=128,N=768," in moe["details"]["line"]
+    # probe B: the record's counts, read in the image by the recipe's own command
+    files = next(r for r in data["rows"] if r["name"] == "moe-config-files")
+    assert files["status"] == "passed"
+    assert {v["name"]: v["value"] for v in files["details"]["values"]} == {
+        "space_free": 100,
+        "spaced": 41,
+        "files": 141,
+        "aliases_identical": 41,
+    }
 
 
 def test_nemotron_runs_its_second_configuration(post2, tmp_path):

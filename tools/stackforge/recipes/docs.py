@@ -174,11 +174,11 @@ def _what(row: SmokeRow) -> str:
             f"`{' '.join(d.run.argv)}` with {d.level_env}={d.level}: each dump replayed by "
             f"`{' '.join(d.tool)} replay` matches the run within {_tol(d.tolerance)}"
         )
-    c = row.log
-    assert isinstance(c, LogLine)
-    if c.bounds() == (1, None):
-        return f"the server log has a line matching /{c.regex}/"
-    return f"the server log has {c.expectation()} matching /{c.regex}/"
+    log = row.log
+    assert isinstance(log, LogLine)
+    if log.bounds() == (1, None):
+        return f"the server log has a line matching /{log.regex}/"
+    return f"the server log has {log.expectation()} matching /{log.regex}/"
 
 
 def _tol(t: Tolerance) -> str:
