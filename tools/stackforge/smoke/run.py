@@ -41,6 +41,7 @@ from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
 from stackforge.recipes.model import Hardware, Recipe, SmokeRow
 from stackforge.signals import Interrupted
+from stackforge.smoke import triage
 from stackforge.smoke.report import FAILED, NOT_RUN, RowResult, SmokeReport, one_line, write_evidence
 
 #: How a container gets the accelerator (one place): the MT container toolkit's runtime exposes the devices
@@ -498,13 +499,16 @@ def smoke(
         raise
     finally:
         log = container.logs()
-        if isinstance(container, DockerContainer):
-            container.stop()
+        stop = getattr(container, "stop", None)
+        if callable(stop):  # the stop is marked in the log: an EngineDeadError after it is vLLM's shutdown
+            report.log_marks["stop"] = len(log.splitlines())
+            stop()
             log = container.logs() or log
         report.container["exit_code"] = container.exit_code()
         container.remove()
         report.container["removed"] = not (isinstance(container, DockerContainer) and container.exists())
         echo(f"smoke: removed {spec.name}")
+        triage.apply(report, log, triage.LogMarks(report.log_marks.get("rows", {}), report.log_marks.get("stop")))
         _finish(report, outdir, log, started)
     return report
 
@@ -562,11 +566,14 @@ def _run(
     for i, step in enumerate(recipe.smoke):
         result = rows[2 + i]
         t = time.monotonic()
+        first = _log_lines(container)
         run_row(step, ctx, result)
+        report.log_marks.setdefault("rows", {})[step.name] = [first, _log_lines(container)]
         # A server that dies drops its connections a moment before its process is gone: after a failed row,
         # give it a few seconds to show whether it is exiting, so the row says why it failed.
         if not container.running() or (result.status == FAILED and _stops_within(container, EXIT_GRACE_S)):
             code = container.exit_code()
+            report.log_marks["rows"][step.name][1] = _log_lines(container)  # what it logged while exiting
             why = f"the server exited (code {code}) during row {step.name!r}; last log lines:\n{tail(container.logs())}"
             result.failed(f"{result.reason}; {why}" if result.status == FAILED else why)
             _timed(result, t)
@@ -579,6 +586,11 @@ def _run(
 
 
 EXIT_GRACE_S = 3.0
+
+
+def _log_lines(container: Container) -> int:
+    """How many lines the container's log holds now (a row's span, for the EngineDeadError triage)."""
+    return len(container.logs().splitlines())
 
 
 def _stops_within(container: Container, seconds: float, interval: float = 0.1) -> bool:
