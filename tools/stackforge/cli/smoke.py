@@ -58,6 +58,14 @@ def register(sub) -> None:
         metavar="SECONDS",
         help="wait at most this long for readiness (default: the recipe's readiness.timeout_s)",
     )
+    p.add_argument(
+        "--device-uuid",
+        action="append",
+        default=[],
+        metavar="UUID",
+        help="the device uuid the lease granted (repeatable, or a comma list; default: $STACKFORGE_DEVICE_UUID): the "
+        "preflight fails when the container sees other devices, and is not run when it sees none",
+    )
     add_json(p, "smoke.json (the run, its hardware, container and rows)")
     p.set_defaults(func=cmd_smoke)
 
@@ -78,11 +86,13 @@ def default_image(recipe: LoadedRecipe, root: Path) -> str:
 
 
 def cmd_smoke(args) -> int:
+    from stackforge.smoke.device_uuid import expected
     from stackforge.smoke.run import SmokeOptions, parse_env, smoke
 
     root = root_of(args)
     recipe = load_recipe(root, args.recipe)
     env = parse_env(args.env)
+    device_uuids = expected(args.device_uuid)
     if args.readiness_timeout is not None and not 0 < args.readiness_timeout <= 86400:
         raise UserError(f"--readiness-timeout {args.readiness_timeout:g}: give 0 < SECONDS <= 86400")
     image = args.image or default_image(recipe, root)
@@ -102,6 +112,7 @@ def cmd_smoke(args) -> int:
         env=env,
         readiness_timeout=args.readiness_timeout,
         echo=lambda line: print(line, file=sys.stderr, flush=True),
+        device_uuids=device_uuids,
     )
     report = smoke(recipe, image, out, options, engine=engine, image_id=image_id)
     if args.json:

@@ -41,7 +41,7 @@ from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
 from stackforge.recipes.model import Hardware, Recipe, SmokeRow
 from stackforge.signals import Interrupted
-from stackforge.smoke import triage
+from stackforge.smoke import device_uuid, overlay_check, triage
 from stackforge.smoke.report import FAILED, NOT_RUN, RowResult, SmokeReport, one_line, write_evidence
 
 #: How a container gets the accelerator (one place): the MT container toolkit's runtime exposes the devices
@@ -60,7 +60,7 @@ ENV_ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 
 #: Run by the image's python inside the container: what the preflight row records.
 PREFLIGHT = r"""
-import glob, json, os, platform
+import glob, json, os, platform, sys
 from importlib import metadata
 def version(dist):
     try:
@@ -75,6 +75,32 @@ def read(path):
         return None
 home = os.environ.get("MUSA_HOME") or "/usr/local/musa"
 runtime = next(filter(None, (read(os.path.join(home, n)) for n in ("version.txt", "version.json"))), None)
+def uuids():
+    # torch_musa (its import registers torch.musa) mirrors torch.cuda: a device's properties carry its uuid
+    try:
+        import torch
+        try:
+            import torch_musa  # noqa: F401
+        except ImportError:
+            pass
+        musa = getattr(torch, "musa", None)
+        if musa is not None and musa.is_available():
+            found = [str(musa.get_device_properties(i).uuid) for i in range(musa.device_count())]
+            if found:
+                return found, "torch.musa.get_device_properties(i).uuid"
+    except Exception:
+        pass
+    import re, shutil, subprocess
+    if shutil.which("mthreads-gmi"):
+        try:
+            out = subprocess.run(["mthreads-gmi", "-q"], capture_output=True, text=True, timeout=60).stdout
+        except Exception:
+            out = ""
+        found = re.findall(r"(?im)^\s*(?:GPU\s+)?UUID\s*:\s*(\S+)", out)
+        if found:
+            return found, "mthreads-gmi -q"
+    return [], None
+visible_uuids, uuid_source = uuids() if "uuids" in sys.argv[1:] else ([], None)
 print(json.dumps({
     "python": platform.python_version(),
     "versions": {d: version(d) for d in ("torch", "torch_musa", "vllm", "vllm_musa", "mate", "torchada")},
@@ -83,6 +109,8 @@ print(json.dumps({
     "musa_driver": read("/sys/module/mtgpu/version"),
     "musa_runtime": runtime,
     "musa_home": home if os.path.isdir(home) else None,
+    "uuids": visible_uuids,
+    "uuid_source": uuid_source,
 }))
 """
 
@@ -360,10 +388,11 @@ def _status(status: int | None, text: str) -> str:
     return f"HTTP {status}" + (f" ({one_line(text, 160)})" if status >= 400 and text else "")
 
 
-def preflight(container: Container, hw: Hardware, missing: str | None) -> RowResult:
-    """Inside the container: the devices it sees and the runtime versions (the image's python)."""
+def preflight(container: Container, hw: Hardware, missing: str | None, device_uuids: Sequence[str] = ()) -> RowResult:
+    """Inside the container: the devices it sees and the runtime versions (the image's python); with
+    ``device_uuids`` (the lease's), the visible devices' uuids must be exactly those."""
     row = RowResult("preflight", "preflight")
-    code, text = container.exec(["python", "-c", PREFLIGHT], timeout=120)
+    code, text = container.exec(["python", "-c", PREFLIGHT, *(["uuids"] if device_uuids else [])], timeout=120)
     if code != 0 and not container.running():
         return row.failed(f"the container exited (code {container.exit_code()}) before the preflight could run")
     if code != 0:
@@ -379,6 +408,8 @@ def preflight(container: Container, hw: Hardware, missing: str | None) -> RowRes
         return row.failed(f"{len(devices)} device(s) visible in the container, the recipe needs {hw.count}", **facts)
     if missing is not None:
         facts["note"] = f"ran without the declared hardware: {missing}"
+    if device_uuids:
+        return device_uuid.compare(row, facts, device_uuids)
     return row.passed(**facts)
 
 
@@ -420,6 +451,9 @@ class SmokeOptions:
     readiness_timeout: float | None = None
     echo: Callable[[str], None] = lambda line: None
     interval: float = 1.0
+    #: the device uuids the lease granted (``--device-uuid``, ``$STACKFORGE_DEVICE_UUID``): the preflight fails
+    #: when the container sees others, and cannot pass when it sees none
+    device_uuids: tuple[str, ...] = ()
 
 
 def smoke(
@@ -438,6 +472,8 @@ def smoke(
     options = options or SmokeOptions()
     allow_missing_hardware, echo = options.allow_missing_hardware, options.echo
     recipe = loaded.model
+    if engine is not None and (recipe.needs.overlay or recipe.image.overlay):  # before anything starts
+        overlay_check.require_overlay(loaded, image, overlay_check.image_labels(engine, image))
     started = time.monotonic()
     report = SmokeReport(
         loaded.name,
@@ -489,7 +525,17 @@ def smoke(
     echo(f"smoke: start {image} ({spec.name})")
     container = start(spec)
     try:
-        _run(report, container, recipe, missing, options.readiness_timeout, request, options.interval, echo)
+        _run(
+            report,
+            container,
+            recipe,
+            missing,
+            options.readiness_timeout,
+            request,
+            options.interval,
+            echo,
+            device_uuids=options.device_uuids,
+        )
     except Interrupted as intr:
         for row in rows:
             if row.status == NOT_RUN and row.reason is None:
@@ -522,10 +568,11 @@ def _run(
     request: Callable[..., tuple[int | None, str]],
     interval: float,
     echo: Callable[[str], None],
+    device_uuids: Sequence[str] = (),
 ) -> None:
     rows = report.rows
     t = time.monotonic()
-    rows[0] = _timed(preflight(container, recipe.hardware, missing), t)
+    rows[0] = _timed(preflight(container, recipe.hardware, missing, device_uuids), t)
     echo(f"smoke: preflight {rows[0].status}")
 
     ready_row = rows[1]
