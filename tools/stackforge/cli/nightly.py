@@ -97,4 +97,4 @@ def cmd_nightly(args) -> int:
         print_json(summary.to_json())
     else:
         print(summary.markdown())
-    return 0 if summary.ok else 1
+    return summary.exit_code
