@@ -317,6 +317,7 @@ def cmd_verify(args) -> int:
 
     if overlay_of(labels):
         verify_overlay(result, loaded.root, args.image, labels, engine)
+    subject = f"{args.image} against {stack.name}"
     if args.json:
         print_json(
             {
@@ -325,12 +326,14 @@ def cmd_verify(args) -> int:
                 "ok": not result.failed,
                 "failed": result.failed,
                 "lines": result.lines,
+                "checked": result.checked(),
+                "summary": result.summary(subject),
             }
         )
         return 1 if result.failed else 0
     for line in result.lines:
         print(line)
-    print(f"verify {args.image} against {stack.name}: " + ("ok" if not result.failed else f"{result.failed} FAIL"))
+    print(result.summary(subject))
     return 1 if result.failed else 0
 
 
