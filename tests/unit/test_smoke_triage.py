@@ -159,6 +159,8 @@ def test_an_engine_dead_error_during_shutdown_is_noted_and_the_run_passes(tmp_pa
     (entry,) = report.engine_dead
     assert entry["phase"] == "shutdown" and entry["line_no"] > report.log_marks["stop"]
     assert entry["line"].endswith("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+    # the whole logged traceback, and vLLM's shutdown lines ahead of it
+    assert any(line.endswith("[shutdown] MPClient: engine manager stopped") for line in entry["context"])
     data = json.loads((tmp_path / "o" / SMOKE_JSON).read_text())
     assert data["engine_dead"] == [entry] and data["log_marks"]["stop"] == report.log_marks["stop"]
     noted = [line for line in report.table().splitlines() if line.startswith("NOTED")]
@@ -177,4 +179,5 @@ def test_an_engine_that_dies_while_serving_fails_its_row_with_the_lines(tmp_path
     assert rows["backend"].status == "not-run"
     (entry,) = report.engine_dead
     assert entry["phase"] == "serving" and entry["row"] == "five-turns"
+    assert any(line.endswith("RuntimeError: stand-in failure mode engine-dead") for line in entry["context"])
     assert report.verdict == "failed" and report.exit_code == 1

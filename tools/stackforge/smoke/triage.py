@@ -29,7 +29,10 @@ ENGINE_DEAD = re.compile(r"(?<![\w.])(?<!except )(?:vllm\.v1\.engine\.exceptions
 #: EngineCore), `Shutting down FastAPI HTTP server.`, uvicorn's `Shutting down`.
 SHUTDOWN_LINE = re.compile(r"\[shutdown\]|Shutting down FastAPI HTTP server|INFO:\s+Shutting down\s*$")
 SHUTDOWN, SERVING = "shutdown", "serving"
-BEFORE, AFTER = 6, 2  # context lines kept around each error
+BEFORE, AFTER = 6, 2  # context lines kept around each error (before: ahead of its traceback)
+TRACEBACK = 40  # the longest traceback taken whole
+#: vLLM's logger tag, ``[async_llm.py:538]``: the lines of one logged traceback all carry the same one
+TAG = re.compile(r"\[[\w./-]+:\d+\]")
 MERGE = 3  # hits this close together are one error (a chained traceback)
 
 
@@ -65,13 +68,24 @@ def find(log: str, marks: LogMarks) -> list[dict[str, Any]]:
             "line_no": i + 1,
             "line": text.strip(),
             "row": None if shutdown else marks.row_at(i),
-            "context": [line.rstrip() for line in lines[max(0, i - BEFORE) : i + AFTER + 1]],
+            "context": [line.rstrip() for line in lines[max(0, _block_start(lines, i) - BEFORE) : i + AFTER + 1]],
         }
         if shutdown:
             assert marks.stop is not None
             entry["after"] = next((t.strip() for t in lines[marks.stop : i] if SHUTDOWN_LINE.search(t)), None)
         out.append(entry)
     return out
+
+
+def _block_start(lines: list[str], i: int) -> int:
+    """Where the logged traceback that ends at line ``i`` starts: the lines before it with the same logger tag."""
+    tag = TAG.search(lines[i])
+    if tag is None:
+        return i
+    start = i
+    while start > 0 and i - start < TRACEBACK and tag.group(0) in lines[start - 1]:
+        start -= 1
+    return start
 
 
 def reason(entry: dict[str, Any]) -> str:
