@@ -16,8 +16,9 @@ orchestration runs unchanged against any process that serves the recipe's ports.
    that exits fails the run at once, with its last log lines) and within the timeout;
 5. the recipe's rows in order (chat, turns, get, log); a server that dies during a row fails that row,
    and the rows after it are ``not-run``;
-6. always (also on SIGINT/SIGTERM): the log is kept, the container stopped and removed, and the
-   evidence written.
+6. always (also on SIGINT/SIGTERM): the log is kept, the container stopped (how many log lines came before
+   the stop is noted) and removed, vLLM's EngineDeadError triaged from the log (:mod:`stackforge.smoke.triage`:
+   during the shutdown noted, while serving the row fails), and the evidence written.
 """
 
 from __future__ import annotations
