@@ -10,11 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from stackforge.builder import evidence
 from stackforge.builder import verify as verifymod
 from stackforge.builder.plan import LABEL_NS
-from stackforge.builder.verify import Verification, verify
+from stackforge.builder.verify import Verification, local_record, verify
 from stackforge.cli.publish import print_verification
 from stackforge.stack.load import fingerprint, load
+from tests.fixtures.stack_support import make_root
 
 REPO = Path(__file__).resolve().parents[2]
 GATE = [f"PASS import {n:<10} version=1.0" for n in ("torch", "vllm", "numpy")] + ["gate result: 3 PASS, 0 FAIL"]
@@ -104,3 +106,19 @@ def test_the_cli_ends_with_the_summary_and_json_carries_the_same_list(gate, caps
     v.add(False, "record  digest=sha256:0 does not match the pulled digest")
     assert print_verification(SimpleNamespace(json=False), v, "verify reg/x:t") == 1
     assert capsys.readouterr().out.splitlines()[-1].endswith("— 1 failed, refused")
+
+
+def test_a_local_verify_reads_the_record_its_published_build_kept(tmp_path, gate):
+    loaded = load("post2", root=make_root(tmp_path))
+    root = loaded.root / "build" / "post2" / "evidence"
+    root.mkdir(parents=True)
+    build = evidence.new_build(root)
+    (build / evidence.RESULT).write_text(json.dumps({"ok": True, "image_id": "sha256:" + "1" * 64}))
+    assert local_record(loaded, "sha256:" + "1" * 64) is None  # built, never published
+    smoke = {"qwen3-8b": {"verdict": "passed", "rows": [{"name": "capital", "status": "passed"}]}}
+    (build / "record.json").write_text(json.dumps({"attached": {}, "record": {"smoke": smoke}}))
+    assert local_record(loaded, "sha256:" + "1" * 64) == {"smoke": smoke}
+    assert local_record(loaded, "sha256:" + "2" * 64) is None  # another image: no build here made it
+    v = verify(loaded, "img:1", labels_of(loaded), engine=object())  # type: ignore[arg-type]
+    v.record_smoke = smoke
+    assert v.summary("img:1 against post2").endswith("tests: none recorded, smoke 1/1 recipes passed — 0 failed")

@@ -7,9 +7,12 @@ check run again inside the image, with a read-only root filesystem.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from stackforge.builder import evidence
+from stackforge.builder.context import build_dir_for
 from stackforge.builder.gate import run_gate
 from stackforge.builder.plan import LABEL_NS, gate_spec
 from stackforge.clients.engine import Engine
@@ -144,6 +147,21 @@ def _part(c: dict[str, Any]) -> str:
     else:
         text = what
     return text if c["ok"] is not False or what in ("tests", "smoke") else f"{text} (FAILED)"
+
+
+def local_record(loaded: LoadedStack, image_id: str | None) -> dict[str, Any] | None:
+    """The publish record the build that made ``image_id`` kept (``record.json`` of its evidence, written when
+    it was published); None when no build here made the image, or it was never published."""
+    if not image_id:
+        return None
+    build, _ = evidence.find_gated(build_dir_for(loaded) / "evidence", image_id)
+    path = build / "record.json" if build is not None else None
+    try:
+        kept = json.loads(path.read_text()) if path is not None and path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    record = kept.get("record") if isinstance(kept, dict) else None
+    return record if isinstance(record, dict) else None
 
 
 def image_labels(engine: Engine, image: str) -> dict[str, str]:

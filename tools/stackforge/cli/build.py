@@ -299,7 +299,7 @@ def _build_overlay(args, loaded, opts: BuildOptions) -> int:
 
 
 def cmd_verify(args) -> int:
-    from stackforge.builder.verify import image_labels, stack_of, verify
+    from stackforge.builder.verify import image_labels, local_record, stack_of, verify
     from stackforge.clients.registry import is_remote
 
     engine = workspace_of(args).engine
@@ -313,6 +313,9 @@ def cmd_verify(args) -> int:
     loaded = load(args, args.stack or stack_of(labels, args.image))
     stack = loaded.model
     result = verify(loaded, args.image, labels, engine)
+    kept = local_record(loaded, engine.image_id(args.image))  # the record its build kept, when it was published
+    if kept is not None:
+        result.record_tests, result.record_smoke = kept.get("tests"), kept.get("smoke")
     from stackforge.overlay.verify import overlay_of, verify_overlay
 
     if overlay_of(labels):
