@@ -5,6 +5,7 @@ and whole runs go against the stand-in server, stopped with SIGTERM as ``docker 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,19 @@ def serving_log() -> list[str]:
         DEAD.replace("06:06:49", "05:16:23"),
         '(APIServer pid=1) INFO:     127.0.0.1:50002 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error',
     ]
+
+
+def test_the_facts_name_the_vllm_files_and_commits_they_were_read_at():
+    files = {k: v for k, v in engine_dead_facts().items() if k.startswith("vllm/")}
+    assert set(files) >= {
+        "vllm/v1/engine/exceptions.py",
+        "vllm/v1/engine/async_llm.py",
+        "vllm/v1/engine/core_client.py",
+    }
+    for path, entry in files.items():
+        assert re.fullmatch(r"[0-9a-f]{40}", entry["commit"]) and entry["pinned"] is False, path
+        assert entry.get("lines") or entry.get("calls"), path
+    assert "AsyncLLM output_handler failed." in files["vllm/v1/engine/async_llm.py"]["calls"][0]
 
 
 def test_the_pattern_takes_the_exception_line_not_the_source_lines():
