@@ -213,3 +213,10 @@ def test_passed_failed_and_not_run_are_counted_apart_per_recipe_and_in_totals():
     assert "— 2 of 4 passed, 1 failed, 1 not run in" in md and "Smoke recipes: 2 passed, 1 failed, 2 not run." in md
     assert "| failed (qwen3-8b failed, dsv2 not-run, nemotron passed) |" in md  # each recipe's verdict
     assert "| NOT RUN (smoke) |" in md and "| passed |" in md and "| no nightly recipe |" in md
+
+
+def test_the_nightly_hands_the_leases_device_uuids_to_each_smoke(tmp_path):
+    fakes = Fakes(tmp_path, ["passed"])
+    run = dataclasses.replace(fakes.run(qwen_recipes()), device_uuids=("d6a04b9f-fec2-2c87-aa03-a8360298e63b",))
+    _one(run, load("post2"), "vllm-openai")
+    assert fakes.smoked[0][3]["options"].device_uuids == ("d6a04b9f-fec2-2c87-aa03-a8360298e63b",)

@@ -75,6 +75,8 @@ def register(sub) -> None:
 
 
 def cmd_nightly(args) -> int:
+    from stackforge.smoke.device_uuid import expected
+
     # A --set scope must name a stack this run builds: the named ones, else the declared nightly stacks.
     select(args, args.stacks or declared_nightly(root_of(args)))
     policy = retry_policy(args)
@@ -91,6 +93,7 @@ def cmd_nightly(args) -> int:
         freshness=args.freshness,
         drift=args.drift,
         preflight=args.preflight,
+        device_uuids=expected([]),  # the lease's $STACKFORGE_DEVICE_UUID, for each smoke's preflight
     )
     summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))
     if args.json:

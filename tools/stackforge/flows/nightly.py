@@ -348,6 +348,8 @@ class NightlyOptions:
     #: before the bake, check every endpoint the night needs (doctor's rows and the registry push): stop in
     #: seconds, naming what failed, instead of after a night of building
     preflight: bool = True
+    #: the device uuids the lease granted (``$STACKFORGE_DEVICE_UUID``): each smoke's preflight compares them
+    device_uuids: tuple[str, ...] = ()
 
 
 def nightly(
@@ -528,6 +530,7 @@ def _bake_and_build(
         smoke=smoke,
         recipes=recipes,
         allow_missing_hardware=options.allow_missing_hardware,
+        device_uuids=options.device_uuids,
     )
     for stack in loaded:
         try:
@@ -586,6 +589,7 @@ class NightlyRun:
     smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
     recipes: Any = None  # stackforge.flows.nightly_smoke.NightlyRecipes
     allow_missing_hardware: bool = False
+    device_uuids: tuple[str, ...] = ()
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -669,7 +673,7 @@ def _smoke_then_aliases(
         ref,
         evidence or _evidence_dir(stack),
         run.smoke,
-        SmokeOptions(allow_missing_hardware=run.allow_missing_hardware),
+        SmokeOptions(allow_missing_hardware=run.allow_missing_hardware, device_uuids=run.device_uuids),
         engine=run.engine,
         image_id=run.engine.image_id(ref),
     )
