@@ -192,4 +192,4 @@ def test_the_preflight_cannot_compare_a_uuid_without_a_device(post2, tmp_path):
     assert pre["status"] == "not-run" and "the device uuid could not be compared" in pre["reason"]
     assert pre["details"]["uuid_check"] == {"expected": [lease], "visible": [], "source": None}
     bad = mb.stackforge("smoke", "qwen3-8b", "--image", post2.image, "--device-uuid", "not a uuid")
-    assert bad.returncode == 2 and "--device-uuid 'not a uuid' is not a device uuid" in bad.stderr
+    assert bad.returncode == 2 and "error: --device-uuid: 'not a uuid' is not a device uuid" in bad.stderr

@@ -36,7 +36,7 @@ def expected(given: Sequence[str], env: Mapping[str, str] | None = None) -> tupl
         for part in filter(None, (p.strip() for p in value.split(","))):
             if not UUID.match(part):
                 raise UserError(
-                    f"{where} {part!r} is not a device uuid",
+                    f"{part!r} is not a device uuid",
                     file=where,
                     fix="give the uuid the lease granted, e.g. d6a04b9f-fec2-2c87-aa03-a8360298e63b (a comma list "
                     "for several devices)",
