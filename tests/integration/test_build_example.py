@@ -161,7 +161,11 @@ def test_verify_checks_labels_pins_and_reruns_the_gate(built):
     assert "PASS pin     idna       label=3.10 stack=3.10" in lines
     assert any(l.startswith("PASS fingerprint") for l in lines)
     assert "  PASS probe  speedups-compiled result=compiled" in lines
-    assert lines[-1] == f"verify {tag} against example: ok"
+    # one line of what it checked, the last: the kinds, the pins by name, the gate's lines, the record's none
+    assert lines[-1].startswith(f"verified {tag} against example: labels, ") and lines[-1].endswith(" — 0 failed")
+    pins = len({l.split()[2] for l in lines if l.startswith("PASS pin ")})
+    assert f", {pins} pins, " in lines[-1] and ", fingerprint, gate " in lines[-1]
+    assert ", read-only gate, tests: none recorded, smoke: none recorded — " in lines[-1]
     # Checked against another declaration, the pins and the fingerprint disagree: exit 1, each named.
     bad = stackforge(
         root, "verify", tag, "--set", f"tags.local={tag}", "--set", "packages.idna.version=3.9", check=False
@@ -169,7 +173,8 @@ def test_verify_checks_labels_pins_and_reruns_the_gate(built):
     assert bad.returncode == 1
     assert "FAIL pin     idna       label=3.10 stack=3.9" in bad.stdout
     assert "FAIL import idna       expected=3.9 found=3.10" in bad.stdout
-    assert bad.stdout.splitlines()[-1].endswith("3 FAIL")
+    assert bad.stdout.splitlines()[-1].startswith(f"NOT verified {tag} against example: labels, ")
+    assert bad.stdout.splitlines()[-1].endswith("— 3 failed") and " pins (FAILED)" in bad.stdout
 
 
 def test_patch_change_reruns_src_kernels_gate_but_not_deps(built, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -148,7 +149,7 @@ def test_the_installed_wheel_verifies_a_published_image_from_an_empty_directory(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout.splitlines()
     assert "PASS gate    re-run inside the image with a read-only root filesystem" in out
-    assert out[-1] == f"verify {repository}:{tag}: ok"
+    assert out[-1].startswith(f"verified {repository}:{tag}: digest, record, ") and out[-1].endswith("— 0 failed")
     module = subprocess.run([str(installed_cli.parent / "python"), "-c", "import stackforge; print(stackforge.__file__)"],
                             capture_output=True, text=True, cwd=tmp_path, env=env, check=True).stdout  # fmt: skip
     assert str(installed_cli.parents[2]) in module and str(REPO) not in module  # the wheel's copy, not the checkout
@@ -164,7 +165,7 @@ def test_pull_then_verify_from_an_empty_directory(two_builds, published, tmp_pat
     pulled = stackforge(root, "pull", "example", "--registry", repository.rsplit("/", 1)[0])
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     assert f"PASS digest  {repository}:{tag} resolves to {published['digest']}" in pulled.stdout
-    assert pulled.stdout.strip().endswith(": ok")
+    assert pulled.stdout.strip().endswith(" — 0 failed") and "(pulled): digest, record, " in pulled.stdout
 
     empty = tmp_path / "operator"
     empty.mkdir()
@@ -177,17 +178,20 @@ def test_pull_then_verify_from_an_empty_directory(two_builds, published, tmp_pat
     assert "PASS pin     idna label=3.10 record=3.10" in out
     assert any(l.startswith("PASS stack   example.yaml sha256 image=sha256:") for l in out)
     assert "PASS gate    re-run inside the image with a read-only root filesystem" in out
-    assert out[-1] == f"verify {repository}:{tag}: ok"
+    summary = out[-1]  # one line of what it checked: the record's smoke and tests when it holds them
+    assert summary.startswith(f"verified {repository}:{tag}: digest, record, tag, image id, labels, ")
+    assert re.search(r", \d+ pins, fingerprint, \d+ stack files?, ", summary), summary
+    assert ", read-only gate, tests: none recorded, smoke" in summary and summary.endswith(" — 0 failed")
     assert list(empty.iterdir()) == []  # nothing written where it ran
 
     # no checkout: the repository alone, its tag scheme read off its tags (the fallback tag and alias left out)
     by_repo = stackforge(None, "pull", repository, cwd=empty)
     assert by_repo.returncode == 0, by_repo.stdout + by_repo.stderr
     assert f"PASS digest  {repository}:{tag} resolves to {published['digest']}" in by_repo.stdout
-    assert by_repo.stdout.strip().endswith(f"pull {repository}:{tag}: ok")
+    assert by_repo.stdout.strip().splitlines()[-1].startswith(f"verified {repository}:{tag} (pulled): digest, ")
     namespace, name = repository.rsplit("/", 1)
     same = stackforge(None, "pull", name, "--registry", namespace, "--date", DATE, cwd=empty)
-    assert same.returncode == 0 and same.stdout.strip().endswith(f"pull {repository}:{tag}: ok"), same.stdout
+    assert same.returncode == 0 and f"verified {repository}:{tag} (pulled): " in same.stdout, same.stdout
     assert list(empty.iterdir()) == []
 
 
@@ -216,7 +220,7 @@ def test_a_tampered_record_and_a_digest_that_does_not_match_it_are_refused(two_b
     proc = stackforge(None, "verify", f"{repository}:{tag}", cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "FAIL pin     idna label=3.10 record=3.11" in proc.stdout.splitlines()
-    assert proc.stdout.strip().endswith("FAIL, refused")
+    assert proc.stdout.strip().endswith("failed, refused") and "pins (FAILED)" in proc.stdout.splitlines()[-1]
 
     other = "sha256:" + "0" * 64
     tamper(repository, digest, {"digest": other}, "2999-01-02T00:00:00Z")
@@ -276,7 +280,7 @@ def test_an_overlay_is_verified_and_pulled_from_the_registry_alone(overlay_publi
     assert "PASS overlay range files and files re-hashed inside the image with a read-only root" in out
     assert any(l.startswith("PASS stack   example.yaml sha256 image=sha256:") for l in out)  # the base's stack
     assert "PASS gate    re-run inside the image with a read-only root filesystem" in out
-    assert out[-1] == f"verify {ref}: ok"
+    assert out[-1].startswith(f"verified {ref}: digest, record, ") and ", overlay, " in out[-1]
 
     two = stackforge(None, "pull", repository, cwd=tmp_path)  # the stack's tags and the overlay's
     assert two.returncode == 2 and "holds 2 tag schemes:" in two.stderr, two.stderr
@@ -294,4 +298,4 @@ def test_an_overlay_whose_labels_disagree_with_its_record_is_refused(overlay_pub
     assert any(l.startswith("FAIL overlay files label=sha256:") and l.endswith(f"record={other}") for l in out)
     assert ("FAIL overlay the labels disagree with the record: the image is not the overlay the record describes; "
             "refused") in out  # fmt: skip
-    assert proc.stdout.strip().endswith("FAIL, refused")
+    assert proc.stdout.strip().endswith("failed, refused") and "overlay (FAILED)" in out[-1]

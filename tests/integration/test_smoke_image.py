@@ -216,3 +216,72 @@ def test_nemotron_runs_its_second_configuration(post2, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert data["configuration"] == "budget-24" and "smoke nemotron-3.5-mtp6 (budget-24):" in proc.stdout
     assert {r["name"]: r["status"] for r in data["rows"]}["mtp-lines"] == "passed"
+
+
+# -- verdicts: vLLM's EngineDeadError, the overlay a recipe needs, the lease's device uuid ---------------------
+
+
+def test_the_stop_is_marked_and_vllms_shutdown_follows_it(post2, tmp_path):
+    proc, data = run(post2.image, tmp_path / "stop")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (tmp_path / "stop" / "container.log").read_text().splitlines()
+    stop = data["log_marks"]["stop"]
+    assert 0 < stop < len(log) and not any("[shutdown]" in line for line in log[:stop])
+    after = log[stop:]  # `docker stop`'s SIGTERM reached the image's `vllm serve` (PID 1)
+    assert any(line.endswith("[shutdown] API server: shutdown triggered") for line in after), after
+    assert any(line.endswith("INFO:     Application shutdown complete.") for line in after)
+    assert data["engine_dead"] == [] and list(data["log_marks"]["rows"]) == ["capital", "five-turns", "backend"]
+
+
+def test_an_engine_dead_error_during_the_shutdown_is_noted_and_passes(post2, tmp_path):
+    proc, data = run(post2.image, tmp_path / "r2", "--env", "STANDIN_SERVE_FAIL=dead-on-shutdown")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {r["status"] for r in data["rows"]} == {"passed"}
+    (entry,) = data["engine_dead"]
+    assert entry["phase"] == "shutdown" and entry["row"] is None and entry["line_no"] > data["log_marks"]["stop"]
+    assert entry["line"].endswith(
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the "
+        "root cause."
+    )
+    assert any(line.endswith("[shutdown] MPClient: engine manager stopped") for line in entry["context"])
+    noted = [line for line in proc.stdout.splitlines() if line.startswith("NOTED")]
+    assert len(noted) == 1 and "EngineDeadError during shutdown" in noted[0] and "not a failure" in noted[0]
+
+
+def test_an_engine_that_dies_while_serving_fails_its_row_with_the_lines(post2, tmp_path):
+    proc, data = run(post2.image, tmp_path / "r1", "--env", "STANDIN_SERVE_FAIL=engine-dead:2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = {r["name"]: r for r in data["rows"]}
+    assert rows["capital"]["status"] == "passed" and rows["backend"]["status"] == "not-run"
+    turns = rows["five-turns"]
+    assert turns["status"] == "failed" and turns["reason"].startswith("turn 1 of 5 answered HTTP 500")
+    assert "vLLM's EngineDeadError while serving (container.log line" in turns["reason"]
+    assert "RuntimeError: stand-in failure mode engine-dead" in turns["reason"]  # the engine's own error beside it
+    (entry,) = data["engine_dead"]
+    assert entry["phase"] == "serving" and entry["row"] == "five-turns" and turns["details"]["engine_dead"]
+    assert "EngineDeadError while serving" in proc.stdout and data["verdict"] == "failed"
+
+
+def test_a_recipe_that_needs_an_overlay_refuses_the_release_image(post2, tmp_path):
+    out = tmp_path / "jev"
+    proc = mb.stackforge(
+        "smoke", "diffusion-gemma", "--image", post2.image, "--allow-missing-hardware", "--out", str(out)
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "error: recipes/diffusion-gemma.yaml:" in proc.stderr
+    assert "needs.overlay is 'jev', but the image" in proc.stderr and "carries no org.stackforge.overlay label" in (
+        proc.stderr
+    )
+    assert "stackforge build post2 --overlay jev" in proc.stderr
+    assert not out.exists() and "smoke: start" not in proc.stderr  # refused before any container started
+
+
+def test_the_preflight_cannot_compare_a_uuid_without_a_device(post2, tmp_path):
+    lease = "d6a04b9f-fec2-2c87-aa03-a8360298e63b"
+    proc, data = run(post2.image, tmp_path / "uuid", "--device-uuid", lease)
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # not run: never a pass
+    pre = data["rows"][0]
+    assert pre["status"] == "not-run" and "the device uuid could not be compared" in pre["reason"]
+    assert pre["details"]["uuid_check"] == {"expected": [lease], "visible": [], "source": None}
+    bad = mb.stackforge("smoke", "qwen3-8b", "--image", post2.image, "--device-uuid", "not a uuid")
+    assert bad.returncode == 2 and "error: --device-uuid: 'not a uuid' is not a device uuid" in bad.stderr

@@ -11,6 +11,7 @@ import pytest
 from stackforge.cli.main import main
 from stackforge.errors import UserError
 from stackforge.flows import history
+from stackforge.flows.nightly import Row, Summary
 from tests.fixtures.nights import Image, write_night
 
 D1 = "sha256:" + "a" * 64
@@ -105,3 +106,38 @@ def test_evidence_named_outside_its_night_is_not_read(tmp_path):
     (night / "summary.json").write_text(json.dumps(data))
     (image,) = history.read_nights(root)[0].images
     assert image.dists == [] and not image.kept and image.size is None
+
+
+def test_a_night_counts_not_run_apart_from_passed_and_failed(tmp_path):
+    """A night whose smoke did not run (no device on its host) is neither passed nor failed, per recipe and in
+    the totals: the summary the nightly writes, read back by the site."""
+    night = tmp_path / "nightly" / "20261201"
+    night.mkdir(parents=True)
+    rows = [
+        Row(
+            "post2",
+            "vllm-openai",
+            "not-run",
+            stage="smoke",
+            smoke="not-run",
+            smoke_recipes={"qwen3-8b": "not-run", "dsv2": "not-run"},
+            reason="smoke not-run (no device)",
+        ),
+        Row("post1", "vllm-openai", "published", smoke="passed", smoke_recipes={"qwen3-8b": "passed"}),
+        Row(
+            "post0",
+            "vllm-openai",
+            "failed",
+            stage="smoke",
+            smoke="failed",
+            smoke_recipes={"qwen3-8b": "failed", "dsv2": "passed"},
+        ),
+    ]
+    (night / "summary.json").write_text(json.dumps(Summary("20261201", "r.example/t", rows=rows).to_json()))
+    index, (read,) = history.history(tmp_path / "nightly", tmp_path / "site")
+    assert (read.passed, read.failed, read.not_run) == (1, 1, 1)
+    assert read.smoke_counts == {"passed": 2, "failed": 1, "not_run": 2}
+    html = index.read_text()
+    assert "1 of 3 passed, 1 failed, 1 not run" in html and "Smoke recipes: 2 passed, 1 failed, 2 not run." in html
+    assert re.search(r'<tr class="not-run">\s*<td>post2</td>', html)  # not painted green, nor red
+    assert "not-run (qwen3-8b not-run, dsv2 not-run)" in html and "failed (qwen3-8b failed, dsv2 passed)" in html

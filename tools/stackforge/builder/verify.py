@@ -7,8 +7,12 @@ check run again inside the image, with a read-only root filesystem.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
+from stackforge.builder import evidence
+from stackforge.builder.context import build_dir_for
 from stackforge.builder.gate import run_gate
 from stackforge.builder.plan import LABEL_NS, gate_spec
 from stackforge.clients.engine import Engine
@@ -25,10 +29,139 @@ class Verification:
     stack: str
     lines: list[str] = field(default_factory=list)
     failed: int = 0
+    #: the publish record's ``tests`` and ``smoke`` (a published image's verify); None: no record read, or the
+    #: record holds none
+    record_tests: Any = None
+    record_smoke: Any = None
 
     def add(self, ok: bool, text: str) -> None:
         self.lines.append(("PASS " if ok else "FAIL ") + text)
         self.failed += not ok
+
+    def checked(self) -> list[dict[str, Any]]:
+        """What was checked, in order, as ``{what, count, ok}`` (see :func:`checked`)."""
+        return checked(self)
+
+    def summary(self, subject: str) -> str:
+        """The one line that ends a verify: what it checked and how many checks failed."""
+        parts = [_part(c) for c in self.checked()]
+        head = "verified" if not self.failed else "NOT verified"
+        return f"{head} {subject}: {', '.join(parts)} — {self.failed} failed"
+
+
+#: a verification line's first word -> what the summary calls it, and whether it counts distinct names
+KINDS = {
+    "digest": ("digest", False),
+    "record": ("record", False),
+    "tag": ("tag", False),
+    "image": ("image id", False),
+    "labels": ("labels", False),
+    "pin": ("pins", True),
+    "option": ("options", True),
+    "fingerprint": ("fingerprint", False),
+    "stack": ("stack files", True),
+    "overlay": ("overlay", False),
+    "gate": ("gate", False),
+    "abi": ("abi", False),
+}
+LINES = ("gate", "abi")  # counted by the output lines the check printed before its verdict
+
+
+def checked(v: Verification) -> list[dict[str, Any]]:
+    """Each kind of check ``v`` ran (from its PASS/FAIL lines), in the order first run: ``count`` is the pins,
+    options and stack files by name, the gate's and ABI check's output lines; then the read-only gate, and the
+    record's tests and smoke (``count`` None and ``ok`` None when none is recorded)."""
+    found: dict[str, dict[str, Any]] = {}
+    names: dict[str, set[str]] = {}
+    output = 0  # indented lines since the last verdict line: a gate's output
+    for line in v.lines:
+        if line.startswith("  "):
+            output += 1
+            continue
+        status, _, rest = line.partition(" ")
+        if status not in ("PASS", "FAIL"):
+            output = 0
+            continue
+        word, _, tail = rest.strip().partition(" ")
+        what, by_name = KINDS.get(word, (word, False))
+        entry = found.setdefault(what, {"what": what, "count": None, "ok": True})
+        entry["ok"] = entry["ok"] and status == "PASS"
+        if by_name and (word != "stack" or " sha256 " in tail):
+            names.setdefault(what, set()).add(tail.split()[0] if tail.split() else "")
+            entry["count"] = len(names[what])
+        if what in LINES:
+            entry["count"] = (entry["count"] or 0) + output
+        output = 0
+    out = list(found.values())
+    if "gate" in found:
+        out.append({"what": "read-only gate", "count": None, "ok": found["gate"]["ok"]})
+    out.append(_recorded("tests", v.record_tests))
+    out.append(_recorded("smoke", v.record_smoke))
+    return out
+
+
+def _recorded(what: str, value: Any) -> dict[str, Any]:
+    """The record's test slices or smoke recipes: how many, and each verdict's count (None: none recorded). They
+    are what the record says, not checks this verify ran: ``ok`` is False when one failed, else True when every
+    one passed, else None (some did not run)."""
+    if not value or not isinstance(value, (dict, list)):
+        return {"what": what, "count": None, "ok": None, "verdicts": {}}
+    items = list(value.values()) if isinstance(value, dict) else list(value)
+    verdicts: dict[str, int] = {}
+    for item in items:
+        verdict = _verdict(item)
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    ok = False if verdicts.get("failed") else True if verdicts.get("passed") == len(items) else None
+    return {"what": what, "count": len(items), "ok": ok, "verdicts": verdicts}
+
+
+def _verdict(item: Any) -> str:
+    """An item's verdict as the record writes it (``verdict``, ``status``, or ``ok``)."""
+    if not isinstance(item, dict):
+        return "unknown"
+    for key in ("verdict", "status"):
+        if isinstance(item.get(key), str):
+            return str(item[key])
+    ok = item.get("ok")
+    return "passed" if ok is True else "failed" if ok is False else "unknown"
+
+
+def _count(n: int, plural: str) -> str:
+    """``12 pins``, ``1 pin``, ``3 stack files``, ``1 line``."""
+    return f"{n} {plural if n != 1 else plural[:-1]}"
+
+
+def _part(c: dict[str, Any]) -> str:
+    what, count = c["what"], c["count"]
+    if what in ("tests", "smoke"):
+        if count is None:
+            return f"{what}: none recorded"
+        unit = "slices" if what == "tests" else "recipes"
+        passed = c["verdicts"].get("passed", 0)
+        others = ", ".join(f"{n} {v}" for v, n in sorted(c["verdicts"].items()) if v != "passed")
+        text = f"{what} {passed}/{count} {unit} passed" + (f" ({others})" if others else "")
+    elif what in LINES:
+        text = f"{what} {_count(count or 0, 'lines')}"
+    elif count is not None:
+        text = _count(count, what)
+    else:
+        text = what
+    return text if c["ok"] is not False or what in ("tests", "smoke") else f"{text} (FAILED)"
+
+
+def local_record(loaded: LoadedStack, image_id: str | None) -> dict[str, Any] | None:
+    """The publish record the build that made ``image_id`` kept (``record.json`` of its evidence, written when
+    it was published); None when no build here made the image, or it was never published."""
+    if not image_id:
+        return None
+    build, _ = evidence.find_gated(build_dir_for(loaded) / "evidence", image_id)
+    path = build / "record.json" if build is not None else None
+    try:
+        kept = json.loads(path.read_text()) if path is not None and path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    record = kept.get("record") if isinstance(kept, dict) else None
+    return record if isinstance(record, dict) else None
 
 
 def image_labels(engine: Engine, image: str) -> dict[str, str]:

@@ -299,7 +299,7 @@ def _build_overlay(args, loaded, opts: BuildOptions) -> int:
 
 
 def cmd_verify(args) -> int:
-    from stackforge.builder.verify import image_labels, stack_of, verify
+    from stackforge.builder.verify import image_labels, local_record, stack_of, verify
     from stackforge.clients.registry import is_remote
 
     engine = workspace_of(args).engine
@@ -313,10 +313,14 @@ def cmd_verify(args) -> int:
     loaded = load(args, args.stack or stack_of(labels, args.image))
     stack = loaded.model
     result = verify(loaded, args.image, labels, engine)
+    kept = local_record(loaded, engine.image_id(args.image))  # the record its build kept, when it was published
+    if kept is not None:
+        result.record_tests, result.record_smoke = kept.get("tests"), kept.get("smoke")
     from stackforge.overlay.verify import overlay_of, verify_overlay
 
     if overlay_of(labels):
         verify_overlay(result, loaded.root, args.image, labels, engine)
+    subject = f"{args.image} against {stack.name}"
     if args.json:
         print_json(
             {
@@ -325,12 +329,14 @@ def cmd_verify(args) -> int:
                 "ok": not result.failed,
                 "failed": result.failed,
                 "lines": result.lines,
+                "checked": result.checked(),
+                "summary": result.summary(subject),
             }
         )
         return 1 if result.failed else 0
     for line in result.lines:
         print(line)
-    print(f"verify {args.image} against {stack.name}: " + ("ok" if not result.failed else f"{result.failed} FAIL"))
+    print(result.summary(subject))
     return 1 if result.failed else 0
 
 

@@ -88,6 +88,8 @@ def register(sub) -> None:
 
 
 def cmd_nightly(args) -> int:
+    from stackforge.smoke.device_uuid import expected
+
     # A --set scope must name a stack this run builds: the named ones, else the declared nightly stacks.
     select(args, args.stacks or declared_nightly(root_of(args)))
     policy = retry_policy(args)
@@ -106,10 +108,11 @@ def cmd_nightly(args) -> int:
         preflight=args.preflight,
         compression=args.compression,
         sign_key=args.sign_key,
+        device_uuids=expected([]),  # the lease's $STACKFORGE_DEVICE_UUID, for each smoke's preflight
     )
     summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))
     if args.json:
         print_json(summary.to_json())
     else:
         print(summary.markdown())
-    return 0 if summary.ok else 1
+    return summary.exit_code

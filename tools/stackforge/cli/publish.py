@@ -130,13 +130,26 @@ def register(sub) -> None:
 
 
 def print_verification(args, v, summary: str) -> int:
-    """A verification's lines (or JSON) and a verdict line; exit 1 when a check failed."""
+    """A verification's lines (or JSON), its verdict line and the one line of what it checked; exit 1 when a
+    check failed."""
+    verb, _, subject = summary.partition(" ")
+    subject += " (pulled)" if verb == "pull" else ""
     if args.json:
-        print_json({"image": v.image, "stack": v.stack, "ok": not v.failed, "failed": v.failed, "lines": v.lines})
+        print_json(
+            {
+                "image": v.image,
+                "stack": v.stack,
+                "ok": not v.failed,
+                "failed": v.failed,
+                "lines": v.lines,
+                "checked": v.checked(),
+                "summary": v.summary(subject),
+            }
+        )
     else:
         for line in v.lines:
             print(line)
-        print(f"{summary}: " + ("ok" if not v.failed else f"{v.failed} FAIL, refused"))
+        print(v.summary(subject) + (", refused" if v.failed else ""))
     return 1 if v.failed else 0
 
 

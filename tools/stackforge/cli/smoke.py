@@ -64,6 +64,14 @@ def register(sub) -> None:
         help="run this one of the recipe's configurations (its serve flags, env values and token budget; default: "
         "the first); its evidence goes to smoke/<recipe>@<NAME>/ unless it is the default",
     )
+    p.add_argument(
+        "--device-uuid",
+        action="append",
+        default=[],
+        metavar="UUID",
+        help="the device uuid the lease granted (repeatable, or a comma list; default: $STACKFORGE_DEVICE_UUID): the "
+        "preflight fails when the container sees other devices, and is not run when it sees none",
+    )
     add_json(p, "smoke.json (the run, its hardware, container and rows)")
     p.set_defaults(func=cmd_smoke)
 
@@ -101,12 +109,14 @@ def evidence_name(recipe: LoadedRecipe, configuration: str | None) -> str:
 
 
 def cmd_smoke(args) -> int:
+    from stackforge.smoke.device_uuid import expected
     from stackforge.smoke.run import SmokeOptions, parse_env, smoke
 
     root = root_of(args)
     recipe = load_recipe(root, args.recipe)
     name = evidence_name(recipe, args.configuration)
     env = parse_env(args.env)
+    device_uuids = expected(args.device_uuid)
     if args.readiness_timeout is not None and not 0 < args.readiness_timeout <= 86400:
         raise UserError(f"--readiness-timeout {args.readiness_timeout:g}: give 0 < SECONDS <= 86400")
     image = args.image or default_image(recipe, root)
@@ -128,6 +138,7 @@ def cmd_smoke(args) -> int:
         echo=lambda line: print(line, file=sys.stderr, flush=True),
         root=root,
         configuration=args.configuration,
+        device_uuids=device_uuids,
     )
     report = smoke(recipe, image, out, options, engine=engine, image_id=image_id)
     if args.json:

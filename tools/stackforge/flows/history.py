@@ -54,6 +54,7 @@ class Image:
     gate: str | None = None
     smoke: str | None = None
     reason: str | None = None
+    smoke_recipes: dict[str, str] = field(default_factory=dict)  # recipe -> passed | failed | not-run
     dists: list[dict[str, Any]] = field(default_factory=list)
     debs: dict[str, str] = field(default_factory=dict)
     kept: bool = False  # the night kept this image's inventory
@@ -63,6 +64,26 @@ class Image:
     @property
     def failed(self) -> bool:
         return self.status in ("failed", "interrupted")
+
+    @property
+    def not_run(self) -> bool:
+        """Published, but its smoke did not run (e.g. no device on the host): neither passed nor failed."""
+        return self.status == "not-run"
+
+    @property
+    def outcome(self) -> str:
+        return "failed" if self.failed else "not-run" if self.not_run else "passed"
+
+    @property
+    def smoke_text(self) -> str:
+        """The smoke verdict, and each recipe's when they differ from it or there are several."""
+        if not self.smoke:
+            return "-"
+        text = "no nightly recipe" if self.smoke == "none" else self.smoke
+        recipes = self.smoke_recipes
+        if len(recipes) > 1 or any(v != self.smoke for v in recipes.values()):
+            text += " (" + ", ".join(f"{name} {v}" for name, v in recipes.items()) + ")"
+        return text
 
     @property
     def page_name(self) -> str:
@@ -94,7 +115,21 @@ class Night:
 
     @property
     def passed(self) -> int:
-        return sum(not i.failed for i in self.images)
+        return sum(i.outcome == "passed" for i in self.images)
+
+    @property
+    def failed(self) -> int:
+        return sum(i.outcome == "failed" for i in self.images)
+
+    @property
+    def not_run(self) -> int:
+        return sum(i.outcome == "not-run" for i in self.images)
+
+    @property
+    def smoke_counts(self) -> dict[str, int]:
+        """The night's smoke recipes: passed, failed, not run."""
+        found = [v for i in self.images for v in i.smoke_recipes.values()]
+        return {"passed": found.count("passed"), "failed": found.count("failed"), "not_run": found.count("not-run")}
 
     @property
     def duration(self) -> str:
@@ -147,6 +182,7 @@ def _image(night: str, key: str, night_dir: Path, row: dict[str, Any]) -> Image:
         gate=text("gate"),
         smoke=text("smoke"),
         reason=text("reason"),
+        smoke_recipes=_recipes(row.get("smoke_recipes")),
     )
     evidence = _evidence_dir(night_dir, row.get("evidence"))
     if evidence is not None:
@@ -161,6 +197,13 @@ def _image(night: str, key: str, night_dir: Path, row: dict[str, Any]) -> Image:
             size = _read_json(published).get("size")
             image.size = size if isinstance(size, int) else None
     return image
+
+
+def _recipes(value: Any) -> dict[str, str]:
+    """A row's ``smoke_recipes`` (recipe -> verdict), as text; anything else is none."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def read_nights(root: Path) -> list[Night]:

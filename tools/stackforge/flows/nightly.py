@@ -62,7 +62,7 @@ from stackforge.urls import redact_text
 class Row:
     stack: str
     target: str
-    status: str  # published | already-published | failed
+    status: str  # published | already-published | failed | interrupted | not-run (published, its smoke did not run)
     stage: str | None = None  # where it failed: load | lint | bake | build | gate | tests | publish
     tag: str | None = None
     digest: str | None = None
@@ -78,7 +78,28 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return self.status not in ("failed", "interrupted")
+        return self.status not in ("failed", "interrupted", NOT_RUN)
+
+    @property
+    def outcome(self) -> str:
+        """passed, failed (also interrupted) or not-run: what the night's counts count."""
+        return "passed" if self.ok else NOT_RUN if self.status == NOT_RUN else "failed"
+
+
+NOT_RUN = "not-run"
+
+
+def counts(outcomes: list[str]) -> dict[str, int]:
+    """``{passed, failed, not_run}`` of a list of outcomes (``none``, an image without a nightly recipe, is none)."""
+    return {
+        "passed": outcomes.count("passed"),
+        "failed": outcomes.count("failed"),
+        "not_run": outcomes.count(NOT_RUN),
+    }
+
+
+def counts_text(c: dict[str, int]) -> str:
+    return f"{c['passed']} passed, {c['failed']} failed, {c['not_run']} not run"
 
 
 @dataclass
@@ -99,11 +120,31 @@ class Summary:
     def ok(self) -> bool:
         return bool(self.rows) and all(r.ok for r in self.rows)
 
+    @property
+    def verdict(self) -> str:
+        """passed (every row), failed (a row failed or was interrupted), or not-run: none failed, but an image's
+        smoke did not run (e.g. no device on this host) — or nothing ran at all; never a pass."""
+        if self.ok:
+            return "passed"
+        return "failed" if any(r.outcome == "failed" for r in self.rows) else NOT_RUN
+
+    @property
+    def exit_code(self) -> int:
+        """0 passed, 1 failed, 3 not run (as ``stackforge smoke``)."""
+        return {"passed": 0, "failed": 1}.get(self.verdict, 3)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """The rows (images) and the smoke recipes, each as passed / failed / not run."""
+        recipes = [v for r in self.rows for v in r.smoke_recipes.values()]
+        return {"images": counts([r.outcome for r in self.rows]), "smoke": counts(recipes)}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "date": self.date,
             "registry": self.registry,
             "ok": self.ok,
+            "verdict": self.verdict,
+            "counts": self.counts(),
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "duration_s": self.duration_s,
@@ -115,11 +156,14 @@ class Summary:
         }
 
     def markdown(self) -> str:
+        c = self.counts()
         lines = [
             f"# Nightly {self.date}",
             "",
-            f"Registry `{self.registry}` — {sum(r.ok for r in self.rows)} of {len(self.rows)} passed"
-            f" in {self.duration_s:.0f} s.",
+            f"Registry `{self.registry}` — {c['images']['passed']} of {len(self.rows)} passed, "
+            f"{c['images']['failed']} failed, {c['images']['not_run']} not run in {self.duration_s:.0f} s.",
+            "",
+            f"Smoke recipes: {counts_text(c['smoke'])}.",
             "",
         ]
         if self.overrides:
@@ -134,7 +178,7 @@ class Summary:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in self.rows:
-            verdict = r.status if r.ok else ("INTERRUPTED" if r.status == "interrupted" else "FAILED")
+            verdict = r.status if r.ok else {"interrupted": "INTERRUPTED", NOT_RUN: "NOT RUN"}.get(r.status, "FAILED")
             cells = [
                 r.stack,
                 r.target,
@@ -198,6 +242,8 @@ def _smoke_cell(row: Row) -> str:
     if row.smoke is None:
         return ""
     text = "no nightly recipe" if row.smoke == "none" else row.smoke
+    if len(row.smoke_recipes) > 1 or any(v != row.smoke for v in row.smoke_recipes.values()):
+        text += " (" + ", ".join(f"{name} {v}" for name, v in row.smoke_recipes.items()) + ")"
     if row.aliases:
         text += "; " + ", ".join(f"{a.rsplit(':', 1)[-1]} {v}" for a, v in row.aliases.items())
     return text
@@ -314,6 +360,8 @@ class NightlyOptions:
     compression: str | None = None
     #: sign every publish's provenance with this PEM private key; a night with a key never publishes unsigned
     sign_key: Path | None = None
+    #: the device uuids the lease granted (``$STACKFORGE_DEVICE_UUID``): each smoke's preflight compares them
+    device_uuids: tuple[str, ...] = ()
 
 
 def nightly(
@@ -377,7 +425,7 @@ def nightly(
             echo(f"nightly: {stack.name}: did the upstreams' own pins drift?")
             summary.drift[stack.name] = nightly_cell(stack, ws, fetch=ws.mirror is None)
     _write_summary(summary, outdir, started, for_stack, root)
-    echo(f"nightly: {sum(r.ok for r in summary.rows)}/{len(summary.rows)} passed; summary {outdir / 'summary.md'}")
+    echo(f"nightly: {counts_text(summary.counts()['images'])}; summary {outdir / 'summary.md'}")
     return summary
 
 
@@ -497,6 +545,7 @@ def _bake_and_build(
         compression=options.compression,
         sign_key=options.sign_key,
         test=slice_runs.run_slice,
+        device_uuids=options.device_uuids,
     )
     for stack in loaded:
         try:
@@ -558,6 +607,7 @@ class NightlyRun:
     compression: str | None = None
     sign_key: Path | None = None
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
+    device_uuids: tuple[str, ...] = ()
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -674,7 +724,7 @@ def _smoke_then_aliases(
         ref,
         evidence or _evidence_dir(stack),
         run.smoke,
-        SmokeOptions(allow_missing_hardware=run.allow_missing_hardware),
+        SmokeOptions(allow_missing_hardware=run.allow_missing_hardware, device_uuids=run.device_uuids),
         engine=run.engine,
         image_id=run.engine.image_id(ref),
     )
@@ -683,7 +733,7 @@ def _smoke_then_aliases(
         row.aliases = dict(publish(move_aliases=True).aliases)
         run.echo(f"nightly: {stack.name}/{target}: smoke passed; aliases {row.aliases}")
         return
-    row.status, row.stage = "failed", "smoke"
+    row.status, row.stage = ("failed" if verdict.verdict == "failed" else NOT_RUN), "smoke"
     row.reason = f"smoke {verdict.verdict} ({verdict.reason}); published {row.tag}, its aliases were not moved"
     row.aliases = {"*": f"not moved: smoke {verdict.verdict}"}
     run.echo(f"nightly: {stack.name}/{target}: smoke {verdict.verdict}; aliases not moved")

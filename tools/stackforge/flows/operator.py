@@ -132,6 +132,8 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
         return v
     rec = found.parsed()
     v.stack = rec.stack
+    # what the record says the image passed (the summary line reports them; "none recorded" when absent)
+    v.record_tests, v.record_smoke = found.record.get("tests"), found.record.get("smoke")
     v.add(found.subject == digest, f"record  subject={found.subject} pulled={digest}")
     if found.subject != digest:
         return v

@@ -61,6 +61,15 @@ class SmokeReport:
     error: str | None = None  # why the run stopped early (readiness, the server died, interrupted)
     evidence: str | None = None
     configuration: str | None = None  # the recipe's configuration that ran (None: the recipe declares none)
+    #: vLLM's EngineDeadError lines of the container log (smoke/triage.py): {phase: shutdown|serving, line_no,
+    #: line, row, context[, after]}; one while serving fails the run
+    engine_dead: list[dict[str, Any]] = field(default_factory=list)
+    log_marks: dict[str, Any] = field(default_factory=dict)  # where the rows and the stop sit in the log
+
+    @property
+    def engine_died_serving(self) -> list[dict[str, Any]]:
+        """The EngineDeadErrors logged while serving (before the smoke stopped the container)."""
+        return [e for e in self.engine_dead if e.get("phase") == "serving"]
 
     @property
     def without_hardware(self) -> bool:
@@ -70,15 +79,21 @@ class SmokeReport:
     @property
     def ok(self) -> bool:
         """Every row passed, on the declared hardware: the only result that vouches for the image."""
-        return bool(self.rows) and all(r.status == PASSED for r in self.rows) and not self.without_hardware
+        return (
+            bool(self.rows)
+            and all(r.status == PASSED for r in self.rows)
+            and not self.without_hardware
+            and not self.engine_died_serving
+        )
 
     @property
     def verdict(self) -> str:
         """passed (every row, on the declared hardware), failed (a row failed), or not-run: no row failed, but
-        some did not run, or they ran without the declared hardware (never a pass)."""
+        some did not run, or they ran without the declared hardware (never a pass). An EngineDeadError while
+        serving fails the run even when it fell between the rows."""
         if self.ok:
             return PASSED
-        return FAILED if any(r.status == FAILED for r in self.rows) else NOT_RUN
+        return FAILED if any(r.status == FAILED for r in self.rows) or self.engine_died_serving else NOT_RUN
 
     @property
     def exit_code(self) -> int:
@@ -112,6 +127,8 @@ class SmokeReport:
             "container": self.container,
             "log": CONTAINER_LOG,
             "rows": [asdict(r) for r in self.rows],
+            "engine_dead": self.engine_dead,
+            "log_marks": self.log_marks,
         }
 
     def table(self) -> str:
@@ -121,14 +138,29 @@ class SmokeReport:
         for r in self.rows:
             text = f"{r.status.upper():8} {r.name:<{width}} {r.kind:<9} {r.duration_s:6.1f} s"
             lines.append(text + (f"  {one_line(r.reason)}" if r.reason else ""))
+        for e in self.engine_dead:
+            status = "NOTED" if e.get("phase") == "shutdown" else "FAILED"
+            lines.append(f"{status:8} {'engine':<{width}} {'log':<9} {'':>8}  {_engine_dead_line(e)}")
+        died = self.engine_died_serving
         why = self.error or (
             f"every row passed, but without the declared hardware ({self.hardware['missing']}): not a hardware result"
             if self.without_hardware and self.verdict == NOT_RUN
+            else f"vLLM's EngineDeadError while serving (container.log line {died[0].get('line_no')})"
+            if died
             else None
         )
         name = self.recipe + (f" ({self.configuration})" if self.configuration else "")
         lines.append(f"smoke {name}: {self.verdict}" + (f" — {one_line(why)}" if why else ""))
         return "\n".join(lines)
+
+
+def _engine_dead_line(entry: dict[str, Any]) -> str:
+    where = f"container.log line {entry.get('line_no')}"
+    if entry.get("phase") == "shutdown":
+        after = f", after {entry['after']!r}" if entry.get("after") else ""
+        return f"EngineDeadError during shutdown ({where}, after the stop was sent{after}): noted, not a failure"
+    row = f"row {entry['row']!r}" if entry.get("row") else "between the rows"
+    return f"EngineDeadError while serving ({where}, {row}): {one_line(entry.get('line'), 160)}"
 
 
 def one_line(text: str | None, limit: int = 300) -> str:

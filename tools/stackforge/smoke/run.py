@@ -16,8 +16,9 @@ orchestration runs unchanged against any process that serves the recipe's ports.
    that exits fails the run at once, with its last log lines) and within the timeout;
 5. the recipe's rows in order (chat, turns, get, log); a server that dies during a row fails that row,
    and the rows after it are ``not-run``;
-6. always (also on SIGINT/SIGTERM): the log is kept, the container stopped and removed, and the
-   evidence written.
+6. always (also on SIGINT/SIGTERM): the log is kept, the container stopped (how many log lines came before
+   the stop is noted) and removed, vLLM's EngineDeadError triaged from the log (:mod:`stackforge.smoke.triage`:
+   during the shutdown noted, while serving the row fails), and the evidence written.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
 from stackforge.recipes.model import Hardware, LogLine, Recipe, SmokeRow
 from stackforge.signals import Interrupted
+from stackforge.smoke import device_uuid, overlay_check, triage
 from stackforge.smoke.checks import chat_body, chat_row, dump_row, numeric_row
 from stackforge.smoke.checks import content_of as _content
 from stackforge.smoke.checks import status_text as _status
@@ -63,7 +65,7 @@ ENV_ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 
 #: Run by the image's python inside the container: what the preflight row records.
 PREFLIGHT = r"""
-import glob, json, os, platform
+import glob, json, os, platform, sys
 from importlib import metadata
 def version(dist):
     try:
@@ -78,6 +80,32 @@ def read(path):
         return None
 home = os.environ.get("MUSA_HOME") or "/usr/local/musa"
 runtime = next(filter(None, (read(os.path.join(home, n)) for n in ("version.txt", "version.json"))), None)
+def uuids():
+    # torch_musa (its import registers torch.musa) mirrors torch.cuda: a device's properties carry its uuid
+    try:
+        import torch
+        try:
+            import torch_musa  # noqa: F401
+        except ImportError:
+            pass
+        musa = getattr(torch, "musa", None)
+        if musa is not None and musa.is_available():
+            found = [str(musa.get_device_properties(i).uuid) for i in range(musa.device_count())]
+            if found:
+                return found, "torch.musa.get_device_properties(i).uuid"
+    except Exception:
+        pass
+    import re, shutil, subprocess
+    if shutil.which("mthreads-gmi"):
+        try:
+            out = subprocess.run(["mthreads-gmi", "-q"], capture_output=True, text=True, timeout=60).stdout
+        except Exception:
+            out = ""
+        found = re.findall(r"(?im)^\s*(?:GPU\s+)?UUID\s*:\s*(\S+)", out)
+        if found:
+            return found, "mthreads-gmi -q"
+    return [], None
+visible_uuids, uuid_source = uuids() if "uuids" in sys.argv[1:] else ([], None)
 print(json.dumps({
     "python": platform.python_version(),
     "versions": {d: version(d) for d in ("torch", "torch_musa", "vllm", "vllm_musa", "mate", "torchada")},
@@ -86,6 +114,8 @@ print(json.dumps({
     "musa_driver": read("/sys/module/mtgpu/version"),
     "musa_runtime": runtime,
     "musa_home": home if os.path.isdir(home) else None,
+    "uuids": visible_uuids,
+    "uuid_source": uuid_source,
 }))
 """
 
@@ -376,10 +406,11 @@ def log_row(log: LogLine, text: str, out: RowResult) -> RowResult:
     )
 
 
-def preflight(container: Container, hw: Hardware, missing: str | None) -> RowResult:
-    """Inside the container: the devices it sees and the runtime versions (the image's python)."""
+def preflight(container: Container, hw: Hardware, missing: str | None, device_uuids: Sequence[str] = ()) -> RowResult:
+    """Inside the container: the devices it sees and the runtime versions (the image's python); with
+    ``device_uuids`` (the lease's), the visible devices' uuids must be exactly those."""
     row = RowResult("preflight", "preflight")
-    code, text = container.exec(["python", "-c", PREFLIGHT], timeout=120)
+    code, text = container.exec(["python", "-c", PREFLIGHT, *(["uuids"] if device_uuids else [])], timeout=120)
     if code != 0 and not container.running():
         return row.failed(f"the container exited (code {container.exit_code()}) before the preflight could run")
     if code != 0:
@@ -395,6 +426,8 @@ def preflight(container: Container, hw: Hardware, missing: str | None) -> RowRes
         return row.failed(f"{len(devices)} device(s) visible in the container, the recipe needs {hw.count}", **facts)
     if missing is not None:
         facts["note"] = f"ran without the declared hardware: {missing}"
+    if device_uuids:
+        return device_uuid.compare(row, facts, device_uuids)
     return row.passed(**facts)
 
 
@@ -439,6 +472,9 @@ class SmokeOptions:
     interval: float = 1.0
     root: Path | None = None  # the repository numeric rows read reference files from (default: the recipe's)
     configuration: str | None = None  # the recipe's configuration to run (None: its first, the default)
+    #: the device uuids the lease granted (``--device-uuid``, ``$STACKFORGE_DEVICE_UUID``): the preflight fails
+    #: when the container sees others, and cannot pass when it sees none
+    device_uuids: tuple[str, ...] = ()
 
 
 def smoke(
@@ -458,6 +494,8 @@ def smoke(
     allow_missing_hardware, echo = options.allow_missing_hardware, options.echo
     conf = loaded.model.configuration(options.configuration)
     recipe = loaded.model.configured(options.configuration)
+    if engine is not None and (recipe.needs.overlay or recipe.image.overlay):  # before anything starts
+        overlay_check.require_overlay(loaded, image, overlay_check.image_labels(engine, image))
     started = time.monotonic()
     report = SmokeReport(
         loaded.name,
@@ -520,6 +558,7 @@ def smoke(
             options.interval,
             echo,
             root=options.root or recipe_repository(loaded),
+            device_uuids=options.device_uuids,
         )
     except Interrupted as intr:
         for row in rows:
@@ -530,13 +569,16 @@ def smoke(
         raise
     finally:
         log = container.logs()
-        if isinstance(container, DockerContainer):
-            container.stop()
+        stop = getattr(container, "stop", None)
+        if callable(stop):  # the stop is marked in the log: an EngineDeadError after it is vLLM's shutdown
+            report.log_marks["stop"] = len(log.splitlines())
+            stop()
             log = container.logs() or log
         report.container["exit_code"] = container.exit_code()
         container.remove()
         report.container["removed"] = not (isinstance(container, DockerContainer) and container.exists())
         echo(f"smoke: removed {spec.name}")
+        triage.apply(report, log, triage.LogMarks(report.log_marks.get("rows", {}), report.log_marks.get("stop")))
         _finish(report, outdir, log, started)
     return report
 
@@ -551,10 +593,11 @@ def _run(
     interval: float,
     echo: Callable[[str], None],
     root: Path | None = None,
+    device_uuids: Sequence[str] = (),
 ) -> None:
     rows = report.rows
     t = time.monotonic()
-    rows[0] = _timed(preflight(container, recipe.hardware, missing), t)
+    rows[0] = _timed(preflight(container, recipe.hardware, missing, device_uuids), t)
     echo(f"smoke: preflight {rows[0].status}")
 
     ready_row = rows[1]
@@ -595,11 +638,14 @@ def _run(
     for i, step in enumerate(recipe.smoke):
         result = rows[2 + i]
         t = time.monotonic()
+        first = _log_lines(container)
         run_row(step, ctx, result)
+        report.log_marks.setdefault("rows", {})[step.name] = [first, _log_lines(container)]
         # A server that dies drops its connections a moment before its process is gone: after a failed row,
         # give it a few seconds to show whether it is exiting, so the row says why it failed.
         if not container.running() or (result.status == FAILED and _stops_within(container, EXIT_GRACE_S)):
             code = container.exit_code()
+            report.log_marks["rows"][step.name][1] = _log_lines(container)  # what it logged while exiting
             why = f"the server exited (code {code}) during row {step.name!r}; last log lines:\n{tail(container.logs())}"
             result.failed(f"{result.reason}; {why}" if result.status == FAILED else why)
             _timed(result, t)
@@ -619,6 +665,11 @@ def recipe_repository(loaded: LoadedRecipe) -> Path | None:
 
 
 EXIT_GRACE_S = 3.0
+
+
+def _log_lines(container: Container) -> int:
+    """How many lines the container's log holds now (a row's span, for the EngineDeadError triage)."""
+    return len(container.logs().splitlines())
 
 
 def _stops_within(container: Container, seconds: float, interval: float = 0.1) -> bool:
