@@ -3,7 +3,6 @@ image's aliases stayed where they were."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 from stackforge.clients.workspace import Workspace
