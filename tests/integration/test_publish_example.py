@@ -186,6 +186,32 @@ def test_a_signed_publish_attaches_provenance_before_any_tag(built, registry, tm
     deps = {d["name"] for d in stmt["predicate"]["buildDefinition"]["resolvedDependencies"]}
     assert "base" in deps and set(record["pins"]) <= deps
 
+    # The operator's side: the key opens it, the statement describes the pulled image and its record, and the
+    # attached SBOM lists exactly what the pulled image has installed.
+    checked = stackforge(root, "verify", ref, "--key", str(pub))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "PASS signed  provenance signed by" in checked.stdout
+    assert "PASS signed  subject sha256:" in checked.stdout
+    assert "0 mismatches" in checked.stdout and "PASS sbom" in checked.stdout
+    _, other = openssl_key(tmp_path, "other", "-algorithm", "ed25519")
+    wrong = stackforge(root, "verify", ref, "--key", str(other))
+    assert wrong.returncode == 1 and "is signed by" in wrong.stdout and "FAIL signed" in wrong.stdout
+    unsigned_ns = f"u{uuid.uuid4().hex[:8]}"
+    plain = (
+        "publish",
+        "example",
+        "--registry",
+        f"{registry}/{unsigned_ns}",
+        "--date",
+        DATE,
+        "--set",
+        f"tags.local={tag}",
+    )
+    assert stackforge(root, *plain).returncode == 0
+    unsigned_ref = f"{registry}/{unsigned_ns}/stackforge-example:{ev['tag']}"
+    refused = stackforge(root, "verify", unsigned_ref, "--key", str(pub))
+    assert refused.returncode == 1 and "the image is unsigned" in refused.stdout
+
     again = stackforge(root, *args, "--sign-key", str(key))  # already published and signed: nothing new
     assert again.returncode == 0 and "already published" in again.stdout
     index2 = requests.get(f"{base}/manifests/sha256-{hexpart}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()  # fmt: skip

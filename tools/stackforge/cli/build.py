@@ -137,6 +137,14 @@ def register(sub) -> None:
         p.add_argument("--stack", required=stack_help is None, help=stack_help)
         add_json(p, result)
         add_set(p)
+        if name == "verify":
+            p.add_argument(
+                "--key",
+                type=Path,
+                metavar="PUB",
+                help="a registry reference's signed provenance must be signed by this PEM public key and describe "
+                "the image and its record; an unsigned image fails",
+            )
         p.set_defaults(func=func)
 
 
@@ -308,7 +316,13 @@ def cmd_verify(args) -> int:
         from stackforge.cli.publish import print_verification
         from stackforge.flows.operator import verify_ref
 
-        return print_verification(args, verify_ref(args.image, engine), f"verify {args.image}")
+        return print_verification(args, verify_ref(args.image, engine, key=args.key), f"verify {args.image}")
+    if args.key is not None:
+        raise UserError(
+            "--key checks the provenance attached in the registry: give a registry reference, without --stack",
+            file="--key",
+            fix="stackforge verify HOST/NAME:TAG --key key.pub",
+        )
     labels = image_labels(engine, args.image)
     loaded = load(args, args.stack or stack_of(labels, args.image))
     stack = loaded.model

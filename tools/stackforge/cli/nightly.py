@@ -51,6 +51,19 @@ def register(sub) -> None:
         help="layer compression of every publish (default: each stack's tags.compression, else gzip)",
     )
     p.add_argument(
+        "--osv",
+        type=Path,
+        metavar="DIR",
+        help="scan every image's SBOM against this OSV database directory (offline): its immutable tag is published, "
+        "its aliases move only while no finding is at or above --fail-on",
+    )
+    p.add_argument(
+        "--fail-on",
+        default="high",
+        metavar="SEVERITY",
+        help="with --osv: low, medium, high or critical (default high; unknown severity counts as high)",
+    )
+    p.add_argument(
         "--sign-key",
         type=Path,
         metavar="KEY",
@@ -109,6 +122,8 @@ def cmd_nightly(args) -> int:
         compression=args.compression,
         sign_key=args.sign_key,
         device_uuids=expected([]),  # the lease's $STACKFORGE_DEVICE_UUID, for each smoke's preflight
+        osv=args.osv,
+        fail_on=args.fail_on,
     )
     summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))
     if args.json:

@@ -362,6 +362,10 @@ class NightlyOptions:
     sign_key: Path | None = None
     #: the device uuids the lease granted (``$STACKFORGE_DEVICE_UUID``): each smoke's preflight compares them
     device_uuids: tuple[str, ...] = ()
+    #: an OSV database directory: every publish scans its build's SBOM; no alias moves past a finding at or above
+    #: ``fail_on`` (the immutable tag is published; the summary's aliases say why they stayed)
+    osv: Path | None = None
+    fail_on: str = "high"
 
 
 def nightly(
@@ -544,6 +548,8 @@ def _bake_and_build(
         allow_missing_hardware=options.allow_missing_hardware,
         compression=options.compression,
         sign_key=options.sign_key,
+        osv=options.osv,
+        fail_on=options.fail_on,
         test=slice_runs.run_slice,
         device_uuids=options.device_uuids,
     )
@@ -606,6 +612,8 @@ class NightlyRun:
     allow_missing_hardware: bool = False
     compression: str | None = None
     sign_key: Path | None = None
+    osv: Path | None = None
+    fail_on: str = "high"
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
     device_uuids: tuple[str, ...] = ()
 
@@ -648,7 +656,12 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             stack,
             run.registry,
             options=PublishOptions(
-                policy=run.policy, compression=run.compression, sign_key=run.sign_key, echo=lambda line: None
+                policy=run.policy,
+                compression=run.compression,
+                sign_key=run.sign_key,
+                osv=run.osv,
+                fail_on=run.fail_on,
+                echo=lambda line: None,
             ),
             date=run.date,
             target=target,

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stackforge.builder import embed
+from stackforge.builder import embed, sbom
 from stackforge.builder.embed import load_embedded
 from stackforge.builder.plan import LABEL_NS
 from stackforge.builder.verify import Verification, verify
@@ -33,6 +33,7 @@ from stackforge.clients.registry import (
 )
 from stackforge.errors import UserError
 from stackforge.overlay.record import check_ref
+from stackforge.publish import attest
 from stackforge.publish import record as records
 from stackforge.stack.scheme import TagScheme, pattern, streams
 
@@ -96,8 +97,9 @@ def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
     return dict(attrs.get("Config", {}).get("Labels") or {}), str(attrs.get("Id"))
 
 
-def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Verification:
-    """Check the published image ``ref`` from the registry and the image alone (see the module)."""
+def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None, key: Path | None = None) -> Verification:
+    """Check the published image ``ref`` from the registry and the image alone (see the module); with ``key``
+    (a PEM public key), also its signed provenance."""
     repo, reference = split_ref(ref)
     client = RegistryClient(repo, policy=policy or RetryPolicy()).budget(VERIFY_SECONDS)
     v = Verification(ref, "?")
@@ -151,9 +153,13 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
             return v
         v.add(info is not None and info.digest == digest,
               f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
+    if key is not None:
+        for ok, line in attest.check_provenance(client, digest, key, found.record):
+            v.add(ok, line)
     pinned = f"{repo}@{digest}"
     _pull(engine, pinned)
     labels, image_id = _labels(engine, pinned)
+    _check_sbom(v, client, digest, engine, pinned)
     v.add(image_id == rec.image_id, f"image   id={image_id} record={rec.image_id}")
     differ = sorted(k for k in set(labels) | set(rec.labels) if labels.get(k) != rec.labels.get(k))
     v.add(not differ, "labels  the image's labels equal the record's" if not differ else
@@ -198,6 +204,18 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None) -> Veri
     v.lines.extend(checked.lines)
     v.failed += checked.failed
     return v
+
+
+def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: Any, pinned: str) -> None:
+    """The SBOM attached to the image against what the pulled image has installed (a note when none is attached:
+    images published before stackforge attached one)."""
+    try:
+        if attest.sbom_of(client, digest) is None:
+            v.lines.append(f"note    no SBOM attached to {digest}")
+            return
+        v.add(*attest.check_sbom(client, digest, sbom.of_image(engine, pinned)))
+    except (RegistryError, ValueError) as exc:
+        v.add(False, f"sbom    cannot be read: {exc}")
 
 
 def tag_pulled(engine: Any, pinned: str, ref: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from stackforge.clients.registry import OCI_MANIFEST, RegistryClient, RegistryError
 from stackforge.clients.registry import sha256_digest as _digest
-from stackforge.errors import BuildFailed
+from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write
 from stackforge.publish import provenance, referrers
 
@@ -143,3 +143,50 @@ def sbom_of(client: RegistryClient, digest: str) -> bytes | None:
     """The newest SBOM attached to the image ``digest`` (checked byte for byte and by its subject)."""
     found = referrers.fetch_all(client, digest, SBOM)
     return found[-1].body if found else None
+
+
+def check_provenance(
+    client: RegistryClient, digest: str, key: Path, record: dict[str, Any] | None
+) -> list[tuple[bool, str]]:
+    """``verify --key``: (ok, line) for the provenance attached to ``digest``. Passes when one envelope is signed by
+    ``key`` and its statement's subject and predicate agree with the image and its record; fails, naming why, for an
+    unsigned image, envelopes signed by other keys, or a statement that does not describe this image."""
+    public = provenance.public_key(key)
+    found = envelopes(client, digest)
+    if not found:
+        return [(False, f"signed  no provenance attached to {digest}: the image is unsigned")]
+    reasons = []
+    for body in found:
+        try:
+            stmt = provenance.open_envelope(body, public)
+        except UserError as err:
+            reasons.append(err.message)
+            continue
+        checks = provenance.check(stmt, digest, record)
+        lines = [(ok, f"signed  {text}") for ok, text in checks]
+        head = (True, f"signed  provenance signed by {key} (keyid {public.keyid[:16]}…), {len(found)} attached")
+        return [head, *lines]
+    return [(False, f"signed  none of {len(found)} provenance envelope(s) is signed by {key}: {reasons[0]}")]
+
+
+def check_sbom(client: RegistryClient, digest: str, installed: str) -> tuple[bool, str]:
+    """The attached SBOM against ``installed`` (the SBOM made from the pulled image): the same packages and
+    versions, 0 mismatches."""
+
+    attached = sbom_of(client, digest)
+    if attached is None:
+        return False, f"sbom    none attached to {digest}"
+    want = set(_components(attached.decode()))
+    have = set(_components(installed))
+    missing, extra = sorted(want - have), sorted(have - want)
+    shown = ", ".join([*(f"-{p}" for p in missing[:4]), *(f"+{p}" for p in extra[:4])])
+    ok = not missing and not extra
+    return ok, (
+        f"sbom    {len(want)} packages in the attached SBOM, {len(have)} installed: "
+        + ("0 mismatches" if ok else f"{len(missing) + len(extra)} mismatches ({shown})")
+    )
+
+
+def _components(text: str) -> list[str]:
+    doc = json.loads(text)
+    return [str(c.get("purl")) for c in doc.get("components") or [] if isinstance(c, dict)]
