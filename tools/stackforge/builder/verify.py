@@ -63,6 +63,8 @@ KINDS = {
     "overlay": ("overlay", False),
     "gate": ("gate", False),
     "abi": ("abi", False),
+    "signed": ("signed provenance", False),
+    "sbom": ("sbom", False),
 }
 LINES = ("gate", "abi")  # counted by the output lines the check printed before its verdict
 
