@@ -146,11 +146,31 @@ def docker_push(registry: str, image: str, repo: str) -> tuple[float, float]:
         subprocess.run(["docker", "image", "rm", ref], capture_output=True)
 
 
-def sf_publish(registry: str, image: str, repo: str, cache: Path) -> tuple[float, float, list[dict[str, Any]]]:
+def sf_publish(
+    registry: str, image: str, repo: str, cache: Path, compression: str = "gzip"
+) -> tuple[float, float, list[dict[str, Any]]]:
     """Seconds, CPU seconds (this process and dockerd) and the push log of a library publish."""
     t0, cpu = time.monotonic(), engine_cpu() + own_cpu()
-    res = publish(DockerImage(image), f"{registry}/{repo}", SCHEME, DATE, PublishOptions(layer_cache=cache))
+    options = PublishOptions(layer_cache=cache, compression=compression)
+    res = publish(DockerImage(image), f"{registry}/{repo}", SCHEME, DATE, options)
     return time.monotonic() - t0, engine_cpu() + own_cpu() - cpu, res.push_log
+
+
+def pulls(refs: list[str], keep: Path) -> list[float]:
+    """Seconds of ``docker pull`` of each of ``refs`` into an engine that holds none of their layers: every local
+    image sharing them (the bench's tags and the base image) is removed first; the base image is saved to ``keep``
+    before and loaded back after, whatever happens."""
+    sh("docker", "save", "-o", str(keep), BASE)
+    out = []
+    try:
+        subprocess.run(["docker", "image", "rm", "-f", BASE], capture_output=True)
+        for ref in refs:
+            took = sh("docker", "pull", "-q", ref)
+            subprocess.run(["docker", "image", "rm", "-f", ref], capture_output=True)
+            out.append(took)
+    finally:
+        sh("docker", "load", "-q", "-i", str(keep))
+    return out
 
 
 def phases(log: list[dict[str, Any]]) -> str:
@@ -232,6 +252,12 @@ def measure(deps_mb: int = 60) -> list[Result]:
             again, again_cpu, log2 = sf_publish(registry, tags[1], f"bench/sf-{run}", cache)
             uploaded = sum(1 for e in log2 if e["event"] == "blob-uploaded")
             limits = bounds(registry, tags[0])
+            zstd_first, _, _ = sf_publish(registry, tags[0], f"bench/sfz-{run}", cache, compression="zstd")
+            zstd_tag = SCHEME.tag(DATE, 1)  # a fresh repository: the first revision of the date
+            subprocess.run(["docker", "image", "rm", *tags], capture_output=True)
+            pull_gzip, pull_zstd = pulls(
+                [f"{registry}/bench/docker-{run}:v", f"{registry}/bench/sfz-{run}:{zstd_tag}"], Path(tmp) / "base.tar"
+            )
         finally:
             stop()
             subprocess.run(["docker", "image", "rm", *tags], capture_output=True)
@@ -254,6 +280,15 @@ def measure(deps_mb: int = 60) -> list[Result]:
             "first publish",
             f"{uploaded} blob(s) uploaded (config + changed layer); CPU s {again_cpu:.1f}; {phases(log2)}; "
             f"docker push of the same took {push2:.1f} s",
+        ),
+        Result(
+            "pull of our zstd image",
+            pull_zstd,
+            pull_gzip,
+            0.6,
+            "docker pull of docker push's gzip image",
+            f"the first image ({size}) pulled into an engine without its layers; our zstd publish took "
+            f"{zstd_first:.1f} s (gzip {first:.1f} s, docker push {push1:.1f} s)",
         ),
     ]
 
