@@ -19,6 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 MATE_RECIPE = str(REPO / "tests" / "fixtures" / "recipes" / "qwen3-8b-mate.yaml")
 
 
+def recipe_rows(path: str) -> list:
+    from stackforge.recipes.load import load_recipe
+
+    return load_recipe(REPO, path).model.smoke
+
+
 def run(image: str, out: Path, *extra: str, recipe: str = MATE_RECIPE):
     proc = mb.stackforge(
         "smoke", recipe, "--image", image, "--allow-missing-hardware", "--out", str(out), *extra, timeout=600
@@ -230,7 +236,7 @@ def test_the_stop_is_marked_and_vllms_shutdown_follows_it(post2, tmp_path):
     after = log[stop:]  # `docker stop`'s SIGTERM reached the image's `vllm serve` (PID 1)
     assert any(line.endswith("[shutdown] API server: shutdown triggered") for line in after), after
     assert any(line.endswith("INFO:     Application shutdown complete.") for line in after)
-    assert data["engine_dead"] == [] and list(data["log_marks"]["rows"]) == ["capital", "five-turns", "backend"]
+    assert data["engine_dead"] == [] and list(data["log_marks"]["rows"]) == [r.name for r in recipe_rows(MATE_RECIPE)]
 
 
 def test_an_engine_dead_error_during_the_shutdown_is_noted_and_passes(post2, tmp_path):

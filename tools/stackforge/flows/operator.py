@@ -159,11 +159,11 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None, key: Pa
     pinned = f"{repo}@{digest}"
     _pull(engine, pinned)
     labels, image_id = _labels(engine, pinned)
-    _check_sbom(v, client, digest, engine, pinned)
     v.add(image_id == rec.image_id, f"image   id={image_id} record={rec.image_id}")
     differ = sorted(k for k in set(labels) | set(rec.labels) if labels.get(k) != rec.labels.get(k))
     v.add(not differ, "labels  the image's labels equal the record's" if not differ else
           "labels  differ from the record: " + ", ".join(f"{k} image={labels.get(k)!r} record={rec.labels.get(k)!r}" for k in differ[:8]))  # fmt: skip
+    _check_sbom(v, client, digest, engine, pinned)
     if OVERLAY in labels or rec.overlay is not None:
         try:
             doc = manifest.json()
