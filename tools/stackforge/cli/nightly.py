@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
     add_json,
+    add_osv,
     add_out,
     add_retry,
     add_set,
@@ -50,19 +51,7 @@ def register(sub) -> None:
         choices=["gzip", "zstd"],
         help="layer compression of every publish (default: each stack's tags.compression, else gzip)",
     )
-    p.add_argument(
-        "--osv",
-        type=Path,
-        metavar="DIR",
-        help="scan every image's SBOM against this OSV database directory (offline): its immutable tag is published, "
-        "its aliases move only while no finding is at or above --fail-on",
-    )
-    p.add_argument(
-        "--fail-on",
-        default="high",
-        metavar="SEVERITY",
-        help="with --osv: low, medium, high or critical (default high; unknown severity counts as high)",
-    )
+    add_osv(p, "every image's SBOM")
     p.add_argument(
         "--sign-key",
         type=Path,

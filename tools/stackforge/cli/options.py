@@ -48,6 +48,23 @@ def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:
     )
 
 
+def add_osv(parser: argparse.ArgumentParser, what: str) -> None:
+    """--osv DIR and --fail-on SEVERITY: the vulnerability gate of ``what`` (publish, or every publish of a night)."""
+    parser.add_argument(
+        "--osv",
+        type=Path,
+        metavar="DIR",
+        help=f"scan {what} against this OSV database directory (offline) and move no alias while a finding at or "
+        "above --fail-on stands; the immutable tag is published either way",
+    )
+    parser.add_argument(
+        "--fail-on",
+        default="high",
+        metavar="SEVERITY",
+        help="with --osv: low, medium, high or critical (default high; unknown severity counts as high)",
+    )
+
+
 def add_out(parser: argparse.ArgumentParser, names: str) -> None:
     """``--out PATH``; ``names`` says exactly what the path is and its default."""
     parser.add_argument("--out", type=Path, metavar="PATH", help=names)

@@ -9,6 +9,7 @@ from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
     BUILD_DIR_OUT,
     add_json,
+    add_osv,
     add_out,
     add_retry,
     add_set,
@@ -75,19 +76,7 @@ def register(sub) -> None:
         help="a PEM private key (Ed25519 or ECDSA P-256, as openssl genpkey writes it): attach DSSE-signed SLSA "
         "provenance before any tag names the image; no tag is written when signing fails",
     )
-    p.add_argument(
-        "--osv",
-        type=Path,
-        metavar="DIR",
-        help="scan the build's SBOM against this OSV database directory (offline) and move no alias while a "
-        "finding at or above --fail-on stands; the immutable tag is published either way",
-    )
-    p.add_argument(
-        "--fail-on",
-        default="high",
-        metavar="SEVERITY",
-        help="with --osv: low, medium, high or critical (default high; unknown severity counts as high)",
-    )
+    add_osv(p, "the build's SBOM")
     p.add_argument(
         "--compression-level",
         type=int,
