@@ -75,6 +75,17 @@ def test_an_identical_build_answers_from_the_record(rig, capsys):
     assert build(capsys, root, "--json")[0] == as_json and len(runs) == 2
 
 
+def test_a_leases_device_uuid_does_not_change_the_answer(rig, capsys, monkeypatch):
+    root, _, runs = rig
+    build(capsys, root)
+    monkeypatch.setenv("STACKFORGE_DEVICE_UUID", "d6a04b9f-fec2-2c87-aa03-a8360298e63b")  # smoke reads it, no build
+    _, note = build(capsys, root)
+    assert len(runs) == 1 and "up to date" in note
+    monkeypatch.setenv("STACKFORGE_KEEP_BUILDS", "3")  # a variable a build does read
+    build(capsys, root)
+    assert len(runs) == 2
+
+
 def _edit(path: Path) -> None:
     path.write_bytes(path.read_bytes() + b"\n# changed\n")
 

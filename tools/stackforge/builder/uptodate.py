@@ -81,6 +81,8 @@ HOW: dict[str, Any] = {"no_cache": False, "refresh": False, "keep_builds": None}
 #: set on args by the CLI and the option helpers; not options
 INTERNAL = frozenset({"func", "workspace", "_selected_stacks"})
 ENV_PREFIXES = ("STACKFORGE_", "DOCKER_", "BUILDX_")
+#: variables of those prefixes that no build reads: the device uuids a lease granted (smoke's preflight)
+ENV_IGNORED = frozenset({"STACKFORGE_DEVICE_UUID"})
 TREES = ("stacks", "patches", "images")
 SOURCE_IMAGES = Path(stackforge.__file__).resolve().parent / "images"  # builder.render.SOURCE_IMAGES
 #: libraries whose code shapes what a build renders, beyond the validating ones
@@ -104,7 +106,7 @@ def key(args, root: Path, ca_bundle: Path | None, *, as_plain: bool = False) -> 
     if set(given) - OPTIONS or any(given.get(k, v) != v for k, v in MUST.items()):
         return None
     options = {k: str(Path(v).resolve()) if k == "out" and v else v for k, v in sorted(given.items())}
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) and k not in ENV_IGNORED}
     h = hashlib.sha256()
     h.update(
         json.dumps(
