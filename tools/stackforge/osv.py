@@ -15,12 +15,12 @@ the gate treats as ``high`` and says so.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cmp_to_key
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from stackforge.errors import UserError
@@ -166,7 +166,7 @@ def _ecosystem(text: str) -> str | None:
 
 
 def _name(ecosystem: str, name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower() if ecosystem == "PyPI" else name
+    return canonicalize_name(name) if ecosystem == "PyPI" else name
 
 
 def _one_line(text: str, limit: int = 160) -> str:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
 from stackforge.builder import inventory
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
@@ -81,10 +83,10 @@ def document(image: str, image_id: str, created: str | None, dists: list[dict], 
                 type=ComponentType.LIBRARY,
                 name=d["name"],
                 version=d["version"],
-                purl=PackageURL(type="pypi", name=_pypi(d["name"]), version=d["version"]),
+                purl=PackageURL(type="pypi", name=canonicalize_name(d["name"]), version=d["version"]),
                 hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha)] if sha else [],
                 properties=props,
-                bom_ref=f"pypi:{_pypi(d['name'])}",
+                bom_ref=f"pypi:{canonicalize_name(d['name'])}",
             )
         )
     for deb in debs:
@@ -160,10 +162,6 @@ def packages(text: str) -> list[Package]:
             version = props.get(f"{PROP}:deb:source_version") or c.get("version")
             out.append(Package("Debian", str(source), str(version)))
     return sorted(set(out), key=lambda p: (p.ecosystem, p.name, p.version))
-
-
-def _pypi(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def _timestamp(created: str | None) -> _dt.datetime:

@@ -210,10 +210,11 @@ def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: An
     """The SBOM attached to the image against what the pulled image has installed (a note when none is attached:
     images published before stackforge attached one)."""
     try:
-        if attest.sbom_of(client, digest) is None:
+        attached = attest.sbom_of(client, digest)
+        if attached is None:
             v.lines.append(f"note    no SBOM attached to {digest}")
             return
-        v.add(*attest.check_sbom(client, digest, sbom.of_image(engine, pinned)))
+        v.add(*attest.check_sbom(attached, sbom.of_image(engine, pinned)))
     except (RegistryError, ValueError) as exc:
         v.add(False, f"sbom    cannot be read: {exc}")
 

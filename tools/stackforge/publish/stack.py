@@ -13,8 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stackforge import osv
-from stackforge.builder import evidence, sbom
+from stackforge.builder import evidence, sbom, vulns
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.run import default_target, target_ref
@@ -189,26 +188,17 @@ def vulnerability_gate(options: PublishOptions, evidence_dir: Path, engine: Any,
     or above ``options.fail_on``, the reason no alias moves."""
     if options.osv is None:
         return None
-    if options.fail_on not in osv.LEVELS:
-        raise UserError(f"--fail-on {options.fail_on!r} is not a severity", fix=f"use one of: {', '.join(osv.LEVELS)}")
+    vulns.check_level(options.fail_on)
     path = evidence_dir / sbom.EVIDENCE
     text = path.read_text() if path.is_file() else sbom.of_image(engine, local)
-    db = osv.load(options.osv)
-    findings = osv.scan(db, sbom.packages(text))
-    blocking = [f for f in findings if f.at_least(options.fail_on)]
-    reason = (
-        f"{len(blocking)} known vulnerabilit{'y' if len(blocking) == 1 else 'ies'} at or above {options.fail_on} "
-        f"({', '.join(f.id for f in blocking[:5])}{', …' if len(blocking) > 5 else ''})"
-        if blocking
-        else None
-    )
+    report = vulns.scan_sbom(text, local, options.osv, options.fail_on)
     return {
-        "database": str(options.osv),
-        "records": db.count,
-        "fail_on": options.fail_on,
-        "findings": [f.line() for f in findings],
-        "blocking": [f.id for f in blocking],
-        "reason": reason,
+        "database": report.database,
+        "records": report.records,
+        "fail_on": report.fail_on,
+        "findings": [f.line() for f in report.findings],
+        "blocking": [f.id for f in report.blocking],
+        "reason": report.reason,
     }
 
 
