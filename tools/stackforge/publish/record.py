@@ -23,7 +23,6 @@ import datetime as _dt
 import functools
 import io
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,20 +40,22 @@ from stackforge.clients.registry import (
 from stackforge.errors import BuildFailed
 from stackforge.fslock import atomic_write
 from stackforge.publish.record_schema import SCHEMA, FileEntry, GateResults, PublishRecord, parse, problems
+from stackforge.publish.referrers import (
+    CREATED,
+    DIGEST,
+    EMPTY,
+    EMPTY_TYPE,
+    MANIFEST_LIMIT,
+    descriptor,
+    descriptor_problem,
+    fallback_index,
+    fallback_tag,
+    subject_of,
+)
 from stackforge.stack.load import fingerprint
 
 ARTIFACT_TYPE = "application/vnd.stackforge.publish-record.v1+json"
-EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
-EMPTY = b"{}"
-CREATED = "org.opencontainers.image.created"
 MAX_RECORD = 16 << 20
-MANIFEST_LIMIT = 4 << 20  # netread.MANIFEST_LIMIT
-
-
-def fallback_tag(digest: str) -> str:
-    """The OCI 1.1 tag-schema fallback tag of ``digest``: ``sha256-<hex>``."""
-    algorithm, _, hexpart = digest.partition(":")
-    return f"{algorithm}-{hexpart}"
 
 
 def _lines(path: Path) -> list[str]:
@@ -158,29 +159,6 @@ def check_schema(record: Any) -> list[str]:
     return problems(record)
 
 
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def descriptor_problem(desc: Any, limit: int) -> str | None:
-    """What makes ``desc`` unusable as an OCI descriptor of at most ``limit`` bytes (None when nothing does)."""
-    if not isinstance(desc, dict):
-        return "is not an object"
-    if not isinstance(desc.get("digest"), str) or not DIGEST.fullmatch(desc["digest"]):
-        return "has no sha256 digest"
-    if not isinstance(desc.get("mediaType"), str):
-        return "has no media type"
-    size = desc.get("size")
-    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= limit:
-        return f"declares no size within 0..{limit} bytes"
-    if not isinstance(desc.get("annotations", {}), dict):
-        return "has annotations that are not an object"
-    return None
-
-
-def _descriptor(media_type: str, data: bytes, **extra: Any) -> dict[str, Any]:
-    return {"mediaType": media_type, "digest": sha256_digest(data), "size": len(data), **extra}
-
-
 def body_of(record: PublishRecord) -> bytes:
     """The record as its artifact's layer holds it."""
     return (json.dumps(record.data(), indent=2, sort_keys=True) + "\n").encode()
@@ -193,23 +171,12 @@ def artifact(record: PublishRecord, subject: dict[str, Any], created: str) -> tu
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "artifactType": ARTIFACT_TYPE,
-        "config": _descriptor(EMPTY_TYPE, EMPTY),
-        "layers": [_descriptor(ARTIFACT_TYPE, body)],
+        "config": descriptor(EMPTY_TYPE, EMPTY),
+        "layers": [descriptor(ARTIFACT_TYPE, body)],
         "subject": subject,
         "annotations": {CREATED: created, "org.stackforge.stack": record.stack},
     }
     return body, json.dumps(manifest, indent=2, sort_keys=True).encode()
-
-
-def fallback_index(existing: dict[str, Any] | None, entry: dict[str, Any]) -> dict[str, Any]:
-    """The fallback tag's image index with ``entry`` added (once: an entry with its digest is replaced)."""
-    listed = (existing or {}).get("manifests", [])
-    manifests = [
-        m
-        for m in (listed if isinstance(listed, list) else [])
-        if isinstance(m, dict) and m.get("digest") != entry["digest"]
-    ]
-    return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*manifests, entry]}
 
 
 @dataclass
@@ -246,7 +213,7 @@ def attach(
     if indexed == subject["digest"]:
         return Attached(digest, "referrers", None)
     tag = fallback_tag(subject["digest"])
-    entry = _descriptor(OCI_MANIFEST, manifest, artifactType=ARTIFACT_TYPE, annotations={CREATED: created})
+    entry = descriptor(OCI_MANIFEST, manifest, artifactType=ARTIFACT_TYPE, annotations={CREATED: created})
     current = client.get_manifest(tag)
     existing = current.json() if current is not None else None
     index = json.dumps(fallback_index(existing, entry), indent=2).encode()
@@ -353,7 +320,7 @@ def attach_made(
     early = early if early is not None and early.subject["digest"] == published.digest else None
     client = early.client if early else _client(repository, policy)
     try:
-        subject = early.subject if early else _subject(client, published.digest)
+        subject = early.subject if early else subject_of(client, published.digest)
         done = attach(client, record, subject, published.finished_at, present=early.present if early else frozenset())
     except RegistryError as exc:
         raise BuildFailed(
@@ -368,14 +335,6 @@ def attach_made(
 
 def _client(repository: Any, policy: Any) -> RegistryClient:
     return RegistryClient(repository, policy=policy or RetryPolicy())
-
-
-def _subject(client: RegistryClient, digest: str) -> dict[str, Any]:
-    """The descriptor of the image manifest ``digest``, as the registry holds it."""
-    info = client.head_manifest(digest)
-    if info is None:
-        raise RegistryError(f"the registry no longer holds {digest}")
-    return {"mediaType": info.media_type or OCI_MANIFEST, "digest": digest, "size": info.size}
 
 
 @dataclass
@@ -412,7 +371,7 @@ class Attacher:
 
     def prepare(self, provisional: Any) -> None:
         client = _client(self.repository, self.policy)
-        subject = _subject(client, provisional.digest)
+        subject = subject_of(client, provisional.digest)
         present = push_blobs(client, EMPTY, body_of(self._record(provisional)))
         self._early = Early(client, subject, frozenset(present))
 

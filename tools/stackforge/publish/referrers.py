@@ -3,8 +3,8 @@ manifest, found again through the referrers API or, where the registry lacks it,
 (``sha256-<hex>``: an image index of the image's referrers). Every byte read back is checked against its digest,
 and an artifact whose subject is another image is refused.
 
-The publish record (``record.py``) keeps its own copy of this for its artifact type; the provenance and the SBOM
-use this module: one artifact type each, one layer each.
+The provenance and the SBOM use :func:`attach` and :func:`fetch_all` (one artifact type each, one layer each); the
+publish record (``record.py``) builds on the same descriptors, fallback tag and index, with its two-half attach.
 """
 
 from __future__ import annotations
@@ -113,22 +113,36 @@ def attach(
     tag = fallback_tag(subject["digest"])
     entry = descriptor(OCI_MANIFEST, manifest, artifactType=kind.artifact_type, annotations=notes)
     current = client.get_manifest(tag)
-    listed = (current.json() if current is not None else {}).get("manifests", [])
-    kept = [m for m in listed if isinstance(m, dict) and m.get("digest") != digest] if isinstance(listed, list) else []
-    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*kept, entry]}
+    index = fallback_index(current.json() if current is not None else None, entry)
     client.put_manifest(tag, json.dumps(index, indent=2).encode(), OCI_INDEX)
     return Attached(digest, "tag-schema", tag)
 
 
-def _problem(desc: Any, limit: int) -> str | None:
+def descriptor_problem(desc: Any, limit: int) -> str | None:
+    """What makes ``desc`` unusable as an OCI descriptor of at most ``limit`` bytes (None when nothing does)."""
     if not isinstance(desc, dict):
         return "is not an object"
     if not isinstance(desc.get("digest"), str) or not DIGEST.fullmatch(desc["digest"]):
         return "has no sha256 digest"
+    if not isinstance(desc.get("mediaType"), str):
+        return "has no media type"
     size = desc.get("size")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= limit:
         return f"declares no size within 0..{limit} bytes"
+    if not isinstance(desc.get("annotations", {}), dict):
+        return "has annotations that are not an object"
     return None
+
+
+def fallback_index(existing: dict[str, Any] | None, entry: dict[str, Any]) -> dict[str, Any]:
+    """The fallback tag's image index with ``entry`` added (once: an entry with its digest is replaced)."""
+    listed = (existing or {}).get("manifests", [])
+    manifests = [
+        m
+        for m in (listed if isinstance(listed, list) else [])
+        if isinstance(m, dict) and m.get("digest") != entry["digest"]
+    ]
+    return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*manifests, entry]}
 
 
 def listed(client: RegistryClient, digest: str, kind: Kind) -> tuple[list[dict[str, Any]], str]:
@@ -144,7 +158,7 @@ def listed(client: RegistryClient, digest: str, kind: Kind) -> tuple[list[dict[s
         raise MalformedAnswer(f"the {via} index of {digest} has no list of manifests")
     found = [m for m in manifests if isinstance(m, dict) and m.get("artifactType") == kind.artifact_type]
     for m in found:
-        problem = _problem(m, MANIFEST_LIMIT)
+        problem = descriptor_problem(m, MANIFEST_LIMIT)
         if problem:
             raise MalformedAnswer(f"an artifact listed by the {via} index of {digest} {problem}")
     return found, via
@@ -167,7 +181,7 @@ def fetch_all(client: RegistryClient, digest: str, kind: Kind) -> list[Fetched]:
             raise MalformedAnswer(f"artifact {ref} names the subject {str(shown)[:80]}, not {digest}; refused")
         layers = manifest.get("layers")
         mine = [x for x in layers if isinstance(x, dict) and x.get("mediaType") == kind.layer_type] if isinstance(layers, list) else []  # fmt: skip
-        if len(mine) != 1 or _problem(mine[0], kind.max_bytes):
+        if len(mine) != 1 or descriptor_problem(mine[0], kind.max_bytes):
             raise MalformedAnswer(
                 f"artifact {ref} holds no single {kind.layer_type} layer within {kind.max_bytes} bytes"
             )
