@@ -9,6 +9,7 @@ After an intended change to a template, a stack or the labels, regenerate and re
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +27,8 @@ from tests.fixtures.stack_support import REPO, RootSpec, run_cli
 BASE_DIGEST = "sha256:" + "d" * 64
 BASE_ID = "sha256:" + "e" * 64
 COMMIT_TIME = 1_700_000_000  # 2023-11-14T22:13:20Z
+BASE_CREATED = "2024-02-03T04:05:06.123456789Z"  # as the engine writes it
+BASE_EPOCH = 1_706_933_106
 INPUTS = "org.stackforge.inputs"
 STACKS = ["example", "post1", "post2"]
 
@@ -117,9 +120,12 @@ class StandInEngine:
         return self
 
     def cli(self, *args, **kwargs):
-        assert args[:4] == ("image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}}"), args
+        assert args[:4] == ("image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}} {{json .Created}}")
         self.asked.append(args[-1])
-        return SimpleNamespace(returncode=0, stdout=f'"{BASE_ID}" ["stackforge/base@{BASE_DIGEST}"]\n', stderr="")
+        created = f' "{BASE_CREATED}"' if BASE_CREATED else ""
+        return SimpleNamespace(
+            returncode=0, stdout=f'"{BASE_ID}" ["stackforge/base@{BASE_DIGEST}"]{created}\n', stderr=""
+        )
 
     def supports_source_date_epoch(self) -> bool:
         return True
@@ -182,8 +188,21 @@ def test_render_build_and_bake_write_the_same_dockerfile(root, tmp_path, capsys,
     assert f'"{INPUTS}"="{inputs}"' in text and f"inputs:     {inputs}\n" in out
     assert f'"org.opencontainers.image.base.digest"="{BASE_DIGEST}"' in text
     assert '"org.opencontainers.image.created"="2023-11-14T22:13:20Z"' in text
-    assert built.build_args == {"SOURCE_DATE_EPOCH": str(COMMIT_TIME)} and built.inputs_omitted is None
+    assert built.build_args == {} and built.inputs_omitted is None
+    # The layer epoch is the base image's creation time: every stage that runs a step declares it.
+    assert f'"org.stackforge.epoch"="{BASE_EPOCH}"' in text
+    froms = [line for line in text.splitlines() if line.startswith("FROM ") and not line.startswith("FROM scratch")]
+    assert text.count(f"ARG SOURCE_DATE_EPOCH={BASE_EPOCH}\n") == len(froms) > 3
     assert engine.asked == ["stackforge/base:bookworm"] * 3
+
+
+def test_a_base_without_a_creation_time_takes_the_sources_epoch(root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("STACKFORGE_PROGRESS", "0")
+    monkeypatch.setattr(context, "export_source", fake_export)
+    monkeypatch.setattr(sys.modules[__name__], "BASE_CREATED", "")
+    files, _out, _engine, _built = three_dockerfiles(root, tmp_path, capsys, monkeypatch, sources=True)
+    text = files[0].decode()
+    assert f'"org.stackforge.epoch"="{COMMIT_TIME}"' in text and f"ARG SOURCE_DATE_EPOCH={COMMIT_TIME}\n" in text
 
 
 def test_without_sources_the_three_agree_and_the_inputs_label_is_omitted(root, tmp_path, capsys, monkeypatch):

@@ -71,7 +71,7 @@ class Context:
 
     @property
     def source_date_epoch(self) -> int | None:
-        """The pinned upstream commit's time (of the first upstream), for reproducible `created`."""
+        """The first upstream's SOURCE_DATE_EPOCH (its pinned commit's time, or when its sdist was packed)."""
         for s in self.sources:
             return s.commit_time
         return None

@@ -155,6 +155,12 @@ def gate_spec(stack: Stack) -> dict:
     }
 
 
+#: The stack's layer epoch (seconds): the base image's creation time, else the sources' SOURCE_DATE_EPOCH. Every
+#: build stage declares it as SOURCE_DATE_EPOCH (hash-checked .pyc files), and the publisher clamps file times to
+#: it (``publish/normalize.py``). An upstream bump does not move it, so layers under the upstream keep their bytes.
+EPOCH_LABEL = "org.stackforge.epoch"
+
+
 def image_labels(
     loaded: LoadedStack,
     *,
@@ -164,8 +170,10 @@ def image_labels(
     inputs: str | None = None,
     base_id: str | None = None,
     post_install: dict[str, str] | None = None,
+    epoch: int | None = None,
 ) -> dict[str, str]:
-    """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible."""
+    """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible; ``epoch``:
+    the layer epoch (:data:`EPOCH_LABEL`)."""
     stack = loaded.model
     out: dict[str, str] = {
         "org.opencontainers.image.title": f"{stack.name}",
@@ -183,6 +191,8 @@ def image_labels(
             out["org.opencontainers.image.version"] = up.sdist.version
     if created:
         out["org.opencontainers.image.created"] = created
+    if epoch is not None:
+        out[EPOCH_LABEL] = str(epoch)
     out["org.opencontainers.image.base.name"] = stack.base.image
     if base_digest:  # a registry manifest digest; a local-only base has none
         out["org.opencontainers.image.base.digest"] = base_digest

@@ -11,6 +11,7 @@ whichever verb wrote it.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +32,16 @@ INPUTS_OMITTED = (
 )
 
 
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|z|[+-]\d\d:\d\d)")
+
+
 @dataclass(frozen=True)
 class BaseImage:
     """The base image as the engine resolved it."""
 
     digest: str | None  # registry manifest digest; None for a local-only image
     id: str | None  # image id
+    created: str | None = None  # its config's creation time (RFC 3339), when it records one
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,25 @@ def lint_or_fail(loaded: LoadedStack) -> None:
         )
 
 
+def rfc3339_seconds(value: str) -> int | None:
+    """Whole seconds of an RFC 3339 time as engines write them (``2026-12-01T10:11:12.123456789Z``), or None."""
+    match = _RFC3339.fullmatch(value.strip())
+    if match is None:
+        return None
+    zone = "+00:00" if match.group(2) in ("Z", "z") else match.group(2)
+    return int(_dt.datetime.fromisoformat(match.group(1) + zone).timestamp())
+
+
+def layer_epoch(base_created: str | None, source_date_epoch: int | None) -> int | None:
+    """The stack's layer epoch (``plan.EPOCH_LABEL``): the base image's creation time, else the sources'
+    SOURCE_DATE_EPOCH, else none. Not the sources' time first: a layer epoch that moved with every upstream bump
+    would change the bytes (and the build cache) of every dependency layer under the upstream."""
+    seconds = rfc3339_seconds(base_created) if base_created else None
+    if seconds is not None and seconds > 0:
+        return seconds
+    return source_date_epoch
+
+
 def prepare_dockerfile(
     loaded: LoadedStack,
     *,
@@ -113,7 +137,6 @@ def prepare_dockerfile(
     created = None
     build_args: dict[str, str] = {}
     if sources and epoch and ctx.source_date_epoch is not None:
-        build_args["SOURCE_DATE_EPOCH"] = str(ctx.source_date_epoch)
         created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     omitted = None if sources else INPUTS_OMITTED
     labels = image_labels(
@@ -124,6 +147,7 @@ def prepare_dockerfile(
         series=ctx.series,
         inputs=None if omitted else ctx.inputs_fingerprint(),
         post_install=ctx.post_install,
+        epoch=layer_epoch(base.created if base else None, ctx.source_date_epoch if sources else None),
     )
     labels[embed.LABEL] = embed.label(loaded)
     write_dockerfile(

@@ -10,7 +10,7 @@ import jinja2
 from jinja2.sandbox import SecurityError
 
 from stackforge import grammar
-from stackforge.builder.plan import Plan
+from stackforge.builder.plan import EPOCH_LABEL, Plan
 from stackforge.digests import tree_digest
 from stackforge.errors import UserError
 from stackforge.stack.tags import Sandbox
@@ -83,6 +83,12 @@ def _env(root: Path | None) -> Sandbox:
     return env
 
 
+def _epoch(labels: dict[str, str]) -> str:
+    """The layer epoch the stages declare as SOURCE_DATE_EPOCH (``plan.EPOCH_LABEL``; digits only, else none)."""
+    value = labels.get(EPOCH_LABEL, "")
+    return value if value.isdigit() else ""
+
+
 def render_dockerfile(
     plan: Plan,
     labels: dict[str, str] | None = None,
@@ -108,6 +114,7 @@ def render_dockerfile(
                 "syntax": syntax,
                 "offline": "--network=none " if run_network else "",
                 "ca_bundle": ca_bundle,
+                "epoch": _epoch(labels or {}),
             },
         )
     except jinja2.TemplateSyntaxError as exc:

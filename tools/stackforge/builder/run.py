@@ -103,8 +103,9 @@ def target_ref(loaded: LoadedStack, target: str) -> str:
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
 
 
-def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]:
-    """(registry manifest digest or None for a local-only image, image id) of the base image."""
+def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str, str | None]:
+    """(registry manifest digest or None for a local-only image, image id, creation time or None) of the base
+    image."""
     stack = loaded.model
     image = stack.base.image
     with progress.step(f"resolve base image {image}"):
@@ -130,18 +131,25 @@ def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str]
             **loaded.position(("base", "digest")).as_error_kwargs(),
             fix="pull the pinned image, or update base.digest",
         )
-    return digest, image_id
+    return digest, image_id, str(info.get("Created") or "") or None
 
 
 def _inspect(engine: Engine, image: str) -> dict | None:
-    """The image's id and repository digests (one ``docker image inspect``), or None when it is not there."""
-    proc = engine.cli("image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}}", image, timeout=30)
+    """The image's id, repository digests and creation time (one ``docker image inspect``), or None when it is
+    not there."""
+    fmt = "{{json .Id}} {{json .RepoDigests}} {{json .Created}}"
+    proc = engine.cli("image", "inspect", "--format", fmt, image, timeout=30)
     if proc.returncode != 0:
         if engine.image_exists(image):  # not a missing image: say what failed
             raise BuildFailed(f"'docker image inspect {image}' failed: {(proc.stderr or '').strip()[-300:]}")
         return None
-    image_id, _, digests = proc.stdout.strip().partition(" ")
-    return {"Id": json.loads(image_id), "RepoDigests": json.loads(digests or "null")}
+    image_id, _, rest = proc.stdout.strip().partition(" ")
+    digests, _, created = rest.rpartition(" ") if rest.endswith('"') else (rest, "", "")
+    return {
+        "Id": json.loads(image_id),
+        "RepoDigests": json.loads(digests or "null"),
+        "Created": json.loads(created or "null"),
+    }
 
 
 CAUSE = re.compile(

@@ -62,8 +62,10 @@ def export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspa
     up = stack.upstreams[name]
     if up.sdist is not None:
         sdist = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
-        upstreams.export_sdist(sdist, cache, dest, workspace=workspace, offline=offline)
-        info = SourceInfo(name, "sdist", f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}")
+        archive = upstreams.fetch_sdist(sdist, cache, offline=offline, workspace=workspace)
+        upstreams.unpack_sdist(archive, dest)
+        pin = f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
+        info = SourceInfo(name, "sdist", pin, commit_time=upstreams.sdist_time(archive))
     else:
         if up.commit is None:
             raise UserError(

@@ -552,6 +552,15 @@ def unpack_sdist(archive: Path, dest_dir: Path | str) -> Path:
     return dest
 
 
+def sdist_time(archive: Path) -> int | None:
+    """The newest modification time among the sdist's members: when its release was packed, the
+    SOURCE_DATE_EPOCH of an sdist upstream (as a commit's time is a git upstream's). None for an archive that
+    records none."""
+    with tarfile.open(archive, "r:gz") as tf:
+        newest = max((int(m.mtime) for m in tf.getmembers()), default=0)
+    return newest or None
+
+
 def export_sdist(
     sdist: SdistSpec,
     cache_dir: Path | str,
