@@ -8,6 +8,13 @@ compressed ones are kept as they are, and every layer is checked against the con
 A :class:`LayerCache` maps a layer's diff id to its compressed blob, so a layer the registry
 already holds is not compressed again. The result is a :class:`PreparedImage`: config, layers
 and the manifest whose digest the publisher pushes.
+
+An image built by stackforge names its layer epoch (label ``org.stackforge.epoch``): each of its layers is
+then rewritten by ``normalize.py`` before it is compressed (times clamped to the epoch, owners' names and pax
+times dropped, entries sorted) and its config rewritten to match (:func:`normalized_config`: the new diff ids,
+every ``created`` time the image's ``org.opencontainers.image.created`` or the epoch), so two builds of the same
+inputs publish the same digests. The published image id (its config digest) is then not the local one:
+:attr:`PreparedImage.source_id` keeps the local image's. Other images are published as they are.
 """
 
 from __future__ import annotations
@@ -19,20 +26,23 @@ import os
 import posixpath
 import re
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Protocol
+from typing import IO, Any, BinaryIO, Protocol, cast
 
+from stackforge.builder.plan import EPOCH_LABEL
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import OCI_MANIFEST, sha256_digest
 from stackforge.errors import BuildFailed, UserError
 from stackforge.grammar import DIGEST_RE
 from stackforge.publish import layerstore
 from stackforge.publish.codec import OCI_LAYER_GZIP, OCI_LAYER_ZSTD, Codec, codec
+from stackforge.publish.normalize import normalize
 
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
@@ -42,6 +52,7 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20
 _SMALL_JSON = 64 << 20
 _OCI_BLOB = re.compile(r"blobs/sha256/([0-9a-f]{64})")
+_CREATED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
 @dataclass
@@ -53,6 +64,13 @@ class Blob:
     data: bytes | None = None
     diff_id: str | None = None
     remote: bool = False  # not exported again: the registry already held it (see LayerCache)
+    #: the diff id of the local layer it was made from, when normalizing made it another (see LayerCache)
+    source_diff_id: str | None = None
+
+    @property
+    def cache_key(self) -> str | None:
+        """The id the layer cache knows this blob by: the local layer's diff id."""
+        return self.source_diff_id or self.diff_id
 
     def open(self) -> BinaryIO:
         if self.data is not None:
@@ -75,6 +93,9 @@ class PreparedImage:
     layers: list[Blob]
     manifest: bytes = b""
     manifest_media_type: str = OCI_MANIFEST
+    #: the local image's id, when its layers and config were normalized (then ``image_id``, the config digest a
+    #: pull gives, is another); None when the image is published as it is
+    source_id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.manifest:
@@ -104,6 +125,61 @@ def build_manifest(config: Blob, layers: list[Blob]) -> bytes:
         "layers": [layer.descriptor() for layer in layers],
     }
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Normalizing:
+    """How an image's layers and config are normalized: file times clamped to ``epoch``, every ``created`` set to
+    ``created`` (RFC 3339)."""
+
+    epoch: int
+    created: str
+
+    @property
+    def key(self) -> str:
+        """Names the epoch in the layer cache: a layer normalized at another epoch is another blob."""
+        return f"sde{self.epoch}"
+
+
+def normalizing(config: bytes) -> Normalizing | None:
+    """The normalization an image's config asks for (its ``org.stackforge.epoch`` label), or None."""
+    try:
+        labels = (json.loads(config).get("config") or {}).get("Labels") or {}
+    except (ValueError, AttributeError):
+        return None
+    epoch = str(labels.get(EPOCH_LABEL) or "")
+    if not epoch.isdigit():
+        return None
+    created = str(labels.get("org.opencontainers.image.created") or "")
+    if not _CREATED.fullmatch(created):
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(epoch)))
+    return Normalizing(int(epoch), created)
+
+
+def normalized_config(config: bytes, diff_ids: list[str], norm: Normalizing) -> bytes:
+    """``config`` with the normalized layers' diff ids and every creation time (the image's and each history
+    entry's) set to ``norm.created``; written with sorted keys, so the same content gives the same bytes."""
+    doc = json.loads(config)
+    doc["rootfs"]["diff_ids"] = diff_ids
+    doc["created"] = norm.created
+    for entry in doc.get("history") or []:
+        if isinstance(entry, dict) and "created" in entry:
+            entry["created"] = norm.created
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def normalize_layer(
+    src: IO[bytes], path: Path, packer: Codec, norm: Normalizing, pool: ThreadPoolExecutor | None
+) -> tuple[str, Blob]:
+    """Normalize the layer tar ``src`` and compress it to ``path``: (the normalized tar's diff id, its blob)."""
+    spool = path.parent
+    with tempfile.TemporaryFile(dir=spool) as tar:
+        normalize(src, tar, norm.epoch, spool=spool)
+        tar.seek(0)
+        with open(path, "wb") as out:
+            writer = _HashingWriter(out)
+            diff_id = packer.compress(tar, writer.write, pool=pool)
+    return diff_id, Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
 
 
 class ImageSource(Protocol):
@@ -153,6 +229,19 @@ class LayerCache:
             return {}
         return data if isinstance(data, dict) else {}
 
+    def scope(self, suffix: str) -> None:
+        """Keep the entries of this publish apart under ``suffix`` too (e.g. the normalizing epoch)."""
+        if not self.key.endswith(f"-{suffix}"):
+            self.key = f"{self.key}-{suffix}"
+
+    def normalized(self, diff_id: str) -> str | None:
+        """The diff id the cached blob of local layer ``diff_id`` uncompresses to, when it was normalized."""
+        try:
+            value = self._read(diff_id)[self.key].get("diff_id")
+        except (KeyError, TypeError, AttributeError):
+            return None
+        return value if isinstance(value, str) and DIGEST_RE.fullmatch(value) else None
+
     def lookup(self, diff_id: str) -> tuple[str, int] | None:
         try:
             entry = self._read(diff_id)[self.key]
@@ -177,8 +266,11 @@ class LayerCache:
         self.hits += 1
         return hit
 
-    def record(self, diff_id: str, digest: str, size: int, repository: str | None = None) -> None:
-        """Remember the blob of ``diff_id`` and, when given, that ``repository`` (``host/name``) now holds it."""
+    def record(
+        self, diff_id: str, digest: str, size: int, repository: str | None = None, blob_diff_id: str | None = None
+    ) -> None:
+        """Remember the blob of ``diff_id`` and, when given, that ``repository`` (``host/name``) now holds it;
+        ``blob_diff_id``: what the blob uncompresses to, when normalizing made it another layer."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             path = self._path(diff_id)
@@ -189,11 +281,51 @@ class LayerCache:
             if repository:
                 repos.insert(0, repository)
             data[self.key] = {"digest": digest, "size": size, "repositories": repos[: self.keep_repositories]}
+            if blob_diff_id:
+                data[self.key]["diff_id"] = blob_diff_id
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(data))
             os.replace(tmp, path)
         except OSError:
             pass  # a cache that cannot be written only costs time
+
+
+@dataclass
+class PublishedImages:
+    """Remembers what a local image was published as (manifest and config digest, per codec ``key``), so the next
+    publish of a normalized image finds its tag without exporting it again. Only a hint: the publisher still
+    compares what the registry holds."""
+
+    directory: Path
+    key: str
+
+    def _path(self, image_id: str) -> Path:
+        return self.directory / f"{image_id.split(':', 1)[-1]}.json"
+
+    def get(self, image_id: str) -> tuple[str, str] | None:
+        try:
+            entry = json.loads(self._path(image_id).read_text())[self.key]
+            digest, config = entry["digest"], entry["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        ok = all(isinstance(d, str) and DIGEST_RE.fullmatch(d) for d in (digest, config))
+        return (digest, config) if ok else None
+
+    def put(self, image_id: str, digest: str, config: str) -> None:
+        path = self._path(image_id)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                data = {}
+            data = data if isinstance(data, dict) else {}
+            data[self.key] = {"digest": digest, "config": config}
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a hint that cannot be written only costs an export
 
 
 class _HashingWriter:
@@ -265,6 +397,90 @@ def read_save_stream(
         if own_pool and pool is not None:
             pool.shutdown(cancel_futures=True)
     return _assemble(entries, expected_id)
+
+
+def read_image(
+    stream: BinaryIO,
+    workdir: Path,
+    *,
+    compression: str = "gzip",
+    level: int | None = None,
+    expected_id: str | None = None,
+    cache: LayerCache | None = None,
+    sink: Callable[[Blob], object] | None = None,
+) -> PreparedImage:
+    """:func:`read_save_stream`, normalized when the image names its layer epoch (see the module): its layers are
+    then read uncompressed first (the config, which says whether to normalize, may come last in the stream),
+    and each is normalized and compressed, or taken from ``cache`` when the registry holds its normalized blob."""
+    packer = codec(compression, level)
+    if packer is None:
+        return read_save_stream(stream, workdir, compression=compression, expected_id=expected_id, sink=sink)
+    raw = read_save_stream(stream, workdir / "raw", compression="none", expected_id=expected_id)
+    assert raw.config.data is not None
+    norm = normalizing(raw.config.data)
+    if norm is not None and cache is not None:
+        cache.scope(norm.key)
+    pool = packer.pool()
+    layers: list[Blob] = []
+    try:
+        for i, layer in enumerate(raw.layers):
+            blob = _from_raw(layer, workdir / f"layer-{i}", packer, norm, cache, pool)
+            if sink is not None and not blob.remote:
+                sink(blob)
+            layers.append(blob)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    if norm is None:
+        return PreparedImage(image_id=raw.image_id, config=raw.config, layers=layers)
+    config_bytes = normalized_config(raw.config.data, [b.diff_id or "" for b in layers], norm)
+    config = Blob(sha256_digest(config_bytes), len(config_bytes), OCI_CONFIG, data=config_bytes)
+    return PreparedImage(image_id=config.digest, config=config, layers=layers, source_id=raw.image_id)
+
+
+def _from_raw(
+    layer: Blob,
+    path: Path,
+    packer: Codec,
+    norm: Normalizing | None,
+    cache: LayerCache | None,
+    pool: ThreadPoolExecutor | None,
+) -> Blob:
+    """One layer of a ``docker save`` read uncompressed (or as the engine stored it): its blob, normalized with
+    ``norm``, from ``cache`` when the registry holds it."""
+    assert layer.path is not None and layer.diff_id is not None
+    diff_id = layer.diff_id
+    hit = _cached(cache, diff_id, norm)
+    if hit is not None:
+        layer.path.unlink()
+        return Blob(hit[0], hit[1], packer.media_type, diff_id=hit[2], remote=True, source_diff_id=diff_id)
+    with _uncompressed(layer) as src:
+        if norm is None:
+            with open(path, "wb") as out:
+                writer = _HashingWriter(out)
+                packer.compress(src, writer.write, pool=pool)
+            blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
+        else:
+            _, blob = normalize_layer(src, path, packer, norm, pool)
+            blob.source_diff_id = diff_id
+    layer.path.unlink()
+    if cache is not None:
+        cache.record(diff_id, blob.digest, blob.size, blob_diff_id=blob.diff_id)
+    return blob
+
+
+def _uncompressed(layer: Blob) -> IO[bytes]:
+    """The layer's tar: its file, decompressed when the engine exported it compressed."""
+    assert layer.path is not None
+    if layer.media_type == OCI_LAYER_GZIP:
+        import gzip
+
+        return cast(IO[bytes], gzip.open(layer.path, "rb"))
+    if layer.media_type == OCI_LAYER_ZSTD:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(open(layer.path, "rb"), closefd=True)
+    return open(layer.path, "rb")
 
 
 def _read_members(
@@ -480,14 +696,14 @@ class ArchiveImage:
         sink: Callable[[Blob], object] | None = None,
     ) -> PreparedImage:
         with open(self.path, "rb") as fh:
-            img = read_save_stream(
+            img = read_image(
                 fh, workdir, compression=compression, level=level, expected_id=self.image_id, cache=cache, sink=sink
             )
         self.image_id = img.image_id
         return img
 
 
-class _ChunkReader(io.RawIOBase):
+class ChunkReader(io.RawIOBase):
     """A readable file over an iterator of byte chunks (the SDK's streamed ``docker save``)."""
 
     def __init__(self, chunks: Iterator[bytes]):
@@ -559,8 +775,8 @@ class DockerImage:
 
         try:
             chunks = self._engine().sdk().api.get_image(self.image_id)
-            with io.BufferedReader(_ChunkReader(chunks), buffer_size=_CHUNK) as stream:
-                return read_save_stream(
+            with io.BufferedReader(ChunkReader(chunks), buffer_size=_CHUNK) as stream:
+                return read_image(
                     stream,
                     workdir,
                     compression=compression,
@@ -601,27 +817,32 @@ class DockerImage:
             diff_ids = None
         if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
             raise layerstore.Unusable("the image config has no rootfs.diff_ids")
-        wanted: list[tuple[str, int] | layerstore.Layer] = []
+        norm = normalizing(config_bytes)
+        if norm is not None and cache is not None:
+            cache.scope(norm.key)
+        wanted: list[tuple[str, int, str] | layerstore.Layer] = []
         for diff_id, chain_id in zip(diff_ids, layerstore.chain_ids(diff_ids)):
-            hit = cache.usable(diff_id) if cache is not None else None
+            hit = _cached(cache, diff_id, norm)
             wanted.append(hit if hit is not None else store.layer(diff_id, chain_id))
-        log("export-from-layer-store", root=str(store.root), read=sum(isinstance(w, layerstore.Layer) for w in wanted))
+        log(
+            "export-from-layer-store",
+            root=str(store.root),
+            read=sum(isinstance(w, layerstore.Layer) for w in wanted),
+            normalize_epoch=norm.epoch if norm else None,
+        )
         layers: list[Blob] = []
         workdir.mkdir(parents=True, exist_ok=True)
         pool = packer.pool()
         try:
             for i, (diff_id, want) in enumerate(zip(diff_ids, wanted)):
                 if not isinstance(want, layerstore.Layer):
-                    layers.append(Blob(want[0], want[1], packer.media_type, diff_id=diff_id, remote=True))
+                    source = diff_id if want[2] != diff_id else None
+                    layers.append(
+                        Blob(want[0], want[1], packer.media_type, diff_id=want[2], remote=True, source_diff_id=source)
+                    )
                     continue
-                path, t = workdir / f"layer-{i}", time.monotonic()
-                with open(path, "wb") as out, io.BufferedReader(_ChunkReader(want.chunks()), _CHUNK) as src:
-                    writer = _HashingWriter(out)
-                    got = packer.compress(src, writer.write, pool=pool)
-                if got != diff_id:
-                    path.unlink()
-                    raise layerstore.Unusable(f"layer {i} rebuilt from the layer store hashes to {got}, not {diff_id}")
-                blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
+                t = time.monotonic()
+                blob = _rebuild(want, workdir / f"layer-{i}", packer, norm, pool)
                 log(
                     "layer-rebuilt",
                     index=i,
@@ -629,14 +850,68 @@ class DockerImage:
                     digest=blob.digest,
                     size=blob.size,
                     seconds=round(time.monotonic() - t, 3),
+                    **({"normalized_diff_id": blob.diff_id} if norm else {}),
                 )
                 if cache is not None:
-                    cache.record(diff_id, blob.digest, blob.size)
+                    cache.record(diff_id, blob.digest, blob.size, blob_diff_id=blob.diff_id)
                 if sink is not None:
                     sink(blob)
                 layers.append(blob)
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
+        if norm is None:
+            config = Blob(sha256_digest(config_bytes), len(config_bytes), OCI_CONFIG, data=config_bytes)
+            return PreparedImage(image_id=config.digest, config=config, layers=layers)
+        config_bytes = normalized_config(config_bytes, [b.diff_id or "" for b in layers], norm)
         config = Blob(sha256_digest(config_bytes), len(config_bytes), OCI_CONFIG, data=config_bytes)
-        return PreparedImage(image_id=config.digest, config=config, layers=layers)
+        return PreparedImage(image_id=config.digest, config=config, layers=layers, source_id=self.image_id)
+
+
+def _cached(cache: LayerCache | None, diff_id: str, norm: Normalizing | None) -> tuple[str, int, str] | None:
+    """(digest, size, diff id of the blob) of the cached blob of local layer ``diff_id`` the registry holds."""
+    hit = cache.usable(diff_id) if cache is not None else None
+    if hit is None or cache is None:
+        return None
+    blob_diff_id = cache.normalized(diff_id) if norm is not None else diff_id
+    return (hit[0], hit[1], blob_diff_id) if blob_diff_id else None
+
+
+def _rebuild(
+    layer: layerstore.Layer, path: Path, packer: Codec, norm: Normalizing | None, pool: ThreadPoolExecutor | None
+) -> Blob:
+    """Rebuild ``layer``'s tar from the store and compress it to ``path`` (normalized first with ``norm``);
+    :class:`layerstore.Unusable` unless the rebuilt tar hashes to the layer's diff id."""
+    with io.BufferedReader(ChunkReader(layer.chunks()), _CHUNK) as src:
+        if norm is None:
+            with open(path, "wb") as out:
+                writer = _HashingWriter(out)
+                got = packer.compress(src, writer.write, pool=pool)
+            blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=got)
+        else:
+            reader = _HashingReader(src)
+            _, blob = normalize_layer(cast(IO[bytes], reader), path, packer, norm, pool)
+            got = reader.drain()
+            blob.source_diff_id = layer.diff_id
+    if got != layer.diff_id:
+        path.unlink()
+        raise layerstore.Unusable(f"layer {layer.diff_id} rebuilt from the layer store hashes to {got}")
+    return blob
+
+
+class _HashingReader:
+    """Reads ``raw`` and hashes what it read; :meth:`drain` reads the rest and gives the whole stream's digest."""
+
+    def __init__(self, raw: IO[bytes]):
+        self.raw = raw
+        self.hash = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.hash.update(data)
+        return data
+
+    def drain(self) -> str:
+        while self.read(_CHUNK):
+            pass
+        return "sha256:" + self.hash.hexdigest()

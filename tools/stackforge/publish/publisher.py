@@ -75,7 +75,7 @@ from stackforge.clients.workspace import cache_dir
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import flock_wait
 from stackforge.publish.codec import codec
-from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage
+from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage, PublishedImages
 from stackforge.publish.transfer import UPLOADS, Uploader
 from stackforge.signals import Interrupted
 from stackforge.stack.scheme import TagScheme, first_free_revision, validate_date
@@ -159,6 +159,8 @@ class PublishResult:
     duration_s: float
     source: str
     local_size: int | None = None
+    #: the local image's id when publishing normalized it (``image_id`` is then what a pull gives)
+    gated_image_id: str | None = None
 
     @property
     def reference(self) -> str:
@@ -173,6 +175,7 @@ class PublishResult:
             "digest": self.digest,
             "pinned_reference": f"{self.repository}@{self.digest}",
             "image_id": self.image_id,
+            **({"gated_image_id": self.gated_image_id} if self.gated_image_id else {}),
             "source": self.source,
             "size": self.size,
             "local_size": self.local_size,
@@ -324,6 +327,7 @@ class Publisher:
             duration_s=round(time.monotonic() - self.t0, 3),
             source=self.image.description,
             local_size=getattr(self.image, "local_size", None),
+            gated_image_id=self.image.image_id if self.image.image_id != image_id else None,
         )
 
     def left_behind(self) -> str:
@@ -369,11 +373,17 @@ class Publisher:
         tags = self.client.list_tags()
         self.log("tags", count=len(tags), of_date=sorted(self.scheme.revisions(tags, self.date)))
         pre_checked = self.image.image_id is not None
+        images = self._published_images()
         if pre_checked:
-            # Cheap path: the image id is known without exporting the image.
-            found = self._find_published(tags, self.image.image_id, None, checked)  # type: ignore[arg-type]
+            # Cheap path: the image id is known without exporting the image (and, for a normalized image, what it
+            # was published as last time).
+            local = self.image.image_id
+            assert local is not None
+            known = images.get(local) if images is not None else None
+            digest, config = known if known is not None else (None, local)
+            found = self._find_published(tags, config, digest, checked if known is None else set())
             if found:
-                return self._already(found, tags)
+                return self._already(found, tags, config)
 
         with tempfile.TemporaryDirectory(prefix="stackforge-publish-", dir=self.workdir) as tmp:
             level = self.codec.level if self.codec is not None else None
@@ -405,14 +415,19 @@ class Publisher:
                     size=img.size,
                     layers_already_in_registry=cache.hits if cache else 0,
                 )
-                if not pre_checked:
-                    found = self._find_published(tags, img.image_id, img.digest, checked)
+                if not pre_checked or img.source_id is not None:
+                    # A normalized image's tags were looked at by the local id only: look again by digest.
+                    skip = checked if not pre_checked else set()
+                    found = self._find_published(tags, img.image_id, img.digest, skip)
+                    checked |= skip
                     if found:
                         return self._already(found, tags)
                 self._upload_blobs(img, uploader)
             finally:
                 uploader.close()
         self._put_by_digest(img)
+        if images is not None and img.source_id is not None:
+            images.put(img.source_id, img.digest, img.image_id)
         if self.before_tag is not None:
             self.before_tag(img.digest, img.image_id)
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
@@ -427,9 +442,14 @@ class Publisher:
         self.log("done", tag=tag, digest=img.digest)
         return self._result("published", tag, img.digest, img.image_id, aliases, verification)
 
-    def _already(self, found: tuple[str, Manifest], tags: list[str]) -> PublishResult:
+    def _published_images(self) -> PublishedImages | None:
+        if self.layer_cache is None or self.codec is None:
+            return None
+        return PublishedImages(self.layer_cache / "images", self.codec.key)
+
+    def _already(self, found: tuple[str, Manifest], tags: list[str], image_id: str | None = None) -> PublishResult:
         tag, manifest = found
-        image_id = self.prepared.image_id if self.prepared else self.image.image_id
+        image_id = self.prepared.image_id if self.prepared else image_id or self.image.image_id
         assert image_id is not None
         self.log("already-published", tag=tag, digest=manifest.digest)
         verification: dict[str, Any] = {

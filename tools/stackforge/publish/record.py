@@ -104,6 +104,7 @@ def head(stack: str, target: str, published: Any) -> dict[str, Any]:
         "repository": published.repository,
         "digest": published.digest,
         "image_id": published.image_id,
+        **({"gated_image_id": published.gated_image_id} if getattr(published, "gated_image_id", None) else {}),
         "tags": [published.tag, *moved],
     }
 

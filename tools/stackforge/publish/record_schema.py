@@ -105,7 +105,12 @@ class PublishRecord(Part):
     target: str = Field(description="the target published")
     repository: str = Field(description="the registry repository, `host/path`")
     digest: Digest = Field(description="the image manifest's digest, the artifact's subject")
-    image_id: str = Field(description="the image id (its config digest)")
+    image_id: str = Field(description="the image id (its config digest): what a pull gives")
+    gated_image_id: str | None = Field(
+        default=None,
+        description="the id of the local image the gate ran in, when the publish normalized its layers and config "
+        "(file times clamped to the layer epoch, entries sorted): the same files under another id",
+    )
     tags: list[Tag] = Field(description="the immutable tag, then every alias the publish moved")
     stack_files: dict[str, FileEntry] = Field(description="the stack files embedded in the image (not the overrides)")
     overrides: list[JsonValue] = Field(description="the `--set` values the image was built with")

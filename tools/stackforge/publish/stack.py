@@ -79,7 +79,8 @@ def publish_dir(evidence_root: Path, gated: dict[str, Any] | None, image_id: str
     for build in reversed(every):
         for name in (PUBLISHED_RECORD, FAILED_RECORD):
             try:
-                if json.loads((build / name).read_text()).get("image_id") == image_id:
+                data = json.loads((build / name).read_text())
+                if image_id in (data.get("image_id"), data.get("gated_image_id")):
                     return build
             except (OSError, ValueError, AttributeError):
                 continue

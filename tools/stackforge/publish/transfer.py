@@ -109,7 +109,7 @@ class Uploader:
         if self.client.blob_exists(blob.digest):
             self.log("blob-exists", digest=blob.digest, size=blob.size)
             how = "skipped"
-        elif self._mount(blob.digest, blob.diff_id):
+        elif self._mount(blob.digest, blob.cache_key):
             return self._pushed(blob, "mounted")
         else:
             t = time.monotonic()
@@ -124,8 +124,8 @@ class Uploader:
         return self._pushed(blob, how)
 
     def _pushed(self, blob: Blob, how: str) -> str:
-        if self.cache is not None and blob.diff_id and blob.media_type.endswith("+gzip"):
-            self.cache.record(blob.diff_id, blob.digest, blob.size, str(self.client.repository))
+        if self.cache is not None and blob.cache_key and blob.media_type.endswith(("+gzip", "+zstd")):
+            self.cache.record(blob.cache_key, blob.digest, blob.size, str(self.client.repository), blob.diff_id)
         return how
 
 
