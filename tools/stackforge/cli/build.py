@@ -17,6 +17,7 @@ from stackforge.cli.options import (
     add_set,
     load,
     print_json,
+    root_of,
     workspace_of,
 )
 from stackforge.errors import UserError
@@ -144,6 +145,12 @@ def register(sub) -> None:
                 metavar="PUB",
                 help="a registry reference's signed provenance must be signed by this PEM public key and describe "
                 "the image and its record; an unsigned image fails",
+            )
+            p.add_argument(
+                "--rebuild",
+                action="store_true",
+                help="a registry reference: build it again from its record in this checkout (--root), with no "
+                "cache, and say 'identical' or name the first differing layer, file and field",
             )
         p.set_defaults(func=func)
 
@@ -316,7 +323,16 @@ def cmd_verify(args) -> int:
         from stackforge.cli.publish import print_verification
         from stackforge.flows.operator import verify_ref
 
-        return print_verification(args, verify_ref(args.image, engine, key=args.key), f"verify {args.image}")
+        rebuild_from = root_of(args) if args.rebuild else None
+        v = verify_ref(args.image, engine, key=args.key, rebuild_from=rebuild_from)
+        return print_verification(args, v, f"verify {args.image}")
+    if args.rebuild:
+        raise UserError(
+            "--rebuild rebuilds a published image from the record attached in the registry: give a registry "
+            "reference, without --stack",
+            file="--rebuild",
+            fix="stackforge verify HOST/NAME:TAG --rebuild",
+        )
     if args.key is not None:
         raise UserError(
             "--key checks the provenance attached in the registry: give a registry reference, without --stack",

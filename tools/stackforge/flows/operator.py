@@ -97,9 +97,16 @@ def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
     return dict(attrs.get("Config", {}).get("Labels") or {}), str(attrs.get("Id"))
 
 
-def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None, key: Path | None = None) -> Verification:
+def verify_ref(
+    ref: str,
+    engine: Any,
+    policy: RetryPolicy | None = None,
+    key: Path | None = None,
+    rebuild_from: Path | None = None,
+) -> Verification:
     """Check the published image ``ref`` from the registry and the image alone (see the module); with ``key``
-    (a PEM public key), also its signed provenance."""
+    (a PEM public key), also its signed provenance; with ``rebuild_from`` (a checkout), rebuild it from its record
+    there and compare (``flows/rebuild.py``)."""
     repo, reference = split_ref(ref)
     client = RegistryClient(repo, policy=policy or RetryPolicy()).budget(VERIFY_SECONDS)
     v = Verification(ref, "?")
@@ -203,6 +210,11 @@ def verify_ref(ref: str, engine: Any, policy: RetryPolicy | None = None, key: Pa
         checked = verify(loaded, pinned, labels, engine)
     v.lines.extend(checked.lines)
     v.failed += checked.failed
+    if rebuild_from is not None:
+        from stackforge.flows.rebuild import rebuild
+
+        for ok, line in rebuild(rec, rebuild_from, client, digest, manifest.json(), engine):
+            v.add(ok, line)
     return v
 
 

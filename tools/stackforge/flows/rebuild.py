@@ -1,0 +1,168 @@
+"""``stackforge verify REF --rebuild``: build the published image again from its record and compare.
+
+The record names everything the build took: the stack files as loaded, the ``--set`` values, the target, and (in
+its labels) the upstream pins and patch series. The rebuild writes those stack files over a copy of the
+checkout's ``stacks/`` (locks, other stacks) in a scratch repository whose other top-level entries (patches,
+recipes, …) are the checkout's own, builds the record's target there with ``--no-cache`` by default, and
+prepares the result as the publisher does (normalized, ``publish/oci.py``) without pushing anything. Then:
+
+- the same config digest is the same image (the config names every layer's diff id): ``identical``;
+- otherwise the first differing layer is named with its step (the history's ``created_by``), and its files are
+  compared with the published layer read from the engine's layer store after the pull (``publish/layerdiff.py``):
+  the first file and field (type, content, link, mode, owner, time) that differ; then the first config key.
+
+The local tag the record's stack names is put back as it was; the rebuilt image is removed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from stackforge.builder.run import BuildOptions, build, target_ref
+from stackforge.clients.engine import Engine
+from stackforge.clients.registry import RegistryClient
+from stackforge.errors import UserError
+from stackforge.publish import layerdiff, layerstore
+from stackforge.publish.codec import OCI_LAYER_ZSTD
+from stackforge.publish.oci import ChunkReader, DockerImage, PreparedImage
+from stackforge.publish.record_schema import PublishRecord
+from stackforge.stack.load import load
+from stackforge.stack.names import STACKS_DIR
+
+Line = tuple[bool, str]
+#: top-level entries of a checkout the scratch repository does not take
+_NOT_TAKEN = {".git", "build", STACKS_DIR}
+
+
+def scratch_root(rec: PublishRecord, checkout: Path, into: Path) -> Path:
+    """A repository at ``into``: the checkout's ``stacks/`` with the record's stack files written over it, and
+    every other top-level entry of the checkout linked."""
+    if not (checkout / STACKS_DIR).is_dir():
+        raise UserError(
+            f"{checkout} has no {STACKS_DIR}/: --rebuild runs in a checkout of the repository that built the image",
+            file="--root",
+            fix="run it from that checkout (or give --root DIR)",
+        )
+    into.mkdir(parents=True)
+    shutil.copytree(checkout / STACKS_DIR, into / STACKS_DIR, symlinks=True)
+    for name, entry in rec.stack_files.items():
+        if entry.text is None:
+            raise UserError(f"the record carries no text of {name}: nothing to rebuild from", file="REF")
+        (into / STACKS_DIR / name).write_text(entry.text, encoding="utf-8")
+    for path in checkout.iterdir():
+        if path.name not in _NOT_TAKEN:
+            (into / path.name).symlink_to(path.resolve())
+    return into
+
+
+def rebuild(
+    rec: PublishRecord,
+    checkout: Path,
+    client: RegistryClient,
+    digest: str,
+    manifest: dict[str, Any],
+    engine: Engine,
+    *,
+    no_cache: bool = True,
+    echo: Callable[[str], None] | None = None,
+) -> list[Line]:
+    """Rebuild the image ``rec`` describes and compare it with the published one (manifest ``digest`` and its
+    document ``manifest``, already pulled into ``engine``); the verify lines."""
+    with tempfile.TemporaryDirectory(prefix="stackforge-rebuild-") as tmp:
+        work = Path(tmp)
+        root = scratch_root(rec, checkout, work / "repo")
+        loaded = load(rec.stack, root=root, overrides=[str(o) for o in rec.overrides])
+        ref = target_ref(loaded, rec.target)
+        before = engine.image_id(ref)
+        opts = BuildOptions(target=rec.target, no_cache=no_cache, out=work / "build", keep_builds=1)
+        outcome = build(loaded, opts, engine=engine, echo=echo)
+        try:
+            image = DockerImage(ref, engine, image_id=outcome.image_id)
+            prepared = image.prepare(work / "prepare", compression=_codec(manifest), log=lambda *a, **k: None)
+            config = client.get_blob(manifest["config"]["digest"], size=int(manifest["config"]["size"]))
+            return compare(prepared, digest, manifest, json.loads(config), engine)
+        finally:
+            _restore(engine, ref, before, outcome.image_id)
+
+
+def _codec(manifest: dict[str, Any]) -> str:
+    layers = manifest.get("layers") or []
+    return "zstd" if any(layer.get("mediaType") == OCI_LAYER_ZSTD for layer in layers) else "gzip"
+
+
+def _restore(engine: Engine, ref: str, before: str | None, rebuilt: str | None) -> None:
+    if before is not None and before != rebuilt:
+        engine.cli("tag", before, ref, timeout=60)
+    if rebuilt is not None and rebuilt != before:
+        engine.cli("image", "rm", "--no-prune", rebuilt, timeout=120)
+        if before is None:
+            engine.cli("image", "rm", ref, timeout=120)
+
+
+def compare(
+    ours: PreparedImage, digest: str, manifest: dict[str, Any], theirs_config: dict[str, Any], engine: Engine
+) -> list[Line]:
+    """The verify lines of the rebuilt image ``ours`` against the published manifest (``digest``, ``manifest``)
+    and its config."""
+    published = manifest["config"]["digest"]
+    if ours.image_id == published:
+        same = "and the same manifest" if ours.digest == digest else "compressed otherwise: another manifest"
+        return [(True, f"rebuild identical: config {published}, {len(ours.layers)} layers ({same})")]
+    assert ours.config.data is not None
+    ours_config = json.loads(ours.config.data)
+    ours_ids, theirs_ids = _diff_ids(ours_config), _diff_ids(theirs_config)
+    lines: list[Line] = [(False, f"rebuild differs: config {ours.image_id} rebuilt, {published} published")]
+    i = layerdiff.first_layer(ours_ids, theirs_ids)
+    if i is not None:
+        lines.append((False, _layer_line(i, ours, ours_ids, theirs_ids, theirs_config, engine)))
+    key = layerdiff.first_config_key(ours_config, theirs_config)
+    if key is not None:
+        lines.append((False, f"rebuild config {key[0]}: rebuilt {key[1]!r}, published {key[2]!r}"))
+    return lines
+
+
+def _diff_ids(config: dict[str, Any]) -> list[str]:
+    return list((config.get("rootfs") or {}).get("diff_ids") or [])
+
+
+def _step(config: dict[str, Any], index: int) -> str:
+    """The build step (history ``created_by``) that made layer ``index``."""
+    steps = [h for h in config.get("history") or [] if isinstance(h, dict) and not h.get("empty_layer")]
+    return str(steps[index].get("created_by", "?"))[:160] if index < len(steps) else "?"
+
+
+def _layer_line(
+    i: int, ours: PreparedImage, ours_ids: list[str], theirs_ids: list[str], config: dict[str, Any], engine: Engine
+) -> str:
+    head = f"rebuild layer {i} ({_step(config, i)})"
+    if i >= len(ours_ids) or i >= len(theirs_ids):
+        return f"{head}: {len(ours_ids)} layers rebuilt, {len(theirs_ids)} published"
+    try:
+        store = layerstore.open_store(engine)
+        chain = layerstore.chain_ids(theirs_ids)[i]
+        with _tar(ours.layers[i].open()) as mine:
+            rebuilt = layerdiff.entries(mine)
+        with io.BufferedReader(ChunkReader(store.layer(theirs_ids[i], chain).chunks())) as published:
+            theirs = layerdiff.entries(published)
+    except layerstore.Unusable as exc:
+        return f"{head}: diff id {ours_ids[i]} rebuilt, {theirs_ids[i]} published (files not compared: {exc})"
+    diff = layerdiff.first_entry(rebuilt, theirs)
+    return f"{head}: " + (diff.describe() if diff else "the same files in another layout")
+
+
+def _tar(blob: IO[bytes]) -> IO[bytes]:
+    """The layer tar in a blob (gzip or zstd)."""
+    head = blob.read(4)
+    blob.seek(0)
+    if head[:2] == b"\x1f\x8b":
+        return gzip.open(blob, "rb")  # type: ignore[return-value]
+    import zstandard
+
+    return zstandard.ZstdDecompressor().stream_reader(blob, closefd=True)
