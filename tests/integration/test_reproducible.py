@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures import run_names
+from tests.fixtures import musa_builds, run_names
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
@@ -25,14 +23,7 @@ INIT = "src/markupsafe/__init__.py"
 
 
 def stackforge(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
-    return subprocess.run(
-        [sys.executable, "-m", "stackforge", "--root", str(root), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1800,
-    )
+    return musa_builds.stackforge("--root", str(root), *args, env={"STACKFORGE_CACHE": str(REPO / "build" / "cache")})
 
 
 def clone(into: Path) -> Path:

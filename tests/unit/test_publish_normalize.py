@@ -7,7 +7,9 @@ import hashlib
 import io
 import tarfile
 
-from stackforge.publish.normalize import normalize
+import pytest
+
+from stackforge.publish.normalize import OutOfOrder, key, normalize, stream
 
 EPOCH = 1758800000  # 2025-09-25, a pinned commit's time
 
@@ -16,8 +18,8 @@ def entry(name: str, data: bytes | None = None, **kw) -> tuple[tarfile.TarInfo, 
     info = tarfile.TarInfo(name)
     if data is not None:
         info.size = len(data)
-    for key, value in kw.items():
-        setattr(info, key, value)
+    for attr, value in kw.items():
+        setattr(info, attr, value)
     return info, data
 
 
@@ -94,7 +96,7 @@ def test_content_is_unchanged_and_times_are_clamped():
     assert tree(out) == tree(raw)
     with tarfile.open(fileobj=io.BytesIO(out)) as tar:
         infos = {i.name: i for i in tar}
-    assert [n for n in infos] == sorted(infos)
+    assert [n for n in infos] == sorted(infos, key=key)
     assert infos["usr/bin/python3"].mtime == EPOCH and infos["usr/bin/ping"].mtime == 100  # older files keep theirs
     assert {i.uname for i in infos.values()} == {""} and {i.gname for i in infos.values()} == {""}
     assert set(infos["usr/bin/ping"].pax_headers) == {"SCHILY.xattr.security.capability"}
@@ -125,3 +127,62 @@ def test_gnu_and_pax_archives_of_the_same_files_agree():
     pax = layer(list(reversed(files)))
     assert normalized(gnu) == normalized(pax)
     assert tree(normalized(gnu))[long][-1] == b"x = 1\n"
+
+
+def walked(when: int) -> bytes:
+    """A layer as an engine writes it: a directory walk (a directory, what it holds, then its next sibling), so
+    ``pkg/`` and its files come before ``pkg.py``, though ``/`` sorts after ``.``."""
+    d = tarfile.DIRTYPE
+    return layer(
+        [
+            entry("opt", type=d, mode=0o755, mtime=when),
+            entry("opt/pkg", type=d, mode=0o755, mtime=when),
+            entry("opt/pkg/__init__.py", b"", mtime=when, uname="builder"),
+            entry("opt/pkg/lib.so", b"\x7fELF", mode=0o755, mtime=when),
+            entry("opt/pkg.py", b"import pkg\n", mtime=when, pax_headers={"atime": f"{when}.5"}),
+            entry("opt/pkg2", type=tarfile.LNKTYPE, linkname="opt/pkg/lib.so", mtime=when),
+        ]
+    )
+
+
+def streamed(raw: bytes) -> bytes:
+    out = io.BytesIO()
+    stream(io.BytesIO(raw), out, EPOCH)
+    return out.getvalue()
+
+
+def test_a_walked_layer_streams_to_the_same_bytes_as_the_sorting_path():
+    raw = walked(EPOCH + 60)
+    assert streamed(raw) == normalized(raw) == streamed(walked(EPOCH + 7200))
+    assert tree(streamed(raw)) == tree(raw)
+
+
+def test_a_layer_out_of_walk_order_is_refused_by_the_stream():
+    d = tarfile.DIRTYPE
+    for entries in (
+        [entry("b", b"", mtime=EPOCH), entry("a", b"", mtime=EPOCH)],  # out of order
+        [entry("a", type=d, mtime=EPOCH), entry("a.py", b"", mtime=EPOCH), entry("a/x", b"", mtime=EPOCH)],
+        [entry("a", b"1", mtime=EPOCH), entry("a", b"2", mtime=EPOCH)],  # a name twice
+        [entry("a", type=tarfile.LNKTYPE, linkname="b", mtime=EPOCH), entry("b", b"x", mtime=EPOCH)],  # link ahead
+    ):
+        with pytest.raises(OutOfOrder):
+            streamed(layer(entries))
+
+
+def test_whiteouts_sort_where_the_name_they_delete_would():
+    d = tarfile.DIRTYPE
+    raw = layer(
+        [
+            entry("sp", type=d, mtime=EPOCH),
+            entry("sp/pkg", type=d, mtime=EPOCH),
+            entry("sp/pkg/.wh..wh..opq", b"", mtime=EPOCH),  # the directory's opaque marker, before its entries
+            entry("sp/pkg/__init__.py", b"", mtime=EPOCH),
+            entry("sp/.wh.pkg-1.0.dist-info", b"", mtime=EPOCH),  # deletes sp/pkg-1.0.dist-info
+            entry("sp/pkg-2.0.dist-info", type=d, mtime=EPOCH),
+        ]
+    )
+    assert streamed(raw) == normalized(raw)
+    assert [k for k in map(key, ["sp/pkg/.wh..wh..opq", "sp/.wh.pkg-1.0.dist-info"])] == [
+        (b"sp", b"pkg", b""),
+        (b"sp", b"pkg-1.0.dist-info"),
+    ]

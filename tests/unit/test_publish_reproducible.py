@@ -21,6 +21,7 @@ from stackforge.publish.oci import (
     read_image,
 )
 from tests.fixtures.save_archive import save_archive
+from tests.fixtures.stub_registry import digest_of
 
 EPOCH = 1_700_000_000
 LABELS = {"org.stackforge.epoch": str(EPOCH), "org.opencontainers.image.created": "2023-11-14T22:13:20Z"}
@@ -50,7 +51,7 @@ def old_layer() -> bytes:
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         info = tarfile.TarInfo("etc/os-release")
         data = b"ID=debian\n"
-        info.size, info.mtime = len(data), EPOCH - 1000
+        info.size, info.mtime, info.uname = len(data), EPOCH - 1000, "root"
         tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
@@ -165,3 +166,17 @@ def test_an_sdist_upstreams_epoch_is_when_its_release_was_packed(tmp_path):
             info.mtime = when
             tar.addfile(info, io.BytesIO(b""))
     assert sdist_time(archive) == 1_600_000_500
+
+
+def test_the_base_images_layers_are_published_as_they_are(tmp_path):
+    """``org.stackforge.base.layers``: the first N layers are the base's own registry blobs; only those above are
+    normalized."""
+    labels = {**LABELS, "org.stackforge.base.layers": "1"}
+    raw_base = old_layer()
+    _, a = publish_ready(tmp_path, "a", EPOCH + 3600, reverse=False, labels=labels)
+    _, b = publish_ready(tmp_path, "b", EPOCH + 7300, reverse=True, labels=labels)
+    assert a.digest == b.digest
+    assert a.layers[0].diff_id == digest_of(raw_base) and a.layers[0].source_diff_id is None
+    assert a.layers[1].diff_id != a.layers[1].source_diff_id
+    _, all_of_them = publish_ready(tmp_path, "c", EPOCH + 3600, reverse=False)
+    assert all_of_them.layers[0].diff_id != digest_of(raw_base)  # without the label the base layer is rewritten too

@@ -9,6 +9,7 @@ After an intended change to a template, a stack or the labels, regenerate and re
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -120,12 +121,10 @@ class StandInEngine:
         return self
 
     def cli(self, *args, **kwargs):
-        assert args[:4] == ("image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}} {{json .Created}}")
+        assert args[:4] == ("image", "inspect", "--format", run.INSPECT), args
         self.asked.append(args[-1])
-        created = f' "{BASE_CREATED}"' if BASE_CREATED else ""
-        return SimpleNamespace(
-            returncode=0, stdout=f'"{BASE_ID}" ["stackforge/base@{BASE_DIGEST}"]{created}\n', stderr=""
-        )
+        info = {"Id": BASE_ID, "RepoDigests": [f"stackforge/base@{BASE_DIGEST}"], "Created": BASE_CREATED, "Layers": 2}
+        return SimpleNamespace(returncode=0, stdout=json.dumps(info) + "\n", stderr="")
 
     def supports_source_date_epoch(self) -> bool:
         return True
@@ -191,6 +190,7 @@ def test_render_build_and_bake_write_the_same_dockerfile(root, tmp_path, capsys,
     assert built.build_args == {} and built.inputs_omitted is None
     # The layer epoch is the base image's creation time: every stage that runs a step declares it.
     assert f'"org.stackforge.epoch"="{BASE_EPOCH}"' in text
+    assert '"org.stackforge.base.layers"="2"' in text  # the publisher leaves the base's own layers as they are
     froms = [line for line in text.splitlines() if line.startswith("FROM ") and not line.startswith("FROM scratch")]
     assert text.count(f"ARG SOURCE_DATE_EPOCH={BASE_EPOCH}\n") == len(froms) > 3
     assert engine.asked == ["stackforge/base:bookworm"] * 3

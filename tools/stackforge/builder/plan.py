@@ -159,6 +159,9 @@ def gate_spec(stack: Stack) -> dict:
 #: build stage declares it as SOURCE_DATE_EPOCH (hash-checked .pyc files), and the publisher clamps file times to
 #: it (``publish/normalize.py``). An upstream bump does not move it, so layers under the upstream keep their bytes.
 EPOCH_LABEL = "org.stackforge.epoch"
+#: How many layers of the image are the base image's: the publisher leaves them as they are (they are the base's own
+#: registry blobs), and normalizes the layers above.
+BASE_LAYERS_LABEL = "org.stackforge.base.layers"
 
 
 def image_labels(
@@ -171,6 +174,7 @@ def image_labels(
     base_id: str | None = None,
     post_install: dict[str, str] | None = None,
     epoch: int | None = None,
+    base_layers: int | None = None,
 ) -> dict[str, str]:
     """OCI labels + one label per pin + the input fingerprint. ``created`` only when reproducible; ``epoch``:
     the layer epoch (:data:`EPOCH_LABEL`)."""
@@ -193,6 +197,8 @@ def image_labels(
         out["org.opencontainers.image.created"] = created
     if epoch is not None:
         out[EPOCH_LABEL] = str(epoch)
+    if base_layers is not None:
+        out[BASE_LAYERS_LABEL] = str(base_layers)
     out["org.opencontainers.image.base.name"] = stack.base.image
     if base_digest:  # a registry manifest digest; a local-only base has none
         out["org.opencontainers.image.base.digest"] = base_digest

@@ -42,6 +42,7 @@ class BaseImage:
     digest: str | None  # registry manifest digest; None for a local-only image
     id: str | None  # image id
     created: str | None = None  # its config's creation time (RFC 3339), when it records one
+    layers: int | None = None  # how many layers it has
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ def prepare_dockerfile(
         inputs=None if omitted else ctx.inputs_fingerprint(),
         post_install=ctx.post_install,
         epoch=layer_epoch(base.created if base else None, ctx.source_date_epoch if sources else None),
+        base_layers=base.layers if base else None,
     )
     labels[embed.LABEL] = embed.label(loaded)
     write_dockerfile(

@@ -103,9 +103,9 @@ def target_ref(loaded: LoadedStack, target: str) -> str:
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
 
 
-def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str, str | None]:
-    """(registry manifest digest or None for a local-only image, image id, creation time or None) of the base
-    image."""
+def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str, str | None, int | None]:
+    """(registry manifest digest or None for a local-only image, image id, creation time or None, layer count or
+    None) of the base image."""
     stack = loaded.model
     image = stack.base.image
     with progress.step(f"resolve base image {image}"):
@@ -131,25 +131,27 @@ def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str,
             **loaded.position(("base", "digest")).as_error_kwargs(),
             fix="pull the pinned image, or update base.digest",
         )
-    return digest, image_id, str(info.get("Created") or "") or None
+    layers = info.get("Layers")
+    return digest, image_id, str(info.get("Created") or "") or None, layers if isinstance(layers, int) else None
+
+
+#: what the build reads of the base image, as one JSON object
+INSPECT = '{"Id":{{json .Id}},"RepoDigests":{{json .RepoDigests}},"Created":{{json .Created}},"Layers":{{len .RootFS.Layers}}}'
 
 
 def _inspect(engine: Engine, image: str) -> dict | None:
-    """The image's id, repository digests and creation time (one ``docker image inspect``), or None when it is
-    not there."""
-    fmt = "{{json .Id}} {{json .RepoDigests}} {{json .Created}}"
-    proc = engine.cli("image", "inspect", "--format", fmt, image, timeout=30)
+    """The image's id, repository digests, creation time and layer count (one ``docker image inspect``), or None
+    when it is not there."""
+    proc = engine.cli("image", "inspect", "--format", INSPECT, image, timeout=30)
     if proc.returncode != 0:
         if engine.image_exists(image):  # not a missing image: say what failed
             raise BuildFailed(f"'docker image inspect {image}' failed: {(proc.stderr or '').strip()[-300:]}")
         return None
-    image_id, _, rest = proc.stdout.strip().partition(" ")
-    digests, _, created = rest.rpartition(" ") if rest.endswith('"') else (rest, "", "")
-    return {
-        "Id": json.loads(image_id),
-        "RepoDigests": json.loads(digests or "null"),
-        "Created": json.loads(created or "null"),
-    }
+    try:
+        info = json.loads(proc.stdout)
+    except ValueError:
+        raise BuildFailed(f"'docker image inspect {image}' answered {proc.stdout.strip()[:200]!r}") from None
+    return info if isinstance(info, dict) else {}
 
 
 CAUSE = re.compile(

@@ -349,7 +349,7 @@ def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> str:
 
     image = loaded.model.base.image
     engine.check()
-    digest, image_id, _created = base_identity(engine, loaded)
+    digest, image_id, _created, _layers = base_identity(engine, loaded)
     have = manifest.part(data, BASE)
     if have and have.get("id") == image_id and (to / BASE).is_file():
         return image_id

@@ -26,7 +26,6 @@ import os
 import posixpath
 import re
 import tarfile
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,14 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol, cast
 
-from stackforge.builder.plan import EPOCH_LABEL
+from stackforge.builder.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import OCI_MANIFEST, sha256_digest
 from stackforge.errors import BuildFailed, UserError
 from stackforge.grammar import DIGEST_RE
 from stackforge.publish import layerstore
 from stackforge.publish.codec import OCI_LAYER_GZIP, OCI_LAYER_ZSTD, Codec, codec
-from stackforge.publish.normalize import normalize
+from stackforge.publish.normalize import OutOfOrder, normalize, stream
 
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
@@ -134,6 +133,12 @@ class Normalizing:
 
     epoch: int
     created: str
+    #: the base image's layers, first in the image: published as they are (the base's own blobs)
+    keep: int = 0
+
+    def of(self, index: int) -> Normalizing | None:
+        """How layer ``index`` is normalized: None for a base image's layer."""
+        return None if index < self.keep else self
 
     @property
     def key(self) -> str:
@@ -153,7 +158,8 @@ def normalizing(config: bytes) -> Normalizing | None:
     created = str(labels.get("org.opencontainers.image.created") or "")
     if not _CREATED.fullmatch(created):
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(epoch)))
-    return Normalizing(int(epoch), created)
+    keep = str(labels.get(BASE_LAYERS_LABEL) or "0")
+    return Normalizing(int(epoch), created, int(keep) if keep.isdigit() else 0)
 
 
 def normalized_config(config: bytes, diff_ids: list[str], norm: Normalizing) -> bytes:
@@ -169,17 +175,50 @@ def normalized_config(config: bytes, diff_ids: list[str], norm: Normalizing) -> 
 
 
 def normalize_layer(
-    src: IO[bytes], path: Path, packer: Codec, norm: Normalizing, pool: ThreadPoolExecutor | None
-) -> tuple[str, Blob]:
-    """Normalize the layer tar ``src`` and compress it to ``path``: (the normalized tar's diff id, its blob)."""
-    spool = path.parent
-    with tempfile.TemporaryFile(dir=spool) as tar:
-        normalize(src, tar, norm.epoch, spool=spool)
-        tar.seek(0)
-        with open(path, "wb") as out:
+    reopen: Callable[[], IO[bytes]], path: Path, packer: Codec, norm: Normalizing, pool: ThreadPoolExecutor | None
+) -> Blob:
+    """Normalize the layer tar ``reopen()`` gives and compress it to ``path``: its blob (``diff_id``: the normalized
+    tar's). One pass, piped into the compressor, when the layer is in walk order (``normalize.stream``); else it is
+    read again and sorted through a spool."""
+
+    def streamed(out: IO[bytes]) -> None:
+        with reopen() as src:
+            stream(src, out, norm.epoch)
+
+    def sorted_(out: IO[bytes]) -> None:
+        with reopen() as src:
+            normalize(src, out, norm.epoch, spool=path.parent)
+
+    try:
+        return _piped(streamed, path, packer, pool)
+    except OutOfOrder:
+        return _piped(sorted_, path, packer, pool)
+
+
+def _piped(produce: Callable[[IO[bytes]], None], path: Path, packer: Codec, pool: ThreadPoolExecutor | None) -> Blob:
+    """Compress to ``path`` what ``produce`` writes, through a pipe (``produce`` runs in a thread); ``produce``'s
+    exception is raised here, after the compressor has seen the end of what it wrote."""
+    read_end, write_end = os.pipe()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with open(write_end, "wb", buffering=_CHUNK) as out:
+                produce(cast(IO[bytes], out))
+        except BaseException as exc:  # handed to the caller below
+            failed.append(exc)
+
+    producer = threading.Thread(target=run, name="normalize", daemon=True)
+    producer.start()
+    try:
+        with open(read_end, "rb", buffering=_CHUNK) as src, open(path, "wb") as out:
             writer = _HashingWriter(out)
-            diff_id = packer.compress(tar, writer.write, pool=pool)
-    return diff_id, Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
+            diff_id = packer.compress(src, writer.write, pool=pool)
+    finally:
+        producer.join()
+    if failed:
+        raise failed[0]
+    return Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
 
 
 class ImageSource(Protocol):
@@ -424,7 +463,7 @@ def read_image(
     layers: list[Blob] = []
     try:
         for i, layer in enumerate(raw.layers):
-            blob = _from_raw(layer, workdir / f"layer-{i}", packer, norm, cache, pool)
+            blob = _from_raw(layer, workdir / f"layer-{i}", packer, norm and norm.of(i), cache, pool)
             if sink is not None and not blob.remote:
                 sink(blob)
             layers.append(blob)
@@ -454,15 +493,14 @@ def _from_raw(
     if hit is not None:
         layer.path.unlink()
         return Blob(hit[0], hit[1], packer.media_type, diff_id=hit[2], remote=True, source_diff_id=diff_id)
-    with _uncompressed(layer) as src:
-        if norm is None:
-            with open(path, "wb") as out:
-                writer = _HashingWriter(out)
-                packer.compress(src, writer.write, pool=pool)
-            blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
-        else:
-            _, blob = normalize_layer(src, path, packer, norm, pool)
-            blob.source_diff_id = diff_id
+    if norm is None:
+        with _uncompressed(layer) as src, open(path, "wb") as out:
+            writer = _HashingWriter(out)
+            packer.compress(src, writer.write, pool=pool)
+        blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
+    else:
+        blob = normalize_layer(lambda: _uncompressed(layer), path, packer, norm, pool)
+        blob.source_diff_id = diff_id
     layer.path.unlink()
     if cache is not None:
         cache.record(diff_id, blob.digest, blob.size, blob_diff_id=blob.diff_id)
@@ -821,8 +859,8 @@ class DockerImage:
         if norm is not None and cache is not None:
             cache.scope(norm.key)
         wanted: list[tuple[str, int, str] | layerstore.Layer] = []
-        for diff_id, chain_id in zip(diff_ids, layerstore.chain_ids(diff_ids)):
-            hit = _cached(cache, diff_id, norm)
+        for i, (diff_id, chain_id) in enumerate(zip(diff_ids, layerstore.chain_ids(diff_ids))):
+            hit = _cached(cache, diff_id, norm and norm.of(i))
             wanted.append(hit if hit is not None else store.layer(diff_id, chain_id))
         log(
             "export-from-layer-store",
@@ -842,7 +880,7 @@ class DockerImage:
                     )
                     continue
                 t = time.monotonic()
-                blob = _rebuild(want, workdir / f"layer-{i}", packer, norm, pool)
+                blob = _rebuild(want, workdir / f"layer-{i}", packer, norm and norm.of(i), pool)
                 log(
                     "layer-rebuilt",
                     index=i,
@@ -882,20 +920,24 @@ def _rebuild(
 ) -> Blob:
     """Rebuild ``layer``'s tar from the store and compress it to ``path`` (normalized first with ``norm``);
     :class:`layerstore.Unusable` unless the rebuilt tar hashes to the layer's diff id."""
-    with io.BufferedReader(ChunkReader(layer.chunks()), _CHUNK) as src:
-        if norm is None:
-            with open(path, "wb") as out:
-                writer = _HashingWriter(out)
-                got = packer.compress(src, writer.write, pool=pool)
-            blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=got)
-        else:
-            reader = _HashingReader(src)
-            _, blob = normalize_layer(cast(IO[bytes], reader), path, packer, norm, pool)
-            got = reader.drain()
-            blob.source_diff_id = layer.diff_id
+    if norm is None:
+        with io.BufferedReader(ChunkReader(layer.chunks()), _CHUNK) as src, open(path, "wb") as out:
+            writer = _HashingWriter(out)
+            got = packer.compress(src, writer.write, pool=pool)
+        blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=got)
+    else:
+        readers: list[_HashingReader] = []
+
+        def reopen() -> IO[bytes]:
+            readers.append(_HashingReader(io.BufferedReader(ChunkReader(layer.chunks()), _CHUNK)))
+            return cast(IO[bytes], readers[-1])
+
+        blob = normalize_layer(reopen, path, packer, norm, pool)
+        got = readers[-1].drain()
+        blob.source_diff_id = layer.diff_id
     if got != layer.diff_id:
         path.unlink()
-        raise layerstore.Unusable(f"layer {layer.diff_id} rebuilt from the layer store hashes to {got}")
+        raise layerstore.Unusable(f"a layer rebuilt from the layer store hashes to {got}, not {layer.diff_id}")
     return blob
 
 
@@ -905,6 +947,7 @@ class _HashingReader:
     def __init__(self, raw: IO[bytes]):
         self.raw = raw
         self.hash = hashlib.sha256()
+        self.digest: str | None = None
 
     def read(self, n: int = -1) -> bytes:
         data = self.raw.read(n)
@@ -912,6 +955,17 @@ class _HashingReader:
         return data
 
     def drain(self) -> str:
-        while self.read(_CHUNK):
-            pass
-        return "sha256:" + self.hash.hexdigest()
+        if self.digest is None:
+            while self.read(_CHUNK):
+                pass
+            self.digest = "sha256:" + self.hash.hexdigest()
+        return self.digest
+
+    def __enter__(self) -> _HashingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Closing drains: the digest then covers the whole stream (a tar reader stops at its end marker)."""
+        if exc[0] is None:
+            self.drain()
+        self.raw.close()
