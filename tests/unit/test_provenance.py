@@ -69,6 +69,10 @@ def test_the_statement_names_the_image_and_what_built_it():
     assert build["internalParameters"]["source_date_epoch"] == 1758800000
     run = stmt["predicate"]["runDetails"]
     assert run["builder"]["version"]["buildkit"] == "v0.13.2" and run["metadata"]["startedOn"] == INPUTS["time"]
+    assert [b["name"] for b in run["byproducts"]] == ["image_id"]
+    gated = provenance.statement({**rec, "gated_image_id": "sha256:" + "9" * 64}, INPUTS, "127.0.0.1:5000/team/vllm")
+    produced = {b["name"]: b["digest"]["sha256"] for b in gated["predicate"]["runDetails"]["byproducts"]}
+    assert produced == {"image_id": str(rec["image_id"]).split(":")[-1], "gated_image_id": "9" * 64}
 
 
 @pytest.mark.parametrize("kind", ["ed25519", "p256"])

@@ -90,10 +90,20 @@ def statement(record: dict[str, Any], inputs: dict[str, Any], repository: str) -
                     },
                 },
                 "metadata": {"invocationId": record.get("build_id"), "startedOn": inputs.get("time")},
-                "byproducts": [{"name": "image_id", "digest": {"sha256": str(record.get("image_id")).split(":")[-1]}}],
+                "byproducts": _byproducts(record),
             },
         },
     }
+
+
+def _byproducts(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The image id (what a pull gives) and, when publishing normalized the image, the id of the one the gate ran in."""
+    out = []
+    for name in ("image_id", "gated_image_id"):
+        value = record.get(name)
+        if value and (name == "image_id" or value != record.get("image_id")):
+            out.append({"name": name, "digest": {"sha256": str(value).split(":")[-1]}})
+    return out
 
 
 # -- keys and envelopes -----------------------------------------------------------------------------------

@@ -239,7 +239,9 @@ def _signing(
         labels = dict(engine.sdk().images.get(local).attrs.get("Config", {}).get("Labels") or {})
         data = record.details(loaded, evidence_dir, labels)
         data["stack_files"] = {n: e.model_dump() for n, e in data["stack_files"].items()}
-        return {"stack": loaded.model.name, "target": target, **{k: v for k, v in data.items() if k != "gate"}}
+        gated = engine.image_id(local)  # the image the gate ran in; the published id may be its normalized form
+        head = {"stack": loaded.model.name, "target": target, "gated_image_id": gated}
+        return {**head, **{k: v for k, v in data.items() if k != "gate"}}
 
     try:
         inputs = json.loads((evidence_dir / "inputs.json").read_text())
