@@ -1,6 +1,6 @@
 """Reproducible digests on the post2-like benchmark stack: two clean builds, one digest.
 
-``python bench/repro_bench.py [--json]`` copies bench/stacks and bench/patches into two directories, builds
+``python bench/repro_check.py [--json]`` copies bench/stacks and bench/patches into two directories, builds
 bench/stacks/benchpost.yaml in each with ``--no-cache`` (one after the other, so at other times), publishes each to
 its own repository of a local registry, and prints both digests, both gated image ids and the seconds each step
 took. The two builds share the indexes' URLs and every ``--set`` (they are part of the image: the stack files and
