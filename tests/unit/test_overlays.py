@@ -166,10 +166,11 @@ def test_tags_labels_and_the_dockerfile_render_in_the_sandbox(root):
     assert ob.local_ref(loaded, ov) == "vllm-musa:v0.28.0-torch2.11.0.post2-jev"
     ref = ob.publish_ref(loaded, ov, "registry.example/team", "20270105", 3)
     assert str(ref) == "registry.example/team/vllm/vllm-openai:jev-v0.28.0-5.2.0-torch2.11.0.post2-20270105-r3"
-    base = ob.BaseImage("vllm-musa:base", "sha256:" + "a" * 64, None, "post2", "vllm-openai")
+    base = ob.BaseImage("vllm-musa:base", "sha256:" + "a" * 64, None, "post2", "vllm-openai", layers=23)
     changed = {"vllm": [ranges.Changed("vllm", "vllm/entrypoints/jev/canvas.py", "0002-x.patch", "b" * 64)]}
     labels = ob.overlay_labels(loaded, ov, base, changed)
     assert labels["org.stackforge.overlay.base"] == base.image_id
+    assert labels["org.stackforge.base.layers"] == "23"  # the publisher leaves the base's layers as they are
     assert labels["org.stackforge.overlay.range.vllm"] == ranges.range_hash(ov, "vllm")
     data = {"packages": ["vllm"], "files": [{"path": "vllm/entrypoints/jev/canvas.py"}]}
     text = ob.render_dockerfile(ov, ob.template_view(loaded, ov, base, data, labels), root)

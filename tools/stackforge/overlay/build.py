@@ -29,7 +29,7 @@ from stackforge import grammar, progress
 from stackforge.builder import evidence as evidence_dirs
 from stackforge.builder import render as dockerfile_render
 from stackforge.builder.context import build_dir_for
-from stackforge.builder.plan import LABEL_NS
+from stackforge.builder.plan import BASE_LAYERS_LABEL, LABEL_NS
 from stackforge.builder.run import BuildOptions, default_target, failure_reason, recording_interrupts, target_ref
 from stackforge.builder.run import build as build_stack
 from stackforge.clients.engine import Engine
@@ -56,6 +56,7 @@ class BaseImage:
     digest: str | None
     stack: str | None = None
     target: str | None = None
+    layers: int = 0  # how many layers it has: the overlay's publish leaves them as they are
 
     @property
     def identity(self) -> str:
@@ -191,7 +192,7 @@ def resolve_base(
                     "{stack, target}",
                 )
         attrs = _image_attrs(engine, base.image)
-        return BaseImage(base.image, attrs["Id"], base.digest)
+        return BaseImage(base.image, attrs["Id"], base.digest, layers=_layer_count(attrs))
     assert base.target is not None
     if reuse:
         ref = target_ref(loaded, base.target)
@@ -206,7 +207,11 @@ def resolve_base(
     else:
         outcome = build_stack(loaded, replace(opts, target=base.target, load=True), engine, echo, workspace=workspace)
         ref, image_id = outcome.tag, str(outcome.image_id)
-    return BaseImage(ref, image_id, None, loaded.name, base.target)
+    return BaseImage(ref, image_id, None, loaded.name, base.target, _layer_count(_image_attrs(engine, image_id)))
+
+
+def _layer_count(attrs: dict) -> int:
+    return len((attrs.get("RootFS") or {}).get("Layers") or [])
 
 
 def check_base_series(
@@ -355,6 +360,9 @@ def overlay_labels(
         f"{NS}.base.ref": base.ref,
         f"{NS}.fingerprint": fingerprint(ov),
         f"{NS}.files": files_digest(ov),
+        # the base's layers are published as they are (a registry base's own blobs; a local base's, which the
+        # overlay's verify compares with the base image): the publisher normalizes only the overlay's layers
+        BASE_LAYERS_LABEL: str(base.layers),
     }
     for upstream, items in changed.items():
         out[f"{NS}.range.{upstream}"] = ranges.range_hash(ov, upstream)
