@@ -3,8 +3,9 @@
 The record names everything the build took: the stack files as loaded, the ``--set`` values, the target, and (in
 its labels) the upstream pins and patch series. The rebuild writes those stack files over a copy of the
 checkout's ``stacks/`` (locks, other stacks) in a scratch repository whose other top-level entries (patches,
-recipes, …) are the checkout's own, builds the record's target there with ``--no-cache`` by default, and
-prepares the result as the publisher does (normalized, ``publish/oci.py``) without pushing anything. Then:
+recipes, …; its fetch cache) are the checkout's own, builds the record's target there with ``--no-cache`` by
+default, and prepares the result as the publisher does (normalized, ``publish/oci.py``) without pushing
+anything. Then:
 
 - the same config digest is the same image (the config names every layer's diff id): ``identical``;
 - otherwise the first differing layer is named with its step (the history's ``created_by``), and its files are
@@ -59,6 +60,10 @@ def scratch_root(rec: PublishRecord, checkout: Path, into: Path) -> Path:
     for path in checkout.iterdir():
         if path.name not in _NOT_TAKEN:
             (into / path.name).symlink_to(path.resolve())
+    cache = checkout / "build" / "cache"
+    if cache.is_dir():  # the checkout's fetched upstreams and sdists (STACKFORGE_CACHE, when set, wins anyway)
+        (into / "build").mkdir()
+        (into / "build" / "cache").symlink_to(cache.resolve())
     return into
 
 
