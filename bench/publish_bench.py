@@ -10,10 +10,15 @@ Measured back to back:
   docker push            a fresh repository (no layer exists there)
   publish (first)        stackforge to another fresh repository
   re-publish             stackforge again after the one-layer rebuild (same repository); its peer is the first publish
+  pull of our zstd image one ~600 MB layer of real files (the base image's root filesystem: ELF binaries and
+                         libraries, Python sources and bytecode, text), pushed by docker push (gzip) and published
+                         with zstd, then pulled back PULL_PAIRS times each, alternating; $STACKFORGE_BENCH_PULL_LAYER
+                         names another layer tar to pull instead (e.g. an unpacked torch wheel)
 The publish goes through :func:`stackforge.publish.publisher.publish` with the engine's image, the code
 path ``stackforge publish`` runs after its gate check, with the production defaults (settle re-read
-included; the library call has no publish record to prepare in the pause, so the pause is all sleep). Also reported: where the first publish spent its time, and the bounds (``docker save``
-seconds, gzip MB/s per core at the level used, loopback upload MB/s).
+included; the library call has no publish record to prepare in the pause, so the pause is all sleep).
+Also reported: where the first publish spent its time, and the bounds (``docker save`` seconds, gzip MB/s
+per core at the level used, loopback upload MB/s).
 Run: PYTHONPATH=tools python bench/publish_bench.py
 """
 
@@ -22,6 +27,8 @@ from __future__ import annotations
 import io
 import os
 import random
+import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -29,13 +36,14 @@ import tempfile
 import time
 import uuid
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tools")]
 
-from bench.results import Result, table, write  # noqa: E402
+from bench.results import GOALS, Result, table, write  # noqa: E402
 from stackforge.clients.registry import RegistryClient, parse_repository  # noqa: E402
 from stackforge.publish.codec import LEVELS  # noqa: E402
 from stackforge.publish.oci import DockerImage  # noqa: E402
@@ -158,22 +166,52 @@ def sf_publish(
     return time.monotonic() - t0, engine_cpu() + own_cpu() - cpu, res.push_log
 
 
-def pull_pair(registry: str, tmp: Path, run: str, cache: Path) -> tuple[float, float, float, int]:
-    """(zstd pull s, gzip pull s, zstd publish s, bytes) of one image pulled into an engine that lacks its layer: the
-    base image's root filesystem plus a file unique to this run, imported as one layer (no build cache or other
-    image refers to it, so removing the image removes the layer). ``docker push`` publishes it with gzip,
-    stackforge with zstd; each is pulled back by its reference after the local image is removed."""
+#: pulls of each reference, alternating which goes first; each side's median is the figure
+PULL_PAIRS = 3
+#: a layer tar to pull instead of the base image's root filesystem (e.g. an unpacked wheel set such as torch)
+PULL_LAYER_ENV = "STACKFORGE_BENCH_PULL_LAYER"
+
+
+@dataclass(frozen=True)
+class Pulls:
+    zstd_s: float
+    gzip_s: float
+    zstd_runs: list[float]
+    gzip_runs: list[float]
+    publish_s: float
+    layer_bytes: int
+    layer: str
+
+
+def _layer_tar(tmp: Path, run: str) -> tuple[Path, str]:
+    """The tar to import as the pulled layer, plus a file unique to this run, and what it holds."""
+    given = os.environ.get(PULL_LAYER_ENV)
     rootfs = tmp / "rootfs.tar"
-    cid = subprocess.run(["docker", "create", BASE, "true"], capture_output=True, text=True).stdout.strip()
-    try:
-        sh("docker", "export", "-o", str(rootfs), cid)
-    finally:
-        subprocess.run(["docker", "rm", cid], capture_output=True)
+    if given:
+        shutil.copyfile(given, rootfs)
+        what = f"{Path(given).name} (${PULL_LAYER_ENV})"
+    else:
+        cid = subprocess.run(["docker", "create", BASE, "true"], capture_output=True, text=True).stdout.strip()
+        try:
+            sh("docker", "export", "-o", str(rootfs), cid)
+        finally:
+            subprocess.run(["docker", "rm", cid], capture_output=True)
+        what = f"the root filesystem of {BASE}"
     with tarfile.open(rootfs, "a") as tar:
         data = f"pull benchmark {run}\n".encode()
         info = tarfile.TarInfo(f"bench-{run}")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
+    return rootfs, what
+
+
+def pull_pairs(registry: str, tmp: Path, run: str, cache: Path, pairs: int = PULL_PAIRS) -> Pulls:
+    """One layer (the base image's root filesystem, or $STACKFORGE_BENCH_PULL_LAYER, plus a file unique to this run)
+    imported as an image no build cache or other image refers to, so removing the image removes the layer. ``docker
+    push`` publishes it with gzip, stackforge with zstd; each is then pulled back by its reference into an engine that
+    lacks it, ``pairs`` times, alternating which goes first, each after ``sync`` (so one pull's write-back does not
+    land in the next) and followed by removing the image."""
+    rootfs, what = _layer_tar(tmp, run)
     image = f"stackforge-bench/pull:{run}"
     sh("docker", "import", str(rootfs), image)
     gzip_ref = f"{registry}/bench/pull-docker-{run}:v"
@@ -183,11 +221,23 @@ def pull_pair(registry: str, tmp: Path, run: str, cache: Path) -> tuple[float, f
         published, _, _ = sf_publish(registry, image, f"bench/pull-sfz-{run}", cache, compression="zstd")
     finally:
         subprocess.run(["docker", "image", "rm", image], capture_output=True)
-    out = []
-    for ref in (zstd_ref, gzip_ref):
-        out.append(sh("docker", "pull", "-q", ref))
-        subprocess.run(["docker", "image", "rm", ref], capture_output=True)
-    return out[0], out[1], published, rootfs.stat().st_size
+    runs: dict[str, list[float]] = {zstd_ref: [], gzip_ref: []}
+    for i in range(pairs):
+        for ref in (zstd_ref, gzip_ref) if i % 2 == 0 else (gzip_ref, zstd_ref):
+            subprocess.run(["sync"], check=False)
+            runs[ref].append(sh("docker", "pull", "-q", ref))
+            subprocess.run(["docker", "image", "rm", ref], capture_output=True)
+    size = rootfs.stat().st_size
+    rootfs.unlink()
+    return Pulls(
+        statistics.median(runs[zstd_ref]),
+        statistics.median(runs[gzip_ref]),
+        runs[zstd_ref],
+        runs[gzip_ref],
+        published,
+        size,
+        what,
+    )
 
 
 def phases(log: list[dict[str, Any]]) -> str:
@@ -269,7 +319,7 @@ def measure(deps_mb: int = 60) -> list[Result]:
             again, again_cpu, log2 = sf_publish(registry, tags[1], f"bench/sf-{run}", cache)
             uploaded = sum(1 for e in log2 if e["event"] == "blob-uploaded")
             limits = bounds(registry, tags[0])
-            pull_zstd, pull_gzip, zstd_publish, pulled_bytes = pull_pair(registry, Path(tmp), run, cache)
+            pulls = pull_pairs(registry, Path(tmp), run, cache)
         finally:
             stop()
             subprocess.run(["docker", "image", "rm", *tags], capture_output=True)
@@ -279,29 +329,36 @@ def measure(deps_mb: int = 60) -> list[Result]:
             "publish (first)",
             first,
             push1,
-            0.7,
+            GOALS["publish"],
             "docker push",
             f"{size}; CPU s (ours: process + dockerd; docker push: dockerd) {first_cpu:.1f} vs {push1_cpu:.1f}; "
             f"{phases(log1)}; bounds: {limits}",
+            id="publish",
         ),
         Result(
             "re-publish after one-patch rebuild",
             again,
             first,
-            0.2,
+            GOALS["republish"],
             "first publish",
             f"{uploaded} blob(s) uploaded (config + changed layer); CPU s {again_cpu:.1f}; {phases(log2)}; "
             f"docker push of the same took {push2:.1f} s",
+            id="republish",
         ),
         Result(
             "pull of our zstd image",
-            pull_zstd,
-            pull_gzip,
-            0.6,
+            pulls.zstd_s,
+            pulls.gzip_s,
+            GOALS["pull-zstd"],
             "docker pull of docker push's gzip image",
-            f"the base image's root filesystem imported as one {pulled_bytes / 1e6:.0f} MB layer, pulled into an "
-            f"engine without it; docker push published it with gzip, stackforge with zstd (level "
-            f"{LEVELS['zstd'][2]}, {zstd_publish:.1f} s)",
+            f"{pulls.layer} imported as one {pulls.layer_bytes / 1e6:.0f} MB layer, pulled into an engine without it; "
+            f"docker push published it with gzip, stackforge with zstd (level {LEVELS['zstd'][2]}, "
+            f"{pulls.publish_s:.1f} s); median of {len(pulls.zstd_runs)} alternating pulls each: zstd "
+            + ", ".join(f"{t:.1f}" for t in pulls.zstd_runs)
+            + " s; gzip "
+            + ", ".join(f"{t:.1f}" for t in pulls.gzip_runs)
+            + " s",
+            id="pull-zstd",
         ),
     ]
 

@@ -5,6 +5,9 @@ compares across runs and machines; the seconds only describe this one. ``goal`` 
 must not exceed (None: reported, no goal); ``faster`` says ours must also be the smaller of the two (the goal
 is below 1).
 A figure with an absolute budget (e.g. start-up time) names the budget as its peer.
+
+``id`` names a figure across runs and tools (a dashboard, a CI check reading results.json); the figures the
+project tracks have the ids of GOALS and must carry at least that goal (:func:`id_problems`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "build" / "bench" / "results.json"
 
+#: the tracked figures: id -> the goal (ours / peer) its row must carry; docs/benchmarks.md lists them
+GOALS: dict[str, float] = {
+    "publish": 0.3,  # first publish / docker push of the same image
+    "republish": 0.1,  # re-publish after a one-patch rebuild / the first publish
+    "cold-default": 1.15,  # cold build as shipped (default options) / the naive build
+    "noop": 1.0,  # no-op rebuild / the naive build's
+    "list-first": 1.0,  # first `stackforge list` after a change / the 0.25 s budget
+    "pull-zstd": 0.6,  # docker pull of our zstd image / of docker push's gzip image
+    "second-host": 0.25,  # rebuild on a second host from the registry cache / a cold build
+}
+
 
 @dataclass(frozen=True)
 class Result:
@@ -26,6 +40,8 @@ class Result:
     goal: float | None
     peer: str
     note: str = ""
+    #: the figure's stable name (GOALS), or None for a figure only reported
+    id: str | None = None
 
     @property
     def ratio(self) -> float:
@@ -53,15 +69,42 @@ class Result:
 
 def table(results: list[Result]) -> str:
     lines = [
-        "| measure | ours (s) | peer | peer (s) | ours / peer | goal | met |",
-        "| --- | ---: | --- | ---: | ---: | ---: | :---: |",
+        "| id | measure | ours (s) | peer | peer (s) | ours / peer | goal | met |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | :---: |",
     ]
     for r in results:
         lines.append(
-            f"| {r.measure} | {r.ours_s:.2f} | {r.peer} | {r.peer_s:.2f} | {r.ratio:.2f} | "
+            f"| {r.id or ''} | {r.measure} | {r.ours_s:.2f} | {r.peer} | {r.peer_s:.2f} | {r.ratio:.2f} | "
             + (f"≤ {r.goal:g} | {'yes' if r.met else 'NO'} |" if r.goal is not None else "report | — |")
         )
     return "\n".join(lines)
+
+
+def id_problems(results: list[Result]) -> list[str]:
+    """What is wrong with the rows' ids, one sentence each: a tracked id (GOALS) without its goal or with a
+    looser one, an id on two rows. Empty when all is well."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for r in results:
+        if r.id is None:
+            continue
+        if r.id in seen:
+            problems.append(f"id {r.id!r} is on more than one row (the second: {r.measure!r})")
+        seen.add(r.id)
+        want = GOALS.get(r.id)
+        if want is None:
+            continue
+        if r.goal is None:
+            problems.append(f"row {r.id!r} ({r.measure}) carries no goal; set goal=GOALS[{r.id!r}] (≤ {want:g})")
+        elif r.goal > want:
+            problems.append(f"row {r.id!r} ({r.measure}) has goal ≤ {r.goal:g}, looser than its ≤ {want:g} (GOALS)")
+    return problems
+
+
+def missing_ids(results: list[Result]) -> list[str]:
+    """The tracked ids (GOALS) no row carries, in GOALS order."""
+    have = {r.id for r in results}
+    return [i for i in GOALS if i not in have]
 
 
 def write(results: list[Result], path: Path = RESULTS) -> Path:

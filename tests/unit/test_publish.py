@@ -537,9 +537,9 @@ def test_late_writer_from_another_host_is_caught_by_the_settled_reread(stub, ima
 
 @pytest.mark.parametrize("delay", [0.0, 0.4])
 def test_the_default_settle_pause_scales_with_the_measured_head_to_put_time(stub, images, tmp_path, delay):
-    """By default the settled re-read comes SETTLE_FLOOR after the tag write, or SETTLE_FACTOR times this
-    publisher's own HEAD→PUT time for the tag when that is longer (a registry far away: another host's gap
-    between its HEAD and its PUT is as long)."""
+    """By default the settled re-read comes SETTLE_FACTOR times this publisher's own HEAD→PUT time for the tag
+    after the write, with no fixed floor: a registry close by costs milliseconds, one far away (another host's
+    gap between its HEAD and its PUT is as long) a pause as long as that."""
     tag1 = SCHEME.tag(DATE, 1)
     slow = [
         Fault("hook", rf"/manifests/{tag1}$", m, hook=lambda _p: time.sleep(delay), times=1) for m in ("HEAD", "PUT")
@@ -549,13 +549,60 @@ def test_the_default_settle_pause_scales_with_the_measured_head_to_put_time(stub
     at = {e["event"]: e for e in r.push_log}
     head_to_put = at["tag-written"]["head_to_put"]
     assert head_to_put >= 2 * delay
-    want = max(publisher.SETTLE_FLOOR, publisher.SETTLE_FACTOR * head_to_put)
+    want = publisher.SETTLE_FACTOR * head_to_put
     # Both figures are logged rounded to the millisecond: the product can be off by SETTLE_FACTOR × 0.5 ms + 0.5 ms.
     assert at["settle"]["settle"] == pytest.approx(want, abs=publisher.SETTLE_FACTOR * 0.0005 + 0.0005 + 1e-9)
     assert at["tag-reread-settled"]["t"] - at["tag-written"]["t"] >= want - 0.01
     assert r.verification["settled_reread"] is True and r.verification["settle_seconds"] == at["settle"]["settle"]
     if delay:
-        assert want > publisher.SETTLE_FLOOR
+        assert want >= publisher.SETTLE_FACTOR * 2 * delay
+    else:  # the in-process registry answers in milliseconds: so does the pause
+        assert want < 0.25 and at["tag-reread-settled"]["t"] - at["tag-written"]["t"] < 0.5
+
+
+def test_a_peer_as_slow_as_us_that_writes_the_tag_after_our_reread_is_caught_by_default(stub, images, tmp_path):
+    """No settle_seconds given: our HEAD→PUT takes ≥ 0.2 s, a peer on a like link HEADed the tag before our PUT
+    landed and writes it 0.3 s after it (after our first re-read). The default pause (SETTLE_FACTOR × our gap)
+    outlasts that, so the settled re-read sees the peer's image and this publish moves on to the next revision."""
+    tag1 = SCHEME.tag(DATE, 1)
+    peer = {}
+
+    def peer_writes_later(_proxy):
+        def write():
+            peer["d"] = stub.put_image(REPO, tag1, b'{"peer":1,"rootfs":{"diff_ids":[]}}', [])
+
+        timer = threading.Timer(0.3, write)
+        timer.start()
+        peer["timer"] = timer
+
+    faults = [
+        Fault("hook", rf"/manifests/{tag1}$", "PUT", hook=lambda _p: time.sleep(0.2), times=1),
+        Fault("hook", rf"/manifests/{tag1}$", "GET", hook=peer_writes_later, times=1),
+    ]
+    with FaultyProxy(stub.address, faults) as proxy:
+        r = run(proxy.address, images("a"), tmp_path, settle_seconds=None)
+    peer["timer"].join()
+    first = {e["event"]: e for e in reversed(r.push_log)}  # each event's first occurrence: those of r1
+    assert first["tag-written"]["tag"] == tag1 and first["tag-written"]["head_to_put"] >= 0.2
+    assert first["tag-lost"]["tag"] == tag1 and first["settle"]["settle"] >= publisher.SETTLE_FACTOR * 0.2 - 0.001
+    assert r.tag == SCHEME.tag(DATE, 2) and stub.tag_digest(REPO, r.tag) == r.digest
+    assert stub.tag_digest(REPO, tag1) == peer["d"]
+
+
+def test_a_tag_write_whose_answer_was_lost_still_gets_the_settled_reread(stub, images, tmp_path):
+    """The PUT lands but its answer is lost; the retry's HEAD finds our manifest. The HEAD→PUT gap is then
+    counted from the first attempt's HEAD, so the pause is not zero and the settled re-read still comes."""
+    tag1 = SCHEME.tag(DATE, 1)
+    faults = [
+        Fault("hook", rf"/manifests/{tag1}$", "HEAD", hook=lambda _p: time.sleep(0.05), times=1),
+        Fault("reset-after-forward", rf"/manifests/{tag1}$", "PUT"),
+    ]
+    with FaultyProxy(stub.address, faults) as proxy:
+        r = run(proxy.address, images("a"), tmp_path, settle_seconds=None)
+    at = {e["event"]: e for e in r.push_log}
+    assert "tag-written" not in at and at["tag-found-written"]["head_to_put"] >= 0.05
+    assert at["settle"]["settle"] >= publisher.SETTLE_FACTOR * 0.05 - 0.001
+    assert r.verification["settled_reread"] is True and r.tag == tag1 and stub.tag_digest(REPO, tag1) == r.digest
 
 
 def test_work_that_the_verdict_does_not_decide_fills_the_settle_pause(stub, images, tmp_path):

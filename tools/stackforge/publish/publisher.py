@@ -15,9 +15,9 @@ The algorithm (one registry repository, one tag scheme ``<head><YYYYMMDD><mid><N
    one. PUT the manifest under the tag.
 6. Re-read the manifest by tag and compare the digest of the bytes received with the
    pushed digest (and the config digest with the image id); read it once more
-   ``settle_seconds`` after the tag was written (by default the larger of SETTLE_FLOOR and
-   SETTLE_FACTOR times this publisher's own HEAD→PUT time for the tag, see below). Work that does not depend on that verdict
-   (``during_settle``: e.g. preparing the publish record) runs in the pause, which sleeps only
+   ``settle_seconds`` after the tag was written (by default SETTLE_FACTOR times this publisher's own
+   HEAD→PUT time for the tag, see below). Work that does not depend on that verdict (``during_settle``:
+   e.g. preparing the publish record) and the first re-read itself run in the pause, which sleeps only
    for what is left of it. A failed check (a rewritten manifest, a config blob that does not
    hash to the image id, a missing layer) fails the publish and rolls the tag back where
    the registry allows deletion, never deleting a manifest that another tag holds; a tag
@@ -26,15 +26,20 @@ The algorithm (one registry repository, one tag scheme ``<head><YYYYMMDD><mid><N
 7. Only then move the declared aliases (e.g. ``…-latest``) and verify each.
 
 The OCI distribution API has no conditional PUT, so two publishers on different
-hosts can still both write one tag within the gap between one's HEAD and its PUT;
-step 6 detects it (if the gap is shorter than ``settle_seconds``) and the publisher
-whose write was replaced re-tags its image under the next revision, so the end state
-has distinct revisions, each holding the image its publisher reports. For a moment
-the replaced tag named the other image. Publishers on one host never race: step 5
-runs under an exclusive file lock. The gap is about one round trip to the registry (each
-publisher HEADs right before its PUT), so the default pause scales with the HEAD→PUT time this
-publisher measured to the same registry (SETTLE_FACTOR times it), with a floor (SETTLE_FLOOR)
-that covers a peer on a slower link.
+hosts can still both write one immutable tag: both HEAD it while it is free, both PUT it, and the
+later PUT replaces the earlier. Only the earlier writer can tell (the later one reads back its own
+image), and only once the later PUT has landed. That PUT left its publisher's HEAD before our PUT
+landed (a HEAD after it finds the tag taken), so it lands at most that publisher's HEAD→PUT gap after
+our write: a re-read that late is sound. Step 6 re-reads after ``settle_seconds``; the publisher whose
+write was replaced re-tags its image under the next revision, so the end state has distinct
+revisions, each holding the image its publisher reports. For a moment the replaced tag named the
+other image. Publishers on one host never race: step 5 runs under an exclusive file lock.
+The peer's gap is not known here; the default pause takes it to be at most SETTLE_FACTOR times
+this publisher's own HEAD→PUT time to the same registry (the publishers of one repository run on
+alike links: CI runners of one site). No check without a pause exists with this API: the later PUT
+leaves no trace but the replaced tag, and a marker that could (an extra tag) would stay in the
+repository for good on registries that delete no tag on its own. Against a peer on a link more than
+SETTLE_FACTOR times slower, set ``settle_seconds`` (:class:`PublishOptions`) to that peer's gap.
 
 Here: :class:`Publisher` (the steps above), :func:`publish` (one call, with its evidence record
 ``publish.json`` on success or ``publish-failed.json`` on failure, see :func:`write_evidence`).
@@ -90,9 +95,8 @@ from stackforge.stack.scheme import TagScheme, first_free_revision, validate_dat
 BLOB_UNKNOWN_ATTEMPTS = 3
 BLOB_UNKNOWN_PAUSE = 0.5
 
-#: the settled re-read of a written tag comes at least this long after the write (seconds) ...
-SETTLE_FLOOR = 1.0
-#: ... and at least this many times this publisher's own HEAD→PUT time for the tag
+#: the settled re-read of a written tag comes this many times this publisher's own HEAD→PUT time for the tag
+#: after the write: room for a peer whose HEAD→PUT gap to the registry is that much longer than ours
 SETTLE_FACTOR = 4.0
 
 
@@ -241,8 +245,8 @@ class Publisher:
     engine: Engine | None = None
     workdir: Path | None = None
     layer_cache: Path | None = None
-    #: the pause between the tag write and its settled re-read; None: SETTLE_FLOOR or SETTLE_FACTOR times the
-    #: HEAD→PUT time this publisher measured for the tag, whichever is longer
+    #: the pause between the tag write and its settled re-read; None: SETTLE_FACTOR times the HEAD→PUT time
+    #: this publisher measured for the tag
     settle_seconds: float | None = None
     log: PushLog = field(default_factory=PushLog)
     max_revisions: int = 100
@@ -497,12 +501,18 @@ class Publisher:
     def _claim(self, tag: str, img: PreparedImage) -> str:
         """HEAD the tag right before writing it; write only while it is free. Retries re-check."""
 
+        first = time.monotonic()
+
         def attempt() -> str:
             t = time.monotonic()
             current = self._tag_digest(tag)
             if current is not None:
                 if current == img.digest:
-                    return "ours"  # an earlier attempt's PUT landed although its answer was lost
+                    # An earlier attempt's PUT landed although its answer was lost: its HEAD→PUT gap lies
+                    # within the time since the first attempt's HEAD.
+                    self.head_to_put = time.monotonic() - first
+                    self.log("tag-found-written", tag=tag, head_to_put=round(self.head_to_put, 3))
+                    return "ours"
                 raise _TagTaken(current)
             self.tag_attempted = tag
             got = self.client.put_manifest_once(tag, img.manifest, img.manifest_media_type)
@@ -558,11 +568,11 @@ class Publisher:
         raise BuildFailed(f"no free revision found after {self.max_revisions} tries for date {self.date}")
 
     def settle(self) -> float:
-        """The pause before the settled re-read: ``settle_seconds``, or by default SETTLE_FLOOR or SETTLE_FACTOR
-        times this publisher's HEAD→PUT time for the tag, whichever is longer."""
+        """The pause before the settled re-read: ``settle_seconds``, or by default SETTLE_FACTOR times this
+        publisher's HEAD→PUT time for the tag (the window a peer's PUT can still land in, see the module)."""
         if self.settle_seconds is not None:
             return self.settle_seconds
-        return max(SETTLE_FLOOR, SETTLE_FACTOR * self.head_to_put)
+        return SETTLE_FACTOR * self.head_to_put
 
     def _meanwhile(self, tag: str, img: PreparedImage) -> None:
         """Run ``during_settle`` with the result this publish would report if the settled re-read confirms ``tag``."""

@@ -1,0 +1,90 @@
+"""bench/results.py: every tracked figure (GOALS) reaches results.json and the table with its id and goal.
+
+No benchmark runs here: the rows are made by hand, as the bench modules make them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench import run_all
+from bench.results import GOALS, Result, id_problems, missing_ids, table, write
+
+REPO = Path(__file__).resolve().parents[2]
+TRACKED = ("publish", "republish", "cold-default", "noop", "list-first", "pull-zstd", "second-host")
+
+
+def tracked_rows() -> list[Result]:
+    return [Result(f"measure {i}", 1.0, 10.0, GOALS[i], "peer", id=i) for i in TRACKED]
+
+
+def test_the_seven_tracked_ids_have_their_goals():
+    assert tuple(GOALS) == TRACKED
+    assert GOALS == {
+        "publish": 0.3,
+        "republish": 0.1,
+        "cold-default": 1.15,
+        "noop": 1.0,
+        "list-first": 1.0,
+        "pull-zstd": 0.6,
+        "second-host": 0.25,
+    }
+
+
+def test_results_json_rows_carry_id_and_goal(tmp_path):
+    rows = [*tracked_rows(), Result("reported only", 2.0, 1.0, None, "peer")]
+    path = write(rows, tmp_path / "results.json")
+    doc = json.loads(path.read_text())
+    by_id = {row["id"]: row for row in doc}
+    assert set(by_id) == {*TRACKED, None}
+    for i in TRACKED:
+        assert by_id[i]["goal"] == GOALS[i] and by_id[i]["met"] is True and by_id[i]["ratio"] == 0.1
+    assert by_id[None]["goal"] is None and by_id[None]["measure"] == "reported only"
+    assert id_problems(rows) == [] and missing_ids(rows) == []
+
+
+def test_the_table_names_each_row_by_its_id():
+    rows = [*tracked_rows(), Result("reported only", 2.0, 1.0, None, "peer")]
+    lines = table(rows).splitlines()
+    assert lines[0].startswith("| id | measure |")
+    for i, line in zip(TRACKED, lines[2:]):
+        assert line.startswith(f"| {i} | measure {i} |") and f"≤ {GOALS[i]:g} | yes |" in line
+    assert lines[-1].startswith("|  | reported only |") and lines[-1].endswith("report | — |")
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        (Result("m", 1, 1, None, "p", id="noop"), "row 'noop' (m) carries no goal; set goal=GOALS['noop'] (≤ 1)"),
+        (Result("m", 1, 1, 0.5, "p", id="publish"), "row 'publish' (m) has goal ≤ 0.5, looser than its ≤ 0.3 (GOALS)"),
+    ],
+)
+def test_a_tracked_row_without_its_goal_is_a_problem(row, problem):
+    rows = [r for r in tracked_rows() if r.id != row.id] + [row]
+    assert id_problems(rows) == [problem]
+
+
+def test_an_id_on_two_rows_and_a_missing_id_are_named():
+    rows = tracked_rows()
+    twice = [*rows, Result("again", 1, 1, GOALS["noop"], "p", id="noop")]
+    assert id_problems(twice) == ["id 'noop' is on more than one row (the second: 'again')"]
+    assert missing_ids([r for r in rows if r.id not in ("second-host", "noop")]) == ["noop", "second-host"]
+    assert id_problems([Result("x", 1, 1, None, "p", id="untracked")]) == []  # an untracked id needs no goal
+
+
+def test_run_all_runs_a_bench_module_added_later(tmp_path):
+    for name in ("build_bench", "publish_bench", "second_host_bench", "results"):
+        (tmp_path / f"{name}.py").write_text("")
+    assert run_all.modules(tmp_path) == [*run_all.MODULES, "second_host_bench"]
+    assert run_all.modules(REPO / "bench")[: len(run_all.MODULES)] == list(run_all.MODULES)
+
+
+def test_docs_list_the_tracked_ids_with_their_goals():
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    section = text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z-]+)` \|.*\| ≤ ([0-9.]+) \|[^|]*\|$", section, re.M)
+    assert {i: float(g) for i, g in rows} == GOALS
