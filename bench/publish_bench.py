@@ -3,7 +3,8 @@
 The image: FROM stackforge/base:bookworm (two real Debian + CPython layers, ~600 MB) plus a "deps" layer
 of seeded files (half random bytes, which no compressor shrinks, half text, as wheels mix compiled
 extensions and Python sources) and a small "app" layer whose one file a rebuild changes (the
-one-patch rebuild). A fresh ``docker-registry`` on 127.0.0.1 and a fresh layer cache per run, so
+one-patch rebuild). It carries the labels a stackforge build gives its image (the layer epoch, the base's layer
+count), so stackforge publishes it as it publishes a stack's image: the two layers above the base normalized. A fresh ``docker-registry`` on 127.0.0.1 and a fresh layer cache per run, so
 nothing is skipped that a first publish would not skip.
 
 Measured back to back:
@@ -134,7 +135,13 @@ def write_context(ctx: Path, deps_mb: int, patch: str) -> None:
     app.mkdir(exist_ok=True)
     (app / "server.py").write_text("".join(f"# line {n}\n" for n in range(50000)))
     (app / "PATCH").write_text(patch + "\n")
-    (ctx / "Dockerfile").write_text(f"FROM {BASE}\nCOPY deps /opt/deps\nCOPY app /opt/app\n")
+    # The labels a stackforge build gives its image: the layer epoch and the base's layer count, so the publisher
+    # normalizes the layers above the base as it does for a stack's image.
+    layers = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{len .RootFS.Layers}}", BASE], capture_output=True, text=True
+    ).stdout.strip()
+    labels = f"LABEL org.stackforge.epoch=1700000000 org.stackforge.base.layers={layers or 0}\n"
+    (ctx / "Dockerfile").write_text(f"FROM {BASE}\n{labels}COPY deps /opt/deps\nCOPY app /opt/app\n")
 
 
 def build(ctx: Path, tag: str) -> str:
