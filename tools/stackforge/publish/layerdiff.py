@@ -5,7 +5,7 @@ steps, each naming the first difference it finds:
 
 - the layer lists (:func:`first_layer`): the first index whose diff ids differ, or a different layer count;
 - one layer pair (:func:`first_entry`): both tars are read entry by entry into ``name → Entry``; the first name (in
-  sorted order) that one lacks or whose type, content (sha256 of the bytes), link target, mode, owner (uid:gid) or
+  a layer's order, ``normalize.key``) that one lacks or whose type, content (sha256 of the bytes), link target, mode, owner (uid:gid) or
   time (mtime) differs, in that order;
 - the configs (:func:`first_config_key`): both flattened to ``key.path → value``; the first path whose value
   differs. ``rootfs.diff_ids`` is left out: the layers answer for it.
@@ -17,6 +17,8 @@ import hashlib
 import tarfile
 from dataclasses import dataclass
 from typing import IO, Any
+
+from stackforge.publish.normalize import key
 
 _CHUNK = 1 << 20
 #: the fields of an entry in the order a difference is reported
@@ -88,7 +90,7 @@ def entries(tar_stream: IO[bytes]) -> dict[str, Entry]:
 
 def first_entry(ours: dict[str, Entry], theirs: dict[str, Entry]) -> Difference | None:
     """The first difference between two layers' entries (see the module), or None when they are the same."""
-    for path in sorted(set(ours) | set(theirs)):
+    for path in sorted(set(ours) | set(theirs), key=key):
         a, b = ours.get(path), theirs.get(path)
         if a is None or b is None:
             return Difference(path, "missing", a, b)
