@@ -125,9 +125,9 @@ def first_config_key(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[str,
     b: dict[str, Any] = {}
     _flatten(ours, "", a)
     _flatten(theirs, "", b)
-    for key in sorted(set(a) | set(b)):
-        if key.startswith("rootfs.diff_ids"):
+    for path in sorted(set(a) | set(b)):
+        if path.startswith("rootfs.diff_ids"):
             continue
-        if a.get(key) != b.get(key):
-            return key, a.get(key), b.get(key)
+        if a.get(path) != b.get(path):
+            return path, a.get(path), b.get(path)
     return None
