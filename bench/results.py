@@ -26,6 +26,7 @@ class Result:
     goal: float | None
     peer: str
     note: str = ""
+    id: str | None = None  # a stable name for tools and docs (e.g. cold-default); written into as_json
 
     @property
     def ratio(self) -> float:
