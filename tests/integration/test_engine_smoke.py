@@ -1,4 +1,5 @@
-"""The engine end to end: cache and secret mounts, log streaming, the CA-bundle secret, a push."""
+"""The engine end to end: cache and secret mounts, log streaming, the CA bundle (as a secret and as a bind mount of
+a named context), a push."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.builder import cabundle
 from stackforge.clients.engine import Engine
 from tests.fixtures import run_names
 
@@ -115,6 +117,35 @@ RUN --mount=type=secret,id=cabundle --mount=type=cache,target=/root/.cache/pip \
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["six-1.16.0-py2.py3-none-any.whl"]
+
+
+def test_pip_inside_a_build_trusts_the_named_context_bundle(engine, base_image, tag, tmp_path):
+    """HTTPS to PyPI from inside a build, with the host CA bundle as stackforge passes it by default: a one-file
+    named context, bind-mounted read-only by the step (builder/cabundle.py); nothing of it stays in the image."""
+    assert HOST_CA_BUNDLE.is_file(), f"{HOST_CA_BUNDLE} missing on the host"
+    contexts = cabundle.write_context(HOST_CA_BUNDLE, tmp_path)
+    ctx = tmp_path / "ctx"
+    mount = cabundle.ca_mount(True)
+    assert mount is not None
+    _write(
+        ctx,
+        f"""FROM {base_image}
+RUN python3 -m venv /opt/venv
+RUN {mount.flag} \\
+    PIP_CERT={mount.path} /opt/venv/bin/pip download --no-cache-dir --no-deps -d /opt/dl six==1.16.0
+""",
+    )
+    rc, log = engine.build(ctx, ctx / "Dockerfile", tags=[tag], contexts=contexts, no_cache=True)
+    assert rc == 0, log
+    out = subprocess.run(
+        ["docker", "run", "--rm", tag, "sh", "-c", "ls /opt/dl; ls -A /run; find / -xdev -name ca.pem 2>/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "six-1.16.0-py2.py3-none-any.whl" in out.stdout.split()
+    assert "stackforge" not in out.stdout.split() and "ca.pem" not in out.stdout
 
 
 def test_registry_fixture_accepts_a_push(engine, base_image, registry):
