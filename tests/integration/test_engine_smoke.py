@@ -1,8 +1,10 @@
-"""The engine end to end: cache and secret mounts, log streaming, the CA-bundle secret, a push."""
+"""The engine end to end: cache and secret mounts, log streaming, the CA bundle (as a secret and as a bind mount of
+a named context), a push."""
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import urllib.request
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.builder import cabundle
 from stackforge.clients.engine import Engine
 from tests.fixtures import run_names
 
@@ -115,6 +118,62 @@ RUN --mount=type=secret,id=cabundle --mount=type=cache,target=/root/.cache/pip \
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["six-1.16.0-py2.py3-none-any.whl"]
+
+
+def test_pip_inside_a_build_trusts_the_named_context_bundle(engine, base_image, tag, tmp_path):
+    """HTTPS to PyPI from inside a build, with the host CA bundle as stackforge passes it by default: a one-file
+    named context, bind-mounted read-only by the step (builder/cabundle.py); nothing of it stays in the image."""
+    assert HOST_CA_BUNDLE.is_file(), f"{HOST_CA_BUNDLE} missing on the host"
+    contexts = cabundle.write_context(HOST_CA_BUNDLE, tmp_path)
+    ctx = tmp_path / "ctx"
+    mount = cabundle.ca_mount(True)
+    assert mount is not None
+    _write(
+        ctx,
+        f"""FROM {base_image}
+RUN python3 -m venv /opt/venv
+RUN {mount.flag} \\
+    PIP_CERT={mount.path} /opt/venv/bin/pip download --no-cache-dir --no-deps -d /opt/dl six==1.16.0
+""",
+    )
+    rc, log = engine.build(ctx, ctx / "Dockerfile", tags=[tag], contexts=contexts, no_cache=True)
+    assert rc == 0, log
+    out = subprocess.run(
+        ["docker", "run", "--rm", tag, "sh", "-c", "ls /opt/dl; ls -A /run; find / -xdev -name ca.pem 2>/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "six-1.16.0-py2.py3-none-any.whl" in out.stdout.split()
+    assert "stackforge" not in out.stdout.split() and "ca.pem" not in out.stdout
+
+
+def test_the_bundle_context_is_cached_by_content_not_by_copy(engine, base_image, tmp_path):
+    """Each build copies the bundle afresh (new directory, new mtime): the steps that mount it stay cached
+    while its bytes are the same, and run again when they change."""
+    assert HOST_CA_BUNDLE.is_file(), f"{HOST_CA_BUNDLE} missing on the host"
+    mount = cabundle.ca_mount(True)
+    assert mount is not None
+    ctx = tmp_path / "ctx"
+    _write(ctx, f"FROM {base_image}\nRUN {mount.flag} echo run-{secrets.token_hex(6)}-$(date +%s%N) > /k\n")
+    changed = tmp_path / "changed.pem"
+    changed.write_text(HOST_CA_BUNDLE.read_text() + "# one more line\n")
+    logs = []
+    for n, bundle in enumerate((HOST_CA_BUNDLE, HOST_CA_BUNDLE, changed)):
+        (tmp_path / f"c{n}").mkdir()
+        contexts = cabundle.write_context(bundle, tmp_path / f"c{n}")
+        rc, log = engine.build(ctx, ctx / "Dockerfile", contexts=contexts, load=False)
+        assert rc == 0, log
+        logs.append(log)
+    step = re.compile(r"^#(\d+) \[stage-0 2/2\] RUN ", re.M)
+
+    def cached(log: str) -> bool:
+        m = step.search(log)
+        assert m, log
+        return f"#{m.group(1)} CACHED" in log
+
+    assert [cached(log) for log in logs] == [False, True, False]
 
 
 def test_registry_fixture_accepts_a_push(engine, base_image, registry):

@@ -2,7 +2,8 @@
 
 post2 is built from the stand-ins with the vendor index requiring HTTP basic auth whose password is a
 fresh canary (``--set indexes.mthreads.url=http://user:CANARY@127.0.0.1:P/simple``) and with
-``--ca-bundle`` pointing at a bundle whose first line is a comment carrying a second canary. The build
+``--ca-bundle`` pointing at a bundle whose first line is a comment carrying a second canary (bind-mounted
+from a named build context, not a secret, but it must not stay anywhere either). The build
 must succeed (so the credential really reached pip), and neither canary -- nor the base64 of the
 basic-auth pair a header would carry -- may appear in ``docker history --no-trunc``, ``docker inspect``
 (labels included), any layer of ``docker save``, the build log or the CLI output, or the build
@@ -75,10 +76,14 @@ def test_the_credential_reached_pip_only_as_a_secret(canary_build, standins):
     # ...and pip fetched every vendor wheel from it, authorised: the netrc secret carried the credential.
     files = [r for r in server.requests if r.path.startswith("/files/") and r.status == 200]
     assert len(files) == len(vendor_pins) and all(r.authorized for r in files), [r.path for r in server.requests]
-    # Both secrets went to BuildKit as secrets (the command line names files, never contents).
+    # The credential went to BuildKit as a secret, the CA bundle as a one-file named context that the
+    # downloading steps bind-mount (the command line names paths, never contents).
     command = next(l for l in build.log.splitlines() if l.startswith("$ docker buildx build"))
     assert re.search(r"--secret id=netrc,src=\S+", command)
-    assert f"--secret id=cabundle,src={bundle}" in command
+    assert "id=cabundle" not in command
+    context = re.search(r"--build-context stackforge-cabundle=(\S+)", command)
+    assert context and str(bundle) not in command
+    assert not Path(context.group(1)).exists()  # removed with the build's other secrets
 
 
 def test_no_canary_in_history_inspect_or_labels(canary_build):
@@ -115,6 +120,9 @@ def test_no_canary_in_any_layer(canary_build, tmp_path):
                             (f"{member.name}:{entry.name}", what)
                             for what in _found(entry.name + entry.linkname, canaries)
                         ]
+                        # not even an empty mount point of the bundle stays behind
+                        if re.search(r"(^|/)(run/stackforge|run/secrets)(/|$)|(^|/)ca\.pem$", entry.name):
+                            leaks.append((f"{member.name}:{entry.name}", "mount point"))
     assert scanned_layers >= expected_layers > 0
     assert leaks == []
 

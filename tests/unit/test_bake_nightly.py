@@ -67,7 +67,14 @@ def test_target_names_are_bake_safe():
 
 def test_plan_has_one_group_and_a_target_per_stack_and_target():
     items = [
-        item("a-x", stack="a", target="x", args={"SOURCE_DATE_EPOCH": "1"}, secrets=[("cabundle", "/ca.pem")]),
+        item(
+            "a-x",
+            stack="a",
+            target="x",
+            args={"SOURCE_DATE_EPOCH": "1"},
+            secrets=[("netrc", "/s/a.netrc")],
+            contexts={"stackforge-cabundle": "/s/a/stackforge-cabundle"},
+        ),
         item("b-x", stack="b", target="x", ref="img:2"),
     ]
     doc = bakemod.plan(items)
@@ -79,7 +86,8 @@ def test_plan_has_one_group_and_a_target_per_stack_and_target():
         "target": "x",
         "tags": ["img:1"],
         "args": {"SOURCE_DATE_EPOCH": "1"},
-        "secret": ["id=cabundle,src=/ca.pem"],
+        "secret": ["id=netrc,src=/s/a.netrc"],
+        "contexts": {"stackforge-cabundle": "/s/a/stackforge-cabundle"},
         "output": ["type=docker"],
     }
     assert "output" not in bakemod.plan(items, load=False)["target"]["b-x"]
@@ -142,7 +150,11 @@ def test_bake_print_names_no_host_file_for_a_secret(root, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     good = json.loads(proc.stdout)["target"]["nightly-good-escape"]
-    assert good["secret"] == ["id=cabundle,src=(on the host that runs the bake: the CA bundle (--ca-bundle))"]
+    # the CA bundle is a named context (bind-mounted by the steps that download), not a secret
+    assert "secret" not in good
+    assert good["contexts"] == {
+        "stackforge-cabundle": "(on the host that runs the bake: a directory holding the CA bundle (--ca-bundle) as ca.pem)"
+    }
     assert str(tmp_path) not in proc.stdout
 
 

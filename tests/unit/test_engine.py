@@ -28,6 +28,7 @@ def test_build_command_assembles_every_option_in_place():
         tags=["a:1", "b:2"],
         build_args={"PYTHON": "3.10", "SOURCE_DATE_EPOCH": "1700000000"},
         secrets=[("cabundle", "/etc/ssl/certs/ca-certificates.crt"), ("netrc", "/tmp/netrc")],
+        contexts={"stackforge-cabundle": "/tmp/secrets/ca"},
         labels={"org.opencontainers.image.revision": "abc"},
         metadata_file="/out/meta.json",
         builder="ci",
@@ -42,6 +43,7 @@ def test_build_command_assembles_every_option_in_place():
         "id=cabundle,src=/etc/ssl/certs/ca-certificates.crt",
         "id=netrc,src=/tmp/netrc",
     ]
+    assert _pairs(cmd, "--build-context") == ["stackforge-cabundle=/tmp/secrets/ca"]
     assert _pairs(cmd, "--label") == ["org.opencontainers.image.revision=abc"]
     assert _pairs(cmd, "--metadata-file") == ["/out/meta.json"]
     assert "--load" in cmd
@@ -54,6 +56,16 @@ def test_secrets_never_become_build_args():
     assert build_args == ["A=1"]
     assert not any("pip_token" in a or "/run/creds/token" in a for a in build_args)
     assert _pairs(cmd, "--secret") == ["id=pip_token,src=/run/creds/token"]
+
+
+def test_a_build_context_name_buildx_cannot_parse_is_refused():
+    with pytest.raises(UserError, match="invalid build context name"):
+        BuildCommand("/ctx", contexts={"ca=x": "/tmp/ca"}).argv()
+
+
+def test_a_missing_build_context_directory_is_refused_before_the_engine_runs(tmp_path):
+    with pytest.raises(UserError, match=r"build context stackforge-cabundle: directory .*/gone does not exist"):
+        Engine(docker="/nonexistent/docker").build(tmp_path, contexts={"stackforge-cabundle": tmp_path / "gone"})
 
 
 def test_minimal_command_has_no_optional_flags():
@@ -168,6 +180,16 @@ def test_engine_features_follow_the_buildkit_it_runs(inspect, server, expected):
     engine._server = server
     assert engine.supports_source_date_epoch() is expected
     assert engine.supports_run_network() is expected
+    assert engine.supports_named_contexts() is expected  # 0.10: between 0.8 and 0.11 in these cases
+
+
+def test_named_contexts_start_at_buildkit_0_10():
+    engine = Engine()
+    engine._inspect = parse_buildx_inspect(OLD_INSPECT.replace("v0.12.5", "v0.10.6"))
+    engine._server = "20.10.24"
+    assert engine.supports_named_contexts() and not engine.supports_run_network()
+    engine._inspect = parse_buildx_inspect(OLD_INSPECT.replace("v0.12.5", "v0.9.3"))
+    assert not engine.supports_named_contexts()
 
 
 def test_effective_buildkit_reads_the_report_first_then_the_docker_release():

@@ -335,6 +335,9 @@ class FillingEngine:
     def supports_run_network(self):
         return False
 
+    def supports_named_contexts(self):
+        return False
+
     def image_id(self, ref):
         return "sha256:" + "c" * 64
 

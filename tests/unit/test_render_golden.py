@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -72,34 +73,54 @@ def test_rendered_dockerfile_matches_its_golden_file(tmp_path, name):
     check_golden(f"dockerfile_{name}.txt", text, tmp_path)
 
 
-SECRET_LINES = (
-    "    --mount=type=secret,id=cabundle \\\n",
-    "    if [ -s /run/secrets/cabundle ]; then export PIP_CERT=/run/secrets/cabundle; fi; \\\n",
-    "    if [ -s /run/secrets/cabundle ]; then export PIP_CERT=/run/secrets/cabundle CURL_CA_BUNDLE=/run/secrets/cabundle"
-    " SSL_CERT_FILE=/run/secrets/cabundle; fi; \\\n",
-)
+def ca_lines(flag: str, path: str) -> tuple[str, ...]:
+    """The lines a CA bundle mount adds to a downloading step."""
+    return (
+        f"    {flag} \\\n",
+        f"    if [ -s {path} ]; then export PIP_CERT={path}; fi; \\\n",
+        f"    if [ -s {path} ]; then export PIP_CERT={path} CURL_CA_BUNDLE={path} SSL_CERT_FILE={path}; fi; \\\n",
+    )
+
+
+BIND_FLAG = "--mount=type=bind,from=stackforge-cabundle,source=ca.pem,target=/run/stackforge/ca.pem"
+BIND_LINES = ca_lines(BIND_FLAG, "/run/stackforge/ca.pem")
+SECRET_LINES = ca_lines("--mount=type=secret,id=cabundle", "/run/secrets/cabundle")
+
+
+def render_with(tmp_path: Path, stack, sub: str, workspace: Workspace, named_contexts: bool = True) -> str:
+    facts = replace(fixed_engine_facts(), named_contexts=named_contexts)
+    return prepare_dockerfile(
+        stack, out=tmp_path / sub, sources=False, engine_facts=lambda: facts, workspace=workspace
+    ).ctx.dockerfile.read_text()
+
+
+def without_lines(text: str, lines: tuple[str, ...]) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if line not in lines)
 
 
 @pytest.mark.parametrize("name", STACKS)
-def test_a_build_without_a_ca_bundle_declares_no_secret_mount(tmp_path, name):
-    """Without a CA bundle the steps that download declare no `cabundle` secret (the engine would set one up
-    for each, at a cost per step); nothing else in the Dockerfile changes."""
+def test_a_build_without_a_ca_bundle_declares_no_mount_of_it(tmp_path, name):
+    """The steps that download bind-mount the CA bundle from the named context stackforge-cabundle; without a
+    bundle they declare no mount of it; nothing else in the Dockerfile changes."""
     stack = load(name, root=REPO)
-    with_bundle = prepare_dockerfile(
-        stack, out=tmp_path / "a", sources=False, engine_facts=fixed_engine_facts, workspace=with_ca_bundle(tmp_path)
-    ).ctx.dockerfile.read_text()
-    without = prepare_dockerfile(
-        stack,
-        out=tmp_path / "b",
-        sources=False,
-        engine_facts=fixed_engine_facts,
-        workspace=Workspace.at(REPO, ca_bundle="none"),
-    ).ctx.dockerfile.read_text()
-    mounts = with_bundle.count("--mount=type=secret,id=cabundle")
-    assert mounts >= 1, "every golden stack downloads in a pip phase"
-    assert "cabundle" not in without
-    stripped = "".join(line for line in with_bundle.splitlines(keepends=True) if line not in SECRET_LINES)
-    assert stripped == without
+    with_bundle = render_with(tmp_path, stack, "a", with_ca_bundle(tmp_path))
+    without = render_with(tmp_path, stack, "b", Workspace.at(REPO, ca_bundle="none"))
+    assert with_bundle.count(BIND_FLAG) >= 1, "every golden stack downloads in a pip phase"
+    assert "cabundle" not in with_bundle.replace("from=stackforge-cabundle,", "")  # no secret mount
+    assert "cabundle" not in without and "ca.pem" not in without
+    assert without_lines(with_bundle, BIND_LINES) == without
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_an_engine_without_named_contexts_gets_the_bundle_as_a_secret(tmp_path, name):
+    """BuildKit older than 0.10 takes no named contexts: the same steps mount the bundle as the secret
+    `cabundle` instead, and nothing else changes."""
+    stack = load(name, root=REPO)
+    bind = render_with(tmp_path, stack, "a", with_ca_bundle(tmp_path))
+    secret = render_with(tmp_path, stack, "b", with_ca_bundle(tmp_path), named_contexts=False)
+    assert secret.count("--mount=type=secret,id=cabundle") == bind.count(BIND_FLAG) >= 1
+    assert "stackforge-cabundle" not in secret
+    assert without_lines(secret, SECRET_LINES) == without_lines(bind, BIND_LINES)
 
 
 # --------------------------------------------------------------------------- one path for three verbs
@@ -130,6 +151,9 @@ class StandInEngine:
         return True
 
     def supports_run_network(self) -> bool:
+        return True
+
+    def supports_named_contexts(self) -> bool:
         return True
 
 

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stackforge.builder import cabundle
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.run import default_target, target_ref
 from stackforge.builder.run import prepare as prepare_build
-from stackforge.builder.secrets import secret_files
+from stackforge.builder.secrets import host_inputs, secret_files
 from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
@@ -50,6 +51,7 @@ class BakeTarget:
     dockerfile: Path
     args: dict[str, str] = field(default_factory=dict)
     secrets: list[tuple[str, str]] = field(default_factory=list)  # (id, src) — src may be a placeholder
+    contexts: dict[str, str] = field(default_factory=dict)  # named build contexts (name -> dir or placeholder)
 
     def definition(self, load: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -62,6 +64,8 @@ class BakeTarget:
             d["args"] = dict(self.args)
         if self.secrets:
             d["secret"] = [f"id={sid},src={src}" for sid, src in self.secrets]
+        if self.contexts:
+            d["contexts"] = dict(self.contexts)
         if load:
             d["output"] = ["type=docker"]
         return d
@@ -95,8 +99,8 @@ def prepare(
     """Assemble each stack's context and Dockerfile (as ``stackforge build`` does) and describe its targets.
 
     ``sources=False`` renders the plan without fetching upstreams (for ``--print``); the secret
-    files are then not written either and their ``src`` is a placeholder. The engine, credentials
-    and CA bundle are the workspace's (default: the one at each stack's root).
+    files are then not written either and their ``src`` is a placeholder (so is the CA bundle's context).
+    The engine, credentials and CA bundle are the workspace's (default: the one at each stack's root).
     """
 
     out: list[BakeTarget] = []
@@ -107,10 +111,7 @@ def prepare(
         with stack_lock(build_dir_for(loaded)):
             prepared = prepare_build(loaded, engine or ws.engine, sources=sources, syntax=syntax, workspace=ws)
         ctx, args = prepared.ctx, prepared.build_args
-        secrets = [
-            (sid, str(path) if path is not None else SECRET_PLACEHOLDER)
-            for sid, path in secret_files(loaded, secrets_dir, ws)
-        ]
+        secrets, contexts = _host_inputs(loaded, secrets_dir, ws, engine or ws.engine, sources)
         for t in names:
             out.append(
                 BakeTarget(
@@ -122,9 +123,27 @@ def prepare(
                     dockerfile=ctx.dockerfile,
                     args=dict(args),
                     secrets=list(secrets),
+                    contexts=dict(contexts),
                 )
             )
     return out
+
+
+def _host_inputs(
+    loaded: LoadedStack, secrets_dir: Path | None, ws: Workspace, engine: Engine, sources: bool
+) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """The secrets and named contexts of one stack's targets (``builder/secrets.py``), as the engine takes the
+    CA bundle (a plan rendered without sources asks the engine nothing: a named context, as it renders);
+    without ``secrets_dir`` nothing is written and each path is a placeholder."""
+    named = engine.supports_named_contexts() if sources else True
+    if secrets_dir is not None:
+        sub = secrets_dir / loaded.name
+        sub.mkdir(mode=0o700, exist_ok=True)
+        files, dirs = host_inputs(loaded, sub, named, ws)
+        return [(sid, str(path)) for sid, path in files], {name: str(d) for name, d in dirs.items()}
+    placeholders = [(sid, SECRET_PLACEHOLDER) for sid, _ in secret_files(loaded, None, ws, ca_secret=not named)]
+    bundle = named and ws.ca_bundle_file() is not None
+    return placeholders, {cabundle.CONTEXT: SECRET_PLACEHOLDER} if bundle else {}
 
 
 def plan(items: list[BakeTarget], *, load: bool = True, group: str = "default") -> dict[str, Any]:
@@ -266,7 +285,11 @@ def _bake(
 
 #: a host file the plan names by what it is, not by where it is on this host
 HOST_SECRET = "(on the host that runs the bake: {what})"
-SECRET_WHAT = {"netrc": "the index credentials stackforge writes", "cabundle": "the CA bundle (--ca-bundle)"}
+SECRET_WHAT = {
+    "netrc": "the index credentials stackforge writes",
+    "cabundle": "the CA bundle (--ca-bundle)",
+    "stackforge-cabundle": "a directory holding the CA bundle (--ca-bundle) as ca.pem",
+}
 
 
 def portable(items: list[BakeTarget], root: Path) -> list[BakeTarget]:
@@ -278,5 +301,6 @@ def portable(items: list[BakeTarget], root: Path) -> list[BakeTarget]:
         context = Path(os.path.relpath(i.context, root)) if Path(i.context).is_relative_to(root) else i.context
         dockerfile = Path(os.path.relpath(i.dockerfile, i.context))
         secrets = [(sid, HOST_SECRET.format(what=SECRET_WHAT.get(sid, sid))) for sid, _ in i.secrets]
-        out.append(BakeTarget(i.name, i.stack, i.target, i.ref, context, dockerfile, dict(i.args), secrets))
+        contexts = {name: HOST_SECRET.format(what=SECRET_WHAT.get(name, name)) for name in i.contexts}
+        out.append(BakeTarget(i.name, i.stack, i.target, i.ref, context, dockerfile, dict(i.args), secrets, contexts))
     return out

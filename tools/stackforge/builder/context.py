@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stackforge.builder import agree, artifacts, embed, installed, reqlocks, requirements, reuse
+from stackforge.builder.cabundle import CaMount
 from stackforge.builder.locks import read_locks, unlocked_notes
 from stackforge.builder.offline import apply
 from stackforge.builder.plan import Plan, make_plan, pip_phases
@@ -215,14 +216,16 @@ def _swap(staging: Path, ctx_dir: Path) -> None:
 
 
 def write_dockerfile(
-    ctx: Context, labels: dict[str, str], syntax: str | None = None, run_network: bool = False, ca_bundle: bool = True
+    ctx: Context,
+    labels: dict[str, str],
+    syntax: str | None = None,
+    run_network: bool = False,
+    ca: CaMount | None = None,
 ) -> Path:
     """Write build/<stack>/Dockerfile (whole, under the build directory's lock)."""
     with stack_lock(ctx.build_dir):
         atomic_write(
             ctx.dockerfile,
-            render_dockerfile(
-                ctx.plan, labels, syntax=syntax, root=ctx.loaded.root, run_network=run_network, ca_bundle=ca_bundle
-            ),
+            render_dockerfile(ctx.plan, labels, syntax=syntax, root=ctx.loaded.root, run_network=run_network, ca=ca),
         )
     return ctx.dockerfile

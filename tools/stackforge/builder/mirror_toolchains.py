@@ -22,7 +22,7 @@ from stackforge.builder import mirror_manifest as manifest
 from stackforge.builder import resolve
 from stackforge.builder.plan import make_plan
 from stackforge.builder.render import images_dir, templates_digest
-from stackforge.builder.secrets import secret_files
+from stackforge.builder.secrets import host_inputs
 from stackforge.clients import credentials
 from stackforge.clients.engine import Engine, save_image
 from stackforge.digests import tree_digest
@@ -77,7 +77,7 @@ def mirror_toolchains(
         # A name of this process alone: two mirrors on one engine never tag or remove each other's stage.
         scratch = f"{REPOSITORY}:{loaded.name}-{k.name}-building-{os.getpid()}-{os.urandom(3).hex()}"
         with credentials.private_dir("stackforge-secrets-") as secrets_dir:
-            secrets = secret_files(loaded, secrets_dir, ws)
+            secrets, contexts = host_inputs(loaded, secrets_dir, engine.supports_named_contexts(), ws)
             with progress.step(f"build the toolchain stage of kernel {k.name} (toolchain-{k.name}) with network"):
                 result = engine.build(
                     ctx.context_dir,
@@ -86,6 +86,7 @@ def mirror_toolchains(
                     tags=[scratch],
                     build_args=prepared.build_args,
                     secrets=secrets,
+                    contexts=contexts,
                     load=True,
                     on_line=progress.note if os.environ.get("STACKFORGE_MIRROR_LOG") else None,
                     extra_args=[f"--network={network}"] if network else [],

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stackforge.builder import embed
+from stackforge.builder.cabundle import ca_mount
 from stackforge.builder.context import Context, assemble, write_dockerfile
 from stackforge.builder.locks import check_locks, lock_keys, read_lock
 from stackforge.builder.plan import image_labels
@@ -52,6 +53,7 @@ class EngineFacts:
     base: BaseImage
     source_date_epoch: bool  # BuildKit honours SOURCE_DATE_EPOCH (0.11+)
     run_network: bool = False  # the Dockerfile frontend takes RUN --network=none
+    named_contexts: bool = True  # ... and named build contexts (else the CA bundle is a secret)
 
 
 @dataclass
@@ -157,6 +159,8 @@ def prepare_dockerfile(
         labels,
         syntax=syntax,
         run_network=bool(facts and facts.run_network),
-        ca_bundle=workspace_for(loaded, workspace).ca_bundle_file() is not None,
+        ca=ca_mount(
+            workspace_for(loaded, workspace).ca_bundle_file() is not None, facts.named_contexts if facts else True
+        ),
     )
     return Prepared(ctx, labels, build_args, omitted)

@@ -10,6 +10,7 @@ import jinja2
 from jinja2.sandbox import SecurityError
 
 from stackforge import grammar
+from stackforge.builder.cabundle import BIND, CaMount
 from stackforge.builder.plan import EPOCH_LABEL, Plan
 from stackforge.digests import tree_digest
 from stackforge.errors import UserError
@@ -95,14 +96,15 @@ def render_dockerfile(
     syntax: str | None = None,
     root: Path | None = None,
     run_network: bool = False,
-    ca_bundle: bool = True,
+    ca: CaMount | None = BIND,
 ) -> str:
     """The Dockerfile text. ``syntax`` adds a `# syntax=` line (off by default: it needs a registry).
     ``run_network`` (the engine takes ``RUN --network=none``): the steps that must not reach the network
     (kernel builds, steps, post-install patches, the gates, inventories and checks) run with none at all;
     without it they are offline only by construction (no index, local git only).
-    ``ca_bundle`` (the build passes a CA bundle): the steps that download mount it as the `cabundle` secret.
-    Without one they declare no secret mount, which the engine would otherwise set up for every such step."""
+    ``ca`` (the build passes a CA bundle): how the steps that download mount it (``builder/cabundle.py``: a
+    bind mount of the named context ``stackforge-cabundle``, or the secret ``cabundle`` on an engine without
+    named contexts). ``None`` (no bundle): they declare no mount at all."""
     env = _env(root)
     try:
         template = env.get_template("Dockerfile.j2")
@@ -113,7 +115,7 @@ def render_dockerfile(
                 "labels": labels or {},
                 "syntax": syntax,
                 "offline": "--network=none " if run_network else "",
-                "ca_bundle": ca_bundle,
+                "ca": ca,
                 "epoch": _epoch(labels or {}),
             },
         )

@@ -25,7 +25,7 @@ from stackforge.builder import inventory, reuse, sbom, system
 from stackforge.builder import reports as target_reports
 from stackforge.builder.context import Context, build_dir_for
 from stackforge.builder.prepare import BaseImage, EngineFacts, Prepared, prepare_dockerfile
-from stackforge.builder.secrets import secret_files
+from stackforge.builder.secrets import host_inputs
 from stackforge.clients import credentials
 from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace, workspace_for
@@ -253,6 +253,7 @@ def prepare(
             BaseImage(*base_identity(engine, loaded)),
             engine.supports_source_date_epoch(),
             engine.supports_run_network(),
+            engine.supports_named_contexts(),
         )
 
     return prepare_dockerfile(
@@ -312,7 +313,7 @@ def build(
     had = engine.image_id(ref)
     with recording_interrupts(engine, evidence, ref, had, started):
         with credentials.private_dir("stackforge-secrets-") as secrets_dir:
-            secrets = secret_files(loaded, secrets_dir, ws)
+            secrets, contexts = host_inputs(loaded, secrets_dir, engine.supports_named_contexts(), ws)
             with progress.step(f"build {ref} with BuildKit (log: {evidence / 'build.log'})"):
                 result = engine.build(
                     ctx.context_dir,
@@ -321,6 +322,7 @@ def build(
                     tags=[ref],
                     build_args=build_args,
                     secrets=secrets,
+                    contexts=contexts,
                     load=opts.load,
                     no_cache=opts.no_cache,
                     on_line=echo,

@@ -1,11 +1,14 @@
-"""The BuildKit secrets of a build: a netrc with the stack's index credentials and the workspace's CA bundle,
-mounted into the steps that need them (never a build argument, never in a layer)."""
+"""What a build takes from the host besides its context: the BuildKit secrets (a netrc with the stack's index
+credentials) and the named context with the workspace's CA bundle (``builder/cabundle.py``; the secret
+``cabundle`` on an engine without named contexts), mounted into the steps that need them (never a build
+argument, never in a layer)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import overload
 
+from stackforge.builder import cabundle
 from stackforge.clients import credentials
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.stack.load import LoadedStack
@@ -22,13 +25,13 @@ def netrc_text(loaded: LoadedStack, workspace: Workspace | None = None) -> str:
 
 @overload
 def secret_files(
-    loaded: LoadedStack, secrets_dir: Path, workspace: Workspace | None = None
+    loaded: LoadedStack, secrets_dir: Path, workspace: Workspace | None = None, *, ca_secret: bool = False
 ) -> list[tuple[str, Path]]: ...
 
 
 @overload
 def secret_files(
-    loaded: LoadedStack, secrets_dir: None, workspace: Workspace | None = None
+    loaded: LoadedStack, secrets_dir: None, workspace: Workspace | None = None, *, ca_secret: bool = False
 ) -> list[tuple[str, Path | None]]: ...
 
 
@@ -36,9 +39,12 @@ def secret_files(
     loaded: LoadedStack,
     secrets_dir: Path | None,
     workspace: Workspace | None = None,
+    *,
+    ca_secret: bool = False,
 ) -> list[tuple[str, Path]] | list[tuple[str, Path | None]]:
     """The BuildKit secrets of a build: a netrc with the index credentials (written into
-    ``secrets_dir``, mode 600; ``None`` when no directory is given) and the workspace's CA bundle."""
+    ``secrets_dir``, mode 600; ``None`` when no directory is given) and, with ``ca_secret`` (an engine
+    without named contexts), the workspace's CA bundle."""
     ws = workspace_for(loaded, workspace)
     secrets: list[tuple[str, Path | None]] = []
     text = netrc_text(loaded, ws)
@@ -48,6 +54,19 @@ def secret_files(
             path = credentials.write_secret(secrets_dir / f"{loaded.name}.netrc", text)
         secrets.append(("netrc", path))
     bundle = ws.ca_bundle_file()
-    if bundle is not None:
-        secrets.append(("cabundle", bundle))
+    if bundle is not None and ca_secret:
+        secrets.append((cabundle.SECRET_ID, bundle))
     return secrets
+
+
+def host_inputs(
+    loaded: LoadedStack, secrets_dir: Path, named_contexts: bool, workspace: Workspace | None = None
+) -> tuple[list[tuple[str, Path]], dict[str, Path]]:
+    """The secrets and named contexts of one build, written into ``secrets_dir`` (the caller removes it):
+    the CA bundle as the named context ``stackforge-cabundle`` when the engine takes ``named_contexts``,
+    else as the secret ``cabundle``."""
+    ws = workspace_for(loaded, workspace)
+    secrets = secret_files(loaded, secrets_dir, ws, ca_secret=not named_contexts)
+    bundle = ws.ca_bundle_file()
+    contexts = cabundle.write_context(bundle, secrets_dir) if bundle is not None and named_contexts else {}
+    return secrets, contexts

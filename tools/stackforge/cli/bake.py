@@ -49,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--builder", help="buildx builder (docker, docker-container, remote, kubernetes drivers)")
     p.add_argument("--no-load", dest="load", action="store_false", help="build without loading images into the engine")
     p.add_argument("--no-cache", action="store_true")
-    p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
+    p.add_argument("--ca-bundle", default="auto", help="extra CA bundle, as for `stackforge build`")
     add_out(p, "the directory bake.json and bake.log are written to (default: build/bake)")
     add_json(p, "the result (ok, exit code, targets, duration, plan and log files); with --print, the plan")
     add_refresh(p)

@@ -69,7 +69,7 @@ def register(sub) -> None:
     p.add_argument(
         "--ca-bundle",
         default="auto",
-        help="extra CA bundle for downloads inside the build, passed as a BuildKit secret "
+        help="extra CA bundle for downloads inside the build, bind-mounted from a named build context "
         "(default: $STACKFORGE_CA_BUNDLE or the host's system bundle; 'none' to disable)",
     )
     p.add_argument("--syntax", help="add a `# syntax=` line; off by default")

@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--target", action="append", dest="targets", metavar="T", help="only these targets (repeatable)")
     p.add_argument("--builder", help="buildx builder for the bake and the builds")
     p.add_argument("--no-bake", dest="bake", action="store_false", help="skip the shared bake; build stacks one by one")
-    p.add_argument("--ca-bundle", default="auto", help="extra CA bundle secret, as for `stackforge build`")
+    p.add_argument("--ca-bundle", default="auto", help="extra CA bundle, as for `stackforge build`")
     p.add_argument(
         "--compression",
         choices=["gzip", "zstd"],

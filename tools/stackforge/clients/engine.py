@@ -10,9 +10,10 @@ callers that need the API directly.
 The pure half (argument assembly, version parsing) is separate functions so it can
 be unit-tested without an engine.
 
-Secrets (private-index credentials, an extra CA bundle) are passed only as BuildKit
-secrets (``--secret id=…,src=…``): they are mounted at ``/run/secrets/<id>`` for the
-RUN steps that ask for them and never land in a layer or in the image history.
+Secrets (private-index credentials) are passed only as BuildKit secrets (``--secret id=…,src=…``):
+they are mounted at ``/run/secrets/<id>`` for the RUN steps that ask for them and never land in a layer
+or in the image history. Named build contexts (``--build-context NAME=DIR``) carry host files that are
+not private, e.g. the CA bundle, to a read-only bind mount of the steps that need them.
 Build args do land in the history, so :meth:`BuildCommand.argv` refuses build args that
 look like credentials.
 """
@@ -43,6 +44,9 @@ SOURCE_DATE_EPOCH_BUILDKIT = (0, 11)
 #: First BuildKit whose built-in Dockerfile frontend takes ``RUN --network=none`` without a ``# syntax=`` line
 #: (the flag left the labs channel in Dockerfile 1.3, BuildKit 0.9; 0.11 is the first release we run it on).
 RUN_NETWORK_BUILDKIT = (0, 11)
+#: First BuildKit whose built-in Dockerfile frontend (1.4) takes named build contexts (``--build-context``,
+#: ``RUN --mount=type=bind,from=NAME``).
+NAMED_CONTEXT_BUILDKIT = (0, 10)
 #: BuildKit embedded in each Docker Engine major release, for the ``docker`` driver when the builder reports
 #: no usable version (distribution builds, e.g. Debian's, say ``v0.0.0+unknown``).
 DOCKER_EMBEDDED_BUILDKIT = {20: (0, 8), 23: (0, 11), 24: (0, 12), 25: (0, 12), 26: (0, 13), 27: (0, 15), 28: (0, 20)}
@@ -149,6 +153,7 @@ class BuildCommand:
     tags: Sequence[str] = ()
     build_args: Mapping[str, str] | None = None
     secrets: Iterable[tuple[str, str | os.PathLike]] = ()
+    contexts: Mapping[str, str | os.PathLike] | None = None
     labels: Mapping[str, str] | None = None
     load: bool = True
     progress: str = "plain"
@@ -159,8 +164,8 @@ class BuildCommand:
     docker: str = "docker"
 
     def argv(self) -> list[str]:
-        """The argv. Secrets become ``--secret id=ID,src=PATH`` and nothing else; build args are checked
-        with :func:`check_build_args`."""
+        """The argv. Secrets become ``--secret id=ID,src=PATH`` and nothing else, named contexts
+        ``--build-context NAME=DIR``; build args are checked with :func:`check_build_args`."""
         args = dict(self.build_args or {})
         check_build_args(args)
         cmd = [self.docker, "buildx"]
@@ -189,6 +194,10 @@ class BuildCommand:
                     fix="move the file to a path without commas",
                 )
             cmd += ["--secret", f"id={sid},src={src}"]
+        for name, path in (self.contexts or {}).items():
+            if not _SECRET_ID.match(name):
+                raise UserError(f"invalid build context name {name!r}", fix="use letters, digits, '.', '_' and '-'")
+            cmd += ["--build-context", f"{name}={os.fspath(path)}"]
         for key, value in (self.labels or {}).items():
             cmd += ["--label", f"{key}={value}"]
         if self.load:
@@ -356,6 +365,10 @@ class Engine:
         """True when the Dockerfile frontend takes ``RUN --network=none`` as it is."""
         return self.buildkit_level() >= RUN_NETWORK_BUILDKIT
 
+    def supports_named_contexts(self) -> bool:
+        """True when the Dockerfile frontend takes named build contexts (``RUN --mount=type=bind,from=NAME``)."""
+        return self.buildkit_level() >= NAMED_CONTEXT_BUILDKIT
+
     # -- images
     def image_exists(self, ref: str) -> bool:
         return self.image_id(ref) is not None
@@ -398,6 +411,7 @@ class Engine:
         dockerfile: str | os.PathLike | None = None,
         *,
         secrets: Iterable[tuple[str, str | os.PathLike]] = (),
+        contexts: Mapping[str, str | os.PathLike] | None = None,
         builder: str | None = None,
         on_line: Callable[[str], None] | None = None,
         log_file: str | os.PathLike | None = None,
@@ -406,20 +420,24 @@ class Engine:
     ) -> BuildResult:
         """Run ``docker buildx build --progress=plain`` and stream its output.
 
-        ``options`` are :class:`BuildCommand`'s (target, tags, build_args, labels, load, metadata_file,
+        ``options`` are :class:`BuildCommand`'s (target, tags, build_args, contexts, labels, load, metadata_file,
         no_cache, extra_args); ``builder`` defaults to the engine's. Each output line (without the newline) goes to ``on_line`` and to ``log_file``
         (appended, flushed per line) as it arrives. Returns ``(returncode, full log)``;
-        a failing build is not an exception here (callers decide), a missing secret file
-        or a missing engine is a :class:`UserError`.
+        a failing build is not an exception here (callers decide), a missing secret file, named context
+        directory or engine is a :class:`UserError`.
         """
         secret_paths = [(sid, Path(src)) for sid, src in secrets]
         for sid, path in secret_paths:
             if not path.is_file():
                 raise UserError(f"secret {sid}: file {path} does not exist", fix="create it or drop the secret")
+        for name, directory in (contexts or {}).items():
+            if not Path(directory).is_dir():
+                raise UserError(f"build context {name}: directory {directory} does not exist", fix="create it")
         cmd = BuildCommand(
             context,
             dockerfile=dockerfile,
             secrets=secret_paths,
+            contexts=contexts,
             builder=builder or self.builder,
             docker=self.docker,
             **options,
