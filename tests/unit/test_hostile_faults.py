@@ -347,7 +347,8 @@ class FillingEngine:
 
     def cli(self, *args, **kw):
         if args[:2] == ("image", "inspect"):  # the base image's id and digests
-            return subprocess.CompletedProcess(args, 0, f'"sha256:{"b" * 64}" []\n', "")
+            info = {"Id": f"sha256:{'b' * 64}", "RepoDigests": [], "Created": None, "Layers": 1}
+            return subprocess.CompletedProcess(args, 0, json.dumps(info) + "\n", "")
         return subprocess.CompletedProcess(args, 1, "", "")
 
 
