@@ -26,6 +26,8 @@ class Result:
     goal: float | None
     peer: str
     note: str = ""
+    #: a stable name for the figure (e.g. ``second-host``), for tools that follow one figure across runs
+    id: str | None = None
 
     @property
     def ratio(self) -> float:

@@ -1,0 +1,140 @@
+"""Benchmark: a second host rebuilds from the registry what the first host built and published.
+
+The stack is the build benchmark's (bench/stacks/benchpost.yaml, ``--root bench``, its two indexes served on
+loopback as bench/build_bench.py serves them): ~420 MB of wheels in three dependency phases and zstandard
+compiled in a kernel step. A docker-registry runs on loopback.
+
+  first host   a cold build (``--no-cache``, its own empty ccache) with ``--cache-to inline``, then
+               ``stackforge publish`` to the registry (the publisher's layer-store path: the image config, with
+               its inline cache, goes as it is)
+  second host  the built image removed and this build's records pruned from BuildKit's cache, then
+               ``stackforge build --registry-cache REF`` naming the published image
+
+The figure (id ``second-host``) is the second host's build over the first host's cold build; goal ≤ 0.25. The
+second build must re-run no dependency or kernel step (read from BuildKit's plain progress; the note lists any
+step that ran) and give the published image's layers.
+
+Pruning: by default only this run's records go (``tests/fixtures/buildcache.forget``: every record whose step
+names this run's index URLs — each index is on its own port — and every record built on them), so other builds
+on a shared engine keep their cache; ``--prune all`` empties the whole build cache (``docker builder prune -af``)
+as a fresh host has it, for a machine that runs nothing else. Needs the engine and the base image.
+Run alone: python bench/second_host_bench.py [--json] [--prune all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
+
+from bench.build_bench import CACHE, STACK, serving  # noqa: E402
+from bench.results import Result, table, write  # noqa: E402
+from tests.fixtures import buildcache  # noqa: E402
+from tests.fixtures.registry import start_registry  # noqa: E402
+
+ID = "second-host"
+GOAL = 0.25
+PEER = "cold build (first host)"
+DATE = "20260101"
+#: the steps that must come from the registry cache: the dependency phases and the kernel
+HEAVY = ("deps:", "kernel-")
+
+
+def _stackforge(root: Path, *args: str) -> tuple[float, str]:
+    env = dict(os.environ, STACKFORGE_CACHE=str(CACHE), PYTHONPATH=str(REPO / "tools"))
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(root), *args], capture_output=True, text=True, env=env
+    )
+    took = time.monotonic() - t0
+    if proc.returncode != 0:
+        sys.exit(f"failed: stackforge {' '.join(args)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return took, proc.stdout + proc.stderr
+
+
+def _image(ref: str) -> dict | None:
+    proc = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, text=True)
+    return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
+
+
+def _prune(how: str, urls: dict[str, str]) -> str:
+    """Forget this run's build records (or, with ``all``, every record); say what was done."""
+    if how == "all":
+        subprocess.run(["docker", "builder", "prune", "--all", "--force"], capture_output=True, check=True)
+        return "the whole build cache pruned"
+    left = buildcache.forget(f"--index-url {url}/ " for url in urls.values())
+    if left:
+        sys.exit("could not prune this run's build records: " + "; ".join(r.description[:100] for r in left))
+    return "this run's build records pruned"
+
+
+def measure(echo=print, prune: str = "own") -> list[Result]:
+    with tempfile.TemporaryDirectory(prefix="stackforge-second-host-") as tmp, serving() as urls:
+        root = Path(tmp) / "repo"
+        shutil.copytree(BENCH / "stacks", root / "stacks")
+        shutil.copytree(BENCH / "patches", root / "patches")
+        reg, stop = start_registry(Path(tmp) / "registry")
+        local = f"stackforge-bench/second-host-{uuid.uuid4().hex[:8]}:latest"
+        sets = [f"indexes.{n}.url={u}" for n, u in urls.items()]
+        sets += [f"tuning.CCACHE_COMPILERCHECK=string:bench-{uuid.uuid4().hex[:12]}", f"tags.local={local}"]
+        sets = [a for s in sets for a in ("--set", s)]
+        build = ("build", STACK, "--network", "host", "--ca-bundle", "none", *sets)
+        try:
+            cold, _ = _stackforge(root, *build, "--no-cache", "--cache-to", "inline")
+            echo(f"first host: cold build {cold:.1f} s")
+            first = _image(local) or {}
+            pub_s, _ = _stackforge(root, "publish", STACK, "--registry", f"{reg}/second-host", "--date", DATE, *sets)
+            record = json.loads((root / "build" / STACK / "evidence" / "latest" / "publish.json").read_text())
+            ref = f"{record['repository']}:{record['tag']}"
+            echo(f"first host: published {ref} in {pub_s:.1f} s")
+            subprocess.run(["docker", "image", "rm", local], capture_output=True, check=True)
+            pruned = _prune(prune, urls)
+            again, log = _stackforge(root, *build, "--registry-cache", ref)
+            echo(f"second host: build from the registry cache {again:.1f} s")
+            second = _image(local) or {}
+        finally:
+            subprocess.run(["docker", "image", "rm", local], capture_output=True)
+            stop()
+    ran = buildcache.ran(log)
+    heavy = [s for s in ran if s.startswith(HEAVY)]
+    same = bool(first) and first.get("RootFS") == second.get("RootFS")
+    note = (
+        f"{pruned}, image removed; dependency/kernel steps re-run: {len(heavy)}"
+        + (f" ({'; '.join(s[:80] for s in heavy)})" if heavy else "")
+        + f"; steps that ran: {len(ran)}; publish {pub_s:.1f} s; rebuilt layers {'=' if same else '!='} published"
+    )
+    echo(note)
+    return [Result("second host: build from registry cache", again, cold, GOAL, PEER, note, id=ID)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--json", action="store_true", help="also write build/bench/results.json")
+    parser.add_argument(
+        "--prune",
+        choices=("own", "all"),
+        default="own",
+        help="own: forget only this run's build records (default); all: docker builder prune -af",
+    )
+    args = parser.parse_args()
+    results = measure(echo=lambda s: print(s, file=sys.stderr, flush=True), prune=args.prune)
+    print(table(results))
+    if args.json:
+        print(f"written: {write(results)}")
+    return 0 if all(r.met for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
