@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 from bench.results import Result, table, write  # noqa: E402
 
-MODULES = ("build_bench", "newest_bench", "startup_bench", "publish_bench")
+MODULES = ("build_bench", "newest_bench", "startup_bench", "publish_bench", "second_host_bench")
 
 
 def main() -> int:
