@@ -139,3 +139,16 @@ def test_each_verb_refuses_a_bad_reference_naming_the_option(capsys, root, verb)
     assert code != 0
     (error,) = parse_errors(err)
     assert error["file"] == "--cache-from" and "is not an image reference" in error["message"], err
+
+
+def test_each_nightly_build_exports_to_its_bake_targets_tag(tmp_path: Path):
+    from stackforge.flows.nightly import NightlyRun, _cache_of
+
+    def run(cache):
+        return NightlyRun("r.example", "20260101", None, None, None, tmp_path, print, None, None, None, cache=cache)
+
+    cache = RegistryCache.parse(cache_to="reg.example/cache/night:bc")
+    assert (
+        _cache_of(run(cache), "post2", "vllm-openai")["cache"].export == "reg.example/cache/night:bc-post2-vllm-openai"
+    )
+    assert _cache_of(run(None), "post2", "vllm-openai") == {}
