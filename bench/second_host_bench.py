@@ -100,6 +100,16 @@ def breakdown(log: str, total: float) -> str:
     )
 
 
+def _pull(ref: str, local: str) -> float:
+    """Seconds of a plain ``docker pull`` of ``ref`` into an engine without the image (the rebuild's floor)."""
+    subprocess.run(["docker", "image", "rm", local], capture_output=True)
+    t0 = time.monotonic()
+    subprocess.run(["docker", "pull", "-q", ref], capture_output=True, check=True)
+    took = time.monotonic() - t0
+    subprocess.run(["docker", "image", "rm", ref], capture_output=True)
+    return took
+
+
 def _second_host(root: Path, build: tuple[str, ...], ref: str, local: str, prune: str, urls: dict[str, str]):
     """The image removed and the build records pruned, then the build from ``ref``: (seconds, log, note)."""
     subprocess.run(["docker", "image", "rm", local], capture_output=True)
@@ -146,6 +156,7 @@ def measure(echo=print, prune: str = "own") -> list[Result]:
                 again, _log, note = _second_host(root, build, ref, local, prune, urls)
                 same = layers is not None and layers == (_image(local) or {}).get("RootFS")
                 note += f"; publish {pub_s:.1f} s; rebuilt layers {'=' if same else '!='} published"
+                note += f"; a plain docker pull of it: {_pull(ref, local):.1f} s"
                 echo(f"second host ({compression} layers): {again:.1f} s; {note}")
                 name = "second host: build from registry cache" + ("" if compression == "gzip" else ", zstd layers")
                 rid = ID if compression == "gzip" else f"{ID}-zstd"
