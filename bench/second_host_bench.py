@@ -100,9 +100,11 @@ def breakdown(log: str, total: float) -> str:
     )
 
 
-def _pull(ref: str, local: str) -> float:
-    """Seconds of a plain ``docker pull`` of ``ref`` into an engine without the image (the rebuild's floor)."""
+def _pull(ref: str, local: str, prune: str, urls: dict[str, str]) -> float:
+    """Seconds of a plain ``docker pull`` of ``ref`` into an engine without the image or the build records that
+    hold its layers (the rebuild's floor)."""
     subprocess.run(["docker", "image", "rm", local], capture_output=True)
+    _prune(prune, urls)
     t0 = time.monotonic()
     subprocess.run(["docker", "pull", "-q", ref], capture_output=True, check=True)
     took = time.monotonic() - t0
@@ -156,7 +158,7 @@ def measure(echo=print, prune: str = "own") -> list[Result]:
                 again, _log, note = _second_host(root, build, ref, local, prune, urls)
                 same = layers is not None and layers == (_image(local) or {}).get("RootFS")
                 note += f"; publish {pub_s:.1f} s; rebuilt layers {'=' if same else '!='} published"
-                note += f"; a plain docker pull of it: {_pull(ref, local):.1f} s"
+                note += f"; a plain docker pull of it: {_pull(ref, local, prune, urls):.1f} s"
                 echo(f"second host ({compression} layers): {again:.1f} s; {note}")
                 name = "second host: build from registry cache" + ("" if compression == "gzip" else ", zstd layers")
                 rid = ID if compression == "gzip" else f"{ID}-zstd"
