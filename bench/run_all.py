@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 from bench.results import Result, id_problems, missing_ids, table, write  # noqa: E402
 
-MODULES = ("build_bench", "newest_bench", "startup_bench", "publish_bench")
+MODULES = ("build_bench", "newest_bench", "startup_bench", "publish_bench", "second_host_bench")
 
 
 def modules(bench: Path = REPO / "bench") -> list[str]:

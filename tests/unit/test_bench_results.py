@@ -77,9 +77,9 @@ def test_an_id_on_two_rows_and_a_missing_id_are_named():
 
 
 def test_run_all_runs_a_bench_module_added_later(tmp_path):
-    for name in ("build_bench", "publish_bench", "second_host_bench", "results"):
+    for name in ("build_bench", "publish_bench", "later_bench", "results", "repro_check"):
         (tmp_path / f"{name}.py").write_text("")
-    assert run_all.modules(tmp_path) == [*run_all.MODULES, "second_host_bench"]
+    assert run_all.modules(tmp_path) == [*run_all.MODULES, "later_bench"]
     assert run_all.modules(REPO / "bench")[: len(run_all.MODULES)] == list(run_all.MODULES)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from stackforge.builder import cabundle
 from stackforge.builder.context import build_dir_for
+from stackforge.builder.regcache import RegistryCache
 from stackforge.builder.run import default_target, target_ref
 from stackforge.builder.run import prepare as prepare_build
 from stackforge.builder.secrets import host_inputs, secret_files
@@ -53,7 +54,7 @@ class BakeTarget:
     secrets: list[tuple[str, str]] = field(default_factory=list)  # (id, src) — src may be a placeholder
     contexts: dict[str, str] = field(default_factory=dict)  # named build contexts (name -> dir or placeholder)
 
-    def definition(self, load: bool = True) -> dict[str, Any]:
+    def definition(self, load: bool = True, cache: RegistryCache | None = None) -> dict[str, Any]:
         d: dict[str, Any] = {
             "context": str(self.context),
             "dockerfile": str(self.dockerfile),
@@ -68,6 +69,8 @@ class BakeTarget:
             d["contexts"] = dict(self.contexts)
         if load:
             d["output"] = ["type=docker"]
+        if cache is not None:
+            d.update(cache.for_target(self.name).bake_fields())
         return d
 
 
@@ -146,8 +149,10 @@ def _host_inputs(
     return placeholders, {cabundle.CONTEXT: SECRET_PLACEHOLDER} if bundle else {}
 
 
-def plan(items: list[BakeTarget], *, load: bool = True, group: str = "default") -> dict[str, Any]:
-    """The bake JSON: one group with every target."""
+def plan(
+    items: list[BakeTarget], *, load: bool = True, group: str = "default", cache: RegistryCache | None = None
+) -> dict[str, Any]:
+    """The bake JSON: one group with every target (each importing and exporting ``cache``, when given)."""
     names = [i.name for i in items]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -155,7 +160,7 @@ def plan(items: list[BakeTarget], *, load: bool = True, group: str = "default") 
             f"two stacks/targets map to the same bake target name: {', '.join(dup)}",
             fix="rename one of the stacks or targets",
         )
-    return {"group": {group: {"targets": names}}, "target": {i.name: i.definition(load) for i in items}}
+    return {"group": {group: {"targets": names}}, "target": {i.name: i.definition(load, cache) for i in items}}
 
 
 def bake_command(
@@ -194,6 +199,7 @@ def run(
     load: bool = True,
     no_cache: bool = False,
     on_line: Callable[[str], None] | None = None,
+    cache: RegistryCache | None = None,
 ) -> BakeRun:
     """Write ``workdir/bake.json`` and run it with ``engine`` (and its builder); the log goes to
     ``workdir/bake.log``. A failing bake is not raised."""
@@ -201,7 +207,7 @@ def run(
     engine = engine or Engine()
     workdir.mkdir(parents=True, exist_ok=True)
     plan_file = workdir / "bake.json"
-    plan_file.write_text(json.dumps(plan(items, load=load), indent=2) + "\n")
+    plan_file.write_text(json.dumps(plan(items, load=load, cache=cache), indent=2) + "\n")
     metadata_file = workdir / "bake-metadata.json"
     cmd = bake_command(
         plan_file, builder=engine.builder, no_cache=no_cache, metadata_file=metadata_file, docker=engine.docker
@@ -237,6 +243,7 @@ def bake(
     workdir: Path,
     engine: Engine | None = None,
     on_line: Callable[[str], None] | None = None,
+    cache: RegistryCache | None = None,
 ) -> tuple[list[BakeTarget], BakeRun]:
     """Prepare every stack, then run one bake over all their targets with the workspace's engine (or
     ``engine``), holding every stack's build directory lock until it ends. Secrets live only while it runs."""
@@ -253,6 +260,7 @@ def bake(
             workdir=workdir,
             engine=engine,
             on_line=on_line,
+            cache=cache,
         )
 
 
@@ -266,6 +274,7 @@ def _bake(
     workdir: Path,
     engine: Engine,
     on_line,
+    cache: RegistryCache | None = None,
 ) -> tuple[list[BakeTarget], BakeRun]:
     secrets_dir = Path(tempfile.mkdtemp(prefix="stackforge-bake-secrets-"))
     os.chmod(secrets_dir, 0o700)
@@ -274,12 +283,12 @@ def _bake(
         workdir.mkdir(parents=True, exist_ok=True)
         for i in items:  # what the bake built, beside its plan (a later `build` rewrites build/<stack>/)
             shutil.copy2(i.dockerfile, workdir / f"{i.stack}.Dockerfile")
-        result = run(items, workdir, engine=engine, load=load, no_cache=no_cache, on_line=on_line)
+        result = run(items, workdir, engine=engine, load=load, no_cache=no_cache, on_line=on_line, cache=cache)
     finally:
         shutil.rmtree(secrets_dir, ignore_errors=True)
     # The plan on disk keeps no path to a deleted secret file.
     root = stacks[0].root if stacks else workdir
-    (workdir / "bake.json").write_text(json.dumps(plan(portable(items, root), load=load), indent=2) + "\n")
+    (workdir / "bake.json").write_text(json.dumps(plan(portable(items, root), load=load, cache=cache), indent=2) + "\n")
     return items, result
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from stackforge import progress
 from stackforge.builder import evidence as evidence_dirs
-from stackforge.builder import inventory, reuse, sbom, system
+from stackforge.builder import inventory, regcache, reuse, sbom, system
 from stackforge.builder import reports as target_reports
 from stackforge.builder.context import Context, build_dir_for
 from stackforge.builder.prepare import BaseImage, EngineFacts, Prepared, prepare_dockerfile
@@ -55,6 +55,7 @@ class BuildOptions:
     network: str | None = None  # RUN steps' network, e.g. "host" to reach an index on the host's loopback
     lock_timeout: float | None = None  # seconds to wait for another build of this directory (0: none)
     keep_builds: int | None = None  # builds kept per stack (default $STACKFORGE_KEEP_BUILDS or 10)
+    cache: regcache.RegistryCache | None = None  # build cache imported from / exported to a registry
 
 
 @dataclass
@@ -309,6 +310,8 @@ def build(
     evidence = evidence_dirs.new_build(ctx.build_dir / "evidence")
     atomic_write(evidence / "Dockerfile", ctx.dockerfile.read_bytes())
     _write_inputs(evidence, loaded, ctx, labels, info, target, ref)
+    if opts.cache is not None:  # where this build's cache came from and went (references only)
+        atomic_write(evidence / "cache.json", json.dumps(opts.cache.record(), indent=2) + "\n")
 
     had = engine.image_id(ref)
     with recording_interrupts(engine, evidence, ref, had, started):
@@ -327,7 +330,7 @@ def build(
                     no_cache=opts.no_cache,
                     on_line=echo,
                     log_file=evidence / "build.log",
-                    extra_args=[f"--network={network}"] if (network := "none" if ctx.mirror else opts.network) else [],
+                    extra_args=_extra_args(opts, ctx),
                 )
     log = result.log
     atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
@@ -345,6 +348,13 @@ def build(
             ),
         )
         evidence_dirs.finish(evidence, ok=False, keep=opts.keep_builds)
+        if opts.cache is not None and regcache.export_refused(log):
+            raise UserError(
+                f"{stack.name}/{target}: this builder cannot export build cache to {opts.cache.export} "
+                f"(nothing was tagged; log: {evidence / 'build.log'})",
+                file="--cache-to",
+                fix=regcache.EXPORT_FIX,
+            )
         raise BuildFailed(
             f"{stack.name}/{target}: {failure_reason(log)}\n  (no image was tagged; log: {evidence / 'build.log'})",
             fix="read the FAIL/ERROR lines above",
@@ -377,6 +387,12 @@ def build(
     )
     evidence_dirs.finish(evidence, ok=opts.load, keep=opts.keep_builds)
     return outcome
+
+
+def _extra_args(opts: BuildOptions, ctx: Context) -> list[str]:
+    """The run's network (none for a mirror build) and its registry cache, as buildx arguments."""
+    network = "none" if ctx.mirror else opts.network
+    return ([f"--network={network}"] if network else []) + (opts.cache.buildx_args() if opts.cache else [])
 
 
 def _json_or_none(lines: list[str] | None) -> dict | None:

@@ -61,6 +61,9 @@ OPTIONS = frozenset(
         "overlay",
         "reuse_base",
         "keep_builds",
+        "cache_from",
+        "cache_to",
+        "registry_cache",
     }
 )
 #: options that must be at their default for an answer: each asks for work a record cannot stand for
@@ -74,6 +77,10 @@ MUST: dict[str, Any] = {
     "overlay": None,
     "reuse_base": False,
     "keep_builds": None,
+    # a registry cache import or export: the build asks the registry (and an inline export changes the image)
+    "cache_from": [],
+    "cache_to": None,
+    "registry_cache": None,
 }
 #: options that change how a build runs, not what it makes: such a build stores its answer under the key of
 #: the same build without them (a later plain build of the same inputs may answer from it)

@@ -11,9 +11,11 @@ from stackforge.cli.options import (
     add_json,
     add_out,
     add_refresh,
+    add_registry_cache,
     add_set,
     load,
     print_json,
+    registry_cache_of,
     root_of,
     select,
     workspace_of,
@@ -49,6 +51,7 @@ def register(sub) -> None:
     p.add_argument("--builder", help="buildx builder (docker, docker-container, remote, kubernetes drivers)")
     p.add_argument("--no-load", dest="load", action="store_false", help="build without loading images into the engine")
     p.add_argument("--no-cache", action="store_true")
+    add_registry_cache(p)
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle, as for `stackforge build`")
     add_out(p, "the directory bake.json and bake.log are written to (default: build/bake)")
     add_json(p, "the result (ok, exit code, targets, duration, plan and log files); with --print, the plan")
@@ -70,10 +73,11 @@ def _stacks(args):
 
 
 def cmd_bake(args) -> int:
+    cache = registry_cache_of(args)  # a bad reference fails before anything runs
     root, stacks = _stacks(args)
     if args.print:
         items = bakemod.prepare(stacks, targets=args.targets, sources=False, workspace=workspace_of(args))
-        print(json.dumps(bakemod.plan(bakemod.portable(items, root), load=args.load), indent=2))
+        print(json.dumps(bakemod.plan(bakemod.portable(items, root), load=args.load, cache=cache), indent=2))
         return 0
     workdir = args.out or root / "build" / "bake"
     items, run = bakemod.bake(
@@ -84,6 +88,7 @@ def cmd_bake(args) -> int:
         no_cache=args.no_cache,
         workdir=workdir,
         on_line=lambda line: print(line, file=sys.stderr, flush=True),
+        cache=cache,
     )
     ok = run.returncode == 0
     if args.json:

@@ -14,9 +14,11 @@ from stackforge.cli.options import (
     add_json,
     add_out,
     add_refresh,
+    add_registry_cache,
     add_set,
     load,
     print_json,
+    registry_cache_of,
     root_of,
     workspace_of,
 )
@@ -74,6 +76,7 @@ def register(sub) -> None:
     )
     p.add_argument("--syntax", help="add a `# syntax=` line; off by default")
     p.add_argument("--no-cache", action="store_true")
+    add_registry_cache(p)
     p.add_argument("--network", help="network for RUN steps (e.g. host, to reach an index on the host's loopback)")
     p.add_argument(
         "--doctor",
@@ -217,6 +220,7 @@ def cmd_build(args) -> int:
     lookup, key = _uptodate_keys(args)  # a --no-cache or --refresh build records its answer for a plain one
     if uptodate.answer(lookup, ws.cache("build")):
         return 0
+    cache = registry_cache_of(args)  # a bad reference fails before anything runs
     loaded = load(args, args.stack)
     if args.offline or args.mirror:
         _offline_options(args, loaded)
@@ -237,6 +241,7 @@ def cmd_build(args) -> int:
         network=args.network,
         lock_timeout=args.lock_timeout,
         keep_builds=args.keep_builds,
+        cache=cache,
     )
     if args.overlay:
         return _build_overlay(args, loaded, opts)

@@ -11,10 +11,12 @@ from stackforge.cli.options import (
     add_json,
     add_osv,
     add_out,
+    add_registry_cache,
     add_retry,
     add_set,
     overrides_for,
     print_json,
+    registry_cache_of,
     retry_policy,
     root_of,
     select,
@@ -46,6 +48,7 @@ def register(sub) -> None:
     p.add_argument("--builder", help="buildx builder for the bake and the builds")
     p.add_argument("--no-bake", dest="bake", action="store_false", help="skip the shared bake; build stacks one by one")
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle, as for `stackforge build`")
+    add_registry_cache(p)
     p.add_argument(
         "--compression",
         choices=["gzip", "zstd"],
@@ -95,6 +98,7 @@ def cmd_nightly(args) -> int:
     # A --set scope must name a stack this run builds: the named ones, else the declared nightly stacks.
     select(args, args.stacks or declared_nightly(root_of(args)))
     policy = retry_policy(args)
+    cache = registry_cache_of(args)  # a bad reference fails before anything runs
     options = NightlyOptions(
         date=args.date,
         stacks=args.stacks or None,
@@ -113,6 +117,7 @@ def cmd_nightly(args) -> int:
         device_uuids=expected([]),  # the lease's $STACKFORGE_DEVICE_UUID, for each smoke's preflight
         osv=args.osv,
         fail_on=args.fail_on,
+        cache=cache,
     )
     summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))
     if args.json:

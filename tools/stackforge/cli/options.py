@@ -209,3 +209,39 @@ def add_refresh(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fetch every upstream again, even one whose pinned commit is already in the cache",
     )
+
+
+def add_registry_cache(parser: argparse.ArgumentParser) -> None:
+    """``--cache-from REF``, ``--cache-to inline|REF`` and ``--registry-cache REF`` (builder/regcache.py)."""
+    parser.add_argument(
+        "--cache-from",
+        action="append",
+        default=[],
+        metavar="REF",
+        help="import BuildKit's build cache from this registry reference: an image built with inline cache (e.g. "
+        "the stack's published alias) or a cache pushed by --cache-to REF (repeatable)",
+    )
+    parser.add_argument(
+        "--cache-to",
+        metavar="inline|REF",
+        help="export the build cache: 'inline' puts it in the image's config (the image's own layers; published "
+        "with the image, on every engine), REF pushes every stage's cache to that tag (needs the containerd image "
+        "store or a docker-container/remote builder)",
+    )
+    parser.add_argument(
+        "--registry-cache",
+        metavar="REF",
+        help="reuse another host's work: --cache-from REF --cache-to inline (publish the image to REF to pass "
+        "its cache on)",
+    )
+
+
+def registry_cache_of(args):
+    """The :class:`~stackforge.builder.regcache.RegistryCache` the verb's options ask for, checked (None: none)."""
+    from stackforge.builder.regcache import RegistryCache
+
+    return RegistryCache.parse(
+        getattr(args, "cache_from", None) or [],
+        getattr(args, "cache_to", None),
+        getattr(args, "registry_cache", None),
+    )

@@ -39,6 +39,7 @@ from stackforge.builder import bake as bakemod
 from stackforge.builder import evidence
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
+from stackforge.builder.regcache import RegistryCache
 from stackforge.builder.run import BuildOptions, build, target_ref
 from stackforge.clients.registry import RetryPolicy, parse_registry
 from stackforge.clients.workspace import Workspace
@@ -366,6 +367,8 @@ class NightlyOptions:
     #: ``fail_on`` (the immutable tag is published; the summary's aliases say why they stayed)
     osv: Path | None = None
     fail_on: str = "high"
+    #: build cache imported from / exported to a registry by the bake and every build (builder/regcache.py)
+    cache: RegistryCache | None = None
 
 
 def nightly(
@@ -516,6 +519,7 @@ def _bake_and_build(
                 workdir=outdir,
                 engine=engine,
                 on_line=lambda line: echo(f"[bake] {line}"),
+                cache=options.cache,
             )
             summary.bake = {
                 "returncode": baked.returncode,
@@ -552,6 +556,7 @@ def _bake_and_build(
         fail_on=options.fail_on,
         test=slice_runs.run_slice,
         device_uuids=options.device_uuids,
+        cache=options.cache,
     )
     for stack in loaded:
         try:
@@ -566,6 +571,12 @@ def _bake_and_build(
             except UserError as err:  # the build directory is busy or cannot be written
                 row = Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render())
             summary.rows.append(row)
+
+
+def _cache_of(run: NightlyRun, stack: str, target: str) -> dict[str, RegistryCache]:
+    """The build option of one (stack, target)'s registry cache: the bake target's own (none when the night has
+    none)."""
+    return {} if run.cache is None else {"cache": run.cache.for_target(bakemod.target_name(stack, target))}
 
 
 def _redirect(row: doctor.Check) -> str:
@@ -616,6 +627,7 @@ class NightlyRun:
     fail_on: str = "high"
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
     device_uuids: tuple[str, ...] = ()
+    cache: RegistryCache | None = None  # the build cache each build imports and exports, as the bake's
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -628,7 +640,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
     try:
         outcome = run.build(
             stack,
-            run.options(target=target),
+            run.options(target=target, **_cache_of(run, stack.name, target)),
             engine=run.engine,
             echo=lambda line: echo(f"[{stack.name}/{target}] {line}"),  # the engine's log, each line prefixed
             workspace=run.workspace,
