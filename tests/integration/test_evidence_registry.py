@@ -85,7 +85,7 @@ def test_publishing_the_earlier_gated_image_still_works(two_builds, published):
     root, first, _ = two_builds
     older, newer = evidence.builds(root / "build" / "example" / "evidence")
     record = json.loads((older / "publish.json").read_text())
-    assert record["image_id"] == image_id(first) and record["gated_build"]["build_id"] == older.name
+    assert record["gated_image_id"] == image_id(first) and record["gated_build"]["build_id"] == older.name
     assert record["digest"] == published[2]["digest"]
     assert not (newer / "publish.json").exists()
 
