@@ -20,6 +20,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import requests
 
 from stackforge.builder.render import SOURCE_IMAGES
 from tests.fixtures import buildcache, run_names
@@ -124,8 +125,13 @@ def test_a_second_host_rebuilds_from_the_published_images_cache(tmp_path, base_i
     assert buildcache.ran(log) == [], "steps re-ran:\n" + "\n".join(buildcache.ran(log))
     hits = buildcache.cached(log)
     assert any(f"kernel-{nonce}" in s for s in hits) and any("preserve.py" in s for s in hits), hits
+    # The second host's image has the published layers (the publisher normalized those above the base).
     rebuilt = subprocess.run(["docker", "image", "inspect", f"{repo}:local"], capture_output=True, text=True)
-    assert rebuilt.returncode == 0 and json.loads(rebuilt.stdout)[0]["RootFS"] == config["RootFS"]
+    image_id = json.loads((evidence / "publish.json").read_text())["image_id"]
+    blob = requests.get(f"http://{registry}/v2/{ns}/{repo}/blobs/{image_id}", timeout=30)
+    published_layers = blob.json()["rootfs"]["diff_ids"]
+    assert rebuilt.returncode == 0 and json.loads(rebuilt.stdout)[0]["RootFS"]["Layers"] == published_layers
+    assert published_layers[:2] == config["RootFS"]["Layers"][:2]  # the base's own layers, as they were
     # the gate ran on the first host; its verdict came with the image's layers
     assert any("PASS" in line and f"rckern{nonce}" in line for line in log.splitlines()), log[-3000:]
     if "containerd-snapshotter" in _driver_status():  # this engine exports every stage

@@ -211,7 +211,7 @@ def test_render_build_and_bake_write_the_same_dockerfile(root, tmp_path, capsys,
     assert f'"{INPUTS}"="{inputs}"' in text and f"inputs:     {inputs}\n" in out
     assert f'"org.opencontainers.image.base.digest"="{BASE_DIGEST}"' in text
     assert '"org.opencontainers.image.created"="2023-11-14T22:13:20Z"' in text
-    assert built.build_args == {} and built.inputs_omitted is None
+    assert built.build_args == {"SOURCE_DATE_EPOCH": str(BASE_EPOCH)} and built.inputs_omitted is None
     # The layer epoch is the base image's creation time: every stage that runs a step declares it.
     assert f'"org.stackforge.epoch"="{BASE_EPOCH}"' in text
     assert '"org.stackforge.base.layers"="2"' in text  # the publisher leaves the base's own layers as they are

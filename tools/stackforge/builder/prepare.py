@@ -20,7 +20,7 @@ from stackforge.builder import embed
 from stackforge.builder.cabundle import ca_mount
 from stackforge.builder.context import Context, assemble, write_dockerfile
 from stackforge.builder.locks import check_locks, lock_keys, read_lock
-from stackforge.builder.plan import image_labels
+from stackforge.builder.plan import EPOCH_LABEL, image_labels
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.stack import rules
@@ -154,6 +154,11 @@ def prepare_dockerfile(
         base_layers=base.layers if base else None,
     )
     labels[embed.LABEL] = embed.label(loaded)
+    if sources and epoch and EPOCH_LABEL in labels:
+        # The engine stamps the image config's times with it: a rebuild from cache is the same image. The layer
+        # epoch, not the sources' time: the stages declare it as their SOURCE_DATE_EPOCH, and a build argument
+        # that moved with every upstream bump would re-run every dependency stage.
+        build_args["SOURCE_DATE_EPOCH"] = labels[EPOCH_LABEL]
     write_dockerfile(
         ctx,
         labels,
