@@ -109,6 +109,7 @@ def test_a_second_host_rebuilds_from_the_published_images_cache(tmp_path, base_i
         assert json.loads((evidence / "cache.json").read_text()) == {"from": [alias], "to": "inline"}
         published = stackforge(root, "publish", "rc", "--registry", f"{registry}/{ns}", "--date", DATE)
         assert f"{registry}/{ns}/{repo}" in published.stdout
+        image_id = json.loads((evidence / "publish.json").read_text())["image_id"]  # what a pull gives
 
         # The second host: no image of the stack, none of its build records.
         subprocess.run(["docker", "image", "rm", f"{repo}:local"], capture_output=True, check=True)
@@ -127,7 +128,6 @@ def test_a_second_host_rebuilds_from_the_published_images_cache(tmp_path, base_i
     assert any(f"kernel-{nonce}" in s for s in hits) and any("preserve.py" in s for s in hits), hits
     # The second host's image has the published layers (the publisher normalized those above the base).
     rebuilt = subprocess.run(["docker", "image", "inspect", f"{repo}:local"], capture_output=True, text=True)
-    image_id = json.loads((evidence / "publish.json").read_text())["image_id"]
     blob = requests.get(f"http://{registry}/v2/{ns}/{repo}/blobs/{image_id}", timeout=30)
     published_layers = blob.json()["rootfs"]["diff_ids"]
     assert rebuilt.returncode == 0 and json.loads(rebuilt.stdout)[0]["RootFS"]["Layers"] == published_layers
