@@ -46,7 +46,7 @@ def check_golden(name: str, text: str, *host_paths: Path) -> None:
 
 
 def fixed_engine_facts() -> EngineFacts:
-    return EngineFacts(BaseImage(BASE_DIGEST, BASE_ID), source_date_epoch=True, run_network=True)
+    return EngineFacts(BaseImage(BASE_DIGEST, BASE_ID, BASE_CREATED, 2), source_date_epoch=True, run_network=True)
 
 
 def test_every_checked_in_stack_has_a_golden_case():
