@@ -17,14 +17,13 @@ The local tag the record's stack names is put back as it was; the rebuilt image 
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from stackforge.builder.run import BuildOptions, build, target_ref
 from stackforge.clients.engine import Engine
@@ -32,7 +31,7 @@ from stackforge.clients.registry import RegistryClient
 from stackforge.errors import UserError
 from stackforge.publish import layerdiff, layerstore
 from stackforge.publish.codec import OCI_LAYER_ZSTD
-from stackforge.publish.oci import ChunkReader, DockerImage, PreparedImage
+from stackforge.publish.oci import ChunkReader, DockerImage, PreparedImage, uncompressed
 from stackforge.publish.record_schema import PublishRecord
 from stackforge.stack.load import load
 from stackforge.stack.names import STACKS_DIR
@@ -152,7 +151,7 @@ def _layer_line(
     try:
         store = layerstore.open_store(engine)
         chain = layerstore.chain_ids(theirs_ids)[i]
-        with _tar(ours.layers[i].open()) as mine:
+        with uncompressed(ours.layers[i]) as mine:
             rebuilt = layerdiff.entries(mine)
         with io.BufferedReader(ChunkReader(store.layer(theirs_ids[i], chain).chunks())) as published:
             theirs = layerdiff.entries(published)
@@ -160,14 +159,3 @@ def _layer_line(
         return f"{head}: diff id {ours_ids[i]} rebuilt, {theirs_ids[i]} published (files not compared: {exc})"
     diff = layerdiff.first_entry(rebuilt, theirs)
     return f"{head}: " + (diff.describe() if diff else "the same files in another layout")
-
-
-def _tar(blob: IO[bytes]) -> IO[bytes]:
-    """The layer tar in a blob (gzip or zstd)."""
-    head = blob.read(4)
-    blob.seek(0)
-    if head[:2] == b"\x1f\x8b":
-        return gzip.open(blob, "rb")  # type: ignore[return-value]
-    import zstandard
-
-    return zstandard.ZstdDecompressor().stream_reader(blob, closefd=True)

@@ -38,6 +38,7 @@ from stackforge.builder.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import OCI_MANIFEST, sha256_digest
 from stackforge.errors import BuildFailed, UserError
+from stackforge.fslock import atomic_write
 from stackforge.grammar import DIGEST_RE
 from stackforge.publish import layerstore
 from stackforge.publish.codec import OCI_LAYER_GZIP, OCI_LAYER_ZSTD, Codec, codec
@@ -360,9 +361,7 @@ class PublishedImages:
                 data = {}
             data = data if isinstance(data, dict) else {}
             data[self.key] = {"digest": digest, "config": config}
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, path)
+            atomic_write(path, json.dumps(data))
         except OSError:
             pass  # a hint that cannot be written only costs an export
 
@@ -494,12 +493,12 @@ def _from_raw(
         layer.path.unlink()
         return Blob(hit[0], hit[1], packer.media_type, diff_id=hit[2], remote=True, source_diff_id=diff_id)
     if norm is None:
-        with _uncompressed(layer) as src, open(path, "wb") as out:
+        with uncompressed(layer) as src, open(path, "wb") as out:
             writer = _HashingWriter(out)
             packer.compress(src, writer.write, pool=pool)
         blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
     else:
-        blob = normalize_layer(lambda: _uncompressed(layer), path, packer, norm, pool)
+        blob = normalize_layer(lambda: uncompressed(layer), path, packer, norm, pool)
         blob.source_diff_id = diff_id
     layer.path.unlink()
     if cache is not None:
@@ -507,7 +506,7 @@ def _from_raw(
     return blob
 
 
-def _uncompressed(layer: Blob) -> IO[bytes]:
+def uncompressed(layer: Blob) -> IO[bytes]:
     """The layer's tar: its file, decompressed when the engine exported it compressed."""
     assert layer.path is not None
     if layer.media_type == OCI_LAYER_GZIP:
