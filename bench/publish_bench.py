@@ -36,7 +36,6 @@ import tarfile
 import tempfile
 import time
 import uuid
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tools")]
 
 from bench.results import GOALS, Result, table, write  # noqa: E402
 from stackforge.clients.registry import RegistryClient, parse_repository  # noqa: E402
-from stackforge.publish.codec import LEVELS  # noqa: E402
+from stackforge.publish.codec import LEVELS, codec  # noqa: E402
 from stackforge.publish.oci import DockerImage  # noqa: E402
 from stackforge.publish.publisher import PublishOptions, publish  # noqa: E402
 from stackforge.stack.scheme import TagScheme  # noqa: E402
@@ -185,6 +184,9 @@ class Pulls:
     gzip_s: float
     zstd_runs: list[float]
     gzip_runs: list[float]
+    #: the same layer pulled uncompressed (published with ``--compression none``): what a pull costs with no
+    #: decompression at all, the floor any codec can reach on this engine
+    plain_runs: list[float]
     publish_s: float
     layer_bytes: int
     layer: str
@@ -216,21 +218,25 @@ def pull_pairs(registry: str, tmp: Path, run: str, cache: Path, pairs: int = PUL
     """One layer (the base image's root filesystem, or $STACKFORGE_BENCH_PULL_LAYER, plus a file unique to this run)
     imported as an image no build cache or other image refers to, so removing the image removes the layer. ``docker
     push`` publishes it with gzip, stackforge with zstd; each is then pulled back by its reference into an engine that
-    lacks it, ``pairs`` times, alternating which goes first, each after ``sync`` (so one pull's write-back does not
-    land in the next) and followed by removing the image."""
+    lacks it, ``pairs`` times, rotating which goes first, each after ``sync`` (so one pull's write-back does not
+    land in the next) and followed by removing the image. The layer published uncompressed is pulled the same way:
+    the floor."""
     rootfs, what = _layer_tar(tmp, run)
     image = f"stackforge-bench/pull:{run}"
     sh("docker", "import", str(rootfs), image)
     gzip_ref = f"{registry}/bench/pull-docker-{run}:v"
     zstd_ref = f"{registry}/bench/pull-sfz-{run}:{SCHEME.tag(DATE, 1)}"  # a fresh repository: revision 1
+    plain_ref = f"{registry}/bench/pull-sfn-{run}:{SCHEME.tag(DATE, 1)}"
     try:
         docker_push(registry, image, f"bench/pull-docker-{run}")
         published, _, _ = sf_publish(registry, image, f"bench/pull-sfz-{run}", cache, compression="zstd")
+        sf_publish(registry, image, f"bench/pull-sfn-{run}", cache, compression="none")
     finally:
         subprocess.run(["docker", "image", "rm", image], capture_output=True)
-    runs: dict[str, list[float]] = {zstd_ref: [], gzip_ref: []}
+    order = [zstd_ref, gzip_ref, plain_ref]
+    runs: dict[str, list[float]] = {ref: [] for ref in order}
     for i in range(pairs):
-        for ref in (zstd_ref, gzip_ref) if i % 2 == 0 else (gzip_ref, zstd_ref):
+        for ref in order[i % 3 :] + order[: i % 3]:
             subprocess.run(["sync"], check=False)
             runs[ref].append(sh("docker", "pull", "-q", ref))
             subprocess.run(["docker", "image", "rm", ref], capture_output=True)
@@ -241,6 +247,7 @@ def pull_pairs(registry: str, tmp: Path, run: str, cache: Path, pairs: int = PUL
         statistics.median(runs[gzip_ref]),
         runs[zstd_ref],
         runs[gzip_ref],
+        runs[plain_ref],
         published,
         size,
         what,
@@ -273,7 +280,7 @@ def phases(log: list[dict[str, Any]]) -> str:
 
 
 def bounds(registry: str, image: str) -> str:
-    """docker save seconds, zlib MB/s per CPU-second at the publish level, loopback upload MB/s."""
+    """docker save seconds, the gzip codec's MB/s per CPU-second at the publish level, loopback upload MB/s."""
     import docker
 
     t0, n = time.monotonic(), 0
@@ -293,10 +300,11 @@ def bounds(registry: str, image: str) -> str:
             if len(sample) >= 64 << 20:
                 break
     data = bytes(sample[: 64 << 20])
+    packed = io.BytesIO()
     c0 = time.process_time()
-    z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
-    ratio = len(z.compress(data) + z.flush()) / len(data)
+    codec("gzip").compress(io.BytesIO(data), packed.write)  # type: ignore[union-attr]  # one thread: per core
     gz = len(data) / 1e6 / (time.process_time() - c0)
+    ratio = packed.tell() / len(data)
     blob = random.Random(1).randbytes(128 << 20)
     digest = "sha256:" + __import__("hashlib").sha256(blob).hexdigest()
     client = RegistryClient(parse_repository(f"{registry}/bench/upload-{uuid.uuid4().hex[:6]}"))
@@ -360,11 +368,13 @@ def measure(deps_mb: int = 60) -> list[Result]:
             "docker pull of docker push's gzip image",
             f"{pulls.layer} imported as one {pulls.layer_bytes / 1e6:.0f} MB layer, pulled into an engine without it; "
             f"docker push published it with gzip, stackforge with zstd (level {LEVELS['zstd'][2]}, "
-            f"{pulls.publish_s:.1f} s); median of {len(pulls.zstd_runs)} alternating pulls each: zstd "
+            f"{pulls.publish_s:.1f} s); median of {len(pulls.zstd_runs)} rotating pulls each: zstd "
             + ", ".join(f"{t:.1f}" for t in pulls.zstd_runs)
             + " s; gzip "
             + ", ".join(f"{t:.1f}" for t in pulls.gzip_runs)
-            + " s",
+            + " s; the floor, the layer uncompressed: "
+            + ", ".join(f"{t:.1f}" for t in pulls.plain_runs)
+            + f" s (median / gzip {statistics.median(pulls.plain_runs) / pulls.gzip_s:.2f})",
             id="pull-zstd",
         ),
     ]

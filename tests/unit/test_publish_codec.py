@@ -63,9 +63,9 @@ def test_zstd_gives_the_same_bytes_on_any_core_count(monkeypatch, workers):
 def test_levels_change_the_bytes_and_are_checked():
     data = sample(1 << 20)
     assert packed("zstd", data, 1)[0] != packed("zstd", data, 19)[0]
-    assert codec("zstd").level == codecmod.LEVELS["zstd"][2] and codec("gzip").level == 1
+    assert codec("zstd").level == codecmod.LEVELS["zstd"][2] and codec("gzip").level == 2
     assert codec("none") is None
-    assert codec("zstd", 3).key == "zstd-3" and codec("gzip", 1).key == "pgzip-1"  # the gzip key is the cache's old one
+    assert codec("zstd", 3).key == "zstd-3" and codec("gzip", 1).key == "igzip-1" and codec("gzip", 4).key == "pgzip-4"
     assert codec("zstd").media_type == OCI_LAYER_ZSTD and codec("gzip").media_type == OCI_LAYER_GZIP
     for name, level in [("zstd", 0), ("zstd", 20), ("gzip", 10), ("gzip", True)]:
         with pytest.raises(UserError) as err:

@@ -33,20 +33,21 @@ def _gz(data: bytes, *, workers: int | None, level: int = 4, block: int = BLOCK)
     return out.getvalue(), diff
 
 
+@pytest.mark.parametrize("level", [2, 4])  # ISA-L, zlib
 @pytest.mark.parametrize("size", [0, 1, BLOCK, 3 * BLOCK, 3 * BLOCK + 12345])
-def test_parallel_gzip_is_deterministic_and_round_trips(size):
+def test_parallel_gzip_is_deterministic_and_round_trips(size, level):
     rng = random.Random(size)
     data = b"".join(
         rng.randbytes(4096) if i % 3 == 0 else b"def f(x): return x\n" * 215 for i in range(size // 4096 + 1)
     )
     data = data[:size]
-    blobs = {_gz(data, workers=w) for w in (None, 1, 2, 5)}
+    blobs = {_gz(data, workers=w, level=level) for w in (None, 1, 2, 5)}
     assert len(blobs) == 1, "the blob depends on the number of workers"
     blob, diff_id = blobs.pop()
     assert gzip.decompress(blob) == data
     assert diff_id == "sha256:" + hashlib.sha256(data).hexdigest()
     assert blob[:4] == b"\x1f\x8b\x08\x00" and blob[4:8] == b"\0\0\0\0"  # no name, mtime 0
-    assert _gz(data, workers=2, level=1)[0] != blob or size < 64  # the level is part of the blob
+    assert _gz(data, workers=2, level=level + 1)[0] != blob or size < 64  # the level is part of the blob
 
 
 def test_blocks_are_primed_with_the_previous_window():

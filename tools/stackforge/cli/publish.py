@@ -81,7 +81,8 @@ def register(sub) -> None:
         "--compression-level",
         type=int,
         metavar="N",
-        help="the codec's level (gzip 1-9, default 1; zstd 1-19, default 3); one level gives one blob everywhere",
+        help="the codec's level (gzip 1-9, default 2: 1-3 by ISA-L, 4-9 by zlib; zstd 1-19, default 3); "
+        "one level gives one blob on every host of a CPU architecture",
     )
     add_retry(p)
     add_json(p, "the evidence record")

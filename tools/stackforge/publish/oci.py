@@ -255,7 +255,7 @@ class LayerCache:
 
     directory: Path
     available: Callable[[str, str], bool]
-    key: str = "pgzip-1"
+    key: str = "igzip-2"
     hits: int = 0
     keep_repositories: int = 8
 
