@@ -71,3 +71,23 @@ def test_packages_read_back_by_source_for_debian():
 def test_what_is_not_an_sbom_is_refused(text):
     with pytest.raises(UserError, match="not a CycloneDX SBOM"):
         sbom.packages(text)
+
+
+def test_warm_imports_the_validator_in_the_background():
+    """A fresh process: after warm()'s thread ends, the schema validator is imported and document() is not
+    the one paying for it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from stackforge.builder import sbom\n"
+        "assert 'cyclonedx.validation.json' not in sys.modules\n"
+        "t = sbom.warm()\n"
+        "assert t.daemon\n"
+        "t.join(60)\n"
+        "print('cyclonedx.validation.json' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"

@@ -317,6 +317,8 @@ def build(
     with recording_interrupts(engine, evidence, ref, had, started):
         with credentials.private_dir("stackforge-secrets-") as secrets_dir:
             secrets, contexts = host_inputs(loaded, secrets_dir, engine.supports_named_contexts(), ws)
+            if opts.load:
+                sbom.warm()  # its libraries import while the engine runs, not after it
             with progress.step(f"build {ref} with BuildKit (log: {evidence / 'build.log'})"):
                 result = engine.build(
                     ctx.context_dir,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,20 @@ def dpkg_of(engine: Any, ref: str) -> list[Deb]:
         "run", "--rm", "--network=none", "--entrypoint", "dpkg-query", ref, "-W", "-f", DPKG_FORMAT, timeout=300
     )
     return parse_dpkg(proc.stdout) if proc.returncode == 0 else []
+
+
+def _import_libraries() -> None:
+    import cyclonedx.output.json  # noqa: F401
+    import cyclonedx.validation.json  # noqa: F401
+
+
+def warm() -> threading.Thread:
+    """Import the document's libraries in a background thread, for a build to call while the engine runs: the
+    schema validator's import (jsonschema's format checkers compile their grammars) takes most of a second,
+    which :func:`document` then does not wait for. Python's import lock makes a later import wait for this one."""
+    thread = threading.Thread(target=_import_libraries, name="sbom-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def document(image: str, image_id: str, created: str | None, dists: list[dict], debs: list[Deb]) -> str:
