@@ -62,7 +62,7 @@ def dpkg_of(engine: Any, ref: str) -> list[Deb]:
 
 
 def _import_libraries() -> None:
-    import cyclonedx.output.json  # noqa: F401
+    import cyclonedx.output.json
     import cyclonedx.validation.json  # noqa: F401
 
 
