@@ -48,6 +48,7 @@ class Codec:
 
     @property
     def key(self) -> str:
+        """``igzip-N`` (ISA-L's gzip levels), ``pgzip-N`` (zlib's), ``zstd-N``."""
         if self.name == "gzip":
             return f"{'igzip' if self.level in pgzip.FAST_LEVELS else 'pgzip'}-{self.level}"
         return f"{self.name}-{self.level}"
@@ -114,3 +115,8 @@ def codec(name: str, level: int | None = None) -> Codec | None:
             f"{name} level {level!r} is not {low}-{high}", fix=f"give a {name} level from {low} to {high}, or none"
         )
     return Codec(name, level)
+
+
+def default_key() -> str:
+    """The layer cache key of the default codec (gzip at its default level)."""
+    return Codec("gzip", LEVELS["gzip"][2]).key

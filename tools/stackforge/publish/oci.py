@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol, cast
 
@@ -41,7 +41,7 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write
 from stackforge.grammar import DIGEST_RE
 from stackforge.publish import layerstore
-from stackforge.publish.codec import OCI_LAYER_GZIP, OCI_LAYER_ZSTD, Codec, codec
+from stackforge.publish.codec import OCI_LAYER_GZIP, OCI_LAYER_ZSTD, Codec, codec, default_key
 from stackforge.publish.normalize import OutOfOrder, normalize, stream
 
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -255,7 +255,7 @@ class LayerCache:
 
     directory: Path
     available: Callable[[str, str], bool]
-    key: str = "igzip-2"
+    key: str = field(default_factory=default_key)
     hits: int = 0
     keep_repositories: int = 8
 

@@ -7,8 +7,8 @@ the block size — never on the number of workers or on timing — so the same l
 blob on every run and every host with the same deflater. Input is hashed (sha256, the diff id) and
 check-summed (crc32) in order while the blocks compress.
 
-Levels 1-3 (:data:`FAST_LEVELS`) deflate with ISA-L (``isal``: Intel's SIMD deflate, its levels 1-3), five
-times zlib's level-1 speed at about its ratio; levels 4-9 with zlib. ISA-L picks its code by CPU features, so
+Levels 1-3 (:data:`FAST_LEVELS`) deflate with ISA-L (``isal``: Intel's SIMD deflate, its levels 1-3), several
+times zlib's level-1 speed at about its ratio (``docs/publish.md``); levels 4-9 with zlib. ISA-L picks its code by CPU features, so
 hosts of different architectures are not promised the same bytes from it; where they must write the same blobs
 (a shared layer cache, digests compared across architectures), a zlib level is the choice.
 """
