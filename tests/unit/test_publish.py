@@ -734,6 +734,39 @@ def test_a_stack_that_fails_lint_is_refused_before_the_engine_or_registry(tmp_pa
     assert exc.value.exit_code == 1 and "rebuild, then publish" in exc.value.fix
 
 
+class _NoEngine:
+    """An engine that fails the test if it is asked anything."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the engine was asked for {name}")
+
+
+@pytest.mark.parametrize("overlay", [False, True])
+@pytest.mark.parametrize(
+    ("compression", "level", "words"),
+    [("gzip", 12, "gzip level 12 is not 1-9"), ("zstd", 0, "zstd level 0 is not 1-19"), ("br", None, "'br'")],
+)
+def test_a_bad_codec_or_level_is_refused_before_the_engine_or_registry(tmp_path, overlay, compression, level, words):
+    """A codec or level the publisher cannot use is refused before the local image is looked up (so the error is
+    the flag's, not a missing image's) and before the registry is contacted."""
+    from stackforge.overlay.load import load_overlay
+    from stackforge.overlay.publish import publish_overlay
+    from stackforge.publish.stack import publish_stack
+    from stackforge.stack.load import load
+
+    root = Path(__file__).resolve().parents[2]
+    stack = load("post2", root=root)
+    options = publisher.PublishOptions(compression=compression, level=level)
+    with pytest.raises(UserError) as exc:
+        if overlay:
+            publish_overlay(stack, load_overlay(root, "jev"), "127.0.0.1:9/x", options, date=DATE, out=tmp_path,
+                            engine=_NoEngine())  # fmt: skip
+        else:
+            publish_stack(stack, "127.0.0.1:9/x", options, date=DATE, out=tmp_path, engine=_NoEngine())
+    assert words in exc.value.message and exc.value.fix
+    assert not any(tmp_path.rglob("*.json"))  # no publish record was begun
+
+
 def test_a_manifest_whose_blobs_the_registry_briefly_does_not_see_is_put_again(stub, images, tmp_path):
     """Another publisher pushing the same blob can make the registry answer MANIFEST_BLOB_UNKNOWN for a blob it
     accepted: the publisher looks at its blobs again and repeats the PUT, a bounded number of times."""

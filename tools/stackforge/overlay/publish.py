@@ -16,6 +16,7 @@ from stackforge.overlay import record as overlay_record
 from stackforge.overlay.build import check_stack, local_ref, overlay_build_dir, publish_ref
 from stackforge.overlay.load import LoadedOverlay, check_files
 from stackforge.publish import record as records
+from stackforge.publish.codec import codec
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import PublishOptions, PublishResult, publish
 from stackforge.publish.stack import check_gated, publish_dir
@@ -45,6 +46,8 @@ def publish_overlay(
     first = publish_ref(loaded, ov, str(reg), date, 1)
     repository = parse_repository(first.repository, what="publish repository", plain_http=reg.scheme == "http")
     scheme = TagScheme.from_render(lambda d, r: publish_ref(loaded, ov, str(reg), d, r).tag)
+    options = options or PublishOptions()
+    codec(options.compression or "gzip", options.level)  # refused before the engine or the registry is asked
     local = local_ref(loaded, ov)
     odir = overlay_build_dir(loaded, ov, out)
     with stack_lock(odir):
@@ -73,7 +76,7 @@ def publish_overlay(
             "date": date,
         }
         evidence_dir = publish_dir(root, gated, image.image_id)
-        options = replace(options or PublishOptions(), layer_cache=ws.cache("layers"))
+        options = replace(options, layer_cache=ws.cache("layers"))
         result = publish(image, repository, scheme, date, options, engine=engine, evidence=evidence_dir, extra=extra)
         labels = _labels(engine, local)
         made = overlay_record.make(target, evidence_dir, result, labels, engine, local)

@@ -23,6 +23,7 @@ from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
 from stackforge.publish import attest, record
+from stackforge.publish.codec import codec
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import FAILED_RECORD, PUBLISHED_RECORD, PublishOptions, PublishResult, publish
 from stackforge.stack import tags as tagsmod
@@ -146,6 +147,10 @@ def publish_stack(
                 fix="aliases name the same repository as tags.publish",
             )
         aliases.append(alias.tag + suffix)
+    options = options or PublishOptions()
+    # the codec and its level are refused before the engine or the registry is asked anything
+    compression = options.compression or stack.tags.compression or "gzip"
+    codec(compression, options.level)
     local = target_ref(loaded, target)
     with stack_lock(build_dir_for(loaded, out)):  # no build of this stack replaces its evidence meanwhile
         root = build_dir_for(loaded, out) / "evidence"
@@ -156,11 +161,9 @@ def publish_stack(
         gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
         extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
         evidence_dir = publish_dir(root, gated, image.image_id)
-        held = vulnerability_gate(options or PublishOptions(), evidence_dir, engine, local)
+        held = vulnerability_gate(options, evidence_dir, engine, local)
         if held is not None:
             extra["scan"] = held
-        options = options or PublishOptions()
-        compression = options.compression or stack.tags.compression or "gzip"
         options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
         attacher = record.Attacher(loaded, target, evidence_dir, repository, engine, local, options.policy)
         signing = _signing(loaded, target, options, evidence_dir, repository, engine, local)
