@@ -6,7 +6,7 @@
 # NAME:TAG defaults to stackforge/base:bookworm. Steps, each skipped when its result exists:
 #   1. debootstrap --variant=minbase SUITE into a temporary directory and
 #      `docker import` it as NAME-rootfs:TAG;
-#   2. build images/base/Dockerfile on top (python3, venv, pip, dev headers, git, gcc, ccache).
+#   2. build tools/stackforge/images/base/Dockerfile on top (python3, venv, pip, dev headers, git, gcc, ccache).
 # No registry is contacted. --force rebuilds both steps.
 #
 # Environment: STACKFORGE_LOG_DIR (default /var/tmp/stackforge) holds base-image build logs;
@@ -98,7 +98,7 @@ say "building $ref on $rootfs_ref (log: $log)"
 t0=$SECONDS
 if ! docker buildx build --load --progress=plain \
         --build-arg BASE="$rootfs_ref" --build-arg SUITE="$suite" --build-arg DEBIAN_MIRROR="$mirror" \
-        -t "$ref" -f "$root/images/base/Dockerfile" "$root/images/base" >"$log" 2>&1; then
+        -t "$ref" -f "$root/tools/stackforge/images/base/Dockerfile" "$root/tools/stackforge/images/base" >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     die "building $ref failed; log: $log"
 fi
