@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
 from bench.results import GOALS, Result, table, write  # noqa: E402
+from tests.fixtures import buildcache  # noqa: E402
 from tests.fixtures.index_server import IndexServer  # noqa: E402
 
 STACK = "benchpost"
@@ -59,10 +60,6 @@ PEER = "naive single-stage Dockerfile"
 PIN_CHANGE = ("filelock", "3.16.1", "3.16.0")
 #: the stackforge under test (``--tools DIR``: another checkout's tools/, e.g. to measure a baseline)
 TOOLS = [REPO / "tools"]
-#: BuildKit plain progress: a step's name, its cache hit, its end
-STEP = re.compile(r"^#(\d+) \[([\w.-]+) +\d+/\d+\] (.*)$")
-CACHED = re.compile(r"^#(\d+) CACHED$")
-DONE = re.compile(r"^#(\d+) DONE ")
 
 
 @dataclass
@@ -72,18 +69,7 @@ class Run:
 
     def ran(self) -> list[str]:
         """The Dockerfile steps BuildKit executed (not served from its cache), as ``stage: instruction``."""
-        names: dict[str, str] = {}
-        cached: set[str] = set()
-        done: set[str] = set()
-        for line in self.log.splitlines():
-            if m := STEP.match(line):
-                names.setdefault(m.group(1), f"{m.group(2)}: {m.group(3)[:60]}")
-            elif m := CACHED.match(line):
-                cached.add(m.group(1))
-            elif m := DONE.match(line):
-                done.add(m.group(1))
-        # A FROM step resolves the base image (never cached, runs nothing): not a step that ran.
-        return [name for n, name in names.items() if n in done and n not in cached and ": FROM " not in name]
+        return buildcache.ran(self.log, width=60)
 
 
 @dataclass

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.builder import imagerecords
+from stackforge.clients import layerstore
 from stackforge.clients.engine import Engine
-from stackforge.publish import layerstore
 from stackforge.publish.oci import ArchiveImage, DockerImage, LayerCache
 from stackforge.publish.publisher import PushLog
 from tests.fixtures import run_names
@@ -38,6 +39,18 @@ def docker(*args: str) -> str:
     return proc.stdout.strip()
 
 
+#: records a build leaves in an image (builder/imagerecords.py); the RUN layer deletes target b's and appends
+#: to the gate's result
+RECORDS = {
+    "gate/result.txt": "PASS import torch version=2.14.1\n",
+    "gate/abi.txt": "\nabi line\n\n",
+    "targets/a/checks.txt": "a: PASS one\n",
+    "targets/b/checks.txt": "b: PASS deleted above\n",
+    "targets/c/checks.txt": "c: PASS two\n",
+    "inventory.json": '{"dists": []}\n',
+}
+
+
 @pytest.fixture(scope="module")
 def image(engine: Engine, base_image: str, tmp_path_factory):
     """(reference, image id) of the test image; removed at the end."""
@@ -50,12 +63,17 @@ def image(engine: Engine, base_image: str, tmp_path_factory):
     (files / "big.bin").write_bytes(os.urandom(3 << 20))
     (files / "empty").write_bytes(b"")
     (files / "link").symlink_to("big.bin")
+    records = ctx / "records"
+    for path, text in RECORDS.items():
+        (records / path).parent.mkdir(parents=True, exist_ok=True)
+        (records / path).write_text(text)
     (ctx / "Dockerfile").write_text(
         f"FROM {base}\n"
         "COPY files /srv/files\n"
+        "COPY records /stackforge\n"
         "RUN rm /etc/issue && rm -rf /etc/apt && mkdir /etc/apt && echo new > /etc/apt/sources.list"
         " && ln /srv/files/big.bin /srv/hard && cp /bin/true /srv/suid && chmod 4755 /srv/suid"
-        " && mkfifo /srv/fifo\n"
+        " && mkfifo /srv/fifo && rm -r /stackforge/targets/b && echo late >> /stackforge/gate/result.txt\n"
     )
     ref = f"{run_names.NS}/layerstore:{uuid.uuid4().hex[:8]}"
     docker("buildx", "build", "--load", "-q", "-t", ref, str(ctx))
@@ -140,3 +158,44 @@ def test_a_layer_the_store_rebuilds_wrong_falls_back_to_docker_save(engine, imag
     assert len(refused) == 1 and f"not {diff_ids[-1]}" in refused[0]["reason"], log.events
     assert refused[0]["then"] == "docker save"
     assert again.digest == good.digest
+
+
+#: what the engine's init layer puts in every container, over the image's own files
+CONTAINER_INIT = {"etc/hostname", "etc/hosts", "etc/resolv.conf", "etc/mtab"}
+
+
+def test_the_files_read_from_the_store_are_what_a_container_of_the_image_sees(engine, image):
+    """Every directory listing and regular file under /etc, /srv and /stackforge (a whiteout, an opaque
+    directory, a non-UTF-8 name, hard links) as `docker cp` copies them out of a container of the image; and
+    the build records, the Debian package list included, as the container run prints them."""
+    tree = layerstore.open_store(engine).tree(image[1])
+    cid = docker("create", image[0], "true")
+    try:
+        for top in ("etc", "srv", "stackforge"):
+            copied = subprocess.run(["docker", "cp", f"{cid}:/{top}", "-"], capture_output=True, check=True).stdout
+            with tarfile.open(fileobj=io.BytesIO(copied)) as tar:
+                children: dict[str, list[str]] = {}
+                members = [m for m in tar.getmembers() if m.name not in CONTAINER_INIT]
+                for m in members:
+                    parent, _, name = m.name.rpartition("/")
+                    if parent:
+                        children.setdefault(parent, []).append(name)
+                checked = 0
+                for m in members:
+                    if m.isdir():
+                        listed = [n for n in tree.listdir("/" + m.name) if f"{m.name}/{n}" not in CONTAINER_INIT]
+                        assert listed == sorted(children.get(m.name, []), key=os.fsencode), m.name
+                    elif m.isreg():
+                        assert tree.read("/" + m.name) == tar.extractfile(m).read(), m.name  # type: ignore[union-attr]
+                        checked += 1
+                assert checked >= 3
+    finally:
+        docker("rm", "-f", cid)
+    assert tree.read("/etc/issue") is None and tree.listdir("/etc/apt") == ["sources.list"]
+    assert tree.listdir("/stackforge/targets") == ["a", "c"]
+
+    layers = imagerecords.from_layers(layerstore.open_store(engine), image[1])
+    assert layers == imagerecords.from_container(engine, image[0])
+    assert layers["result.txt"] == ["PASS import torch version=2.14.1", "late"]
+    assert layers["checks.txt"] == ["a: PASS one", "c: PASS two"] and layers["abi.txt"] == ["abi line"]
+    assert len(layers[imagerecords.DPKG]) > 50 and any(line.startswith("libc6\t") for line in layers[imagerecords.DPKG])

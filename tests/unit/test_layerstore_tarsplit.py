@@ -1,4 +1,4 @@
-"""The layer-store reader (publish/layerstore.py) on tar-splits written here from real tar files."""
+"""The layer-store reader (clients/layerstore.py) on tar-splits written here from real tar files."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.publish import layerstore
-from stackforge.publish.layerstore import LayerStore, Unusable, chain_ids
+from stackforge.clients import layerstore
+from stackforge.clients.layerstore import LayerStore, Unusable, chain_ids
 
 
 def sha(data: bytes) -> str:

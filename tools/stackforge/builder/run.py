@@ -21,7 +21,7 @@ from pathlib import Path
 
 from stackforge import progress
 from stackforge.builder import evidence as evidence_dirs
-from stackforge.builder import inventory, regcache, reuse, sbom, system
+from stackforge.builder import imagerecords, inventory, regcache, reuse, sbom, system
 from stackforge.builder import reports as target_reports
 from stackforge.builder.context import Context, build_dir_for
 from stackforge.builder.prepare import BaseImage, EngineFacts, Prepared, prepare_dockerfile
@@ -198,44 +198,6 @@ def gate_lines(log: str) -> list[str]:
     return [m.group(1) for m in (GATE_LINE.match(ln) for ln in log.splitlines()) if m]
 
 
-GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
-#: the target checks' records (images/targets/checks.py), one per target stage the image went through
-CHECKS = "checks.txt"
-
-
-#: the other records a build leaves in the image, read in the same container run: section -> image path
-RECORDS = {"inventory.json": inventory.IMAGE_PATH, "system.txt": system.EVIDENCE}
-#: the image's Debian packages as sbom.DPKG_FORMAT lists them (read in the same container run as the records)
-DPKG = "dpkg.txt"
-
-
-def read_gate_from_image(engine: Engine, ref: str) -> dict[str, list[str]]:
-    """The gate's own reports, the target checks' records (``checks.txt``: the lines of every target the
-    image went through, by target name; each line names its target), the inventory and the system record,
-    as the build left them in the image (one container run)."""
-    script = "; ".join(
-        f'if [ -f /stackforge/gate/{n} ]; then echo "==> {n}"; cat /stackforge/gate/{n}; fi' for n in GATE_FILES
-    )
-    script += (
-        f'; for f in /stackforge/targets/*/{CHECKS}; do if [ -f "$f" ]; then echo "==> {CHECKS}"; cat "$f"; fi; done'
-    )
-    script += "".join(
-        f'; if [ -f {path} ]; then echo "==> {name}"; cat {path}; echo; fi' for name, path in RECORDS.items()
-    )
-    script += (
-        f"; if command -v dpkg-query >/dev/null; then echo '==> {DPKG}'; dpkg-query -W -f '{sbom.DPKG_FORMAT}'; fi"
-    )
-    proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
-    out: dict[str, list[str]] = {}
-    current = None
-    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
-        if line.startswith("==> ") and line[4:] in (*GATE_FILES, CHECKS, *RECORDS, DPKG):
-            current = out.setdefault(line[4:], [])
-        elif current is not None and line.strip():
-            current.append(line)
-    return out
-
-
 def prepare(
     loaded: LoadedStack,
     engine: Engine,
@@ -364,13 +326,16 @@ def build(
     image_id = engine.image_id(ref) if opts.load else None
     # Read from the image once; a rebuild that yields the same image id from the same inputs reads the record.
     reports = (
-        reuse.image_files(image_id, ctx.inputs_fingerprint(), ctx.build_dir, lambda: read_gate_from_image(engine, ref))
+        reuse.image_files(
+            image_id, ctx.inputs_fingerprint(), ctx.build_dir, lambda: imagerecords.read(engine, ref, image_id)
+        )
         if opts.load
         else {}
     )
     gate = reports.get("result.txt") or gate_lines(log)
     atomic_write(evidence / "gate.txt", "\n".join(gate) + "\n")
-    for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt"), (CHECKS, CHECKS)):
+    checks = imagerecords.CHECKS
+    for name, evidence_name in (("abi.txt", "abi.txt"), ("readonly.txt", "gate-readonly.txt"), (checks, checks)):
         if name in reports:
             atomic_write(evidence / evidence_name, "\n".join(reports[name]) + "\n")
     if opts.load:
@@ -378,7 +343,7 @@ def build(
         installed = _json_or_none(reports.get("inventory.json"))
         inventory.write_evidence(engine, ref, ctx.context_dir, evidence, data=installed)
         if installed is not None and image_id is not None:
-            sbom.write_evidence(engine, ref, image_id, evidence, installed, reports.get(DPKG, []))
+            sbom.write_evidence(engine, ref, image_id, evidence, installed, reports.get(imagerecords.DPKG, []))
         target_reports.write_evidence(stack, target, engine, ref, evidence, echo=_stderr_line)
     outcome = BuildOutcome(stack.name, target, ref, image_id, evidence, gate, round(time.monotonic() - started, 1))
     atomic_write(

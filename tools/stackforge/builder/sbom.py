@@ -2,11 +2,12 @@
 
 Python distributions come from the image's inventory (``/stackforge/inventory.json``, or the same script run over
 an image stackforge did not build): name, version, the index name that served it and the archive's sha256 when
-a pip phase recorded them. Debian packages come from the image's dpkg database (``dpkg-query`` in one container
-run): binary name, version, architecture, and the source package and version advisories name. The document is
-made with cyclonedx-python-lib and validated against the CycloneDX 1.5 schema; it is deterministic for one image
-(serial number from the image id, timestamp from the image's created time), so two builds of the same bytes give
-the same SBOM.
+a pip phase recorded them. Debian packages come from the image's dpkg database (its status file read from the
+engine's layer store as ``dpkg-query`` lists it, or ``dpkg-query`` in one container run): binary name, version,
+architecture, and the source package and version advisories name. The document is made with
+cyclonedx-python-lib and validated against the CycloneDX 1.5 schema; it is deterministic for one image (serial
+number from the image id, timestamp from the image's created time), so two builds of the same bytes give the
+same SBOM.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from stackforge.builder import inventory
+from stackforge.clients import layerstore
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.osv import Package
@@ -31,6 +33,10 @@ MEDIA_TYPE = "application/vnd.cyclonedx+json"
 #: one line per package: binary name, version, architecture, source name, source version
 DPKG_FORMAT = r"${Package}\t${Version}\t${Architecture}\t${source:Package}\t${source:Version}\n"
 PROP = "stackforge"
+DPKG_STATUS = "/var/lib/dpkg/status"
+DPKG_UPDATES = "/var/lib/dpkg/updates"
+#: where an image's dpkg-query is (Debian's own paths; the container path asks the shell's PATH)
+DPKG_QUERY = ("/usr/bin/dpkg-query", "/bin/dpkg-query")
 
 
 @dataclass(frozen=True)
@@ -53,8 +59,57 @@ def parse_dpkg(text: str) -> list[Deb]:
     return sorted(out, key=lambda d: (d.name, d.arch))
 
 
+def dpkg_lines(status: str) -> list[str]:
+    """``dpkg-query -W -f sbom.DPKG_FORMAT`` of a dpkg status file: one line per package dpkg knows but has not
+    purged (Status ``not-installed``), Package, Version, Architecture, then the source package's name and
+    version (``Source: name (version)``; each defaults to the binary's), sorted by name and architecture."""
+    rows = []
+    for paragraph in status.split("\n\n"):
+        fields: dict[str, str] = {}
+        key = None
+        for line in paragraph.splitlines():
+            if line[:1] in (" ", "\t"):
+                if key is not None:
+                    fields[key] += "\n" + line
+                continue
+            key, sep, value = line.partition(":")
+            if not sep:
+                key = None
+                continue
+            fields[key] = value.strip()
+        name = fields.get("Package", "")
+        state = fields.get("Status", "").split()
+        if not name or (len(state) == 3 and state[2] == "not-installed"):
+            continue
+        version = fields.get("Version", "")
+        source, _, rest = fields.get("Source", "").partition(" ")
+        source_version = rest.strip().removeprefix("(").removesuffix(")").strip() if rest.strip() else ""
+        arch = fields.get("Architecture", "")
+        rows.append((name, arch, f"{name}\t{version}\t{arch}\t{source or name}\t{source_version or version}"))
+    return [row for _, _, row in sorted(rows)]
+
+
+def dpkg_from_tree(tree: layerstore.ImageTree) -> list[str] | None:
+    """The :data:`DPKG_FORMAT` lines of an image read from its layers; None when it has no dpkg-query.
+    :class:`layerstore.Unusable` when dpkg's journal has entries dpkg-query would merge first."""
+    if not any(tree.exists(p) for p in DPKG_QUERY):
+        return None
+    if tree.listdir(DPKG_UPDATES):
+        raise layerstore.Unusable(f"dpkg's journal ({DPKG_UPDATES}) has entries: ask dpkg-query")
+    status = tree.read(DPKG_STATUS)
+    return dpkg_lines(status.decode("utf-8", errors="replace") if status else "")
+
+
 def dpkg_of(engine: Any, ref: str) -> list[Deb]:
-    """The image's Debian packages (none when it has no dpkg)."""
+    """The image's Debian packages (none when it has no dpkg): from the engine's layer store when it can serve,
+    else ``dpkg-query`` in one container run."""
+    image_id = engine.image_id(ref)
+    if image_id:
+        try:
+            lines = dpkg_from_tree(layerstore.open_store(engine).tree(image_id))
+            return parse_dpkg("\n".join(lines or []))
+        except layerstore.Unusable:
+            pass
     proc = engine.cli(
         "run", "--rm", "--network=none", "--entrypoint", "dpkg-query", ref, "-W", "-f", DPKG_FORMAT, timeout=300
     )

@@ -558,8 +558,16 @@ def save_image(engine: Engine, ref: str, out: Path, what: str) -> None:
 
 
 def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
-    """The regular files directly in ``directory`` of ``image`` (copied out of a created, never started,
-    container); empty when the image has no such directory."""
+    """The regular files directly in ``directory`` of ``image``: read from the engine's layer store when it can
+    serve, else copied out of a created, never started, container; empty when the image has no such directory."""
+    from stackforge.clients import layerstore
+
+    image_id = engine.image_id(image)
+    if image_id:
+        try:
+            return layerstore.open_store(engine).tree(image_id).files(directory)
+        except layerstore.Unusable:
+            pass
     proc = engine.cli("create", image, "true", timeout=120)
     if proc.returncode != 0:
         raise UserError(f"cannot read {directory} of {image}: {proc.stderr.strip()[-300:]}")

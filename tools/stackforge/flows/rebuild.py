@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from stackforge.builder.run import BuildOptions, build, target_ref
+from stackforge.clients import layerstore
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import RegistryClient
 from stackforge.errors import UserError
-from stackforge.publish import layerdiff, layerstore
+from stackforge.publish import layerdiff
 from stackforge.publish.codec import OCI_LAYER_ZSTD
 from stackforge.publish.oci import ChunkReader, DockerImage, PreparedImage, uncompressed
 from stackforge.publish.record_schema import PublishRecord

@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol, cast
 
 from stackforge.builder.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
+from stackforge.clients import layerstore
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import OCI_MANIFEST, sha256_digest
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write
 from stackforge.grammar import DIGEST_RE
-from stackforge.publish import layerstore
 from stackforge.publish.codec import OCI_LAYER_GZIP, OCI_LAYER_ZSTD, Codec, codec, default_key
 from stackforge.publish.normalize import OutOfOrder, normalize, stream
 

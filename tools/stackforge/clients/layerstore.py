@@ -9,6 +9,11 @@ path under the diff directory. Concatenating them gives back the layer tar byte 
 the daemon itself exports a layer. The image config is ``image/overlay2/imagedb/content/sha256/<hex of the
 image id>``.
 
+:meth:`LayerStore.tree` gives an image's files as a container of it would see them, read from the layers'
+diff directories top down with overlayfs' own rules (a character device 0/0 hides a name below it, a directory
+whose ``trusted.overlay.opaque`` is ``y`` hides everything below it); a name it cannot read that way (a symlink
+on the path, a redirected or metacopy entry) is :class:`Unusable`, so the caller asks a container instead.
+
 Nothing here is trusted: :func:`open_store` only answers for a daemon on a local socket whose storage
 driver is overlay2 and whose data root this process can read; :meth:`LayerStore.config` checks the
 config's sha256 against the image id; a caller hashes every rebuilt layer and refuses one whose sha256
@@ -23,6 +28,7 @@ import gzip
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +156,153 @@ class LayerStore:
             if not os.access(needed, os.R_OK):
                 raise Unusable(f"{needed} is missing or unreadable")
         return Layer(diff_id=diff_id, chain_id=chain_id, tar_split=tar_split, files=files)
+
+    def tree(self, image_id: str) -> ImageTree:
+        """The files of ``image_id`` (config checked against the id, every layer against its diff id)."""
+        try:
+            diff_ids = json.loads(self.config(image_id))["rootfs"]["diff_ids"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise Unusable(f"the config of {image_id} has no rootfs.diff_ids ({exc})") from None
+        if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
+            raise Unusable(f"the config of {image_id} has bad rootfs.diff_ids")
+        layers = [self.layer(d, c).files for d, c in zip(diff_ids, chain_ids(diff_ids))]
+        return ImageTree(list(reversed(layers)))
+
+
+#: overlayfs' extended attributes on a layer's entries (the daemon mounts with the trusted.* namespace)
+_OPAQUE = "trusted.overlay.opaque"
+_UNSUPPORTED = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
+
+
+@dataclass
+class _Step:
+    """What one layer says about a path: ``found`` (with the entry and its lstat), ``hidden`` (a whiteout or a
+    non-directory on the way: no lower layer counts) or ``missing`` (look below, unless ``opaque``: a
+    directory on the way hides every lower layer)."""
+
+    state: str
+    entry: Path | None = None
+    st: os.stat_result | None = None
+    opaque: bool = False
+
+
+@dataclass
+class ImageTree:
+    """An image's files, read-only, from its layers' diff directories (``layers``: the top layer first)."""
+
+    layers: list[Path]
+
+    @staticmethod
+    def _parts(path: str) -> list[str]:
+        parts = [p for p in path.split("/") if p]
+        if any(p in (".", "..") for p in parts):
+            raise Unusable(f"{path!r} is not a plain absolute path")
+        return parts
+
+    @staticmethod
+    def _step(layer: Path, parts: list[str]) -> _Step:
+        here, opaque = layer, _opaque(layer)
+        for depth, name in enumerate(parts):
+            here = here / name
+            try:
+                st = os.lstat(here)
+            except FileNotFoundError:
+                return _Step("missing", opaque=opaque)
+            except OSError as exc:
+                raise Unusable(f"cannot read {here}: {exc.strerror or exc}") from None
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                return _Step("hidden")  # a whiteout: deleted in this layer
+            _check_attrs(here)
+            if depth == len(parts) - 1:
+                return _Step("found", here, st, opaque or (stat.S_ISDIR(st.st_mode) and _opaque(here)))
+            if stat.S_ISLNK(st.st_mode):
+                raise Unusable(f"{'/' + '/'.join(parts[: depth + 1])} is a symlink in the image")
+            if not stat.S_ISDIR(st.st_mode):
+                return _Step("hidden")  # a file where a directory of the path would be
+            opaque = opaque or _opaque(here)
+        return _Step("found", here, os.lstat(here), opaque)
+
+    def _lookup(self, path: str) -> tuple[Path, os.stat_result] | None:
+        """The entry that ``path`` (absolute, no symlink on the way) names in the union, with its lstat; None
+        when no layer has it or a whiteout, a non-directory or an opaque directory above it hides it."""
+        parts = self._parts(path)
+        for layer in self.layers:
+            step = self._step(layer, parts)
+            if step.state == "found":
+                assert step.entry is not None and step.st is not None
+                return step.entry, step.st
+            if step.state == "hidden" or step.opaque:
+                return None
+        return None
+
+    def read(self, path: str, limit: int = 64 << 20) -> bytes | None:
+        """The bytes of the regular file ``path``; None when the image has no such file. A symlink there is
+        :class:`Unusable`."""
+        found = self._lookup(path)
+        if found is None:
+            return None
+        entry, st = found
+        if stat.S_ISLNK(st.st_mode):
+            raise Unusable(f"{path} is a symlink in the image")
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if st.st_size > limit:
+            raise Unusable(f"{path} is {st.st_size} bytes, over {limit}")
+        return _read(entry, limit)
+
+    def files(self, directory: str) -> dict[str, bytes]:
+        """The regular files directly in ``directory``, by name (symlinks and directories left out)."""
+        out = {}
+        for name in self.listdir(directory):
+            found = self._lookup(f"{directory.rstrip('/')}/{name}")
+            if found is not None and stat.S_ISREG(found[1].st_mode):
+                out[name] = _read(found[0], found[1].st_size + 1)
+        return out
+
+    def exists(self, path: str) -> bool:
+        """``path`` names an entry of the image (a symlink counts: it is not followed)."""
+        return self._lookup(path) is not None
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in directory ``path``, sorted bytewise (as a shell glob orders them in the C locale); empty
+        when the image has no such directory."""
+        parts = self._parts(path)
+        names: set[str] = set()
+        hidden: set[str] = set()
+        for layer in self.layers:
+            step = self._step(layer, parts)
+            if step.state == "hidden":
+                break
+            if step.state == "found":
+                assert step.entry is not None and step.st is not None
+                if stat.S_ISLNK(step.st.st_mode):
+                    raise Unusable(f"{path} is a symlink in the image")
+                if not stat.S_ISDIR(step.st.st_mode):
+                    break  # a file in place of the directory: nothing below counts
+                for entry in os.scandir(step.entry):
+                    if entry.name not in hidden and entry.name not in names:
+                        est = entry.stat(follow_symlinks=False)
+                        whiteout = stat.S_ISCHR(est.st_mode) and est.st_rdev == 0
+                        (hidden if whiteout else names).add(entry.name)
+            if step.opaque:
+                break
+        return sorted(names, key=os.fsencode)
+
+
+def _opaque(path: Path) -> bool:
+    try:
+        return os.getxattr(path, _OPAQUE, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def _check_attrs(path: Path) -> None:
+    for name in _UNSUPPORTED:
+        try:
+            os.getxattr(path, name, follow_symlinks=False)
+        except OSError:
+            continue
+        raise Unusable(f"{path} carries {name}: read it through a container")
 
 
 def open_store(engine: Any) -> LayerStore:
