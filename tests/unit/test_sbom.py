@@ -52,6 +52,41 @@ def test_the_document_is_cyclonedx_and_lists_everything():
     assert "s3cret" not in json.dumps(doc)
 
 
+def test_the_dependency_graph_names_every_component_under_the_image():
+    doc = json.loads(make())
+    graph = {d["ref"]: d.get("dependsOn", []) for d in doc["dependencies"]}
+    refs = sorted(c["bom-ref"] for c in doc["components"])
+    assert sorted(graph["image"]) == refs
+    assert all(graph[ref] == [] for ref in refs)
+
+
+def test_the_validator_holds_the_documents_to_the_schema():
+    validator = sbom._validator()
+    doc = json.loads(make())
+    assert next(validator.iter_errors(doc), None) is None
+    twice = dict(doc, components=[*doc["components"], doc["components"][0]])
+    assert "not unique" in next(validator.iter_errors(twice)).message
+    assert next(validator.iter_errors(dict(doc, specVersion=1.5)), None) is not None
+    assert next(validator.iter_errors(dict(doc, serialNumber="not-a-urn")), None) is not None
+
+
+@pytest.mark.parametrize(
+    ("items", "unique"),
+    [
+        ([{"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}], False),  # objects equal whatever their key order
+        ([1, 1.0], False),  # JSON Schema: the same number
+        ([True, 1], True),  # JSON Schema: a boolean is not a number
+        ([[1, 2], [2, 1]], True),  # arrays in order
+        ([None, False, 0, ""], True),
+        ([{"a": None}, {"a": False}], True),
+    ],
+)
+def test_unique_items_follows_json_schema_equality(items, unique):
+    validator = sbom._validator()
+    errors = list(sbom._unique_items(validator, True, items, {}))
+    assert (not errors) is unique
+
+
 def test_the_same_image_gives_the_same_bytes_and_another_image_another_serial():
     assert make() == make()
     assert json.loads(make("sha256:" + "2" * 64))["serialNumber"] != json.loads(make())["serialNumber"]
