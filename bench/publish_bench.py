@@ -43,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tools")]
 
-from bench.results import GOALS, Result, table, write  # noqa: E402
+from bench.results import GOALS, Result, gzip_inflater, table, write  # noqa: E402
 from stackforge.clients.registry import RegistryClient, parse_repository  # noqa: E402
 from stackforge.publish.codec import LEVELS, codec  # noqa: E402
 from stackforge.publish.oci import DockerImage  # noqa: E402
@@ -374,7 +374,8 @@ def measure(deps_mb: int = 60) -> list[Result]:
             + ", ".join(f"{t:.1f}" for t in pulls.gzip_runs)
             + " s; the floor, the layer uncompressed: "
             + ", ".join(f"{t:.1f}" for t in pulls.plain_runs)
-            + f" s (median / gzip {statistics.median(pulls.plain_runs) / pulls.gzip_s:.2f})",
+            + f" s (median / gzip {statistics.median(pulls.plain_runs) / pulls.gzip_s:.2f}); gzip inflated by "
+            + gzip_inflater(),
             id="pull-zstd",
         ),
     ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -65,6 +66,12 @@ class Result:
             met=self.met,
         )
         return doc
+
+
+def gzip_inflater() -> str:
+    """Who inflates the engine's gzip layers on this host: ``unpigz`` when it is on the PATH (dockerd and
+    BuildKit then run it beside the unpacking), else dockerd itself; a pull figure's note says which."""
+    return "unpigz" if shutil.which("unpigz") else "dockerd (no unpigz on the PATH)"
 
 
 def table(results: list[Result]) -> str:

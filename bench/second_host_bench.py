@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
 from bench.build_bench import CACHE, STACK, serving  # noqa: E402
-from bench.results import Result, table, write  # noqa: E402
+from bench.results import Result, gzip_inflater, table, write  # noqa: E402
 from tests.fixtures import buildcache  # noqa: E402
 from tests.fixtures.registry import start_registry  # noqa: E402
 
@@ -161,6 +161,7 @@ def measure(echo=print, prune: str = "own") -> list[Result]:
                 same = layers is not None and layers == rebuilt
                 note += f"; publish {pub_s:.1f} s; rebuilt layers {'=' if same else '!='} published"
                 note += f"; a plain docker pull of it: {pulled_s:.1f} s ({pulled_s / cold:.2f} of the cold build)"
+                note += f"; gzip inflated by {gzip_inflater()}" if compression == "gzip" else ""
                 echo(f"second host ({compression} layers): {again:.1f} s; {note}")
                 name = "second host: build from registry cache" + ("" if compression == "gzip" else ", zstd layers")
                 rid = ID if compression == "gzip" else f"{ID}-zstd"
