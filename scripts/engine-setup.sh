@@ -207,7 +207,9 @@ if ! docker_ok; then
     else
         mkdir -p "$(dirname "$DOCKERD_LOG")"
         say "starting dockerd (log: $DOCKERD_LOG)"
-        setsid dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+        # The daemon outlives this script: it keeps none of its caller's descriptors (a `flock` around this
+        # script would otherwise stay held for as long as dockerd runs).
+        setsid dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
     fi
     deadline=$((SECONDS + DOCKERD_WAIT))
     until docker_ok; do
