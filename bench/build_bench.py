@@ -146,6 +146,19 @@ def remove_images(*sides: Side) -> None:
         subprocess.run(["docker", "image", "rm", "--force", *ids], capture_output=True)
 
 
+#: what only the peer's steps say (its indexes come in as build arguments, so its steps do not name the URLs)
+PEER_MARKER = '--index-url "$VENDOR_INDEX"'
+
+
+def forget_records(urls: dict[str, str], echo=print) -> None:
+    """Prune the build records this run made (a cold build leaves about 2 GB of them): every record whose step
+    names one of this run's index URLs or the peer's index argument, and every record built on one, so the
+    benchmarks after this one run on an engine without them."""
+    t0 = time.monotonic()
+    left = buildcache.forget([*(f"--index-url {url}/" for url in urls.values()), PEER_MARKER])
+    echo(f"build bench: its build records pruned in {time.monotonic() - t0:.1f} s ({len(left)} could not be)")
+
+
 # --------------------------------------------------------------------------- the indexes
 
 
@@ -277,6 +290,7 @@ def measure(echo=print) -> list[Result]:
             return _measure(ours, peer, default, urls, echo)
         finally:
             remove_images(ours, peer, default)
+            forget_records(urls, echo)
 
 
 def _measure(ours: Side, peer: Side, default: Side, urls: dict[str, str], echo) -> list[Result]:
