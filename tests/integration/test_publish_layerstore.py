@@ -194,7 +194,7 @@ def test_the_files_read_from_the_store_are_what_a_container_of_the_image_sees(en
     assert tree.read("/etc/issue") is None and tree.listdir("/etc/apt") == ["sources.list"]
     assert tree.listdir("/stackforge/targets") == ["a", "c"]
 
-    layers = imagerecords.from_layers(layerstore.open_store(engine), image[1])
+    layers = imagerecords.from_tree(layerstore.open_store(engine).tree(image[1]))
     assert layers == imagerecords.from_container(engine, image[0])
     assert layers["result.txt"] == ["PASS import torch version=2.14.1", "late"]
     assert layers["checks.txt"] == ["a: PASS one", "c: PASS two"] and layers["abi.txt"] == ["abi line"]

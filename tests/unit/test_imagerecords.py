@@ -155,3 +155,33 @@ def test_the_package_list_is_what_dpkg_query_prints_for_the_same_status_file(tmp
     assert ours == sorted(real.splitlines(), key=lambda ln: (ln.split("\t")[0], ln.split("\t")[2]))
     assert len(ours) == 5 and not any(line.startswith("purged\t") for line in ours)
     assert sbom.parse_dpkg("\n".join(ours)) == sbom.parse_dpkg(real)
+
+
+def test_records_come_from_the_store_and_from_a_container_only_when_it_cannot_serve(tmp_path, monkeypatch):
+    from stackforge.builder import imagerecords
+    from stackforge.clients import layerstore
+
+    gate = imagerecords.GATE_FILES[0]
+    served = ImageTree([_layer(tmp_path, "1", {f"{imagerecords.GATE_DIR}/{gate}": "PASS import torch\n\n"})])
+    journal = {sbom.DPKG_QUERY[0]: "", sbom.DPKG_STATUS: "", f"{sbom.DPKG_UPDATES}/0001": "an unmerged entry"}
+    refusing = ImageTree([_layer(tmp_path, "2", journal)])
+
+    class _Store:
+        def tree(self, image_id: str) -> ImageTree:
+            if image_id == "sha256:elsewhere":
+                raise Unusable("not in this store")
+            return served if image_id == "sha256:served" else refusing
+
+    containers: list[str] = []
+
+    def from_container(engine: object, ref: str) -> dict[str, list[str]]:
+        containers.append(ref)
+        return {"container": [ref]}
+
+    monkeypatch.setattr(layerstore, "open_store", lambda engine: _Store())
+    monkeypatch.setattr(imagerecords, "from_container", from_container)
+    assert imagerecords.read("engine", "img:served", "sha256:served")[gate] == ["PASS import torch"]
+    assert containers == []
+    for ref, image_id in (("img:none", None), ("img:elsewhere", "sha256:elsewhere"), ("img:journal", "sha256:j")):
+        assert imagerecords.read("engine", ref, image_id) == {"container": [ref]}
+    assert containers == ["img:none", "img:elsewhere", "img:journal"]  # the dpkg journal: dpkg-query must merge

@@ -201,3 +201,62 @@ def test_open_store_answers_only_for_a_local_readable_overlay2(tmp_path):
     ):
         with pytest.raises(Unusable, match=message):
             layerstore.open_store(_Engine(url, info))
+
+
+class _CountingEngine(_Engine):
+    def __init__(self, base_url: str, info: dict):
+        super().__init__(base_url, info)
+        self.asked = 0
+
+    def sdk(self) -> _Client:
+        self.asked += 1
+        return self.client
+
+
+def test_open_store_asks_each_engine_once_and_a_refusal_again(tmp_path):
+    (tmp_path / "image" / "overlay2" / "layerdb" / "sha256").mkdir(parents=True)
+    good = {"Driver": "overlay2", "DockerRootDir": str(tmp_path)}
+    engine = _CountingEngine("http+docker://localhost", good)
+    assert layerstore.open_store(engine) is layerstore.open_store(engine)
+    assert engine.asked == 1
+    other = _CountingEngine("http+docker://localhost", good)  # another daemon connection is asked itself
+    layerstore.open_store(other)
+    assert other.asked == 1
+    remote = _CountingEngine("http://10.0.0.5:2375", good)
+    for _ in range(2):
+        with pytest.raises(Unusable):
+            layerstore.open_store(remote)
+    assert remote.asked == 2
+
+
+def test_read_image_answers_from_the_tree_or_none_for_the_fallback(tmp_path, monkeypatch):
+    opened: list[object] = []
+
+    class _Store:
+        def tree(self, image_id: str) -> str:
+            if image_id == "sha256:gone":
+                raise Unusable("no such image in the store")
+            return f"tree of {image_id}"
+
+    def fake_open(engine: object) -> _Store:
+        opened.append(engine)
+        return _Store()
+
+    monkeypatch.setattr(layerstore, "open_store", fake_open)
+    assert layerstore.read_image("engine", "sha256:abc", lambda tree: f"read {tree}") == "read tree of sha256:abc"
+    assert layerstore.read_image("engine", None, lambda tree: "never") is None
+    assert layerstore.read_image("engine", "", lambda tree: "never") is None
+    assert opened == ["engine"]  # no image id: the store is not even opened
+    assert layerstore.read_image("engine", "sha256:gone", lambda tree: "never") is None
+
+    def refuses(tree: object) -> str:
+        raise Unusable("a symlink on the path")
+
+    assert layerstore.read_image("engine", "sha256:abc", refuses) is None
+    assert layerstore.read_image("engine", "sha256:abc", lambda tree: []) == []  # an empty answer is an answer
+
+    def breaks(tree: object) -> str:
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError):  # only Unusable means "ask a container"
+        layerstore.read_image("engine", "sha256:abc", breaks)

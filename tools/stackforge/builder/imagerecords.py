@@ -3,7 +3,7 @@ checks' lines, the inventory, the system record and the image's Debian packages.
 
 Two ways give the same sections (``{section: [non-empty lines]}``):
 
-- :func:`from_layers` reads the files straight from the engine's overlay2 layer store
+- :func:`from_tree` reads the files straight from the engine's overlay2 layer store
   (:meth:`clients.layerstore.LayerStore.tree`), and lists the Debian packages from ``/var/lib/dpkg/status``
   as ``dpkg-query -W -f sbom.DPKG_FORMAT`` would (:func:`sbom.dpkg_lines`). No container starts: the first
   container of a freshly pulled or built image costs the engine most of a second here.
@@ -39,17 +39,12 @@ def _lines(text: str) -> list[str]:
 def read(engine: Any, ref: str, image_id: str | None) -> dict[str, list[str]]:
     """The records of image ``ref`` (id ``image_id``): from the layer store when it can serve, else from a
     container."""
-    if image_id:
-        try:
-            return from_layers(layerstore.open_store(engine), image_id)
-        except layerstore.Unusable:
-            pass
-    return from_container(engine, ref)
+    records = layerstore.read_image(engine, image_id, from_tree)
+    return from_container(engine, ref) if records is None else records
 
 
-def from_layers(store: layerstore.LayerStore, image_id: str) -> dict[str, list[str]]:
-    """The records, read from the image's layers in ``store`` (:class:`layerstore.Unusable` when it cannot)."""
-    tree = store.tree(image_id)
+def from_tree(tree: layerstore.ImageTree) -> dict[str, list[str]]:
+    """The records, read from the image's files in the layer store (:class:`layerstore.Unusable` when it cannot)."""
     out: dict[str, list[str]] = {}
 
     def add(section: str, path: str) -> None:

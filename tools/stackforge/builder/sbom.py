@@ -103,13 +103,9 @@ def dpkg_from_tree(tree: layerstore.ImageTree) -> list[str] | None:
 def dpkg_of(engine: Any, ref: str) -> list[Deb]:
     """The image's Debian packages (none when it has no dpkg): from the engine's layer store when it can serve,
     else ``dpkg-query`` in one container run."""
-    image_id = engine.image_id(ref)
-    if image_id:
-        try:
-            lines = dpkg_from_tree(layerstore.open_store(engine).tree(image_id))
-            return parse_dpkg("\n".join(lines or []))
-        except layerstore.Unusable:
-            pass
+    lines = layerstore.read_image(engine, engine.image_id(ref), lambda tree: dpkg_from_tree(tree) or [])
+    if lines is not None:
+        return parse_dpkg("\n".join(lines))
     proc = engine.cli(
         "run", "--rm", "--network=none", "--entrypoint", "dpkg-query", ref, "-W", "-f", DPKG_FORMAT, timeout=300
     )

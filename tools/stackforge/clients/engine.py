@@ -562,12 +562,9 @@ def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
     serve, else copied out of a created, never started, container; empty when the image has no such directory."""
     from stackforge.clients import layerstore
 
-    image_id = engine.image_id(image)
-    if image_id:
-        try:
-            return layerstore.open_store(engine).tree(image_id).files(directory)
-        except layerstore.Unusable:
-            pass
+    files = layerstore.read_image(engine, engine.image_id(image), lambda tree: tree.files(directory))
+    if files is not None:
+        return files
     proc = engine.cli("create", image, "true", timeout=120)
     if proc.returncode != 0:
         raise UserError(f"cannot read {directory} of {image}: {proc.stderr.strip()[-300:]}")

@@ -29,10 +29,13 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _CHUNK = 1 << 20
 _HEX = frozenset("0123456789abcdef")
@@ -305,8 +308,16 @@ def _check_attrs(path: Path) -> None:
         raise Unusable(f"{path} carries {name}: read it through a container")
 
 
+#: each engine's store once found: a daemon's storage driver and data root stay as they are while it runs
+_STORES: weakref.WeakKeyDictionary[Any, LayerStore] = weakref.WeakKeyDictionary()
+
+
 def open_store(engine: Any) -> LayerStore:
     """The layer store of ``engine``'s daemon, when it is local, overlay2 and readable; else :class:`Unusable`."""
+    try:
+        return _STORES[engine]
+    except (KeyError, TypeError):  # not asked yet, or an engine object that cannot be weakly referenced
+        pass
     try:
         client = engine.sdk()
         base_url = str(client.api.base_url)
@@ -322,4 +333,21 @@ def open_store(engine: Any) -> LayerStore:
     db = root / "image" / "overlay2" / "layerdb" / "sha256"
     if not root.is_absolute() or not os.access(db, os.R_OK | os.X_OK):
         raise Unusable(f"the layer store {db} is not readable here")
-    return LayerStore(root)
+    store = LayerStore(root)
+    try:
+        _STORES[engine] = store
+    except TypeError:
+        pass
+    return store
+
+
+def read_image(engine: Any, image_id: str | None, reader: Callable[[ImageTree], T]) -> T | None:
+    """``reader``'s answer from the files of image ``image_id`` in ``engine``'s layer store; None when there is
+    no id or the store cannot serve (:class:`Unusable`, from the store or ``reader``): the caller then reads the
+    image through a container."""
+    if not image_id:
+        return None
+    try:
+        return reader(open_store(engine).tree(image_id))
+    except Unusable:
+        return None
