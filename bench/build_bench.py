@@ -9,16 +9,16 @@ tests/fixtures/index_server.py, one server per index. The peer, bench/benchpost.
 the same content (same pins, same patched source, same gate) from the context ``stackforge render`` writes.
 
 Each measure runs stackforge, then the peer, back to back:
-  cold build        --no-cache (layer cache off; cache mounts stay as they are); three pairs, alternating,
+  cold build        --no-cache (layer cache off; cache mounts stay as they are); three rounds, alternating,
                     each side's median
   no-op rebuild     the same build again
   one-patch rebuild after a one-line change to the upstream's last patch; stackforge must re-run no
                     dependency step (checked in BuildKit's plain progress: the steps that ran are noted)
   one-pin change    after moving one public pin (filelock 3.16.1 -> 3.16.0)
 Both sides trust the same certificates: the peer passes no CA bundle, so stackforge builds with
-``--ca-bundle none`` (its steps then declare no mount of a bundle). One more cold build, last, measures the
-default as shipped (the host's CA bundle bind-mounted into each downloading step from a named build context)
-against the peer's cold build, with the same goal (results.json id ``cold-default``).
+``--ca-bundle none`` (its steps then declare no mount of a bundle). Each round of cold builds also builds the
+default as shipped (the host's CA bundle bind-mounted into each downloading step from a named build context),
+first; its median against the peer's is held to the same goal (results.json id ``cold-default``).
 stackforge builds as it ships: its kernel step compiles through ccache (a BuildKit cache mount the peer
 does not have). The run's own compiler identity (``--set tuning.CCACHE_COMPILERCHECK=string:bench-<run>``)
 starts every run's ccache empty, so the cold build compiles everything; later builds of the same run hit
@@ -234,8 +234,8 @@ def change_pin(root: Path) -> None:
 # --------------------------------------------------------------------------- the benchmark
 
 
-#: cold builds per side (alternating); the figure is each side's median
-COLD_PAIRS = 3
+#: rounds of cold builds (each round: ours as shipped, ours --ca-bundle none, the peer); each figure is a median
+COLD_ROUNDS = 3
 
 MEASURES = (
     # measure, goal, what the ours side runs before it, what the peer side runs before it
@@ -257,24 +257,27 @@ def _own_ccache() -> str:
     return f"tuning.CCACHE_COMPILERCHECK=string:bench-{uuid.uuid4().hex[:12]}"
 
 
-def cold_pairs(ours: Side, peer: Side, urls: dict[str, str]) -> tuple[Run, Run, str]:
-    """COLD_PAIRS cold builds of each side, alternating (a compile's time varies by a few seconds from one
-    build to the next on a shared machine); the median build of each side, and a note with every time. Each
-    of ours gets its own empty ccache; the last one's inputs stay, so the next measure starts from them."""
-    a_runs, b_runs = [], []
-    for _ in range(COLD_PAIRS):
-        ours.overrides[-1] = _own_ccache()
-        a_runs.append(build_ours(ours, no_cache=True))
-        b_runs.append(build_peer(peer, urls, no_cache=True))
+def cold_rounds(ours: Side, default: Side, peer: Side, urls: dict[str, str]) -> tuple[Run, Run, Run, str]:
+    """COLD_ROUNDS rounds of three cold builds, alternating: stackforge as shipped, stackforge ``--ca-bundle
+    none``, the peer (a compile's time varies by a few seconds from one build to the next on a shared
+    machine, so each side's figure is its median build of the same hours). Each of ours gets its own empty
+    ccache; the last ``--ca-bundle none`` build's inputs stay, and it is the last stackforge build before the
+    rebuilds, so they start from it as they would on a user's machine. Returns the medians (``none``, as
+    shipped, the peer) and a note with every time."""
+    runs: dict[str, list[Run]] = {"default": [], "none": [], "naive": []}
+    for _ in range(COLD_ROUNDS):
+        for side in (ours, default):
+            side.overrides[-1] = _own_ccache()
+        runs["default"].append(build_ours(default, no_cache=True, ca_bundle="auto"))
+        runs["none"].append(build_ours(ours, no_cache=True))
+        runs["naive"].append(build_peer(peer, urls, no_cache=True))
 
-    def median(runs: list[Run]) -> Run:
-        return sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]
+    def median(side: list[Run]) -> Run:
+        return sorted(side, key=lambda r: r.seconds)[len(side) // 2]
 
-    def times(runs: list[Run]) -> str:
-        return ", ".join(f"{r.seconds:.1f}" for r in runs)
-
-    note = f"median of {COLD_PAIRS} alternating pairs: stackforge {times(a_runs)} s; naive {times(b_runs)} s"
-    return median(a_runs), median(b_runs), note
+    times = "; ".join(f"{who} {', '.join(f'{r.seconds:.1f}' for r in side)} s" for who, side in runs.items())
+    note = f"medians of {COLD_ROUNDS} alternating rounds: {times}"
+    return median(runs["none"]), median(runs["default"]), median(runs["naive"]), note
 
 
 def measure(echo=print) -> list[Result]:
@@ -304,7 +307,7 @@ def _measure(ours: Side, peer: Side, default: Side, urls: dict[str, str], echo) 
             change_pin(peer.root)
         note = ""
         if name == "cold build":
-            a, b, note = cold_pairs(ours, peer, urls)
+            a, default.runs[name], b, note = cold_rounds(ours, default, peer, urls)
             ours.runs[name], peer.runs[name] = a, b
         else:
             a = ours.runs[name] = build_ours(ours)
@@ -321,10 +324,11 @@ def _measure(ours: Side, peer: Side, default: Side, urls: dict[str, str], echo) 
             note = f"stages that ran: {', '.join(stages) or 'none'}"
         results.append(Result(name, a.seconds, b.seconds, goal, PEER, note, id=IDS.get(name)))
         echo(f"{name}: stackforge {a.seconds:.1f} s, naive {b.seconds:.1f} s  {note}")
-    a, b = build_ours(default, no_cache=True, ca_bundle="auto"), peer.runs["cold build"]
-    name, note = "cold build, host CA bundle mounted", "the default --ca-bundle auto; the peer's cold build"
-    results.append(Result(name, a.seconds, b.seconds, DEFAULT_COLD_GOAL, PEER, note, id="cold-default"))
-    echo(f"{name}: stackforge {a.seconds:.1f} s, naive {b.seconds:.1f} s (cold build)")
+    shipped, b = default.runs["cold build"], peer.runs["cold build"]
+    name = "cold build, host CA bundle mounted"
+    note = "the default --ca-bundle auto, in the cold build's rounds; the peer's cold build"
+    results.append(Result(name, shipped.seconds, b.seconds, DEFAULT_COLD_GOAL, PEER, note, id="cold-default"))
+    echo(f"{name}: stackforge {shipped.seconds:.1f} s, naive {b.seconds:.1f} s (cold build)")
     return results
 
 
