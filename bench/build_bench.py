@@ -9,16 +9,16 @@ tests/fixtures/index_server.py, one server per index. The peer, bench/benchpost.
 the same content (same pins, same patched source, same gate) from the context ``stackforge render`` writes.
 
 Each measure runs stackforge, then the peer, back to back:
-  cold build        --no-cache (layer cache off; cache mounts stay as they are); three rounds, alternating,
-                    each side's median
+  cold build        --no-cache (layer cache off; cache mounts stay as they are); three rounds, each side
+                    in each place once, each side's median
   no-op rebuild     the same build again
   one-patch rebuild after a one-line change to the upstream's last patch; stackforge must re-run no
                     dependency step (checked in BuildKit's plain progress: the steps that ran are noted)
   one-pin change    after moving one public pin (filelock 3.16.1 -> 3.16.0)
 Both sides trust the same certificates: the peer passes no CA bundle, so stackforge builds with
 ``--ca-bundle none`` (its steps then declare no mount of a bundle). Each round of cold builds also builds the
-default as shipped (the host's CA bundle bind-mounted into each downloading step from a named build context),
-first; its median against the peer's is held to the same goal (results.json id ``cold-default``).
+default as shipped (the host's CA bundle bind-mounted into each downloading step from a named build context);
+its median against the peer's is held to the same goal (results.json id ``cold-default``).
 stackforge builds as it ships: its kernel step compiles through ccache (a BuildKit cache mount the peer
 does not have). The run's own compiler identity (``--set tuning.CCACHE_COMPILERCHECK=string:bench-<run>``)
 starts every run's ccache empty, so the cold build compiles everything; later builds of the same run hit
@@ -234,8 +234,10 @@ def change_pin(root: Path) -> None:
 # --------------------------------------------------------------------------- the benchmark
 
 
-#: rounds of cold builds (each round: ours as shipped, ours --ca-bundle none, the peer); each figure is a median
-COLD_ROUNDS = 3
+#: the rounds of cold builds (ours as shipped, ours --ca-bundle none, the peer), each its order: every side in
+#: every place once, and ``none`` the last stackforge build; each figure is a median
+ROUND_ORDERS = (("default", "none", "naive"), ("none", "naive", "default"), ("naive", "default", "none"))
+COLD_ROUNDS = len(ROUND_ORDERS)
 
 MEASURES = (
     # measure, goal, what the ours side runs before it, what the peer side runs before it
@@ -258,25 +260,32 @@ def _own_ccache() -> str:
 
 
 def cold_rounds(ours: Side, default: Side, peer: Side, urls: dict[str, str]) -> tuple[Run, Run, Run, str]:
-    """COLD_ROUNDS rounds of three cold builds, alternating: stackforge as shipped, stackforge ``--ca-bundle
-    none``, the peer (a compile's time varies by a few seconds from one build to the next on a shared
-    machine, so each side's figure is its median build of the same hours). Each of ours gets its own empty
-    ccache; the last ``--ca-bundle none`` build's inputs stay, and it is the last stackforge build before the
-    rebuilds, so they start from it as they would on a user's machine. Returns the medians (``none``, as
-    shipped, the peer) and a note with every time."""
+    """COLD_ROUNDS rounds of three cold builds: stackforge as shipped, stackforge ``--ca-bundle none`` and the
+    peer, in ROUND_ORDERS (each side takes each place once: with the default first in every round it came
+    out 9–14 s slower than the build after it in four rounds of six, and a compile's time varies by a few
+    seconds from one build to the next on a shared machine; each side's figure is its median build of the
+    same hours). Each of ours gets its own
+    empty ccache; the last ``--ca-bundle none`` build's inputs stay, and it is the last stackforge build
+    before the rebuilds, so they start from it as they would on a user's machine (a build with another
+    ccache identity in between made the one-patch rebuild compile everything again: 46 s against 9 s).
+    Returns the medians (``none``, as shipped, the peer) and a note with every time."""
     runs: dict[str, list[Run]] = {"default": [], "none": [], "naive": []}
-    for _ in range(COLD_ROUNDS):
+    build = {
+        "default": lambda: build_ours(default, no_cache=True, ca_bundle="auto"),
+        "none": lambda: build_ours(ours, no_cache=True),
+        "naive": lambda: build_peer(peer, urls, no_cache=True),
+    }
+    for order in ROUND_ORDERS:
         for side in (ours, default):
             side.overrides[-1] = _own_ccache()
-        runs["default"].append(build_ours(default, no_cache=True, ca_bundle="auto"))
-        runs["none"].append(build_ours(ours, no_cache=True))
-        runs["naive"].append(build_peer(peer, urls, no_cache=True))
+        for who in order:
+            runs[who].append(build[who]())
 
     def median(side: list[Run]) -> Run:
         return sorted(side, key=lambda r: r.seconds)[len(side) // 2]
 
     times = "; ".join(f"{who} {', '.join(f'{r.seconds:.1f}' for r in side)} s" for who, side in runs.items())
-    note = f"medians of {COLD_ROUNDS} alternating rounds: {times}"
+    note = f"medians of {COLD_ROUNDS} rounds, each side in each place once: {times}"
     return median(runs["none"]), median(runs["default"]), median(runs["naive"]), note
 
 
