@@ -261,12 +261,12 @@ def _own_ccache() -> str:
 
 def cold_rounds(ours: Side, default: Side, peer: Side, urls: dict[str, str]) -> tuple[Run, Run, Run, str]:
     """COLD_ROUNDS rounds of three cold builds: stackforge as shipped, stackforge ``--ca-bundle none`` and the
-    peer, in ROUND_ORDERS (each side takes each place once: with the default first in every round it came
-    out 9–14 s slower than the build after it in four rounds of six, and a compile's time varies by a few
-    seconds from one build to the next on a shared machine; each side's figure is its median build of the
-    same hours). Each of ours gets its own
-    empty ccache; the last ``--ca-bundle none`` build's inputs stay, and it is the last stackforge build
-    before the rebuilds, so they start from it as they would on a user's machine (a build with another
+    peer, in ROUND_ORDERS. Each side takes each place once, since a build's place in a round moved its time by
+    up to 14 s here, and a compile's time varies by a few seconds from one build to the next on a shared
+    machine; each side's figure is its median build of the same hours.
+
+    Each of ours gets its own empty ccache. The last ``--ca-bundle none`` build is the last stackforge build
+    before the rebuilds, so they start from its ccache as they would on a user's machine (a build with another
     ccache identity in between made the one-patch rebuild compile everything again: 46 s against 9 s).
     Returns the medians (``none``, as shipped, the peer) and a note with every time."""
     runs: dict[str, list[Run]] = {"default": [], "none": [], "naive": []}
