@@ -16,11 +16,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from stackforge.builder import agree, artifacts, embed, installed, reqlocks, requirements, reuse
 from stackforge.builder.cabundle import CaMount
 from stackforge.builder.locks import read_locks, unlocked_notes
 from stackforge.builder.offline import apply
-from stackforge.builder.plan import Plan, make_plan, pip_phases
+from stackforge.builder.plan import INSTALLER, Plan, make_plan, pip_phases
 from stackforge.builder.render import images_dir, render_dockerfile, requirements_text, templates_digest
 from stackforge.builder.sources import SourceInfo, export_source
 from stackforge.builder.system import write_context as write_system_context
@@ -153,6 +155,7 @@ def _fill(
         else:
             text = requirements_text(phase.pins, hashes if phase.require_hashes else None)
         atomic_write(staging / phase.requirements, text)
+    _write_build_envs(plan, locks, hashes, staging)
     constrained = any(phase.constraints == requirements.CONSTRAINTS for phase in pip_phases(stack))
     if not sources:
         requirements.write_phases(loaded, staging, None, {}, atomic_write, constrained)
@@ -199,6 +202,22 @@ def _fill(
         {i.name: i.pin for i in infos},
     )
     return infos, post_install
+
+
+def _write_build_envs(plan: Plan, locks: dict, hashes: dict[str, list[str]], staging: Path) -> None:
+    """The requirement files of each kernel's own build environment: its pins, hashed as its phase is (from the
+    phase's lock, else the stack's sha256); the installer phase's file is the main one."""
+    for k in plan.kernels:
+        for phase in k.build_env or []:
+            if phase.name == INSTALLER:
+                continue
+            names = [p.split("==", 1)[0] for p in phase.pins]
+            if phase.lock:
+                by_pin = {n: locks[phase.lock_key()].pins[canonicalize_name(n)][1] for n in names}
+            else:
+                by_pin = {n: hashes.get(n, []) for n in names} if phase.require_hashes else {}
+            (staging / phase.requirements).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(staging / phase.requirements, requirements_text(phase.pins, by_pin))
 
 
 def _swap(staging: Path, ctx_dir: Path) -> None:

@@ -134,9 +134,16 @@ def apply(loaded: LoadedStack, plan, root: Path, staging: Path) -> dict:
         if phase.index not in copied:
             _copy_tree(data, root, phase.index, staging / "mirror" / phase.index)
             copied.add(phase.index)
-        phase.index_url = f"file://{MOUNT}/{phase.index}/simple"
-        phase.mirror = f"mirror/{phase.index}"
-        phase.credentials = False
+        _point(phase)
+    # A kernel's own build environment installs some of a phase's pins: the index's tree holds them.
+    for phase in (ph for k in plan.kernels for ph in k.build_env or []):
+        if phase.index not in copied:
+            raise UserError(
+                f"{phase.key}: no pip phase of index {phase.index} is in the mirror",
+                file="--mirror",
+                fix=_fix(loaded),
+            )
+        _point(phase)
     apt.apply(loaded, plan, root, data, staging, _fix(loaded))
     return {
         "directory": str(root.resolve()),
@@ -144,6 +151,13 @@ def apply(loaded: LoadedStack, plan, root: Path, staging: Path) -> dict:
         "made_for_fingerprint": data["fingerprint"],
         "network": "none",
     }
+
+
+def _point(phase) -> None:
+    """Install from the mirror's copy of the phase's index, mounted into the step, with no credentials."""
+    phase.index_url = f"file://{MOUNT}/{phase.index}/simple"
+    phase.mirror = f"mirror/{phase.index}"
+    phase.credentials = False
 
 
 def _target_key(plan, t, ph, staging: Path, target: resolve.Target) -> str:

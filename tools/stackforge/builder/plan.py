@@ -6,7 +6,9 @@ Pure: no I/O. ``show``, ``render --dry-run`` and tests read it directly.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+
+from packaging.utils import canonicalize_name
 
 from stackforge.builder import artifacts, edits, installed
 from stackforge.builder.phases import INSTALLER as INSTALLER
@@ -32,6 +34,8 @@ class KernelStep:
     toolchain: artifacts.ToolchainStep | None = None  # installed with network before the offline build
     files: list[artifacts.KernelFile] = field(default_factory=list)  # installed in the gate after the wheels
     wheels: bool = True  # its /out/wheels are installed
+    # kernels.<k>.build_requires as pip phases of a buildenv-<k> stage (None: it builds after every phase, in deps)
+    build_env: list[PipPhase] | None = None
 
 
 @dataclass
@@ -106,6 +110,39 @@ def pip_phases(stack: Stack, locked: frozenset[str] = frozenset()) -> list[PipPh
                 )
             )
     return guarded(stack, phases)
+
+
+def build_env(stack: Stack, kernel: str, phases: list[PipPhase]) -> list[PipPhase] | None:
+    """The pip phases of kernel ``kernel``'s own build environment (``build_requires``), or None when it builds
+    in the whole installed one. Each is a pin phase of ``phases`` (the installer, a vendor ``--no-deps`` phase,
+    a public phase) cut down to the pins the kernel names, in the same order, from the same index with the same
+    hashes or lock, and ``--no-deps``: the environment holds exactly what the stack lists."""
+    names = stack.kernels[kernel].build_requires
+    if names is None:
+        return None
+    wanted = {canonicalize_name(n) for n in names}
+    out = []
+    for ph in phases:
+        if ph.name == INSTALLER:
+            out.append(replace(ph, key=f"kernels.{kernel}.build_requires"))
+            continue
+        if ph.files or ph.name not in (ph.index, f"{ph.index}-nodeps"):
+            continue  # a requirement phase, or the vendor wheels' dependencies: never part of it
+        pins = [p for p in ph.pins if canonicalize_name(p.split("==", 1)[0]) in wanted]
+        if pins:
+            out.append(
+                replace(
+                    ph,
+                    requirements=f"deps/buildenv-{kernel}/{ph.name}.txt",
+                    no_deps=True,
+                    pins=pins,
+                    key=f"kernels.{kernel}.build_requires",
+                    checks_pins=False,
+                    constraints=None,
+                    report="",
+                )
+            )
+    return out
 
 
 def installer_phase(stack: Stack) -> list[PipPhase]:
@@ -261,6 +298,9 @@ def make_plan(loaded: LoadedStack, locks: dict[str, str] | None = None) -> Plan:
             phase.lock = locks[phase.lock_key()]
         elif phase.files and phase.index in locks:  # its index's lock holds its closure (builder/reqlocks.py)
             phase.lock, phase.no_index, phase.credentials = locks[phase.index], True, False
+    kernels = kernel_steps(stack, resolved)
+    for k in kernels:
+        k.build_env = build_env(stack, k.name, phases)
     return Plan(
         stack=stack.name,
         fingerprint=fingerprint(stack),
@@ -269,7 +309,7 @@ def make_plan(loaded: LoadedStack, locks: dict[str, str] | None = None) -> Plan:
         local_ref=str(resolved.local),
         phases=phases,
         upstreams=list(stack.upstreams),
-        kernels=kernel_steps(stack, resolved),
+        kernels=kernels,
         gate=gate_spec(stack),
         gate_prepare=list(stack.gate.prepare),
         targets={

@@ -176,7 +176,7 @@ def add_wait(p) -> None:
 
 
 def cmd_render(args) -> int:
-    from stackforge.builder.plan import LABEL_NS
+    from stackforge.builder.plan import INSTALLER, LABEL_NS
 
     loaded, ws = load(args, args.stack), workspace_of(args)
     stack = loaded.model
@@ -201,7 +201,11 @@ def cmd_render(args) -> int:
         extra += f", {len(s.submodules)} submodule(s)" if s.submodules else ""
         print(f"source:     {s.name}: {s.kind} {s.pin}{extra}")
     for k in plan.kernels:
-        print(f"kernel:     {k.name}: {k.run}")
+        env = ""
+        if k.build_env is not None:
+            pins = [p for ph in k.build_env if ph.name != INSTALLER for p in ph.pins]
+            env = f" (builds with only {', '.join(pins) or 'the venv'})"
+        print(f"kernel:     {k.name}{env}: {k.run}")
     print(
         f"gate:       {len(plan.gate['packages'])} pins, {len(plan.gate['imports'])} imports, "
         f"{len(plan.gate['probes'])} probes"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+from packaging.utils import canonicalize_name
+
 from stackforge.errors import UserError
 from stackforge.stack.model import Stack
 from stackforge.stack.yamlsrc import Pos
@@ -28,6 +30,29 @@ def _unknown(pos_for: PosFor, path: tuple, name: str, pool, what: str) -> UserEr
     return _error(pos_for, path, f"unknown {what} '{name}'", f"name one of the stack's {what}s ({known})")
 
 
+def _build_requires(stack: Stack, kname: str, names: list[str], pos_for: PosFor) -> list[UserError]:
+    """Each name a package of the stack, once: the kernel's build environment holds exactly those pins."""
+    pins = {canonicalize_name(p): p for p in stack.packages}
+    out, seen = [], set()
+    for i, name in enumerate(names):
+        at: tuple = ("kernels", kname, "build_requires", i)
+        key = canonicalize_name(name)
+        if key not in pins:
+            known = ", ".join(stack.packages) or "none"
+            out.append(
+                _error(
+                    pos_for,
+                    at,
+                    f"'{name}' is not a package of the stack: the build environment installs only the stack's pins",
+                    f"pin it under packages:, or name one of them ({known})",
+                )
+            )
+        elif key in seen:
+            out.append(_error(pos_for, at, f"'{name}' is listed twice", "list each package once"))
+        seen.add(key)
+    return out
+
+
 def problems(stack: Stack, pos_for: PosFor) -> list[UserError]:
     out: list[UserError | None] = []
     for kname, kern in stack.kernels.items():
@@ -40,6 +65,7 @@ def problems(stack: Stack, pos_for: PosFor) -> list[UserError]:
                         pos_for, at, f"'{other}' is this kernel's own tree", "list only other upstreams under trees:"
                     )
                 )
+        out += _build_requires(stack, kname, kern.build_requires or [], pos_for)
         paths = sorted(kern.trees.values())
         for a, b in itertools.pairwise(paths):
             if b == a or b.startswith(a + "/"):

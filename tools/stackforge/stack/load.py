@@ -24,7 +24,7 @@ from stackforge.clients.credentials import remember as remember_credentials
 from stackforge.errors import UserError
 from stackforge.stack import artifacts, document, installed
 from stackforge.stack import targets as target_rules
-from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGES, Stack
+from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGE_PREFIXES, RESERVED_STAGES, Stack
 from stackforge.stack.names import find_root
 from stackforge.stack.yamlsrc import Pos, load_with_positions
 from stackforge.urls import Credential
@@ -321,7 +321,7 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
             )
     for name in stack.targets:
         reason = None
-        if name in RESERVED_STAGES or name.startswith(("src-", "kernel-", "system-")):
+        if name in RESERVED_STAGES or name.startswith(RESERVED_STAGE_PREFIXES):
             reason = f"target name '{name}' is reserved for a build stage"
         elif not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
             reason = f"target name '{name}' must be lowercase letters, digits, '.', '_' or '-'"

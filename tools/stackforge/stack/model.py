@@ -381,6 +381,8 @@ def _one_line(value: str) -> str:
 
 
 RESERVED_STAGES = {"base", "venv", "deps", "installed", "gate-env", "gate", "gate-readonly"}
+#: Prefixes of the stages the Dockerfile names after upstreams, kernels and system layers.
+RESERVED_STAGE_PREFIXES = ("src-", "kernel-", "system-", "toolchain-", "buildenv-")
 
 
 def _tree_path(path: str) -> str | None:
@@ -482,6 +484,13 @@ class Kernel(Strict):
     )
     wheels: bool | None = Field(
         None, description="whether the step writes wheels to /out/wheels (default: true unless it declares files)"
+    )
+    build_requires: list[ProjectName] | None = Field(
+        None,
+        description="the stack's packages the build needs, e.g. [setuptools]: the step then builds in a "
+        "virtual environment of only these pins (each --no-deps from its index, with its phase's hashes) and "
+        "starts beside the remaining pip phases instead of after them; [] builds with none. Unset, it builds in "
+        "the whole installed environment. A stack's kernels only, not a target's",
     )
 
     _run = field_validator("run")(classmethod(lambda cls, v: _one_line(v)))

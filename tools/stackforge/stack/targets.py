@@ -86,6 +86,15 @@ def problems(stack: Stack, pos_for: PosFor) -> list[UserError]:
                 unknown((*base, "kernels", kname, "trees", other), other, stack.upstreams, "upstream")
             for opt in k.when:
                 unknown((*base, "kernels", kname, "when", opt), opt, stack.options, "option")
+            if k.build_requires is not None:
+                out.append(
+                    _error(
+                        pos_for,
+                        (*base, "kernels", kname, "build_requires"),
+                        "a target's kernel builds in its parent image's environment",
+                        "remove build_requires here (it applies to the stack's kernels:)",
+                    )
+                )
         for pname, ph in t.pip.items():
             where = (*base, "pip", pname)
             unknown((*where, "index"), ph.index, stack.indexes, "index")
