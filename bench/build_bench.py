@@ -20,9 +20,10 @@ Both sides trust the same certificates: the peer passes no CA bundle, so stackfo
 default as shipped (the host's CA bundle bind-mounted into each downloading step from a named build context);
 its median against the peer's is held to the same goal (results.json id ``cold-default``).
 stackforge builds as it ships: its kernel step compiles through ccache (a BuildKit cache mount the peer
-does not have). The run's own compiler identity (``--set tuning.CCACHE_COMPILERCHECK=string:bench-<run>``)
-starts every run's ccache empty, so the cold build compiles everything; later builds of the same run hit
-where the compiler's input is unchanged. Needs the engine and the base image (``make base``).
+does not have). A cold build (``--no-cache``) starts with new, empty cache mounts, which the builds after it
+use, and each of ours also gets its own compiler identity (``--set
+tuning.CCACHE_COMPILERCHECK=string:bench-<run>``), so it compiles everything; the rebuilds after it hit where
+the compiler's input is unchanged. Needs the engine and the base image (``make base``).
 Run alone: python bench/build_bench.py [--json]
 """
 
@@ -266,8 +267,9 @@ def cold_rounds(ours: Side, default: Side, peer: Side, urls: dict[str, str]) -> 
     machine; each side's figure is its median build of the same hours.
 
     Each of ours gets its own empty ccache. The last ``--ca-bundle none`` build is the last stackforge build
-    before the rebuilds, so they start from its ccache as they would on a user's machine (a build with another
-    ccache identity in between made the one-patch rebuild compile everything again: 46 s against 9 s).
+    before the rebuilds, so they start from its ccache as they would on a user's machine: each ``--no-cache``
+    build gives the builds after it a new cache mount, and one holding another identity's entries made the
+    one-patch rebuild compile everything again (46 s against 9 s).
     Returns the medians (``none``, as shipped, the peer) and a note with every time."""
     runs: dict[str, list[Run]] = {"default": [], "none": [], "naive": []}
     build = {

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
+    NO_CACHE_HELP,
     add_json,
     add_out,
     add_refresh,
@@ -50,7 +51,7 @@ def register(sub) -> None:
     p.add_argument("--print", action="store_true", help="print the bake JSON plan; fetch nothing, build nothing")
     p.add_argument("--builder", help="buildx builder (docker, docker-container, remote, kubernetes drivers)")
     p.add_argument("--no-load", dest="load", action="store_false", help="build without loading images into the engine")
-    p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--no-cache", action="store_true", help=NO_CACHE_HELP)
     add_registry_cache(p)
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle, as for `stackforge build`")
     add_out(p, "the directory bake.json and bake.log are written to (default: build/bake)")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
     BUILD_DIR_OUT,
+    NO_CACHE_HELP,
     add_json,
     add_out,
     add_refresh,
@@ -75,7 +76,7 @@ def register(sub) -> None:
         "(default: $STACKFORGE_CA_BUNDLE or the host's system bundle; 'none' to disable)",
     )
     p.add_argument("--syntax", help="add a `# syntax=` line; off by default")
-    p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--no-cache", action="store_true", help=NO_CACHE_HELP)
     add_registry_cache(p)
     p.add_argument("--network", help="network for RUN steps (e.g. host, to reach an index on the host's loopback)")
     p.add_argument(

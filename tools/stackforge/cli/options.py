@@ -211,6 +211,12 @@ def add_refresh(parser: argparse.ArgumentParser) -> None:
     )
 
 
+NO_CACHE_HELP = (
+    "run every step again; BuildKit also starts the cache mounts (pip, ccache, apt) empty and keeps those for "
+    "the builds after it"
+)
+
+
 def add_registry_cache(parser: argparse.ArgumentParser) -> None:
     """``--cache-from REF``, ``--cache-to inline|REF`` and ``--registry-cache REF`` (builder/regcache.py)."""
     parser.add_argument(
