@@ -206,6 +206,15 @@ def test_patch_change_reruns_src_and_kernels_but_not_deps(built, tmp_path):
     assert deps and all(deps.values()), f"dependency steps re-ran after a patch change: {deps}"
     # The kernel builds in its own environment (build_requires: [setuptools]), which a patch leaves as it was.
     assert any(k.startswith("[buildenv-markupsafe ") and "pip install" in k for k in deps), deps
+    # The image's history names deps' steps, never the build environment's or the kernel's.
+    history = subprocess.run(
+        ["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", f"{tag}-2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "preserve.py --phase pypi" in history and "buildenv-markupsafe" not in history, history
+    assert "MARKUPSAFE_REQUIRE_SPEEDUPS" not in history, history
     rerun = [k for k, v in result.items() if not v]
     assert any(k.startswith("[src-markupsafe ") for k in rerun), rerun
     assert any(k.startswith("[kernel-markupsafe ") and " RUN " in f" {k} " for k in rerun), rerun

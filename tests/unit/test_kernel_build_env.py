@@ -109,6 +109,11 @@ def test_the_dockerfile_starts_each_kernel_from_its_own_environment_or_deps(kenv
     assert "FROM base AS buildenv-narrow" in stages and "FROM buildenv-narrow AS kernel-narrow" in stages
     assert "FROM deps AS kernel-whole" in stages
     assert "FROM base AS buildenv-copy" in stages and "FROM buildenv-copy AS kernel-copy" in stages
+    # Defined before deps, so deps' steps are the ones the image's history keeps (stages FROM one parent share
+    # it in BuildKit's Dockerfile frontend, the last defined winning); the kernel that builds in deps after it.
+    deps = stages.index("FROM base AS deps")
+    assert stages.index("FROM scratch AS src-lib") < stages.index("FROM base AS buildenv-narrow") < deps
+    assert stages.index("FROM buildenv-copy AS kernel-copy") < deps < stages.index("FROM deps AS kernel-whole")
     narrow = text.split("AS buildenv-narrow", 1)[1].split("\nFROM ", 1)[0]
     installs = [line.strip() for line in narrow.splitlines() if "pip install" in line]
     assert installs == [

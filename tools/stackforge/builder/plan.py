@@ -61,6 +61,11 @@ class Plan:
         return [k for k in self.kernels if k.wheels]
 
     @property
+    def own_env_kernels(self) -> list[KernelStep]:
+        """The kernels that build in an environment of their own (``build_requires``), not in deps."""
+        return [k for k in self.kernels if k.build_env is not None]
+
+    @property
     def files(self) -> list[artifacts.KernelFile]:
         return [f for k in self.kernels for f in k.files]
 
