@@ -215,6 +215,9 @@ def test_patch_change_reruns_src_and_kernels_but_not_deps(built, tmp_path):
     ).stdout
     assert "preserve.py --phase pypi" in history and "buildenv-markupsafe" not in history, history
     assert "MARKUPSAFE_REQUIRE_SPEEDUPS" not in history, history
+    # The gate's own steps, never the read-only gate's that runs beside it on the same parent.
+    assert "python /stackforge/gate/gate.py /stackforge/gate/gate.json" in history, history
+    assert "gate.py --read-only" not in history and "/stackforge/gate/inventory.py" in history, history
     rerun = [k for k, v in result.items() if not v]
     assert any(k.startswith("[src-markupsafe ") for k in rerun), rerun
     assert any(k.startswith("[kernel-markupsafe ") and " RUN " in f" {k} " for k in rerun), rerun

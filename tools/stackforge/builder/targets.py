@@ -65,7 +65,7 @@ class TargetKernel:
 class TargetStage:
     name: str
     parent: str  # "gate" or the parent target
-    root: bool  # builds on the gate: carries the stack's labels and the read-only report
+    root: bool  # builds on the gate: carries the stack's labels
     alias: bool  # only from: the parent's image under another name
     publish: bool
     labels: dict[str, str]
