@@ -18,6 +18,7 @@ from stackforge.builder.plan import image_labels, make_plan
 from stackforge.builder.render import SOURCE_IMAGES, render_dockerfile
 from stackforge.errors import UserError
 from stackforge.stack.load import load
+from tests.fixtures import image_scripts
 from tests.fixtures.stack_support import RootSpec, assert_refused, locate
 
 IMAGES = SOURCE_IMAGES
@@ -225,9 +226,7 @@ def test_installer_resolves_site_to_this_interpreters_site_packages():
 
 
 def test_a_probe_runs_with_its_env_which_is_restored_after(monkeypatch):
-    spec = importlib.util.spec_from_file_location("stackforge_image_gate_env", IMAGES / "gate" / "gate.py")
-    gate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gate)
+    gate = image_scripts.load("gate")
     monkeypatch.delenv("STACKFORGE_PROBE_X", raising=False)
     probe = {
         "name": "env",

@@ -4,7 +4,8 @@ Docker 26's Dockerfile frontend lets stages FROM one parent share the parent's h
 needs (by FROM, ``COPY --from`` or a ``--mount ... from=``) that descends from a stage of the target's own line
 and is defined after that line's next stage writes its steps over the target's entries (measured: a sibling's
 RUN lines named in place of the gate's). So every such side stage must come before the target's line moves on.
-The rule is checked here on the golden Dockerfiles of the checked-in stacks, for each stage they can build.
+The rule is checked here on the golden Dockerfiles of the checked-in stacks, for each stage they can build
+(test_trees_installed.py checks it on a stack with an ``installed`` stage).
 """
 
 from __future__ import annotations
