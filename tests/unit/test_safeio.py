@@ -171,8 +171,10 @@ def test_no_write_through_a_link(tmp_path):
     with pytest.raises(Malformed, match="symbolic link"):
         safeio.write_confined(root, "locks/x.yaml", "evil")
     (root / "file.yaml").symlink_to(outside / "target")
-    with pytest.raises(Malformed):
-        safeio.write_confined(root, "file.yaml", "evil")
+    safeio.write_confined(root, "file.yaml", "replaced")  # the link is replaced, not followed
+    assert not (root / "file.yaml").is_symlink() and (root / "file.yaml").read_text() == "replaced"
+    with pytest.raises(Malformed, match="symbolic link"):
+        safeio.confined(root, "locks")
     assert list(outside.iterdir()) == []
 
 

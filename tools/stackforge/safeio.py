@@ -319,10 +319,16 @@ def relative_name(name: object, *, what: str = "name", source: str | Path | None
 
 
 def confined(
-    root: str | Path, name: str | PurePosixPath, *, what: str = "name", source: str | Path | None = None
+    root: str | Path,
+    name: str | PurePosixPath,
+    *,
+    what: str = "name",
+    source: str | Path | None = None,
+    last_may_be_link: bool = False,
 ) -> Path:
     """``root/name`` for a :func:`relative_name`, refused when a part of it that exists is a link or not a
-    directory: a write through it could not leave ``root``."""
+    directory (the last part may be a link when ``last_may_be_link``: a rename onto it replaces the link itself):
+    nothing read or written through it leaves ``root``."""
     rel = relative_name(str(name), what=what, source=source)
     here = Path(root)
     for i, part in enumerate(rel.parts):
@@ -331,7 +337,8 @@ def confined(
             mode = os.lstat(here).st_mode
         except FileNotFoundError:
             break
-        if stat.S_ISLNK(mode) or (i < len(rel.parts) - 1 and not stat.S_ISDIR(mode)):
+        last = i == len(rel.parts) - 1
+        if (stat.S_ISLNK(mode) and not (last and last_may_be_link)) or (not last and not stat.S_ISDIR(mode)):
             raise Malformed(
                 f"{what} {printable(str(rel))}: {printable(here)} is {_kind(mode)}; nothing is written through it",
                 file=str(source) if source is not None else None,
@@ -347,10 +354,11 @@ def write_confined(
     what: str = "name",
     source: str | Path | None = None,
 ) -> Path:
-    """Write ``data`` to ``root/name`` (see :func:`confined`), its directories made, never through a link."""
-    path = confined(root, name, what=what, source=source)
+    """Write ``data`` to ``root/name`` (see :func:`confined`), its directories made, never through a link: a file
+    written beside it is renamed onto the name, so a link there is replaced, not followed."""
+    path = confined(root, name, what=what, source=source, last_may_be_link=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    confined(root, name, what=what, source=source)  # the directories just made are ours; nothing moved in between
+    confined(root, name, what=what, source=source, last_may_be_link=True)  # nothing moved in meanwhile
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(tmp, flags, 0o644)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from stackforge import progress
+from stackforge.clients import proc
 from stackforge.errors import UserError, clip
 
 SETUP_FIX = "run scripts/engine-setup.sh (as root on Debian it installs and starts dockerd + buildx)"
@@ -259,19 +260,19 @@ class Engine:
             raise UserError(f"'{self.docker} {' '.join(args)}' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
         return proc
 
-    def run_merged(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    def run_merged(self, *args: str, timeout: float, limit: int = proc.OUTPUT_LIMIT) -> subprocess.CompletedProcess:
         """``docker ARGS`` with stderr merged into stdout (undecodable bytes replaced): output a person reads, such
-        as a container's log or a report command's. A timeout (``subprocess.TimeoutExpired``) or a CLI that does
-        not start (``OSError``) is raised as is, for the caller to record."""
-        return subprocess.run(
-            [self.docker, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            env=self.env,
-        )
+        as a container's log or a report command's, at most ``limit`` bytes of it. A timeout
+        (``subprocess.TimeoutExpired``, its ``output`` what was printed), more output than ``limit``
+        (:class:`proc.Exceeded`) or a CLI that does not start (``OSError``) is raised, for the caller to record;
+        the CLI is stopped either way (a container it started is the caller's to remove)."""
+        argv = [self.docker, *args]
+        done = proc.run(argv, timeout=timeout, limit=limit, env=self.env, merge=True)
+        if done.stopped == "timeout":
+            raise subprocess.TimeoutExpired(argv, timeout, output=done.stdout)
+        if done.stopped == "output":
+            raise proc.Exceeded(argv, limit, done.stdout)
+        return subprocess.CompletedProcess(argv, done.returncode or 0, done.text(), None)
 
     def _buildx(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
         pre = ["buildx", "--builder", self.builder] if self.builder else ["buildx"]

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from stackforge import grammar
+from stackforge.clients.proc import Exceeded
 from stackforge.clients.workspace import STACKS_DIR
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
@@ -230,6 +231,8 @@ class DockerContainer:
     def logs(self) -> str:
         try:
             proc = self.engine.run_merged("logs", self.spec.name, timeout=60)
+        except Exceeded as exc:  # a log over the cap: its head is kept
+            return exc.output.decode("utf-8", "replace")
         except (OSError, subprocess.TimeoutExpired):
             return ""
         return proc.stdout if proc.returncode == 0 else ""
