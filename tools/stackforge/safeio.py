@@ -458,9 +458,25 @@ class OutputDir:
     path: Path
     verb: str
 
-    def check(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out") -> None:
+    def check(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out", legacy: Iterable[str] = ()) -> None:
         """Refuse before anything runs: ``path`` is an input or holds one, or it holds files this verb did not
-        write."""
+        write (``legacy``: names of files only this verb writes, which count as its mark in a directory made
+        before marks were written)."""
+        self.refuse_inputs(inputs, flag)
+        if not os.path.lexists(self.path):
+            return
+        if os.path.islink(self.path) or not os.path.isdir(self.path):
+            raise UserError(f"{printable(self.path)} exists and is not a directory", file=flag, fix="name a directory")
+        legacy_mark = any(os.path.lexists(Path(self.path) / name) for name in legacy)
+        if any(os.scandir(self.path)) and not self._marked() and not legacy_mark:
+            raise UserError(
+                f"{printable(self.path)} holds files `stackforge {self.verb}` did not write; it is not touched",
+                file=flag,
+                fix="give a new or empty directory, or remove that one yourself",
+            )
+
+    def refuse_inputs(self, inputs: Iterable[str | Path], flag: str = "--out") -> None:
+        """Refuse when ``path`` is one of ``inputs`` or holds one (links resolved)."""
         out = os.path.realpath(self.path)
         for given in inputs:
             src = os.path.realpath(given)
@@ -471,17 +487,16 @@ class OutputDir:
                     file=flag,
                     fix=f"give {flag} a directory of its own (for example a new one beside the input)",
                 )
-        if not os.path.lexists(self.path):
-            return
-        if os.path.islink(self.path) or not os.path.isdir(self.path):
-            raise UserError(f"{printable(self.path)} exists and is not a directory", file=flag, fix="name a directory")
-        if any(os.scandir(self.path)) and not self._marked():
-            raise UserError(
-                f"{printable(self.path)} holds files `stackforge {self.verb}` did not write; it is replaced "
-                "whole, so it is not touched",
-                file=flag,
-                fix="give a new or empty directory, or remove that one yourself",
-            )
+
+    def claim(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out", legacy: Iterable[str] = ()) -> Path:
+        """For a command that writes into ``path`` as it goes (a nightly's directory, a mirror): the refusals of
+        :meth:`check`, then the directory made and marked as this verb's."""
+        self.check(inputs, flag=flag, legacy=legacy)
+        out = Path(self.path)
+        out.mkdir(parents=True, exist_ok=True)
+        if not self._marked():
+            (out / OUTPUT_MARK).write_text(f"stackforge {self.verb}\n", encoding="utf-8")
+        return out
 
     def _marked(self) -> bool:
         mark = Path(self.path) / OUTPUT_MARK
