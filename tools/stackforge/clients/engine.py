@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from stackforge import progress
-from stackforge.clients import proc
+from stackforge.clients import proc as bounded
 from stackforge.errors import UserError, clip
 
 SETUP_FIX = "run scripts/engine-setup.sh (as root on Debian it installs and starts dockerd + buildx)"
@@ -222,6 +222,10 @@ class BuildResult(NamedTuple):
     log: str
 
 
+#: what one docker CLI command may print (an inspect of every image, a container's answer through exec)
+CLI_OUTPUT_LIMIT = 256 << 20
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     server_version: str
@@ -247,31 +251,35 @@ class Engine:
 
     # -- plumbing
     def cli(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
-        """Run ``docker ARGS`` against this engine (bounded in time); engine trouble is a UserError."""
+        """Run ``docker ARGS`` against this engine, bounded in time and in what it prints (its text decoded with
+        undecodable bytes replaced: a container's answer through ``exec`` is not trusted to be UTF-8); engine
+        trouble is a UserError."""
+        argv = [self.docker, *args]
         try:
-            proc = subprocess.run([self.docker, *args], capture_output=True, text=True, timeout=timeout, env=self.env)
+            done = bounded.run(argv, timeout=timeout, limit=CLI_OUTPUT_LIMIT, env=self.env)
         except FileNotFoundError:
             raise UserError(f"'{self.docker}' (the docker CLI) is not installed", fix=SETUP_FIX) from None
-        except subprocess.TimeoutExpired:
-            raise UserError(
-                f"'{self.docker} {' '.join(args)}' did not answer within {timeout:.0f} s", fix=SETUP_FIX
-            ) from None
+        if done.stopped == "timeout":
+            raise UserError(f"'{self.docker} {' '.join(args)}' did not answer within {timeout:.0f} s", fix=SETUP_FIX)
+        if done.stopped == "output":
+            raise UserError(f"'{self.docker} {' '.join(args)}' printed more than {CLI_OUTPUT_LIMIT} bytes (stopped)")
+        proc = subprocess.CompletedProcess(argv, done.returncode or 0, done.text(), done.text("stderr"))
         if check and proc.returncode != 0:
             raise UserError(f"'{self.docker} {' '.join(args)}' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
         return proc
 
-    def run_merged(self, *args: str, timeout: float, limit: int = proc.OUTPUT_LIMIT) -> subprocess.CompletedProcess:
+    def run_merged(self, *args: str, timeout: float, limit: int = bounded.OUTPUT_LIMIT) -> subprocess.CompletedProcess:
         """``docker ARGS`` with stderr merged into stdout (undecodable bytes replaced): output a person reads, such
         as a container's log or a report command's, at most ``limit`` bytes of it. A timeout
         (``subprocess.TimeoutExpired``, its ``output`` what was printed), more output than ``limit``
-        (:class:`proc.Exceeded`) or a CLI that does not start (``OSError``) is raised, for the caller to record;
+        (:class:`bounded.Exceeded`) or a CLI that does not start (``OSError``) is raised, for the caller to record;
         the CLI is stopped either way (a container it started is the caller's to remove)."""
         argv = [self.docker, *args]
-        done = proc.run(argv, timeout=timeout, limit=limit, env=self.env, merge=True)
+        done = bounded.run(argv, timeout=timeout, limit=limit, env=self.env, merge=True)
         if done.stopped == "timeout":
             raise subprocess.TimeoutExpired(argv, timeout, output=done.stdout)
         if done.stopped == "output":
-            raise proc.Exceeded(argv, limit, done.stdout)
+            raise bounded.Exceeded(argv, limit, done.stdout)
         return subprocess.CompletedProcess(argv, done.returncode or 0, done.text(), None)
 
     def _buildx(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
