@@ -248,3 +248,12 @@ def test_terminal_text_loses_its_escape_sequences():
     assert safeio.for_terminal(evil) == "GHSA-1link red line two\nok\ttab".replace(" line two", " linetwo")
     assert safeio.for_terminal("a\nb\tc", lines=False) == "a b c"
     assert safeio.clean_tree({"k\x1b[1m": ["v\x9b2J", 3]}) == {"k": ["v2J", 3]}
+
+
+def test_an_error_quoting_outside_text_reaches_the_terminal_without_escape_sequences(tmp_path, capsys):
+    from stackforge.cli.main import main
+
+    nights = tmp_path / "no\x1b]0;owned\x07\x1b[2Jwhere"
+    assert main(["history", "--nights", str(nights), "--out", str(tmp_path / "site")]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "\x1b" not in err and "\x07" not in err

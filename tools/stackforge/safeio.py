@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
-from stackforge.errors import UserError, printable
+from stackforge.errors import UserError, for_terminal, printable
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -531,19 +531,6 @@ class OutputDir:
 
 # --------------------------------------------------------------------------------------------------
 # Terminals
-
-#: C0 and C1 controls but tab and newline, DEL, and the line and paragraph separators
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
-#: ANSI/VT escape sequences (CSI, OSC, …) taken whole, so no parameter bytes are left behind
-_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[PX^_][^\x1b]*(?:\x1b\\)?|[@-Z\\-_])")
-
-
-def for_terminal(text: object, *, lines: bool = True) -> str:
-    """``text`` from outside (an advisory, a record, a file a container wrote) safe to print: escape sequences
-    and control characters removed; newlines and tabs kept unless ``lines`` is false (then each becomes a
-    space)."""
-    out = _CONTROL.sub("", _ESCAPE.sub("", str(text)))
-    return out if lines else " ".join(out.split())
 
 
 def clean_tree(value: Any, *, lines: bool = True) -> Any:
