@@ -566,12 +566,17 @@ def save_image(engine: Engine, ref: str, out: Path, what: str) -> None:
     os.replace(tmp, out)
 
 
+#: a file stackforge reads out of an image (its stack files, an overlay's declaration): the image is not trusted
+IMAGE_FILE_LIMIT = 16 << 20
+
+
 def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
-    """The regular files directly in ``directory`` of ``image``: read from the engine's layer store when it can
-    serve, else copied out of a created, never started, container; empty when the image has no such directory."""
+    """The regular files directly in ``directory`` of ``image`` (links, and files over :data:`IMAGE_FILE_LIMIT`,
+    left out): read from the engine's layer store when it can serve, else copied out of a created, never started,
+    container; empty when the image has no such directory."""
     from stackforge.clients import layerstore
 
-    files = layerstore.read_image(engine, engine.image_id(image), lambda tree: tree.files(directory))
+    files = layerstore.read_image(engine, engine.image_id(image), lambda tree: tree.files(directory, IMAGE_FILE_LIMIT))
     if files is not None:
         return files
     proc = engine.cli("create", image, "true", timeout=120)
@@ -583,6 +588,10 @@ def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
             proc = engine.cli("cp", f"{cid}:{directory}/.", tmp, timeout=120)
             if proc.returncode != 0:
                 return {}
-            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file() and not p.is_symlink()}
+            return {
+                p.name: p.read_bytes()
+                for p in sorted(Path(tmp).iterdir())
+                if not p.is_symlink() and p.is_file() and p.stat().st_size <= IMAGE_FILE_LIMIT
+            }
     finally:
         engine.cli("rm", "-f", cid, timeout=60)

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError, field_validator
 
 from stackforge.errors import UserError, printable
+from stackforge.grammar import TAG_RE
 from stackforge.stack.names import STACK_FILE
 from stackforge.stack.reference import DocsResult
 
@@ -31,7 +32,8 @@ SCHEMA_FILE = "docs/record-schema.json"
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 #: a stack file's name: a plain file name of stacks/ (``verify --rebuild`` writes the file under it)
 StackFile = Annotated[str, StringConstraints(pattern=rf"^{STACK_FILE.pattern}$")]
-Tag = Annotated[str, StringConstraints(min_length=1)]
+#: an OCI tag (``pull`` tags the image with it, ``verify`` reads it back)
+Tag = Annotated[str, StringConstraints(pattern=TAG_RE.pattern)]
 
 
 class Part(BaseModel):

@@ -8,13 +8,13 @@ unchanged against a fake in the unit tests and against a real container in a smo
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stackforge import safeio
 from stackforge.recipes.model import Chat
 from stackforge.recipes.numeric import BadReference, DumpReplay, Logprobs, Numeric, load_reference
 from stackforge.smoke.numbers import ANSI, PARSERS, compare, parse_mate_log
@@ -36,8 +36,8 @@ REPLAY_PASSED = "Replay passed - outputs match!"
 def content_of(text: str) -> str | None:
     """The assistant's answer of a chat completion body."""
     try:
-        return str(json.loads(text)["choices"][0]["message"]["content"])
-    except (ValueError, KeyError, IndexError, TypeError):
+        return str(safeio.parse_json(text, source="the answer")["choices"][0]["message"]["content"])
+    except (safeio.Malformed, KeyError, IndexError, TypeError):
         return None
 
 
@@ -160,9 +160,9 @@ def _logprobs(req: Logprobs, model: str, send: Send, details: dict) -> dict[str,
     if status != 200:
         return f"the logprobs request answered {status_text(status, text)}"
     try:
-        content = json.loads(text)["choices"][0]["logprobs"]["content"]
+        content = safeio.parse_json(text, source="the answer")["choices"][0]["logprobs"]["content"]
         values = {f"{i}:{t['token']}": float(t["logprob"]) for i, t in enumerate(content)}
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (safeio.Malformed, ValueError, KeyError, IndexError, TypeError):
         return f"the answer has no choices[0].logprobs.content[i].logprob: {one_line(text, 200)!r}"
     if not values:
         return "the answer carries no token logprobs"

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from stackforge import grammar
+from stackforge import grammar, safeio
 from stackforge.clients.proc import Exceeded
 from stackforge.clients.workspace import STACKS_DIR
 from stackforge.errors import UserError
@@ -419,8 +419,8 @@ def preflight(container: Container, hw: Hardware, missing: str | None, device_uu
     if code != 0:
         return row.failed(f"the image's python did not answer the preflight (exit {code}): {one_line(text)}")
     try:
-        facts = json.loads(text.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        facts = safeio.parse_json(text.strip().splitlines()[-1], source="the preflight")
+    except (safeio.Malformed, IndexError):
         return row.failed(f"the preflight printed no JSON: {one_line(text)}")
     if not isinstance(facts, dict):
         return row.failed(f"the preflight printed no JSON object: {one_line(text)}")
