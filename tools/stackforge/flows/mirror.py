@@ -67,6 +67,8 @@ def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = Non
     lint_or_fail(loaded)
     to = Path(to)
     inputs = [loaded.root / d for d in ("stacks", "patches", "overlays")]
+    if to.is_dir():  # a link out of it is named first: it is the worse problem
+        manifest.inside_tree(to, ".", "--to")
     OutputDir(to, "mirror").claim(inputs, flag="--to", legacy=(manifest.MANIFEST,))  # never a directory of others
     with stack_lock(to):
         manifest.inside_tree(to, ".", "--to")  # nothing is written through a link out of the mirror
