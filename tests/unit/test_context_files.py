@@ -23,7 +23,7 @@ from stackforge.builder.prepare import BaseImage, EngineFacts, prepare_dockerfil
 from stackforge.builder.render import SOURCE_IMAGES, images_dir, templates_digest
 from stackforge.builder.sources import SourceInfo
 from stackforge.stack.load import load
-from tests.fixtures.hostcopy import copy_as_checkout, listing
+from tests.fixtures.hostcopy import copy_as_checkout, listing, seconds
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_OUT = 1546300800  # 2019-01-01: another host's checkout time
@@ -76,10 +76,25 @@ def test_the_rule_sets_modes_and_times_and_leaves_links_targets_kept_and_skipped
     assert mode(top / "setid") == 0o755  # the owner may execute it; set-id dropped
     assert mode(top / "files" / "declared") == 0o600  # its mode is declared, kept
     for path in (top, top / "dir", top / "dir" / "plain", top / "files" / "declared", top / "link"):
-        assert path.lstat().st_mtime == CONTEXT_TIME, path
+        assert path.lstat().st_mtime_ns // 10**9 == CONTEXT_TIME, path
+    assert top.lstat().st_mtime_ns == CONTEXT_TIME * 10**9  # a directory: the whole second
     assert os.readlink(top / "link") == "dir/plain"
     wheel = (top / "mirror" / "wheel").lstat()  # the mirror's files are linked, never copied into a layer
     assert (stat.S_IMODE(wheel.st_mode), wheel.st_mtime) == (0o600, CHECKED_OUT)
+
+
+def test_a_changed_file_of_the_same_size_gets_another_time(tmp_path):
+    """BuildKit keeps, from the last context of the same directory name, each file whose size, mode and time are
+    unchanged: the fraction of a second follows the bytes, so a changed file is sent again."""
+    times = []
+    for text in ("tag=repro-aaaa\n", "tag=repro-bbbb\n", "tag=repro-aaaa\n"):
+        top = tmp_path / str(len(times)) / "context"
+        top.mkdir(parents=True)
+        (top / "overrides.json").write_text(text)
+        normalize_tree(top, mtime=BASE_EPOCH)
+        times.append((top / "overrides.json").stat().st_mtime_ns)
+    assert times[0] != times[1] and times[0] == times[2]  # other bytes, another time; the same bytes, the same
+    assert {t // 10**9 for t in times} == {BASE_EPOCH}
 
 
 def _other_host_root(tmp_path: Path) -> Path:
@@ -102,7 +117,7 @@ def test_a_context_written_under_umask_077_at_another_time_is_the_same(tmp_path,
 
     want = listing(here.context_dir)
     assert listing(other.context_dir) == want
-    assert {(m, t) for _, m, t in want} == {("0o644", BASE_EPOCH), ("0o755", BASE_EPOCH)}
+    assert seconds(want) == {("0o644", BASE_EPOCH), ("0o755", BASE_EPOCH)}
     assert here.files_time == other.files_time == BASE_EPOCH
     for rel, _, _ in want:
         a, b = here.context_dir / rel, other.context_dir / rel
@@ -120,11 +135,11 @@ def test_the_context_is_dated_the_layer_epoch_the_labels_name(tmp_path):
     )
     epoch = int(prepared.labels[EPOCH_LABEL])
     assert epoch == BASE_EPOCH and prepared.ctx.files_time == epoch
-    assert {t for _, _, t in listing(prepared.ctx.context_dir)} == {epoch}
+    assert {t for _, t in seconds(listing(prepared.ctx.context_dir))} == {epoch}
     # A base that records no creation time: the fixed time, never the sources' (or the host's clock).
     assert context_time(None) == context_time(0) == CONTEXT_TIME == 946684800
     bare = assemble(load("example", root=REPO), tmp_path / "bare", sources=False)
-    assert {t for _, _, t in listing(bare.context_dir)} == {CONTEXT_TIME}
+    assert {t for _, t in seconds(listing(bare.context_dir))} == {CONTEXT_TIME}
 
 
 def test_the_templates_digest_names_the_templates_not_the_umask(tmp_path):

@@ -8,8 +8,13 @@ Once a context is written, every entry under it is set to:
 - mode 0755 for a directory and for a file its owner may execute (git's 100755, an archive's x bit: a umask
   takes away group and other bits, not the owner's), else 0644 (:func:`stackforge.digests.portable_mode`);
   set-id and sticky bits are dropped. A symbolic link keeps its target (a link has no mode of its own);
-- modification (and access) time :func:`context_time`: the stack's layer epoch when the base image records its
-  creation time, else :data:`CONTEXT_TIME`; links included.
+- modification (and access) time :func:`context_time` in whole seconds: the stack's layer epoch when the base
+  image records its creation time, else :data:`CONTEXT_TIME`; links included. The fraction of a second is taken
+  from the entry's bytes (a file's content, a link's target; a directory's is zero): BuildKit sends a local context
+  incrementally, keeping what it holds from the last context of the same directory name (every stack's is
+  ``context``) for each file whose size, mode and time are unchanged, so one time for every file would let a changed
+  file of the same size through as the old one. Layer tars record whole seconds (the publisher drops the finer
+  pax times), and Python's bytecode headers whole seconds too, so the fraction reaches no published byte.
 
 Files the caller names in ``keep_modes`` keep their modes (e.g. an overlay's files, whose modes the overlay
 declares); trees named in ``skip`` are left as they are (e.g. the offline mirror's files, linked from the mirror
@@ -18,6 +23,7 @@ and only ever mounted into a step, never copied into a layer).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Iterable
@@ -68,15 +74,29 @@ def normalize_tree(top: Path, *, mtime: int | None, skip: Iterable[str] = (), ke
     return count
 
 
+def entry_time_ns(path: Path, st: os.stat_result, seconds: int) -> int:
+    """``seconds`` with the fraction of a second taken from the entry's bytes (see the module)."""
+    if stat.S_ISREG(st.st_mode):
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    elif stat.S_ISLNK(st.st_mode):
+        h = hashlib.sha256(os.fsencode(os.readlink(path)))
+    else:
+        return seconds * 10**9
+    return seconds * 10**9 + int.from_bytes(h.digest()[:8], "big") % 10**9
+
+
 def _set(path: Path, st: os.stat_result, *, keep: bool, mtime: int | None) -> int:
     if stat.S_ISLNK(st.st_mode):
-        if mtime is not None and st.st_mtime_ns != mtime * 10**9:
-            os.utime(path, (mtime, mtime), follow_symlinks=False)
+        if mtime is not None and st.st_mtime_ns != (ns := entry_time_ns(path, st, mtime)):
+            os.utime(path, ns=(ns, ns), follow_symlinks=False)
         return 1
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
         return 0  # a fifo, socket or device: not a context's entry, and the engine refuses to copy it
     if not keep and stat.S_IMODE(st.st_mode) != portable_mode(st.st_mode):
         os.chmod(path, portable_mode(st.st_mode))
-    if mtime is not None and st.st_mtime_ns != mtime * 10**9:
-        os.utime(path, (mtime, mtime))
+    if mtime is not None and st.st_mtime_ns != (ns := entry_time_ns(path, st, mtime)):
+        os.utime(path, ns=(ns, ns))
     return 1
