@@ -1,8 +1,9 @@
 """The two digests every "inputs unchanged" check is made of: a tree's content and the code's identity.
 
 :func:`tree_digest` hashes a directory tree (path, kind, mode bits, and the bytes or the link target of
-each entry; with ``portable_modes`` a file's mode as the build context gives it, :func:`portable_mode`); :func:`code_fingerprint` names the code that runs (the interpreter, stackforge's modules and
-some libraries, by path, size and mtime: cheap enough for a command's start). Standard library only: the
+each entry; with ``portable_modes`` a file's mode as the build context gives it, :func:`portable_mode`);
+:func:`code_fingerprint` names the code that runs (the interpreter, stackforge's modules and some libraries, by
+path, size and mtime: cheap enough for a command's start). Standard library only: the
 up-to-date check and ``list`` use both before any library is imported.
 """
 

@@ -87,13 +87,12 @@ def checkout_of(args) -> Path | None:
     from stackforge.smoke.run import recipe_repository_of
 
     if getattr(args, "root", None):
-        return root_of(args)
+        return root_of(args)  # a --root that holds no stacks/ is an error
     try:
         return root_of(args)
-    except UserError:
-        pass
-    path = Path(args.recipe)
-    return recipe_repository_of(path) if path.suffix in (".yaml", ".yml") or "/" in args.recipe else None
+    except UserError:  # no stacks/ here or above
+        path = Path(args.recipe)
+        return recipe_repository_of(path) if path.suffix in (".yaml", ".yml") or "/" in args.recipe else None
 
 
 def default_image(recipe: LoadedRecipe, root: Path | None) -> str:
