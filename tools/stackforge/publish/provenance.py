@@ -270,7 +270,12 @@ def check(stmt: dict[str, Any], digest: str, record: dict[str, Any] | None) -> l
     out.append((parsed.predicateType == PREDICATE_TYPE, f"predicate type {shown(parsed.predicateType)}"))
     subjects = [s.digest.get("sha256") for s in parsed.subject]
     want = digest.split(":", 1)[1]
-    out.append((want in subjects, f"subject sha256:{shown(subjects[0]) if subjects else 'none'} pulled={digest}"))
+    if want in subjects:  # the digest is bound; the subject's name (the repository it was published to) is not
+        name = parsed.subject[subjects.index(want)].name
+        named = f" (named {shown(name)!r}: where it was published, not checked)" if name else ""
+        out.append((True, f"subject sha256:{want} pulled={digest}{named}"))
+    else:
+        out.append((False, f"subject sha256:{shown(subjects[0]) if subjects else 'none'} pulled={digest}"))
     if record is not None:
         expected = statement(record, {}, "")["predicate"]["buildDefinition"]
         got = parsed.predicate.buildDefinition
