@@ -80,7 +80,7 @@ def test_the_plan_reads_the_image_what_is_attached_to_it_and_cosigns_tag(key):
         assert not writes(src)  # planning reads only
 
 
-def test_a_copy_to_another_registry_and_name_keeps_every_digest_and_verifies_there(key):
+def test_a_copy_to_another_registry_and_name_keeps_every_digest_and_verifies_there(key, tmp_path):
     private, public = key
     with StubRegistry() as src, StubRegistry() as dst:
         digest = publish(src, private)
@@ -101,6 +101,12 @@ def test_a_copy_to_another_registry_and_name_keeps_every_digest_and_verifies_the
         assert found.parsed().repository == f"{src.address}/{REPO}"  # where it was published: not bound
         checks = attest.check_provenance(there, digest, public, found.record)
         assert checks and all(ok for ok, _ in checks), checks
+        other = tmp_path / "other.pub"
+        subprocess.run(
+            f"openssl genpkey -algorithm ed25519 | openssl pkey -pubout -out {other}", shell=True, check=True
+        )
+        wrong = attest.check_provenance(there, digest, other, found.record)  # as strict at the copy
+        assert [ok for ok, _ in wrong] == [False] and "none of 1 provenance envelope(s) is signed by" in wrong[0][1]
         assert attest.sbom_of(there, digest) == SBOM
         lines = done.lines()
         assert lines[0] == f"copied: {src.address}/{REPO}:{TAG} -> {dst.address}/mirror/vllm:night"

@@ -8,7 +8,10 @@ checks of ``stackforge verify`` (labels against the stack's pins and fingerprint
 with a read-only root). An overlay image's record and labels are checked by
 :func:`stackforge.overlay.record.check_ref` first (its base's stack, when the image carries one, as above).
 Every check is one ``PASS``/``FAIL`` line; a record that does not describe the pulled image (another digest, a
-changed pin, overlay labels the record does not name) fails.
+changed pin, overlay labels the record does not name) fails. The record and the signature bind the digest, not the
+repository: read from another repository than the record's (a ``stackforge copy``), the record's tag is checked
+only where that repository has it. An image with no record attached (a copy by tag alone) fails naming what is
+missing there and the command that copies an image with it.
 
 :func:`newest` resolves the newest ``-rN`` of a date (default: the newest date) from the registry's tags, with
 the stack's tag scheme; :func:`newest_published` does it with no checkout, reading the scheme off the tags.

@@ -68,6 +68,16 @@ KINDS = {
 }
 
 
+#: a manifest's role as the report names it, one and several
+ROLES = {
+    "image": ("image", "images"),
+    "index": ("index", "indexes"),
+    "child": ("platform manifest", "platform manifests"),
+    "referrer": ("referrer", "referrers"),
+    "cosign": ("cosign tag", "cosign tags"),
+}
+
+
 class Refused(BuildFailed):
     """The source serves something a copy must not carry: nothing was written to the destination."""
 
@@ -344,13 +354,14 @@ class Copied:
         roles: dict[str, int] = {}
         for m in self.manifests:
             roles[m["role"]] = roles.get(m["role"], 0) + 1
+        named = ", ".join(f"{n} {ROLES[r][n != 1]}" for r, n in roles.items())
         blobs = said("blobs") + (
             f" ({progress.human_bytes(self.uploaded_bytes)} uploaded)" if self.uploaded_bytes else ""
         )
         return [
             f"{'copied' if self.wrote else 'already copied'}: {self.source} -> {self.destination}",
             f"  digest     {self.digest}",
-            f"  manifests  {len(self.manifests)} ({', '.join(f'{n} {r}' for r, n in roles.items())}): {said('manifests')}",
+            f"  manifests  {len(self.manifests)} ({named}): {said('manifests')}",
             f"  blobs      {len(self.blobs)}: {blobs}",
             f"  attached   {', '.join(self.attached) or 'nothing'} (at the destination through the {self.referrers})",
             *(f"  tag        {t['tag']} {t['status']}" + (f" (was {t['previous']})" if t.get("previous") else "")
@@ -447,14 +458,18 @@ class _Writer:
     # -- blobs -------------------------------------------------------------------------------------------------
 
     def _blobs(self, blobs: list[Blob]) -> list[dict[str, Any]]:
-        with tempfile.TemporaryDirectory(prefix="stackforge-copy-") as tmp, ThreadPoolExecutor(UPLOADS) as pool:
-            futures = [pool.submit(self._blob, blob, Path(tmp)) for blob in blobs]
-            done, first = [], None
-            for blob, fut in zip(blobs, futures, strict=True):
-                try:
-                    done.append({"digest": blob.digest, "size": blob.size, "status": fut.result()})
-                except BaseException as exc:
-                    first = first or exc
+        pool = ThreadPoolExecutor(UPLOADS, thread_name_prefix="copy")
+        with tempfile.TemporaryDirectory(prefix="stackforge-copy-") as tmp:
+            try:
+                futures = [pool.submit(self._blob, blob, Path(tmp)) for blob in blobs]
+                done, first = [], None
+                for blob, fut in zip(blobs, futures, strict=True):
+                    try:
+                        done.append({"digest": blob.digest, "size": blob.size, "status": fut.result()})
+                    except Exception as exc:  # the others still finish: a re-run skips them
+                        first = first or exc
+            finally:  # interrupted: what has not started does not start
+                pool.shutdown(wait=True, cancel_futures=True)
             if first is not None:
                 raise first
             return done

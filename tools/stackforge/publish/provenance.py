@@ -259,7 +259,8 @@ def open_envelope(body: bytes, key: Any) -> dict[str, Any]:
 def check(stmt: dict[str, Any], digest: str, record: dict[str, Any] | None) -> list[tuple[bool, str]]:
     """(ok, line) for the statement's type, subject and predicate against the pulled ``digest`` and its record.
     The statement came from a registry: it is read through :class:`Statement`, and what it says reaches a line
-    only as printable text."""
+    only as printable text. The pulled digest must be one of the subjects' sha256; a subject's name (where the image
+    was published) is shown, not checked, so a copy under another repository name verifies."""
     parsed = safeio.validate(Statement, stmt, source="the signed provenance", what="in-toto statement")
 
     def shown(value: Any) -> str:
