@@ -71,7 +71,7 @@ def test_the_plan_reads_the_image_what_is_attached_to_it_and_cosigns_tag(key):
         assert p.attached == {digest: [n.digest for n in p.nodes if n.role == "referrer"]}
         assert all(n.subject == digest for n in p.nodes if n.role == "referrer")
         (cosign,) = [n for n in p.nodes if n.role == "cosign"]
-        assert cosign.tag == referrers.fallback_tag(digest) + ".att"
+        assert cosign.tags == [referrers.fallback_tag(digest) + ".att"]
         for node in p.nodes:  # every manifest byte for byte as the source serves it
             assert src.manifests[node.digest][0] == node.body and digest_of(node.body) == node.digest
         assert {b.digest for b in p.blobs()} == {digest_of(b) for b in (b"one", b"two", referrers.EMPTY, SBOM)} | {
@@ -337,3 +337,14 @@ def test_verify_of_a_tag_only_copy_names_what_is_missing_and_the_command_that_co
         ), v.lines
         (note,) = [l for l in v.lines if l.startswith("note ")]
         assert f"`stackforge copy SRC {ref}`" in note and f"`oras cp -r SRC {ref}`" in note and "skopeo copy" in note
+
+
+def test_a_blob_served_with_other_bytes_is_not_uploaded(key):
+    with StubRegistry() as src, StubRegistry() as dst:
+        digest = publish(src, key[0])
+        layer = digest_of(b"two")
+        src.blobs[layer] = b"TWO"  # the source serves other bytes under the digest
+        with pytest.raises(BuildFailed) as err:
+            copy.copy(f"{src.address}/{REPO}:{TAG}", f"{dst.address}/{REPO}", clients=(client(src), client(dst)))
+        assert "sha256 mismatch" in err.value.message and layer not in dst.blobs
+        assert dst.tag_digest(REPO, TAG) is None and digest not in dst.manifests

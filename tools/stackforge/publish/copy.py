@@ -95,7 +95,7 @@ class Blob:
 @dataclass
 class Node:
     """One manifest to copy, byte for byte: its role (``image``, ``index``, ``child`` of an index, ``referrer``,
-    ``cosign``), the blobs it names, the subject a referrer names, and the cosign tag that names it."""
+    ``cosign``), the blobs it names, the subject a referrer names, and the cosign tags that name it."""
 
     digest: str
     media_type: str
@@ -105,7 +105,7 @@ class Node:
     subject: str | None = None
     artifact_type: str | None = None
     annotations: dict[str, str] | None = None
-    tag: str | None = None
+    tags: list[str] = field(default_factory=list)
 
     def entry(self) -> dict[str, Any]:
         """Its descriptor in a referrers index (what the referrers API lists for it)."""
@@ -215,10 +215,12 @@ class _Planner:
         body, media, doc = got
         digest = sha256_digest(body)
         if digest in self.seen:
+            if role == "cosign":
+                self.seen[digest].tags.append(reference)
             return self.seen[digest]
         root = role == "root"
         node = Node(digest, media, body, ("index" if media in INDEX_TYPES else "image") if root else role)
-        node.tag = reference if role == "cosign" else None
+        node.tags = [reference] if role == "cosign" else []
         self.seen[digest] = node
         if subject is not None:
             self._check_subject(doc, digest, subject)
@@ -287,8 +289,11 @@ class _Planner:
             found = self.visit(desc["digest"], role="referrer", depth=depth + 1, expect=desc["digest"],
                                subject=node.digest)  # fmt: skip
             assert found is not None
-            if found.role != "referrer" or found.subject not in (None, node.digest):
-                raise self.refuse(f"{found.digest} is listed as a referrer of {node.digest} and as a {found.role}")
+            if found.role != "referrer":
+                raise self.refuse(f"{found.digest} is listed as a referrer of {node.digest}, and is the {found.role}")
+            if found.subject not in (None, node.digest):
+                raise self.refuse(f"referrer {found.digest} is listed for {node.digest} but names the subject "
+                                  f"{found.subject}")  # fmt: skip
             found.subject = node.digest
             listed_here = self.attached.setdefault(node.digest, [])
             if found.digest not in listed_here:
@@ -449,8 +454,8 @@ class _Writer:
             for subject, listed in p.attached.items():
                 out.tags.append(self._fallback(subject, [p.node(d).entry() for d in listed]))
         for node in p.nodes:
-            if node.tag:
-                out.tags.append(self._cosign(node))
+            for name in node.tags:
+                out.tags.append(self._cosign(node, name))
         if tag is not None:
             out.tags.append(self._tag(tag))
         return out
@@ -521,13 +526,12 @@ class _Writer:
         self.dst.put_manifest(tag, body, OCI_INDEX)
         return {"tag": tag, "digest": sha256_digest(body), "status": "written", "added": [e["digest"] for e in new]}
 
-    def _cosign(self, node: Node) -> dict[str, Any]:
+    def _cosign(self, node: Node, tag: str) -> dict[str, Any]:
         """cosign's tag: written when the destination lacks it or holds a part of it (its layers among ours); kept
         when the destination's holds a layer the source's lacks (signed there too)."""
-        assert node.tag is not None
-        current = self.dst.get_manifest(node.tag)
+        current = self.dst.get_manifest(tag)
         if current is not None and current.digest == node.digest:
-            return {"tag": node.tag, "digest": node.digest, "status": "present"}
+            return {"tag": tag, "digest": node.digest, "status": "present"}
         if current is not None:
             ours = {b.digest for b in node.blobs}
             try:
@@ -536,9 +540,9 @@ class _Writer:
             except ValueError:
                 theirs = set()
             if not theirs <= ours:
-                return {"tag": node.tag, "digest": current.digest, "status": "kept"}
-        self.dst.put_manifest(node.tag, node.body, node.media_type)
-        return {"tag": node.tag, "digest": node.digest, "status": "written"}
+                return {"tag": tag, "digest": current.digest, "status": "kept"}
+        self.dst.put_manifest(tag, node.body, node.media_type)
+        return {"tag": tag, "digest": node.digest, "status": "written"}
 
     def _tag(self, tag: str) -> dict[str, Any]:
         root = self.plan.root
