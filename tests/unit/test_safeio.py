@@ -247,6 +247,7 @@ def test_terminal_text_loses_its_escape_sequences():
     evil = "GHSA-1\x1b]8;;http://x\x07link\x1b]8;;\x07 \x1b[2J\x1b[31mred\x1b[0m\x07\x08 line\u2028two\nok\ttab"
     assert safeio.for_terminal(evil) == "GHSA-1link red line two\nok\ttab".replace(" line two", " linetwo")
     assert safeio.for_terminal("a\nb\tc", lines=False) == "a b c"
+    assert safeio.for_terminal("PASS digest  r/x:t", lines=False) == "PASS digest  r/x:t"  # verify's columns stay
     assert safeio.clean_tree({"k\x1b[1m": ["v\x9b2J", 3]}) == {"k": ["v2J", 3]}
 
 

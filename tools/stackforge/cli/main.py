@@ -46,7 +46,7 @@ COMMAND_MODULES = [
 VERB_MODULES = {
     **dict.fromkeys(("list", "show", "lint", "tags", "diff", "schema"), "stack"),
     **dict.fromkeys(("render", "build", "gate", "verify", "abi"), "build"),
-    **dict.fromkeys(("publish", "pull"), "publish"),
+    **dict.fromkeys(("publish", "pull", "copy"), "publish"),
     **dict.fromkeys(("sbom", "scan"), "trust"),
     **{name: name for name in COMMAND_MODULES if name not in ("stack", "build", "publish", "trust")},
 }
