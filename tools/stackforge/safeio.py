@@ -11,7 +11,6 @@ container wrote, text on its way to a terminal.
   :class:`Malformed` error naming the source and the field.
 - :func:`relative_name` / :func:`confined` / :func:`write_confined`: a name taken from data becomes a path only
   when it is relative, has no ``..`` and no link on its way out of its root.
-- :func:`copy_out`: a directory a container wrote, copied without following links, within a size cap.
 - :class:`OutputDir`: an ``--out`` directory replaced whole only when this tool made it, and never when it is, or
   holds, an input of the same command.
 - :func:`for_terminal`: text from outside with its control characters removed (escape sequences included).
@@ -30,7 +29,7 @@ import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
@@ -46,10 +45,6 @@ JSON_LIMIT = 64 * MiB
 JSON_DEPTH = 64
 #: a key file (PEM), a credential helper's answer
 SMALL_LIMIT = 1 * MiB
-#: what a container may leave in a directory the host copies out (``stackforge test``'s output)
-COPY_OUT_LIMIT = 256 * MiB
-COPY_OUT_FILES = 10_000
-COPY_OUT_DEPTH = 32
 
 #: the file an :class:`OutputDir` writes into the directory it made
 OUTPUT_MARK = ".stackforge-output"
@@ -373,79 +368,6 @@ def write_confined(
 
 
 # --------------------------------------------------------------------------------------------------
-# What a container wrote
-
-
-@dataclass
-class Copied:
-    """What :func:`copy_out` took and what it left, each with its reason."""
-
-    files: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    size: int = 0
-
-
-def copy_out(
-    src: str | Path,
-    dest: str | Path,
-    *,
-    limit: int = COPY_OUT_LIMIT,
-    max_files: int = COPY_OUT_FILES,
-    file_limit: int | None = None,
-) -> Copied:
-    """Copy the directory ``src`` (written by something not trusted, such as a container) into ``dest``: regular
-    files and directories only, no link followed (a link, FIFO, device or socket is skipped and named), at most
-    ``max_files`` files and ``limit`` bytes in all (``file_limit`` each). Over a limit is an error and ``dest``
-    keeps nothing; modes are not kept (files 0644, directories 0755)."""
-    src, dest = Path(src), Path(dest)
-    done = Copied()
-    made = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True)
-    try:
-        _copy_dir(src, dest, PurePosixPath(), done, limit, max_files, file_limit)
-    except BaseException:
-        if made:
-            shutil.rmtree(dest, ignore_errors=True)
-        else:
-            for name in done.files:
-                (dest / name).unlink(missing_ok=True)
-        raise
-    return done
-
-
-def _copy_dir(
-    src: Path, dest: Path, rel: PurePosixPath, done: Copied, limit: int, max_files: int, file_limit: int | None
-) -> None:
-    if len(rel.parts) > COPY_OUT_DEPTH:
-        raise Malformed(f"{printable(src)} nests directories deeper than {COPY_OUT_DEPTH} (the limit)", file=str(src))
-    with os.scandir(src) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for entry in entries:
-        name = (rel / entry.name).as_posix()
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            done.skipped.append(f"{printable(name)}: unreadable")
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            (dest / entry.name).mkdir(mode=0o755, exist_ok=True)
-            _copy_dir(Path(entry.path), dest / entry.name, rel / entry.name, done, limit, max_files, file_limit)
-        elif stat.S_ISREG(st.st_mode):
-            if len(done.files) >= max_files:
-                raise Malformed(f"{printable(src)} holds more than {max_files} files (the limit)", file=str(src))
-            cap = min(limit - done.size, file_limit) if file_limit is not None else limit - done.size
-            data = read_bytes(entry.path, limit=max(cap, 0), what="output file", follow=False)
-            target = dest / entry.name
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            done.size += len(data)
-            done.files.append(name)
-        else:
-            done.skipped.append(f"{printable(name)}: {_kind(st.st_mode)}, not copied")
-
-
-# --------------------------------------------------------------------------------------------------
 # Output directories
 
 
@@ -548,12 +470,10 @@ __all__ = [
     "JSON_DEPTH",
     "JSON_LIMIT",
     "SMALL_LIMIT",
-    "Copied",
     "Malformed",
     "OutputDir",
     "clean_tree",
     "confined",
-    "copy_out",
     "decode",
     "depth",
     "field_path",
