@@ -171,9 +171,12 @@ def check_provenance(
 
 def check_sbom(attached: bytes, installed: str) -> tuple[bool, str]:
     """The SBOM attached to an image against ``installed`` (the SBOM made from the pulled image): the same packages
-    and versions, 0 mismatches."""
-    want = set(_components(attached.decode()))
-    have = set(_components(installed))
+    and versions, 0 mismatches; an attached document that is not a CycloneDX SBOM fails, naming the field."""
+    try:
+        want = set(_components(attached, "the attached SBOM"))
+    except UserError as err:
+        return False, f"sbom    {err.location()}: {err.message}"
+    have = set(_components(installed, "the installed packages' SBOM"))
     missing, extra = sorted(want - have), sorted(have - want)
     shown = ", ".join([*(f"-{p}" for p in missing[:4]), *(f"+{p}" for p in extra[:4])])
     ok = not missing and not extra
@@ -183,6 +186,7 @@ def check_sbom(attached: bytes, installed: str) -> tuple[bool, str]:
     )
 
 
-def _components(text: str) -> list[str]:
-    doc = json.loads(text)
-    return [str(c.get("purl")) for c in doc.get("components") or [] if isinstance(c, dict)]
+def _components(data: bytes | str, source: str) -> list[str]:
+    from stackforge.builder import sbom
+
+    return [str(c.purl) for c in sbom.read(data, source=source).components]
