@@ -9,7 +9,6 @@ import itertools
 import json
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -113,24 +112,6 @@ def test_a_file_that_is_not_a_record_is_named(tmp_path):
         osv.load(tmp_path / "missing")
 
 
-def _within(seconds: float, fn, *args):
-    out: dict = {}
-
-    def go():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as exc:
-            out["error"] = exc
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn.__name__} still running after {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 @pytest.mark.parametrize(
     ("maker", "said"),
     [
@@ -146,7 +127,7 @@ def test_a_special_or_linked_record_is_refused_at_once(tmp_path, maker, said):
     shutil.copytree(FIXTURE, db)
     path = hf.SPECIALS[maker](db / "PyPI" / "EVIL.json")
     with pytest.raises(UserError) as err:
-        _within(10, osv.load, db)
+        hf.within(10, osv.load, db)
     assert said in err.value.message and str(err.value.file) == str(path)
 
 
@@ -155,7 +136,7 @@ def test_a_huge_record_and_a_linked_directory_are_refused(tmp_path):
     shutil.copytree(FIXTURE, db)
     hf.huge(db / "PyPI" / "BIG.json", osv.MAX_RECORD_BYTES + 1)
     with pytest.raises(UserError, match="larger than"):
-        _within(10, osv.load, db)
+        hf.within(10, osv.load, db)
     (db / "PyPI" / "BIG.json").unlink()
     (db / "Elsewhere").symlink_to(tmp_path)  # a directory link: its files could be anywhere
     with pytest.raises(UserError, match="a link to a directory") as err:

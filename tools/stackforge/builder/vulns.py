@@ -19,6 +19,7 @@ are none. A waived finding is reported with its reason and expiry; one whose wai
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -291,16 +292,22 @@ class ScanReport:
 
 
 # One database per process: a nightly scans each of its images against the same directory.
-_LOADED: dict[str, tuple[tuple, osv.Database]] = {}
+_LOADED: dict[str, tuple[str, osv.Database]] = {}
 
 
-def _signature(root: Path) -> tuple:
-    """What changes when a fetch replaces or adds an export: the directory's and its subdirectories' times."""
-    out = []
-    for path in [root, *sorted(p for p in root.iterdir() if p.is_dir())] if root.is_dir() else []:
-        st = os.stat(path)
-        out.append((str(path), st.st_mtime_ns, st.st_ino))
-    return tuple(out)
+def _signature(root: Path) -> str:
+    """What changes when any file of the database does: every entry's path, size, time and inode (a stat per
+    file costs little beside reading it)."""
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            digest.update(f"{dirpath}/{name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n".encode(errors="replace"))
+    return digest.hexdigest()
 
 
 def load_database(root: Path) -> osv.Database:

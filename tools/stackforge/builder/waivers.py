@@ -138,7 +138,8 @@ def _read(path: Path, display: str) -> tuple[File, yamlsrc.Sourced]:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         loc = tuple(first["loc"])
-        where = _pos(source, display, loc)
+        key = source.keys.get(loc) if first["type"] == "extra_forbidden" else None  # a stray key: where it is
+        where = key or _pos(source, display, loc)
         raise UserError(
             f"{printable(safeio.field_path(loc))}: {printable(first['msg'])}",
             **where.as_error_kwargs(),
