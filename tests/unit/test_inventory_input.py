@@ -65,3 +65,11 @@ def test_an_evidence_directory_whose_inventory_is_a_fifo_does_not_hang(tmp_path)
     hf.fifo(tmp_path / "evidence" / "inventory.json")
     with pytest.raises(UserError, match="FIFO"):
         hf.within(10, inventory.load, str(tmp_path / "evidence"))
+
+
+def test_names_from_an_inventory_reach_the_terminal_without_escapes():
+    evil = {"dists": [{"name": "torch\x1b[2J", "version": "2.11\x1b]0;owned\x07", "index": "\x1b[31mpypi"}]}
+    d = inventory.diff({"dists": []}, inventory.parse(json.dumps(evil), source="x"))
+    text = inventory.to_text(d)
+    assert "\x1b" not in text and "\x07" not in text and text.startswith("+ torch 2.11 (pypi)")
+    assert "\\u001b" in d.to_json()  # JSON keeps it, escaped

@@ -188,4 +188,4 @@ def to_text(d: InventoryDiff) -> str:
     lines += [f"- {r['name']} {show(r)}" for r in d.removed]
     lines += [f"~ {r['name']} {show(r['before'])} -> {show(r['after'])}" for r in d.changed]
     lines.append(f"{len(d.added)} added, {len(d.removed)} removed, {len(d.changed)} changed")
-    return "\n".join(lines) + "\n"
+    return "\n".join(safeio.for_terminal(line, lines=False) for line in lines) + "\n"  # names from the images
