@@ -84,6 +84,11 @@ def test_a_database_that_does_not_cover_the_image_is_an_error(tmp_path):
     assert scan(debian_only, bom(dists=[])).verdict == "blocked"  # an image with no Python: Debian is enough
 
 
+def test_an_sbom_with_nothing_to_scan_is_no_verdict(db):
+    with pytest.raises(UserError, match="nothing to scan"):
+        scan(db, bom(dists=[], dpkg=""))
+
+
 def test_an_image_whose_release_is_unknown_is_an_error(db):
     jammy = "base-files\t12ubuntu4.7\tamd64\t\t\nlibssl3\t3.0.2-0ubuntu1.14\tamd64\topenssl\t3.0.2-0ubuntu1.14\n"
     with pytest.raises(UserError, match="does not say which Ubuntu release"):

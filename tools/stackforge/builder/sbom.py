@@ -337,7 +337,7 @@ class Bom(_Model):
     bomFormat: Literal["CycloneDX"]
     specVersion: Str
     metadata: BomMetadata | None = None
-    components: list[BomComponent]
+    components: list[BomComponent] = []  # none listed: the scan says there is nothing to scan
 
     def prop(self, name: str) -> str | None:
         return next((p.value for p in self.metadata.properties if p.name == name), None) if self.metadata else None

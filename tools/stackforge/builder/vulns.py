@@ -111,8 +111,15 @@ def check_database(
             file="--osv",
             fix=osv.FETCH_FIX,
         )
+    wanted = needed(packages)
+    if not wanted:
+        raise UserError(
+            "the SBOM lists no Python distribution and no Debian package: there is nothing to scan, which is no "
+            "verdict",
+            fix="scan the image itself (stackforge scan IMAGE), or an SBOM stackforge made of it",
+        )
     out = []
-    for eco, count in needed(packages).items():
+    for eco, count in wanted.items():
         if eco.family != "PyPI" and eco.release is None:
             raise UserError(
                 f"the image holds {count} {eco.family} packages, but its SBOM does not say which {eco.family} "
