@@ -121,7 +121,7 @@ def test_keys_stackforge_does_not_sign_with_are_refused(keys, tmp_path):
         provenance.signer(encrypted)
     with pytest.raises(UserError, match="not a PEM public key"):
         provenance.public_key(keys["ed25519"][0])
-    with pytest.raises(UserError, match="cannot read"):
+    with pytest.raises(UserError, match="signing key does not exist"):
         provenance.signer(tmp_path / "missing.pem")
     with pytest.raises(UserError, match="not a DSSE envelope"):
         provenance.open_envelope(b"{}", provenance.public_key(keys["ed25519"][1]))

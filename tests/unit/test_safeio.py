@@ -171,8 +171,10 @@ def test_no_write_through_a_link(tmp_path):
     with pytest.raises(Malformed, match="symbolic link"):
         safeio.write_confined(root, "locks/x.yaml", "evil")
     (root / "file.yaml").symlink_to(outside / "target")
-    with pytest.raises(Malformed):
-        safeio.write_confined(root, "file.yaml", "evil")
+    safeio.write_confined(root, "file.yaml", "replaced")  # the link is replaced, not followed
+    assert not (root / "file.yaml").is_symlink() and (root / "file.yaml").read_text() == "replaced"
+    with pytest.raises(Malformed, match="symbolic link"):
+        safeio.confined(root, "locks")
     assert list(outside.iterdir()) == []
 
 
@@ -246,3 +248,29 @@ def test_terminal_text_loses_its_escape_sequences():
     assert safeio.for_terminal(evil) == "GHSA-1link red line two\nok\ttab".replace(" line two", " linetwo")
     assert safeio.for_terminal("a\nb\tc", lines=False) == "a b c"
     assert safeio.clean_tree({"k\x1b[1m": ["v\x9b2J", 3]}) == {"k": ["v2J", 3]}
+
+
+def test_an_error_quoting_outside_text_reaches_the_terminal_without_escape_sequences(tmp_path, capsys):
+    from stackforge.cli.main import main
+
+    nights = tmp_path / "no\x1b]0;owned\x07\x1b[2Jwhere"
+    assert main(["history", "--nights", str(nights), "--out", str(tmp_path / "site")]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "\x1b" not in err and "\x07" not in err
+
+
+def test_a_model_is_validated_by_one_adapter_made_once():
+    safeio.validate(Doc, {"rows": []}, source="a")
+    before = safeio._adapter.cache_info().hits
+    assert safeio.validate(Doc, {"rows": [{"digest": "d", "size": 1}]}, source="b").rows[0].size == 1
+    assert safeio._adapter.cache_info().hits == before + 1
+    with pytest.raises(Malformed, match="rows"):
+        safeio.validate(Doc, {"rows": "x"}, source="c")  # the kept adapter refuses as a new one does
+
+
+def test_few_brackets_cannot_nest_deep_and_many_are_counted():
+    shallow = '{"a": "' + "[" * 200 + '"}'  # brackets in a string: over the cap in number, not in depth
+    assert safeio.parse_json(shallow, source="x") == {"a": "[" * 200}
+    with pytest.raises(Malformed, match="nests 65 levels deep"):
+        safeio.parse_json("[" * 65 + "]" * 65, source="x")
+    assert safeio.parse_json("[" * 64 + "]" * 64, source="x") is not None

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
-from stackforge.errors import UserError, printable
+from stackforge.errors import UserError, for_terminal, printable
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -328,10 +328,16 @@ def relative_name(name: object, *, what: str = "name", source: str | Path | None
 
 
 def confined(
-    root: str | Path, name: str | PurePosixPath, *, what: str = "name", source: str | Path | None = None
+    root: str | Path,
+    name: str | PurePosixPath,
+    *,
+    what: str = "name",
+    source: str | Path | None = None,
+    last_may_be_link: bool = False,
 ) -> Path:
     """``root/name`` for a :func:`relative_name`, refused when a part of it that exists is a link or not a
-    directory: a write through it could not leave ``root``."""
+    directory (the last part may be a link when ``last_may_be_link``: a rename onto it replaces the link itself):
+    nothing read or written through it leaves ``root``."""
     rel = relative_name(str(name), what=what, source=source)
     here = Path(root)
     for i, part in enumerate(rel.parts):
@@ -340,7 +346,8 @@ def confined(
             mode = os.lstat(here).st_mode
         except FileNotFoundError:
             break
-        if stat.S_ISLNK(mode) or (i < len(rel.parts) - 1 and not stat.S_ISDIR(mode)):
+        last = i == len(rel.parts) - 1
+        if (stat.S_ISLNK(mode) and not (last and last_may_be_link)) or (not last and not stat.S_ISDIR(mode)):
             raise Malformed(
                 f"{what} {printable(str(rel))}: {printable(here)} is {_kind(mode)}; nothing is written through it",
                 file=str(source) if source is not None else None,
@@ -356,10 +363,11 @@ def write_confined(
     what: str = "name",
     source: str | Path | None = None,
 ) -> Path:
-    """Write ``data`` to ``root/name`` (see :func:`confined`), its directories made, never through a link."""
-    path = confined(root, name, what=what, source=source)
+    """Write ``data`` to ``root/name`` (see :func:`confined`), its directories made, never through a link: a file
+    written beside it is renamed onto the name, so a link there is replaced, not followed."""
+    path = confined(root, name, what=what, source=source, last_may_be_link=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    confined(root, name, what=what, source=source)  # the directories just made are ours; nothing moved in between
+    confined(root, name, what=what, source=source, last_may_be_link=True)  # nothing moved in meanwhile
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(tmp, flags, 0o644)
@@ -459,9 +467,25 @@ class OutputDir:
     path: Path
     verb: str
 
-    def check(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out") -> None:
+    def check(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out", legacy: Iterable[str] = ()) -> None:
         """Refuse before anything runs: ``path`` is an input or holds one, or it holds files this verb did not
-        write."""
+        write (``legacy``: names of files only this verb writes, which count as its mark in a directory made
+        before marks were written)."""
+        self.refuse_inputs(inputs, flag)
+        if not os.path.lexists(self.path):
+            return
+        if os.path.islink(self.path) or not os.path.isdir(self.path):
+            raise UserError(f"{printable(self.path)} exists and is not a directory", file=flag, fix="name a directory")
+        legacy_mark = any(os.path.lexists(Path(self.path) / name) for name in legacy)
+        if any(os.scandir(self.path)) and not self._marked() and not legacy_mark:
+            raise UserError(
+                f"{printable(self.path)} holds files `stackforge {self.verb}` did not write; it is not touched",
+                file=flag,
+                fix="give a new or empty directory, or remove that one yourself",
+            )
+
+    def refuse_inputs(self, inputs: Iterable[str | Path], flag: str = "--out") -> None:
+        """Refuse when ``path`` is one of ``inputs`` or holds one (links resolved)."""
         out = os.path.realpath(self.path)
         for given in inputs:
             src = os.path.realpath(given)
@@ -472,17 +496,16 @@ class OutputDir:
                     file=flag,
                     fix=f"give {flag} a directory of its own (for example a new one beside the input)",
                 )
-        if not os.path.lexists(self.path):
-            return
-        if os.path.islink(self.path) or not os.path.isdir(self.path):
-            raise UserError(f"{printable(self.path)} exists and is not a directory", file=flag, fix="name a directory")
-        if any(os.scandir(self.path)) and not self._marked():
-            raise UserError(
-                f"{printable(self.path)} holds files `stackforge {self.verb}` did not write; it is replaced "
-                "whole, so it is not touched",
-                file=flag,
-                fix="give a new or empty directory, or remove that one yourself",
-            )
+
+    def claim(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out", legacy: Iterable[str] = ()) -> Path:
+        """For a command that writes into ``path`` as it goes (a nightly's directory, a mirror): the refusals of
+        :meth:`check`, then the directory made and marked as this verb's."""
+        self.check(inputs, flag=flag, legacy=legacy)
+        out = Path(self.path)
+        out.mkdir(parents=True, exist_ok=True)
+        if not self._marked():
+            (out / OUTPUT_MARK).write_text(f"stackforge {self.verb}\n", encoding="utf-8")
+        return out
 
     def _marked(self) -> bool:
         mark = Path(self.path) / OUTPUT_MARK
@@ -517,19 +540,6 @@ class OutputDir:
 
 # --------------------------------------------------------------------------------------------------
 # Terminals
-
-#: C0 and C1 controls but tab and newline, DEL, and the line and paragraph separators
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
-#: ANSI/VT escape sequences (CSI, OSC, …) taken whole, so no parameter bytes are left behind
-_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[PX^_][^\x1b]*(?:\x1b\\)?|[@-Z\\-_])")
-
-
-def for_terminal(text: object, *, lines: bool = True) -> str:
-    """``text`` from outside (an advisory, a record, a file a container wrote) safe to print: escape sequences
-    and control characters removed; newlines and tabs kept unless ``lines`` is false (then each becomes a
-    space)."""
-    out = _CONTROL.sub("", _ESCAPE.sub("", str(text)))
-    return out if lines else " ".join(out.split())
 
 
 def clean_tree(value: Any, *, lines: bool = True) -> Any:

@@ -21,6 +21,7 @@ from stackforge.cli.options import (
     workspace_of,
 )
 from stackforge.errors import UserError
+from stackforge.safeio import for_terminal
 
 if TYPE_CHECKING:
     from stackforge.publish.publisher import PublishOptions, stderr_echo
@@ -137,10 +138,10 @@ def print_verification(args, v, summary: str) -> int:
                 "summary": v.summary(subject),
             }
         )
-    else:
+    else:  # the lines carry what a registry and an image said: no escape sequence reaches the terminal
         for line in v.lines:
-            print(line)
-        print(v.summary(subject) + (", refused" if v.failed else ""))
+            print(for_terminal(line, lines=False))
+        print(for_terminal(v.summary(subject), lines=False) + (", refused" if v.failed else ""))
     return 1 if v.failed else 0
 
 

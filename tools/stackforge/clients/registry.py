@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
-import json
 import random
 import re
 import threading
@@ -41,7 +40,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 
 import requests
 
-from stackforge import netread
+from stackforge import netread, safeio
 from stackforge.clients import credentials
 from stackforge.errors import UserError
 from stackforge.grammar import HOST_RE, REPO_PATH_RE, looks_like_host
@@ -197,6 +196,15 @@ class MalformedAnswer(RegistryError, ValueError):
     """The registry answered something that is not what the API says it answers."""
 
 
+def parse_answer(body: bytes, what: str) -> Any:
+    """The JSON of a registry answer (already read within its size cap) within the nesting cap; a
+    :class:`MalformedAnswer` naming ``what`` when it is not JSON."""
+    try:
+        return safeio.parse_json(body, source=what, what="answer", limit=max(len(body), 1))
+    except safeio.Malformed as exc:
+        raise MalformedAnswer(f"{what} is not valid JSON: {exc.message}") from None
+
+
 class RetriesExhausted(RegistryError):
     def __init__(self, what: str, attempts: int, elapsed: float, last: Exception):
         super().__init__(
@@ -286,10 +294,7 @@ class Manifest:
 
     def json(self) -> dict[str, Any]:
         """The manifest as a JSON object; a :class:`MalformedAnswer` when it is not one."""
-        try:
-            doc = json.loads(self.body)
-        except ValueError:
-            raise MalformedAnswer(f"manifest {self.digest} is not valid JSON") from None
+        doc = parse_answer(self.body, f"manifest {self.digest}")
         if not isinstance(doc, dict):
             raise MalformedAnswer(f"manifest {self.digest} is a JSON {type(doc).__name__}, not an object")
         return doc
@@ -392,10 +397,7 @@ class RegistryClient:
 
     def _json(self, resp: requests.Response, limit: int, what: str) -> Any:
         body = self._body(resp, limit, what)
-        try:
-            return json.loads(body)
-        except ValueError:
-            raise MalformedAnswer(f"{what} from {redact(resp.url or '')} is not valid JSON") from None
+        return parse_answer(body, f"{what} from {redact(resp.url or '')}")
 
     def _error(self, method: str, url: str, resp: requests.Response) -> RegistryError:
         codes: list[str] = []
@@ -405,7 +407,7 @@ class RegistryClient:
         except (netread.Exceeded, requests.RequestException):
             raw = b""
         try:
-            payload = json.loads(raw)
+            payload = parse_answer(raw, "error answer")
             for err in payload.get("errors", []) or []:
                 codes.append(str(err.get("code")))
                 detail += f" {err.get('code')}: {err.get('message')}"
@@ -718,7 +720,7 @@ class RegistryClient:
 
 def _error_codes(body: bytes) -> list[str]:
     try:
-        return [str(e.get("code")) for e in (json.loads(body).get("errors") or [])]
+        return [str(e.get("code")) for e in (parse_answer(body, "error answer").get("errors") or [])]
     except (ValueError, AttributeError, TypeError):
         return []
 

@@ -31,7 +31,7 @@ from stackforge.clients.registry import (
     RetryPolicy,
     split_ref,
 )
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
 from stackforge.overlay.record import check_ref
 from stackforge.publish import attest
 from stackforge.publish import record as records
@@ -228,7 +228,9 @@ def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: An
             return
         v.add(*attest.check_sbom(attached, sbom.of_image(engine, pinned)))
     except (RegistryError, ValueError) as exc:
-        v.add(False, f"sbom    cannot be read: {exc}")
+        v.add(False, f"sbom    cannot be read: {printable(exc)}")
+    except UserError as exc:  # an attached SBOM that is not one (too deep, not UTF-8, a wrong shape)
+        v.add(False, f"sbom    cannot be read: {exc.message}")
 
 
 def tag_pulled(engine: Any, pinned: str, ref: str) -> None:

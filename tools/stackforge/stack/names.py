@@ -17,6 +17,9 @@ STACK_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
 #: stacks/waivers.yaml holds the repository's vulnerability waivers (builder/waivers.py), not a stack
 WAIVERS = "waivers.yaml"
 RESERVED = {WAIVERS.removesuffix(".yaml")}
+#: A file an image or a publish record carries as one of its stack files (a stack, a parent, the overrides):
+#: a plain name in stacks/, never a path.
+STACK_FILE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}\.(?:yaml|json)")
 
 
 def list_stacks(root: Path) -> list[str]:
