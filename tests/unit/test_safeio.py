@@ -230,3 +230,20 @@ def test_an_error_quoting_outside_text_reaches_the_terminal_without_escape_seque
     assert main(["history", "--nights", str(nights), "--out", str(tmp_path / "site")]) != 0
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "\x1b" not in err and "\x07" not in err
+
+
+def test_a_model_is_validated_by_one_adapter_made_once():
+    safeio.validate(Doc, {"rows": []}, source="a")
+    before = safeio._adapter.cache_info().hits
+    assert safeio.validate(Doc, {"rows": [{"digest": "d", "size": 1}]}, source="b").rows[0].size == 1
+    assert safeio._adapter.cache_info().hits == before + 1
+    with pytest.raises(Malformed, match="rows"):
+        safeio.validate(Doc, {"rows": "x"}, source="c")  # the kept adapter refuses as a new one does
+
+
+def test_few_brackets_cannot_nest_deep_and_many_are_counted():
+    shallow = '{"a": "' + "[" * 200 + '"}'  # brackets in a string: over the cap in number, not in depth
+    assert safeio.parse_json(shallow, source="x") == {"a": "[" * 200}
+    with pytest.raises(Malformed, match="nests 65 levels deep"):
+        safeio.parse_json("[" * 65 + "]" * 65, source="x")
+    assert safeio.parse_json("[" * 64 + "]" * 64, source="x") is not None

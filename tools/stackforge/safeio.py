@@ -21,13 +21,14 @@ Every refusal is a :class:`Malformed` (a ``UserError``, exit 1) naming the file 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -192,7 +193,7 @@ def parse_json(
     if len(raw) > limit:
         raise Malformed(f"{what} is larger than {limit} bytes (the limit)", file=str(source))
     text = decode(raw, source=source, what=what) if isinstance(data, bytes | bytearray | memoryview) else str(data)
-    deepest = depth(raw)
+    deepest = depth(raw) if raw.count(b"[") + raw.count(b"{") > max_depth else 0  # fewer cannot nest deeper
     if deepest > max_depth:
         raise Malformed(f"{what} nests {deepest} levels deep (the limit is {max_depth})", file=str(source))
     try:
@@ -234,13 +235,21 @@ def field_path(loc: Iterable[Any]) -> str:
     return out or "(the document)"
 
 
+@functools.lru_cache(maxsize=256)
+def _adapter(model: Any) -> Any:
+    """The pydantic adapter of ``model``, made once: making one costs more than validating a small document."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(model)
+
+
 def validate(model: type[M], data: Any, *, source: str | Path, what: str = "document") -> M:
     """``data`` validated by the pydantic ``model``; a wrong shape is one error naming ``source``, the first
     field that is wrong, and how many others are."""
     from pydantic import TypeAdapter, ValidationError
 
     try:
-        return TypeAdapter(model).validate_python(data)
+        return (_adapter(model) if isinstance(model, Hashable) else TypeAdapter(model)).validate_python(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]

@@ -363,10 +363,8 @@ def _extra_args(opts: BuildOptions, ctx: Context) -> list[str]:
 
 
 def _json_or_none(lines: list[str] | None) -> dict | None:
-    try:
-        return json.loads("\n".join(lines)) if lines else None
-    except ValueError:
-        return None
+    """The image's inventory as its records hold it, typed (a wrong shape is an error naming the field)."""
+    return inventory.parse("\n".join(lines), source=f"the image's {inventory.IMAGE_PATH}") if lines else None
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from stackforge.cli.options import (
     add_registry_cache,
     add_retry,
     add_set,
+    osv_max_age_of,
     overrides_for,
     print_json,
     registry_cache_of,
@@ -117,6 +118,7 @@ def cmd_nightly(args) -> int:
         device_uuids=expected([]),  # the lease's $STACKFORGE_DEVICE_UUID, for each smoke's preflight
         osv=args.osv,
         fail_on=args.fail_on,
+        osv_max_age=osv_max_age_of(args) if args.osv else None,
         cache=cache,
     )
     summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))

@@ -15,6 +15,7 @@ from stackforge.cli.options import (
     add_retry,
     add_set,
     load,
+    osv_max_age_of,
     print_json,
     retry_policy,
     root_of,
@@ -230,6 +231,7 @@ def cmd_publish(args) -> int:
         sign_key=args.sign_key,
         osv=args.osv,
         fail_on=args.fail_on,
+        osv_max_age=osv_max_age_of(args) if args.osv else None,
         verify_pull=args.verify_pull,
         echo=stderr_echo,
     )

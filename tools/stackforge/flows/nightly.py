@@ -35,8 +35,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from stackforge import safeio
 from stackforge.builder import bake as bakemod
-from stackforge.builder import evidence
+from stackforge.builder import evidence, vulns
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.regcache import RegistryCache
@@ -77,6 +78,10 @@ class Row:
     smoke_recipes: dict[str, str] = field(default_factory=dict)  # recipe -> its verdict
     tests: dict[str, str] = field(default_factory=dict)  # test slice -> its verdict (the device-free nightly ones)
     aliases: dict[str, str] = field(default_factory=dict)  # alias -> moved | unchanged | not moved: why
+    #: the vulnerability gate (``--osv``): {verdict: clear|waived|blocked, fail_on, blocked: [ids], waived: [{id,
+    #: package, version, severity, reason, expires, waiver}], findings: N, database: {ecosystem: {fetched_at, from,
+    #: age_hours}}, waivers: file}; None: not scanned (builder/vulns.py ScanReport.summary)
+    scan: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -193,6 +198,10 @@ class Summary:
                 _cell(r.reason),
             ]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        scanned = [r for r in self.rows if r.scan]
+        if scanned:
+            lines += ["", "| stack | target | scan | blocked | waived |", "| --- | --- | --- | --- | --- |"]
+            lines += [_scan_line(r) for r in scanned]
         slices = [v for r in self.rows for v in r.tests.values()]
         if slices:
             counted = ", ".join(f"{slices.count(v)} {v}" for v in ("passed", "failed", "not-run") if v in slices)
@@ -249,6 +258,18 @@ def _smoke_cell(row: Row) -> str:
     if row.aliases:
         text += "; " + ", ".join(f"{a.rsplit(':', 1)[-1]} {v}" for a, v in row.aliases.items())
     return text
+
+
+def _scan_line(row: Row) -> str:
+    """One row of the scan table: the verdict, the blocking ids, each waived finding with its reason and expiry."""
+    scan = row.scan or {}
+    waived = "; ".join(
+        f"{w.get('id')} {w.get('package')} {w.get('version')} until {w.get('expires')}: {w.get('reason')}"
+        for w in scan.get("waived") or []
+    )
+    cells = [row.stack, row.target, f"{scan.get('verdict')} (at or above {scan.get('fail_on')})"]
+    cells += [", ".join(scan.get("blocked") or []), _cell(waived)]
+    return "| " + " | ".join(safeio.for_terminal(c, lines=False).replace("|", "\\|") for c in cells) + " |"
 
 
 def _cell(text: str | None) -> str:
@@ -368,6 +389,8 @@ class NightlyOptions:
     #: ``fail_on`` (the immutable tag is published; the summary's aliases say why they stayed)
     osv: Path | None = None
     fail_on: str = "high"
+    #: how old the OSV snapshot may be (None: 7 days); an older one stops the night before it builds
+    osv_max_age: _dt.timedelta | None = None
     #: build cache imported from / exported to a registry by the bake and every build (builder/regcache.py)
     cache: RegistryCache | None = None
 
@@ -384,6 +407,9 @@ def nightly(
     started = time.monotonic()
     parse_registry(registry, what="--registry")
     date = validate_date(options.date)
+    if options.osv is not None:  # a database that cannot give a verdict stops the night before it builds
+        for fresh in vulns.preflight(options.osv, options.osv_max_age or vulns.DEFAULT_MAX_AGE):
+            echo(f"nightly: OSV database {fresh.line()}")
     outdir = options.out or root / "build" / "nightly" / date
     # the night's directory holds only what the nightly writes: never one of the repository's inputs, never a
     # directory of other files (a row's evidence is replaced in it)
@@ -558,6 +584,7 @@ def _bake_and_build(
         sign_key=options.sign_key,
         osv=options.osv,
         fail_on=options.fail_on,
+        osv_max_age=options.osv_max_age,
         test=slice_runs.run_slice,
         device_uuids=options.device_uuids,
         cache=options.cache,
@@ -629,6 +656,7 @@ class NightlyRun:
     sign_key: Path | None = None
     osv: Path | None = None
     fail_on: str = "high"
+    osv_max_age: _dt.timedelta | None = None
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
     device_uuids: tuple[str, ...] = ()
     cache: RegistryCache | None = None  # the build cache each build imports and exports, as the bake's
@@ -677,6 +705,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
                 sign_key=run.sign_key,
                 osv=run.osv,
                 fail_on=run.fail_on,
+                osv_max_age=run.osv_max_age,
                 echo=lambda line: None,
             ),
             date=run.date,
@@ -687,6 +716,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
         try:
             result = publish(move_aliases=not recipes)
             row.status, row.tag, row.digest = result.status, result.reference, result.digest
+            row.scan = getattr(result, "scan", None)
             echo(f"nightly: {stack.name}/{target}: {result.status} {result.reference}")
             if recipes:
                 _smoke_then_aliases(run, stack, target, row, recipes, evidence, publish)
@@ -759,7 +789,9 @@ def _smoke_then_aliases(
     )
     row.smoke, row.smoke_recipes = verdict.verdict, verdict.recipes
     if verdict.moves_aliases:
-        row.aliases = dict(publish(move_aliases=True).aliases)
+        moved = publish(move_aliases=True)
+        row.aliases = dict(moved.aliases)
+        row.scan = getattr(moved, "scan", None) or row.scan
         run.echo(f"nightly: {stack.name}/{target}: smoke passed; aliases {row.aliases}")
         return
     row.status, row.stage = ("failed" if verdict.verdict == "failed" else NOT_RUN), "smoke"

@@ -165,6 +165,8 @@ class PublishResult:
     local_size: int | None = None
     #: the local image's id when publishing normalized it (``image_id`` is then what a pull gives)
     gated_image_id: str | None = None
+    #: the vulnerability gate's verdict (builder/vulns.py ScanReport.summary()); None: not scanned
+    scan: dict[str, Any] | None = None
 
     @property
     def reference(self) -> str:
@@ -811,6 +813,8 @@ class PublishOptions:
     #: above ``fail_on`` stands (the immutable tag is published either way)
     osv: Path | None = None
     fail_on: str = "high"
+    #: how old ``osv``'s snapshot may be before the gate refuses it (None: 7 days)
+    osv_max_age: _dt.timedelta | None = None
 
 
 def publish(
