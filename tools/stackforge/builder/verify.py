@@ -65,6 +65,7 @@ KINDS = {
     "abi": ("abi", False),
     "signed": ("signed provenance", False),
     "sbom": ("sbom", False),
+    "scan": ("scan", False),
     "rebuild": ("rebuild", False),
 }
 LINES = ("gate", "abi")  # counted by the output lines the check printed before its verdict

@@ -153,6 +153,7 @@ def verify_ref(
                      "describe this image; refused")  # fmt: skip
         return v
     v.add(True, f"record  digest={rec.digest} matches the pulled digest")
+    scan_lines(v, rec)
     tag = rec.tags[0] if rec.tags else None
     if tag:
         try:
@@ -241,6 +242,21 @@ def _not_attached(v: Verification, client: RegistryClient, digest: str, ref: str
     v.lines.append(f"note    a copy by tag alone (skopeo copy, docker pull/tag/push, a registry's tag replication) leaves "
                    f"them behind: copy the image with them, `stackforge copy SRC {ref}` (or `oras cp -r SRC {ref}`); "
                    "an image stackforge did not publish has none")  # fmt: skip
+
+
+def scan_lines(v: Verification, rec: Any) -> None:
+    """The vulnerability gate's verdict the record carries: clear, each waived finding with its reason (a pass:
+    waived by a reviewer, until its date), each blocking finding (a failure: the publish moved no alias for it);
+    a note when no scan ran."""
+    scan = rec.scan
+    if scan is None:
+        v.lines.append("note    scan none recorded: the image was published without a vulnerability gate")
+        return
+    v.add(scan.verdict != "blocked", f"scan    {scan.verdict} at {scan.fail_on} ({scan.findings} findings)")
+    for w in scan.waived:
+        v.add(True, f"scan    waived {w.id} ({w.package} {w.version or ''}): {w.reason} (until {w.expires}; {w.waiver or 'waiver'})")  # fmt: skip
+    if scan.blocked:
+        v.add(False, f"scan    blocked by {', '.join(scan.blocked[:8])}: no alias was moved to this image")
 
 
 def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: Any, pinned: str) -> None:

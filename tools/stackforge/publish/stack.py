@@ -166,6 +166,7 @@ def publish_stack(
             extra["scan"] = held
         options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
         attacher = record.Attacher(loaded, target, evidence_dir, repository, engine, local, options.policy)
+        attacher.scan = scanned.summary() if scanned is not None else None
         signing = _signing(loaded, target, options, evidence_dir, repository, engine, local)
         result = publish(
             image,
