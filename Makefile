@@ -59,8 +59,8 @@ doctor: $(STAMP) ## check the engine and every endpoint STACK needs (base image,
 lint: lint-py lint-domain ## everything below: what CI checks before the tests
 
 lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests and benchmarks; the package's floors
-	$(VENV)/bin/ruff check tools tests bench scripts
-	$(VENV)/bin/ruff format --check tools tests bench scripts
+	$(VENV)/bin/ruff check tools tests bench scripts setup.py
+	$(VENV)/bin/ruff format --check tools tests bench scripts setup.py
 	$(VENV)/bin/mypy
 	$(PY) scripts/layers.py
 
@@ -76,8 +76,8 @@ lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, 
 	$(STACKFORGE) schema --record --docs --check
 
 format: $(STAMP) ## apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix tools tests bench scripts
-	$(VENV)/bin/ruff format tools tests bench scripts
+	$(VENV)/bin/ruff check --fix tools tests bench scripts setup.py
+	$(VENV)/bin/ruff format tools tests bench scripts setup.py
 
 demo: $(STAMP) base ## fresh machine: set up the engine, build the example stack, run its image
 	@$(STACKFORGE) build example $(ARGS)

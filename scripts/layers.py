@@ -16,7 +16,20 @@ from pathlib import Path
 #: bottom to top. A floor is a list of units (a subpackage or a top-level module); units of one floor are
 #: independent of each other, except in the base floor, whose small modules may use each other.
 FLOORS: list[list[str]] = [
-    ["errors", "urls", "grammar", "fslock", "progress", "signals", "localver", "netread", "digests", "osv"],
+    [
+        "errors",
+        "urls",
+        "grammar",
+        "fslock",
+        "progress",
+        "signals",
+        "localver",
+        "netread",
+        "digests",
+        "osv",
+        "extras",
+        "buildinfo",
+    ],
     ["clients"],
     ["stack"],
     ["patches"],
