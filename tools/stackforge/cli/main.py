@@ -78,7 +78,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--root", default=None, help="repository root (default: found from the current directory)")
     parser.add_argument(
-        "--version", action=_Version, nargs=0, help="print the version and the commit it was built from, and exit"
+        "--version",
+        action=_Version,
+        nargs=0,
+        dest=argparse.SUPPRESS,  # as argparse's own version action: no attribute on the parsed arguments
+        default=argparse.SUPPRESS,
+        help="print the version and the commit it was built from, and exit",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
