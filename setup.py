@@ -8,7 +8,9 @@ build runs in; for a wheel built from an sdist (no git), the file the sdist carr
 from __future__ import annotations
 
 import ast
-import importlib.util
+import os
+import re
+import subprocess
 from pathlib import Path
 
 from setuptools import setup
@@ -19,15 +21,31 @@ ROOT = Path(__file__).resolve().parent
 MODULE = Path("stackforge", "_build_info.py")
 
 
-def _buildinfo():
-    """tools/stackforge/buildinfo.py, loaded by path: the package itself is not importable while it is built."""
-    spec = importlib.util.spec_from_file_location(
-        "_stackforge_buildinfo", ROOT / "tools" / "stackforge" / "buildinfo.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+#: the files that make the package (tools/stackforge/buildinfo.py's BUILD_PATHS)
+BUILD_PATHS = ("tools", "pyproject.toml", "setup.py")
+
+
+def _checkout_commit(root: Path) -> str | None:
+    """The commit of the git checkout whose top is ``root`` (``-dirty`` when a file under BUILD_PATHS differs from
+    it or is untracked); None outside one. As stackforge.clients.git.checkout_commit, which the package uses: this
+    file runs before the package can be imported. Writes nothing (no index refresh)."""
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60, check=True, env=env
+        ).stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != root.resolve():
+            return None
+        head = git("rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+        changed = git("status", "--porcelain", "--", *BUILD_PATHS)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not re.fullmatch(r"[0-9a-f]{40}", head):
+        return None
+    return head + ("-dirty" if changed else "")
 
 
 def _write(path: Path, commit: str, source: str) -> None:
@@ -56,7 +74,7 @@ class BuildPy(build_py):
         if getattr(self, "editable_mode", False):
             return  # an editable install asks git in its checkout at run time
         target = Path(self.build_lib, MODULE)
-        commit = _buildinfo().checkout_commit(ROOT)
+        commit = _checkout_commit(ROOT)
         if commit:
             _write(target, commit, "a git checkout")
         elif _recorded(target) is None:  # not from an sdist that says its commit
@@ -67,7 +85,7 @@ class Sdist(sdist):
     def make_release_tree(self, base_dir, files) -> None:
         super().make_release_tree(base_dir, files)
         target = Path(base_dir, "tools", MODULE)
-        commit = _buildinfo().checkout_commit(ROOT) or _recorded(ROOT / "tools" / MODULE) or "unknown"
+        commit = _checkout_commit(ROOT) or _recorded(ROOT / "tools" / MODULE) or "unknown"
         _write(target, commit, "a git checkout" if commit != "unknown" else "outside a git checkout")
 
 

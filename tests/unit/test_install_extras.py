@@ -93,18 +93,31 @@ def test_version_names_the_checkouts_commit(capsys):
     assert line == f"stackforge {__version__} (commit {head}{dirty})"
 
 
-def test_a_recorded_commit_wins_and_a_malformed_one_is_unknown(monkeypatch):
+def test_a_recorded_commit_wins_and_a_malformed_one_is_unknown(monkeypatch, capsys):
+    from stackforge.cli.main import main
+
     fake = types.ModuleType("stackforge._build_info")
     fake.COMMIT = "a" * 40  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "stackforge._build_info", fake)
-    assert buildinfo.describe("9.9") == f"stackforge 9.9 (commit {'a' * 40})"
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out == f"stackforge {__version__} (commit {'a' * 40})\n"  # not the checkout's
     fake.COMMIT = "$(reboot)"  # type: ignore[attr-defined]
-    assert buildinfo.describe("9.9") == "stackforge 9.9 (commit unknown: built outside a git checkout)"
+    assert buildinfo.recorded() == "unknown"
+    assert (
+        buildinfo.describe("9.9", buildinfo.recorded())
+        == "stackforge 9.9 (commit unknown: built outside a git checkout)"
+    )
 
 
 def test_outside_a_checkout_the_commit_is_unknown(tmp_path):
-    assert buildinfo.checkout_commit(tmp_path) is None
+    from stackforge.clients.git import checkout_commit
+
+    assert checkout_commit(tmp_path, buildinfo.BUILD_PATHS) is None
     (tmp_path / "inner").mkdir()
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    assert buildinfo.checkout_commit(tmp_path / "inner") is None  # inside a repository, but not its top
-    assert buildinfo.checkout_commit(tmp_path) is None  # a repository without a commit
+    assert checkout_commit(tmp_path / "inner", buildinfo.BUILD_PATHS) is None  # inside a repository, not its top
+    assert checkout_commit(tmp_path, buildinfo.BUILD_PATHS) is None  # a repository without a commit
+    assert checkout_commit(REPO, buildinfo.BUILD_PATHS) == _git("rev-parse", "HEAD") + (
+        "-dirty" if _git("status", "--porcelain", "--", *buildinfo.BUILD_PATHS) else ""
+    )

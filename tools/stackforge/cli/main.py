@@ -64,8 +64,12 @@ class _Version(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         from stackforge import buildinfo
+        from stackforge.clients.git import checkout_commit
 
-        print(buildinfo.describe(__version__))
+        commit = buildinfo.recorded()
+        if commit is None:  # an editable install: its checkout says
+            commit = checkout_commit(buildinfo.CHECKOUT, buildinfo.BUILD_PATHS)
+        print(buildinfo.describe(__version__, commit))
         parser.exit()
 
 
