@@ -27,6 +27,7 @@ FLOORS: list[list[str]] = [
         "netread",
         "digests",
         "osv",
+        "safeio",
         "extras",
         "buildinfo",
     ],

@@ -17,11 +17,9 @@ thin over ``for_index`` / ``for_url``); none reads credentials on its own.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -30,10 +28,13 @@ from netrc import NetrcParseError, netrc
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackforge.errors import UserError, clip
+from stackforge import safeio
+from stackforge.clients import proc
+from stackforge.errors import UserError, printable
 from stackforge.urls import Credential, host, split
 
 if TYPE_CHECKING:
+    from stackforge.clients.dockerconfig import AuthEntry
     from stackforge.stack.load import LoadedStack  # stack.load imports this module
 
 _KNOWN: dict[str, tuple[str | None, Credential | None]] = {}  # clean URL -> (index name, URL credential)
@@ -80,13 +81,20 @@ def docker_config_file(environ: Mapping[str, str] | None = None) -> Path:
     return docker_config_dir(environ) / "config.json"
 
 
+#: a netrc file: a few machine lines
+NETRC_LIMIT = 1 << 20
+
+
 def netrc_credentials(hostname: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
     """``(login, password)`` for ``hostname`` from ``$NETRC`` or ``~/.netrc``; ``None`` when absent or unreadable."""
     if not hostname:
         return None
     path = netrc_file(environ)
+    if not path.is_file():  # absent, or a FIFO or device (never opened)
+        return None
+    safeio.read_bytes(path, limit=NETRC_LIMIT, what="netrc")  # an endless or huge file is refused, not parsed
     try:
-        found = netrc(str(path)).authenticators(hostname) if path.is_file() else None
+        found = netrc(str(path)).authenticators(hostname)
     except (NetrcParseError, OSError):
         return None
     if not found:
@@ -172,24 +180,23 @@ def for_registry(
     first; then the docker client config: the credential helper ``credHelpers`` names for the host, else its
     ``credsStore`` (each asked through the ``docker-credential-<name> get`` protocol), else the host's ``auths``
     entry (``docker login`` without a helper). ``None``: anonymous. A helper the config names but the host does
-    not have is a UserError, as it is for docker."""
+    not have is a UserError, as it is for docker; so is a config that cannot be read."""
     environ: Mapping[str, str] = os.environ if env is None else env
     user, password = environ.get("STACKFORGE_REGISTRY_USER"), environ.get("STACKFORGE_REGISTRY_PASSWORD")
     if user and password:
         return user, password
-    path = docker_config if docker_config is not None else docker_config_file(environ)
-    try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+    path = Path(docker_config if docker_config is not None else docker_config_file(environ))
+    from stackforge.clients.dockerconfig import read_docker_config  # pydantic: only when a registry is asked
+
+    config = read_docker_config(path)
+    if config is None:
         return None
-    if not isinstance(config, dict):
-        return None
-    helper = (config.get("credHelpers") or {}).get(host) or config.get("credsStore")
-    if isinstance(helper, str) and helper:
+    helper = config.credHelpers.get(host) or config.credsStore
+    if helper:
         found = helper_get(helper, host, environ, path)
         if found is not None:
             return found
-    return _auths_entry(config.get("auths") or {}, host)
+    return _auths_entry(config.auths, host)
 
 
 def _server_keys(host: str) -> list[str]:
@@ -200,12 +207,12 @@ def _server_keys(host: str) -> list[str]:
     return keys
 
 
-def _auths_entry(auths: dict, host: str) -> tuple[str, str] | None:
+def _auths_entry(auths: Mapping[str, AuthEntry], host: str) -> tuple[str, str] | None:
     for key in _server_keys(host):
         entry = auths.get(key)
-        if isinstance(entry, dict) and entry.get("auth"):
+        if entry is not None and entry.auth:
             try:
-                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+                user, _, password = base64.b64decode(entry.auth, validate=True).decode().partition(":")
             except (ValueError, UnicodeDecodeError):
                 return None
             return user, password
@@ -233,7 +240,20 @@ def helper_get(name: str, host: str, environ: Mapping[str, str], config: Path) -
     return found
 
 
+#: a helper's name, as docker takes it: a bare program name suffix, never a path
+_HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: what a helper may print for one answer
+HELPER_OUTPUT_LIMIT = 1 << 20
+
+
 def _ask_helper(name: str, host: str, environ: Mapping[str, str], config: Path) -> tuple[str, str] | None:
+    if not _HELPER_NAME.fullmatch(name) or len(name) > 128:
+        raise UserError(
+            f"the credential helper {printable(repr(name))} named for {host} is not a bare name: a helper is the "
+            "suffix of a docker-credential-<name> program on PATH",
+            file=config,
+            fix='name the helper as `docker login` writes it (for example "pass" or "secretservice")',
+        )
     program = shutil.which(f"docker-credential-{name}", path=environ.get("PATH"))
     if program is None:
         raise UserError(
@@ -241,39 +261,48 @@ def _ask_helper(name: str, host: str, environ: Mapping[str, str], config: Path) 
             fix=f"install docker-credential-{name}, or remove it from {config} (credsStore / credHelpers), or set "
             "STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD",
         )
+    fix = "check the helper, or set STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD"
     for key in _server_keys(host):
         try:
-            proc = subprocess.run(
-                [program, "get"], input=key, capture_output=True, text=True, timeout=HELPER_SECONDS, env=dict(environ)
-            )
-        except subprocess.TimeoutExpired:
+            done = proc.run([program, "get"], input=key, timeout=HELPER_SECONDS, limit=HELPER_OUTPUT_LIMIT, env=environ)
+        except OSError as exc:
+            raise UserError(f"docker-credential-{name} could not be started: {exc.strerror}", fix=fix) from None
+        if done.stopped == "timeout":
             raise UserError(
-                f"docker-credential-{name} gave no answer for {host} within {HELPER_SECONDS:g} s",
+                f"docker-credential-{name} gave no answer for {host} within {HELPER_SECONDS:g} s (stopped)",
                 fix="check the helper (its keychain may wait to be unlocked)",
-            ) from None
-        if proc.returncode != 0:
-            if _NOT_FOUND.search(proc.stdout + proc.stderr):
-                continue
-            raise UserError(
-                f"docker-credential-{name} failed for {host}: {clip(proc.stderr or proc.stdout)}",
-                fix="check the helper, or set STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD",
             )
-        return _helper_answer(name, host, proc.stdout)
+        if done.stopped == "output":
+            raise UserError(
+                f"docker-credential-{name} printed more than {HELPER_OUTPUT_LIMIT} bytes for {host} (stopped)", fix=fix
+            )
+        if done.returncode != 0:
+            if _NOT_FOUND.search(done.text("stdout") + done.text("stderr")):
+                continue
+            # What a helper prints may hold the secret itself: only its status and sizes are said.
+            raise UserError(
+                f"docker-credential-{name} failed for {host} (exit {done.returncode}; {len(done.stdout)} bytes on "
+                f"stdout, {len(done.stderr)} on stderr, not shown: they may hold a secret)",
+                fix=fix,
+            )
+        return _helper_answer(name, host, done.stdout)
     return None
 
 
-def _helper_answer(name: str, host: str, text: str) -> tuple[str, str]:
+def _helper_answer(name: str, host: str, data: bytes) -> tuple[str, str]:
+    from stackforge.clients.dockerconfig import HelperAnswer
+
     try:
-        data = json.loads(text)
-        user, secret = data["Username"], data["Secret"]
-    except (ValueError, KeyError, TypeError):
+        answer = safeio.parse_model(HelperAnswer, data, source=f"docker-credential-{name}", what="answer",
+                                    limit=HELPER_OUTPUT_LIMIT)  # fmt: skip
+    except safeio.Malformed:
         raise UserError(
-            f"docker-credential-{name} answered for {host} with no Username and Secret",
+            f"docker-credential-{name} answered for {host} with no Username and Secret (its answer is not shown)",
             fix="check the helper's version",
         ) from None
-    if user == "<token>":  # an identity token: docker trades it at the registry's OAuth endpoint
+    if answer.Username == "<token>":  # an identity token: docker trades it at the registry's OAuth endpoint
         raise UserError(
             f"docker-credential-{name} holds an identity token for {host}, which stackforge cannot use",
             fix="set STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD (an access token as the password)",
         )
-    return str(user), str(secret)
+    return answer.Username, answer.Secret
