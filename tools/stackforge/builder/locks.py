@@ -521,6 +521,8 @@ def write_locks(
         role = stack.indexes[index].role
         if _pins(stack, index) or (role == "public" and _deps_vendors(stack, index)):
             todo.append(index)
+    if any(stack.indexes[i].role == "public" for i in todo):
+        pip.find_uv()  # before any export: an install without uv says so at once
     # the trees the requirement phases of the public indexes read, exported and patched as the build does
     need = [
         n

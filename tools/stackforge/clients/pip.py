@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stackforge import extras
 from stackforge.clients import credentials
 from stackforge.errors import UserError
 from stackforge.urls import Credential
@@ -42,8 +43,8 @@ def check_pip() -> None:
 
 
 def find_uv() -> str:
-    """The uv binary `stackforge lock` resolves with: the ``uv`` package's (a dependency of stackforge), else
-    ``uv`` on PATH; it must be at least :data:`UV_MIN`."""
+    """The uv binary `stackforge lock` resolves with: the ``uv`` package's (the ``lock`` extra:
+    ``stackforge[lock]``), else ``uv`` on PATH; it must be at least :data:`UV_MIN`."""
     path: str | None = None
     try:
         from uv import find_uv_bin  # type: ignore[import-not-found,unused-ignore]
@@ -52,11 +53,14 @@ def find_uv() -> str:
     except (ImportError, FileNotFoundError):
         path = shutil.which("uv")
     want = f"uv>={UV_MIN[0]}.{UV_MIN[1]}"
-    fix = f"run: {sys.executable} -m pip install '{want}' (stackforge's own dependency; `make venv` installs it)"
+    fix = (
+        f"install the lock extra: {extras.install_hint('lock')}; a developer's `make venv` installs it "
+        f"(it brings {want})"
+    )
     if path is None:
         raise UserError(
-            "`stackforge lock` resolves with uv's resolver (for the stack's Python and platform) and "
-            f"found no uv for {sys.executable}",
+            "`stackforge lock` resolves with uv's resolver (for the stack's Python and platform), which the "
+            f"operator's install of stackforge leaves out: no uv for {sys.executable} nor on PATH",
             fix=fix,
         )
     try:
