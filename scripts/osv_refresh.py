@@ -1,14 +1,15 @@
 """Refresh the OSV database the nightly scans against: OSV's public per-ecosystem exports, unpacked.
 
-usage: python scripts/osv_refresh.py --out DIR [--ecosystem PyPI --ecosystem Debian] [--base-url URL]
+usage: python scripts/osv_refresh.py --out DIR [--ecosystem PyPI --ecosystem Debian --ecosystem Ubuntu] [--base-url URL]
                                      [--max-bytes MIB] [--max-unpacked MIB] [--timeout SECONDS]
 
-For each ecosystem (default PyPI and Debian) it downloads ``<base-url>/<ECOSYSTEM>/all.zip`` (default base:
+For each ecosystem (default PyPI, Debian and Ubuntu) it downloads ``<base-url>/<ECOSYSTEM>/all.zip`` (default base:
 https://osv-vulnerabilities.storage.googleapis.com, OSV's bulk export, one ``<ID>.json`` OSV record per entry) and
 unpacks it into ``DIR/<ECOSYSTEM>/``: the layout `stackforge scan --osv DIR` and `nightly --osv DIR` read
 (tools/stackforge/osv.py). ``DIR/<ECOSYSTEM>/.snapshot`` says where it came from and when (url, etag,
 last_modified, fetched, records); the next run sends its ETag, so an export that has not changed is not downloaded
-again.
+again. ``DIR/<ECOSYSTEM>/osv-snapshot.json`` dates the export for the scan's ``--osv-max-age``: when it was last known
+to be OSV's current export (downloaded, or found unchanged).
 
 Everything fetched is checked before it replaces anything: the download and the unpacked records are bounded in
 size, each entry is one flat ``<name>.json`` holding a JSON object with an ``id``, and a new snapshot is unpacked
@@ -37,7 +38,10 @@ import zipfile
 from pathlib import Path
 
 DEFAULT_BASE = "https://osv-vulnerabilities.storage.googleapis.com"
-DEFAULT_ECOSYSTEMS = ("PyPI", "Debian")
+#: PyPI for every image's Python distributions, Debian for a Debian image (the example), Ubuntu for post1/post2's
+DEFAULT_ECOSYSTEMS = ("PyPI", "Debian", "Ubuntu")
+#: what the scan reads for an export's age (docs/publish.md, "The OSV database")
+SCAN_SNAPSHOT = "osv-snapshot.json"
 #: per ecosystem; OSV's exports are tens of MB compressed, a few hundred MB unpacked
 DEFAULT_MAX_MIB, DEFAULT_MAX_UNPACKED_MIB = 1024, 4096
 #: one record, as tools/stackforge/osv.py reads at most
@@ -166,6 +170,15 @@ def unpack(archive: Path, into: Path, url: str, max_unpacked: int) -> int:
     return count
 
 
+def write_scan_snapshot(directory: Path, ecosystem: str, checked: str, url: str) -> None:
+    """``osv-snapshot.json``, which dates the export for the scan's ``--osv-max-age``: when it was last known to be
+    OSV's current export (downloaded, or its ETag found unchanged)."""
+    data = {"ecosystem": ecosystem, "fetched_at": checked, "source": url}
+    tmp = directory / f".{SCAN_SNAPSHOT}.tmp"
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, directory / SCAN_SNAPSHOT)
+
+
 def refresh(root: Path, ecosystem: str, base: str, max_bytes: int, max_unpacked: int, timeout: float) -> str:
     """One ecosystem's snapshot refreshed in ``root``; what happened, in words."""
     url = f"{base}/{urllib.parse.quote(ecosystem)}/all.zip"
@@ -179,6 +192,7 @@ def refresh(root: Path, ecosystem: str, base: str, max_bytes: int, max_unpacked:
         headers = download(url, work / "all.zip", etag, max_bytes, time.monotonic() + timeout, timeout)
         if headers is None:
             write_state(current / ".snapshot", {**state, "checked": fetched})
+            write_scan_snapshot(current, ecosystem, fetched, url)  # confirmed current now: its age starts again
             return f"{ecosystem}: unchanged since {state.get('fetched', '?')} ({state.get('records', '?')} records)"
         records = work / "records"
         records.mkdir()
@@ -187,6 +201,7 @@ def refresh(root: Path, ecosystem: str, base: str, max_bytes: int, max_unpacked:
             records / ".snapshot",
             {"url": url, **headers, "fetched": fetched, "checked": fetched, "records": str(count)},
         )
+        write_scan_snapshot(records, ecosystem, fetched, url)
         if current.exists():
             os.replace(current, work / "previous")
         try:

@@ -33,11 +33,23 @@ def export(ecosystem: str, extra: dict[str, bytes] | None = None) -> bytes:
     return buf.getvalue()
 
 
+#: an Ubuntu record in OSV's shape (the fixtures have none: post1/post2's images are Ubuntu)
+UBUNTU = json.dumps({
+    "id": "UBUNTU-CVE-2024-0001", "modified": "2026-11-30T00:00:00Z",
+    "affected": [{"package": {"ecosystem": "Ubuntu:22.04:LTS", "name": "openssl"},
+                  "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "3.0.2-0ubuntu1.18"}]}]}],
+}).encode()  # fmt: skip
+
+
 class Export:
     """A loopback server of ``/<ECOSYSTEM>/all.zip`` with an ETag; it records the requests it answered."""
 
     def __init__(self) -> None:
-        self.files: dict[str, bytes] = {"/PyPI/all.zip": export("PyPI"), "/Debian/all.zip": export("Debian")}
+        self.files: dict[str, bytes] = {
+            "/PyPI/all.zip": export("PyPI"),
+            "/Debian/all.zip": export("Debian"),
+            "/Ubuntu/all.zip": export("Ubuntu", {"UBUNTU-CVE-2024-0001.json": UBUNTU}),
+        }
         self.seen: list[tuple[str, str | None]] = []
         self.declare_length = True  # without it, HTTP/1.0's end of the connection ends the body
         owner = self
@@ -92,10 +104,10 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 def test_the_snapshot_lands_in_the_layout_the_scan_reads(server, tmp_path):
     db = tmp_path / "osv"
-    proc = refresh(db, server.url)
+    proc = refresh(db, server.url, "--ecosystem", "PyPI", "--ecosystem", "Debian")
     assert proc.returncode == 0, proc.stderr
     for eco in ("PyPI", "Debian"):
-        assert sorted(p.name for p in (db / eco).glob("*.json")) == sorted(
+        assert sorted(p.name for p in (db / eco).glob("*.json") if p.name != "osv-snapshot.json") == sorted(
             p.name for p in (FIXTURES / eco).glob("*.json")
         )
         state = dict(line.split("=", 1) for line in (db / eco / ".snapshot").read_text().splitlines())
@@ -103,6 +115,9 @@ def test_the_snapshot_lands_in_the_layout_the_scan_reads(server, tmp_path):
         assert state["records"] == str(len(list((FIXTURES / eco).glob("*.json"))))
     loaded = osv.load(db)
     assert loaded.count == osv.load(FIXTURES).count > 0  # the same records, the withdrawn one skipped by both
+    for eco in ("PyPI", "Debian"):  # each export dated for the scan's --osv-max-age, by the file the scan reads
+        ((name, fetched_at),) = loaded.families[eco].snapshots
+        assert name.endswith("osv-snapshot.json") and fetched_at.tzinfo is not None
     assert ("PyPI", "pip") in loaded.records and ("Debian", "openssl") in loaded.records
     assert [p.name for p in tmp_path.iterdir()] == ["osv"]  # no work directory left beside it
     assert f"osv-refresh: PyPI: 2 records from {server.url}/PyPI/all.zip" in proc.stderr.splitlines()
@@ -118,8 +133,10 @@ def test_an_unchanged_export_is_not_downloaded_again(server, tmp_path):
     (first, none), (again, etag) = server.seen
     assert first == again == "/PyPI/all.zip" and none is None and etag  # the second asked with the first's ETag
     after = snapshot(db / "PyPI")
-    assert {k: v for k, v in after.items() if k != ".snapshot"} == {k: v for k, v in before.items() if k != ".snapshot"}
+    dated = (".snapshot", "osv-snapshot.json")
+    assert {k: v for k, v in after.items() if k not in dated} == {k: v for k, v in before.items() if k not in dated}
     assert b"checked=" in after[".snapshot"]
+    assert osv.load(db).families["PyPI"].snapshots  # an export confirmed unchanged is dated again
 
 
 @pytest.mark.parametrize(
@@ -186,3 +203,10 @@ def test_a_missing_export_and_a_bad_base_are_one_line_each(server, tmp_path):
         assert "pw" not in proc.stderr
     proc = refresh(tmp_path / "osv", server.url, "--ecosystem", "../etc")
     assert proc.returncode == 2 and "is not an OSV ecosystem name" in proc.stderr
+
+
+def test_by_default_every_ecosystem_the_stacks_images_hold_is_fetched(server, tmp_path):
+    """PyPI for the Python distributions, Debian for the example's image, Ubuntu for post1's and post2's."""
+    assert refresh(tmp_path / "osv", server.url).returncode == 0
+    assert [path for path, _ in server.seen] == ["/PyPI/all.zip", "/Debian/all.zip", "/Ubuntu/all.zip"]
+    assert osv.load(tmp_path / "osv").families["Ubuntu"].snapshots
