@@ -28,9 +28,11 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import os
+import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -56,7 +58,7 @@ from stackforge.smoke.run import SmokeOptions, smoke
 from stackforge.stack.load import LoadedStack, load, load_stack
 from stackforge.stack.names import list_stacks
 from stackforge.stack.scheme import validate_date
-from stackforge.urls import redact_text
+from stackforge.urls import redact, redact_text
 
 
 @dataclass
@@ -116,6 +118,7 @@ class Summary:
     overrides: list[str] = field(default_factory=list)  # the --set values every row's stack was loaded with
     freshness: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> pins newest of their lines?
     drift: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> its upstreams' pins drifted?
+    ci: dict[str, str] = field(default_factory=dict)  # where the night ran: ci_run()
 
     @property
     def ok(self) -> bool:
@@ -154,6 +157,7 @@ class Summary:
             "rows": [asdict(r) for r in self.rows],
             "freshness": self.freshness,
             **({"drift": self.drift} if self.drift else {}),
+            **({"ci": self.ci} if self.ci else {}),
         }
 
     def markdown(self) -> str:
@@ -236,6 +240,40 @@ def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool) -> str | No
     if stages == {"load"}:
         return "every stack failed to load"
     return "every stack failed to load or lint"
+
+
+_COMMIT = re.compile(r"^[0-9a-f]{7,64}$")
+_WEB = re.compile(r"^https?://[^\s\"'<>\\]+$")
+
+
+def ci_run(env: Mapping[str, str]) -> dict[str, str]:
+    """Where this night runs, from the CI's own environment: the run's page (its log and the night's artifact) and
+    the commit it ran from — GitHub Actions (``GITHUB_SERVER_URL``, ``GITHUB_REPOSITORY``, ``GITHUB_RUN_ID``,
+    ``GITHUB_SHA``) or GitLab CI (``CI_JOB_URL``, ``CI_PROJECT_URL``, ``CI_COMMIT_SHA``); {} elsewhere. Only
+    http(s) URLs, credentials redacted."""
+    out: dict[str, str] = {}
+    server, repo, run = env.get("GITHUB_SERVER_URL", ""), env.get("GITHUB_REPOSITORY", ""), env.get("GITHUB_RUN_ID", "")
+    if server and repo and run.isdigit():
+        base = f"{server.rstrip('/')}/{repo}"
+        attempt = env.get("GITHUB_RUN_ATTEMPT", "")
+        out["provider"] = "github"
+        out["run_url"] = f"{base}/actions/runs/{run}" + (f"/attempts/{attempt}" if attempt.isdigit() and attempt != "1" else "")  # fmt: skip
+        sha = env.get("GITHUB_SHA", "")
+        if _COMMIT.match(sha):
+            out["commit"], out["commit_url"] = sha, f"{base}/commit/{sha}"
+    elif env.get("CI_JOB_URL"):
+        out["provider"], out["run_url"] = "gitlab", env["CI_JOB_URL"]
+        sha, project = env.get("CI_COMMIT_SHA", ""), env.get("CI_PROJECT_URL", "")
+        if _COMMIT.match(sha):
+            out["commit"] = sha
+            if project:
+                out["commit_url"] = f"{project.rstrip('/')}/-/commit/{sha}"
+    for key in ("run_url", "commit_url"):
+        if key in out:
+            out[key] = redact(out[key])
+            if not _WEB.match(out[key]):
+                del out[key]
+    return out
 
 
 def _smoke_cell(row: Row) -> str:
@@ -385,7 +423,7 @@ def nightly(
     date = validate_date(options.date)
     outdir = options.out or root / "build" / "nightly" / date
     outdir.mkdir(parents=True, exist_ok=True)
-    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir)
+    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir, ci=ci_run(os.environ))
     for_stack = per_stack(options.overrides)
 
     loaded, summary.rows = select_stacks(root, options.stacks, for_stack)
