@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import hashlib
 import json
 import os
 import re
@@ -666,6 +667,18 @@ class NightlyRun:
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
     device_uuids: tuple[str, ...] = ()
     cache: RegistryCache | None = None  # the build cache each build imports and exports, as the bake's
+    #: the evidence directories this night named so far: name -> (stack, target)
+    evidence_names: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def evidence_name(stack: str, target: str, taken: dict[str, tuple[str, str]]) -> str:
+    """The directory of a row's evidence in the night: ``<stack>-<target>``, and a short hash of the pair after it
+    when another row of the night has that name already (``hp-a``/``b-c`` and ``hp-a-b``/``c``)."""
+    name = f"{stack}-{target}"
+    if taken.setdefault(name, (stack, target)) != (stack, target):
+        name += "-" + hashlib.sha256(json.dumps([stack, target]).encode()).hexdigest()[:10]
+        taken[name] = (stack, target)
+    return name
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -731,7 +744,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             echo(f"nightly: {stack.name}/{target}: publish FAILED")
     row.duration_s = round(time.monotonic() - t0, 1)
     if evidence is not None and evidence.is_dir():
-        dest = run.outdir / f"{stack.name}-{target}"
+        dest = run.outdir / evidence_name(stack.name, target, run.evidence_names)
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(evidence, dest)
