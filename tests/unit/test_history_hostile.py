@@ -13,7 +13,7 @@ import pytest
 
 from stackforge import safeio
 from stackforge.cli.main import main
-from stackforge.flows import history
+from stackforge.flows import history, nightly
 from tests.fixtures import hostile_files as hf
 from tests.fixtures.nights import Image, edit_summary, write_night
 
@@ -237,6 +237,16 @@ def test_rows_whose_names_join_alike_get_pages_and_evidence_of_their_own(tmp_pat
     for i, (stack, target) in enumerate(pairs):
         text = (tmp_path / "site" / "images" / history.page_name("20261201", stack, target)).read_text()
         assert f"<td>only-{i}</td>" in text and [j for j in range(len(pairs)) if f"<td>only-{j}</td>" in text] == [i]
+
+
+def test_the_nightly_names_each_rows_evidence_apart():
+    taken: dict = {}
+    first, second = nightly.evidence_name("hp-a", "b-c", taken), nightly.evidence_name("hp-a-b", "c", taken)
+    assert first == "hp-a-b-c" and second.startswith("hp-a-b-c-") and first != second
+    assert (
+        nightly.evidence_name("hp-a-b", "c", taken) == second and nightly.evidence_name("hp-a", "b-c", taken) == first
+    )
+    assert safeio.relative_name(second) and len(taken) == 2
 
 
 def test_page_names_are_injective_and_file_names():

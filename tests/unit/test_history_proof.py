@@ -20,8 +20,10 @@ from stackforge.clients.registry import OCI_MANIFEST, RegistryClient, parse_repo
 from stackforge.clients.workspace import Workspace
 from stackforge.flows import history, nightly
 from stackforge.flows.night_records import NightSummary, SummaryRow
+from stackforge.publish import attest
 from stackforge.stack.load import load
 from tests.fixtures.nights import VLLM_COMMIT, Image, edit_summary, signing_key, write_night
+from tests.fixtures.records import a_record
 from tests.fixtures.registry import free_port, start_registry
 from tests.fixtures.stack_support import make_root
 
@@ -269,24 +271,43 @@ def _push(registry: str, name: str, tag: str) -> str:
     return sha256_digest(body)
 
 
-def test_the_registry_check_confirms_a_tag_or_marks_it_unverified(tmp_path, capsys):
-    url, stop = start_registry(tmp_path / "registry")
-    try:
-        registry = f"{url}/team"
-        root = tmp_path / "nightly"
-        digest = _push(url, "team/a", "a-20261101-r1")
-        other = _push(url, "team/b", "b-20261101-r1")
-        write_night(root, "20261101", [Image("a", "t", digest, PKGS), Image("b", "t", D2, PKGS)], registry=registry)
-        # b: the summary and its record agree with each other, not with what the registry holds
-        _, nights = history.history(root, tmp_path / "site", history.HistoryOptions(registry_check=True))
-        a, b = nights[0].images
-        assert a.verified == "the night's publish record and the registry" and not a.unverified
-        assert b.unverified == f"the registry's b-20261101-r1 is {other}, not {D2}"
-        assert [p.message for p in history.problems(nights)] == [f"b/t: {b.unverified}"]
-        assert main(["history", "--nights", str(root), "--out", str(tmp_path / "site"), "--registry-check"]) == 1
-        assert "error:" in capsys.readouterr().err
-    finally:
-        stop()
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """A real docker-registry on 127.0.0.1 for this module: ``host:port``."""
+    url, stop = start_registry(tmp_path_factory.mktemp("registry"))
+    yield url
+    stop()
+
+
+def test_a_republish_of_an_image_already_signed_keeps_its_provenance_in_the_evidence(tmp_path, keys, registry):
+    """The nightly's second publish of an image (its aliases, after the smoke) or a re-run finds it signed and signs
+    nothing again: the evidence it writes still holds the envelope, so the history shows it signed."""
+    (key, _), _ = keys
+    digest = _push(registry, "team/signed", "s-20261101-r1")
+    client = RegistryClient(parse_repository(f"{registry}/team/signed"))
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    attest.Signing(key, lambda: a_record(digest), {}, client, first)(digest, "sha256:" + "c" * 64)
+    again = attest.Signing(key, lambda: a_record(digest), {}, client, second)
+    again(digest, "sha256:" + "c" * 64)
+    assert again.attached == {"digest": digest, "already": True}
+    assert (second / "provenance.json").read_bytes() == (first / "provenance.json").read_bytes()
+
+
+def test_the_registry_check_confirms_a_tag_or_marks_it_unverified(tmp_path, capsys, registry):
+    root = tmp_path / "nightly"
+    digest = _push(registry, "team/a", "a-20261101-r1")
+    other = _push(registry, "team/b", "b-20261101-r1")
+    # b: the summary and its record agree with each other, not with what the registry holds
+    write_night(root, "20261101", [Image("a", "t", digest, PKGS), Image("b", "t", D2, PKGS)], registry=f"{registry}/team")  # fmt: skip
+    _, nights = history.history(root, tmp_path / "site", history.HistoryOptions(registry_check=True))
+    a, b = nights[0].images
+    assert a.verified == "the night's publish record and the registry" and not a.unverified
+    assert b.unverified == f"the registry's b-20261101-r1 is {other}, not {D2}"
+    assert [p.message for p in history.problems(nights)] == [f"b/t: {b.unverified}"]
+    assert main(["history", "--nights", str(root), "--out", str(tmp_path / "site"), "--registry-check"]) == 1
+    assert "error:" in capsys.readouterr().err
     down = tmp_path / "down"
     write_night(down, "20261101", [Image("a", "t", D1, PKGS)], registry=f"127.0.0.1:{free_port()}/team")
     _, nights = history.history(down, tmp_path / "site2", history.HistoryOptions(registry_check=True))

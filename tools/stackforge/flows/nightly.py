@@ -13,7 +13,7 @@ Order per run (``build/nightly/<date>/``):
 4. each row that passed is published (``stackforge publish``) under its immutable tag; an image that
    ``nightly: true`` recipes serve is smoked with each of them (``stackforge smoke``) and its aliases
    (``-latest``) move only when every smoke passed; an image without a nightly recipe moves them at
-   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/``;
+   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/`` (:func:`evidence_name`);
 5. per stack, whether every pin is still the newest of its line (``stackforge newest``), and whether
    its upstreams' own pins drifted since the pinned commits (``stackforge drift``: "n/a" with the reason
    when it cannot be computed, e.g. no upstream declares ``agree:`` or the upstream cannot be fetched);
