@@ -166,7 +166,7 @@ def test_a_hostile_evidence_file_is_named_and_not_read(nights, tmp_path, capsys,
     code, _, errors = run(capsys, "--nights", str(nights), "--out", str(tmp_path / "site"))
     assert code == 1 and len(errors) == 1 and f"20261130/post2-vllm-openai/{name}:" in errors[0], errors
     page = (tmp_path / "site" / "images" / "20261130.post2.vllm-openai.html").read_text()
-    assert "Not read" in page and f"20261130/post2-vllm-openai/{name}" in page
+    assert "Problems with its evidence" in page and f"20261130/post2-vllm-openai/{name}" in page
     hostname = hf.OUTSIDE.read_text().strip()
     assert hostname not in page.replace(f"20261130/post2-vllm-openai/{name}", "")  # nothing of the file outside
     (read, older) = history.read_nights(nights)

@@ -388,14 +388,16 @@ def check_log_url(template: str | None) -> str | None:
 class _NightReader:
     """One night's directory: its files read within bounds and under it, each refusal noted."""
 
-    def __init__(self, root: Path, directory: Path, night: Night, public_key: Any, key_path: Path | None) -> None:
-        self.root, self.directory, self.night = root, directory, night
+    def __init__(self, directory: Path, night: Night, public_key: Any, key_path: Path | None) -> None:
+        self.directory, self.night = directory, night
         self.public_key, self.key_path = public_key, key_path
 
     def shown(self, rel: PurePosixPath | str) -> str:
         return f"{self.directory.name}/{rel}"
 
     def problem(self, rel: PurePosixPath | str, message: str, image: Image | None = None) -> None:
+        """A file of the night that cannot be read or contradicts its night: an ``error:`` line, and on the image's
+        row and page when ``image`` is given."""
         shown = self.shown(rel)
         self.night.problems.append(Problem(str(self.directory / rel), shown, message))
         if image is not None:
@@ -530,7 +532,7 @@ class _NightReader:
             wrong.append(f"it is the record of {record.stack}/{record.target}")
         if wrong:
             image.unverified = f"the night's publish record does not confirm {image.digest}: " + "; ".join(wrong)
-            self.problem(SUMMARY, f"rows[{index}].digest: {image.unverified}", image)
+            self.problem(SUMMARY, f"rows[{index}].digest: {image.unverified}")  # the row shows it as unverified
         else:
             image.verified = "the night's publish record"
 
@@ -569,9 +571,10 @@ class _NightReader:
             provenance.open_envelope(body, self.public_key)
         except UserError as err:
             self.problem(rel, f"provenance: {err.message}", image)
-            image.signed_note = f"not signed by {self.key_path}"
+            image.signed_note = f"not signed by {self.key_path.name if self.key_path else 'the key'}"
             return
-        image.signed, image.signed_note = "signed", f"signature checked with {self.key_path}"
+        image.signed = "signed"
+        image.signed_note = f"signature checked with {self.key_path.name if self.key_path else 'the key'}"
 
     def scan(
         self, index: int, row: SummaryRow, record: PublishRecord | None, evidence: PurePosixPath | None, image: Image
@@ -607,8 +610,8 @@ def _unreadable(directory: Path, err: safeio.Malformed) -> Night:
     return Night(date, escape_part(name), "", "", 0.0, [], name, directory, error=err.message, problems=[problem])
 
 
-def read_night(root: Path, directory: Path, options: HistoryOptions | None = None, public_key: Any = None) -> Night:
-    """The night in ``directory`` (under ``root``): its summary and each row's evidence."""
+def read_night(directory: Path, options: HistoryOptions | None = None, public_key: Any = None) -> Night:
+    """The night in ``directory``: its summary and each row's evidence, read under it."""
     options = options or HistoryOptions()
     path = directory / SUMMARY
     try:
@@ -623,7 +626,7 @@ def read_night(root: Path, directory: Path, options: HistoryOptions | None = Non
         night.log_url = web_url(options.log_url.format(date=quote(doc.date, safe=""), night=quote(name, safe="")))
     if ci is not None and ci.commit and _COMMIT.match(ci.commit):
         night.commit, night.commit_url = ci.commit, web_url(ci.commit_url)
-    reader = _NightReader(root, directory, night, public_key, options.key)
+    reader = _NightReader(directory, night, public_key, options.key)
     night.images = [reader.image(i, row) for i, row in enumerate(doc.rows)]
     return night
 
@@ -656,7 +659,7 @@ def read_nights(root: Path, options: HistoryOptions | None = None, *, exclude: t
     options = options or HistoryOptions()
     root = Path(root)
     public_key = _public_key(options.key) if options.key is not None else None
-    nights = [read_night(root, d, options, public_key) for d in night_dirs(root, exclude)]
+    nights = [read_night(d, options, public_key) for d in night_dirs(root, exclude)]
     if not nights:
         raise UserError(
             f"no night under {root} (no */{SUMMARY})",
@@ -703,7 +706,7 @@ def check_registry(nights: list[Night], seconds: float = 20.0) -> None:
                 image.registry_note = down[repo.host]
                 continue
             if image.tag not in answers:
-                client = clients.setdefault(str(repo), RegistryClient(repo, policy=policy).budget(seconds * 4))
+                client = clients.setdefault(str(repo), RegistryClient(repo, policy=policy))
                 try:
                     manifest = client.get_manifest(tag)
                 except (RegistryError, OSError) as exc:
@@ -722,7 +725,6 @@ def check_registry(nights: list[Night], seconds: float = 20.0) -> None:
                 message = f"{image.stack}/{image.target}: {image.unverified}"
                 where = (night.directory or Path(night.name)) / SUMMARY
                 night.problems.append(Problem(str(where), f"{night.name}/{SUMMARY}", message))
-                image.problems.append(image.unverified)
             else:
                 image.verified = f"{image.verified or 'the summary'} and the registry"
 
