@@ -89,22 +89,32 @@ def test_a_provenance_signed_by_another_key_or_for_another_image_is_not_signed(t
 # --- scan, aliases, source, log, SBOM, months ------------------------------------------------------------------------
 
 
+# the scan as publish/stack.py's scan_record writes it into publish.json, and as ScanReport.summary() gives a row's
+SNAPSHOTS = {"PyPI": {"fetched_at": "2026-11-01T00:00:00Z", "from": "osv-snapshot.json", "age_hours": 3}}
+CLEAR = {"verdict": "clear", "blocked": [], "waived": [], "snapshots": SNAPSHOTS, "waivers": None, "database": "/osv",
+         "records": 9, "fail_on": "high", "findings": [], "blocking": [], "reason": None}  # fmt: skip
+BLOCKED = {**CLEAR, "verdict": "blocked", "blocked": ["GHSA-aaaa-bbbb-cccc"], "blocking": ["GHSA-aaaa-bbbb-cccc"],
+           "findings": ["GHSA-aaaa-bbbb-cccc high x 1"], "reason": "1 known vulnerability at or above high"}  # fmt: skip
+ROW_WAIVED = {"verdict": "waived", "fail_on": "high", "blocked": [], "findings": 1, "database": SNAPSHOTS,
+              "waivers": "stacks/waivers.yaml", "waived": [{"id": "GHSA-w", "package": "torchvision",
+              "version": "0.26.0.post2", "severity": "high", "reason": "the vendor's wheel, no fixed build",
+              "expires": "2027-01-01", "waiver": "stacks/waivers.yaml#1"}]}  # fmt: skip
+
+
 def test_the_scan_verdict_clear_waived_and_blocked_and_the_alias_held_back(tmp_path):
     root = tmp_path / "nightly"
-    clear = {"database": "osv", "records": 9, "fail_on": "high", "findings": [], "blocking": [], "reason": None}
-    waived = {**clear, "findings": ["GHSA-w high torchvision 0.26.0.post2"],
-              "waived": [{"id": "GHSA-w", "reason": "the vendor's wheel, no fixed build", "expires": "2027-01-01"}]}  # fmt: skip
-    blocked = {**clear, "findings": ["GHSA-aaaa-bbbb-cccc high x 1"], "blocking": ["GHSA-aaaa-bbbb-cccc"]}
-    write_night(
+    night = write_night(
         root,
         "20261101",
         [
-            Image("a", "t", D1, PKGS, scan=clear, aliases={"r/a:t-latest": "moved"}),
-            Image("b", "t", D1, PKGS, scan=waived, aliases={"r/b:t-latest": "moved"}),
-            Image("c", "t", D2, PKGS, scan=blocked, aliases={"r/c:t-latest": HELD}),
+            Image("a", "t", D1, PKGS, scan=CLEAR, aliases={"r/a:t-latest": "moved"}),
+            Image("b", "t", D1, PKGS, scan=CLEAR, aliases={"r/b:t-latest": "moved"}),
+            Image("c", "t", D2, PKGS, scan=BLOCKED, aliases={"r/c:t-latest": HELD}),
             Image("d", "t", D2, PKGS),
+            Image("e", "t", D2, PKGS, scan={"blocking": ["OSV-OLD"], "findings": ["OSV-OLD high y 2"]}),  # older
         ],
     )
+    edit_summary(night, lambda d: d["rows"][1].update(scan=ROW_WAIVED))  # the row's own scan is read first
     index, nights = history.history(root, tmp_path / "site")
     verdicts = {i.stack: i.scan.text for i in nights[0].images if i.scan}
     assert verdicts == {
@@ -112,6 +122,7 @@ def test_the_scan_verdict_clear_waived_and_blocked_and_the_alias_held_back(tmp_p
         "b": "waived: GHSA-w (the vendor's wheel, no fixed build)",
         "c": "blocked: GHSA-aaaa-bbbb-cccc",
         "d": "not scanned",
+        "e": "blocked: OSV-OLD",
     }
     html = index.read_text()
     assert '<td class="scan-blocked">blocked: GHSA-aaaa-bbbb-cccc</td>' in html
@@ -119,14 +130,21 @@ def test_the_scan_verdict_clear_waived_and_blocked_and_the_alias_held_back(tmp_p
     page = _page(tmp_path / "site", "20261101", "c", "t")
     assert "blocked by: <code>GHSA-aaaa-bbbb-cccc</code>" in page and f"<code>t-latest</code> {HELD}" in page
     assert "waived <code>GHSA-w</code>: the vendor&#39;s wheel, no fixed build" in _page(tmp_path / "site", "20261101", "b", "t")  # fmt: skip
+    assert history.problems(nights) == []
 
 
-def test_a_scan_the_summary_row_carries_wins_over_the_publish_records(tmp_path):
+def test_a_scan_never_shows_better_than_it_says_and_a_bad_one_does_not_hide_the_record(tmp_path):
     root = tmp_path / "nightly"
-    night = write_night(root, "20261101", [Image("a", "t", D1, PKGS, scan={"blocking": []})])
-    edit_summary(night, lambda d: d["rows"][0].update(scan={"verdict": "blocked", "blocking": ["OSV-1"]}))
-    (image,) = history.read_nights(root)[0].images
-    assert image.scan is not None and image.scan.text == "blocked: OSV-1"
+    night = write_night(root, "20261101", [Image("a", "t", D1, PKGS, scan={**CLEAR, "blocked": ["OSV-1"]}),
+                                           Image("b", "t", D1, PKGS, scan={"findings": "many"})])  # fmt: skip
+    edit_summary(night, lambda d: d["rows"][0].update(scan={"verdict": "clear", "blocked": ["OSV-1"], "findings": 1}))
+    (read,) = history.read_nights(root)
+    a, b = read.images
+    assert a.scan is not None and a.scan.text == "blocked: OSV-1"
+    assert b.scan is not None and b.scan.verdict == "unreadable" and b.verified == "the night's publish record"
+    assert [p.shown for p in read.problems] == ["20261101/b-t/publish.json"] and "scan: findings" in read.problems[
+        0
+    ].message
 
 
 def test_the_source_commit_links_to_its_forge_and_is_text_elsewhere(tmp_path):

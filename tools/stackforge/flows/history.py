@@ -156,15 +156,16 @@ class ScanView:
     fail_on: str | None = None
     database: str | None = None
     note: str | None = None
+    count: int = 0  # findings in all, blocking, waived and below the level
 
     @property
     def text(self) -> str:
         if self.verdict == "blocked":
-            return "blocked: " + ", ".join(self.ids)
+            return "blocked: " + (", ".join(self.ids) or "no ID given")
         if self.verdict == "waived":
-            return "waived: " + "; ".join(f"{i} ({reason})" for i, reason in self.waived)
-        if self.verdict == "clear" and self.findings:
-            return f"clear ({len(self.findings)} below {self.fail_on or 'the level'})"
+            return "waived: " + ("; ".join(f"{i} ({reason})" for i, reason in self.waived) or "no waiver given")
+        if self.verdict == "clear" and self.count:
+            return f"clear ({self.count} below {self.fail_on or 'the level'})"
         return self.verdict
 
 
@@ -580,7 +581,7 @@ class _NightReader:
         self, index: int, row: SummaryRow, record: PublishRecord | None, evidence: PurePosixPath | None, image: Image
     ) -> None:
         """The scan's verdict: the row's own ``scan`` when the summary carries one, else the publish record's."""
-        value, where = (row.model_extra or {}).get("scan"), PurePosixPath(SUMMARY)
+        value, where = row.scan, PurePosixPath(SUMMARY)
         if value is None and record is not None:
             value, where = record.scan, (evidence or PurePosixPath()) / "publish.json"
         if value is None:
@@ -593,14 +594,19 @@ class _NightReader:
             self.problem(where, err.message, image)
             image.scan = ScanView("unreadable", note=err.message)
             return
+        ids = tuple(dict.fromkeys([*scan.blocked, *scan.blocking]))
         waived = tuple((w.id, w.reason or "no reason given") for w in scan.waived)
-        verdict = "blocked" if scan.blocking else "waived" if waived else "clear"
-        if scan.verdict in ("clear", "waived", "blocked") and scan.verdict != verdict:
-            verdict = "blocked" if "blocked" in (scan.verdict, verdict) else scan.verdict
-        findings = tuple(str(f.get("id", f)) if isinstance(f, dict) else f for f in scan.findings)
-        image.scan = ScanView(
-            verdict, tuple(scan.blocking), waived, findings, scan.fail_on, scan.database, note=scan.reason
-        )
+        verdict = "blocked" if ids else "waived" if waived else "clear"
+        if scan.verdict and scan.verdict != "clear" and verdict != "blocked":  # never shown better than it says
+            verdict = scan.verdict
+        findings: tuple[str, ...] = ()
+        if isinstance(scan.findings, int):
+            count = scan.findings
+        else:
+            findings = tuple(str(f.get("id", f)) if isinstance(f, dict) else f for f in scan.findings)
+            count = len(findings)
+        database = scan.database if isinstance(scan.database, str) else None
+        image.scan = ScanView(verdict, ids, waived, findings, scan.fail_on, database, scan.reason, count)
 
 
 def _unreadable(directory: Path, err: safeio.Malformed) -> Night:

@@ -58,6 +58,9 @@ class SummaryRow(Doc):
     smoke_recipes: dict[str, str] = Field(default_factory=dict)
     tests: dict[str, str] = Field(default_factory=dict)
     aliases: dict[str, str] = Field(default_factory=dict)
+    #: the vulnerability gate's verdict (read apart with :class:`Scan`: one the history cannot read does not make the
+    #: summary unreadable); None: not scanned
+    scan: JsonValue = None
 
 
 class NightSummary(Doc):
@@ -102,26 +105,31 @@ class Inventory(Doc):
 
 
 class Waiver(Doc):
-    """A finding the scan let pass, and why."""
+    """A finding a waiver let pass (``ScanReport.summary()``'s ``waived``): the finding and the waiver's reason."""
 
     id: str
     reason: str | None = None
     package: str | None = None
+    version: str | None = None
     expires: str | None = None
+    waiver: str | None = Field(None, description="the waivers file and entry that let it pass")
 
 
 class Scan(Doc):
-    """The vulnerability scan of a publish (``publish.json``'s ``scan``, or a row's): its findings, the IDs that held
-    the aliases back and the waived ones."""
+    """The vulnerability scan of a publish: a row's ``scan`` (``ScanReport.summary()``: ``findings`` a count,
+    ``database`` the snapshots per ecosystem) or ``publish.json``'s (``publish/stack.py`` ``scan_record``:
+    ``findings`` their lines, ``database`` the directory). ``blocked`` (or ``blocking``, as older records name them)
+    holds the IDs that kept the aliases back; ``waived`` the findings a waiver let pass, each with its reason."""
 
-    database: str | None = None
-    records: int | None = None
+    verdict: str | None = None
     fail_on: str | None = None
-    findings: list[str | dict[str, JsonValue]] = Field(default_factory=list)
+    blocked: list[str] = Field(default_factory=list)
     blocking: list[str] = Field(default_factory=list)
     waived: list[Waiver] = Field(default_factory=list)
+    findings: int | list[str | dict[str, JsonValue]] = Field(default_factory=list)
+    database: str | dict[str, JsonValue] | None = None
+    records: int | None = None
     reason: str | None = None
-    verdict: str | None = None
 
 
 class PublishRecord(Doc):
