@@ -139,6 +139,19 @@ def test_a_summary_of_the_wrong_shape_names_the_file_and_the_field(nights, tmp_p
     assert f"20261130/summary.json: nightly summary: {field}:" in errors[0]
 
 
+def test_a_night_directory_linked_out_of_the_nights_is_not_read(nights, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    (nights / "20261130").rename(elsewhere)
+    (nights / "20261130").symlink_to(elsewhere)
+    code, _, errors = run(capsys, "--nights", str(nights), "--out", str(tmp_path / "site"))
+    assert (
+        code == 1 and len(errors) == 1 and "20261130/summary.json: the night's directory is a link out of" in errors[0]
+    )
+    assert (elsewhere / "summary.json").is_file()
+    code, _, errors = run(capsys, "--nights", str(nights), "--out", str(elsewhere))  # nor is it written over
+    assert code != 0 and (elsewhere / "summary.json").is_file()
+
+
 def test_a_digest_edited_to_another_shape_is_refused(nights, tmp_path):
     edit_summary(nights / "20261130", lambda d: d["rows"][0].update(digest="sha256:abc"))
     read = history.read_nights(nights)

@@ -665,7 +665,13 @@ def read_nights(root: Path, options: HistoryOptions | None = None, *, exclude: t
     options = options or HistoryOptions()
     root = Path(root)
     public_key = _public_key(options.key) if options.key is not None else None
-    nights = [read_night(d, options, public_key) for d in night_dirs(root, exclude)]
+    nights = []
+    for directory in night_dirs(root, exclude):
+        if not safeio.inside(directory, root):
+            refused = safeio.Malformed(f"the night's directory is a link out of {printable(root)}; not read")
+            nights.append(_unreadable(directory, refused))
+        else:
+            nights.append(read_night(directory, options, public_key))
     if not nights:
         raise UserError(
             f"no night under {root} (no */{SUMMARY})",
