@@ -77,6 +77,19 @@ def test_apply_then_export_round_trip(env, tmp_path, capsys):
     assert code == 0 and "demo/demo: 12 patch(es) re-export byte-identically" in out
     code, _, err = run(root, "apply", "demo", capsys=capsys)
     assert code == 2 and "--force" in err
+    code, _, err = run(root, "apply", "demo", "--force", capsys=capsys)  # its own tree: replaced
+    assert code == 0, err
+    series = sorted(p.name for p in (root / "patches").rglob("*"))
+    for inside in (root / "patches", root):  # the series it reads, or the repository holding it
+        code, _, err = run(root, "apply", "demo", "--force", "--to", str(inside), capsys=capsys)
+        assert code == 2 and "would delete what it reads" in err
+    assert sorted(p.name for p in (root / "patches").rglob("*")) == series
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "mine.txt").write_text("keep")
+    code, _, err = run(root, "apply", "demo", "--force", "--to", str(notes), capsys=capsys)
+    assert code == 2 and "not a tree `stackforge patches apply` made" in err
+    assert (notes / "mine.txt").read_text() == "keep"
 
 
 def test_conflict_prints_patch_file_line_hunk_and_the_resume_command_that_works(env, tmp_path, capsys):

@@ -291,3 +291,40 @@ def test_the_preflight_cannot_compare_a_uuid_without_a_device(post2, tmp_path):
     assert pre["details"]["uuid_check"] == {"expected": [lease], "visible": [], "source": None}
     bad = mb.stackforge("smoke", "qwen3-8b", "--image", post2.image, "--device-uuid", "not a uuid")
     assert bad.returncode == 2 and "error: --device-uuid: 'not a uuid' is not a device uuid" in bad.stderr
+
+
+def test_a_recipe_file_outside_any_checkout(post2, tmp_path):
+    """An operator holding only a recipe file smokes an image from an empty directory: the rows run against the
+    image, the numeric row (its reference file is the repository's) is named as not checked, and the evidence goes
+    to ./smoke/<image id>/<recipe>/."""
+    alone = tmp_path / "operator" / "qwen3-8b-mate.yaml"
+    alone.parent.mkdir()
+    alone.write_text(Path(MATE_RECIPE).read_text())
+    here = tmp_path / "empty"
+    here.mkdir()
+    proc = mb.stackforge(
+        "smoke",
+        str(alone),
+        "--image",
+        post2.image,
+        "--allow-missing-hardware",
+        cwd=here,
+        env={"STACKFORGE_ROOT": ""},
+        timeout=600,
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # nothing failed; one row was not checked
+    out = here / "smoke" / post2.image.removeprefix("sha256:")[:12] / "qwen3-8b-mate"
+    rel = out.relative_to(here).as_posix()
+    written = sorted(p.relative_to(here).as_posix() for p in here.rglob("*") if p.is_file())
+    assert written == [f"{rel}/container.log", f"{rel}/smoke.json"]  # the evidence, and nothing else
+    data = json.loads((out / "smoke.json").read_text())
+    assert data["checkout"] is None and data["image_id"] == post2.image
+    assert data["not_checked"] == [
+        "row mate-regression (reference tests/fixtures/recipes/references/mate-regression.json)"
+    ]
+    status = {r["name"]: r["status"] for r in data["rows"]}
+    assert status.pop("mate-regression") == "not-run"
+    assert set(status.values()) == {"passed"}, status
+    assert "not checked (no checkout): row mate-regression" in proc.stdout
+    assert f"evidence: {out}" in proc.stdout
+    assert gone(data["container"]["name"])

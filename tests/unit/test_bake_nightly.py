@@ -393,3 +393,27 @@ def test_a_summary_names_no_directory_of_the_host(tmp_path):
         _host_free(text, out, root)
         == '{"reason": "build failed (log: build/x/evidence/1/build.log)", "log": "bake.log"}'
     )
+
+
+@pytest.mark.parametrize("where", ["stacks", ".", "foreign"])
+def test_the_nightly_never_writes_into_its_inputs_or_a_directory_of_other_files(root, where):
+    out = root / where
+    if where == "foreign":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    options = NightlyOptions(date="20260929", out=out, overrides=["packges.x=1"], echo=lambda line: None)
+    with pytest.raises(UserError) as err:
+        nightly(root, "127.0.0.1:9/team", options)
+    assert err.value.file == "--out"
+    assert ("would delete what it reads" if where != "foreign" else "did not write") in err.value.message
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
+def test_a_night_directory_of_an_earlier_run_is_the_nightly_s_own(root):
+    out = root / "night"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")  # written by a nightly before directories were marked
+    options = NightlyOptions(date="20260929", out=out, overrides=["packges.x=1"], echo=lambda line: None)
+    nightly(root, "127.0.0.1:9/team", options)
+    assert (out / ".stackforge-output").read_text() == "stackforge nightly\n"

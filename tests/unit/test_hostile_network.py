@@ -344,3 +344,43 @@ def test_verify_against_a_registry_that_trickles_ends_within_its_budget(monkeypa
             failed = 1
         elapsed = time.monotonic() - started
     assert failed and elapsed < 3.0 + 1.5, elapsed
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nests 100000 levels"),
+        (b'{"schema": "caf\xe9"}', "not UTF-8"),
+        (b'{"a": NaN}', "not valid JSON"),
+        (None, "stack_files: the name '../../../tmp/owned.yaml' is not a plain file name of stacks/"),
+        ("tags", "tags: not a list of tags"),
+    ],
+)
+def test_a_hostile_record_is_refused_before_anything_is_pulled_or_written(monkeypatch, tmp_path, body, said):
+    """What a registry serves as the record: too deep, not UTF-8, not JSON, naming a path as a stack file, a tag
+    docker would take as an option: one refusal, the engine never asked, nothing written."""
+    with StubRegistry() as reg:
+        digest = an_image(reg)
+        body_, media = reg.manifests[digest]
+        client = RegistryClient(parse_repository(f"{reg.address}/{REPO}"), policy=ONE_TRY)
+        rec = a_record(digest)
+        if body is None:
+            rec["stack_files"] = {"../../../tmp/owned.yaml": {"sha256": "sha256:" + "0" * 64, "text": "owned"}}
+        if body == "tags":
+            rec["tags"] = ["--output=/tmp/owned"]
+        raw = body if isinstance(body, bytes) else json.dumps(rec).encode()
+        monkeypatch.setattr(records, "body_of", lambda _record: raw)
+        model = PublishRecord.model_validate(a_record(digest))
+        records.attach(
+            client, model, {"mediaType": media, "digest": digest, "size": len(body_)}, "2026-09-29T10:00:00Z"
+        )
+        engine = NoEngine()
+        monkeypatch.chdir(tmp_path)
+        try:
+            v = operator.verify_ref(f"{reg.address}/{REPO}@{digest}", engine, ONE_TRY)
+            text = "\n".join(v.lines)
+            assert v.failed
+        except (UserError, RegistryError) as err:
+            text = err.render() if isinstance(err, UserError) else str(err)
+    assert said in text and engine.calls == []
+    assert list(tmp_path.iterdir()) == [] and not (tmp_path.parent / "owned.yaml").exists()

@@ -167,3 +167,17 @@ def test_an_offline_build_refuses_a_mirror_of_other_inputs_and_another_stack(tmp
     with pytest.raises(UserError) as exc:
         manifest.read(tmp_path)
     assert "has no mirror.json" in exc.value.message
+
+
+def test_the_mirror_never_writes_into_a_directory_of_other_files_or_its_inputs(tmp_path):
+    root = make_root(tmp_path)
+    loaded = load("post2", root=root)
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "apt").mkdir()
+    (foreign / "apt" / "mine.deb").write_text("keep")
+    for to, said in ((foreign, "did not write"), (root / "stacks", "would delete what it reads"), (root, "would delete")):  # fmt: skip
+        with pytest.raises(UserError, match=said) as err:
+            make.make_mirror(loaded, to, Workspace(lambda: root))
+        assert err.value.file == "--to"
+    assert (foreign / "apt" / "mine.deb").read_text() == "keep"

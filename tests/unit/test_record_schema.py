@@ -150,3 +150,32 @@ def test_a_stack_record_holds_its_keys_in_the_order_they_were_always_written(tmp
         "contracts": {"verdict": "failed", "counts": {"passed": 19, "failed": 1}, "expected": {"passed": 20}}
     }
     assert record_schema.parse(json.loads(records.body_of(made))) == made
+
+
+@pytest.mark.parametrize("name", ["../../../tmp/owned.yaml", "/etc/cron.d/x.yaml", "sub/post2.yaml", "POST.yaml", "x"])
+def test_a_record_naming_a_path_as_a_stack_file_is_refused(name):
+    files = {name: {"sha256": "sha256:" + "0" * 64, "text": "owned"}}
+    with pytest.raises(UserError) as err:
+        record_schema.parse({**a_record(DIGEST), "stack_files": files}, "the record sha256:ff")
+    assert "stack_files: the name" in err.value.message and "not a plain file name of stacks/" in err.value.message
+
+
+def test_the_rebuild_writes_a_record_s_files_only_under_its_own_stacks(tmp_path):
+    from stackforge.flows.rebuild import scratch_root
+
+    checkout = tmp_path / "checkout"
+    (checkout / "stacks").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (checkout / "stacks" / "example.yaml").symlink_to(outside / "example.yaml")  # a link in the checkout's stacks/
+    good = PublishRecord.model_validate(a_record(DIGEST))
+    root = scratch_root(good, checkout, tmp_path / "scratch")
+    written = root / "stacks" / "example.yaml"
+    assert not written.is_symlink() and written.read_text() == good.stack_files["example.yaml"].text
+    assert list(outside.iterdir()) == []  # the link was replaced, not written through
+    bad = PublishRecord.model_construct(
+        **{**good.__dict__, "stack_files": {"../owned.yaml": good.stack_files["example.yaml"]}}
+    )
+    with pytest.raises(UserError, match="is not a file name of stacks/"):
+        scratch_root(bad, checkout, tmp_path / "scratch2")
+    assert not (tmp_path / "scratch2" / "owned.yaml").exists() and not (tmp_path / "owned.yaml").exists()

@@ -291,7 +291,7 @@ def test_plan_and_dockerfile_guard_every_phase_after_the_vendor_no_deps_phase(st
     assert "COPY gate/preserve.py gate/localver.py /stackforge/\nCOPY deps/vendor-pins.json" in text
     assert "\nCOPY deps/public-pins.json /stackforge/deps/public-pins.json\n" in text
     assert (
-        "python /stackforge/preserve.py --phase requirements.vllm-common --key requirements.vllm-common "
+        "python -B /stackforge/preserve.py --phase requirements.vllm-common --key requirements.vllm-common "
         "--index pub --record /stackforge/reports/03-requirements.vllm-common.json -- python -m pip install "
         "--index-url https://pypi.example/simple/ -c /stackforge/deps/requirements/vllm-common.constraints.txt "
         "-r /stackforge/deps/requirements/vllm-common.txt"

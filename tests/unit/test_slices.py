@@ -9,6 +9,7 @@ real run.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -607,7 +608,7 @@ def test_a_failure_then_a_teardown_error_counts_as_pytest_counts_it(tmp_path):
 
 
 class InterruptedEngine(LocalEngine):
-    def run_merged(self, *argv: str, timeout: float):
+    def run_merged(self, *argv: str, timeout: float, limit: int = 0):
         raise Interrupted(signal.SIGTERM)
 
 
@@ -626,3 +627,85 @@ def test_an_interrupted_run_removes_its_container(tmp_path):
     removed = [c for c in engine.calls if c[:2] == ("rm", "--force")]
     assert len(removed) == 1 and removed[0][2].startswith("stackforge-slice-demo-")
     assert info.value.notes == [f"the test container {removed[0][2]} was removed"]
+
+
+# -- what a test container leaves behind is hostile ------------------------------------------------------
+
+
+def _hostile_run(tmp_path, after, body=PASSING):
+    root = _stack(tmp_path, SLICE, {"tests/test_demo.py": body, "data/pins.txt": "x\n"})
+    loaded = load("demo", root=root)
+    engine = LocalEngine(after=after)
+    out = tmp_path / "evidence"
+    result = _within(60, slices.run_slice, loaded, _ref(loaded, "demo"), slices.SliceTarget("img", "sha256:1", out),
+                     _workspace(root, engine), facts=NO_DEVICE)  # fmt: skip
+    return result, out, engine
+
+
+def _within(seconds, fn, *args, **kwargs):
+    import threading
+
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(value=fn(*args, **kwargs)), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "the slice run still waits"
+    return box["value"]
+
+
+def test_a_junit_link_left_by_the_container_is_not_followed(tmp_path):
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("<testsuites><testsuite><testcase name='SECRET-ON-THE-HOST'/></testsuite></testsuites>")
+
+    def link(mounts):
+        junit = Path(mounts["/slice-out"]) / "junit.xml"
+        junit.unlink()
+        junit.symlink_to(secret)
+
+    result, out, _ = _hostile_run(tmp_path, link)
+    assert result.verdict == "failed" and "junit.xml that is not taken" in (result.reason or "")
+    assert "symbolic link" in result.reason
+    assert not (out / "junit.xml").exists()
+    assert "SECRET-ON-THE-HOST" not in "".join(p.read_text() for p in out.iterdir())
+
+
+def test_a_junit_fifo_or_huge_file_left_by_the_container_is_refused(tmp_path, monkeypatch):
+    def fifo(mounts):
+        junit = Path(mounts["/slice-out"]) / "junit.xml"
+        junit.unlink()
+        os.mkfifo(junit)
+
+    result, _, _ = _hostile_run(tmp_path / "a", fifo)
+    assert result.verdict == "failed" and "a FIFO, not a regular file" in (result.reason or "")
+
+    monkeypatch.setattr(slices, "JUNIT_LIMIT", 1 << 16)
+
+    def huge(mounts):
+        with open(Path(mounts["/slice-out"]) / "junit.xml", "ab") as fh:
+            fh.truncate(1 << 30)
+
+    result, _, _ = _hostile_run(tmp_path / "b", huge)
+    assert result.verdict == "failed" and "larger than 65536 bytes" in (result.reason or "")
+
+
+def test_a_container_that_prints_endlessly_is_stopped_and_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(slices, "OUTPUT_LIMIT", 1 << 20)
+    # the image prints past pytest's own capture (a plugin, a sitecustomize): here the test suspends it
+    noisy = (
+        "import sys\n\ndef test_noise(request):\n"
+        "    request.config.pluginmanager.getplugin('capturemanager').suspend_global_capture(in_=True)\n"
+        "    while True:\n        sys.stdout.write('x' * 65536)\n"
+    )
+    result, _, engine = _hostile_run(tmp_path, None, body=noisy)
+    assert result.verdict == "failed" and result.pytest_exit is None
+    assert "printed more than 1048576 bytes" in (result.reason or "")
+    name = result.docker[result.docker.index("--name") + 1]
+    assert ("rm", "--force", name) in engine.calls
+
+
+def test_junit_with_a_dtd_is_refused():
+    from stackforge.smoke.pytest_result import parse_junit
+
+    bomb = '<?xml version="1.0"?><!DOCTYPE t [<!ENTITY a "aaaa">]><testsuites>&a;</testsuites>'
+    with pytest.raises(ValueError, match="DTD"):
+        parse_junit(bomb)

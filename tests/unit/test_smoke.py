@@ -505,3 +505,63 @@ def test_qwen_moe_rows_read_the_fused_moe_lookup(tmp_path, launcher, monkeypatch
     assert all(r.status == "passed" for r in found.rows if r.name != "moe-config-files"), found.table()
     line = next(r for r in found.rows if r.name == "moe-config").details["line"]
     assert line.endswith(f"Using configuration from {folder / QWEN3_MOE_FP8_CONFIG} for MoE layer.")
+
+
+# -- no checkout ----------------------------------------------------------------------------------------
+
+
+def test_a_recipe_file_outside_any_checkout_runs_and_names_what_it_did_not_check(tmp_path, launcher):
+    """An operator holding only a recipe file: the rows run; a numeric row, whose reference file is the
+    repository's, is not run and the report says so (not a pass, not a failure: exit 3)."""
+    alone = tmp_path / "operator" / "qwen3-8b-mate.yaml"
+    alone.parent.mkdir()
+    alone.write_text(MATE_RECIPE.read_text())
+    loaded = load_recipe(None, str(alone))
+    assert loaded.display == str(alone) and smokerun.recipe_repository(loaded) is None
+    out = tmp_path / "out"
+    options = SmokeOptions(allow_missing_hardware=True, interval=0.1)
+    report = smoke(loaded, "img:1", out, options, launcher=launcher(), facts=NO_HARDWARE)
+    data = json.loads((out / SMOKE_JSON).read_text())
+    status = {r["name"]: (r["status"], r["reason"]) for r in data["rows"]}
+    assert status.pop("mate-regression") == (
+        "not-run",
+        "not checked: no checkout here, and the row's reference file "
+        "tests/fixtures/recipes/references/mate-regression.json is read from one "
+        "(run smoke in a checkout of the repository, or with --root DIR)",
+    )
+    assert {s for s, _ in status.values()} == {"passed"}  # every other row ran and passed
+    assert data["checkout"] is None
+    assert data["not_checked"] == [
+        "row mate-regression (reference tests/fixtures/recipes/references/mate-regression.json)"
+    ]
+    assert report.verdict == "not-run" and report.exit_code == 3
+    assert "not checked (no checkout): row mate-regression" in report.table()
+    # In a checkout the same file's row is compared, and the report names the checkout.
+    inside = smoke(
+        loaded,
+        "img:1",
+        tmp_path / "in",
+        SmokeOptions(allow_missing_hardware=True, interval=0.1, root=REPO),
+        launcher=launcher(),
+        facts=NO_HARDWARE,
+    )
+    assert inside.exit_code == 0 and inside.not_checked == [] and inside.checkout == str(REPO)
+
+
+def test_outside_a_checkout_the_recipe_is_a_path_and_the_image_is_named(tmp_path, monkeypatch, capsys):
+    from stackforge.cli.main import main
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    monkeypatch.delenv("STACKFORGE_ROOT", raising=False)
+    alone = tmp_path / "qwen3-8b.yaml"
+    alone.write_text((REPO / "recipes" / "qwen3-8b.yaml").read_text())
+    assert main(["smoke", "qwen3-8b", "--image", "x:1"]) == 2
+    err = capsys.readouterr().err
+    assert "no checkout here to find recipe 'qwen3-8b'" in err and "name the recipe by its file's path" in err
+    assert main(["smoke", str(alone)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --image: {alone}: no checkout here, so the local tag of its image"), err
+    assert "stackforge smoke RECIPE.yaml --image REF" in err
+    assert list(empty.iterdir()) == []  # nothing written

@@ -19,6 +19,20 @@ def printable(text: object) -> str:
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
+#: C0 and C1 controls but tab and newline, DEL, and the line and paragraph separators
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+#: ANSI/VT escape sequences (CSI, OSC, …) taken whole, so no parameter bytes are left behind
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[PX^_][^\x1b]*(?:\x1b\\)?|[@-Z\\-_])")
+
+
+def for_terminal(text: object, *, lines: bool = True) -> str:
+    """``text`` from outside (an advisory, a record, a file a container wrote) safe to print: escape sequences
+    and control characters removed; newlines and tabs kept unless ``lines`` is false (then each becomes a
+    space)."""
+    out = _CONTROL.sub("", _ESCAPE.sub("", str(text)))
+    return out if lines else out.replace("\n", " ").replace("\t", " ")  # runs of spaces kept: verify's columns
+
+
 def clip(text: object, limit: int = 300) -> str:
     """``text`` on one line, cut at its end (never its start, where a message says what failed) to ``limit``."""
     flat = " ".join(str(text).split())

@@ -11,7 +11,6 @@ container wrote, text on its way to a terminal.
   :class:`Malformed` error naming the source and the field.
 - :func:`relative_name` / :func:`confined` / :func:`write_confined`: a name taken from data becomes a path only
   when it is relative, has no ``..`` and no link on its way out of its root.
-- :func:`copy_out`: a directory a container wrote, copied without following links, within a size cap.
 - :class:`OutputDir`: an ``--out`` directory replaced whole only when this tool made it, and never when it is, or
   holds, an input of the same command.
 - :func:`for_terminal`: text from outside with its control characters removed (escape sequences included).
@@ -30,11 +29,11 @@ import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
-from stackforge.errors import UserError, printable
+from stackforge.errors import UserError, for_terminal, printable
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -46,10 +45,6 @@ JSON_LIMIT = 64 * MiB
 JSON_DEPTH = 64
 #: a key file (PEM), a credential helper's answer
 SMALL_LIMIT = 1 * MiB
-#: what a container may leave in a directory the host copies out (``stackforge test``'s output)
-COPY_OUT_LIMIT = 256 * MiB
-COPY_OUT_FILES = 10_000
-COPY_OUT_DEPTH = 32
 
 #: the file an :class:`OutputDir` writes into the directory it made
 OUTPUT_MARK = ".stackforge-output"
@@ -319,10 +314,16 @@ def relative_name(name: object, *, what: str = "name", source: str | Path | None
 
 
 def confined(
-    root: str | Path, name: str | PurePosixPath, *, what: str = "name", source: str | Path | None = None
+    root: str | Path,
+    name: str | PurePosixPath,
+    *,
+    what: str = "name",
+    source: str | Path | None = None,
+    last_may_be_link: bool = False,
 ) -> Path:
     """``root/name`` for a :func:`relative_name`, refused when a part of it that exists is a link or not a
-    directory: a write through it could not leave ``root``."""
+    directory (the last part may be a link when ``last_may_be_link``: a rename onto it replaces the link itself):
+    nothing read or written through it leaves ``root``."""
     rel = relative_name(str(name), what=what, source=source)
     here = Path(root)
     for i, part in enumerate(rel.parts):
@@ -331,7 +332,8 @@ def confined(
             mode = os.lstat(here).st_mode
         except FileNotFoundError:
             break
-        if stat.S_ISLNK(mode) or (i < len(rel.parts) - 1 and not stat.S_ISDIR(mode)):
+        last = i == len(rel.parts) - 1
+        if (stat.S_ISLNK(mode) and not (last and last_may_be_link)) or (not last and not stat.S_ISDIR(mode)):
             raise Malformed(
                 f"{what} {printable(str(rel))}: {printable(here)} is {_kind(mode)}; nothing is written through it",
                 file=str(source) if source is not None else None,
@@ -347,10 +349,11 @@ def write_confined(
     what: str = "name",
     source: str | Path | None = None,
 ) -> Path:
-    """Write ``data`` to ``root/name`` (see :func:`confined`), its directories made, never through a link."""
-    path = confined(root, name, what=what, source=source)
+    """Write ``data`` to ``root/name`` (see :func:`confined`), its directories made, never through a link: a file
+    written beside it is renamed onto the name, so a link there is replaced, not followed."""
+    path = confined(root, name, what=what, source=source, last_may_be_link=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    confined(root, name, what=what, source=source)  # the directories just made are ours; nothing moved in between
+    confined(root, name, what=what, source=source, last_may_be_link=True)  # nothing moved in meanwhile
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(tmp, flags, 0o644)
@@ -365,80 +368,18 @@ def write_confined(
 
 
 # --------------------------------------------------------------------------------------------------
-# What a container wrote
-
-
-@dataclass
-class Copied:
-    """What :func:`copy_out` took and what it left, each with its reason."""
-
-    files: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    size: int = 0
-
-
-def copy_out(
-    src: str | Path,
-    dest: str | Path,
-    *,
-    limit: int = COPY_OUT_LIMIT,
-    max_files: int = COPY_OUT_FILES,
-    file_limit: int | None = None,
-) -> Copied:
-    """Copy the directory ``src`` (written by something not trusted, such as a container) into ``dest``: regular
-    files and directories only, no link followed (a link, FIFO, device or socket is skipped and named), at most
-    ``max_files`` files and ``limit`` bytes in all (``file_limit`` each). Over a limit is an error and ``dest``
-    keeps nothing; modes are not kept (files 0644, directories 0755)."""
-    src, dest = Path(src), Path(dest)
-    done = Copied()
-    made = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True)
-    try:
-        _copy_dir(src, dest, PurePosixPath(), done, limit, max_files, file_limit)
-    except BaseException:
-        if made:
-            shutil.rmtree(dest, ignore_errors=True)
-        else:
-            for name in done.files:
-                (dest / name).unlink(missing_ok=True)
-        raise
-    return done
-
-
-def _copy_dir(
-    src: Path, dest: Path, rel: PurePosixPath, done: Copied, limit: int, max_files: int, file_limit: int | None
-) -> None:
-    if len(rel.parts) > COPY_OUT_DEPTH:
-        raise Malformed(f"{printable(src)} nests directories deeper than {COPY_OUT_DEPTH} (the limit)", file=str(src))
-    with os.scandir(src) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for entry in entries:
-        name = (rel / entry.name).as_posix()
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            done.skipped.append(f"{printable(name)}: unreadable")
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            (dest / entry.name).mkdir(mode=0o755, exist_ok=True)
-            _copy_dir(Path(entry.path), dest / entry.name, rel / entry.name, done, limit, max_files, file_limit)
-        elif stat.S_ISREG(st.st_mode):
-            if len(done.files) >= max_files:
-                raise Malformed(f"{printable(src)} holds more than {max_files} files (the limit)", file=str(src))
-            cap = min(limit - done.size, file_limit) if file_limit is not None else limit - done.size
-            data = read_bytes(entry.path, limit=max(cap, 0), what="output file", follow=False)
-            target = dest / entry.name
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            done.size += len(data)
-            done.files.append(name)
-        else:
-            done.skipped.append(f"{printable(name)}: {_kind(st.st_mode)}, not copied")
-
-
-# --------------------------------------------------------------------------------------------------
 # Output directories
+
+
+def output_verb(path: str | Path) -> str | None:
+    """The verb whose :class:`OutputDir` mark the directory ``path`` carries (``history``, ``nightly``…), None when
+    it carries none (or one that is not a regular file of this tool's form)."""
+    try:
+        text = read_text(Path(path) / OUTPUT_MARK, limit=4096, what="mark", follow=False)
+    except Malformed:
+        return None
+    head, _, verb = text.strip().partition(" ")
+    return verb if head == "stackforge" and verb and " " not in verb else None
 
 
 @dataclass(frozen=True)
@@ -450,9 +391,25 @@ class OutputDir:
     path: Path
     verb: str
 
-    def check(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out") -> None:
+    def check(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out", legacy: Iterable[str] = ()) -> None:
         """Refuse before anything runs: ``path`` is an input or holds one, or it holds files this verb did not
-        write."""
+        write (``legacy``: names of files only this verb writes, which count as its mark in a directory made
+        before marks were written)."""
+        self.refuse_inputs(inputs, flag)
+        if not os.path.lexists(self.path):
+            return
+        if os.path.islink(self.path) or not os.path.isdir(self.path):
+            raise UserError(f"{printable(self.path)} exists and is not a directory", file=flag, fix="name a directory")
+        legacy_mark = any(os.path.lexists(Path(self.path) / name) for name in legacy)
+        if any(os.scandir(self.path)) and not self._marked() and not legacy_mark:
+            raise UserError(
+                f"{printable(self.path)} holds files `stackforge {self.verb}` did not write; it is not touched",
+                file=flag,
+                fix="give a new or empty directory, or remove that one yourself",
+            )
+
+    def refuse_inputs(self, inputs: Iterable[str | Path], flag: str = "--out") -> None:
+        """Refuse when ``path`` is one of ``inputs`` or holds one (links resolved)."""
         out = os.path.realpath(self.path)
         for given in inputs:
             src = os.path.realpath(given)
@@ -463,25 +420,19 @@ class OutputDir:
                     file=flag,
                     fix=f"give {flag} a directory of its own (for example a new one beside the input)",
                 )
-        if not os.path.lexists(self.path):
-            return
-        if os.path.islink(self.path) or not os.path.isdir(self.path):
-            raise UserError(f"{printable(self.path)} exists and is not a directory", file=flag, fix="name a directory")
-        if any(os.scandir(self.path)) and not self._marked():
-            raise UserError(
-                f"{printable(self.path)} holds files `stackforge {self.verb}` did not write; it is replaced "
-                "whole, so it is not touched",
-                file=flag,
-                fix="give a new or empty directory, or remove that one yourself",
-            )
+
+    def claim(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out", legacy: Iterable[str] = ()) -> Path:
+        """For a command that writes into ``path`` as it goes (a nightly's directory, a mirror): the refusals of
+        :meth:`check`, then the directory made and marked as this verb's."""
+        self.check(inputs, flag=flag, legacy=legacy)
+        out = Path(self.path)
+        out.mkdir(parents=True, exist_ok=True)
+        if not self._marked():
+            (out / OUTPUT_MARK).write_text(f"stackforge {self.verb}\n", encoding="utf-8")
+        return out
 
     def _marked(self) -> bool:
-        mark = Path(self.path) / OUTPUT_MARK
-        try:
-            text = read_text(mark, limit=4096, what="mark", follow=False)
-        except Malformed:
-            return False
-        return text.strip() == f"stackforge {self.verb}"
+        return output_verb(self.path) == self.verb
 
     @contextmanager
     def staging(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out") -> Iterator[Path]:
@@ -509,19 +460,6 @@ class OutputDir:
 # --------------------------------------------------------------------------------------------------
 # Terminals
 
-#: C0 and C1 controls but tab and newline, DEL, and the line and paragraph separators
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
-#: ANSI/VT escape sequences (CSI, OSC, …) taken whole, so no parameter bytes are left behind
-_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[PX^_][^\x1b]*(?:\x1b\\)?|[@-Z\\-_])")
-
-
-def for_terminal(text: object, *, lines: bool = True) -> str:
-    """``text`` from outside (an advisory, a record, a file a container wrote) safe to print: escape sequences
-    and control characters removed; newlines and tabs kept unless ``lines`` is false (then each becomes a
-    space)."""
-    out = _CONTROL.sub("", _ESCAPE.sub("", str(text)))
-    return out if lines else " ".join(out.split())
-
 
 def clean_tree(value: Any, *, lines: bool = True) -> Any:
     """:func:`for_terminal` applied to every string in a JSON-like value (keys included)."""
@@ -538,17 +476,16 @@ __all__ = [
     "JSON_DEPTH",
     "JSON_LIMIT",
     "SMALL_LIMIT",
-    "Copied",
     "Malformed",
     "OutputDir",
     "clean_tree",
     "confined",
-    "copy_out",
     "decode",
     "depth",
     "field_path",
     "for_terminal",
     "inside",
+    "output_verb",
     "load_model",
     "parse_json",
     "parse_model",

@@ -20,6 +20,7 @@ from packaging.utils import canonicalize_name
 
 from stackforge.builder import agree, artifacts, embed, installed, reqlocks, requirements, reuse
 from stackforge.builder.cabundle import CaMount
+from stackforge.builder.contextfiles import context_time, normalize_tree
 from stackforge.builder.locks import read_locks, unlocked_notes
 from stackforge.builder.offline import apply
 from stackforge.builder.plan import INSTALLER, Plan, make_plan, pip_phases
@@ -46,6 +47,7 @@ class Context:
     base: str | None = None  # the base image's digest (or id), once resolved
     post_install: dict[str, str] = field(default_factory=dict)  # dist -> sha256:<patch>:applied|skipped
     mirror: dict | None = None  # the mirror an offline build reads (directory, manifest sha256)
+    files_time: int | None = None  # the time every file of the context is dated (contextfiles.context_time)
 
     @property
     def stack(self) -> Stack:
@@ -86,7 +88,12 @@ def build_dir_for(loaded: LoadedStack, out: Path | None = None) -> Path:
 
 
 def assemble(
-    loaded: LoadedStack, out: Path | None = None, *, sources: bool = True, workspace: Workspace | None = None
+    loaded: LoadedStack,
+    out: Path | None = None,
+    *,
+    sources: bool = True,
+    workspace: Workspace | None = None,
+    base_epoch: int | None = None,
 ) -> Context:
     """Write build/<stack>/context/ under the build directory's lock. With ``sources=False`` upstreams
     are not fetched (for `render --no-sources`, which shows the plan only); fetched upstreams are
@@ -94,7 +101,10 @@ def assemble(
 
     The context is assembled in a temporary directory beside it and renamed into place, so
     build/<stack>/context/ is the previous complete context or the new one; a failure removes
-    the temporary directory."""
+    the temporary directory. Once written, its entries get the context's modes and time
+    (:mod:`stackforge.builder.contextfiles`: ``base_epoch``, the base image's creation time, when the caller knows
+    it), whatever the umask and clock they were written under; the offline mirror's files, linked from the mirror
+    and only mounted into steps, are left as they are."""
     root = loaded.root
     ws = workspace_for(loaded, workspace)
     locks = read_locks(loaded)
@@ -111,6 +121,7 @@ def assemble(
             os.chmod(staging, 0o755)  # as a plain mkdir would make it, not mkdtemp's 0700
             infos, post_install = _fill(loaded, plan, locks, staging, sources, root, ws)
             mirrored = _offline(loaded, plan, staging, ws) if ws.mirror is not None else None
+            normalize_tree(staging, mtime=context_time(base_epoch), skip=[MIRROR_DIR])
             _swap(staging, ctx_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -118,7 +129,16 @@ def assemble(
     dockerfile = bdir / "Dockerfile"
     lock_hashes = {i: hashlib.sha256(ln.text.encode()).hexdigest() for i, ln in locks.items()}
     return Context(
-        loaded, plan, bdir, ctx_dir, dockerfile, infos, lock_hashes, post_install=post_install, mirror=mirrored
+        loaded,
+        plan,
+        bdir,
+        ctx_dir,
+        dockerfile,
+        infos,
+        lock_hashes,
+        post_install=post_install,
+        mirror=mirrored,
+        files_time=context_time(base_epoch),
     )
 
 
@@ -128,6 +148,8 @@ def _offline(loaded: LoadedStack, plan: Plan, staging: Path, ws: Workspace) -> d
 
 
 STAGING_SUFFIX = ".partial"
+#: the offline mirror's tree in the context (``builder/offline.py``, ``builder/mirror_apt.py``)
+MIRROR_DIR = "mirror"
 
 
 def _remove_leftovers(bdir: Path) -> None:

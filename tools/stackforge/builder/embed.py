@@ -13,18 +13,20 @@ import re
 from pathlib import Path
 from typing import Any
 
+from stackforge import safeio
 from stackforge.builder.plan import LABEL_NS
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
 from stackforge.fslock import atomic_write
+from stackforge.safeio import write_confined
 from stackforge.stack.load import LoadedStack, load
-from stackforge.stack.names import STACKS_DIR
+from stackforge.stack.names import STACK_FILE, STACKS_DIR
 from stackforge.urls import redact_text
 
 LABEL = f"{LABEL_NS}.stack.files"
 IMAGE_DIR = "/stackforge/stack"
 CONTEXT_DIR = "stack"
 OVERRIDES = "overrides.json"
-ENTRY = re.compile(r"^([a-z0-9][a-z0-9._-]*\.(?:yaml|json))=(sha256:[0-9a-f]{64})$")
+ENTRY = re.compile(rf"^({STACK_FILE.pattern})=(sha256:[0-9a-f]{{64}})$")
 
 
 def files(loaded: LoadedStack) -> dict[str, bytes]:
@@ -36,6 +38,19 @@ def files(loaded: LoadedStack) -> dict[str, bytes]:
         out[Path(display).name] = redact_text(text).encode("utf-8")
     out[OVERRIDES] = (json.dumps([redact_text(o) for o in loaded.overrides], indent=2) + "\n").encode()
     return out
+
+
+def stack_file_name(name: object, source: str) -> str:
+    """``name`` when it is a stack file's name (:data:`STACK_FILE`: a plain name in stacks/, never a path); a name
+    taken from an image or a record that is not one is refused before anything is written under it."""
+    if not isinstance(name, str) or not STACK_FILE.fullmatch(name):
+        raise safeio.Malformed(
+            f"stack file name {printable(repr(name))} is not a file name of stacks/ (letters, digits, . _ -; .yaml "
+            "or .json), so nothing is written under it",
+            file=source,
+            fix="the image or its record was not written by stackforge, or was altered",
+        )
+    return name
 
 
 def digest(data: bytes) -> str:
@@ -85,8 +100,8 @@ def materialise(named: dict[str, bytes], into: Path) -> tuple[Path, list[str]]:
     (into / STACKS_DIR).mkdir(parents=True, exist_ok=True)
     for name, data in named.items():
         if name != OVERRIDES:
-            (into / STACKS_DIR / name).write_bytes(data)
-    overrides = json.loads(named[OVERRIDES])
+            write_confined(into / STACKS_DIR, stack_file_name(name, "IMAGE"), data, what="stack file", source="IMAGE")
+    overrides = safeio.parse_json(named[OVERRIDES], source=f"{IMAGE_DIR}/{OVERRIDES}", what="overrides")
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise UserError(f"{IMAGE_DIR}/{OVERRIDES}: not a list of --set values", file="IMAGE")
     return into, overrides

@@ -21,13 +21,13 @@ with :func:`resolve`: ``latest`` when there is one, else the directory itself.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from stackforge import safeio
 from stackforge.errors import UserError
 
 LATEST = "latest"
@@ -71,10 +71,18 @@ def new_build(root: Path, now: _dt.datetime | None = None) -> Path:
             seq += 1
 
 
+#: a build's result.json: a few KiB
+RESULT_LIMIT = 4 << 20
+
+
 def read_result(build: Path) -> dict[str, Any] | None:
+    """A build's ``result.json``; None when it has none or one that is not a JSON object within its bounds (a
+    FIFO, a device or a link out of the build is never opened)."""
+    if not (build / RESULT).is_file():
+        return None
     try:
-        data = json.loads((build / RESULT).read_text())
-    except (OSError, ValueError):
+        data = safeio.read_json(build / RESULT, what="build result", limit=RESULT_LIMIT, root=build)
+    except safeio.Malformed:
         return None
     return data if isinstance(data, dict) else None
 

@@ -134,7 +134,8 @@ def prepare_dockerfile(
     lint_or_fail(loaded)
     facts = engine_facts() if engine_facts else None
     base, epoch = (facts.base, facts.source_date_epoch) if facts else (None, False)
-    ctx = assemble(loaded, out, sources=sources, workspace=workspace)
+    base_epoch = rfc3339_seconds(base.created) if base and base.created else None
+    ctx = assemble(loaded, out, sources=sources, workspace=workspace, base_epoch=base_epoch)
     digest, image_id = (base.digest, base.id) if base else (None, None)
     ctx.base = digest or image_id
     created = None

@@ -26,8 +26,9 @@ _JSON_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"
 
 def templates_digest(images: Path) -> str:
     """The templates and image scripts an image is built from: ``images/`` without the local base image's
-    directory and bytecode, read through its symlinks."""
-    return tree_digest(images, follow_links=True, skip=("base", "__pycache__"))
+    directory and bytecode, read through its symlinks, each file's mode as the build context gives it (a checkout
+    or an install made under another umask names the same templates)."""
+    return tree_digest(images, follow_links=True, skip=("base", "__pycache__"), portable_modes=True)
 
 
 def images_dir(root: Path | None = None) -> Path:

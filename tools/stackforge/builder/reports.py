@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stackforge.clients.engine import Engine
+from stackforge.clients.proc import Exceeded
 from stackforge.fslock import atomic_write
 from stackforge.stack.model import Stack
 
@@ -48,12 +49,18 @@ def write_evidence(
         t = time.monotonic()
         try:
             proc = engine.run_merged(
-                "run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", command, timeout=TIMEOUT_S
-            )
+                "run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", command, timeout=TIMEOUT_S,
+                limit=MAX_OUTPUT,
+            )  # fmt: skip
             code: int | None = proc.returncode
-            output = proc.stdout[:MAX_OUTPUT]
+            output = proc.stdout
         except subprocess.TimeoutExpired:
             code, output = None, f"timed out after {TIMEOUT_S} s\n"
+        except Exceeded as exc:
+            code, output = (
+                None,
+                exc.output.decode("utf-8", "replace") + f"\n[printed more than {MAX_OUTPUT} bytes: stopped]\n",
+            )
         atomic_write(outdir / f"{name}.txt", output)
         records.append(
             {

@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from stackforge.builder.contextfiles import normalize_tree
 from stackforge.builder.sources import SourceInfo
 from stackforge.digests import code_fingerprint, tree_digest
 from stackforge.errors import UserError
@@ -45,6 +46,7 @@ _EXPORT_CODE = (
     "builder/edits.py",
     "builder/installed.py",
     "builder/context.py",
+    "builder/contextfiles.py",
     "patches",
 )
 
@@ -94,6 +96,7 @@ def exported(
             shutil.copytree(old, dest, symlinks=True, copy_function=os.link)
             return SourceInfo(**record["info"])
     info = export(dest)
+    normalize_tree(dest, mtime=None)  # the tree recorded is the one the context holds: the context's modes
     record_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(
         record_path, json.dumps({"inputs": inputs, "tree": tree_digest(dest), "info": asdict(info)}, indent=2) + "\n"

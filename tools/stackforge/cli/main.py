@@ -14,7 +14,7 @@ import sys
 
 from stackforge import __version__
 from stackforge.cli.options import WORKSPACE, make_workspace
-from stackforge.errors import UserError
+from stackforge.errors import UserError, for_terminal
 from stackforge.fslock import fs_error
 from stackforge.signals import Interrupted, handle_signals
 
@@ -46,7 +46,7 @@ COMMAND_MODULES = [
 VERB_MODULES = {
     **dict.fromkeys(("list", "show", "lint", "tags", "diff", "schema"), "stack"),
     **dict.fromkeys(("render", "build", "gate", "verify", "abi"), "build"),
-    **dict.fromkeys(("publish", "pull"), "publish"),
+    **dict.fromkeys(("publish", "pull", "copy"), "publish"),
     **dict.fromkeys(("sbom", "scan"), "trust"),
     **{name: name for name in COMMAND_MODULES if name not in ("stack", "build", "publish", "trust")},
 }
@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         with handle_signals():
             return int(args.func(args) or 0)
     except Interrupted as intr:
-        print(intr.render(), file=sys.stderr)
+        print(for_terminal(intr.render()), file=sys.stderr)
         return intr.exit_code
-    except UserError as err:
-        print(err.render(), file=sys.stderr)
+    except UserError as err:  # a message may quote what a file, a registry or a container said
+        print(for_terminal(err.render()), file=sys.stderr)
         return err.exit_code
     except BrokenPipeError:
         sys.stderr.close()
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}",
             fix="check the path: its parent directory must exist and be writable",
         )
-        print(problem.render(), file=sys.stderr)
+        print(for_terminal(problem.render()), file=sys.stderr)
         return problem.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

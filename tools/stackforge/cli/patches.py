@@ -16,6 +16,7 @@ from stackforge.cli.lazy import lazy
 from stackforge.cli.options import add_json, add_set, load, overrides_for, print_json, root_of, select, workspace_of
 from stackforge.clients.workspace import CACHE_ENV
 from stackforge.errors import UserError
+from stackforge.safeio import OutputDir
 from stackforge.stack.names import list_stacks
 
 if TYPE_CHECKING:
@@ -219,6 +220,7 @@ def cmd_apply(args) -> int:
     else:
         target = _target(args)
         dest = (args.to or root / "build" / "patches" / Path(args.stack).stem / target.name).resolve()
+        OutputDir(dest, "patches apply").refuse_inputs([root / d for d in ("stacks", "patches", "overlays")], "--to")
         resume = _resume_command(args, dest)
         report = P.apply_to(
             target,

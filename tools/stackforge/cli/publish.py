@@ -1,4 +1,5 @@
-"""`stackforge publish`: push a stack's gated image under an immutable, never-overwritten tag."""
+"""`stackforge publish`: push a stack's gated image under an immutable, never-overwritten tag; `stackforge pull`:
+the newest published image, verified; `stackforge copy`: a published image with everything attached to it."""
 
 from __future__ import annotations
 
@@ -20,14 +21,17 @@ from stackforge.cli.options import (
     workspace_of,
 )
 from stackforge.errors import UserError
+from stackforge.safeio import for_terminal
 
 if TYPE_CHECKING:
+    from stackforge.publish.copy import copy as copy_image
     from stackforge.publish.publisher import PublishOptions, stderr_echo
     from stackforge.publish.stack import publish_stack
 else:
     PublishOptions = lazy("stackforge.publish.publisher", "PublishOptions")
     stderr_echo = lazy("stackforge.publish.publisher", "stderr_echo")
     publish_stack = lazy("stackforge.publish.stack", "publish_stack")
+    copy_image = lazy("stackforge.publish.copy", "copy")
 
 
 def register(sub) -> None:
@@ -118,6 +122,28 @@ def register(sub) -> None:
     add_set(p)
     p.set_defaults(func=cmd_pull)
 
+    p = sub.add_parser(
+        "copy",
+        help="copy a published image with its publish record, signed provenance and SBOM to another repository or "
+        "registry, by digest (resumable; a second run copies nothing)",
+        description="Copy the image SRC names (an image manifest, or an index with every manifest it lists) byte for "
+        "byte, so its digest is unchanged, with every manifest attached to it (the publish record, the signed "
+        "provenance, the SBOM: OCI referrers, written as the tag-schema fallback where DST has no referrers API, and "
+        "cosign's sha256-<hex>.att tag), then tag it at DST. Blobs DST holds are skipped, ones in another repository "
+        "of the same registry mounted; the tag is written last, so a copy cut off part-way completes when run again. "
+        "Each registry's credentials are its own (STACKFORGE_REGISTRY_USER/_PASSWORD, else the docker config). "
+        "`stackforge verify DST --key KEY.pub` then passes at DST.",
+    )
+    p.add_argument("source", metavar="SRC", help="HOST/NAME:TAG or HOST/NAME@sha256:… (a published image)")
+    p.add_argument(
+        "destination",
+        metavar="DST",
+        help="HOST/NAME[:TAG] (another registry, repository and tag may be named; without a tag, SRC's tag or digest)",
+    )
+    add_retry(p)
+    add_json(p, "what was copied and what DST already held: each manifest, blob and tag")
+    p.set_defaults(func=cmd_copy)
+
 
 def print_verification(args, v, summary: str) -> int:
     """A verification's lines (or JSON), its verdict line and the one line of what it checked; exit 1 when a
@@ -136,10 +162,10 @@ def print_verification(args, v, summary: str) -> int:
                 "summary": v.summary(subject),
             }
         )
-    else:
+    else:  # the lines carry what a registry and an image said: no escape sequence reaches the terminal
         for line in v.lines:
-            print(line)
-        print(v.summary(subject) + (", refused" if v.failed else ""))
+            print(for_terminal(line, lines=False))
+        print(for_terminal(v.summary(subject), lines=False) + (", refused" if v.failed else ""))
     return 1 if v.failed else 0
 
 
@@ -184,6 +210,15 @@ def cmd_pull(args) -> int:
     if not v.failed:
         tag_pulled(engine, v.image, f"{repository}:{tag}")
     return print_verification(args, v, f"pull {repository}:{tag}")
+
+
+def cmd_copy(args) -> int:
+    copied = copy_image(args.source, args.destination, retry_policy(args), stderr_echo)
+    if args.json:
+        print_json(copied.to_json())
+    else:
+        print("\n".join(copied.lines()))
+    return 0
 
 
 def cmd_publish(args) -> int:

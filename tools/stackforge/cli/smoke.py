@@ -25,19 +25,24 @@ def register(sub) -> None:
         "(exit 0 every row passed, 1 a row failed, 3 no row failed but some did not run, e.g. no device; "
         "2 invalid input)",
     )
-    p.add_argument("recipe", metavar="RECIPE", help="a recipe name (recipes/<name>.yaml) or a .yaml path")
+    p.add_argument(
+        "recipe",
+        metavar="RECIPE",
+        help="a recipe name (recipes/<name>.yaml) or a .yaml path (the one way outside a checkout)",
+    )
     p.add_argument(
         "--image",
         metavar="REF",
         help="the local image to smoke (default: the local tag of the recipe's stack and target, as "
-        "`stackforge build STACK --target T` made it)",
+        "`stackforge build STACK --target T` made it; required outside a checkout)",
     )
     p.add_argument(
         "--out",
         type=Path,
         metavar="DIR",
         help="where smoke.json and container.log go (default: smoke/<recipe>/ in the evidence of the build that "
-        "made the image, build/<stack>/evidence/<build-id>/; for an image no build made: build/<stack>/smoke/<id>/)",
+        "made the image, build/<stack>/evidence/<build-id>/; for an image no build made: build/<stack>/smoke/<id>/; "
+        "outside a checkout: ./smoke/<id>/<recipe>/)",
     )
     p.add_argument(
         "--allow-missing-hardware",
@@ -76,12 +81,33 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_smoke)
 
 
-def default_image(recipe: LoadedRecipe, root: Path) -> str:
+def checkout_of(args) -> Path | None:
+    """The repository a smoke reads: ``--root DIR`` (checked), else the one found upwards from here, else the recipe
+    file's own; None when there is none (an operator holding only a recipe file)."""
+    from stackforge.smoke.run import recipe_repository_of
+
+    if getattr(args, "root", None):
+        return root_of(args)  # a --root that holds no stacks/ is an error
+    try:
+        return root_of(args)
+    except UserError:  # no stacks/ here or above
+        path = Path(args.recipe)
+        return recipe_repository_of(path) if path.suffix in (".yaml", ".yml") or "/" in args.recipe else None
+
+
+def default_image(recipe: LoadedRecipe, root: Path | None) -> str:
     """The local tag ``stackforge build`` gives the recipe's stack and target."""
     from stackforge.builder.run import target_ref
     from stackforge.stack.load import load
 
     img = recipe.model.image
+    if root is None:
+        raise UserError(
+            f"{recipe.display}: no checkout here, so the local tag of its image (stack {img.stack}, target "
+            f"{img.target}) is unknown",
+            file="--image",
+            fix="name the image to smoke: stackforge smoke RECIPE.yaml --image REF",
+        )
     if img.overlay is not None:
         raise UserError(
             f"{recipe.display}: the image carries overlay {img.overlay!r}; name it with --image",
@@ -112,7 +138,7 @@ def cmd_smoke(args) -> int:
     from stackforge.smoke.device_uuid import expected
     from stackforge.smoke.run import SmokeOptions, parse_env, smoke
 
-    root = root_of(args)
+    root = checkout_of(args)
     recipe = load_recipe(root, args.recipe)
     name = evidence_name(recipe, args.configuration)
     env = parse_env(args.env)
@@ -130,7 +156,12 @@ def cmd_smoke(args) -> int:
             if not args.image
             else "build or pull it first",
         )
-    out = args.out or evidence.smoke_dir(root / "build" / recipe.model.image.stack, image_id, name)
+    if args.out:
+        out = args.out
+    elif root is not None:
+        out = evidence.smoke_dir(root / "build" / recipe.model.image.stack, image_id, name)
+    else:  # no checkout: beside where it runs
+        out = Path.cwd() / "smoke" / image_id.removeprefix("sha256:")[:12] / name
     options = SmokeOptions(
         allow_missing_hardware=args.allow_missing_hardware,
         env=env,

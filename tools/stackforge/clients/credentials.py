@@ -28,14 +28,13 @@ from netrc import NetrcParseError, netrc
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from stackforge import safeio
 from stackforge.clients import proc
 from stackforge.errors import UserError, printable
 from stackforge.urls import Credential, host, split
 
 if TYPE_CHECKING:
+    from stackforge.clients.dockerconfig import AuthEntry
     from stackforge.stack.load import LoadedStack  # stack.load imports this module
 
 _KNOWN: dict[str, tuple[str | None, Credential | None]] = {}  # clean URL -> (index name, URL credential)
@@ -174,45 +173,6 @@ def write_secret(path: Path, text: str) -> Path:
     return path
 
 
-class _AuthEntry(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    auth: str | None = None
-
-
-class DockerConfig(BaseModel):
-    """The keys of the docker client's ``config.json`` stackforge reads (the others are kept unread)."""
-
-    model_config = ConfigDict(extra="allow")
-    auths: dict[str, _AuthEntry] = Field(default_factory=dict)
-    credHelpers: dict[str, str] = Field(default_factory=dict)
-    credsStore: str | None = None
-
-
-class HelperAnswer(BaseModel):
-    """A credential helper's answer to ``get``."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-    Username: str
-    Secret: str
-
-
-#: the docker client's config.json: a few logins and helper names
-DOCKER_CONFIG_LIMIT = 4 << 20
-
-
-def read_docker_config(path: Path) -> DockerConfig | None:
-    """The docker client config at ``path`` read within its bounds; None when there is none. A config that is
-    not one (not a regular file, too large, not JSON, a key of the wrong type) is a UserError naming it."""
-    if not os.path.lexists(path):
-        return None
-    fix = "repair it (docker login rewrites it), or point DOCKER_CONFIG at another directory"
-    try:
-        return safeio.load_model(DockerConfig, path, what="docker config", limit=DOCKER_CONFIG_LIMIT)
-    except safeio.Malformed as exc:
-        exc.fix = fix
-        raise
-
-
 def for_registry(
     host: str, env: Mapping[str, str] | None = None, docker_config: Path | None = None
 ) -> tuple[str, str] | None:
@@ -226,6 +186,8 @@ def for_registry(
     if user and password:
         return user, password
     path = Path(docker_config if docker_config is not None else docker_config_file(environ))
+    from stackforge.clients.dockerconfig import read_docker_config  # pydantic: only when a registry is asked
+
     config = read_docker_config(path)
     if config is None:
         return None
@@ -245,7 +207,7 @@ def _server_keys(host: str) -> list[str]:
     return keys
 
 
-def _auths_entry(auths: Mapping[str, _AuthEntry], host: str) -> tuple[str, str] | None:
+def _auths_entry(auths: Mapping[str, AuthEntry], host: str) -> tuple[str, str] | None:
     for key in _server_keys(host):
         entry = auths.get(key)
         if entry is not None and entry.auth:
@@ -328,6 +290,8 @@ def _ask_helper(name: str, host: str, environ: Mapping[str, str], config: Path) 
 
 
 def _helper_answer(name: str, host: str, data: bytes) -> tuple[str, str]:
+    from stackforge.clients.dockerconfig import HelperAnswer
+
     try:
         answer = safeio.parse_model(HelperAnswer, data, source=f"docker-credential-{name}", what="answer",
                                     limit=HELPER_OUTPUT_LIMIT)  # fmt: skip

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from stackforge import progress
+from stackforge.clients import proc as bounded
 from stackforge.errors import UserError, clip
 
 SETUP_FIX = "run scripts/engine-setup.sh (as root on Debian it installs and starts dockerd + buildx)"
@@ -221,6 +222,10 @@ class BuildResult(NamedTuple):
     log: str
 
 
+#: what one docker CLI command may print (an inspect of every image, a container's answer through exec)
+CLI_OUTPUT_LIMIT = 256 << 20
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     server_version: str
@@ -246,32 +251,36 @@ class Engine:
 
     # -- plumbing
     def cli(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
-        """Run ``docker ARGS`` against this engine (bounded in time); engine trouble is a UserError."""
+        """Run ``docker ARGS`` against this engine, bounded in time and in what it prints (its text decoded with
+        undecodable bytes replaced: a container's answer through ``exec`` is not trusted to be UTF-8); engine
+        trouble is a UserError."""
+        argv = [self.docker, *args]
         try:
-            proc = subprocess.run([self.docker, *args], capture_output=True, text=True, timeout=timeout, env=self.env)
+            done = bounded.run(argv, timeout=timeout, limit=CLI_OUTPUT_LIMIT, env=self.env)
         except FileNotFoundError:
             raise UserError(f"'{self.docker}' (the docker CLI) is not installed", fix=SETUP_FIX) from None
-        except subprocess.TimeoutExpired:
-            raise UserError(
-                f"'{self.docker} {' '.join(args)}' did not answer within {timeout:.0f} s", fix=SETUP_FIX
-            ) from None
+        if done.stopped == "timeout":
+            raise UserError(f"'{self.docker} {' '.join(args)}' did not answer within {timeout:.0f} s", fix=SETUP_FIX)
+        if done.stopped == "output":
+            raise UserError(f"'{self.docker} {' '.join(args)}' printed more than {CLI_OUTPUT_LIMIT} bytes (stopped)")
+        proc = subprocess.CompletedProcess(argv, done.returncode or 0, done.text(), done.text("stderr"))
         if check and proc.returncode != 0:
             raise UserError(f"'{self.docker} {' '.join(args)}' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
         return proc
 
-    def run_merged(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    def run_merged(self, *args: str, timeout: float, limit: int = bounded.OUTPUT_LIMIT) -> subprocess.CompletedProcess:
         """``docker ARGS`` with stderr merged into stdout (undecodable bytes replaced): output a person reads, such
-        as a container's log or a report command's. A timeout (``subprocess.TimeoutExpired``) or a CLI that does
-        not start (``OSError``) is raised as is, for the caller to record."""
-        return subprocess.run(
-            [self.docker, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            env=self.env,
-        )
+        as a container's log or a report command's, at most ``limit`` bytes of it. A timeout
+        (``subprocess.TimeoutExpired``, its ``output`` what was printed), more output than ``limit``
+        (:class:`bounded.Exceeded`) or a CLI that does not start (``OSError``) is raised, for the caller to record;
+        the CLI is stopped either way (a container it started is the caller's to remove)."""
+        argv = [self.docker, *args]
+        done = bounded.run(argv, timeout=timeout, limit=limit, env=self.env, merge=True)
+        if done.stopped == "timeout":
+            raise subprocess.TimeoutExpired(argv, timeout, output=done.stdout)
+        if done.stopped == "output":
+            raise bounded.Exceeded(argv, limit, done.stdout)
+        return subprocess.CompletedProcess(argv, done.returncode or 0, done.text(), None)
 
     def _buildx(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
         pre = ["buildx", "--builder", self.builder] if self.builder else ["buildx"]
@@ -557,12 +566,17 @@ def save_image(engine: Engine, ref: str, out: Path, what: str) -> None:
     os.replace(tmp, out)
 
 
+#: a file stackforge reads out of an image (its stack files, an overlay's declaration): the image is not trusted
+IMAGE_FILE_LIMIT = 16 << 20
+
+
 def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
-    """The regular files directly in ``directory`` of ``image``: read from the engine's layer store when it can
-    serve, else copied out of a created, never started, container; empty when the image has no such directory."""
+    """The regular files directly in ``directory`` of ``image`` (links, and files over :data:`IMAGE_FILE_LIMIT`,
+    left out): read from the engine's layer store when it can serve, else copied out of a created, never started,
+    container; empty when the image has no such directory."""
     from stackforge.clients import layerstore
 
-    files = layerstore.read_image(engine, engine.image_id(image), lambda tree: tree.files(directory))
+    files = layerstore.read_image(engine, engine.image_id(image), lambda tree: tree.files(directory, IMAGE_FILE_LIMIT))
     if files is not None:
         return files
     proc = engine.cli("create", image, "true", timeout=120)
@@ -574,6 +588,10 @@ def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
             proc = engine.cli("cp", f"{cid}:{directory}/.", tmp, timeout=120)
             if proc.returncode != 0:
                 return {}
-            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file() and not p.is_symlink()}
+            return {
+                p.name: p.read_bytes()
+                for p in sorted(Path(tmp).iterdir())
+                if not p.is_symlink() and p.is_file() and p.stat().st_size <= IMAGE_FILE_LIMIT
+            }
     finally:
         engine.cli("rm", "-f", cid, timeout=60)

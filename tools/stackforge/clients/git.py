@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar, overload
 
+from stackforge.clients import proc as bounded
 from stackforge.errors import UserError
 from stackforge.urls import Credential, scrub
 
@@ -72,6 +73,12 @@ class GitResult(Generic[Out]):
         return out + self.stderr
 
 
+#: how long one git command may run when its caller gives no deadline (a clone of a large upstream included)
+GIT_SECONDS = 3600.0
+#: what one git command may print (a patch series' log of a long range is tens of MiB)
+GIT_OUTPUT_LIMIT = 1 << 30
+
+
 @overload
 def git(
     repo: Path | str | None,
@@ -117,12 +124,19 @@ def git(
     cmd += list(args)
     if isinstance(input, str):
         input = input.encode()
+    limit = timeout if timeout is not None else GIT_SECONDS
     try:
-        proc = subprocess.run(cmd, input=input, capture_output=True, env=git_env(env), check=False, timeout=timeout)
+        done = bounded.run(cmd, input=input, timeout=limit, limit=GIT_OUTPUT_LIMIT, env=git_env(env))
     except FileNotFoundError as exc:  # pragma: no cover - git is a hard requirement
         raise UserError("git is not installed", fix="install git (apt-get install git)") from exc
-    except subprocess.TimeoutExpired:  # ``timeout``: a host that drops packets never answers
-        proc = subprocess.CompletedProcess(cmd, 124, b"", f"no answer within {timeout:g} s".encode())
+    if done.stopped == "timeout":  # a host that drops packets never answers
+        proc = subprocess.CompletedProcess(cmd, 124, b"", f"no answer within {limit:g} s (stopped)".encode())
+    elif done.stopped == "output":
+        proc = subprocess.CompletedProcess(
+            cmd, 125, b"", f"printed more than {GIT_OUTPUT_LIMIT} bytes (stopped)".encode()
+        )
+    else:
+        proc = subprocess.CompletedProcess(cmd, done.returncode or 0, done.stdout, done.stderr)
     err = proc.stderr.decode("utf-8", "replace")
     res: GitResult[str] | GitResult[bytes]
     if binary:

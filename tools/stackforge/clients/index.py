@@ -56,7 +56,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from stackforge import netread
+from stackforge import netread, safeio
 from stackforge.clients.credentials import for_url
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
@@ -247,11 +247,15 @@ def format_time(dt: datetime | None, *, iso: bool = False) -> str | None:
 def parse_json_page(body: str | bytes, base_url: str, project: str) -> ProjectPage:
     """Parse a PEP 691 project page."""
     try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise IndexQueryError(f"{redact(base_url)}: not valid JSON ({exc})") from None
+        data = safeio.parse_json(body, source=redact(base_url), what="project page", limit=max(len(body), 1))
+    except safeio.Malformed as exc:
+        raise IndexQueryError(f"{redact(base_url)}: not valid JSON ({exc.message})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("files", []), list):
+        raise IndexQueryError(f"{redact(base_url)}: not a PEP 691 project page (no list of files)")
     files = []
     for entry in data.get("files", []):
+        if not isinstance(entry, dict):
+            continue
         filename = entry.get("filename")
         url = entry.get("url")
         if not filename or not url:
@@ -360,11 +364,14 @@ class _DiskCache:
         return self.directory / f"{key}.json"
 
     def get(self, url: str, accept: str) -> dict | None:
-        try:
-            entry = json.loads(self._path(url, accept).read_text())
-        except (OSError, ValueError):
+        path = self._path(url, accept)
+        if not path.is_file():
             return None
-        if entry.get("url") != redact(url):
+        try:
+            entry = safeio.read_json(path, what="index cache entry", follow=False)
+        except safeio.Malformed:
+            return None
+        if not isinstance(entry, dict) or entry.get("url") != redact(url):
             return None
         return entry
 

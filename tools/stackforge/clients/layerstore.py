@@ -253,12 +253,13 @@ class ImageTree:
             raise Unusable(f"{path} is {st.st_size} bytes, over {limit}")
         return _read(entry, limit)
 
-    def files(self, directory: str) -> dict[str, bytes]:
-        """The regular files directly in ``directory``, by name (symlinks and directories left out)."""
+    def files(self, directory: str, limit: int = 1 << 62) -> dict[str, bytes]:
+        """The regular files directly in ``directory``, by name (symlinks, directories and files over ``limit``
+        bytes left out)."""
         out = {}
         for name in self.listdir(directory):
             found = self._lookup(f"{directory.rstrip('/')}/{name}")
-            if found is not None and stat.S_ISREG(found[1].st_mode):
+            if found is not None and stat.S_ISREG(found[1].st_mode) and found[1].st_size <= limit:
                 out[name] = _read(found[0], found[1].st_size + 1)
         return out
 

@@ -44,6 +44,14 @@ def _kill(proc: subprocess.Popen) -> None:
         pass
 
 
+class Exceeded(subprocess.SubprocessError):
+    """A program printed more than its cap and was stopped; ``output`` is what was kept."""
+
+    def __init__(self, argv: Sequence[str], limit: int, output: bytes) -> None:
+        super().__init__(f"{argv[0]} printed more than {limit} bytes and was stopped")
+        self.limit, self.output = limit, output
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -52,16 +60,17 @@ def run(
     limit: int = OUTPUT_LIMIT,
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
+    merge: bool = False,
 ) -> Finished:
     """Run ``argv`` (in its own process group) for at most ``timeout`` seconds, keeping at most ``limit`` bytes of
-    each of its streams. Over either bound the whole group is killed and :attr:`Finished.stopped` says which.
-    ``FileNotFoundError`` (no such program) is raised as is."""
+    each of its streams (``merge``: stderr goes into stdout). Over either bound the whole group is killed and
+    :attr:`Finished.stopped` says which. ``FileNotFoundError`` (no such program) is raised as is."""
     data = input.encode() if isinstance(input, str) else input
     proc = subprocess.Popen(
         list(argv),
         stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge else subprocess.PIPE,
         env=dict(env) if env is not None else None,
         cwd=cwd,
         start_new_session=True,
@@ -91,7 +100,8 @@ def run(
         except (BrokenPipeError, OSError):
             pass
 
-    threads = [threading.Thread(target=drain, args=(n, s), daemon=True) for n, s in (("stdout", proc.stdout), ("stderr", proc.stderr))]  # fmt: skip
+    streams = [("stdout", proc.stdout)] + ([] if merge else [("stderr", proc.stderr)])
+    threads = [threading.Thread(target=drain, args=(n, s), daemon=True) for n, s in streams]
     if data is not None:
         threads.append(threading.Thread(target=feed, daemon=True))
     for t in threads:

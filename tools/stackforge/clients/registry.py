@@ -1,7 +1,8 @@
 """A small client for the OCI distribution API (the registry side of ``publish``).
 
-Only what publishing needs: ping, list tags (paginated), HEAD/GET/PUT/DELETE a
-manifest, HEAD/GET a blob, upload a blob monolithically, and the referrers of a manifest. Every request goes
+Only what publishing and copying need: ping, list tags (paginated), HEAD/GET/PUT/DELETE a
+manifest, HEAD/GET a blob (into memory, or streamed to a file), upload or mount a blob, and the referrers of a
+manifest. Every request goes
 through :func:`with_retries`: exponential backoff with full jitter on 5xx, 429,
 408 and connection errors (resets, refused, timeouts), bounded both in attempts
 and in total time. Anything else (4xx) is an answer, not a fault, and is raised
@@ -29,22 +30,22 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
-import json
 import random
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 
 import requests
 
-from stackforge import netread
+from stackforge import netread, safeio
 from stackforge.clients import credentials
 from stackforge.errors import UserError
-from stackforge.grammar import HOST_RE, REPO_PATH_RE, looks_like_host
+from stackforge.grammar import DIGEST_RE, HOST_RE, REPO_PATH_RE, looks_like_host
 from stackforge.urls import redact, redact_text
 from stackforge.urls import split as split_url
 
@@ -56,6 +57,9 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 MANIFEST_ACCEPT = ", ".join([OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_MANIFEST_LIST])
+#: the largest blob :meth:`RegistryClient.download_blob` takes, and the slowest rate it waits for one at
+BLOB_LIMIT = 64 << 30
+BLOB_MIN_RATE = 256 << 10  # bytes per second
 
 
 def sha256_digest(data: bytes) -> str:
@@ -197,6 +201,15 @@ class MalformedAnswer(RegistryError, ValueError):
     """The registry answered something that is not what the API says it answers."""
 
 
+def parse_answer(body: bytes, what: str) -> Any:
+    """The JSON of a registry answer (already read within its size cap) within the nesting cap; a
+    :class:`MalformedAnswer` naming ``what`` when it is not JSON."""
+    try:
+        return safeio.parse_json(body, source=what, what="answer", limit=max(len(body), 1))
+    except safeio.Malformed as exc:
+        raise MalformedAnswer(f"{what} is not valid JSON: {exc.message}") from None
+
+
 class RetriesExhausted(RegistryError):
     def __init__(self, what: str, attempts: int, elapsed: float, last: Exception):
         super().__init__(
@@ -286,10 +299,7 @@ class Manifest:
 
     def json(self) -> dict[str, Any]:
         """The manifest as a JSON object; a :class:`MalformedAnswer` when it is not one."""
-        try:
-            doc = json.loads(self.body)
-        except ValueError:
-            raise MalformedAnswer(f"manifest {self.digest} is not valid JSON") from None
+        doc = parse_answer(self.body, f"manifest {self.digest}")
         if not isinstance(doc, dict):
             raise MalformedAnswer(f"manifest {self.digest} is a JSON {type(doc).__name__}, not an object")
         return doc
@@ -392,10 +402,7 @@ class RegistryClient:
 
     def _json(self, resp: requests.Response, limit: int, what: str) -> Any:
         body = self._body(resp, limit, what)
-        try:
-            return json.loads(body)
-        except ValueError:
-            raise MalformedAnswer(f"{what} from {redact(resp.url or '')} is not valid JSON") from None
+        return parse_answer(body, f"{what} from {redact(resp.url or '')}")
 
     def _error(self, method: str, url: str, resp: requests.Response) -> RegistryError:
         codes: list[str] = []
@@ -405,7 +412,7 @@ class RegistryClient:
         except (netread.Exceeded, requests.RequestException):
             raw = b""
         try:
-            payload = json.loads(raw)
+            payload = parse_answer(raw, "error answer")
             for err in payload.get("errors", []) or []:
                 codes.append(str(err.get("code")))
                 detail += f" {err.get('code')}: {err.get('message')}"
@@ -467,12 +474,12 @@ class RegistryClient:
         self.until = time.monotonic() + seconds
         return self
 
-    def _read(self, what: str, url: str, fn: Callable[[], T]) -> T:
+    def _read(self, what: str, url: str, fn: Callable[[], T], seconds: float | None = None) -> T:
         """A read operation: ``fn`` with retries, all of it within ``read_seconds`` (and the policy's total); past
         that, or over a size limit, a non-retryable :class:`RegistryError` naming the URL and the limit."""
         if self._deadline is not None:  # nested: the outer operation's deadline holds
             return self._retry(what, fn)
-        seconds = min(self.read_seconds, self.policy.total_seconds)
+        seconds = min(self.read_seconds if seconds is None else seconds, self.policy.total_seconds)
         if self.until is not None:
             seconds = min(seconds, self.until - time.monotonic())
         self._local.deadline = netread.Deadline(seconds, what)
@@ -659,6 +666,25 @@ class RegistryClient:
 
         return self._read(f"GET blob {digest[:19]}", url, call)
 
+    def download_blob(self, digest: str, size: int, dest: Path, advance: Callable[[int], None] | None = None) -> None:
+        """The blob ``digest`` streamed to ``dest`` (through ``dest.part``): at most ``size`` bytes (what its descriptor
+        declares), hashed on the way and kept only when their sha256 is the digest. The read, its retries included,
+        ends within ``read_seconds`` plus ``size`` at :data:`BLOB_MIN_RATE` (and the policy's total); nothing is left
+        on disk when it fails."""
+        if not DIGEST_RE.fullmatch(digest) or not 0 <= size <= BLOB_LIMIT:
+            raise MalformedAnswer(f"blob {digest[:80]!r}: not a sha256 digest with a size within 0..{BLOB_LIMIT} bytes")
+        url = self._url(f"blobs/{digest}")
+
+        def call() -> None:
+            resp = self._request("GET", url, ok=(200,))
+            try:
+                netread.stream_to_file(resp, resp.url or url, dest, size, deadline=self._deadline,
+                                       sha256=digest.split(":", 1)[1], advance=advance, what=f"blob {digest[:19]}")  # fmt: skip
+            finally:
+                resp.close()
+
+        self._read(f"GET blob {digest[:19]}", url, call, seconds=self.read_seconds + size / BLOB_MIN_RATE)
+
     def mount_blob(self, digest: str, source: str) -> bool:
         """Cross-repository mount: ``POST blobs/uploads/?mount=<digest>&from=<source>`` (same registry).
 
@@ -718,7 +744,7 @@ class RegistryClient:
 
 def _error_codes(body: bytes) -> list[str]:
     try:
-        return [str(e.get("code")) for e in (json.loads(body).get("errors") or [])]
+        return [str(e.get("code")) for e in (parse_answer(body, "error answer").get("errors") or [])]
     except (ValueError, AttributeError, TypeError):
         return []
 

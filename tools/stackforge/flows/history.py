@@ -637,14 +637,15 @@ def read_night(directory: Path, options: HistoryOptions | None = None, public_ke
     return night
 
 
-def _own_output(path: Path) -> bool:
-    """A directory a stackforge command wrote (its mark): the site itself when ``--out`` is under the nights."""
-    return os.path.lexists(path / safeio.OUTPUT_MARK)
+def _a_site(path: Path) -> bool:
+    """A site this command wrote (its mark): ``--out`` under the nights, never read as a night (a night's directory
+    carries the nightly's mark)."""
+    return safeio.output_verb(path) == VERB
 
 
 def night_dirs(root: Path, exclude: tuple[Path, ...] = ()) -> list[Path]:
-    """The directories under ``root`` holding a summary.json: not hidden (a site being written), not a command's
-    output (the site), not ``exclude``."""
+    """The directories under ``root`` holding a summary.json: not hidden (a site being written), not a site this
+    command wrote, not ``exclude``."""
     if not root.is_dir():
         raise UserError(f"{root} is not a directory", file="--nights", fix="give the directory the nights write into")
     skip = {os.path.realpath(p) for p in exclude}
@@ -654,7 +655,7 @@ def night_dirs(root: Path, exclude: tuple[Path, ...] = ()) -> list[Path]:
             path = Path(entry.path)
             if entry.name.startswith(".") or os.path.realpath(path) in skip or not entry.is_dir():
                 continue
-            if not _own_output(path) and os.path.lexists(path / SUMMARY):
+            if not _a_site(path) and os.path.lexists(path / SUMMARY):
                 found.append(path)
     return sorted(found, key=lambda p: p.name)
 

@@ -50,6 +50,7 @@ from stackforge.clients.git import git
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256, stack_lock
+from stackforge.safeio import OutputDir
 from stackforge.stack.load import LoadedStack, fingerprint
 from stackforge.urls import redact, scrub
 from stackforge.urls import split as split_credentials
@@ -65,7 +66,10 @@ def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = Non
     stack, ws = loaded.model, workspace_for(loaded, workspace)
     lint_or_fail(loaded)
     to = Path(to)
-    to.mkdir(parents=True, exist_ok=True)
+    inputs = [loaded.root / d for d in ("stacks", "patches", "overlays")]
+    if to.is_dir():  # a link out of it is named first: it is the worse problem
+        manifest.inside_tree(to, ".", "--to")
+    OutputDir(to, "mirror").claim(inputs, flag="--to", legacy=(manifest.MANIFEST,))  # never a directory of others
     with stack_lock(to):
         manifest.inside_tree(to, ".", "--to")  # nothing is written through a link out of the mirror
         data = manifest.read(to, required=False) or manifest.empty(stack.name, fingerprint(stack))

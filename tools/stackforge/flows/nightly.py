@@ -53,6 +53,7 @@ from stackforge.freshness.drift import nightly_cell, nightly_line
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.publish.publisher import PublishOptions
 from stackforge.publish.stack import publish_stack
+from stackforge.safeio import OutputDir
 from stackforge.signals import Interrupted
 from stackforge.smoke import slices as slice_runs
 from stackforge.smoke.run import SmokeOptions, smoke
@@ -423,7 +424,10 @@ def nightly(
     parse_registry(registry, what="--registry")
     date = validate_date(options.date)
     outdir = options.out or root / "build" / "nightly" / date
-    outdir.mkdir(parents=True, exist_ok=True)
+    # the night's directory holds only what the nightly writes: never one of the repository's inputs, never a
+    # directory of other files (a row's evidence is replaced in it)
+    inputs = [root / d for d in ("stacks", "patches", "overlays", "recipes")]
+    OutputDir(outdir, "nightly").claim(inputs, legacy=("summary.json", "summary.md"))
     summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir, ci=ci_run(os.environ))
     for_stack = per_stack(options.overrides)
 

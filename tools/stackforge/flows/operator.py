@@ -8,7 +8,10 @@ checks of ``stackforge verify`` (labels against the stack's pins and fingerprint
 with a read-only root). An overlay image's record and labels are checked by
 :func:`stackforge.overlay.record.check_ref` first (its base's stack, when the image carries one, as above).
 Every check is one ``PASS``/``FAIL`` line; a record that does not describe the pulled image (another digest, a
-changed pin, overlay labels the record does not name) fails.
+changed pin, overlay labels the record does not name) fails. The record and the signature bind the digest, not the
+repository: read from another repository than the record's (a ``stackforge copy``), the record's tag is checked
+only where that repository has it. An image with no record attached (a copy by tag alone) fails naming what is
+missing there and the command that copies an image with it.
 
 :func:`newest` resolves the newest ``-rN`` of a date (default: the newest date) from the registry's tags, with
 the stack's tag scheme; :func:`newest_published` does it with no checkout, reading the scheme off the tags.
@@ -31,7 +34,7 @@ from stackforge.clients.registry import (
     RetryPolicy,
     split_ref,
 )
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
 from stackforge.overlay.record import check_ref
 from stackforge.publish import attest
 from stackforge.publish import record as records
@@ -130,8 +133,7 @@ def verify_ref(
         v.add(False, f"record  cannot be read: {exc}")
         return v
     if found is None:
-        v.add(False, f"record  none attached to {digest} (neither the referrers API nor the tag "
-                     f"{records.fallback_tag(digest)} lists one): not published by stackforge, or its record was removed")  # fmt: skip
+        _not_attached(v, client, digest, ref)
         return v
     v.add(True, f"record  {found.manifest_digest} found via {found.via} (created {found.created or 'unknown'})")
     problems = records.check_schema(found.record)
@@ -158,8 +160,13 @@ def verify_ref(
         except RegistryError as exc:
             v.add(False, f"tag     {tag} (from the record) cannot be read: {exc}")
             return v
-        v.add(info is not None and info.digest == digest,
-              f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
+        if info is None and rec.repository != str(repo):
+            # a copy (`stackforge copy`) under another name: the record binds the digest, not where it is pulled from
+            v.lines.append(f"note    tag     {tag} (from the record) is not in {repo}: a copy of {rec.repository}; "
+                           "the record and the signature bind the digest, not the repository or tag")  # fmt: skip
+        else:
+            v.add(info is not None and info.digest == digest,
+                  f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
     if key is not None:
         for ok, line in attest.check_provenance(client, digest, key, found.record):
             v.add(ok, line)
@@ -218,6 +225,24 @@ def verify_ref(
     return v
 
 
+def _not_attached(v: Verification, client: RegistryClient, digest: str, ref: str) -> None:
+    """The lines of an image with no publish record attached: which of the record, the signed provenance and the
+    SBOM are missing here, and how an image is copied with them."""
+    missing = ["publish record"]
+    try:
+        if not attest.envelopes(client, digest):
+            missing.append("signed provenance")
+        if attest.sbom_of(client, digest) is None:
+            missing.append("SBOM")
+    except (RegistryError, ValueError):
+        pass
+    v.add(False, f"record  none attached to {digest} in {client.repository} (neither the referrers API nor the tag "
+                 f"{records.fallback_tag(digest)} lists one): missing here: {', '.join(missing)}")  # fmt: skip
+    v.lines.append(f"note    a copy by tag alone (skopeo copy, docker pull/tag/push, a registry's tag replication) leaves "
+                   f"them behind: copy the image with them, `stackforge copy SRC {ref}` (or `oras cp -r SRC {ref}`); "
+                   "an image stackforge did not publish has none")  # fmt: skip
+
+
 def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: Any, pinned: str) -> None:
     """The SBOM attached to the image against what the pulled image has installed (a note when none is attached:
     images published before stackforge attached one)."""
@@ -228,7 +253,9 @@ def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: An
             return
         v.add(*attest.check_sbom(attached, sbom.of_image(engine, pinned)))
     except (RegistryError, ValueError) as exc:
-        v.add(False, f"sbom    cannot be read: {exc}")
+        v.add(False, f"sbom    cannot be read: {printable(exc)}")
+    except UserError as exc:  # an attached SBOM that is not one (too deep, not UTF-8, a wrong shape)
+        v.add(False, f"sbom    cannot be read: {exc.message}")
 
 
 def tag_pulled(engine: Any, pinned: str, ref: str) -> None:

@@ -25,15 +25,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stackforge.builder.embed import stack_file_name
 from stackforge.builder.run import BuildOptions, build, target_ref
 from stackforge.clients import layerstore
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import RegistryClient
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
 from stackforge.publish import layerdiff
 from stackforge.publish.codec import OCI_LAYER_ZSTD
 from stackforge.publish.oci import ChunkReader, DockerImage, PreparedImage, uncompressed
 from stackforge.publish.record_schema import PublishRecord
+from stackforge.safeio import write_confined
 from stackforge.stack.load import load
 from stackforge.stack.names import STACKS_DIR
 
@@ -55,8 +57,10 @@ def scratch_root(rec: PublishRecord, checkout: Path, into: Path) -> Path:
     shutil.copytree(checkout / STACKS_DIR, into / STACKS_DIR, symlinks=True)
     for name, entry in rec.stack_files.items():
         if entry.text is None:
-            raise UserError(f"the record carries no text of {name}: nothing to rebuild from", file="REF")
-        (into / STACKS_DIR / name).write_text(entry.text, encoding="utf-8")
+            raise UserError(f"the record carries no text of {printable(name)}: nothing to rebuild from", file="REF")
+        # The record's names are plain file names (the schema says so); written only under stacks/, never through
+        # a link that a checkout's stacks/ may hold.
+        write_confined(into / STACKS_DIR, stack_file_name(name, "REF"), entry.text, what="stack file", source="REF")
     for path in checkout.iterdir():
         if path.name not in _NOT_TAKEN:
             (into / path.name).symlink_to(path.resolve())

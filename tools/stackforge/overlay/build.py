@@ -29,7 +29,8 @@ from stackforge import grammar, progress
 from stackforge.builder import evidence as evidence_dirs
 from stackforge.builder import render as dockerfile_render
 from stackforge.builder.context import build_dir_for
-from stackforge.builder.plan import BASE_LAYERS_LABEL, LABEL_NS
+from stackforge.builder.contextfiles import context_time, normalize_tree
+from stackforge.builder.plan import BASE_LAYERS_LABEL, EPOCH_LABEL, LABEL_NS
 from stackforge.builder.run import BuildOptions, default_target, failure_reason, recording_interrupts, target_ref
 from stackforge.builder.run import build as build_stack
 from stackforge.clients.engine import Engine
@@ -250,10 +251,17 @@ def check_base_series(
 
 
 def write_context(
-    loaded: LoadedStack, ov: LoadedOverlay, ctx: Path, images: Path, *, workspace: Workspace
+    loaded: LoadedStack,
+    ov: LoadedOverlay,
+    ctx: Path,
+    images: Path,
+    *,
+    workspace: Workspace,
+    base_epoch: int | None = None,
 ) -> tuple[dict, dict[str, list[ranges.Changed]]]:
     """The overlay's build context: ``overlay/`` (manifest, patched files, scripts, checks, overlay.yaml; it
-    becomes /stackforge/overlay/<name>/) and ``files/`` (the declared files with their modes)."""
+    becomes /stackforge/overlay/<name>/) and ``files/`` (the declared files with their modes), each entry with
+    the context's mode and time (``builder/contextfiles.py``; ``base_epoch``: the base image's layer epoch)."""
     if ctx.exists():
         shutil.rmtree(ctx)
     (ctx / "overlay" / "range").mkdir(parents=True)
@@ -281,6 +289,7 @@ def write_context(
         key = "-".join(map(str, at))
         shutil.copyfile(ov.dir / f.src, ctx / "files" / key)
         os.chmod(ctx / "files" / key, int(f.mode, 8))
+    normalize_tree(ctx, mtime=context_time(base_epoch), keep_modes=["files"])  # declared files keep their modes
     return data, changed
 
 
@@ -429,7 +438,10 @@ def build_overlay(
     odir = overlay_build_dir(loaded, ov, opts.out)
     with stack_lock(odir, timeout=opts.lock_timeout):
         images = dockerfile_render.images_dir(loaded.root)
-        data, changed = write_context(loaded, ov, odir / "context", images, workspace=ws)
+        epoch = str(base_labels.get(EPOCH_LABEL) or "")
+        data, changed = write_context(
+            loaded, ov, odir / "context", images, workspace=ws, base_epoch=int(epoch) if epoch.isdigit() else None
+        )
         labels = overlay_labels(loaded, ov, base, changed, own_labels)
         dockerfile = odir / "Dockerfile"
         atomic_write(

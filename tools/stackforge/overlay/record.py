@@ -17,18 +17,18 @@ patches, which the image does not hold) is checked against the record only, and 
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from stackforge import safeio
 from stackforge.builder import embed
 from stackforge.builder.embed import load_embedded
 from stackforge.builder.plan import LABEL_NS
 from stackforge.builder.verify import Verification
 from stackforge.clients.engine import image_files
-from stackforge.clients.registry import RegistryClient, RegistryError, sha256_digest, split_ref
-from stackforge.errors import UserError
+from stackforge.clients.registry import RegistryClient, RegistryError, parse_answer, sha256_digest, split_ref
+from stackforge.errors import UserError, printable
 from stackforge.overlay import range as ranges
 from stackforge.overlay.build import NS, files_digest, fingerprint, layers_extend
 from stackforge.overlay.load import OVERLAY_FILE, LoadedOverlay
@@ -62,15 +62,17 @@ def make(
             loaded = load_embedded(stack_files, labels[LABEL_STACK], Path(tmp))
             options = {n: o.value for n, o in loaded.model.options.items()}
     definition = image_files(engine, local_ref, image_dir(name)).get(OVERLAY_FILE, b"")
-    try:  # the gated build's inputs (an ungated publish may have none)
-        inputs = json.loads((evidence_dir / "inputs.json").read_text())
-    except (OSError, ValueError):
-        inputs = {}
+    inputs_file = evidence_dir / "inputs.json"  # the gated build's inputs (an ungated publish may have none)
+    inputs = safeio.read_json(inputs_file, what="build inputs", limit=records.EVIDENCE_LIMIT) if inputs_file.exists() else {}  # fmt: skip
     prefix = f"{NS}."
     return PublishRecord(
         **records.head(labels.get(LABEL_STACK, ""), target, published),
         stack_files=records.stack_files(stack_files),
-        overrides=json.loads(stack_files[embed.OVERRIDES]) if embed.OVERRIDES in stack_files else [],
+        overrides=safeio.parse_json(
+            stack_files[embed.OVERRIDES], source=f"{embed.IMAGE_DIR}/{embed.OVERRIDES}", what="overrides"
+        )
+        if embed.OVERRIDES in stack_files
+        else [],
         pins={k[len(PIN) :]: v for k, v in labels.items() if k.startswith(PIN)},
         options=options,
         fingerprint=labels.get(FINGERPRINT, ""),
@@ -132,7 +134,10 @@ def _diff_ids(client: RegistryClient, manifest: dict[str, Any]) -> list[str] | N
     blob = client.get_blob(config["digest"], max_bytes=8 << 20)
     if sha256_digest(blob) != config["digest"]:
         raise RegistryError(f"config {config['digest']}: the registry served other bytes")
-    return list((json.loads(blob).get("rootfs") or {}).get("diff_ids") or [])
+    doc = parse_answer(blob, f"config {config['digest']}")
+    rootfs = doc.get("rootfs") if isinstance(doc, dict) else None
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    return [str(d) for d in diff_ids] if isinstance(diff_ids, list) else []
 
 
 def _check_registry_base(v: Verification, ref: str, client: RegistryClient, manifest: dict[str, Any]) -> None:
@@ -200,10 +205,13 @@ def check_ref(
     v.add(files_digest(ov) == labels.get(f"{NS}.files"),
           f"overlay files of the embedded {OVERLAY_FILE}={files_digest(ov)} label={labels.get(f'{NS}.files')}")  # fmt: skip
     try:
-        changed = json.loads(files.get(MANIFEST, b"{}")).get("files", [])
+        changed = safeio.parse_json(files.get(MANIFEST, b"{}"), source=f"{image_dir(name)}/{MANIFEST}").get("files", [])
         items = [ranges.Changed(**item) for item in changed]
+    except safeio.Malformed as exc:
+        v.add(False, f"overlay {image_dir(name)}/{MANIFEST} is unreadable: {exc.message}")
+        items = []
     except (ValueError, TypeError, AttributeError) as exc:
-        v.add(False, f"overlay {image_dir(name)}/{MANIFEST} is unreadable: {exc}")
+        v.add(False, f"overlay {image_dir(name)}/{MANIFEST} is unreadable: {printable(exc)[:200]}")
         items = []
     for upstream in sorted(ov.model.patches):
         digest = ranges.changed_digest([c for c in items if c.upstream == upstream])

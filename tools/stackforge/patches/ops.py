@@ -213,6 +213,12 @@ def apply_to(
                 f"{dest} exists and is not empty",
                 fix="choose a new directory, pass --force to replace it, or --continue a stopped apply",
             )
+        if dest.is_symlink() or not (dest / ".git").is_dir():
+            raise UserError(
+                f"{dest} is not a tree `stackforge patches apply` made (a git repository): --force replaces only such "
+                "a tree",
+                fix="choose a new directory, or remove that one yourself",
+            )
         shutil.rmtree(dest)
     head = _prepare(target, dest)
     _seed(dest, head, seed_commit, target.refs)

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stackforge.clients.registry import OCI_MANIFEST, RegistryClient, RegistryError
+from pydantic import BaseModel, ConfigDict, Field
+
+from stackforge import safeio
+from stackforge.clients.registry import OCI_MANIFEST, MalformedAnswer, RegistryClient, RegistryError
 from stackforge.clients.registry import sha256_digest as _digest
-from stackforge.errors import BuildFailed, UserError
+from stackforge.errors import BuildFailed, UserError, printable
 from stackforge.fslock import atomic_write
 from stackforge.publish import provenance, referrers
 
@@ -75,9 +78,13 @@ def envelopes(client: RegistryClient, digest: str) -> list[bytes]:
     out = [f.body for f in referrers.fetch_all(client, digest, PROVENANCE)]
     att = client.get_manifest(cosign_tag(digest))
     if att is not None:
-        for layer in att.json().get("layers") or []:
+        layers = att.json().get("layers")
+        for layer in layers if isinstance(layers, list) else []:
             if isinstance(layer, dict) and layer.get("mediaType") == provenance.ENVELOPE_TYPE:
-                body = client.get_blob(str(layer.get("digest")), max_bytes=PROVENANCE.max_bytes, size=layer.get("size"))
+                problem = referrers.descriptor_problem(layer, PROVENANCE.max_bytes)
+                if problem:
+                    raise MalformedAnswer(f"{cosign_tag(digest)}: an envelope layer {problem}")
+                body = client.get_blob(layer["digest"], max_bytes=PROVENANCE.max_bytes, size=layer["size"])
                 if body not in out:
                     out.append(body)
     return out
@@ -153,7 +160,10 @@ def check_provenance(
     ``key`` and its statement's subject and predicate agree with the image and its record; fails, naming why, for an
     unsigned image, envelopes signed by other keys, or a statement that does not describe this image."""
     public = provenance.public_key(key)
-    found = envelopes(client, digest)
+    try:
+        found = envelopes(client, digest)
+    except (RegistryError, UserError) as exc:  # an attachment over its cap, or not what it says it is
+        return [(False, f"signed  the provenance attached to {digest} cannot be read: {printable(_message(exc))}")]
     if not found:
         return [(False, f"signed  no provenance attached to {digest}: the image is unsigned")]
     reasons = []
@@ -163,18 +173,28 @@ def check_provenance(
         except UserError as err:
             reasons.append(err.message)
             continue
-        checks = provenance.check(stmt, digest, record)
+        try:
+            checks = provenance.check(stmt, digest, record)
+        except UserError as err:
+            reasons.append(err.message)
+            continue
         lines = [(ok, f"signed  {text}") for ok, text in checks]
         head = (True, f"signed  provenance signed by {key} (keyid {public.keyid[:16]}…), {len(found)} attached")
         return [head, *lines]
-    return [(False, f"signed  none of {len(found)} provenance envelope(s) is signed by {key}: {reasons[0]}")]
+    return [
+        (False, f"signed  none of {len(found)} provenance envelope(s) is signed by {key} and readable: {reasons[0]}")
+    ]
+
+
+def _message(exc: Exception) -> str:
+    return exc.message if isinstance(exc, UserError) else str(exc)
 
 
 def check_sbom(attached: bytes, installed: str) -> tuple[bool, str]:
     """The SBOM attached to an image against ``installed`` (the SBOM made from the pulled image): the same packages
     and versions, 0 mismatches."""
-    want = set(_components(attached.decode()))
-    have = set(_components(installed))
+    want = set(_components(attached, "the attached SBOM"))
+    have = set(_components(installed, "the SBOM of the pulled image"))
     missing, extra = sorted(want - have), sorted(have - want)
     shown = ", ".join([*(f"-{p}" for p in missing[:4]), *(f"+{p}" for p in extra[:4])])
     ok = not missing and not extra
@@ -184,6 +204,17 @@ def check_sbom(attached: bytes, installed: str) -> tuple[bool, str]:
     )
 
 
-def _components(text: str) -> list[str]:
-    doc = json.loads(text)
-    return [str(c.get("purl")) for c in doc.get("components") or [] if isinstance(c, dict)]
+class _Component(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    purl: str | None = None
+
+
+class _Bom(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    components: list[_Component] = Field(default_factory=list)
+
+
+def _components(data: bytes | str, source: str) -> list[str]:
+    """The package URLs of a CycloneDX document (bounded, typed: a wrong shape is a :class:`safeio.Malformed`)."""
+    bom = safeio.parse_model(_Bom, data, source=source, what="SBOM", limit=SBOM.max_bytes)
+    return [printable(c.purl) for c in bom.components]

@@ -17,8 +17,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stackforge import __version__
-from stackforge.errors import UserError
+from pydantic import BaseModel, ConfigDict, Field
+
+from stackforge import __version__, safeio
+from stackforge.errors import UserError, printable
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -109,11 +111,57 @@ def _byproducts(record: dict[str, Any]) -> list[dict[str, Any]]:
 # -- keys and envelopes -----------------------------------------------------------------------------------
 
 
+#: a PEM key file: a few hundred bytes
+KEY_LIMIT = 64 << 10
+#: a DSSE envelope of one statement (the attachment's own cap is larger; the statement is a few KiB)
+ENVELOPE_LIMIT = 4 << 20
+
+
+class _Signature(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    keyid: str = ""
+    sig: str
+
+
+class DsseEnvelope(BaseModel):
+    """A DSSE envelope as the attachment holds it (``payload`` and each ``sig`` in base64)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    payload: str
+    payloadType: str
+    signatures: list[_Signature]
+
+
+class _Subject(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    name: str = ""
+    digest: dict[str, str]
+
+
+class _BuildDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    externalParameters: Any = None
+    internalParameters: dict[str, Any] = Field(default_factory=dict)
+    resolvedDependencies: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class _Predicate(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    buildDefinition: _BuildDefinition = Field(default_factory=_BuildDefinition)
+
+
+class Statement(BaseModel):
+    """The in-toto statement in a signed envelope: the parts :func:`check` reads, each of its type."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+    type_: str = Field(alias="_type")
+    subject: list[_Subject]
+    predicateType: str
+    predicate: _Predicate = Field(default_factory=_Predicate)
+
+
 def _read(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the {what}: {exc.strerror or exc}", file=str(path)) from None
+    return safeio.read_bytes(path, limit=KEY_LIMIT, what=what)
 
 
 def _check_curve(key: Any, path: Path) -> None:
@@ -183,9 +231,14 @@ def open_envelope(body: bytes, key: Any) -> dict[str, Any]:
     from securesystemslib.exceptions import VerificationError
 
     try:
-        envelope = Envelope.from_dict(json.loads(body))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"the provenance is not a DSSE envelope: {exc}") from None
+        data = safeio.parse_model(
+            DsseEnvelope, body, source="the provenance", what="DSSE envelope", limit=ENVELOPE_LIMIT
+        )
+        envelope = Envelope.from_dict(data.model_dump(mode="json"))
+    except safeio.Malformed as exc:
+        raise UserError(f"the provenance is not a DSSE envelope: {exc.message}") from None
+    except (ValueError, KeyError, TypeError) as exc:  # base64 that does not decode
+        raise UserError(f"the provenance is not a DSSE envelope: {printable(exc)[:200]}") from None
     if envelope.payload_type != PAYLOAD_TYPE:
         raise UserError(f"the provenance's payloadType is {envelope.payload_type!r}, not {PAYLOAD_TYPE}")
     try:
@@ -196,29 +249,45 @@ def open_envelope(body: bytes, key: Any) -> dict[str, Any]:
             + ", ".join(s[:16] + "…" for s in envelope.signatures)
         ) from None
     try:
-        stmt = json.loads(envelope.payload)
-    except ValueError:
-        raise UserError("the signed provenance payload is not JSON") from None
-    if not isinstance(stmt, dict):
-        raise UserError("the signed provenance payload is not a statement")
+        stmt = safeio.parse_json(envelope.payload, source="the signed provenance", what="payload", limit=ENVELOPE_LIMIT)
+        safeio.validate(Statement, stmt, source="the signed provenance", what="in-toto statement")
+    except safeio.Malformed as exc:
+        raise UserError(f"the signed provenance is not an in-toto statement: {exc.message}") from None
     return stmt
 
 
 def check(stmt: dict[str, Any], digest: str, record: dict[str, Any] | None) -> list[tuple[bool, str]]:
-    """(ok, line) for the statement's type, subject and predicate against the pulled ``digest`` and its record."""
+    """(ok, line) for the statement's type, subject and predicate against the pulled ``digest`` and its record.
+    The statement came from a registry: it is read through :class:`Statement`, and what it says reaches a line
+    only as printable text. The pulled digest must be one of the subjects' sha256; a subject's name (where the image
+    was published) is shown, not checked, so a copy under another repository name verifies."""
+    parsed = safeio.validate(Statement, stmt, source="the signed provenance", what="in-toto statement")
+
+    def shown(value: Any) -> str:
+        return printable(value)[:200]
+
     out: list[tuple[bool, str]] = []
-    out.append((stmt.get("_type") == STATEMENT_TYPE, f"statement type {stmt.get('_type')}"))
-    out.append((stmt.get("predicateType") == PREDICATE_TYPE, f"predicate type {stmt.get('predicateType')}"))
-    subjects = [s.get("digest", {}).get("sha256") for s in stmt.get("subject") or [] if isinstance(s, dict)]
+    out.append((parsed.type_ == STATEMENT_TYPE, f"statement type {shown(parsed.type_)}"))
+    out.append((parsed.predicateType == PREDICATE_TYPE, f"predicate type {shown(parsed.predicateType)}"))
+    subjects = [s.digest.get("sha256") for s in parsed.subject]
     want = digest.split(":", 1)[1]
-    out.append((want in subjects, f"subject sha256:{subjects[0] if subjects else 'none'} pulled={digest}"))
+    if want in subjects:  # the digest is bound; the subject's name (the repository it was published to) is not
+        name = parsed.subject[subjects.index(want)].name
+        named = f" (named {shown(name)!r}: where it was published, not checked)" if name else ""
+        out.append((True, f"subject sha256:{want} pulled={digest}{named}"))
+    else:
+        out.append((False, f"subject sha256:{shown(subjects[0]) if subjects else 'none'} pulled={digest}"))
     if record is not None:
         expected = statement(record, {}, "")["predicate"]["buildDefinition"]
-        got = (stmt.get("predicate") or {}).get("buildDefinition") or {}
-        for key in ("externalParameters",):
-            out.append((got.get(key) == expected.get(key), f"predicate {key} against the publish record"))
+        got = parsed.predicate.buildDefinition
+        out.append(
+            (
+                got.externalParameters == expected.get("externalParameters"),
+                "predicate externalParameters against the publish record",
+            )
+        )
         pins = {d["name"]: d["uri"] for d in expected["resolvedDependencies"] if d["uri"].startswith("pkg:pypi/")}
-        have = {d.get("name"): d.get("uri") for d in got.get("resolvedDependencies") or [] if isinstance(d, dict)}
+        have = {d.get("name"): d.get("uri") for d in got.resolvedDependencies}
         differ = sorted(n for n in pins if have.get(n) != pins[n])
         out.append(
             (
@@ -226,8 +295,8 @@ def check(stmt: dict[str, Any], digest: str, record: dict[str, Any] | None) -> l
                 f"predicate {len(pins)} pins against the record" + (f": differ {', '.join(differ)}" if differ else ""),
             )
         )
-        fp = (got.get("internalParameters") or {}).get("fingerprint")
-        out.append((fp == record.get("fingerprint"), f"predicate fingerprint={fp} record={record.get('fingerprint')}"))
+        fp = got.internalParameters.get("fingerprint")
+        out.append((fp == record.get("fingerprint"), f"predicate fingerprint={shown(fp)} record={record.get('fingerprint')}"))  # fmt: skip
     return out
 
 

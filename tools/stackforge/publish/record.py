@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from stackforge import safeio
 from stackforge.builder import embed
 from stackforge.clients.registry import (
     OCI_INDEX,
@@ -35,6 +38,7 @@ from stackforge.clients.registry import (
     RegistryClient,
     RegistryError,
     RetryPolicy,
+    parse_answer,
     sha256_digest,
 )
 from stackforge.errors import BuildFailed
@@ -58,23 +62,42 @@ ARTIFACT_TYPE = "application/vnd.stackforge.publish-record.v1+json"
 MAX_RECORD = 16 << 20
 
 
+#: one evidence file the record carries (a gate's lines, a smoke or slice result)
+EVIDENCE_LIMIT = 16 << 20
+
+
 def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except OSError:
+    """The lines of an evidence file (none when the build wrote none); one that is not a file of text within
+    :data:`EVIDENCE_LIMIT` is an error naming it."""
+    if not path.exists() and not path.is_symlink():
         return []
+    return safeio.read_text(path, limit=EVIDENCE_LIMIT, what="evidence file", root=path.parent).splitlines()
+
+
+class _SmokeJson(BaseModel):
+    """The parts of ``smoke.json`` the record carries."""
+
+    model_config = ConfigDict(extra="allow")
+    verdict: JsonValue = None
+    rows: list[JsonValue] = Field(default_factory=list)
+
+
+class _SliceJson(BaseModel):
+    """The parts of a slice's ``result.json`` the record carries."""
+
+    model_config = ConfigDict(extra="allow")
+    verdict: JsonValue = None
+    counts: dict[str, JsonValue] | None = None
+    expected: dict[str, JsonValue] | None = None
 
 
 def smoke_results(evidence_dir: Path) -> dict[str, Any]:
     """Each recipe's smoke verdict and rows from ``smoke/<recipe>/smoke.json`` of the build's evidence."""
     out: dict[str, Any] = {}
     for path in sorted(evidence_dir.glob("smoke/*/smoke.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        rows = [{"name": r.get("name"), "status": r.get("status")} for r in data.get("rows", []) if isinstance(r, dict)]
-        out[path.parent.name] = {"verdict": data.get("verdict"), "rows": rows}
+        data = safeio.load_model(_SmokeJson, path, what="smoke result", limit=EVIDENCE_LIMIT, root=evidence_dir)
+        rows = [{"name": r.get("name"), "status": r.get("status")} for r in data.rows if isinstance(r, dict)]
+        out[path.parent.name] = {"verdict": data.verdict, "rows": rows}
     return out
 
 
@@ -83,13 +106,9 @@ def test_results(evidence_dir: Path) -> dict[str, Any]:
     evidence."""
     out: dict[str, Any] = {}
     for path in sorted(evidence_dir.glob("tests/*/result.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict):
-            keep = {k: data.get(k) for k in ("counts", "expected") if isinstance(data.get(k), dict)}
-            out[path.parent.name] = {"verdict": data.get("verdict"), **keep}
+        data = safeio.load_model(_SliceJson, path, what="test slice result", limit=EVIDENCE_LIMIT, root=evidence_dir)
+        keep = {k: v for k, v in (("counts", data.counts), ("expected", data.expected)) if v is not None}
+        out[path.parent.name] = {"verdict": data.verdict, **keep}
     return out
 
 
@@ -298,10 +317,7 @@ def fetch(client: RegistryClient, digest: str) -> Found | None:
     subject = _subject_of(manifest, newest["digest"], digest)
     layer = _record_layer(manifest, newest["digest"])
     blob = client.get_blob(layer["digest"], max_bytes=MAX_RECORD, size=layer["size"])
-    try:
-        record = json.loads(blob)
-    except ValueError:
-        raise MalformedAnswer(f"record blob {layer['digest']} is not valid JSON") from None
+    record = parse_answer(blob, f"record blob {layer['digest']}")
     annotations = manifest.get("annotations")
     created = annotations.get(CREATED, "") if isinstance(annotations, dict) else ""
     return Found(record, newest["digest"], via, str(created), subject)

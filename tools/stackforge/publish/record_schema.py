@@ -20,7 +20,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError, field_validator
 
-from stackforge.errors import UserError
+from stackforge.errors import UserError, printable
+from stackforge.grammar import TAG_RE
+from stackforge.stack.names import STACK_FILE
 from stackforge.stack.reference import DocsResult
 
 SCHEMA = "stackforge.publish-record/v1"
@@ -28,7 +30,10 @@ SCHEMA = "stackforge.publish-record/v1"
 SCHEMA_FILE = "docs/record-schema.json"
 
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
-Tag = Annotated[str, StringConstraints(min_length=1)]
+#: a stack file's name: a plain file name of stacks/ (``verify --rebuild`` writes the file under it)
+StackFile = Annotated[str, StringConstraints(pattern=rf"^{STACK_FILE.pattern}$")]
+#: an OCI tag (``pull`` tags the image with it, ``verify`` reads it back)
+Tag = Annotated[str, StringConstraints(pattern=TAG_RE.pattern)]
 
 
 class Part(BaseModel):
@@ -112,7 +117,9 @@ class PublishRecord(Part):
         "(file times clamped to the layer epoch, entries sorted): the same files under another id",
     )
     tags: list[Tag] = Field(description="the immutable tag, then every alias the publish moved")
-    stack_files: dict[str, FileEntry] = Field(description="the stack files embedded in the image (not the overrides)")
+    stack_files: dict[StackFile, FileEntry] = Field(
+        description="the stack files embedded in the image (not the overrides), by their plain file names in stacks/"
+    )
     overrides: list[JsonValue] = Field(description="the `--set` values the image was built with")
     pins: dict[str, str] = Field(description="each package's pinned version")
     options: dict[str, JsonValue] = Field(description="each build option's value")
@@ -170,6 +177,8 @@ def _problem(error: Any) -> str:
     if key == "overlay":
         model, key, inner = OverlayPart, f"overlay.{inner[0]}", inner[1:]
     name = key.rpartition(".")[2]
+    if inner and inner[-1] == "[key]":
+        return f"{key}: the name {printable(repr(inner[0]))[:120]} is not a plain file name of stacks/"
     if not inner:
         if error["type"] == "string_pattern_mismatch":
             return f"{key}: not a sha256 digest"

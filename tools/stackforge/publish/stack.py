@@ -8,11 +8,11 @@ build's evidence (``build/<stack>/evidence/<build-id>/publish.json``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from stackforge import safeio
 from stackforge.builder import evidence, sbom, vulns
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
@@ -79,12 +79,11 @@ def publish_dir(evidence_root: Path, gated: dict[str, Any] | None, image_id: str
         return found
     for build in reversed(every):
         for name in (PUBLISHED_RECORD, FAILED_RECORD):
-            try:
-                data = json.loads((build / name).read_text())
-                if image_id in (data.get("image_id"), data.get("gated_image_id")):
-                    return build
-            except (OSError, ValueError, AttributeError):
+            if not (build / name).is_file():  # absent (or a FIFO or device: never opened)
                 continue
+            data = safeio.read_json(build / name, what="publish record", limit=record.EVIDENCE_LIMIT, root=build)
+            if isinstance(data, dict) and image_id in (data.get("image_id"), data.get("gated_image_id")):
+                return build
     return evidence.new_build(evidence_root)
 
 
@@ -246,9 +245,11 @@ def _signing(
         head = {"stack": loaded.model.name, "target": target, "gated_image_id": gated}
         return {**head, **{k: v for k, v in data.items() if k != "gate"}}
 
-    try:
-        inputs = json.loads((evidence_dir / "inputs.json").read_text())
-    except (OSError, ValueError):
-        inputs = {}
+    inputs_file = evidence_dir / "inputs.json"
+    inputs = (
+        safeio.read_json(inputs_file, what="build inputs", limit=record.EVIDENCE_LIMIT) if inputs_file.exists() else {}
+    )
+    if not isinstance(inputs, dict):
+        raise safeio.Malformed("build inputs: not a JSON object", file=inputs_file)
     client = RegistryClient(repository, policy=options.policy or RetryPolicy())
     return attest.Signing(options.sign_key, unsigned, inputs, client, evidence_dir)

@@ -32,10 +32,17 @@ def list_recipes(root: Path) -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml") if p.is_file() and RECIPE_NAME.match(p.stem)) if d.is_dir() else []
 
 
-def recipe_path(root: Path, name: str) -> Path:
-    """``name`` as recipes/<name>.yaml, or a path to a .yaml file."""
+def recipe_path(root: Path | None, name: str) -> Path:
+    """``name`` as recipes/<name>.yaml of the repository at ``root``, or a path to a .yaml file (the one way to
+    name a recipe with no repository: ``root`` None)."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
         return Path(name)
+    if root is None:
+        raise UserError(
+            f"no checkout here to find recipe {name!r} in (no {RECIPES_DIR}/ of a repository)",
+            file=f"{RECIPES_DIR}/{name}.yaml",
+            fix="name the recipe by its file's path (e.g. ./qwen3-8b.yaml), or run inside a checkout",
+        )
     if not RECIPE_NAME.match(name):
         raise UserError(
             f"{name!r} is not a recipe name",
@@ -53,15 +60,18 @@ def recipe_path(root: Path, name: str) -> Path:
     return path
 
 
-def _display(root: Path, path: Path) -> str:
+def _display(root: Path | None, path: Path) -> str:
+    if root is None:
+        return str(path)
     try:
         return str(path.resolve().relative_to(Path(root).resolve()))
     except ValueError:
         return str(path)
 
 
-def load_recipe(root: Path, name_or_path: str) -> LoadedRecipe:
-    """Load and validate one recipe; raises ``StackInvalid`` (every problem, exit 2) or ``UserError``."""
+def load_recipe(root: Path | None, name_or_path: str) -> LoadedRecipe:
+    """Load and validate one recipe (``root``: the repository, None for a recipe file outside any); raises
+    ``StackInvalid`` (every problem, exit 2) or ``UserError``."""
     path = recipe_path(root, name_or_path)
     display = _display(root, path)
     stem = path.stem

@@ -11,10 +11,10 @@ Two formats (``recipes/numeric.py`` documents them for recipe authors):
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 
+from stackforge import safeio
 from stackforge.recipes.numeric import Tolerance, numbers_of
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -29,8 +29,8 @@ def parse_json(text: str) -> dict[str, float] | str:
     if not lines:
         return "the command printed nothing (expected a JSON object {name: number} on its last line)"
     try:
-        data = json.loads(lines[-1])
-    except ValueError:
+        data = safeio.parse_json(lines[-1], source="the command's last line")
+    except safeio.Malformed:
         return f"its last line is not JSON (expected a JSON object {{name: number}}): {lines[-1][:200]!r}"
     return numbers_of(data)
 

@@ -117,7 +117,10 @@ def xpassed_ids(output: str) -> list[str]:
 
 def parse_junit(text: str, output: str = "") -> list[TestCase]:
     """Every ``<testcase>`` of pytest's JUnit XML with its outcome; a bare one that ``-rA`` lists as XPASS is
-    xpassed. Raises ``ValueError`` when the text is not JUnit XML."""
+    xpassed. Raises ``ValueError`` when the text is not JUnit XML (a document type or entity declaration, which
+    pytest never writes, included: the XML comes from the image)."""
+    if "<!DOCTYPE" in text or "<!ENTITY" in text:
+        raise ValueError("the JUnit XML declares a DTD or entities, which pytest never writes; refused")
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:

@@ -65,6 +65,10 @@ class SmokeReport:
     #: line, row, context[, after]}; one while serving fails the run
     engine_dead: list[dict[str, Any]] = field(default_factory=list)
     log_marks: dict[str, Any] = field(default_factory=dict)  # where the rows and the stop sit in the log
+    #: the repository the recipe's reference files are read from (None: the recipe was smoked with no checkout)
+    checkout: str | None = None
+    #: what the recipe asks that a run with no checkout does not check (each: the row and why)
+    not_checked: list[str] = field(default_factory=list)
 
     @property
     def engine_died_serving(self) -> list[dict[str, Any]]:
@@ -129,6 +133,8 @@ class SmokeReport:
             "rows": [asdict(r) for r in self.rows],
             "engine_dead": self.engine_dead,
             "log_marks": self.log_marks,
+            "checkout": self.checkout,
+            "not_checked": self.not_checked,
         }
 
     def table(self) -> str:
@@ -149,6 +155,8 @@ class SmokeReport:
             if died
             else None
         )
+        if self.not_checked:
+            lines.append(f"not checked (no checkout): {'; '.join(self.not_checked)}")
         name = self.recipe + (f" ({self.configuration})" if self.configuration else "")
         lines.append(f"smoke {name}: {self.verdict}" + (f" — {one_line(why)}" if why else ""))
         return "\n".join(lines)

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from stackforge import grammar
+from stackforge import grammar, safeio
+from stackforge.clients.proc import Exceeded
 from stackforge.clients.workspace import STACKS_DIR
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
@@ -230,6 +231,8 @@ class DockerContainer:
     def logs(self) -> str:
         try:
             proc = self.engine.run_merged("logs", self.spec.name, timeout=60)
+        except Exceeded as exc:  # a log over the cap: its head is kept
+            return exc.output.decode("utf-8", "replace")
         except (OSError, subprocess.TimeoutExpired):
             return ""
         return proc.stdout if proc.returncode == 0 else ""
@@ -416,8 +419,8 @@ def preflight(container: Container, hw: Hardware, missing: str | None, device_uu
     if code != 0:
         return row.failed(f"the image's python did not answer the preflight (exit {code}): {one_line(text)}")
     try:
-        facts = json.loads(text.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        facts = safeio.parse_json(text.strip().splitlines()[-1], source="the preflight")
+    except (safeio.Malformed, IndexError):
         return row.failed(f"the preflight printed no JSON: {one_line(text)}")
     if not isinstance(facts, dict):
         return row.failed(f"the preflight printed no JSON object: {one_line(text)}")
@@ -470,7 +473,9 @@ class SmokeOptions:
     readiness_timeout: float | None = None
     echo: Callable[[str], None] = lambda line: None
     interval: float = 1.0
-    root: Path | None = None  # the repository numeric rows read reference files from (default: the recipe's)
+    #: the repository numeric rows read reference files from (default: the recipe file's; with neither, those rows
+    #: are not run and the report names them as not checked)
+    root: Path | None = None
     configuration: str | None = None  # the recipe's configuration to run (None: its first, the default)
     #: the device uuids the lease granted (``--device-uuid``, ``$STACKFORGE_DEVICE_UUID``): the preflight fails
     #: when the container sees others, and cannot pass when it sees none
@@ -511,6 +516,10 @@ def smoke(
     rows = [RowResult("preflight", "preflight"), RowResult("readiness", "readiness")]
     rows += [RowResult(r.name, r.kind) for r in recipe.smoke]
     report.rows = rows
+    root = options.root or recipe_repository(loaded)
+    report.checkout = str(root) if root is not None else None
+    if root is None:  # the rows whose reference files are the repository's are not run (numeric_row says so)
+        report.not_checked = [f"row {r.name} (reference {r.numeric.reference})" for r in recipe.smoke if r.numeric]
     hw = recipe.hardware
     facts = facts if facts is not None else host_facts(engine)
     missing = missing_hardware(hw, facts)
@@ -557,7 +566,7 @@ def smoke(
             request,
             options.interval,
             echo,
-            root=options.root or recipe_repository(loaded),
+            root=root,
             device_uuids=options.device_uuids,
         )
     except Interrupted as intr:
@@ -660,7 +669,12 @@ def _run(
 def recipe_repository(loaded: LoadedRecipe) -> Path | None:
     """The repository a recipe file belongs to: the nearest directory upwards holding stacks/ (None for a file
     outside any repository)."""
-    here = loaded.path.resolve().parent
+    return recipe_repository_of(loaded.path)
+
+
+def recipe_repository_of(path: Path) -> Path | None:
+    """:func:`recipe_repository` of the recipe file at ``path``."""
+    here = Path(path).resolve().parent
     return next((d for d in (here, *here.parents) if (d / STACKS_DIR).is_dir()), None)
 
 

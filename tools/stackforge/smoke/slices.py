@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stackforge import safeio
 from stackforge.clients import upstream as upstreams
+from stackforge.clients.proc import Exceeded
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
@@ -44,6 +46,10 @@ from stackforge.stack.model import Slice
 
 RESULT_JSON = "result.json"
 JUNIT_XML = "junit.xml"
+#: the JUnit XML a test container may leave (a few thousand tests take a few MiB)
+JUNIT_LIMIT = 64 << 20
+#: what a test container may print (pytest's output, merged)
+OUTPUT_LIMIT = 64 << 20
 PYTEST_OUTPUT = "pytest.txt"
 MOUNT, OUT_MOUNT = "/slice", "/slice-out"
 #: Seconds ``docker run`` may take beyond the slice's timeout (starting and removing the container).
@@ -266,10 +272,11 @@ def docker_argv(ref: SliceRef, image: str, staged: Path, out: Path, device_optio
     ]
 
 
-def _pytest(engine: Any, argv: list[str], name: str, timeout_s: int) -> tuple[int | None, str]:
-    """(exit status or None on timeout, merged output) of ``docker run``; a timed-out container is removed."""
+def _pytest(engine: Any, argv: list[str], name: str, timeout_s: int) -> tuple[int | None, str, str | None]:
+    """(exit status or None when stopped, merged output, why it was stopped) of ``docker run``; a container
+    that ran out of time or printed more than :data:`OUTPUT_LIMIT` is removed."""
     try:
-        proc = engine.run_merged(*argv, timeout=timeout_s + ENGINE_GRACE_S)
+        proc = engine.run_merged(*argv, timeout=timeout_s + ENGINE_GRACE_S, limit=OUTPUT_LIMIT)
     except Interrupted as intr:
         engine.cli("rm", "--force", name, timeout=120)
         intr.notes.append(f"the test container {name} was removed")
@@ -277,8 +284,23 @@ def _pytest(engine: Any, argv: list[str], name: str, timeout_s: int) -> tuple[in
     except subprocess.TimeoutExpired as exc:
         engine.cli("rm", "--force", name, timeout=120)
         text = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else (exc.output or "")
-        return None, text
-    return proc.returncode, proc.stdout or ""
+        return None, text, f"pytest did not finish within {timeout_s} s"
+    except Exceeded as exc:
+        engine.cli("rm", "--force", name, timeout=120)
+        return None, exc.output.decode(errors="replace"), f"the test container printed more than {OUTPUT_LIMIT} bytes"
+    return proc.returncode, proc.stdout or "", None
+
+
+def read_junit(out: Path) -> tuple[str | None, str | None]:
+    """(the JUnit XML the container left in ``out``, or None; why it was not taken). The container wrote it: a
+    link is not followed, a FIFO or device not opened, and it is read within :data:`JUNIT_LIMIT`."""
+    path = out / JUNIT_XML
+    if not os.path.lexists(path):
+        return None, None
+    try:
+        return safeio.read_text(path, limit=JUNIT_LIMIT, what="JUnit XML", follow=False), None
+    except safeio.Malformed as exc:
+        return None, f"the test container left {JUNIT_XML} that is not taken: {exc.message}"
 
 
 # -- the run ---------------------------------------------------------------------------------------------
@@ -327,10 +349,10 @@ def run_slice(
         name = container_name(ref.name)
         argv = docker_argv(ref, where.image, staged, out, [] if missing else list(PLATFORM_OPTIONS[hw.devices]), name)
         result.docker = ["docker", *argv]
-        code, output = _pytest(engine, argv, name, ref.slice.timeout_s)
-        junit = (out / JUNIT_XML).read_text(errors="replace") if (out / JUNIT_XML).is_file() else None
+        code, output, stopped = _pytest(engine, argv, name, ref.slice.timeout_s)
+        junit, refused = read_junit(out)
     result.pytest_exit = code
-    judge(result, output, junit, previous, ref.slice.timeout_s)
+    judge(result, output, junit, previous, stopped or f"pytest did not finish within {ref.slice.timeout_s} s", refused)
     if missing and result.verdict == PASSED:
         result.verdict, result.reason = (
             NOT_RUN,
@@ -339,11 +361,18 @@ def run_slice(
     return _finish(result, where.outdir, output, junit, started)
 
 
-def judge(result: SliceResult, output: str, junit: str | None, previous: dict[str, str] | None, timeout_s: int) -> None:
-    """Fill ``result``'s counts, tests, moved tests and verdict from pytest's output and JUnit XML."""
+def judge(
+    result: SliceResult,
+    output: str,
+    junit: str | None,
+    previous: dict[str, str] | None,
+    stopped: str,
+    junit_problem: str | None = None,
+) -> None:
+    """Fill ``result``'s counts, tests, moved tests and verdict from pytest's output and JUnit XML (``stopped``:
+    why pytest has no exit status, when it has none; ``junit_problem``: why the JUnit XML was not taken)."""
     summary = parse_summary(output)
     cases: list[TestCase] = []
-    junit_problem = None
     if junit is not None:
         try:
             cases = parse_junit(junit, output)
@@ -353,7 +382,7 @@ def judge(result: SliceResult, output: str, junit: str | None, previous: dict[st
     if result.pytest_exit is None:
         result.verdict, result.reason = (
             FAILED,
-            f"pytest did not finish within {timeout_s} s; last lines:\n{tail(output, 5)}",
+            f"{stopped}; last lines:\n{tail(output, 5)}",
         )
         return
     if summary is None:
@@ -379,10 +408,12 @@ def judge(result: SliceResult, output: str, junit: str | None, previous: dict[st
 
 def previous_outcomes(outdir: Path) -> dict[str, str] | None:
     """``{test: outcome}`` of the result already in ``outdir`` (the previous run of the same slice), or None."""
+    if not (outdir / RESULT_JSON).is_file():
+        return None
     try:
-        data = json.loads((outdir / RESULT_JSON).read_text())
+        data = safeio.read_json(outdir / RESULT_JSON, what="previous result", follow=False)
         return {str(t["id"]): str(t["outcome"]) for t in data["tests"]} if data.get("tests") else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (safeio.Malformed, KeyError, TypeError, AttributeError):
         return None
 
 

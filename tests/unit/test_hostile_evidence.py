@@ -1,0 +1,57 @@
+"""A build's evidence as a publish reads it into its record: a result that is a FIFO, a link out of the build, a
+device, too deep or of the wrong shape is one error naming the file, never a hang, a traceback or a file from
+elsewhere in the record."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from stackforge.builder import evidence
+from stackforge.errors import UserError
+from stackforge.publish import record as records
+from tests.fixtures import hostile_files as hf
+
+
+def _within(seconds, fn, *args):
+    box: dict = {}
+
+    def go():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{fn.__name__} still waits"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@pytest.mark.parametrize("maker", ["fifo", "zero_link", "link_out", "deep_json", "not_utf8"])
+@pytest.mark.parametrize("where", ["smoke/chat/smoke.json", "tests/unit/result.json"])
+def test_a_result_that_is_not_a_file_of_json_is_one_error(tmp_path, maker, where):
+    build = tmp_path / "20260929-101500-1"
+    path = hf.SPECIALS[maker](build / where)
+    read = records.smoke_results if where.startswith("smoke") else records.test_results
+    with pytest.raises(UserError) as err:
+        _within(10, read, build)
+    assert str(path) in err.value.render() and "Traceback" not in err.value.render()
+
+
+@pytest.mark.parametrize("maker", ["fifo", "zero_link", "link_out"])
+def test_gate_lines_that_are_not_a_file_of_text_are_refused(tmp_path, maker):
+    path = hf.SPECIALS[maker](tmp_path / "gate.txt")
+    with pytest.raises(UserError):
+        _within(10, records._lines, path)
+    assert records._lines(tmp_path / "abi.txt") == []  # none written: none carried
+
+
+@pytest.mark.parametrize("maker", ["fifo", "zero_link", "deep_json"])
+def test_a_build_result_that_is_not_one_is_no_result(tmp_path, maker):
+    hf.SPECIALS[maker](tmp_path / evidence.RESULT)
+    assert _within(10, evidence.read_result, tmp_path) is None
