@@ -215,6 +215,24 @@ def test_output_dir_keeps_the_old_one_when_writing_fails(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]
 
 
+def test_output_verb_names_the_verb_whose_mark_a_directory_carries(tmp_path):
+    site, night, plain = tmp_path / "site", tmp_path / "night", tmp_path / "plain"
+    with safeio.OutputDir(site, "history").staging() as staging:
+        (staging / "index.html").write_text("x")
+    safeio.OutputDir(night, "nightly").claim()
+    plain.mkdir()
+    assert [safeio.output_verb(p) for p in (site, night, plain, tmp_path / "absent")] == [
+        "history",
+        "nightly",
+        None,
+        None,
+    ]
+    (plain / safeio.OUTPUT_MARK).write_text("someone else wrote this\n")
+    hf.fifo(tmp_path / "fifo" / safeio.OUTPUT_MARK)
+    hf.link_out(tmp_path / "linked" / safeio.OUTPUT_MARK, site / safeio.OUTPUT_MARK)
+    assert [safeio.output_verb(tmp_path / d) for d in ("plain", "fifo", "linked")] == [None, None, None]
+
+
 def test_terminal_text_loses_its_escape_sequences():
     evil = "GHSA-1\x1b]8;;http://x\x07link\x1b]8;;\x07 \x1b[2J\x1b[31mred\x1b[0m\x07\x08 line\u2028two\nok\ttab"
     assert safeio.for_terminal(evil) == "GHSA-1link red line two\nok\ttab".replace(" line two", " linetwo")

@@ -13,7 +13,7 @@ Order per run (``build/nightly/<date>/``):
 4. each row that passed is published (``stackforge publish``) under its immutable tag; an image that
    ``nightly: true`` recipes serve is smoked with each of them (``stackforge smoke``) and its aliases
    (``-latest``) move only when every smoke passed; an image without a nightly recipe moves them at
-   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/``;
+   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/`` (:func:`evidence_name`);
 5. per stack, whether every pin is still the newest of its line (``stackforge newest``), and whether
    its upstreams' own pins drifted since the pinned commits (``stackforge drift``: "n/a" with the reason
    when it cannot be computed, e.g. no upstream declares ``agree:`` or the upstream cannot be fetched);
@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import hashlib
 import json
+import os
+import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +61,7 @@ from stackforge.smoke.run import SmokeOptions, smoke
 from stackforge.stack.load import LoadedStack, load, load_stack
 from stackforge.stack.names import list_stacks
 from stackforge.stack.scheme import validate_date
-from stackforge.urls import redact_text
+from stackforge.urls import redact, redact_text
 
 
 @dataclass
@@ -122,6 +125,7 @@ class Summary:
     overrides: list[str] = field(default_factory=list)  # the --set values every row's stack was loaded with
     freshness: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> pins newest of their lines?
     drift: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> its upstreams' pins drifted?
+    ci: dict[str, str] = field(default_factory=dict)  # where the night ran: ci_run()
 
     @property
     def ok(self) -> bool:
@@ -160,6 +164,7 @@ class Summary:
             "rows": [asdict(r) for r in self.rows],
             "freshness": self.freshness,
             **({"drift": self.drift} if self.drift else {}),
+            **({"ci": self.ci} if self.ci else {}),
         }
 
     def markdown(self) -> str:
@@ -246,6 +251,40 @@ def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool) -> str | No
     if stages == {"load"}:
         return "every stack failed to load"
     return "every stack failed to load or lint"
+
+
+_COMMIT = re.compile(r"^[0-9a-f]{7,64}$")
+_WEB = re.compile(r"^https?://[^\s\"'<>\\]+$")
+
+
+def ci_run(env: Mapping[str, str]) -> dict[str, str]:
+    """Where this night runs, from the CI's own environment: the run's page (its log and the night's artifact) and
+    the commit it ran from — GitHub Actions (``GITHUB_SERVER_URL``, ``GITHUB_REPOSITORY``, ``GITHUB_RUN_ID``,
+    ``GITHUB_SHA``) or GitLab CI (``CI_JOB_URL``, ``CI_PROJECT_URL``, ``CI_COMMIT_SHA``); {} elsewhere. Only
+    http(s) URLs, credentials redacted."""
+    out: dict[str, str] = {}
+    server, repo, run = env.get("GITHUB_SERVER_URL", ""), env.get("GITHUB_REPOSITORY", ""), env.get("GITHUB_RUN_ID", "")
+    if server and repo and run.isdigit():
+        base = f"{server.rstrip('/')}/{repo}"
+        attempt = env.get("GITHUB_RUN_ATTEMPT", "")
+        out["provider"] = "github"
+        out["run_url"] = f"{base}/actions/runs/{run}" + (f"/attempts/{attempt}" if attempt.isdigit() and attempt != "1" else "")  # fmt: skip
+        sha = env.get("GITHUB_SHA", "")
+        if _COMMIT.match(sha):
+            out["commit"], out["commit_url"] = sha, f"{base}/commit/{sha}"
+    elif env.get("CI_JOB_URL"):
+        out["provider"], out["run_url"] = "gitlab", env["CI_JOB_URL"]
+        sha, project = env.get("CI_COMMIT_SHA", ""), env.get("CI_PROJECT_URL", "")
+        if _COMMIT.match(sha):
+            out["commit"] = sha
+            if project:
+                out["commit_url"] = f"{project.rstrip('/')}/-/commit/{sha}"
+    for key in ("run_url", "commit_url"):
+        if key in out:
+            out[key] = redact(out[key])
+            if not _WEB.match(out[key]):
+                del out[key]
+    return out
 
 
 def _smoke_cell(row: Row) -> str:
@@ -415,7 +454,7 @@ def nightly(
     # directory of other files (a row's evidence is replaced in it)
     inputs = [root / d for d in ("stacks", "patches", "overlays", "recipes")]
     OutputDir(outdir, "nightly").claim(inputs, legacy=("summary.json", "summary.md"))
-    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir)
+    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir, ci=ci_run(os.environ))
     for_stack = per_stack(options.overrides)
 
     loaded, summary.rows = select_stacks(root, options.stacks, for_stack)
@@ -660,6 +699,18 @@ class NightlyRun:
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
     device_uuids: tuple[str, ...] = ()
     cache: RegistryCache | None = None  # the build cache each build imports and exports, as the bake's
+    #: the evidence directories this night named so far: name -> (stack, target)
+    evidence_names: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def evidence_name(stack: str, target: str, taken: dict[str, tuple[str, str]]) -> str:
+    """The directory of a row's evidence in the night: ``<stack>-<target>``, and a short hash of the pair after it
+    when another row of the night has that name already (``hp-a``/``b-c`` and ``hp-a-b``/``c``)."""
+    name = f"{stack}-{target}"
+    if taken.setdefault(name, (stack, target)) != (stack, target):
+        name += "-" + hashlib.sha256(json.dumps([stack, target]).encode()).hexdigest()[:10]
+        taken[name] = (stack, target)
+    return name
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -727,7 +778,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             echo(f"nightly: {stack.name}/{target}: publish FAILED")
     row.duration_s = round(time.monotonic() - t0, 1)
     if evidence is not None and evidence.is_dir():
-        dest = run.outdir / f"{stack.name}-{target}"
+        dest = run.outdir / evidence_name(stack.name, target, run.evidence_names)
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(evidence, dest)
