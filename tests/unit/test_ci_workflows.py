@@ -82,7 +82,7 @@ def test_caches_and_nights_live_outside_the_work_tree_and_the_history_is_built(p
 
 def test_the_github_checkout_keeps_the_virtual_environment():
     doc = yaml.safe_load(WORKFLOW.read_text())
-    (job,) = doc["jobs"].values()
+    job = doc["jobs"]["nightly"]
     checkout = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout"))
     assert checkout.get("with", {}).get("clean") is False
 
@@ -127,7 +127,11 @@ def test_tokens_are_least_privilege():
                 if (path.name, name) in allowed and allowed[(path.name, name)].get(scope) == level:
                     continue
                 if scope == "id-token":
-                    assert (path.name, name) == ("release.yml", "publish-index") and level == "write"
+                    assert (path.name, name) in (("release.yml", "publish-index"), ("nightly.yml", "pages"))
+                    assert level == "write"
+                    continue
+                if scope == "pages":  # deploying the history site, in the hosted job that does only that
+                    assert (path.name, name, level) == ("nightly.yml", "pages", "write")
                     continue
                 assert (scope, level) == ("contents", "read"), f"{path.name}: {name}: {scope}: {level}"
             for step in job.get("steps", []):
@@ -372,3 +376,17 @@ def test_gitlab_computes_the_date_once_for_the_script_and_the_after_script(tmp_p
     assert not any("date " in line for line in job["script"] + job["after_script"])
     assert stat.S_ISREG((tmp_path / "night.env").stat().st_mode)
     assert job["artifacts"]["reports"]["dotenv"] == "night.env"  # the pages job reads the same date
+
+
+def test_both_nightlies_publish_the_history_site_after_every_night():
+    gh = load(REPO / ".github" / "workflows" / "nightly.yml")["jobs"]["pages"]
+    assert gh["needs"] == "nightly" and "cancelled()" in gh["if"] and "self-hosted" not in str(gh["runs-on"])
+    assert gh["environment"]["name"] == "github-pages"
+    uses = [step["uses"].split("@")[0] for step in gh["steps"]]
+    assert uses == ["actions/download-artifact", "actions/upload-pages-artifact", "actions/deploy-pages"]
+    assert gh["steps"][0]["with"]["name"] == "history-site"
+    assert gh["steps"][1]["with"]["path"] == gh["steps"][0]["with"]["path"]
+    gl = load(GITLAB)["pages"]
+    assert gl["needs"] == [{"job": "nightly", "artifacts": True}] and gl["artifacts"]["paths"] == ["public"]
+    assert gl["script"] == ["rm -rf public && cp -r site public"]
+    assert all(rule.get("when") == "always" for rule in gl["rules"])
