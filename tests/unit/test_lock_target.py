@@ -77,15 +77,22 @@ def creds(monkeypatch, tmp_path):
 
 
 def _spy(monkeypatch) -> list[list[str]]:
-    """Every command `stackforge lock` runs, as its argv."""
+    """Every command `stackforge lock` runs, as its argv (through subprocess, or the clients' bounded runner)."""
+    from stackforge.clients import proc
+
     seen: list[list[str]] = []
-    real = subprocess.run
+    real, bounded = subprocess.run, proc.run
 
     def run(cmd, *a, **kw):
         seen.append([str(c) for c in cmd])
         return real(cmd, *a, **kw)
 
+    def run_bounded(cmd, *a, **kw):
+        seen.append([str(c) for c in cmd])
+        return bounded(cmd, *a, **kw)
+
     monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(proc, "run", run_bounded)
     return seen
 
 
