@@ -3,8 +3,6 @@ become paths, what a container wrote, output directories and terminal text."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from pydantic import BaseModel, ConfigDict
 
@@ -14,30 +12,11 @@ from stackforge.safeio import Malformed
 from tests.fixtures import hostile_files as hf
 
 
-def _within(seconds: float, fn, *args, **kwargs):
-    """Run ``fn`` in a thread and fail the test (instead of hanging it) when it does not return in time."""
-    out: dict = {}
-
-    def go():
-        try:
-            out["value"] = fn(*args, **kwargs)
-        except BaseException as exc:
-            out["error"] = exc
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn.__name__} still running after {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 @pytest.mark.parametrize("maker", ["fifo", "zero_link"])
 def test_special_files_are_refused_at_once(tmp_path, maker):
     path = hf.SPECIALS[maker](tmp_path / "summary.json")
     with pytest.raises(Malformed, match="not a regular file") as err:
-        _within(5, safeio.read_bytes, path, limit=1 << 20, what="summary")
+        hf.within(5, safeio.read_bytes, path, limit=1 << 20, what="summary")
     assert err.value.exit_code == 1 and str(path) in err.value.render()
 
 

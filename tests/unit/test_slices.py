@@ -25,6 +25,7 @@ from stackforge.smoke.pytest_result import compare, parse_junit, parse_summary
 from stackforge.smoke.run import HostFacts
 from stackforge.stack.load import load
 from stackforge.stack.model import Slice
+from tests.fixtures import hostile_files as hf
 from tests.fixtures.gitrepo import GitRepo
 from tests.fixtures.slice_engine import LocalEngine
 from tests.fixtures.stack_support import make_root, parse_errors, run_cli
@@ -637,20 +638,9 @@ def _hostile_run(tmp_path, after, body=PASSING):
     loaded = load("demo", root=root)
     engine = LocalEngine(after=after)
     out = tmp_path / "evidence"
-    result = _within(60, slices.run_slice, loaded, _ref(loaded, "demo"), slices.SliceTarget("img", "sha256:1", out),
+    result = hf.within(60, slices.run_slice, loaded, _ref(loaded, "demo"), slices.SliceTarget("img", "sha256:1", out),
                      _workspace(root, engine), facts=NO_DEVICE)  # fmt: skip
     return result, out, engine
-
-
-def _within(seconds, fn, *args, **kwargs):
-    import threading
-
-    box: dict = {}
-    t = threading.Thread(target=lambda: box.update(value=fn(*args, **kwargs)), daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), "the slice run still waits"
-    return box["value"]
 
 
 def test_a_junit_link_left_by_the_container_is_not_followed(tmp_path):
