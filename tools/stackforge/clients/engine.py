@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from stackforge import progress
+from stackforge import progress, safeio
+from stackforge.clients import credentials
 from stackforge.clients import proc as bounded
 from stackforge.errors import UserError, clip
 
@@ -248,13 +249,29 @@ class Engine:
         self.env = dict(os.environ if env is None else env)
         self._inspect: dict[str, str | None] | None = None
         self._server: str | None = None
+        self._config_checked = False
 
     # -- plumbing
+    def _check_config(self) -> None:
+        """The docker CLI reads its config.json before anything else and waits forever on a FIFO (a huge one it
+        reads whole): such a config is refused here, once per engine, before the CLI is run."""
+        if self._config_checked:
+            return
+        config = credentials.docker_config_file(self.env)
+        if os.path.lexists(config):
+            try:
+                safeio.read_bytes(config, limit=credentials.DOCKER_CONFIG_LIMIT, what="docker config")
+            except safeio.Malformed as exc:
+                exc.fix = "repair it (docker login rewrites it), or point DOCKER_CONFIG at another directory"
+                raise
+        self._config_checked = True
+
     def cli(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
         """Run ``docker ARGS`` against this engine, bounded in time and in what it prints (its text decoded with
         undecodable bytes replaced: a container's answer through ``exec`` is not trusted to be UTF-8); engine
         trouble is a UserError."""
         argv = [self.docker, *args]
+        self._check_config()
         try:
             done = bounded.run(argv, timeout=timeout, limit=CLI_OUTPUT_LIMIT, env=self.env)
         except FileNotFoundError:
@@ -275,6 +292,7 @@ class Engine:
         (:class:`bounded.Exceeded`) or a CLI that does not start (``OSError``) is raised, for the caller to record;
         the CLI is stopped either way (a container it started is the caller's to remove)."""
         argv = [self.docker, *args]
+        self._check_config()
         done = bounded.run(argv, timeout=timeout, limit=limit, env=self.env, merge=True)
         if done.stopped == "timeout":
             raise subprocess.TimeoutExpired(argv, timeout, output=done.stdout)
@@ -463,6 +481,7 @@ class Engine:
     ) -> BuildResult:
         """Run an engine command (build, bake), streaming each output line to ``on_line`` and ``log_file``
         (appended, flushed per line). Returns ``(returncode, full log)``; a failure is not raised."""
+        self._check_config()
         run_env = dict(self.env)
         run_env.update(env or {})
         lines: list[str] = []
