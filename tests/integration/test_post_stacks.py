@@ -203,6 +203,11 @@ def test_post2_image_tag_and_labels(post2, standins):
     assert labels["com.mthreads.vllm.version"] == "v0.28.0"
     assert labels["org.stackforge.stack"] == "post2"
     assert labels["org.opencontainers.image.base.name"] == standins.base_image
+    # the plugin's Mooncake, labelled as its final stage labels it (the image holds that release: its check passed)
+    assert labels["com.mthreads.vllm-musa.mooncake-version"] == "0.3.13" == ms.MOONCAKE[1]
+    assert "PASS probe  mooncake result=mooncake-transfer-engine-musa 0.3.13 target=mooncake" in post2.evidence_lines(
+        "checks.txt"
+    )
 
 
 def test_post2_target_runs_vllm_serve(post2):

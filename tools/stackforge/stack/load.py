@@ -506,18 +506,19 @@ def _agree_references(stack: Stack, values: dict) -> list[UserError]:
     from packaging.utils import canonicalize_name
 
     problems: list[UserError] = []
-    packages = {canonicalize_name(n) for n in stack.packages}
+    pinned = list(target_rules.agreed_pins(stack))
+    packages = {canonicalize_name(n) for n in pinned}
     for uname, up in stack.upstreams.items():
         if up.agree is None:
             continue
         for pkg in up.agree.except_:
             if canonicalize_name(pkg) not in packages:
-                near = difflib.get_close_matches(pkg, list(stack.packages), n=1)
+                near = difflib.get_close_matches(pkg, pinned, n=1)
                 path = ("upstreams", uname, "agree", "except", pkg)
                 problems.append(
                     UserError(
-                        f"upstreams.{uname}.agree.except: '{pkg}' is not a package of the stack; only a pin of the "
-                        "stack is compared",
+                        f"upstreams.{uname}.agree.except: '{pkg}' is not a pin of the stack (a package, or a "
+                        "target's exact requirement); only a pin of the stack is compared",
                         **_pos_for(path, values, {}, False).as_error_kwargs(),
                         fix=f"did you mean '{near[0]}'?" if near else "remove it",
                     )

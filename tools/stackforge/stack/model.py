@@ -298,10 +298,21 @@ class Agree(Strict):
         description="KEY=VALUE files of the upstream, read by regex, and the stack key each KEY must equal, e.g. "
         "{third_party/PINS: {VLLM_TAG: upstreams.vllm.tag, VLLM_COMMIT: upstreams.vllm.commit}}",
     )
+    args: dict[
+        Annotated[str, _grammar(grammar.check_relative_path)],
+        dict[EnvName, ProjectName],
+    ] = Field(
+        default_factory=dict,
+        description="Dockerfiles of the upstream and, for each build argument, the project it pins: every `ARG "
+        "NAME=VALUE` line of every stage is compared as the requirement NAME's project ==VALUE, with the stack's "
+        "pin of it (a package, or a target's exact requirement), e.g. {docker/musa.Dockerfile: {MOONCAKE_VERSION: "
+        "mooncake-transfer-engine-musa}}",
+    )
     except_: dict[ProjectName, Annotated[str | None, BeforeValidator(_reason)]] = Field(
         default_factory=dict,
         alias="except",
-        description="{package: why the stack differs from the upstream's line}: the only way past a "
+        description="{package (or a target's pinned project): why the stack differs from the upstream's line}: the "
+        "only way past a "
         "disagreement; an except for a package the files agree on (or do not name) is itself a finding; a child "
         "stack's null removes its parent's",
     )
