@@ -191,10 +191,11 @@ def test_a_phase_that_would_replace_the_vendor_torch_fails_naming_the_phase_and_
 def test_a_phase_that_would_move_a_public_pin_fails_naming_the_phase_and_the_pin(post2, standins):
     # The plugin's requirements/common.txt says numpy==1.26 (1.26.0, post2's pin). Pinned at 1.26.4 instead (the
     # public stand-in serves it for the omni target), the pin is a constraint of that phase: pip refuses. (The
-    # agreement rule would name the line first: the stack excepts it, to reach the phase.)
+    # agreement rule would name the line first: the stack compares only musa_private.txt here, to reach the phase;
+    # an except would say why the stack differs and leave the line out.)
     _refused(
         standins,
-        ["packages.numpy.version=1.26.4", "upstreams.vllm_musa.agree.except.numpy=to reach the pip phase"],
+        ["packages.numpy.version=1.26.4", "upstreams.vllm_musa.agree.requirements=[requirements/musa_private.txt]"],
         "moves-numpy",
         "ERROR: pip phase requirements.vllm-common (stack key requirements.vllm-common) would move the public pin "
         "numpy==1.26.4 (stack key packages.numpy; the constraints hold it): the phase requests numpy==1.26",

@@ -516,7 +516,7 @@ def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plu
     ctx = assemble(loaded, tmp_path / "out")
     manifest = json.loads((ctx.context_dir / "deps" / "requirements.json").read_text())
     common = next(p for p in manifest if p["phase"] == "requirements.vllm-common")
-    dropped = {d["package"]: d for d in common["dropped"]}
+    dropped = {d["package"]: d for d in common["dropped"] if not d["public"]}
     plugin = facts.plugin_vendor_pins()
     assert set(dropped) == set(plugin)  # every line of musa_private.txt names a vendor pin, left to the vendor phase
     for package, (line, version) in plugin.items():
@@ -524,6 +524,22 @@ def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plu
         assert dropped[package]["pin"] == loaded.model.packages[package].version
     excepted = {p for p, d in dropped.items() if d["excepted"]}
     assert excepted == ({"torch", "torch_musa", "torchvision", "torchaudio", "deep_ep"} if name == "post1" else set())
+    # the plugin's torchada==0.1.90 (common.txt, read as vLLM's constraint and through musa.txt): post1 pins the
+    # post1 train's 0.1.83 and says why, so its public phase installs that and the line is left out; post2 agrees
+    public = [(d["package"], d["requirement"], d["pin"], bool(d["excepted"])) for d in common["dropped"] if d["public"]]
+    assert public == ([("torchada", "torchada==0.1.90", "0.1.83", True)] * 2 if name == "post1" else [])
+    constraints = (ctx.context_dir / "deps" / "requirements" / "vllm-common.constraints.txt").read_text()
+    own = constraints.split("# the upstream's own constraints\n", 1)[1].splitlines()
+    plugin_common = [  # the plugin's common.txt as the stand-in carries it (facts/vllm-musa.yaml), as pip reads it
+        "transformers==5.5.3",
+        "huggingface_hub<2.0,>=1.27.0",
+        "mthreads-ml-py>=2.4.1",
+        "numpy==1.26",
+        "openai>=2.24.0",
+        "einops",
+        "ray<=2.48.0,>=2.47.1",
+    ]
+    assert own == (plugin_common if name == "post1" else ["torchada==0.1.90", *plugin_common])
     # lint, from the mirror the render filled, agrees too
     from stackforge.builder.agree import lint_upstreams
 

@@ -323,7 +323,7 @@ def test_pip_check_allows_what_an_upstreams_agree_except_excuses_with_its_reason
     post1 = load("post1", root=REPO).model
     allowed = gate_spec(post1)["pip_check_allow"]
     assert [(a["dist"], a["requires"]) for a in allowed] == [
-        ("vllm_musa", n) for n in ("torch", "torch_musa", "torchvision", "torchaudio", "deep_ep")
+        ("vllm_musa", n) for n in ("torch", "torch_musa", "torchvision", "torchaudio", "deep_ep", "torchada")
     ]
     reason = post1.upstreams["vllm_musa"].agree.except_["torch"]
     assert allowed[0]["reason"] == f"upstreams.vllm_musa.agree.except: {reason}"

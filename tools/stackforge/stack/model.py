@@ -984,6 +984,11 @@ class RequirementFile(Strict):
     path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
         description="the requirement file, relative to the upstream's tree (e.g. requirements/common.txt)"
     )
+    constraint: bool = Field(
+        False,
+        description="true: the file's lines constrain the phase (pip -c) instead of being installed, e.g. the "
+        "plugin's requirements/common.txt over vLLM's (its huggingface_hub cap)",
+    )
 
 
 class RequirementsPhase(Strict):
