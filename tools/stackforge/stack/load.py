@@ -506,6 +506,16 @@ def _agree_references(stack: Stack, values: dict) -> list[UserError]:
     from packaging.utils import canonicalize_name
 
     problems: list[UserError] = []
+    names = {canonicalize_name(n) for n in stack.packages}
+    for i, exact in enumerate(stack.gate.exact):
+        if canonicalize_name(exact) not in names:
+            problems.append(
+                UserError(
+                    f"gate.exact: '{exact}' is not a package of the stack; only a pin has a version to hold exactly",
+                    **_pos_for(("gate", "exact", i), values, {}, False).as_error_kwargs(),
+                    fix="name a package of the stack, or remove it",
+                )
+            )
     pinned = list(target_rules.agreed_pins(stack))
     packages = {canonicalize_name(n) for n in pinned}
     for uname, up in stack.upstreams.items():
@@ -653,5 +663,6 @@ def fingerprint(stack: Stack) -> str:
     data = {k: v for k, v in _unused_dropped(stack, resolved(stack)).items() if k not in UNFINGERPRINTED}
     for up in data.get("upstreams", {}).values():
         up.pop("agree", None)  # what the stack must agree with is checked, never built
+        up.pop("contract", None)  # ... and so is the image contract it is held to
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest()
