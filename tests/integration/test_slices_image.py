@@ -90,6 +90,33 @@ def test_the_contract_slice_runs_in_the_image(post2, tmp_path):
     assert "--read-only" in docker and docker[docker.index("--network") + 1] == "none"
 
 
+def test_the_contract_slice_fails_when_a_pin_of_post2_is_moved_away_from_the_plugin(post2, standins, tmp_path):
+    """post2 with its torch pin moved back to the post1 train names the image built for that train from the same
+    plugin commit (post1's: the tag is derived from the torch pin). The plugin's contract module, staged at that
+    commit, holds the image to the plugin's own pins: the post2 train and torchada 0.1.90, which that image does
+    not hold. The slice fails, naming the two tests that assert them."""
+    post1 = standins.happy("post1")
+    assert post1.ok, post1.describe()
+    out = tmp_path / "ev"
+    moved = "packages.torch.version=2.11.0.post1+musa5.2.0"
+    args = ["test", "post2", *sets(post2), "--set", moved, "--slice", "contracts", "--out", str(out)]
+    proc = mb.stackforge(*args, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = result_of(out, "contracts")
+    assert result["image_id"] == post1.image and result["verdict"] == "failed"
+    assert (result["counts"]["passed"], result["counts"]["failed"]) == (18, 2)
+    failed = sorted(t["id"] for t in result["tests"] if t["outcome"] == "failed")
+    assert failed == [
+        "tests/test_inplace_porting_contract.py::test_musa_image_runtime_dependency_contract",
+        "tests/test_inplace_porting_contract.py::test_torchada_floor_is_consistent",
+    ]
+    assert "FAILED   contracts: 18 passed (expected 20), 2 failed (expected 0)" in proc.stdout
+    assert (
+        "the image holds torchada 0.1.83, which does not meet torchada==0.1.90"
+        in (out / "contracts" / "pytest.txt").read_text()
+    )
+
+
 def _root_with_probes(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     (root / "stacks").mkdir(parents=True)
