@@ -661,6 +661,8 @@ def fingerprint(stack: Stack) -> str:
     """sha256 of the resolved stack: equal fingerprints mean equal declared inputs."""
 
     data = {k: v for k, v in _unused_dropped(stack, resolved(stack)).items() if k not in UNFINGERPRINTED}
+    for idx in data.get("indexes", {}).values():
+        idx.pop("unlocked", None)  # why an index has no lock: said, never built
     for up in data.get("upstreams", {}).values():
         up.pop("agree", None)  # what the stack must agree with is checked, never built
         up.pop("contract", None)  # ... and so is the image contract it is held to

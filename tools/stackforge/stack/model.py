@@ -216,6 +216,21 @@ class Index(Strict):
         "`stackforge lock`; a vendor index with deps_from also needs <index>.deps.txt, the lock of its "
         "wheels' own dependencies); lint and build fail when that file is missing",
     )
+    unlocked: Annotated[str, AfterValidator(lambda v: _one_line(v) or v)] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=400,
+        description="why this index's phases install without a lock (e.g. its requirement files or its vendor "
+        "wheels' metadata cannot be reached where locks are made): `stackforge lint`, render and build print it; "
+        "`stackforge lock --check` fails a stack whose public index has pins or requirement files but neither a "
+        "lock nor this reason",
+    )
+
+    @model_validator(mode="after")
+    def _lock_or_reason(self) -> Index:
+        if self.lock and self.unlocked is not None:
+            raise ValueError("lock: true and unlocked: say the opposite; keep one")
+        return self
 
     @field_validator("url")
     @classmethod
