@@ -14,7 +14,7 @@ from stackforge.stack.load import StackInvalid, fingerprint, load
 from stackforge.stack.model import CONTRACT_CHECKS
 from tests.fixtures import facts
 from tests.fixtures.image_scripts import load as load_image_script
-from tests.fixtures.stack_support import REPO
+from tests.fixtures.stack_support import REPO, make_root
 
 MODULE = "vllm_musa:tests/test_inplace_porting_contract.py"
 
@@ -87,7 +87,6 @@ def test_the_stacks_contract_is_the_one_the_facts_recorded_from_the_module_at_th
         ("targets.final.entrypoint=[vllm]", 269, "but target final's entrypoint is ['vllm']"),
         ("targets.final.cmd=[sh]", 268, "but target final's cmd is ['sh']"),
         ("gate.exact=[torch]", 171, "but gate.exact does not name torchada, torch_musa"),
-        ("options.BUILD_VLLM_RS.value=0", 261, "but options.BUILD_VLLM_RS is '0'"),
         ("targets.final.from=null", 217, "but target final builds on the gate, not on mooncake"),
         ("kernels.vllm.env.VLLM_VERSION_OVERRIDE=0.28.1", 422, "but kernel vllm sets VLLM_VERSION_OVERRIDE=0.28.1"),
         (
@@ -114,6 +113,23 @@ def test_the_stacks_contract_is_the_one_the_facts_recorded_from_the_module_at_th
 def test_a_stack_that_does_not_hold_a_line_fails_lint_naming_the_contracts_line(override, line, says):
     found = [f for f in contract_findings("post2", override) if f.startswith(f"{MODULE}:{line}: contract: ")]
     assert len(found) == 1 and says in found[0], contract_findings("post2", override)
+
+
+def test_a_build_option_chosen_with_set_is_the_builds_choice_the_declared_default_is_the_contracts(tmp_path):
+    """The fork's Dockerfile declares ARG BUILD_VLLM_RS=1 and its build script passes BUILD_VLLM_RS=0 when asked
+    (the post2 record built so): a --set value is that choice; the value the stack file declares is the default."""
+    assert contract_findings("post2", "options.BUILD_VLLM_RS.value=0") == []
+    text = (REPO / "stacks" / "post1.yaml").read_text()
+    declared = text.replace(
+        '    value: "1"\n    description: build vllm-rs', '    value: "0"\n    description: build vllm-rs'
+    )
+    assert declared != text
+    root = make_root(tmp_path, {"post1.yaml": declared, "post2.yaml": (REPO / "stacks" / "post2.yaml").read_text()})
+    loaded = load("post2", root=root)
+    found = [f.render(loaded) for f in lint(loaded) if f.rule == "contract"]
+    assert len(found) == 1 and found[0].startswith(
+        f"{MODULE}:261: contract: the image contract says ARG BUILD_VLLM_RS=1; but options.BUILD_VLLM_RS is '0'"
+    )
 
 
 def test_render_fails_on_a_contract_line_before_writing_anything(tmp_path):

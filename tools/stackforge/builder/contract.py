@@ -173,7 +173,7 @@ def _check(loaded: LoadedStack, path: tuple, cl: ContractLine) -> str | None:
         return _target_phase_check(stack, target, cl)
     if cl.installs_file is not None or cl.constrained is not None:
         return _file_check(stack, cl)
-    return _gate_check(stack, cl)
+    return _gate_check(loaded, cl)
 
 
 def _target_phase_check(stack: Stack, target: str | None, cl: ContractLine) -> str | None:
@@ -220,7 +220,8 @@ def _file_check(stack: Stack, cl: ContractLine) -> str | None:
     return f"no requirement phase installs {file.upstream}:{file.path}"
 
 
-def _gate_check(stack: Stack, cl: ContractLine) -> str | None:
+def _gate_check(loaded: LoadedStack, cl: ContractLine) -> str | None:
+    stack = loaded.model
     packages = [canonicalize_name(n) for n in stack.packages]
     if cl.gate_pins is not None:
         missing = [n for n in cl.gate_pins if canonicalize_name(n) not in packages]
@@ -241,9 +242,14 @@ def _gate_check(stack: Stack, cl: ContractLine) -> str | None:
         return f"the gate imports no {', '.join(missing)}" if missing else None
     if cl.options is not None:
         for key, want in cl.options.items():
-            have = stack.options[key].value if key in stack.options else None
-            if have != want:
-                return f"options.{key} is {have!r}" if have is not None else f"the stack declares no option {key}"
+            if key not in stack.options:
+                return f"the stack declares no option {key}"
+            option = stack.options[key]
+            chosen = loaded.position(("options", key, "value")).file.startswith("--set ")
+            if chosen and want in option.choices:
+                continue  # the build's choice, as the fork's BUILD_ARG=… build_image.sh; the default is the file's
+            if option.value != want:
+                return f"options.{key} is {option.value!r}"
         return None
     assert cl.stages is not None
     for before, after in zip(cl.stages, cl.stages[1:]):

@@ -400,7 +400,11 @@ class ContractLine(Strict):
     gate_exact: list[ProjectName] | None = Field(None, description="packages under gate.exact")
     gate_order: list[ProjectName] | None = Field(None, description="packages the gate checks in this order")
     gate_imports: list[Module] | None = Field(None, description="modules the gate imports")
-    options: dict[EnvName, str] | None = Field(None, description="build options with these values")
+    options: dict[EnvName, str] | None = Field(
+        None,
+        description="build options with these values as the stack declares them (a value chosen with --set, "
+        "among the option's choices, is the build's choice, as the fork's build arguments are)",
+    )
     stages: list[Name] | None = Field(None, description="targets each built on the one before (from:)")
 
     @model_validator(mode="after")
