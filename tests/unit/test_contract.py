@@ -216,3 +216,25 @@ def test_verify_checks_the_images_configuration_against_the_contract():
         "org.opencontainers.image.created=2026-09-29T00:00:00Z)",
         f"contract {MODULE}:400 no ENV MUSA_VISIBLE_DEVICES (the image: MUSA_VISIBLE_DEVICES=all)",
     ]
+
+
+def test_verify_adds_the_contract_lines_of_a_stack_image_not_of_an_overlays(monkeypatch):
+    from stackforge.builder import verify as verifymod
+    from stackforge.builder.plan import LABEL_NS
+
+    monkeypatch.setattr(verifymod, "run_gate", lambda loaded, image, engine, script="gate.py": (True, []))
+    loaded = load("post2", root=REPO)
+    config = _config(loaded)
+    labels = {**config["Labels"], f"{LABEL_NS}.stack": "post2", f"{LABEL_NS}.fingerprint": fingerprint(loaded.model)}
+    labels.update({f"{LABEL_NS}.pin.{n}": p.version for n, p in loaded.model.packages.items()})
+    labels.update({f"{LABEL_NS}.option.{n}": o.value for n, o in loaded.model.options.items()})
+    v = verifymod.verify(loaded, "img:1", labels, object(), config)  # type: ignore[arg-type]
+    assert v.failed == 0, v.lines
+    checked = {c["what"]: c for c in v.checked()}
+    assert checked["contract lines"]["ok"] is True and checked["contract lines"]["count"] > 10
+    config["Env"].append("MUSA_VISIBLE_DEVICES=0")
+    v = verifymod.verify(loaded, "img:1", labels, object(), config)  # type: ignore[arg-type]
+    assert v.failed == 1 and any(line.startswith(f"FAIL contract {MODULE}:400 ") for line in v.lines)
+    overlay = {**labels, f"{LABEL_NS}.overlay": "jev"}
+    v = verifymod.verify(loaded, "img:1", overlay, object(), config)  # type: ignore[arg-type]
+    assert not [line for line in v.lines if " contract " in line]
