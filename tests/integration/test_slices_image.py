@@ -50,7 +50,7 @@ def test_writes_outside_tmp():
 """
 
 PROBE_SLICE = """
-  probes:
+  sandbox:
     description: what the container allows
     files: {paths: [tests/slices/test_probes.py]}
     expect: {passed: 4, failed: 1}
@@ -138,22 +138,22 @@ def test_read_only_root_and_moved_tests_by_image(post2, tmp_path):
     root = _root_with_probes(tmp_path)
     image = post2.image
     out = tmp_path / "ev"
-    base = ["--root", str(root), "test", image, *sets(post2), "--slice", "probes", "--out", str(out)]
+    base = ["--root", str(root), "test", image, *sets(post2), "--slice", "sandbox", "--out", str(out)]
     proc = mb.stackforge(*base, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = result_of(out, "probes")
+    result = result_of(out, "sandbox")
     outcomes = {t["id"]: t["outcome"] for t in result["tests"]}
     assert outcomes["tests/slices/test_probes.py::test_writes_outside_tmp"] == "failed"
     assert {o for t, o in outcomes.items() if not t.endswith("outside_tmp")} == {"passed"}
-    assert "Read-only file system" in (out / "probes" / "pytest.txt").read_text()
+    assert "Read-only file system" in (out / "sandbox" / "pytest.txt").read_text()
     # the same run against an expectation that says every test passes: exit 1, naming the test that moved
     stack = root / "stacks" / "post2.yaml"
     stack.write_text(stack.read_text().replace("expect: {passed: 4, failed: 1}", "expect: {passed: 5}"))
     proc = mb.stackforge(*base, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAILED   probes: 4 passed (expected 5), 1 failed (expected 0)" in proc.stdout
+    assert "FAILED   sandbox: 4 passed (expected 5), 1 failed (expected 0)" in proc.stdout
     assert "tests/slices/test_probes.py::test_writes_outside_tmp" in proc.stdout
-    moved = result_of(out, "probes")["moved"]
+    moved = result_of(out, "sandbox")["moved"]
     assert moved["outcomes"]["failed"]["tests"] == ["tests/slices/test_probes.py::test_writes_outside_tmp"]
 
 

@@ -540,6 +540,18 @@ def test_a_public_pin_is_named_only_when_the_phase_held_it(tmp_path):
     ]
     # a target phase's constraints hold no public pin: a numpy conflict there is pip's message alone
     assert preserve.public_conflicts(output[:3], "t/omni", "targets.t.pip.omni", public) == []
+    # an upstream's constraint file asks the pin's project another version: pip merges both constraints on one
+    # line (as the post2 build printed it), and the one that is not the pin is named
+    merged = [
+        "The conflict is caused by:",
+        "    The user requested numpy",
+        "    The user requested (constraint) numpy==1.26,==1.26.4",
+    ]
+    assert preserve.held_public(merged, public) == {"numpy": "1.26.4"}
+    assert preserve.public_conflicts(merged, "requirements.x", "requirements.x", public) == [
+        "ERROR: pip phase requirements.x (stack key requirements.x) would move the public pin numpy==1.26.4 "
+        "(stack key packages.numpy; the constraints hold it): the phase's constraints ask numpy==1.26"
+    ]
 
 
 def test_the_lock_names_the_pin_a_conflicting_resolution_would_move(stack):
