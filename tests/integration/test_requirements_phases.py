@@ -205,5 +205,5 @@ def test_a_phase_that_would_move_a_public_pin_fails_naming_the_phase_and_the_pin
         "moves-numpy",
         "ERROR: pip phase requirements.vllm-common (stack key requirements.vllm-common) would move the public pin "
         "numpy==1.26.4 (stack key packages.numpy; the constraints hold it): the phase's constraints ask numpy==1.26",
-        "The user requested (constraint) numpy==1.26.4",
+        "The user requested (constraint) numpy==1.26,==1.26.4",
     )
