@@ -471,7 +471,7 @@ def test_the_cli_exit_codes_tell_passed_failed_not_run_and_bad_input(tmp_path, c
     rc, stdout, _ = run_cli(capsys, root, "test", "demo", "--slice", "demo", "--out", str(out))
     assert rc == 3 and stdout.startswith("NOT-RUN  demo")
     rc, _, err = run_cli(capsys, root, "test", "demo", "--slice", "nope")
-    assert rc == 2 and "one of: contracts, demo" in err
+    assert rc == 2 and "one of: contracts, probes, demo" in err
     rc, _, err = run_cli(capsys, root, "test", "post1")
     assert rc == 2 and "declare no test slice" in err
 
@@ -514,7 +514,12 @@ def test_a_recipe_declares_slices_for_its_image(tmp_path, capsys):
     )
     loaded = load("demo", root=root)
     names = [r.name for r in slices.declared(loaded)]
-    assert names == ["contracts", "demo", "plain.reads"]  # the stack's (post2's inherited first), then the recipe's
+    assert names == [
+        "contracts",
+        "probes",
+        "demo",
+        "plain.reads",
+    ]  # the stack's (post2's inherited first), then the recipe's
     plain = _ref(loaded, "plain.reads")
     assert plain.owner == "plain" and plain.target == "vllm-openai" and plain.slice.expected()["xfailed"] == 4
     assert "layered.reads" in [r.name for r in slices.declared(loaded, overlay="jev")]

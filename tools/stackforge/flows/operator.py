@@ -26,7 +26,7 @@ from typing import Any
 from stackforge.builder import embed, sbom
 from stackforge.builder.embed import load_embedded
 from stackforge.builder.plan import LABEL_NS
-from stackforge.builder.verify import Verification, verify
+from stackforge.builder.verify import Verification, image_config, verify
 from stackforge.clients.engine import image_files
 from stackforge.clients.registry import (
     RegistryClient,
@@ -215,7 +215,7 @@ def verify_ref(
         return v
     with tempfile.TemporaryDirectory(prefix="stackforge-verify-") as tmp:
         loaded = load_embedded(files, rec.stack, Path(tmp))
-        checked = verify(loaded, pinned, labels, engine)
+        checked = verify(loaded, pinned, labels, engine, image_config(engine, pinned))
     v.lines.extend(checked.lines)
     v.failed += checked.failed
     if rebuild_from is not None:
