@@ -300,13 +300,7 @@ class Publisher:
         return None
 
     def _tag_digest(self, tag: str) -> str | None:
-        info = self.client.head_manifest(tag)
-        if info is None:
-            return None
-        if info.digest:
-            return info.digest
-        m = self.client.get_manifest(tag)
-        return m.digest if m else None
+        return tag_digest(self.client, tag)
 
     def _result(
         self,
@@ -715,47 +709,9 @@ class Publisher:
         )
 
     def _advance_aliases(self, tag: str, body: bytes, media_type: str, digest: str) -> dict[str, str]:
-        """Point the aliases at ``tag`` only when it is the newest immutable tag by (date, revision).
-
-        Called under the host lock. The registry's tag list is read afresh, so an older ``--date`` or a
-        revision filling a gap below a newer one leaves every alias where it is (``not moved: … is newer``).
-        """
-        if not self.aliases:
-            return {}
-        newest = self.scheme.newest([*self.client.list_tags(), tag])
-        out: dict[str, str] = {}
-        for alias in self.aliases:
-            if newest != tag:
-                out[alias] = f"not moved: {newest} is newer"
-                self.log("alias-kept", alias=alias, tag=tag, newest=newest)
-            elif self._tag_digest(alias) == digest:
-                out[alias] = "unchanged"
-            else:
-                out.update(self._move_aliases_raw(body, media_type, digest, [alias], after=tag))
-        return out
-
-    def _move_aliases_raw(
-        self, body: bytes, media_type: str, digest: str, aliases: list[str], after: str | None = None
-    ) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for alias in aliases:
-            try:
-                before = self._tag_digest(alias)
-                self.client.put_manifest(alias, body, media_type)
-                m = self.client.get_manifest(alias)
-            except RegistryError as exc:
-                raise BuildFailed(
-                    f"alias {alias} could not be moved: {exc}. The immutable tag {after or ''} is published and verified",
-                    fix="re-run the same publish to move the alias",
-                ) from None
-            if m is None or m.digest != digest:
-                raise BuildFailed(
-                    f"alias {alias} reads back as {m.digest if m else 'missing'}, expected {digest}",
-                    fix="re-run the same publish; check for a proxy that alters manifests",
-                )
-            out[alias] = "moved" if before != digest else "unchanged"
-            self.log("alias", alias=alias, digest=digest, previous=before)
-        return out
+        """Point the aliases at ``tag`` only when it is the newest immutable tag (:func:`advance_aliases`). Called
+        under the host lock."""
+        return advance_aliases(self.client, self.scheme, tag, body, media_type, digest, self.aliases, self.log)
 
     def _verify_pull(self, tag: str, image_id: str) -> dict[str, Any]:
         """Pull the tag through the engine, as a node would, and compare the image id."""
@@ -780,6 +736,77 @@ class Publisher:
             if len(tags) > 1:
                 engine.remove_image(ref)
         return {"reference": ref, "image_id": got, "identical": ok, "seconds": round(time.monotonic() - t, 3)}
+
+
+def tag_digest(client: RegistryClient, tag: str) -> str | None:
+    """The digest ``tag`` holds now (None: no such tag)."""
+    info = client.head_manifest(tag)
+    if info is None:
+        return None
+    if info.digest:
+        return info.digest
+    m = client.get_manifest(tag)
+    return m.digest if m else None
+
+
+def advance_aliases(
+    client: RegistryClient,
+    scheme: TagScheme,
+    tag: str,
+    body: bytes,
+    media_type: str,
+    digest: str,
+    aliases: tuple[str, ...] | list[str],
+    log: Callable[..., None],
+) -> dict[str, str]:
+    """Point ``aliases`` at ``tag`` (whose manifest is ``body``, ``digest``) only when it is the newest immutable
+    tag by (date, revision); call under the repository's host lock (:func:`repository_lock`).
+
+    The registry's tag list is read afresh, so an older ``--date`` or a revision filling a gap below a newer one
+    leaves every alias where it is (``not moved: … is newer``)."""
+    if not aliases:
+        return {}
+    newest = scheme.newest([*client.list_tags(), tag])
+    out: dict[str, str] = {}
+    for alias in aliases:
+        if newest != tag:
+            out[alias] = f"not moved: {newest} is newer"
+            log("alias-kept", alias=alias, tag=tag, newest=newest)
+        elif tag_digest(client, alias) == digest:
+            out[alias] = "unchanged"
+        else:
+            out.update(_move_aliases_raw(client, body, media_type, digest, [alias], log, after=tag))
+    return out
+
+
+def _move_aliases_raw(
+    client: RegistryClient,
+    body: bytes,
+    media_type: str,
+    digest: str,
+    aliases: list[str],
+    log: Callable[..., None],
+    after: str | None = None,
+) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for alias in aliases:
+        try:
+            before = tag_digest(client, alias)
+            client.put_manifest(alias, body, media_type)
+            m = client.get_manifest(alias)
+        except RegistryError as exc:
+            raise BuildFailed(
+                f"alias {alias} could not be moved: {exc}. The immutable tag {after or ''} is published and verified",
+                fix="re-run the same publish to move the alias",
+            ) from None
+        if m is None or m.digest != digest:
+            raise BuildFailed(
+                f"alias {alias} reads back as {m.digest if m else 'missing'}, expected {digest}",
+                fix="re-run the same publish; check for a proxy that alters manifests",
+            )
+        out[alias] = "moved" if before != digest else "unchanged"
+        log("alias", alias=alias, digest=digest, previous=before)
+    return out
 
 
 @dataclass(frozen=True)
