@@ -165,6 +165,7 @@ purge)
     stop_engine
     rm -rf "$data"
     rm -rf "$home" "$run"
+    rmdir "$engines" /run/stackforge-engines 2>/dev/null || true  # when no other engine is left in them
     say "$name purged"
     exit 0
     ;;

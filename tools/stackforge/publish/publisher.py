@@ -209,6 +209,24 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: the image config key where BuildKit writes an inline cache export's records (``--cache-to type=inline``)
+BUILD_CACHE_KEY = "moby.buildkit.cache.v0"
+#: the most bytes of an image config read back to compare it
+CONFIG_LIMIT = 16 << 20
+
+
+def _without_build_cache(config: bytes) -> Any:
+    """The image config ``config`` without :data:`BUILD_CACHE_KEY` (None when it is not a JSON object)."""
+    try:
+        doc = json.loads(config)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    doc.pop(BUILD_CACHE_KEY, None)
+    return doc
+
+
 def _config_digest(manifest: Manifest) -> str | None:
     try:
         doc = manifest.json()
@@ -285,7 +303,35 @@ class Publisher:
             return m
         if _config_digest(m) == image_id:
             return m
+        if self._same_content(m):
+            return m
         return None
+
+    def _same_content(self, m: Manifest) -> bool:
+        """Whether ``m`` is the prepared image but for BuildKit's cache records: the same layers and the same config
+        once :data:`BUILD_CACHE_KEY` is set aside. Two hosts that build one image from each other's registry cache
+        (the shards of a night) write the same layers and config, but each its own record of the cache graph it
+        took them from; a re-run on another host is then the image already published, not a new revision."""
+        img = self.prepared
+        if img is None or img.config.data is None:
+            return False
+        try:
+            doc = m.json()
+        except ValueError:
+            return False
+        layers, config = doc.get("layers"), doc.get("config")
+        if not isinstance(layers, list) or not isinstance(config, dict) or not isinstance(config.get("digest"), str):
+            return False
+        if [x.get("digest") if isinstance(x, dict) else None for x in layers] != [b.digest for b in img.layers]:
+            return False
+        try:
+            theirs = self.client.get_blob(config["digest"], max_bytes=CONFIG_LIMIT, size=config.get("size"))
+        except RegistryError:
+            return False
+        same = _without_build_cache(theirs) == _without_build_cache(img.config.data)
+        if same:
+            self.log("same-content", tag_config=config["digest"], image_id=img.image_id)
+        return same
 
     def _find_published(
         self, tags: list[str], image_id: str, digest: str | None, skip: set[str]
@@ -451,12 +497,18 @@ class Publisher:
         tag, manifest = found
         image_id = self.prepared.image_id if self.prepared else image_id or self.image.image_id
         assert image_id is not None
+        ours, config = image_id, _config_digest(manifest)
         self.log("already-published", tag=tag, digest=manifest.digest)
         verification: dict[str, Any] = {
             "tag_digest": manifest.digest,
-            "config_digest": _config_digest(manifest),
-            "image_id_matches": _config_digest(manifest) == image_id,
+            "config_digest": config,
+            "image_id_matches": config == ours,
         }
+        if config is not None and config != ours and manifest.digest != (self.prepared.digest if self.prepared else None):
+            # the same layers and config but BuildKit's cache records (see _same_content): the image id is the one a
+            # pull of the tag gives
+            verification["same_content"] = True
+            image_id = config
         if self.before_tag is not None:
             self.before_tag(manifest.digest, image_id)
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
