@@ -2,8 +2,10 @@
 
 The night is the build benchmark's stack with a second target (``benchshards``: bench/stacks/benchpost.yaml,
 ~420 MB of wheels in three dependency phases and zstandard compiled in a kernel step, plus a ``cli`` target on the
-same stages), its two indexes served from the host's own address (both engines' containers reach it, and a RUN line
-names the same URL on both, so their cache keys agree), a docker-registry on loopback.
+same stages), its two indexes served on loopback as the build benchmark serves them (every RUN step on the host's
+network, ``--network host``: both engines reach them under the same URL, so a RUN line and its cache key are the
+same on both), a docker-registry on loopback. With ``--network`` the nightly builds without its shared bake (a bake
+file does not carry the RUN steps' network on this buildx): both nights alike.
 
   one process  ``stackforge nightly`` on the shared engine: one bake of both targets, each built, gated and
                published
@@ -30,7 +32,6 @@ images removed, the second engine purged. Run alone: python bench/shards_bench.p
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -39,7 +40,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,11 +47,10 @@ BENCH = REPO / "bench"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
-from bench.build_bench import CACHE, STACK, fetch_indexes  # noqa: E402
+from bench.build_bench import CACHE, STACK, serving  # noqa: E402
 from bench.results import Result, table, write  # noqa: E402
 from tests.fixtures import buildcache  # noqa: E402
 from tests.fixtures import second_engine as se  # noqa: E402
-from tests.fixtures.index_server import IndexServer  # noqa: E402
 from tests.fixtures.registry import start_registry  # noqa: E402
 
 NIGHT = "benchshards"
@@ -68,21 +67,6 @@ targets:
   cli:
     entrypoint: [python, -m, zstandard]
 """
-
-
-def host_address() -> str:
-    """This host's own address on its default route: containers of both engines reach it through their bridges."""
-    out = subprocess.run(["ip", "-4", "route", "get", "1.1.1.1"], capture_output=True, text=True, check=True).stdout
-    words = out.split()
-    return words[words.index("src") + 1]
-
-
-@contextlib.contextmanager
-def serving(host: str) -> Iterator[dict[str, str]]:
-    """The build benchmark's two indexes on ``host``, on ports of their own: index name -> URL."""
-    dirs = fetch_indexes()
-    with IndexServer(dirs["vendor"], host=host) as vendor, IndexServer(dirs["public"], host=host) as public:
-        yield {"vendor": vendor.url, "public": public.url}
 
 
 class Night:
@@ -140,10 +124,11 @@ def measure(echo=print) -> list[Result]:
             t0 = time.monotonic()
             engine.load(BASE)
             echo(f"shards bench: second engine {engine.builder} up, base image loaded in {time.monotonic() - t0:.1f} s")
-            host = host_address()
-            common = ["--no-freshness", "--no-drift", "--ca-bundle", "none"]
+            # RUN steps on the host's network: both engines reach the loopback indexes under the same URL, so the
+            # RUN lines, and their cache keys, are the same on both hosts
+            common = ["--no-freshness", "--no-drift", "--ca-bundle", "none", "--network", "host"]
             # the same night in one process, on the shared engine
-            with serving(host) as urls:
+            with serving() as urls:
                 urls_seen += urls.values()
                 one = Night(_repo(tmp / "one"), registry, urls, "one")
                 locals_made.append(one.local)
@@ -152,7 +137,7 @@ def measure(echo=print) -> list[Result]:
                 one_engine = engine_seconds(out)
                 echo(f"shards bench: one process: {one.seconds['night']:.1f} s, BuildKit {one_engine:.1f} s")
             # the night in two shards on two engines, then the merge
-            with serving(host) as urls:
+            with serving() as urls:
                 urls_seen += urls.values()
                 first = Night(_repo(tmp / "first"), registry, urls, "sharded")
                 second = Night(_repo(tmp / "second"), registry, urls, "sharded")

@@ -208,3 +208,24 @@ def test_a_merge_without_a_recorded_plan_says_how_to_make_one(registry, tmp_path
     with pytest.raises(UserError) as exc:
         merge(root, f"{registry.address}/team", MergeOptions(date=DATE, out=tmp_path / "n", policy=FAST))
     assert "no plan of night 20261201" in exc.value.message and "--plan --registry" in exc.value.fix
+
+
+def test_a_shard_reports_one_row_per_unit_and_a_stack_that_did_not_lint_fails_each_of_its_units():
+    from stackforge.flows.night_shard import _unit_rows
+    from stackforge.flows.nightly import Row, Summary
+
+    units = [np.Unit(stack=s, target=t, platform="linux/amd64") for s, t in (("a", "x"), ("a", "y"), ("b", "z"), ("c", "w"))]  # fmt: skip
+    (shard,) = np.group(units, 1)
+    summary = Summary(DATE, "r.example/t")
+    summary.rows = [
+        Row(stack="a", target="*", status="failed", stage="lint", reason="lint: trailing whitespace"),
+        Row(stack="b", target="z", status="published", tag="r/b:1", digest="sha256:" + "1" * 64),
+        Row(stack="recipes", target="broken", status="failed", stage="load", reason="no such image"),
+    ]
+    rows, rest = _unit_rows(summary, shard)
+    assert [(r.stack, r.target, r.status, r.stage) for r in rows] == [
+        ("a", "x", "failed", "lint"), ("a", "y", "failed", "lint"), ("b", "z", "published", None),
+        ("c", "w", "failed", "build"),  # the plan named a target the shard's stack does not publish
+    ]  # fmt: skip
+    assert all(r.shard == shard.id and r.platform == "linux/amd64" for r in rows)
+    assert [(r.stack, r.target, r.shard) for r in rest] == [("recipes", "broken", shard.id)]

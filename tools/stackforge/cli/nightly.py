@@ -107,6 +107,7 @@ def register(sub) -> None:
     p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
     p.add_argument("--target", action="append", dest="targets", metavar="T", help="only these targets (repeatable)")
     p.add_argument("--builder", help="buildx builder for the bake and the builds")
+    p.add_argument("--network", help="network for RUN steps of the bake and the builds (e.g. host, as for build)")
     p.add_argument("--no-bake", dest="bake", action="store_false", help="skip the shared bake; build stacks one by one")
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle, as for `stackforge build`")
     add_registry_cache(p)
@@ -251,6 +252,7 @@ def _nightly(args) -> int:
         fail_on=args.fail_on,
         osv_max_age=osv_max_age_of(args) if args.osv else None,
         cache=cache,
+        network=args.network,
     )
     if args.shard:
         ran = run_shard(root_of(args), args.registry, args.shard, options, workspace=workspace_of(args))

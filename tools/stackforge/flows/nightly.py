@@ -284,8 +284,11 @@ class Summary:
         return f"Bake: not run: {_cell(b.get('not_run') or b.get('error') or 'no bake was attempted')}."
 
 
-def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool) -> str | None:
+def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool, network: str | None = None) -> str | None:
     """Why the bake does not run for this selection (None when it runs)."""
+    if loaded and network and use_bake:
+        # buildx reads no RUN-step network from a bake file before 0.14 (its bake target keeps it internal)
+        return f"--network {network}: a bake file does not carry the RUN steps' network; each build runs with it"
     if loaded:
         return None if use_bake else "--no-bake was given"
     if not rows:
@@ -481,6 +484,8 @@ class NightlyOptions:
     units: Mapping[str, list[str]] | None = None
     #: False: publish each image under its immutable tag only (a shard; the merge moves the aliases)
     move_aliases: bool = True
+    #: the RUN steps' network of the bake and every build, e.g. ``host`` to reach an index on the host's loopback
+    network: str | None = None
 
 
 def nightly(
@@ -514,13 +519,14 @@ def nightly(
             f"no nightly stacks in {root / 'stacks'}",
             fix="mark stacks with `nightly: true`, or name them: stackforge nightly STACK…",
         )
-    not_run = bake_not_run(summary.rows, loaded, options.use_bake)
+    not_run = bake_not_run(summary.rows, loaded, options.use_bake, options.network)
     if not_run:
         summary.bake = {"not_run": not_run}
         echo(f"nightly: bake not run: {not_run}")
     recipes = _nightly_recipes(root, summary, echo)
+    use_bake = options.use_bake and not options.network
     try:
-        _bake_and_build(summary, loaded, replace(options, date=date), registry, ws, outdir, recipes)
+        _bake_and_build(summary, loaded, replace(options, date=date, use_bake=use_bake), registry, ws, outdir, recipes)
     except Interrupted as intr:
         # The rows not yet decided say so; the summary is written before the command stops.
         decided = {(r.stack, r.target) for r in summary.rows}
@@ -678,6 +684,7 @@ def _bake_and_build(
         device_uuids=options.device_uuids,
         cache=options.cache,
         move_aliases=options.move_aliases,
+        network=options.network,
     )
     for stack in loaded:
         try:
@@ -694,10 +701,13 @@ def _bake_and_build(
             summary.rows.append(row)
 
 
-def _cache_of(run: NightlyRun, stack: str, target: str) -> dict[str, RegistryCache]:
-    """The build option of one (stack, target)'s registry cache: the bake target's own (none when the night has
-    none)."""
-    return {} if run.cache is None else {"cache": run.cache.for_target(bakemod.target_name(stack, target))}
+def _cache_of(run: NightlyRun, stack: str, target: str) -> dict[str, Any]:
+    """The build options of one (stack, target) as its bake target had them: its registry cache (none when the
+    night has none) and the RUN steps' network."""
+    out: dict[str, Any] = {} if run.network is None else {"network": run.network}
+    if run.cache is not None:
+        out["cache"] = run.cache.for_target(bakemod.target_name(stack, target))
+    return out
 
 
 def _redirect(row: doctor.Check) -> str:
@@ -752,6 +762,7 @@ class NightlyRun:
     cache: RegistryCache | None = None  # the build cache each build imports and exports, as the bake's
     #: False: publish the immutable tags only, never an alias (a shard: the merge moves them for the whole night)
     move_aliases: bool = True
+    network: str | None = None  # the RUN steps' network of the bake and every build (None: the builder's default)
     #: the evidence directories this night named so far: name -> (stack, target)
     evidence_names: dict[str, tuple[str, str]] = field(default_factory=dict)
 

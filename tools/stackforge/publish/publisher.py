@@ -504,7 +504,11 @@ class Publisher:
             "config_digest": config,
             "image_id_matches": config == ours,
         }
-        if config is not None and config != ours and manifest.digest != (self.prepared.digest if self.prepared else None):
+        if (
+            config is not None
+            and config != ours
+            and manifest.digest != (self.prepared.digest if self.prepared else None)
+        ):
             # the same layers and config but BuildKit's cache records (see _same_content): the image id is the one a
             # pull of the tag gives
             verification["same_content"] = True
