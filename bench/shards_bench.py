@@ -105,6 +105,14 @@ def engine_seconds(summary_dir: Path) -> float:
     return total
 
 
+def second_log(night: Path, target: str) -> str:
+    """The build log of the night's row of ``target`` (its evidence, as the merge unpacked it)."""
+    summary = json.loads((night / "summary.json").read_text())
+    (row,) = [r for r in summary["rows"] if r["target"] == target]
+    log = night / (row.get("evidence") or "-") / "build.log"
+    return log.read_text() if log.is_file() else ""
+
+
 def _repo(tmp: Path) -> Path:
     root = tmp / "repo"
     shutil.copytree(BENCH / "stacks", root / "stacks")
@@ -130,6 +138,7 @@ def measure(echo=print) -> list[Result]:
             # the same night in one process, on the shared engine
             with serving() as urls:
                 urls_seen += urls.values()
+                echo(f"shards bench: one process, indexes {', '.join(urls.values())}")
                 one = Night(_repo(tmp / "one"), registry, urls, "one")
                 locals_made.append(one.local)
                 out = tmp / "one-night"
@@ -139,6 +148,7 @@ def measure(echo=print) -> list[Result]:
             # the night in two shards on two engines, then the merge
             with serving() as urls:
                 urls_seen += urls.values()
+                echo(f"shards bench: sharded, indexes {', '.join(urls.values())}")
                 first = Night(_repo(tmp / "first"), registry, urls, "sharded")
                 second = Night(_repo(tmp / "second"), registry, urls, "sharded")
                 second.sets = first.sets  # one night: the same inputs on both hosts
@@ -155,15 +165,15 @@ def measure(echo=print) -> list[Result]:
                 merged = tmp / "sharded-night"
                 first.run("merge", "nightly", "--merge", "--registry", first.registry, "--date", DATE, "--out", str(merged))  # fmt: skip
                 sharded_engine = engine_seconds(merged)
-                ran = buildcache.ran((tmp / "shard-2" / "bake.log").read_text())
+                ran = buildcache.ran(second_log(merged, "cli"))
                 heavy = [s for s in ran if s.startswith(HEAVY)]
                 verdict = json.loads((merged / "summary.json").read_text())["verdict"]
         finally:
             stopped = engine.stop()
             stop_registry()
-            left = buildcache.forget(f"--index-url {url}/" for url in urls_seen)
-            for ref in locals_made:
+            for ref in locals_made:  # first: a record an image still uses cannot be pruned
                 subprocess.run(["docker", "image", "rm", ref, f"{ref}-cli"], capture_output=True)
+            left = buildcache.forget(f"--index-url {url}/" for url in urls_seen)
             echo(f"shards bench: second engine stopped ({stopped.returncode}); this run's build records pruned"
                  + (f" ({len(left)} could not be)" if left else ""))  # fmt: skip
         hosts = first.seconds["shard"] + second.seconds["shard"]

@@ -229,3 +229,24 @@ def test_a_shard_reports_one_row_per_unit_and_a_stack_that_did_not_lint_fails_ea
     ]  # fmt: skip
     assert all(r.shard == shard.id and r.platform == "linux/amd64" for r in rows)
     assert [(r.stack, r.target, r.shard) for r in rest] == [("recipes", "broken", shard.id)]
+
+
+def test_a_shard_result_of_the_wrong_shape_fails_its_rows_instead_of_the_merge(registry, tmp_path, root_spec):
+    root = repo_root(tmp_path, root_spec)
+    client = night(registry)
+    plan = a_plan()
+    _, plan_digest, _ = nightreg.record_plan(client, DATE, plan.model_dump(by_alias=True, mode="json"))
+    shard = plan.shards[0]
+    (unit,) = shard.units
+    good = result(plan_digest, shard.id, [{"stack": unit.stack, "target": unit.target, "status": "published"}])
+    doc = good.data()
+    doc["rows"][0]["tests"] = ["not", "a", "mapping"]  # what a hostile or broken writer could send
+    body = json.dumps(doc).encode()
+    manifest, _ = nightreg._artifact(client, nightreg.SHARD_TYPE, [(nightreg.SHARD_TYPE, body, {})],
+                                     {}, subject=nightreg.plan_subject(client, plan_digest))  # fmt: skip
+    client.put_manifest(nightreg.shard_tag(DATE, shard.id), manifest, "application/vnd.oci.image.manifest.v1+json")
+    summary = merge(
+        root, f"{registry.address}/team", MergeOptions(date=DATE, out=tmp_path / "n", policy=FAST, echo=print)
+    )
+    got = next(r for r in summary.rows if (r.stack, r.target) == (unit.stack, unit.target))
+    assert got.stage == "shard" and "rows[0].tests" in got.reason and summary.exit_code == 1

@@ -97,14 +97,20 @@ class Row(BaseModel):
     target: str
     status: str
     platform: str | None = None
+    shard: str | None = None
     stage: str | None = None
     tag: str | None = None
     digest: Digest | None = None
+    gate: str | None = None
     duration_s: float = Field(0.0, ge=0)
     reason: str | None = None
     evidence: str | None = None
+    overrides: list[str] = Field(default_factory=list)
     smoke: str | None = None
-    scan: JsonValue = None
+    smoke_recipes: dict[str, str] = Field(default_factory=dict)
+    tests: dict[str, str] = Field(default_factory=dict)
+    aliases: dict[str, str] = Field(default_factory=dict)
+    scan: dict[str, JsonValue] | None = None
 
 
 class ShardResult(BaseModel):
