@@ -74,7 +74,8 @@ RULES = [*rules.RULES, check_locks, contract.check]
 
 
 def lint(loaded: LoadedStack) -> list[rules.Finding]:
-    return [finding for rule in RULES for finding in rule(loaded)]
+    """Every rule on every platform line of the stack (``rules.on_lines``)."""
+    return rules.on_lines(loaded, RULES)
 
 
 def lint_or_fail(loaded: LoadedStack) -> None:
