@@ -12,7 +12,7 @@ from stackforge.errors import UserError
 from stackforge.stack import platforms
 from stackforge.stack.load import StackInvalid, fingerprint, load
 from tests.fixtures import facts
-from tests.fixtures.stack_support import make_root, parse_errors, run_cli
+from tests.fixtures.stack_support import RootSpec, make_root, parse_errors, repo_root, run_cli
 
 ARM_TORCH = "platforms.arm64.with.packages.torch.version"
 
@@ -269,3 +269,55 @@ def test_audit_keeps_the_versions_another_line_pins(real):
     assert {"2.11.0.post1", "0.26.0.post1"} <= alone
     assert not {"2.11.0.post1", "0.26.0.post1"} & with_lines
     assert "2.11.0.post1+musa5.2.0" in with_lines  # the x86_64 post1 build itself is still stale
+
+
+# ------------------------------------------------------------------ render: one Dockerfile per platform line
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory):
+    return repo_root(tmp_path_factory.mktemp("multi"), RootSpec(parts=("stacks", "patches")))
+
+
+def test_render_all_platforms_writes_a_dockerfile_per_line(multi, capsys):
+    rc, out, err = run_cli(capsys, multi, "render", "example-multi", "--platform", "all", "--no-sources")
+    assert rc == 0, err
+    own = (multi / "build" / "example-multi" / "Dockerfile").read_text(encoding="utf-8")
+    arm = (multi / "build" / "example-multi@arm64" / "Dockerfile").read_text(encoding="utf-8")
+    assert "FROM stackforge/base:bookworm AS base" in own and "FROM stackforge/base:bookworm-arm64 AS base" in arm
+    assert "stacks/locks/example-multi@arm64/pypi.txt" in arm and "@arm64" not in own
+    assert "platform:   arm64 (linux/arm64)" in out and "platform:   amd64 (linux/amd64)" in out
+    rc, out, _ = run_cli(capsys, multi, "render", "example-multi", "--platform", "all", "--no-sources", "--json")
+    assert rc == 0 and set(json.loads(out)["platforms"]) == {"amd64", "arm64"}
+
+
+def test_render_refuses_a_line_with_unknown_values(multi, capsys):
+    rc, _, err = run_cli(capsys, multi, "render", "post2", "--platform", "arm64", "--no-sources")
+    assert rc == 1
+    (error,) = parse_errors(err)
+    assert (error["file"], error["line"]) == ("stacks/post2.yaml", line_no(multi, "post2", "    unknown:"))
+    assert "platform arm64 (linux/arm64) of stack 'post2' is declared, not buildable" in error["message"]
+    assert not (multi / "build" / "post2@arm64" / "Dockerfile").exists()
+    rc, _, err = run_cli(capsys, multi, "render", "post2", "--platform", "all", "--no-sources")
+    assert rc == 1 and not (multi / "build" / "post2" / "Dockerfile").exists()  # nothing of any line written
+
+
+def test_each_line_has_its_own_lock(multi, capsys, tmp_path):
+    arm_lock = multi / "stacks" / "locks" / "example-multi@arm64" / "pypi.txt"
+    text = arm_lock.read_text(encoding="utf-8")
+    assert "manylinux_2_36_aarch64" in text.splitlines()[0]
+    try:
+        arm_lock.unlink()
+        rc, out, _ = run_cli(capsys, multi, "lint", "example-multi")
+        assert rc == 1
+        assert "lock (platform arm64): index 'pypi' is declared `lock: true` but " in out
+        assert "fix: run: stackforge lock example-multi --platform arm64" in out
+        # the amd64 lock in its place is refused: it was resolved for the other architecture
+        own = (multi / "stacks" / "locks" / "example-multi" / "pypi.txt").read_text(encoding="utf-8")
+        arm_lock.write_text(own, encoding="utf-8")
+        rc, out, _ = run_cli(capsys, multi, "lint", "example-multi")
+        assert rc == 1 and "the lock was resolved for CPython 3.11 on manylinux_2_36_x86_64" in out
+    finally:
+        arm_lock.write_text(text, encoding="utf-8")
+    rc, out, _ = run_cli(capsys, multi, "lock", "--check", "example-multi", "--json")
+    assert rc == 0 and [r.get("platform") for r in json.loads(out)] == [None, "arm64"]

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
+    ALL_PLATFORMS,
     BUILD_DIR_OUT,
     NO_CACHE_HELP,
     add_json,
     add_out,
+    add_platform,
     add_refresh,
     add_registry_cache,
     add_set,
@@ -27,10 +29,12 @@ from stackforge.errors import UserError
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 if TYPE_CHECKING:
+    from stackforge.builder import prepare as prepare_dockerfile
     from stackforge.builder.context import build_dir_for
     from stackforge.builder.gate import run_gate
     from stackforge.builder.run import BuildOptions, build, default_target, prepare, target_ref
 else:
+    prepare_dockerfile = lazy("stackforge.builder.prepare")
     build_dir_for = lazy("stackforge.builder.context", "build_dir_for")
     run_gate = lazy("stackforge.builder.gate", "run_gate")
     BuildOptions = lazy("stackforge.builder.run", "BuildOptions")
@@ -52,7 +56,8 @@ def register(sub) -> None:
         "Dockerfile only; the Dockerfile then has no base image or inputs labels)",
     )
     p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
-    add_json(p, "the build plan")
+    add_platform(p, "render", every=True)
+    add_json(p, "the build plan (with --platform all: {platform line: plan})")
     add_wait(p)
     add_refresh(p)
     add_set(p)
@@ -177,21 +182,43 @@ def add_wait(p) -> None:
 
 
 def cmd_render(args) -> int:
+    loaded = load(args, args.stack)
+    if args.platform != ALL_PLATFORMS:
+        return _render_line(args, loaded)
+    if args.out is not None:
+        raise UserError("--platform all writes one build directory per line; --out names one", fix="drop --out")
+    lines = loaded.platform_lines()
+    for line in lines.values():
+        prepare_dockerfile.buildable(line)  # refused before any line is written
+    if not args.json:
+        return max(_render_line(args, line) for line in lines.values())
+    plans = {}
+    for name, line in lines.items():
+        plans[name] = json.loads(_prepare_line(args, line).ctx.plan.to_json())
+    print(json.dumps({"platforms": plans}, indent=2))
+    return 0
+
+
+def _prepare_line(args, loaded):
+    ws = workspace_of(args)
+    with stack_lock(build_dir_for(loaded, args.out), timeout=args.lock_timeout):
+        return prepare(loaded, ws.engine, out=args.out, sources=not args.no_sources, syntax=args.syntax, workspace=ws)
+
+
+def _render_line(args, loaded) -> int:
     from stackforge.builder.plan import INSTALLER, LABEL_NS
 
-    loaded, ws = load(args, args.stack), workspace_of(args)
     stack = loaded.model
     target = default_target(loaded, args.target)
-    with stack_lock(build_dir_for(loaded, args.out), timeout=args.lock_timeout):
-        prepared = prepare(
-            loaded, ws.engine, out=args.out, sources=not args.no_sources, syntax=args.syntax, workspace=ws
-        )
+    prepared = _prepare_line(args, loaded)
     ctx = prepared.ctx
     if args.json:
         print(ctx.plan.to_json())
         return 0
     plan = ctx.plan
     print(f"stack:      {stack.name} ({plan.fingerprint})")
+    if loaded.line is not None and loaded.line.declared:
+        print(f"platform:   {loaded.line.name} ({loaded.line.oci})")
     print(f"target:     {target} → {target_ref(loaded, target)}")
     print(f"base:       {plan.base_image}")
     for i, ph in enumerate(plan.phases, 1):

@@ -695,7 +695,9 @@ def _platform_lines(stack: Stack, data: dict, values: dict, keys: dict) -> dict[
                     f"platforms.{name}.unknown: '{key}' names no value of the line",
                     "name a key of the stack, e.g. packages.deep_ep, or remove it",
                 )
-        info = lines_of.Line(name, line.arch, line.local, dict(line.unknown), line.builder, declared=True)
+        info = lines_of.Line(
+            name, line.arch, line.local, dict(line.unknown), line.builder, declared=True, own=line.arch == arch
+        )
         out[name] = (model, lvalues, lkeys, info)
     if problems:
         raise StackInvalid(problems)

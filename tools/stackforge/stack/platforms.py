@@ -37,6 +37,13 @@ class Line:
     unknown: dict[str, str] = field(default_factory=dict)
     builder: str | None = None
     declared: bool = False  # written under platforms: (else the stack's one implicit line)
+    own: bool = True  # the stack's own line (its platform.arch): the stack as written
+
+    @property
+    def suffix(self) -> str:
+        """What a line's own files add to the stack's name: nothing for the stack's own line, ``@<line>`` for
+        another (build/post2@arm64/, stacks/locks/post2@arm64/); a stack name holds no ``@``."""
+        return "" if self.own else f"@{self.name}"
 
     @property
     def oci(self) -> str:
