@@ -321,3 +321,44 @@ def test_each_line_has_its_own_lock(multi, capsys, tmp_path):
         arm_lock.write_text(text, encoding="utf-8")
     rc, out, _ = run_cli(capsys, multi, "lock", "--check", "example-multi", "--json")
     assert rc == 0 and [r.get("platform") for r in json.loads(out)] == [None, "arm64"]
+
+
+# ------------------------------------------------------------------ the gate says which machine ran it
+
+
+def test_the_gate_checks_it_runs_on_the_stacks_platform(monkeypatch):
+    import io
+    import platform as host
+
+    from tests.fixtures.image_scripts import load as load_script
+
+    gate = load_script("gate")
+    monkeypatch.setattr(host, "machine", lambda: "aarch64")
+    assert gate.check_machine("aarch64") == (True, "PASS machine aarch64")
+    ok, line = gate.check_machine("x86_64")
+    assert not ok and line == "FAIL machine aarch64 (the gate ran on aarch64; the stack's platform.arch is x86_64)"
+    out = io.StringIO()
+    assert gate.run({"machine": "x86_64"}, out=out) == 1
+    assert out.getvalue().splitlines()[0].startswith("FAIL machine aarch64")
+    out = io.StringIO()
+    assert gate.run({"machine": "aarch64"}, out=out, read_only=True) == 0
+    assert out.getvalue().splitlines()[0] == "read-only: PASS machine aarch64"
+
+
+def test_the_gate_spec_names_the_lines_machine(root):
+    from stackforge.builder.plan import gate_spec
+    from stackforge.builder.run import gate_lines
+
+    lines = load("two", root=root).platform_lines()
+    assert [gate_spec(ln.model)["machine"] for ln in lines.values()] == ["x86_64", "aarch64"]
+    log = "#12 0.41 PASS machine aarch64\n#12 0.52 read-only: PASS machine aarch64\nother\n"
+    assert gate_lines(log) == ["PASS machine aarch64", "read-only: PASS machine aarch64"]
+
+
+def test_a_build_for_a_platform_names_it_to_buildx():
+    from stackforge.clients.engine import BuildCommand
+
+    argv = BuildCommand("ctx", platform="linux/arm64", builder="arm-node").argv()
+    assert argv[:6] == ["docker", "buildx", "--builder", "arm-node", "build", "--progress=plain"]
+    assert argv[6:8] == ["--platform", "linux/arm64"]
+    assert "--platform" not in BuildCommand("ctx").argv()

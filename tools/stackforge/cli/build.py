@@ -109,6 +109,7 @@ def register(sub) -> None:
         help="evidence of the newest N builds is kept per stack (default $STACKFORGE_KEEP_BUILDS or 10); "
         "a build with a publish.json is never deleted",
     )
+    add_platform(p, "build, gate and tag")
     add_out(p, BUILD_DIR_OUT)
     add_json(p, "the outcome (tag, image id, gate lines, evidence directory, duration)")
     add_wait(p)
