@@ -362,3 +362,18 @@ def test_a_build_for_a_platform_names_it_to_buildx():
     assert argv[:6] == ["docker", "buildx", "--builder", "arm-node", "build", "--progress=plain"]
     assert argv[6:8] == ["--platform", "linux/arm64"]
     assert "--platform" not in BuildCommand("ctx").argv()
+
+
+def test_the_abi_check_says_which_machine_resolved_along_which_path(monkeypatch):
+    import io
+    import platform as host
+
+    from tests.fixtures.image_scripts import load as load_script
+
+    abi = load_script("abi")
+    monkeypatch.setattr(host, "machine", lambda: "aarch64")
+    out = io.StringIO()
+    abi.run({"abi": {"packages": ["no-such-dist-here"], "library_path": ["/usr/lib/aarch64-linux-gnu"]}}, out=out)
+    first = out.getvalue().splitlines()[0]
+    assert first.startswith("PASS abi   machine    aarch64 LD_LIBRARY_PATH=")
+    assert "/usr/lib/aarch64-linux-gnu" in first
