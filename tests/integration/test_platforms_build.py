@@ -1,9 +1,11 @@
 """A platform line built and gated on its own platform: example-multi's linux/arm64 line on this engine, under
 emulation when the host is x86_64 (scripts/engine-setup.sh registers the handler), from the arm64 base image
 (scripts/base-image.sh --platform linux/arm64). The gate, the read-only gate and the inventory run in the arm64
-image and say so (``uname -m`` inside: aarch64); the image's config is arm64 and its target runs.
+image and say so (``uname -m`` inside: aarch64); the image's config is arm64 and its target runs. Then both lines
+published under one tag to a loopback registry: an OCI index with a manifest per platform, each with its record and
+SBOM, the alias moved with the index.
 
-Emulated builds are slow on a small host: one build, shared by the module's tests.
+Emulated builds are slow on a small host: one build per line, shared by the module's tests.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.fixtures import run_names
 from tests.fixtures.stack_support import RootSpec, repo_root
 
 REPO = Path(__file__).resolve().parents[2]
 ARM_BASE = "stackforge/base:bookworm-arm64"
-pytestmark = pytest.mark.engine
+DATE = "20261206"
+pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
 
 def stackforge(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -49,14 +53,27 @@ def arm_base() -> str:
 
 
 @pytest.fixture(scope="module")
-def arm_build(tmp_path_factory, arm_base):
+def builds(tmp_path_factory, arm_base, base_image):
+    """Both lines of example-multi built in one root: {line: build outcome}."""
     root = repo_root(tmp_path_factory.mktemp("platforms"), RootSpec(parts=("stacks", "patches")))
-    tag = run_names.image("example-multi", "arm")
-    proc = stackforge(root, "build", "example-multi", "--platform", "arm64", "--set", f"tags.local={tag}", "--json")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    outcome = json.loads(proc.stdout)
-    yield root, outcome
-    subprocess.run(["docker", "image", "rm", "-f", outcome["tag"]], capture_output=True)
+    tag = run_names.image("example-multi", "multi")
+    outcomes = {}
+    try:
+        for line in ("arm64", "amd64"):
+            args = ("build", "example-multi", "--platform", line, "--set", f"tags.local={tag}", "--json")
+            proc = stackforge(root, *args)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            outcomes[line] = json.loads(proc.stdout)
+        yield root, tag, outcomes
+    finally:
+        for outcome in outcomes.values():
+            subprocess.run(["docker", "image", "rm", "-f", outcome["tag"]], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def arm_build(builds):
+    root, _, outcomes = builds
+    return root, outcomes["arm64"]
 
 
 def test_the_arm64_line_is_built_for_arm64_and_tagged_apart(arm_build):
@@ -96,3 +113,72 @@ def test_the_arm64_image_runs_its_target(arm_build):
         timeout=300,
     )
     assert machine.stdout.strip() == "aarch64"
+
+
+# ------------------------------------------------------------------ one tag, one index
+
+
+def manifest(registry: str, repo: str, ref: str) -> requests.Response:
+    accept = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json"
+    return requests.get(f"http://{registry}/v2/{repo}/manifests/{ref}", headers={"Accept": accept}, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def published(builds, registry):
+    root, tag, outcomes = builds
+    ns = run_names.NS
+    args = ("publish", "example-multi", "--platform", "all", "--registry", f"{registry}/{ns}", "--date", DATE,
+            "--set", f"tags.local={tag}", "--json")  # fmt: skip
+    proc = stackforge(root, *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root, json.loads(proc.stdout), f"{ns}/stackforge-example-multi", args
+
+
+def test_the_tag_is_an_index_with_a_manifest_per_platform(published, registry):
+    _, ev, repo, _ = published
+    inspect = subprocess.run(
+        ["docker", "buildx", "imagetools", "inspect", "--raw", f"{registry}/{repo}:{ev['tag']}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert inspect.returncode == 0, inspect.stderr
+    index = json.loads(inspect.stdout)
+    assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    platforms = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]}
+    assert platforms == {
+        "linux/amd64": ev["platforms"]["amd64"]["digest"],
+        "linux/arm64": ev["platforms"]["arm64"]["digest"],
+    }
+    # each platform's manifest is the published form of the image its build gated
+    for line, digest in (("amd64", platforms["linux/amd64"]), ("arm64", platforms["linux/arm64"])):
+        child = manifest(registry, repo, digest).json()
+        assert child["config"]["digest"] == ev["platforms"][line]["image_id"]
+        config = requests.get(f"http://{registry}/v2/{repo}/blobs/{child['config']['digest']}", timeout=10).json()
+        assert config["architecture"] == line
+    assert ev["aliases"] == {"py3.11-latest": "moved"}
+    assert manifest(registry, repo, "py3.11-latest").headers["Docker-Content-Digest"] == ev["digest"]
+
+
+def test_each_platform_has_its_own_record_and_sbom(published):
+    root, ev, _, _ = published
+    for line, build in (("amd64", "example-multi"), ("arm64", "example-multi@arm64")):
+        latest = root / "build" / build / "evidence" / "latest"
+        record = json.loads((latest / "record.json").read_text(encoding="utf-8"))
+        assert record["record"]["digest"] == ev["platforms"][line]["digest"]
+        assert record["record"]["tags"] == [ev["tag"], "py3.11-latest"]
+        assert record["attached"]["fallback_tag"] == "sha256-" + ev["platforms"][line]["digest"].split(":")[1]
+        publish = json.loads((latest / "publish.json").read_text(encoding="utf-8"))
+        assert publish["index"]["digest"] == ev["digest"] and publish["platform"] == f"linux/{line}"
+        gated = json.loads((latest / "result.json").read_text(encoding="utf-8"))["image_id"]
+        assert publish.get("gated_image_id", publish["image_id"]) == gated  # the image this line's gate ran in
+
+
+def test_the_same_images_publish_the_same_index_once(published, registry):
+    root, ev, repo, args = published
+    again = stackforge(root, *args)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["digest"] == ev["digest"]  # the index's bytes depend on its images only
+    assert json.loads(again.stdout)["status"] == "already-published"
+    tags = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=10).json()["tags"]
+    assert [t for t in tags if t.startswith("py3.11-markupsafe")] == [ev["tag"]]

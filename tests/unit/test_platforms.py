@@ -377,3 +377,25 @@ def test_the_abi_check_says_which_machine_resolved_along_which_path(monkeypatch)
     first = out.getvalue().splitlines()[0]
     assert first.startswith("PASS abi   machine    aarch64 LD_LIBRARY_PATH=")
     assert "/usr/lib/aarch64-linux-gnu" in first
+
+
+# ------------------------------------------------------------------ the index
+
+
+def test_the_index_lists_each_platform_once_in_order_and_its_bytes_depend_on_its_images_only():
+    from stackforge.publish.platforms import Child, PreparedIndex, index_body
+
+    amd = Child("linux/amd64", "sha256:" + "a" * 64, 1000, "application/vnd.oci.image.manifest.v1+json")
+    arm = Child("linux/arm64", "sha256:" + "b" * 64, 1001, "application/vnd.oci.image.manifest.v1+json")
+    index = PreparedIndex([amd, arm])
+    doc = json.loads(index.manifest)
+    assert doc["mediaType"] == "application/vnd.oci.image.index.v1+json" and doc["schemaVersion"] == 2
+    assert [(m["platform"]["os"], m["platform"]["architecture"], m["digest"], m["size"]) for m in doc["manifests"]] == [
+        ("linux", "amd64", amd.digest, 1000),
+        ("linux", "arm64", arm.digest, 1001),
+    ]
+    assert PreparedIndex([amd, arm]).digest == index.digest == index.image_id  # same images: same index
+    assert PreparedIndex([amd, Child("linux/arm64", "sha256:" + "c" * 64, 1001, arm.media_type)]).digest != index.digest
+    assert index.size == len(index.manifest) + 2001
+    with pytest.raises(Exception, match="two images for one platform"):
+        index_body([amd, amd])

@@ -149,7 +149,7 @@ def repository_lock(
 
 @dataclass
 class PublishResult:
-    status: str  # "published" | "already-published"
+    status: str  # "published" | "already-published" | "pushed" (by digest only, no tag)
     repository: str
     tag: str
     digest: str
@@ -258,6 +258,9 @@ class Publisher:
     #: called with (manifest digest, image id) once the registry holds the image by digest and before any tag or
     #: alias names it (e.g. attaching signed provenance); its failure fails the publish with no tag written
     before_tag: Callable[[str, str], object] | None = None
+    #: False: push the image by digest only and write no tag (a platform's image under an index, which the index's
+    #: publish tags: publish/platforms.py); the result's status is "pushed" and its tag empty
+    tag_it: bool = True
 
     def __post_init__(self) -> None:
         self.repository = self.client.repository
@@ -380,7 +383,7 @@ class Publisher:
         self.log("tags", count=len(tags), of_date=sorted(self.scheme.revisions(tags, self.date)))
         pre_checked = self.image.image_id is not None
         images = self._published_images()
-        if pre_checked:
+        if pre_checked and self.tag_it:
             # Cheap path: the image id is known without exporting the image (and, for a normalized image, what it
             # was published as last time).
             local = self.image.image_id
@@ -421,7 +424,7 @@ class Publisher:
                     size=img.size,
                     layers_already_in_registry=cache.hits if cache else 0,
                 )
-                if not pre_checked or img.source_id is not None:
+                if self.tag_it and (not pre_checked or img.source_id is not None):
                     # A normalized image's tags were looked at by the local id only: look again by digest.
                     skip = checked if not pre_checked else set()
                     found = self._find_published(tags, img.image_id, img.digest, skip)
@@ -436,6 +439,9 @@ class Publisher:
             images.put(img.source_id, img.digest, img.image_id)
         if self.before_tag is not None:
             self.before_tag(img.digest, img.image_id)
+        if not self.tag_it:
+            self.log("pushed-by-digest", digest=img.digest, size=len(img.manifest), media_type=img.manifest_media_type)
+            return self._result("pushed", "", img.digest, img.image_id, {}, {})
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             outcome = self._tag(img, checked)
             if not isinstance(outcome, _Found):
@@ -831,9 +837,10 @@ def publish(
     extra: dict[str, Any] | None = None,
     during_settle: Callable[[PublishResult], object] | None = None,
     before_tag: Callable[[str, str], object] | None = None,
+    tag_it: bool = True,
 ) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``, as ``options`` say. See the
-    module docstring.
+    module docstring. ``tag_it=False``: push it by digest only (see :class:`Publisher`).
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.
@@ -868,6 +875,7 @@ def publish(
         settle_seconds=options.settle_seconds,
         during_settle=during_settle,
         before_tag=before_tag,
+        tag_it=tag_it,
     )
     try:
         try:
