@@ -182,3 +182,45 @@ def test_the_same_images_publish_the_same_index_once(published, registry):
     assert json.loads(again.stdout)["status"] == "already-published"
     tags = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=10).json()["tags"]
     assert [t for t in tags if t.startswith("py3.11-markupsafe")] == [ev["tag"]]
+
+
+def test_verify_all_platforms_from_an_empty_directory(published, registry, tmp_path):
+    _, ev, repo, _ = published
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    ref = f"{registry}/{repo}:{ev['tag']}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackforge", "verify", ref, "--all-platforms"],
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={k: v for k, v in os.environ.items() if k != "STACKFORGE_ROOT"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"PASS index   {ref} resolves to {ev['digest']}, an index of linux/amd64, linux/arm64"
+    assert f"PASS platform linux/arm64 {registry}/{repo}@{ev['platforms']['arm64']['digest']}" in lines
+    # each image's record names the index's tag; each image's gate re-ran on its own machine
+    assert (
+        sum(line.startswith(f"PASS tag     {ev['tag']} (from the record) resolves to the index") for line in lines) == 2
+    )
+    assert any("PASS machine aarch64" in line for line in lines) and any(
+        "PASS machine x86_64" in line for line in lines
+    )
+    assert lines[-1].startswith(f"verified {ref}: index, 2 platforms, ") and lines[-1].endswith("— 0 failed")
+
+
+def test_verify_and_pull_pick_one_platform(published, registry):
+    root, ev, repo, _ = published
+    ref = f"{registry}/{repo}:{ev['tag']}"
+    proc = stackforge(root, "verify", ref, "--platform", "ppc64le")
+    assert proc.returncode == 1
+    assert "FAIL platform ppc64le: the index holds no image for it (linux/amd64, linux/arm64)" in proc.stdout
+    pulled = stackforge(root, "pull", "example-multi", "--registry", f"{registry}/{run_names.NS}", "--date", DATE,
+                        "--platform", "arm64", "--set", "tags.local=unused/x:y")  # fmt: skip
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert f"PASS platform linux/arm64 {registry}/{repo}@{ev['platforms']['arm64']['digest']}" in pulled.stdout
+    arch = subprocess.run(["docker", "image", "inspect", "--format", "{{.Architecture}}", ref], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    assert arch == "arm64"  # the tag names the platform's image it pulled

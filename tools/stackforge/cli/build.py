@@ -162,6 +162,18 @@ def register(sub) -> None:
                 help="a registry reference: build it again from its record in this checkout (--root), with no "
                 "cache, and say 'identical' or name the first differing layer, file and field",
             )
+            which = p.add_mutually_exclusive_group()
+            which.add_argument(
+                "--platform",
+                metavar="PLATFORM",
+                help="a registry reference that is an index of platforms (`publish --platform all`): check its image "
+                "for PLATFORM (linux/arm64, arm64 or aarch64; default: the engine's own platform)",
+            )
+            which.add_argument(
+                "--all-platforms",
+                action="store_true",
+                help="a registry reference that is an index of platforms: check the image of every platform it lists",
+            )
         p.set_defaults(func=func)
 
 
@@ -352,7 +364,7 @@ def _build_overlay(args, loaded, opts: BuildOptions) -> int:
 
 
 def cmd_verify(args) -> int:
-    from stackforge.builder.verify import image_config, image_labels, local_record, stack_of, verify
+    from stackforge.builder.verify import image_config, image_labels, line_of, local_record, stack_of, verify
     from stackforge.clients.registry import is_remote
 
     engine = workspace_of(args).engine
@@ -362,8 +374,13 @@ def cmd_verify(args) -> int:
         from stackforge.flows.operator import verify_ref
 
         rebuild_from = root_of(args) if args.rebuild else None
-        v = verify_ref(args.image, engine, key=args.key, rebuild_from=rebuild_from)
+        v = verify_ref(args.image, engine, key=args.key, rebuild_from=rebuild_from, platform=args.platform,
+                       all_platforms=args.all_platforms)  # fmt: skip
         return print_verification(args, v, f"verify {args.image}")
+    for flag, given in (("--platform", args.platform), ("--all-platforms", args.all_platforms)):
+        if given:
+            raise UserError(f"{flag} picks the images of a published index: give a registry reference, without "
+                            "--stack", file=flag, fix=f"stackforge verify HOST/NAME:TAG {flag}")  # fmt: skip
     if args.rebuild:
         raise UserError(
             "--rebuild rebuilds a published image from the record attached in the registry: give a registry "
@@ -378,7 +395,7 @@ def cmd_verify(args) -> int:
             fix="stackforge verify HOST/NAME:TAG --key key.pub",
         )
     labels = image_labels(engine, args.image)
-    loaded = load(args, args.stack or stack_of(labels, args.image))
+    loaded = line_of(load(args, args.stack or stack_of(labels, args.image)), engine, args.image)
     stack = loaded.model
     result = verify(loaded, args.image, labels, engine, image_config(engine, args.image))
     kept = local_record(loaded, engine.image_id(args.image))  # the record its build kept, when it was published

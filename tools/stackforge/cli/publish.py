@@ -125,6 +125,12 @@ def register(sub) -> None:
         help="with REPOSITORY holding several tag schemes (stacks, targets, overlays): the one to pull, as the "
         "error lists it (<head>YYYYMMDD-rN<tail>) or what its tags start with before the date",
     )
+    p.add_argument(
+        "--platform",
+        metavar="PLATFORM",
+        help="a tag that is an index of platforms: pull the image of PLATFORM (linux/arm64, arm64 or aarch64; default: "
+        "the engine's own platform)",
+    )
     add_retry(p)
     add_json(p, "the verdict, failure count and lines")
     add_set(p)
@@ -214,7 +220,7 @@ def cmd_pull(args) -> int:
         repository = parse_registry(text, what="REPOSITORY", require_name=True)
         tag, _ = newest_published(RegistryClient(repository, policy=policy), date, args.tags)
     engine = workspace_of(args).engine
-    v = verify_ref(f"{repository}:{tag}", engine, policy)
+    v = verify_ref(f"{repository}:{tag}", engine, policy, platform=args.platform)
     if not v.failed:
         tag_pulled(engine, v.image, f"{repository}:{tag}")
     return print_verification(args, v, f"pull {repository}:{tag}")
