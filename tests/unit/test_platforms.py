@@ -36,6 +36,8 @@ rules:
   trains:
     - {name: torch, members: [torch, torch_musa], agree: [post, local]}
 tags: {local: "two:{{ platform.arch }}"}
+targets:
+  escape: {cmd: [python]}
 platforms:
   amd64: {arch: x86_64, local: musa5.2.0}
   arm64:
@@ -399,3 +401,68 @@ def test_the_index_lists_each_platform_once_in_order_and_its_bytes_depend_on_its
     assert index.size == len(index.manifest) + 2001
     with pytest.raises(Exception, match="two images for one platform"):
         index_body([amd, amd])
+
+
+def test_a_rebuild_builds_the_line_of_the_published_images_platform(tmp_path, monkeypatch):
+    from stackforge.flows import rebuild as rebuild_mod
+    from stackforge.publish.record_schema import PublishRecord
+    from tests.fixtures.records import a_record
+
+    rec = PublishRecord.model_validate(
+        a_record(
+            "sha256:" + "a" * 64, stack="two", stack_files={"two.yaml": {"sha256": "sha256:" + "d" * 64, "text": TWO}}
+        )
+    )
+    checkout = tmp_path / "checkout"
+    (checkout / "stacks").mkdir(parents=True)
+    built = []
+
+    class Stop(Exception):
+        pass
+
+    def build(loaded, opts, engine=None, echo=None):
+        built.append(loaded)
+        raise Stop
+
+    monkeypatch.setattr(rebuild_mod, "build", build)
+    engine = type("E", (), {"image_id": lambda self, ref: None})()
+    for arch, line in (("arm64", "arm64"), ("amd64", "amd64")):
+        client = type(
+            "C",
+            (),
+            {"get_blob": lambda self, d, size=None, a=arch: json.dumps({"os": "linux", "architecture": a}).encode()},
+        )()
+        with pytest.raises(Stop):
+            rebuild_mod.rebuild(
+                rec,
+                checkout,
+                client,
+                "sha256:" + "a" * 64,
+                {"config": {"digest": "sha256:" + "e" * 64, "size": 9}},
+                engine,
+            )
+        assert built[-1].line.name == line and built[-1].model.platform.arch == (
+            "aarch64" if arch == "arm64" else "x86_64"
+        )
+
+
+def test_an_index_is_read_for_its_platforms_and_one_is_picked_by_any_of_its_names():
+    from stackforge.flows.operator import _matches, index_entries
+
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    doc = {
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {"digest": a, "platform": {"os": "linux", "architecture": "amd64"}},
+            {"digest": b, "platform": {"os": "linux", "architecture": "arm64"}},
+            {"digest": b, "annotations": {"vnd.docker.reference.type": "attestation-manifest"}},  # no platform
+            {"digest": "sha256:bad", "platform": {"os": "linux", "architecture": "riscv64"}},  # not a digest
+            {"digest": a, "platform": {"os": "linux;rm", "architecture": "amd64"}},  # not a platform
+        ],
+    }
+    assert index_entries(doc) == [("linux/amd64", a), ("linux/arm64", b)]
+    assert index_entries({"mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}) is None
+    assert [p for p, _ in index_entries(doc) if _matches(p, "aarch64")] == ["linux/arm64"]
+    assert [p for p, _ in index_entries(doc) if _matches(p, "arm64")] == ["linux/arm64"]
+    assert [p for p, _ in index_entries(doc) if _matches(p, "linux/amd64")] == ["linux/amd64"]
+    assert [p for p, _ in index_entries(doc) if _matches(p, "ppc64le")] == []
