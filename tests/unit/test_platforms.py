@@ -466,3 +466,22 @@ def test_an_index_is_read_for_its_platforms_and_one_is_picked_by_any_of_its_name
     assert [p for p, _ in index_entries(doc) if _matches(p, "arm64")] == ["linux/arm64"]
     assert [p for p, _ in index_entries(doc) if _matches(p, "linux/amd64")] == ["linux/amd64"]
     assert [p for p, _ in index_entries(doc) if _matches(p, "ppc64le")] == []
+
+
+def test_diff_shows_platforms_as_rows(root, capsys):
+    moved = TWO.replace("name: two", "name: moved").replace(
+        "torch: {version: 2.11.0.post1+musa5.2.1mp22}", "torch: {version: 2.11.0.post2+musa5.2.1mp22}"
+    )
+    write(root, "moved", moved)
+    rc, out, _ = run_cli(capsys, root, "diff", "two", "moved")
+    assert rc == 0
+    table = out.split("| platform | before | after | note |\n| --- | --- | --- | --- |\n")[1].splitlines()
+    assert table == ["| linux/arm64 torch | 2.11.0.post1+musa5.2.1mp22 | 2.11.0.post2+musa5.2.1mp22 |  |"]
+    write(root, "single2", TWO.split("platforms:\n")[0].replace("name: two", "name: single2"))
+    rc, out, _ = run_cli(capsys, root, "diff", "single2", "two", "--json")
+    assert json.loads(out)["platforms"] == [
+        {"package": "linux/arm64", "before": "—", "after": "+musa5.2.1mp22 line",
+         "note": "added; declared, not buildable: 1 values unknown"}
+    ]  # fmt: skip
+    rc, out, _ = run_cli(capsys, root, "diff", "single2", "single2", "--json")
+    assert "platforms" not in json.loads(out)  # one platform on both sides: the table as it always was

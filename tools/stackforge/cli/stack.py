@@ -299,14 +299,19 @@ def cmd_diff(args) -> int:
         print(d_inv.to_json() if args.json or args.format == "json" else inventory.to_text(d_inv), end="")
         return 0
     select(args, [args.old, args.new])
-    old = load(args, args.old).model
-    new = load(args, args.new).model
-    d = diffmod.diff_stacks(old, new)
+    old_loaded, new_loaded = load(args, args.old), load(args, args.new)
+    d = diffmod.diff_stacks(old_loaded.model, new_loaded.model)
+    d.platforms = diffmod.platform_rows(*(_other_lines(s) for s in (old_loaded, new_loaded)))
     if args.json or args.format == "json":
         print(d.to_json())
     else:
         print(diffmod.to_markdown(d), end="")
     return 0
+
+
+def _other_lines(loaded) -> dict:
+    """{OCI platform: (Stack, Line)} of the stack's platform lines that are not its own."""
+    return {ln.line.oci: (ln.model, ln.line) for ln in loaded.platform_lines().values() if ln.line and not ln.line.own}
 
 
 def cmd_schema(args) -> int:
