@@ -113,7 +113,9 @@ def platform_rows(old_lines: dict[str, Any], new_lines: dict[str, Any]) -> list[
     for platform in [*old_lines, *(p for p in new_lines if p not in old_lines)]:
         before, after = old_lines.get(platform), new_lines.get(platform)
         if before is None or after is None:
-            _, line = after if after is not None else before  # type: ignore[misc]
+            one = after if after is not None else before
+            assert one is not None
+            _, line = one
             label = f"+{line.local} line" if line.local else "line"
             unknown = f"; declared, not buildable: {len(line.unknown)} values unknown" if line.unknown else ""
             rows.append(Row(platform, "—" if before is None else label, label if before is None else "—",
