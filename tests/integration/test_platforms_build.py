@@ -224,3 +224,14 @@ def test_verify_and_pull_pick_one_platform(published, registry):
     arch = subprocess.run(["docker", "image", "inspect", "--format", "{{.Architecture}}", ref], capture_output=True,
                           text=True, check=True).stdout.strip()  # fmt: skip
     assert arch == "arm64"  # the tag names the platform's image it pulled
+
+
+def test_a_copy_of_the_index_verifies_on_every_platform(published, registry):
+    root, ev, repo, _ = published
+    dst = f"{registry}/{run_names.NS}/copied-multi:{ev['tag']}"
+    copied = stackforge(root, "copy", f"{registry}/{repo}:{ev['tag']}", dst)
+    assert copied.returncode == 0, copied.stdout + copied.stderr
+    proc = stackforge(root, "verify", dst, "--all-platforms")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"PASS index   {dst} resolves to {ev['digest']}, an index of linux/amd64, linux/arm64" in proc.stdout
+    assert proc.stdout.count("PASS record  digest=") == 2  # each platform's own record came along
