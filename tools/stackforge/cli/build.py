@@ -263,7 +263,7 @@ def cmd_build(args) -> int:
 
     ws = workspace_of(args)
     lookup, key = _uptodate_keys(args)  # a --no-cache or --refresh build records its answer for a plain one
-    if uptodate.answer(lookup, ws.cache("build")):
+    if uptodate.answer(lookup, ws.cache("build"), ws.builder):
         return 0
     cache = registry_cache_of(args)  # a bad reference fails before anything runs
     loaded = load(args, args.stack)

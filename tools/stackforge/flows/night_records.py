@@ -61,6 +61,9 @@ class SummaryRow(Doc):
     #: the vulnerability gate's verdict (read apart with :class:`Scan`: one the history cannot read does not make the
     #: summary unreadable); None: not scanned
     scan: JsonValue = None
+    #: a sharded night's (``flows/night_merge.py``): the shard that built the row and the row's platform
+    shard: str | None = None
+    platform: str | None = None
 
 
 class NightSummary(Doc):
@@ -80,6 +83,10 @@ class NightSummary(Doc):
     freshness: dict[str, dict[str, JsonValue]] = Field(default_factory=dict)
     drift: dict[str, dict[str, JsonValue]] = Field(default_factory=dict)
     ci: CiRun | None = None
+    #: a sharded night's: each shard of its plan (``status`` reported, missing, unreadable or stale; ``labels``,
+    #: ``rows``, ``duration_s``, ``reason``…) and the merge's own ``duration_s``
+    shards: dict[str, dict[str, JsonValue]] = Field(default_factory=dict)
+    merge: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------------------
