@@ -16,6 +16,10 @@
 #                            A daemon that is already running is used as it is (say modern! to
 #                            replace it anyway). host: never replace the installed engine.
 #   STACKFORGE_ENGINE_SUITE  Debian suite that provides the modern docker.io (default trixie)
+#   STACKFORGE_EMULATE       foreign platforms to run under emulation (default arm64; none: leave binfmt alone):
+#                            as root on Debian, mounts binfmt_misc when it is not, installs qemu-user-static and
+#                            binfmt-support from Debian and registers the handler, so BuildKit builds and runs
+#                            linux/arm64 on an x86_64 host (a native host needs none)
 set -euo pipefail
 
 DOCKERD_LOG=${STACKFORGE_DOCKERD_LOG:-/var/log/stackforge-dockerd.log}
@@ -33,6 +37,10 @@ DEBIAN_MIRROR=${STACKFORGE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # on the daemon's PATH as the daemon starts (a second host's rebuild from gzip layers: 17.8 s to 12.5 s in
 # docs/benchmarks.md); and skopeo, the tag-only copy the copy tests check `verify` against.
 declare -A TOOLS=([docker-registry]=docker-registry [debootstrap]=debootstrap [ccache]=ccache [chromium]=chromium [unpigz]=pigz [skopeo]=skopeo)
+
+EMULATE=${STACKFORGE_EMULATE:-arm64}
+case "$EMULATE" in arm64|none) ;; *) printf 'engine-setup: error: STACKFORGE_EMULATE=%s: use arm64 or none\n' "$EMULATE" >&2; exit 2;; esac
+BINFMT=/proc/sys/fs/binfmt_misc
 
 say() { printf 'engine-setup: %s\n' "$*"; }
 die() { printf 'engine-setup: error: %s\n' "$*" >&2; exit 1; }
@@ -71,14 +79,64 @@ report() {
         /^Driver:/ {printf "driver=%s ", $2}
         /^(Buildkit|BuildKit version):/ {printf "buildkit=%s ", $2}')
     say "builder: ${bk:-?}"
+    say "platforms: $(docker buildx inspect 2>/dev/null | sed -n 's/^Platforms: *//p' | head -n1)"
     local cmd
     for cmd in docker-registry debootstrap ccache chromium unpigz skopeo; do
         if command -v "$cmd" >/dev/null 2>&1; then say "$cmd: $(command -v "$cmd")"; else say "$cmd: not installed"; fi
     done
 }
 
+# ---- emulation of foreign platforms (binfmt_misc + qemu-user-static) ----------------------
+# The handler of a platform this host does not run natively, or nothing when it runs it or emulation is off.
+wanted_handler() {
+    [ "$EMULATE" = arm64 ] && [ "$(uname -m)" != aarch64 ] && echo qemu-aarch64 || true
+}
+handler_ok() { [ -r "$BINFMT/$1" ] && grep -qx enabled "$BINFMT/$1" && grep -q '^flags:.*F' "$BINFMT/$1"; }
+emulators() {
+    local handler
+    handler=$(wanted_handler)
+    [ -n "$handler" ] || return 0
+    if handler_ok "$handler"; then
+        say "emulation: linux/arm64 through $(sed -n 's/^interpreter //p' "$BINFMT/$handler") (binfmt handler $handler, $(grep '^flags:' "$BINFMT/$handler"))"
+        return 0
+    fi
+    if [ "$(id -u)" != 0 ] || ! is_debian; then
+        say "emulation: linux/arm64 is not registered (binfmt handler $handler); as root on Debian this script installs qemu-user-static and binfmt-support and registers it, or build arm64 on a native builder node"
+        return 0
+    fi
+    if [ ! -e "$BINFMT/register" ]; then
+        mount -t binfmt_misc binfmt_misc "$BINFMT" || die "could not mount binfmt_misc on $BINFMT (a container needs it from its host)"
+        say "mounted binfmt_misc on $BINFMT"
+    fi
+    local need=()
+    command -v qemu-aarch64-static >/dev/null 2>&1 || need+=(qemu-user-static)
+    command -v update-binfmts >/dev/null 2>&1 || need+=(binfmt-support)
+    if [ ${#need[@]} -gt 0 ]; then
+        apt_update_once
+        say "apt-get install ${need[*]} (emulation of linux/arm64)"
+        apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    fi
+    # Debian's qemu-user-static declares its handlers with fix_binary (flag F): the interpreter is opened at
+    # registration, so it runs inside containers and chroots that do not hold it.
+    update-binfmts --enable "$handler" >/dev/null 2>&1 || update-binfmts --import "$handler" >/dev/null 2>&1 || true
+    handler_ok "$handler" || die "the binfmt handler $handler is not enabled with flag F after installing qemu-user-static (see $BINFMT/$handler and update-binfmts --display $handler)"
+    say "registered binfmt handler $handler: $(sed -n 's/^interpreter //p' "$BINFMT/$handler") ($(grep '^flags:' "$BINFMT/$handler")); linux/arm64 builds and runs under emulation"
+}
+
+is_debian() { [ -r /etc/debian_version ] && command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; }
+export DEBIAN_FRONTEND=noninteractive
+apt_updated=0
+apt_update_once() {
+    [ "$apt_updated" = 1 ] && return 0
+    say "apt-get update"
+    # Unreachable third-party sources only warn; the install below fails loudly if Debian's do.
+    apt-get update -qq || say "apt-get update reported errors (continuing; install will tell)"
+    apt_updated=1
+}
+
 # ---- fast path: everything already there ------------------------------------------------
 if command -v docker >/dev/null 2>&1 && docker_ok && buildx_ok && [ -z "$(missing_tools)" ] && ! wants_modern; then
+    emulators
     report
     major=$(docker version --format '{{.Server.Version}}' 2>/dev/null | cut -d. -f1)
     if [ "${major:-0}" -lt "$ENGINE_MIN_MAJOR" ] 2>/dev/null; then
@@ -86,8 +144,6 @@ if command -v docker >/dev/null 2>&1 && docker_ok && buildx_ok && [ -z "$(missin
     fi
     exit 0
 fi
-
-is_debian() { [ -r /etc/debian_version ] && command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; }
 
 if [ "$(id -u)" != 0 ] || ! is_debian; then
     # We cannot install here; say exactly what is missing.
@@ -112,15 +168,6 @@ if [ "$(id -u)" != 0 ] || ! is_debian; then
 fi
 
 # ---- root on Debian: install what is missing ---------------------------------------------
-export DEBIAN_FRONTEND=noninteractive
-apt_updated=0
-apt_update_once() {
-    [ "$apt_updated" = 1 ] && return 0
-    say "apt-get update"
-    # Unreachable third-party sources only warn; the install below fails loudly if Debian's do.
-    apt-get update -qq || say "apt-get update reported errors (continuing; install will tell)"
-    apt_updated=1
-}
 
 # A daemon that already runs looked for unpigz when it started: it needs a restart to use one installed now.
 unpigz_late=0
@@ -228,6 +275,7 @@ grep -Eq '^[[:alnum:]_-]+\*?[[:space:]]' <<<"$builders" \
     || die "docker buildx ls shows no builder; run 'docker buildx ls' to see why"
 docker buildx inspect >/dev/null 2>&1 || die "docker buildx inspect fails on the current builder"
 
+emulators
 report
 if [ "$unpigz_late" = 1 ] && command -v unpigz >/dev/null 2>&1; then
     say "note: unpigz was installed while dockerd ran; restart dockerd for its layer pulls and BuildKit to use it"

@@ -425,7 +425,7 @@ def test_list_reports_a_bad_file_as_a_row_and_goes_on(tmp_path, bad_id):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     rows = {line.split()[0]: line.split(None, 1)[1] for line in proc.stdout.splitlines()}
-    assert set(rows) == {"bad", "example", "post1", "post2"}
+    assert set(rows) == {"bad", "example", "example-multi", "post1", "post2"}
     assert rows["bad"].startswith(f"invalid: {status}"), rows["bad"]
     assert rows["post2"] == "MUSA 5.2.0 release train, torch 2.11.0.post2"
     assert not (root / "build").exists()
@@ -434,7 +434,7 @@ def test_list_reports_a_bad_file_as_a_row_and_goes_on(tmp_path, bad_id):
 def test_list_of_good_stacks_exits_0(tmp_path):
     proc = run(make_repo(tmp_path, {}), "list")
     assert (proc.returncode, proc.stderr) == (0, "")
-    assert [line.split()[0] for line in proc.stdout.splitlines()] == ["example", "post1", "post2"]
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == ["example", "example-multi", "post1", "post2"]
 
 
 @pytest.mark.parametrize("override", ["name=post2", "inherits=post1"])
@@ -470,4 +470,4 @@ def test_a_file_name_with_control_characters_is_listed_escaped(tmp_path):
     row = next(line for line in proc.stdout.splitlines() if line.startswith("'x"))
     assert row.startswith("'x\\x1b[2J'") and "invalid: 'x\\x1b[2J' is not a stack name" in row
     proc = run(root, "show", "post3")
-    assert "\x1b" not in proc.stderr and "known stacks: example, post1, post2" in proc.stderr
+    assert "\x1b" not in proc.stderr and "known stacks: example, example-multi, post1, post2" in proc.stderr

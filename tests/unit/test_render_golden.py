@@ -22,7 +22,7 @@ from stackforge.builder import bake, context, run
 from stackforge.builder.prepare import INPUTS_OMITTED, BaseImage, EngineFacts, prepare_dockerfile
 from stackforge.builder.sources import SourceInfo
 from stackforge.clients.workspace import Workspace
-from stackforge.stack.load import load
+from stackforge.stack.load import fingerprint, load
 from stackforge.stack.names import list_stacks
 from tests.fixtures.stack_support import REPO, RootSpec, run_cli
 
@@ -32,7 +32,9 @@ COMMIT_TIME = 1_700_000_000  # 2023-11-14T22:13:20Z
 BASE_CREATED = "2024-02-03T04:05:06.123456789Z"  # as the engine writes it
 BASE_EPOCH = 1_706_933_106
 INPUTS = "org.stackforge.inputs"
-STACKS = ["example", "post1", "post2"]
+STACKS = ["example", "example-multi", "post1", "post2"]
+#: the platform lines that are not their stack's own: each renders its own Dockerfile (docs/build.md)
+LINES = [("example-multi", "arm64")]
 
 
 def check_golden(name: str, text: str, *host_paths: Path) -> None:
@@ -71,6 +73,32 @@ def test_rendered_dockerfile_matches_its_golden_file(tmp_path, name):
     assert f'"org.stackforge.base.id"="{BASE_ID}"' in text
     assert INPUTS not in text and prepared.inputs_omitted == INPUTS_OMITTED
     check_golden(f"dockerfile_{name}.txt", text, tmp_path)
+
+
+@pytest.mark.parametrize(("name", "line"), LINES)
+def test_a_platform_line_renders_its_own_dockerfile(tmp_path, name, line):
+    """A line's Dockerfile is its stack's, built from the line's values: the stack's own Dockerfile with only
+    what the line changes (its base, its lock's hashes header, its fingerprint and stack-file labels)."""
+    loaded = load(name, root=REPO)
+    own, other = loaded.platform_lines()[loaded.line.name], loaded.for_platform(line)
+    texts = []
+    for i, stack in enumerate((own, other)):
+        prepared = prepare_dockerfile(
+            stack,
+            out=tmp_path / str(i),
+            sources=False,
+            engine_facts=fixed_engine_facts,
+            workspace=with_ca_bundle(tmp_path),
+        )
+        texts.append(prepared.ctx.dockerfile.read_text(encoding="utf-8"))
+    check_golden(f"dockerfile_{name}@{line}.txt", texts[1], tmp_path)
+    changed = [(a, b) for a, b in zip(texts[0].splitlines(), texts[1].splitlines()) if a != b]
+    assert len(texts[0].splitlines()) == len(texts[1].splitlines())
+    mark = fingerprint(other.model)
+    assert mark != fingerprint(own.model)
+    assert changed and all(
+        other.model.base.image in b or mark in b or f"stacks/locks/{name}@{line}/" in b for _, b in changed
+    ), changed
 
 
 def ca_lines(flag: str, path: str) -> tuple[str, ...]:

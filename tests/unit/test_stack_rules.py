@@ -24,8 +24,13 @@ RULE_FUNCTIONS = {
     "index": rules.check_indexes,
     "lock": locks.check_locks,
     "runtime": rules.check_runtime,
+    "platform-line": rules.check_line,
     "contract": contract.check,
 }
+
+
+#: the line of post2 that declares its own platform line's label
+POST2_AMD64_LOCAL = locate(REPO / "stacks" / "post2.yaml", "amd64: {arch: x86_64", "local")[0]
 
 
 def child(body: str, parent: str = "post2") -> str:
@@ -45,11 +50,22 @@ BROKEN = [
     ),
     (
         "train-local",
-        child("packages:\n  torchaudio:\n    version: 2.11.0.post2+musa5.3.0\n"),
+        child("packages:\n  torchaudio:\n    version: 2.11.0.post2+musa.3\n"),
         "train",
-        "torchaudio 2.11.0.post2+musa5.3.0 has local label '+musa5.3.0' but train 'torch' uses "
+        "torchaudio 2.11.0.post2+musa.3 has local label '+musa.3' but train 'torch' uses "
         "'+musa5.2.0' (torch 2.11.0.post2+musa5.2.0)",
         "pin the +musa5.2.0 build of torchaudio",
+        5,
+        14,
+    ),
+    (
+        "platform-line",
+        child("packages:\n  flash_mla:\n    version: 0.2.7+musa5.3.0\n"),
+        "platform-line",
+        "flash_mla 0.2.7+musa5.3.0 is a +musa5.3.0 build, but platform line 'amd64' (linux/amd64) is the +musa5.2.0 "
+        f"line (platforms.amd64.local, stacks/post2.yaml:{POST2_AMD64_LOCAL}): the line mixes +musa5.2.0 and "
+        "+musa5.3.0",
+        "pin the +musa5.2.0 build of flash_mla (or, if the line moved to +musa5.3.0, move every pin of it)",
         5,
         14,
     ),
@@ -277,9 +293,20 @@ NOT_FETCHED = (
 UNLOCKED = "index 'pypi' installs without hashes (no lock): {reason} (indexes.pypi.unlocked)"
 
 
+#: what lint says of post2's aarch64 line (and a child's), which declares the values no record states
+UNKNOWN = (
+    "platform arm64 (linux/arm64) is declared, not buildable: no record states packages.torchaudio, "
+    "packages.deep_ep, packages.mate, packages.mate-mubin, … ({n} in all) (platforms.arm64.unknown); render and "
+    "build refuse it"
+)
+
+
 def notes_of(stack: str) -> list[str]:
     reason = load("post1", root=REPO).model.indexes["pypi"].unlocked
-    return [NOT_FETCHED.format(stack=stack), UNLOCKED.format(reason=reason)]
+    lines = (
+        [] if stack == "post1" else [UNKNOWN.format(n=len(load("post2", root=REPO).model.platforms["arm64"].unknown))]
+    )
+    return [NOT_FETCHED.format(stack=stack), UNLOCKED.format(reason=reason), *lines]
 
 
 def not_fetched(*stacks: str) -> str:

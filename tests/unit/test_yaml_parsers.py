@@ -41,7 +41,7 @@ def test_both_parsers_give_the_same_data_and_positions(monkeypatch, path):
     slow = _load_with(monkeypatch, (yamlsrc._SafeLimited,), path)
     assert fast.data == slow.data
     assert fast.values == slow.values and fast.keys == slow.keys
-    assert len(fast.values) > 20
+    assert len(fast.values) > 15  # every stack file holds values (a child stack only what it changes)
 
 
 @pytest.mark.parametrize(

@@ -83,8 +83,9 @@ class Context:
 
 
 def build_dir_for(loaded: LoadedStack, out: Path | None = None) -> Path:
-    """``out``, or build/<stack>/ in the stack's repository."""
-    return Path(out) if out else loaded.root / "build" / loaded.name
+    """``out``, or build/<stack>/ in the stack's repository (build/<stack>@<line>/ for a platform line that is not
+    the stack's own)."""
+    return Path(out) if out else loaded.root / "build" / (loaded.name + (loaded.line.suffix if loaded.line else ""))
 
 
 def assemble(

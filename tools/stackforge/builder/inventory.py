@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from stackforge import safeio
 from stackforge.builder.render import images_dir
@@ -53,6 +53,8 @@ class Inventory(_Model):
 
     dists: list[Dist]
     phases: list[Phase] = []
+    #: ``uname -m`` where the inventory was taken: the machine of the image's platform (absent in older images)
+    machine: str | None = Field(None, max_length=32, pattern=r"^[A-Za-z0-9_.-]+$")
 
 
 def parse(data: bytes | str, *, source: str | Path) -> dict[str, Any]:

@@ -71,12 +71,20 @@ DEPS = "-deps"  # the key of a vendor's dependency lock: "<vendor>-deps" (the na
 
 
 def lock_path(loaded: LoadedStack, index: str) -> Path:
-    """``<index>.txt``; for the key ``<vendor>-deps``, the vendor wheels' dependency lock ``<vendor>.deps.txt``."""
+    """``<index>.txt``; for the key ``<vendor>-deps``, the vendor wheels' dependency lock ``<vendor>.deps.txt``; in
+    stacks/locks/<stack>/ (stacks/locks/<stack>@<line>/ for a platform line that is not the stack's own: each
+    architecture resolves on its own)."""
     stack = loaded.model
-    folder = loaded.root / "stacks" / "locks" / stack.name
+    folder = loaded.root / "stacks" / "locks" / (stack.name + (loaded.line.suffix if loaded.line else ""))
     if index.endswith(DEPS) and index[: -len(DEPS)] in stack.indexes and index not in stack.indexes:
         return folder / f"{index[: -len(DEPS)]}.deps.txt"
     return folder / f"{index}.txt"
+
+
+def lock_command(loaded: LoadedStack) -> str:
+    """The command that writes the stack's locks (with ``--platform`` for a line that is not the stack's own)."""
+    line = loaded.line
+    return f"stackforge lock {loaded.model.name}" + (f" --platform {line.name}" if line and not line.own else "")
 
 
 def vendor_names(stack: Stack) -> dict[str, str]:
@@ -247,7 +255,7 @@ def verify_lock(loaded: LoadedStack, index: str, lock: Lock, rel: str) -> None:
     another index of the stack provides; a vendor's dependency lock (``<vendor>-deps``) only packages its
     pins require, and no pin of the stack."""
     stack = loaded.model
-    fix_name = stack.name
+    fix_name = lock_command(loaded).removeprefix("stackforge lock ")
     deps_of = index[: -len(DEPS)] if index not in stack.indexes and index.endswith(DEPS) else None
     made = TARGET.search(lock.text.split("\n", 1)[0])
     if made and made.group(1) != resolve.Target.of(stack).describe():
@@ -315,7 +323,7 @@ def confined(loaded: LoadedStack, path: Path, rel: str) -> Path:
             f"{printable(stacks)}; it is neither "
             "read nor written",
             file=rel,
-            fix=f"replace the link with the lock file itself (run: stackforge lock {loaded.model.name})",
+            fix=f"replace the link with the lock file itself (run: {lock_command(loaded)})",
         )
     return path
 
@@ -353,7 +361,7 @@ def read_locks(loaded: LoadedStack) -> dict[str, Lock]:
                 raise UserError(
                     f"index '{index}' is declared `lock: true` but its lock file is missing; nothing was built",
                     file=str(lock_path(loaded, key).relative_to(loaded.root)),
-                    fix=f"run: stackforge lock {stack.name} (or restore the file from version control)",
+                    fix=f"run: {lock_command(loaded)} (or restore the file from version control)",
                 )
             continue
         out[key] = lock
@@ -452,7 +460,7 @@ def lock_public(
     held = f"; the {len(vendors)} vendor pins held at their exact versions and left out" if vendors else ""
     head = (
         f"# Lock of the '{index}' requirements of stack '{stack.name}' {kind}, made by "
-        f"`stackforge lock {stack.name}`\n# (uv's resolver against {redact(url)}{held}). Do not edit.\n"
+        f"`{lock_command(loaded)}`\n# (uv's resolver against {redact(url)}{held}). Do not edit.\n"
         + reqlocks.header(stack, index, inputs)
         + held_block(stack, index)
     )
@@ -463,7 +471,7 @@ def lock_public(
         taken |= set(mine)
         texts[vendor + DEPS] = (
             f"# Lock of the dependencies of the '{vendor}' wheels of stack '{stack.name}' {kind}, from index "
-            f"'{index}',\n# made by `stackforge lock {stack.name}` in the same resolution as {index}.txt. "
+            f"'{index}',\n# made by `{lock_command(loaded)}` in the same resolution as {index}.txt. "
             "Do not edit.\n" + held_block(stack, index) + "".join(_entry_text(nodes[n], via[n]) for n in mine)
         )
     for name in sorted(taken):
@@ -485,7 +493,7 @@ def lock_vendor(loaded: LoadedStack, index: str, workspace: Workspace | None = N
     idx = stack.indexes[index]
     client = IndexClient(idx.url, credential=ws.index_credential(loaded, index))
     lines = [
-        f"# Lock of the '{index}' pins of stack '{stack.name}', made by `stackforge lock {stack.name}`\n"
+        f"# Lock of the '{index}' pins of stack '{stack.name}', made by `{lock_command(loaded)}`\n"
         f"# from the index's own file hashes ({redact(idx.url)}). Do not edit.\n"
     ]
     for name, pkg in stack.packages.items():
@@ -721,7 +729,7 @@ def check_stack(
                     None,
                     f"index '{index}' (public) installs without hashes: it has no lock and no "
                     f"indexes.{index}.unlocked reason",
-                    f"run: stackforge lock {stack.name}, or declare indexes.{index}.unlocked: <why it cannot be "
+                    f"run: {lock_command(loaded)}, or declare indexes.{index}.unlocked: <why it cannot be "
                     "locked> in the stack",
                 )
             )
@@ -765,7 +773,7 @@ def unlocked_notes(loaded: LoadedStack) -> list[str]:
         else:
             out.append(
                 f"note: index '{index}' of {stack.name} has no lock: its phase installs without hashes "
-                f"(run: stackforge lock {stack.name})"
+                f"(run: {lock_command(loaded)})"
             )
     return out
 
@@ -786,7 +794,7 @@ def check_locks(loaded: LoadedStack) -> list[Finding]:
                     "lock",
                     err.message.removesuffix("; the lock was not used"),
                     ("indexes", name, "lock"),
-                    err.fix or f"run: stackforge lock {stack.name}",
+                    err.fix or f"run: {lock_command(loaded)}",
                     file=str(err.file or path.relative_to(loaded.root).as_posix()),
                     line=err.line,
                 )
@@ -799,7 +807,7 @@ def check_locks(loaded: LoadedStack) -> list[Finding]:
                     "lock",
                     f"index '{name}' is declared `lock: true` but {rel} is missing",
                     ("indexes", name, "lock"),
-                    f"run: stackforge lock {stack.name} (or restore {rel} from version control)",
+                    f"run: {lock_command(loaded)} (or restore {rel} from version control)",
                 )
             )
     return out

@@ -176,6 +176,7 @@ def pip_check_allow(stack: Stack) -> list[dict]:
 def gate_spec(stack: Stack) -> dict:
     return {
         "stack": stack.name,
+        "machine": stack.platform.arch,
         "python": stack.platform.python,
         "packages": [
             {"name": n, "dist": n, "import": p.import_name, "mode": p.gate, "version": p.version}

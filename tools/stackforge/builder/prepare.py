@@ -74,10 +74,29 @@ RULES = [*rules.RULES, check_locks, contract.check]
 
 
 def lint(loaded: LoadedStack) -> list[rules.Finding]:
-    return [finding for rule in RULES for finding in rule(loaded)]
+    """Every rule on every platform line of the stack (``rules.on_lines``)."""
+    return rules.on_lines(loaded, RULES)
+
+
+def buildable(loaded: LoadedStack) -> None:
+    """Refuse a platform line that declares values no record states (``platforms.<line>.unknown``)."""
+    line = loaded.line
+    if line is None or not line.unknown:
+        return
+    at = ("platforms", line.name, "unknown")
+    shown = "; ".join(f"{key}: {why}" for key, why in list(line.unknown.items())[:3])
+    more = f"; … ({len(line.unknown)} in all)" if len(line.unknown) > 3 else ""
+    raise BuildFailed(
+        f"platform {line.name} ({line.oci}) of stack '{loaded.name}' is declared, not buildable: no record states "
+        f"{shown}{more}; nothing was rendered or built",
+        **(loaded.keypositions.get(at) or loaded.position(at)).as_error_kwargs(),
+        fix=f"pin those values for the line under platforms.{line.name}.with and drop them from "
+        f"platforms.{line.name}.unknown",
+    )
 
 
 def lint_or_fail(loaded: LoadedStack) -> None:
+    buildable(loaded)
     stack = loaded.model
     for key in lock_keys(stack):
         try:

@@ -38,7 +38,7 @@ from stackforge.urls import redact_text
 
 GATE_LINE = re.compile(
     r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) "
-    r"(?:python|import|meta  |probe |write |link  |abi  |patch |requires|pip   ) .*"
+    r"(?:machine|python|import|meta  |probe |write |link  |abi  |patch |requires|pip   ) .*"
     r"|gate result: .*)|abi result: .*)$"
 )
 
@@ -265,6 +265,7 @@ def build(
     target = default_target(loaded, opts.target)
     ref = target_ref(loaded, target)
     engine = engine or ws.engine
+    line = loaded.line  # a declared platform line builds for its platform, on its builder when it names one
     info = engine.check()
     prepared = prepare(loaded, engine, out=opts.out, syntax=opts.syntax, workspace=ws)
     ctx, labels, build_args = prepared.ctx, prepared.labels, prepared.build_args
@@ -285,6 +286,8 @@ def build(
                 result = engine.build(
                     ctx.context_dir,
                     ctx.dockerfile,
+                    platform=line.oci if line is not None and line.declared else None,
+                    builder=engine.builder or (line.builder if line is not None else None),
                     target=target,
                     tags=[ref],
                     build_args=build_args,

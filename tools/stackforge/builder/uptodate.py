@@ -64,6 +64,7 @@ OPTIONS = frozenset(
         "cache_from",
         "cache_to",
         "registry_cache",
+        "platform",
     }
 )
 #: options that must be at their default for an answer: each asks for work a record cannot stand for

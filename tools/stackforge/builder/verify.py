@@ -52,6 +52,8 @@ class Verification:
 
 #: a verification line's first word -> what the summary calls it, and whether it counts distinct names
 KINDS = {
+    "index": ("index", False),
+    "platform": ("platforms", True),
     "digest": ("digest", False),
     "record": ("record", False),
     "tag": ("tag", False),
@@ -183,6 +185,18 @@ def image_labels(engine: Engine, image: str) -> dict[str, str]:
 def image_config(engine: Engine, image: str) -> dict[str, Any]:
     """The image's ``Config`` (labels, Env, WorkingDir, Cmd, Entrypoint) as the engine reports it."""
     return dict(engine.sdk().images.get(image).attrs.get("Config") or {})
+
+
+def line_of(loaded: LoadedStack, engine: Engine, image: str) -> LoadedStack:
+    """The platform line of ``loaded`` the image was built for (by its config's OS and architecture): an arm64 image
+    is checked against the arm64 line's pins, fingerprint and machine. A stack with no line of that platform is
+    checked as it is: its fingerprint and gate say the image is not its."""
+    attrs = engine.sdk().images.get(image).attrs
+    platform = f"{attrs.get('Os') or 'linux'}/{attrs.get('Architecture') or ''}"
+    try:
+        return loaded.for_platform(platform)
+    except UserError:
+        return loaded
 
 
 def stack_of(labels: dict[str, str], image: str) -> str:

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
 from stackforge.cli.options import (
+    ALL_PLATFORMS,
     BUILD_DIR_OUT,
     NO_CACHE_HELP,
     add_json,
     add_out,
+    add_platform,
     add_refresh,
     add_registry_cache,
     add_set,
@@ -27,10 +29,12 @@ from stackforge.errors import UserError
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 if TYPE_CHECKING:
+    from stackforge.builder import prepare as prepare_dockerfile
     from stackforge.builder.context import build_dir_for
     from stackforge.builder.gate import run_gate
     from stackforge.builder.run import BuildOptions, build, default_target, prepare, target_ref
 else:
+    prepare_dockerfile = lazy("stackforge.builder.prepare")
     build_dir_for = lazy("stackforge.builder.context", "build_dir_for")
     run_gate = lazy("stackforge.builder.gate", "run_gate")
     BuildOptions = lazy("stackforge.builder.run", "BuildOptions")
@@ -52,7 +56,8 @@ def register(sub) -> None:
         "Dockerfile only; the Dockerfile then has no base image or inputs labels)",
     )
     p.add_argument("--syntax", help="add a `# syntax=` line (e.g. docker/dockerfile:1.7); off by default")
-    add_json(p, "the build plan")
+    add_platform(p, "render", every=True)
+    add_json(p, "the build plan (with --platform all: {platform line: plan})")
     add_wait(p)
     add_refresh(p)
     add_set(p)
@@ -104,6 +109,7 @@ def register(sub) -> None:
         help="evidence of the newest N builds is kept per stack (default $STACKFORGE_KEEP_BUILDS or 10); "
         "a build with a publish.json is never deleted",
     )
+    add_platform(p, "build, gate and tag")
     add_out(p, BUILD_DIR_OUT)
     add_json(p, "the outcome (tag, image id, gate lines, evidence directory, duration)")
     add_wait(p)
@@ -156,6 +162,18 @@ def register(sub) -> None:
                 help="a registry reference: build it again from its record in this checkout (--root), with no "
                 "cache, and say 'identical' or name the first differing layer, file and field",
             )
+            which = p.add_mutually_exclusive_group()
+            which.add_argument(
+                "--platform",
+                metavar="PLATFORM",
+                help="a registry reference that is an index of platforms (`publish --platform all`): check its image "
+                "for PLATFORM (linux/arm64, arm64 or aarch64; default: the engine's own platform)",
+            )
+            which.add_argument(
+                "--all-platforms",
+                action="store_true",
+                help="a registry reference that is an index of platforms: check the image of every platform it lists",
+            )
         p.set_defaults(func=func)
 
 
@@ -177,21 +195,43 @@ def add_wait(p) -> None:
 
 
 def cmd_render(args) -> int:
+    loaded = load(args, args.stack)
+    if args.platform != ALL_PLATFORMS:
+        return _render_line(args, loaded)
+    if args.out is not None:
+        raise UserError("--platform all writes one build directory per line; --out names one", fix="drop --out")
+    lines = loaded.platform_lines()
+    for line in lines.values():
+        prepare_dockerfile.buildable(line)  # refused before any line is written
+    if not args.json:
+        return max(_render_line(args, line) for line in lines.values())
+    plans = {}
+    for name, line in lines.items():
+        plans[name] = json.loads(_prepare_line(args, line).ctx.plan.to_json())
+    print(json.dumps({"platforms": plans}, indent=2))
+    return 0
+
+
+def _prepare_line(args, loaded):
+    ws = workspace_of(args)
+    with stack_lock(build_dir_for(loaded, args.out), timeout=args.lock_timeout):
+        return prepare(loaded, ws.engine, out=args.out, sources=not args.no_sources, syntax=args.syntax, workspace=ws)
+
+
+def _render_line(args, loaded) -> int:
     from stackforge.builder.plan import INSTALLER, LABEL_NS
 
-    loaded, ws = load(args, args.stack), workspace_of(args)
     stack = loaded.model
     target = default_target(loaded, args.target)
-    with stack_lock(build_dir_for(loaded, args.out), timeout=args.lock_timeout):
-        prepared = prepare(
-            loaded, ws.engine, out=args.out, sources=not args.no_sources, syntax=args.syntax, workspace=ws
-        )
+    prepared = _prepare_line(args, loaded)
     ctx = prepared.ctx
     if args.json:
         print(ctx.plan.to_json())
         return 0
     plan = ctx.plan
     print(f"stack:      {stack.name} ({plan.fingerprint})")
+    if loaded.line is not None and loaded.line.declared:
+        print(f"platform:   {loaded.line.name} ({loaded.line.oci})")
     print(f"target:     {target} → {target_ref(loaded, target)}")
     print(f"base:       {plan.base_image}")
     for i, ph in enumerate(plan.phases, 1):
@@ -324,7 +364,7 @@ def _build_overlay(args, loaded, opts: BuildOptions) -> int:
 
 
 def cmd_verify(args) -> int:
-    from stackforge.builder.verify import image_config, image_labels, local_record, stack_of, verify
+    from stackforge.builder.verify import image_config, image_labels, line_of, local_record, stack_of, verify
     from stackforge.clients.registry import is_remote
 
     engine = workspace_of(args).engine
@@ -334,8 +374,13 @@ def cmd_verify(args) -> int:
         from stackforge.flows.operator import verify_ref
 
         rebuild_from = root_of(args) if args.rebuild else None
-        v = verify_ref(args.image, engine, key=args.key, rebuild_from=rebuild_from)
+        v = verify_ref(args.image, engine, key=args.key, rebuild_from=rebuild_from, platform=args.platform,
+                       all_platforms=args.all_platforms)  # fmt: skip
         return print_verification(args, v, f"verify {args.image}")
+    for flag, given in (("--platform", args.platform), ("--all-platforms", args.all_platforms)):
+        if given:
+            raise UserError(f"{flag} picks the images of a published index: give a registry reference, without "
+                            "--stack", file=flag, fix=f"stackforge verify HOST/NAME:TAG {flag}")  # fmt: skip
     if args.rebuild:
         raise UserError(
             "--rebuild rebuilds a published image from the record attached in the registry: give a registry "
@@ -350,7 +395,7 @@ def cmd_verify(args) -> int:
             fix="stackforge verify HOST/NAME:TAG --key key.pub",
         )
     labels = image_labels(engine, args.image)
-    loaded = load(args, args.stack or stack_of(labels, args.image))
+    loaded = line_of(load(args, args.stack or stack_of(labels, args.image)), engine, args.image)
     stack = loaded.model
     result = verify(loaded, args.image, labels, engine, image_config(engine, args.image))
     kept = local_record(loaded, engine.image_id(args.image))  # the record its build kept, when it was published

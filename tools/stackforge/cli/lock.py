@@ -6,7 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
-from stackforge.cli.options import add_json, add_set, load, print_json, workspace_of
+from stackforge.cli.options import add_json, add_platform, add_set, load, print_json, workspace_of
 from stackforge.errors import UserError
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ def register(sub) -> None:
         help="with --check: also export and patch the upstreams (cache or remote) and compare each requirement "
         "file's digest with the lock's header",
     )
+    add_platform(p, "lock (stacks/locks/<stack>@<line>/ for a line that is not the stack's own)")
     add_json(p, "the lock files written (with --check: the locks checked and the stale ones)")
     add_set(p)
     p.set_defaults(func=cmd_lock)
@@ -79,8 +80,11 @@ def _check(args) -> int:
                     file="--index",
                     fix=f"use one of: {', '.join(loaded.model.indexes)}",
                 )
+    if not args.platform:  # every platform line of each stack, each with its own locks
+        loaded_all = [line for loaded in loaded_all for line in loaded.platform_lines().values()]
     report = []
     failed = False
+    said: set[str] = set()  # a note of a stack's index, once for all its lines
     for loaded in loaded_all:
         checked, stale, notes = check_stack(loaded, args.sources, workspace_of(args), args.index)
         failed = failed or bool(stale)
@@ -88,6 +92,7 @@ def _check(args) -> int:
         report.append(
             {
                 "stack": loaded.name,
+                **({"platform": loaded.line.name} if loaded.line and not loaded.line.own else {}),
                 "checked": rels,
                 "stale": [{"file": s.rel, "line": s.line, "message": s.message} for s in stale],
             }
@@ -95,7 +100,9 @@ def _check(args) -> int:
         if args.json:
             continue
         for note in notes:
-            print(note, file=sys.stderr)
+            if note not in said:
+                print(note, file=sys.stderr)
+            said.add(note)
         for s in stale:
             print(s.render(loaded.name), file=sys.stderr)
         bad = {s.rel for s in stale}
@@ -103,7 +110,8 @@ def _check(args) -> int:
             if rel not in bad:
                 print(f"current: {rel}")
         if not rels and not stale:
-            print(f"{loaded.name}: no lock files (stacks/locks/{loaded.name}/)")
+            folder = loaded.name + (loaded.line.suffix if loaded.line else "")
+            print(f"{loaded.name}: no lock files (stacks/locks/{folder}/)")
     if args.json:
         print_json(report if len(report) > 1 else report[0])
     return 1 if failed else 0

@@ -219,7 +219,24 @@ def load(args, name: str, read: Document | None = None) -> LoadedStack:
     its document as already read, see ``stack.load.load``)."""
     from stackforge.stack.load import load as load_stack_file
 
-    return load_stack_file(name, root=root_of(args), overrides=overrides_for(args, name), read=read)
+    loaded = load_stack_file(name, root=root_of(args), overrides=overrides_for(args, name), read=read)
+    which = getattr(args, "platform", None)
+    return loaded.for_platform(which) if which and which != ALL_PLATFORMS else loaded
+
+
+#: ``--platform all``: every platform line of the stack
+ALL_PLATFORMS = "all"
+
+
+def add_platform(parser: argparse.ArgumentParser, what: str, every: bool = False) -> None:
+    """``--platform NAME``: the platform line of the stack the verb works on (its name, e.g. arm64, its OCI
+    platform linux/arm64 or its architecture aarch64); default: the stack's own (its platform.arch)."""
+    parser.add_argument(
+        "--platform",
+        metavar="NAME",
+        help=f"{what} the stack's platform line NAME (arm64, linux/arm64 or aarch64; default: the stack's own, its "
+        "platform.arch)" + (f"; {ALL_PLATFORMS}: every line, one after the other" if every else ""),
+    )
 
 
 def add_refresh(parser: argparse.ArgumentParser) -> None:

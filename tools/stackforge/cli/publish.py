@@ -90,6 +90,13 @@ def register(sub) -> None:
         "one level gives one blob on every host of a CPU architecture",
     )
     add_retry(p)
+    p.add_argument(
+        "--platform",
+        choices=["all"],
+        help="all: publish every platform line of the stack (each built with `build --platform LINE`) under one tag, "
+        "as an OCI image index with a manifest per platform, each with its own record, signature and SBOM; the "
+        "aliases move only when every platform passed",
+    )
     add_json(p, "the evidence record")
     add_set(p)
     p.set_defaults(func=cmd_publish)
@@ -117,6 +124,12 @@ def register(sub) -> None:
         metavar="PATTERN",
         help="with REPOSITORY holding several tag schemes (stacks, targets, overlays): the one to pull, as the "
         "error lists it (<head>YYYYMMDD-rN<tail>) or what its tags start with before the date",
+    )
+    p.add_argument(
+        "--platform",
+        metavar="PLATFORM",
+        help="a tag that is an index of platforms: pull the image of PLATFORM (linux/arm64, arm64 or aarch64; default: "
+        "the engine's own platform)",
     )
     add_retry(p)
     add_json(p, "the verdict, failure count and lines")
@@ -207,7 +220,7 @@ def cmd_pull(args) -> int:
         repository = parse_registry(text, what="REPOSITORY", require_name=True)
         tag, _ = newest_published(RegistryClient(repository, policy=policy), date, args.tags)
     engine = workspace_of(args).engine
-    v = verify_ref(f"{repository}:{tag}", engine, policy)
+    v = verify_ref(f"{repository}:{tag}", engine, policy, platform=args.platform)
     if not v.failed:
         tag_pulled(engine, v.image, f"{repository}:{tag}")
     return print_verification(args, v, f"pull {repository}:{tag}")
@@ -236,6 +249,9 @@ def cmd_publish(args) -> int:
         echo=stderr_echo,
     )
     common = dict(date=args.date, out=args.out, allow_ungated=args.allow_ungated, workspace=workspace_of(args))
+    if args.overlay and args.platform:
+        raise UserError("--platform: an overlay publishes the one image it was built as", file="--platform",
+                        fix="leave out --platform")  # fmt: skip
     if args.overlay:
         from stackforge.overlay.load import load_overlay
         from stackforge.overlay.publish import publish_overlay
@@ -245,6 +261,16 @@ def cmd_publish(args) -> int:
                 "--target: an overlay publishes the image it was built as", file="--target", fix="leave out --target"
             )
         result = publish_overlay(loaded, load_overlay(loaded.root, args.overlay), args.registry, options, **common)
+    elif args.platform == "all":
+        from stackforge.publish.stack import publish_platforms
+
+        both = publish_platforms(loaded, args.registry, options, target=args.target, **common)
+        if args.json:
+            print_json(both.evidence())
+            return 0
+        result = both.index
+        for name, child in both.platforms.items():
+            print(f"platform:  {name} {child.repository}@{child.digest}")
     else:
         result = publish_stack(loaded, args.registry, options, target=args.target, **common)
     if args.json:

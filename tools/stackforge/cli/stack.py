@@ -16,6 +16,7 @@ from stackforge.urls import redact_text
 if TYPE_CHECKING:
     from stackforge.builder import agree, locks, prepare, waivers
     from stackforge.stack import diff as diffmod
+    from stackforge.stack import platforms as lines_of
     from stackforge.stack import rules, tags
     from stackforge.stack.load import fingerprint, resolved
 else:
@@ -25,6 +26,7 @@ else:
     waivers = lazy("stackforge.builder.waivers")
     diffmod = lazy("stackforge.stack.diff")
     rules = lazy("stackforge.stack.rules")
+    lines_of = lazy("stackforge.stack.platforms")
     tags = lazy("stackforge.stack.tags")
     fingerprint = lazy("stackforge.stack.load", "fingerprint")
     resolved = lazy("stackforge.stack.load", "resolved")
@@ -148,6 +150,7 @@ def cmd_show(args) -> int:
         "local_tag": str(loaded.resolved.local),
         "labels": loaded.resolved.labels,
         "fingerprint": fingerprint(stack),
+        "platforms": [_line_info(line) for line in loaded.platform_lines().values()],
     }
     if args.json:
         print(json.dumps(info, indent=2))
@@ -164,6 +167,14 @@ def cmd_show(args) -> int:
         + (f" musa {p.musa} (runtime {p.musa_runtime})" if p.musa else "")
         + (f" gpu {','.join(p.gpu_arch)}" if p.gpu_arch else "")
     )
+    for row in info["platforms"]:
+        print(
+            f"platform line: {row['name']} {row['platform']}"
+            + (f" +{row['local']}" if row.get("local") else "")
+            + f" python {row['python']}"
+            + (f" musa {row['musa']}" if row.get("musa") else "")
+            + (f" ({len(row['unknown'])} values unknown: not buildable)" if row.get("unknown") else "")
+        )
     print(f"base:         {stack.base.image}")
     for name, idx in stack.indexes.items():
         print(f"index:        {name} ({idx.role}) {idx.url}")
@@ -181,6 +192,22 @@ def cmd_show(args) -> int:
     for name, pkg in stack.packages.items():
         print(f"  {name:<{width}}  {pkg.version:<36} {pkg.index:<10} gate={pkg.gate}")
     return 0
+
+
+def _line_info(line) -> dict:
+    """One platform line as `show` prints it: its platform, label, what differs and its own fingerprint."""
+    model = line.model
+    info = line.line.as_json() if line.line else {}
+    unknown = line.line.unknown if line.line else {}
+    pins = {n: "unknown" if lines_of.covers(unknown, ("packages", n)) else p.version for n, p in model.packages.items()}
+    return {
+        **info,
+        "python": model.platform.python,
+        **({"musa": model.platform.musa} if model.platform.musa else {}),
+        "base": model.base.image,
+        "pins": pins,
+        "fingerprint": fingerprint(model),
+    }
 
 
 def cmd_lint(args) -> int:
@@ -210,7 +237,8 @@ def cmd_lint(args) -> int:
             for i in locks.unlocked_indexes(loaded)
             if loaded.model.indexes[i].unlocked is not None
         ]
-        notes = upstream.notes + unlocked
+        undecided = [n for ln in loaded.platform_lines().values() if ln.line and (n := lines_of.unknown_note(ln.line))]
+        notes = upstream.notes + unlocked + undecided
         report.append(
             {
                 "stack": name,
@@ -271,14 +299,19 @@ def cmd_diff(args) -> int:
         print(d_inv.to_json() if args.json or args.format == "json" else inventory.to_text(d_inv), end="")
         return 0
     select(args, [args.old, args.new])
-    old = load(args, args.old).model
-    new = load(args, args.new).model
-    d = diffmod.diff_stacks(old, new)
+    old_loaded, new_loaded = load(args, args.old), load(args, args.new)
+    d = diffmod.diff_stacks(old_loaded.model, new_loaded.model)
+    d.platforms = diffmod.platform_rows(*(_other_lines(s) for s in (old_loaded, new_loaded)))
     if args.json or args.format == "json":
         print(d.to_json())
     else:
         print(diffmod.to_markdown(d), end="")
     return 0
+
+
+def _other_lines(loaded) -> dict:
+    """{OCI platform: (Stack, Line)} of the stack's platform lines that are not its own."""
+    return {ln.line.oci: (ln.model, ln.line) for ln in loaded.platform_lines().values() if ln.line and not ln.line.own}
 
 
 def cmd_schema(args) -> int:

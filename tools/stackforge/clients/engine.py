@@ -179,6 +179,7 @@ class BuildCommand:
     no_cache: bool = False
     extra_args: Sequence[str] = ()
     docker: str = "docker"
+    platform: str | None = None  # the OCI platform to build for (linux/arm64), when not the builder's own
 
     def argv(self) -> list[str]:
         """The argv. Secrets become ``--secret id=ID,src=PATH`` and nothing else, named contexts
@@ -189,6 +190,8 @@ class BuildCommand:
         if self.builder:
             cmd += ["--builder", self.builder]
         cmd += ["build", f"--progress={self.progress}"]
+        if self.platform:
+            cmd += ["--platform", self.platform]
         if self.dockerfile is not None:
             cmd += ["--file", os.fspath(self.dockerfile)]
         if self.target:
@@ -493,7 +496,7 @@ class Engine:
         """Run ``docker buildx build --progress=plain`` and stream its output.
 
         ``options`` are :class:`BuildCommand`'s (target, tags, build_args, contexts, labels, load, metadata_file,
-        no_cache, extra_args); ``builder`` defaults to the engine's. Each output line (without the newline) goes to ``on_line`` and to ``log_file``
+        no_cache, extra_args, platform); ``builder`` defaults to the engine's. Each output line (without the newline) goes to ``on_line`` and to ``log_file``
         (appended, flushed per line) as it arrives. Returns ``(returncode, full log)``;
         a failing build is not an exception here (callers decide), a missing secret file, named context
         directory or engine is a :class:`UserError`.

@@ -19,6 +19,7 @@ the stack's tag scheme; :func:`newest_published` does it with no checkout, readi
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,15 +27,18 @@ from typing import Any
 from stackforge.builder import embed, sbom
 from stackforge.builder.embed import load_embedded
 from stackforge.builder.plan import LABEL_NS
-from stackforge.builder.verify import Verification, image_config, verify
+from stackforge.builder.verify import Verification, image_config, line_of, verify
 from stackforge.clients.engine import image_files
 from stackforge.clients.registry import (
+    DOCKER_MANIFEST_LIST,
+    OCI_INDEX,
     RegistryClient,
     RegistryError,
     RetryPolicy,
     split_ref,
 )
 from stackforge.errors import UserError, printable
+from stackforge.grammar import DIGEST_RE
 from stackforge.overlay.record import check_ref
 from stackforge.publish import attest
 from stackforge.publish import record as records
@@ -44,6 +48,10 @@ PIN = f"{LABEL_NS}.pin."
 OVERLAY = f"{LABEL_NS}.overlay"
 #: every registry read of one ``verify REF`` (manifest, record, tag) ends within this, however slow the registry
 VERIFY_SECONDS = 60.0
+#: an index entry's platform as it is shown and matched (os/architecture[/variant])
+PLATFORM = re.compile(r"[a-z0-9]{1,16}/[a-z0-9_]{1,16}(?:/[a-z0-9]{1,8})?")
+#: ``uname -m`` names of OCI architectures: --platform aarch64 picks linux/arm64
+ARCH_ALIASES = {"aarch64": "arm64", "x86_64": "amd64"}
 
 
 def _tags(client: RegistryClient) -> list[str]:
@@ -100,25 +108,108 @@ def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
     return dict(attrs.get("Config", {}).get("Labels") or {}), str(attrs.get("Id"))
 
 
+def host_platform(engine: Any) -> str:
+    """The engine's own OCI platform (``linux/amd64``): the image of an index ``pull`` and ``verify`` pick."""
+    proc = engine.cli("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", timeout=30)
+    text = proc.stdout.strip() if proc.returncode == 0 else ""
+    if not re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+", text):
+        raise UserError("the engine does not say its platform (docker version)", fix="name one with --platform")
+    return text
+
+
+def index_entries(doc: Any) -> list[tuple[str, str]] | None:
+    """An image index's (platform, manifest digest) pairs, in its order; None when ``doc`` is no image index."""
+    if not isinstance(doc, dict) or doc.get("mediaType") not in (OCI_INDEX, DOCKER_MANIFEST_LIST):
+        return None
+    out = []
+    for entry in doc.get("manifests") or []:
+        p = entry.get("platform") if isinstance(entry, dict) else None
+        if not isinstance(p, dict) or not isinstance(entry.get("digest"), str):
+            continue  # an attestation or another entry that names no platform
+        name = f"{p.get('os')}/{p.get('architecture')}" + (f"/{p['variant']}" if p.get("variant") else "")
+        if PLATFORM.fullmatch(name) and DIGEST_RE.fullmatch(entry["digest"]):
+            out.append((name, entry["digest"]))
+    return out
+
+
+def _matches(platform: str, asked: str) -> bool:
+    """Whether the index's ``platform`` is the one asked (linux/arm64, arm64 or aarch64)."""
+    arch = platform.split("/")[1]
+    return asked in (platform, arch) or ARCH_ALIASES.get(asked) == arch
+
+
 def verify_ref(
     ref: str,
     engine: Any,
     policy: RetryPolicy | None = None,
     key: Path | None = None,
     rebuild_from: Path | None = None,
+    *,
+    platform: str | None = None,
+    all_platforms: bool = False,
 ) -> Verification:
     """Check the published image ``ref`` from the registry and the image alone (see the module); with ``key``
     (a PEM public key), also its signed provenance; with ``rebuild_from`` (a checkout), rebuild it from its record
-    there and compare (``flows/rebuild.py``)."""
+    there and compare (``flows/rebuild.py``). An image index (``publish --platform all``) is checked for the
+    engine's own platform, the ``platform`` asked, or every platform it lists (``all_platforms``): each image from
+    its own record, its record's tag resolving to the index that lists it."""
     repo, reference = split_ref(ref)
     client = RegistryClient(repo, policy=policy or RetryPolicy()).budget(VERIFY_SECONDS)
-    v = Verification(ref, "?")
     try:
         manifest = client.get_manifest(reference)
     except RegistryError as exc:
         raise UserError(f"{ref}: {exc}", fix="check the reference and that the registry answers") from None
     if manifest is None:
         raise UserError(f"{ref}: the registry has no such image", file="REF")
+    try:
+        entries = index_entries(manifest.json())
+    except ValueError:
+        entries = None
+    if entries is None:
+        if platform is not None or all_platforms:
+            flag = "--all-platforms" if all_platforms else "--platform"
+            raise UserError(f"{ref} is one image, not an index of platforms", file=flag, fix=f"leave out {flag}")
+        return _verify_image(ref, engine, policy, key, rebuild_from, client, reference, manifest)
+    v = Verification(ref, "?")
+    v.image = f"{repo}@{manifest.digest}"
+    listed = ", ".join(p for p, _ in entries) or "no platform"
+    v.add(bool(entries), f"index   {ref} resolves to {manifest.digest}, an index of {listed}")
+    asked = None if all_platforms else (platform or host_platform(engine))
+    chosen = [(p, d) for p, d in entries if asked is None or _matches(p, asked)]
+    if asked is not None and not chosen:
+        v.add(False, f"platform {asked}: the index holds no image for it ({listed}); pick one with --platform")
+        return v
+    for name, digest in chosen:
+        v.add(True, f"platform {name} {repo}@{digest}")
+        one = _verify_image(f"{repo}@{digest}", engine, policy, key, rebuild_from, client, digest,
+                            client.get_manifest(digest), index=(manifest.digest, name))  # fmt: skip
+        v.lines.extend(one.lines)
+        v.failed += one.failed
+        v.stack = one.stack
+        v.record_tests, v.record_smoke = one.record_tests, one.record_smoke
+        if len(chosen) == 1:
+            v.image = one.image  # what `pull` tags: the platform's image
+    return v
+
+
+def _verify_image(
+    ref: str,
+    engine: Any,
+    policy: RetryPolicy | None,
+    key: Path | None,
+    rebuild_from: Path | None,
+    client: RegistryClient,
+    reference: str,
+    manifest: Any,
+    index: tuple[str, str] | None = None,
+) -> Verification:
+    """:func:`verify_ref` of one image manifest; ``index``: (digest, platform) of the index it was reached through,
+    whose tag the record names."""
+    repo, _ = split_ref(ref)
+    v = Verification(ref, "?")
+    if manifest is None:
+        v.add(False, f"digest  {ref}: the registry has no such manifest")
+        return v
     digest = manifest.digest
     v.image = f"{repo}@{digest}"  # what was checked: the pinned reference
     if reference.startswith("sha256:"):
@@ -127,7 +218,7 @@ def verify_ref(
             return v
     else:
         v.add(True, f"digest  {repo}:{reference} resolves to {digest}")
-    rec = registry_checks(v, client, digest, ref, key)
+    rec = registry_checks(v, client, digest, ref, key, index)
     if rec is None:
         return v
     pinned = f"{repo}@{digest}"
@@ -173,7 +264,7 @@ def verify_ref(
     if v.failed:
         return v
     with tempfile.TemporaryDirectory(prefix="stackforge-verify-") as tmp:
-        loaded = load_embedded(files, rec.stack, Path(tmp))
+        loaded = line_of(load_embedded(files, rec.stack, Path(tmp)), engine, pinned)
         checked = verify(loaded, pinned, labels, engine, image_config(engine, pinned))
     v.lines.extend(checked.lines)
     v.failed += checked.failed
@@ -185,10 +276,18 @@ def verify_ref(
     return v
 
 
-def registry_checks(v: Verification, client: RegistryClient, digest: str, ref: str, key: Path | None) -> Any:
+def registry_checks(
+    v: Verification,
+    client: RegistryClient,
+    digest: str,
+    ref: str,
+    key: Path | None,
+    index: tuple[str, str] | None = None,
+) -> Any:
     """The checks of ``verify REF`` that need the registry alone (no pull): the publish record attached to
     ``digest`` (found, of this schema, its subject and digest this image), the scan it carries, the tag it names
-    resolving to ``digest``, and with ``key`` the signed provenance. The record (a ``PublishRecord``), or None when
+    resolving to ``digest`` (or to ``index``, the digest and platform of the image index that lists it), and with
+    ``key`` the signed provenance. The record (a ``PublishRecord``), or None when
     a check stopped the others; each check is a line of ``v``."""
     repo = client.repository
     try:
@@ -229,6 +328,9 @@ def registry_checks(v: Verification, client: RegistryClient, digest: str, ref: s
             # a copy (`stackforge copy`) under another name: the record binds the digest, not where it is pulled from
             v.lines.append(f"note    tag     {tag} (from the record) is not in {repo}: a copy of {rec.repository}; "
                            "the record and the signature bind the digest, not the repository or tag")  # fmt: skip
+        elif index is not None and info is not None and info.digest == index[0]:
+            v.add(True, f"tag     {tag} (from the record) resolves to the index {index[0]}, which lists this image "
+                        f"for {index[1]}")  # fmt: skip
         else:
             v.add(info is not None and info.digest == digest,
                   f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip

@@ -83,11 +83,19 @@ def rebuild(
     echo: Callable[[str], None] | None = None,
 ) -> list[Line]:
     """Rebuild the image ``rec`` describes and compare it with the published one (manifest ``digest`` and its
-    document ``manifest``, already pulled into ``engine``); the verify lines."""
+    document ``manifest``, already pulled into ``engine``); the verify lines. The stack's platform line of the
+    published image's platform (its config's OS and architecture) is rebuilt: an index's arm64 image as the arm64
+    line, for linux/arm64."""
+    config = json.loads(client.get_blob(manifest["config"]["digest"], size=int(manifest["config"]["size"])))
     with tempfile.TemporaryDirectory(prefix="stackforge-rebuild-") as tmp:
         work = Path(tmp)
         root = scratch_root(rec, checkout, work / "repo")
         loaded = load(rec.stack, root=root, overrides=[str(o) for o in rec.overrides])
+        platform = f"{config.get('os') or 'linux'}/{config.get('architecture') or ''}"
+        try:
+            loaded = loaded.for_platform(platform)
+        except UserError:
+            pass  # a stack without a line of that platform rebuilds as written; the comparison says what differs
         ref = target_ref(loaded, rec.target)
         before = engine.image_id(ref)
         opts = BuildOptions(target=rec.target, no_cache=no_cache, out=work / "build", keep_builds=1)
@@ -95,8 +103,7 @@ def rebuild(
         try:
             image = DockerImage(ref, engine, image_id=outcome.image_id)
             prepared = image.prepare(work / "prepare", compression=_codec(manifest), log=lambda *a, **k: None)
-            config = client.get_blob(manifest["config"]["digest"], size=int(manifest["config"]["size"]))
-            return compare(prepared, digest, manifest, json.loads(config), engine)
+            return compare(prepared, digest, manifest, config, engine)
         finally:
             _restore(engine, ref, before, outcome.image_id)
 

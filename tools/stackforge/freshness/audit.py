@@ -101,7 +101,7 @@ class AuditReport:
         return "\n".join(out)
 
 
-def stale_tokens(old: Stack, new: Stack) -> list[StaleToken]:
+def stale_tokens(old: Stack, new: Stack, lines: tuple[Stack, ...] = ()) -> list[StaleToken]:
     """The strings a tree should no longer contain once ``new`` replaces ``old``.
 
     Per package whose pin moved: the old version, its tag-safe form (``+`` → ``_``, as image tags write
@@ -109,9 +109,13 @@ def stale_tokens(old: Stack, new: Stack) -> list[StaleToken]:
     for torch, ``0.1.83`` for torchada; but not ``2.11.0`` for torchaudio ``2.11.0`` → ``2.11.0.post2``).
     Per upstream whose pin moved: the old tag and the old commit (also abbreviated, 7+ hex digits).
     Matches must stand alone: ``2.11.0.post1`` does not match inside ``2.11.0.post10`` or ``12.11.0.post1``.
+    A version another platform line of ``new`` pins (``lines``), or its public part, is current, not stale (the
+    aarch64 line's ``2.11.0.post1+musa5.2.1mp22`` keeps ``2.11.0.post1``).
     """
     tokens: dict[str, StaleToken] = {}
     new_versions = {p.version for p in new.packages.values()}
+    on_lines = {p.version for line in lines for p in line.packages.values()}
+    new_versions |= on_lines | {Pin(v).public for v in on_lines}
     for name, pkg in old.packages.items():
         after = new.packages[name].version if name in new.packages else "(removed)"
         if after == pkg.version:
@@ -218,7 +222,7 @@ def audit(loaded: LoadedStack, against: LoadedStack | None = None, *, allow_file
         if not stack.inherits:
             raise UserError(f"stack {stack.name} has no parent to compare with", fix="pass --against OLD")
         against = load(stack.inherits, root=root)
-    tokens = stale_tokens(against.model, stack)
+    tokens = stale_tokens(against.model, stack, tuple(line.model for line in loaded.platform_lines().values()))
     allow_path = allow_file or (root / ALLOW_FILE)
     try:
         display = str(allow_path.resolve().relative_to(root.resolve()))

@@ -149,7 +149,7 @@ def repository_lock(
 
 @dataclass
 class PublishResult:
-    status: str  # "published" | "already-published"
+    status: str  # "published" | "already-published" | "pushed" (by digest only, no tag)
     repository: str
     tag: str
     digest: str
@@ -276,6 +276,9 @@ class Publisher:
     #: called with (manifest digest, image id) once the registry holds the image by digest and before any tag or
     #: alias names it (e.g. attaching signed provenance); its failure fails the publish with no tag written
     before_tag: Callable[[str, str], object] | None = None
+    #: False: push the image by digest only and write no tag (a platform's image under an index, which the index's
+    #: publish tags: publish/platforms.py); the result's status is "pushed" and its tag empty
+    tag_it: bool = True
 
     def __post_init__(self) -> None:
         self.repository = self.client.repository
@@ -420,7 +423,7 @@ class Publisher:
         self.log("tags", count=len(tags), of_date=sorted(self.scheme.revisions(tags, self.date)))
         pre_checked = self.image.image_id is not None
         images = self._published_images()
-        if pre_checked:
+        if pre_checked and self.tag_it:
             # Cheap path: the image id is known without exporting the image (and, for a normalized image, what it
             # was published as last time).
             local = self.image.image_id
@@ -461,7 +464,7 @@ class Publisher:
                     size=img.size,
                     layers_already_in_registry=cache.hits if cache else 0,
                 )
-                if not pre_checked or img.source_id is not None:
+                if self.tag_it and (not pre_checked or img.source_id is not None):
                     # A normalized image's tags were looked at by the local id only: look again by digest.
                     skip = checked if not pre_checked else set()
                     found = self._find_published(tags, img.image_id, img.digest, skip)
@@ -476,6 +479,9 @@ class Publisher:
             images.put(img.source_id, img.digest, img.image_id)
         if self.before_tag is not None:
             self.before_tag(img.digest, img.image_id)
+        if not self.tag_it:
+            self.log("pushed-by-digest", digest=img.digest, size=len(img.manifest), media_type=img.manifest_media_type)
+            return self._result("pushed", "", img.digest, img.image_id, {}, {})
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             outcome = self._tag(img, checked)
             if not isinstance(outcome, _Found):
@@ -898,6 +904,8 @@ class PublishOptions:
     fail_on: str = "high"
     #: how old ``osv``'s snapshot may be before the gate refuses it (None: 7 days)
     osv_max_age: _dt.timedelta | None = None
+    #: False: push the image by digest only, no tag (an image index's platform image; see :class:`Publisher`)
+    tag_it: bool = True
 
 
 def publish(
@@ -916,7 +924,7 @@ def publish(
     before_tag: Callable[[str, str], object] | None = None,
 ) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``, as ``options`` say. See the
-    module docstring.
+    module docstring (``options.tag_it=False``: push it by digest only).
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.
@@ -951,6 +959,7 @@ def publish(
         settle_seconds=options.settle_seconds,
         during_settle=during_settle,
         before_tag=before_tag,
+        tag_it=options.tag_it,
     )
     try:
         try:

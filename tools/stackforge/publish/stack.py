@@ -8,7 +8,7 @@ build's evidence (``build/<stack>/evidence/<build-id>/publish.json``).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,18 @@ from stackforge.clients.registry import RegistryClient, RegistryError, RetryPoli
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import stack_lock
-from stackforge.publish import attest, record
+from stackforge.publish import attest, platforms, record
 from stackforge.publish.codec import codec
 from stackforge.publish.oci import DockerImage
-from stackforge.publish.publisher import FAILED_RECORD, PUBLISHED_RECORD, PublishOptions, PublishResult, publish
+from stackforge.publish.publisher import (
+    FAILED_RECORD,
+    PUBLISHED_RECORD,
+    PublishOptions,
+    PublishResult,
+    PushLog,
+    publish,
+    write_evidence,
+)
 from stackforge.stack import tags as tagsmod
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.scheme import validate_date
@@ -286,3 +294,131 @@ def _signing(
         raise safeio.Malformed("build inputs: not a JSON object", file=inputs_file)
     client = RegistryClient(repository, policy=options.policy or RetryPolicy())
     return attest.Signing(options.sign_key, unsigned, inputs, client, evidence_dir)
+
+
+@dataclass
+class PlatformsResult:
+    """A publish of every platform line under one tag: the index's result, and each platform's image (by digest,
+    under that tag through the index) with its own record, signature and SBOM."""
+
+    index: PublishResult
+    platforms: dict[str, PublishResult]
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            **self.index.evidence(),
+            "platforms": {
+                name: {"digest": r.digest, "image_id": r.image_id, "pinned_reference": f"{r.repository}@{r.digest}"}
+                for name, r in self.platforms.items()
+            },
+        }
+
+
+def publish_platforms(
+    loaded: LoadedStack,
+    registry: str,
+    options: PublishOptions | None = None,
+    *,
+    date: str | None = None,
+    target: str | None = None,
+    out: Path | None = None,
+    allow_ungated: bool = False,
+    engine: Engine | None = None,
+    workspace: Workspace | None = None,
+    move_aliases: bool = True,
+) -> PlatformsResult:
+    """Publish every platform line of the stack under one immutable tag: each line's gated image (``build STACK
+    --platform LINE``) pushed by digest with its signed provenance, then an OCI image index over them tagged with
+    the first free ``-rN`` of the date, then each image's record and SBOM attached to it. The aliases move with the
+    index, only when every platform passed (gated, pushed, not blocked by the vulnerability gate); a line that
+    fails leaves no tag. ``out``: the own line's build directory (another line's is ``<out>@<line>``)."""
+    stack, ws = loaded.model, workspace_for(loaded, workspace)
+    reg = parse_registry(registry, what="--registry")
+    date = validate_date(date)
+    lines = loaded.platform_lines()
+    for line in lines.values():
+        try:
+            lint_or_fail(line)
+        except BuildFailed as err:
+            raise BuildFailed(
+                f"{err.message}\nNothing was published.",
+                fix=f"{err.fix}, rebuild, then publish",
+                file=err.file,
+                line=err.line,
+                col=err.col,
+                exit_code=err.exit_code,
+            ) from None
+    target, repository, scheme, first, suffix = destination(loaded, registry, date, target)
+    aliases = []
+    for alias in tagsmod.alias_refs(loaded, str(reg)):
+        if alias.repository != first.repository:
+            raise UserError(
+                f"alias {alias} is not in the publish repository {first.repository}",
+                fix="aliases name the same repository as tags.publish",
+            )
+        aliases.append(alias.tag + suffix)
+    options = options or PublishOptions()
+    compression = options.compression or stack.tags.compression or "gzip"
+    codec(compression, options.level)
+    options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
+    engine = engine or ws.engine
+    pushed: list[tuple[str, LoadedStack, PublishResult, Path, dict[str, Any], Any, dict | None]] = []
+    blocked: list[str] = []
+    for name, line in lines.items():
+        assert line.line is not None
+        local = target_ref(line, target)
+        build_dir = build_dir_for(line) if out is None else Path(f"{out}{line.line.suffix}")
+        with stack_lock(build_dir):  # no build of this line replaces its evidence meanwhile
+            root = build_dir / "evidence"
+            image = DockerImage(local, engine=engine)
+            image.inspect()
+            assert image.image_id is not None
+            gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
+            extra = {"stack": stack.name, "target": target, "platform": line.line.oci, "local_ref": local,
+                     "gated_build": gated, "date": date}  # fmt: skip
+            evidence_dir = publish_dir(root, gated, image.image_id)
+            scanned = vulnerability_gate(options, evidence_dir, engine, local, loaded.root)
+            held = scan_record(scanned) if scanned is not None else None
+            if held is not None:
+                extra["scan"] = held
+                if held["blocking"]:
+                    blocked.append(f"{name}: {held['reason']}")
+            attacher = record.Attacher(line, target, evidence_dir, repository, engine, local, options.policy)
+            attacher.scan = scanned.summary() if scanned is not None else None
+            signing = _signing(line, target, options, evidence_dir, repository, engine, local)
+            by_digest = replace(options, tag_it=False)
+            child = publish(image, repository, scheme, date, by_digest, engine=engine, before_tag=signing)
+            pushed.append((name, line, child, evidence_dir, extra, attacher, held))
+    children = [platforms.Child(line.line.oci, r.digest, *_pushed_manifest(r))  # type: ignore[union-attr]
+                for _, line, r, *_ in pushed]  # fmt: skip
+    client = RegistryClient(repository, policy=options.policy or RetryPolicy())
+    index = platforms.publish_index(
+        children,
+        client,
+        scheme,
+        date,
+        aliases=tuple(aliases) if move_aliases and not blocked else (),
+        lock_dir=options.lock_dir,
+        settle_seconds=options.settle_seconds,
+        log=PushLog(echo=options.echo),
+        description=f"{stack.name}/{target} for {', '.join(c.platform for c in children)}",
+    )
+    if blocked and move_aliases:
+        index.aliases.update({a: f"not moved: {'; '.join(blocked)}" for a in aliases})
+    results: dict[str, PublishResult] = {}
+    for name, _line, child, evidence_dir, extra, attacher, _held in pushed:
+        final = replace(child, status=index.status, tag=index.tag, aliases=dict(index.aliases))
+        attacher.finish(final)
+        _attach_sbom(evidence_dir, repository, options, final)
+        write_evidence(evidence_dir, {**extra, **final.evidence(), "index": {"digest": index.digest,
+                                                                          "reference": index.reference}})  # fmt: skip
+        results[name] = final
+    return PlatformsResult(index, results)
+
+
+def _pushed_manifest(result: PublishResult) -> tuple[int, str]:
+    """(byte size, media type) of the image manifest a platform's push wrote by digest (its push log says)."""
+    for event in reversed(result.push_log):
+        if event.get("event") == "pushed-by-digest":
+            return int(event["size"]), str(event["media_type"])
+    raise BuildFailed(f"the push of {result.digest} recorded no manifest")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from stackforge import localver
 from stackforge.stack.model import Stack
@@ -26,9 +27,14 @@ class StackDiff:
     removed: list[Row]
     unchanged: list[Row]
     other: list[Row]  # upstreams, platform, base, indexes
+    #: the platform lines other than the stacks' own, a row per pin that differs on a line (its OCI platform first)
+    platforms: list[Row] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        data = asdict(self)
+        if not self.platforms:
+            data.pop("platforms")  # a stack of one platform: the table as it always was
+        return json.dumps(data, indent=2)
 
 
 def _notes(stack: Stack, name: str) -> list[str]:
@@ -99,6 +105,29 @@ def diff_stacks(old: Stack, new: Stack) -> StackDiff:
     return StackDiff(old.name, new.name, changed, added, removed, grouped, other)
 
 
+def platform_rows(old_lines: dict[str, Any], new_lines: dict[str, Any]) -> list[Row]:
+    """The rows of the platform lines that are not a stack's own: ``{OCI platform: (Stack, Line)}`` of each side.
+    A line on one side only is one row (its label, and what no record states); a line on both, a row per pin that
+    moved on it."""
+    rows = []
+    for platform in [*old_lines, *(p for p in new_lines if p not in old_lines)]:
+        before, after = old_lines.get(platform), new_lines.get(platform)
+        if before is None or after is None:
+            one = after if after is not None else before
+            assert one is not None
+            _, line = one
+            label = f"+{line.local} line" if line.local else "line"
+            unknown = f"; declared, not buildable: {len(line.unknown)} values unknown" if line.unknown else ""
+            rows.append(Row(platform, "—" if before is None else label, label if before is None else "—",
+                            ("added" if before is None else "removed") + unknown))  # fmt: skip
+            continue
+        for name, pkg in after[0].packages.items():
+            was = before[0].packages.get(name)
+            if was is None or not localver.same_build(was.version, pkg.version):
+                rows.append(Row(f"{platform} {name}", was.version if was else "—", pkg.version))
+    return rows
+
+
 def to_markdown(d: StackDiff) -> str:
     lines = ["| package | before | after | note |", "| --- | --- | --- | --- |"]
     for row in [*d.changed, *d.added, *d.removed, *d.unchanged]:
@@ -106,4 +135,7 @@ def to_markdown(d: StackDiff) -> str:
     if d.other:
         lines += ["", "| setting | before | after |", "| --- | --- | --- |"]
         lines += [f"| {r.package} | {r.before} | {r.after} |" for r in d.other]
+    if d.platforms:
+        lines += ["", "| platform | before | after | note |", "| --- | --- | --- | --- |"]
+        lines += [f"| {r.package} | {r.before} | {r.after} | {r.note} |" for r in d.platforms]
     return "\n".join(lines) + "\n"

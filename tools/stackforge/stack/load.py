@@ -23,8 +23,9 @@ from pydantic import BaseModel, ValidationError
 from stackforge.clients.credentials import remember as remember_credentials
 from stackforge.errors import UserError
 from stackforge.stack import artifacts, document, installed
+from stackforge.stack import platforms as lines_of
 from stackforge.stack import targets as target_rules
-from stackforge.stack.model import PROJECT_NAME, RESERVED_STAGE_PREFIXES, RESERVED_STAGES, Stack
+from stackforge.stack.model import LINE_KEYS, PROJECT_NAME, RESERVED_STAGE_PREFIXES, RESERVED_STAGES, Stack
 from stackforge.stack.names import find_root
 from stackforge.stack.yamlsrc import Pos, load_with_positions
 from stackforge.urls import Credential
@@ -46,10 +47,35 @@ class LoadedStack:
     root: Path
     overrides: list[str]
     credentials: dict[str, Credential] = dataclasses.field(repr=False)
+    #: the platform line this stack is (the stack's own line for a stack as loaded)
+    line: lines_of.Line | None = dataclasses.field(default=None, compare=False)
+    #: every declared line as a stack of its own, by name (empty when the stack declares no ``platforms:``)
+    lines: dict[str, LoadedStack] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def name(self) -> str:
         return self.model.name
+
+    def platform_lines(self) -> dict[str, LoadedStack]:
+        """Every platform line of the stack as a stack of its own: the declared ones, else the stack itself."""
+        if self.lines:
+            return dict(self.lines)
+        return {self.line.name if self.line else lines_of.ARCH_NAMES[self.model.platform.arch]: self}
+
+    def for_platform(self, which: str) -> LoadedStack:
+        """The line named ``which``: its name (arm64), its OCI platform (linux/arm64) or its architecture
+        (aarch64)."""
+        found = self.platform_lines()
+        for name, line in found.items():
+            arch = line.model.platform.arch
+            if which in (name, arch, lines_of.OCI_PLATFORMS[arch]):
+                return line
+        shown = which if len(which) <= 64 and which.isprintable() else "this value"
+        raise UserError(
+            f"stack '{self.name}' has no platform {shown!r}",
+            fix="name one of its platforms: "
+            + ", ".join(f"{n} ({lines_of.OCI_PLATFORMS[ln.model.platform.arch]})" for n, ln in found.items()),
+        )
 
     @functools.cached_property
     def resolved(self) -> Resolved:
@@ -592,7 +618,90 @@ def load(
     problems = _cross_references(stack, values)
     if problems:
         raise StackInvalid(problems)
-    return LoadedStack(stack, values, keys, files, root, overrides, credentials)
+    if not stack.platforms:
+        own = lines_of.Line(lines_of.ARCH_NAMES[stack.platform.arch], stack.platform.arch)
+        return LoadedStack(stack, values, keys, files, root, overrides, credentials, line=own)
+    derived = {
+        name: LoadedStack(model, lvalues, lkeys, files, root, overrides, credentials, line=line)
+        for name, (model, lvalues, lkeys, line) in _platform_lines(stack, data, values, keys).items()
+    }
+    own = next(d.line for d in derived.values() if d.line and d.line.arch == stack.platform.arch)
+    return LoadedStack(stack, values, keys, files, root, overrides, credentials, line=own, lines=derived)
+
+
+def _platform_lines(stack: Stack, data: dict, values: dict, keys: dict) -> dict[str, tuple]:
+    """Each declared platform line validated as a stack: {name: (model, value positions, key positions, Line)}.
+    Raises StackInvalid naming every problem at its line of the stack file."""
+    problems: list[UserError] = []
+
+    def problem(path: tuple, message: str, fix: str) -> None:
+        problems.append(UserError(message, **_pos_for(path, values, keys, False).as_error_kwargs(), fix=fix))
+
+    arch = stack.platform.arch
+    seen: dict[str, str] = {}
+    for name, line in stack.platforms.items():
+        if line.arch in seen:
+            problem(
+                ("platforms", name, "arch"),
+                f"platforms.{name}: {line.arch} is also line '{seen[line.arch]}'; one tag holds one image per platform",
+                "remove one of the two lines",
+            )
+        seen.setdefault(line.arch, name)
+        for key in lines_of.misplaced_keys(line.with_):
+            problem(
+                ("platforms", name, "with", key),
+                f"platforms.{name}.with: '{key}' is the stack's, the same on every platform",
+                f"a line may change only {', '.join(LINE_KEYS)}; move '{key}' to the stack",
+            )
+        if line.arch == arch and line.with_:
+            problem(
+                ("platforms", name, "with"),
+                f"platforms.{name} is the stack's own platform (platform.arch {arch}): its values are the stack's",
+                f"write them in the stack itself and drop platforms.{name}.with",
+            )
+    if arch not in seen:
+        problem(
+            ("platforms",),
+            f"platforms: no line is the stack's own platform (platform.arch {arch})",
+            f"declare it: {lines_of.ARCH_NAMES[arch]}: {{arch: {arch}}}",
+        )
+    if problems:
+        raise StackInvalid(problems)
+    out: dict[str, tuple] = {}
+    for name, line in stack.platforms.items():
+        prefix = ("platforms", name, "with")
+        check_keys(Stack, {k: v for k, v in line.with_.items() if v is not None}, prefix, keys, values, problems)
+        ldata = lines_of.line_data(data, name)
+        raw_with = data["platforms"][name].get("with") or {}
+        lvalues = lines_of.line_positions(values, name, raw_with)
+        lkeys = lines_of.line_positions(keys, name, raw_with)
+        if problems:
+            continue
+        try:
+            model = Stack.model_validate(ldata)
+        except ValidationError as exc:
+            problems += validation_problems(exc, lvalues, lkeys)
+            continue
+        for pname, pkg in model.packages.items():
+            if pkg.import_ is None:
+                pkg.import_ = pname.replace("-", "_")
+        cross = _cross_references(model, lvalues)
+        problems += cross
+        dumped = resolved(model)
+        for key in line.unknown:
+            if not lines_of.key_exists(dumped, key):
+                problem(
+                    ("platforms", name, "unknown", key),
+                    f"platforms.{name}.unknown: '{key}' names no value of the line",
+                    "name a key of the stack, e.g. packages.deep_ep, or remove it",
+                )
+        info = lines_of.Line(
+            name, line.arch, line.local, dict(line.unknown), line.builder, declared=True, own=line.arch == arch
+        )
+        out[name] = (model, lvalues, lkeys, info)
+    if problems:
+        raise StackInvalid(problems)
+    return out
 
 
 def load_stack(name_or_path: str, root: Path | str | None = None, overrides: list[str] | None = None) -> Stack:
@@ -631,7 +740,9 @@ def resolved(stack: Stack) -> dict:
 
 #: Keys of the resolved stack that do not change what is built (tuning; the test slices run in the built image);
 #: the fingerprint leaves them out.
-UNFINGERPRINTED = ("tuning", "tests")
+#: Each platform line's image carries its own fingerprint (the stack derived for it), so ``platforms`` is left out
+#: too: declaring another line does not move the fingerprint of the stack's own.
+UNFINGERPRINTED = ("tuning", "tests", "platforms")
 
 
 def _unused_dropped(model: BaseModel, data: dict) -> dict:

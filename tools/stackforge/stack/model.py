@@ -171,6 +171,65 @@ class Platform(Strict):
         return value
 
 
+#: The OCI platform of each CPU architecture a stack may name (``platform.arch``): what the image index lists.
+OCI_PLATFORMS: dict[str, str] = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
+#: The Debian/Ubuntu multiarch triplet of each architecture: its library directory is /usr/lib/<triplet>.
+TRIPLETS: dict[str, str] = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
+#: The stack keys a platform line may change (``platforms.<line>.with``): what differs between the CPU lines of
+#: one train. The name, upstreams, targets, tags and indexes are the stack's, shared by every platform.
+LINE_KEYS = ("platform", "base", "packages", "system", "gate", "rules")
+#: A local-version label as a line names it, e.g. musa5.2.1mp22 (PEP 440's local segment).
+LOCAL_LABEL = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+
+
+def _local_label(text: str) -> str | None:
+    ok = len(text) <= 64 and LOCAL_LABEL.match(text)
+    return None if ok else f"{text!r} is not a local-version label such as musa5.2.1mp22 (no leading '+')"
+
+
+class PlatformLine(Strict):
+    """One CPU platform of the stack: the stack as written, with what differs on this platform merged over it."""
+
+    arch: Literal["x86_64", "aarch64"] = Field(
+        description="the line's CPU architecture (x86_64 is linux/amd64, aarch64 linux/arm64): its platform.arch"
+    )
+    local: Annotated[str, _grammar(_local_label)] | None = Field(
+        None,
+        description="the line's local-version label, e.g. musa5.2.1mp22: every pin carrying a MUSA build label "
+        "(+musaX.Y.Z, optionally a GPU suffix such as mp22) must carry this one; a pin of another line is a finding",
+    )
+    with_: dict[str, Any] = Field(
+        default_factory=dict,
+        alias="with",
+        description="what differs on this platform, in the stack's own keys (platform, base, packages, system, "
+        "gate, rules): merged over the resolved stack as a child stack's keys are (a list replaces, a mapping "
+        "merges, null removes the key); the stack's own line (its platform.arch) has none",
+    )
+    unknown: dict[Annotated[str, _grammar(lambda t: _stack_ref(t))], str] = Field(
+        default_factory=dict,
+        description="{stack key: why}: values of this line no record states (e.g. packages.deep_ep: no aarch64 "
+        "build is named). lint leaves findings at these keys out and names them; render and build refuse the line",
+    )
+    builder: Name | None = Field(
+        None,
+        description="the buildx builder (`docker buildx create --name …`) that builds this platform, e.g. a native "
+        "node; default: the engine's own builder (emulated when the host's architecture differs)",
+    )
+
+    @field_validator("unknown")
+    @classmethod
+    def _reasons(cls, value: dict) -> dict:
+        for key, why in value.items():
+            if not isinstance(why, str) or not why.strip():
+                raise ValueError(f"unknown.{key}: say why the value is not known (a non-empty string)")
+        return value
+
+    @property
+    def oci(self) -> str:
+        """The OCI platform, e.g. linux/arm64."""
+        return OCI_PLATFORMS[self.arch]
+
+
 class Installer(Strict):
     version: str = Field(description="the exact pip release")
     sha256: list[Sha256] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
@@ -1292,6 +1351,11 @@ class Stack(Strict):
         description="what the image is built for: OS label, Python, CPU and GPU architectures, MUSA"
     )
     base: Base = Field(description="the base image, its interpreter and the pip the phases run with")
+    platforms: dict[Name, PlatformLine] = Field(
+        default_factory=dict,
+        description="the CPU platforms one tag publishes, by name (e.g. amd64, arm64), each a line of the train "
+        "with what differs; the stack as written is the line of its platform.arch. Absent: that one platform",
+    )
     indexes: dict[Name, Index] = Field(
         description="package indexes by name, each vendor or public; every package comes from exactly one"
     )

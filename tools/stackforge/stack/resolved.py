@@ -120,7 +120,11 @@ def resolve(loaded: LoadedStack) -> Resolved:
     """Render every templated value of the stack (see the module docstring); raises the first template error."""
     stack = loaded.model
     r = _Renderer(loaded)
-    local = tags.checked_ref(loaded, r(stack.tags.local, ("tags", "local")), ("tags", "local"))
+    # a platform line that is not the stack's own is tagged apart locally (…-arm64): an engine's image store holds
+    # one image per tag, and the lines meet under one tag only as the published index
+    line = loaded.line
+    apart = f"-{line.name}" if line is not None and not line.own else ""
+    local = tags.checked_ref(loaded, r(stack.tags.local, ("tags", "local")) + apart, ("tags", "local"))
     labels = r.each(stack.labels, ("labels",))
     kernels: dict[str, dict[str, str]] = {}
     toolchains: dict[str, dict[str, str]] = {}

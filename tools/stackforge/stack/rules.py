@@ -7,6 +7,7 @@ which packages share one version, which must be vendor builds, and declared mini
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -16,10 +17,11 @@ from packaging.version import Version
 
 from stackforge import localver
 from stackforge.errors import UserError
-from stackforge.stack import tags
+from stackforge.stack import platforms, tags
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
+from stackforge.stack.yamlsrc import Pos
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,10 @@ class Finding:
     #: where the finding is when it is not in the stack (a lock file): the file (relative to the root) and line
     file: str | None = None
     line: int | None = None
+    #: the platform lines the finding holds on, when the stack's own line (its platform.arch) is not one of them
+    platforms: tuple[str, ...] = ()
+    #: where the finding is, when it was placed on a platform line's positions (``on_lines``)
+    at: Pos | None = None
 
     @classmethod
     def on_pin(cls, rule: str, message: str, package: str, fix: str) -> Finding:
@@ -38,7 +44,7 @@ class Finding:
         return cls(rule, message, ("packages", package, "version"), fix)
 
     def located(self, loaded: LoadedStack) -> dict:
-        pos = loaded.position(self.path)
+        pos = self.at or loaded.position(self.path)
         file, line, col = (self.file, self.line, None) if self.file else (pos.file, pos.line, pos.col)
         return {
             "rule": self.rule,
@@ -47,12 +53,14 @@ class Finding:
             "file": file,
             "line": line,
             "col": col,
+            **({"platforms": list(self.platforms)} if self.platforms else {}),
         }
 
     def render(self, loaded: LoadedStack) -> str:
         d = self.located(loaded)
         loc = d["file"] + (f":{d['line']}" if d["line"] else "") + (f":{d['col']}" if d["line"] and d["col"] else "")
-        return f"{loc}: {self.rule}: {self.message}\n  fix: {self.fix}"
+        on = f" (platform {', '.join(self.platforms)})" if self.platforms else ""
+        return f"{loc}: {self.rule}{on}: {self.message}\n  fix: {self.fix}"
 
 
 def _pin(stack: Stack, name: str) -> Pin:
@@ -328,6 +336,43 @@ def _apt_lines(loaded: LoadedStack, want: str, at: tuple) -> list[Finding]:
     return out
 
 
+def _where(loaded: LoadedStack, path: tuple) -> str:
+    pos = loaded.position(path)
+    return pos.file + (f":{pos.line}" if pos.line else "")
+
+
+def check_line(loaded: LoadedStack) -> list[Finding]:
+    """A platform line's pins are builds of one MUSA line: every pin whose local label names a MUSA build line
+    (``+musa5.2.0``, ``+musa5.2.1mp22``, ``+musa5.2.0torch2.11.0.post2``) names the line's (``platforms.<line>
+    .local``; undeclared, the first train's lead pin's). A pin of another line is a finding naming both."""
+    stack, line = loaded.model, loaded.line
+    labels = {n: platforms.musa_line(p.version) for n, p in stack.packages.items()}
+    labelled = {n: lab for n, lab in labels.items() if lab}
+    if not labelled:
+        return []
+    name = f"'{line.name}' ({line.oci})" if line else f"of {stack.platform.arch}"
+    if line is not None and line.local:
+        want, source = line.local, f"platforms.{line.name}.local, {_where(loaded, ('platforms', line.name, 'local'))}"
+    else:
+        leads = [t.members[0] for t in stack.rules.trains if t.members[0] in labelled]
+        lead = leads[0] if leads else next(iter(labelled))
+        want = labelled[lead]
+        source = f"{lead} {stack.packages[lead].version}, {_where(loaded, ('packages', lead, 'version'))}"
+    out = []
+    for pkg, label in labelled.items():
+        if label.lower() != want.lower():
+            out.append(
+                Finding.on_pin(
+                    "platform-line",
+                    f"{pkg} {stack.packages[pkg].version} is a +{label} build, but platform line {name} is the "
+                    f"+{want} line ({source}): the line mixes +{want} and +{label}",
+                    pkg,
+                    f"pin the +{want} build of {pkg} (or, if the line moved to +{label}, move every pin of it)",
+                )
+            )
+    return out
+
+
 RULES = [
     check_trains,
     check_built_for,
@@ -336,11 +381,31 @@ RULES = [
     check_minimums,
     check_indexes,
     check_runtime,
+    check_line,
 ]
 
 
+def on_lines(loaded: LoadedStack, rules: list) -> list[Finding]:
+    """``rules`` run on every platform line of the stack. A finding at a key a line declares unknown is left
+    out; each finding is placed at its line's position, and one that does not hold on the stack's own line
+    names the lines it holds on."""
+    lines = loaded.platform_lines()
+    found: dict[tuple, tuple[Finding, list[str]]] = {}
+    for name, line in lines.items():
+        unknown = line.line.unknown if line.line else {}
+        for rule in rules:
+            for f in rule(line):
+                if unknown and platforms.covers(unknown, f.path):
+                    continue
+                at = f.at or line.position(f.path)
+                key = (f.rule, f.message, f.file, f.line, at)
+                found.setdefault(key, (dataclasses.replace(f, at=at), []))[1].append(name)
+    own = loaded.line.name if loaded.line else None
+    return [
+        dataclasses.replace(f, platforms=tuple(names)) if loaded.model.platforms and own not in names else f
+        for f, names in found.values()
+    ]
+
+
 def lint(loaded: LoadedStack) -> list[Finding]:
-    findings: list[Finding] = []
-    for rule in RULES:
-        findings.extend(rule(loaded))
-    return findings
+    return on_lines(loaded, RULES)

@@ -21,7 +21,7 @@ from stackforge import grammar
 from stackforge.errors import UserError
 from stackforge.grammar import DATE_RE, check_repository, check_tag, split_tag
 from stackforge.stack.load import LoadedStack
-from stackforge.stack.model import Stack
+from stackforge.stack.model import TRIPLETS, Stack
 from stackforge.stack.pins import Pin
 from stackforge.stack.scheme import TagScheme
 
@@ -243,7 +243,8 @@ def context(stack: Stack, **extra) -> dict:
     """Values a tag or label template may use."""
     return {
         "stack": {"name": stack.name},
-        "platform": stack.platform.model_dump(),
+        # the multiarch triplet: a line's library paths are written once, /usr/lib/{{ platform.triplet }}
+        "platform": {**stack.platform.model_dump(), "triplet": TRIPLETS[stack.platform.arch]},
         "packages": {n: Pin(p.version).as_context() for n, p in stack.packages.items()},
         "upstreams": {n: u.model_dump() for n, u in stack.upstreams.items()},
         "base": stack.base.model_dump(),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -111,6 +112,9 @@ def run(spec: dict, out=sys.stdout) -> int:
     abi = spec.get("abi") or {}
     env = dict(os.environ, LD_LIBRARY_PATH=library_path(abi.get("library_path", [])))
     failed = 0
+    if abi.get("packages"):  # which machine resolved the libraries, along which path
+        where = env["LD_LIBRARY_PATH"] or "the loader's default paths"
+        print(f"PASS abi   {'machine':<{WIDTH}} {platform.machine()} LD_LIBRARY_PATH={where}", file=out, flush=True)
     for name in abi.get("packages", []):
         lines, n = check_dist(name, env)
         failed += n

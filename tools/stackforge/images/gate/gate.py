@@ -40,6 +40,7 @@ import importlib.util
 import io
 import json
 import os
+import platform
 import re
 import site
 import subprocess
@@ -362,12 +363,22 @@ def _pip_check_lines() -> list[str] | None:
     return lines or [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()][-3:] or [f"exit {proc.returncode}"]
 
 
+def check_machine(want: str) -> tuple[bool, str]:
+    """The machine the gate runs on (``uname -m``) against the stack's ``platform.arch``: each platform's gate runs
+    on that platform (natively or emulated), and its evidence says which machine ran it."""
+    have = platform.machine()
+    if have == want:
+        return True, f"PASS machine {have}"
+    return False, f"FAIL machine {have} (the gate ran on {have}; the stack's platform.arch is {want})"
+
+
 def run(spec: dict, out=sys.stdout, read_only: bool = False) -> int:
     global AUDIT
     AUDIT = AUDIT or WriteAudit(site_dirs())
     failed = passed = 0
     prefix = "read-only: " if read_only else ""
     checks: list[tuple[Callable[[Any], tuple[bool, str]], Any, str]] = []
+    checks += [(check_machine, spec["machine"], "machine")] if spec.get("machine") else []
     checks += [(check_python, spec["python"], "python")] if "python" in spec and not read_only else []
     checks += [(check_installer, spec["pip"], "pip")] if spec.get("pip") and not read_only else []
     checks += [(check_package, p, p["name"]) for p in spec.get("packages", [])] + [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import platform
 import re
 import sys
 
@@ -74,11 +75,14 @@ def main(argv: list[str]) -> int:
         name = dist.metadata["Name"]
         if name and canon(name) not in seen:
             seen[canon(name)] = (name, dist.version)
-    data = inventory(read_records(argv[1]), list(seen.values()))
+    data = {"machine": platform.machine(), **inventory(read_records(argv[1]), list(seen.values()))}
     with open(argv[2], "w") as fh:
         json.dump(data, fh, indent=2)
         fh.write("\n")
-    print(f"inventory: {len(data['dists'])} distributions, {sum(1 for d in data['dists'] if d['index'])} from an index")
+    print(
+        f"inventory: {len(data['dists'])} distributions, {sum(1 for d in data['dists'] if d['index'])} from an index, "
+        f"on {data['machine']}"
+    )
     return 0
 
 

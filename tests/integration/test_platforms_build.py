@@ -1,0 +1,237 @@
+"""A platform line built and gated on its own platform: example-multi's linux/arm64 line on this engine, under
+emulation when the host is x86_64 (scripts/engine-setup.sh registers the handler), from the arm64 base image
+(scripts/base-image.sh --platform linux/arm64). The gate, the read-only gate and the inventory run in the arm64
+image and say so (``uname -m`` inside: aarch64); the image's config is arm64 and its target runs. Then both lines
+published under one tag to a loopback registry: an OCI index with a manifest per platform, each with its record and
+SBOM, the alias moved with the index.
+
+Emulated builds are slow on a small host: one build per line, shared by the module's tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.fixtures import run_names
+from tests.fixtures.stack_support import RootSpec, repo_root
+
+REPO = Path(__file__).resolve().parents[2]
+ARM_BASE = "stackforge/base:bookworm-arm64"
+DATE = "20261206"
+pytestmark = [pytest.mark.engine, pytest.mark.registry]
+
+
+def stackforge(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
+    return subprocess.run(
+        [sys.executable, "-m", "stackforge", "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
+
+
+@pytest.fixture(scope="module")
+def arm_base() -> str:
+    """The arm64 base image (built once on the engine, under the script's lock, when it is missing)."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "base-image.sh"), "--platform", "linux/arm64"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return ARM_BASE
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory, arm_base, base_image):
+    """Both lines of example-multi built in one root: {line: build outcome}."""
+    root = repo_root(tmp_path_factory.mktemp("platforms"), RootSpec(parts=("stacks", "patches")))
+    tag = run_names.image("example-multi", "multi")
+    outcomes = {}
+    try:
+        for line in ("arm64", "amd64"):
+            args = ("build", "example-multi", "--platform", line, "--set", f"tags.local={tag}", "--json")
+            proc = stackforge(root, *args)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            outcomes[line] = json.loads(proc.stdout)
+        yield root, tag, outcomes
+    finally:
+        for outcome in outcomes.values():
+            subprocess.run(["docker", "image", "rm", "-f", outcome["tag"]], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def arm_build(builds):
+    root, _, outcomes = builds
+    return root, outcomes["arm64"]
+
+
+def test_the_arm64_line_is_built_for_arm64_and_tagged_apart(arm_build):
+    root, outcome = arm_build
+    assert outcome["tag"].endswith("-arm64")  # the line's local tag is its own, beside the stack's
+    inspect = json.loads(subprocess.run(["docker", "image", "inspect", outcome["tag"]], capture_output=True,
+                                        text=True, check=True).stdout)[0]  # fmt: skip
+    assert (inspect["Os"], inspect["Architecture"]) == ("linux", "arm64")
+    evidence = Path(outcome["evidence"])
+    assert evidence.parent.parent == root / "build" / "example-multi@arm64"
+
+
+def test_the_gates_and_the_inventory_ran_on_arm64(arm_build):
+    _, outcome = arm_build
+    evidence = Path(outcome["evidence"])
+    gate = (evidence / "gate.txt").read_text(encoding="utf-8").splitlines()
+    assert gate[0] == "PASS machine aarch64"
+    assert "read-only: PASS machine aarch64" in (evidence / "gate-readonly.txt").read_text(encoding="utf-8")
+    assert json.loads((evidence / "inventory.json").read_text(encoding="utf-8"))["machine"] == "aarch64"
+    assert "PASS probe  speedups-compiled result=compiled" in gate  # the probe ran the arm64 build of the C extension
+
+
+def test_the_arm64_image_runs_its_target(arm_build):
+    _, outcome = arm_build
+    run = subprocess.run(
+        ["docker", "run", "--rm", "-i", "--network=none", outcome["tag"]],
+        input="<a & b>",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (run.returncode, run.stdout) == (0, "&lt;a &amp; b&gt;"), run.stderr
+    machine = subprocess.run(
+        ["docker", "run", "--rm", "--network=none", "--entrypoint", "uname", outcome["tag"], "-m"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert machine.stdout.strip() == "aarch64"
+
+
+# ------------------------------------------------------------------ one tag, one index
+
+
+def manifest(registry: str, repo: str, ref: str) -> requests.Response:
+    accept = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json"
+    return requests.get(f"http://{registry}/v2/{repo}/manifests/{ref}", headers={"Accept": accept}, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def published(builds, registry):
+    root, tag, outcomes = builds
+    ns = run_names.NS
+    args = ("publish", "example-multi", "--platform", "all", "--registry", f"{registry}/{ns}", "--date", DATE,
+            "--set", f"tags.local={tag}", "--json")  # fmt: skip
+    proc = stackforge(root, *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root, json.loads(proc.stdout), f"{ns}/stackforge-example-multi", args
+
+
+def test_the_tag_is_an_index_with_a_manifest_per_platform(published, registry):
+    _, ev, repo, _ = published
+    inspect = subprocess.run(
+        ["docker", "buildx", "imagetools", "inspect", "--raw", f"{registry}/{repo}:{ev['tag']}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert inspect.returncode == 0, inspect.stderr
+    index = json.loads(inspect.stdout)
+    assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    platforms = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]}
+    assert platforms == {
+        "linux/amd64": ev["platforms"]["amd64"]["digest"],
+        "linux/arm64": ev["platforms"]["arm64"]["digest"],
+    }
+    # each platform's manifest is the published form of the image its build gated
+    for line, digest in (("amd64", platforms["linux/amd64"]), ("arm64", platforms["linux/arm64"])):
+        child = manifest(registry, repo, digest).json()
+        assert child["config"]["digest"] == ev["platforms"][line]["image_id"]
+        config = requests.get(f"http://{registry}/v2/{repo}/blobs/{child['config']['digest']}", timeout=10).json()
+        assert config["architecture"] == line
+    assert ev["aliases"] == {"py3.11-latest": "moved"}
+    assert manifest(registry, repo, "py3.11-latest").headers["Docker-Content-Digest"] == ev["digest"]
+
+
+def test_each_platform_has_its_own_record_and_sbom(published):
+    root, ev, _, _ = published
+    for line, build in (("amd64", "example-multi"), ("arm64", "example-multi@arm64")):
+        latest = root / "build" / build / "evidence" / "latest"
+        record = json.loads((latest / "record.json").read_text(encoding="utf-8"))
+        assert record["record"]["digest"] == ev["platforms"][line]["digest"]
+        assert record["record"]["tags"] == [ev["tag"], "py3.11-latest"]
+        assert record["attached"]["fallback_tag"] == "sha256-" + ev["platforms"][line]["digest"].split(":")[1]
+        publish = json.loads((latest / "publish.json").read_text(encoding="utf-8"))
+        assert publish["index"]["digest"] == ev["digest"] and publish["platform"] == f"linux/{line}"
+        gated = json.loads((latest / "result.json").read_text(encoding="utf-8"))["image_id"]
+        assert publish.get("gated_image_id", publish["image_id"]) == gated  # the image this line's gate ran in
+
+
+def test_the_same_images_publish_the_same_index_once(published, registry):
+    root, ev, repo, args = published
+    again = stackforge(root, *args)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["digest"] == ev["digest"]  # the index's bytes depend on its images only
+    assert json.loads(again.stdout)["status"] == "already-published"
+    tags = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=10).json()["tags"]
+    assert [t for t in tags if t.startswith("py3.11-markupsafe")] == [ev["tag"]]
+
+
+def test_verify_all_platforms_from_an_empty_directory(published, registry, tmp_path):
+    _, ev, repo, _ = published
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    ref = f"{registry}/{repo}:{ev['tag']}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackforge", "verify", ref, "--all-platforms"],
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={k: v for k, v in os.environ.items() if k != "STACKFORGE_ROOT"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"PASS index   {ref} resolves to {ev['digest']}, an index of linux/amd64, linux/arm64"
+    assert f"PASS platform linux/arm64 {registry}/{repo}@{ev['platforms']['arm64']['digest']}" in lines
+    # each image's record names the index's tag; each image's gate re-ran on its own machine
+    assert (
+        sum(line.startswith(f"PASS tag     {ev['tag']} (from the record) resolves to the index") for line in lines) == 2
+    )
+    assert any("PASS machine aarch64" in line for line in lines) and any(
+        "PASS machine x86_64" in line for line in lines
+    )
+    assert lines[-1].startswith(f"verified {ref}: index, 2 platforms, ") and lines[-1].endswith("— 0 failed")
+
+
+def test_verify_and_pull_pick_one_platform(published, registry):
+    root, ev, repo, _ = published
+    ref = f"{registry}/{repo}:{ev['tag']}"
+    proc = stackforge(root, "verify", ref, "--platform", "ppc64le")
+    assert proc.returncode == 1
+    assert "FAIL platform ppc64le: the index holds no image for it (linux/amd64, linux/arm64)" in proc.stdout
+    pulled = stackforge(root, "pull", "example-multi", "--registry", f"{registry}/{run_names.NS}", "--date", DATE,
+                        "--platform", "arm64", "--set", "tags.local=unused/x:y")  # fmt: skip
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert f"PASS platform linux/arm64 {registry}/{repo}@{ev['platforms']['arm64']['digest']}" in pulled.stdout
+    arch = subprocess.run(["docker", "image", "inspect", "--format", "{{.Architecture}}", ref], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    assert arch == "arm64"  # the tag names the platform's image it pulled
+
+
+def test_a_copy_of_the_index_verifies_on_every_platform(published, registry):
+    root, ev, repo, _ = published
+    dst = f"{registry}/{run_names.NS}/copied-multi:{ev['tag']}"
+    copied = stackforge(root, "copy", f"{registry}/{repo}:{ev['tag']}", dst)
+    assert copied.returncode == 0, copied.stdout + copied.stderr
+    proc = stackforge(root, "verify", dst, "--all-platforms")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"PASS index   {dst} resolves to {ev['digest']}, an index of linux/amd64, linux/arm64" in proc.stdout
+    assert proc.stdout.count("PASS record  digest=") == 2  # each platform's own record came along
