@@ -292,9 +292,9 @@ def _bake(
         for i in items:  # what the bake built, beside its plan (a later `build` rewrites build/<stack>/)
             shutil.copy2(i.dockerfile, workdir / f"{i.stack}.Dockerfile")
         result = run(items, workdir, engine=engine, load=load, no_cache=no_cache, on_line=on_line, cache=cache)
+        drop_own_caches(engine, scope)  # passed or failed; an interrupted bake's are still in use
     finally:
         shutil.rmtree(secrets_dir, ignore_errors=True)
-        drop_own_caches(engine, scope)
     # The plan on disk keeps no path to a deleted secret file.
     root = stacks[0].root if stacks else workdir
     (workdir / "bake.json").write_text(json.dumps(plan(portable(items, root), load=load, cache=cache), indent=2) + "\n")

@@ -236,8 +236,8 @@ def prepare(
 def drop_own_caches(engine: Engine, scope: str) -> None:
     """After a clean build (``scope``: its :func:`~stackforge.builder.render.clean_scope`), remove its own cache
     mounts: no later build names them, and they hold as much as it downloaded and compiled. One that cannot be
-    listed or removed (an engine without ``buildx du``, a mount still in use) is left to the builder's garbage
-    collection."""
+    listed or removed (an engine without ``buildx du``, a mount still in use, as an interrupted build's are) is
+    left to the builder's garbage collection."""
     if scope:
         try:
             engine.drop_cache_mounts(scope)
@@ -300,23 +300,21 @@ def build(
             if opts.load:
                 sbom.warm()  # its libraries import while the engine runs, not after it
             with progress.step(f"build {ref} with BuildKit (log: {evidence / 'build.log'})"):
-                try:
-                    result = engine.build(
-                        ctx.context_dir,
-                        ctx.dockerfile,
-                        target=target,
-                        tags=[ref],
-                        build_args=build_args,
-                        secrets=secrets,
-                        contexts=contexts,
-                        load=opts.load,
-                        no_cache=opts.no_cache,
-                        on_line=echo,
-                        log_file=evidence / "build.log",
-                        extra_args=_extra_args(opts, ctx),
-                    )
-                finally:
-                    drop_own_caches(engine, scope)
+                result = engine.build(
+                    ctx.context_dir,
+                    ctx.dockerfile,
+                    target=target,
+                    tags=[ref],
+                    build_args=build_args,
+                    secrets=secrets,
+                    contexts=contexts,
+                    load=opts.load,
+                    no_cache=opts.no_cache,
+                    on_line=echo,
+                    log_file=evidence / "build.log",
+                    extra_args=_extra_args(opts, ctx),
+                )
+                drop_own_caches(engine, scope)  # passed or failed; an interrupted build's are still in use
     log = result.log
     atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
     if result.returncode != 0 or not opts.load:
