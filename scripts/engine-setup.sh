@@ -31,8 +31,8 @@ DEBIAN_MIRROR=${STACKFORGE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # compiler cache, a headless browser for the history site, and unpigz, which Docker's own packages
 # recommend: dockerd and BuildKit inflate gzip layers with it, in a process beside the unpacking, when it is
 # on the daemon's PATH as the daemon starts (a second host's rebuild from gzip layers: 17.8 s to 12.5 s in
-# docs/benchmarks.md).
-declare -A TOOLS=([docker-registry]=docker-registry [debootstrap]=debootstrap [ccache]=ccache [chromium]=chromium [unpigz]=pigz)
+# docs/benchmarks.md); and skopeo, the tag-only copy the copy tests check `verify` against.
+declare -A TOOLS=([docker-registry]=docker-registry [debootstrap]=debootstrap [ccache]=ccache [chromium]=chromium [unpigz]=pigz [skopeo]=skopeo)
 
 say() { printf 'engine-setup: %s\n' "$*"; }
 die() { printf 'engine-setup: error: %s\n' "$*" >&2; exit 1; }
@@ -72,7 +72,7 @@ report() {
         /^(Buildkit|BuildKit version):/ {printf "buildkit=%s ", $2}')
     say "builder: ${bk:-?}"
     local cmd
-    for cmd in docker-registry debootstrap ccache chromium unpigz; do
+    for cmd in docker-registry debootstrap ccache chromium unpigz skopeo; do
         if command -v "$cmd" >/dev/null 2>&1; then say "$cmd: $(command -v "$cmd")"; else say "$cmd: not installed"; fi
     done
 }

@@ -16,7 +16,21 @@ from pathlib import Path
 #: bottom to top. A floor is a list of units (a subpackage or a top-level module); units of one floor are
 #: independent of each other, except in the base floor, whose small modules may use each other.
 FLOORS: list[list[str]] = [
-    ["errors", "urls", "grammar", "fslock", "progress", "signals", "localver", "netread", "digests", "osv", "safeio"],
+    [
+        "errors",
+        "urls",
+        "grammar",
+        "fslock",
+        "progress",
+        "signals",
+        "localver",
+        "netread",
+        "digests",
+        "osv",
+        "safeio",
+        "extras",
+        "buildinfo",
+    ],
     ["clients"],
     ["stack"],
     ["patches"],

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create the project's virtual environment and install stackforge (editable, with its test tools) into it.
+# Create the project's virtual environment and install stackforge (editable, with the builder's extras and the
+# test tools) into it.
 #
 #   scripts/venv.sh VENV_DIR [PYTHON]
 #
@@ -38,7 +39,9 @@ if [ ! -x "$VENV/bin/python" ]; then
     fi
 fi
 
-say "installing stackforge and its test tools into $VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+say "installing stackforge, the builder's extras and the test tools into $VENV"
+# lock: uv for `stackforge lock`; zstd: zstandard for `publish --compression zstd` (an operator's install leaves
+# both out); test: pytest and the linters
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[lock,zstd,test]'
 touch "$VENV/.stackforge-installed"
 say "ready: $VENV/bin/stackforge"

@@ -12,6 +12,8 @@ import pytest
 
 from tests.fixtures.stack_support import RootSpec, repo_root
 
+pytest_plugins = ["tests.fixtures.durations"]  # the suite's time by module (STACKFORGE_DURATIONS, .ci/run)
+
 
 @pytest.fixture
 def root_spec() -> RootSpec:

@@ -120,19 +120,32 @@ def published(two_builds, registry) -> tuple[str, str, dict]:
     return publish_first(two_builds, registry)
 
 
+#: what the operator's install adds to an empty virtual environment (MB, as ``du -sm`` counts): measured 68 MB with
+#: Python 3.11 (README.md "Install"); the whole site-packages, pip and setuptools included, 93 MB
+ADDED_MB, SITE_MB = 75, 100
+_EMPTY_SITE_MB: list[int] = []
+
+
+def du_mb(path: Path) -> int:
+    return int(subprocess.run(["du", "-sm", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
+
+
 @pytest.fixture(scope="module")
 def installed_cli(tmp_path_factory) -> Path:
-    """stackforge as an operator installs it: a wheel built from this checkout, installed with its dependencies in
-    a fresh virtual environment (no editable install, no PYTHONPATH); its ``stackforge`` executable."""
+    """stackforge as an operator installs it: a wheel built from this checkout (its git metadata copied too, so the
+    build records the commit), installed with its dependencies in a fresh virtual environment (no editable install,
+    no PYTHONPATH, none of the builder's extras); its ``stackforge`` executable."""
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "__pycache__", "*.egg-info"))
+    shutil.copytree(REPO, source, symlinks=True,
+                    ignore=shutil.ignore_patterns(".venv", "build", "__pycache__", "*.egg-info"))  # fmt: skip
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(source)],
                            capture_output=True, text=True, timeout=600)  # fmt: skip
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = (tmp / "dist").glob("stackforge-*.whl")
     venv = tmp / "venv"
     subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True, timeout=300)
+    _EMPTY_SITE_MB[:] = [du_mb(next(venv.glob("lib/python3*/site-packages")))]
     pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
                          timeout=900)  # fmt: skip
     assert pip.returncode == 0, pip.stdout + pip.stderr
@@ -153,6 +166,36 @@ def test_the_installed_wheel_verifies_a_published_image_from_an_empty_directory(
     module = subprocess.run([str(installed_cli.parent / "python"), "-c", "import stackforge; print(stackforge.__file__)"],
                             capture_output=True, text=True, cwd=tmp_path, env=env, check=True).stdout  # fmt: skip
     assert str(installed_cli.parents[2]) in module and str(REPO) not in module  # the wheel's copy, not the checkout
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_operators_install_is_small_names_its_commit_and_sends_lock_to_its_extra(installed_cli, tmp_path):
+    from stackforge import __version__, buildinfo
+
+    site = next(installed_cli.parents[1].glob("lib/python3*/site-packages"))
+    total = du_mb(site)
+    assert total - _EMPTY_SITE_MB[0] <= ADDED_MB and total <= SITE_MB, (total, _EMPTY_SITE_MB)
+    assert not list(site.glob("uv")) and not list(site.glob("zstandard"))  # the builder's extras stay out
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STACKFORGE_ROOT")}
+    path = [d for d in env.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "uv").exists()]
+    env["PATH"] = os.pathsep.join([str(installed_cli.parent), *path])
+    env["STACKFORGE_CACHE"] = str(tmp_path / "cache")
+    said = subprocess.run([str(installed_cli), "--version"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    dirty = "-dirty" if _git("status", "--porcelain", "--", *buildinfo.BUILD_PATHS) else ""
+    assert (
+        said.returncode == 0
+        and said.stdout == f"stackforge {__version__} (commit {_git('rev-parse', 'HEAD')}{dirty})\n"
+    )
+
+    lock = subprocess.run([str(installed_cli), "--root", str(REPO), "lock", "example"], capture_output=True,
+                          text=True, cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    assert lock.returncode == 2 and "Traceback" not in lock.stderr, lock.stderr
+    assert "error: `stackforge lock` resolves with uv's resolver" in lock.stderr
+    assert "pip install 'stackforge[lock]'" in lock.stderr
 
 
 def test_pull_then_verify_from_an_empty_directory(two_builds, published, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 import requests
 from packaging.version import Version
 
-from tests.fixtures import run_names
+from tests.fixtures import osv_db, run_names
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
@@ -161,7 +161,9 @@ def test_a_signed_publish_attaches_provenance_before_any_tag(built, registry, tm
     hexpart = ev["digest"].removeprefix("sha256:")
     tags = requests.get(f"{base}/tags/list", timeout=10).json()["tags"]
     assert f"sha256-{hexpart}.att" in tags  # cosign's attestation tag
-    index = requests.get(f"{base}/manifests/sha256-{hexpart}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()  # fmt: skip
+    index = requests.get(
+        f"{base}/manifests/sha256-{hexpart}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10
+    ).json()
     kinds = sorted(m["artifactType"] for m in index["manifests"])
     assert kinds == [
         "application/vnd.cyclonedx+json",
@@ -216,15 +218,17 @@ def test_a_signed_publish_attaches_provenance_before_any_tag(built, registry, tm
 
     again = stackforge(root, *args, "--sign-key", str(key))  # already published and signed: nothing new
     assert again.returncode == 0 and "already published" in again.stdout
-    index2 = requests.get(f"{base}/manifests/sha256-{hexpart}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()  # fmt: skip
+    index2 = requests.get(
+        f"{base}/manifests/sha256-{hexpart}", headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10
+    ).json()
     signed = [m for m in index2["manifests"] if m["artifactType"] == "application/vnd.in-toto+json"]
     assert len(signed) == 1  # signed once: the re-publish found its signature (its record is attached again)
 
 
-def test_a_known_vulnerability_keeps_the_aliases_where_they_were(built, registry):
+def test_a_known_vulnerability_keeps_the_aliases_where_they_were(built, registry, tmp_path):
     root, tag = built
     ns = f"e{uuid.uuid4().hex[:8]}"
-    osv_dir = REPO / "tests" / "fixtures" / "osv"
+    osv_dir = osv_db.fresh_copy(tmp_path / "osv")
     args = ("publish", "example", "--registry", f"{registry}/{ns}", "--date", DATE, "--set", f"tags.local={tag}")
     held = stackforge(root, *args, "--osv", str(osv_dir), "--fail-on", "medium")
     assert held.returncode == 0, held.stderr
@@ -238,7 +242,34 @@ def test_a_known_vulnerability_keeps_the_aliases_where_they_were(built, registry
     tags = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]
     assert ev["tag"] in tags and not any(t.endswith("-latest") for t in tags)  # immutable tag only
 
-    clear = stackforge(root, *args, "--osv", str(osv_dir), "--fail-on", "critical")
-    assert clear.returncode == 0 and "already published" in clear.stdout
+    # A reviewer waives what blocks (stacks/waivers.yaml, with a reason): the verdict is waived, the alias moves.
+    found = stackforge(
+        root,
+        "scan",
+        "--sbom",
+        str(evidence_dir / "sbom.cdx.json"),
+        "--osv",
+        str(osv_dir),
+        "--fail-on",
+        "medium",
+        "--json",
+    )
+    blocking = [f for f in json.loads(found.stdout)["findings"] if f["blocking"]]
+    assert found.returncode == 1 and {f["id"] for f in blocking} == set(ev["scan"]["blocking"])
+    entries = "".join(
+        f"  - {{id: {f['id']}, package: {f['package']}, versions: ['{f['version']}'], "
+        f"reason: 'accepted for the test: the fix needs a newer base image', expires: 2099-12-31}}\n"
+        for f in blocking
+    )
+    waivers = root / "stacks" / "waivers.yaml"
+    waivers.write_text("waivers:\n" + entries)
+    try:
+        waived = stackforge(root, *args, "--osv", str(osv_dir), "--fail-on", "medium")
+    finally:
+        waivers.unlink()
+    assert waived.returncode == 0 and "already published" in waived.stdout, waived.stderr
+    scan = json.loads((evidence_dir / "publish.json").read_text())["scan"]
+    assert scan["verdict"] == "waived" and scan["blocked"] == [] and scan["waivers"] == "stacks/waivers.yaml"
+    assert scan["waived"][0]["reason"].startswith("accepted for the test") and scan["waived"][0]["expires"] == "2099-12-31"  # fmt: skip
     tags = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]
-    assert any(t.endswith("-latest") for t in tags)  # nothing at or above critical: the alias moves
+    assert any(t.endswith("-latest") for t in tags)  # every blocking finding waived: the alias moves

@@ -11,10 +11,15 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import musa_builds as mb
+from tests.fixtures import osv_db
 
 pytestmark = pytest.mark.engine
 
-OSV = Path(__file__).resolve().parents[1] / "fixtures" / "osv"
+
+@pytest.fixture(scope="module")
+def osv_dir(tmp_path_factory) -> Path:
+    """The OSV fixture as a fetch leaves it today (each export with its osv-snapshot.json)."""
+    return osv_db.fresh_copy(tmp_path_factory.mktemp("osv") / "db")
 
 
 def test_the_sbom_lists_every_distribution_and_package(post2, tmp_path):
@@ -42,16 +47,20 @@ def test_the_sbom_lists_every_distribution_and_package(post2, tmp_path):
     assert again.read_bytes() == out.read_bytes()  # one image, one SBOM
 
 
-def test_the_scan_reports_and_gates_by_severity(post2):
-    proc = mb.stackforge("scan", post2.image, "--osv", str(OSV), "--json")
+def test_the_scan_reports_and_gates_by_severity(post2, osv_dir, tmp_path):
+    proc = mb.stackforge("scan", post2.image, "--osv", str(osv_dir), "--json")
     report = json.loads(proc.stdout)
     assert proc.returncode == (1 if any(f["blocking"] for f in report["findings"]) else 0), proc.stderr
     assert report["verdict"] == ("blocked" if proc.returncode else "clear") and report["packages"] > 100
+    assert set(report["snapshots"]) == {"PyPI", "Debian:12"}  # the image's release, read from its os-release
     pip = next(f for f in report["findings"] if f["package"] == "pip")
     assert pip["id"] == "TEST-GHSA-4xh5-x5gv-qwph" and pip["severity"] == "medium" and pip["fixed"] == ["25.3"]
     assert not pip["blocking"] and report["fail_on"] == "high"
-    strict = mb.stackforge("scan", post2.image, "--osv", str(OSV), "--fail-on", "medium")
+    strict = mb.stackforge("scan", post2.image, "--osv", str(osv_dir), "--fail-on", "medium")
     assert strict.returncode == 1 and "BLOCK TEST-GHSA-4xh5-x5gv-qwph" in strict.stdout
     assert strict.stdout.rstrip().endswith("blocked")
-    bad = mb.stackforge("scan", post2.image, "--osv", str(OSV), "--fail-on", "severe")
+    bad = mb.stackforge("scan", post2.image, "--osv", str(osv_dir), "--fail-on", "severe")
     assert bad.returncode == 2 and "is not a severity" in bad.stderr
+    (tmp_path / "empty").mkdir()
+    empty = mb.stackforge("scan", post2.image, "--osv", str(tmp_path / "empty"))
+    assert empty.returncode == 2 and "holds no OSV records" in empty.stderr  # fails closed, never clear

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,12 @@ def sf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 
 
 def test_version():
+    """The version and the commit (this editable install: the checkout's; tests/unit/test_install_extras.py)."""
     proc = sf("--version")
-    assert proc.returncode == 0 and proc.stdout == f"stackforge {stackforge.__version__}\n"
+    assert proc.returncode == 0
+    assert re.fullmatch(
+        rf"stackforge {re.escape(stackforge.__version__)} \(commit [0-9a-f]{{40}}(-dirty)?\)\n", proc.stdout
+    )
 
 
 CASES = [

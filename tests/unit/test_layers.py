@@ -82,8 +82,8 @@ def test_annotations_only_imports_do_not_count(tree: Path):
 
 
 def test_a_new_unit_must_be_placed_on_a_floor(tree: Path):
-    (tree / "extras").mkdir()
-    (tree / "extras" / "__init__.py").write_text("")
+    (tree / "plugins").mkdir()
+    (tree / "plugins" / "__init__.py").write_text("")
     assert next(v.why for v in layers.check(tree)).startswith("a unit on no floor")
 
 

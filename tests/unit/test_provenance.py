@@ -125,3 +125,32 @@ def test_keys_stackforge_does_not_sign_with_are_refused(keys, tmp_path):
         provenance.signer(tmp_path / "missing.pem")
     with pytest.raises(UserError, match="not a DSSE envelope"):
         provenance.open_envelope(b"{}", provenance.public_key(keys["ed25519"][1]))
+
+
+def test_a_copy_under_another_name_verifies_and_stays_strict(keys):
+    """The statement binds the digest, not the repository (what `stackforge copy` relies on): checked for the image
+    read from another registry and name it passes, its name shown and not checked; another digest fails whatever
+    the name, and so does a statement whose subjects are malformed."""
+    key, pub = keys["ed25519"]
+    rec = a_record(DIGEST)
+    published_as = "registry.example/team/vllm"
+    stmt = provenance.open_envelope(
+        provenance.sign(provenance.statement(rec, INPUTS, published_as), key), provenance.public_key(pub)
+    )
+    copied = {**rec, "repository": published_as}  # the record travels with the copy unchanged
+    checks = provenance.check(stmt, DIGEST, copied)
+    assert all(ok for ok, _ in checks), checks
+    assert f"subject {DIGEST} pulled={DIGEST} (named '{published_as}': where it was published, not checked)" in [
+        line for _, line in checks
+    ]
+    other = "sha256:" + "e" * 64
+    (subject,) = [(ok, line) for ok, line in provenance.check(stmt, other, copied) if line.startswith("subject ")]
+    assert subject == (False, f"subject {DIGEST} pulled={other}")  # the name does not help another digest
+    (line,) = [x for x in provenance.check({**stmt, "subject": [{"digest": {"sha512": "a" * 128}}]}, DIGEST, copied)
+               if x[1].startswith("subject ")]  # fmt: skip
+    assert line[0] is False
+    for bad in ([{"name": published_as, "digest": DIGEST}], "x", None):  # not a statement: refused, never a pass
+        with pytest.raises(UserError, match="in-toto statement: subject"):
+            provenance.check({**stmt, "subject": bad}, DIGEST, copied)
+    several = {**stmt, "subject": [{"name": "a", "digest": {"sha256": "e" * 64}}, *stmt["subject"]]}
+    assert all(ok for ok, _ in provenance.check(several, DIGEST, copied))  # one of its subjects is the image

@@ -179,3 +179,27 @@ def test_the_rebuild_writes_a_record_s_files_only_under_its_own_stacks(tmp_path)
     with pytest.raises(UserError, match="is not a file name of stacks/"):
         scratch_root(bad, checkout, tmp_path / "scratch2")
     assert not (tmp_path / "scratch2" / "owned.yaml").exists() and not (tmp_path / "owned.yaml").exists()
+
+
+def test_verify_shows_the_scan_the_record_carries_waived_findings_with_their_reason():
+    from stackforge.builder.verify import Verification
+    from stackforge.flows.operator import scan_lines
+
+    waived = {"id": "GHSA-xxxx", "package": "torchvision", "version": "0.26.0.post2+musa5.2.0", "severity": "high",
+              "reason": "the vendor's build; no fixed release on its line", "expires": "2027-01-31",
+              "waiver": "stacks/waivers.yaml:3"}  # fmt: skip
+    cases = [
+        ({"verdict": "waived", "fail_on": "high", "waived": [waived], "findings": 3}, 0, "waived GHSA-xxxx"),
+        ({"verdict": "blocked", "fail_on": "high", "blocked": ["PYSEC-1"], "findings": 1}, 2, "blocked by PYSEC-1"),
+        ({"verdict": "clear", "fail_on": "high", "findings": 0}, 0, "clear at high (0 findings)"),
+        (None, 0, "none recorded"),
+    ]
+    for scan, failed, said in cases:
+        rec = record_schema.parse({**a_record(DIGEST), **({"scan": scan} if scan else {})})
+        v = Verification("img", "example")
+        scan_lines(v, rec)
+        assert v.failed == failed and any(said in line for line in v.lines), v.lines
+        if scan and scan["verdict"] == "waived":
+            assert any("the vendor's build" in line and "until 2027-01-31" in line for line in v.lines)
+    with pytest.raises(UserError, match="scan"):
+        record_schema.parse({**a_record(DIGEST), "scan": {"verdict": "fine", "fail_on": "high"}})

@@ -3,9 +3,6 @@ become paths, what a container wrote, output directories and terminal text."""
 
 from __future__ import annotations
 
-import os
-import threading
-
 import pytest
 from pydantic import BaseModel, ConfigDict
 
@@ -15,30 +12,11 @@ from stackforge.safeio import Malformed
 from tests.fixtures import hostile_files as hf
 
 
-def _within(seconds: float, fn, *args, **kwargs):
-    """Run ``fn`` in a thread and fail the test (instead of hanging it) when it does not return in time."""
-    out: dict = {}
-
-    def go():
-        try:
-            out["value"] = fn(*args, **kwargs)
-        except BaseException as exc:
-            out["error"] = exc
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn.__name__} still running after {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 @pytest.mark.parametrize("maker", ["fifo", "zero_link"])
 def test_special_files_are_refused_at_once(tmp_path, maker):
     path = hf.SPECIALS[maker](tmp_path / "summary.json")
     with pytest.raises(Malformed, match="not a regular file") as err:
-        _within(5, safeio.read_bytes, path, limit=1 << 20, what="summary")
+        hf.within(5, safeio.read_bytes, path, limit=1 << 20, what="summary")
     assert err.value.exit_code == 1 and str(path) in err.value.render()
 
 
@@ -178,33 +156,6 @@ def test_no_write_through_a_link(tmp_path):
     assert list(outside.iterdir()) == []
 
 
-def test_copy_out_never_follows_what_a_container_left(tmp_path):
-    src = tmp_path / "out"
-    (src / "sub").mkdir(parents=True)
-    (src / "junit.xml").symlink_to(hf.OUTSIDE)
-    (src / "sub" / "result.json").write_text("{}")
-    os.mkfifo(src / "pipe")
-    (src / "linkdir").symlink_to("/etc")
-    dest = tmp_path / "evidence"
-    done = _within(5, safeio.copy_out, src, dest)
-    assert done.files == ["sub/result.json"]
-    assert sorted(s.split(":")[0] for s in done.skipped) == ["junit.xml", "linkdir", "pipe"]
-    assert not (dest / "junit.xml").exists() and not (dest / "linkdir").exists()
-    assert (dest / "sub" / "result.json").stat().st_mode & 0o777 == 0o644
-
-
-def test_copy_out_caps_sizes_and_keeps_nothing_over_them(tmp_path):
-    src = tmp_path / "out"
-    src.mkdir()
-    (src / "a.txt").write_bytes(b"a" * 100)
-    hf.huge(src / "b.xml", 10 << 20)
-    with pytest.raises(Malformed, match="larger than"):
-        safeio.copy_out(src, tmp_path / "dest", limit=1 << 20)
-    assert not (tmp_path / "dest").exists()
-    with pytest.raises(Malformed, match="more than 1 files"):
-        safeio.copy_out(src, tmp_path / "dest2", max_files=1)
-
-
 def test_output_dir_refuses_its_inputs_and_what_it_did_not_make(tmp_path):
     nights = tmp_path / "nights"
     (nights / "20261201").mkdir(parents=True)
@@ -243,10 +194,29 @@ def test_output_dir_keeps_the_old_one_when_writing_fails(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]
 
 
+def test_output_verb_names_the_verb_whose_mark_a_directory_carries(tmp_path):
+    site, night, plain = tmp_path / "site", tmp_path / "night", tmp_path / "plain"
+    with safeio.OutputDir(site, "history").staging() as staging:
+        (staging / "index.html").write_text("x")
+    safeio.OutputDir(night, "nightly").claim()
+    plain.mkdir()
+    assert [safeio.output_verb(p) for p in (site, night, plain, tmp_path / "absent")] == [
+        "history",
+        "nightly",
+        None,
+        None,
+    ]
+    (plain / safeio.OUTPUT_MARK).write_text("someone else wrote this\n")
+    hf.fifo(tmp_path / "fifo" / safeio.OUTPUT_MARK)
+    hf.link_out(tmp_path / "linked" / safeio.OUTPUT_MARK, site / safeio.OUTPUT_MARK)
+    assert [safeio.output_verb(tmp_path / d) for d in ("plain", "fifo", "linked")] == [None, None, None]
+
+
 def test_terminal_text_loses_its_escape_sequences():
     evil = "GHSA-1\x1b]8;;http://x\x07link\x1b]8;;\x07 \x1b[2J\x1b[31mred\x1b[0m\x07\x08 line\u2028two\nok\ttab"
     assert safeio.for_terminal(evil) == "GHSA-1link red line two\nok\ttab".replace(" line two", " linetwo")
     assert safeio.for_terminal("a\nb\tc", lines=False) == "a b c"
+    assert safeio.for_terminal("PASS digest  r/x:t", lines=False) == "PASS digest  r/x:t"  # verify's columns stay
     assert safeio.clean_tree({"k\x1b[1m": ["v\x9b2J", 3]}) == {"k": ["v2J", 3]}
 
 
@@ -257,3 +227,20 @@ def test_an_error_quoting_outside_text_reaches_the_terminal_without_escape_seque
     assert main(["history", "--nights", str(nights), "--out", str(tmp_path / "site")]) != 0
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "\x1b" not in err and "\x07" not in err
+
+
+def test_a_model_is_validated_by_one_adapter_made_once():
+    safeio.validate(Doc, {"rows": []}, source="a")
+    before = safeio._adapter.cache_info().hits
+    assert safeio.validate(Doc, {"rows": [{"digest": "d", "size": 1}]}, source="b").rows[0].size == 1
+    assert safeio._adapter.cache_info().hits == before + 1
+    with pytest.raises(Malformed, match="rows"):
+        safeio.validate(Doc, {"rows": "x"}, source="c")  # the kept adapter refuses as a new one does
+
+
+def test_few_brackets_cannot_nest_deep_and_many_are_counted():
+    shallow = '{"a": "' + "[" * 200 + '"}'  # brackets in a string: over the cap in number, not in depth
+    assert safeio.parse_json(shallow, source="x") == {"a": "[" * 200}
+    with pytest.raises(Malformed, match="nests 65 levels deep"):
+        safeio.parse_json("[" * 65 + "]" * 65, source="x")
+    assert safeio.parse_json("[" * 64 + "]" * 64, source="x") is not None

@@ -9,7 +9,8 @@ import pytest
 
 from stackforge.builder import sbom
 from stackforge.errors import UserError
-from stackforge.osv import Package
+from stackforge.osv import Ecosystem, Package
+from tests.fixtures import hostile_files as hf
 
 DPKG = (
     "libssl3\t3.0.11-1~deb12u1\tamd64\topenssl\t3.0.11-1~deb12u1\n"
@@ -102,10 +103,85 @@ def test_packages_read_back_by_source_for_debian():
     ]
 
 
-@pytest.mark.parametrize("text", ["{}", "[]", "not json", json.dumps({"bomFormat": "SPDX"})])
-def test_what_is_not_an_sbom_is_refused(text):
-    with pytest.raises(UserError, match="not a CycloneDX SBOM"):
-        sbom.packages(text)
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{}", "CycloneDX SBOM: bomFormat: Field required"),
+        ("[]", "CycloneDX SBOM: (the document): Input should be a valid dictionary"),
+        ("not json", "CycloneDX SBOM is not JSON"),
+        (
+            json.dumps({"bomFormat": "SPDX", "specVersion": "1.5", "components": []}),
+            "CycloneDX SBOM: bomFormat: Input should be 'CycloneDX'",
+        ),
+        (
+            json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.5", "components": {"name": "x"}}),
+            "components: Input should be a valid list",
+        ),
+        (
+            json.dumps(
+                {"bomFormat": "CycloneDX", "specVersion": "1.5", "components": [{"name": "pip", "version": 23}]}
+            ),
+            "components[0].version: Input should be a valid string",
+        ),
+        (
+            json.dumps(
+                {
+                    "bomFormat": "CycloneDX",
+                    "specVersion": "1.5",
+                    "components": [{"name": "a", "version": "1", "properties": "x"}],
+                }
+            ),
+            "components[0].properties",
+        ),
+        ("[" * 100_000 + "]" * 100_000, "nests 100000 levels deep"),
+        (b'{"bomFormat": "Cyclone\xff"}', "not UTF-8"),
+    ],
+)
+def test_what_is_not_an_sbom_is_refused_naming_the_field(text, said):
+    with pytest.raises(UserError) as err:
+        sbom.packages(sbom.read(text, source="the SBOM attached to r/x:t"))
+    assert said in err.value.message and err.value.render().startswith("error: the SBOM attached to r/x:t: ")
+
+
+@pytest.mark.parametrize("maker", ["fifo", "zero_link", "deep_json", "not_utf8"])
+def test_an_sbom_file_that_is_no_file_is_refused_at_once(tmp_path, maker):
+    path = hf.SPECIALS[maker](tmp_path / "sbom.json")
+    with pytest.raises(UserError) as err:
+        hf.within(10, sbom.load, path)
+    assert str(err.value.file) == str(path)
+
+
+def test_the_release_is_in_the_document_and_read_back():
+    """The image's os-release rides in the metadata; without it, Debian's base-files tells the release."""
+    debs = sbom.parse_dpkg(DPKG + "base-files\t12.4+deb12u5\tamd64\t\t\n")
+    text = sbom.document("i", "sha256:" + "1" * 64, None, DISTS, debs, {"ID": "ubuntu", "VERSION_ID": "22.04"})
+    doc = json.loads(text)
+    assert {"name": "stackforge:os:id", "value": "ubuntu"} in doc["metadata"]["properties"]
+    assert next(sbom._validator().iter_errors(doc), None) is None
+    bom = sbom.read(text, source="x")
+    assert sbom.distribution(bom) == Ecosystem("Ubuntu", "22.04")
+    assert {p.ecosystem for p in sbom.packages(bom)} == {"PyPI", "Ubuntu:22.04"}
+    plain = sbom.read(sbom.document("i", "sha256:" + "1" * 64, None, DISTS, debs), source="x")
+    assert sbom.distribution(plain) == Ecosystem("Debian", "12")
+    assert Package("Debian:12", "openssl", "3.0.11-1~deb12u1") in sbom.packages(plain)
+    jammy = sbom.parse_dpkg("base-files\t12ubuntu4.7\tamd64\t\t\n")
+    bare = sbom.read(sbom.document("i", "sha256:" + "1" * 64, None, [], jammy), source="x")
+    assert sbom.distribution(bare) == Ecosystem("Ubuntu")  # Ubuntu's base-files does not name its release
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (
+            'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n',
+            {"ID": "debian", "VERSION_ID": "12"},
+        ),
+        ("ID=ubuntu\nVERSION_ID='22.04'\n", {"ID": "ubuntu", "VERSION_ID": "22.04"}),
+        ("ID=\x1b[2Jubuntu\nVERSION_ID=22.04 ; rm -rf /\n", {}),
+    ],
+)
+def test_os_release_keeps_plain_words_only(text, want):
+    assert sbom.parse_os_release(text) == want
 
 
 def test_warm_imports_the_validator_in_the_background():

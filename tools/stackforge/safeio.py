@@ -11,7 +11,6 @@ container wrote, text on its way to a terminal.
   :class:`Malformed` error naming the source and the field.
 - :func:`relative_name` / :func:`confined` / :func:`write_confined`: a name taken from data becomes a path only
   when it is relative, has no ``..`` and no link on its way out of its root.
-- :func:`copy_out`: a directory a container wrote, copied without following links, within a size cap.
 - :class:`OutputDir`: an ``--out`` directory replaced whole only when this tool made it, and never when it is, or
   holds, an input of the same command.
 - :func:`for_terminal`: text from outside with its control characters removed (escape sequences included).
@@ -22,15 +21,16 @@ Every refusal is a :class:`Malformed` (a ``UserError``, exit 1) naming the file 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
@@ -46,10 +46,6 @@ JSON_LIMIT = 64 * MiB
 JSON_DEPTH = 64
 #: a key file (PEM), a credential helper's answer
 SMALL_LIMIT = 1 * MiB
-#: what a container may leave in a directory the host copies out (``stackforge test``'s output)
-COPY_OUT_LIMIT = 256 * MiB
-COPY_OUT_FILES = 10_000
-COPY_OUT_DEPTH = 32
 
 #: the file an :class:`OutputDir` writes into the directory it made
 OUTPUT_MARK = ".stackforge-output"
@@ -197,7 +193,7 @@ def parse_json(
     if len(raw) > limit:
         raise Malformed(f"{what} is larger than {limit} bytes (the limit)", file=str(source))
     text = decode(raw, source=source, what=what) if isinstance(data, bytes | bytearray | memoryview) else str(data)
-    deepest = depth(raw)
+    deepest = depth(raw) if raw.count(b"[") + raw.count(b"{") > max_depth else 0  # fewer cannot nest deeper
     if deepest > max_depth:
         raise Malformed(f"{what} nests {deepest} levels deep (the limit is {max_depth})", file=str(source))
     try:
@@ -239,13 +235,21 @@ def field_path(loc: Iterable[Any]) -> str:
     return out or "(the document)"
 
 
+@functools.lru_cache(maxsize=256)
+def _adapter(model: Any) -> Any:
+    """The pydantic adapter of ``model``, made once: making one costs more than validating a small document."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(model)
+
+
 def validate(model: type[M], data: Any, *, source: str | Path, what: str = "document") -> M:
     """``data`` validated by the pydantic ``model``; a wrong shape is one error naming ``source``, the first
     field that is wrong, and how many others are."""
     from pydantic import TypeAdapter, ValidationError
 
     try:
-        return TypeAdapter(model).validate_python(data)
+        return (_adapter(model) if isinstance(model, Hashable) else TypeAdapter(model)).validate_python(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]
@@ -373,80 +377,18 @@ def write_confined(
 
 
 # --------------------------------------------------------------------------------------------------
-# What a container wrote
-
-
-@dataclass
-class Copied:
-    """What :func:`copy_out` took and what it left, each with its reason."""
-
-    files: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    size: int = 0
-
-
-def copy_out(
-    src: str | Path,
-    dest: str | Path,
-    *,
-    limit: int = COPY_OUT_LIMIT,
-    max_files: int = COPY_OUT_FILES,
-    file_limit: int | None = None,
-) -> Copied:
-    """Copy the directory ``src`` (written by something not trusted, such as a container) into ``dest``: regular
-    files and directories only, no link followed (a link, FIFO, device or socket is skipped and named), at most
-    ``max_files`` files and ``limit`` bytes in all (``file_limit`` each). Over a limit is an error and ``dest``
-    keeps nothing; modes are not kept (files 0644, directories 0755)."""
-    src, dest = Path(src), Path(dest)
-    done = Copied()
-    made = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True)
-    try:
-        _copy_dir(src, dest, PurePosixPath(), done, limit, max_files, file_limit)
-    except BaseException:
-        if made:
-            shutil.rmtree(dest, ignore_errors=True)
-        else:
-            for name in done.files:
-                (dest / name).unlink(missing_ok=True)
-        raise
-    return done
-
-
-def _copy_dir(
-    src: Path, dest: Path, rel: PurePosixPath, done: Copied, limit: int, max_files: int, file_limit: int | None
-) -> None:
-    if len(rel.parts) > COPY_OUT_DEPTH:
-        raise Malformed(f"{printable(src)} nests directories deeper than {COPY_OUT_DEPTH} (the limit)", file=str(src))
-    with os.scandir(src) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for entry in entries:
-        name = (rel / entry.name).as_posix()
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            done.skipped.append(f"{printable(name)}: unreadable")
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            (dest / entry.name).mkdir(mode=0o755, exist_ok=True)
-            _copy_dir(Path(entry.path), dest / entry.name, rel / entry.name, done, limit, max_files, file_limit)
-        elif stat.S_ISREG(st.st_mode):
-            if len(done.files) >= max_files:
-                raise Malformed(f"{printable(src)} holds more than {max_files} files (the limit)", file=str(src))
-            cap = min(limit - done.size, file_limit) if file_limit is not None else limit - done.size
-            data = read_bytes(entry.path, limit=max(cap, 0), what="output file", follow=False)
-            target = dest / entry.name
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            done.size += len(data)
-            done.files.append(name)
-        else:
-            done.skipped.append(f"{printable(name)}: {_kind(st.st_mode)}, not copied")
-
-
-# --------------------------------------------------------------------------------------------------
 # Output directories
+
+
+def output_verb(path: str | Path) -> str | None:
+    """The verb whose :class:`OutputDir` mark the directory ``path`` carries (``history``, ``nightly``…), None when
+    it carries none (or one that is not a regular file of this tool's form)."""
+    try:
+        text = read_text(Path(path) / OUTPUT_MARK, limit=4096, what="mark", follow=False)
+    except Malformed:
+        return None
+    head, _, verb = text.strip().partition(" ")
+    return verb if head == "stackforge" and verb and " " not in verb else None
 
 
 @dataclass(frozen=True)
@@ -499,12 +441,7 @@ class OutputDir:
         return out
 
     def _marked(self) -> bool:
-        mark = Path(self.path) / OUTPUT_MARK
-        try:
-            text = read_text(mark, limit=4096, what="mark", follow=False)
-        except Malformed:
-            return False
-        return text.strip() == f"stackforge {self.verb}"
+        return output_verb(self.path) == self.verb
 
     @contextmanager
     def staging(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out") -> Iterator[Path]:
@@ -548,18 +485,17 @@ __all__ = [
     "JSON_DEPTH",
     "JSON_LIMIT",
     "SMALL_LIMIT",
-    "Copied",
     "Malformed",
     "OutputDir",
     "clean_tree",
     "confined",
-    "copy_out",
     "decode",
     "depth",
     "field_path",
     "for_terminal",
     "inside",
     "load_model",
+    "output_verb",
     "parse_json",
     "parse_model",
     "read_bytes",

@@ -4,11 +4,16 @@ evidence after a build, and compared between two builds or images (`stackforge d
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, StringConstraints
+
+from stackforge import safeio
 from stackforge.builder.render import images_dir
 from stackforge.builder.requirements import MANIFEST
 from stackforge.clients.engine import Engine
@@ -16,6 +21,45 @@ from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 
 IMAGE_PATH = "/stackforge/inventory.json"
+#: an image's inventory is tens of KiB
+MAX_BYTES = 16 << 20
+
+Str = Annotated[str, StringConstraints(strict=True, max_length=4096)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Dist(_Model):
+    name: Str
+    version: Str
+    index: Str | None = None
+    phase: Str | None = None
+    url: Str | None = None
+    sha256: Str | None = None
+
+
+class Phase(_Model):
+    phase: Str
+    key: Str | None = None
+    index: Str | None = None
+    installed: list[Str] = []
+    preserve: list[Str] = []
+
+
+class Inventory(_Model):
+    """``inventory.json`` as images/gate/inventory.py writes it: every installed distribution, the pip phases."""
+
+    dists: list[Dist]
+    phases: list[Phase] = []
+
+
+def parse(data: bytes | str, *, source: str | Path) -> dict[str, Any]:
+    """An inventory from outside the process (an image, a file), bounded and typed, as plain data; a wrong
+    shape is one error naming ``source`` and the field."""
+    model = safeio.parse_model(Inventory, data, source=source, what="inventory", limit=MAX_BYTES)
+    return model.model_dump()
 
 
 def from_image(engine, ref: str) -> dict | None:
@@ -23,7 +67,7 @@ def from_image(engine, ref: str) -> dict | None:
     proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "cat", ref, IMAGE_PATH, timeout=300)
     if proc.returncode != 0:
         return None
-    return json.loads(proc.stdout)
+    return parse(proc.stdout, source=f"{ref}:{IMAGE_PATH}")
 
 
 def write_evidence(engine, ref: str, context_dir: Path, evidence: Path, data: dict | None = None) -> None:
@@ -47,20 +91,16 @@ def load(spec: str, engine=None) -> dict:
     """An inventory from an evidence directory (a build's, or the evidence root: its ``latest``), a build
     directory, an inventory.json file, or a local image reference."""
     path = Path(spec)
+    if os.path.lexists(path) and not path.is_dir():  # a file named: read as it is (a FIFO or a link refused)
+        return parse(safeio.read_bytes(path, limit=MAX_BYTES, what="inventory", follow=False), source=path)
     for candidate in (
-        path,
         path / "inventory.json",
         path / "latest" / "inventory.json",
         path / "evidence" / "latest" / "inventory.json",
         path / "evidence" / "inventory.json",
     ):
-        if candidate.is_file():
-            try:
-                return json.loads(candidate.read_text())
-            except (OSError, ValueError) as exc:
-                raise UserError(
-                    f"{candidate}: not an inventory: {exc}", fix="pass a build's evidence directory"
-                ) from None
+        if os.path.lexists(candidate):
+            return parse(safeio.read_bytes(candidate, limit=MAX_BYTES, what="inventory"), source=candidate)
     if path.exists():
         raise UserError(f"{spec}: no inventory.json here", fix="pass a build's evidence directory or an image")
     if engine is None:
@@ -98,10 +138,11 @@ def taken_from(engine, ref: str) -> dict:
     )
     if proc.returncode != 0:
         raise UserError(
-            f"{ref}: could not list its installed distributions: {(proc.stderr or proc.stdout).strip()}",
+            f"{ref}: could not list its installed distributions: "
+            + safeio.for_terminal((proc.stderr or proc.stdout or "").strip()[-2000:], lines=False),
             fix="the image needs a Python with importlib.metadata (3.8 or newer) on PATH",
         )
-    return json.loads(proc.stdout)
+    return parse(proc.stdout, source=f"the inventory script's output in {ref}")
 
 
 @dataclass
@@ -147,4 +188,4 @@ def to_text(d: InventoryDiff) -> str:
     lines += [f"- {r['name']} {show(r)}" for r in d.removed]
     lines += [f"~ {r['name']} {show(r['before'])} -> {show(r['after'])}" for r in d.changed]
     lines.append(f"{len(d.added)} added, {len(d.removed)} removed, {len(d.changed)} changed")
-    return "\n".join(lines) + "\n"
+    return "\n".join(safeio.for_terminal(line, lines=False) for line in lines) + "\n"  # names from the images

@@ -7,26 +7,33 @@ engine's layer store as ``dpkg-query`` lists it, or ``dpkg-query`` in one contai
 architecture, and the source package and version advisories name. The document is made with
 cyclonedx-python-lib and validated against the CycloneDX 1.5 schema; it is deterministic for one image (serial
 number from the image id, timestamp from the image's created time), so two builds of the same bytes give the
-same SBOM.
+same SBOM. The image's distribution and release (``ID`` and ``VERSION_ID`` of its os-release) are metadata
+properties (``stackforge:os:id``, ``stackforge:os:version_id``): Debian and Ubuntu advisories are per release.
+
+An SBOM read back (one attached to a published image, a file a user names) is read bounded and validated by
+:class:`Bom`, the parts of CycloneDX the scan uses: a wrong shape is one error naming the field.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from packaging.utils import canonicalize_name
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
+from stackforge import safeio
 from stackforge.builder import inventory
 from stackforge.clients import layerstore
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
-from stackforge.osv import Package
+from stackforge.osv import Ecosystem, Package
 from stackforge.urls import redact_text
 
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
@@ -37,6 +44,11 @@ DPKG_STATUS = "/var/lib/dpkg/status"
 DPKG_UPDATES = "/var/lib/dpkg/updates"
 #: where an image's dpkg-query is (Debian's own paths; the container path asks the shell's PATH)
 DPKG_QUERY = ("/usr/bin/dpkg-query", "/bin/dpkg-query")
+#: the os-release file itself (``/etc/os-release`` links to it on Debian and Ubuntu)
+OS_RELEASE = "/usr/lib/os-release"
+OS_ID, OS_VERSION = f"{PROP}:os:id", f"{PROP}:os:version_id"
+#: what an SBOM read back may be: a few MiB for an image's ~1,000 packages
+MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,28 @@ def dpkg_of(engine: Any, ref: str) -> list[Deb]:
     return parse_dpkg(proc.stdout) if proc.returncode == 0 else []
 
 
+def parse_os_release(text: str) -> dict[str, str]:
+    """``ID`` and ``VERSION_ID`` of an os-release file (os-release(5)), when each is a plain word."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key in ("ID", "VERSION_ID"):
+            value = value.strip().strip("\"'")
+            if re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", value):
+                out[key] = value
+    return out
+
+
+def os_release_of(engine: Any, ref: str, image_id: str | None, debs: list[Deb]) -> dict[str, str]:
+    """The image's os-release (``ID``, ``VERSION_ID``): from the engine's layer store when it can serve; else,
+    only for an Ubuntu image (whose release its packages do not tell), from one container run."""
+    data = layerstore.read_image(engine, image_id, lambda tree: tree.read(OS_RELEASE, limit=64 << 10) or b"")
+    if data is None and any(d.name == "base-files" and "ubuntu" in d.version for d in debs):
+        proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "cat", ref, "/etc/os-release", timeout=300)
+        data = proc.stdout.encode("utf-8", "replace") if proc.returncode == 0 else b""
+    return parse_os_release((data or b"").decode("utf-8", errors="replace"))
+
+
 def _import_libraries() -> None:
     import cyclonedx.output.json
     import cyclonedx.validation.json  # noqa: F401
@@ -167,8 +201,15 @@ def warm() -> threading.Thread:
     return thread
 
 
-def document(image: str, image_id: str, created: str | None, dists: list[dict], debs: list[Deb]) -> str:
-    """The CycloneDX 1.5 JSON text (validated) for an image and what it has installed."""
+def document(
+    image: str,
+    image_id: str,
+    created: str | None,
+    dists: list[dict],
+    debs: list[Deb],
+    os_release: dict[str, str] | None = None,
+) -> str:
+    """The CycloneDX 1.5 JSON text (validated) for an image, what it has installed and its os-release."""
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom
     from cyclonedx.model.component import Component, ComponentType
@@ -180,6 +221,11 @@ def document(image: str, image_id: str, created: str | None, dists: list[dict], 
     bom.metadata.timestamp = _timestamp(created)
     root = Component(name=image, type=ComponentType.CONTAINER, version=image_id, bom_ref="image")
     bom.metadata.component = root
+    release = os_release or {}
+    if release.get("ID") and release.get("VERSION_ID"):
+        bom.metadata.properties.update(
+            [Property(name=OS_ID, value=release["ID"]), Property(name=OS_VERSION, value=release["VERSION_ID"])]
+        )
     parts = []
     for d in dists:
         props = [Property(name=f"{PROP}:{k}", value=redact_text(str(d[k]))) for k in ("index", "phase") if d.get(k)]
@@ -237,7 +283,9 @@ def write_evidence(
     """``sbom.cdx.json`` in the build's evidence, from the records the build read out of the image (its inventory
     and its dpkg-query lines): no container runs for it."""
     created = engine.sdk().images.get(image_id).attrs.get("Created")
-    text = document(ref, image_id, created, installed.get("dists", []), parse_dpkg("\n".join(dpkg_lines)))
+    debs = parse_dpkg("\n".join(dpkg_lines))
+    release = os_release_of(engine, ref, image_id, debs)
+    text = document(ref, image_id, created, installed.get("dists", []), debs, release)
     atomic_write(evidence / EVIDENCE, text + "\n")
     return evidence / EVIDENCE
 
@@ -248,28 +296,97 @@ def of_image(engine: Any, ref: str) -> str:
         raise UserError(f"image {ref!r} is not in the local engine", file="IMAGE", fix=f"docker pull {ref} first")
     attrs = engine.sdk().images.get(ref).attrs
     data = inventory.from_image(engine, ref) or inventory.taken_from(engine, ref)
-    return document(ref, str(attrs.get("Id")), attrs.get("Created"), data.get("dists", []), dpkg_of(engine, ref))
+    debs = dpkg_of(engine, ref)
+    image_id = str(attrs.get("Id"))
+    release = os_release_of(engine, ref, image_id, debs)
+    return document(ref, image_id, attrs.get("Created"), data.get("dists", []), debs, release)
 
 
-def packages(text: str) -> list[Package]:
-    """The packages an SBOM lists, as the vulnerability scan names them (Debian: source package and version)."""
-    try:
-        doc = json.loads(text)
-        components = doc["components"] if doc.get("bomFormat") == "CycloneDX" else None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        components = None
-    if not isinstance(components, list):
-        raise UserError("not a CycloneDX SBOM (no bomFormat CycloneDX with components)")
+# -- an SBOM read back ------------------------------------------------------------------------------------
+
+Str = Annotated[str, StringConstraints(strict=True, max_length=4096)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class BomProperty(_Model):
+    name: Str
+    value: Str | None = None
+
+
+class BomComponent(_Model):
+    name: Str
+    version: Str
+    purl: Str | None = None
+    properties: list[BomProperty] = []
+
+    def prop(self, name: str) -> str | None:
+        return next((p.value for p in self.properties if p.name == name), None)
+
+
+class BomMetadata(_Model):
+    properties: list[BomProperty] = []
+
+
+class Bom(_Model):
+    """A CycloneDX JSON document, the parts the scan and ``verify`` read: every component with its name,
+    version and purl."""
+
+    bomFormat: Literal["CycloneDX"]
+    specVersion: Str
+    metadata: BomMetadata | None = None
+    components: list[BomComponent] = []  # none listed: the scan says there is nothing to scan
+
+    def prop(self, name: str) -> str | None:
+        return next((p.value for p in self.metadata.properties if p.name == name), None) if self.metadata else None
+
+
+def read(data: bytes | str, *, source: str | Path) -> Bom:
+    """An SBOM from outside (attached to an image, or a file), bounded and typed; ``source`` names it in errors."""
+    return safeio.parse_model(Bom, data, source=source, what="CycloneDX SBOM", limit=MAX_BYTES)
+
+
+def load(path: Path) -> Bom:
+    """A CycloneDX SBOM file a user names (``scan --sbom FILE``)."""
+    return read(safeio.read_bytes(path, limit=MAX_BYTES, what="SBOM file"), source=path)
+
+
+def distribution(bom: Bom) -> Ecosystem | None:
+    """The distribution and release the SBOM's Debian packages come from: its os-release properties, else its
+    ``base-files`` package (Debian's version starts with the release: ``12.4+deb12u5``; Ubuntu's names
+    ``ubuntu`` and not its release); None when it has neither."""
+    os_id, version = bom.prop(OS_ID), bom.prop(OS_VERSION)
+    if os_id == "debian" and version and re.fullmatch(r"\d{1,3}", version):
+        return Ecosystem("Debian", version)
+    if os_id == "ubuntu" and version and re.fullmatch(r"\d{2}\.\d{2}", version):
+        return Ecosystem("Ubuntu", version)
+    base = next((c for c in bom.components if c.name == "base-files" and (c.purl or "").startswith("pkg:deb/")), None)
+    if base is None:
+        return None
+    if "ubuntu" in base.version:
+        return Ecosystem("Ubuntu")
+    first = re.match(r"(\d{1,3})(?:[.+~]|$)", base.version)
+    return Ecosystem("Debian", first.group(1)) if first else None
+
+
+def packages(bom: Bom | str, source: str | Path = "SBOM") -> list[Package]:
+    """The packages an SBOM lists, as the vulnerability scan names them: PyPI by name and version; Debian and
+    Ubuntu by source package and version, in the ecosystem of the image's release (``Debian:12``; ``Debian``
+    when the SBOM does not tell the distribution)."""
+    if isinstance(bom, str):
+        bom = read(bom, source=source)
+    distro = str(distribution(bom) or "Debian")
     out = []
-    for c in components:
-        purl = str(c.get("purl") or "")
-        props = {p.get("name"): p.get("value") for p in c.get("properties") or [] if isinstance(p, dict)}
+    for c in bom.components:
+        purl = c.purl or ""
         if purl.startswith("pkg:pypi/"):
-            out.append(Package("PyPI", str(c.get("name")), str(c.get("version"))))
+            out.append(Package("PyPI", c.name, c.version))
         elif purl.startswith("pkg:deb/"):
-            source = props.get(f"{PROP}:deb:source") or c.get("name")
-            version = props.get(f"{PROP}:deb:source_version") or c.get("version")
-            out.append(Package("Debian", str(source), str(version)))
+            source_name = c.prop(f"{PROP}:deb:source") or c.name
+            version = c.prop(f"{PROP}:deb:source_version") or c.version
+            out.append(Package(distro, source_name, version))
     return sorted(set(out), key=lambda p: (p.ecosystem, p.name, p.version))
 
 

@@ -23,12 +23,18 @@ def register(sub) -> None:
         "redirects it, in the CLI's and in make's spelling. Credentials are used, never printed. "
         "Exit 0 when everything answers, 1 when something does not, 2 on bad input.",
     )
-    p.add_argument("stacks", nargs="*", metavar="STACK", help="stacks to check (none: the engine only)")
+    p.add_argument(
+        "stacks",
+        nargs="*",
+        metavar="STACK",
+        help="stacks to check (none: the engine, and with --registry that registry)",
+    )
     p.add_argument(
         "--registry",
         metavar="HOST[:PORT]/PATH",
         help="also check that each stack's image can be pushed there: the registry answers and takes the "
-        "credentials (an upload started and cancelled; nothing is stored)",
+        "credentials (an upload started and cancelled; nothing is stored); without a STACK, a push to the "
+        "repository HOST[:PORT]/PATH itself",
     )
     p.add_argument(
         "--timeout",

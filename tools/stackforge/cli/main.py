@@ -46,7 +46,7 @@ COMMAND_MODULES = [
 VERB_MODULES = {
     **dict.fromkeys(("list", "show", "lint", "tags", "diff", "schema"), "stack"),
     **dict.fromkeys(("render", "build", "gate", "verify", "abi"), "build"),
-    **dict.fromkeys(("publish", "pull"), "publish"),
+    **dict.fromkeys(("publish", "pull", "copy"), "publish"),
     **dict.fromkeys(("sbom", "scan"), "trust"),
     **{name: name for name in COMMAND_MODULES if name not in ("stack", "build", "publish", "trust")},
 }
@@ -59,6 +59,20 @@ def _named_verb(argv: list[str]) -> str | None:
     return rest[0] if rest and rest[0] in VERB_MODULES else None
 
 
+class _Version(argparse.Action):
+    """``--version``: the version and the commit, asked only when the flag is given (an editable install asks git)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from stackforge import buildinfo
+        from stackforge.clients.git import checkout_commit
+
+        commit = buildinfo.recorded()
+        if commit is None:  # an editable install: its checkout says
+            commit = checkout_commit(buildinfo.CHECKOUT, buildinfo.BUILD_PATHS)
+        print(buildinfo.describe(__version__, commit))
+        parser.exit()
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every verb; with ``argv`` naming a verb, the parser of that verb only (the same
     parse for that ``argv``, without importing the other verbs' modules)."""
@@ -67,7 +81,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         description="Render, build, gate and publish vLLM images for MUSA release trains.",
     )
     parser.add_argument("--root", default=None, help="repository root (default: found from the current directory)")
-    parser.add_argument("--version", action="version", version=f"stackforge {__version__}")
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        dest=argparse.SUPPRESS,  # as argparse's own version action: no attribute on the parsed arguments
+        default=argparse.SUPPRESS,
+        help="print the version and the commit it was built from, and exit",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     verb = _named_verb(argv) if argv is not None else None

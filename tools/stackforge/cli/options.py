@@ -63,6 +63,25 @@ def add_osv(parser: argparse.ArgumentParser, what: str) -> None:
         metavar="SEVERITY",
         help="with --osv: low, medium, high or critical (default high; unknown severity counts as high)",
     )
+    add_osv_max_age(parser)
+
+
+def osv_max_age_of(args) -> Any:
+    """``--osv-max-age`` as a timedelta (an error naming the flag when it is not an age)."""
+    from stackforge.builder.vulns import parse_max_age
+
+    return parse_max_age(args.osv_max_age)
+
+
+def add_osv_max_age(parser: argparse.ArgumentParser) -> None:
+    """--osv-max-age AGE: how old the OSV database may be before the gate refuses it."""
+    parser.add_argument(
+        "--osv-max-age",
+        default="7d",
+        metavar="AGE",
+        help="refuse an OSV database whose snapshot (osv-snapshot.json's fetched_at) is older than this: 36h, 7d, "
+        "2w (default 7d)",
+    )
 
 
 def add_out(parser: argparse.ArgumentParser, names: str) -> None:

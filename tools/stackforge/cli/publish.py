@@ -1,4 +1,5 @@
-"""`stackforge publish`: push a stack's gated image under an immutable, never-overwritten tag."""
+"""`stackforge publish`: push a stack's gated image under an immutable, never-overwritten tag; `stackforge pull`:
+the newest published image, verified; `stackforge copy`: a published image with everything attached to it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from stackforge.cli.options import (
     add_retry,
     add_set,
     load,
+    osv_max_age_of,
     print_json,
     retry_policy,
     root_of,
@@ -23,12 +25,14 @@ from stackforge.errors import UserError
 from stackforge.safeio import for_terminal
 
 if TYPE_CHECKING:
+    from stackforge.publish.copy import copy as copy_image
     from stackforge.publish.publisher import PublishOptions, stderr_echo
     from stackforge.publish.stack import publish_stack
 else:
     PublishOptions = lazy("stackforge.publish.publisher", "PublishOptions")
     stderr_echo = lazy("stackforge.publish.publisher", "stderr_echo")
     publish_stack = lazy("stackforge.publish.stack", "publish_stack")
+    copy_image = lazy("stackforge.publish.copy", "copy")
 
 
 def register(sub) -> None:
@@ -119,6 +123,28 @@ def register(sub) -> None:
     add_set(p)
     p.set_defaults(func=cmd_pull)
 
+    p = sub.add_parser(
+        "copy",
+        help="copy a published image with its publish record, signed provenance and SBOM to another repository or "
+        "registry, by digest (resumable; a second run copies nothing)",
+        description="Copy the image SRC names (an image manifest, or an index with every manifest it lists) byte for "
+        "byte, so its digest is unchanged, with every manifest attached to it (the publish record, the signed "
+        "provenance, the SBOM: OCI referrers, written as the tag-schema fallback where DST has no referrers API, and "
+        "cosign's sha256-<hex>.att tag), then tag it at DST. Blobs DST holds are skipped, ones in another repository "
+        "of the same registry mounted; the tag is written last, so a copy cut off part-way completes when run again. "
+        "Each registry's credentials are its own (STACKFORGE_REGISTRY_USER/_PASSWORD, else the docker config). "
+        "`stackforge verify DST --key KEY.pub` then passes at DST.",
+    )
+    p.add_argument("source", metavar="SRC", help="HOST/NAME:TAG or HOST/NAME@sha256:… (a published image)")
+    p.add_argument(
+        "destination",
+        metavar="DST",
+        help="HOST/NAME[:TAG] (another registry, repository and tag may be named; without a tag, SRC's tag or digest)",
+    )
+    add_retry(p)
+    add_json(p, "what was copied and what DST already held: each manifest, blob and tag")
+    p.set_defaults(func=cmd_copy)
+
 
 def print_verification(args, v, summary: str) -> int:
     """A verification's lines (or JSON), its verdict line and the one line of what it checked; exit 1 when a
@@ -187,6 +213,15 @@ def cmd_pull(args) -> int:
     return print_verification(args, v, f"pull {repository}:{tag}")
 
 
+def cmd_copy(args) -> int:
+    copied = copy_image(args.source, args.destination, retry_policy(args), stderr_echo)
+    if args.json:
+        print_json(copied.to_json())
+    else:
+        print("\n".join(copied.lines()))
+    return 0
+
+
 def cmd_publish(args) -> int:
     loaded = load(args, args.stack)
     options = PublishOptions(
@@ -196,6 +231,7 @@ def cmd_publish(args) -> int:
         sign_key=args.sign_key,
         osv=args.osv,
         fail_on=args.fail_on,
+        osv_max_age=osv_max_age_of(args) if args.osv else None,
         verify_pull=args.verify_pull,
         echo=stderr_echo,
     )

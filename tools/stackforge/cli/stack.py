@@ -14,13 +14,15 @@ from stackforge.stack.names import list_stacks
 from stackforge.urls import redact_text
 
 if TYPE_CHECKING:
-    from stackforge.builder import agree, prepare
+    from stackforge.builder import agree, locks, prepare, waivers
     from stackforge.stack import diff as diffmod
     from stackforge.stack import rules, tags
     from stackforge.stack.load import fingerprint, resolved
 else:
     agree = lazy("stackforge.builder.agree")
+    locks = lazy("stackforge.builder.locks")
     prepare = lazy("stackforge.builder.prepare")
+    waivers = lazy("stackforge.builder.waivers")
     diffmod = lazy("stackforge.stack.diff")
     rules = lazy("stackforge.stack.rules")
     tags = lazy("stackforge.stack.tags")
@@ -40,7 +42,11 @@ def register(sub) -> None:
     add_set(p)
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("lint", help="check stacks against their release-train rules (exit 1 on findings)")
+    p = sub.add_parser(
+        "lint",
+        help="check stacks against their release-train rules, and stacks/waivers.yaml (every waiver has a reason "
+        "and has not expired) (exit 1 on findings)",
+    )
     p.add_argument("stacks", nargs="*", help="default: every stack")
     p.add_argument(
         "--upstreams",
@@ -198,19 +204,28 @@ def cmd_lint(args) -> int:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})
             continue
+        # an index that installs without a lock, with the reason the stack gives (indexes.<name>.unlocked)
+        unlocked = [
+            f"index '{i}' installs without hashes (no lock): {loaded.model.indexes[i].unlocked} (indexes.{i}.unlocked)"
+            for i in locks.unlocked_indexes(loaded)
+            if loaded.model.indexes[i].unlocked is not None
+        ]
+        notes = upstream.notes + unlocked
         report.append(
             {
                 "stack": name,
                 "findings": [f.located(loaded) for f in findings] + [agree.located(f) for f in upstream.findings],
                 "rendered": [f.render(loaded) for f in findings] + [agree.render(f) for f in upstream.findings],
-                **({"notes": upstream.notes} if upstream.notes else {}),
+                **({"notes": notes} if notes else {}),
             }
         )
+    refused = waivers.lint_repository(root)  # the repository's vulnerability waivers
     if args.json:
         stacks = [{k: v for k, v in r.items() if k not in ("rendered", "notes")} for r in report]
         notes = [f"{r['stack']}: {n}" for r in report for n in r.get("notes", [])]
-        ok = not invalid and not any(r.get("findings") for r in report)
-        print_json({"ok": ok, "stacks": stacks, **({"notes": notes} if notes else {})})
+        ok = not invalid and not any(r.get("findings") for r in report) and not refused
+        waived = {"waivers": [p.render() for p in refused]} if refused else {}
+        print_json({"ok": ok, "stacks": stacks, **waived, **({"notes": notes} if notes else {})})
     else:
         for r in report:
             for note in r.get("notes", []):
@@ -222,9 +237,11 @@ def cmd_lint(args) -> int:
                     print(line)
             else:
                 print(f"{r['stack']}: ok")
+        for problem in refused:
+            print(problem.render())
     if invalid:
         return 2
-    return 1 if any(r.get("findings") for r in report) else 0
+    return 1 if any(r.get("findings") for r in report) or refused else 0
 
 
 def cmd_tags(args) -> int:

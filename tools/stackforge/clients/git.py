@@ -151,6 +151,22 @@ def git(
     return res
 
 
+def checkout_commit(root: Path, paths: tuple[str, ...]) -> str | None:
+    """The commit of the git checkout whose top is ``root``, with ``-dirty`` when a file under ``paths`` differs
+    from it or is not tracked; None when ``root`` is not the top of a checkout with a commit. Writes nothing: no
+    index refresh, so a read-only or shared checkout is left as it is."""
+    quiet = {"GIT_OPTIONAL_LOCKS": "0"}
+    top = git(root, "rev-parse", "--show-toplevel", check=False, env=quiet, timeout=30)
+    if not top.ok or Path(top.stdout.strip()).resolve() != root.resolve():
+        return None
+    head = git(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False, env=quiet, timeout=30)
+    changed = git(root, "status", "--porcelain", "--", *paths, check=False, env=quiet, timeout=30)
+    commit = head.stdout.strip()
+    if not head.ok or not changed.ok or len(commit) != 40:
+        return None
+    return commit + ("-dirty" if changed.stdout.strip() else "")
+
+
 def git_bytes(repo: Path | str, *args: str, env: dict[str, str] | None = None) -> bytes:
     return git(repo, *args, binary=True, env=env).stdout
 

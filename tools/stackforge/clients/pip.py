@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stackforge import extras
 from stackforge.clients import credentials
+from stackforge.clients import proc as bounded
 from stackforge.errors import UserError
 from stackforge.urls import Credential
 
@@ -42,8 +44,8 @@ def check_pip() -> None:
 
 
 def find_uv() -> str:
-    """The uv binary `stackforge lock` resolves with: the ``uv`` package's (a dependency of stackforge), else
-    ``uv`` on PATH; it must be at least :data:`UV_MIN`."""
+    """The uv binary `stackforge lock` resolves with: the ``uv`` package's (the ``lock`` extra:
+    ``stackforge[lock]``), else ``uv`` on PATH; it must be at least :data:`UV_MIN`."""
     path: str | None = None
     try:
         from uv import find_uv_bin  # type: ignore[import-not-found,unused-ignore]
@@ -52,11 +54,14 @@ def find_uv() -> str:
     except (ImportError, FileNotFoundError):
         path = shutil.which("uv")
     want = f"uv>={UV_MIN[0]}.{UV_MIN[1]}"
-    fix = f"run: {sys.executable} -m pip install '{want}' (stackforge's own dependency; `make venv` installs it)"
+    fix = (
+        f"install the lock extra: {extras.install_hint('lock')}; a developer's `make venv` installs it "
+        f"(it brings {want})"
+    )
     if path is None:
         raise UserError(
-            "`stackforge lock` resolves with uv's resolver (for the stack's Python and platform) and "
-            f"found no uv for {sys.executable}",
+            "`stackforge lock` resolves with uv's resolver (for the stack's Python and platform), which the "
+            f"operator's install of stackforge leaves out: no uv for {sys.executable} nor on PATH",
             fix=fix,
         )
     try:
@@ -137,9 +142,13 @@ runpy.run_module("pip", run_name="__main__", alter_sys=True)
 """
 
 
+#: how long one resolution or download run may take (an index that stops answering is given up on)
+RESOLVER_SECONDS = 3600.0
+
+
 def run_uv(uv: str, args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     """``uv ARGS`` in ``cwd`` with ``env`` (from :func:`uv_env`); its output captured, a failure not raised."""
-    return subprocess.run([uv, *args], capture_output=True, text=True, env=env, cwd=cwd)
+    return bounded.completed([uv, *args], timeout=RESOLVER_SECONDS, env=env, cwd=cwd)
 
 
 def pip_download(
@@ -148,4 +157,4 @@ def pip_download(
     """``pip download ARGS`` for the target whose environment markers are ``markers`` (through :data:`PIP_SHIM`),
     with ``env`` (from :func:`pip_env`); its output captured, a failure not raised."""
     cmd = [sys.executable, "-c", PIP_SHIM, json.dumps(markers), "download", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    return bounded.completed(cmd, timeout=RESOLVER_SECONDS, env=env, cwd=cwd)

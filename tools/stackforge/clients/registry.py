@@ -1,7 +1,8 @@
 """A small client for the OCI distribution API (the registry side of ``publish``).
 
-Only what publishing needs: ping, list tags (paginated), HEAD/GET/PUT/DELETE a
-manifest, HEAD/GET a blob, upload a blob monolithically, and the referrers of a manifest. Every request goes
+Only what publishing and copying need: ping, list tags (paginated), HEAD/GET/PUT/DELETE a
+manifest, HEAD/GET a blob (into memory, or streamed to a file), upload or mount a blob, and the referrers of a
+manifest. Every request goes
 through :func:`with_retries`: exponential backoff with full jitter on 5xx, 429,
 408 and connection errors (resets, refused, timeouts), bounded both in attempts
 and in total time. Anything else (4xx) is an answer, not a fault, and is raised
@@ -35,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 
@@ -43,7 +45,7 @@ import requests
 from stackforge import netread, safeio
 from stackforge.clients import credentials
 from stackforge.errors import UserError
-from stackforge.grammar import HOST_RE, REPO_PATH_RE, looks_like_host
+from stackforge.grammar import DIGEST_RE, HOST_RE, REPO_PATH_RE, looks_like_host
 from stackforge.urls import redact, redact_text
 from stackforge.urls import split as split_url
 
@@ -55,6 +57,9 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 MANIFEST_ACCEPT = ", ".join([OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_MANIFEST_LIST])
+#: the largest blob :meth:`RegistryClient.download_blob` takes, and the slowest rate it waits for one at
+BLOB_LIMIT = 64 << 30
+BLOB_MIN_RATE = 256 << 10  # bytes per second
 
 
 def sha256_digest(data: bytes) -> str:
@@ -469,12 +474,12 @@ class RegistryClient:
         self.until = time.monotonic() + seconds
         return self
 
-    def _read(self, what: str, url: str, fn: Callable[[], T]) -> T:
+    def _read(self, what: str, url: str, fn: Callable[[], T], seconds: float | None = None) -> T:
         """A read operation: ``fn`` with retries, all of it within ``read_seconds`` (and the policy's total); past
         that, or over a size limit, a non-retryable :class:`RegistryError` naming the URL and the limit."""
         if self._deadline is not None:  # nested: the outer operation's deadline holds
             return self._retry(what, fn)
-        seconds = min(self.read_seconds, self.policy.total_seconds)
+        seconds = min(self.read_seconds if seconds is None else seconds, self.policy.total_seconds)
         if self.until is not None:
             seconds = min(seconds, self.until - time.monotonic())
         self._local.deadline = netread.Deadline(seconds, what)
@@ -660,6 +665,25 @@ class RegistryClient:
             return data
 
         return self._read(f"GET blob {digest[:19]}", url, call)
+
+    def download_blob(self, digest: str, size: int, dest: Path, advance: Callable[[int], None] | None = None) -> None:
+        """The blob ``digest`` streamed to ``dest`` (through ``dest.part``): at most ``size`` bytes (what its descriptor
+        declares), hashed on the way and kept only when their sha256 is the digest. The read, its retries included,
+        ends within ``read_seconds`` plus ``size`` at :data:`BLOB_MIN_RATE` (and the policy's total); nothing is left
+        on disk when it fails."""
+        if not DIGEST_RE.fullmatch(digest) or not 0 <= size <= BLOB_LIMIT:
+            raise MalformedAnswer(f"blob {digest[:80]!r}: not a sha256 digest with a size within 0..{BLOB_LIMIT} bytes")
+        url = self._url(f"blobs/{digest}")
+
+        def call() -> None:
+            resp = self._request("GET", url, ok=(200,))
+            try:
+                netread.stream_to_file(resp, resp.url or url, dest, size, deadline=self._deadline,
+                                       sha256=digest.split(":", 1)[1], advance=advance, what=f"blob {digest[:19]}")  # fmt: skip
+            finally:
+                resp.close()
+
+        self._read(f"GET blob {digest[:19]}", url, call, seconds=self.read_seconds + size / BLOB_MIN_RATE)
 
     def mount_blob(self, digest: str, source: str) -> bool:
         """Cross-repository mount: ``POST blobs/uploads/?mount=<digest>&from=<source>`` (same registry).

@@ -388,6 +388,11 @@ def run_checks(rows: list[Check], *, workers: int = 8) -> list[Check]:
     return rows
 
 
+_PUSH_FIX = (
+    "check --registry, and the push credential (STACKFORGE_REGISTRY_USER/_PASSWORD, or the docker config's login)"
+)
+
+
 def registry_check(loaded: LoadedStack, registry: str, timeout: float = DEFAULT_TIMEOUT) -> Check:
     """Can this host push the stack's image to ``registry``: the registry answers and takes the credentials (an
     upload started and cancelled in the repository the publisher uses; nothing is stored)."""
@@ -402,13 +407,38 @@ def registry_check(loaded: LoadedStack, registry: str, timeout: float = DEFAULT_
         try:
             client.check_push()
         except (RegistryError, requests.RequestException) as exc:
-            raise UserError(
-                f"{clip(redact_text(str(exc)))}; fix: check --registry, and the push credential "
-                "(STACKFORGE_REGISTRY_USER/_PASSWORD, or the docker config's login)"
-            ) from None
+            raise UserError(f"{clip(redact_text(str(exc)))}; fix: {_PUSH_FIX}") from None
         return "answers, and accepts a push (an upload started and cancelled)"
 
     return Check(loaded.name, "registry push", redact(repository), run=run, limit=timeout)
+
+
+def registry_only_check(registry: str, timeout: float = DEFAULT_TIMEOUT) -> Check:
+    """``doctor --registry R`` without a stack: can this host push to the repository ``R`` names (the registry
+    answers and takes the credentials: an upload started and cancelled there). ``R`` without a repository path
+    is refused: nothing can be pushed to a bare host, and which repository a stack's image goes to under it is
+    the stack's to say."""
+    try:
+        repository = parse_repository(registry, what="--registry")
+    except UserError as err:
+        raise UserError(
+            f"without a stack, doctor checks a push to the repository --registry names: {err.message}",
+            file="--registry",
+            fix="name the repository to check a push to (--registry HOST[:PORT]/PATH), or a stack "
+            "(stackforge doctor STACK --registry R) to check the repository its image is published to",
+        ) from None
+
+    def run() -> str:
+        client = RegistryClient(
+            repository, policy=RetryPolicy(attempts=1, total_seconds=timeout), timeout=(timeout, timeout)
+        )
+        try:
+            client.check_push()
+        except (RegistryError, requests.RequestException) as exc:
+            raise UserError(f"{clip(redact_text(str(exc)))}; fix: {_PUSH_FIX}") from None
+        return "answers, and accepts a push here (an upload started and cancelled)"
+
+    return Check("", "registry push", redact(registry.strip().rstrip("/")), run=run, limit=timeout)
 
 
 def diagnose(
@@ -419,7 +449,9 @@ def diagnose(
     engine: bool = True,
     registry: str | None = None,
 ) -> list[Check]:
-    """Every row for these stacks (and the engine, once), checked; with ``registry``, each stack's push to it."""
+    """Every row for these stacks (and the engine, once), checked; with ``registry``, each stack's push to it
+    (without a stack: a push to the repository ``registry`` names)."""
+    alone = registry_only_check(registry, timeout) if registry and not stacks else None
     host = run_checks(engine_checks(workspace)) if engine else []
     answers = all(r.status == OK for r in host)
     rows: list[Check] = []
@@ -429,7 +461,7 @@ def diagnose(
     for row in rows:
         if row.check == "base image" and not answers:  # asked of the engine first: not a fault of the image
             row.run, row.key, row.detail = None, None, "not checked: the engine does not answer (its row above)"
-    return host + run_checks(rows)
+    return host + run_checks(rows + ([alone] if alone else []))
 
 
 def render_table(rows: list[Check]) -> str:

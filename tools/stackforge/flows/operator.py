@@ -8,7 +8,10 @@ checks of ``stackforge verify`` (labels against the stack's pins and fingerprint
 with a read-only root). An overlay image's record and labels are checked by
 :func:`stackforge.overlay.record.check_ref` first (its base's stack, when the image carries one, as above).
 Every check is one ``PASS``/``FAIL`` line; a record that does not describe the pulled image (another digest, a
-changed pin, overlay labels the record does not name) fails.
+changed pin, overlay labels the record does not name) fails. The record and the signature bind the digest, not the
+repository: read from another repository than the record's (a ``stackforge copy``), the record's tag is checked
+only where that repository has it. An image with no record attached (a copy by tag alone) fails naming what is
+missing there and the command that copies an image with it.
 
 :func:`newest` resolves the newest ``-rN`` of a date (default: the newest date) from the registry's tags, with
 the stack's tag scheme; :func:`newest_published` does it with no checkout, reading the scheme off the tags.
@@ -23,7 +26,7 @@ from typing import Any
 from stackforge.builder import embed, sbom
 from stackforge.builder.embed import load_embedded
 from stackforge.builder.plan import LABEL_NS
-from stackforge.builder.verify import Verification, verify
+from stackforge.builder.verify import Verification, image_config, verify
 from stackforge.clients.engine import image_files
 from stackforge.clients.registry import (
     RegistryClient,
@@ -124,45 +127,9 @@ def verify_ref(
             return v
     else:
         v.add(True, f"digest  {repo}:{reference} resolves to {digest}")
-    try:
-        found = records.fetch(client, digest)
-    except (RegistryError, ValueError) as exc:
-        v.add(False, f"record  cannot be read: {exc}")
+    rec = registry_checks(v, client, digest, ref, key)
+    if rec is None:
         return v
-    if found is None:
-        v.add(False, f"record  none attached to {digest} (neither the referrers API nor the tag "
-                     f"{records.fallback_tag(digest)} lists one): not published by stackforge, or its record was removed")  # fmt: skip
-        return v
-    v.add(True, f"record  {found.manifest_digest} found via {found.via} (created {found.created or 'unknown'})")
-    problems = records.check_schema(found.record)
-    for problem in problems:
-        v.add(False, f"record  {problem}")
-    if problems:
-        return v
-    rec = found.parsed()
-    v.stack = rec.stack
-    # what the record says the image passed (the summary line reports them; "none recorded" when absent)
-    v.record_tests, v.record_smoke = found.record.get("tests"), found.record.get("smoke")
-    v.add(found.subject == digest, f"record  subject={found.subject} pulled={digest}")
-    if found.subject != digest:
-        return v
-    if rec.digest != digest:
-        v.add(False, f"record  digest={rec.digest} does not match the pulled digest {digest}: the record does not "
-                     "describe this image; refused")  # fmt: skip
-        return v
-    v.add(True, f"record  digest={rec.digest} matches the pulled digest")
-    tag = rec.tags[0] if rec.tags else None
-    if tag:
-        try:
-            info = client.head_manifest(tag)
-        except RegistryError as exc:
-            v.add(False, f"tag     {tag} (from the record) cannot be read: {exc}")
-            return v
-        v.add(info is not None and info.digest == digest,
-              f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
-    if key is not None:
-        for ok, line in attest.check_provenance(client, digest, key, found.record):
-            v.add(ok, line)
     pinned = f"{repo}@{digest}"
     _pull(engine, pinned)
     labels, image_id = _labels(engine, pinned)
@@ -207,7 +174,7 @@ def verify_ref(
         return v
     with tempfile.TemporaryDirectory(prefix="stackforge-verify-") as tmp:
         loaded = load_embedded(files, rec.stack, Path(tmp))
-        checked = verify(loaded, pinned, labels, engine)
+        checked = verify(loaded, pinned, labels, engine, image_config(engine, pinned))
     v.lines.extend(checked.lines)
     v.failed += checked.failed
     if rebuild_from is not None:
@@ -216,6 +183,92 @@ def verify_ref(
         for ok, line in rebuild(rec, rebuild_from, client, digest, manifest.json(), engine):
             v.add(ok, line)
     return v
+
+
+def registry_checks(v: Verification, client: RegistryClient, digest: str, ref: str, key: Path | None) -> Any:
+    """The checks of ``verify REF`` that need the registry alone (no pull): the publish record attached to
+    ``digest`` (found, of this schema, its subject and digest this image), the scan it carries, the tag it names
+    resolving to ``digest``, and with ``key`` the signed provenance. The record (a ``PublishRecord``), or None when
+    a check stopped the others; each check is a line of ``v``."""
+    repo = client.repository
+    try:
+        found = records.fetch(client, digest)
+    except (RegistryError, ValueError) as exc:
+        v.add(False, f"record  cannot be read: {exc}")
+        return None
+    if found is None:
+        _not_attached(v, client, digest, ref)
+        return None
+    v.add(True, f"record  {found.manifest_digest} found via {found.via} (created {found.created or 'unknown'})")
+    problems = records.check_schema(found.record)
+    for problem in problems:
+        v.add(False, f"record  {problem}")
+    if problems:
+        return None
+    rec = found.parsed()
+    v.stack = rec.stack
+    # what the record says the image passed (the summary line reports them; "none recorded" when absent)
+    v.record_tests, v.record_smoke = found.record.get("tests"), found.record.get("smoke")
+    v.add(found.subject == digest, f"record  subject={found.subject} pulled={digest}")
+    if found.subject != digest:
+        return None
+    if rec.digest != digest:
+        v.add(False, f"record  digest={rec.digest} does not match the pulled digest {digest}: the record does not "
+                     "describe this image; refused")  # fmt: skip
+        return None
+    v.add(True, f"record  digest={rec.digest} matches the pulled digest")
+    scan_lines(v, rec)
+    tag = rec.tags[0] if rec.tags else None
+    if tag:
+        try:
+            info = client.head_manifest(tag)
+        except RegistryError as exc:
+            v.add(False, f"tag     {tag} (from the record) cannot be read: {exc}")
+            return None
+        if info is None and rec.repository != str(repo):
+            # a copy (`stackforge copy`) under another name: the record binds the digest, not where it is pulled from
+            v.lines.append(f"note    tag     {tag} (from the record) is not in {repo}: a copy of {rec.repository}; "
+                           "the record and the signature bind the digest, not the repository or tag")  # fmt: skip
+        else:
+            v.add(info is not None and info.digest == digest,
+                  f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
+    if key is not None:
+        for ok, line in attest.check_provenance(client, digest, key, found.record):
+            v.add(ok, line)
+    return rec
+
+
+def _not_attached(v: Verification, client: RegistryClient, digest: str, ref: str) -> None:
+    """The lines of an image with no publish record attached: which of the record, the signed provenance and the
+    SBOM are missing here, and how an image is copied with them."""
+    missing = ["publish record"]
+    try:
+        if not attest.envelopes(client, digest):
+            missing.append("signed provenance")
+        if attest.sbom_of(client, digest) is None:
+            missing.append("SBOM")
+    except (RegistryError, ValueError):
+        pass
+    v.add(False, f"record  none attached to {digest} in {client.repository} (neither the referrers API nor the tag "
+                 f"{records.fallback_tag(digest)} lists one): missing here: {', '.join(missing)}")  # fmt: skip
+    v.lines.append(f"note    a copy by tag alone (skopeo copy, docker pull/tag/push, a registry's tag replication) leaves "
+                   f"them behind: copy the image with them, `stackforge copy SRC {ref}` (or `oras cp -r SRC {ref}`); "
+                   "an image stackforge did not publish has none")  # fmt: skip
+
+
+def scan_lines(v: Verification, rec: Any) -> None:
+    """The vulnerability gate's verdict the record carries: clear, each waived finding with its reason (a pass:
+    waived by a reviewer, until its date), each blocking finding (a failure: the publish moved no alias for it);
+    a note when no scan ran."""
+    scan = rec.scan
+    if scan is None:
+        v.lines.append("note    scan none recorded: the image was published without a vulnerability gate")
+        return
+    v.add(scan.verdict != "blocked", f"scan    {scan.verdict} at {scan.fail_on} ({scan.findings} findings)")
+    for w in scan.waived:
+        v.add(True, f"scan    waived {w.id} ({w.package} {w.version or ''}): {w.reason} (until {w.expires}; {w.waiver or 'waiver'})")  # fmt: skip
+    if scan.blocked:
+        v.add(False, f"scan    blocked by {', '.join(scan.blocked[:8])}: no alias was moved to this image")
 
 
 def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: Any, pinned: str) -> None:

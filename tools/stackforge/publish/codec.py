@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, cast
 
+from stackforge import extras
 from stackforge.errors import UserError
 from stackforge.publish import pgzip
 
@@ -86,7 +87,7 @@ class _Sink:
 
 
 def _zstd(src: IO[bytes], write: Callable[[bytes], object], level: int, head: bytes) -> str:
-    import zstandard  # the publish of a zstd layer is the only user
+    zstandard = extras.need("zstandard", "zstd", "zstd layers (--compression zstd)")  # the only user
 
     diff = hashlib.sha256()
     compressor = zstandard.ZstdCompressor(
@@ -107,6 +108,8 @@ def codec(name: str, level: int | None = None) -> Codec | None:
         raise UserError(f"unknown layer compression {name!r}", fix=f"use one of: {', '.join(NAMES)}")
     if name == "none":
         return None
+    if name == "zstd":
+        extras.need("zstandard", "zstd", "zstd layers (--compression zstd)")
     low, high, default = LEVELS[name]
     if level is None:
         return Codec(name, default)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol, cast
 
+from stackforge import extras
 from stackforge.builder.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
 from stackforge.clients import layerstore
 from stackforge.clients.engine import Engine
@@ -514,8 +515,7 @@ def uncompressed(layer: Blob) -> IO[bytes]:
 
         return cast(IO[bytes], gzip.open(layer.path, "rb"))
     if layer.media_type == OCI_LAYER_ZSTD:
-        import zstandard
-
+        zstandard = extras.need("zstandard", "zstd", "an engine's zstd layers")
         return zstandard.ZstdDecompressor().stream_reader(open(layer.path, "rb"), closefd=True)
     return open(layer.path, "rb")
 

@@ -259,7 +259,8 @@ def open_envelope(body: bytes, key: Any) -> dict[str, Any]:
 def check(stmt: dict[str, Any], digest: str, record: dict[str, Any] | None) -> list[tuple[bool, str]]:
     """(ok, line) for the statement's type, subject and predicate against the pulled ``digest`` and its record.
     The statement came from a registry: it is read through :class:`Statement`, and what it says reaches a line
-    only as printable text."""
+    only as printable text. The pulled digest must be one of the subjects' sha256; a subject's name (where the image
+    was published) is shown, not checked, so a copy under another repository name verifies."""
     parsed = safeio.validate(Statement, stmt, source="the signed provenance", what="in-toto statement")
 
     def shown(value: Any) -> str:
@@ -270,7 +271,12 @@ def check(stmt: dict[str, Any], digest: str, record: dict[str, Any] | None) -> l
     out.append((parsed.predicateType == PREDICATE_TYPE, f"predicate type {shown(parsed.predicateType)}"))
     subjects = [s.digest.get("sha256") for s in parsed.subject]
     want = digest.split(":", 1)[1]
-    out.append((want in subjects, f"subject sha256:{shown(subjects[0]) if subjects else 'none'} pulled={digest}"))
+    if want in subjects:  # the digest is bound; the subject's name (the repository it was published to) is not
+        name = parsed.subject[subjects.index(want)].name
+        named = f" (named {shown(name)!r}: where it was published, not checked)" if name else ""
+        out.append((True, f"subject sha256:{want} pulled={digest}{named}"))
+    else:
+        out.append((False, f"subject sha256:{shown(subjects[0]) if subjects else 'none'} pulled={digest}"))
     if record is not None:
         expected = statement(record, {}, "")["predicate"]["buildDefinition"]
         got = parsed.predicate.buildDefinition

@@ -43,7 +43,15 @@ from stackforge.clients.registry import (
 )
 from stackforge.errors import BuildFailed
 from stackforge.fslock import atomic_write
-from stackforge.publish.record_schema import SCHEMA, FileEntry, GateResults, PublishRecord, parse, problems
+from stackforge.publish.record_schema import (
+    SCHEMA,
+    FileEntry,
+    GateResults,
+    PublishRecord,
+    ScanPart,
+    parse,
+    problems,
+)
 from stackforge.publish.referrers import (
     CREATED,
     DIGEST,
@@ -377,6 +385,8 @@ class Attacher:
     engine: Any
     local_ref: str
     policy: Any = None
+    #: the vulnerability gate's verdict (``ScanReport.summary()``), carried by the record; None: no scan ran
+    scan: dict[str, Any] | None = None
     _details: dict[str, Any] | None = None
     _early: Early | None = None
 
@@ -384,6 +394,9 @@ class Attacher:
         if self._details is None:
             labels = dict(self.engine.sdk().images.get(self.local_ref).attrs.get("Config", {}).get("Labels") or {})
             self._details = details(self.loaded, self.evidence_dir, labels)
+            if self.scan is not None:
+                keys = ("verdict", "fail_on", "blocked", "waived", "findings", "database")
+                self._details["scan"] = ScanPart(**{k: self.scan[k] for k in keys if k in self.scan})
         return PublishRecord(**head(self.loaded.model.name, self.target, published), **self._details)
 
     def prepare(self, provisional: Any) -> None:

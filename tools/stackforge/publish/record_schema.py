@@ -85,6 +85,34 @@ class SliceResult(Part):
     expected: dict[str, JsonValue] = Field(default_factory=dict, description="the counts the slice declares")
 
 
+class ScanWaived(Part):
+    """A finding the scan waived, with the waiver's reason."""
+
+    id: str = Field(description="the advisory's id")
+    package: str = Field(description="the package it affects")
+    version: str | None = Field(None, description="the version the image holds")
+    severity: str | None = Field(None, description="the advisory's severity")
+    reason: str = Field(description="why it is waived (the waiver's reason)")
+    expires: str = Field(description="the day the waiver ends (ISO date): after it the finding blocks again")
+    waiver: str | None = Field(None, description="where the waiver is written: file:line")
+
+
+class ScanPart(Part):
+    """The vulnerability gate's verdict at publish (`publish --osv`, the nightly's scan)."""
+
+    verdict: Literal["clear", "waived", "blocked"] = Field(
+        description="clear: nothing at or above the threshold; waived: only waived findings; blocked: a finding "
+        "blocks (the publish moved no alias)"
+    )
+    fail_on: str = Field(description="the severity threshold the verdict was taken at")
+    blocked: list[str] = Field(default_factory=list, description="the ids of the findings that block")
+    waived: list[ScanWaived] = Field(default_factory=list, description="the findings waived, each with its reason")
+    findings: int = Field(0, description="how many findings the scan made, below the threshold included")
+    database: dict[str, JsonValue] = Field(
+        default_factory=dict, description="each ecosystem's OSV snapshot: when it was fetched, its age"
+    )
+
+
 class OverlayPart(Part):
     """What an overlay image's record adds: the overlay (see `stackforge.overlay.record`)."""
 
@@ -134,6 +162,7 @@ class PublishRecord(Part):
         default_factory=dict, description="each test slice's verdict and counts, by slice (`stackforge test`)"
     )
     build_id: str | None = Field(None, description="the build id of the evidence the record was made from")
+    scan: ScanPart | None = Field(None, description="the vulnerability gate's verdict; absent when none ran")
     overlay: OverlayPart | None = Field(None, description="an overlay image's overlay; absent for a stack image")
 
     @field_validator("overlay", mode="before")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stackforge import safeio
-from stackforge.builder import evidence, sbom, vulns
+from stackforge.builder import evidence, sbom, vulns, waivers
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.run import default_target, target_ref
@@ -99,6 +99,21 @@ def destination(loaded: LoadedStack, registry: str, date: str, target: str | Non
     return target, repository, scheme, first, suffix
 
 
+def alias_tags(loaded: LoadedStack, registry: str, first: Any, suffix: str) -> list[str]:
+    """The alias tags of a stack's target (``suffix``: its tag suffix) in the publish repository of ``first`` (the
+    first tag's reference, :func:`destination`)."""
+    reg = parse_registry(registry, what="--registry")
+    aliases = []
+    for alias in tagsmod.alias_refs(loaded, str(reg)):
+        if alias.repository != first.repository:
+            raise UserError(
+                f"alias {alias} is not in the publish repository {first.repository}",
+                fix="aliases name the same repository as tags.publish",
+            )
+        aliases.append(alias.tag + suffix)
+    return aliases
+
+
 def publish_stack(
     loaded: LoadedStack,
     registry: str,
@@ -124,7 +139,7 @@ def publish_stack(
     publishing again: the image is found already published and only the aliases move).
     """
     stack, ws = loaded.model, workspace_for(loaded, workspace)
-    reg = parse_registry(registry, what="--registry")
+    parse_registry(registry, what="--registry")
     date = validate_date(date)
     try:
         lint_or_fail(loaded)
@@ -138,14 +153,7 @@ def publish_stack(
             exit_code=err.exit_code,
         ) from None
     target, repository, scheme, first, suffix = destination(loaded, registry, date, target)
-    aliases = []
-    for alias in tagsmod.alias_refs(loaded, str(reg)):
-        if alias.repository != first.repository:
-            raise UserError(
-                f"alias {alias} is not in the publish repository {first.repository}",
-                fix="aliases name the same repository as tags.publish",
-            )
-        aliases.append(alias.tag + suffix)
+    aliases = alias_tags(loaded, registry, first, suffix)
     options = options or PublishOptions()
     # the codec and its level are refused before the engine or the registry is asked anything
     compression = options.compression or stack.tags.compression or "gzip"
@@ -160,11 +168,13 @@ def publish_stack(
         gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
         extra = {"stack": stack.name, "target": target, "local_ref": local, "gated_build": gated, "date": date}
         evidence_dir = publish_dir(root, gated, image.image_id)
-        held = vulnerability_gate(options, evidence_dir, engine, local)
+        scanned = vulnerability_gate(options, evidence_dir, engine, local, loaded.root)
+        held = scan_record(scanned) if scanned is not None else None
         if held is not None:
             extra["scan"] = held
         options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
         attacher = record.Attacher(loaded, target, evidence_dir, repository, engine, local, options.policy)
+        attacher.scan = scanned.summary() if scanned is not None else None
         signing = _signing(loaded, target, options, evidence_dir, repository, engine, local)
         result = publish(
             image,
@@ -181,25 +191,48 @@ def publish_stack(
         )
         attacher.finish(result)
         _attach_sbom(evidence_dir, repository, options, result)
+        if scanned is not None:
+            result.scan = scanned.summary()
         if held and held["blocking"] and move_aliases:
             result.aliases.update({a: f"not moved: {held['reason']}" for a in aliases})
         return result
 
 
-def vulnerability_gate(options: PublishOptions, evidence_dir: Path, engine: Any, local: str) -> dict[str, Any] | None:
-    """The scan of the build's SBOM against ``options.osv`` (None without it): its findings and, when one is at
-    or above ``options.fail_on``, the reason no alias moves."""
+def vulnerability_gate(
+    options: PublishOptions, evidence_dir: Path, engine: Any, local: str, root: Path | None = None
+) -> vulns.ScanReport | None:
+    """The scan of the build's SBOM against ``options.osv`` (None without it), with the repository's waivers
+    (``root``'s stacks/waivers.yaml). A database that cannot give a verdict (missing, empty, too old, not
+    covering the image) is an error before anything is pushed."""
     if options.osv is None:
         return None
     vulns.check_level(options.fail_on)
+    max_age = vulns.parse_max_age(options.osv_max_age or vulns.DEFAULT_MAX_AGE)
     path = evidence_dir / sbom.EVIDENCE
-    text = path.read_text() if path.is_file() else sbom.of_image(engine, local)
-    report = vulns.scan_sbom(text, local, options.osv, options.fail_on)
+    text = (
+        safeio.read_bytes(path, limit=sbom.MAX_BYTES, what="SBOM", follow=False)
+        if path.is_file()
+        else sbom.of_image(engine, local)
+    )
+    return vulns.scan_sbom(
+        text, local, options.osv, options.fail_on, source=path, max_age=max_age, waivers=waivers.load_repository(root)
+    )
+
+
+def scan_record(report: vulns.ScanReport) -> dict[str, Any]:
+    """The scan as ``publish.json`` carries it: the verdict's fields (as the nightly summary has them), the
+    database, every finding's line, the blocking ids and the reason no alias moves."""
+    summary = report.summary()
     return {
+        "verdict": summary["verdict"],
+        "blocked": summary["blocked"],
+        "waived": summary["waived"],
+        "snapshots": summary["database"],
+        "waivers": summary["waivers"],
         "database": report.database,
         "records": report.records,
         "fail_on": report.fail_on,
-        "findings": [f.line() for f in report.findings],
+        "findings": [j.line(report.fail_on) for j in report.judged()],
         "blocking": [f.id for f in report.blocking],
         "reason": report.reason,
     }

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from stackforge.errors import UserError
-from stackforge.stack.names import STACK_NAME, STACKS_DIR, list_stacks
+from stackforge.stack.names import RESERVED, STACK_NAME, STACKS_DIR, list_stacks
 from stackforge.stack.yamlsrc import Pos, Refused, load_value, load_with_positions
 from stackforge.urls import redact_text
 from stackforge.urls import split as split_credentials
@@ -59,6 +59,11 @@ MAX_INHERITANCE = 16  # stacks in one inheritance chain
 
 def _name_problem(root: Path, name: Any) -> tuple[str, str] | None:
     """Why ``name`` is not a stack name (message, fix), or None when it is one."""
+    if isinstance(name, str) and name in RESERVED:
+        return (
+            f"{STACKS_DIR}/{name}.yaml holds the repository's vulnerability waivers, not a stack",
+            "name a stack; `stackforge lint` checks the waivers",
+        )
     if isinstance(name, str) and STACK_NAME.fullmatch(name) and not name.endswith((".yaml", ".yml")):
         return None
     shown = repr(name) if isinstance(name, str) and len(name) <= 200 else "this value"
