@@ -28,7 +28,8 @@ from typing import Any
 from stackforge.builder import cabundle
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.regcache import RegistryCache
-from stackforge.builder.run import default_target, target_ref
+from stackforge.builder.render import clean_scope
+from stackforge.builder.run import default_target, drop_own_caches, target_ref
 from stackforge.builder.run import prepare as prepare_build
 from stackforge.builder.secrets import host_inputs, secret_files
 from stackforge.clients.engine import Engine
@@ -109,12 +110,14 @@ def prepare(
     secrets_dir: Path | None = None,
     syntax: str | None = None,
     workspace: Workspace | None = None,
+    cache_scope: str = "",
 ) -> list[BakeTarget]:
     """Assemble each stack's context and Dockerfile (as ``stackforge build`` does) and describe its targets.
 
     ``sources=False`` renders the plan without fetching upstreams (for ``--print``); the secret
     files are then not written either and their ``src`` is a placeholder (so is the CA bundle's context).
     The engine, credentials and CA bundle are the workspace's (default: the one at each stack's root).
+    ``cache_scope``: a clean bake's own cache mounts (``render.clean_scope``), the same for every stack of it.
     """
 
     out: list[BakeTarget] = []
@@ -123,7 +126,9 @@ def prepare(
         stack = loaded.model
         names = stack_targets(loaded, targets_of(targets, loaded.name))
         with stack_lock(build_dir_for(loaded)):
-            prepared = prepare_build(loaded, engine or ws.engine, sources=sources, syntax=syntax, workspace=ws)
+            prepared = prepare_build(
+                loaded, engine or ws.engine, sources=sources, syntax=syntax, workspace=ws, cache_scope=cache_scope
+            )
         ctx, args = prepared.ctx, prepared.build_args
         secrets, contexts = _host_inputs(loaded, secrets_dir, ws, engine or ws.engine, sources)
         for t in names:
@@ -289,12 +294,16 @@ def _bake(
 ) -> tuple[list[BakeTarget], BakeRun]:
     secrets_dir = Path(tempfile.mkdtemp(prefix="stackforge-bake-secrets-"))
     os.chmod(secrets_dir, 0o700)
+    scope = clean_scope() if no_cache else ""  # a clean bake's cache mounts are its own; the shared ones stay
     try:
-        items = prepare(stacks, targets=targets, engine=engine, secrets_dir=secrets_dir, workspace=workspace)
+        items = prepare(
+            stacks, targets=targets, engine=engine, secrets_dir=secrets_dir, workspace=workspace, cache_scope=scope
+        )
         workdir.mkdir(parents=True, exist_ok=True)
         for i in items:  # what the bake built, beside its plan (a later `build` rewrites build/<stack>/)
             shutil.copy2(i.dockerfile, workdir / f"{i.stack}.Dockerfile")
         result = run(items, workdir, engine=engine, load=load, no_cache=no_cache, on_line=on_line, cache=cache)
+        drop_own_caches(engine, scope)  # passed or failed; an interrupted bake's are still in use
     finally:
         shutil.rmtree(secrets_dir, ignore_errors=True)
     # The plan on disk keeps no path to a deleted secret file.

@@ -263,11 +263,21 @@ def write_dockerfile(
     syntax: str | None = None,
     run_network: bool = False,
     ca: CaMount | None = None,
+    cache_scope: str = "",
 ) -> Path:
-    """Write build/<stack>/Dockerfile (whole, under the build directory's lock)."""
+    """Write build/<stack>/Dockerfile (whole, under the build directory's lock); ``cache_scope``: a clean build's
+    own cache mounts (``render.clean_scope``)."""
     with stack_lock(ctx.build_dir):
         atomic_write(
             ctx.dockerfile,
-            render_dockerfile(ctx.plan, labels, syntax=syntax, root=ctx.loaded.root, run_network=run_network, ca=ca),
+            render_dockerfile(
+                ctx.plan,
+                labels,
+                syntax=syntax,
+                root=ctx.loaded.root,
+                run_network=run_network,
+                ca=ca,
+                cache_scope=cache_scope,
+            ),
         )
     return ctx.dockerfile

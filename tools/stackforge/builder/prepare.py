@@ -5,7 +5,7 @@ build/<stack>/Dockerfile. Nothing here talks to the engine: what only the engine
 knows (the base image's identity, whether BuildKit honours SOURCE_DATE_EPOCH and
 ``RUN --network=none``) comes
 in through a callback, so the same stack and inputs give the same Dockerfile bytes
-whichever verb wrote it.
+whichever verb wrote it; a clean build's names its own cache mounts (``render.clean_scope``).
 """
 
 from __future__ import annotations
@@ -141,6 +141,7 @@ def prepare_dockerfile(
     syntax: str | None = None,
     engine_facts: Callable[[], EngineFacts] | None = None,
     workspace: Workspace | None = None,
+    cache_scope: str = "",
 ) -> Prepared:
     """Lint, assemble the context, compute the labels and write the Dockerfile.
 
@@ -150,7 +151,9 @@ def prepare_dockerfile(
     `created` label, unless the stack sets ``created_label: false``) and whether it takes
     ``RUN --network=none`` (the offline steps then get no network). Without it the labels name no base digest or id and no creation time.
     ``sources=False`` fetches no upstream; the labels then hold no `org.stackforge.inputs`, since the
-    sources it fingerprints are unknown (``Prepared.inputs_omitted`` gives the reason)."""
+    sources it fingerprints are unknown (``Prepared.inputs_omitted`` gives the reason).
+    ``cache_scope`` (a clean build's ``render.clean_scope``) gives the Dockerfile's cache mounts ids of the
+    build's own; the labels, build arguments and inputs do not depend on it."""
     lint_or_fail(loaded)
     facts = engine_facts() if engine_facts else None
     base, epoch = (facts.base, facts.source_date_epoch) if facts else (None, False)
@@ -188,5 +191,6 @@ def prepare_dockerfile(
         ca=ca_mount(
             workspace_for(loaded, workspace).ca_bundle_file() is not None, facts.named_contexts if facts else True
         ),
+        cache_scope=cache_scope,
     )
     return Prepared(ctx, labels, build_args, omitted)

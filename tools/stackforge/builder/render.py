@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import shlex
 from pathlib import Path
 
@@ -85,6 +87,20 @@ def _env(root: Path | None) -> Sandbox:
     return env
 
 
+#: what a clean build's cache mount ids end with (:func:`clean_scope`); a shared mount's id has no suffix
+CLEAN_SCOPE = re.compile(r"-clean-[0-9a-f]{12}")
+
+
+def clean_scope() -> str:
+    """A suffix for the cache mount ids of one clean (``--no-cache``) build: ``-clean-`` and 12 random hex digits.
+
+    BuildKit starts every cache mount a ``--no-cache`` build names new and empty, and the builds after it use the
+    new one (it drops the old one by its id). Ids of the build's own leave the shared mounts (``stackforge-pip``,
+    ``stackforge-ccache``, apt's) to the other builds as they are, and the clean build reads none of their
+    content. A mount's id is not part of a step's cache key, nor of the image."""
+    return "-clean-" + secrets.token_hex(6)
+
+
 def _epoch(labels: dict[str, str]) -> str:
     """The layer epoch the stages declare as SOURCE_DATE_EPOCH (``plan.EPOCH_LABEL``; digits only, else none)."""
     value = labels.get(EPOCH_LABEL, "")
@@ -98,6 +114,7 @@ def render_dockerfile(
     root: Path | None = None,
     run_network: bool = False,
     ca: CaMount | None = BIND,
+    cache_scope: str = "",
 ) -> str:
     """The Dockerfile text. ``syntax`` adds a `# syntax=` line (off by default: it needs a registry).
     ``run_network`` (the engine takes ``RUN --network=none``): the steps that must not reach the network
@@ -105,7 +122,11 @@ def render_dockerfile(
     without it they are offline only by construction (no index, local git only).
     ``ca`` (the build passes a CA bundle): how the steps that download mount it (``builder/cabundle.py``: a
     bind mount of the named context ``stackforge-cabundle``, or the secret ``cabundle`` on an engine without
-    named contexts). ``None`` (no bundle): they declare no mount at all."""
+    named contexts). ``None`` (no bundle): they declare no mount at all.
+    ``cache_scope`` (a clean build's :func:`clean_scope`) ends the id of every cache mount: the build's own
+    mounts instead of the shared ones."""
+    if cache_scope and not CLEAN_SCOPE.fullmatch(cache_scope):
+        raise ValueError(f"cache scope {cache_scope!r} is not one clean_scope() makes")
     env = _env(root)
     try:
         template = env.get_template("Dockerfile.j2")
@@ -118,6 +139,7 @@ def render_dockerfile(
                 "offline": "--network=none " if run_network else "",
                 "ca": ca,
                 "epoch": _epoch(labels or {}),
+                "cache_scope": cache_scope,
             },
         )
     except jinja2.TemplateSyntaxError as exc:

@@ -25,6 +25,7 @@ from stackforge.builder import imagerecords, inventory, regcache, reuse, sbom, s
 from stackforge.builder import reports as target_reports
 from stackforge.builder.context import Context, build_dir_for
 from stackforge.builder.prepare import BaseImage, EngineFacts, Prepared, prepare_dockerfile
+from stackforge.builder.render import clean_scope
 from stackforge.builder.secrets import host_inputs
 from stackforge.clients import credentials
 from stackforge.clients.engine import Engine
@@ -206,10 +207,12 @@ def prepare(
     sources: bool = True,
     syntax: str | None = None,
     workspace: Workspace | None = None,
+    cache_scope: str = "",
 ) -> Prepared:
     """Everything before the engine runs, shared by `render`, `build` and `bake` so all three write the
     same bytes (and so share BuildKit's cache): the engine resolves the base image and says whether it
-    honours SOURCE_DATE_EPOCH; ``sources=False`` asks the engine nothing and fetches no upstream."""
+    honours SOURCE_DATE_EPOCH; ``sources=False`` asks the engine nothing and fetches no upstream.
+    ``cache_scope``: a clean build's own cache mounts (:func:`~stackforge.builder.render.clean_scope`)."""
 
     def engine_facts() -> EngineFacts:
         return EngineFacts(
@@ -226,7 +229,20 @@ def prepare(
         syntax=syntax,
         engine_facts=engine_facts if sources else None,
         workspace=workspace,
+        cache_scope=cache_scope,
     )
+
+
+def drop_own_caches(engine: Engine, scope: str) -> None:
+    """After a clean build (``scope``: its :func:`~stackforge.builder.render.clean_scope`), remove its own cache
+    mounts: no later build names them, and they hold as much as it downloaded and compiled. One that cannot be
+    listed or removed (an engine without ``buildx du``, a mount still in use, as an interrupted build's are) is
+    left to the builder's garbage collection."""
+    if scope:
+        try:
+            engine.drop_cache_mounts(scope)
+        except UserError:
+            pass
 
 
 def _stderr_line(line: str) -> None:
@@ -267,7 +283,9 @@ def build(
     engine = engine or ws.engine
     line = loaded.line  # a declared platform line builds for its platform, on its builder when it names one
     info = engine.check()
-    prepared = prepare(loaded, engine, out=opts.out, syntax=opts.syntax, workspace=ws)
+    # A clean build runs with cache mounts of its own, which start empty: the shared ones stay as they are.
+    scope = clean_scope() if opts.no_cache else ""
+    prepared = prepare(loaded, engine, out=opts.out, syntax=opts.syntax, workspace=ws, cache_scope=scope)
     ctx, labels, build_args = prepared.ctx, prepared.labels, prepared.build_args
     evidence_dirs.keep_builds(opts.keep_builds)  # a bad value fails before the engine runs
     evidence = evidence_dirs.new_build(ctx.build_dir / "evidence")
@@ -299,6 +317,7 @@ def build(
                     log_file=evidence / "build.log",
                     extra_args=_extra_args(opts, ctx),
                 )
+                drop_own_caches(engine, scope)  # passed or failed; an interrupted build's are still in use
     log = result.log
     atomic_write(evidence / "gate.txt", "\n".join(gate_lines(log)) + "\n")
     if result.returncode != 0 or not opts.load:

@@ -248,8 +248,8 @@ def add_refresh(parser: argparse.ArgumentParser) -> None:
 
 
 NO_CACHE_HELP = (
-    "run every step again; BuildKit also starts the cache mounts (pip, ccache, apt) empty and keeps those for "
-    "the builds after it"
+    "run every step again, with empty pip, ccache and apt caches of this build's own (removed when it ends); "
+    "the shared caches other builds use stay as they are"
 )
 
 
