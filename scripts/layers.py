@@ -64,7 +64,7 @@ def floor_of(unit: str) -> int | None:
 
 
 def unit_of(module: str, package_dir: Path) -> str | None:
-    """The unit of a dotted module inside the package (``stackforge.builder.run`` → ``builder``); a name the
+    """The unit of a dotted module inside the package (``stackforge.builder.run.run`` → ``builder``); a name the
     package's ``__init__`` defines (``stackforge.__version__``) is the package itself."""
     parts = module.split(".")
     if parts[0] != PACKAGE:

@@ -77,7 +77,7 @@ def test_a_relative_upward_import_fails(tree: Path):
 
 
 def test_annotations_only_imports_do_not_count(tree: Path):
-    _append(tree / "clients" / "git.py", "\nif TYPE_CHECKING:\n    from stackforge.builder.plan import Plan\n")
+    _append(tree / "clients" / "git.py", "\nif TYPE_CHECKING:\n    from stackforge.builder.plan.plan import Plan\n")
     assert layers.check(tree) == []
 
 
