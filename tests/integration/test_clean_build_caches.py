@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.render import CLEAN_SCOPE, SOURCE_IMAGES
+from stackforge.builder.plan.render import CLEAN_SCOPE, SOURCE_IMAGES
 from stackforge.clients.engine import Engine, parse_cache_mounts
 from tests.fixtures import buildcache, run_names
 from tests.fixtures.index_server import IndexServer

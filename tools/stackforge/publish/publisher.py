@@ -165,7 +165,7 @@ class PublishResult:
     local_size: int | None = None
     #: the local image's id when publishing normalized it (``image_id`` is then what a pull gives)
     gated_image_id: str | None = None
-    #: the vulnerability gate's verdict (builder/vulns.py ScanReport.summary()); None: not scanned
+    #: the vulnerability gate's verdict (builder/records/vulns.py ScanReport.summary()); None: not scanned
     scan: dict[str, Any] | None = None
 
     @property

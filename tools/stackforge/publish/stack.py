@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from stackforge import safeio
-from stackforge.builder import evidence, sbom, vulns, waivers
-from stackforge.builder.context import build_dir_for
-from stackforge.builder.prepare import lint_or_fail
-from stackforge.builder.run import default_target, target_ref
+from stackforge.builder.context.context import build_dir_for
+from stackforge.builder.context.prepare import lint_or_fail
+from stackforge.builder.records import evidence, sbom, vulns, waivers
+from stackforge.builder.run.run import default_target, target_ref
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import RegistryClient, RegistryError, RetryPolicy, parse_registry, parse_repository
 from stackforge.clients.workspace import Workspace, workspace_for
