@@ -179,7 +179,16 @@ def test_apply_refuses_a_non_empty_destination_without_force(sc, tmp_path):
     with pytest.raises(UserError) as exc:
         P.apply_to(target(sc), dest)
     assert "--force" in exc.value.fix
-    assert P.apply_to(target(sc), dest, force=True).ok
+    with pytest.raises(UserError) as exc:  # --force replaces only a tree apply made
+        P.apply_to(target(sc), dest, force=True)
+    assert "is not a tree `stackforge patches apply` made" in exc.value.message
+    assert (dest / "keep.txt").read_text() == "mine"
+    made = tmp_path / "made"
+    assert P.apply_to(target(sc), made).ok
+    with pytest.raises(UserError) as exc:
+        P.apply_to(target(sc), made)
+    assert "--force" in exc.value.fix
+    assert P.apply_to(target(sc), made, force=True).ok
 
 
 def test_check_classifies_each_patch(sc):
