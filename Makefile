@@ -66,7 +66,7 @@ lint-py: $(STAMP) ## ruff (lint + format check) and mypy on the package, tests a
 
 lint-domain: $(STAMP) ## stack rules, current locks, the stale-reference audit, patch-series lint, byte-stable export, recipes, the cookbook and the stack-file reference
 	$(STACKFORGE) lint
-	$(STACKFORGE) lock --check $(notdir $(wildcard stacks/locks/*))
+	$(STACKFORGE) lock --check $(basename $(notdir $(wildcard stacks/*.yaml)))
 	$(STACKFORGE) audit post2
 	$(STACKFORGE) patches lint
 	$(STACKFORGE) patches export --check

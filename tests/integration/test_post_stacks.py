@@ -203,6 +203,11 @@ def test_post2_image_tag_and_labels(post2, standins):
     assert labels["com.mthreads.vllm.version"] == "v0.28.0"
     assert labels["org.stackforge.stack"] == "post2"
     assert labels["org.opencontainers.image.base.name"] == standins.base_image
+    # the plugin's Mooncake, labelled as its final stage labels it (the image holds that release: its check passed)
+    assert labels["com.mthreads.vllm-musa.mooncake-version"] == "0.3.13" == ms.MOONCAKE[1]
+    assert "PASS probe  mooncake result=mooncake-transfer-engine-musa 0.3.13 target=mooncake" in post2.evidence_lines(
+        "checks.txt"
+    )
 
 
 def test_post2_target_runs_vllm_serve(post2):
@@ -270,8 +275,9 @@ def test_post1_builds_end_to_end(post1, standins):
     expected = expected_gate(stack)
     allowed = [l for l in checks if l.startswith("PASS pip    check      allowed: ")]
     assert checks[1 : len(checks) - len(allowed)] == [l for l in expected if "allowed: " not in l]
-    # the plugin revision requires the post2 train: pip check reports each, and post1 allows each with its reason
-    assert len(allowed) == 5 and all(
+    # the plugin revision requires the post2 train and torchada 0.1.90: pip check reports each, and post1 allows
+    # each with its reason
+    assert len(allowed) == 6 and all(
         any(line.startswith(f"PASS pip    check      {a}") for line in allowed) for a in expected if "allowed: " in a
     ), allowed
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"

@@ -83,7 +83,7 @@ def test_omni_keeps_every_vendor_pin_but_the_declared_repin(omni, standins):
 
 def test_omni_checks_labels_source_fix_and_layers(omni, standins):
     assert run(omni.image, "cat", "/stackforge/targets/mooncake/checks.txt").splitlines() == [
-        "PASS probe  mooncake result=mooncake-transfer-engine-musa 0.3.12.post1 target=mooncake"
+        "PASS probe  mooncake result=mooncake-transfer-engine-musa 0.3.13 target=mooncake"
     ]
     assert run(omni.image, "cat", "/stackforge/targets/vllm-omni/checks.txt").splitlines() == [
         "PASS probe  vllm-omni result=0.28.0+musa target=vllm-omni",
@@ -92,7 +92,7 @@ def test_omni_checks_labels_source_fix_and_layers(omni, standins):
     ]
     # The same records, every target the image went through, are in the evidence.
     assert omni.evidence_lines("checks.txt") == [
-        "PASS probe  mooncake result=mooncake-transfer-engine-musa 0.3.12.post1 target=mooncake",
+        "PASS probe  mooncake result=mooncake-transfer-engine-musa 0.3.13 target=mooncake",
         "PASS probe  vllm-omni result=0.28.0+musa target=vllm-omni",
         "PASS probe  numpy-override result=numpy<2 target=vllm-omni",
         "PASS probe  media-imports result=av cv2 soundfile cv2=4.11 target=vllm-omni",

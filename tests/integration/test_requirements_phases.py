@@ -75,10 +75,11 @@ def test_inventory_names_each_dist_with_its_index_and_archive_hash(post2, standi
         "mthreads-nodeps",
     )
     assert torch["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
-    # vLLM's runtime closure came from the public index in the requirement phase, real Requires-Dist included.
+    # vLLM's runtime closure came from the public index in the requirement phase, real Requires-Dist included:
+    # the plugin's transformers==5.5.3, and huggingface_hub under its cap (2.0.0 is served too)
     for name, version in (
-        ("transformers", "4.57.1"),
-        ("huggingface-hub", "0.35.3"),
+        ("transformers", "5.5.3"),
+        ("huggingface-hub", "1.33.0"),
         ("compressed-tensors", "0.13.0"),
         ("mthreads-ml-py", "2.4.1"),
         ("urllib3", "2.5.0"),
@@ -150,7 +151,11 @@ def test_a_requirement_file_missing_at_the_pinned_commit_fails_before_the_engine
     ep = standins.endpoints(standins.specs("post2"))
     build = standins.build(
         "post2",
-        [*standins.overrides(ep), "requirements.vllm-common.files=[{upstream: vllm, path: requirements/tpu.txt}]"],
+        [
+            *standins.overrides(ep),
+            "requirements.vllm-common.files=[{upstream: vllm, path: requirements/tpu.txt}]",
+            "upstreams.vllm_musa.contract=null",  # else the contract's lines on vllm-common's files fail lint first
+        ],
         label="missing-requirements",
     )
     assert build.proc.returncode == 2, build.describe()
@@ -189,14 +194,16 @@ def test_a_phase_that_would_replace_the_vendor_torch_fails_naming_the_phase_and_
 
 
 def test_a_phase_that_would_move_a_public_pin_fails_naming_the_phase_and_the_pin(post2, standins):
-    # The plugin's requirements/common.txt says numpy==1.26 (1.26.0, post2's pin). Pinned at 1.26.4 instead (the
-    # public stand-in serves it for the omni target), the pin is a constraint of that phase: pip refuses. (The
-    # agreement rule would name the line first: the stack excepts it, to reach the phase.)
+    # The plugin's requirements/common.txt says numpy==1.26 (1.26.0, post2's pin), and the phase reads it as the
+    # constraint of vLLM's lines. Pinned at 1.26.4 instead (the public stand-in serves it for the omni target), the
+    # pin is a constraint of that phase too: pip refuses. (The agreement rule would name the line first: the stack
+    # compares only musa_private.txt here, to reach the phase; an except would say why the stack differs and
+    # leave the line out.)
     _refused(
         standins,
-        ["packages.numpy.version=1.26.4", "upstreams.vllm_musa.agree.except.numpy=to reach the pip phase"],
+        ["packages.numpy.version=1.26.4", "upstreams.vllm_musa.agree.requirements=[requirements/musa_private.txt]"],
         "moves-numpy",
         "ERROR: pip phase requirements.vllm-common (stack key requirements.vllm-common) would move the public pin "
-        "numpy==1.26.4 (stack key packages.numpy; the constraints hold it): the phase requests numpy==1.26",
-        "The user requested (constraint) numpy==1.26.4",
+        "numpy==1.26.4 (stack key packages.numpy; the constraints hold it): the phase's constraints ask numpy==1.26",
+        "The user requested (constraint) numpy==1.26,==1.26.4",
     )

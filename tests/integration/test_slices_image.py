@@ -50,7 +50,7 @@ def test_writes_outside_tmp():
 """
 
 PROBE_SLICE = """
-  probes:
+  sandbox:
     description: what the container allows
     files: {paths: [tests/slices/test_probes.py]}
     expect: {passed: 4, failed: 1}
@@ -72,9 +72,13 @@ def result_of(out: Path, name: str) -> dict:
 def test_the_contract_slice_runs_in_the_image(post2, tmp_path):
     out = tmp_path / "ev"
     proc = mb.stackforge("test", "post2", *sets(post2), "--out", str(out), "--json", timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the record's probes need a MUSA device: not run on this host, so none failed but one did not run
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     data = json.loads(proc.stdout)
-    assert data["exit_code"] == 0 and [s["slice"] for s in data["slices"]] == ["contracts"]
+    assert data["exit_code"] == 3 and [s["slice"] for s in data["slices"]] == ["contracts", "probes"]
+    probes = result_of(out, "probes")
+    assert (probes["verdict"], probes["docker"]) == ("not-run", [])
+    assert probes["reason"] == "not run: this host has no mthreads device (no /dev/mtgpu*)"
     result = result_of(out, "contracts")
     assert result == data["slices"][0]
     assert result["verdict"] == "passed" and result["counts"]["passed"] == 20
@@ -88,6 +92,33 @@ def test_the_contract_slice_runs_in_the_image(post2, tmp_path):
     assert "20 passed" in (out / "contracts" / "pytest.txt").read_text()
     docker = result["docker"]
     assert "--read-only" in docker and docker[docker.index("--network") + 1] == "none"
+
+
+def test_the_contract_slice_fails_when_a_pin_of_post2_is_moved_away_from_the_plugin(post2, standins, tmp_path):
+    """post2 with its torch pin moved back to the post1 train names the image built for that train from the same
+    plugin commit (post1's: the tag is derived from the torch pin). The plugin's contract module, staged at that
+    commit, holds the image to the plugin's own pins: the post2 train and torchada 0.1.90, which that image does
+    not hold. The slice fails, naming the two tests that assert them."""
+    post1 = standins.happy("post1")
+    assert post1.ok, post1.describe()
+    out = tmp_path / "ev"
+    moved = "packages.torch.version=2.11.0.post1+musa5.2.0"
+    args = ["test", "post2", *sets(post2), "--set", moved, "--slice", "contracts", "--out", str(out)]
+    proc = mb.stackforge(*args, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = result_of(out, "contracts")
+    assert result["image_id"] == post1.image and result["verdict"] == "failed"
+    assert (result["counts"]["passed"], result["counts"]["failed"]) == (18, 2)
+    failed = sorted(t["id"] for t in result["tests"] if t["outcome"] == "failed")
+    assert failed == [
+        "tests/test_inplace_porting_contract.py::test_musa_image_runtime_dependency_contract",
+        "tests/test_inplace_porting_contract.py::test_torchada_floor_is_consistent",
+    ]
+    assert "FAILED   contracts: 18 passed (expected 20), 2 failed (expected 0)" in proc.stdout
+    assert (
+        "the image holds torchada 0.1.83, which does not meet torchada==0.1.90"
+        in (out / "contracts" / "pytest.txt").read_text()
+    )
 
 
 def _root_with_probes(tmp_path: Path) -> Path:
@@ -107,22 +138,22 @@ def test_read_only_root_and_moved_tests_by_image(post2, tmp_path):
     root = _root_with_probes(tmp_path)
     image = post2.image
     out = tmp_path / "ev"
-    base = ["--root", str(root), "test", image, *sets(post2), "--slice", "probes", "--out", str(out)]
+    base = ["--root", str(root), "test", image, *sets(post2), "--slice", "sandbox", "--out", str(out)]
     proc = mb.stackforge(*base, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = result_of(out, "probes")
+    result = result_of(out, "sandbox")
     outcomes = {t["id"]: t["outcome"] for t in result["tests"]}
     assert outcomes["tests/slices/test_probes.py::test_writes_outside_tmp"] == "failed"
     assert {o for t, o in outcomes.items() if not t.endswith("outside_tmp")} == {"passed"}
-    assert "Read-only file system" in (out / "probes" / "pytest.txt").read_text()
+    assert "Read-only file system" in (out / "sandbox" / "pytest.txt").read_text()
     # the same run against an expectation that says every test passes: exit 1, naming the test that moved
     stack = root / "stacks" / "post2.yaml"
     stack.write_text(stack.read_text().replace("expect: {passed: 4, failed: 1}", "expect: {passed: 5}"))
     proc = mb.stackforge(*base, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAILED   probes: 4 passed (expected 5), 1 failed (expected 0)" in proc.stdout
+    assert "FAILED   sandbox: 4 passed (expected 5), 1 failed (expected 0)" in proc.stdout
     assert "tests/slices/test_probes.py::test_writes_outside_tmp" in proc.stdout
-    moved = result_of(out, "probes")["moved"]
+    moved = result_of(out, "sandbox")["moved"]
     assert moved["outcomes"]["failed"]["tests"] == ["tests/slices/test_probes.py::test_writes_outside_tmp"]
 
 

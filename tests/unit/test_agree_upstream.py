@@ -20,6 +20,19 @@ MUSA_TXT = "# Common dependencies\n-r common.txt\n-r musa_private.txt\n"
 PRIVATE = "# MUSA self-built wheels\ntorch==2.11.0.post2+musa5.2.0\nflash_mla==0.2.7+musa\n"
 COMMON_1 = "mooncake-transfer-engine==0.3.12.post1\nnumpy==1.26\n"
 COMMON_2 = "mooncake-transfer-engine==0.3.13\nnumpy==1.26\nhuggingface_hub<2.0\n"
+#: the plugin's Dockerfile pins Mooncake's musa build by a build argument in two stages (lines 5 and 8)
+DOCKERFILE_1 = """\
+ARG BASE_IMAGE=ubuntu:22.04
+FROM ${BASE_IMAGE} AS base
+# the transfer engine, binary-only
+FROM base AS mooncake
+ARG MOONCAKE_VERSION=0.3.13
+RUN python -m pip install --only-binary=:all: "mooncake-transfer-engine-musa==${MOONCAKE_VERSION}"
+FROM mooncake AS final
+ARG MOONCAKE_VERSION=0.3.13
+LABEL com.mthreads.vllm-musa.mooncake-version="${MOONCAKE_VERSION}"
+"""
+DOCKERFILE_2 = DOCKERFILE_1.replace("ARG MOONCAKE_VERSION=0.3.13", "ARG MOONCAKE_VERSION=0.3.13.post1")
 
 
 class Upstreams:
@@ -36,10 +49,12 @@ class Upstreams:
         self.plugin.write("requirements/musa_private.txt", PRIVATE)
         self.plugin.write("requirements/common.txt", COMMON_1)
         self.plugin.write("third_party/PINS", f"# pins\nVLLM_TAG=v0.28.0\nVLLM_COMMIT={self.vllm_commit}\n")
+        self.plugin.write("docker/musa.Dockerfile", DOCKERFILE_1)
         self.first = self.plugin.commit("plugin 0.1.24")
         self.plugin.tag("v0.1.24")
         self.plugin.write("requirements/common.txt", COMMON_2)
         self.plugin.write("third_party/PINS", f"# pins\nVLLM_TAG=v0.29.0\nVLLM_COMMIT={'d' * 40}\n")
+        self.plugin.write("docker/musa.Dockerfile", DOCKERFILE_2)
         self.second = self.plugin.commit("move Mooncake, cap huggingface_hub, vLLM 0.29.0")
 
 
@@ -168,7 +183,7 @@ def test_a_reasoned_except_is_the_way_past_and_a_stale_one_is_a_finding(capsys, 
     [
         ("      except: {flash_mla: ''}\n", "an except needs its reason"),
         ("      except: {flash_mla: '   '}\n", "an except needs its reason"),
-        ("      except: {torchvision: why}\n", "upstreams.plugin.agree.except: 'torchvision' is not a package"),
+        ("      except: {torchvision: why}\n", "upstreams.plugin.agree.except: 'torchvision' is not a pin"),
         ("      requirements: [../outside.txt]\n", "is not a relative path inside the repository"),
         ("      keys: {third_party/PINS: {VLLM_TAG: upstreams.vlm.tag}}\n", "'upstreams.vlm.tag' names no value"),
         ("      keys: {third_party/PINS: {VLLM_TAG: tag}}\n", "is not a stack key"),
@@ -266,6 +281,94 @@ def test_without_an_agree_block_a_disagreeing_vendor_line_still_fails_the_requir
     err = info.value
     assert (err.file, err.line) == ("plugin:requirements/musa_private.txt", 3)
     assert err.message.startswith("requirements.plugin.files[0]: 'flash_mla==0.2.7+musa' pins flash_mla 0.2.7+musa")
+
+
+# ------------------------------------------------------------------------------------- a Dockerfile's build arguments
+
+#: the agree block of a stack whose mooncake target pins the plugin's Mooncake build (args: the Dockerfile's)
+ARGS = (
+    "      requirements: [requirements/musa_private.txt]\n"
+    "      args: {docker/musa.Dockerfile: {MOONCAKE_VERSION: mooncake-transfer-engine-musa}}\n"
+)
+
+
+def args_stack(up: Upstreams, mooncake: str = "0.3.13", agree: str = ARGS) -> str:
+    return (
+        stack_text(up, agree)
+        .replace('version: "0.2.7", index: vend}', 'version: "0.2.7+musa", index: vend}')
+        .replace(
+            "targets: {run: {entrypoint: [python3]}}",
+            "targets:\n  mooncake:\n    publish: false\n    pip:\n      mooncake:\n        index: pub\n"
+            f'        only_binary: true\n        requirements: ["mooncake-transfer-engine-musa=={mooncake}"]\n'
+            "  run: {from: mooncake, entrypoint: [python3]}",
+        )
+    )
+
+
+def test_a_dockerfile_build_argument_disagreement_fails_render_naming_the_file_and_line(tmp_path, up):
+    root = make_root(tmp_path, {"agr.yaml": args_stack(up)})
+    prepared = prepare_dockerfile(
+        load("agr", root=root), out=tmp_path / "ok", sources=True, workspace=Workspace.at(root)
+    )
+    assert prepared.ctx.dockerfile.is_file()  # both stages' ARG lines agree with the target's pin
+    up.plugin.write("docker/musa.Dockerfile", DOCKERFILE_1.replace("0.3.13\nLABEL", "0.3.12.post1\nLABEL"))
+    moved = up.plugin.commit("the final stage's label moves alone")
+    loaded = load("agr", root=root, overrides=[f"upstreams.plugin.commit={moved}", "upstreams.plugin.tag=null"])
+    out = tmp_path / "out"
+    with pytest.raises(UserError) as info:
+        prepare_dockerfile(loaded, out=out, sources=True, workspace=Workspace.at(root))
+    err = info.value
+    assert (err.file, err.line, err.exit_code) == ("plugin:docker/musa.Dockerfile", 8, 1)
+    assert err.message == (
+        f"stack 'agr' disagrees with upstream plugin at {moved}: 'ARG MOONCAKE_VERSION=0.3.12.post1' (stage final) "
+        "pins mooncake-transfer-engine-musa 0.3.12.post1, but the stack pins mooncake-transfer-engine-musa 0.3.13; "
+        "nothing was built"
+    )
+    assert err.fix == (
+        "pin targets.mooncake.pip.mooncake.requirements[0]: 'mooncake-transfer-engine-musa==0.3.12.post1' (the "
+        "upstream's), or add upstreams.plugin.agree.except.mooncake-transfer-engine-musa: <why they differ>"
+    )
+    assert not (out / "Dockerfile").exists()
+
+
+def test_lint_holds_a_build_argument_to_the_targets_pin_with_excepts_as_for_a_requirement(capsys, tmp_path, up):
+    root = make_root(tmp_path, {"agr.yaml": args_stack(up, "0.3.12.post1")})
+    rc, out, err = run_cli(capsys, root, "lint", "--upstreams", "agr")
+    assert rc == 1, err
+    assert [line for line in out.splitlines() if not line.startswith("  ")] == [
+        "plugin:docker/musa.Dockerfile:5: agree: 'ARG MOONCAKE_VERSION=0.3.13' (stage mooncake) pins "
+        "mooncake-transfer-engine-musa 0.3.13, but the stack pins mooncake-transfer-engine-musa 0.3.12.post1",
+        "plugin:docker/musa.Dockerfile:8: agree: 'ARG MOONCAKE_VERSION=0.3.13' (stage final) pins "
+        "mooncake-transfer-engine-musa 0.3.13, but the stack pins mooncake-transfer-engine-musa 0.3.12.post1",
+    ]
+    reason = "      except: {mooncake-transfer-engine-musa: the 0.3.13 wheel is not on our mirror yet}\n"
+    (root / "stacks" / "agr.yaml").write_text(args_stack(up, "0.3.12.post1", ARGS + reason))
+    assert run_cli(capsys, root, "lint", "agr")[:2] == (0, "agr: ok\n")
+    (root / "stacks" / "agr.yaml").write_text(args_stack(up, "0.3.13", ARGS + reason))
+    rc, out, err = run_cli(capsys, root, "lint", "agr")
+    assert rc == 1 and out.splitlines()[0] == (
+        "plugin:docker/musa.Dockerfile:5: agree: upstreams.plugin.agree.except.mooncake-transfer-engine-musa is "
+        "stale: the upstream's 'ARG MOONCAKE_VERSION=0.3.13' (stage mooncake) agrees with the stack's 0.3.13"
+    )
+    # a build argument the Dockerfile does not declare is a finding too
+    other = ARGS.replace("{MOONCAKE_VERSION:", "{MOONCAKE_RELEASE:")
+    (root / "stacks" / "agr.yaml").write_text(args_stack(up, "0.3.13", other))
+    rc, out, err = run_cli(capsys, root, "lint", "agr")
+    assert rc == 1 and out.splitlines()[0] == (
+        "plugin:docker/musa.Dockerfile: agree: docker/musa.Dockerfile declares no ARG MOONCAKE_RELEASE=<version> "
+        "(in any stage) to compare with the stack's mooncake-transfer-engine-musa"
+    )
+
+
+def test_drift_reads_each_stages_build_argument_at_the_newer_revision(capsys, tmp_path, up):
+    root = make_root(tmp_path, {"agr.yaml": args_stack(up)})
+    rc, out, err = run_cli(capsys, root, "drift", "agr", "--json")
+    assert rc == 1, err
+    rows = [r for r in json.loads(out)["upstreams"][0]["rows"] if r["package"] == "mooncake-transfer-engine-musa"]
+    assert [(r["change"], r["before"], r["after"], r["where"], r["stack"], r["agrees"]) for r in rows] == [
+        ("moved", "==0.3.13", "==0.3.13.post1", "docker/musa.Dockerfile:5", "0.3.13", False),
+        ("moved", "==0.3.13", "==0.3.13.post1", "docker/musa.Dockerfile:8", "0.3.13", False),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------------- drift
@@ -402,7 +505,7 @@ def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plu
     import shutil
 
     from stackforge.builder.context import assemble
-    from tests.fixtures import facts
+    from tests.fixtures import facts, standin_slices
     from tests.fixtures import musa_standins as ms
     from tests.fixtures.stack_support import REPO
 
@@ -413,7 +516,7 @@ def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plu
     ctx = assemble(loaded, tmp_path / "out")
     manifest = json.loads((ctx.context_dir / "deps" / "requirements.json").read_text())
     common = next(p for p in manifest if p["phase"] == "requirements.vllm-common")
-    dropped = {d["package"]: d for d in common["dropped"]}
+    dropped = {d["package"]: d for d in common["dropped"] if not d["public"]}
     plugin = facts.plugin_vendor_pins()
     assert set(dropped) == set(plugin)  # every line of musa_private.txt names a vendor pin, left to the vendor phase
     for package, (line, version) in plugin.items():
@@ -421,11 +524,38 @@ def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plu
         assert dropped[package]["pin"] == loaded.model.packages[package].version
     excepted = {p for p, d in dropped.items() if d["excepted"]}
     assert excepted == ({"torch", "torch_musa", "torchvision", "torchaudio", "deep_ep"} if name == "post1" else set())
+    # the plugin's torchada==0.1.90 (common.txt, read as vLLM's constraint and through musa.txt): post1 pins the
+    # post1 train's 0.1.83 and says why, so its public phase installs that and the line is left out; post2 agrees
+    public = [(d["package"], d["requirement"], d["pin"], bool(d["excepted"])) for d in common["dropped"] if d["public"]]
+    assert public == ([("torchada", "torchada==0.1.90", "0.1.83", True)] * 2 if name == "post1" else [])
+    constraints = (ctx.context_dir / "deps" / "requirements" / "vllm-common.constraints.txt").read_text()
+    own = constraints.split("# the upstream's own constraints\n", 1)[1].splitlines()
+    plugin_common = [  # the plugin's common.txt as the stand-in carries it (facts/vllm-musa.yaml), as pip reads it
+        "transformers==5.5.3",
+        "huggingface_hub<2.0,>=1.27.0",
+        "mthreads-ml-py>=2.4.1",
+        "numpy==1.26",
+        "openai>=2.24.0",
+        "einops",
+        "ray<=2.48.0,>=2.47.1",
+    ]
+    assert own == (plugin_common if name == "post1" else ["torchada==0.1.90", *plugin_common])
     # lint, from the mirror the render filled, agrees too
     from stackforge.builder.agree import lint_upstreams
 
     result = lint_upstreams(loaded, Workspace.at(root))
     assert (result.findings, result.notes, result.checked) == ([], [], ["vllm_musa"])
+    # Mooncake moved by --set: the plugin's Dockerfile's build argument names it, in each stage that declares it
+    moved = "targets.mooncake.pip.mooncake.requirements=[mooncake-transfer-engine-musa==0.3.12.post1]"
+    loaded = load(name, root=root, overrides=[*ms.upstream_overrides(plugin_standins), moved])
+    found = lint_upstreams(loaded, Workspace.at(root)).findings
+    dockerfile = standin_slices.contract_dockerfile().splitlines()
+    assert [(f.path, f.line, f.spec) for f in found] == [
+        ("docker/musa.Dockerfile", n, "==0.3.13")
+        for n, text in enumerate(dockerfile, 1)
+        if text == "ARG MOONCAKE_VERSION=0.3.13"
+    ]
+    assert len(found) == 2  # the mooncake and the final stage
 
 
 def test_the_nightly_summary_has_a_drift_column_with_n_a_and_its_reason(root, up, tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import pytest
 from stackforge.stack.agreement import (
     compare,
     compare_keys,
+    dockerfile_args,
     drift,
     marker_environment,
     parse_keys,
@@ -242,3 +243,84 @@ def test_drift_names_moved_pins_new_constraints_removals_and_keys_with_their_lin
         ("key", "VLLM_TAG", "v0.28.0", "v0.28.0", "v0.29.0", "PINS:1", False),
     ]
     assert drift(before, before, {}, env=ENV) == []
+
+
+#: a Dockerfile shaped like the plugin's: Mooncake's release as a build argument of two stages
+DOCKERFILE = """\
+ARG BASE_IMAGE=ubuntu:22.04
+FROM ${BASE_IMAGE} AS base
+# ARG MOONCAKE_VERSION=9.9.9 is a comment, never read
+FROM base AS mooncake
+ARG MOONCAKE_VERSION=0.3.13
+RUN python -m pip install --only-binary=:all: \\
+    "mooncake-transfer-engine-musa==${MOONCAKE_VERSION}"
+FROM mooncake AS final
+ARG PYTHON_VERSION \\
+    MOONCAKE_VERSION="0.3.13"
+LABEL com.mthreads.vllm-musa.mooncake-version="${MOONCAKE_VERSION}"
+FROM final
+ARG MOONCAKE_VERSION=${OTHER}
+ARG MOONCAKE_VERSION
+ARG MOONCAKE_VERSION=latest
+"""
+
+
+def test_a_dockerfiles_build_arguments_are_read_per_stage_as_pins_of_their_project():
+    args = dockerfile_args(DOCKERFILE, "docker/musa.Dockerfile", {"MOONCAKE_VERSION": "mooncake-transfer-engine-musa"})
+    assert [(ln.where, ln.stage, ln.text, ln.name, ln.specifier) for ln in args.lines] == [
+        (
+            "docker/musa.Dockerfile:5",
+            "mooncake",
+            "ARG MOONCAKE_VERSION=0.3.13",
+            "mooncake-transfer-engine-musa",
+            "==0.3.13",
+        ),
+        (
+            "docker/musa.Dockerfile:9",
+            "final",
+            "ARG MOONCAKE_VERSION=0.3.13",
+            "mooncake-transfer-engine-musa",
+            "==0.3.13",
+        ),
+        ("docker/musa.Dockerfile:15", "3", "ARG MOONCAKE_VERSION=latest", "mooncake-transfer-engine-musa", "===latest"),
+    ]
+    assert args.skipped == [
+        "docker/musa.Dockerfile:13: ARG MOONCAKE_VERSION=${OTHER} is not a literal version",
+        "docker/musa.Dockerfile:14: ARG MOONCAKE_VERSION has no default to compare",
+    ]
+    # held to the same check as a requirement line: each stage's line named, with the stack key that pins it
+    found = compare(
+        "vllm_musa",
+        args.lines,
+        {"mooncake-transfer-engine-musa": "0.3.12.post1"},
+        keys={"mooncake-transfer-engine-musa": "targets.mooncake.pip.mooncake.requirements[0]"},
+    ).findings
+    assert [(f.where, f.kind) for f in found] == [
+        ("vllm_musa:docker/musa.Dockerfile:5", "pin"),
+        ("vllm_musa:docker/musa.Dockerfile:9", "pin"),
+        ("vllm_musa:docker/musa.Dockerfile:15", "pin"),
+    ]
+    assert found[1].message == (
+        "'ARG MOONCAKE_VERSION=0.3.13' (stage final) pins mooncake-transfer-engine-musa 0.3.13, but the stack pins "
+        "mooncake-transfer-engine-musa 0.3.12.post1"
+    )
+    assert found[1].fix == (
+        "pin targets.mooncake.pip.mooncake.requirements[0]: 'mooncake-transfer-engine-musa==0.3.13' (the "
+        "upstream's), or add upstreams.vllm_musa.agree.except.mooncake-transfer-engine-musa: <why they differ>"
+    )
+    reasons = {"mooncake-transfer-engine-musa": "why"}
+    same = compare("vllm_musa", args.lines[:2], {"mooncake-transfer-engine-musa": "0.3.13"}, reasons).findings
+    assert [f.message for f in same] == [
+        "upstreams.vllm_musa.agree.except.mooncake-transfer-engine-musa is stale: the upstream's 'ARG "
+        "MOONCAKE_VERSION=0.3.13' (stage mooncake) agrees with the stack's 0.3.13"
+    ]
+
+
+def test_drift_names_a_build_argument_that_moved_in_one_stage():
+    names = {"MOONCAKE_VERSION": "mooncake-transfer-engine-musa"}
+    before = dockerfile_args(DOCKERFILE, "d", names).lines
+    after = dockerfile_args(DOCKERFILE.replace('"0.3.13"', '"0.3.13.post1"'), "d", names).lines
+    rows = drift(before, after, {"mooncake-transfer-engine-musa": "0.3.13"})
+    assert [(r.change, r.package, r.before, r.after, r.where, r.agrees) for r in rows] == [
+        ("moved", "mooncake-transfer-engine-musa", "==0.3.13", "==0.3.13.post1", "d:9", False)
+    ]

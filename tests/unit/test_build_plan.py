@@ -139,8 +139,11 @@ def test_labels_name_the_base_the_pins_the_sources_and_only_what_is_known(mixed)
 
 
 def test_labels_of_git_and_sdist_upstreams():
+    # the source upstream's git URL, unless the stack's labels say otherwise (post1: the fork's web address)
+    git = image_labels(load("post1", root=REPO, overrides=["labels={}"]))
+    assert git["org.opencontainers.image.source"] == "https://github.com/MooreThreads/vllm-musa.git"
     post1 = image_labels(load("post1", root=REPO))
-    assert post1["org.opencontainers.image.source"] == "https://github.com/MooreThreads/vllm-musa.git"
+    assert post1["org.opencontainers.image.source"] == "https://github.com/MooreThreads/vllm-musa"
     assert post1["org.opencontainers.image.version"] == "v0.1.24"
     assert post1["org.stackforge.upstream.vllm"] == "v0.28.0@2cf0a6915ce544dc493a0990f2ea38d81601128a"
     example = image_labels(load("example", root=REPO))
@@ -323,7 +326,7 @@ def test_pip_check_allows_what_an_upstreams_agree_except_excuses_with_its_reason
     post1 = load("post1", root=REPO).model
     allowed = gate_spec(post1)["pip_check_allow"]
     assert [(a["dist"], a["requires"]) for a in allowed] == [
-        ("vllm_musa", n) for n in ("torch", "torch_musa", "torchvision", "torchaudio", "deep_ep")
+        ("vllm_musa", n) for n in ("torch", "torch_musa", "torchvision", "torchaudio", "deep_ep", "torchada")
     ]
     reason = post1.upstreams["vllm_musa"].agree.except_["torch"]
     assert allowed[0]["reason"] == f"upstreams.vllm_musa.agree.except: {reason}"

@@ -52,7 +52,9 @@ def rig(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run, "build", fake_build)
     monkeypatch.setattr(
-        uptodate, "_engine_ids", lambda refs: [engine[r] for r in refs] if all(r in engine for r in refs) else None
+        uptodate,
+        "_engine_ids",
+        lambda refs, builder=None: [engine[r] for r in refs] if all(r in engine for r in refs) else None,
     )
     return root, engine, runs
 
@@ -179,7 +181,7 @@ def test_the_answer_imports_no_library(rig, capsys, tmp_path):
     probe = (
         "import json, sys\n"
         "from stackforge.builder import uptodate\n"
-        "uptodate._engine_ids = lambda refs: [" + repr(IMAGE) + ", " + repr(BASE_ID) + "]\n"
+        "uptodate._engine_ids = lambda refs, builder=None: [" + repr(IMAGE) + ", " + repr(BASE_ID) + "]\n"
         "from stackforge.cli.main import main\n"
         f"rc = main(['--root', {str(root)!r}, 'build', 'example', '--set', 'tags.local={TAG}'])\n"
         "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}))\n"

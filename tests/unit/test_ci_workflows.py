@@ -1,13 +1,15 @@
 """The shipped CI files, read as a security reviewer reads them and run where they run shell: caches outside the
-work tree, no credential written to disk but the signing key (private, only while the nightly's step runs, removed
-whatever ends it), every action pinned by commit, least-privilege tokens, secrets only in the step that uses them,
-one night at a time with one date, a nightly that signs and scans against the refreshed OSV database, and the
-history site built every night and kept. zizmor and actionlint (`make lint-ci`) check the GitHub files too."""
+work tree, no credential written to disk but the signing key (private, only while a shard's step runs, removed
+whatever ends it), every action pinned by commit, least-privilege tokens, secrets only in the steps that use them,
+one night at a time with one date, a night planned into shards fanned out from the plan and merged once, shards that
+sign and scan against the refreshed OSV database, and the history site built every night and kept. zizmor and
+actionlint (`make lint-ci`) check the GitHub files too."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import signal
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 WORKFLOW = REPO / ".github" / "workflows" / "nightly.yml"
 GITLAB = REPO / "docs" / "ci" / "gitlab-ci.yml"
+GITLAB_SHARD = REPO / "docs" / "ci" / "gitlab-shard.yml"
 USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$")
 PINNED = re.compile(r"(?P<action>[\w.-]+/[\w.-]+)@(?P<sha>[0-9a-f]{40})")
 VERSION_COMMENT = re.compile(r"^\s+#\s+(v\d+\.\d+\.\d+)$")
@@ -38,8 +41,23 @@ def _scripts(doc: dict) -> str:
     return "\n".join(text)
 
 
+def _gitlab() -> dict:
+    """The GitLab nightly: its pipeline and the shard job its child pipeline extends (``.shard``)."""
+    doc = yaml.safe_load(GITLAB.read_text())
+    shard = yaml.safe_load(GITLAB_SHARD.read_text())
+    return {**doc, ".shard": shard[".shard"], "variables": {**shard["variables"], **doc["variables"]}}
+
+
+def _doc(path: Path) -> dict:
+    return _gitlab() if path == GITLAB else yaml.safe_load(path.read_text())
+
+
+#: the stackforge commands that hold the registry credential: the plan (records it), a shard, the merge (the aliases)
+CREDENTIALED = ("stackforge nightly --plan", "make nightly", "stackforge nightly --merge")
+
+
 def _env(doc: dict) -> dict:
-    """The variables every command of the nightly sees (GitHub: the workflow's and the job's; GitLab: global)."""
+    """The variables every command of the nightly sees (GitHub: the workflow's and the jobs'; GitLab: global)."""
     env = dict(doc.get("variables", {}))
     for job in doc.get("jobs", {}).values():
         env.update(job.get("env", {}))
@@ -48,43 +66,44 @@ def _env(doc: dict) -> dict:
 
 @pytest.mark.parametrize("path", [WORKFLOW, GITLAB], ids=["github", "gitlab"])
 def test_no_credential_is_written_to_disk(path):
-    doc = yaml.safe_load(path.read_text())
+    doc = _doc(path)
     scripts = _scripts(doc)
     assert not re.search(r"netrc|docker login|config\.json|> *~/", scripts), scripts
     for var in ("STACKFORGE_REGISTRY_PASSWORD", "STACKFORGE_INDEX_MTHREADS_PASSWORD"):
         assert var not in _env(doc), f"{var} reaches every command of the job"
     if path == WORKFLOW:
-        (step,) = [
-            s
-            for job in doc["jobs"].values()
-            for s in job["steps"]
-            if "STACKFORGE_REGISTRY_PASSWORD" in s.get("env", {})
-        ]
-        assert (
-            step["env"]["STACKFORGE_INDEX_MTHREADS_PASSWORD"].startswith("${{ secrets.")
-            and "make nightly" in step["run"]
-        )
+        using = [s for job in doc["jobs"].values() for s in job["steps"] if "STACKFORGE_REGISTRY_PASSWORD" in s.get("env", {})]  # fmt: skip
+        assert [next(c for c in CREDENTIALED if c in s["run"]) for s in using] == list(CREDENTIALED)
+        assert all(v.startswith("${{ secrets.") for s in using for v in s["env"].values())
+        (shard,) = [s for s in using if "STACKFORGE_INDEX_MTHREADS_PASSWORD" in s["env"]]  # the index: the shard only
+        assert "make nightly" in shard["run"]
     else:
-        (line,) = [s for s in doc["nightly"]["script"] if "STACKFORGE_REGISTRY_PASSWORD=" in s]
-        assert 'STACKFORGE_REGISTRY_PASSWORD="$REGISTRY_PASSWORD"' in line and "make nightly" in line
+        lines = [line for job in doc.values() if isinstance(job, dict) for part in ("script", "before_script", "after_script")
+                 for line in job.get(part, []) if "STACKFORGE_REGISTRY_PASSWORD=" in line]  # fmt: skip
+        assert sorted(next(c for c in CREDENTIALED if c in line) for line in lines) == sorted(CREDENTIALED)
+        assert all('STACKFORGE_REGISTRY_PASSWORD="$REGISTRY_PASSWORD"' in line for line in lines)
+        (shard,) = [line for line in lines if "STACKFORGE_INDEX_MTHREADS_PASSWORD=" in line]
+        assert "make nightly" in shard
 
 
 @pytest.mark.parametrize("path", [WORKFLOW, GITLAB], ids=["github", "gitlab"])
 def test_caches_and_nights_live_outside_the_work_tree_and_the_history_is_built(path):
-    doc = yaml.safe_load(path.read_text())
+    doc = _doc(path)
     env = _env(doc)
     for var in ("STACKFORGE_CACHE", "NIGHTS", "OSV"):
         assert Path(env[var]).is_absolute(), var
     scripts = _scripts(doc)
-    assert 'ARGS="--out $NIGHTS/$DATE --sign-key' in scripts
+    assert 'ARGS="--shard $SHARD --sign-key' in scripts
+    assert '--nights "$NIGHTS"' in scripts.split("stackforge nightly --plan", 1)[1].split("\n\n")[0]  # the durations
+    assert 'nightly --merge --registry "$REGISTRY" --date "$DATE" --out "$NIGHTS/$DATE"' in scripts
     assert 'stackforge history --nights "$NIGHTS"' in scripts
 
 
 def test_the_github_checkout_keeps_the_virtual_environment():
     doc = yaml.safe_load(WORKFLOW.read_text())
-    (job,) = doc["jobs"].values()
-    checkout = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout"))
-    assert checkout.get("with", {}).get("clean") is False
+    for name in ("plan", "shard", "merge"):
+        checkout = next(s for s in doc["jobs"][name]["steps"] if str(s.get("uses", "")).startswith("actions/checkout"))
+        assert checkout.get("with", {}).get("clean") is False, name
 
 
 def load(path: Path) -> dict:
@@ -127,7 +146,11 @@ def test_tokens_are_least_privilege():
                 if (path.name, name) in allowed and allowed[(path.name, name)].get(scope) == level:
                     continue
                 if scope == "id-token":
-                    assert (path.name, name) == ("release.yml", "publish-index") and level == "write"
+                    assert (path.name, name) in (("release.yml", "publish-index"), ("nightly.yml", "pages"))
+                    assert level == "write"
+                    continue
+                if scope == "pages":  # deploying the history site, in the hosted job that does only that
+                    assert (path.name, name, level) == ("nightly.yml", "pages", "write")
                     continue
                 assert (scope, level) == ("contents", "read"), f"{path.name}: {name}: {scope}: {level}"
             for step in job.get("steps", []):
@@ -148,8 +171,9 @@ def test_secrets_reach_only_the_steps_that_use_them():
             assert "secrets." not in yaml.safe_dump(outside), f"{path.name}: {name}: a secret outside a step's env"
             assert "${{" not in step.get("run", ""), f"{path.name}: {name}: an expression inside a shell script"
     nightly = load(REPO / ".github" / "workflows" / "nightly.yml")
-    (using,) = [s for _, _, s in steps(nightly) if "secrets." in yaml.safe_dump(s.get("env", {}))]
-    assert "make nightly" in using["run"]
+    using = [(job, s) for job, _, s in steps(nightly) if "secrets." in yaml.safe_dump(s.get("env", {}))]
+    assert [job for job, _ in using] == ["plan", "shard", "merge"]
+    assert [next(c for c in CREDENTIALED if c in s["run"]) for _, s in using] == list(CREDENTIALED)
 
 
 def test_the_nightly_runs_one_night_at_a_time_only_from_the_schedule():
@@ -157,7 +181,8 @@ def test_the_nightly_runs_one_night_at_a_time_only_from_the_schedule():
     assert set(wf["on"]) == {"schedule", "workflow_dispatch"}  # never a pull request on the build host
     assert wf["concurrency"] == {"group": "stackforge-nightly", "cancel-in-progress": False}
     gitlab = load(GITLAB)
-    assert gitlab["nightly"]["resource_group"] == "stackforge-nightly"
+    assert gitlab["shards"]["resource_group"] == "stackforge-nightly"  # held until the child pipeline ends
+    assert [name for name, job in gitlab.items() if isinstance(job, dict) and "resource_group" in job] == ["shards"]
     for path in WORKFLOWS:
         if path.name != "nightly.yml":
             runners = [str(job["runs-on"]) for job in load(path)["jobs"].values()]
@@ -166,29 +191,31 @@ def test_the_nightly_runs_one_night_at_a_time_only_from_the_schedule():
 
 def test_both_nightlies_sign_scan_refresh_first_and_keep_the_history_site():
     gh = load(REPO / ".github" / "workflows" / "nightly.yml")
-    runs = [s.get("run", "") for _, _, s in steps(gh)]
+    runs = [s.get("run", "") for s in gh["jobs"]["shard"]["steps"]]
     refresh = next(i for i, r in enumerate(runs) if 'scripts/osv_refresh.py --out "$OSV"' in r)
     night = next(i for i, r in enumerate(runs) if "make nightly" in r)
     assert refresh < night
     assert "--sign-key $key_dir/signing-key.pem --osv $OSV" in runs[night]
-    uploads = [s["with"]["path"] for _, _, s in steps(gh) if "upload-artifact@" in s.get("uses", "")]
+    uploads = [s["with"]["path"] for s in gh["jobs"]["merge"]["steps"] if "upload-artifact@" in s.get("uses", "")]
     assert "${{ env.NIGHTS }}/site/" in uploads
 
-    gl = load(GITLAB)["nightly"]
-    script = gl["script"]
+    gitlab = _gitlab()
+    script = gitlab[".shard"]["script"]
     refresh = next(i for i, r in enumerate(script) if 'scripts/osv_refresh.py --out "$OSV"' in r)
     night = next(i for i, r in enumerate(script) if "make nightly" in r)
     assert refresh < night
     assert "--sign-key $key_dir/signing-key.pem --osv $OSV" in script[night]
-    assert "site/" in gl["artifacts"]["paths"] and gl["artifacts"]["when"] == "always"
-    assert any('cp -r "$NIGHTS/site/." site/' in line for line in gl["after_script"])
+    merge = gitlab["merge"]
+    assert "site/" in merge["artifacts"]["paths"] and merge["artifacts"]["when"] == "always"
+    assert any('cp -r "$NIGHTS/site/." site/' in line for line in merge["after_script"])
 
 
 def test_every_gitlab_command_is_one_string():
     """A plain YAML scalar holding ': ' turns into a mapping, which GitLab refuses."""
-    job = load(GITLAB)["nightly"]
-    for part in ("before_script", "script", "after_script"):
-        assert job[part] and all(isinstance(line, str) for line in job[part]), (part, job[part])
+    for name, job in _gitlab().items():
+        for part in ("before_script", "script", "after_script"):
+            if isinstance(job, dict) and part in job:
+                assert job[part] and all(isinstance(line, str) for line in job[part]), (name, part, job[part])
 
 
 def test_the_release_builds_checks_and_publishes_only_where_configured():
@@ -245,6 +272,7 @@ def stub(tmp_path) -> dict[str, str]:
         "REPORT": str(tmp_path / "report"),
         "REGISTRY": "registry.example.com/team",
         "DATE": "20260929",
+        "SHARD": "amd64-0123456789",
         "NIGHTS": str(tmp_path / "nights"),
         "OSV": str(tmp_path / "osv"),
     }
@@ -275,7 +303,7 @@ def _github_step(tmp_path: Path, stub: dict[str, str], **extra: str) -> tuple[li
 
 def _gitlab_block(tmp_path: Path, stub: dict[str, str], **extra: str) -> tuple[list[str], dict[str, str]]:
     """The nightly's signing block as GitLab's shell executor runs it, after the before_script made its directory."""
-    job = load(GITLAB)["nightly"]
+    job = _gitlab()[".shard"]
     block = next(s for s in job["script"] if "make nightly" in s)
     prepare = next(s for s in job["before_script"] if ".signing" in s)
     script = tmp_path / "job.sh"
@@ -308,7 +336,7 @@ def test_the_key_is_private_handed_to_the_nightly_alone_and_removed_after(tmp_pa
     assert seen["signing_env"] == ""  # the secret itself is not in the nightly's environment
     assert seen["registry_user"] == "publisher" and seen["index_password"] == "index-pw"
     assert seen["args"] == (
-        f"nightly REGISTRY=registry.example.com/team DATE=20260929 ARGS=--out {env['NIGHTS']}/20260929 "
+        f"nightly REGISTRY=registry.example.com/team DATE=20260929 ARGS=--shard amd64-0123456789 "
         f"--sign-key {seen['key']} --osv {env['OSV']}"
     )
     assert not Path(seen["key"]).exists() and not Path(seen["key"]).parent.exists()
@@ -348,9 +376,12 @@ def test_no_key_no_nightly(tmp_path, stub, ci):
     assert "publishes signed images only" in proc.stdout + proc.stderr
 
 
-def test_gitlab_computes_the_date_once_for_the_script_and_the_after_script(tmp_path):
-    """Each shell of the job asks a `date` that has moved on a day; all of them use the first answer."""
-    job = load(GITLAB)["nightly"]
+def test_gitlab_computes_the_date_once_for_the_plan_the_shards_and_the_merge(tmp_path):
+    """The plan's shell asks a `date` that has moved on a day after the night began; it uses the first answer, and
+    nothing after the plan asks `date` again: the shards get the plan's DATE (written into their child pipeline),
+    the merge the plan's dotenv report."""
+    gitlab = _gitlab()
+    plan = gitlab["plan"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "date").write_text(
@@ -358,17 +389,100 @@ def test_gitlab_computes_the_date_once_for_the_script_and_the_after_script(tmp_p
         "echo 2026092$((8 + n))\n"
     )
     (bin_dir / "date").chmod(0o755)
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COUNTER": str(tmp_path / "n"),
-           "CI_PROJECT_DIR": str(tmp_path / "project")}  # fmt: skip
-    first = next(s for s in job["before_script"] if "night.env" in s)
-    read = [job["script"][0], job["after_script"][0]]
-    assert all(line == "export \"$(grep '^DATE=' night.env)\"" for line in read)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COUNTER": str(tmp_path / "n")}
+    first = next(s for s in plan["before_script"] if "night.env" in s)
+    assert plan["script"][0] == "export \"$(grep '^DATE=' night.env)\""
     subprocess.run(["bash", "-eo", "pipefail", "-c", first], cwd=tmp_path, env=env, check=True)
-    for line in read:  # the script, then the after_script: two shells, later than midnight
-        subprocess.run(["date"], env=env, capture_output=True, check=True)
-        out = subprocess.run(["bash", "-eo", "pipefail", "-c", f'{line}; echo "$DATE"'], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
-        assert out.strip() == "20260928"
-    assert not any("date " in line for line in job["script"] + job["after_script"])
+    subprocess.run(["date"], env=env, capture_output=True, check=True)  # midnight passes
+    out = subprocess.run(["bash", "-eo", "pipefail", "-c", f'{plan["script"][0]}; echo "$DATE"'], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out.strip() == "20260928"
     assert stat.S_ISREG((tmp_path / "night.env").stat().st_mode)
-    assert job["artifacts"]["reports"]["dotenv"] == "night.env"  # the pages job reads the same date
+    assert plan["artifacts"]["reports"]["dotenv"] == "night.env"  # the merge (and pages) read the same date
+    assert any('--date "$DATE"' in line and "--gitlab-pipeline shards.json" in line for line in plan["script"])
+    later = [line for name in ("merge", ".shard", "pages") for part in ("before_script", "script", "after_script")
+             for line in gitlab[name].get(part, [])]  # fmt: skip
+    assert later and not any(re.search(r"\$\(date\b|(^|[;&|(]\s*)date\s", line) for line in later), later
+    assert {"job": "plan", "artifacts": True} in gitlab["merge"]["needs"]
+
+
+def test_both_nightlies_publish_the_history_site_after_every_night():
+    gh = load(REPO / ".github" / "workflows" / "nightly.yml")["jobs"]["pages"]
+    assert gh["needs"] == "merge" and "cancelled()" in gh["if"] and "self-hosted" not in str(gh["runs-on"])
+    assert gh["environment"]["name"] == "github-pages"
+    uses = [step["uses"].split("@")[0] for step in gh["steps"]]
+    assert uses == ["actions/download-artifact", "actions/upload-pages-artifact", "actions/deploy-pages"]
+    assert gh["steps"][0]["with"]["name"] == "history-site"
+    assert gh["steps"][1]["with"]["path"] == gh["steps"][0]["with"]["path"]
+    gl = load(GITLAB)["pages"]
+    assert gl["needs"] == [{"job": "merge", "artifacts": True}] and gl["artifacts"]["paths"] == ["public"]
+    assert gl["script"] == ["rm -rf public && cp -r site public"]
+    assert all(rule.get("when") == "always" for rule in gl["rules"])
+
+
+# -- the fan-out: the shards come from the plan, the merge follows them ---------------------------------------------
+
+
+def _plan():
+    from stackforge.flows import night_plan as np
+
+    units = [np.Unit(stack="a", target=t, platform="linux/amd64") for t in ("x", "y")]
+    units.append(np.Unit(stack="b", target="x", platform="linux/arm64"))
+    options = np.PlanOptions(date="20260929", shards=2, runner_labels=("self-hosted", "musa-build"))
+    return np.make_plan(units, [], options)
+
+
+def test_the_github_shards_fan_out_from_the_plan_and_one_merge_follows(tmp_path):
+    jobs = load(WORKFLOW)["jobs"]
+    plan, shard, merge = jobs["plan"], jobs["shard"], jobs["merge"]
+    assert plan["outputs"] == {"date": "${{ steps.night.outputs.date }}", "matrix": "${{ steps.plan.outputs.matrix }}"}
+    assert shard["strategy"] == {"fail-fast": False, "matrix": "${{ fromJSON(needs.plan.outputs.matrix) }}"}
+    assert shard["runs-on"] == "${{ matrix.runs_on }}" and shard["env"]["SHARD"] == "${{ matrix.shard }}"
+    assert shard["env"]["DATE"] == merge["env"]["DATE"] == "${{ needs.plan.outputs.date }}"
+    assert merge["needs"] == ["plan", "shard"] and "!cancelled()" in merge["if"]
+    assert "self-hosted" in plan["runs-on"] and "stackforge-nights" in plan["runs-on"] == merge["runs-on"]
+    # the plan step as the runner runs it, with a stackforge that prints a real plan
+    expected = _plan().to_json()
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    stub = tmp_path / ".venv" / "bin" / "stackforge"
+    stub.write_text(
+        f"#!/usr/bin/env bash\nprintf '%s\\n' \"$*\" > \"$ARGS_FILE\"\ncat <<'PLAN'\n{json.dumps(expected, indent=2)}\nPLAN\n"
+    )
+    stub.chmod(0o755)
+    (tmp_path / "temp").mkdir()
+    step = next(s for s in plan["steps"] if s.get("id") == "plan")
+    (tmp_path / "step.sh").write_text(step["run"])
+    env = {"PATH": os.environ["PATH"], "RUNNER_TEMP": str(tmp_path / "temp"), "GITHUB_OUTPUT": str(tmp_path / "out"),
+           "ARGS_FILE": str(tmp_path / "args"), "DATE": "20260929", "NIGHTS": "/nights", "REGISTRY": "r.example/t"}  # fmt: skip
+    subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "step.sh"], cwd=tmp_path, env=env, check=True)
+    (line,) = (tmp_path / "out").read_text().splitlines()
+    assert line.startswith("matrix=") and json.loads(line.removeprefix("matrix=")) == expected["matrix"]
+    assert (tmp_path / "args").read_text().split() == [
+        "nightly", "--plan", "--json", "--registry", "r.example/t", "--date", "20260929", "--nights", "/nights",
+        "--runner-label", "self-hosted", "--runner-label", "musa-build",
+    ]  # fmt: skip
+    assert {tuple(i["runs_on"]) for i in expected["matrix"]["include"]} == {
+        ("self-hosted", "musa-build", "linux", "x64"),
+        ("self-hosted", "musa-build", "linux", "arm64"),  # an aarch64 stack's shard goes to a native arm64 runner
+    }
+
+
+def test_the_gitlab_child_pipeline_comes_from_the_plan_and_extends_the_shard_job():
+    from stackforge.flows.night_plan import gitlab_pipeline
+
+    plan = _plan()
+    child = gitlab_pipeline(plan)
+    (include,) = child["include"]
+    assert (REPO / include["local"]).resolve() == GITLAB_SHARD and child["variables"] == {"DATE": "20260929"}
+    jobs = {name: job for name, job in child.items() if name.startswith("shard ")}
+    assert [job["variables"]["SHARD"] for job in jobs.values()] == [s.id for s in plan.shards]
+    assert [job["tags"] for job in jobs.values()] == [s.runs_on for s in plan.shards]
+    assert all(job["extends"] == ".shard" for job in jobs.values())
+    gitlab = _gitlab()
+    assert gitlab[".shard"]["environment"] == {"name": "nightly"} and "tags" not in gitlab[".shard"]
+    assert gitlab["shards"]["trigger"] == {
+        "include": [{"artifact": "shards.json", "job": "plan"}],
+        "strategy": "depend",
+    }
+    assert {"job": "shards"} in gitlab["merge"]["needs"]
+    assert all(rule.get("when") == "always" for rule in gitlab["merge"]["rules"])  # whatever the shards' verdict

@@ -9,6 +9,7 @@ from stackforge.clients.engine import (
     Engine,
     check_build_args,
     effective_buildkit,
+    parse_buildx_endpoint,
     parse_buildx_inspect,
     parse_buildx_version,
     parse_version,
@@ -211,3 +212,60 @@ def test_missing_cli_is_a_user_error_with_the_fix():
     with pytest.raises(UserError) as exc:
         Engine(docker="stackforge-no-such-docker").check()
     assert "engine-setup.sh" in exc.value.fix
+
+
+CONTEXT_INSPECT = """Name:   stackforge-sf2
+Driver: docker
+
+Nodes:
+Name:             stackforge-sf2
+Endpoint:         stackforge-sf2
+Status:           running
+BuildKit version: v0.0.0+unknown
+"""
+
+
+def _fake_docker(tmp_path, inspect: str, current: str = "default"):
+    """A docker CLI that answers ``buildx inspect`` and ``context show`` and records each call with its context."""
+    script = tmp_path / "docker"
+    (tmp_path / "inspect.txt").write_text(inspect)
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "${{DOCKER_CONTEXT:-}}|${{DOCKER_HOST:-}}|$*" >> {tmp_path}/calls\n'
+        f'if [ "$1 $2" = "buildx inspect" ]; then cat {tmp_path}/inspect.txt; exit 0; fi\n'
+        f'if [ "$1 $2" = "context show" ]; then echo {current}; exit 0; fi\n'
+        "echo sha256:abc\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_parse_buildx_endpoint_reads_the_first_node():
+    assert parse_buildx_endpoint(CONTEXT_INSPECT) == "stackforge-sf2"
+    assert parse_buildx_endpoint(OLD_INSPECT) == "unix:///var/run/docker.sock"
+    assert parse_buildx_endpoint("Name: x\nDriver: docker\n") is None
+
+
+def test_a_docker_builder_of_another_context_runs_every_command_there(tmp_path):
+    docker = _fake_docker(tmp_path, CONTEXT_INSPECT)
+    engine = Engine(
+        docker=str(docker), builder="stackforge-sf2", env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///x"}
+    )
+    assert engine.image_id("img") == "sha256:abc"
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[-1] == "stackforge-sf2||image inspect --format {{.Id}} img"  # the second engine, not DOCKER_HOST
+    assert engine.context == "stackforge-sf2"
+
+
+@pytest.mark.parametrize(
+    ("inspect", "current"),
+    [(OLD_INSPECT, "default"), (CONTEXT_INSPECT.replace("Driver: docker", "Driver: docker-container"), "default"),
+     (CONTEXT_INSPECT, "stackforge-sf2")],
+    ids=["address-endpoint", "docker-container-driver", "already-there"],
+)  # fmt: skip
+def test_other_builders_leave_the_engine_where_it_is(tmp_path, inspect, current):
+    docker = _fake_docker(tmp_path, inspect, current)
+    engine = Engine(docker=str(docker), builder="ci", env={"PATH": "/usr/bin:/bin"})
+    engine.image_id("img")
+    assert (tmp_path / "calls").read_text().splitlines()[-1].startswith("||image inspect")
+    assert engine.context is None

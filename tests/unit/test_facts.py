@@ -25,6 +25,75 @@ def test_every_fact_names_its_source_commit_or_why_it_is_missing():
                 continue
             assert COMMIT.match(entry["commit"]), (upstream, path)
             assert entry["pinned"] == (entry["commit"] == data["pin"]), (upstream, path)
+            for known in (entry.get("at_pin") or entry).get("known") or []:  # a line known at the pin: its source
+                assert known["text"] and "test_inplace_porting_contract.py:" in known["source"], (upstream, path)
+            if "other" in entry:
+                assert COMMIT.match(entry["other"]["commit"]) and entry["other"]["commit"] != data["pin"]
+
+
+def test_the_plugins_common_txt_at_the_pin_holds_what_its_contract_test_asserts_and_nothing_softened():
+    common = facts.known_file("vllm-musa", "requirements/common.txt")
+    assert common.commit == facts.upstream("vllm-musa")["pin"]
+    assert [k["text"] for k in common.known] == [
+        "torchada==0.1.90",
+        "transformers==5.5.3",
+        "huggingface_hub>=1.27.0,<2.0",
+    ]
+    text = common.stand_in().splitlines()
+    for known in common.known:  # each line on its own line, its source on the line before
+        i = text.index(known["text"])
+        assert text[i - 1] == f"# at the pin: {known['source']}"
+    # the other revision's lines the pin contradicts are left out, and say why
+    assert "torchada==0.1.81" not in text and "click==8.2.0" not in text
+    assert "click>=8.4.2" in common.not_at_pin["click==8.2.0"]
+    assert text.index("numpy==1.26") > text.index("huggingface_hub>=1.27.0,<2.0")
+    assert text[text.index("numpy==1.26") - 1] == "# at 1df06c8aa819 (another revision), line 4"
+    assert "unknown: every line's number" in text[0]
+
+
+def test_vllms_common_txt_at_the_pin_drops_the_transformers_line_the_plugin_contradicts():
+    vllm = facts.known_file("vllm", "requirements/common.txt")
+    text = vllm.stand_in(ms.VLLM_COMMON_PROJECTS).splitlines()
+    assert "huggingface_hub >= 1.27.0" in text
+    assert not [line for line in text if line.startswith("transformers")]
+    assert "transformers==5.5.3" in vllm.not_at_pin["10"]
+
+
+def test_the_contract_facts_cite_lines_of_the_module_read_at_the_pin():
+    data = facts.contract()
+    module = facts.upstream("vllm-musa")["tests"][data["module"]]
+    assert data["commit"] == module["commit"] == facts.upstream("vllm-musa")["pin"] and module["pinned"]
+    lines = [e["line"] for e in data["lines"]]
+    assert lines == sorted(set(lines)) and lines[0] > 0 and lines[-1] <= 459  # 459 lines, 18712 characters
+    kinds = {k for e in data["lines"] for k in e.get("holds", {}) if k not in ("target", "kernel")}
+    assert kinds <= {
+        "labels",
+        "no_labels",
+        "env",
+        "no_env",
+        "workdir",
+        "cmd",
+        "entrypoint",
+        "installs",
+        "only_binary",
+        "checks_version",
+        "installs_file",
+        "constrained",
+        "gate_pins",
+        "gate_exact",
+        "gate_order",
+        "gate_imports",
+        "options",
+        "stages",
+    }
+    for entry in data["lines"]:  # one claim per line, on a file the module reads
+        assert entry["reads"] in module["reads"], entry
+        assert len(set(entry.get("holds", {})) - {"target"}) <= 1, entry
+    # the stack key post2 pins: the plugin's musa_private.txt holds its torch line and every private pin of it
+    stack = data["stacks"]["torch==2.11.0.post2+musa5.2.0"]
+    pins = {f"{n}=={v}" for n, (_, v) in facts.plugin_vendor_pins().items()}
+    assert "torch==2.11.0.post2+musa5.2.0" in pins and set(stack["private"]) <= pins
+    assert stack["torchada"] == facts.known_file("vllm-musa", "requirements/common.txt").known[0]["text"]
 
 
 def test_the_plugin_facts_are_read_at_the_commit_the_stacks_pin():

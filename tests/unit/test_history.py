@@ -9,7 +9,6 @@ import re
 import pytest
 
 from stackforge.cli.main import main
-from stackforge.errors import UserError
 from stackforge.flows import history
 from stackforge.flows.nightly import Row, Summary
 from tests.fixtures.nights import Image, write_night
@@ -41,7 +40,7 @@ def test_the_index_lists_the_nights_newest_first_and_marks_a_failed_row(nights, 
     index, read = history.history(nights, tmp_path / "site")
     assert [n.date for n in read] == ["20261130", "20261129", "20261128"]
     html = index.read_text()
-    heads = re.findall(r"<h2 id=\"night-(\d+)\">", html)
+    heads = re.findall(r"<h3 id=\"night-(\d+)\">", html)
     assert heads == ["20261130", "20261129", "20261128"]
     failed = re.findall(r'<tr class="failed">\s*<td>post1</td>', html)
     assert len(failed) == 1 and "failed (gate)" in html and "gate failed: see the log" in html
@@ -52,8 +51,8 @@ def test_the_index_lists_the_nights_newest_first_and_marks_a_failed_row(nights, 
 
 def test_an_image_page_lists_its_packages_and_what_changed(nights, tmp_path):
     history.history(nights, tmp_path / "site")
-    page = (tmp_path / "site" / "images" / "20261130-post2-vllm-openai.html").read_text()
-    assert 'href="20261129-post2-vllm-openai.html"' in page and 'href="../index.html#night-20261130"' in page
+    page = (tmp_path / "site" / "images" / "20261130.post2.vllm-openai.html").read_text()
+    assert 'href="20261129.post2.vllm-openai.html"' in page and 'href="../index.html#night-20261130"' in page
     rows = re.findall(
         r'<tr class="(added|removed|changed)"><td[^>]*>\w+</td><td>([^<]+)</td><td>([^<]*)</td><td>([^<]*)</td>', page
     )
@@ -63,7 +62,7 @@ def test_an_image_page_lists_its_packages_and_what_changed(nights, tmp_path):
         ("changed", "numpy", "1.26.4", "2.2.6"),
         ("removed", "torch", "2.7.1+musa.4.3.0", ""),
     ]
-    same = (tmp_path / "site" / "images" / "20261129-post2-vllm-openai.html").read_text()
+    same = (tmp_path / "site" / "images" / "20261129.post2.vllm-openai.html").read_text()
     assert "No change in the installed Python distributions" in same
     assert "<td>vllm</td><td>0.11.0+musa</td>" in same
 
@@ -86,9 +85,13 @@ def test_the_site_is_replaced_whole_and_a_bad_summary_is_named(nights, tmp_path)
     history.history(nights, site)
     assert not (site / "stale.html").exists()
     (nights / "20261130" / "summary.json").write_text("{not json")
-    with pytest.raises(UserError, match=r"20261130/summary.json is not JSON"):
-        history.history(nights, site)
-    assert (site / "index.html").is_file() and not list(site.parent.glob(".site-*"))
+    _, read = history.history(nights, site)
+    (problem,) = history.problems(read)
+    assert problem.shown == "20261130/summary.json" and "is not JSON" in problem.message
+    assert [n.date for n in read if n.error is None] == ["20261129", "20261128"]  # the others are still shown
+    html = (site / "index.html").read_text()
+    assert "The summary of <code>20261130</code> cannot be read: nightly summary is not JSON" in html
+    assert not list(site.parent.glob(".site*"))
 
 
 def test_the_cli_prints_the_index(nights, tmp_path, capsys):

@@ -142,3 +142,19 @@ def test_a_huge_netrc_is_refused(tmp_path, monkeypatch):
     fifo = hf.fifo(tmp_path / "netrc2")
     monkeypatch.setenv("NETRC", str(fifo))
     assert credentials.netrc_credentials("example.com") is None
+
+
+@pytest.mark.parametrize("maker", ["fifo", "zero_link"])
+def test_the_docker_cli_is_not_run_on_a_config_it_would_hang_on(tmp_path, maker):
+    from stackforge.clients.engine import Engine
+
+    hf.SPECIALS[maker](tmp_path / "config.json")
+    ran = tmp_path / "ran"
+    docker = _helper(tmp_path / "bin", "unused", "")  # any program: it must not be started
+    docker.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    engine = Engine(docker=str(docker), env={"PATH": os.environ["PATH"], "DOCKER_CONFIG": str(tmp_path)})
+    for call in (lambda: engine.cli("version"), lambda: engine.run_merged("logs", "x", timeout=5)):
+        with pytest.raises(UserError, match="docker config is") as err:
+            hf.within(10, call)
+        assert "DOCKER_CONFIG" in (err.value.fix or "")
+    assert not ran.exists()

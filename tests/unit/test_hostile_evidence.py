@@ -4,32 +4,12 @@ elsewhere in the record."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from stackforge.builder import evidence
 from stackforge.errors import UserError
 from stackforge.publish import record as records
 from tests.fixtures import hostile_files as hf
-
-
-def _within(seconds, fn, *args):
-    box: dict = {}
-
-    def go():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn.__name__} still waits"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 @pytest.mark.parametrize("maker", ["fifo", "zero_link", "link_out", "deep_json", "not_utf8"])
@@ -39,7 +19,7 @@ def test_a_result_that_is_not_a_file_of_json_is_one_error(tmp_path, maker, where
     path = hf.SPECIALS[maker](build / where)
     read = records.smoke_results if where.startswith("smoke") else records.test_results
     with pytest.raises(UserError) as err:
-        _within(10, read, build)
+        hf.within(10, read, build)
     assert str(path) in err.value.render() and "Traceback" not in err.value.render()
 
 
@@ -47,11 +27,11 @@ def test_a_result_that_is_not_a_file_of_json_is_one_error(tmp_path, maker, where
 def test_gate_lines_that_are_not_a_file_of_text_are_refused(tmp_path, maker):
     path = hf.SPECIALS[maker](tmp_path / "gate.txt")
     with pytest.raises(UserError):
-        _within(10, records._lines, path)
+        hf.within(10, records._lines, path)
     assert records._lines(tmp_path / "abi.txt") == []  # none written: none carried
 
 
 @pytest.mark.parametrize("maker", ["fifo", "zero_link", "deep_json"])
 def test_a_build_result_that_is_not_one_is_no_result(tmp_path, maker):
     hf.SPECIALS[maker](tmp_path / evidence.RESULT)
-    assert _within(10, evidence.read_result, tmp_path) is None
+    assert hf.within(10, evidence.read_result, tmp_path) is None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 
 import pytest
 
@@ -21,32 +20,14 @@ from tests.unit.test_provenance import DIGEST, INPUTS, keys  # noqa: F401 - the 
 FAST = RetryPolicy(attempts=1, base_delay=0, max_delay=0, total_seconds=10)
 
 
-def _within(seconds, fn, *args):
-    box: dict = {}
-
-    def go():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn.__name__} still waits"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 @pytest.mark.parametrize("maker", ["fifo", "zero_link", "not_utf8"])
 def test_key_files_that_are_not_keys_are_one_error(tmp_path, maker):
     path = hf.SPECIALS[maker](tmp_path / "key.pub")
     with pytest.raises(UserError) as err:
-        _within(5, provenance.public_key, path)
+        hf.within(5, provenance.public_key, path)
     assert str(path) in err.value.render()
     with pytest.raises(UserError):
-        _within(5, provenance.signer, path)
+        hf.within(5, provenance.signer, path)
 
 
 def test_a_huge_key_file_is_refused(tmp_path):
@@ -114,11 +95,11 @@ def test_verify_key_gives_a_verdict_for_attachments_that_are_not_envelopes(keys)
         digest = reg.put_image("team/app", "v1", b'{"rootfs": {"diff_ids": []}}', [])
         over = {"mediaType": provenance.ENVELOPE_TYPE, "digest": "sha256:" + "0" * 64, "size": 1 << 40}
         _attach_att(reg, digest, over)
-        lines = _within(20, attest.check_provenance, _client(reg), digest, pub, a_record(digest))
+        lines = hf.within(20, attest.check_provenance, _client(reg), digest, pub, a_record(digest))
         assert len(lines) == 1 and lines[0][0] is False and "cannot be read" in lines[0][1]
         deep = b"[" * 100_000 + b"]" * 100_000
         _attach_att(reg, digest, {"mediaType": provenance.ENVELOPE_TYPE, "digest": digest_of(deep), "size": len(deep)}, deep)  # fmt: skip
-        lines = _within(20, attest.check_provenance, _client(reg), digest, pub, a_record(digest))
+        lines = hf.within(20, attest.check_provenance, _client(reg), digest, pub, a_record(digest))
         assert lines[0][0] is False and "nests 100000 levels" in lines[0][1]
 
 

@@ -194,17 +194,22 @@ def test_post2_lock_never_names_a_vendor_package_and_locks_the_vendor_deps(
     assert public.via["torchada"] == {"-r requirements.in"}
     # the requirement-file closure of the vllm-common phase: what each file names, and what that requires
     assert public.via["lark"] == {"-r vllm/requirements/common.txt"} and public.pins["lark"][0] == "1.2.2"
-    assert "-r vllm_musa/requirements/musa.txt" in public.via["click"]  # through its -r common.txt
+    assert "-r vllm_musa/requirements/musa.txt" in public.via["mthreads-ml-py"]  # through its -r common.txt
     # the plugin's test.txt and its list of vLLM's runtime dependencies, and what they require
     assert "-r vllm_musa/requirements/test.txt" in public.via["pytest"]
     assert "-r vllm_musa/requirements/vllm_runtime_transitive.txt" in public.via["pycountry"]
     assert "uvicorn" in public.via["uvloop"] and public.pins["uvloop"][0] == "0.22.1"  # uvicorn[standard]
     assert public.pins["numpy"][0] == "1.26.0"  # vLLM's unpinned numpy stays on the pin (2.2.6 is served)
-    assert "-r vllm/requirements/common.txt" in public.via["transformers"] and "huggingface-hub" in public.pins
+    # the plugin's transformers==5.5.3, and vLLM's uncapped huggingface_hub >= 1.27.0 under the plugin's cap (its
+    # common.txt a constraint of vLLM's): 2.0.0 is served, the cap keeps it out
+    assert "-r vllm_musa/requirements/musa.txt" in public.via["transformers"]
+    assert public.pins["transformers"][0] == "5.5.3" and public.pins["huggingface-hub"][0] == "1.33.0"
+    assert "-r vllm/requirements/common.txt" in public.via["huggingface-hub"]
     assert "six" not in public.pins  # `six…; python_version > '3.11'` is not for CPython 3.10
     head = (locks / "pypi.txt").read_text().split("annotated-types==", 1)[0]
     assert "# input vllm/requirements/common.txt flattened sha256:" in head
     assert "# input vllm_musa/requirements/musa.txt flattened sha256:" in head
+    assert "# input vllm_musa/requirements/common.txt flattened sha256:" in head  # the constraint file
     assert "# input vllm_musa/requirements/vllm_runtime_transitive.txt flattened sha256:" in head
     for lock in (public, deps):
         assert not set(lock.pins) & VENDOR_NAMES

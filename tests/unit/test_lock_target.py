@@ -77,15 +77,22 @@ def creds(monkeypatch, tmp_path):
 
 
 def _spy(monkeypatch) -> list[list[str]]:
-    """Every command `stackforge lock` runs, as its argv."""
+    """Every command `stackforge lock` runs, as its argv (through subprocess, or the clients' bounded runner)."""
+    from stackforge.clients import proc
+
     seen: list[list[str]] = []
-    real = subprocess.run
+    real, bounded = subprocess.run, proc.run
 
     def run(cmd, *a, **kw):
         seen.append([str(c) for c in cmd])
         return real(cmd, *a, **kw)
 
+    def run_bounded(cmd, *a, **kw):
+        seen.append([str(c) for c in cmd])
+        return bounded(cmd, *a, **kw)
+
     monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(proc, "run", run_bounded)
     return seen
 
 
@@ -206,11 +213,60 @@ def test_lock_check_bad_input_exits_2(index, tmp_path, capsys, creds):
 
 def test_lock_check_of_a_stack_declared_locked_without_its_lock_fails(index, tmp_path, capsys, creds):
     root = _root(tmp_path, index)
-    code, out, err = _cli(capsys, root, "lock", "--check", "tiny")
-    assert (code, out.strip()) == (0, "tiny: no lock files (stacks/locks/tiny/)")
     code, out, err = _cli(capsys, root, "lock", "--check", "tiny", "--set", "indexes.pub.lock=true")
     assert code == 1
     assert "stale: stacks/locks/tiny/pub.txt: index 'pub' is declared `lock: true` but its lock file is missing" in err
+
+
+def test_lock_check_fails_a_public_index_with_neither_a_lock_nor_the_reason_it_has_none(index, tmp_path, capsys, creds):
+    root = _root(tmp_path, index)
+    code, out, err = _cli(capsys, root, "lock", "--check", "tiny")
+    assert (code, out) == (1, "")
+    assert err == (
+        "stale: stacks/locks/tiny/pub.txt: index 'pub' (public) installs without hashes: it has no lock and no "
+        "indexes.pub.unlocked reason\n  fix: run: stackforge lock tiny, or declare indexes.pub.unlocked: <why it "
+        "cannot be locked> in the stack\n"
+    )
+    why = "indexes.pub.unlocked=the index's wheels are rebuilt nightly"
+    code, out, err = _cli(capsys, root, "lock", "--check", "tiny", "--set", why)
+    assert code == 0, err
+    assert err == "note: index 'pub' of tiny is unlocked: the index's wheels are rebuilt nightly\n"
+    # lint prints the reason; render and build name it in their note
+    code, out, err = _cli(capsys, root, "lint", "tiny", "--set", why)
+    assert (
+        code == 0
+        and (
+            "note: tiny: index 'pub' installs without hashes (no lock): the index's wheels are rebuilt nightly "
+            "(indexes.pub.unlocked)"
+        )
+        in err.splitlines()
+    )
+    code, out, err = _cli(capsys, root, "render", "tiny", "--no-sources", "--out", str(tmp_path / "r"), "--set", why)
+    assert (
+        code == 0
+        and (
+            "note: index 'pub' of tiny has no lock: its phases install without hashes, because the index's wheels are "
+            "rebuilt nightly (indexes.pub.unlocked)"
+        )
+        in err
+    )
+    # a lock makes the reason moot; both at once say the opposite and are refused on load
+    code, out, err = _cli(capsys, root, "lint", "tiny", "--set", why, "--set", "indexes.pub.lock=true")
+    assert code == 2 and "lock: true and unlocked: say the opposite; keep one" in err
+
+
+def test_post_stacks_say_why_their_public_index_is_unlocked(capsys):
+    from tests.fixtures.stack_support import REPO
+
+    code, out, err = _cli(capsys, REPO, "lock", "--check", "post1", "post2")
+    assert code == 0, err
+    assert [line.split(" is unlocked: ")[0] for line in err.splitlines()] == [
+        "note: index 'pypi' of post1",
+        "note: index 'pypi' of post2",
+    ]
+    assert "(GitHub)" in err and "(dl.mthreads.com)" in err
+    code, out, err = _cli(capsys, REPO, "lock", "--check", "post2", "--set", "indexes.pypi.unlocked=null")
+    assert code == 1 and "stale: stacks/locks/post2/pypi.txt: index 'pypi' (public) installs without hashes" in err
 
 
 def test_the_checked_in_example_lock_is_current(capsys):

@@ -220,3 +220,19 @@ def test_the_nightly_hands_the_leases_device_uuids_to_each_smoke(tmp_path):
     run = dataclasses.replace(fakes.run(qwen_recipes()), device_uuids=("d6a04b9f-fec2-2c87-aa03-a8360298e63b",))
     _one(run, load("post2"), "vllm-openai")
     assert fakes.smoked[0][3]["options"].device_uuids == ("d6a04b9f-fec2-2c87-aa03-a8360298e63b",)
+
+
+@pytest.mark.parametrize(("statuses", "status"), [(["passed"], "published"), (["failed"], "failed")])
+def test_a_shard_smokes_but_never_moves_an_alias(tmp_path, statuses, status):
+    """A shard (move_aliases=False) publishes the immutable tag, smokes where its runner has the devices and keeps
+    the verdict in its row; the merge moves the aliases for the whole night."""
+    fakes = Fakes(tmp_path, statuses)
+    run = dataclasses.replace(fakes.run(qwen_recipes()), move_aliases=False)
+    row = _one(run, load("post2"), "vllm-openai")
+    assert fakes.published == [False] and len(fakes.smoked) == 1  # no second publish to move aliases
+    assert row.status == status and row.smoke == statuses[0] and row.aliases == {}
+    assert row.tag == "registry.test/x/vllm:v0.28.0-20260929-r1"
+    without = dataclasses.replace(Fakes(tmp_path / "b", ["passed"]).run(NightlyRecipes()), move_aliases=False)
+    (tmp_path / "b").mkdir()
+    plain = _one(without, load("post2"), "vllm-omni")
+    assert plain.smoke == "none" and plain.aliases == {}

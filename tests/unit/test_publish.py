@@ -810,3 +810,23 @@ def test_the_publish_verb_builds_the_options_once_from_its_flags(monkeypatch, ca
     assert options.policy is not None and options.policy.attempts == 2 and options.echo is verb.stderr_echo
     assert seen["registry"] == "127.0.0.1:9/x" and seen["date"] == DATE and seen["allow_ungated"] is False
     assert json.loads(capsys.readouterr().out) == {"status": "published"}
+
+
+def test_the_same_image_with_other_build_cache_records_is_already_published(stub, tmp_path):
+    """Two hosts build one image from each other's registry cache: the same layers and config, each with its own
+    inline cache records (moby.buildkit.cache.v0). The second publish finds the first's tag: no new revision."""
+    layers = [layer_tar({"etc/os-release": b"ID=debian\n"}), layer_tar({"app/a.txt": b"a" * 100})]
+    first_host = save_archive(tmp_path / "one.tar", layers, config_extra={"moby.buildkit.cache.v0": "W3sib25lIjox"})
+    second_host = save_archive(tmp_path / "two.tar", layers, config_extra={"moby.buildkit.cache.v0": "W3sidHdvIjoy"})
+    assert first_host != second_host  # two image ids
+    first = run(stub.address, ArchiveImage(tmp_path / "one.tar"), tmp_path)
+    again = run(stub.address, ArchiveImage(tmp_path / "two.tar"), tmp_path / "second-host")
+    assert again.status == "already-published" and (again.tag, again.digest) == (first.tag, first.digest)
+    assert again.image_id == first.image_id  # what a pull of the tag gives
+    assert again.verification["same_content"] is True and again.verification["image_id_matches"] is False
+    assert immutable(stub) == {first.tag: first.digest}
+    # another layer is another image: the next revision
+    other = [layers[0], layer_tar({"app/a.txt": b"b" * 100})]
+    save_archive(tmp_path / "three.tar", other, config_extra={"moby.buildkit.cache.v0": "W3sib25lIjox"})
+    third = run(stub.address, ArchiveImage(tmp_path / "three.tar"), tmp_path / "third")
+    assert third.status == "published" and third.tag == SCHEME.tag(DATE, 2)

@@ -164,6 +164,44 @@ def test_a_vendor_line_the_stack_excepts_is_dropped_with_the_reason(tmp_path):
     ) in requirements_file(phase)
 
 
+def test_a_public_pins_line_is_dropped_only_when_the_stack_excepts_it_with_a_reason(stack, tmp_path):
+    files = {"requirements/common.txt": "regex\ntorchada==0.1.83\n"}
+    kept = read(stack, tmp_path / "a", files)  # no reason given: pip refuses the phase, naming the pin
+    assert kept.requirements == ["regex", "torchada==0.1.83"] and kept.dropped == []
+    text = STACK.replace(
+        'commit: "%s"}' % ("c" * 40),
+        'commit: "%s",\n         agree: {except: {torchada: "the older train"}}}' % ("c" * 40),
+    )
+    loaded = load("req", root=make_root(tmp_path / "b", {"req.yaml": text}))
+    phase = read(loaded, tmp_path / "b", files)
+    assert phase.requirements == ["regex"]
+    assert [(d.package, d.pin, d.excepted, d.public) for d in phase.dropped] == [
+        ("torchada", "0.1.90", "the older train", True)
+    ]
+    assert (
+        "# dropped, the stack differs on purpose (the older train): torchada==0.1.83 "
+        "(vllm:requirements/common.txt:2); the public pin installs torchada==0.1.90"
+    ) in requirements_file(phase)
+    agreeing = read(loaded, tmp_path / "c", {"requirements/common.txt": "torchada==0.1.90\n"})
+    assert agreeing.requirements == ["torchada==0.1.90"] and agreeing.dropped == []  # met by the pin: kept
+
+
+def test_a_file_declared_a_constraint_constrains_the_phase(tmp_path):
+    text = STACK.replace(
+        "      - {upstream: vllm, path: requirements/common.txt}\n",
+        "      - {upstream: vllm, path: requirements/common.txt}\n"
+        "      - {upstream: vllm, path: requirements/pins.txt, constraint: true}\n",
+    )
+    loaded = load("req", root=make_root(tmp_path, {"req.yaml": text}))
+    files = {"requirements/common.txt": "huggingface_hub >= 1.27.0\n", "requirements/pins.txt": "huggingface_hub<2.0\n"}
+    phase = read(loaded, tmp_path, files)
+    assert (phase.requirements, phase.constraints) == (["huggingface_hub>=1.27.0"], ["huggingface_hub<2.0"])
+    assert constraints_file(loaded.model, phase).splitlines()[-2:] == [
+        "# the upstream's own constraints",
+        "huggingface_hub<2.0",
+    ]
+
+
 @pytest.mark.parametrize(
     "line, what",
     [
@@ -257,6 +295,7 @@ def test_write_phases_fills_the_context_and_the_manifest(stack, tmp_path):
         "where": "vllm:requirements/common.txt:2",
         "pin": "2.11.0.post2+musa5.2.0",
         "excepted": None,
+        "public": False,
     }
 
 
@@ -501,6 +540,18 @@ def test_a_public_pin_is_named_only_when_the_phase_held_it(tmp_path):
     ]
     # a target phase's constraints hold no public pin: a numpy conflict there is pip's message alone
     assert preserve.public_conflicts(output[:3], "t/omni", "targets.t.pip.omni", public) == []
+    # an upstream's constraint file asks the pin's project another version: pip merges both constraints on one
+    # line (as the post2 build printed it), and the one that is not the pin is named
+    merged = [
+        "The conflict is caused by:",
+        "    The user requested numpy",
+        "    The user requested (constraint) numpy==1.26,==1.26.4",
+    ]
+    assert preserve.held_public(merged, public) == {"numpy": "1.26.4"}
+    assert preserve.public_conflicts(merged, "requirements.x", "requirements.x", public) == [
+        "ERROR: pip phase requirements.x (stack key requirements.x) would move the public pin numpy==1.26.4 "
+        "(stack key packages.numpy; the constraints hold it): the phase's constraints ask numpy==1.26"
+    ]
 
 
 def test_the_lock_names_the_pin_a_conflicting_resolution_would_move(stack):

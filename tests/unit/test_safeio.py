@@ -3,8 +3,6 @@ become paths, what a container wrote, output directories and terminal text."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from pydantic import BaseModel, ConfigDict
 
@@ -14,30 +12,11 @@ from stackforge.safeio import Malformed
 from tests.fixtures import hostile_files as hf
 
 
-def _within(seconds: float, fn, *args, **kwargs):
-    """Run ``fn`` in a thread and fail the test (instead of hanging it) when it does not return in time."""
-    out: dict = {}
-
-    def go():
-        try:
-            out["value"] = fn(*args, **kwargs)
-        except BaseException as exc:
-            out["error"] = exc
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn.__name__} still running after {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 @pytest.mark.parametrize("maker", ["fifo", "zero_link"])
 def test_special_files_are_refused_at_once(tmp_path, maker):
     path = hf.SPECIALS[maker](tmp_path / "summary.json")
     with pytest.raises(Malformed, match="not a regular file") as err:
-        _within(5, safeio.read_bytes, path, limit=1 << 20, what="summary")
+        hf.within(5, safeio.read_bytes, path, limit=1 << 20, what="summary")
     assert err.value.exit_code == 1 and str(path) in err.value.render()
 
 
@@ -213,6 +192,24 @@ def test_output_dir_keeps_the_old_one_when_writing_fails(tmp_path):
             raise RuntimeError("boom")
     assert (site / "index.html").read_text() == "good"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]
+
+
+def test_output_verb_names_the_verb_whose_mark_a_directory_carries(tmp_path):
+    site, night, plain = tmp_path / "site", tmp_path / "night", tmp_path / "plain"
+    with safeio.OutputDir(site, "history").staging() as staging:
+        (staging / "index.html").write_text("x")
+    safeio.OutputDir(night, "nightly").claim()
+    plain.mkdir()
+    assert [safeio.output_verb(p) for p in (site, night, plain, tmp_path / "absent")] == [
+        "history",
+        "nightly",
+        None,
+        None,
+    ]
+    (plain / safeio.OUTPUT_MARK).write_text("someone else wrote this\n")
+    hf.fifo(tmp_path / "fifo" / safeio.OUTPUT_MARK)
+    hf.link_out(tmp_path / "linked" / safeio.OUTPUT_MARK, site / safeio.OUTPUT_MARK)
+    assert [safeio.output_verb(tmp_path / d) for d in ("plain", "fifo", "linked")] == [None, None, None]
 
 
 def test_terminal_text_loses_its_escape_sequences():

@@ -25,6 +25,7 @@ from stackforge.smoke.pytest_result import compare, parse_junit, parse_summary
 from stackforge.smoke.run import HostFacts
 from stackforge.stack.load import load
 from stackforge.stack.model import Slice
+from tests.fixtures import hostile_files as hf
 from tests.fixtures.gitrepo import GitRepo
 from tests.fixtures.slice_engine import LocalEngine
 from tests.fixtures.stack_support import make_root, parse_errors, run_cli
@@ -470,7 +471,7 @@ def test_the_cli_exit_codes_tell_passed_failed_not_run_and_bad_input(tmp_path, c
     rc, stdout, _ = run_cli(capsys, root, "test", "demo", "--slice", "demo", "--out", str(out))
     assert rc == 3 and stdout.startswith("NOT-RUN  demo")
     rc, _, err = run_cli(capsys, root, "test", "demo", "--slice", "nope")
-    assert rc == 2 and "one of: contracts, demo" in err
+    assert rc == 2 and "one of: contracts, probes, demo" in err
     rc, _, err = run_cli(capsys, root, "test", "post1")
     assert rc == 2 and "declare no test slice" in err
 
@@ -513,7 +514,12 @@ def test_a_recipe_declares_slices_for_its_image(tmp_path, capsys):
     )
     loaded = load("demo", root=root)
     names = [r.name for r in slices.declared(loaded)]
-    assert names == ["contracts", "demo", "plain.reads"]  # the stack's (post2's inherited first), then the recipe's
+    assert names == [
+        "contracts",
+        "probes",
+        "demo",
+        "plain.reads",
+    ]  # the stack's (post2's inherited first), then the recipe's
     plain = _ref(loaded, "plain.reads")
     assert plain.owner == "plain" and plain.target == "vllm-openai" and plain.slice.expected()["xfailed"] == 4
     assert "layered.reads" in [r.name for r in slices.declared(loaded, overlay="jev")]
@@ -637,20 +643,9 @@ def _hostile_run(tmp_path, after, body=PASSING):
     loaded = load("demo", root=root)
     engine = LocalEngine(after=after)
     out = tmp_path / "evidence"
-    result = _within(60, slices.run_slice, loaded, _ref(loaded, "demo"), slices.SliceTarget("img", "sha256:1", out),
+    result = hf.within(60, slices.run_slice, loaded, _ref(loaded, "demo"), slices.SliceTarget("img", "sha256:1", out),
                      _workspace(root, engine), facts=NO_DEVICE)  # fmt: skip
     return result, out, engine
-
-
-def _within(seconds, fn, *args, **kwargs):
-    import threading
-
-    box: dict = {}
-    t = threading.Thread(target=lambda: box.update(value=fn(*args, **kwargs)), daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), "the slice run still waits"
-    return box["value"]
 
 
 def test_a_junit_link_left_by_the_container_is_not_followed(tmp_path):

@@ -10,8 +10,11 @@ def test_copied_stacks_lint_clean(tmp_path, capsys):
     rc, out, err = run_cli(capsys, make_root(tmp_path), "lint")
     assert rc == 0
     assert out.splitlines() == ["post1: ok", "post2: ok"]
-    # the plugin they agree with is not in this root's mirror cache: a note each, not a failure
-    assert [line.split(": not checked: ")[0] for line in err.splitlines()] == ["note: post1", "note: post2"]
+    # the plugin they agree with is not in this root's mirror cache: a note each, not a failure; and each says
+    # why its public index has no lock
+    notes = [line.split(": ")[:2] for line in err.splitlines()]
+    assert notes == [["note", s] for s in ("post1", "post1", "post2", "post2")], err
+    assert [line.split(": ")[2].split(" ")[0] for line in err.splitlines()] == ["not", "index", "not", "index"]
 
 
 def test_parse_errors_reads_locations():

@@ -166,5 +166,5 @@ def test_diff_markdown_and_json_carry_the_same_rows(capsys):
     # post1 → post2 changes pins, and drops post1's exceptions to the plugin's pins for the post1 train
     assert [(r["package"], r["after"]) for r in d["other"]] == [
         (f"upstreams.vllm_musa.agree.except.{n}", "—")
-        for n in ("torch", "torch_musa", "torchvision", "torchaudio", "deep_ep")
+        for n in ("torch", "torch_musa", "torchvision", "torchaudio", "deep_ep", "torchada")
     ]

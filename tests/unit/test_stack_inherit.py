@@ -103,9 +103,10 @@ def test_findings_point_at_each_level(root, capsys):
     (root / "stacks" / "b.yaml").write_text(b, encoding="utf-8")
     rc, out, err = run_cli(capsys, root, "lint", "b", "--json")
     assert (rc, err) == (1, "")
-    found = {
+    found = {  # (the plugin's image contract, which a moves away from, is test_contract.py's)
         (f["rule"], f["message"].split()[0]): (f["file"], f["line"], f["col"])
         for f in json.loads(out)["stacks"][0]["findings"]
+        if f["rule"] != "contract"
     }
     assert found == {
         ("train", "torchvision"): ("stacks/a.yaml", 8, 14),
@@ -154,7 +155,7 @@ def test_set_overrides_apply_on_top_of_the_whole_chain(root):
     assert loaded.position(("packages", "torchvision", "version")) == Pos(
         "--set packages.torchvision.version=0.26.0.post2+musa5.2.0"
     )
-    assert prepare.lint(loaded) == []
+    assert [f for f in prepare.lint(loaded) if f.rule != "contract"] == []  # a's own gpu_arch, gate: test_contract
 
 
 def test_show_lists_the_chain(root, capsys):

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from stackforge.builder import locks, prepare
+from stackforge.builder import contract, locks, prepare
 from stackforge.stack import rules
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import REPO, locate, make_root, run_cli
@@ -24,6 +24,7 @@ RULE_FUNCTIONS = {
     "index": rules.check_indexes,
     "lock": locks.check_locks,
     "runtime": rules.check_runtime,
+    "contract": contract.check,
 }
 
 
@@ -272,8 +273,17 @@ NOT_FETCHED = (
 )
 
 
+#: what lint says of a stack whose public index says why it has no lock (post1's, inherited)
+UNLOCKED = "index 'pypi' installs without hashes (no lock): {reason} (indexes.pypi.unlocked)"
+
+
+def notes_of(stack: str) -> list[str]:
+    reason = load("post1", root=REPO).model.indexes["pypi"].unlocked
+    return [NOT_FETCHED.format(stack=stack), UNLOCKED.format(reason=reason)]
+
+
 def not_fetched(*stacks: str) -> str:
-    return "".join(f"note: {s}: {NOT_FETCHED.format(stack=s)}\n" for s in stacks)
+    return "".join(f"note: {s}: {note}\n" for s in stacks for note in notes_of(s))
 
 
 def test_lint_exit_0_when_clean(tmp_path, capsys):
@@ -284,7 +294,7 @@ def test_lint_exit_0_when_clean(tmp_path, capsys):
     assert json.loads(out) == {
         "ok": True,
         "stacks": [{"stack": "post1", "findings": []}, {"stack": "post2", "findings": []}],
-        "notes": [f"{n}: {NOT_FETCHED.format(stack=n)}" for n in ("post1", "post2")],
+        "notes": [f"{n}: {note}" for n in ("post1", "post2") for note in notes_of(n)],
     }
 
 

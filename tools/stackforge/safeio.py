@@ -380,6 +380,17 @@ def write_confined(
 # Output directories
 
 
+def output_verb(path: str | Path) -> str | None:
+    """The verb whose :class:`OutputDir` mark the directory ``path`` carries (``history``, ``nightly``…), None when
+    it carries none (or one that is not a regular file of this tool's form)."""
+    try:
+        text = read_text(Path(path) / OUTPUT_MARK, limit=4096, what="mark", follow=False)
+    except Malformed:
+        return None
+    head, _, verb = text.strip().partition(" ")
+    return verb if head == "stackforge" and verb and " " not in verb else None
+
+
 @dataclass(frozen=True)
 class OutputDir:
     """An ``--out`` directory a command replaces whole: refused when it is one of the command's inputs or holds
@@ -430,12 +441,7 @@ class OutputDir:
         return out
 
     def _marked(self) -> bool:
-        mark = Path(self.path) / OUTPUT_MARK
-        try:
-            text = read_text(mark, limit=4096, what="mark", follow=False)
-        except Malformed:
-            return False
-        return text.strip() == f"stackforge {self.verb}"
+        return output_verb(self.path) == self.verb
 
     @contextmanager
     def staging(self, inputs: Iterable[str | Path] = (), *, flag: str = "--out") -> Iterator[Path]:
@@ -489,6 +495,7 @@ __all__ = [
     "for_terminal",
     "inside",
     "load_model",
+    "output_verb",
     "parse_json",
     "parse_model",
     "read_bytes",

@@ -1,5 +1,9 @@
 """The stack agrees with its upstreams' own pins (``upstreams.<name>.agree``): the files read on the host.
 
+What is compared: the requirement files' lines, the Dockerfiles' ``ARG NAME=VALUE`` lines (``agree.args``, per
+stage) and the KEY=VALUE files, each against the stack's pin of that project (a package, or a target's own exact
+requirement such as Mooncake's) or the stack value the key names.
+
 :mod:`stackforge.stack.agreement` compares; this module reads the upstream's files, from an exported tree
 (render and build, after the patch series: what the build reads) or from the host's git mirror cache at the
 pinned commit (``stackforge lint``, which fetches nothing unless asked), and turns findings into the one error
@@ -20,6 +24,7 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.stack import agreement
 from stackforge.stack.agreement import Finding
 from stackforge.stack.load import LoadedStack, stack_value
+from stackforge.stack.targets import agreed_pins, target_pins
 from stackforge.urls import split
 
 MAX_BYTES = 256 * 1024  # one file of an upstream read for a comparison
@@ -70,7 +75,73 @@ def environment(loaded: LoadedStack) -> dict[str, str]:
 
 
 def pins(loaded: LoadedStack) -> dict[str, str]:
-    return {n: p.version for n, p in loaded.model.packages.items()}
+    """Every pin an ``agree`` compares: the packages, and the exact requirements of the targets' own phases."""
+    return {n: version for n, (version, _) in agreed_pins(loaded.model).items()}
+
+
+def pin_keys(loaded: LoadedStack) -> dict[str, str]:
+    """The stack key of each pin :func:`pins` gives that is not a package's version (a target's requirement)."""
+    return {n: key for n, (_, key) in target_pins(loaded.model).items()}
+
+
+def read_lines(loaded: LoadedStack, upstream: str, read: Reader) -> tuple[list[agreement.Line], list[Finding]]:
+    """The lines ``upstreams.<upstream>.agree`` compares, read through ``read``: its requirement files' lines, then
+    its Dockerfiles' ARG lines as requirement lines; and a finding for each file or build argument it names that
+    ``read`` does not have."""
+    agree = loaded.model.upstreams[upstream].agree
+    assert agree is not None
+    found = agreement.read_requirements(read, list(agree.requirements))
+    missing = [
+        Finding(
+            "missing",
+            upstream,
+            path.split(" (via ")[0],
+            None,
+            "",
+            None,
+            None,
+            f"{path} does not exist in the upstream at its pinned commit",
+            f"name a file the upstream has in upstreams.{upstream}.agree.requirements",
+        )
+        for path in found.missing
+    ]
+    lines = list(found.lines)
+    for path, names in agree.args.items():
+        text = read(path)
+        if text is None:
+            missing.append(
+                Finding(
+                    "missing",
+                    upstream,
+                    path,
+                    None,
+                    "",
+                    None,
+                    None,
+                    f"{path} does not exist in the upstream at its pinned commit",
+                    f"name a Dockerfile the upstream has in upstreams.{upstream}.agree.args",
+                )
+            )
+            continue
+        args = agreement.dockerfile_args(text, path, names)
+        lines += args.lines
+        for arg, project in names.items():
+            if not any(line.arg == arg for line in args.lines):
+                missing.append(
+                    Finding(
+                        "missing",
+                        upstream,
+                        path,
+                        None,
+                        project,
+                        None,
+                        None,
+                        f"{path} declares no ARG {arg}=<version> (in any stage) to compare with the stack's {project}",
+                        f"remove {arg} from upstreams.{upstream}.agree.args.{path}, or name the build argument the "
+                        "Dockerfile declares",
+                    )
+                )
+    return lines, missing
 
 
 def key_values(loaded: LoadedStack, upstream: str) -> dict[str, dict[str, tuple[str, str | None]]]:
@@ -88,23 +159,9 @@ def check(loaded: LoadedStack, upstream: str, read: Reader) -> list[Finding]:
     agree = loaded.model.upstreams[upstream].agree
     if agree is None:
         return []
-    found = agreement.read_requirements(read, list(agree.requirements))
-    out = [
-        Finding(
-            "missing",
-            upstream,
-            path.split(" (via ")[0],
-            None,
-            "",
-            None,
-            None,
-            f"{path} does not exist in the upstream at its pinned commit",
-            f"name a file the upstream has in upstreams.{upstream}.agree.requirements",
-        )
-        for path in found.missing
-    ]
+    lines, out = read_lines(loaded, upstream, read)
     excepts = {n: r for n, r in agree.except_.items() if r is not None}
-    result = agreement.compare(upstream, found.lines, pins(loaded), excepts, env=environment(loaded))
+    result = agreement.compare(upstream, lines, pins(loaded), excepts, env=environment(loaded), keys=pin_keys(loaded))
     out += result.findings
     for path, wanted in key_values(loaded, upstream).items():
         out += agreement.compare_keys(upstream, path, read(path), wanted)

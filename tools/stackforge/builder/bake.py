@@ -20,7 +20,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,17 @@ def target_name(stack: str, target: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", f"{stack}-{target}")
 
 
+#: the targets of a bake: one list for every stack (None: each stack's published targets), or a list per stack name
+Targets = list[str] | Mapping[str, list[str]] | None
+
+
+def targets_of(targets: Targets, stack: str) -> list[str] | None:
+    """The targets ``targets`` gives the stack named ``stack``."""
+    if isinstance(targets, Mapping):
+        return list(targets.get(stack) or []) or None
+    return targets
+
+
 def stack_targets(loaded: LoadedStack, targets: list[str] | None) -> list[str]:
     """Every published target of the stack, or those of ``targets`` it has (none of them: an error with the fix)."""
 
@@ -92,7 +103,7 @@ def stack_targets(loaded: LoadedStack, targets: list[str] | None) -> list[str]:
 def prepare(
     stacks: list[LoadedStack],
     *,
-    targets: list[str] | None = None,
+    targets: Targets = None,
     engine: Engine | None = None,
     sources: bool = True,
     secrets_dir: Path | None = None,
@@ -110,7 +121,7 @@ def prepare(
     for loaded in stacks:
         ws = workspace_for(loaded, workspace)
         stack = loaded.model
-        names = stack_targets(loaded, targets)
+        names = stack_targets(loaded, targets_of(targets, loaded.name))
         with stack_lock(build_dir_for(loaded)):
             prepared = prepare_build(loaded, engine or ws.engine, sources=sources, syntax=syntax, workspace=ws)
         ctx, args = prepared.ctx, prepared.build_args
@@ -237,7 +248,7 @@ def bake(
     stacks: list[LoadedStack],
     *,
     workspace: Workspace | None = None,
-    targets: list[str] | None = None,
+    targets: Targets = None,
     load: bool = True,
     no_cache: bool = False,
     workdir: Path,

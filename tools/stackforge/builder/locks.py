@@ -598,15 +598,17 @@ def recorded_held(text: str) -> tuple[int, dict[str, tuple[str, str, str]]] | No
 
 @dataclass
 class Stale:
-    """One checked-in lock that is not current for its inputs."""
+    """One checked-in lock that is not current for its inputs (or a public index with neither a lock nor the
+    reason it has none)."""
 
     rel: str
     line: int | None
     message: str
+    fix: str | None = None
 
     def render(self, stack: str) -> str:
         where = f"{self.rel}:{self.line}" if self.line else self.rel
-        return f"stale: {where}: {self.message}\n  fix: run: stackforge lock {stack} (and review its diff)"
+        return f"stale: {where}: {self.message}\n  fix: {self.fix or f'run: stackforge lock {stack} (and review its diff)'}"
 
 
 def _plain(message: str) -> str:
@@ -650,7 +652,8 @@ def check_stack(
     Offline, from the stack and the lock files alone: each lock parses and passes the build's own checks
     (:func:`verify_lock`: its pins at the stack's versions, the target it was resolved for, the requirement
     files its index's phases read), and the other pins of the stack its resolution held are the ones the lock
-    recorded (``# held``); an index declared ``lock: true`` has its lock. With ``sources``, the upstreams are
+    recorded (``# held``); an index declared ``lock: true`` has its lock, and a public index with pins or
+    requirement files has one or says why not (``indexes.<name>.unlocked``, a note). With ``sources``, the upstreams are
     exported and patched as the build does (their cache or their remotes) and each requirement file's
     flattened digest is compared with the lock's header (:func:`reqlocks.check_fresh`). The file hashes of a
     vendor lock and what the index serves now are not checked (that is `stackforge lock`'s work).
@@ -706,7 +709,25 @@ def check_stack(
                     reqlocks.check_fresh(loaded, {key: lock}, trees)
                 except UserError as err:
                     stale.append(Stale(str(lock.path.relative_to(loaded.root)), err.line, _plain(err.message)))
-    elif fresh:
+    for index in unlocked_indexes(loaded):
+        if indexes and index not in indexes:
+            continue
+        reason = stack.indexes[index].unlocked
+        rel = str(lock_path(loaded, index).relative_to(loaded.root))
+        if reason is None:
+            stale.append(
+                Stale(
+                    rel,
+                    None,
+                    f"index '{index}' (public) installs without hashes: it has no lock and no "
+                    f"indexes.{index}.unlocked reason",
+                    f"run: stackforge lock {stack.name}, or declare indexes.{index}.unlocked: <why it cannot be "
+                    "locked> in the stack",
+                )
+            )
+        else:
+            notes.append(f"note: index '{index}' of {stack.name} is unlocked: {reason}")
+    if fresh and not sources:
         names = ", ".join(sorted({label for k in fresh for label in reqlocks.sources(stack, k)}))
         rels = ", ".join(str(lock_path(loaded, k).relative_to(loaded.root)) for k in fresh)
         notes.append(
@@ -716,15 +737,32 @@ def check_stack(
     return checked, stale, notes
 
 
-def unlocked_notes(loaded: LoadedStack) -> list[str]:
-    """One ``note:`` per public index of the stack with pins (or requirement files) and no lock: its pip phase
-    installs without ``--require-hashes``."""
+def unlocked_indexes(loaded: LoadedStack) -> list[str]:
+    """The public indexes of the stack whose phases install without a lock: with pins, requirement files, or the
+    dependencies of a vendor index (``deps_from``), and no lock file."""
     stack = loaded.model
     out = []
     for index, idx in stack.indexes.items():
         if idx.role != "public" or lock_path(loaded, index).is_file():
             continue
-        if _pins(stack, index) or reqlocks.sources(stack, index):
+        if _pins(stack, index) or reqlocks.sources(stack, index) or _deps_vendors(stack, index):
+            out.append(index)
+    return out
+
+
+def unlocked_notes(loaded: LoadedStack) -> list[str]:
+    """One ``note:`` per public index of the stack whose phases install without a lock (no
+    ``--require-hashes``): the reason the stack gives (``indexes.<name>.unlocked``), else how to lock it."""
+    stack = loaded.model
+    out = []
+    for index in unlocked_indexes(loaded):
+        reason = stack.indexes[index].unlocked
+        if reason is not None:
+            out.append(
+                f"note: index '{index}' of {stack.name} has no lock: its phases install without hashes, because "
+                f"{reason} (indexes.{index}.unlocked)"
+            )
+        else:
             out.append(
                 f"note: index '{index}' of {stack.name} has no lock: its phase installs without hashes "
                 f"(run: stackforge lock {stack.name})"

@@ -222,7 +222,10 @@ def deb_control(path: Path) -> str:
             if not name.startswith("control.tar"):
                 continue
             if name.endswith(".zst"):
-                return subprocess.run(["dpkg-deb", "-f", str(path)], capture_output=True, text=True, check=True).stdout
+                proc = subprocess.run(
+                    ["dpkg-deb", "-f", str(path)], capture_output=True, text=True, check=True, timeout=120
+                )
+                return proc.stdout[: 1 << 20]
             raw = (
                 gzip.decompress(body)
                 if name.endswith(".gz")

@@ -179,6 +179,7 @@ def gate_spec(stack: Stack) -> dict:
         "python": stack.platform.python,
         "packages": [
             {"name": n, "dist": n, "import": p.import_name, "mode": p.gate, "version": p.version}
+            | ({"exact": True} if canonicalize_name(n) in {canonicalize_name(e) for e in stack.gate.exact} else {})
             for n, p in stack.packages.items()
         ],
         "imports": [i.model_dump() for i in stack.gate.imports],

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stackforge.builder import embed
+from stackforge.builder import contract, embed
 from stackforge.builder.cabundle import ca_mount
 from stackforge.builder.context import Context, assemble, write_dockerfile
 from stackforge.builder.locks import check_locks, lock_keys, read_lock
@@ -68,8 +68,9 @@ class Prepared:
     inputs_omitted: str | None = None
 
 
-#: every rule a stack is held to: the release-train rules (``stack.rules``), then its lock files
-RULES = [*rules.RULES, check_locks]
+#: every rule a stack is held to: the release-train rules (``stack.rules``), its lock files, then its upstreams'
+#: image contracts (``builder/contract.py``)
+RULES = [*rules.RULES, check_locks, contract.check]
 
 
 def lint(loaded: LoadedStack) -> list[rules.Finding]:
@@ -127,8 +128,8 @@ def prepare_dockerfile(
     ``engine_facts``, called once the stack passes lint, gives what only the engine knows: the resolved
     base image (its digest and id become labels and part of the inputs), whether BuildKit honours
     SOURCE_DATE_EPOCH (the pinned upstream commit's time then becomes the build argument and the
-    `created` label) and whether it takes ``RUN --network=none`` (the offline steps then get no network).
-    Without it the labels name no base digest or id and no creation time.
+    `created` label, unless the stack sets ``created_label: false``) and whether it takes
+    ``RUN --network=none`` (the offline steps then get no network). Without it the labels name no base digest or id and no creation time.
     ``sources=False`` fetches no upstream; the labels then hold no `org.stackforge.inputs`, since the
     sources it fingerprints are unknown (``Prepared.inputs_omitted`` gives the reason)."""
     lint_or_fail(loaded)
@@ -140,7 +141,7 @@ def prepare_dockerfile(
     ctx.base = digest or image_id
     created = None
     build_args: dict[str, str] = {}
-    if sources and epoch and ctx.source_date_epoch is not None:
+    if sources and epoch and ctx.source_date_epoch is not None and loaded.model.labels_created:
         created = _dt.datetime.fromtimestamp(ctx.source_date_epoch, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     omitted = None if sources else INPUTS_OMITTED
     labels = image_labels(

@@ -11,8 +11,11 @@ every other option (index URLs, find-links, editables, per-requirement options),
 are refused with the file's line and the stack key. A line naming a package a vendor index of the stack provides
 is compared with the vendor pin (``stack.agreement``): a line that agrees is dropped (the vendor phase installs
 the pin), a line that disagrees fails naming the file's line, both versions and the fix, unless the upstream's
-``agree.except`` gives the reason the stack differs (then it is dropped, and the manifest says why). What pip
-reads is the flattened result, written into deps/.
+``agree.except`` gives the reason the stack differs (then it is dropped, and the manifest says why). A line
+naming a public pin that the pin does not meet is dropped the same way when the upstream's ``agree.except`` gives
+the reason (the public pin's phase installs the stack's version); without one it stays, and pip refuses the phase
+naming the pin. A file declared ``constraint: true`` is read as a ``-c`` file: its lines constrain the phase.
+What pip reads is the flattened result, written into deps/.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def requirement_phases(stack: Stack) -> list[PipPhase]:
             [],
             key=f"requirements.{name}",
             constraints=f"deps/requirements/{name}.constraints.txt",
-            files=[f.model_dump() for f in req.files],
+            files=[f.model_dump(exclude_defaults=True) for f in req.files],
         )
         for name, req in stack.requirements.items()
     ]
@@ -102,6 +105,7 @@ class Dropped:
     where: str  # upstream:path:line
     pin: str = ""  # the stack's version of the package
     excepted: str | None = None  # the upstream's agree.except reason when the line asks another version
+    public: bool = False  # a public pin's line (dropped only when excepted), not a vendor pin's
 
 
 @dataclass
@@ -132,6 +136,7 @@ class _Reader:
         self.where = where or ("requirements", name)  # the phase's stack key
         self.tree, self.pin, self.out = tree.resolve(), pin, out
         self.vendor = {canonicalize_name(n): (n, v) for n, v in vendor_pins(stack).items()}
+        self.public = {canonicalize_name(n): (n, v) for n, v in public_pins(stack).items()}
         agree = stack.upstreams[upstream].agree
         self.excepts: dict[str, str] = {
             canonicalize_name(n): r for n, r in (agree.except_ if agree else {}).items() if r is not None
@@ -247,7 +252,24 @@ class _Reader:
         if vendor is not None:
             self.vendor_line(rel, lineno, line, req, *vendor)
             return
+        public = self.public.get(canonicalize_name(req.name))
+        if public is not None and self.excepted_public(rel, lineno, line, req, *public):
+            return
         (self.out.constraints if constraints else self.out.requirements).append(str(req))
+
+    def excepted_public(self, rel: str, lineno: int, text: str, req: Requirement, name: str, version: str) -> bool:
+        """A line naming public pin ``name`` that the pin does not meet, and the upstream's ``agree.except`` says
+        why the stack differs: dropped (the pin's own phase installs the stack's version), as a vendor line is."""
+        line = agreement.Line(
+            rel, lineno, text, canonicalize_name(req.name), str(req.specifier), str(req.marker) if req.marker else None
+        )
+        ok, _ = agreement.satisfies(version, line.specifier)
+        excepted = self.excepts.get(line.name)
+        if ok or excepted is None or not agreement.applies(line, self.env):
+            return False
+        where = f"{self.upstream}:{rel}:{lineno}"
+        self.out.dropped.append(Dropped(self.out.phase, str(req), req.name, where, version, excepted, public=True))
+        return True
 
     def vendor_line(self, rel: str, lineno: int, text: str, req: Requirement, name: str, version: str) -> None:
         """A line naming vendor pin ``name``: dropped when it agrees (or is excepted), else the build fails."""
@@ -280,7 +302,8 @@ def read_item(loaded: LoadedStack, name: str, index: int, trees: dict[str, Path]
     """Read one file of requirement phase ``name`` (``files[index]``) alone, as :func:`read_phase` reads it."""
     out = PhaseFiles(f"requirements.{name}")
     item = loaded.model.requirements[name].files[index]
-    _Reader(loaded, name, index, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"), out).read(item.path)
+    reader = _Reader(loaded, name, index, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"), out)
+    reader.read(item.path, item.constraint)
     return out
 
 
@@ -289,7 +312,8 @@ def read_phase(loaded: LoadedStack, name: str, trees: dict[str, Path], pins: dic
     the pin shown in errors (tag@commit)."""
     out = PhaseFiles(f"requirements.{name}")
     for i, item in enumerate(loaded.model.requirements[name].files):
-        _Reader(loaded, name, i, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"), out).read(item.path)
+        reader = _Reader(loaded, name, i, item.upstream, trees[item.upstream], pins.get(item.upstream, "?"), out)
+        reader.read(item.path, item.constraint)
     return out
 
 
@@ -299,7 +323,7 @@ def requirements_file(phase: PhaseFiles) -> str:
         f"# dropped, the vendor phase installs {d.package}=={d.pin}: {d.requirement} ({d.where})"
         if d.excepted is None
         else f"# dropped, the stack differs on purpose ({d.excepted}): {d.requirement} ({d.where}); "
-        f"the vendor phase installs {d.package}=={d.pin}"
+        f"the {'public pin' if d.public else 'vendor phase'} installs {d.package}=={d.pin}"
         for d in phase.dropped
     ]
     return "\n".join(head + dropped + phase.requirements) + "\n"
@@ -346,7 +370,7 @@ def write_phases(
                 )
             if excepted:
                 progress.note(
-                    f"{phase.phase}: {len(excepted)} line(s) ask another version than the vendor pin, excepted by "
+                    f"{phase.phase}: {len(excepted)} line(s) ask another version than the stack's pin, excepted by "
                     f"the stack: {', '.join(excepted)}"
                 )
         write(staging / "deps" / "requirements" / f"{name}.txt", requirements_file(phase))

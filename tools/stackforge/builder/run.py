@@ -271,7 +271,7 @@ def build(
     evidence_dirs.keep_builds(opts.keep_builds)  # a bad value fails before the engine runs
     evidence = evidence_dirs.new_build(ctx.build_dir / "evidence")
     atomic_write(evidence / "Dockerfile", ctx.dockerfile.read_bytes())
-    _write_inputs(evidence, loaded, ctx, labels, info, target, ref)
+    _write_inputs(evidence, loaded, ctx, labels, info, target, ref, bool(build_args.get("SOURCE_DATE_EPOCH")))
     if opts.cache is not None:  # where this build's cache came from and went (references only)
         atomic_write(evidence / "cache.json", json.dumps(opts.cache.record(), indent=2) + "\n")
 
@@ -401,7 +401,10 @@ def recording_interrupts(engine: Engine, evidence: Path, ref: str, had: str | No
         raise
 
 
-def _write_inputs(evidence: Path, loaded: LoadedStack, ctx: Context, labels: dict, info, target: str, ref: str) -> None:
+def _write_inputs(
+    evidence: Path, loaded: LoadedStack, ctx: Context, labels: dict, info, target: str, ref: str, epoch: bool = False
+) -> None:
+    """``epoch``: the engine stamps the image with SOURCE_DATE_EPOCH (its ``created`` label may be left out)."""
     stack = loaded.model
     data = {
         "stack": stack.name,
@@ -417,7 +420,7 @@ def _write_inputs(evidence: Path, loaded: LoadedStack, ctx: Context, labels: dic
         "overrides": [redact_text(o) for o in loaded.overrides],
         "labels": labels,
         "engine": asdict(info),
-        "source_date_epoch": ctx.source_date_epoch if labels.get("org.opencontainers.image.created") else None,
+        "source_date_epoch": ctx.source_date_epoch if labels.get("org.opencontainers.image.created") or epoch else None,
         "resolved": resolved(stack),
         "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         **({"mirror": ctx.mirror} if ctx.mirror else {}),

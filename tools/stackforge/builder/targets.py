@@ -123,7 +123,7 @@ def target_stages(loaded: LoadedStack, resolved: Resolved) -> list[TargetStage]:
                     idx.private or ph.index in credentials,
                     f"/stackforge/reports/target-{tname}-{n:02d}-{pname}.json",
                     list(ph.requirements),
-                    [f.model_dump() for f in ph.files],
+                    [f.model_dump(exclude_defaults=True) for f in ph.files],
                 )
             )
         kernels = [
@@ -208,7 +208,7 @@ def write_context(
                         pins.get(item.upstream, "?"),
                         out,
                         where,
-                    ).read(item.path)
+                    ).read(item.path, item.constraint)
                 if out.dropped:
                     progress.note(
                         f"{ph.key}: dropped {len(out.dropped)} requirement(s) a vendor index provides "

@@ -188,20 +188,22 @@ def _load(store: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _engine_ids(refs: list[str]) -> list[str] | None:
-    """The image id of each reference, from one ``docker image inspect``; None when any is missing."""
+def _engine_ids(refs: list[str], builder: str | None = None) -> list[str] | None:
+    """The image id of each reference, from one ``docker image inspect`` in the engine ``builder`` builds into;
+    None when any is missing."""
     from stackforge.clients.engine import Engine  # here: the answer's other paths never load the engine client
 
     try:
-        proc = Engine().cli("image", "inspect", "--format", "{{.Id}}", "--", *refs, timeout=30)
+        proc = Engine(builder=builder).cli("image", "inspect", "--format", "{{.Id}}", "--", *refs, timeout=30)
     except UserError:
         return None
     ids = proc.stdout.split()
     return ids if proc.returncode == 0 and len(ids) == len(refs) else None
 
 
-def answer(key_: str | None, cache: Path) -> bool:
-    """Print the recorded build's output and return True when the record of ``key_`` is proven current."""
+def answer(key_: str | None, cache: Path, builder: str | None = None) -> bool:
+    """Print the recorded build's output and return True when the record of ``key_`` is proven current (its image
+    still in the engine the buildx ``builder`` builds into)."""
     if key_ is None:
         return False
     record = _load(cache / STORE).get(key_)
@@ -219,7 +221,7 @@ def answer(key_: str | None, cache: Path) -> bool:
             return False
     except (KeyError, TypeError, ValueError, OSError):
         return False
-    if _engine_ids([tag, base]) != [image_id, base_id]:
+    if _engine_ids([tag, base], builder) != [image_id, base_id]:
         return False
     print(
         f"up to date: {tag} ({image_id}) is the image of build {build_id}; evidence of build {build_id}: {evidence}",

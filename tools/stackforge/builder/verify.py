@@ -1,8 +1,9 @@
 """`stackforge verify`: what an operator checks before trusting a pulled image.
 
 The image's labels must name the stack and carry exactly its pins (and, when the
-declaration is unchanged, its fingerprint); then the dependency gate and the ABI
-check run again inside the image, with a read-only root filesystem.
+declaration is unchanged, its fingerprint); the lines of an upstream's image contract about the image's
+configuration (labels, ENV, WORKDIR, CMD, ENTRYPOINT) must hold on the image's own config; then the
+dependency gate and the ABI check run again inside the image, with a read-only root filesystem.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from stackforge.builder import evidence
+from stackforge.builder import contract, evidence
 from stackforge.builder.context import build_dir_for
 from stackforge.builder.gate import run_gate
 from stackforge.builder.plan import LABEL_NS, gate_spec
@@ -59,6 +60,7 @@ KINDS = {
     "pin": ("pins", True),
     "option": ("options", True),
     "fingerprint": ("fingerprint", False),
+    "contract": ("contract lines", True),
     "stack": ("stack files", True),
     "overlay": ("overlay", False),
     "gate": ("gate", False),
@@ -178,6 +180,11 @@ def image_labels(engine: Engine, image: str) -> dict[str, str]:
     return dict(engine.sdk().images.get(image).attrs.get("Config", {}).get("Labels") or {})
 
 
+def image_config(engine: Engine, image: str) -> dict[str, Any]:
+    """The image's ``Config`` (labels, Env, WorkingDir, Cmd, Entrypoint) as the engine reports it."""
+    return dict(engine.sdk().images.get(image).attrs.get("Config") or {})
+
+
 def stack_of(labels: dict[str, str], image: str) -> str:
     name = labels.get(f"{LABEL_NS}.stack")
     if not name:
@@ -189,7 +196,15 @@ def stack_of(labels: dict[str, str], image: str) -> str:
     return name
 
 
-def verify(loaded: LoadedStack, image: str, labels: dict[str, str], engine: Engine | None = None) -> Verification:
+def verify(
+    loaded: LoadedStack,
+    image: str,
+    labels: dict[str, str],
+    engine: Engine | None = None,
+    config: dict[str, Any] | None = None,
+) -> Verification:
+    """``config``: the image's ``Config`` (:func:`image_config`), for the contract lines about it (none checked
+    without it, nor for an overlay's image)."""
     stack = loaded.model
     engine = engine or Engine()
     v = Verification(image, stack.name)
@@ -218,6 +233,10 @@ def verify(loaded: LoadedStack, image: str, labels: dict[str, str], engine: Engi
         f"fingerprint label={have or 'missing'} stack={want}"
         + ("" if have == want else " (the stack declaration differs from the one this image was built from)"),
     )
+    # an overlay's image sets its own entrypoint and env on the base image: the contract is the base image's
+    overlay = labels.get(f"{LABEL_NS}.overlay")
+    for ok, text in contract.image_lines(loaded, config) if config is not None and not overlay else []:
+        v.add(ok, text)
     for script, what in (("gate.py", "gate"), ("abi.py", "abi")):
         if script == "abi.py" and not gate_spec(stack)["abi"]["packages"]:
             continue  # no vendor packages: nothing for the ABI check to resolve

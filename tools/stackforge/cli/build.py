@@ -223,7 +223,7 @@ def cmd_build(args) -> int:
 
     ws = workspace_of(args)
     lookup, key = _uptodate_keys(args)  # a --no-cache or --refresh build records its answer for a plain one
-    if uptodate.answer(lookup, ws.cache("build")):
+    if uptodate.answer(lookup, ws.cache("build"), ws.builder):
         return 0
     cache = registry_cache_of(args)  # a bad reference fails before anything runs
     loaded = load(args, args.stack)
@@ -324,7 +324,7 @@ def _build_overlay(args, loaded, opts: BuildOptions) -> int:
 
 
 def cmd_verify(args) -> int:
-    from stackforge.builder.verify import image_labels, local_record, stack_of, verify
+    from stackforge.builder.verify import image_config, image_labels, local_record, stack_of, verify
     from stackforge.clients.registry import is_remote
 
     engine = workspace_of(args).engine
@@ -352,7 +352,7 @@ def cmd_verify(args) -> int:
     labels = image_labels(engine, args.image)
     loaded = load(args, args.stack or stack_of(labels, args.image))
     stack = loaded.model
-    result = verify(loaded, args.image, labels, engine)
+    result = verify(loaded, args.image, labels, engine, image_config(engine, args.image))
     kept = local_record(loaded, engine.image_id(args.image))  # the record its build kept, when it was published
     if kept is not None:
         result.record_tests, result.record_smoke = kept.get("tests"), kept.get("smoke")

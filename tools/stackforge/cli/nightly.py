@@ -1,7 +1,10 @@
-"""`stackforge nightly`: lint, bake, gate and publish every nightly stack; write the summary."""
+"""`stackforge nightly`: lint, bake, gate and publish every nightly stack; write the summary. With ``--plan``,
+``--shard ID`` and ``--merge``, the same night split into shards on many build hosts (flows/night_shard.py,
+flows/night_merge.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,8 +28,17 @@ from stackforge.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from stackforge.flows.night_merge import MergeOptions, merge
+    from stackforge.flows.night_plan import PlanOptions
+    from stackforge.flows.night_shard import plan_night, record_plan, run_shard
     from stackforge.flows.nightly import NightlyOptions, declared_nightly, nightly
 else:
+    MergeOptions = lazy("stackforge.flows.night_merge", "MergeOptions")
+    merge = lazy("stackforge.flows.night_merge", "merge")
+    PlanOptions = lazy("stackforge.flows.night_plan", "PlanOptions")
+    plan_night = lazy("stackforge.flows.night_shard", "plan_night")
+    record_plan = lazy("stackforge.flows.night_shard", "record_plan")
+    run_shard = lazy("stackforge.flows.night_shard", "run_shard")
     declared_nightly = lazy("stackforge.flows.nightly", "declared_nightly")
     nightly = lazy("stackforge.flows.nightly", "nightly")
     NightlyOptions = lazy("stackforge.flows.nightly", "NightlyOptions")
@@ -43,10 +55,59 @@ def register(sub) -> None:
         "published anyway.",
     )
     p.add_argument("stacks", nargs="*", help="default: every stack with `nightly: true`")
-    p.add_argument("--registry", required=True, metavar="HOST[:PORT][/PATH]", help="where to publish")
+    p.add_argument(
+        "--registry",
+        metavar="HOST[:PORT][/PATH]",
+        help="where to publish (and, sharded, where the night's plan and the shards' results go); required except "
+        "for --plan alone",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the night's shards (stack × target × platform grouped, each with its runner labels, balanced by "
+        "the last nights' durations); with --registry, record it as the night's plan (a night keeps its first)",
+    )
+    mode.add_argument("--shard", metavar="ID", help="build, gate, publish and report one shard of the night's plan")
+    mode.add_argument(
+        "--merge",
+        action="store_true",
+        help="read every shard's result from the registry, verify what was published, move the aliases, write the "
+        "night's summary",
+    )
+    p.add_argument(
+        "--shards", type=int, metavar="N", help="--plan: the most shards per kind of runner (default: one per stack)"
+    )
+    p.add_argument(
+        "--nights",
+        type=Path,
+        metavar="DIR",
+        help="--plan: the nights whose durations balance the shards (default: build/nightly)",
+    )
+    p.add_argument(
+        "--runner-label",
+        action="append",
+        default=[],
+        metavar="LABEL",
+        help="--plan: a label every shard's runner carries, before the shard's own (repeatable), e.g. self-hosted",
+    )
+    p.add_argument(
+        "--gitlab-pipeline",
+        type=Path,
+        metavar="FILE",
+        help="--plan: also write GitLab's child pipeline of the shards to FILE (one job per shard, extending .shard "
+        "of docs/ci/gitlab-shard.yml)",
+    )
+    p.add_argument(
+        "--key",
+        type=Path,
+        metavar="PUB",
+        help="--merge: the public key every published image's provenance must be signed with",
+    )
     p.add_argument("--date", help="publish date YYYYMMDD (default: today, UTC)")
     p.add_argument("--target", action="append", dest="targets", metavar="T", help="only these targets (repeatable)")
     p.add_argument("--builder", help="buildx builder for the bake and the builds")
+    p.add_argument("--network", help="network for RUN steps of the bake and the builds (e.g. host, as for build)")
     p.add_argument("--no-bake", dest="bake", action="store_false", help="skip the shared bake; build stacks one by one")
     p.add_argument("--ca-bundle", default="auto", help="extra CA bundle, as for `stackforge build`")
     add_registry_cache(p)
@@ -94,6 +155,77 @@ def register(sub) -> None:
 
 
 def cmd_nightly(args) -> int:
+    if args.plan:
+        return _plan(args)
+    if args.registry is None:
+        from stackforge.errors import UserError
+
+        raise UserError("--registry is required", file="--registry", fix="give --registry HOST[:PORT][/PATH]")
+    if args.merge:
+        return _merge(args)
+    return _nightly(args)
+
+
+def _plan(args) -> int:
+    """``--plan``: the night's shards; recorded in the registry with ``--registry``."""
+    from stackforge.stack.scheme import validate_date
+
+    root = root_of(args)
+    select(args, args.stacks or declared_nightly(root))
+    options = PlanOptions(
+        stacks=args.stacks or None,
+        targets=args.targets,
+        shards=args.shards,
+        runner_labels=tuple(args.runner_label),
+        nights=args.nights if args.nights is not None else root / "build" / "nightly",
+        date=validate_date(args.date) if (args.registry or args.date) else None,
+    )
+    plan = plan_night(
+        root, options, overrides=lambda name: overrides_for(args, name), echo=lambda line: print(line, file=sys.stderr)
+    )
+    if args.registry:
+        plan, digest, recorded = record_plan(plan, args.registry, retry_policy(args))
+        print(
+            f"nightly: plan of night {plan.date} {'recorded' if recorded else 'already recorded, kept'} ({digest})",
+            file=sys.stderr,
+        )
+    if args.gitlab_pipeline is not None:
+        from stackforge.flows.night_plan import gitlab_pipeline
+        from stackforge.fslock import atomic_write
+
+        atomic_write(args.gitlab_pipeline, json.dumps(gitlab_pipeline(plan), indent=2) + "\n")
+    if args.json:
+        print_json(plan.to_json())
+        return 0
+    print(f"# Plan{' of night ' + plan.date if plan.date else ''}: {len(plan.shards)} shard(s)")
+    for shard in plan.shards:
+        units = ", ".join(f"{u.stack}/{u.target}" for u in shard.units)
+        print(f"{shard.id}  runs on [{', '.join(shard.runs_on)}]  ~{shard.estimate_s:.0f} s  {units}")
+    for problem in plan.problems:
+        print(f"problem  {problem.stack}: {problem.reason.splitlines()[0]}")
+    return 0
+
+
+def _merge(args) -> int:
+    root = root_of(args)
+    select(args, args.stacks or declared_nightly(root))
+    options = MergeOptions(
+        date=args.date,
+        out=args.out,
+        policy=retry_policy(args),
+        key=args.key,
+        overrides=lambda name: overrides_for(args, name),
+        echo=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    summary = merge(root, args.registry, options)
+    if args.json:
+        print_json(summary.to_json())
+    else:
+        print(summary.markdown())
+    return summary.exit_code
+
+
+def _nightly(args) -> int:
     from stackforge.smoke.device_uuid import expected
 
     # A --set scope must name a stack this run builds: the named ones, else the declared nightly stacks.
@@ -120,7 +252,17 @@ def cmd_nightly(args) -> int:
         fail_on=args.fail_on,
         osv_max_age=osv_max_age_of(args) if args.osv else None,
         cache=cache,
+        network=args.network,
     )
+    if args.shard:
+        ran = run_shard(root_of(args), args.registry, args.shard, options, workspace=workspace_of(args))
+        if args.json:
+            print_json(ran.summary.to_json())
+        else:
+            print(ran.summary.markdown())
+        if ran.reported is None:
+            print(f"error: shard {args.shard} did not report: {ran.problem}", file=sys.stderr)
+        return ran.exit_code
     summary = nightly(root_of(args), args.registry, options, workspace=workspace_of(args))
     if args.json:
         print_json(summary.to_json())

@@ -14,12 +14,13 @@ from stackforge.stack.names import list_stacks
 from stackforge.urls import redact_text
 
 if TYPE_CHECKING:
-    from stackforge.builder import agree, prepare, waivers
+    from stackforge.builder import agree, locks, prepare, waivers
     from stackforge.stack import diff as diffmod
     from stackforge.stack import rules, tags
     from stackforge.stack.load import fingerprint, resolved
 else:
     agree = lazy("stackforge.builder.agree")
+    locks = lazy("stackforge.builder.locks")
     prepare = lazy("stackforge.builder.prepare")
     waivers = lazy("stackforge.builder.waivers")
     diffmod = lazy("stackforge.stack.diff")
@@ -203,12 +204,19 @@ def cmd_lint(args) -> int:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})
             continue
+        # an index that installs without a lock, with the reason the stack gives (indexes.<name>.unlocked)
+        unlocked = [
+            f"index '{i}' installs without hashes (no lock): {loaded.model.indexes[i].unlocked} (indexes.{i}.unlocked)"
+            for i in locks.unlocked_indexes(loaded)
+            if loaded.model.indexes[i].unlocked is not None
+        ]
+        notes = upstream.notes + unlocked
         report.append(
             {
                 "stack": name,
                 "findings": [f.located(loaded) for f in findings] + [agree.located(f) for f in upstream.findings],
                 "rendered": [f.render(loaded) for f in findings] + [agree.render(f) for f in upstream.findings],
-                **({"notes": upstream.notes} if upstream.notes else {}),
+                **({"notes": notes} if notes else {}),
             }
         )
     refused = waivers.lint_repository(root)  # the repository's vulnerability waivers

@@ -81,6 +81,9 @@ def docker_config_file(environ: Mapping[str, str] | None = None) -> Path:
     return docker_config_dir(environ) / "config.json"
 
 
+#: the docker client's config.json: a few logins and helper names (read by the resolver and checked before the
+#: docker CLI, which waits forever on a FIFO, is run)
+DOCKER_CONFIG_LIMIT = 4 << 20
 #: a netrc file: a few machine lines
 NETRC_LIMIT = 1 << 20
 

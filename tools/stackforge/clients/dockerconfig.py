@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from stackforge import safeio
+from stackforge.clients.credentials import DOCKER_CONFIG_LIMIT
 
 
 class AuthEntry(BaseModel):
@@ -31,10 +32,6 @@ class HelperAnswer(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     Username: str
     Secret: str
-
-
-#: the docker client's config.json: a few logins and helper names
-DOCKER_CONFIG_LIMIT = 4 << 20
 
 
 def read_docker_config(path: Path) -> DockerConfig | None:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from stackforge import progress
+from stackforge import progress, safeio
+from stackforge.clients import credentials
 from stackforge.clients import proc as bounded
 from stackforge.errors import UserError, clip
 
@@ -124,6 +125,21 @@ def parse_buildx_inspect(output: str) -> dict[str, str | None]:
         elif key in ("buildkit", "buildkit version") and value and info["buildkit"] is None:
             info["buildkit"] = value
     return info
+
+
+def parse_buildx_endpoint(output: str) -> str | None:
+    """The endpoint of the first node ``docker buildx inspect`` lists: a docker context's name, or an address
+    (``unix://…``, ``tcp://…``) for the builders buildx runs itself."""
+    nodes = False
+    for line in output.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        if key.strip().lower() == "nodes":
+            nodes = True
+        elif nodes and key.strip().lower() == "endpoint" and value.strip():
+            return value.strip()
+    return None
 
 
 def check_build_args(build_args: Mapping[str, str]) -> None:
@@ -248,13 +264,57 @@ class Engine:
         self.env = dict(os.environ if env is None else env)
         self._inspect: dict[str, str | None] | None = None
         self._server: str | None = None
+        self._config_checked = False
+        self._bound = builder is None
+
+    def _bind(self) -> None:
+        """A ``docker``-driver builder of another docker context (a second engine, scripts/second-engine.sh) builds
+        into that context's daemon, and buildx refuses it from any other context: every command of this engine
+        (builds, images, containers, the SDK) then runs in that context. Other builders are left as they are (a
+        docker-container, remote or kubernetes builder loads what it builds into the current context's daemon)."""
+        self._bound = True
+        assert self.builder is not None
+        proc = self.cli("buildx", "inspect", self.builder, timeout=30)
+        if proc.returncode != 0:
+            return  # check() says why
+        info, endpoint = parse_buildx_inspect(proc.stdout), parse_buildx_endpoint(proc.stdout)
+        if info.get("driver") != "docker" or not endpoint or "://" in endpoint:
+            return
+        current = self.cli("context", "show", timeout=10)
+        if current.returncode == 0 and current.stdout.strip() != endpoint:
+            self.env.pop("DOCKER_HOST", None)
+            self.env["DOCKER_CONTEXT"] = endpoint
+
+    @property
+    def context(self) -> str | None:
+        """The docker context this engine's commands run in when its builder chose one (None: the caller's)."""
+        if not self._bound:
+            self._bind()
+        return self.env.get("DOCKER_CONTEXT") if self.builder else None
 
     # -- plumbing
+    def _check_config(self) -> None:
+        """The docker CLI reads its config.json before anything else and waits forever on a FIFO (a huge one it
+        reads whole): such a config is refused here, once per engine, before the CLI is run."""
+        if self._config_checked:
+            return
+        config = credentials.docker_config_file(self.env)
+        if os.path.lexists(config):
+            try:
+                safeio.read_bytes(config, limit=credentials.DOCKER_CONFIG_LIMIT, what="docker config")
+            except safeio.Malformed as exc:
+                exc.fix = "repair it (docker login rewrites it), or point DOCKER_CONFIG at another directory"
+                raise
+        self._config_checked = True
+
     def cli(self, *args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
         """Run ``docker ARGS`` against this engine, bounded in time and in what it prints (its text decoded with
         undecodable bytes replaced: a container's answer through ``exec`` is not trusted to be UTF-8); engine
         trouble is a UserError."""
+        if not self._bound:
+            self._bind()
         argv = [self.docker, *args]
+        self._check_config()
         try:
             done = bounded.run(argv, timeout=timeout, limit=CLI_OUTPUT_LIMIT, env=self.env)
         except FileNotFoundError:
@@ -274,7 +334,10 @@ class Engine:
         (``subprocess.TimeoutExpired``, its ``output`` what was printed), more output than ``limit``
         (:class:`bounded.Exceeded`) or a CLI that does not start (``OSError``) is raised, for the caller to record;
         the CLI is stopped either way (a container it started is the caller's to remove)."""
+        if not self._bound:
+            self._bind()
         argv = [self.docker, *args]
+        self._check_config()
         done = bounded.run(argv, timeout=timeout, limit=limit, env=self.env, merge=True)
         if done.stopped == "timeout":
             raise subprocess.TimeoutExpired(argv, timeout, output=done.stdout)
@@ -463,6 +526,9 @@ class Engine:
     ) -> BuildResult:
         """Run an engine command (build, bake), streaming each output line to ``on_line`` and ``log_file``
         (appended, flushed per line). Returns ``(returncode, full log)``; a failure is not raised."""
+        self._check_config()
+        if not self._bound:
+            self._bind()
         run_env = dict(self.env)
         run_env.update(env or {})
         lines: list[str] = []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from stackforge import extras
 from stackforge.clients import credentials
+from stackforge.clients import proc as bounded
 from stackforge.errors import UserError
 from stackforge.urls import Credential
 
@@ -141,9 +142,13 @@ runpy.run_module("pip", run_name="__main__", alter_sys=True)
 """
 
 
+#: how long one resolution or download run may take (an index that stops answering is given up on)
+RESOLVER_SECONDS = 3600.0
+
+
 def run_uv(uv: str, args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     """``uv ARGS`` in ``cwd`` with ``env`` (from :func:`uv_env`); its output captured, a failure not raised."""
-    return subprocess.run([uv, *args], capture_output=True, text=True, env=env, cwd=cwd)
+    return bounded.completed([uv, *args], timeout=RESOLVER_SECONDS, env=env, cwd=cwd)
 
 
 def pip_download(
@@ -152,4 +157,4 @@ def pip_download(
     """``pip download ARGS`` for the target whose environment markers are ``markers`` (through :data:`PIP_SHIM`),
     with ``env`` (from :func:`pip_env`); its output captured, a failure not raised."""
     cmd = [sys.executable, "-c", PIP_SHIM, json.dumps(markers), "download", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    return bounded.completed(cmd, timeout=RESOLVER_SECONDS, env=env, cwd=cwd)

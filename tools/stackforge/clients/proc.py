@@ -124,3 +124,25 @@ def run(
         stopped = "output"
     rc = None if stopped else proc.returncode
     return Finished(list(argv), rc, bytes(out["stdout"]), bytes(out["stderr"]), stopped)
+
+
+def completed(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    limit: int = OUTPUT_LIMIT,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess:
+    """:func:`run` as a ``CompletedProcess`` of text (undecodable bytes replaced) for callers that read an exit
+    status: a run stopped past its deadline exits 124, one stopped for its output 125, each saying so on stderr."""
+    done = run(argv, timeout=timeout, limit=limit, env=env, cwd=cwd)
+    if done.stopped == "timeout":
+        return subprocess.CompletedProcess(
+            list(argv), 124, done.text(), f"{argv[0]}: no answer within {timeout:g} s (stopped)\n"
+        )
+    if done.stopped == "output":
+        return subprocess.CompletedProcess(
+            list(argv), 125, done.text(), f"{argv[0]}: printed more than {limit} bytes (stopped)\n"
+        )
+    return subprocess.CompletedProcess(list(argv), done.returncode or 0, done.text(), done.text("stderr"))

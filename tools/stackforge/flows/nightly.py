@@ -13,7 +13,7 @@ Order per run (``build/nightly/<date>/``):
 4. each row that passed is published (``stackforge publish``) under its immutable tag; an image that
    ``nightly: true`` recipes serve is smoked with each of them (``stackforge smoke``) and its aliases
    (``-latest``) move only when every smoke passed; an image without a nightly recipe moves them at
-   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/``;
+   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/`` (:func:`evidence_name`);
 5. per stack, whether every pin is still the newest of its line (``stackforge newest``), and whether
    its upstreams' own pins drifted since the pinned commits (``stackforge drift``: "n/a" with the reason
    when it cannot be computed, e.g. no upstream declares ``agree:`` or the upstream cannot be fetched);
@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import hashlib
 import json
+import os
+import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +61,7 @@ from stackforge.smoke.run import SmokeOptions, smoke
 from stackforge.stack.load import LoadedStack, load, load_stack
 from stackforge.stack.names import list_stacks
 from stackforge.stack.scheme import validate_date
-from stackforge.urls import redact_text
+from stackforge.urls import redact, redact_text
 
 
 @dataclass
@@ -82,10 +85,17 @@ class Row:
     #: package, version, severity, reason, expires, waiver}], findings: N, database: {ecosystem: {fetched_at, from,
     #: age_hours}}, waivers: file}; None: not scanned (builder/vulns.py ScanReport.summary)
     scan: dict[str, Any] | None = None
+    #: a sharded night: the shard that built the row, and the row's platform (None in a one-process night)
+    shard: str | None = None
+    platform: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.status not in ("failed", "interrupted", NOT_RUN)
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as the summary has it (``shard`` and ``platform`` only in a sharded night)."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("shard", "platform")}
 
     @property
     def outcome(self) -> str:
@@ -122,6 +132,11 @@ class Summary:
     overrides: list[str] = field(default_factory=list)  # the --set values every row's stack was loaded with
     freshness: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> pins newest of their lines?
     drift: dict[str, dict[str, Any]] = field(default_factory=dict)  # stack -> its upstreams' pins drifted?
+    ci: dict[str, str] = field(default_factory=dict)  # where the night ran: ci_run()
+    #: a sharded night (flows/night_merge.py): each shard of the plan and what became of it (status reported,
+    #: missing, unreadable or stale; its runner labels, rows, times, CI run), and the merge's own time
+    shards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    merge: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -157,9 +172,12 @@ class Summary:
             "duration_s": self.duration_s,
             "overrides": self.overrides,
             "bake": self.bake,
-            "rows": [asdict(r) for r in self.rows],
+            "rows": [r.to_json() for r in self.rows],
             "freshness": self.freshness,
             **({"drift": self.drift} if self.drift else {}),
+            **({"ci": self.ci} if self.ci else {}),
+            **({"shards": self.shards} if self.shards else {}),
+            **({"merge": self.merge} if self.merge else {}),
         }
 
     def markdown(self) -> str:
@@ -180,6 +198,8 @@ class Summary:
             lines += [f"Overrides of `{name}`: " + " ".join(f"`--set {o}`" for o in values) for name, values in own]
             lines.append("")
         lines += [self.bake_line(), ""]
+        if self.shards:
+            lines += self.shard_lines()
         lines += [
             "| stack | target | status | tag | digest | gate | smoke | duration | failure |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -214,6 +234,28 @@ class Summary:
             lines += [nightly_line(name, data) for name, data in self.drift.items()]
         return "\n".join(lines) + "\n"
 
+    def shard_lines(self) -> list[str]:
+        """The shards of a sharded night: how many reported, then one line each."""
+        reported = sum(1 for s in self.shards.values() if s.get("status") == "reported")
+        took = self.merge.get("duration_s")
+        lines = [
+            f"Shards: {reported} of {len(self.shards)} reported"
+            + (f"; the merge took {took} s." if took is not None else "."),
+            "",
+            "| shard | runner | rows | status | duration |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for sid, s in self.shards.items():
+            status = str(s.get("status", ""))
+            if s.get("reason"):
+                status += f": {_cell(str(s['reason']))}"
+            cells = [f"`{sid}`", " ".join(str(x) for x in s.get("labels") or []), str(s.get("rows", "")), status]
+            cells.append(f"{s['duration_s']:.0f} s" if isinstance(s.get("duration_s"), int | float) else "")
+            lines.append(
+                "| " + " | ".join(safeio.for_terminal(c, lines=False).replace("|", "\\|") for c in cells) + " |"
+            )
+        return lines + [""]
+
     def own_overrides(self) -> list[tuple[str, list[str]]]:
         """Per stack, the overrides it was loaded with beyond those every stack was loaded with."""
         own: dict[str, list[str]] = {}
@@ -226,6 +268,14 @@ class Summary:
     def bake_line(self) -> str:
         """What the bake did: its exit and duration, or why it did not run."""
         b = self.bake
+        if isinstance(b.get("shards"), dict):  # a sharded night: each shard baked its own units
+            parts = [
+                f"{sid}: exit {x.get('returncode')} in {x.get('duration_s')} s"
+                if isinstance(x, dict) and x.get("returncode") is not None
+                else f"{sid}: not run ({_cell(str((x or {}).get('not_run') or 'no bake'))})"
+                for sid, x in b["shards"].items()
+            ]
+            return "Bake, per shard: " + "; ".join(parts) + "."
         if b.get("returncode") is not None:
             return (
                 f"Bake: exit {b['returncode']} in {b.get('duration_s')} s "
@@ -234,8 +284,11 @@ class Summary:
         return f"Bake: not run: {_cell(b.get('not_run') or b.get('error') or 'no bake was attempted')}."
 
 
-def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool) -> str | None:
+def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool, network: str | None = None) -> str | None:
     """Why the bake does not run for this selection (None when it runs)."""
+    if loaded and network and use_bake:
+        # buildx reads no RUN-step network from a bake file before 0.14 (its bake target keeps it internal)
+        return f"--network {network}: a bake file does not carry the RUN steps' network; each build runs with it"
     if loaded:
         return None if use_bake else "--no-bake was given"
     if not rows:
@@ -246,6 +299,40 @@ def bake_not_run(rows: list[Row], loaded: list[Any], use_bake: bool) -> str | No
     if stages == {"load"}:
         return "every stack failed to load"
     return "every stack failed to load or lint"
+
+
+_COMMIT = re.compile(r"^[0-9a-f]{7,64}$")
+_WEB = re.compile(r"^https?://[^\s\"'<>\\]+$")
+
+
+def ci_run(env: Mapping[str, str]) -> dict[str, str]:
+    """Where this night runs, from the CI's own environment: the run's page (its log and the night's artifact) and
+    the commit it ran from — GitHub Actions (``GITHUB_SERVER_URL``, ``GITHUB_REPOSITORY``, ``GITHUB_RUN_ID``,
+    ``GITHUB_SHA``) or GitLab CI (``CI_JOB_URL``, ``CI_PROJECT_URL``, ``CI_COMMIT_SHA``); {} elsewhere. Only
+    http(s) URLs, credentials redacted."""
+    out: dict[str, str] = {}
+    server, repo, run = env.get("GITHUB_SERVER_URL", ""), env.get("GITHUB_REPOSITORY", ""), env.get("GITHUB_RUN_ID", "")
+    if server and repo and run.isdigit():
+        base = f"{server.rstrip('/')}/{repo}"
+        attempt = env.get("GITHUB_RUN_ATTEMPT", "")
+        out["provider"] = "github"
+        out["run_url"] = f"{base}/actions/runs/{run}" + (f"/attempts/{attempt}" if attempt.isdigit() and attempt != "1" else "")  # fmt: skip
+        sha = env.get("GITHUB_SHA", "")
+        if _COMMIT.match(sha):
+            out["commit"], out["commit_url"] = sha, f"{base}/commit/{sha}"
+    elif env.get("CI_JOB_URL"):
+        out["provider"], out["run_url"] = "gitlab", env["CI_JOB_URL"]
+        sha, project = env.get("CI_COMMIT_SHA", ""), env.get("CI_PROJECT_URL", "")
+        if _COMMIT.match(sha):
+            out["commit"] = sha
+            if project:
+                out["commit_url"] = f"{project.rstrip('/')}/-/commit/{sha}"
+    for key in ("run_url", "commit_url"):
+        if key in out:
+            out[key] = redact(out[key])
+            if not _WEB.match(out[key]):
+                del out[key]
+    return out
 
 
 def _smoke_cell(row: Row) -> str:
@@ -393,6 +480,12 @@ class NightlyOptions:
     osv_max_age: _dt.timedelta | None = None
     #: build cache imported from / exported to a registry by the bake and every build (builder/regcache.py)
     cache: RegistryCache | None = None
+    #: each stack's targets (a shard's units; None: ``targets`` for every stack)
+    units: Mapping[str, list[str]] | None = None
+    #: False: publish each image under its immutable tag only (a shard; the merge moves the aliases)
+    move_aliases: bool = True
+    #: the RUN steps' network of the bake and every build, e.g. ``host`` to reach an index on the host's loopback
+    network: str | None = None
 
 
 def nightly(
@@ -415,7 +508,7 @@ def nightly(
     # directory of other files (a row's evidence is replaced in it)
     inputs = [root / d for d in ("stacks", "patches", "overlays", "recipes")]
     OutputDir(outdir, "nightly").claim(inputs, legacy=("summary.json", "summary.md"))
-    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir)
+    summary = Summary(date=date, registry=registry, started_at=_now(), directory=outdir, ci=ci_run(os.environ))
     for_stack = per_stack(options.overrides)
 
     loaded, summary.rows = select_stacks(root, options.stacks, for_stack)
@@ -426,18 +519,19 @@ def nightly(
             f"no nightly stacks in {root / 'stacks'}",
             fix="mark stacks with `nightly: true`, or name them: stackforge nightly STACK…",
         )
-    not_run = bake_not_run(summary.rows, loaded, options.use_bake)
+    not_run = bake_not_run(summary.rows, loaded, options.use_bake, options.network)
     if not_run:
         summary.bake = {"not_run": not_run}
         echo(f"nightly: bake not run: {not_run}")
     recipes = _nightly_recipes(root, summary, echo)
+    use_bake = options.use_bake and not options.network
     try:
-        _bake_and_build(summary, loaded, replace(options, date=date), registry, ws, outdir, recipes)
+        _bake_and_build(summary, loaded, replace(options, date=date, use_bake=use_bake), registry, ws, outdir, recipes)
     except Interrupted as intr:
         # The rows not yet decided say so; the summary is written before the command stops.
         decided = {(r.stack, r.target) for r in summary.rows}
         for stack in loaded:
-            for target in _targets_or_star(bakemod, stack, options.targets):
+            for target in _targets_or_star(bakemod, stack, bakemod.targets_of(options.units or options.targets, stack.name)):  # fmt: skip
                 if (stack.name, target) not in decided:
                     summary.rows.append(
                         Row(
@@ -533,7 +627,8 @@ def _bake_and_build(
     """The bake of every loaded stack, then each stack and target built, gated, published and smoked (rows
     appended). ``options.date`` is the validated date."""
 
-    engine, echo, targets = workspace.engine, options.echo, options.targets
+    engine, echo = workspace.engine, options.echo
+    targets = options.units if options.units is not None else options.targets
     assert options.date is not None
     if loaded:
         engine.check()
@@ -588,10 +683,12 @@ def _bake_and_build(
         test=slice_runs.run_slice,
         device_uuids=options.device_uuids,
         cache=options.cache,
+        move_aliases=options.move_aliases,
+        network=options.network,
     )
     for stack in loaded:
         try:
-            names = bakemod.stack_targets(stack, targets)
+            names = bakemod.stack_targets(stack, bakemod.targets_of(targets, stack.name))
         except UserError as err:
             summary.rows.append(Row(stack=stack.name, target="*", status="failed", stage="build", reason=err.render()))
             continue
@@ -604,10 +701,13 @@ def _bake_and_build(
             summary.rows.append(row)
 
 
-def _cache_of(run: NightlyRun, stack: str, target: str) -> dict[str, RegistryCache]:
-    """The build option of one (stack, target)'s registry cache: the bake target's own (none when the night has
-    none)."""
-    return {} if run.cache is None else {"cache": run.cache.for_target(bakemod.target_name(stack, target))}
+def _cache_of(run: NightlyRun, stack: str, target: str) -> dict[str, Any]:
+    """The build options of one (stack, target) as its bake target had them: its registry cache (none when the
+    night has none) and the RUN steps' network."""
+    out: dict[str, Any] = {} if run.network is None else {"network": run.network}
+    if run.cache is not None:
+        out["cache"] = run.cache.for_target(bakemod.target_name(stack, target))
+    return out
 
 
 def _redirect(row: doctor.Check) -> str:
@@ -629,7 +729,7 @@ def _preflight(
     options.echo("nightly: preflight FAILED, nothing is built:\n  " + "\n  ".join(lines))
     reason = "preflight failed, nothing was built: " + "; ".join(dict.fromkeys(lines))
     for stack in loaded:
-        for target in _targets_or_star(bakemod, stack, options.targets):
+        for target in _targets_or_star(bakemod, stack, bakemod.targets_of(options.units or options.targets, stack.name)):  # fmt: skip
             summary.rows.append(Row(stack=stack.name, target=target, status="failed", stage="preflight", reason=reason))
     summary.bake = {"not_run": "the preflight failed"}
     return False
@@ -660,6 +760,21 @@ class NightlyRun:
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
     device_uuids: tuple[str, ...] = ()
     cache: RegistryCache | None = None  # the build cache each build imports and exports, as the bake's
+    #: False: publish the immutable tags only, never an alias (a shard: the merge moves them for the whole night)
+    move_aliases: bool = True
+    network: str | None = None  # the RUN steps' network of the bake and every build (None: the builder's default)
+    #: the evidence directories this night named so far: name -> (stack, target)
+    evidence_names: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def evidence_name(stack: str, target: str, taken: dict[str, tuple[str, str]]) -> str:
+    """The directory of a row's evidence in the night: ``<stack>-<target>``, and a short hash of the pair after it
+    when another row of the night has that name already (``hp-a``/``b-c`` and ``hp-a-b``/``c``)."""
+    name = f"{stack}-{target}"
+    if taken.setdefault(name, (stack, target)) != (stack, target):
+        name += "-" + hashlib.sha256(json.dumps([stack, target]).encode()).hexdigest()[:10]
+        taken[name] = (stack, target)
+    return name
 
 
 def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
@@ -714,7 +829,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             workspace=run.workspace,
         )
         try:
-            result = publish(move_aliases=not recipes)
+            result = publish(move_aliases=not recipes and run.move_aliases)
             row.status, row.tag, row.digest = result.status, result.reference, result.digest
             row.scan = getattr(result, "scan", None)
             echo(f"nightly: {stack.name}/{target}: {result.status} {result.reference}")
@@ -727,7 +842,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             echo(f"nightly: {stack.name}/{target}: publish FAILED")
     row.duration_s = round(time.monotonic() - t0, 1)
     if evidence is not None and evidence.is_dir():
-        dest = run.outdir / f"{stack.name}-{target}"
+        dest = run.outdir / evidence_name(stack.name, target, run.evidence_names)
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(evidence, dest)
@@ -788,6 +903,9 @@ def _smoke_then_aliases(
         image_id=run.engine.image_id(ref),
     )
     row.smoke, row.smoke_recipes = verdict.verdict, verdict.recipes
+    if verdict.moves_aliases and not run.move_aliases:
+        run.echo(f"nightly: {stack.name}/{target}: smoke passed; the merge moves the aliases")
+        return
     if verdict.moves_aliases:
         moved = publish(move_aliases=True)
         row.aliases = dict(moved.aliases)
@@ -796,7 +914,7 @@ def _smoke_then_aliases(
         return
     row.status, row.stage = ("failed" if verdict.verdict == "failed" else NOT_RUN), "smoke"
     row.reason = f"smoke {verdict.verdict} ({verdict.reason}); published {row.tag}, its aliases were not moved"
-    row.aliases = {"*": f"not moved: smoke {verdict.verdict}"}
+    row.aliases = {"*": f"not moved: smoke {verdict.verdict}"} if run.move_aliases else {}
     run.echo(f"nightly: {stack.name}/{target}: smoke {verdict.verdict}; aliases not moved")
 
 

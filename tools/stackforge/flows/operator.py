@@ -26,7 +26,7 @@ from typing import Any
 from stackforge.builder import embed, sbom
 from stackforge.builder.embed import load_embedded
 from stackforge.builder.plan import LABEL_NS
-from stackforge.builder.verify import Verification, verify
+from stackforge.builder.verify import Verification, image_config, verify
 from stackforge.clients.engine import image_files
 from stackforge.clients.registry import (
     RegistryClient,
@@ -127,50 +127,9 @@ def verify_ref(
             return v
     else:
         v.add(True, f"digest  {repo}:{reference} resolves to {digest}")
-    try:
-        found = records.fetch(client, digest)
-    except (RegistryError, ValueError) as exc:
-        v.add(False, f"record  cannot be read: {exc}")
+    rec = registry_checks(v, client, digest, ref, key)
+    if rec is None:
         return v
-    if found is None:
-        _not_attached(v, client, digest, ref)
-        return v
-    v.add(True, f"record  {found.manifest_digest} found via {found.via} (created {found.created or 'unknown'})")
-    problems = records.check_schema(found.record)
-    for problem in problems:
-        v.add(False, f"record  {problem}")
-    if problems:
-        return v
-    rec = found.parsed()
-    v.stack = rec.stack
-    # what the record says the image passed (the summary line reports them; "none recorded" when absent)
-    v.record_tests, v.record_smoke = found.record.get("tests"), found.record.get("smoke")
-    v.add(found.subject == digest, f"record  subject={found.subject} pulled={digest}")
-    if found.subject != digest:
-        return v
-    if rec.digest != digest:
-        v.add(False, f"record  digest={rec.digest} does not match the pulled digest {digest}: the record does not "
-                     "describe this image; refused")  # fmt: skip
-        return v
-    v.add(True, f"record  digest={rec.digest} matches the pulled digest")
-    scan_lines(v, rec)
-    tag = rec.tags[0] if rec.tags else None
-    if tag:
-        try:
-            info = client.head_manifest(tag)
-        except RegistryError as exc:
-            v.add(False, f"tag     {tag} (from the record) cannot be read: {exc}")
-            return v
-        if info is None and rec.repository != str(repo):
-            # a copy (`stackforge copy`) under another name: the record binds the digest, not where it is pulled from
-            v.lines.append(f"note    tag     {tag} (from the record) is not in {repo}: a copy of {rec.repository}; "
-                           "the record and the signature bind the digest, not the repository or tag")  # fmt: skip
-        else:
-            v.add(info is not None and info.digest == digest,
-                  f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
-    if key is not None:
-        for ok, line in attest.check_provenance(client, digest, key, found.record):
-            v.add(ok, line)
     pinned = f"{repo}@{digest}"
     _pull(engine, pinned)
     labels, image_id = _labels(engine, pinned)
@@ -215,7 +174,7 @@ def verify_ref(
         return v
     with tempfile.TemporaryDirectory(prefix="stackforge-verify-") as tmp:
         loaded = load_embedded(files, rec.stack, Path(tmp))
-        checked = verify(loaded, pinned, labels, engine)
+        checked = verify(loaded, pinned, labels, engine, image_config(engine, pinned))
     v.lines.extend(checked.lines)
     v.failed += checked.failed
     if rebuild_from is not None:
@@ -224,6 +183,59 @@ def verify_ref(
         for ok, line in rebuild(rec, rebuild_from, client, digest, manifest.json(), engine):
             v.add(ok, line)
     return v
+
+
+def registry_checks(v: Verification, client: RegistryClient, digest: str, ref: str, key: Path | None) -> Any:
+    """The checks of ``verify REF`` that need the registry alone (no pull): the publish record attached to
+    ``digest`` (found, of this schema, its subject and digest this image), the scan it carries, the tag it names
+    resolving to ``digest``, and with ``key`` the signed provenance. The record (a ``PublishRecord``), or None when
+    a check stopped the others; each check is a line of ``v``."""
+    repo = client.repository
+    try:
+        found = records.fetch(client, digest)
+    except (RegistryError, ValueError) as exc:
+        v.add(False, f"record  cannot be read: {exc}")
+        return None
+    if found is None:
+        _not_attached(v, client, digest, ref)
+        return None
+    v.add(True, f"record  {found.manifest_digest} found via {found.via} (created {found.created or 'unknown'})")
+    problems = records.check_schema(found.record)
+    for problem in problems:
+        v.add(False, f"record  {problem}")
+    if problems:
+        return None
+    rec = found.parsed()
+    v.stack = rec.stack
+    # what the record says the image passed (the summary line reports them; "none recorded" when absent)
+    v.record_tests, v.record_smoke = found.record.get("tests"), found.record.get("smoke")
+    v.add(found.subject == digest, f"record  subject={found.subject} pulled={digest}")
+    if found.subject != digest:
+        return None
+    if rec.digest != digest:
+        v.add(False, f"record  digest={rec.digest} does not match the pulled digest {digest}: the record does not "
+                     "describe this image; refused")  # fmt: skip
+        return None
+    v.add(True, f"record  digest={rec.digest} matches the pulled digest")
+    scan_lines(v, rec)
+    tag = rec.tags[0] if rec.tags else None
+    if tag:
+        try:
+            info = client.head_manifest(tag)
+        except RegistryError as exc:
+            v.add(False, f"tag     {tag} (from the record) cannot be read: {exc}")
+            return None
+        if info is None and rec.repository != str(repo):
+            # a copy (`stackforge copy`) under another name: the record binds the digest, not where it is pulled from
+            v.lines.append(f"note    tag     {tag} (from the record) is not in {repo}: a copy of {rec.repository}; "
+                           "the record and the signature bind the digest, not the repository or tag")  # fmt: skip
+        else:
+            v.add(info is not None and info.digest == digest,
+                  f"tag     {tag} (from the record) resolves to {info.digest if info else 'nothing'}")  # fmt: skip
+    if key is not None:
+        for ok, line in attest.check_provenance(client, digest, key, found.record):
+            v.add(ok, line)
+    return rec
 
 
 def _not_attached(v: Verification, client: RegistryClient, digest: str, ref: str) -> None:

@@ -184,8 +184,8 @@ def upstream_drift(
         )
     before_read = agree.git_reader(mirror, up.commit, name)
     after_read = agree.git_reader(mirror, commit, name)
-    before = agreement.read_requirements(before_read, list(spec.requirements))
-    after = agreement.read_requirements(after_read, list(spec.requirements))
+    before, _ = agree.read_lines(loaded, name, before_read)
+    after, gone = agree.read_lines(loaded, name, after_read)
     wanted = agree.key_values(loaded, name)
     keys_before, keys_after, shown = {}, {}, {}
     for path, keys in wanted.items():
@@ -201,15 +201,16 @@ def upstream_drift(
             for k, (_, value) in keys.items()
         }
     rows = agreement.drift(
-        before.lines,
-        after.lines,
+        before,
+        after,
         agree.pins(loaded),
         env=agree.environment(loaded),
         keys_before=keys_before,
         keys_after=keys_after,
         key_values={p: {k: v for k, (_, v) in keys.items()} for p, keys in wanted.items()},
     )
-    missing = [p for p in after.missing if p not in before.missing]
+    _, was = agree.read_lines(loaded, name, before_read)
+    missing = sorted({f.path for f in gone if f.path and f.package == ""} - {f.path for f in was if f.path})
     return UpstreamDrift(name, up.commit, up.pin, ref, commit, rows, shown, missing)
 
 

@@ -115,6 +115,7 @@ class Signing:
                     continue
                 if all(ok for ok, _ in provenance.check(stmt, digest, None)):
                     self.attached = {"digest": digest, "already": True}
+                    atomic_write(self.evidence_dir / "provenance.json", body + b"\n")
                     return
             data = {**self.record(), "digest": digest, "image_id": image_id}
             stmt = provenance.statement(data, self.inputs, f"{self.client.repository}")

@@ -209,6 +209,24 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: the image config key where BuildKit writes an inline cache export's records (``--cache-to type=inline``)
+BUILD_CACHE_KEY = "moby.buildkit.cache.v0"
+#: the most bytes of an image config read back to compare it
+CONFIG_LIMIT = 16 << 20
+
+
+def _without_build_cache(config: bytes) -> Any:
+    """The image config ``config`` without :data:`BUILD_CACHE_KEY` (None when it is not a JSON object)."""
+    try:
+        doc = json.loads(config)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    doc.pop(BUILD_CACHE_KEY, None)
+    return doc
+
+
 def _config_digest(manifest: Manifest) -> str | None:
     try:
         doc = manifest.json()
@@ -285,7 +303,35 @@ class Publisher:
             return m
         if _config_digest(m) == image_id:
             return m
+        if self._same_content(m):
+            return m
         return None
+
+    def _same_content(self, m: Manifest) -> bool:
+        """Whether ``m`` is the prepared image but for BuildKit's cache records: the same layers and the same config
+        once :data:`BUILD_CACHE_KEY` is set aside. Two hosts that build one image from each other's registry cache
+        (the shards of a night) write the same layers and config, but each its own record of the cache graph it
+        took them from; a re-run on another host is then the image already published, not a new revision."""
+        img = self.prepared
+        if img is None or img.config.data is None:
+            return False
+        try:
+            doc = m.json()
+        except ValueError:
+            return False
+        layers, config = doc.get("layers"), doc.get("config")
+        if not isinstance(layers, list) or not isinstance(config, dict) or not isinstance(config.get("digest"), str):
+            return False
+        if [x.get("digest") if isinstance(x, dict) else None for x in layers] != [b.digest for b in img.layers]:
+            return False
+        try:
+            theirs = self.client.get_blob(config["digest"], max_bytes=CONFIG_LIMIT, size=config.get("size"))
+        except RegistryError:
+            return False
+        same = _without_build_cache(theirs) == _without_build_cache(img.config.data)
+        if same:
+            self.log("same-content", tag_config=config["digest"], image_id=img.image_id)
+        return same
 
     def _find_published(
         self, tags: list[str], image_id: str, digest: str | None, skip: set[str]
@@ -300,13 +346,7 @@ class Publisher:
         return None
 
     def _tag_digest(self, tag: str) -> str | None:
-        info = self.client.head_manifest(tag)
-        if info is None:
-            return None
-        if info.digest:
-            return info.digest
-        m = self.client.get_manifest(tag)
-        return m.digest if m else None
+        return tag_digest(self.client, tag)
 
     def _result(
         self,
@@ -457,12 +497,22 @@ class Publisher:
         tag, manifest = found
         image_id = self.prepared.image_id if self.prepared else image_id or self.image.image_id
         assert image_id is not None
+        ours, config = image_id, _config_digest(manifest)
         self.log("already-published", tag=tag, digest=manifest.digest)
         verification: dict[str, Any] = {
             "tag_digest": manifest.digest,
-            "config_digest": _config_digest(manifest),
-            "image_id_matches": _config_digest(manifest) == image_id,
+            "config_digest": config,
+            "image_id_matches": config == ours,
         }
+        if (
+            config is not None
+            and config != ours
+            and manifest.digest != (self.prepared.digest if self.prepared else None)
+        ):
+            # the same layers and config but BuildKit's cache records (see _same_content): the image id is the one a
+            # pull of the tag gives
+            verification["same_content"] = True
+            image_id = config
         if self.before_tag is not None:
             self.before_tag(manifest.digest, image_id)
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
@@ -715,47 +765,9 @@ class Publisher:
         )
 
     def _advance_aliases(self, tag: str, body: bytes, media_type: str, digest: str) -> dict[str, str]:
-        """Point the aliases at ``tag`` only when it is the newest immutable tag by (date, revision).
-
-        Called under the host lock. The registry's tag list is read afresh, so an older ``--date`` or a
-        revision filling a gap below a newer one leaves every alias where it is (``not moved: … is newer``).
-        """
-        if not self.aliases:
-            return {}
-        newest = self.scheme.newest([*self.client.list_tags(), tag])
-        out: dict[str, str] = {}
-        for alias in self.aliases:
-            if newest != tag:
-                out[alias] = f"not moved: {newest} is newer"
-                self.log("alias-kept", alias=alias, tag=tag, newest=newest)
-            elif self._tag_digest(alias) == digest:
-                out[alias] = "unchanged"
-            else:
-                out.update(self._move_aliases_raw(body, media_type, digest, [alias], after=tag))
-        return out
-
-    def _move_aliases_raw(
-        self, body: bytes, media_type: str, digest: str, aliases: list[str], after: str | None = None
-    ) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for alias in aliases:
-            try:
-                before = self._tag_digest(alias)
-                self.client.put_manifest(alias, body, media_type)
-                m = self.client.get_manifest(alias)
-            except RegistryError as exc:
-                raise BuildFailed(
-                    f"alias {alias} could not be moved: {exc}. The immutable tag {after or ''} is published and verified",
-                    fix="re-run the same publish to move the alias",
-                ) from None
-            if m is None or m.digest != digest:
-                raise BuildFailed(
-                    f"alias {alias} reads back as {m.digest if m else 'missing'}, expected {digest}",
-                    fix="re-run the same publish; check for a proxy that alters manifests",
-                )
-            out[alias] = "moved" if before != digest else "unchanged"
-            self.log("alias", alias=alias, digest=digest, previous=before)
-        return out
+        """Point the aliases at ``tag`` only when it is the newest immutable tag (:func:`advance_aliases`). Called
+        under the host lock."""
+        return advance_aliases(self.client, self.scheme, tag, body, media_type, digest, self.aliases, self.log)
 
     def _verify_pull(self, tag: str, image_id: str) -> dict[str, Any]:
         """Pull the tag through the engine, as a node would, and compare the image id."""
@@ -780,6 +792,77 @@ class Publisher:
             if len(tags) > 1:
                 engine.remove_image(ref)
         return {"reference": ref, "image_id": got, "identical": ok, "seconds": round(time.monotonic() - t, 3)}
+
+
+def tag_digest(client: RegistryClient, tag: str) -> str | None:
+    """The digest ``tag`` holds now (None: no such tag)."""
+    info = client.head_manifest(tag)
+    if info is None:
+        return None
+    if info.digest:
+        return info.digest
+    m = client.get_manifest(tag)
+    return m.digest if m else None
+
+
+def advance_aliases(
+    client: RegistryClient,
+    scheme: TagScheme,
+    tag: str,
+    body: bytes,
+    media_type: str,
+    digest: str,
+    aliases: tuple[str, ...] | list[str],
+    log: Callable[..., None],
+) -> dict[str, str]:
+    """Point ``aliases`` at ``tag`` (whose manifest is ``body``, ``digest``) only when it is the newest immutable
+    tag by (date, revision); call under the repository's host lock (:func:`repository_lock`).
+
+    The registry's tag list is read afresh, so an older ``--date`` or a revision filling a gap below a newer one
+    leaves every alias where it is (``not moved: … is newer``)."""
+    if not aliases:
+        return {}
+    newest = scheme.newest([*client.list_tags(), tag])
+    out: dict[str, str] = {}
+    for alias in aliases:
+        if newest != tag:
+            out[alias] = f"not moved: {newest} is newer"
+            log("alias-kept", alias=alias, tag=tag, newest=newest)
+        elif tag_digest(client, alias) == digest:
+            out[alias] = "unchanged"
+        else:
+            out.update(_move_aliases_raw(client, body, media_type, digest, [alias], log, after=tag))
+    return out
+
+
+def _move_aliases_raw(
+    client: RegistryClient,
+    body: bytes,
+    media_type: str,
+    digest: str,
+    aliases: list[str],
+    log: Callable[..., None],
+    after: str | None = None,
+) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for alias in aliases:
+        try:
+            before = tag_digest(client, alias)
+            client.put_manifest(alias, body, media_type)
+            m = client.get_manifest(alias)
+        except RegistryError as exc:
+            raise BuildFailed(
+                f"alias {alias} could not be moved: {exc}. The immutable tag {after or ''} is published and verified",
+                fix="re-run the same publish to move the alias",
+            ) from None
+        if m is None or m.digest != digest:
+            raise BuildFailed(
+                f"alias {alias} reads back as {m.digest if m else 'missing'}, expected {digest}",
+                fix="re-run the same publish; check for a proxy that alters manifests",
+            )
+        out[alias] = "moved" if before != digest else "unchanged"
+        log("alias", alias=alias, digest=digest, previous=before)
+    return out
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,21 @@ def destination(loaded: LoadedStack, registry: str, date: str, target: str | Non
     return target, repository, scheme, first, suffix
 
 
+def alias_tags(loaded: LoadedStack, registry: str, first: Any, suffix: str) -> list[str]:
+    """The alias tags of a stack's target (``suffix``: its tag suffix) in the publish repository of ``first`` (the
+    first tag's reference, :func:`destination`)."""
+    reg = parse_registry(registry, what="--registry")
+    aliases = []
+    for alias in tagsmod.alias_refs(loaded, str(reg)):
+        if alias.repository != first.repository:
+            raise UserError(
+                f"alias {alias} is not in the publish repository {first.repository}",
+                fix="aliases name the same repository as tags.publish",
+            )
+        aliases.append(alias.tag + suffix)
+    return aliases
+
+
 def publish_stack(
     loaded: LoadedStack,
     registry: str,
@@ -124,7 +139,7 @@ def publish_stack(
     publishing again: the image is found already published and only the aliases move).
     """
     stack, ws = loaded.model, workspace_for(loaded, workspace)
-    reg = parse_registry(registry, what="--registry")
+    parse_registry(registry, what="--registry")
     date = validate_date(date)
     try:
         lint_or_fail(loaded)
@@ -138,14 +153,7 @@ def publish_stack(
             exit_code=err.exit_code,
         ) from None
     target, repository, scheme, first, suffix = destination(loaded, registry, date, target)
-    aliases = []
-    for alias in tagsmod.alias_refs(loaded, str(reg)):
-        if alias.repository != first.repository:
-            raise UserError(
-                f"alias {alias} is not in the publish repository {first.repository}",
-                fix="aliases name the same repository as tags.publish",
-            )
-        aliases.append(alias.tag + suffix)
+    aliases = alias_tags(loaded, registry, first, suffix)
     options = options or PublishOptions()
     # the codec and its level are refused before the engine or the registry is asked anything
     compression = options.compression or stack.tags.compression or "gzip"

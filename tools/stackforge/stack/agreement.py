@@ -1,9 +1,11 @@
 """Does a stack agree with an upstream's own files? Pure functions over text (no I/O).
 
 An upstream (e.g. the platform plugin) keeps its own pins: requirement files (``requirements/musa_private.txt``:
-``torch==2.11.0.post2+musa5.2.0``) and KEY=VALUE files read by regex (``third_party/PINS``: ``VLLM_TAG=v0.28.0``).
+``torch==2.11.0.post2+musa5.2.0``), KEY=VALUE files read by regex (``third_party/PINS``: ``VLLM_TAG=v0.28.0``) and
+the build arguments of its Dockerfiles (``ARG MOONCAKE_VERSION=0.3.13``, per stage).
 :func:`read_requirements` parses requirement files (following ``-r``/``-c`` inside the same upstream) through a
-``read(path)`` callback the caller gives, :func:`compare` compares each line that names a pin of the stack with
+``read(path)`` callback the caller gives, :func:`dockerfile_args` reads a Dockerfile's ``ARG NAME=VALUE`` lines as
+requirement lines (``project==VALUE``), :func:`compare` compares each line that names a pin of the stack with
 that pin, :func:`compare_keys` compares KEY=VALUE files with stack values, and :func:`drift` compares the files of
 two revisions of the upstream. Findings name the upstream's file and line, the package, the stack's version and
 the upstream's specifier.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -61,10 +64,19 @@ class Line:
     specifier: str  # e.g. "==0.2.7+musa", "<2.0", "" (none)
     marker: str | None = None
     constraint: bool = False  # read through -c
+    stage: str | None = None  # a Dockerfile's ARG: the stage it is declared in ("" before the first FROM)
+    arg: str | None = None  # ... and the build argument's name
 
     @property
     def where(self) -> str:
         return f"{self.path}:{self.line}"
+
+    @property
+    def what(self) -> str:
+        """The line as a finding quotes it: the requirement, or the build argument with its stage."""
+        if self.arg is None:
+            return repr(self.text)
+        return repr(self.text) + (f" (stage {self.stage})" if self.stage else " (before the first FROM)")
 
     def pinned(self) -> str | None:
         """The version of an exact pin (``==V`` or ``===V``, no wildcard, nothing else), else None."""
@@ -149,6 +161,82 @@ def read_requirements(read: Callable[[str], str | None], paths: list[str]) -> Re
 
     for path in paths:
         one(path, False, None)
+    return out
+
+
+_FROM = re.compile(r"^FROM\s+(?:--\S+\s+)*\S+(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
+_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def dockerfile_instructions(text: str) -> Iterator[tuple[int, str]]:
+    """(first line number, text) of each instruction of a Dockerfile: comment lines dropped, ``\\`` continuations
+    joined (the default escape character)."""
+    start, parts = 0, list[str]()
+    for n, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if not parts:
+            if not stripped or stripped.startswith("#"):
+                continue
+            start = n
+        elif not stripped or stripped.startswith("#"):
+            continue  # a comment or empty line inside a continued instruction is dropped, as BuildKit does
+        if stripped.endswith("\\"):
+            parts.append(stripped[:-1].strip())
+            continue
+        parts.append(stripped)
+        yield start, " ".join(p for p in parts if p)
+        parts = []
+    if parts:
+        yield start, " ".join(p for p in parts if p)
+
+
+@dataclass
+class Args:
+    """What :func:`dockerfile_args` found: the ARG lines as requirement lines, and what it could not compare."""
+
+    lines: list[Line] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "file:line: why"
+
+
+def dockerfile_args(text: str, path: str, names: dict[str, str]) -> Args:
+    """Each ``ARG NAME=VALUE`` of Dockerfile ``text`` whose NAME ``names`` maps to a project (``{ARG: project}``),
+    in every stage, as a line pinning that project to VALUE (``==VALUE``; ``===VALUE`` when VALUE is no PEP 440
+    version). An ARG without a default, or whose value refers to another variable, is listed as skipped."""
+    out = Args()
+    stage, count = "", 0
+    for lineno, line in dockerfile_instructions(text):
+        keyword, _, rest = line.partition(" ")
+        if keyword.upper() == "FROM":
+            m = _FROM.match(line)
+            stage = m.group(1) if m and m.group(1) else str(count)  # a stage without a name: its index
+            count += 1
+            continue
+        if keyword.upper() != "ARG":
+            continue
+        try:
+            words = shlex.split(rest, posix=True)
+        except ValueError:
+            out.skipped.append(f"{path}:{lineno}: not an ARG instruction shlex can read")
+            continue
+        for word in words:
+            name, eq, value = word.partition("=")
+            if name not in names or not _ARG_NAME.match(name):
+                continue
+            if not eq:
+                out.skipped.append(f"{path}:{lineno}: ARG {name} has no default to compare")
+                continue
+            if "$" in value or not value:
+                out.skipped.append(f"{path}:{lineno}: ARG {name}={value} is not a literal version")
+                continue
+            try:
+                Version(value)
+                spec = f"=={value}"
+            except InvalidVersion:
+                spec = f"==={value}"
+            project = names[name]
+            out.lines.append(
+                Line(path, lineno, f"ARG {name}={value}", canonicalize_name(project), spec, stage=stage, arg=name)
+            )
     return out
 
 
@@ -240,14 +328,19 @@ def canonical_pins(pins: dict[str, str]) -> dict[str, tuple[str, str]]:
     return {str(canonicalize_name(n)): (n, v) for n, v in pins.items()}
 
 
-def line_finding(upstream: str, line: Line, name: str, version: str, kind: str, except_key: str) -> Finding:
-    """The finding of a line naming pin ``name`` (written so in the stack) that ``version`` does not meet."""
+def line_finding(
+    upstream: str, line: Line, name: str, version: str, kind: str, except_key: str, key: str | None = None
+) -> Finding:
+    """The finding of a line naming pin ``name`` (written so in the stack, at stack key ``key``: default its
+    package's version) that ``version`` does not meet."""
     want = line.pinned()
+    key = key or f"packages.{name}.version"
+    value = repr(want) if key.endswith(".version") else repr(f"{name}=={want}")  # a requirement: name==version
     if kind == "pin":
-        message = f"{line.text!r} pins {name} {want}, but the stack pins {name} {version}"
-        fix = f"pin packages.{name}.version: {want!r} (the upstream's), or add {except_key}.{name}: <why they differ>"
+        message = f"{line.what} pins {name} {want}, but the stack pins {name} {version}"
+        fix = f"pin {key}: {value} (the upstream's), or add {except_key}.{name}: <why they differ>"
     else:
-        message = f"{line.text!r} asks {name}{line.specifier}, which the stack's {name} {version} does not meet"
+        message = f"{line.what} asks {name}{line.specifier}, which the stack's {name} {version} does not meet"
         fix = f"pin a version of {name} that meets {line.specifier}, or add {except_key}.{name}: <why they differ>"
     return Finding(kind, upstream, line.path, line.line, name, version, line.specifier, message, fix)
 
@@ -261,10 +354,12 @@ def compare(
     env: dict[str, str] | None = None,
     stale: bool = True,
     except_key: str | None = None,
+    keys: dict[str, str] | None = None,
 ) -> Agreement:
     """Compare each line naming a pin of ``pins`` (``{name: version}``) with it. A line that disagrees is a
     finding unless ``excepts`` (``{name: reason}``) names its package; with ``stale``, an except whose package
-    every line agrees with, or that no line names, is a finding too (``stale``)."""
+    every line agrees with, or that no line names, is a finding too (``stale``). ``keys``: the stack key of a pin
+    that is not a package's version (``{name: key}``), for the fix."""
     except_key = except_key or f"upstreams.{upstream}.agree.except"
     by_name = canonical_pins(pins)
     reasons = {str(canonicalize_name(n)): (n, r) for n, r in (excepts or {}).items()}
@@ -284,7 +379,7 @@ def compare(
             differ.add(line.name)
             out.excepted.append((line, reasons[line.name][1]))
         else:
-            out.findings.append(line_finding(upstream, line, name, version, kind, except_key))
+            out.findings.append(line_finding(upstream, line, name, version, kind, except_key, (keys or {}).get(name)))
     if stale:
         for key, (written, _) in reasons.items():
             if key in differ:
@@ -299,9 +394,7 @@ def compare(
                     )
                 )
             else:
-                what = (
-                    f"{except_key}.{written} is stale: the upstream's {first.text!r} agrees with the stack's {pinned}"
-                )
+                what = f"{except_key}.{written} is stale: the upstream's {first.what} agrees with the stack's {pinned}"
                 out.findings.append(
                     Finding(
                         "stale",
@@ -399,11 +492,13 @@ class DriftRow:
         return asdict(self)
 
 
-def _by_name(lines: list[Line], env: dict[str, str] | None) -> dict[str, Line]:
-    out: dict[str, Line] = {}
+def _by_name(lines: list[Line], env: dict[str, str] | None) -> dict[tuple[str, str | None], Line]:
+    """The first line naming each project (a Dockerfile's ARG: each project per stage)."""
+    out: dict[tuple[str, str | None], Line] = {}
     for line in lines:
-        if applies(line, env) and line.name not in out:
-            out[line.name] = line
+        key = (line.name, line.stage if line.arg is not None else None)
+        if applies(line, env) and key not in out:
+            out[key] = line
     return out
 
 
@@ -431,8 +526,9 @@ def drift(
             return None
         return satisfies(pins_by[name], spec)[0]
 
-    for name, line in new.items():
-        prev = old.get(name)
+    for at, line in new.items():
+        name = line.name
+        prev = old.get(at)
         stack = pins_by.get(name)
         if prev is None:
             change = "added" if line.pinned() is not None or not line.specifier else "constraint"
@@ -442,9 +538,9 @@ def drift(
             rows.append(
                 DriftRow(change, name, stack, prev.specifier, line.specifier, line.where, agrees(name, line.specifier))
             )
-    for name, line in old.items():
-        if name not in new:
-            rows.append(DriftRow("removed", name, pins_by.get(name), line.specifier, None, line.where, None))
+    for at, line in old.items():
+        if at not in new:
+            rows.append(DriftRow("removed", line.name, pins_by.get(line.name), line.specifier, None, line.where, None))
     for path, wanted in (key_values or {}).items():
         kb, ka = (keys_before or {}).get(path, {}), (keys_after or {}).get(path, {})
         for key in wanted:

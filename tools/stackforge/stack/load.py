@@ -506,18 +506,29 @@ def _agree_references(stack: Stack, values: dict) -> list[UserError]:
     from packaging.utils import canonicalize_name
 
     problems: list[UserError] = []
-    packages = {canonicalize_name(n) for n in stack.packages}
+    names = {canonicalize_name(n) for n in stack.packages}
+    for i, exact in enumerate(stack.gate.exact):
+        if canonicalize_name(exact) not in names:
+            problems.append(
+                UserError(
+                    f"gate.exact: '{exact}' is not a package of the stack; only a pin has a version to hold exactly",
+                    **_pos_for(("gate", "exact", i), values, {}, False).as_error_kwargs(),
+                    fix="name a package of the stack, or remove it",
+                )
+            )
+    pinned = list(target_rules.agreed_pins(stack))
+    packages = {canonicalize_name(n) for n in pinned}
     for uname, up in stack.upstreams.items():
         if up.agree is None:
             continue
         for pkg in up.agree.except_:
             if canonicalize_name(pkg) not in packages:
-                near = difflib.get_close_matches(pkg, list(stack.packages), n=1)
+                near = difflib.get_close_matches(pkg, pinned, n=1)
                 path = ("upstreams", uname, "agree", "except", pkg)
                 problems.append(
                     UserError(
-                        f"upstreams.{uname}.agree.except: '{pkg}' is not a package of the stack; only a pin of the "
-                        "stack is compared",
+                        f"upstreams.{uname}.agree.except: '{pkg}' is not a pin of the stack (a package, or a "
+                        "target's exact requirement); only a pin of the stack is compared",
                         **_pos_for(path, values, {}, False).as_error_kwargs(),
                         fix=f"did you mean '{near[0]}'?" if near else "remove it",
                     )
@@ -650,7 +661,10 @@ def fingerprint(stack: Stack) -> str:
     """sha256 of the resolved stack: equal fingerprints mean equal declared inputs."""
 
     data = {k: v for k, v in _unused_dropped(stack, resolved(stack)).items() if k not in UNFINGERPRINTED}
+    for idx in data.get("indexes", {}).values():
+        idx.pop("unlocked", None)  # why an index has no lock: said, never built
     for up in data.get("upstreams", {}).values():
         up.pop("agree", None)  # what the stack must agree with is checked, never built
+        up.pop("contract", None)  # ... and so is the image contract it is held to
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(blob).hexdigest()

@@ -216,6 +216,21 @@ class Index(Strict):
         "`stackforge lock`; a vendor index with deps_from also needs <index>.deps.txt, the lock of its "
         "wheels' own dependencies); lint and build fail when that file is missing",
     )
+    unlocked: Annotated[str, AfterValidator(lambda v: _one_line(v) or v)] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=400,
+        description="why this index's phases install without a lock (e.g. its requirement files or its vendor "
+        "wheels' metadata cannot be reached where locks are made): `stackforge lint`, render and build print it; "
+        "`stackforge lock --check` fails a stack whose public index has pins or requirement files but neither a "
+        "lock nor this reason",
+    )
+
+    @model_validator(mode="after")
+    def _lock_or_reason(self) -> Index:
+        if self.lock and self.unlocked is not None:
+            raise ValueError("lock: true and unlocked: say the opposite; keep one")
+        return self
 
     @field_validator("url")
     @classmethod
@@ -298,10 +313,21 @@ class Agree(Strict):
         description="KEY=VALUE files of the upstream, read by regex, and the stack key each KEY must equal, e.g. "
         "{third_party/PINS: {VLLM_TAG: upstreams.vllm.tag, VLLM_COMMIT: upstreams.vllm.commit}}",
     )
+    args: dict[
+        Annotated[str, _grammar(grammar.check_relative_path)],
+        dict[EnvName, ProjectName],
+    ] = Field(
+        default_factory=dict,
+        description="Dockerfiles of the upstream and, for each build argument, the project it pins: every `ARG "
+        "NAME=VALUE` line of every stage is compared as the requirement NAME's project ==VALUE, with the stack's "
+        "pin of it (a package, or a target's exact requirement), e.g. {docker/musa.Dockerfile: {MOONCAKE_VERSION: "
+        "mooncake-transfer-engine-musa}}",
+    )
     except_: dict[ProjectName, Annotated[str | None, BeforeValidator(_reason)]] = Field(
         default_factory=dict,
         alias="except",
-        description="{package: why the stack differs from the upstream's line}: the only way past a "
+        description="{package (or a target's pinned project): why the stack differs from the upstream's line}: the "
+        "only way past a "
         "disagreement; an except for a package the files agree on (or do not name) is itself a finding; a child "
         "stack's null removes its parent's",
     )
@@ -310,6 +336,102 @@ class Agree(Strict):
     @classmethod
     def _drop_nulls(cls, value: dict) -> dict:
         return {k: v for k, v in value.items() if v is not None}
+
+
+class ConstrainedFiles(Strict):
+    file: RequirementFile = Field(description="the requirement file a phase installs")
+    by: RequirementFile = Field(description="the file that phase must read as a constraint (constraint: true)")
+
+
+#: The checks a contract line may make, one per line (its other keys say where: target, kernel, index).
+CONTRACT_CHECKS = (
+    "labels",
+    "no_labels",
+    "env",
+    "no_env",
+    "workdir",
+    "cmd",
+    "entrypoint",
+    "installs",
+    "only_binary",
+    "checks_version",
+    "installs_file",
+    "constrained",
+    "gate_pins",
+    "gate_exact",
+    "gate_order",
+    "gate_imports",
+    "options",
+    "stages",
+)
+
+
+class ContractLine(Strict):
+    """One assertion of an upstream's contract test, as a check of the image this stack builds."""
+
+    line: int = Field(ge=1, le=1_000_000, description="the assertion's line in the contract file")
+    says: str = Field(min_length=1, max_length=400, description="what the assertion says, in words, for people")
+    target: Name | None = Field(None, description="the target (the fork's stage of the same name) the check is about")
+    kernel: Name | None = Field(None, description="with env: the kernel step whose environment is checked")
+    labels: dict[LabelKey, str] | None = Field(
+        None, description="labels the image (of target, else every target) carries with these values ({{ … }} ok)"
+    )
+    no_labels: list[LabelKey] | None = Field(None, description="labels no image of the stack carries")
+    env: dict[EnvName, str | None] | None = Field(
+        None, description="ENV of the target (or the kernel's): each NAME with this value; null: NAME is not set"
+    )
+    no_env: list[EnvName] | None = Field(None, description="names no stage of the Dockerfile sets (ENV or ARG)")
+    workdir: str | None = Field(None, description="the target's WORKDIR")
+    cmd: list[str] | None = Field(None, description="the target's CMD")
+    entrypoint: list[str] | None = Field(None, description="the target's ENTRYPOINT; null: none")
+    installs: Annotated[str, _grammar(lambda v: _pep508(v))] | None = Field(
+        None, description="an exact requirement (name==version) a pip phase of the target installs"
+    )
+    index: Literal["vendor", "public"] | None = Field(None, description="with installs: the role of its index")
+    only_binary: ProjectName | None = Field(None, description="the target's phase installing it is binary-only")
+    checks_version: ProjectName | None = Field(
+        None, description="a check of the target reads the installed version of this distribution"
+    )
+    installs_file: RequirementFile | None = Field(None, description="a requirement phase installs this file")
+    constrained: ConstrainedFiles | None = Field(
+        None, description="the phase that installs file reads by as a constraint: {file, by}"
+    )
+    gate_pins: list[ProjectName] | None = Field(None, description="pins the gate checks (packages of the stack)")
+    gate_exact: list[ProjectName] | None = Field(None, description="packages under gate.exact")
+    gate_order: list[ProjectName] | None = Field(None, description="packages the gate checks in this order")
+    gate_imports: list[Module] | None = Field(None, description="modules the gate imports")
+    options: dict[EnvName, str] | None = Field(
+        None,
+        description="build options with these values as the stack declares them (a value chosen with --set, "
+        "among the option's choices, is the build's choice, as the fork's build arguments are)",
+    )
+    stages: list[Name] | None = Field(None, description="targets each built on the one before (from:)")
+
+    @model_validator(mode="after")
+    def _one(self) -> ContractLine:
+        given = [k for k in CONTRACT_CHECKS if k in self.model_fields_set]
+        if len(given) != 1:
+            raise ValueError(
+                f"a contract line checks one thing; it gives {', '.join(given) or 'none'} (one of: "
+                f"{', '.join(CONTRACT_CHECKS)})"
+            )
+        if self.index is not None and given != ["installs"]:
+            raise ValueError("index: goes with installs:")
+        if self.kernel is not None and (given != ["env"] or self.target is not None):
+            raise ValueError("kernel: goes with env: (and no target:)")
+        return self
+
+
+class Contract(Strict):
+    """An upstream's contract test, recorded line by line as what the image must hold, install, label and set."""
+
+    file: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
+        description="the contract module in the upstream's tree at the pinned commit, e.g. "
+        "tests/test_inplace_porting_contract.py"
+    )
+    lines: list[ContractLine] = Field(
+        min_length=1, description="its assertions, each {line, says} and one check (see ContractLine)"
+    )
 
 
 class Upstream(Strict):
@@ -346,6 +468,12 @@ class Upstream(Strict):
         description="the upstream's own pins the stack must agree with: requirement files, KEY=VALUE files, and "
         "the reasoned exceptions (render and build fail on a disagreement; `stackforge lint` checks a fetched "
         "upstream; `stackforge drift` compares with a newer revision)",
+    )
+    contract: Contract | None = Field(
+        None,
+        description="the upstream's image contract at its pinned commit (its contract test, line by line): lint and "
+        "render check the Dockerfile the stack renders against each line, `verify` the image; a mismatch names "
+        "the contract's file and line. Checked, never built: outside the fingerprint",
     )
 
     @property
@@ -634,6 +762,12 @@ class Gate(Strict):
     library_path: list[str] = Field(
         default_factory=list,
         description="directories the loader searches for the ABI check, as the runtime would; {site} is site-packages",
+    )
+    exact: list[ProjectName] = Field(
+        default_factory=list,
+        description="packages whose installed version must be the pin itself, local label and all (the fork's "
+        "exact_version_dists): for them the gate refuses a build of the pin (0.1.90+x for a pin 0.1.90) that the "
+        "local-label rule accepts for the others",
     )
 
 
@@ -973,6 +1107,11 @@ class RequirementFile(Strict):
     path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
         description="the requirement file, relative to the upstream's tree (e.g. requirements/common.txt)"
     )
+    constraint: bool = Field(
+        False,
+        description="true: the file's lines constrain the phase (pip -c) instead of being installed, e.g. the "
+        "plugin's requirements/common.txt over vLLM's (its huggingface_hub cap)",
+    )
 
 
 class RequirementsPhase(Strict):
@@ -986,6 +1125,10 @@ class RequirementsPhase(Strict):
 
 
 Target.model_rebuild()
+ConstrainedFiles.model_rebuild()
+ContractLine.model_rebuild()
+Contract.model_rebuild()
+Upstream.model_rebuild()
 
 
 #: pytest's outcome words, as its summary line and `expect:` spell them.
@@ -1127,6 +1270,24 @@ class Stack(Strict):
         description="the upstream whose repository, commit and tag become the "
         "image's org.opencontainers.image.{source,revision,version} (default: the first)",
     )
+    created_label: bool | None = Field(
+        default=None,
+        description="true (the default): label the image org.opencontainers.image.created with its sources' time "
+        "(SOURCE_DATE_EPOCH, when the engine honours it: the same for every build of the same inputs); false "
+        "leaves the label out, for an upstream whose image contract forbids it (the image config's own created "
+        "time is that time either way)",
+    )
+
+    @field_validator("created_label")
+    @classmethod
+    def _created_label(cls, value):
+        return None if value is True else value  # the default: left out of the fingerprint like an absent key
+
+    @property
+    def labels_created(self) -> bool:
+        """Whether the image carries the ``org.opencontainers.image.created`` label (``created_label``)."""
+        return self.created_label is not False
+
     platform: Platform = Field(
         description="what the image is built for: OS label, Python, CPU and GPU architectures, MUSA"
     )

@@ -137,3 +137,32 @@ def repins(stack: Stack) -> dict[str, tuple[str, str]]:
                     version = str(req.specifier).lstrip("=")
                     out[req.name] = (version, f"targets.{tname}.pip.{pname}")
     return out
+
+
+def target_pins(stack: Stack) -> dict[str, tuple[str, str]]:
+    """dist -> (version, stack key) of every exact ``name==version`` a target's phase installs (a re-pin aside) of
+    a project that is not a package of the stack: the version the image holds, as a package pin says it. The first
+    target in declaration order names it (this runs on load, before a cycle of ``from:`` is refused)."""
+    packages = {canonicalize_name(n) for n in stack.packages}
+    out: dict[str, tuple[str, str]] = {}
+    for tname, target in stack.targets.items():
+        for pname, ph in target.pip.items():
+            if ph.repin:
+                continue
+            for i, text in enumerate(ph.requirements):
+                req = Requirement(text)
+                specs = list(req.specifier)
+                if len(specs) != 1 or specs[0].operator not in ("==", "===") or specs[0].version.endswith(".*"):
+                    continue
+                name = canonicalize_name(req.name)
+                if name in packages or req.name in out or req.marker is not None:
+                    continue
+                out[req.name] = (specs[0].version, f"targets.{tname}.pip.{pname}.requirements[{i}]")
+    return out
+
+
+def agreed_pins(stack: Stack) -> dict[str, tuple[str, str]]:
+    """Every pin an upstream's ``agree`` compares: dist -> (version, the stack key that pins it), the packages
+    first, then the targets' own exact pins (:func:`target_pins`)."""
+    out = {n: (p.version, f"packages.{n}.version") for n, p in stack.packages.items()}
+    return {**out, **target_pins(stack)}

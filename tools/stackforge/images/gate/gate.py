@@ -11,7 +11,8 @@ path given as the first argument) and checks, in the stack's order:
   pin with a local label matches only that build, one without matches any build
   of its version) — ``exact`` (import first), ``metadata`` (no import, version
   only) or ``spec`` (found by ``importlib.util.find_spec`` without importing it,
-  version as ``metadata``);
+  version as ``metadata``); a package under ``gate.exact`` must be the pin itself (``0.1.90+x`` is refused for
+  ``0.1.90``);
 * extra imports (vllm, the platform plugin): imported, version reported;
 * probes: small named snippets (each with its own env, if any) whose printed result must equal the expectation;
 * requirement rules (``rules.requires``): a distribution's version, or the first version-looking
@@ -193,6 +194,8 @@ def check_package(pkg: dict) -> tuple[bool, str]:
     found = _version(dist)
     if found is None:
         return False, f"FAIL {label} expected={want} found=not-installed"
+    if pkg.get("exact") and not localver.same_build(want, found):
+        return False, f"FAIL {label} expected={want} found={found} (gate.exact: the pin itself, not a build of it)"
     if localver.matches(want, found):
         pinned = "" if localver.same_build(want, found) else f" pin={want}"
         return True, f"PASS {label} version={found}{pinned}"

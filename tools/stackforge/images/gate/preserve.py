@@ -39,7 +39,7 @@ NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 DEPENDS = re.compile(r"^\s*(\S+) (\S+) depends on (.+)$")
 MISSING = re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._-]*)")
 REQUESTED = re.compile(r"^\s*The user requested (?!\(constraint\))(\S.*)$")
-CONSTRAINT = re.compile(r"^\s*The user requested \(constraint\) ([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s*$")
+CONSTRAINT = re.compile(r"^\s*The user requested \(constraint\) ([A-Za-z0-9][A-Za-z0-9._-]*)(\S+)\s*$")
 PUBLIC = "/stackforge/deps/public-pins.json"
 BARE = re.compile(r"(the phase requests |\S+ \S+ depends on )[\w.-]+(\[[^\]]*\])?(\s*;.*)?")  # no version asked
 
@@ -140,18 +140,30 @@ def conflict(output: list[str], pins: dict[str, str]) -> list[str]:
     ] + asked
 
 
+def constraints(output: list[str]) -> dict[str, list[str]]:
+    """Each project's constraints as pip names them, one specifier each ("The user requested (constraint)
+    numpy==1.26,==1.26.4": the stack's pin and an upstream's -c file's line for the same project)."""
+    out: dict[str, list[str]] = {}
+    for m in map(CONSTRAINT.match, output):
+        if m:
+            out.setdefault(canon(m.group(1)), []).extend(s.strip() for s in m.group(2).split(",") if s.strip())
+    return out
+
+
 def held_public(output: list[str], public: dict[str, str]) -> dict[str, str]:
     """The public pins pip names as this phase's constraints ("The user requested (constraint) numpy==1.26.4")."""
-    held = {canon(m.group(1)): m.group(2) for m in map(CONSTRAINT.match, output) if m}
-    return {name: version for name, version in public.items() if held.get(canon(name)) == version}
+    held = constraints(output)
+    return {name: version for name, version in public.items() if f"=={version}" in held.get(canon(name), [])}
 
 
 def public_conflicts(output: list[str], phase: str, key: str, public: dict[str, str]) -> list[str]:
     """One line per public pin a refused resolution would move: the phase, its stack key, the pin, what asked."""
     lines = []
+    held = constraints(output)
     for name, version in held_public(output, public).items():
         # a bare name ("The user requested numpy") is satisfied by the pin: only versioned asks conflict
         why = [w for w in conflict(output, {name: version}) if not BARE.fullmatch(w)]
+        why += [f"the phase's constraints ask {name}{s}" for s in held[canon(name)] if s != f"=={version}"]
         if why:
             lines.append(
                 f"ERROR: pip phase {phase} (stack key {key}) would move the public pin {name}=={version} "

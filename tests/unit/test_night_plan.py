@@ -1,0 +1,159 @@
+"""The night's plan: units grouped into shards by stack, kind of runner and the last nights' durations, with stable
+ids and the runner labels each shard needs; and `stackforge nightly --plan` on a repository (no engine, no
+registry)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stackforge.errors import UserError
+from stackforge.flows import night_plan as np
+from stackforge.flows.nightly import Row, Summary
+from tests.fixtures.stack_support import RootSpec, repo_root, run_cli
+
+
+def unit(stack: str, target: str, seconds: float = 0.0, platform: str = "linux/amd64", device: bool = False):
+    return np.Unit(stack=stack, target=target, platform=platform, device=device, estimate_s=seconds)
+
+
+def keys(groups):
+    return [[u.key.rsplit("/", 2)[0] for u in g] for g in groups]
+
+
+def test_a_stack_stays_on_one_shard_by_default_and_each_stack_gets_its_own():
+    units = [unit("a", "x", 10), unit("a", "y", 10), unit("b", "x", 5)]
+    assert keys(np.pack(units, None)) == [["a/x", "a/y"], ["b/x"]]
+
+
+def test_more_shards_than_stacks_splits_the_longest_stack_by_its_durations():
+    units = [unit("a", "x", 100), unit("a", "y", 60), unit("a", "z", 50), unit("b", "x", 10)]
+    groups = np.pack(units, 3)
+    assert len(groups) == 3
+    assert sorted(map(sorted, keys(groups))) == [["a/x"], ["a/y", "a/z"], ["b/x"]]
+
+
+def test_fewer_shards_than_stacks_packs_longest_first_into_the_lightest():
+    units = [unit(s, "t", t) for s, t in (("a", 60), ("b", 50), ("c", 40), ("d", 30), ("e", 20))]
+    groups = np.pack(units, 2)
+    loads = sorted(sum(u.estimate_s for u in g) for g in groups)
+    assert loads == [90, 110]  # LPT: a | b c → a d | b c → a d e | b c (the heaviest shard 110 of 200)
+    assert np.pack(list(reversed(units)), 2) == groups  # the order units arrive in changes nothing
+
+
+def test_a_shard_id_is_its_units_whatever_their_order_and_names_its_platform_and_device():
+    a = [unit("a", "x"), unit("a", "y")]
+    assert np.shard_id(a, False) == np.shard_id(list(reversed(a)), False)
+    assert np.shard_id(a, False) != np.shard_id(a[:1], False)
+    assert np.shard_id(a, False).startswith("amd64-") and np.shard_id(a, True).startswith("amd64-dev-")
+    arm = [unit("a", "x", platform="linux/arm64")]
+    assert np.shard_id(arm, False).startswith("arm64-")
+    # the estimate does not move the id: the same units give the same id every night
+    assert np.shard_id([unit("a", "x", 99), unit("a", "y", 1)], False) == np.shard_id(a, False)
+
+
+def test_each_kind_of_runner_gets_its_own_shards_and_labels():
+    units = [
+        unit("a", "x", 10),
+        unit("a", "served", 10, device=True),  # a recipe needs the devices: the whole stack goes to a device runner
+        unit("b", "x", 10),
+        unit("c", "x", 10, platform="linux/arm64"),
+    ]
+    shards = np.group(units, None, runner_labels=["self-hosted", "musa-build"])
+    kinds = {(s.platform, s.device): [u.key for u in s.units] for s in shards}
+    assert kinds == {
+        ("linux/amd64", True): ["a/served/linux/amd64", "a/x/linux/amd64"],
+        ("linux/amd64", False): ["b/x/linux/amd64"],
+        ("linux/arm64", False): ["c/x/linux/arm64"],
+    }
+    by_kind = {(s.platform, s.device): s for s in shards}
+    assert by_kind["linux/amd64", True].runs_on == ["self-hosted", "musa-build", "linux", "x64", "device"]
+    assert by_kind["linux/arm64", False].labels == ["linux", "arm64"]
+    assert [s.estimate_s for s in shards] == sorted((s.estimate_s for s in shards), reverse=True)
+
+
+def test_shards_out_of_range_is_an_error_naming_the_option():
+    with pytest.raises(UserError) as exc:
+        np.group([unit("a", "x")], 0)
+    assert exc.value.file == "--shards"
+
+
+def _night(nights, date: str, rows: list[tuple[str, str, float]]) -> None:
+    """A night's summary as the nightly writes it (Summary.to_json)."""
+    summary = Summary(date=date, registry="r.example/t")
+    summary.rows = [Row(stack=s, target=t, status="published", duration_s=d) for s, t, d in rows]
+    (nights / date).mkdir(parents=True)
+    (nights / date / "summary.json").write_text(json.dumps(summary.to_json()))
+
+
+def test_expected_times_are_the_median_of_the_newest_nights_before_this_one(tmp_path):
+    nights = tmp_path / "nights"
+    for day, secs in (("20261101", 999), ("20261102", 10), ("20261103", 30), ("20261104", 20), ("20261110", 5000)):
+        _night(nights, day, [("a", "x", secs), ("b", "y", secs / 10)])
+    (nights / "20261105").mkdir()
+    (nights / "20261105" / "summary.json").write_text("{not json")
+    read = np.read_durations(nights, newest=3, before="20261110")
+    assert read.nights == ["20261104", "20261103", "20261102"]  # the newest 3 before the night; 20261110 is later
+    assert read.estimate("a", "x") == 20 and read.estimate("b", "y") == 2
+    assert read.estimate("c", "z") is None
+    assert len(read.unreadable) == 1 and "summary.json" in read.unreadable[0]
+    units = np.estimate([unit("a", "x"), unit("b", "y"), unit("c", "z")], read)
+    assert [u.estimate_s for u in units] == [20, 2, 11]  # a unit no night recorded: the median of the others
+
+
+def test_a_plan_reads_back_through_its_model_and_carries_the_ci_matrix():
+    plan = np.make_plan([unit("a", "x", 3), unit("b", "y", 2)], [], np.PlanOptions(date="20261201", shards=2))
+    doc = plan.to_json()
+    assert doc["schema"] == "stackforge.nightly-plan/v1" and doc["date"] == "20261201"
+    include = doc["matrix"]["include"]
+    assert [i["shard"] for i in include] == [s.id for s in plan.shards]
+    assert all(i["runs_on"] == ["linux", "x64"] for i in include)
+    recorded = {k: v for k, v in doc.items() if k != "matrix"}
+    assert np.Plan.model_validate(recorded) == plan
+    with pytest.raises(UserError) as exc:
+        plan.shard("amd64-0000000000")
+    assert exc.value.file == "--shard" and plan.shards[0].id in exc.value.message
+
+
+UNLOCKED = "indexes:\n  pypi: {lock: false}\n"
+
+
+@pytest.fixture
+def root_spec() -> RootSpec:
+    return RootSpec(
+        stacks=("example.yaml", "post1.yaml", "post2.yaml"),
+        stack_files={
+            "night-a.yaml": "name: night-a\ninherits: example\nnightly: true\n" + UNLOCKED
+            + "targets:\n  plain: {entrypoint: [python3]}\n",
+            "night-b.yaml": "name: night-b\ninherits: example\nnightly: true\n" + UNLOCKED,
+            "night-broken.yaml": "name: night-broken\ninherits: example\nnightly: true\nno_such_key: 1\n",
+        },
+        edit=lambda root: [p.write_text(p.read_text().replace("nightly: true   #", "nightly: false   #"))
+                           for p in (root / "stacks").glob("post*.yaml")],
+    )  # fmt: skip
+
+
+def test_the_plan_command_groups_the_nightly_stacks_and_names_one_that_does_not_load(tmp_path, root_spec, capsys):
+    root = repo_root(tmp_path, root_spec)
+    _night(root / "build" / "nightly", "20261130", [("night-a", "escape", 300), ("night-a", "plain", 100), ("night-b", "escape", 50)])  # fmt: skip
+    rc, out, err = run_cli(capsys, root, "nightly", "--plan", "--json", "--shards", "3", "--runner-label", "musa-build")
+    assert rc == 0, err
+    plan = json.loads(out)
+    units = [[f"{u['stack']}/{u['target']}" for u in s["units"]] for s in plan["shards"]]
+    assert units == [["night-a/escape"], ["night-a/plain"], ["night-b/escape"]]  # night-a split: 3 shards, 2 stacks
+    assert [s["estimate_s"] for s in plan["shards"]] == [300, 100, 50]
+    assert plan["durations_from"] == ["20261130"]
+    assert all(s["runs_on"] == ["musa-build", "linux", "x64"] for s in plan["shards"])
+    assert [p["stack"] for p in plan["problems"]] == ["night-broken"]
+    assert "no_such_key" in plan["problems"][0]["reason"]
+    rc, again, _ = run_cli(capsys, root, "nightly", "--plan", "--json", "--shards", "3", "--runner-label", "musa-build")
+    assert again == out  # the same repository and nights: the same plan, the same ids
+
+
+def test_a_plan_without_registry_records_nothing_and_a_shard_without_registry_is_refused(tmp_path, root_spec, capsys):
+    root = repo_root(tmp_path, root_spec)
+    rc, out, err = run_cli(capsys, root, "nightly", "--plan", "night-b")
+    assert rc == 0 and "recorded" not in err and "night-b/escape" in out
+    rc, out, err = run_cli(capsys, root, "nightly", "--shard", "amd64-0123456789")
+    assert rc == 2 and "--registry is required" in err
