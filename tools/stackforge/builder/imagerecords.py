@@ -19,6 +19,7 @@ from typing import Any
 
 from stackforge.builder import inventory, sbom, system
 from stackforge.clients import layerstore
+from stackforge.clients.containers import isolated
 
 GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
 GATE_DIR = "/stackforge/gate"
@@ -74,7 +75,7 @@ def from_container(engine: Any, ref: str) -> dict[str, list[str]]:
     script += (
         f"; if command -v dpkg-query >/dev/null; then echo '==> {DPKG}'; dpkg-query -W -f '{sbom.DPKG_FORMAT}'; fi"
     )
-    proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
+    proc = engine.run(isolated(ref, "sh", "-c", script), timeout=300)
     out: dict[str, list[str]] = {}
     current = None
     for line in proc.stdout.splitlines() if proc.returncode == 0 else []:

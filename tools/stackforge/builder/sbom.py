@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 from stackforge import safeio
 from stackforge.builder import inventory
 from stackforge.clients import layerstore
+from stackforge.clients.containers import isolated
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.osv import Ecosystem, Package
@@ -118,9 +119,7 @@ def dpkg_of(engine: Any, ref: str) -> list[Deb]:
     lines = layerstore.read_image(engine, engine.image_id(ref), lambda tree: dpkg_from_tree(tree) or [])
     if lines is not None:
         return parse_dpkg("\n".join(lines))
-    proc = engine.cli(
-        "run", "--rm", "--network=none", "--entrypoint", "dpkg-query", ref, "-W", "-f", DPKG_FORMAT, timeout=300
-    )
+    proc = engine.run(isolated(ref, "dpkg-query", "-W", "-f", DPKG_FORMAT), timeout=300)
     return parse_dpkg(proc.stdout) if proc.returncode == 0 else []
 
 
@@ -141,7 +140,7 @@ def os_release_of(engine: Any, ref: str, image_id: str | None, debs: list[Deb]) 
     only for an Ubuntu image (whose release its packages do not tell), from one container run."""
     data = layerstore.read_image(engine, image_id, lambda tree: tree.read(OS_RELEASE, limit=64 << 10) or b"")
     if data is None and any(d.name == "base-files" and "ubuntu" in d.version for d in debs):
-        proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "cat", ref, "/etc/os-release", timeout=300)
+        proc = engine.run(isolated(ref, "cat", "/etc/os-release"), timeout=300)
         data = proc.stdout.encode("utf-8", "replace") if proc.returncode == 0 else b""
     return parse_os_release((data or b"").decode("utf-8", errors="replace"))
 

@@ -97,7 +97,7 @@ def newest_published(client: RegistryClient, date: str | None, select: str | Non
 
 
 def _pull(engine: Any, pinned: str) -> None:
-    proc = engine.cli("pull", pinned, timeout=3600)
+    proc = engine.pull(pinned, timeout=3600)
     if proc.returncode != 0:
         raise UserError(f"docker pull {pinned} failed: {(proc.stderr or proc.stdout).strip()[-300:]}",
                         fix="check the registry is reachable from the engine (a loopback registry is insecure-allowed)")  # fmt: skip
@@ -110,8 +110,7 @@ def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
 
 def host_platform(engine: Any) -> str:
     """The engine's own OCI platform (``linux/amd64``): the image of an index ``pull`` and ``verify`` pick."""
-    proc = engine.cli("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", timeout=30)
-    text = proc.stdout.strip() if proc.returncode == 0 else ""
+    text = engine.server_platform()
     if not re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+", text):
         raise UserError("the engine does not say its platform (docker version)", fix="name one with --platform")
     return text
@@ -390,4 +389,4 @@ def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: An
 
 def tag_pulled(engine: Any, pinned: str, ref: str) -> None:
     """Tag the verified image ``pinned`` as ``ref`` in the engine (the tag it was published under)."""
-    engine.cli("tag", pinned, ref, timeout=60)
+    engine.tag(pinned, ref)

@@ -14,7 +14,7 @@ from stackforge.recipes.load import LoadedRecipe
 
 def image_labels(engine: Any, image: str) -> dict[str, str]:
     """The image's labels (``docker image inspect``); an image the engine cannot inspect is refused."""
-    proc = engine.cli("image", "inspect", "--format", "{{json .Config.Labels}}", image, timeout=60)
+    proc = engine.inspect_image(image, "{{json .Config.Labels}}", timeout=60)
     if proc.returncode != 0:
         raise UserError(f"cannot inspect {image}: {(proc.stderr or proc.stdout).strip()[-200:]}",
                         fix="build or pull the image first")  # fmt: skip
