@@ -12,6 +12,7 @@ import pytest
 
 from stackforge.flows.nightly import NightlyRun, Row, Summary, _one
 from stackforge.flows.nightly_smoke import NightlyRecipes, freshness_line, nightly_recipes, smoke_image
+from stackforge.publish.publisher import PublishOptions
 from stackforge.recipes.load import load_recipe
 from stackforge.smoke.report import RowResult, SmokeReport
 from stackforge.smoke.run import SmokeOptions
@@ -62,7 +63,7 @@ class Fakes:
         return NightlyRun(
             registry="registry.test/x",
             date="20260929",
-            policy=None,
+            publishing=PublishOptions(),
             workspace=None,  # type: ignore[arg-type]
             engine=SimpleNamespace(image_id=lambda ref: "sha256:" + "b" * 64),
             outdir=self.tmp_path / "nightly",

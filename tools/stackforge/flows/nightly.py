@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from stackforge import safeio
@@ -45,11 +46,11 @@ from stackforge.builder.context import build_dir_for
 from stackforge.builder.prepare import lint_or_fail
 from stackforge.builder.regcache import RegistryCache
 from stackforge.builder.run import BuildOptions, build, target_ref
-from stackforge.clients.registry import RetryPolicy, parse_registry
+from stackforge.clients.registry import parse_registry
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import BuildFailed, UserError
 from stackforge.flows import doctor
-from stackforge.flows.nightly_smoke import freshness_line, nightly_recipes, pin_freshness, smoke_image
+from stackforge.flows.nightly_smoke import NightlyRecipes, freshness_line, nightly_recipes, pin_freshness, smoke_image
 from stackforge.freshness.drift import nightly_cell, nightly_line
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.publish.publisher import PublishOptions
@@ -456,7 +457,10 @@ class NightlyOptions:
     stacks: list[str] | None = None
     targets: list[str] | None = None
     use_bake: bool = True
-    policy: RetryPolicy | None = None
+    #: how every publish pushes (retry policy, layer compression) and what it proves (signing, the OSV gate); a
+    #: night with a signing key never publishes unsigned, one with an OSV database stops before it builds when the
+    #: database cannot give a verdict
+    publish: PublishOptions = field(default_factory=PublishOptions)
     out: Path | None = None
     overrides: Overrides = None
     echo: Callable[[str], None] = print
@@ -466,18 +470,8 @@ class NightlyOptions:
     #: before the bake, check every endpoint the night needs (doctor's rows and the registry push): stop in
     #: seconds, naming what failed, instead of after a night of building
     preflight: bool = True
-    #: the layer compression of every publish (None: each stack's tags.compression, else gzip)
-    compression: str | None = None
-    #: sign every publish's provenance with this PEM private key; a night with a key never publishes unsigned
-    sign_key: Path | None = None
     #: the device uuids the lease granted (``$STACKFORGE_DEVICE_UUID``): each smoke's preflight compares them
     device_uuids: tuple[str, ...] = ()
-    #: an OSV database directory: every publish scans its build's SBOM; no alias moves past a finding at or above
-    #: ``fail_on`` (the immutable tag is published; the summary's aliases say why they stayed)
-    osv: Path | None = None
-    fail_on: str = "high"
-    #: how old the OSV snapshot may be (None: 7 days); an older one stops the night before it builds
-    osv_max_age: _dt.timedelta | None = None
     #: build cache imported from / exported to a registry by the bake and every build (builder/regcache.py)
     cache: RegistryCache | None = None
     #: each stack's targets (a shard's units; None: ``targets`` for every stack)
@@ -500,8 +494,9 @@ def nightly(
     started = time.monotonic()
     parse_registry(registry, what="--registry")
     date = validate_date(options.date)
-    if options.osv is not None:  # a database that cannot give a verdict stops the night before it builds
-        for fresh in vulns.preflight(options.osv, options.osv_max_age or vulns.DEFAULT_MAX_AGE):
+    trust = options.publish.trust
+    if trust.osv is not None:  # a database that cannot give a verdict stops the night before it builds
+        for fresh in vulns.preflight(trust.osv, trust.osv_max_age or vulns.DEFAULT_MAX_AGE):
             echo(f"nightly: OSV database {fresh.line()}")
     outdir = options.out or root / "build" / "nightly" / date
     # the night's directory holds only what the nightly writes: never one of the repository's inputs, never a
@@ -560,7 +555,7 @@ def nightly(
     return summary
 
 
-def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]):
+def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]) -> NightlyRecipes:
     """The nightly recipes by image; a recipe that does not load fails the run (its image's smoke is unknown)."""
 
     recipes = nightly_recipes(root)
@@ -570,7 +565,7 @@ def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]):
     return recipes
 
 
-def _targets_or_star(bakemod, stack, targets: list[str] | None) -> list[str]:
+def _targets_or_star(bakemod: ModuleType, stack: LoadedStack, targets: list[str] | None) -> list[str]:
     try:
         return bakemod.stack_targets(stack, targets)
     except UserError:
@@ -664,7 +659,7 @@ def _bake_and_build(
     run = NightlyRun(
         registry=registry,
         date=options.date,
-        policy=options.policy,
+        publishing=options.publish,
         workspace=workspace,
         engine=engine,
         outdir=outdir,
@@ -675,11 +670,6 @@ def _bake_and_build(
         smoke=smoke,
         recipes=recipes,
         allow_missing_hardware=options.allow_missing_hardware,
-        compression=options.compression,
-        sign_key=options.sign_key,
-        osv=options.osv,
-        fail_on=options.fail_on,
-        osv_max_age=options.osv_max_age,
         test=slice_runs.run_slice,
         device_uuids=options.device_uuids,
         cache=options.cache,
@@ -741,7 +731,7 @@ class NightlyRun:
 
     registry: str
     date: str
-    policy: RetryPolicy | None
+    publishing: PublishOptions  # how each publish pushes and what it proves (its echo is the run's to set)
     workspace: Workspace  # the builder, credentials and CA bundle
     engine: Any
     outdir: Path
@@ -752,11 +742,6 @@ class NightlyRun:
     smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
     recipes: Any = None  # stackforge.flows.nightly_smoke.NightlyRecipes
     allow_missing_hardware: bool = False
-    compression: str | None = None
-    sign_key: Path | None = None
-    osv: Path | None = None
-    fail_on: str = "high"
-    osv_max_age: _dt.timedelta | None = None
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
     device_uuids: tuple[str, ...] = ()
     cache: RegistryCache | None = None  # the build cache each build imports and exports, as the bake's
@@ -814,15 +799,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             run.publish,
             stack,
             run.registry,
-            options=PublishOptions(
-                policy=run.policy,
-                compression=run.compression,
-                sign_key=run.sign_key,
-                osv=run.osv,
-                fail_on=run.fail_on,
-                osv_max_age=run.osv_max_age,
-                echo=lambda line: None,
-            ),
+            options=replace(run.publishing, echo=lambda line: None),
             date=run.date,
             target=target,
             engine=run.engine,

@@ -872,6 +872,22 @@ def _move_aliases_raw(
 
 
 @dataclass(frozen=True)
+class TrustOptions:
+    """What a stack's publish proves about its image before any tag or alias names it.
+
+    ``sign_key``: a PEM private key (Ed25519 or ECDSA P-256): signed provenance is attached before any tag.
+    ``osv``: an OSV database directory: the build's SBOM is scanned and no alias moves while a finding at or above
+    ``fail_on`` stands (the immutable tag is published either way); ``osv_max_age``: how old its snapshot may be
+    before the gate refuses it (None: 7 days).
+    """
+
+    sign_key: Path | None = None
+    osv: Path | None = None
+    fail_on: str = "high"
+    osv_max_age: _dt.timedelta | None = None
+
+
+@dataclass(frozen=True)
 class PublishOptions:
     """How a publish pushes, as ``stackforge publish``'s flags (or the nightly) decide: built once by the verb
     and passed down to :func:`publish`.
@@ -882,7 +898,7 @@ class PublishOptions:
     to mount layers from. ``compression``: the layer codec (gzip, zstd or none, see ``codec.py``); ``level``: its
     level (None: the codec's default); one codec and level give the same blob for a layer everywhere.
     ``settle_seconds``: the pause before the tag is re-read (None: see :meth:`Publisher.settle`). ``echo``: where
-    the push log's lines go.
+    the push log's lines go. ``trust``: the signing and the vulnerability gate of a stack's publish.
     """
 
     policy: RetryPolicy | None = None
@@ -896,14 +912,7 @@ class PublishOptions:
     layer_cache: Path | bool | None = True
     settle_seconds: float | None = None
     echo: Callable[[str], None] | None = None
-    #: a PEM private key (Ed25519 or ECDSA P-256): a stack's publish attaches signed provenance before any tag
-    sign_key: Path | None = None
-    #: an OSV database directory: a stack's publish scans the build's SBOM and moves no alias while a finding at or
-    #: above ``fail_on`` stands (the immutable tag is published either way)
-    osv: Path | None = None
-    fail_on: str = "high"
-    #: how old ``osv``'s snapshot may be before the gate refuses it (None: 7 days)
-    osv_max_age: _dt.timedelta | None = None
+    trust: TrustOptions = field(default_factory=TrustOptions)
 
 
 def publish(

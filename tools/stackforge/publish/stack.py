@@ -209,13 +209,13 @@ def publish_stack(
 def vulnerability_gate(
     options: PublishOptions, evidence_dir: Path, engine: Any, local: str, root: Path | None = None
 ) -> vulns.ScanReport | None:
-    """The scan of the build's SBOM against ``options.osv`` (None without it), with the repository's waivers
+    """The scan of the build's SBOM against ``options.trust.osv`` (None without it), with the repository's waivers
     (``root``'s stacks/waivers.yaml). A database that cannot give a verdict (missing, empty, too old, not
     covering the image) is an error before anything is pushed."""
-    if options.osv is None:
+    if options.trust.osv is None:
         return None
-    vulns.check_level(options.fail_on)
-    max_age = vulns.parse_max_age(options.osv_max_age or vulns.DEFAULT_MAX_AGE)
+    vulns.check_level(options.trust.fail_on)
+    max_age = vulns.parse_max_age(options.trust.osv_max_age or vulns.DEFAULT_MAX_AGE)
     path = evidence_dir / sbom.EVIDENCE
     text = (
         safeio.read_bytes(path, limit=sbom.MAX_BYTES, what="SBOM", follow=False)
@@ -223,7 +223,13 @@ def vulnerability_gate(
         else sbom.of_image(engine, local)
     )
     return vulns.scan_sbom(
-        text, local, options.osv, options.fail_on, source=path, max_age=max_age, waivers=waivers.load_repository(root)
+        text,
+        local,
+        options.trust.osv,
+        options.trust.fail_on,
+        source=path,
+        max_age=max_age,
+        waivers=waivers.load_repository(root),
     )
 
 
@@ -270,13 +276,13 @@ def _signing(
     engine: Any,
     local: str,
 ) -> attest.Signing | None:
-    """The provenance signer of this publish (None without ``options.sign_key``); the key is read now, so a bad
+    """The provenance signer of this publish (None without ``options.trust.sign_key``); the key is read now, so a bad
     key fails before anything is pushed."""
-    if options.sign_key is None:
+    if options.trust.sign_key is None:
         return None
     from stackforge.publish import provenance
 
-    provenance.signer(options.sign_key)
+    provenance.signer(options.trust.sign_key)
 
     def unsigned() -> dict[str, Any]:
         labels = dict(engine.sdk().images.get(local).attrs.get("Config", {}).get("Labels") or {})
@@ -293,7 +299,7 @@ def _signing(
     if not isinstance(inputs, dict):
         raise safeio.Malformed("build inputs: not a JSON object", file=inputs_file)
     client = RegistryClient(repository, policy=options.policy or RetryPolicy())
-    return attest.Signing(options.sign_key, unsigned, inputs, client, evidence_dir)
+    return attest.Signing(options.trust.sign_key, unsigned, inputs, client, evidence_dir)
 
 
 @dataclass
