@@ -15,11 +15,14 @@ otherwise (or when the store holds something it will not interpret, e.g. a symli
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stackforge.builder import inventory, sbom, system
 from stackforge.clients import layerstore
 from stackforge.clients.containers import isolated
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
 GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
 GATE_DIR = "/stackforge/gate"
@@ -37,7 +40,7 @@ def _lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def read(engine: Any, ref: str, image_id: str | None) -> dict[str, list[str]]:
+def read(engine: Engine, ref: str, image_id: str | None) -> dict[str, list[str]]:
     """The records of image ``ref`` (id ``image_id``): from the layer store when it can serve, else from a
     container."""
     records = layerstore.read_image(engine, image_id, from_tree)
@@ -65,7 +68,7 @@ def from_tree(tree: layerstore.ImageTree) -> dict[str, list[str]]:
     return out
 
 
-def from_container(engine: Any, ref: str) -> dict[str, list[str]]:
+def from_container(engine: Engine, ref: str) -> dict[str, list[str]]:
     """The records, printed by one container run of ``ref``."""
     script = "; ".join(f'if [ -f {GATE_DIR}/{n} ]; then echo "==> {n}"; cat {GATE_DIR}/{n}; fi' for n in GATE_FILES)
     script += f'; for f in {TARGETS_DIR}/*/{CHECKS}; do if [ -f "$f" ]; then echo "==> {CHECKS}"; cat "$f"; fi; done'

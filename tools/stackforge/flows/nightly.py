@@ -617,7 +617,7 @@ def _bake_and_build(
     registry: str,
     workspace: Workspace,
     outdir: Path,
-    recipes: Any = None,
+    recipes: NightlyRecipes | None = None,
 ) -> None:
     """The bake of every loaded stack, then each stack and target built, gated, published and smoked (rows
     appended). ``options.date`` is the validated date."""

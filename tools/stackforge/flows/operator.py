@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge.builder import embed, sbom
 from stackforge.builder.embed import load_embedded
@@ -43,6 +43,9 @@ from stackforge.overlay.record import check_ref
 from stackforge.publish import attest
 from stackforge.publish import record as records
 from stackforge.stack.scheme import TagScheme, pattern, streams
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
 PIN = f"{LABEL_NS}.pin."
 OVERLAY = f"{LABEL_NS}.overlay"
@@ -96,19 +99,19 @@ def newest_published(client: RegistryClient, date: str | None, select: str | Non
     return newest(client, scheme, date)
 
 
-def _pull(engine: Any, pinned: str) -> None:
+def _pull(engine: Engine, pinned: str) -> None:
     proc = engine.pull(pinned, timeout=3600)
     if proc.returncode != 0:
         raise UserError(f"docker pull {pinned} failed: {(proc.stderr or proc.stdout).strip()[-300:]}",
                         fix="check the registry is reachable from the engine (a loopback registry is insecure-allowed)")  # fmt: skip
 
 
-def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
+def _labels(engine: Engine, image: str) -> tuple[dict[str, str], str]:
     attrs = engine.sdk().images.get(image).attrs
     return dict(attrs.get("Config", {}).get("Labels") or {}), str(attrs.get("Id"))
 
 
-def host_platform(engine: Any) -> str:
+def host_platform(engine: Engine) -> str:
     """The engine's own OCI platform (``linux/amd64``): the image of an index ``pull`` and ``verify`` pick."""
     text = engine.server_platform()
     if not re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+", text):
@@ -139,7 +142,7 @@ def _matches(platform: str, asked: str) -> bool:
 
 def verify_ref(
     ref: str,
-    engine: Any,
+    engine: Engine,
     policy: RetryPolicy | None = None,
     key: Path | None = None,
     rebuild_from: Path | None = None,
@@ -193,7 +196,7 @@ def verify_ref(
 
 def _verify_image(
     ref: str,
-    engine: Any,
+    engine: Engine,
     policy: RetryPolicy | None,
     key: Path | None,
     rebuild_from: Path | None,
@@ -372,7 +375,7 @@ def scan_lines(v: Verification, rec: Any) -> None:
         v.add(False, f"scan    blocked by {', '.join(scan.blocked[:8])}: no alias was moved to this image")
 
 
-def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: Any, pinned: str) -> None:
+def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: Engine, pinned: str) -> None:
     """The SBOM attached to the image against what the pulled image has installed (a note when none is attached:
     images published before stackforge attached one)."""
     try:
@@ -387,6 +390,6 @@ def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: An
         v.add(False, f"sbom    cannot be read: {exc.message}")
 
 
-def tag_pulled(engine: Any, pinned: str, ref: str) -> None:
+def tag_pulled(engine: Engine, pinned: str, ref: str) -> None:
     """Tag the verified image ``pinned`` as ``ref`` in the engine (the tag it was published under)."""
     engine.tag(pinned, ref)

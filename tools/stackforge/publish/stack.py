@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge import safeio
 from stackforge.builder import evidence, sbom, vulns, waivers
@@ -38,6 +38,9 @@ from stackforge.stack import tags as tagsmod
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.scheme import validate_date
 from stackforge.stack.targets import published
+
+if TYPE_CHECKING:
+    from stackforge.clients.registry import Repository
 
 
 def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:
@@ -207,7 +210,7 @@ def publish_stack(
 
 
 def vulnerability_gate(
-    options: PublishOptions, evidence_dir: Path, engine: Any, local: str, root: Path | None = None
+    options: PublishOptions, evidence_dir: Path, engine: Engine, local: str, root: Path | None = None
 ) -> vulns.ScanReport | None:
     """The scan of the build's SBOM against ``options.trust.osv`` (None without it), with the repository's waivers
     (``root``'s stacks/waivers.yaml). A database that cannot give a verdict (missing, empty, too old, not
@@ -252,7 +255,7 @@ def scan_record(report: vulns.ScanReport) -> dict[str, Any]:
     }
 
 
-def _attach_sbom(evidence_dir: Path, repository: Any, options: PublishOptions, result: PublishResult) -> None:
+def _attach_sbom(evidence_dir: Path, repository: Repository, options: PublishOptions, result: PublishResult) -> None:
     """The build's SBOM (``sbom.cdx.json`` of its evidence) attached to the published image."""
     path = evidence_dir / "sbom.cdx.json"
     if not path.is_file():
@@ -272,8 +275,8 @@ def _signing(
     target: str,
     options: PublishOptions,
     evidence_dir: Path,
-    repository: Any,
-    engine: Any,
+    repository: Repository,
+    engine: Engine,
     local: str,
 ) -> attest.Signing | None:
     """The provenance signer of this publish (None without ``options.trust.sign_key``); the key is read now, so a bad

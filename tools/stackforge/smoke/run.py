@@ -399,13 +399,20 @@ class SmokeOptions:
     device_uuids: tuple[str, ...] = ()
 
 
+def _engine(engine: Engine | None) -> Engine:
+    """The engine a smoke asks for the host's runtimes and starts its container with (the caller's to give unless
+    it gives the host facts and a launcher)."""
+    assert engine is not None, "smoke() needs an engine unless facts and launcher are given"
+    return engine
+
+
 def smoke(
     loaded: LoadedRecipe,
     image: str,
     outdir: Path,
     options: SmokeOptions | None = None,
     *,
-    engine: Any = None,
+    engine: Engine | None = None,
     launcher: Launcher | None = None,
     facts: HostFacts | None = None,
     image_id: str | None = None,
@@ -438,7 +445,7 @@ def smoke(
     if root is None:  # the rows whose reference files are the repository's are not run (numeric_row says so)
         report.not_checked = [f"row {r.name} (reference {r.numeric.reference})" for r in recipe.smoke if r.numeric]
     hw = recipe.hardware
-    facts = facts if facts is not None else host_facts(engine)
+    facts = facts if facts is not None else host_facts(_engine(engine))
     missing = missing_hardware(hw, facts)
     report.hardware = {
         "declared": hw.devices,
@@ -470,7 +477,7 @@ def smoke(
     )
     shown = {k: (v if k not in extra else "<set by --env>") for k, v in spec.env.items()}
     report.container = {"name": spec.name, "docker": ["docker", *spec.argv(shown)], "env": shown}
-    start = launcher or (lambda s: DockerContainer(engine, s))
+    start = launcher or (lambda s: DockerContainer(_engine(engine), s))
     echo(f"smoke: start {image} ({spec.name})" + (f", configuration {conf.name}" if conf else ""))
     container = start(spec)
     try:
