@@ -20,11 +20,11 @@ from stackforge.clients.registry import OCI_INDEX, Manifest, sha256_digest
 from stackforge.errors import BuildFailed
 from stackforge.publish.publisher import (
     Publisher,
+    PublishOptions,
     PublishResult,
     PushLog,
     _Found,
     _now,
-    default_lock_dir,
     repository_lock,
 )
 
@@ -205,8 +205,7 @@ def publish_index(
         scheme=scheme,
         date=date,
         aliases=aliases,
-        lock_dir=lock_dir or default_lock_dir(),
-        settle_seconds=settle_seconds,
+        options=PublishOptions(lock_dir=lock_dir, settle_seconds=settle_seconds, layer_cache=False),
         log=log or PushLog(),
         index=index,
     )

@@ -247,6 +247,50 @@ def _manifest_size(manifest: Manifest) -> int | None:
     return len(manifest.body) + sum(blobs.values())
 
 
+@dataclass(frozen=True)
+class TrustOptions:
+    """What a stack's publish proves about its image before any tag or alias names it.
+
+    ``sign_key``: a PEM private key (Ed25519 or ECDSA P-256): signed provenance is attached before any tag.
+    ``osv``: an OSV database directory: the build's SBOM is scanned and no alias moves while a finding at or above
+    ``fail_on`` stands (the immutable tag is published either way); ``osv_max_age``: how old its snapshot may be
+    before the gate refuses it (None: 7 days).
+    """
+
+    sign_key: Path | None = None
+    osv: Path | None = None
+    fail_on: str = "high"
+    osv_max_age: _dt.timedelta | None = None
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    """How a publish pushes, as ``stackforge publish``'s flags (or the nightly) decide: built once by the verb
+    and passed down to :func:`publish`.
+
+    ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or ``~/.cache/stackforge/layers``),
+    a path, or False for none; it also remembers which repositories received each layer, so a publish to another
+    repository of the same registry mounts it from there. ``mount_from``: more repository names of the same registry
+    to mount layers from. ``compression``: the layer codec (gzip, zstd or none, see ``codec.py``); ``level``: its
+    level (None: the codec's default); one codec and level give the same blob for a layer everywhere.
+    ``settle_seconds``: the pause before the tag is re-read (None: see :meth:`Publisher.settle`). ``echo``: where
+    the push log's lines go. ``trust``: the signing and the vulnerability gate of a stack's publish.
+    """
+
+    policy: RetryPolicy | None = None
+    #: None: the stack's tags.compression, else gzip
+    compression: str | None = None
+    level: int | None = None
+    mount_from: tuple[str, ...] | list[str] = ()
+    lock_dir: Path | None = None
+    verify_pull: bool = False
+    workdir: Path | None = None
+    layer_cache: Path | bool | None = True
+    settle_seconds: float | None = None
+    echo: Callable[[str], None] | None = None
+    trust: TrustOptions = field(default_factory=TrustOptions)
+
+
 @dataclass
 class Publisher:
     client: RegistryClient
@@ -254,20 +298,12 @@ class Publisher:
     scheme: TagScheme
     date: str
     aliases: tuple[str, ...] = ()
-    compression: str = "gzip"
-    #: the codec's level (None: its default, see codec.py)
-    level: int | None = None
-    mount_from: tuple[str, ...] = ()
+    #: how it pushes (codec and level, mount sources, lock directory, pull check, work directory, layer cache, the
+    #: settle pause: see :class:`PublishOptions`); its ``policy`` is the client's and its ``echo`` the log's
+    options: PublishOptions = field(default_factory=PublishOptions)
     uploads: int = UPLOADS
-    lock_dir: Path = field(default_factory=default_lock_dir)
     lock_timeout: float = 600.0
-    verify_pull: bool = False
     engine: Engine | None = None
-    workdir: Path | None = None
-    layer_cache: Path | None = None
-    #: the pause between the tag write and its settled re-read; None: SETTLE_FACTOR times the HEAD→PUT time
-    #: this publisher measured for the tag
-    settle_seconds: float | None = None
     log: PushLog = field(default_factory=PushLog)
     max_revisions: int = 100
     #: called with the result this publish is about to report (its aliases as they would move) while the settle
@@ -281,6 +317,17 @@ class Publisher:
     tag_it: bool = True
 
     def __post_init__(self) -> None:
+        o = self.options
+        self.compression = o.compression or "gzip"
+        self.level = o.level  # None: the codec's default (codec.py)
+        self.mount_from = tuple(o.mount_from)
+        self.lock_dir = o.lock_dir or default_lock_dir()
+        self.verify_pull = o.verify_pull
+        self.workdir = o.workdir
+        self.layer_cache = cache_dir(None, "layers") if o.layer_cache is True else (o.layer_cache or None)
+        #: the pause between the tag write and its settled re-read; None: SETTLE_FACTOR times the HEAD→PUT time
+        #: this publisher measured for the tag
+        self.settle_seconds = o.settle_seconds
         self.repository = self.client.repository
         self.started_at = _now()
         self.t0 = time.monotonic()
@@ -871,50 +918,6 @@ def _move_aliases_raw(
     return out
 
 
-@dataclass(frozen=True)
-class TrustOptions:
-    """What a stack's publish proves about its image before any tag or alias names it.
-
-    ``sign_key``: a PEM private key (Ed25519 or ECDSA P-256): signed provenance is attached before any tag.
-    ``osv``: an OSV database directory: the build's SBOM is scanned and no alias moves while a finding at or above
-    ``fail_on`` stands (the immutable tag is published either way); ``osv_max_age``: how old its snapshot may be
-    before the gate refuses it (None: 7 days).
-    """
-
-    sign_key: Path | None = None
-    osv: Path | None = None
-    fail_on: str = "high"
-    osv_max_age: _dt.timedelta | None = None
-
-
-@dataclass(frozen=True)
-class PublishOptions:
-    """How a publish pushes, as ``stackforge publish``'s flags (or the nightly) decide: built once by the verb
-    and passed down to :func:`publish`.
-
-    ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or ``~/.cache/stackforge/layers``),
-    a path, or False for none; it also remembers which repositories received each layer, so a publish to another
-    repository of the same registry mounts it from there. ``mount_from``: more repository names of the same registry
-    to mount layers from. ``compression``: the layer codec (gzip, zstd or none, see ``codec.py``); ``level``: its
-    level (None: the codec's default); one codec and level give the same blob for a layer everywhere.
-    ``settle_seconds``: the pause before the tag is re-read (None: see :meth:`Publisher.settle`). ``echo``: where
-    the push log's lines go. ``trust``: the signing and the vulnerability gate of a stack's publish.
-    """
-
-    policy: RetryPolicy | None = None
-    #: None: the stack's tags.compression, else gzip
-    compression: str | None = None
-    level: int | None = None
-    mount_from: tuple[str, ...] | list[str] = ()
-    lock_dir: Path | None = None
-    verify_pull: bool = False
-    workdir: Path | None = None
-    layer_cache: Path | bool | None = True
-    settle_seconds: float | None = None
-    echo: Callable[[str], None] | None = None
-    trust: TrustOptions = field(default_factory=TrustOptions)
-
-
 def publish(
     image: ImageSource,
     repository: Repository | str,
@@ -955,16 +958,9 @@ def publish(
         scheme=scheme,
         date=date,
         aliases=tuple(aliases),
-        compression=options.compression or "gzip",
-        level=options.level,
-        mount_from=tuple(options.mount_from),
-        lock_dir=options.lock_dir or default_lock_dir(),
-        verify_pull=options.verify_pull,
+        options=options,
         engine=engine,
-        workdir=options.workdir,
         log=log,
-        layer_cache=cache_dir(None, "layers") if options.layer_cache is True else (options.layer_cache or None),
-        settle_seconds=options.settle_seconds,
         during_settle=during_settle,
         before_tag=before_tag,
         tag_it=tag_it,
