@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge import safeio
 from stackforge.builder import bake as bakemod
@@ -63,6 +63,9 @@ from stackforge.stack.load import LoadedStack, load, load_stack
 from stackforge.stack.names import list_stacks
 from stackforge.stack.scheme import validate_date
 from stackforge.urls import redact, redact_text
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
 
 @dataclass
@@ -733,14 +736,14 @@ class NightlyRun:
     date: str
     publishing: PublishOptions  # how each publish pushes and what it proves (its echo is the run's to set)
     workspace: Workspace  # the builder, credentials and CA bundle
-    engine: Any
+    engine: Engine
     outdir: Path
     echo: Callable[[str], None]
     build: Callable[..., Any]  # stackforge.builder.run.build
     options: Callable[..., Any]  # stackforge.builder.run.BuildOptions
     publish: Callable[..., Any]  # stackforge.publish.stack.publish_stack
     smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
-    recipes: Any = None  # stackforge.flows.nightly_smoke.NightlyRecipes
+    recipes: NightlyRecipes | None = None
     allow_missing_hardware: bool = False
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
     device_uuids: tuple[str, ...] = ()

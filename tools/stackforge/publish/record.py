@@ -67,6 +67,7 @@ from stackforge.publish.referrers import (
 from stackforge.stack.load import fingerprint
 
 if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
     from stackforge.clients.registry import Repository
     from stackforge.publish.publisher import PublishResult
     from stackforge.stack.load import LoadedStack
@@ -383,11 +384,11 @@ class Attacher:
     results), its blobs uploaded and the subject read. :meth:`finish` runs on the result the publish
     reported: the record for its tags (uploaded again only where they differ) and the artifact manifest."""
 
-    loaded: Any
+    loaded: LoadedStack
     target: str
     evidence_dir: Path
     repository: Repository
-    engine: Any
+    engine: Engine
     local_ref: str
     policy: RetryPolicy | None = None
     #: the vulnerability gate's verdict (``ScanReport.summary()``), carried by the record; None: no scan ran
