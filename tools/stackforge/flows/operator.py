@@ -360,7 +360,7 @@ def _not_attached(v: Verification, client: RegistryClient, digest: str, ref: str
                    "an image stackforge did not publish has none")  # fmt: skip
 
 
-def scan_lines(v: Verification, rec: Any) -> None:
+def scan_lines(v: Verification, rec: records.PublishRecord) -> None:
     """The vulnerability gate's verdict the record carries: clear, each waived finding with its reason (a pass:
     waived by a reviewer, until its date), each blocking finding (a failure: the publish moved no alias for it);
     a note when no scan ran."""

@@ -41,6 +41,7 @@ from stackforge.stack.targets import published
 
 if TYPE_CHECKING:
     from stackforge.clients.registry import Repository
+    from stackforge.stack.scheme import TagScheme
 
 
 def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:
@@ -98,7 +99,9 @@ def publish_dir(evidence_root: Path, gated: dict[str, Any] | None, image_id: str
     return evidence.new_build(evidence_root)
 
 
-def destination(loaded: LoadedStack, registry: str, date: str, target: str | None) -> tuple:
+def destination(
+    loaded: LoadedStack, registry: str, date: str, target: str | None
+) -> tuple[str, Repository, TagScheme, tagsmod.Ref, str]:
     """(target, repository, tag scheme, the first tag's reference, the target's tag suffix) of a stack's
     published image under ``registry``, from the stack's ``tags.publish`` template."""
     reg = parse_registry(registry, what="--registry")
@@ -110,7 +113,7 @@ def destination(loaded: LoadedStack, registry: str, date: str, target: str | Non
     return target, repository, scheme, first, suffix
 
 
-def alias_tags(loaded: LoadedStack, registry: str, first: Any, suffix: str) -> list[str]:
+def alias_tags(loaded: LoadedStack, registry: str, first: tagsmod.Ref, suffix: str) -> list[str]:
     """The alias tags of a stack's target (``suffix``: its tag suffix) in the publish repository of ``first`` (the
     first tag's reference, :func:`destination`)."""
     reg = parse_registry(registry, what="--registry")
