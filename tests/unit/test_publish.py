@@ -96,7 +96,7 @@ def run(
         options,
         aliases=aliases,
         evidence=evidence,
-        during_settle=during_settle,
+        hooks=publisher.PublishHooks(during_settle=during_settle),
     )
 
 

@@ -90,7 +90,7 @@ class RunSpec:
         for path in self.tmpfs:
             out += ["--tmpfs", path]
         if self.network is not None:
-            out += ["--network", self.network]
+            out.append(f"--network={self.network}")
         if self.devices is not None:
             out += self.devices.argv()
         for port in self.ports:

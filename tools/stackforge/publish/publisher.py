@@ -291,6 +291,17 @@ class PublishOptions:
     trust: TrustOptions = field(default_factory=TrustOptions)
 
 
+@dataclass(frozen=True)
+class PublishHooks:
+    """Work a publish runs at two points of its timeline (see :class:`Publisher`): ``during_settle`` with the result
+    it is about to report, in the settle pause (its failure is logged, never fatal); ``before_tag`` with (manifest
+    digest, image id) once the registry holds the image by digest and before any tag names it (its failure fails
+    the publish with no tag written)."""
+
+    during_settle: Callable[[PublishResult], object] | None = None
+    before_tag: Callable[[str, str], object] | None = None
+
+
 @dataclass
 class Publisher:
     client: RegistryClient
@@ -306,12 +317,12 @@ class Publisher:
     engine: Engine | None = None
     log: PushLog = field(default_factory=PushLog)
     max_revisions: int = 100
-    #: called with the result this publish is about to report (its aliases as they would move) while the settle
-    #: pause runs; its failure is logged, never fatal: the same work is done again after the verdict
-    during_settle: Callable[[PublishResult], object] | None = None
-    #: called with (manifest digest, image id) once the registry holds the image by digest and before any tag or
-    #: alias names it (e.g. attaching signed provenance); its failure fails the publish with no tag written
-    before_tag: Callable[[str, str], object] | None = None
+    #: ``during_settle``: called with the result this publish is about to report (its aliases as they would move)
+    #: while the settle pause runs; its failure is logged, never fatal: the same work is done again after the
+    #: verdict. ``before_tag``: called with (manifest digest, image id) once the registry holds the image by digest
+    #: and before any tag or alias names it (e.g. attaching signed provenance); its failure fails the publish with
+    #: no tag written
+    hooks: PublishHooks = field(default_factory=PublishHooks)
     #: False: push the image by digest only and write no tag (a platform's image under an index, which the index's
     #: publish tags: publish/platforms.py); the result's status is "pushed" and its tag empty
     tag_it: bool = True
@@ -524,8 +535,8 @@ class Publisher:
         self._put_by_digest(img)
         if images is not None and img.source_id is not None:
             images.put(img.source_id, img.digest, img.image_id)
-        if self.before_tag is not None:
-            self.before_tag(img.digest, img.image_id)
+        if self.hooks.before_tag is not None:
+            self.hooks.before_tag(img.digest, img.image_id)
         if not self.tag_it:
             self.log("pushed-by-digest", digest=img.digest, size=len(img.manifest), media_type=img.manifest_media_type)
             return self._result("pushed", "", img.digest, img.image_id, {}, {})
@@ -566,8 +577,8 @@ class Publisher:
             # pull of the tag gives
             verification["same_content"] = True
             image_id = config
-        if self.before_tag is not None:
-            self.before_tag(manifest.digest, image_id)
+        if self.hooks.before_tag is not None:
+            self.hooks.before_tag(manifest.digest, image_id)
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             aliases = self._advance_aliases(tag, manifest.body, manifest.media_type or OCI_MANIFEST, manifest.digest)
         if self.verify_pull:
@@ -681,13 +692,13 @@ class Publisher:
 
     def _meanwhile(self, tag: str, img: PreparedImage) -> None:
         """Run ``during_settle`` with the result this publish would report if the settled re-read confirms ``tag``."""
-        if self.during_settle is None:
+        if self.hooks.during_settle is None:
             return
         t = time.monotonic()
         try:
             newest = self.scheme.newest([*self.client.list_tags(), tag]) if self.aliases else tag
             aliases = {a: "moved" if newest == tag else f"not moved: {newest} is newer" for a in self.aliases}
-            self.during_settle(self._result("published", tag, img.digest, img.image_id, aliases, {}))
+            self.hooks.during_settle(self._result("published", tag, img.digest, img.image_id, aliases, {}))
         except Exception as exc:  # the work is redone after the verdict
             self.log("settle-work-failed", error=str(exc))
         else:
@@ -930,8 +941,7 @@ def publish(
     engine: Engine | None = None,
     evidence: Path | None = None,
     extra: dict[str, Any] | None = None,
-    during_settle: Callable[[PublishResult], object] | None = None,
-    before_tag: Callable[[str, str], object] | None = None,
+    hooks: PublishHooks | None = None,
     tag_it: bool = True,
 ) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``, as ``options`` say. See the
@@ -941,8 +951,8 @@ def publish(
     fails; either way no new immutable tag is left behind unless the message says otherwise.
     When ``evidence`` is given, a success writes ``publish.json`` there and a failure writes
     ``publish-failed.json`` (an earlier ``publish.json`` stays), with ``extra`` fields (e.g. stack, target) first.
-    ``during_settle``: work to run in the settle pause; ``before_tag``: work that must be done before a tag names
-    the image (see :class:`Publisher`).
+    ``hooks``: work to run in the settle pause and work that must be done before a tag names the image (see
+    :class:`PublishHooks`).
     """
     options = options or PublishOptions()
     date = validate_date(date)
@@ -961,8 +971,7 @@ def publish(
         options=options,
         engine=engine,
         log=log,
-        during_settle=during_settle,
-        before_tag=before_tag,
+        hooks=hooks or PublishHooks(),
         tag_it=tag_it,
     )
     try:

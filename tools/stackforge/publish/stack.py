@@ -28,6 +28,7 @@ from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import (
     FAILED_RECORD,
     PUBLISHED_RECORD,
+    PublishHooks,
     PublishOptions,
     PublishResult,
     PushLog,
@@ -200,8 +201,8 @@ def publish_stack(
             engine=engine,
             evidence=evidence_dir,
             extra=extra,
-            during_settle=attacher.prepare,  # the record's work that the verdict does not decide
-            before_tag=signing,
+            # the record's work that the verdict does not decide; the signed provenance before any tag
+            hooks=PublishHooks(during_settle=attacher.prepare, before_tag=signing),
         )
         attacher.finish(result)
         _attach_sbom(evidence_dir, repository, options, result)
@@ -398,7 +399,8 @@ def publish_platforms(
             attacher = record.Attacher(line, target, evidence_dir, repository, engine, local, options.policy)
             attacher.scan = scanned.summary() if scanned is not None else None
             signing = _signing(line, target, options, evidence_dir, repository, engine, local)
-            child = publish(image, repository, scheme, date, options, engine=engine, before_tag=signing, tag_it=False)
+            hooks = PublishHooks(before_tag=signing)
+            child = publish(image, repository, scheme, date, options, engine=engine, hooks=hooks, tag_it=False)
             pushed.append((name, line, child, evidence_dir, extra, attacher, held))
     children = [platforms.Child(line.line.oci, r.digest, *_pushed_manifest(r))  # type: ignore[union-attr]
                 for _, line, r, *_ in pushed]  # fmt: skip
