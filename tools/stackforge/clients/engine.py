@@ -1,7 +1,9 @@
 """The build engine: BuildKit driven through ``docker buildx``.
 
-Everything else in stackforge talks to the engine through :class:`Engine`; nothing
-else spawns ``docker``. Builds go through the ``docker buildx`` CLI (the Python SDK
+Everything else in stackforge talks to the engine through :class:`Engine`'s verbs (``run``, ``exec``, ``pull``,
+``tag``, ``inspect_image``, …: typed arguments, a docker ``run`` as a
+:class:`~stackforge.clients.containers.RunSpec`); nothing else spawns ``docker`` or hands it a command line
+(``cli`` and ``stream`` are this floor's own: scripts/layers.py refuses them elsewhere). Builds go through the ``docker buildx`` CLI (the Python SDK
 has no buildx); image queries also go through the CLI so that they always reach the
 same daemon as the builds (the CLI honours docker contexts, the SDK does not).
 :meth:`Engine.sdk` hands out a docker SDK client bound to that same daemon for
