@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from stackforge.flows.night_shard import plan_night, record_plan, run_shard
     from stackforge.flows.nightly import NightlyOptions, declared_nightly, nightly
     from stackforge.publish.publisher import PublishOptions, TrustOptions
+    from stackforge.smoke.run import SmokeOptions
 else:
     MergeOptions = lazy("stackforge.flows.night_merge", "MergeOptions")
     merge = lazy("stackforge.flows.night_merge", "merge")
@@ -45,6 +46,7 @@ else:
     NightlyOptions = lazy("stackforge.flows.nightly", "NightlyOptions")
     PublishOptions = lazy("stackforge.publish.publisher", "PublishOptions")
     TrustOptions = lazy("stackforge.publish.publisher", "TrustOptions")
+    SmokeOptions = lazy("stackforge.smoke.run", "SmokeOptions")
 
 
 def register(sub) -> None:
@@ -253,11 +255,13 @@ def _nightly(args) -> int:
         out=args.out,
         overrides=lambda name: overrides_for(args, name),
         echo=lambda line: print(line, file=sys.stderr, flush=True),
-        allow_missing_hardware=args.allow_missing_hardware,
+        smoke=SmokeOptions(
+            allow_missing_hardware=args.allow_missing_hardware,
+            device_uuids=expected([]),  # the lease's $STACKFORGE_DEVICE_UUID, for each smoke's preflight
+        ),
         freshness=args.freshness,
         drift=args.drift,
         preflight=args.preflight,
-        device_uuids=expected([]),  # the lease's $STACKFORGE_DEVICE_UUID, for each smoke's preflight
         cache=cache,
         network=args.network,
     )

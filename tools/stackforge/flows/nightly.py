@@ -451,7 +451,8 @@ class NightlyOptions:
     ``stacks``: the stacks to run (None: every stack with ``nightly: true``); ``targets``: their targets (None: the
     published ones); ``use_bake``: bake every stack together first; ``out``: where the summary goes (default
     ``build/nightly/<date>``); ``overrides``: the ``--set`` values (a list, or a function of the stack's name);
-    ``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``; ``freshness`` asks the indexes
+    ``smoke``: how each smoke runs (``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``,
+    ``device_uuids`` the uuids the lease granted, ``$STACKFORGE_DEVICE_UUID``); ``freshness`` asks the indexes
     whether every pin is still the newest of its line; ``drift`` compares each stack's upstreams that declare
     ``agree:`` at the pinned commits with their default branches (``stackforge drift``).
     """
@@ -467,14 +468,12 @@ class NightlyOptions:
     out: Path | None = None
     overrides: Overrides = None
     echo: Callable[[str], None] = print
-    allow_missing_hardware: bool = False
+    smoke: SmokeOptions = field(default_factory=SmokeOptions)
     freshness: bool = True
     drift: bool = True
     #: before the bake, check every endpoint the night needs (doctor's rows and the registry push): stop in
     #: seconds, naming what failed, instead of after a night of building
     preflight: bool = True
-    #: the device uuids the lease granted (``$STACKFORGE_DEVICE_UUID``): each smoke's preflight compares them
-    device_uuids: tuple[str, ...] = ()
     #: build cache imported from / exported to a registry by the bake and every build (builder/regcache.py)
     cache: RegistryCache | None = None
     #: each stack's targets (a shard's units; None: ``targets`` for every stack)
@@ -672,9 +671,8 @@ def _bake_and_build(
         publish=publish_stack,
         smoke=smoke,
         recipes=recipes,
-        allow_missing_hardware=options.allow_missing_hardware,
+        smoking=options.smoke,
         test=slice_runs.run_slice,
-        device_uuids=options.device_uuids,
         cache=options.cache,
         move_aliases=options.move_aliases,
         network=options.network,
@@ -744,9 +742,8 @@ class NightlyRun:
     publish: Callable[..., Any]  # stackforge.publish.stack.publish_stack
     smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
     recipes: NightlyRecipes | None = None
-    allow_missing_hardware: bool = False
+    smoking: SmokeOptions = field(default_factory=SmokeOptions)  # how each smoke runs (hardware, lease's uuids)
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
-    device_uuids: tuple[str, ...] = ()
     cache: RegistryCache | None = None  # the build cache each build imports and exports, as the bake's
     #: False: publish the immutable tags only, never an alias (a shard: the merge moves them for the whole night)
     move_aliases: bool = True
@@ -878,7 +875,7 @@ def _smoke_then_aliases(
         ref,
         evidence or _evidence_dir(stack),
         run.smoke,
-        SmokeOptions(allow_missing_hardware=run.allow_missing_hardware, device_uuids=run.device_uuids),
+        run.smoking,
         engine=run.engine,
         image_id=run.engine.image_id(ref),
     )
