@@ -1,9 +1,11 @@
 """The package's floors, checked: an import may reach down, never up, and never sideways into another unit
 of the same floor. A unit built in rooms (``builder/``) keeps the same rule among its rooms. Imports inside
-functions count; imports under ``if TYPE_CHECKING:`` (annotations only, never run) do not.
+functions count; imports under ``if TYPE_CHECKING:`` (annotations only, never run) do not. The engine is reached
+through its verbs only: a call that hands docker its arguments raw (``engine.cli(…)``, ``engine.stream(argv)``)
+outside ``clients/`` is refused as well.
 
 usage: python scripts/layers.py [PACKAGE_DIR]   (default: tools/stackforge); exit 1 and one line per
-upward or sideways import, naming the file, the line and the floors.
+upward or sideways import, naming the file, the line and the floors, and one per raw engine call.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ ROOMS: dict[str, list[list[str]]] = {
     ],
 }
 PACKAGE = "stackforge"
+#: the engine client's methods that take a docker command line as it is; only ``clients/`` calls them
+RAW_ENGINE_CALLS = frozenset({"cli", "stream", "_merged", "_buildx", "run_merged"})
+ENGINE_UNIT = "clients"
 
 
 @dataclass(frozen=True)
@@ -192,15 +197,50 @@ def check(package_dir: Path) -> list[Violation]:
     return found
 
 
+@dataclass(frozen=True)
+class RawCall:
+    path: Path
+    line: int
+    method: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.path}:{self.line}: a raw engine call (.{self.method}(…)) outside {ENGINE_UNIT}/: "
+            "call a verb of the engine client (clients/engine.py) instead"
+        )
+
+
+def raw_engine_calls(package_dir: Path) -> list[RawCall]:
+    """Every call of a method that passes docker its arguments raw (:data:`RAW_ENGINE_CALLS`), whatever the
+    object, in a module outside ``clients/``."""
+    found: list[RawCall] = []
+    for path in sorted(package_dir.rglob("*.py")):
+        if not _in_package(path, package_dir):
+            continue
+        rel = path.relative_to(package_dir)
+        if rel.parts[0] == ENGINE_UNIT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in RAW_ENGINE_CALLS
+            ):
+                found.append(RawCall(path, node.lineno, node.func.attr))
+    return found
+
+
 def main(argv: list[str]) -> int:
     package_dir = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "tools" / PACKAGE
     found = check(package_dir)
-    for violation in found:
+    raw = raw_engine_calls(package_dir)
+    for violation in [*found, *raw]:
         print(violation)
     if found:
         print(f"{len(found)} import(s) against the floors; the floors are listed in scripts/layers.py", file=sys.stderr)
-        return 1
-    return 0
+    if raw:
+        print(f"{len(raw)} raw engine call(s) outside {ENGINE_UNIT}/", file=sys.stderr)
+    return 1 if found or raw else 0
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -88,6 +89,11 @@ class Night:
         self.caches = {"first": REPO / "build" / "cache", "second": tmp / "second-cache", "merge": tmp / "merge-cache"}
         self.sets = ["--set", f"tags.local={run_names.NS}/{STACK}:{run_names.RUN}"]
         self.client = RegistryClient(parse_repository(f"{self.repo}/stackforge-example"), credentials=LOGIN)
+        # what the fixture records as the night goes
+        self.first_engine_before: Any = None
+        self.stand_ins: dict[str, str] = {}
+        self.second_images: list[str] = []
+        self.history: subprocess.CompletedProcess | None = None
         self.steps: dict[str, dict] = {}
         self.plan: dict = {}
 

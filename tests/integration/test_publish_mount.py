@@ -14,8 +14,8 @@ import pytest
 
 from stackforge.clients.registry import RetryPolicy
 from stackforge.publish.oci import ArchiveImage
+from stackforge.publish.publisher import PublishOptions, PublishResult, publish
 from stackforge.stack.scheme import TagScheme
-from tests.fixtures.publish_call import publish_with
 from tests.fixtures.save_archive import layer_tar, save_archive
 
 pytestmark = [pytest.mark.registry]
@@ -34,9 +34,10 @@ def test_layers_are_mounted_from_where_this_host_pushed_them_and_never_uploaded_
     path = tmp_path / "img.tar"
     image_id = save_archive(path, [base, app], flavour="oci")
 
-    def go(repo: str, cache: Path, **kw):
-        return publish_with(ArchiveImage(path, image_id=image_id), f"{registry}/{ns}/{repo}", SCHEME, "20260101",
-                       policy=FAST, lock_dir=tmp_path / "locks", layer_cache=cache, settle_seconds=0, **kw)  # fmt: skip
+    def go(repo: str, cache: Path, mount_from: list[str] | None = None) -> PublishResult:
+        options = PublishOptions(policy=FAST, lock_dir=tmp_path / "locks", layer_cache=cache, settle_seconds=0,
+                                 mount_from=mount_from or ())  # fmt: skip
+        return publish(ArchiveImage(path, image_id=image_id), f"{registry}/{ns}/{repo}", SCHEME, "20260101", options)
 
     first = go("one", tmp_path / "cache")
     layers_of = {e["digest"] for e in events(first, "blob-upload") if e["media_type"].endswith("+gzip")}

@@ -24,6 +24,7 @@ from stackforge.builder.records import evidence as evidence_dirs
 from stackforge.clients.registry import RetryPolicy
 from stackforge.errors import BuildFailed
 from stackforge.publish.oci import DockerImage
+from stackforge.publish.publisher import PublishOptions, PublishResult, publish
 from stackforge.stack.scheme import TagScheme
 from tests.fixtures import run_names
 from tests.fixtures.faulty_proxy import (
@@ -33,7 +34,6 @@ from tests.fixtures.faulty_proxy import (
     Fault,
     FaultyProxy,
 )
-from tests.fixtures.publish_call import publish_with
 from tests.fixtures.stack_support import RootSpec, repo_root
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
@@ -110,12 +110,27 @@ def tag_state(registry: str, repo: str, tag: str) -> tuple[str, str]:
     return r.headers["Docker-Content-Digest"], r.json()["config"]["digest"]
 
 
-def lib_publish(address: str, ns: str, ref: str, tmp_path: Path, **kw):
-    kw.setdefault("aliases", (ALIAS,))
-    kw.setdefault("policy", FAST)
-    kw.setdefault("layer_cache", tmp_path / "layers")
-    kw.setdefault("settle_seconds", 0.2)
-    return publish_with(DockerImage(ref), f"{address}/{ns}/vllm", SCHEME, DATE, lock_dir=tmp_path / "locks", **kw)
+def lib_publish(
+    address: str,
+    ns: str,
+    ref: str,
+    tmp_path: Path,
+    *,
+    aliases: tuple[str, ...] = (ALIAS,),
+    verify_pull: bool = False,
+    compression: str | None = None,
+    evidence: Path | None = None,
+    date: str = DATE,
+) -> PublishResult:
+    options = PublishOptions(
+        policy=FAST,
+        lock_dir=tmp_path / "locks",
+        layer_cache=tmp_path / "layers",
+        settle_seconds=0.2,
+        verify_pull=verify_pull,
+        compression=compression,
+    )
+    return publish(DockerImage(ref), f"{address}/{ns}/vllm", SCHEME, date, options, aliases=aliases, evidence=evidence)
 
 
 @pytest.fixture(scope="module")
@@ -384,17 +399,7 @@ def test_bad_input_is_a_clear_error_with_no_tag(registry, images, root, ns, tmp_
 
 def _older_date(registry, ns, images, tmp_path):
     newer = lib_publish(registry, ns, images[0], tmp_path)
-    older = publish_with(
-        DockerImage(images[1]),
-        f"{registry}/{ns}/vllm",
-        SCHEME,
-        "20260901",
-        aliases=(ALIAS,),
-        policy=FAST,
-        lock_dir=tmp_path / "locks",
-        layer_cache=tmp_path / "layers",
-        settle_seconds=0.2,
-    )
+    older = lib_publish(registry, ns, images[1], tmp_path, date="20260901")
     return newer, older
 
 

@@ -166,5 +166,5 @@ def test_a_shared_object_spooled_to_disk_reads_the_same(deep_ep, monkeypatch):
 
     monkeypatch.setattr(wheelmod.tempfile, "SpooledTemporaryFile", spy)
     on_disk = inspect_wheel(deep_ep["post2"]).to_json()
-    assert rolled and all(s._rolled for s in rolled)
+    assert rolled and all(s._rolled for s in rolled)  # type: ignore[attr-defined]
     assert on_disk == in_memory and on_disk["shared_objects"][0]["needed"] == DEEP_EP_NEEDED["post2"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.builder.run import bake as bakemod
+from stackforge.clients.engine import bake_command
 from stackforge.errors import UserError
 from stackforge.flows.nightly import NightlyOptions, Row, Summary, _gate_summary, _host_free, nightly, select_stacks
 from stackforge.stack.load import load
@@ -96,7 +97,7 @@ def test_plan_has_one_group_and_a_target_per_stack_and_target():
 
 
 def test_bake_command():
-    cmd = bakemod.bake_command(Path("/w/bake.json"), builder="k8s", no_cache=True, metadata_file=Path("/w/m.json"))
+    cmd = bake_command(Path("/w/bake.json"), builder="k8s", no_cache=True, metadata_file=Path("/w/m.json"))
     assert cmd == [
         "docker",
         "buildx",
@@ -110,7 +111,7 @@ def test_bake_command():
         "--metadata-file",
         "/w/m.json",
     ]
-    assert bakemod.bake_command(Path("p.json"))[:3] == ["docker", "buildx", "bake"]
+    assert bake_command(Path("p.json"))[:3] == ["docker", "buildx", "bake"]
 
 
 def test_stack_targets(root):
@@ -370,9 +371,7 @@ def test_an_interrupted_bake_ends_its_log_with_the_signal_and_says_where_it_is(t
     from stackforge.signals import Interrupted
 
     class InterruptedEngine:
-        builder, docker = None, "docker"
-
-        def stream(self, cmd, on_line=None, log_file=None):
+        def bake(self, plan_file, *, no_cache=False, metadata_file=None, on_line=None, log_file=None):
             log_file.write_text("#1 building\n")
             raise Interrupted(signal.SIGINT)
 

@@ -21,6 +21,7 @@ from stackforge.clients.workspace import Workspace
 from stackforge.flows import history, nightly
 from stackforge.flows.night_records import NightSummary, SummaryRow
 from stackforge.publish import attest
+from stackforge.publish.publisher import PublishOptions
 from stackforge.stack.load import load
 from tests.fixtures.nights import VLLM_COMMIT, Image, edit_summary, signing_key, write_night
 from tests.fixtures.records import a_record
@@ -364,7 +365,7 @@ def test_a_summary_the_nightly_wrote_validates(tmp_path):
         aliases = {"r/x:v-latest": HELD}
         return SimpleNamespace(status="published", reference="r/x:t", digest=D1, aliases=aliases)
 
-    run = nightly.NightlyRun(registry="registry.test/x", date="20261101", policy=None, workspace=Workspace.at(root),
+    run = nightly.NightlyRun(registry="registry.test/x", date="20261101", publishing=PublishOptions(), workspace=Workspace.at(root),
                              engine=None, outdir=tmp_path / "nights" / "20261101", echo=lambda line: None, build=build,
                              options=lambda **kw: kw, publish=publish)  # fmt: skip
     stack = load("post2", root=root)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stackforge.clients import credentials
+from stackforge.clients.containers import RunSpec
 from stackforge.errors import UserError
 from tests.fixtures import hostile_files as hf
 
@@ -153,7 +154,7 @@ def test_the_docker_cli_is_not_run_on_a_config_it_would_hang_on(tmp_path, maker)
     docker = _helper(tmp_path / "bin", "unused", "")  # any program: it must not be started
     docker.write_text(f"#!/bin/sh\ntouch {ran}\n")
     engine = Engine(docker=str(docker), env={"PATH": os.environ["PATH"], "DOCKER_CONFIG": str(tmp_path)})
-    for call in (lambda: engine.cli("version"), lambda: engine.run_merged("logs", "x", timeout=5)):
+    for call in (lambda: engine.cli("version"), lambda: engine.run_output(RunSpec("img:1"), timeout=5)):
         with pytest.raises(UserError, match="docker config is") as err:
             hf.within(10, call)
         assert "DOCKER_CONFIG" in (err.value.fix or "")

@@ -345,11 +345,12 @@ class FillingEngine:
         fill(self.fs)
         return BuildResult(0, "#9 0.1 PASS import idna       version=3.10\n#9 0.1 gate result: 1 PASS, 0 FAIL\n")
 
-    def cli(self, *args, **kw):
-        if args[:2] == ("image", "inspect"):  # the base image's id and digests
-            info = {"Id": f"sha256:{'b' * 64}", "RepoDigests": [], "Created": None, "Layers": 1}
-            return subprocess.CompletedProcess(args, 0, json.dumps(info) + "\n", "")
-        return subprocess.CompletedProcess(args, 1, "", "")
+    def inspect_image(self, ref, template, *, timeout=30):  # the base image's id and digests
+        info = {"Id": f"sha256:{'b' * 64}", "RepoDigests": [], "Created": None, "Layers": 1}
+        return subprocess.CompletedProcess([ref], 0, json.dumps(info) + "\n", "")
+
+    def run(self, spec, *, timeout):  # a container run of the built image answers nothing
+        return subprocess.CompletedProcess(spec.argv(), 1, "", "")
 
 
 def case_full_while_writing_evidence(root, tmp_path, mounts, monkeypatch, capsys):

@@ -25,11 +25,11 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.flows.nightly import NightlyOptions, Row, Summary, bake_not_run, nightly
 from stackforge.freshness import newest as freshness
 from stackforge.publish.oci import ArchiveImage
+from stackforge.publish.publisher import PublishOptions, PublishResult, publish
 from stackforge.stack.load import load
 from stackforge.stack.scheme import TagScheme
 from tests.fixtures.faulty_proxy import BLOB_UPLOAD, Fault, FaultyProxy
 from tests.fixtures.gitrepo import build_upstream, make_series
-from tests.fixtures.publish_call import publish_with
 from tests.fixtures.save_archive import layer_tar, save_archive
 from tests.fixtures.stack_support import RootSpec
 from tests.fixtures.stub_registry import StubRegistry
@@ -326,19 +326,11 @@ def images(tmp_path):
     return make
 
 
-def pub(address: str, image: ArchiveImage, tmp_path: Path, date: str, **kw):
-    return publish_with(
-        image,
-        f"{address}/{NAME}",
-        SCHEME,
-        date,
-        aliases=(ALIAS,),
-        policy=FAST,
-        lock_dir=tmp_path / "locks",
-        layer_cache=tmp_path / "layers",
-        settle_seconds=0,
-        **kw,
+def pub(address: str, image: ArchiveImage, tmp_path: Path, date: str, evidence: Path | None = None) -> PublishResult:
+    options = PublishOptions(
+        policy=FAST, lock_dir=tmp_path / "locks", layer_cache=tmp_path / "layers", settle_seconds=0
     )
+    return publish(image, f"{address}/{NAME}", SCHEME, date, options, aliases=(ALIAS,), evidence=evidence)
 
 
 def backwards_by_date(stub, images, tmp_path):

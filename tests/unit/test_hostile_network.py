@@ -19,7 +19,7 @@ from stackforge.errors import UserError
 from stackforge.flows import operator
 from stackforge.publish import record as records
 from stackforge.publish.record_schema import PublishRecord
-from tests.fixtures.hostile_server import HostileServer, endless, ok, redirect, trickle
+from tests.fixtures.hostile_server import Answer, HostileServer, endless, ok, redirect, trickle
 from tests.fixtures.records import a_record as publisher_record
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
@@ -206,9 +206,12 @@ class NoEngine:
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
 
-    def cli(self, *args: str, **_kw):
-        self.calls.append(args)
-        raise AssertionError(f"the engine was used: docker {' '.join(args)}")
+    def __getattr__(self, verb: str):
+        def used(*args: object, **_kw: object):
+            self.calls.append((verb, *map(str, args)))
+            raise AssertionError(f"the engine was used: {verb} {args}")
+
+        return used
 
 
 def test_a_record_of_another_image_is_refused_before_anything_is_pulled():
@@ -251,7 +254,7 @@ def test_a_password_in_a_verify_reference_is_never_printed_back(ref):
 # Package indexes and sdists
 
 
-def simple_page(files: list[dict]) -> ok:
+def simple_page(files: list[dict]) -> Answer:
     page = {"meta": {"api-version": "1.1"}, "name": "demo", "files": files}
     return ok(json.dumps(page).encode(), headers={"Content-Type": "application/vnd.pypi.simple.v1+json"})
 

@@ -161,3 +161,22 @@ def test_a_new_room_must_be_placed_on_a_floor(tree: Path):
     assert {v.why for v in layers.check(tree)} == {
         "a room on no floor: add it to ROOMS['builder'] in scripts/layers.py"
     }
+
+
+def test_no_raw_engine_call_outside_the_clients():
+    assert [str(c) for c in layers.raw_engine_calls(REPO / "tools" / "stackforge")] == []
+
+
+def test_a_raw_engine_call_outside_the_clients_fails(tree: Path):
+    lines = (tree / "builder" / "run" / "gate.py").read_text().count("\n")
+    _append(tree / "builder" / "run" / "gate.py", "\n\ndef tag(engine):\n    engine.cli('tag', 'a', 'b', timeout=60)\n")
+    _append(tree / "flows" / "nightly.py", "\n\ndef bake(engine, cmd):\n    return engine.stream(cmd)\n")
+    _append(tree / "clients" / "git.py", "\n\ndef inside(engine):\n    engine.cli('version')\n")
+    found = layers.raw_engine_calls(tree)
+    assert [(c.path.name, c.line, c.method) for c in found] == [
+        ("gate.py", lines + 4, "cli"),
+        ("nightly.py", found[1].line, "stream"),
+    ]
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "gate.py" in proc.stdout and "raw engine call (.cli(…))" in proc.stdout
+    assert "git.py" not in proc.stdout

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from stackforge.clients.workspace import Workspace
 from stackforge.flows.nightly import NightlyRun, Summary, _one
+from stackforge.publish.publisher import PublishOptions
 from stackforge.smoke import slices
 from stackforge.stack.load import load
 from tests.fixtures.slice_engine import LocalEngine
@@ -72,7 +73,7 @@ def _run(tmp_path: Path, expect: str | None = None):
     run = NightlyRun(
         registry="registry.test/x",
         date="20260929",
-        policy=None,
+        publishing=PublishOptions(),
         workspace=workspace,
         engine=engine,
         outdir=tmp_path / "nightly",

@@ -12,6 +12,7 @@ import pytest
 
 from stackforge.flows.nightly import NightlyRun, Row, Summary, _one
 from stackforge.flows.nightly_smoke import NightlyRecipes, freshness_line, nightly_recipes, smoke_image
+from stackforge.publish.publisher import PublishOptions
 from stackforge.recipes.load import load_recipe
 from stackforge.smoke.report import RowResult, SmokeReport
 from stackforge.smoke.run import SmokeOptions
@@ -62,7 +63,7 @@ class Fakes:
         return NightlyRun(
             registry="registry.test/x",
             date="20260929",
-            policy=None,
+            publishing=PublishOptions(),
             workspace=None,  # type: ignore[arg-type]
             engine=SimpleNamespace(image_id=lambda ref: "sha256:" + "b" * 64),
             outdir=self.tmp_path / "nightly",
@@ -72,7 +73,7 @@ class Fakes:
             publish=self.publish,
             smoke=self.smoke,
             recipes=recipes,
-            allow_missing_hardware=True,
+            smoking=SmokeOptions(allow_missing_hardware=True),
         )
 
 
@@ -217,7 +218,10 @@ def test_passed_failed_and_not_run_are_counted_apart_per_recipe_and_in_totals():
 
 def test_the_nightly_hands_the_leases_device_uuids_to_each_smoke(tmp_path):
     fakes = Fakes(tmp_path, ["passed"])
-    run = dataclasses.replace(fakes.run(qwen_recipes()), device_uuids=("d6a04b9f-fec2-2c87-aa03-a8360298e63b",))
+    lease = ("d6a04b9f-fec2-2c87-aa03-a8360298e63b",)
+    run = dataclasses.replace(
+        fakes.run(qwen_recipes()), smoking=SmokeOptions(allow_missing_hardware=True, device_uuids=lease)
+    )
     _one(run, load("post2"), "vllm-openai")
     assert fakes.smoked[0][3]["options"].device_uuids == ("d6a04b9f-fec2-2c87-aa03-a8360298e63b",)
 

@@ -12,6 +12,7 @@ import pytest
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.flows.nightly import NightlyOptions, NightlyRun, Summary, _one, nightly
+from stackforge.publish.publisher import PublishOptions, TrustOptions
 from stackforge.stack.load import load
 from tests.fixtures import osv_db
 from tests.fixtures.stack_support import make_root
@@ -29,14 +30,14 @@ def test_every_publish_gets_the_key_and_the_gate_and_the_summary_says_why(tmp_pa
 
     def publish(stack, registry, *, options, move_aliases=True, **kw):
         seen.append(options)
-        aliases = {"r/x:v-latest": HELD} if options.osv else {"r/x:v-latest": "moved"}
+        aliases = {"r/x:v-latest": HELD} if options.trust.osv else {"r/x:v-latest": "moved"}
         return SimpleNamespace(status="published", reference="r/x:t", digest="sha256:" + "a" * 64, aliases=aliases)
 
     key, osv = tmp_path / "key.pem", tmp_path / "osv"
     run = NightlyRun(
         registry="registry.test/x",
         date="20260929",
-        policy=None,
+        publishing=PublishOptions(trust=TrustOptions(sign_key=key, osv=osv, fail_on="medium")),
         workspace=Workspace.at(root),
         engine=None,
         outdir=tmp_path / "nightly",
@@ -44,12 +45,9 @@ def test_every_publish_gets_the_key_and_the_gate_and_the_summary_says_why(tmp_pa
         build=build,
         options=lambda **kw: kw,
         publish=publish,
-        sign_key=key,
-        osv=osv,
-        fail_on="medium",
     )
     row = _one(run, load("post2", root=root), "vllm-openai")
-    assert [(o.sign_key, o.osv, o.fail_on) for o in seen] == [(key, osv, "medium")]
+    assert [(o.trust.sign_key, o.trust.osv, o.trust.fail_on) for o in seen] == [(key, osv, "medium")]
     assert row.aliases == {"r/x:v-latest": HELD}
     assert HELD in Summary(date="20260929", registry="r", rows=[row]).markdown()
 
@@ -91,7 +89,7 @@ def test_the_summary_carries_the_scan_verdict_and_each_waiver_with_its_reason(tm
     run = NightlyRun(
         registry="registry.test/x",
         date="20260929",
-        policy=None,
+        publishing=PublishOptions(trust=TrustOptions(osv=tmp_path / "osv")),
         workspace=Workspace.at(root),
         engine=None,
         outdir=tmp_path / "nightly",
@@ -99,7 +97,6 @@ def test_the_summary_carries_the_scan_verdict_and_each_waiver_with_its_reason(tm
         build=build,
         options=lambda **kw: kw,
         publish=publish,
-        osv=tmp_path / "osv",
     )
     row = _one(run, load("post2", root=root), "vllm-openai")
     summary = Summary(date="20260929", registry="r", rows=[row])
@@ -115,7 +112,9 @@ def test_the_summary_carries_the_scan_verdict_and_each_waiver_with_its_reason(tm
 def test_a_stale_database_stops_the_night_before_it_builds(tmp_path):
     root = make_root(tmp_path)
     stale = osv_db.fresh_copy(tmp_path / "osv", age=dt.timedelta(days=8))
-    opts = NightlyOptions(osv=stale, echo=lambda line: None, out=tmp_path / "night")
+    opts = NightlyOptions(
+        publish=PublishOptions(trust=TrustOptions(osv=stale)), echo=lambda line: None, out=tmp_path / "night"
+    )
     with pytest.raises(UserError, match="older than --osv-max-age"):
         nightly(root, "registry.test/x", opts)
     assert not (tmp_path / "night").exists()  # nothing ran, nothing written

@@ -13,7 +13,9 @@ import json
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +32,6 @@ from tests.fixtures.faulty_proxy import (
     Fault,
     FaultyProxy,
 )
-from tests.fixtures.publish_call import publish_with
 from tests.fixtures.save_archive import add_file, layer_tar, save_archive
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
@@ -68,18 +69,34 @@ def stub():
         yield reg
 
 
-def run(address: str, image: ArchiveImage, tmp_path: Path, *, date: str = DATE, aliases=(ALIAS,), **kw):
-    kw.setdefault("layer_cache", tmp_path / "layers")
-    kw.setdefault("settle_seconds", 0)
-    return publish_with(
+def run(
+    address: str,
+    image: ArchiveImage,
+    tmp_path: Path,
+    *,
+    date: str = DATE,
+    aliases: tuple[str, ...] = (ALIAS,),
+    policy: RetryPolicy = FAST,
+    layer_cache: Path | bool | None = None,
+    settle_seconds: float | None = 0,
+    evidence: Path | None = None,
+    during_settle: Callable[[publisher.PublishResult], object] | None = None,
+) -> publisher.PublishResult:
+    options = publisher.PublishOptions(
+        policy=policy,
+        lock_dir=tmp_path / "locks",
+        layer_cache=tmp_path / "layers" if layer_cache is None else layer_cache,
+        settle_seconds=settle_seconds,
+    )
+    return publisher.publish(
         image,
         f"{address}/{REPO}",
         SCHEME,
         date,
+        options,
         aliases=aliases,
-        policy=kw.pop("policy", FAST),
-        lock_dir=tmp_path / "locks",
-        **kw,
+        evidence=evidence,
+        hooks=publisher.PublishHooks(during_settle=during_settle),
     )
 
 
@@ -296,7 +313,8 @@ def test_publishers_on_one_host_never_race(stub, images, tmp_path):
 
     stub.before_tag_put = slow_put
     imgs = [images("a"), images("b")]
-    results, errors = [None, None], []
+    results: list[Any] = [None, None]
+    errors: list[Exception] = []
 
     def go(i):
         try:
@@ -474,7 +492,8 @@ def test_unreachable_registry_is_a_user_error_and_creates_nothing(images, tmp_pa
 def test_bad_registry_reference(images, tmp_path):
     for bad in ["http://127.0.0.1:5000/x", "127.0.0.1:5000/UPPER", "nohost/x"]:
         with pytest.raises(UserError):
-            publish_with(images("a"), bad, SCHEME, DATE, policy=FAST, lock_dir=tmp_path, layer_cache=False)
+            options = publisher.PublishOptions(policy=FAST, lock_dir=tmp_path, layer_cache=False)
+            publisher.publish(images("a"), bad, SCHEME, DATE, options)
 
 
 def test_evidence_records_what_was_published(stub, images, tmp_path):

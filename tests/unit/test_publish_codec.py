@@ -16,8 +16,8 @@ from stackforge.publish import codec as codecmod
 from stackforge.publish import pgzip
 from stackforge.publish.codec import OCI_LAYER_GZIP, OCI_LAYER_ZSTD, codec
 from stackforge.publish.oci import ArchiveImage, read_save_stream
+from stackforge.publish.publisher import PublishOptions, publish
 from stackforge.stack.scheme import TagScheme
-from tests.fixtures.publish_call import publish_with
 from tests.fixtures.save_archive import layer_tar, save_archive
 from tests.fixtures.stub_registry import StubRegistry, digest_of
 
@@ -98,16 +98,10 @@ def test_publish_writes_zstd_layers_and_the_cache_keeps_codecs_apart(tmp_path):
     with StubRegistry() as reg:
 
         def run(compression: str, repo: str):
-            return publish_with(
-                ArchiveImage(path),
-                f"{reg.address}/{repo}",
-                SCHEME,
-                "20260929",
-                compression=compression,
-                layer_cache=tmp_path / "layers",
-                settle_seconds=0,
-                lock_dir=tmp_path / "locks",
+            options = PublishOptions(
+                compression=compression, layer_cache=tmp_path / "layers", settle_seconds=0, lock_dir=tmp_path / "locks"
             )
+            return publish(ArchiveImage(path), f"{reg.address}/{repo}", SCHEME, "20260929", options)
 
         gz = run("gzip", "team/gz")
         zs = run("zstd", "team/zs")

@@ -14,8 +14,8 @@ import pytest
 from stackforge.clients.registry import RetryPolicy
 from stackforge.publish import pgzip
 from stackforge.publish.oci import ArchiveImage
+from stackforge.publish.publisher import PublishOptions, publish
 from stackforge.stack.scheme import TagScheme
-from tests.fixtures.publish_call import publish_with
 from tests.fixtures.save_archive import layer_tar, save_archive
 from tests.fixtures.stub_registry import StubRegistry
 
@@ -64,9 +64,11 @@ def test_uploads_finishing_out_of_order_keep_the_manifest_order(tmp_path):
     path = tmp_path / "img.tar"
     image_id = save_archive(path, layers, flavour="oci")
     with StubRegistry() as reg:
-        res = publish_with(ArchiveImage(path, image_id=image_id), f"{reg.address}/many/layers", TagScheme.from_prefix("t-"),
-                      "20260101", policy=FAST, lock_dir=tmp_path / "locks", layer_cache=tmp_path / "cache",
-                      settle_seconds=0)  # fmt: skip
+        options = PublishOptions(
+            policy=FAST, lock_dir=tmp_path / "locks", layer_cache=tmp_path / "cache", settle_seconds=0
+        )
+        res = publish(ArchiveImage(path, image_id=image_id), f"{reg.address}/many/layers", TagScheme.from_prefix("t-"),
+                      "20260101", options)  # fmt: skip
         doc = json.loads(reg.manifests[res.digest][0])
         got = [hashlib.sha256(gzip.decompress(reg.blobs[d["digest"]])).hexdigest() for d in doc["layers"]]
     assert got == [hashlib.sha256(layer).hexdigest() for layer in layers]
@@ -79,11 +81,11 @@ def test_a_republish_reads_only_the_layers_the_registry_lacks(tmp_path):
     base, app1, app2 = (layer_tar({f"f{i}": random.Random(i).randbytes(200_000)}) for i in range(3))
     one, two = tmp_path / "one.tar", tmp_path / "two.tar"
     id1, id2 = save_archive(one, [base, app1], flavour="oci"), save_archive(two, [base, app2], flavour="oci")
-    kw = dict(policy=FAST, lock_dir=tmp_path / "locks", layer_cache=tmp_path / "cache", settle_seconds=0)
+    options = PublishOptions(policy=FAST, lock_dir=tmp_path / "locks", layer_cache=tmp_path / "cache", settle_seconds=0)
     with StubRegistry() as reg:
         dest = f"{reg.address}/app/one"
-        publish_with(ArchiveImage(one, image_id=id1), dest, TagScheme.from_prefix("t-"), "20260101", **kw)  # type: ignore[arg-type]
-        res = publish_with(ArchiveImage(two, image_id=id2), dest, TagScheme.from_prefix("t-"), "20260101", **kw)  # type: ignore[arg-type]
+        publish(ArchiveImage(one, image_id=id1), dest, TagScheme.from_prefix("t-"), "20260101", options)
+        res = publish(ArchiveImage(two, image_id=id2), dest, TagScheme.from_prefix("t-"), "20260101", options)
     exported = next(e for e in res.push_log if e["event"] == "exported")
     assert exported["layers_already_in_registry"] == 1
     uploads = [e["size"] for e in res.push_log if e["event"] == "blob-upload"]

@@ -167,8 +167,8 @@ def test_repository_checks_name_the_key(root):
     assert "no overlays/nope/ directory" in text
     assert all(f.file == "recipes/a.yaml" and f.line == 2 for f in found)
     write(root, "b", GOOD.replace("stack: post2", "stack: post9"))
-    (found,) = check_repository(load_recipe(root, "b"), root)
-    assert "stack 'post9' does not load" in found.message
+    (unloaded,) = check_repository(load_recipe(root, "b"), root)
+    assert "stack 'post9' does not load" in unloaded.message
 
 
 def test_port_flag_must_be_a_declared_port(root):

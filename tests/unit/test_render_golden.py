@@ -170,9 +170,9 @@ class StandInEngine:
     def sdk(self):
         return self
 
-    def cli(self, *args, **kwargs):
-        assert args[:4] == ("image", "inspect", "--format", run.INSPECT), args
-        self.asked.append(args[-1])
+    def inspect_image(self, ref: str, template: str, *, timeout: float = 30) -> SimpleNamespace:
+        assert template == run.INSPECT, template
+        self.asked.append(ref)
         info = {"Id": BASE_ID, "RepoDigests": [f"stackforge/base@{BASE_DIGEST}"], "Created": BASE_CREATED, "Layers": 2}
         return SimpleNamespace(returncode=0, stdout=json.dumps(info) + "\n", stderr="")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from stackforge.clients.containers import RunSpec
 from stackforge.clients.workspace import Workspace
 from stackforge.signals import Interrupted
 from stackforge.smoke import slices
@@ -315,9 +316,9 @@ def test_a_slice_runs_and_keeps_its_evidence(tmp_path):
     assert "<testcase" in (out / "junit.xml").read_text()
     assert "short test summary info" in (out / "pytest.txt").read_text()
     argv = engine.runs[0]
-    for option in ("--rm", "--read-only", "--network"):
+    for option in ("--rm", "--read-only", "--network=none"):
         assert option in argv
-    assert argv[argv.index("--tmpfs") + 1] == "/tmp" and argv[argv.index("--network") + 1] == "none"
+    assert argv[argv.index("--tmpfs") + 1] == "/tmp"
     mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"]
     assert mounts[0].endswith(":/slice:ro") and mounts[1].endswith(":/slice-out")
     assert argv[argv.index("--entrypoint") + 1] == "python"
@@ -565,7 +566,7 @@ def test_a_slice_that_runs_past_its_timeout_fails_and_its_container_is_removed(t
     assert result.verdict == "failed" and result.pytest_exit is None
     assert "did not finish within 2 s" in (result.reason or "")
     name = result.docker[result.docker.index("--name") + 1]
-    assert ("rm", "--force", name) in engine.calls
+    assert name in engine.removed
 
 
 def test_a_repository_path_that_leads_outside_is_refused(tmp_path):
@@ -614,7 +615,7 @@ def test_a_failure_then_a_teardown_error_counts_as_pytest_counts_it(tmp_path):
 
 
 class InterruptedEngine(LocalEngine):
-    def run_merged(self, *argv: str, timeout: float, limit: int = 0):
+    def run_output(self, spec: RunSpec, *, timeout: float, limit: int = 0) -> subprocess.CompletedProcess:
         raise Interrupted(signal.SIGTERM)
 
 
@@ -630,9 +631,9 @@ def test_an_interrupted_run_removes_its_container(tmp_path):
             _workspace(root, engine),
             facts=NO_DEVICE,
         )
-    removed = [c for c in engine.calls if c[:2] == ("rm", "--force")]
-    assert len(removed) == 1 and removed[0][2].startswith("stackforge-slice-demo-")
-    assert info.value.notes == [f"the test container {removed[0][2]} was removed"]
+    removed = engine.removed
+    assert len(removed) == 1 and removed[0].startswith("stackforge-slice-demo-")
+    assert info.value.notes == [f"the test container {removed[0]} was removed"]
 
 
 # -- what a test container leaves behind is hostile ------------------------------------------------------
@@ -695,7 +696,7 @@ def test_a_container_that_prints_endlessly_is_stopped_and_removed(tmp_path, monk
     assert result.verdict == "failed" and result.pytest_exit is None
     assert "printed more than 1048576 bytes" in (result.reason or "")
     name = result.docker[result.docker.index("--name") + 1]
-    assert ("rm", "--force", name) in engine.calls
+    assert name in engine.removed
 
 
 def test_junit_with_a_dtd_is_refused():

@@ -184,11 +184,10 @@ def test_missing_hardware_names_what_is_missing():
 
 
 def test_device_options_live_in_one_place():
-    assert smokerun.PLATFORM_OPTIONS["mthreads"][0] == "--runtime=mthreads"
-    assert "MTHREADS_VISIBLE_DEVICES=all" in smokerun.PLATFORM_OPTIONS["mthreads"]
-    spec = ContainerSpec(
-        "n", "img:1", ["m", "--port", "8000"], {"A": "1"}, {"api": 8000}, smokerun.PLATFORM_OPTIONS["mthreads"]
-    )
+    mthreads = smokerun.PLATFORM_OPTIONS["mthreads"]
+    assert mthreads is not None and smokerun.PLATFORM_OPTIONS["none"] is None
+    assert mthreads.argv() == ["--runtime=mthreads", "--env", "MTHREADS_VISIBLE_DEVICES=all", "--ipc=host"]
+    spec = ContainerSpec("n", "img:1", ["m", "--port", "8000"], {"A": "1"}, {"api": 8000}, mthreads)
     argv = spec.argv()
     assert argv[:4] == ["run", "-d", "--name", "n"] and "--runtime=mthreads" in argv
     assert argv[argv.index("--publish") + 1] == "127.0.0.1::8000/tcp"

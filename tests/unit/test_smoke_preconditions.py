@@ -25,12 +25,12 @@ class LabelEngine:
     """An engine whose only answer is the image's labels (``docker image inspect --format {{json .Config.Labels}}``)."""
 
     def __init__(self, labels: dict[str, str] | None):
-        self.labels, self.calls = labels, []
+        self.labels = labels
+        self.calls: list[tuple[str, str]] = []
 
-    def cli(self, *args: str, timeout: float = 60):
-        self.calls.append(args)
-        assert args[:2] == ("image", "inspect"), args
-        return subprocess.CompletedProcess(args, 0, json.dumps(self.labels), "")
+    def inspect_image(self, ref: str, template: str, *, timeout: float = 30) -> subprocess.CompletedProcess:
+        self.calls.append((ref, template))
+        return subprocess.CompletedProcess([ref], 0, json.dumps(self.labels), "")
 
 
 def refuse(tmp_path: Path, labels: dict[str, str] | None) -> UserError:

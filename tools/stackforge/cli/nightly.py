@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from stackforge.flows.night_plan import PlanOptions
     from stackforge.flows.night_shard import plan_night, record_plan, run_shard
     from stackforge.flows.nightly import NightlyOptions, declared_nightly, nightly
+    from stackforge.publish.publisher import PublishOptions, TrustOptions
+    from stackforge.smoke.run import SmokeOptions
 else:
     MergeOptions = lazy("stackforge.flows.night_merge", "MergeOptions")
     merge = lazy("stackforge.flows.night_merge", "merge")
@@ -42,6 +44,9 @@ else:
     declared_nightly = lazy("stackforge.flows.nightly", "declared_nightly")
     nightly = lazy("stackforge.flows.nightly", "nightly")
     NightlyOptions = lazy("stackforge.flows.nightly", "NightlyOptions")
+    PublishOptions = lazy("stackforge.publish.publisher", "PublishOptions")
+    TrustOptions = lazy("stackforge.publish.publisher", "TrustOptions")
+    SmokeOptions = lazy("stackforge.smoke.run", "SmokeOptions")
 
 
 def register(sub) -> None:
@@ -237,20 +242,26 @@ def _nightly(args) -> int:
         stacks=args.stacks or None,
         targets=args.targets,
         use_bake=args.bake,
-        policy=policy,
+        publish=PublishOptions(
+            policy=policy,
+            compression=args.compression,
+            trust=TrustOptions(
+                sign_key=args.sign_key,
+                osv=args.osv,
+                fail_on=args.fail_on,
+                osv_max_age=osv_max_age_of(args) if args.osv else None,
+            ),
+        ),
         out=args.out,
         overrides=lambda name: overrides_for(args, name),
         echo=lambda line: print(line, file=sys.stderr, flush=True),
-        allow_missing_hardware=args.allow_missing_hardware,
+        smoke=SmokeOptions(
+            allow_missing_hardware=args.allow_missing_hardware,
+            device_uuids=expected([]),  # the lease's $STACKFORGE_DEVICE_UUID, for each smoke's preflight
+        ),
         freshness=args.freshness,
         drift=args.drift,
         preflight=args.preflight,
-        compression=args.compression,
-        sign_key=args.sign_key,
-        device_uuids=expected([]),  # the lease's $STACKFORGE_DEVICE_UUID, for each smoke's preflight
-        osv=args.osv,
-        fail_on=args.fail_on,
-        osv_max_age=osv_max_age_of(args) if args.osv else None,
         cache=cache,
         network=args.network,
     )

@@ -26,10 +26,11 @@ from stackforge.safeio import for_terminal
 
 if TYPE_CHECKING:
     from stackforge.publish.copy import copy as copy_image
-    from stackforge.publish.publisher import PublishOptions, stderr_echo
+    from stackforge.publish.publisher import PublishOptions, TrustOptions, stderr_echo
     from stackforge.publish.stack import publish_stack
 else:
     PublishOptions = lazy("stackforge.publish.publisher", "PublishOptions")
+    TrustOptions = lazy("stackforge.publish.publisher", "TrustOptions")
     stderr_echo = lazy("stackforge.publish.publisher", "stderr_echo")
     publish_stack = lazy("stackforge.publish.stack", "publish_stack")
     copy_image = lazy("stackforge.publish.copy", "copy")
@@ -241,10 +242,12 @@ def cmd_publish(args) -> int:
         policy=retry_policy(args),
         compression=args.compression,
         level=args.compression_level,
-        sign_key=args.sign_key,
-        osv=args.osv,
-        fail_on=args.fail_on,
-        osv_max_age=osv_max_age_of(args) if args.osv else None,
+        trust=TrustOptions(
+            sign_key=args.sign_key,
+            osv=args.osv,
+            fail_on=args.fail_on,
+            osv_max_age=osv_max_age_of(args) if args.osv else None,
+        ),
         verify_pull=args.verify_pull,
         echo=stderr_echo,
     )

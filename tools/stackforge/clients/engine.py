@@ -1,7 +1,9 @@
 """The build engine: BuildKit driven through ``docker buildx``.
 
-Everything else in stackforge talks to the engine through :class:`Engine`; nothing
-else spawns ``docker``. Builds go through the ``docker buildx`` CLI (the Python SDK
+Everything else in stackforge talks to the engine through :class:`Engine`'s verbs (``run``, ``exec``, ``pull``,
+``tag``, ``inspect_image``, …: typed arguments, a docker ``run`` as a
+:class:`~stackforge.clients.containers.RunSpec`); nothing else spawns ``docker`` or hands it a command line
+(``cli`` and ``stream`` are this floor's own: scripts/layers.py refuses them elsewhere). Builds go through the ``docker buildx`` CLI (the Python SDK
 has no buildx); image queries also go through the CLI so that they always reach the
 same daemon as the builds (the CLI honours docker contexts, the SDK does not).
 :meth:`Engine.sdk` hands out a docker SDK client bound to that same daemon for
@@ -21,6 +23,7 @@ look like credentials.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -35,7 +38,9 @@ from typing import Any, NamedTuple
 from stackforge import progress, safeio
 from stackforge.clients import credentials
 from stackforge.clients import proc as bounded
+from stackforge.clients.containers import RunSpec
 from stackforge.errors import UserError, clip
+from stackforge.urls import redact_text
 
 SETUP_FIX = "run scripts/engine-setup.sh (as root on Debian it installs and starts dockerd + buildx)"
 
@@ -249,6 +254,27 @@ class BuildCommand:
         return cmd
 
 
+def bake_command(
+    plan_file: str | os.PathLike[str],
+    *,
+    builder: str | None = None,
+    no_cache: bool = False,
+    metadata_file: str | os.PathLike[str] | None = None,
+    targets: Sequence[str] | None = None,
+    docker: str = "docker",
+) -> list[str]:
+    """The ``docker buildx bake`` argv of a bake file (``targets``: the ones to build, default all)."""
+    cmd = [docker, "buildx"]
+    if builder:
+        cmd += ["--builder", builder]
+    cmd += ["bake", "--file", os.fspath(plan_file), "--progress=plain"]
+    if no_cache:
+        cmd.append("--no-cache")
+    if metadata_file is not None:
+        cmd += ["--metadata-file", os.fspath(metadata_file)]
+    return cmd + list(targets or [])
+
+
 # --------------------------------------------------------------------------- engine
 
 
@@ -349,7 +375,7 @@ class Engine:
             raise UserError(f"'{self.docker} {' '.join(args)}' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
         return proc
 
-    def run_merged(self, *args: str, timeout: float, limit: int = bounded.OUTPUT_LIMIT) -> subprocess.CompletedProcess:
+    def _merged(self, *args: str, timeout: float, limit: int = bounded.OUTPUT_LIMIT) -> subprocess.CompletedProcess:
         """``docker ARGS`` with stderr merged into stdout (undecodable bytes replaced): output a person reads, such
         as a container's log or a report command's, at most ``limit`` bytes of it. A timeout
         (``subprocess.TimeoutExpired``, its ``output`` what was printed), more output than ``limit``
@@ -438,11 +464,29 @@ class Engine:
     def server_version(self) -> str:
         """The daemon's version (``docker version``), asked once."""
         if self._server is None:
-            proc = self.cli("version", "--format", "{{.Server.Version}}", timeout=20)
-            if proc.returncode != 0 or not proc.stdout.strip():
-                raise daemon_error(proc.stderr)
-            self._server = proc.stdout.strip()
+            self._server = self.daemon_version()
         return self._server
+
+    def daemon_version(self, timeout: float = 20) -> str:
+        """The daemon's version, asked now (``docker version``); a daemon that does not answer is a UserError that
+        says why (:func:`daemon_error`)."""
+        proc = self.cli("version", "--format", "{{.Server.Version}}", timeout=timeout)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            raise daemon_error(redact_text(proc.stderr or proc.stdout or ""))
+        return proc.stdout.strip()
+
+    def server_platform(self) -> str:
+        """The daemon's own OCI platform (``linux/amd64``) as ``docker version`` says it; empty when it does not."""
+        proc = self.cli("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", timeout=30)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    def runtimes(self) -> tuple[str, ...]:
+        """The container runtimes the daemon offers (``docker info``), sorted; none when it does not say."""
+        proc = self.cli("info", "--format", "{{json .Runtimes}}", timeout=30)
+        try:
+            return tuple(sorted(json.loads(proc.stdout or "{}") or {})) if proc.returncode == 0 else ()
+        except ValueError:
+            return ()
 
     def buildkit_level(self) -> tuple[int, int]:
         """(major, minor) of the BuildKit the builds run on (see :func:`effective_buildkit`)."""
@@ -483,9 +527,101 @@ class Engine:
         self.cli(*args, timeout=60, check=True)
         return True
 
+    def discard_image(self, ref: str, *, prune: bool = True) -> bool:
+        """``docker image rm`` of a reference (``prune=False``: its untagged parents stay); a failure is not raised:
+        True when it was removed."""
+        args = ["image", "rm"] + ([] if prune else ["--no-prune"]) + [ref]
+        return self.cli(*args, timeout=120).returncode == 0
+
+    def inspect_image(self, ref: str, template: str, *, timeout: float = 30) -> subprocess.CompletedProcess:
+        """``docker image inspect --format TEMPLATE REF``: the caller reads the exit status (no such image) and the
+        answer."""
+        return self.cli("image", "inspect", "--format", template, ref, timeout=timeout)
+
+    def image_ids(self, refs: Sequence[str]) -> list[str] | None:
+        """The image id of each reference (one ``docker image inspect``); None when any is missing."""
+        proc = self.cli("image", "inspect", "--format", "{{.Id}}", "--", *refs, timeout=30)
+        ids = proc.stdout.split()
+        return ids if proc.returncode == 0 and len(ids) == len(refs) else None
+
+    def tag(self, source: str, ref: str, *, check: bool = False) -> bool:
+        """``docker tag SOURCE REF``; True when it was tagged (``check``: a failure is a UserError)."""
+        return self.cli("tag", source, ref, timeout=60, check=check).returncode == 0
+
+    def pull(self, ref: str, *, timeout: float = 1800) -> subprocess.CompletedProcess:
+        """``docker pull REF``: the caller reads the exit status and says what a failure means to it."""
+        return self.cli("pull", ref, timeout=timeout)
+
+    def load(self, archive: str | os.PathLike[str], *, timeout: float = 3600) -> None:
+        """``docker load`` of an image archive; a failure is a UserError."""
+        self.cli("load", "--input", os.fspath(archive), timeout=timeout, check=True)
+
+    def save(self, ref: str, out: str | os.PathLike[str], *, timeout: float = 3600) -> subprocess.CompletedProcess:
+        """``docker save`` of ``ref`` into the file ``out`` (not atomic: see :func:`save_image`)."""
+        return self.cli("save", "--output", os.fspath(out), ref, timeout=timeout)
+
     def history(self, ref: str) -> str:
         """``docker history --no-trunc`` of an image (every layer's command, untruncated)."""
         return self.cli("history", "--no-trunc", ref, timeout=30, check=True).stdout
+
+    # -- containers
+    def run(self, spec: RunSpec, *, timeout: float) -> subprocess.CompletedProcess:
+        """``docker run`` of ``spec``, its stdout and stderr apart (a detached run prints the container's id); the
+        caller reads the exit status."""
+        return self.cli(*spec.argv(), timeout=timeout)
+
+    def run_output(
+        self, spec: RunSpec, *, timeout: float, limit: int = bounded.OUTPUT_LIMIT
+    ) -> subprocess.CompletedProcess:
+        """``docker run`` of ``spec`` with stderr merged into stdout, at most ``limit`` bytes of it: output a person
+        reads (a report, a test run). A timeout (``subprocess.TimeoutExpired``), more output than ``limit``
+        (:class:`bounded.Exceeded`) or a CLI that does not start (``OSError``) is raised, for the caller to record;
+        a container that was named is the caller's to remove."""
+        return self._merged(*spec.argv(), timeout=timeout, limit=limit)
+
+    def exec(self, container: str, argv: Sequence[str], *, timeout: float = 120) -> subprocess.CompletedProcess:
+        """``docker exec CONTAINER ARGV…``: a command in a running container; its answer is not trusted to be
+        UTF-8 (undecodable bytes replaced)."""
+        return self.cli("exec", container, *argv, timeout=timeout)
+
+    def container_state(self, container: str, template: str) -> str | None:
+        """``docker container inspect --format TEMPLATE``'s answer (e.g. ``{{.State.Running}}``); None when there
+        is no such container."""
+        proc = self.cli("container", "inspect", "--format", template, container, timeout=30)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def container_logs(self, container: str, *, timeout: float = 60) -> str:
+        """The container's log, stdout and stderr as they came; its head when it is over the output cap, empty
+        when the engine cannot tell."""
+        try:
+            proc = self._merged("logs", container, timeout=timeout)
+        except bounded.Exceeded as exc:
+            return exc.output.decode("utf-8", "replace")
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return proc.stdout if proc.returncode == 0 else ""
+
+    def port(self, container: str, port: int) -> list[str]:
+        """The host addresses (``127.0.0.1:49153``) the container's TCP ``port`` is published on."""
+        proc = self.cli("port", container, f"{port}/tcp", timeout=30)
+        return (proc.stdout or "").splitlines()
+
+    def stop(self, container: str, *, grace: int = 10) -> None:
+        """``docker stop`` with ``grace`` seconds between SIGTERM and SIGKILL; a failure is not raised."""
+        self.cli("stop", "--time", str(grace), container, timeout=grace + 60)
+
+    def remove_container(self, container: str, *, volumes: bool = False) -> bool:
+        """``docker rm --force`` (``volumes``: with its anonymous volumes); True when it was removed."""
+        args = ["rm", "--force", *(["--volumes"] if volumes else []), container]
+        return self.cli(*args, timeout=120).returncode == 0
+
+    def create(self, image: str, *command: str) -> subprocess.CompletedProcess:
+        """``docker create IMAGE COMMAND…`` (never started): its stdout is the container's id."""
+        return self.cli("create", image, *command, timeout=120)
+
+    def copy_out(self, container: str, source: str, dest: str | os.PathLike[str]) -> bool:
+        """``docker cp CONTAINER:SOURCE DEST``; True when it copied."""
+        return self.cli("cp", f"{container}:{source}", os.fspath(dest), timeout=120).returncode == 0
 
     # -- build cache
     def drop_cache_mounts(self, suffix: str) -> list[str]:
@@ -503,7 +639,7 @@ class Engine:
                 dropped.append(record)
         return dropped
 
-    def sdk(self):
+    def sdk(self) -> Any:  # docker.DockerClient (the docker package has no type information)
         """A docker SDK client for the daemon the CLI uses (current context or DOCKER_HOST)."""
         import docker  # local import: only callers of sdk() need the package
 
@@ -552,6 +688,28 @@ class Engine:
             **options,
         ).argv()
         return self.stream(cmd, on_line=on_line, log_file=log_file, env=env)
+
+    def bake(
+        self,
+        plan_file: str | os.PathLike[str],
+        *,
+        no_cache: bool = False,
+        metadata_file: str | os.PathLike[str] | None = None,
+        targets: Sequence[str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+        log_file: str | os.PathLike[str] | None = None,
+    ) -> BuildResult:
+        """``docker buildx bake`` of a bake file with this engine's builder, streamed as :meth:`build` streams;
+        a failing bake is not raised."""
+        cmd = bake_command(
+            plan_file,
+            builder=self.builder,
+            no_cache=no_cache,
+            metadata_file=metadata_file,
+            targets=targets,
+            docker=self.docker,
+        )
+        return self.stream(cmd, on_line=on_line, log_file=log_file)
 
     def stream(
         self,
@@ -662,7 +820,7 @@ def save_image(engine: Engine, ref: str, out: Path, what: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     with progress.step(f"save {what}"):
-        proc = engine.cli("save", "--output", str(tmp), ref, timeout=3600)
+        proc = engine.save(ref, tmp)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise UserError(f"docker save {ref} failed: {proc.stderr.strip()[-300:]}", fix="check the engine and the disk")
@@ -673,7 +831,7 @@ def save_image(engine: Engine, ref: str, out: Path, what: str) -> None:
 IMAGE_FILE_LIMIT = 16 << 20
 
 
-def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
+def image_files(engine: Engine, image: str, directory: str) -> dict[str, bytes]:
     """The regular files directly in ``directory`` of ``image`` (links, and files over :data:`IMAGE_FILE_LIMIT`,
     left out): read from the engine's layer store when it can serve, else copied out of a created, never started,
     container; empty when the image has no such directory."""
@@ -682,14 +840,13 @@ def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
     files = layerstore.read_image(engine, engine.image_id(image), lambda tree: tree.files(directory, IMAGE_FILE_LIMIT))
     if files is not None:
         return files
-    proc = engine.cli("create", image, "true", timeout=120)
+    proc = engine.create(image, "true")
     if proc.returncode != 0:
         raise UserError(f"cannot read {directory} of {image}: {proc.stderr.strip()[-300:]}")
     cid = proc.stdout.strip()
     try:
         with tempfile.TemporaryDirectory(prefix="stackforge-image-") as tmp:
-            proc = engine.cli("cp", f"{cid}:{directory}/.", tmp, timeout=120)
-            if proc.returncode != 0:
+            if not engine.copy_out(cid, f"{directory}/.", tmp):
                 return {}
             return {
                 p.name: p.read_bytes()
@@ -697,4 +854,4 @@ def image_files(engine: Any, image: str, directory: str) -> dict[str, bytes]:
                 if not p.is_symlink() and p.is_file() and p.stat().st_size <= IMAGE_FILE_LIMIT
             }
     finally:
-        engine.cli("rm", "-f", cid, timeout=60)
+        engine.remove_container(cid)

@@ -291,20 +291,21 @@ class _AnchorParser(HTMLParser):
         self._current: dict[str, str | None] | None = None
         self._text: list[str] = []
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self._current = dict(attrs)
             self._text = []
         elif tag == "meta":
             d = dict(attrs)
-            if d.get("name") and d.get("content") is not None:
-                self.meta[d["name"]] = d["content"]
+            name, content = d.get("name"), d.get("content")
+            if name and content is not None:
+                self.meta[name] = content
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if self._current is not None:
             self._text.append(data)
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         if tag == "a" and self._current is not None:
             self.anchors.append((self._current, "".join(self._text).strip()))
             self._current = None
@@ -625,7 +626,7 @@ class IndexClient:
         """Query many projects concurrently. Each value is the page or the error for that project."""
         names = list(dict.fromkeys(names))
 
-        def one(n: str):
+        def one(n: str) -> ProjectPage | IndexQueryError:
             try:
                 return self.project(n)
             except IndexQueryError as exc:

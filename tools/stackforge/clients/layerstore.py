@@ -33,7 +33,10 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
 T = TypeVar("T")
 
@@ -313,7 +316,7 @@ def _check_attrs(path: Path) -> None:
 _STORES: weakref.WeakKeyDictionary[Any, LayerStore] = weakref.WeakKeyDictionary()
 
 
-def open_store(engine: Any) -> LayerStore:
+def open_store(engine: Engine) -> LayerStore:
     """The layer store of ``engine``'s daemon, when it is local, overlay2 and readable; else :class:`Unusable`."""
     try:
         return _STORES[engine]
@@ -342,7 +345,7 @@ def open_store(engine: Any) -> LayerStore:
     return store
 
 
-def read_image(engine: Any, image_id: str | None, reader: Callable[[ImageTree], T]) -> T | None:
+def read_image(engine: Engine, image_id: str | None, reader: Callable[[ImageTree], T]) -> T | None:
     """``reader``'s answer from the files of image ``image_id`` in ``engine``'s layer store; None when there is
     no id or the store cannot serve (:class:`Unusable`, from the store or ``reader``): the caller then reads the
     image through a container."""

@@ -102,7 +102,9 @@ def uv_env(tmp: Path, url: str, credential: Credential | None, ca_bundle: Path |
     return env
 
 
-def pip_env(tmp: Path, url: str, credential, ca_bundle: Path | None) -> tuple[dict[str, str], list[str]]:
+def pip_env(
+    tmp: Path, url: str, credential: Credential | None, ca_bundle: Path | None
+) -> tuple[dict[str, str], list[str]]:
     """pip's environment for ``stackforge mirror`` (no PIP_* or NETRC of this host; the credential through files
     in ``tmp``) and its index arguments."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "NETRC"}
@@ -113,7 +115,7 @@ def pip_env(tmp: Path, url: str, credential, ca_bundle: Path | None) -> tuple[di
     return env, index_args
 
 
-def pip_credentials(tmp: Path, url: str, credential) -> dict[str, str]:
+def pip_credentials(tmp: Path, url: str, credential: Credential | None) -> dict[str, str]:
     """Environment that gives pip the index credential through files in the private directory ``tmp``
     (never on the command line, never in the lock): a netrc (``NETRC``) for user/password, and a pip
     configuration file holding the index URL when the credential has query parameters."""

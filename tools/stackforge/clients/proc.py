@@ -12,6 +12,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 MiB = 1 << 20
 #: what one stream of a program may print before it is stopped
@@ -78,7 +79,7 @@ def run(
     out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
     over = threading.Event()
 
-    def drain(name: str, stream) -> None:
+    def drain(name: str, stream: IO[bytes]) -> None:
         buf = out[name]
         while True:
             block = stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16)

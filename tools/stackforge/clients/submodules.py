@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stackforge import grammar
 from stackforge.clients import upstream as sources
@@ -30,6 +30,9 @@ from stackforge.clients.upstream import export_commit
 from stackforge.errors import UserError
 from stackforge.urls import redact
 from stackforge.urls import split as split_credentials
+
+if TYPE_CHECKING:
+    from stackforge.clients.workspace import Workspace
 
 MAX_DEPTH = 8
 MAX_SUBMODULES = 256
@@ -259,7 +262,7 @@ def cache_fetch(
     cache_dir: Path | str,
     *,
     offline: bool = False,
-    workspace: Any = None,
+    workspace: Workspace | None = None,
     reuse: bool = True,
 ) -> Fetch:
     """A :data:`Fetch` through the host's cache (a bare mirror per URL, as upstreams are fetched)."""

@@ -30,7 +30,7 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from packaging.utils import canonicalize_name
 
@@ -41,6 +41,9 @@ from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.urls import Credential, redact, redact_text, scrub
 from stackforge.urls import split as split_credentials
+
+if TYPE_CHECKING:
+    import requests
 
 # --- specs ---------------------------------------------------------------------
 
@@ -367,7 +370,12 @@ SDIST_SECONDS = 3600.0  # one sdist download, start to end
 
 
 def _download(
-    url: str, dest: Path, sha256: str, client=None, transfer: progress.Transfer | None = None, size: int | None = None
+    url: str,
+    dest: Path,
+    sha256: str,
+    client: IndexClient | None = None,
+    transfer: progress.Transfer | None = None,
+    size: int | None = None,
 ) -> None:
     """Write the sdist at ``url`` to ``dest`` (through ``dest.part``), hashed on the way and checked against
     ``sha256``: a local file, or an HTTP GET through ``client`` (an ``IndexClient``, whose credential goes only
@@ -405,7 +413,7 @@ def _download(
 _MISMATCH_FIX = "the file on the index is not the pinned one; check sdist.version and sdist.sha256"
 
 
-def _check_status(resp, url: str) -> None:
+def _check_status(resp: requests.Response, url: str) -> None:
     if resp.status_code in (401, 403):
         raise UserError(
             f"sdist {redact(url)} answered HTTP {resp.status_code} (credentials missing or refused)",
@@ -435,7 +443,7 @@ def _copy_local(path: Path, url: str, dest: Path, sha256: str, transfer: progres
     part.replace(dest)
 
 
-def declared_size(client, name: str, version: str, url: str) -> int | None:
+def declared_size(client: IndexClient | None, name: str, version: str, url: str) -> int | None:
     """The size the index declared for the file at ``url`` (None when it declared none)."""
     if client is None:
         return None
@@ -445,7 +453,7 @@ def declared_size(client, name: str, version: str, url: str) -> int | None:
     return None
 
 
-def find_sdist(index_url: str, name: str, version: str, workspace: Workspace | None = None):
+def find_sdist(index_url: str, name: str, version: str, workspace: Workspace | None = None) -> tuple[str, IndexClient]:
     """``(URL of name-version.tar.gz, the IndexClient that found it)`` on a PEP 691/503 simple index;
     the client carries the index's credential (what the URL carries, else the workspace's resolver's)
     for the download."""

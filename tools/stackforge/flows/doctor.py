@@ -36,7 +36,6 @@ from urllib.parse import urljoin
 import requests
 
 from stackforge import netread
-from stackforge.clients.engine import daemon_error
 from stackforge.clients.git import git
 from stackforge.clients.index import IndexClient, IndexQueryError, ProjectNotFound
 from stackforge.clients.registry import (
@@ -104,11 +103,11 @@ def engine_checks(workspace: Workspace) -> list[Check]:
     def docker() -> str:
         if shutil.which("docker") is None:
             raise UserError("no docker CLI on PATH", fix="install the engine: make engine")
-        proc = workspace.engine.cli("version", "--format", "{{.Server.Version}}", timeout=DEFAULT_TIMEOUT)
-        if proc.returncode != 0:
-            err = daemon_error(redact_text(proc.stderr or proc.stdout))
-            raise UserError(f"{err.message}; fix: {err.fix}")
-        return f"server {proc.stdout.strip()}"
+        try:
+            version = workspace.engine.daemon_version(timeout=DEFAULT_TIMEOUT)
+        except UserError as err:
+            raise UserError(f"{err.message}; fix: {err.fix}") from None
+        return f"server {version}"
 
     def buildkit() -> str:
         engine = workspace.engine
@@ -164,7 +163,7 @@ def stack_checks(
     return rows
 
 
-def _unless_never(row: Check, layer) -> Check:
+def _unless_never(row: Check, layer: SystemLayer) -> Check:
     """A layer that never installs needs none of its endpoints: its rows are skipped, saying why."""
     if layer.install == "never":
         row.run = None

@@ -38,8 +38,9 @@ from stackforge.builder.context.context import Context
 from stackforge.builder.context.prepare import lint_or_fail
 from stackforge.builder.locks.locks import vendor_names
 from stackforge.builder.mirror import apt, manifest, toolchains
-from stackforge.builder.mirror.manifest import BASE, target_phase_view
+from stackforge.builder.mirror.manifest import BASE, PhaseView, target_phase_view
 from stackforge.builder.plan import resolve
+from stackforge.builder.plan.phases import PipPhase
 from stackforge.builder.run.run import base_identity, prepare
 from stackforge.clients import credentials, pip, submodules
 from stackforge.clients import upstream as upstreams
@@ -205,7 +206,7 @@ def _copy(src: Path, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-def _file_part(data: dict, to: Path, rel: str, **extra) -> None:
+def _file_part(data: dict, to: Path, rel: str, **extra: object) -> None:
     path = to / rel
     manifest.add_part(data, {"path": rel, "sha256": file_sha256(path), "size": path.stat().st_size, **extra})
 
@@ -249,7 +250,14 @@ def _wheels(loaded: LoadedStack, ctx: Context, to: Path, data: dict, ws: Workspa
 
 
 def _phase(
-    loaded: LoadedStack, phase, name: str, key: str, context_dir: Path, to: Path, data: dict, ws: Workspace
+    loaded: LoadedStack,
+    phase: PipPhase | PhaseView,
+    name: str,
+    key: str,
+    context_dir: Path,
+    to: Path,
+    data: dict,
+    ws: Workspace,
 ) -> None:
     """One phase's files into its index's tree (kept when the phase's key and files are there)."""
     stack = loaded.model
@@ -292,7 +300,7 @@ def _phase(
 
 def _download(
     loaded: LoadedStack,
-    phase,
+    phase: PipPhase | PhaseView,
     context_dir: Path,
     tmp: Path,
     target: resolve.Target,

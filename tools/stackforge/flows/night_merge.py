@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge import safeio
 from stackforge.builder.run.verify import Verification
@@ -62,6 +62,9 @@ from stackforge.safeio import OutputDir
 from stackforge.stack.load import load
 from stackforge.stack.scheme import validate_date
 from stackforge.urls import redact_text
+
+if TYPE_CHECKING:
+    from stackforge.stack.load import LoadedStack
 
 #: a published row's statuses (``not-run``: published, its smoke did not run)
 PUBLISHED = ("published", "already-published", NOT_RUN)
@@ -299,7 +302,7 @@ def _aliases(night: _Night, root: Path) -> None:
             row.aliases = _move(loaded, row, summary, options, log)
 
 
-def _move(loaded: Any, row: Row, summary: Summary, options: MergeOptions, log: PushLog) -> dict[str, str]:
+def _move(loaded: LoadedStack, row: Row, summary: Summary, options: MergeOptions, log: PushLog) -> dict[str, str]:
     assert row.tag and row.digest
     try:
         _, repository, scheme, first, suffix = destination(loaded, summary.registry, summary.date, row.target)

@@ -232,7 +232,7 @@ def run_shard(
     options = options or NightlyOptions()
     echo = options.echo
     date = validate_date(options.date)
-    client = night_client(registry, options.policy)
+    client = night_client(registry, options.publish.policy)
     plan, plan_digest = recorded_plan(client, date)
     shard = plan.shard(shard_id)
     try:
@@ -255,7 +255,7 @@ def run_shard(
             loaded.append(load(name, root=root, overrides=for_stack(name)))
         except UserError:
             pass  # its row says why (the nightly loads it again)
-    cache = shard_cache(options.cache, loaded, registry, date, options.policy, echo)
+    cache = shard_cache(options.cache, loaded, registry, date, options.publish.policy, echo)
     echo(f"nightly: shard {shard_id} of night {date}: {night_plan.title(shard, 400)}")
     mine = replace(options, date=date, stacks=stacks, units=units, move_aliases=False, out=outdir, cache=cache)
     started, t0 = _now(), time.monotonic()

@@ -36,7 +36,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from stackforge import safeio
 from stackforge.builder.context.context import build_dir_for
@@ -45,11 +46,11 @@ from stackforge.builder.records import evidence, vulns
 from stackforge.builder.run import bake as bakemod
 from stackforge.builder.run.regcache import RegistryCache
 from stackforge.builder.run.run import BuildOptions, build, target_ref
-from stackforge.clients.registry import RetryPolicy, parse_registry
+from stackforge.clients.registry import parse_registry
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import BuildFailed, UserError
 from stackforge.flows import doctor
-from stackforge.flows.nightly_smoke import freshness_line, nightly_recipes, pin_freshness, smoke_image
+from stackforge.flows.nightly_smoke import NightlyRecipes, freshness_line, nightly_recipes, pin_freshness, smoke_image
 from stackforge.freshness.drift import nightly_cell, nightly_line
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.publish.publisher import PublishOptions
@@ -62,6 +63,9 @@ from stackforge.stack.load import LoadedStack, load, load_stack
 from stackforge.stack.names import list_stacks
 from stackforge.stack.scheme import validate_date
 from stackforge.urls import redact, redact_text
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
 
 @dataclass
@@ -447,7 +451,8 @@ class NightlyOptions:
     ``stacks``: the stacks to run (None: every stack with ``nightly: true``); ``targets``: their targets (None: the
     published ones); ``use_bake``: bake every stack together first; ``out``: where the summary goes (default
     ``build/nightly/<date>``); ``overrides``: the ``--set`` values (a list, or a function of the stack's name);
-    ``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``; ``freshness`` asks the indexes
+    ``smoke``: how each smoke runs (``allow_missing_hardware`` is ``stackforge smoke --allow-missing-hardware``,
+    ``device_uuids`` the uuids the lease granted, ``$STACKFORGE_DEVICE_UUID``); ``freshness`` asks the indexes
     whether every pin is still the newest of its line; ``drift`` compares each stack's upstreams that declare
     ``agree:`` at the pinned commits with their default branches (``stackforge drift``).
     """
@@ -456,28 +461,19 @@ class NightlyOptions:
     stacks: list[str] | None = None
     targets: list[str] | None = None
     use_bake: bool = True
-    policy: RetryPolicy | None = None
+    #: how every publish pushes (retry policy, layer compression) and what it proves (signing, the OSV gate); a
+    #: night with a signing key never publishes unsigned, one with an OSV database stops before it builds when the
+    #: database cannot give a verdict
+    publish: PublishOptions = field(default_factory=PublishOptions)
     out: Path | None = None
     overrides: Overrides = None
     echo: Callable[[str], None] = print
-    allow_missing_hardware: bool = False
+    smoke: SmokeOptions = field(default_factory=SmokeOptions)
     freshness: bool = True
     drift: bool = True
     #: before the bake, check every endpoint the night needs (doctor's rows and the registry push): stop in
     #: seconds, naming what failed, instead of after a night of building
     preflight: bool = True
-    #: the layer compression of every publish (None: each stack's tags.compression, else gzip)
-    compression: str | None = None
-    #: sign every publish's provenance with this PEM private key; a night with a key never publishes unsigned
-    sign_key: Path | None = None
-    #: the device uuids the lease granted (``$STACKFORGE_DEVICE_UUID``): each smoke's preflight compares them
-    device_uuids: tuple[str, ...] = ()
-    #: an OSV database directory: every publish scans its build's SBOM; no alias moves past a finding at or above
-    #: ``fail_on`` (the immutable tag is published; the summary's aliases say why they stayed)
-    osv: Path | None = None
-    fail_on: str = "high"
-    #: how old the OSV snapshot may be (None: 7 days); an older one stops the night before it builds
-    osv_max_age: _dt.timedelta | None = None
     #: build cache imported from / exported to a registry by the bake and every build (builder/run/regcache.py)
     cache: RegistryCache | None = None
     #: each stack's targets (a shard's units; None: ``targets`` for every stack)
@@ -500,8 +496,9 @@ def nightly(
     started = time.monotonic()
     parse_registry(registry, what="--registry")
     date = validate_date(options.date)
-    if options.osv is not None:  # a database that cannot give a verdict stops the night before it builds
-        for fresh in vulns.preflight(options.osv, options.osv_max_age or vulns.DEFAULT_MAX_AGE):
+    trust = options.publish.trust
+    if trust.osv is not None:  # a database that cannot give a verdict stops the night before it builds
+        for fresh in vulns.preflight(trust.osv, trust.osv_max_age or vulns.DEFAULT_MAX_AGE):
             echo(f"nightly: OSV database {fresh.line()}")
     outdir = options.out or root / "build" / "nightly" / date
     # the night's directory holds only what the nightly writes: never one of the repository's inputs, never a
@@ -560,7 +557,7 @@ def nightly(
     return summary
 
 
-def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]):
+def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]) -> NightlyRecipes:
     """The nightly recipes by image; a recipe that does not load fails the run (its image's smoke is unknown)."""
 
     recipes = nightly_recipes(root)
@@ -570,7 +567,7 @@ def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]):
     return recipes
 
 
-def _targets_or_star(bakemod, stack, targets: list[str] | None) -> list[str]:
+def _targets_or_star(bakemod: ModuleType, stack: LoadedStack, targets: list[str] | None) -> list[str]:
     try:
         return bakemod.stack_targets(stack, targets)
     except UserError:
@@ -622,7 +619,7 @@ def _bake_and_build(
     registry: str,
     workspace: Workspace,
     outdir: Path,
-    recipes: Any = None,
+    recipes: NightlyRecipes | None = None,
 ) -> None:
     """The bake of every loaded stack, then each stack and target built, gated, published and smoked (rows
     appended). ``options.date`` is the validated date."""
@@ -664,7 +661,7 @@ def _bake_and_build(
     run = NightlyRun(
         registry=registry,
         date=options.date,
-        policy=options.policy,
+        publishing=options.publish,
         workspace=workspace,
         engine=engine,
         outdir=outdir,
@@ -674,14 +671,8 @@ def _bake_and_build(
         publish=publish_stack,
         smoke=smoke,
         recipes=recipes,
-        allow_missing_hardware=options.allow_missing_hardware,
-        compression=options.compression,
-        sign_key=options.sign_key,
-        osv=options.osv,
-        fail_on=options.fail_on,
-        osv_max_age=options.osv_max_age,
+        smoking=options.smoke,
         test=slice_runs.run_slice,
-        device_uuids=options.device_uuids,
         cache=options.cache,
         move_aliases=options.move_aliases,
         network=options.network,
@@ -741,24 +732,18 @@ class NightlyRun:
 
     registry: str
     date: str
-    policy: RetryPolicy | None
+    publishing: PublishOptions  # how each publish pushes and what it proves (its echo is the run's to set)
     workspace: Workspace  # the builder, credentials and CA bundle
-    engine: Any
+    engine: Engine
     outdir: Path
     echo: Callable[[str], None]
     build: Callable[..., Any]  # stackforge.builder.run.run.build
     options: Callable[..., Any]  # stackforge.builder.run.run.BuildOptions
     publish: Callable[..., Any]  # stackforge.publish.stack.publish_stack
     smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
-    recipes: Any = None  # stackforge.flows.nightly_smoke.NightlyRecipes
-    allow_missing_hardware: bool = False
-    compression: str | None = None
-    sign_key: Path | None = None
-    osv: Path | None = None
-    fail_on: str = "high"
-    osv_max_age: _dt.timedelta | None = None
+    recipes: NightlyRecipes | None = None
+    smoking: SmokeOptions = field(default_factory=SmokeOptions)  # how each smoke runs (hardware, lease's uuids)
     test: Callable[..., Any] | None = None  # stackforge.smoke.slices.run_slice; None: no test slices run
-    device_uuids: tuple[str, ...] = ()
     cache: RegistryCache | None = None  # the build cache each build imports and exports, as the bake's
     #: False: publish the immutable tags only, never an alias (a shard: the merge moves them for the whole night)
     move_aliases: bool = True
@@ -814,15 +799,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
             run.publish,
             stack,
             run.registry,
-            options=PublishOptions(
-                policy=run.policy,
-                compression=run.compression,
-                sign_key=run.sign_key,
-                osv=run.osv,
-                fail_on=run.fail_on,
-                osv_max_age=run.osv_max_age,
-                echo=lambda line: None,
-            ),
+            options=replace(run.publishing, echo=lambda line: None),
             date=run.date,
             target=target,
             engine=run.engine,
@@ -898,7 +875,7 @@ def _smoke_then_aliases(
         ref,
         evidence or _evidence_dir(stack),
         run.smoke,
-        SmokeOptions(allow_missing_hardware=run.allow_missing_hardware, device_uuids=run.device_uuids),
+        run.smoking,
         engine=run.engine,
         image_id=run.engine.image_id(ref),
     )

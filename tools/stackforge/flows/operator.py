@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge.builder.context import embed
 from stackforge.builder.context.embed import load_embedded
@@ -44,6 +44,9 @@ from stackforge.overlay.record import check_ref
 from stackforge.publish import attest
 from stackforge.publish import record as records
 from stackforge.stack.scheme import TagScheme, pattern, streams
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
 PIN = f"{LABEL_NS}.pin."
 OVERLAY = f"{LABEL_NS}.overlay"
@@ -97,22 +100,21 @@ def newest_published(client: RegistryClient, date: str | None, select: str | Non
     return newest(client, scheme, date)
 
 
-def _pull(engine: Any, pinned: str) -> None:
-    proc = engine.cli("pull", pinned, timeout=3600)
+def _pull(engine: Engine, pinned: str) -> None:
+    proc = engine.pull(pinned, timeout=3600)
     if proc.returncode != 0:
         raise UserError(f"docker pull {pinned} failed: {(proc.stderr or proc.stdout).strip()[-300:]}",
                         fix="check the registry is reachable from the engine (a loopback registry is insecure-allowed)")  # fmt: skip
 
 
-def _labels(engine: Any, image: str) -> tuple[dict[str, str], str]:
+def _labels(engine: Engine, image: str) -> tuple[dict[str, str], str]:
     attrs = engine.sdk().images.get(image).attrs
     return dict(attrs.get("Config", {}).get("Labels") or {}), str(attrs.get("Id"))
 
 
-def host_platform(engine: Any) -> str:
+def host_platform(engine: Engine) -> str:
     """The engine's own OCI platform (``linux/amd64``): the image of an index ``pull`` and ``verify`` pick."""
-    proc = engine.cli("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", timeout=30)
-    text = proc.stdout.strip() if proc.returncode == 0 else ""
+    text = engine.server_platform()
     if not re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+", text):
         raise UserError("the engine does not say its platform (docker version)", fix="name one with --platform")
     return text
@@ -141,7 +143,7 @@ def _matches(platform: str, asked: str) -> bool:
 
 def verify_ref(
     ref: str,
-    engine: Any,
+    engine: Engine,
     policy: RetryPolicy | None = None,
     key: Path | None = None,
     rebuild_from: Path | None = None,
@@ -195,7 +197,7 @@ def verify_ref(
 
 def _verify_image(
     ref: str,
-    engine: Any,
+    engine: Engine,
     policy: RetryPolicy | None,
     key: Path | None,
     rebuild_from: Path | None,
@@ -359,7 +361,7 @@ def _not_attached(v: Verification, client: RegistryClient, digest: str, ref: str
                    "an image stackforge did not publish has none")  # fmt: skip
 
 
-def scan_lines(v: Verification, rec: Any) -> None:
+def scan_lines(v: Verification, rec: records.PublishRecord) -> None:
     """The vulnerability gate's verdict the record carries: clear, each waived finding with its reason (a pass:
     waived by a reviewer, until its date), each blocking finding (a failure: the publish moved no alias for it);
     a note when no scan ran."""
@@ -374,7 +376,7 @@ def scan_lines(v: Verification, rec: Any) -> None:
         v.add(False, f"scan    blocked by {', '.join(scan.blocked[:8])}: no alias was moved to this image")
 
 
-def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: Any, pinned: str) -> None:
+def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: Engine, pinned: str) -> None:
     """The SBOM attached to the image against what the pulled image has installed (a note when none is attached:
     images published before stackforge attached one)."""
     try:
@@ -389,6 +391,6 @@ def _check_sbom(v: Verification, client: RegistryClient, digest: str, engine: An
         v.add(False, f"sbom    cannot be read: {exc.message}")
 
 
-def tag_pulled(engine: Any, pinned: str, ref: str) -> None:
+def tag_pulled(engine: Engine, pinned: str, ref: str) -> None:
     """Tag the verified image ``pinned`` as ``ref`` in the engine (the tag it was published under)."""
-    engine.cli("tag", pinned, ref, timeout=60)
+    engine.tag(pinned, ref)

@@ -115,11 +115,11 @@ def _codec(manifest: dict[str, Any]) -> str:
 
 def _restore(engine: Engine, ref: str, before: str | None, rebuilt: str | None) -> None:
     if before is not None and before != rebuilt:
-        engine.cli("tag", before, ref, timeout=60)
+        engine.tag(before, ref)
     if rebuilt is not None and rebuilt != before:
-        engine.cli("image", "rm", "--no-prune", rebuilt, timeout=120)
+        engine.discard_image(rebuilt, prune=False)
         if before is None:
-            engine.cli("image", "rm", ref, timeout=120)
+            engine.discard_image(ref)
 
 
 def compare(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stackforge import safeio
 from stackforge.builder.records import sbom, vulns
@@ -15,8 +15,11 @@ from stackforge.clients.registry import RegistryClient, RegistryError, RetryPoli
 from stackforge.errors import UserError, printable
 from stackforge.publish import attest
 
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
-def sbom_text(engine: Any, ref: str, policy: RetryPolicy | None = None) -> str:
+
+def sbom_text(engine: Engine, ref: str, policy: RetryPolicy | None = None) -> str:
     """The SBOM of ``ref``: made from the image when the local engine has it, else the one attached to the
     published image in the registry (its subject checked against the digest the reference resolves to; read
     bounded and checked to be a CycloneDX SBOM before anything of it is shown)."""
@@ -49,7 +52,7 @@ def sbom_text(engine: Any, ref: str, policy: RetryPolicy | None = None) -> str:
 
 
 def scan_image(
-    engine: Any,
+    engine: Engine | None,
     ref: str | None,
     database: Path,
     fail_on: str = "high",
@@ -64,5 +67,6 @@ def scan_image(
         return vulns.scan(sbom.load(sbom_file), str(sbom_file), database, fail_on, max_age=max_age, waivers=waivers)
     if ref is None:
         raise UserError("name an image or an SBOM file", file="IMAGE", fix="stackforge scan IMAGE --osv DIR, or --sbom FILE")  # fmt: skip
+    assert engine is not None, "an image is scanned with an engine"
     text = sbom_text(engine, ref)
     return vulns.scan_sbom(text, ref, database, fail_on, max_age=max_age, waivers=waivers)

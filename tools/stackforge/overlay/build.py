@@ -33,6 +33,7 @@ from stackforge.builder.records import evidence as evidence_dirs
 from stackforge.builder.run.run import BuildOptions, default_target, failure_reason, recording_interrupts, target_ref
 from stackforge.builder.run.run import build as build_stack
 from stackforge.builder.sources.contextfiles import context_time, normalize_tree
+from stackforge.clients.containers import isolated
 from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
@@ -182,7 +183,7 @@ def resolve_base(
     if base.image is not None:
         if not engine.image_exists(base.image):
             with progress.step(f"pull base image {base.image}"):
-                proc = engine.cli("pull", base.image, timeout=1800)
+                proc = engine.pull(base.image, timeout=1800)
             if proc.returncode != 0:
                 detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise ov.error(
@@ -389,7 +390,7 @@ def read_records(engine: Engine, ref: str, name: str) -> dict[str, list[str]]:
     script = "; ".join(
         f'if [ -f {top}/{n} ]; then echo "==> {n}"; cat {top}/{n}; fi' for n in ("install.txt", "checks.txt")
     )
-    proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
+    proc = engine.run(isolated(ref, "sh", "-c", script), timeout=300)
     out: dict[str, list[str]] = {}
     current = None
     for line in proc.stdout.splitlines() if proc.returncode == 0 else []:

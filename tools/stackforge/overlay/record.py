@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge import safeio
 from stackforge.builder.context import embed
@@ -38,6 +38,10 @@ from stackforge.publish import record as records
 from stackforge.publish.record_schema import GateResults, OverlayPart, PublishRecord
 from stackforge.stack.load import StackInvalid, load_model
 
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
+    from stackforge.publish.publisher import PublishResult
+
 MANIFEST = "manifest.json"
 LABEL_STACK = f"{LABEL_NS}.stack"
 FINGERPRINT = f"{LABEL_NS}.fingerprint"
@@ -49,7 +53,7 @@ def image_dir(name: str) -> str:
 
 
 def make(
-    target: str, evidence_dir: Path, published: Any, labels: dict[str, str], engine: Any, local_ref: str
+    target: str, evidence_dir: Path, published: PublishResult, labels: dict[str, str], engine: Engine, local_ref: str
 ) -> PublishRecord:
     """The record of an overlay publish: the stack record's keys (the stack part as the image carries it) and
     ``overlay``."""
@@ -165,7 +169,7 @@ def check_ref(
     v: Verification,
     rec: PublishRecord,
     labels: dict[str, str],
-    engine: Any,
+    engine: Engine,
     pinned: str,
     client: RegistryClient,
     manifest: dict[str, Any],

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stackforge.builder.run.verify import Verification
+from stackforge.clients.containers import RunSpec
 from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
 from stackforge.overlay import range as ranges
@@ -60,21 +61,15 @@ def recheck_in_image(v: Verification, engine: Engine, image: str, name: str) -> 
     """The range's files and the overlay's files re-hashed inside the image (``install.py --check``) with a
     read-only root and no network."""
     top = f"/stackforge/overlay/{name}"
-    proc = engine.cli(
-        "run",
-        "--rm",
-        "--read-only",
-        "--tmpfs",
-        "/tmp",
-        "--network=none",
-        "--entrypoint",
-        "python",
+    spec = RunSpec(
         image,
-        f"{top}/_bin/install.py",
-        "--check",
-        top,
-        timeout=600,
+        [f"{top}/_bin/install.py", "--check", top],
+        entrypoint="python",
+        read_only=True,
+        tmpfs=["/tmp"],
+        network="none",
     )
+    proc = engine.run(spec, timeout=600)
     v.lines.extend(f"  {line}" for line in (proc.stdout + proc.stderr).splitlines() if line.strip())
     v.add(proc.returncode == 0, "overlay range files and files re-hashed inside the image with a read-only root")
 

@@ -102,7 +102,7 @@ class Row(BaseModel):
     tag: str | None = None
     digest: Digest | None = None
     gate: str | None = None
-    duration_s: float = Field(0.0, ge=0)
+    duration_s: float = Field(default=0.0, ge=0)
     reason: str | None = None
     evidence: str | None = None
     overrides: list[str] = Field(default_factory=list)
@@ -124,7 +124,7 @@ class ShardResult(BaseModel):
     plan: Digest  # the plan manifest it ran
     started_at: str = ""
     finished_at: str = ""
-    duration_s: float = Field(0.0, ge=0)
+    duration_s: float = Field(default=0.0, ge=0)
     rows: list[Row]
     bake: dict[str, JsonValue] = Field(default_factory=dict)
     freshness: dict[str, JsonValue] = Field(default_factory=dict)

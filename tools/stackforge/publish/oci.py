@@ -750,7 +750,7 @@ class ChunkReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         while not self._buf:
             try:
                 self._buf = next(self._chunks)

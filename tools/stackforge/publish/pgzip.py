@@ -20,7 +20,7 @@ import os
 import struct
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO
 
@@ -50,7 +50,7 @@ def _deflate(block: bytes, dictionary: bytes, level: int, last: bool) -> bytes:
     return c.compress(block) + c.flush(lib.Z_FINISH if last else lib.Z_SYNC_FLUSH)
 
 
-def _blocks(head: bytes, src: IO[bytes], block: int):
+def _blocks(head: bytes, src: IO[bytes], block: int) -> Iterator[bytes]:
     """Yield ``block``-sized pieces of ``head`` + ``src`` (the last may be shorter, never empty unless all is)."""
     buf = bytearray(head)
     while True:
@@ -101,7 +101,7 @@ def compress(
         while len(pending) > (0 if last else depth):
             done = pending.popleft()
             write(done if isinstance(done, bytes) else done.result())
-        if last:
+        if following is None or last:
             break
         previous, current = current, following
     write(struct.pack("<II", crc & 0xFFFFFFFF, total & 0xFFFFFFFF))

@@ -14,19 +14,25 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge.clients.registry import OCI_INDEX, Manifest, sha256_digest
 from stackforge.errors import BuildFailed
 from stackforge.publish.publisher import (
     Publisher,
+    PublishOptions,
     PublishResult,
     PushLog,
     _Found,
     _now,
-    default_lock_dir,
     repository_lock,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from stackforge.clients.registry import RegistryClient
+    from stackforge.stack.scheme import TagScheme
 
 
 @dataclass(frozen=True)
@@ -180,14 +186,14 @@ def _children(m: Manifest) -> list[str] | None:
 
 def publish_index(
     children: list[Child],
-    client: Any,
-    scheme: Any,
+    client: RegistryClient,
+    scheme: TagScheme,
     date: str,
     *,
     aliases: tuple[str, ...] = (),
-    lock_dir: Any = None,
+    lock_dir: Path | None = None,
     settle_seconds: float | None = None,
-    log: Any = None,
+    log: PushLog | None = None,
     description: str = "",
 ) -> PublishResult:
     """Tag the index over ``children`` (already pushed by digest) with the first free revision of ``date`` and
@@ -199,8 +205,7 @@ def publish_index(
         scheme=scheme,
         date=date,
         aliases=aliases,
-        lock_dir=lock_dir or default_lock_dir(),
-        settle_seconds=settle_seconds,
+        options=PublishOptions(lock_dir=lock_dir, settle_seconds=settle_seconds, layer_cache=False),
         log=log or PushLog(),
         index=index,
     )

@@ -247,6 +247,61 @@ def _manifest_size(manifest: Manifest) -> int | None:
     return len(manifest.body) + sum(blobs.values())
 
 
+@dataclass(frozen=True)
+class TrustOptions:
+    """What a stack's publish proves about its image before any tag or alias names it.
+
+    ``sign_key``: a PEM private key (Ed25519 or ECDSA P-256): signed provenance is attached before any tag.
+    ``osv``: an OSV database directory: the build's SBOM is scanned and no alias moves while a finding at or above
+    ``fail_on`` stands (the immutable tag is published either way); ``osv_max_age``: how old its snapshot may be
+    before the gate refuses it (None: 7 days).
+    """
+
+    sign_key: Path | None = None
+    osv: Path | None = None
+    fail_on: str = "high"
+    osv_max_age: _dt.timedelta | None = None
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    """How a publish pushes, as ``stackforge publish``'s flags (or the nightly) decide: built once by the verb
+    and passed down to :func:`publish`.
+
+    ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or ``~/.cache/stackforge/layers``),
+    a path, or False for none; it also remembers which repositories received each layer, so a publish to another
+    repository of the same registry mounts it from there. ``mount_from``: more repository names of the same registry
+    to mount layers from. ``compression``: the layer codec (gzip, zstd or none, see ``codec.py``); ``level``: its
+    level (None: the codec's default); one codec and level give the same blob for a layer everywhere.
+    ``settle_seconds``: the pause before the tag is re-read (None: see :meth:`Publisher.settle`). ``echo``: where
+    the push log's lines go. ``trust``: the signing and the vulnerability gate of a stack's publish.
+    """
+
+    policy: RetryPolicy | None = None
+    #: None: the stack's tags.compression, else gzip
+    compression: str | None = None
+    level: int | None = None
+    mount_from: tuple[str, ...] | list[str] = ()
+    lock_dir: Path | None = None
+    verify_pull: bool = False
+    workdir: Path | None = None
+    layer_cache: Path | bool | None = True
+    settle_seconds: float | None = None
+    echo: Callable[[str], None] | None = None
+    trust: TrustOptions = field(default_factory=TrustOptions)
+
+
+@dataclass(frozen=True)
+class PublishHooks:
+    """Work a publish runs at two points of its timeline (see :class:`Publisher`): ``during_settle`` with the result
+    it is about to report, in the settle pause (its failure is logged, never fatal); ``before_tag`` with (manifest
+    digest, image id) once the registry holds the image by digest and before any tag names it (its failure fails
+    the publish with no tag written)."""
+
+    during_settle: Callable[[PublishResult], object] | None = None
+    before_tag: Callable[[str, str], object] | None = None
+
+
 @dataclass
 class Publisher:
     client: RegistryClient
@@ -254,33 +309,36 @@ class Publisher:
     scheme: TagScheme
     date: str
     aliases: tuple[str, ...] = ()
-    compression: str = "gzip"
-    #: the codec's level (None: its default, see codec.py)
-    level: int | None = None
-    mount_from: tuple[str, ...] = ()
+    #: how it pushes (codec and level, mount sources, lock directory, pull check, work directory, layer cache, the
+    #: settle pause: see :class:`PublishOptions`); its ``policy`` is the client's and its ``echo`` the log's
+    options: PublishOptions = field(default_factory=PublishOptions)
     uploads: int = UPLOADS
-    lock_dir: Path = field(default_factory=default_lock_dir)
     lock_timeout: float = 600.0
-    verify_pull: bool = False
     engine: Engine | None = None
-    workdir: Path | None = None
-    layer_cache: Path | None = None
-    #: the pause between the tag write and its settled re-read; None: SETTLE_FACTOR times the HEAD→PUT time
-    #: this publisher measured for the tag
-    settle_seconds: float | None = None
     log: PushLog = field(default_factory=PushLog)
     max_revisions: int = 100
-    #: called with the result this publish is about to report (its aliases as they would move) while the settle
-    #: pause runs; its failure is logged, never fatal: the same work is done again after the verdict
-    during_settle: Callable[[PublishResult], object] | None = None
-    #: called with (manifest digest, image id) once the registry holds the image by digest and before any tag or
-    #: alias names it (e.g. attaching signed provenance); its failure fails the publish with no tag written
-    before_tag: Callable[[str, str], object] | None = None
+    #: ``during_settle``: called with the result this publish is about to report (its aliases as they would move)
+    #: while the settle pause runs; its failure is logged, never fatal: the same work is done again after the
+    #: verdict. ``before_tag``: called with (manifest digest, image id) once the registry holds the image by digest
+    #: and before any tag or alias names it (e.g. attaching signed provenance); its failure fails the publish with
+    #: no tag written
+    hooks: PublishHooks = field(default_factory=PublishHooks)
     #: False: push the image by digest only and write no tag (a platform's image under an index, which the index's
     #: publish tags: publish/platforms.py); the result's status is "pushed" and its tag empty
     tag_it: bool = True
 
     def __post_init__(self) -> None:
+        o = self.options
+        self.compression = o.compression or "gzip"
+        self.level = o.level  # None: the codec's default (codec.py)
+        self.mount_from = tuple(o.mount_from)
+        self.lock_dir = o.lock_dir or default_lock_dir()
+        self.verify_pull = o.verify_pull
+        self.workdir = o.workdir
+        self.layer_cache = cache_dir(None, "layers") if o.layer_cache is True else (o.layer_cache or None)
+        #: the pause between the tag write and its settled re-read; None: SETTLE_FACTOR times the HEAD→PUT time
+        #: this publisher measured for the tag
+        self.settle_seconds = o.settle_seconds
         self.repository = self.client.repository
         self.started_at = _now()
         self.t0 = time.monotonic()
@@ -477,8 +535,8 @@ class Publisher:
         self._put_by_digest(img)
         if images is not None and img.source_id is not None:
             images.put(img.source_id, img.digest, img.image_id)
-        if self.before_tag is not None:
-            self.before_tag(img.digest, img.image_id)
+        if self.hooks.before_tag is not None:
+            self.hooks.before_tag(img.digest, img.image_id)
         if not self.tag_it:
             self.log("pushed-by-digest", digest=img.digest, size=len(img.manifest), media_type=img.manifest_media_type)
             return self._result("pushed", "", img.digest, img.image_id, {}, {})
@@ -519,8 +577,8 @@ class Publisher:
             # pull of the tag gives
             verification["same_content"] = True
             image_id = config
-        if self.before_tag is not None:
-            self.before_tag(manifest.digest, image_id)
+        if self.hooks.before_tag is not None:
+            self.hooks.before_tag(manifest.digest, image_id)
         with repository_lock(self.repository, self.lock_dir, timeout=self.lock_timeout, log=self.log):
             aliases = self._advance_aliases(tag, manifest.body, manifest.media_type or OCI_MANIFEST, manifest.digest)
         if self.verify_pull:
@@ -634,13 +692,13 @@ class Publisher:
 
     def _meanwhile(self, tag: str, img: PreparedImage) -> None:
         """Run ``during_settle`` with the result this publish would report if the settled re-read confirms ``tag``."""
-        if self.during_settle is None:
+        if self.hooks.during_settle is None:
             return
         t = time.monotonic()
         try:
             newest = self.scheme.newest([*self.client.list_tags(), tag]) if self.aliases else tag
             aliases = {a: "moved" if newest == tag else f"not moved: {newest} is newer" for a in self.aliases}
-            self.during_settle(self._result("published", tag, img.digest, img.image_id, aliases, {}))
+            self.hooks.during_settle(self._result("published", tag, img.digest, img.image_id, aliases, {}))
         except Exception as exc:  # the work is redone after the verdict
             self.log("settle-work-failed", error=str(exc))
         else:
@@ -871,43 +929,6 @@ def _move_aliases_raw(
     return out
 
 
-@dataclass(frozen=True)
-class PublishOptions:
-    """How a publish pushes, as ``stackforge publish``'s flags (or the nightly) decide: built once by the verb
-    and passed down to :func:`publish`.
-
-    ``layer_cache``: True for the default directory (``$STACKFORGE_CACHE/layers`` or ``~/.cache/stackforge/layers``),
-    a path, or False for none; it also remembers which repositories received each layer, so a publish to another
-    repository of the same registry mounts it from there. ``mount_from``: more repository names of the same registry
-    to mount layers from. ``compression``: the layer codec (gzip, zstd or none, see ``codec.py``); ``level``: its
-    level (None: the codec's default); one codec and level give the same blob for a layer everywhere.
-    ``settle_seconds``: the pause before the tag is re-read (None: see :meth:`Publisher.settle`). ``echo``: where
-    the push log's lines go.
-    """
-
-    policy: RetryPolicy | None = None
-    #: None: the stack's tags.compression, else gzip
-    compression: str | None = None
-    level: int | None = None
-    mount_from: tuple[str, ...] | list[str] = ()
-    lock_dir: Path | None = None
-    verify_pull: bool = False
-    workdir: Path | None = None
-    layer_cache: Path | bool | None = True
-    settle_seconds: float | None = None
-    echo: Callable[[str], None] | None = None
-    #: a PEM private key (Ed25519 or ECDSA P-256): a stack's publish attaches signed provenance before any tag
-    sign_key: Path | None = None
-    #: an OSV database directory: a stack's publish scans the build's SBOM and moves no alias while a finding at or
-    #: above ``fail_on`` stands (the immutable tag is published either way)
-    osv: Path | None = None
-    fail_on: str = "high"
-    #: how old ``osv``'s snapshot may be before the gate refuses it (None: 7 days)
-    osv_max_age: _dt.timedelta | None = None
-    #: False: push the image by digest only, no tag (an image index's platform image; see :class:`Publisher`)
-    tag_it: bool = True
-
-
 def publish(
     image: ImageSource,
     repository: Repository | str,
@@ -920,18 +941,18 @@ def publish(
     engine: Engine | None = None,
     evidence: Path | None = None,
     extra: dict[str, Any] | None = None,
-    during_settle: Callable[[PublishResult], object] | None = None,
-    before_tag: Callable[[str, str], object] | None = None,
+    hooks: PublishHooks | None = None,
+    tag_it: bool = True,
 ) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``, as ``options`` say. See the
-    module docstring (``options.tag_it=False``: push it by digest only).
+    module docstring. ``tag_it=False``: push it by digest only (see :class:`Publisher`).
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.
     When ``evidence`` is given, a success writes ``publish.json`` there and a failure writes
     ``publish-failed.json`` (an earlier ``publish.json`` stays), with ``extra`` fields (e.g. stack, target) first.
-    ``during_settle``: work to run in the settle pause; ``before_tag``: work that must be done before a tag names
-    the image (see :class:`Publisher`).
+    ``hooks``: work to run in the settle pause and work that must be done before a tag names the image (see
+    :class:`PublishHooks`).
     """
     options = options or PublishOptions()
     date = validate_date(date)
@@ -947,19 +968,11 @@ def publish(
         scheme=scheme,
         date=date,
         aliases=tuple(aliases),
-        compression=options.compression or "gzip",
-        level=options.level,
-        mount_from=tuple(options.mount_from),
-        lock_dir=options.lock_dir or default_lock_dir(),
-        verify_pull=options.verify_pull,
+        options=options,
         engine=engine,
-        workdir=options.workdir,
         log=log,
-        layer_cache=cache_dir(None, "layers") if options.layer_cache is True else (options.layer_cache or None),
-        settle_seconds=options.settle_seconds,
-        during_settle=during_settle,
-        before_tag=before_tag,
-        tag_it=options.tag_it,
+        hooks=hooks or PublishHooks(),
+        tag_it=tag_it,
     )
     try:
         try:

@@ -25,7 +25,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -65,6 +65,12 @@ from stackforge.publish.referrers import (
     subject_of,
 )
 from stackforge.stack.load import fingerprint
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
+    from stackforge.clients.registry import Repository
+    from stackforge.publish.publisher import PublishResult
+    from stackforge.stack.load import LoadedStack
 
 ARTIFACT_TYPE = "application/vnd.stackforge.publish-record.v1+json"
 MAX_RECORD = 16 << 20
@@ -120,7 +126,7 @@ def test_results(evidence_dir: Path) -> dict[str, Any]:
     return out
 
 
-def head(stack: str, target: str, published: Any) -> dict[str, Any]:
+def head(stack: str, target: str, published: PublishResult) -> dict[str, Any]:
     """The keys every record starts with: schema, stack, target, repository, digest, image id and the tags (the
     immutable one and every alias the publish moved) of ``published`` (a ``PublishResult``)."""
     moved = [a for a, status in published.aliases.items() if not str(status).startswith("not moved")]
@@ -147,10 +153,10 @@ def stack_files(files: dict[str, bytes]) -> dict[str, FileEntry]:
 
 
 def make(
-    loaded: Any,
+    loaded: LoadedStack,
     target: str,
     evidence_dir: Path,
-    published: Any,
+    published: PublishResult,
     labels: dict[str, str],
 ) -> PublishRecord:
     """The record of one publish: ``loaded`` (a LoadedStack), the build's evidence directory, the
@@ -158,7 +164,7 @@ def make(
     return PublishRecord(**head(loaded.model.name, target, published), **details(loaded, evidence_dir, labels))
 
 
-def details(loaded: Any, evidence_dir: Path, labels: dict[str, str]) -> dict[str, Any]:
+def details(loaded: LoadedStack, evidence_dir: Path, labels: dict[str, str]) -> dict[str, Any]:
     """The keys of a record after :func:`head`: what the publish result does not decide."""
 
     stack = loaded.model
@@ -334,9 +340,9 @@ def fetch(client: RegistryClient, digest: str) -> Found | None:
 def attach_made(
     record: PublishRecord,
     evidence_dir: Path,
-    published: Any,
-    repository: Any,
-    policy: Any = None,
+    published: PublishResult,
+    repository: Repository,
+    policy: RetryPolicy | None = None,
     early: Early | None = None,
 ) -> Attached:
     """Attach ``record`` to the image a publish that just succeeded pushed, and keep it beside ``publish.json``
@@ -358,7 +364,7 @@ def attach_made(
     return done
 
 
-def _client(repository: Any, policy: Any) -> RegistryClient:
+def _client(repository: Repository, policy: RetryPolicy | None) -> RegistryClient:
     return RegistryClient(repository, policy=policy or RetryPolicy())
 
 
@@ -378,19 +384,19 @@ class Attacher:
     results), its blobs uploaded and the subject read. :meth:`finish` runs on the result the publish
     reported: the record for its tags (uploaded again only where they differ) and the artifact manifest."""
 
-    loaded: Any
+    loaded: LoadedStack
     target: str
     evidence_dir: Path
-    repository: Any
-    engine: Any
+    repository: Repository
+    engine: Engine
     local_ref: str
-    policy: Any = None
+    policy: RetryPolicy | None = None
     #: the vulnerability gate's verdict (``ScanReport.summary()``), carried by the record; None: no scan ran
     scan: dict[str, Any] | None = None
     _details: dict[str, Any] | None = None
     _early: Early | None = None
 
-    def _record(self, published: Any) -> PublishRecord:
+    def _record(self, published: PublishResult) -> PublishRecord:
         if self._details is None:
             labels = dict(self.engine.sdk().images.get(self.local_ref).attrs.get("Config", {}).get("Labels") or {})
             self._details = details(self.loaded, self.evidence_dir, labels)
@@ -399,13 +405,13 @@ class Attacher:
                 self._details["scan"] = ScanPart(**{k: self.scan[k] for k in keys if k in self.scan})
         return PublishRecord(**head(self.loaded.model.name, self.target, published), **self._details)
 
-    def prepare(self, provisional: Any) -> None:
+    def prepare(self, provisional: PublishResult) -> None:
         client = _client(self.repository, self.policy)
         subject = subject_of(client, provisional.digest)
         present = push_blobs(client, EMPTY, body_of(self._record(provisional)))
         self._early = Early(client, subject, frozenset(present))
 
-    def finish(self, published: Any) -> Attached:
+    def finish(self, published: PublishResult) -> Attached:
         return attach_made(
             self._record(published), self.evidence_dir, published, self.repository, self.policy, self._early
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge import safeio
 from stackforge.builder.context.context import build_dir_for
@@ -28,6 +28,7 @@ from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import (
     FAILED_RECORD,
     PUBLISHED_RECORD,
+    PublishHooks,
     PublishOptions,
     PublishResult,
     PushLog,
@@ -38,6 +39,10 @@ from stackforge.stack import tags as tagsmod
 from stackforge.stack.load import LoadedStack
 from stackforge.stack.scheme import validate_date
 from stackforge.stack.targets import published
+
+if TYPE_CHECKING:
+    from stackforge.clients.registry import Repository
+    from stackforge.stack.scheme import TagScheme
 
 
 def check_gated(evidence_dir: Path, stack_name: str, target: str, image_id: str, local_ref: str) -> dict[str, Any]:
@@ -95,7 +100,9 @@ def publish_dir(evidence_root: Path, gated: dict[str, Any] | None, image_id: str
     return evidence.new_build(evidence_root)
 
 
-def destination(loaded: LoadedStack, registry: str, date: str, target: str | None) -> tuple:
+def destination(
+    loaded: LoadedStack, registry: str, date: str, target: str | None
+) -> tuple[str, Repository, TagScheme, tagsmod.Ref, str]:
     """(target, repository, tag scheme, the first tag's reference, the target's tag suffix) of a stack's
     published image under ``registry``, from the stack's ``tags.publish`` template."""
     reg = parse_registry(registry, what="--registry")
@@ -107,7 +114,7 @@ def destination(loaded: LoadedStack, registry: str, date: str, target: str | Non
     return target, repository, scheme, first, suffix
 
 
-def alias_tags(loaded: LoadedStack, registry: str, first: Any, suffix: str) -> list[str]:
+def alias_tags(loaded: LoadedStack, registry: str, first: tagsmod.Ref, suffix: str) -> list[str]:
     """The alias tags of a stack's target (``suffix``: its tag suffix) in the publish repository of ``first`` (the
     first tag's reference, :func:`destination`)."""
     reg = parse_registry(registry, what="--registry")
@@ -194,8 +201,8 @@ def publish_stack(
             engine=engine,
             evidence=evidence_dir,
             extra=extra,
-            during_settle=attacher.prepare,  # the record's work that the verdict does not decide
-            before_tag=signing,
+            # the record's work that the verdict does not decide; the signed provenance before any tag
+            hooks=PublishHooks(during_settle=attacher.prepare, before_tag=signing),
         )
         attacher.finish(result)
         _attach_sbom(evidence_dir, repository, options, result)
@@ -207,15 +214,15 @@ def publish_stack(
 
 
 def vulnerability_gate(
-    options: PublishOptions, evidence_dir: Path, engine: Any, local: str, root: Path | None = None
+    options: PublishOptions, evidence_dir: Path, engine: Engine, local: str, root: Path | None = None
 ) -> vulns.ScanReport | None:
-    """The scan of the build's SBOM against ``options.osv`` (None without it), with the repository's waivers
+    """The scan of the build's SBOM against ``options.trust.osv`` (None without it), with the repository's waivers
     (``root``'s stacks/waivers.yaml). A database that cannot give a verdict (missing, empty, too old, not
     covering the image) is an error before anything is pushed."""
-    if options.osv is None:
+    if options.trust.osv is None:
         return None
-    vulns.check_level(options.fail_on)
-    max_age = vulns.parse_max_age(options.osv_max_age or vulns.DEFAULT_MAX_AGE)
+    vulns.check_level(options.trust.fail_on)
+    max_age = vulns.parse_max_age(options.trust.osv_max_age or vulns.DEFAULT_MAX_AGE)
     path = evidence_dir / sbom.EVIDENCE
     text = (
         safeio.read_bytes(path, limit=sbom.MAX_BYTES, what="SBOM", follow=False)
@@ -223,7 +230,13 @@ def vulnerability_gate(
         else sbom.of_image(engine, local)
     )
     return vulns.scan_sbom(
-        text, local, options.osv, options.fail_on, source=path, max_age=max_age, waivers=waivers.load_repository(root)
+        text,
+        local,
+        options.trust.osv,
+        options.trust.fail_on,
+        source=path,
+        max_age=max_age,
+        waivers=waivers.load_repository(root),
     )
 
 
@@ -246,7 +259,7 @@ def scan_record(report: vulns.ScanReport) -> dict[str, Any]:
     }
 
 
-def _attach_sbom(evidence_dir: Path, repository: Any, options: PublishOptions, result: PublishResult) -> None:
+def _attach_sbom(evidence_dir: Path, repository: Repository, options: PublishOptions, result: PublishResult) -> None:
     """The build's SBOM (``sbom.cdx.json`` of its evidence) attached to the published image."""
     path = evidence_dir / "sbom.cdx.json"
     if not path.is_file():
@@ -266,17 +279,17 @@ def _signing(
     target: str,
     options: PublishOptions,
     evidence_dir: Path,
-    repository: Any,
-    engine: Any,
+    repository: Repository,
+    engine: Engine,
     local: str,
 ) -> attest.Signing | None:
-    """The provenance signer of this publish (None without ``options.sign_key``); the key is read now, so a bad
+    """The provenance signer of this publish (None without ``options.trust.sign_key``); the key is read now, so a bad
     key fails before anything is pushed."""
-    if options.sign_key is None:
+    if options.trust.sign_key is None:
         return None
     from stackforge.publish import provenance
 
-    provenance.signer(options.sign_key)
+    provenance.signer(options.trust.sign_key)
 
     def unsigned() -> dict[str, Any]:
         labels = dict(engine.sdk().images.get(local).attrs.get("Config", {}).get("Labels") or {})
@@ -293,7 +306,7 @@ def _signing(
     if not isinstance(inputs, dict):
         raise safeio.Malformed("build inputs: not a JSON object", file=inputs_file)
     client = RegistryClient(repository, policy=options.policy or RetryPolicy())
-    return attest.Signing(options.sign_key, unsigned, inputs, client, evidence_dir)
+    return attest.Signing(options.trust.sign_key, unsigned, inputs, client, evidence_dir)
 
 
 @dataclass
@@ -386,8 +399,8 @@ def publish_platforms(
             attacher = record.Attacher(line, target, evidence_dir, repository, engine, local, options.policy)
             attacher.scan = scanned.summary() if scanned is not None else None
             signing = _signing(line, target, options, evidence_dir, repository, engine, local)
-            by_digest = replace(options, tag_it=False)
-            child = publish(image, repository, scheme, date, by_digest, engine=engine, before_tag=signing)
+            hooks = PublishHooks(before_tag=signing)
+            child = publish(image, repository, scheme, date, options, engine=engine, hooks=hooks, tag_it=False)
             pushed.append((name, line, child, evidence_dir, extra, attacher, held))
     children = [platforms.Child(line.line.oci, r.digest, *_pushed_manifest(r))  # type: ignore[union-attr]
                 for _, line, r, *_ in pushed]  # fmt: skip

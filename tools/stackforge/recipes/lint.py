@@ -13,14 +13,18 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from stackforge import grammar
+from stackforge.clients.containers import isolated
 from stackforge.errors import UserError
 from stackforge.overlay.load import load_overlay
 from stackforge.recipes.load import LoadedRecipe
 from stackforge.recipes.numeric import BadReference, load_reference
 from stackforge.stack.load import load_stack
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
 #: A long option as ``--help`` output lists it (``--enforce-eager, --no-enforce-eager``, ``--port PORT``).
 HELP_FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -54,7 +58,7 @@ class DockerImage:
     """An image in the local engine, asked through ``docker run --rm --network=none``."""
 
     ref: str
-    engine: object  # stackforge.clients.engine.Engine (kept untyped: no import of the build layer at load time)
+    engine: Engine
 
     def __post_init__(self) -> None:
         reason = grammar.check_image_ref(self.ref)
@@ -64,7 +68,7 @@ class DockerImage:
                 file="--image",
                 fix="name a local image, e.g. vllm-musa:<tag> (stackforge tags STACK prints it)",
             )
-        proc = self._docker("image", "inspect", "--format", "{{json .Config.Entrypoint}}", self.ref, timeout=60)
+        proc = self.engine.inspect_image(self.ref, "{{json .Config.Entrypoint}}", timeout=60)
         if proc.returncode != 0:
             raise UserError(
                 f"no image {self.ref} in the engine",
@@ -73,11 +77,8 @@ class DockerImage:
             )
         self._entrypoint = json.loads(proc.stdout.strip() or "null") or []
 
-    def _docker(self, *args: str, timeout: float = 300):
-        return self.engine.cli(*args, timeout=timeout)  # type: ignore[attr-defined]
-
     def _run(self, entrypoint: str, *argv: str) -> str:
-        proc = self._docker("run", "--rm", "--network=none", "--entrypoint", entrypoint, self.ref, *argv)
+        proc = self.engine.run(isolated(self.ref, entrypoint, *argv), timeout=300)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise ProbeFailed(

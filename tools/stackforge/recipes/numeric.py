@@ -80,8 +80,8 @@ class Command(Strict):
 class Tolerance(Strict):
     """A value passes when ``|value - expected| <= abs + rel * |expected|`` (numpy.isclose's rule)."""
 
-    abs: float = Field(0.0, ge=0, le=1e12, description="absolute tolerance")
-    rel: float = Field(0.0, ge=0, le=1, description="relative tolerance, a fraction of |expected|")
+    abs: float = Field(default=0.0, ge=0, le=1e12, description="absolute tolerance")
+    rel: float = Field(default=0.0, ge=0, le=1, description="relative tolerance, a fraction of |expected|")
 
     @model_validator(mode="after")
     def _some(self) -> Tolerance:

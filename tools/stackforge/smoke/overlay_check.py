@@ -5,16 +5,19 @@ the check runs before any container starts and refuses with the recipe's file an
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stackforge.errors import UserError
 from stackforge.overlay.build import NS as OVERLAY_LABEL
 from stackforge.recipes.load import LoadedRecipe
 
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
-def image_labels(engine: Any, image: str) -> dict[str, str]:
+
+def image_labels(engine: Engine, image: str) -> dict[str, str]:
     """The image's labels (``docker image inspect``); an image the engine cannot inspect is refused."""
-    proc = engine.cli("image", "inspect", "--format", "{{json .Config.Labels}}", image, timeout=60)
+    proc = engine.inspect_image(image, "{{json .Config.Labels}}", timeout=60)
     if proc.returncode != 0:
         raise UserError(f"cannot inspect {image}: {(proc.stderr or proc.stdout).strip()[-200:]}",
                         fix="build or pull the image first")  # fmt: skip

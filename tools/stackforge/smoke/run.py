@@ -1,6 +1,6 @@
 """Run one recipe's smoke against an image: start, preflight, readiness, rows, stop, evidence.
 
-The engine sits behind :class:`Container` (``docker run -d`` by :class:`DockerContainer`), so the
+The engine sits behind :class:`Container` (``docker run -d`` by ``clients.containers.DockerContainer``), so the
 orchestration runs unchanged against any process that serves the recipe's ports. Order:
 
 1. the host's hardware: a recipe that needs MUSA devices needs ``/dev/mtgpu*`` and the engine's
@@ -28,17 +28,17 @@ import glob
 import json
 import os
 import re
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from stackforge import grammar, safeio
-from stackforge.clients.proc import Exceeded
+from stackforge.clients.containers import ContainerSpec, DeviceAccess, DockerContainer
+from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import STACKS_DIR
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
@@ -53,9 +53,9 @@ from stackforge.smoke.report import FAILED, NOT_RUN, RowResult, SmokeReport, one
 #: How a container gets the accelerator (one place): the MT container toolkit's runtime exposes the devices
 #: MTHREADS_VISIBLE_DEVICES names (``docker info`` lists ``Runtimes: mthreads …`` once the toolkit is set
 #: up); vLLM's workers share memory over /dev/shm, hence the host IPC namespace.
-PLATFORM_OPTIONS: dict[str, list[str]] = {
-    "mthreads": ["--runtime=mthreads", "--env", "MTHREADS_VISIBLE_DEVICES=all", "--ipc=host"],
-    "none": [],
+PLATFORM_OPTIONS: dict[str, DeviceAccess | None] = {
+    "mthreads": DeviceAccess("mthreads", {"MTHREADS_VISIBLE_DEVICES": "all"}, ipc="host"),
+    "none": None,
 }
 DEVICE_NODES = {"mthreads": "/dev/mtgpu*"}
 RUNTIMES = {"mthreads": "mthreads"}
@@ -132,14 +132,9 @@ class HostFacts:
     runtimes: tuple[str, ...]
 
 
-def host_facts(engine: Any) -> HostFacts:
+def host_facts(engine: Engine) -> HostFacts:
     nodes = tuple(sorted(n for pattern in DEVICE_NODES.values() for n in glob.glob(pattern)))
-    proc = engine.cli("info", "--format", "{{json .Runtimes}}", timeout=30)
-    try:
-        runtimes = tuple(sorted(json.loads(proc.stdout or "{}") or {})) if proc.returncode == 0 else ()
-    except ValueError:
-        runtimes = ()
-    return HostFacts(nodes, runtimes)
+    return HostFacts(nodes, engine.runtimes())
 
 
 def missing_hardware(hw: Hardware, facts: HostFacts) -> str | None:
@@ -161,30 +156,6 @@ def missing_hardware(hw: Hardware, facts: HostFacts) -> str | None:
 # -- the container --------------------------------------------------------------------------------------
 
 
-@dataclass
-class ContainerSpec:
-    """What ``docker run`` gets; ``argv()`` is also recorded in the evidence, so a reviewer can rerun it."""
-
-    name: str
-    image: str
-    args: list[str]
-    env: dict[str, str]
-    ports: dict[str, int]
-    options: list[str] = field(default_factory=list)
-    labels: dict[str, str] = field(default_factory=dict)
-
-    def argv(self, shown_env: dict[str, str] | None = None) -> list[str]:
-        out = ["run", "-d", "--name", self.name]
-        for key, value in self.labels.items():
-            out += ["--label", f"{key}={value}"]
-        out += self.options
-        for port in self.ports.values():
-            out += ["--publish", f"127.0.0.1::{port}/tcp"]
-        for key, value in (shown_env if shown_env is not None else self.env).items():
-            out += ["--env", f"{key}={value}"]
-        return [*out, self.image, *self.args]
-
-
 class Container(Protocol):
     """A started server: is it running, its log, a command inside it, where a port is reachable."""
 
@@ -202,60 +173,6 @@ class Container(Protocol):
 
 
 Launcher = Callable[[ContainerSpec], Container]
-
-
-class DockerContainer:
-    """A container of the local engine, started detached."""
-
-    def __init__(self, engine: Any, spec: ContainerSpec):
-        self.engine, self.spec = engine, spec
-        proc = engine.cli(*spec.argv(), timeout=300)
-        if proc.returncode != 0:
-            self.remove()
-            raise UserError(
-                f"docker run of {spec.image} failed: {one_line(proc.stderr or proc.stdout)}",
-                fix="check the image reference and the engine (the platform's device options need its runtime)",
-            )
-
-    def _inspect(self, fmt: str) -> str | None:
-        proc = self.engine.cli("container", "inspect", "--format", fmt, self.spec.name, timeout=30)
-        return proc.stdout.strip() if proc.returncode == 0 else None
-
-    def running(self) -> bool:
-        return self._inspect("{{.State.Running}}") == "true"
-
-    def exit_code(self) -> int | None:
-        code = self._inspect("{{.State.ExitCode}}")
-        return int(code) if code and code.lstrip("-").isdigit() else None
-
-    def logs(self) -> str:
-        try:
-            proc = self.engine.run_merged("logs", self.spec.name, timeout=60)
-        except Exceeded as exc:  # a log over the cap: its head is kept
-            return exc.output.decode("utf-8", "replace")
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-        return proc.stdout if proc.returncode == 0 else ""
-
-    def exec(self, argv: Sequence[str], timeout: float = 120) -> tuple[int, str]:
-        proc = self.engine.cli("exec", self.spec.name, *argv, timeout=timeout)
-        return proc.returncode, proc.stdout if proc.returncode == 0 else (proc.stderr or proc.stdout)
-
-    def address(self, port: int) -> str:
-        proc = self.engine.cli("port", self.spec.name, f"{port}/tcp", timeout=30)
-        for line in (proc.stdout or "").splitlines():
-            if line.startswith("127.0.0.1:"):
-                return line.strip()
-        raise UserError(f"container port {port} of {self.spec.name} is not published on 127.0.0.1")
-
-    def stop(self, grace: int = 10) -> None:
-        self.engine.cli("stop", "--time", str(grace), self.spec.name, timeout=grace + 60)
-
-    def remove(self) -> None:
-        self.engine.cli("rm", "--force", "--volumes", self.spec.name, timeout=120)
-
-    def exists(self) -> bool:
-        return self._inspect("{{.Id}}") is not None
 
 
 # -- readiness and HTTP ---------------------------------------------------------------------------------
@@ -482,13 +399,20 @@ class SmokeOptions:
     device_uuids: tuple[str, ...] = ()
 
 
+def _engine(engine: Engine | None) -> Engine:
+    """The engine a smoke asks for the host's runtimes and starts its container with (the caller's to give unless
+    it gives the host facts and a launcher)."""
+    assert engine is not None, "smoke() needs an engine unless facts and launcher are given"
+    return engine
+
+
 def smoke(
     loaded: LoadedRecipe,
     image: str,
     outdir: Path,
     options: SmokeOptions | None = None,
     *,
-    engine: Any = None,
+    engine: Engine | None = None,
     launcher: Launcher | None = None,
     facts: HostFacts | None = None,
     image_id: str | None = None,
@@ -521,7 +445,7 @@ def smoke(
     if root is None:  # the rows whose reference files are the repository's are not run (numeric_row says so)
         report.not_checked = [f"row {r.name} (reference {r.numeric.reference})" for r in recipe.smoke if r.numeric]
     hw = recipe.hardware
-    facts = facts if facts is not None else host_facts(engine)
+    facts = facts if facts is not None else host_facts(_engine(engine))
     missing = missing_hardware(hw, facts)
     report.hardware = {
         "declared": hw.devices,
@@ -539,8 +463,8 @@ def smoke(
         report.error = f"{missing}; no container was started"
         return _finish(report, outdir, log, started)
 
-    device_options = [] if missing else list(PLATFORM_OPTIONS[hw.devices])
-    report.hardware["device_options"] = device_options
+    devices = None if missing else PLATFORM_OPTIONS[hw.devices]
+    report.hardware["device_options"] = devices.argv() if devices is not None else []
     extra = options.env or {}
     spec = ContainerSpec(
         name=container_name(loaded.name),
@@ -548,12 +472,12 @@ def smoke(
         args=recipe.container_args(),
         env={**{k: e.default for k, e in recipe.env.items()}, **extra},
         ports=dict(recipe.ports),
-        options=device_options,
+        devices=devices,
         labels={"org.stackforge.smoke.recipe": loaded.name},
     )
     shown = {k: (v if k not in extra else "<set by --env>") for k, v in spec.env.items()}
     report.container = {"name": spec.name, "docker": ["docker", *spec.argv(shown)], "env": shown}
-    start = launcher or (lambda s: DockerContainer(engine, s))
+    start = launcher or (lambda s: DockerContainer(_engine(engine), s))
     echo(f"smoke: start {image} ({spec.name})" + (f", configuration {conf.name}" if conf else ""))
     container = start(spec)
     try:

@@ -30,6 +30,8 @@ from typing import Any
 
 from stackforge import safeio
 from stackforge.clients import upstream as upstreams
+from stackforge.clients.containers import DeviceAccess, Mount, RunSpec
+from stackforge.clients.engine import Engine
 from stackforge.clients.proc import Exceeded
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
@@ -232,61 +234,53 @@ def _placed(loaded: LoadedStack, ref: SliceRef, at: tuple, message: str, fix: st
 # -- the container ---------------------------------------------------------------------------------------
 
 
-def docker_argv(ref: SliceRef, image: str, staged: Path, out: Path, device_options: list[str], name: str) -> list[str]:
+def container_spec(
+    ref: SliceRef, image: str, staged: Path, out: Path, devices: DeviceAccess | None, name: str
+) -> RunSpec:
     """``docker run`` of the slice: read-only root, /tmp a tmpfs, no network, the files read-only, only the JUnit
     directory writable."""
-    return [
-        "run",
-        "--rm",
-        "--name",
-        name,
-        "--label",
-        f"org.stackforge.test.slice={ref.name}",
-        "--read-only",
-        "--tmpfs",
-        "/tmp",
-        "--network",
-        "none",
-        *device_options,
-        "--env",
-        "PYTHONDONTWRITEBYTECODE=1",
-        "--volume",
-        f"{staged}:{MOUNT}:ro",
-        "--volume",
-        f"{out}:{OUT_MOUNT}",
-        "--workdir",
-        MOUNT,
-        "--entrypoint",
-        "python",
+    return RunSpec(
         image,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        f"--rootdir={MOUNT}",
-        f"--junitxml={OUT_MOUNT}/{JUNIT_XML}",
-        "-o",
-        "junit_family=xunit1",
-        "-rA",
-        *ref.slice.arguments(),
-    ]
+        [
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            f"--rootdir={MOUNT}",
+            f"--junitxml={OUT_MOUNT}/{JUNIT_XML}",
+            "-o",
+            "junit_family=xunit1",
+            "-rA",
+            *ref.slice.arguments(),
+        ],
+        entrypoint="python",
+        name=name,
+        labels={"org.stackforge.test.slice": ref.name},
+        read_only=True,
+        tmpfs=["/tmp"],
+        network="none",
+        devices=devices,
+        env={"PYTHONDONTWRITEBYTECODE": "1"},
+        mounts=[Mount(staged, MOUNT, read_only=True), Mount(out, OUT_MOUNT)],
+        workdir=MOUNT,
+    )
 
 
-def _pytest(engine: Any, argv: list[str], name: str, timeout_s: int) -> tuple[int | None, str, str | None]:
+def _pytest(engine: Engine, spec: RunSpec, name: str, timeout_s: int) -> tuple[int | None, str, str | None]:
     """(exit status or None when stopped, merged output, why it was stopped) of ``docker run``; a container
     that ran out of time or printed more than :data:`OUTPUT_LIMIT` is removed."""
     try:
-        proc = engine.run_merged(*argv, timeout=timeout_s + ENGINE_GRACE_S, limit=OUTPUT_LIMIT)
+        proc = engine.run_output(spec, timeout=timeout_s + ENGINE_GRACE_S, limit=OUTPUT_LIMIT)
     except Interrupted as intr:
-        engine.cli("rm", "--force", name, timeout=120)
+        engine.remove_container(name)
         intr.notes.append(f"the test container {name} was removed")
         raise
     except subprocess.TimeoutExpired as exc:
-        engine.cli("rm", "--force", name, timeout=120)
+        engine.remove_container(name)
         text = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else (exc.output or "")
         return None, text, f"pytest did not finish within {timeout_s} s"
     except Exceeded as exc:
-        engine.cli("rm", "--force", name, timeout=120)
+        engine.remove_container(name)
         return None, exc.output.decode(errors="replace"), f"the test container printed more than {OUTPUT_LIMIT} bytes"
     return proc.returncode, proc.stdout or "", None
 
@@ -323,7 +317,7 @@ def run_slice(
     *,
     allow_missing_hardware: bool = False,
     facts: HostFacts | None = None,
-    engine: Any = None,
+    engine: Engine | None = None,
 ) -> SliceResult:
     """Run one slice in ``where.image`` (with ``engine``, default the workspace's) and write its evidence into
     ``where.outdir``."""
@@ -347,9 +341,9 @@ def run_slice(
         out.chmod(0o777)  # the image's user may not be ours
         result.files = stage(loaded, ref, staged, workspace)
         name = container_name(ref.name)
-        argv = docker_argv(ref, where.image, staged, out, [] if missing else list(PLATFORM_OPTIONS[hw.devices]), name)
-        result.docker = ["docker", *argv]
-        code, output, stopped = _pytest(engine, argv, name, ref.slice.timeout_s)
+        spec = container_spec(ref, where.image, staged, out, None if missing else PLATFORM_OPTIONS[hw.devices], name)
+        result.docker = ["docker", *spec.argv()]
+        code, output, stopped = _pytest(engine, spec, name, ref.slice.timeout_s)
         junit, refused = read_junit(out)
     result.pytest_exit = code
     judge(result, output, junit, previous, stopped or f"pytest did not finish within {ref.slice.timeout_s} s", refused)

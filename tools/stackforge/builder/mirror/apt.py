@@ -31,6 +31,7 @@ from pathlib import Path
 from stackforge import progress
 from stackforge.builder.mirror import manifest
 from stackforge.builder.plan.system import SystemStage
+from stackforge.clients.containers import Mount, RunSpec
 from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write, file_sha256
@@ -124,21 +125,14 @@ def mirror_apt(
         for chain in todo:
             names = ", ".join(s.name for s in chain)
             with progress.step(f"mirror apt packages of system layers {names} (in {image})"):
-                proc = engine.cli(
-                    "run",
-                    "--rm",
-                    *([f"--network={network}"] if network else []),
-                    "-v",
-                    f"{context_dir}:/stackforge-context:ro",
-                    "-v",
-                    f"{debs}:/stackforge-debs",
-                    "--entrypoint",
-                    "sh",
+                spec = RunSpec(
                     image,
-                    "-c",
-                    _script(chain) + f"chown -R {os.getuid()}:{os.getgid()} /stackforge-debs",
-                    timeout=3600,
+                    ["-c", _script(chain) + f"chown -R {os.getuid()}:{os.getgid()} /stackforge-debs"],
+                    entrypoint="sh",
+                    network=network or None,
+                    mounts=[Mount(context_dir, "/stackforge-context", read_only=True), Mount(debs, "/stackforge-debs")],
                 )
+                proc = engine.run(spec, timeout=3600)
             if proc.returncode != 0:
                 first = next(s for s in chain if s.install != "never")
                 tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])

@@ -195,7 +195,7 @@ def load_base(loaded: LoadedStack, root: Path, engine: Engine) -> None:
     if have is None:
         path = manifest.checked(root, rec, BASE)
         with progress.step(f"load base image {image} from the mirror"):
-            engine.cli("load", "--input", str(path), timeout=3600, check=True)
+            engine.load(path, timeout=3600)
         have = engine.image_id(image)
     if have != rec["id"]:
         raise UserError(

@@ -100,7 +100,7 @@ def mirror_toolchains(
         image_id = engine.image_id(scratch)
         assert image_id is not None
         ref = f"{REPOSITORY}:{loaded.name}-{k.name}-{image_id.split(':')[-1][:12]}"[: len(REPOSITORY) + 129]
-        engine.cli("tag", scratch, ref, timeout=60, check=True)
+        engine.tag(scratch, ref, check=True)
         engine.remove_image(scratch)
         out = to / rel
         try:
@@ -163,7 +163,7 @@ def load(loaded: LoadedStack, root: Path, data: dict, engine: Engine, fix: str) 
             continue
         path = manifest.checked(root, manifest.part(data, f"{DIR}/{k.name}.tar"), f"{DIR}/{k.name}.tar")
         with progress.step(f"load the toolchain stage of kernel {k.name} from the mirror"):
-            engine.cli("load", "--input", str(path), timeout=3600, check=True)
+            engine.load(path, timeout=3600)
         if engine.image_id(rec["image"]) != rec["id"]:
             raise UserError(
                 f"kernels.{k.name}.toolchain: {rec['image']} loaded from the mirror is not {rec['id']}",

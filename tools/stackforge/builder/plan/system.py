@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from stackforge import grammar
+from stackforge.clients.containers import isolated
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.stack.load import LoadedStack
@@ -187,7 +188,7 @@ def write_evidence(
         return
     lines = list(lines or [])
     if ref is not None and not lines:
-        proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "cat", ref, EVIDENCE, timeout=300)
+        proc = engine.run(isolated(ref, "cat", EVIDENCE), timeout=300)
         lines = proc.stdout.splitlines() if proc.returncode == 0 else []
     if not lines:
         lines = list(dict.fromkeys(m.group(1) for m in map(_LOG_LINE.match, log.splitlines()) if m))

@@ -15,11 +15,15 @@ otherwise (or when the store holds something it will not interpret, e.g. a symli
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stackforge.builder.plan import system
 from stackforge.builder.records import inventory, sbom
 from stackforge.clients import layerstore
+from stackforge.clients.containers import isolated
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
 GATE_FILES = ("result.txt", "abi.txt", "readonly.txt")
 GATE_DIR = "/stackforge/gate"
@@ -37,7 +41,7 @@ def _lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def read(engine: Any, ref: str, image_id: str | None) -> dict[str, list[str]]:
+def read(engine: Engine, ref: str, image_id: str | None) -> dict[str, list[str]]:
     """The records of image ``ref`` (id ``image_id``): from the layer store when it can serve, else from a
     container."""
     records = layerstore.read_image(engine, image_id, from_tree)
@@ -65,7 +69,7 @@ def from_tree(tree: layerstore.ImageTree) -> dict[str, list[str]]:
     return out
 
 
-def from_container(engine: Any, ref: str) -> dict[str, list[str]]:
+def from_container(engine: Engine, ref: str) -> dict[str, list[str]]:
     """The records, printed by one container run of ``ref``."""
     script = "; ".join(f'if [ -f {GATE_DIR}/{n} ]; then echo "==> {n}"; cat {GATE_DIR}/{n}; fi' for n in GATE_FILES)
     script += f'; for f in {TARGETS_DIR}/*/{CHECKS}; do if [ -f "$f" ]; then echo "==> {CHECKS}"; cat "$f"; fi; done'
@@ -75,7 +79,7 @@ def from_container(engine: Any, ref: str) -> dict[str, list[str]]:
     script += (
         f"; if command -v dpkg-query >/dev/null; then echo '==> {DPKG}'; dpkg-query -W -f '{sbom.DPKG_FORMAT}'; fi"
     )
-    proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", script, timeout=300)
+    proc = engine.run(isolated(ref, "sh", "-c", script), timeout=300)
     out: dict[str, list[str]] = {}
     current = None
     for line in proc.stdout.splitlines() if proc.returncode == 0 else []:

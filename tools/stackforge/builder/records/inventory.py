@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from stackforge import safeio
 from stackforge.builder.plan.render import images_dir
 from stackforge.builder.plan.requirements import MANIFEST
+from stackforge.clients.containers import Mount, RunSpec, isolated
 from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
@@ -66,7 +67,7 @@ def parse(data: bytes | str, *, source: str | Path) -> dict[str, Any]:
 
 def from_image(engine, ref: str) -> dict | None:
     """The image's inventory (one container run), None when the image has none."""
-    proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "cat", ref, IMAGE_PATH, timeout=300)
+    proc = engine.run(isolated(ref, "cat", IMAGE_PATH), timeout=300)
     if proc.returncode != 0:
         return None
     return parse(proc.stdout, source=f"{ref}:{IMAGE_PATH}")
@@ -125,19 +126,14 @@ def taken_from(engine, ref: str) -> dict:
         'py="$(command -v python3 || command -v python)" && "$py" /stackforge-inventory/inventory.py '
         "/nonexistent /tmp/stackforge-inventory.json >/dev/null && cat /tmp/stackforge-inventory.json"
     )
-    proc = engine.cli(
-        "run",
-        "--rm",
-        "--network=none",
-        "-v",
-        f"{script.parent}:/stackforge-inventory:ro",
-        "--entrypoint",
-        "sh",
+    spec = RunSpec(
         ref,
-        "-c",
-        probe,
-        timeout=300,
+        ["-c", probe],
+        entrypoint="sh",
+        network="none",
+        mounts=[Mount(script.parent, "/stackforge-inventory", read_only=True)],
     )
+    proc = engine.run(spec, timeout=300)
     if proc.returncode != 0:
         raise UserError(
             f"{ref}: could not list its installed distributions: "

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stackforge.clients.containers import isolated
 from stackforge.clients.engine import Engine
 from stackforge.clients.proc import Exceeded
 from stackforge.fslock import atomic_write
@@ -48,10 +49,7 @@ def write_evidence(
     for owner, name, command in found:
         t = time.monotonic()
         try:
-            proc = engine.run_merged(
-                "run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c", command, timeout=TIMEOUT_S,
-                limit=MAX_OUTPUT,
-            )  # fmt: skip
+            proc = engine.run_output(isolated(ref, "sh", "-c", command), timeout=TIMEOUT_S, limit=MAX_OUTPUT)
             code: int | None = proc.returncode
             output = proc.stdout
         except subprocess.TimeoutExpired:

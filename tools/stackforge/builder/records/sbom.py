@@ -23,7 +23,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, StringConstraints
@@ -31,10 +31,14 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 from stackforge import safeio
 from stackforge.builder.records import inventory
 from stackforge.clients import layerstore
+from stackforge.clients.containers import isolated
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.osv import Ecosystem, Package
 from stackforge.urls import redact_text
+
+if TYPE_CHECKING:
+    from stackforge.clients.engine import Engine
 
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
 #: one line per package: binary name, version, architecture, source name, source version
@@ -112,15 +116,13 @@ def dpkg_from_tree(tree: layerstore.ImageTree) -> list[str] | None:
     return dpkg_lines(status.decode("utf-8", errors="replace") if status else "")
 
 
-def dpkg_of(engine: Any, ref: str) -> list[Deb]:
+def dpkg_of(engine: Engine, ref: str) -> list[Deb]:
     """The image's Debian packages (none when it has no dpkg): from the engine's layer store when it can serve,
     else ``dpkg-query`` in one container run."""
     lines = layerstore.read_image(engine, engine.image_id(ref), lambda tree: dpkg_from_tree(tree) or [])
     if lines is not None:
         return parse_dpkg("\n".join(lines))
-    proc = engine.cli(
-        "run", "--rm", "--network=none", "--entrypoint", "dpkg-query", ref, "-W", "-f", DPKG_FORMAT, timeout=300
-    )
+    proc = engine.run(isolated(ref, "dpkg-query", "-W", "-f", DPKG_FORMAT), timeout=300)
     return parse_dpkg(proc.stdout) if proc.returncode == 0 else []
 
 
@@ -136,12 +138,12 @@ def parse_os_release(text: str) -> dict[str, str]:
     return out
 
 
-def os_release_of(engine: Any, ref: str, image_id: str | None, debs: list[Deb]) -> dict[str, str]:
+def os_release_of(engine: Engine, ref: str, image_id: str | None, debs: list[Deb]) -> dict[str, str]:
     """The image's os-release (``ID``, ``VERSION_ID``): from the engine's layer store when it can serve; else,
     only for an Ubuntu image (whose release its packages do not tell), from one container run."""
     data = layerstore.read_image(engine, image_id, lambda tree: tree.read(OS_RELEASE, limit=64 << 10) or b"")
     if data is None and any(d.name == "base-files" and "ubuntu" in d.version for d in debs):
-        proc = engine.cli("run", "--rm", "--network=none", "--entrypoint", "cat", ref, "/etc/os-release", timeout=300)
+        proc = engine.run(isolated(ref, "cat", "/etc/os-release"), timeout=300)
         data = proc.stdout.encode("utf-8", "replace") if proc.returncode == 0 else b""
     return parse_os_release((data or b"").decode("utf-8", errors="replace"))
 
@@ -278,7 +280,7 @@ EVIDENCE = "sbom.cdx.json"
 
 
 def write_evidence(
-    engine: Any, ref: str, image_id: str, evidence: Path, installed: dict, dpkg_lines: list[str]
+    engine: Engine, ref: str, image_id: str, evidence: Path, installed: dict, dpkg_lines: list[str]
 ) -> Path:
     """``sbom.cdx.json`` in the build's evidence, from the records the build read out of the image (its inventory
     and its dpkg-query lines): no container runs for it."""
@@ -290,7 +292,7 @@ def write_evidence(
     return evidence / EVIDENCE
 
 
-def of_image(engine: Any, ref: str) -> str:
+def of_image(engine: Engine, ref: str) -> str:
     """The SBOM of a local image: its inventory and dpkg database."""
     if not engine.image_exists(ref):
         raise UserError(f"image {ref!r} is not in the local engine", file="IMAGE", fix=f"docker pull {ref} first")

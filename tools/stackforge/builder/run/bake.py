@@ -179,26 +179,6 @@ def plan(
     return {"group": {group: {"targets": names}}, "target": {i.name: i.definition(load, cache) for i in items}}
 
 
-def bake_command(
-    plan_file: Path,
-    *,
-    builder: str | None = None,
-    targets: list[str] | None = None,
-    no_cache: bool = False,
-    metadata_file: Path | None = None,
-    docker: str = "docker",
-) -> list[str]:
-    cmd = [docker, "buildx"]
-    if builder:
-        cmd += ["--builder", builder]
-    cmd += ["bake", "--file", str(plan_file), "--progress=plain"]
-    if no_cache:
-        cmd.append("--no-cache")
-    if metadata_file is not None:
-        cmd += ["--metadata-file", str(metadata_file)]
-    return cmd + list(targets or [])
-
-
 @dataclass
 class BakeRun:
     returncode: int
@@ -225,14 +205,13 @@ def run(
     plan_file = workdir / "bake.json"
     plan_file.write_text(json.dumps(plan(items, load=load, cache=cache), indent=2) + "\n")
     metadata_file = workdir / "bake-metadata.json"
-    cmd = bake_command(
-        plan_file, builder=engine.builder, no_cache=no_cache, metadata_file=metadata_file, docker=engine.docker
-    )
     log_file = workdir / "bake.log"
     log_file.unlink(missing_ok=True)
     started = time.monotonic()
     try:
-        rc = engine.stream(cmd, on_line=on_line, log_file=log_file).returncode
+        rc = engine.bake(
+            plan_file, no_cache=no_cache, metadata_file=metadata_file, on_line=on_line, log_file=log_file
+        ).returncode
     except Interrupted as intr:
         # The engine's process group is already stopped; the log ends with what stopped it.
         with log_file.open("a") as log:

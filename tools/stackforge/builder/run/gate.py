@@ -8,6 +8,7 @@ from pathlib import Path
 
 from stackforge.builder.plan.plan import gate_spec
 from stackforge.builder.plan.render import images_dir
+from stackforge.clients.containers import Mount, RunSpec
 from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
 from stackforge.stack.load import LoadedStack
@@ -32,23 +33,16 @@ def run_gate(
             (d / name).write_bytes((images_dir(loaded.root) / "gate" / name).read_bytes())
         (d / "gate.json").write_text(json.dumps(gate_spec(loaded.model)))
         d.chmod(0o755)
-        proc = engine.cli(
-            "run",
-            "--rm",
-            "--network=none",
-            "--read-only",
-            "--tmpfs",
-            "/tmp",
-            "-e",
-            "PYTHONDONTWRITEBYTECODE=1",
-            "--entrypoint",
-            "python",
-            "-v",
-            f"{d}:/stackforge-gate:ro",
+        spec = RunSpec(
             image,
-            f"/stackforge-gate/{script}",
-            "/stackforge-gate/gate.json",
-            timeout=600,
+            [f"/stackforge-gate/{script}", "/stackforge-gate/gate.json"],
+            entrypoint="python",
+            network="none",
+            read_only=True,
+            tmpfs=["/tmp"],
+            env={"PYTHONDONTWRITEBYTECODE": "1"},
+            mounts=[Mount(d, "/stackforge-gate", read_only=True)],
         )
+        proc = engine.run(spec, timeout=600)
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     return proc.returncode == 0, lines

@@ -117,7 +117,7 @@ def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str,
         info = _inspect(engine, image)
         if info is None:
             with progress.step(f"pull base image {image}"):
-                proc = engine.cli("pull", image, timeout=1800)
+                proc = engine.pull(image, timeout=1800)
             if proc.returncode != 0:
                 raise BuildFailed(
                     f"base image '{image}' is not present and could not be pulled: "
@@ -147,7 +147,7 @@ INSPECT = '{"Id":{{json .Id}},"RepoDigests":{{json .RepoDigests}},"Created":{{js
 def _inspect(engine: Engine, image: str) -> dict | None:
     """The image's id, repository digests, creation time and layer count (one ``docker image inspect``), or None
     when it is not there."""
-    proc = engine.cli("image", "inspect", "--format", INSPECT, image, timeout=30)
+    proc = engine.inspect_image(image, INSPECT, timeout=30)
     if proc.returncode != 0:
         if engine.image_exists(image):  # not a missing image: say what failed
             raise BuildFailed(f"'docker image inspect {image}' failed: {(proc.stderr or '').strip()[-300:]}")

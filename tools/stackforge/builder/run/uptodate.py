@@ -195,11 +195,9 @@ def _engine_ids(refs: list[str], builder: str | None = None) -> list[str] | None
     from stackforge.clients.engine import Engine  # here: the answer's other paths never load the engine client
 
     try:
-        proc = Engine(builder=builder).cli("image", "inspect", "--format", "{{.Id}}", "--", *refs, timeout=30)
+        return Engine(builder=builder).image_ids(refs)
     except UserError:
         return None
-    ids = proc.stdout.split()
-    return ids if proc.returncode == 0 and len(ids) == len(refs) else None
 
 
 def answer(key_: str | None, cache: Path, builder: str | None = None) -> bool:
