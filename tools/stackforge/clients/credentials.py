@@ -24,6 +24,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from netrc import NetrcParseError, netrc
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,6 +105,42 @@ def netrc_credentials(hostname: str, environ: dict[str, str] | None = None) -> t
         return None
     login, _account, password = found
     return (login or "", password or "")
+
+
+@dataclass(frozen=True)
+class StackCredentials(Mapping[str, Credential]):
+    """The credentials a stack names: for each of its indexes, its name and clean URL (the name says which
+    ``STACKFORGE_INDEX_<NAME>_*`` variables hold one), and what the loader split off the stack's URLs (an index's
+    or a git upstream's userinfo and sensitive query parameters). As a mapping: index name → what was split off
+    that index's URL (only the indexes whose URL carried one). Made once per load and carried with the stack;
+    ``for_index`` and ``for_url`` resolve from it, then the environment and netrc."""
+
+    indexes: Mapping[str, str] = field(default_factory=dict)  # index name -> clean URL
+    split_off: Mapping[str, Credential] = field(default_factory=dict, repr=False)  # clean URL -> what it carried
+
+    def __getitem__(self, index_name: str) -> Credential:
+        url = self.indexes.get(index_name)
+        found = self.split_off.get(_key(url)) if url is not None else None
+        if found is None:
+            raise KeyError(index_name)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, url in self.indexes.items() if _key(url) in self.split_off)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def for_index(self, index_name: str) -> Credential | None:
+        """The credential of the stack's index ``index_name``: URL > environment > netrc."""
+        return resolve(self.indexes[index_name], index_name, self.get(index_name), remembered=False)
+
+    def for_url(self, url: str) -> Credential | None:
+        """The credential for ``url`` (an index's or a git upstream's, or another the stack's steps reach): what
+        the stack's URL carried, else the environment of the index it is, else netrc."""
+        clean, _ = split(url)
+        name = next((n for n, u in self.indexes.items() if _key(u) == _key(clean)), None)
+        return resolve(url, name, self.split_off.get(_key(clean)), remembered=False)
 
 
 def resolve(
