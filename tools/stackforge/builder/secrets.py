@@ -6,15 +6,17 @@ argument, never in a layer)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from stackforge.builder import cabundle
 from stackforge.clients import credentials
 from stackforge.clients.workspace import Workspace, workspace_for
-from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 
-def netrc_text(loaded: LoadedStack, workspace: Workspace | None = None) -> str:
+def netrc_text(loaded: ResolvedStack, workspace: Workspace | None = None) -> str:
     """netrc lines for the stack's indexes, from the workspace's resolver (``credentials.for_index``: the
     URL's own credentials split off at load time, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, ~/.netrc)."""
     ws = workspace_for(loaded, workspace)
@@ -25,18 +27,18 @@ def netrc_text(loaded: LoadedStack, workspace: Workspace | None = None) -> str:
 
 @overload
 def secret_files(
-    loaded: LoadedStack, secrets_dir: Path, workspace: Workspace | None = None, *, ca_secret: bool = False
+    loaded: ResolvedStack, secrets_dir: Path, workspace: Workspace | None = None, *, ca_secret: bool = False
 ) -> list[tuple[str, Path]]: ...
 
 
 @overload
 def secret_files(
-    loaded: LoadedStack, secrets_dir: None, workspace: Workspace | None = None, *, ca_secret: bool = False
+    loaded: ResolvedStack, secrets_dir: None, workspace: Workspace | None = None, *, ca_secret: bool = False
 ) -> list[tuple[str, Path | None]]: ...
 
 
 def secret_files(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     secrets_dir: Path | None,
     workspace: Workspace | None = None,
     *,
@@ -60,7 +62,7 @@ def secret_files(
 
 
 def host_inputs(
-    loaded: LoadedStack, secrets_dir: Path, named_contexts: bool, workspace: Workspace | None = None
+    loaded: ResolvedStack, secrets_dir: Path, named_contexts: bool, workspace: Workspace | None = None
 ) -> tuple[list[tuple[str, Path]], dict[str, Path]]:
     """The secrets and named contexts of one build, written into ``secrets_dir`` (the caller removes it):
     the CA bundle as the named context ``stackforge-cabundle`` when the engine takes ``named_contexts``,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge import patches
 from stackforge.builder import edits, installed
@@ -16,8 +17,10 @@ from stackforge.clients import upstream as upstreams
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.patches.series import in_tree_series
-from stackforge.stack.load import LoadedStack
 from stackforge.urls import split as split_credentials
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 
 @dataclass
@@ -38,7 +41,7 @@ class SourceInfo:
         return data
 
 
-def _redirect(loaded: LoadedStack, path: tuple[str, ...], err: UserError) -> UserError:
+def _redirect(loaded: ResolvedStack, path: tuple[str, ...], err: UserError) -> UserError:
     """``err`` placed at the stack key whose endpoint failed, with the redirect in the CLI's and make's spelling
     (an error that already names a file keeps it)."""
     if err.file:
@@ -53,7 +56,7 @@ def _redirect(loaded: LoadedStack, path: tuple[str, ...], err: UserError) -> Use
     )
 
 
-def export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspace) -> SourceInfo:
+def export_source(loaded: ResolvedStack, name: str, dest: Path, workspace: Workspace) -> SourceInfo:
     """Fetch (into the workspace's cache, with its credentials), export, patch and edit upstream ``name``."""
     stack, root, cache = loaded.model, loaded.root, workspace.cache()
     offline = workspace.mirror is not None
@@ -104,7 +107,7 @@ def export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspa
 
 
 def _export_submodules(
-    loaded: LoadedStack, name: str, mirror: Path, dest: Path, cache: Path, workspace: Workspace, offline: bool
+    loaded: ResolvedStack, name: str, mirror: Path, dest: Path, cache: Path, workspace: Workspace, offline: bool
 ) -> list[dict[str, str]]:
     """Fetch the submodules the pinned commit records (recursively; from the mirror's repository when offline),
     write their trees into ``dest`` and return their records; a refusal is placed at

@@ -37,6 +37,7 @@ from stackforge.urls import Credential, host, split
 if TYPE_CHECKING:
     from stackforge.clients.dockerconfig import AuthEntry
     from stackforge.stack.load import LoadedStack  # stack.load imports this module
+    from stackforge.stack.resolved import ResolvedStack
 
 _KNOWN: dict[str, tuple[str | None, Credential | None]] = {}  # clean URL -> (index name, URL credential)
 _LOCK = threading.Lock()
@@ -164,7 +165,7 @@ def resolve(
     return Credential(found[0], found[1], (), "netrc") if found else None
 
 
-def for_index(loaded: LoadedStack, index_name: str) -> Credential | None:
+def for_index(loaded: LoadedStack | ResolvedStack, index_name: str) -> Credential | None:
     """The credential of the index ``index_name`` of a loaded stack (what its URL carried, split off at load)."""
     url = loaded.model.indexes[index_name].url
     return resolve(url, index_name, loaded.credentials.get(index_name), remembered=False)

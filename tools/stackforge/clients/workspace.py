@@ -37,6 +37,7 @@ from stackforge.urls import Credential
 if TYPE_CHECKING:
     from stackforge.clients.engine import Engine
     from stackforge.stack.load import LoadedStack
+    from stackforge.stack.resolved import ResolvedStack
 
 STACKS_DIR = "stacks"
 CACHE_ENV = "STACKFORGE_CACHE"
@@ -128,7 +129,7 @@ class Workspace:
 
         return Engine(builder=self.builder)
 
-    def index_credential(self, loaded: LoadedStack, index: str) -> Credential | None:
+    def index_credential(self, loaded: LoadedStack | ResolvedStack, index: str) -> Credential | None:
         """The credential of the stack's index ``index`` (``credentials.for_index``)."""
         return credentials.for_index(loaded, index)
 
@@ -137,7 +138,7 @@ class Workspace:
         return credentials.for_url(url)
 
 
-def workspace_for(loaded: LoadedStack, workspace: Workspace | None) -> Workspace:
+def workspace_for(loaded: LoadedStack | ResolvedStack, workspace: Workspace | None) -> Workspace:
     """``workspace``, or the default one at the stack's repository root."""
     return workspace if workspace is not None else Workspace.at(loaded.root)
 

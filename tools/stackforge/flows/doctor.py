@@ -28,9 +28,10 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin
 
 import requests
@@ -53,6 +54,9 @@ from stackforge.errors import UserError, clip
 from stackforge.grammar import split_host, split_tag
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import SystemLayer
 from stackforge.urls import redact, redact_text
 from stackforge.urls import split as split_credentials
@@ -126,7 +130,7 @@ def engine_checks(workspace: Workspace) -> list[Check]:
 
 
 def stack_checks(
-    loaded: LoadedStack, workspace: Workspace, timeout: float = DEFAULT_TIMEOUT, *, engine: bool = True
+    loaded: LoadedStack | ResolvedStack, workspace: Workspace, timeout: float = DEFAULT_TIMEOUT, *, engine: bool = True
 ) -> list[Check]:
     """One row per endpoint the stack needs (``engine=False``: the base image is asked of its registry only)."""
     stack = loaded.model
@@ -172,7 +176,7 @@ def _unless_never(row: Check, layer) -> Check:
     return row
 
 
-def _base_check(loaded: LoadedStack, workspace: Workspace | None, timeout: float) -> Check:
+def _base_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace | None, timeout: float) -> Check:
     image = loaded.model.base.image
 
     def run() -> str:
@@ -204,7 +208,7 @@ def registry_digest(image: str, timeout: float) -> str | None:
     return info.digest
 
 
-def _git_check(loaded: LoadedStack, workspace: Workspace, uname: str, timeout: float) -> Check:
+def _git_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace, uname: str, timeout: float) -> Check:
     up = loaded.model.upstreams[uname]
     url, in_url = split_credentials(str(up.git))
 
@@ -231,7 +235,7 @@ def _git_check(loaded: LoadedStack, workspace: Workspace, uname: str, timeout: f
     return Check(loaded.name, f"git {uname}", redact(url), key=f"upstreams.{uname}.git", run=run)
 
 
-def _index_check(loaded: LoadedStack, workspace: Workspace, iname: str, timeout: float) -> Check:
+def _index_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace, iname: str, timeout: float) -> Check:
     stack = loaded.model
     idx = stack.indexes[iname]
     served = [p for p, pkg in stack.packages.items() if pkg.index == iname]
@@ -265,7 +269,7 @@ def _index_check(loaded: LoadedStack, workspace: Workspace, iname: str, timeout:
     return Check(loaded.name, f"index {iname}", redact(idx.url), key=f"indexes.{iname}.url", placeholder=fix, run=run)
 
 
-def _system_layers(loaded: LoadedStack) -> Iterable[tuple[tuple[str, ...], SystemLayer]]:
+def _system_layers(loaded: LoadedStack | ResolvedStack) -> Iterable[tuple[tuple[str, ...], SystemLayer]]:
     """(key path, layer) of every system layer: the stack's, then each target's."""
     stack = loaded.model
     for lname, layer in (stack.system or {}).items():
@@ -393,7 +397,7 @@ _PUSH_FIX = (
 )
 
 
-def registry_check(loaded: LoadedStack, registry: str, timeout: float = DEFAULT_TIMEOUT) -> Check:
+def registry_check(loaded: LoadedStack | ResolvedStack, registry: str, timeout: float = DEFAULT_TIMEOUT) -> Check:
     """Can this host push the stack's image to ``registry``: the registry answers and takes the credentials (an
     upload started and cancelled in the repository the publisher uses; nothing is stored)."""
     repository = tags.publish_ref(loaded, registry).repository
@@ -442,7 +446,7 @@ def registry_only_check(registry: str, timeout: float = DEFAULT_TIMEOUT) -> Chec
 
 
 def diagnose(
-    stacks: list[LoadedStack],
+    stacks: Sequence[LoadedStack | ResolvedStack],
     workspace: Workspace,
     *,
     timeout: float = DEFAULT_TIMEOUT,

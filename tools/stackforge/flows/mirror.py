@@ -51,14 +51,17 @@ from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256, stack_lock
 from stackforge.safeio import OutputDir
-from stackforge.stack.load import LoadedStack, fingerprint
+from stackforge.stack.load import fingerprint
+from stackforge.stack.resolved import ResolvedStack
 from stackforge.urls import redact, scrub
 from stackforge.urls import split as split_credentials
 
 PIN_REF = "refs/heads/stackforge/pinned"
 
 
-def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = None, network: str | None = None) -> dict:
+def make_mirror(
+    loaded: ResolvedStack, to: Path, workspace: Workspace | None = None, network: str | None = None
+) -> dict:
     """Write (or complete) the mirror of ``loaded`` in ``to``; returns a summary: the directory, the
     manifest's sha256 and the parts added and kept. ``network`` is the engine network of the containers and
     builds the mirror runs (apt layers, toolchain stages): ``host`` reaches endpoints on the host's loopback."""
@@ -129,7 +132,7 @@ def _repo_record(repo: Path) -> tuple[str, int]:
     return hashlib.sha256(refs.encode()).hexdigest(), size
 
 
-def _git(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
+def _git(loaded: ResolvedStack, to: Path, data: dict, ws: Workspace) -> None:
     stack = loaded.model
     for name, up in stack.upstreams.items():
         if up.git is None or up.commit is None:
@@ -171,7 +174,7 @@ def _git(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
 SUBMODULE_REF = "refs/stackforge/submodules/"
 
 
-def _submodules(loaded: LoadedStack, name: str, dest: Path, ws: Workspace) -> list[dict[str, str]]:
+def _submodules(loaded: ResolvedStack, name: str, dest: Path, ws: Workspace) -> list[dict[str, str]]:
     """The upstream's submodules (recursively), each commit kept in the mirror's repository of the upstream
     (``refs/stackforge/submodules/<commit>``), where the offline build finds it; fetched through the cache only
     when the repository does not hold it yet. Returns their records (path, URL, commit)."""
@@ -212,7 +215,7 @@ def _file_part(data: dict, to: Path, rel: str, **extra) -> None:
     manifest.add_part(data, {"path": rel, "sha256": file_sha256(path), "size": path.stat().st_size, **extra})
 
 
-def _sdists(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
+def _sdists(loaded: ResolvedStack, to: Path, data: dict, ws: Workspace) -> None:
     stack = loaded.model
     for name, up in stack.upstreams.items():
         if up.sdist is None:
@@ -233,7 +236,7 @@ def _sdists(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
 # --------------------------------------------------------------------------- pip phases
 
 
-def _wheels(loaded: LoadedStack, ctx: Context, to: Path, data: dict, ws: Workspace) -> None:
+def _wheels(loaded: ResolvedStack, ctx: Context, to: Path, data: dict, ws: Workspace) -> None:
     """Every pip phase of the deps stage and of every target, each resolved as the build runs it."""
     target = resolve.Target.of(loaded.model)
     pip.check_pip()
@@ -251,7 +254,7 @@ def _wheels(loaded: LoadedStack, ctx: Context, to: Path, data: dict, ws: Workspa
 
 
 def _phase(
-    loaded: LoadedStack, phase, name: str, key: str, context_dir: Path, to: Path, data: dict, ws: Workspace
+    loaded: ResolvedStack, phase, name: str, key: str, context_dir: Path, to: Path, data: dict, ws: Workspace
 ) -> None:
     """One phase's files into its index's tree (kept when the phase's key and files are there)."""
     stack = loaded.model
@@ -293,7 +296,7 @@ def _phase(
 
 
 def _download(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     phase,
     context_dir: Path,
     tmp: Path,
@@ -347,7 +350,7 @@ def _simple(to: Path, index: str, data: dict) -> None:
 # --------------------------------------------------------------------------- base image
 
 
-def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> str:
+def _base(loaded: ResolvedStack, to: Path, data: dict, engine: Engine) -> str:
     """The base image as the build resolves it (pulled when the engine lacks it, checked against base.digest),
     saved once per image id."""
 

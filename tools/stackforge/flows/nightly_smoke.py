@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge.errors import UserError
 from stackforge.freshness.newest import STATUS_NEWER, STATUS_NEWEST, newest
@@ -16,6 +16,9 @@ from stackforge.recipes.load import LoadedRecipe, list_recipes, load_recipe
 from stackforge.smoke.report import PASSED, SmokeReport, one_line
 from stackforge.smoke.run import SmokeOptions
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 
 @dataclass
@@ -87,7 +90,7 @@ def smoke_image(
     return SmokeVerdict(worst, verdicts, "; ".join(why))
 
 
-def pin_freshness(loaded: LoadedStack, workspace: Any) -> dict[str, Any]:
+def pin_freshness(loaded: LoadedStack | ResolvedStack, workspace: Any) -> dict[str, Any]:
     """Whether every pin of the stack is the newest of its line: the packages with a newer release, the
     trains whose newest members differ from the pins (the train has moved); an index that does not answer
     makes the answer unknown."""

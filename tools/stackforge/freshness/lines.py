@@ -34,6 +34,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 from jinja2.sandbox import SecurityError
@@ -46,6 +47,9 @@ from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 
@@ -229,7 +233,7 @@ def built_for_pattern(template: str, family_local: str) -> re.Pattern:
 
 
 def clients_for(
-    loaded: LoadedStack,
+    loaded: LoadedStack | ResolvedStack,
     cache_dir: Path | None,
     *,
     workspace: Workspace | None = None,
@@ -311,7 +315,7 @@ class Catalog:
 
 
 def load_catalog(
-    loaded: LoadedStack,
+    loaded: LoadedStack | ResolvedStack,
     names: list[str] | None = None,
     *,
     cache_dir: Path | None = None,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.clients import upstream as up
 from stackforge.clients.git import BASE_REF, git, git_bytes, rev_parse
@@ -49,6 +50,9 @@ from stackforge.patches.series import (
     renumber,
 )
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import Stack, Upstream
 
 
@@ -100,7 +104,7 @@ def make_target(
 
 
 def target_from_stack(
-    loaded: LoadedStack,
+    loaded: LoadedStack | ResolvedStack,
     upstream: str | None = None,
     *,
     overlays: Sequence[str] = (),
@@ -135,7 +139,12 @@ def target_from_stack(
 
 
 def carried_series(
-    loaded: LoadedStack, name: str, cache_dir: Path, *, offline: bool = False, workspace: Workspace | None = None
+    loaded: LoadedStack | ResolvedStack,
+    name: str,
+    cache_dir: Path,
+    *,
+    offline: bool = False,
+    workspace: Workspace | None = None,
 ) -> Series:
     """The series ``upstreams.<name>.patches_from`` names, read from the carrying upstream's tree at its pinned
     commit (the build's rules: ``patches.series.in_tree_series``) and kept in the cache under that pin."""

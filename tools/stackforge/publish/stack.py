@@ -35,7 +35,7 @@ from stackforge.publish.publisher import (
     write_evidence,
 )
 from stackforge.stack import tags as tagsmod
-from stackforge.stack.load import LoadedStack
+from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.scheme import validate_date
 from stackforge.stack.targets import published
 
@@ -95,7 +95,7 @@ def publish_dir(evidence_root: Path, gated: dict[str, Any] | None, image_id: str
     return evidence.new_build(evidence_root)
 
 
-def destination(loaded: LoadedStack, registry: str, date: str, target: str | None) -> tuple:
+def destination(loaded: ResolvedStack, registry: str, date: str, target: str | None) -> tuple:
     """(target, repository, tag scheme, the first tag's reference, the target's tag suffix) of a stack's
     published image under ``registry``, from the stack's ``tags.publish`` template."""
     reg = parse_registry(registry, what="--registry")
@@ -107,7 +107,7 @@ def destination(loaded: LoadedStack, registry: str, date: str, target: str | Non
     return target, repository, scheme, first, suffix
 
 
-def alias_tags(loaded: LoadedStack, registry: str, first: Any, suffix: str) -> list[str]:
+def alias_tags(loaded: ResolvedStack, registry: str, first: Any, suffix: str) -> list[str]:
     """The alias tags of a stack's target (``suffix``: its tag suffix) in the publish repository of ``first`` (the
     first tag's reference, :func:`destination`)."""
     reg = parse_registry(registry, what="--registry")
@@ -123,7 +123,7 @@ def alias_tags(loaded: LoadedStack, registry: str, first: Any, suffix: str) -> l
 
 
 def publish_stack(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     registry: str,
     options: PublishOptions | None = None,
     *,
@@ -262,7 +262,7 @@ def _attach_sbom(evidence_dir: Path, repository: Any, options: PublishOptions, r
 
 
 def _signing(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     target: str,
     options: PublishOptions,
     evidence_dir: Path,
@@ -315,7 +315,7 @@ class PlatformsResult:
 
 
 def publish_platforms(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     registry: str,
     options: PublishOptions | None = None,
     *,
@@ -362,7 +362,7 @@ def publish_platforms(
     codec(compression, options.level)
     options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
     engine = engine or ws.engine
-    pushed: list[tuple[str, LoadedStack, PublishResult, Path, dict[str, Any], Any, dict | None]] = []
+    pushed: list[tuple[str, ResolvedStack, PublishResult, Path, dict[str, Any], Any, dict | None]] = []
     blocked: list[str] = []
     for name, line in lines.items():
         assert line.line is not None
