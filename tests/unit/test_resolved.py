@@ -130,3 +130,29 @@ def test_the_build_input_carries_the_credentials_its_urls_named():
     assert "s3cret" not in repr(value) and "s3cret" not in repr(load("post2", root=REPO, overrides=[url]))
     other = ResolvedStack.of(load("post2", root=REPO))
     assert "pypi" not in other.credentials and other.credentials.get("pypi") is None
+
+
+def test_a_build_fetches_its_upstream_with_the_credential_its_stack_url_carried(monkeypatch, tmp_path):
+    """The credential split off ``upstreams.<name>.git`` reaches the git fetch from the stack value, with no module
+    keeping it: the same URL asked without its stack has none."""
+    from stackforge.builder import sources
+    from stackforge.clients import credentials, upstream
+    from stackforge.clients.workspace import Workspace
+    from stackforge.stack.resolved import ResolvedStack
+
+    monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    seen: dict = {}
+
+    def fetch(spec, cache, **kwargs):
+        seen.update(kwargs, git=spec.git)
+        raise UserError("stop here")
+
+    monkeypatch.setattr(upstream, "fetch_upstream", fetch)
+    url = "upstreams.vllm.git=https://someone:t0ken@git.example/vllm.git"
+    value = ResolvedStack.of(load("post2", root=REPO, overrides=[url]))
+    with pytest.raises(UserError, match="stop here"):
+        sources.export_source(value, "vllm", tmp_path / "src", Workspace.at(REPO))
+    assert seen["git"] == "https://git.example/vllm.git"
+    assert seen["credential"].auth == ("someone", "t0ken")
+    assert credentials.for_url("https://git.example/vllm.git") is None

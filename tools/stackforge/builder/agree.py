@@ -29,6 +29,7 @@ from stackforge.stack.targets import agreed_pins, target_pins
 from stackforge.urls import split
 
 if TYPE_CHECKING:
+    from stackforge.clients.credentials import StackCredentials
     from stackforge.stack.model import Stack
 
 MAX_BYTES = 256 * 1024  # one file of an upstream read for a comparison
@@ -249,16 +250,34 @@ def cached_mirror(stack: Stack, root: Path, name: str, workspace: Workspace) -> 
     return mirror
 
 
-def fetch_mirror(stack: Stack, root: Path, name: str, workspace: Workspace, *, refresh: bool = False) -> Path:
+def fetch_mirror(
+    stack: Stack,
+    root: Path,
+    name: str,
+    workspace: Workspace,
+    *,
+    refresh: bool = False,
+    credentials: StackCredentials | None = None,
+) -> Path:
     """The mirror of git upstream ``name`` holding its pinned commit: fetched when it does not, or always with
-    ``refresh`` (to see the upstream's newest branches and tags)."""
+    ``refresh`` (to see the upstream's newest branches and tags); ``credentials``: the stack's."""
 
     up = stack.upstreams[name]
     spec = sources.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
-    return sources.fetch_upstream(spec, workspace.cache(), root=root, workspace=workspace, reuse=not refresh)
+    credential = credentials.for_url(up.git) if credentials is not None and up.git else None
+    return sources.fetch_upstream(
+        spec, workspace.cache(), root=root, workspace=workspace, reuse=not refresh, credential=credential
+    )
 
 
-def lint_upstreams(stack: Stack, root: Path, workspace: Workspace | None = None, *, fetch: bool = False) -> LintResult:
+def lint_upstreams(
+    stack: Stack,
+    root: Path,
+    workspace: Workspace | None = None,
+    *,
+    fetch: bool = False,
+    credentials: StackCredentials | None = None,
+) -> LintResult:
     """Every upstream with ``agree`` compared at its pinned commit from the host's mirror cache; an upstream whose
     commit is not cached is a note, or fetched first with ``fetch`` (``stackforge lint --upstreams``)."""
     ws = workspace if workspace is not None else Workspace.at(root)
@@ -272,7 +291,11 @@ def lint_upstreams(stack: Stack, root: Path, workspace: Workspace | None = None,
                 f"stackforge render {stack.name})"
             )
             continue
-        mirror = fetch_mirror(stack, root, name, ws) if fetch else cached_mirror(stack, root, name, ws)
+        mirror = (
+            fetch_mirror(stack, root, name, ws, credentials=credentials)
+            if fetch
+            else cached_mirror(stack, root, name, ws)
+        )
         if mirror is None:
             out.notes.append(
                 f"not checked: upstream {name} at {up.commit} is not fetched (run stackforge render {stack.name}, "

@@ -65,7 +65,8 @@ def export_source(loaded: ResolvedStack, name: str, dest: Path, workspace: Works
     up = stack.upstreams[name]
     if up.sdist is not None:
         sdist = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
-        archive = upstreams.fetch_sdist(sdist, cache, offline=offline, workspace=workspace)
+        credential = loaded.credentials.for_index(up.sdist.index)
+        archive = upstreams.fetch_sdist(sdist, cache, offline=offline, workspace=workspace, credential=credential)
         upstreams.unpack_sdist(archive, dest)
         pin = f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
         info = SourceInfo(name, "sdist", pin, commit_time=upstreams.sdist_time(archive))
@@ -78,7 +79,13 @@ def export_source(loaded: ResolvedStack, name: str, dest: Path, workspace: Works
         spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
         try:
             mirror = upstreams.fetch_upstream(
-                spec, cache, root=root, workspace=workspace, reuse=not workspace.refresh, offline=offline
+                spec,
+                cache,
+                root=root,
+                workspace=workspace,
+                reuse=not workspace.refresh,
+                offline=offline,
+                credential=loaded.credentials.for_url(up.git) if up.git else None,
             )
         except UserError as err:
             raise _redirect(loaded, ("upstreams", name, "git"), err) from None

@@ -225,7 +225,9 @@ def cmd_lint(args) -> int:
             continue
         findings = prepare.lint(loaded)
         try:
-            upstream = agree.lint_upstreams(loaded.model, loaded.root, workspace_of(args), fetch=args.upstreams)
+            upstream = agree.lint_upstreams(
+                loaded.model, loaded.root, workspace_of(args), fetch=args.upstreams, credentials=loaded.credentials
+            )
         except UserError as err:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})

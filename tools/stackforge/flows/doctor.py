@@ -223,7 +223,7 @@ def _git_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace, uname:
             if not res.ok:
                 raise UserError(f"the pinned commit {up.commit} is not in the local repository")
             return "local repository holds the pinned commit"
-        credential = in_url or workspace.url_credential(target)
+        credential = in_url or loaded.credentials.for_url(target)
         args = ["ls-remote", target] + ([f"refs/tags/{up.tag}"] if up.tag else [])
         res = git(None, *args, check=False, env=git_credential_env(target, credential), timeout=timeout)
         if not res.ok:

@@ -141,7 +141,10 @@ def _git(loaded: ResolvedStack, to: Path, data: dict, ws: Workspace) -> None:
         dest = to / rel
         if not _holds(dest, up.tag, up.commit):
             spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
-            cached = upstreams.fetch_upstream(spec, ws.cache(), root=loaded.root, workspace=ws, reuse=True)
+            credential = loaded.credentials.for_url(up.git) if up.git else None
+            cached = upstreams.fetch_upstream(
+                spec, ws.cache(), root=loaded.root, workspace=ws, reuse=True, credential=credential
+            )
             full = git(cached, "rev-parse", f"{up.commit}^{{commit}}").stdout.strip()
             if not dest.is_dir():
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -222,7 +225,8 @@ def _sdists(loaded: ResolvedStack, to: Path, data: dict, ws: Workspace) -> None:
             continue
         index_url = stack.indexes[up.sdist.index].url
         spec = upstreams.SdistSpec(index_url, up.sdist.name, up.sdist.version, up.sdist.sha256)
-        archive = upstreams.fetch_sdist(spec, ws.cache(), workspace=ws)
+        credential = loaded.credentials.for_index(up.sdist.index)
+        archive = upstreams.fetch_sdist(spec, ws.cache(), workspace=ws, credential=credential)
         source = f"{redact(index_url)}/{canonicalize_name(up.sdist.name)}/"
         for rel in (f"sdist/{archive.name}", f"indexes/{up.sdist.index}/files/{archive.name}"):
             have = manifest.part(data, rel)

@@ -25,7 +25,7 @@ from stackforge.stack.load import LoadedStack
 
 if TYPE_CHECKING:
     from stackforge.stack.resolved import ResolvedStack
-from stackforge.urls import split
+from stackforge.urls import Credential, split
 
 
 @dataclass
@@ -124,13 +124,15 @@ def _agreeing(loaded: LoadedStack | ResolvedStack, upstream: str | None) -> list
     return [upstream]
 
 
-def default_branch(mirror: Path, url: str, workspace: Workspace, fetch: bool) -> str:
+def default_branch(
+    mirror: Path, url: str, workspace: Workspace, fetch: bool, credential: Credential | None = None
+) -> str:
     """The upstream's default branch: asked of the upstream when ``fetch`` (and recorded as the mirror's HEAD),
-    else the mirror's HEAD as last recorded."""
+    else the mirror's HEAD as last recorded. ``credential``: what the stack gives for ``url``."""
 
     if fetch:
         clean, in_url = split(url)
-        credential = in_url or workspace.url_credential(clean)
+        credential = in_url or credential or workspace.url_credential(clean)
         env = sources.git_credential_env(clean, credential)
         res = git(mirror, "ls-remote", "--symref", "origin", "HEAD", check=False, env=env, timeout=120)
         for line in res.stdout.splitlines():
@@ -171,7 +173,9 @@ def upstream_drift(
             fix="run drift for a git upstream",
         )
     if fetch:
-        mirror: Path | None = agree.fetch_mirror(loaded.model, loaded.root, name, workspace, refresh=True)
+        mirror: Path | None = agree.fetch_mirror(
+            loaded.model, loaded.root, name, workspace, refresh=True, credentials=loaded.credentials
+        )
     else:
         mirror = agree.cached_mirror(loaded.model, loaded.root, name, workspace)
     if mirror is None:
@@ -179,7 +183,7 @@ def upstream_drift(
             f"upstream {name} at {up.commit} is not fetched",
             fix=f"run stackforge render {loaded.name}, or drift with network",
         )
-    ref = at or default_branch(mirror, up.git, workspace, fetch)
+    ref = at or default_branch(mirror, up.git, workspace, fetch, loaded.credentials.for_url(up.git))
     commit = resolve(mirror, ref)
     if commit is None:
         raise UserError(

@@ -50,6 +50,7 @@ from stackforge.patches.series import (
     renumber,
 )
 from stackforge.stack.load import LoadedStack
+from stackforge.urls import Credential
 
 if TYPE_CHECKING:
     from stackforge.stack.resolved import ResolvedStack
@@ -65,6 +66,8 @@ class Target:
     cache_dir: Path
     offline: bool = False
     workspace: Workspace | None = None  # whose credentials fetch the upstream (default: Workspace.default())
+    #: what the stack gives for the upstream's git URL or sdist index (None: the workspace's resolver decides)
+    credential: Credential | None = field(default=None, repr=False)
     #: a series another upstream carries for this one (``patches_from``): applied before the layers, as the
     #: build applies it, and part of the base the layers sit on (export writes only the layers)
     carried: Series | None = None
@@ -131,6 +134,14 @@ def target_from_stack(
     target = make_target(
         upstream, spec, root=loaded.root, cache_dir=cache_dir, overlays=overlays, offline=offline, workspace=workspace
     )
+    found = ups[upstream]
+    target.credential = (
+        loaded.credentials.for_index(found.sdist.index)
+        if found.sdist is not None and found.sdist.index in stack.indexes
+        else loaded.credentials.for_url(found.git)
+        if found.git
+        else None
+    )
     if stack.upstreams[upstream].patches_from is not None:
         target.carry = functools.partial(
             carried_series, loaded, upstream, target.cache_dir, offline=offline, workspace=workspace
@@ -155,7 +166,10 @@ def carried_series(
     kept = Path(cache_dir) / "carried" / re.sub(r"[^A-Za-z0-9._-]", "_", key)
     if not (kept / SERIES_FILE).is_file():
         with scratch() as tmp:
-            mirror = up.fetch_upstream(carrier, cache_dir, root=loaded.root, offline=offline, workspace=workspace)
+            credential = loaded.credentials.for_url(carrier.git) if carrier.git else None
+            mirror = up.fetch_upstream(
+                carrier, cache_dir, root=loaded.root, offline=offline, workspace=workspace, credential=credential
+            )
             up.export_commit(mirror, str(carrier.commit), tmp / "src" / src.upstream)
             found = in_tree_series(loaded, name, tmp / "src")
             staged = Path(tempfile.mkdtemp(prefix=kept.name + ".", dir=_parent(kept)))
@@ -247,6 +261,7 @@ def _prepare(target: Target, dest: Path, *, commit: str | None = None, history: 
         offline=target.offline,
         label=target.name,
         workspace=target.workspace,
+        credential=target.credential,
     )
     carried = target.carried_layer()
     if carried is None:

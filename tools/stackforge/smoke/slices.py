@@ -205,7 +205,10 @@ def stage(loaded: LoadedStack | ResolvedStack, ref: SliceRef, dest: Path, worksp
             f"name one of: {', '.join(n for n, u in loaded.model.upstreams.items() if u.git) or 'none'}",
         )
     spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=files.upstream)
-    mirror = upstreams.fetch_upstream(spec, workspace.cache(), root=loaded.root, workspace=workspace, reuse=True)
+    credential = loaded.credentials.for_url(up.git) if up.git else None
+    mirror = upstreams.fetch_upstream(
+        spec, workspace.cache(), root=loaded.root, workspace=workspace, reuse=True, credential=credential
+    )
     missing = upstreams.export_paths(mirror, up.commit, files.paths, dest)
     if missing:
         raise _placed(

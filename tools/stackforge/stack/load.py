@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from stackforge.clients.credentials import StackCredentials
-from stackforge.clients.credentials import remember as remember_credentials
 from stackforge.errors import UserError
 from stackforge.stack import artifacts, document, installed
 from stackforge.stack import platforms as lines_of
@@ -623,13 +622,11 @@ def load(
         found = index_found.get(iname)
         if found:
             split_off[idx.url.rstrip("/")] = found
-        remember_credentials(idx.url, found, iname)
     for uname, up in stack.upstreams.items():
         if up.git is not None:
             found = git_found.get(uname)
             if found:
                 split_off[up.git.rstrip("/")] = found
-            remember_credentials(up.git, found)
     credentials = StackCredentials({iname: idx.url for iname, idx in stack.indexes.items()}, split_off)
     for pname, pkg in stack.packages.items():
         if pkg.import_ is None:
