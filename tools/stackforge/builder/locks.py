@@ -413,7 +413,7 @@ def lock_public(
             return lock_public(loaded, index, ws, exported)
     uv = pip.find_uv()
     url = stack.indexes[index].url
-    credential = ws.index_credential(loaded, index)
+    credential = loaded.credentials.for_index(index)
     ca_bundle = ws.ca_bundle_file()
     target = resolve.Target.of(stack)
     vendors = vendor_names(stack)
@@ -431,7 +431,7 @@ def lock_public(
                     pkg.version,
                     target,
                     ws.cache("wheel-metadata"),
-                    ws.index_credential(loaded, pkg.index),
+                    loaded.credentials.for_index(pkg.index),
                     ca_bundle,
                 )
                 resolve.stub_wheel(stubs, name, pkg.version, meta)
@@ -489,12 +489,12 @@ def lock_public(
     return {k: scrub(v, credential) for k, v in texts.items()}
 
 
-def lock_vendor(loaded: ResolvedStack, index: str, workspace: Workspace | None = None) -> str:
+def lock_vendor(loaded: ResolvedStack, index: str) -> str:
     """Hashes of the exact pins as the vendor index lists them."""
 
-    stack, ws = loaded.model, workspace_for(loaded, workspace)
+    stack = loaded.model
     idx = stack.indexes[index]
-    client = IndexClient(idx.url, credential=ws.index_credential(loaded, index))
+    client = IndexClient(idx.url, credential=loaded.credentials.for_index(index))
     lines = [
         f"# Lock of the '{index}' pins of stack '{stack.name}', made by `{lock_command(loaded)}`\n"
         f"# from the index's own file hashes ({redact(idx.url)}). Do not edit.\n"
@@ -550,9 +550,7 @@ def write_locks(
             how = "resolve (uv) for" if role == "public" else "read the file hashes of"
             with progress.step(f"lock {stack.name}: {how} index '{index}' ({redact(stack.indexes[index].url)})"):
                 texts.update(
-                    lock_public(loaded, index, ws, trees)
-                    if role == "public"
-                    else {index: lock_vendor(loaded, index, ws)}
+                    lock_public(loaded, index, ws, trees) if role == "public" else {index: lock_vendor(loaded, index)}
                 )
     for key, text in texts.items():
         path = lock_path(loaded, key)

@@ -128,7 +128,7 @@ def mirror_toolchains(
     data["toolchains"] = kept
 
 
-def _record(loaded: ResolvedStack, data: dict, kernel: str, fix: str) -> dict:
+def _record(data: dict, kernel: str, fix: str) -> dict:
     rec = data.get("toolchains", {}).get(kernel)
     if rec is None:
         raise UserError(
@@ -143,7 +143,7 @@ def apply(loaded: ResolvedStack, plan, data: dict, staging: Path, fix: str) -> N
     for k in plan.kernels:
         if k.toolchain is None:
             continue
-        rec = _record(loaded, data, k.name, fix)
+        rec = _record(data, k.name, fix)
         now = built_from(loaded, plan, k, staging, base["id"] if base else "")
         if rec["key"] != _key(now):
             changed = sorted(key for key in now if now[key] != rec.get("built_from", {}).get(key))
@@ -162,7 +162,7 @@ def load(loaded: ResolvedStack, root: Path, data: dict, engine: Engine, fix: str
     for k in make_plan(loaded).kernels:
         if k.toolchain is None:
             continue
-        rec = _record(loaded, data, k.name, fix)
+        rec = _record(data, k.name, fix)
         if engine.image_id(rec["image"]) == rec["id"]:
             continue
         path = manifest.checked(root, manifest.part(data, f"{DIR}/{k.name}.tar"), f"{DIR}/{k.name}.tar")

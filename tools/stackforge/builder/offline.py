@@ -146,7 +146,7 @@ def apply(loaded: ResolvedStack, plan, root: Path, staging: Path) -> dict:
                 fix=_fix(loaded),
             )
         _point(phase)
-    apt.apply(loaded, plan, root, data, staging, _fix(loaded))
+    apt.apply(plan, root, data, staging, _fix(loaded))
     return {
         "directory": str(root.resolve()),
         "manifest": manifest.digest(root),

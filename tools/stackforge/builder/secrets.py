@@ -16,12 +16,11 @@ if TYPE_CHECKING:
     from stackforge.stack.resolved import ResolvedStack
 
 
-def netrc_text(loaded: ResolvedStack, workspace: Workspace | None = None) -> str:
-    """netrc lines for the stack's indexes, from the workspace's resolver (``credentials.for_index``: the
+def netrc_text(loaded: ResolvedStack) -> str:
+    """netrc lines for the stack's indexes, from the stack's credentials (``StackCredentials.for_index``: the
     URL's own credentials split off at load time, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, ~/.netrc)."""
-    ws = workspace_for(loaded, workspace)
     return credentials.netrc_entries(
-        [(idx.url, ws.index_credential(loaded, name)) for name, idx in loaded.model.indexes.items()]
+        [(idx.url, loaded.credentials.for_index(name)) for name, idx in loaded.model.indexes.items()]
     )
 
 
@@ -49,7 +48,7 @@ def secret_files(
     without named contexts), the workspace's CA bundle."""
     ws = workspace_for(loaded, workspace)
     secrets: list[tuple[str, Path | None]] = []
-    text = netrc_text(loaded, ws)
+    text = netrc_text(loaded)
     if text:
         path = None
         if secrets_dir is not None:

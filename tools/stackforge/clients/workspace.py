@@ -4,8 +4,8 @@ credential resolver, the CA bundle and the engine.
 The CLI builds one :class:`Workspace` per run (``cli/main.py``, from ``--root`` and the verb's
 ``--ca-bundle`` / ``--builder``) and hands it to the library; a library function called without
 one uses :meth:`Workspace.at` the stack's root (:func:`workspace_for`), or :meth:`Workspace.default`
-when it holds no stack, so both ask the same questions the same way. Credentials are asked of the
-workspace only (``index_credential``, ``url_credential``).
+when it holds no stack, so both ask the same questions the same way. A stack's credentials travel with the
+stack (``StackCredentials``); a URL held without its stack asks the workspace (``url_credential``).
 
 Every cache lives in one base directory: ``$STACKFORGE_CACHE`` when set, else
 ``<root>/build/cache`` inside the repository, else ``~/.cache/stackforge``
@@ -128,10 +128,6 @@ class Workspace:
         from stackforge.clients.engine import Engine
 
         return Engine(builder=self.builder)
-
-    def index_credential(self, loaded: LoadedStack | ResolvedStack, index: str) -> Credential | None:
-        """The credential of the stack's index ``index`` (``credentials.for_index``)."""
-        return credentials.for_index(loaded, index)
 
     def url_credential(self, url: str) -> Credential | None:
         """The credential for a URL held without its stack (``credentials.for_url``)."""

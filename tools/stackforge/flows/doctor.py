@@ -57,7 +57,7 @@ from stackforge.stack.load import LoadedStack
 
 if TYPE_CHECKING:
     from stackforge.stack.resolved import ResolvedStack
-from stackforge.stack.model import SystemLayer
+from stackforge.stack.model import Stack, SystemLayer
 from stackforge.urls import redact, redact_text
 from stackforge.urls import split as split_credentials
 
@@ -135,7 +135,7 @@ def stack_checks(
     """One row per endpoint the stack needs (``engine=False``: the base image is asked of its registry only)."""
     stack = loaded.model
     name = stack.name
-    rows = [_base_check(loaded, workspace if engine else None, timeout)]
+    rows = [_base_check(loaded.model, workspace if engine else None, timeout)]
     for uname, up in stack.upstreams.items():
         if up.git:
             rows.append(_git_check(loaded, workspace, uname, timeout))
@@ -143,7 +143,7 @@ def stack_checks(
         rows.append(_index_check(loaded, workspace, iname, timeout))
     for row in rows:
         row.limit = timeout
-    for path, layer in _system_layers(loaded):
+    for path, layer in _system_layers(loaded.model):
         label = ".".join(path[-1:])
         for sname, src in layer.sources.items():
             row = Check(
@@ -176,8 +176,8 @@ def _unless_never(row: Check, layer) -> Check:
     return row
 
 
-def _base_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace | None, timeout: float) -> Check:
-    image = loaded.model.base.image
+def _base_check(stack: Stack, workspace: Workspace | None, timeout: float) -> Check:
+    image = stack.base.image
 
     def run() -> str:
         if workspace is not None and workspace.engine.image_exists(image):
@@ -185,7 +185,7 @@ def _base_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace | None
         digest = registry_digest(image, timeout)
         return f"not in the engine; its registry has it ({digest})" if workspace else f"its registry has it ({digest})"
 
-    return Check(loaded.name, "base image", image, key="base.image", placeholder="IMAGE", run=run)
+    return Check(stack.name, "base image", image, key="base.image", placeholder="IMAGE", run=run)
 
 
 def registry_digest(image: str, timeout: float) -> str | None:
@@ -243,7 +243,7 @@ def _index_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace, inam
 
     def run() -> str:
         client = IndexClient(
-            idx.url, credential=workspace.index_credential(loaded, iname), timeout=timeout, page_seconds=timeout
+            idx.url, credential=loaded.credentials.for_index(iname), timeout=timeout, page_seconds=timeout
         )
         if project is None:
             status = _status(client.url, timeout, auth=client.auth, params=client.params_for(client.url))
@@ -269,9 +269,8 @@ def _index_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace, inam
     return Check(loaded.name, f"index {iname}", redact(idx.url), key=f"indexes.{iname}.url", placeholder=fix, run=run)
 
 
-def _system_layers(loaded: LoadedStack | ResolvedStack) -> Iterable[tuple[tuple[str, ...], SystemLayer]]:
+def _system_layers(stack: Stack) -> Iterable[tuple[tuple[str, ...], SystemLayer]]:
     """(key path, layer) of every system layer: the stack's, then each target's."""
-    stack = loaded.model
     for lname, layer in (stack.system or {}).items():
         yield ("system", lname), layer
     for tname, target in stack.targets.items():

@@ -311,7 +311,7 @@ def _download(
     """``pip download`` of one phase into ``tmp/files``: the files it would install, for the target."""
     stack = loaded.model
     url = stack.indexes[phase.index].url
-    credential = ws.index_credential(loaded, phase.index)
+    credential = loaded.credentials.for_index(phase.index)
     env, index_args = pip.pip_env(tmp, url, credential, ws.ca_bundle_file())
     dest = tmp / "files"
     cmd = [

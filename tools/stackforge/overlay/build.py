@@ -42,6 +42,7 @@ from stackforge.overlay.load import OVERLAY_FILE, LoadedOverlay, check_files
 from stackforge.publish.stack import check_gated
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
+from stackforge.stack.model import Stack
 from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.yamlsrc import Pos
 
@@ -124,13 +125,13 @@ def check_stack(loaded: ResolvedStack, ov: LoadedOverlay, target: str | None) ->
     return "overlay"
 
 
-def _render(loaded: ResolvedStack, ov: LoadedOverlay, template: str, path: tuple, **extra: Any) -> str:
-    shim = cast(LoadedStack, _At(loaded.model, ov))
+def _render(stack: Stack, ov: LoadedOverlay, template: str, path: tuple, **extra: Any) -> str:
+    shim = cast(LoadedStack, _At(stack, ov))
     return tags.render_template(shim, template, path, overlay={"name": ov.name}, **extra)
 
 
 def local_ref(loaded: ResolvedStack, ov: LoadedOverlay) -> str:
-    text = _render(loaded, ov, ov.model.tags.local, ("tags", "local"))
+    text = _render(loaded.model, ov, ov.model.tags.local, ("tags", "local"))
     return str(tags.checked_ref(cast(LoadedStack, _At(loaded.model, ov)), text, ("tags", "local")))
 
 
@@ -141,14 +142,14 @@ def publish_ref(loaded: ResolvedStack, ov: LoadedOverlay, registry: str, date: s
             ("tags",),
             fix="add tags.publish, e.g. 'vllm:…-{{ overlay.name }}-{{ date }}-r{{ revision }}'",
         )
-    text = _render(loaded, ov, ov.model.tags.publish, ("tags", "publish"), date=date, revision=revision)
+    text = _render(loaded.model, ov, ov.model.tags.publish, ("tags", "publish"), date=date, revision=revision)
     return tags.checked_ref(
         cast(LoadedStack, _At(loaded.model, ov)), f"{tags.check_registry(registry)}/{text}", ("tags", "publish")
     )
 
 
 def rendered_labels(loaded: ResolvedStack, ov: LoadedOverlay) -> dict[str, str]:
-    return {k: _render(loaded, ov, v, ("labels", k)) for k, v in ov.model.labels.items()}
+    return {k: _render(loaded.model, ov, v, ("labels", k)) for k, v in ov.model.labels.items()}
 
 
 def fingerprint(ov: LoadedOverlay) -> str:
@@ -282,7 +283,7 @@ def write_context(
         images / "gate" / "localver.py",
     ):
         shutil.copyfile(src, bin_dir / src.name)
-    checks = [c.model_dump() for c in ov.model.checks if _wanted(loaded, c.when)]
+    checks = [c.model_dump() for c in ov.model.checks if _wanted(loaded.model, c.when)]
     atomic_write(ctx / "overlay" / "checks.json", json.dumps(checks, indent=2) + "\n")
     shutil.copyfile(ov.dir / OVERLAY_FILE, ctx / "overlay" / OVERLAY_FILE)
     (ctx / "files").mkdir()
@@ -294,8 +295,8 @@ def write_context(
     return data, changed
 
 
-def _wanted(loaded: ResolvedStack, when: dict[str, str]) -> bool:
-    options = {n: o.value for n, o in loaded.model.options.items()}
+def _wanted(stack: Stack, when: dict[str, str]) -> bool:
+    options = {n: o.value for n, o in stack.options.items()}
     return all(options.get(k) == v for k, v in when.items())
 
 
@@ -347,7 +348,7 @@ def template_view(
         "packages_text": ", ".join(data["packages"]),
         "files": [{"key": "-".join(map(str, at)), "dest": f.dest} for at, f in ov.file_entries()],
         "env": {k: v.default for k, v in m.env.items()},
-        "checks": bool([c for c in m.checks if _wanted(loaded, c.when)]),
+        "checks": bool([c for c in m.checks if _wanted(loaded.model, c.when)]),
         "ports": list(m.ports.values()),
         "labels": labels,
         "entrypoint": [m.entrypoint.dest] if m.entrypoint is not None else None,
