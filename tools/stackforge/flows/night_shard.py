@@ -74,14 +74,16 @@ def plan_night(
     problems: list[Problem] = []
     for name in options.stacks or list_stacks(root):
         try:
-            one = ResolvedStack.of(load(name, root=root, overrides=for_stack(name)))
+            read = load(name, root=root, overrides=for_stack(name))
+            if not (options.stacks or read.model.nightly):
+                continue
+            one = ResolvedStack.of(read)
         except UserError as err:
             if not options.stacks and not _nightly_as_declared(root, name):
                 continue
             problems.append(Problem(stack=name, reason=err.render()))
             continue
-        if options.stacks or one.model.nightly:
-            loaded.append(one)
+        loaded.append(one)
     recipes = nightly_recipes(root)
 
     def needs_device(stack: str, target: str) -> bool:

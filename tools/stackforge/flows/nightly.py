@@ -409,13 +409,18 @@ def select_stacks(
     for name in names or list_stacks(root):
         own = for_stack(name)
         try:
-            one = ResolvedStack.of(load(name, root=root, overrides=own))
+            read = load(name, root=root, overrides=own)
         except UserError as err:
             if not names and own and not _nightly_as_declared(root, name):
                 continue
             rows.append(Row(stack=name, target="*", status="failed", stage="load", reason=err.render()))
             continue
-        if not names and not one.model.nightly:
+        if not names and not read.model.nightly:
+            continue
+        try:
+            one = ResolvedStack.of(read)  # every template renders, or the stack's row says which does not
+        except UserError as err:
+            rows.append(Row(stack=name, target="*", status="failed", stage="load", reason=err.render()))
             continue
         try:
             lint_or_fail(one)
