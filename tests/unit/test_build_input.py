@@ -34,8 +34,9 @@ def test_no_build_step_takes_the_loaded_stack_and_the_walk_is_short():
     ]
     assert in_builder == []
     names = {f"{f.module}:{f.qual}" for f in stops}
-    assert "stackforge.cli.build:cmd_build" in names and "stackforge.builder.run:build" in names
-    assert "stackforge.builder.plan:make_plan" in names  # the walk reaches the plan through the run
+    # by name, wherever builder/'s rooms put the modules: the walk reaches the run and, through it, the plan
+    reached = {(f.module.rsplit(".", 1)[-1], f.qual) for f in stops if f.module.startswith("stackforge.builder")}
+    assert "stackforge.cli.build:cmd_build" in names and {("run", "build"), ("plan", "make_plan")} <= reached
     assert len(stops) < 100, sorted(names)
 
 
