@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from stackforge.builder.plan import pip_check_allow
+from stackforge.builder.plan.plan import pip_check_allow
 from stackforge.stack.load import fingerprint
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms

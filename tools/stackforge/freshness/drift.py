@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackforge.builder import agree
+from stackforge.builder.sources import agree
 from stackforge.clients import upstream as sources
 from stackforge.clients.git import git, rev_parse
 from stackforge.clients.workspace import Workspace, workspace_for
