@@ -135,7 +135,7 @@ def test_the_build_input_carries_the_credentials_its_urls_named():
 def test_a_build_fetches_its_upstream_with_the_credential_its_stack_url_carried(monkeypatch, tmp_path):
     """The credential split off ``upstreams.<name>.git`` reaches the git fetch from the stack value, with no module
     keeping it: the same URL asked without its stack has none."""
-    from stackforge.builder import sources
+    from stackforge.builder.sources import sources
     from stackforge.clients import credentials, upstream
     from stackforge.clients.workspace import Workspace
     from stackforge.stack.resolved import ResolvedStack
