@@ -19,7 +19,7 @@ from stackforge.cli import main as cli
 from stackforge.clients import upstream as upstreams
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
-from stackforge.stack.load import load_stack
+from stackforge.stack.load import load
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel
 
@@ -83,11 +83,14 @@ def _cli(capsys, root: Path, *argv: str) -> tuple[int, str]:
 def test_sdist_fetch_uses_the_credential(private_index, tmp_path, monkeypatch, kind):
     server, root = private_index
     sets = _source(kind, server, tmp_path, monkeypatch)
-    stack = load_stack("tiny", root, sets)
+    loaded = load("tiny", root, sets)
+    stack = loaded.model
     up = stack.upstreams["tinysrc"].sdist
     spec = upstreams.SdistSpec(stack.indexes["priv"].url, up.name, up.version, up.sha256)
     server.reset_log()
-    path = upstreams.fetch_sdist(spec, Workspace.at(root).cache())
+    # the credential comes with the stack (what its URL carried, its index's variables, netrc), handed to the fetch
+    credential = loaded.credentials.for_index("priv")
+    path = upstreams.fetch_sdist(spec, Workspace.at(root).cache(), credential=credential)
     assert path.name == "tinysrc-1.0.tar.gz"
     downloads = [r for r in server.requests if r.path.startswith("/files/")]
     assert downloads and all(r.authorized and r.status == 200 for r in downloads)
@@ -102,11 +105,14 @@ def test_sdist_fetch_without_or_with_a_wrong_credential_fails_clearly(private_in
         if kind != "none"
         else _source("none", server, tmp_path, monkeypatch)
     )
-    stack = load_stack("tiny", root, sets)
+    loaded = load("tiny", root, sets)
+    stack = loaded.model
     up = stack.upstreams["tinysrc"].sdist
     with pytest.raises(UserError) as err:
         upstreams.fetch_sdist(
-            upstreams.SdistSpec(stack.indexes["priv"].url, up.name, up.version, up.sha256), Workspace.at(root).cache()
+            upstreams.SdistSpec(stack.indexes["priv"].url, up.name, up.version, up.sha256),
+            Workspace.at(root).cache(),
+            credential=loaded.credentials.for_index("priv"),
         )
     text = err.value.render()
     assert "401" in text and "STACKFORGE_INDEX_<NAME>_USERNAME" in text, text

@@ -543,12 +543,12 @@ def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plu
     # lint, from the mirror the render filled, agrees too
     from stackforge.builder.sources.agree import lint_upstreams
 
-    result = lint_upstreams(loaded, Workspace.at(root))
+    result = lint_upstreams(loaded.model, loaded.root, Workspace.at(root))
     assert (result.findings, result.notes, result.checked) == ([], [], ["vllm_musa"])
     # Mooncake moved by --set: the plugin's Dockerfile's build argument names it, in each stage that declares it
     moved = "targets.mooncake.pip.mooncake.requirements=[mooncake-transfer-engine-musa==0.3.12.post1]"
     loaded = load(name, root=root, overrides=[*ms.upstream_overrides(plugin_standins), moved])
-    found = lint_upstreams(loaded, Workspace.at(root)).findings
+    found = lint_upstreams(loaded.model, loaded.root, Workspace.at(root)).findings
     dockerfile = standin_slices.contract_dockerfile().splitlines()
     assert [(f.path, f.line, f.spec) for f in found] == [
         ("docker/musa.Dockerfile", n, "==0.3.13")

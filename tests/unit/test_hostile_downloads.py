@@ -16,7 +16,9 @@ SHA = hashlib.sha256(DATA).hexdigest()
 
 def fetch(monkeypatch, tmp_path, file_url: str):
     """fetch_sdist against an index whose page links ``file_url``; returns (result or error, files written)."""
-    monkeypatch.setattr(upstream, "find_sdist", lambda index, name, version, workspace=None: (file_url, None))
+    monkeypatch.setattr(
+        upstream, "find_sdist", lambda index, name, version, workspace=None, credential=None: (file_url, None)
+    )
     monkeypatch.setattr(
         upstream, "_download", lambda url, dest, sha256, *_a: dest.parent.mkdir(parents=True) or dest.write_bytes(DATA)
     )

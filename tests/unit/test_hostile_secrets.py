@@ -276,7 +276,9 @@ def test_resolver_order_url_then_env_then_netrc(tmp_path, monkeypatch):
     in_url = load("post2", REPO, [f"{IDX}=https://u:from-url@vendor.example/simple"])
     assert in_url.model.indexes["mthreads"].url == "https://vendor.example/simple"
     assert for_index(in_url, "mthreads").auth == ("u", "from-url")
-    assert resolve("https://vendor.example/simple").auth == ("u", "from-url")  # what the loader split off
+    # what the loader split off travels with the stack, and only with it: no module keeps it between loads
+    assert in_url.credentials.for_url("https://vendor.example/simple").auth == ("u", "from-url")
+    assert resolve("https://vendor.example/simple").auth == ("n", "from-netrc")
 
 
 def test_netrc_entries_quote_what_netrc_cannot_read_bare(tmp_path):

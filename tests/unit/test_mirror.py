@@ -140,7 +140,7 @@ def test_an_offline_build_refuses_a_mirror_of_other_inputs_and_another_stack(tmp
     staging = tmp_path / "ctx"
     staging.mkdir()
     with pytest.raises(UserError) as exc:
-        apt.apply(loaded, plan, tmp_path, data, staging, "fix")
+        apt.apply(plan, tmp_path, data, staging, "fix")
     assert exc.value.message.startswith("system.musa: the mirror holds no apt packages for the system layers")
     kernel = next(k for k in plan.kernels if k.toolchain)
     with pytest.raises(UserError) as exc:

@@ -97,3 +97,62 @@ def test_a_layer_with_env_before_a_templated_layer_plans():
     assert stages["os"].env == {"X": "1"}
     link = loaded.resolved.value(("system", "musa", "symlinks", "/usr/local/musa"), "?")
     assert f"|/usr/local/musa|{link}" in stages["musa"].spec
+
+
+def test_the_build_input_is_made_once_with_every_value_rendered_and_is_frozen():
+    import dataclasses
+
+    from stackforge.stack.resolved import ResolvedStack
+
+    loaded = load("post2", root=REPO)
+    value = ResolvedStack.of(loaded)
+    assert ResolvedStack.of(value) is value
+    assert value.resolved is loaded.resolved and value.model is loaded.model and value.root == loaded.root
+    assert value.files == tuple(loaded.files) and value.name == "post2"
+    key = ("targets", "final", "env", "MTGPU_TARGET")
+    assert value.position(key) == loaded.position(key) and value.position(key).line > 0
+    placed = value.placed(UserError("bad"), key)
+    assert (placed.file, placed.line) == (value.position(key).file, value.position(key).line)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        value.root = Path("/")  # type: ignore[misc]
+    assert target_ref(value, "vllm-openai") == target_ref(loaded, "vllm-openai")
+
+
+def test_the_build_input_carries_the_credentials_its_urls_named():
+    from stackforge.stack.resolved import ResolvedStack
+
+    url = "indexes.pypi.url=https://someone:s3cret@pypi.example/simple"
+    value = ResolvedStack.of(load("post2", root=REPO, overrides=[url]))
+    assert value.model.indexes["pypi"].url == "https://pypi.example/simple"
+    assert list(value.credentials) == ["pypi"] and value.credentials["pypi"].auth == ("someone", "s3cret")
+    assert value.credentials.for_index("pypi").auth == ("someone", "s3cret")
+    assert value.credentials.for_url("https://pypi.example/simple/").auth == ("someone", "s3cret")
+    assert "s3cret" not in repr(value) and "s3cret" not in repr(load("post2", root=REPO, overrides=[url]))
+    other = ResolvedStack.of(load("post2", root=REPO))
+    assert "pypi" not in other.credentials and other.credentials.get("pypi") is None
+
+
+def test_a_build_fetches_its_upstream_with_the_credential_its_stack_url_carried(monkeypatch, tmp_path):
+    """The credential split off ``upstreams.<name>.git`` reaches the git fetch from the stack value, with no module
+    keeping it: the same URL asked without its stack has none."""
+    from stackforge.builder.sources import sources
+    from stackforge.clients import credentials, upstream
+    from stackforge.clients.workspace import Workspace
+    from stackforge.stack.resolved import ResolvedStack
+
+    monkeypatch.setenv("STACKFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    seen: dict = {}
+
+    def fetch(spec, cache, **kwargs):
+        seen.update(kwargs, git=spec.git)
+        raise UserError("stop here")
+
+    monkeypatch.setattr(upstream, "fetch_upstream", fetch)
+    url = "upstreams.vllm.git=https://someone:t0ken@git.example/vllm.git"
+    value = ResolvedStack.of(load("post2", root=REPO, overrides=[url]))
+    with pytest.raises(UserError, match="stop here"):
+        sources.export_source(value, "vllm", tmp_path / "src", Workspace.at(REPO))
+    assert seen["git"] == "https://git.example/vllm.git"
+    assert seen["credential"].auth == ("someone", "t0ken")
+    assert credentials.for_url("https://git.example/vllm.git") is None

@@ -19,7 +19,7 @@ from stackforge.cli.options import (
     add_refresh,
     add_registry_cache,
     add_set,
-    load,
+    build_input,
     print_json,
     registry_cache_of,
     root_of,
@@ -195,7 +195,7 @@ def add_wait(p) -> None:
 
 
 def cmd_render(args) -> int:
-    loaded = load(args, args.stack)
+    loaded = build_input(args, args.stack)
     if args.platform != ALL_PLATFORMS:
         return _render_line(args, loaded)
     if args.out is not None:
@@ -266,7 +266,7 @@ def cmd_build(args) -> int:
     if uptodate.answer(lookup, ws.cache("build"), ws.builder):
         return 0
     cache = registry_cache_of(args)  # a bad reference fails before anything runs
-    loaded = load(args, args.stack)
+    loaded = build_input(args, args.stack)
     if args.offline or args.mirror:
         _offline_options(args, loaded)
     if args.doctor:
@@ -395,7 +395,7 @@ def cmd_verify(args) -> int:
             fix="stackforge verify HOST/NAME:TAG --key key.pub",
         )
     labels = image_labels(engine, args.image)
-    loaded = line_of(load(args, args.stack or stack_of(labels, args.image)), engine, args.image)
+    loaded = line_of(build_input(args, args.stack or stack_of(labels, args.image)), engine, args.image)
     stack = loaded.model
     result = verify(loaded, args.image, labels, engine, image_config(engine, args.image))
     kept = local_record(loaded, engine.image_id(args.image))  # the record its build kept, when it was published
@@ -434,7 +434,7 @@ def cmd_gate(args) -> int:
 
 
 def _gate(args, script: str) -> int:
-    loaded = load(args, args.stack)
+    loaded = build_input(args, args.stack)
     ok, lines = run_gate(loaded, args.image, workspace_of(args).engine, script=script)
     if args.json:
         print_json({"image": args.image, "stack": loaded.name, "ok": ok, "lines": lines})

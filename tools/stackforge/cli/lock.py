@@ -6,7 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
-from stackforge.cli.options import add_json, add_platform, add_set, load, print_json, workspace_of
+from stackforge.cli.options import add_json, add_platform, add_set, build_input, print_json, workspace_of
 from stackforge.errors import UserError
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def cmd_lock(args) -> int:
             file=" ".join(args.stack),
             fix="lock one stack at a time, or add --check to check several",
         )
-    loaded = load(args, args.stack[0])
+    loaded = build_input(args, args.stack[0])
     paths = write_locks(loaded, args.index, workspace_of(args))
     written = [str(path.relative_to(loaded.root)) for path in paths]
     if args.json:
@@ -71,7 +71,9 @@ def cmd_lock(args) -> int:
 
 
 def _check(args) -> int:
-    loaded_all = [load(args, name) for name in args.stack]  # every stack loads (bad input: exit 2) before any check
+    loaded_all = [
+        build_input(args, name) for name in args.stack
+    ]  # every stack loads (bad input: exit 2) before any check
     for loaded in loaded_all:
         for index in args.index or []:
             if index not in loaded.model.indexes:

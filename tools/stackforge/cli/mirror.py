@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stackforge.cli.options import add_json, add_refresh, add_set, load, print_json, workspace_of
+from stackforge.cli.options import add_json, add_refresh, add_set, build_input, print_json, workspace_of
 
 
 def register(sub) -> None:
@@ -34,7 +34,7 @@ def register(sub) -> None:
 def cmd_mirror(args) -> int:
     from stackforge.flows.mirror import make_mirror
 
-    loaded = load(args, args.stack)
+    loaded = build_input(args, args.stack)
     summary = make_mirror(loaded, args.to, workspace_of(args), network=args.network)
     if args.json:
         print_json(summary)

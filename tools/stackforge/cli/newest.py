@@ -64,7 +64,7 @@ def load_and_query(args, packages: list[str] | None = None) -> tuple[LoadedStack
         root_of(args), args.stack, overrides_for(args, args.stack), packages=packages, cache_dir=cache
     )
     loaded = load(args, args.stack, read=early.document)
-    return loaded, lines.clients_for(loaded, cache, workspace=workspace_of(args), reuse=early.clients)
+    return loaded, lines.clients_for(loaded, cache, reuse=early.clients)
 
 
 def cmd_newest(args) -> int:

@@ -23,6 +23,7 @@ from stackforge.urls import redact_text
 if TYPE_CHECKING:
     from stackforge.stack.document import Document
     from stackforge.stack.load import LoadedStack
+    from stackforge.stack.resolved import ResolvedStack
 
 SELECTED = "_selected_stacks"  # the attribute select() sets on args
 WORKSPACE = "workspace"  # the attribute main() sets on args
@@ -222,6 +223,14 @@ def load(args, name: str, read: Document | None = None) -> LoadedStack:
     loaded = load_stack_file(name, root=root_of(args), overrides=overrides_for(args, name), read=read)
     which = getattr(args, "platform", None)
     return loaded.for_platform(which) if which and which != ALL_PLATFORMS else loaded
+
+
+def build_input(args, name: str, read: Document | None = None) -> ResolvedStack:
+    """Stack ``name`` as ``load`` loads it, resolved: the build's one input (``stack.resolved.ResolvedStack``),
+    made once for the verb."""
+    from stackforge.stack.resolved import ResolvedStack
+
+    return ResolvedStack.of(load(args, name, read))
 
 
 #: ``--platform all``: every platform line of the stack

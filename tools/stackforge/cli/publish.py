@@ -14,7 +14,7 @@ from stackforge.cli.options import (
     add_out,
     add_retry,
     add_set,
-    load,
+    build_input,
     osv_max_age_of,
     print_json,
     retry_policy,
@@ -209,7 +209,7 @@ def cmd_pull(args) -> int:
         if args.tags:
             raise UserError("--tags: a stack's tag scheme comes from its tags.publish", file="--tags",
                             fix="leave out --tags, or pull the repository (HOST/NAME) instead of the stack")  # fmt: skip
-        loaded = load(args, args.stack)
+        loaded = build_input(args, args.stack)
         _, repository, scheme, _, _ = destination(loaded, args.registry, date or "19700101", args.target)
         tag, _ = newest(RegistryClient(repository, policy=policy), scheme, date)
     else:
@@ -237,7 +237,7 @@ def cmd_copy(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    loaded = load(args, args.stack)
+    loaded = build_input(args, args.stack)
     options = PublishOptions(
         policy=retry_policy(args),
         compression=args.compression,

@@ -99,6 +99,7 @@ def default_image(recipe: LoadedRecipe, root: Path | None) -> str:
     """The local tag ``stackforge build`` gives the recipe's stack and target."""
     from stackforge.builder.run.run import target_ref
     from stackforge.stack.load import load
+    from stackforge.stack.resolved import ResolvedStack
 
     img = recipe.model.image
     if root is None:
@@ -113,8 +114,7 @@ def default_image(recipe: LoadedRecipe, root: Path | None) -> str:
             f"{recipe.display}: the image carries overlay {img.overlay!r}; name it with --image",
             fix=f"pass --image REF of the {img.overlay} overlay's image",
         )
-    loaded = load(img.stack, root=root)
-    return target_ref(loaded, img.target)
+    return target_ref(ResolvedStack.of(load(img.stack, root=root)), img.target)
 
 
 def evidence_name(recipe: LoadedRecipe, configuration: str | None) -> str:

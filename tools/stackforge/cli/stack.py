@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
-from stackforge.cli.options import add_json, add_set, load, print_json, root_of, select, workspace_of
+from stackforge.cli.options import add_json, add_set, build_input, load, print_json, root_of, select, workspace_of
 from stackforge.errors import UserError
 from stackforge.stack import listing
 from stackforge.stack.names import list_stacks
@@ -221,15 +221,16 @@ def cmd_lint(args) -> int:
     invalid = False
     for name in names:
         try:
-            loaded = load(args, name)
+            loaded = build_input(args, name)  # every template of the stack renders (or refuses): stack/resolved.py
         except UserError as err:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})
             continue
         findings = prepare.lint(loaded)
         try:
-            tags.local_ref(loaded)  # every template of the stack renders (or refuses): stack/resolved.py
-            upstream = agree.lint_upstreams(loaded, workspace_of(args), fetch=args.upstreams)
+            upstream = agree.lint_upstreams(
+                loaded.model, loaded.root, workspace_of(args), fetch=args.upstreams, credentials=loaded.credentials
+            )
         except UserError as err:
             invalid = True
             report.append({"stack": name, "invalid": err.render()})

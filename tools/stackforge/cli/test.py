@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stackforge.cli.lazy import lazy
-from stackforge.cli.options import add_json, add_set, load, print_json, root_of, workspace_of
+from stackforge.cli.options import add_json, add_set, build_input, print_json, root_of, workspace_of
 from stackforge.errors import UserError
 
 if TYPE_CHECKING:
     from stackforge.builder.records import evidence
     from stackforge.smoke import slices
-    from stackforge.stack.load import LoadedStack
+    from stackforge.stack.resolved import ResolvedStack
 else:
     evidence = lazy("stackforge.builder.records.evidence")
     slices = lazy("stackforge.smoke.slices")
@@ -62,13 +62,13 @@ def _is_stack(root: Path, subject: str) -> bool:
     return "/" not in subject and ":" not in subject and (root / "stacks" / f"{subject}.yaml").is_file()
 
 
-def _runs(args, root: Path) -> tuple[LoadedStack, list[tuple[slices.SliceRef, str, str | None]]]:
+def _runs(args, root: Path) -> tuple[ResolvedStack, list[tuple[slices.SliceRef, str, str | None]]]:
     """The stack and each slice to run with its image and that image's id."""
     engine = workspace_of(args).engine
     if _is_stack(root, args.subject):
         from stackforge.builder.run.run import target_ref
 
-        loaded = load(args, args.subject)
+        loaded = build_input(args, args.subject)
         refs = _chosen(slices.declared(loaded), args.slice, loaded.name)
         out = []
         for ref in refs:
@@ -89,7 +89,7 @@ def _runs(args, root: Path) -> tuple[LoadedStack, list[tuple[slices.SliceRef, st
             file="IMAGE",
             fix=f"run from a checkout holding stacks/{name}.yaml",
         )
-    loaded = load(args, name)
+    loaded = build_input(args, name)
     refs = _chosen(slices.declared(loaded, labels.get("org.stackforge.overlay")), args.slice, loaded.name)
     wrong = slices.image_mismatch(loaded, labels, refs)
     if wrong:

@@ -3,15 +3,16 @@
 Order, first found wins:
 
 1. what was split off the URL itself (userinfo and sensitive query parameters, ``urls.split``);
-   the stack loader splits them at load time and records them here (``remember``), so a caller
-   holding only the clean URL finds them too;
+   the stack loader splits them at load time into the stack's ``StackCredentials``, which travels with the
+   stack (``LoadedStack.credentials``, ``ResolvedStack.credentials``) to the steps that fetch;
 2. ``STACKFORGE_INDEX_<NAME>_USERNAME`` / ``STACKFORGE_INDEX_<NAME>_PASSWORD`` for the stack index
    ``<NAME>`` (upper-cased, every non-alphanumeric character replaced by ``_``);
 3. the ``machine`` entry for the URL's host in ``$NETRC`` or ``~/.netrc``.
 
 The build's netrc secret, the host-side sdist fetch and git fetch, ``stackforge lock`` and
-``stackforge newest`` all ask the run's ``Workspace`` (``index_credential`` / ``url_credential``,
-thin over ``for_index`` / ``for_url``); none reads credentials on its own.
+``stackforge newest`` ask the stack's ``StackCredentials`` (``for_index`` / ``for_url``) and pass what it gives
+to the client; a URL held without its stack asks ``for_url`` (environment and netrc). None reads credentials on
+its own, and nothing is kept between loads.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from netrc import NetrcParseError, netrc
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,20 +38,13 @@ from stackforge.urls import Credential, host, split
 if TYPE_CHECKING:
     from stackforge.clients.dockerconfig import AuthEntry
     from stackforge.stack.load import LoadedStack  # stack.load imports this module
+    from stackforge.stack.resolved import ResolvedStack
 
-_KNOWN: dict[str, tuple[str | None, Credential | None]] = {}  # clean URL -> (index name, URL credential)
 _LOCK = threading.Lock()
 
 
 def _key(url: str) -> str:
     return str(url).rstrip("/")
-
-
-def remember(clean_url: str, credential: Credential | None, index_name: str | None = None) -> None:
-    """Record what the loader split off ``clean_url`` (and which stack index it is) for ``for_url``.
-    The stack loaded last decides: a URL it gives without a credential has none from the URL."""
-    with _LOCK:
-        _KNOWN[_key(clean_url)] = (index_name, credential)
 
 
 def env_credentials(index_name: str, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
@@ -106,16 +101,46 @@ def netrc_credentials(hostname: str, environ: dict[str, str] | None = None) -> t
     return (login or "", password or "")
 
 
-def resolve(
-    url: str, index_name: str | None = None, url_credential: Credential | None = None, *, remembered: bool = True
-) -> Credential | None:
-    """The credential for ``url`` (userinfo in it is honoured too): URL > environment > netrc.
-    ``remembered``: also look up what the stack loader split off this URL (``remember``)."""
+@dataclass(frozen=True)
+class StackCredentials(Mapping[str, Credential]):
+    """The credentials a stack names: for each of its indexes, its name and clean URL (the name says which
+    ``STACKFORGE_INDEX_<NAME>_*`` variables hold one), and what the loader split off the stack's URLs (an index's
+    or a git upstream's userinfo and sensitive query parameters). As a mapping: index name → what was split off
+    that index's URL (only the indexes whose URL carried one). Made once per load and carried with the stack;
+    ``for_index`` and ``for_url`` resolve from it, then the environment and netrc."""
+
+    indexes: Mapping[str, str] = field(default_factory=dict)  # index name -> clean URL
+    split_off: Mapping[str, Credential] = field(default_factory=dict, repr=False)  # clean URL -> what it carried
+
+    def __getitem__(self, index_name: str) -> Credential:
+        url = self.indexes.get(index_name)
+        found = self.split_off.get(_key(url)) if url is not None else None
+        if found is None:
+            raise KeyError(index_name)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, url in self.indexes.items() if _key(url) in self.split_off)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def for_index(self, index_name: str) -> Credential | None:
+        """The credential of the stack's index ``index_name``: URL > environment > netrc."""
+        return resolve(self.indexes[index_name], index_name, self.get(index_name))
+
+    def for_url(self, url: str) -> Credential | None:
+        """The credential for ``url`` (an index's or a git upstream's, or another the stack's steps reach): what
+        the stack's URL carried, else the environment of the index it is, else netrc."""
+        clean, _ = split(url)
+        name = next((n for n, u in self.indexes.items() if _key(u) == _key(clean)), None)
+        return resolve(url, name, self.split_off.get(_key(clean)))
+
+
+def resolve(url: str, index_name: str | None = None, url_credential: Credential | None = None) -> Credential | None:
+    """The credential for ``url`` (userinfo in it is honoured too, else ``url_credential``: what the stack's URL
+    carried): URL > environment (``index_name``'s variables) > netrc."""
     clean, in_url = split(url)
-    if in_url is None and url_credential is None and remembered:
-        with _LOCK:
-            known_name, url_credential = _KNOWN.get(_key(clean), (None, None))
-        index_name = index_name or known_name
     cred = in_url or url_credential
     if cred is not None:
         return cred
@@ -127,14 +152,14 @@ def resolve(
     return Credential(found[0], found[1], (), "netrc") if found else None
 
 
-def for_index(loaded: LoadedStack, index_name: str) -> Credential | None:
+def for_index(loaded: LoadedStack | ResolvedStack, index_name: str) -> Credential | None:
     """The credential of the index ``index_name`` of a loaded stack (what its URL carried, split off at load)."""
-    url = loaded.model.indexes[index_name].url
-    return resolve(url, index_name, loaded.credentials.get(index_name), remembered=False)
+    return loaded.credentials.for_index(index_name)
 
 
 def for_url(url: str) -> Credential | None:
-    """The credential for a URL the caller holds without its stack (an sdist index, a git upstream)."""
+    """The credential for a URL the caller holds without its stack: what it carries, else netrc (a stack's URL
+    asks the stack's ``StackCredentials.for_url``)."""
     return resolve(url)
 
 

@@ -216,6 +216,7 @@ def fetch_upstream(
     offline: bool = False,
     workspace: Workspace | None = None,
     reuse: bool = False,
+    credential: Credential | None = None,
 ) -> Path:
     """Create or update the bare mirror of ``spec.git`` and verify the pin. Returns the mirror path.
 
@@ -224,7 +225,8 @@ def fetch_upstream(
     ``offline`` the cache is used as it is, and a missing mirror is an error.
     With ``reuse`` (what a build asks for) a mirror that already holds the pinned commit, and the pinned tag
     naming it, is used without asking the upstream anything.
-    A remote URL's credential is what it carries, else the workspace's resolver's.
+    A remote URL's credential is what it carries, else ``credential`` (what the stack gives for it), else the
+    workspace's resolver's.
     """
     url_in, commit, tag = spec.git, spec.commit, spec.tag
     label = spec.name if isinstance(spec, UpstreamSpec) else None
@@ -233,7 +235,7 @@ def fetch_upstream(
     commit = pinned_commit(spec)
     url, in_url = split_credentials(str(url_in))
     url = resolve_git_url(url, root)
-    credential = in_url or (_url_credential(url, workspace) if _is_remote_url(url) else None)
+    credential = in_url or ((credential or _url_credential(url, workspace)) if _is_remote_url(url) else None)
     auth_env = git_credential_env(url, credential)
     mirror = mirror_path(url, cache_dir)
     if offline:
@@ -351,16 +353,18 @@ def export_upstream(
     root: Path | None = None,
     offline: bool = False,
     workspace: Workspace | None = None,
+    credential: Credential | None = None,
 ) -> Path:
-    """Write a clean tree of the pinned upstream into ``dest_dir``.
+    """Write a clean tree of the pinned upstream into ``dest_dir`` (``credential``: what the stack gives for its
+    git URL or sdist index).
 
     The release sdist is the source when the spec declares one; otherwise the
     pinned git commit (verified against its tag) is exported from the mirror.
     """
     sdist = sdist_of(spec)
     if sdist:
-        return export_sdist(sdist, cache_dir, dest_dir, offline=offline, workspace=workspace)
-    mirror = fetch_upstream(spec, cache_dir, root=root, offline=offline, workspace=workspace)
+        return export_sdist(sdist, cache_dir, dest_dir, offline=offline, workspace=workspace, credential=credential)
+    mirror = fetch_upstream(spec, cache_dir, root=root, offline=offline, workspace=workspace, credential=credential)
     return export_commit(mirror, str(spec.commit), dest_dir)
 
 
@@ -453,13 +457,15 @@ def declared_size(client: IndexClient | None, name: str, version: str, url: str)
     return None
 
 
-def find_sdist(index_url: str, name: str, version: str, workspace: Workspace | None = None) -> tuple[str, IndexClient]:
+def find_sdist(
+    index_url: str, name: str, version: str, workspace: Workspace | None = None, credential: Credential | None = None
+) -> tuple[str, IndexClient]:
     """``(URL of name-version.tar.gz, the IndexClient that found it)`` on a PEP 691/503 simple index;
-    the client carries the index's credential (what the URL carries, else the workspace's resolver's)
-    for the download."""
+    the client carries the index's credential (what the URL carries, else ``credential``, what the stack gives for
+    its index, else the workspace's resolver's) for the download."""
 
     clean, in_url = split_credentials(index_url)
-    client = IndexClient(index_url, credential=in_url or _url_credential(clean, workspace))
+    client = IndexClient(index_url, credential=in_url or credential or _url_credential(clean, workspace))
     try:
         files = client.project(name).files_for(version)
     except IndexQueryError as exc:
@@ -498,9 +504,15 @@ def sdist_file_name(url: str, name: str, version: str) -> str:
 
 
 def fetch_sdist(
-    sdist: SdistSpec, cache_dir: Path | str, *, offline: bool = False, workspace: Workspace | None = None
+    sdist: SdistSpec,
+    cache_dir: Path | str,
+    *,
+    offline: bool = False,
+    workspace: Workspace | None = None,
+    credential: Credential | None = None,
 ) -> Path:
-    """Download the pinned sdist (once) and check its sha256. Returns the cached file."""
+    """Download the pinned sdist (once) and check its sha256. Returns the cached file. ``credential``: what the
+    stack gives for the sdist's index."""
     name, version = str(sdist.name), str(sdist.version)
     expected = str(sdist.sha256 or "").lower()
     if not re.fullmatch(r"[0-9a-f]{64}", expected):
@@ -517,7 +529,7 @@ def fetch_sdist(
         raise UserError(
             f"sdist {name}=={version} is not cached and offline mode is on", fix="run once with network access"
         )
-    url, client = find_sdist(sdist_index_url(sdist), name, version, workspace)
+    url, client = find_sdist(sdist_index_url(sdist), name, version, workspace, credential)
     out = cache / sdist_file_name(url, name, version)
     try:
         with progress.transfer(f"download {name}=={version} (sdist)") as t:
@@ -576,9 +588,12 @@ def export_sdist(
     *,
     offline: bool = False,
     workspace: Workspace | None = None,
+    credential: Credential | None = None,
 ) -> Path:
     """Download (or reuse), verify and unpack the pinned sdist into ``dest_dir``."""
-    return unpack_sdist(fetch_sdist(sdist, cache_dir, offline=offline, workspace=workspace), dest_dir)
+    return unpack_sdist(
+        fetch_sdist(sdist, cache_dir, offline=offline, workspace=workspace, credential=credential), dest_dir
+    )
 
 
 def describe(spec: UpstreamPin) -> str:

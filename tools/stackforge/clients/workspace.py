@@ -4,8 +4,8 @@ credential resolver, the CA bundle and the engine.
 The CLI builds one :class:`Workspace` per run (``cli/main.py``, from ``--root`` and the verb's
 ``--ca-bundle`` / ``--builder``) and hands it to the library; a library function called without
 one uses :meth:`Workspace.at` the stack's root (:func:`workspace_for`), or :meth:`Workspace.default`
-when it holds no stack, so both ask the same questions the same way. Credentials are asked of the
-workspace only (``index_credential``, ``url_credential``).
+when it holds no stack, so both ask the same questions the same way. A stack's credentials travel with the
+stack (``StackCredentials``); a URL held without its stack asks the workspace (``url_credential``).
 
 Every cache lives in one base directory: ``$STACKFORGE_CACHE`` when set, else
 ``<root>/build/cache`` inside the repository, else ``~/.cache/stackforge``
@@ -37,6 +37,7 @@ from stackforge.urls import Credential
 if TYPE_CHECKING:
     from stackforge.clients.engine import Engine
     from stackforge.stack.load import LoadedStack
+    from stackforge.stack.resolved import ResolvedStack
 
 STACKS_DIR = "stacks"
 CACHE_ENV = "STACKFORGE_CACHE"
@@ -128,16 +129,12 @@ class Workspace:
 
         return Engine(builder=self.builder)
 
-    def index_credential(self, loaded: LoadedStack, index: str) -> Credential | None:
-        """The credential of the stack's index ``index`` (``credentials.for_index``)."""
-        return credentials.for_index(loaded, index)
-
     def url_credential(self, url: str) -> Credential | None:
         """The credential for a URL held without its stack (``credentials.for_url``)."""
         return credentials.for_url(url)
 
 
-def workspace_for(loaded: LoadedStack, workspace: Workspace | None) -> Workspace:
+def workspace_for(loaded: LoadedStack | ResolvedStack, workspace: Workspace | None) -> Workspace:
     """``workspace``, or the default one at the stack's repository root."""
     return workspace if workspace is not None else Workspace.at(loaded.root)
 

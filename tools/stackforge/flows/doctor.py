@@ -28,9 +28,10 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin
 
 import requests
@@ -52,7 +53,10 @@ from stackforge.errors import UserError, clip
 from stackforge.grammar import split_host, split_tag
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
-from stackforge.stack.model import SystemLayer
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
+from stackforge.stack.model import Stack, SystemLayer
 from stackforge.urls import redact, redact_text
 from stackforge.urls import split as split_credentials
 
@@ -125,12 +129,12 @@ def engine_checks(workspace: Workspace) -> list[Check]:
 
 
 def stack_checks(
-    loaded: LoadedStack, workspace: Workspace, timeout: float = DEFAULT_TIMEOUT, *, engine: bool = True
+    loaded: LoadedStack | ResolvedStack, workspace: Workspace, timeout: float = DEFAULT_TIMEOUT, *, engine: bool = True
 ) -> list[Check]:
     """One row per endpoint the stack needs (``engine=False``: the base image is asked of its registry only)."""
     stack = loaded.model
     name = stack.name
-    rows = [_base_check(loaded, workspace if engine else None, timeout)]
+    rows = [_base_check(loaded.model, workspace if engine else None, timeout)]
     for uname, up in stack.upstreams.items():
         if up.git:
             rows.append(_git_check(loaded, workspace, uname, timeout))
@@ -138,7 +142,7 @@ def stack_checks(
         rows.append(_index_check(loaded, workspace, iname, timeout))
     for row in rows:
         row.limit = timeout
-    for path, layer in _system_layers(loaded):
+    for path, layer in _system_layers(loaded.model):
         label = ".".join(path[-1:])
         for sname, src in layer.sources.items():
             row = Check(
@@ -171,8 +175,8 @@ def _unless_never(row: Check, layer: SystemLayer) -> Check:
     return row
 
 
-def _base_check(loaded: LoadedStack, workspace: Workspace | None, timeout: float) -> Check:
-    image = loaded.model.base.image
+def _base_check(stack: Stack, workspace: Workspace | None, timeout: float) -> Check:
+    image = stack.base.image
 
     def run() -> str:
         if workspace is not None and workspace.engine.image_exists(image):
@@ -180,7 +184,7 @@ def _base_check(loaded: LoadedStack, workspace: Workspace | None, timeout: float
         digest = registry_digest(image, timeout)
         return f"not in the engine; its registry has it ({digest})" if workspace else f"its registry has it ({digest})"
 
-    return Check(loaded.name, "base image", image, key="base.image", placeholder="IMAGE", run=run)
+    return Check(stack.name, "base image", image, key="base.image", placeholder="IMAGE", run=run)
 
 
 def registry_digest(image: str, timeout: float) -> str | None:
@@ -203,7 +207,7 @@ def registry_digest(image: str, timeout: float) -> str | None:
     return info.digest
 
 
-def _git_check(loaded: LoadedStack, workspace: Workspace, uname: str, timeout: float) -> Check:
+def _git_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace, uname: str, timeout: float) -> Check:
     up = loaded.model.upstreams[uname]
     url, in_url = split_credentials(str(up.git))
 
@@ -218,7 +222,7 @@ def _git_check(loaded: LoadedStack, workspace: Workspace, uname: str, timeout: f
             if not res.ok:
                 raise UserError(f"the pinned commit {up.commit} is not in the local repository")
             return "local repository holds the pinned commit"
-        credential = in_url or workspace.url_credential(target)
+        credential = in_url or loaded.credentials.for_url(target)
         args = ["ls-remote", target] + ([f"refs/tags/{up.tag}"] if up.tag else [])
         res = git(None, *args, check=False, env=git_credential_env(target, credential), timeout=timeout)
         if not res.ok:
@@ -230,7 +234,7 @@ def _git_check(loaded: LoadedStack, workspace: Workspace, uname: str, timeout: f
     return Check(loaded.name, f"git {uname}", redact(url), key=f"upstreams.{uname}.git", run=run)
 
 
-def _index_check(loaded: LoadedStack, workspace: Workspace, iname: str, timeout: float) -> Check:
+def _index_check(loaded: LoadedStack | ResolvedStack, workspace: Workspace, iname: str, timeout: float) -> Check:
     stack = loaded.model
     idx = stack.indexes[iname]
     served = [p for p, pkg in stack.packages.items() if pkg.index == iname]
@@ -238,7 +242,7 @@ def _index_check(loaded: LoadedStack, workspace: Workspace, iname: str, timeout:
 
     def run() -> str:
         client = IndexClient(
-            idx.url, credential=workspace.index_credential(loaded, iname), timeout=timeout, page_seconds=timeout
+            idx.url, credential=loaded.credentials.for_index(iname), timeout=timeout, page_seconds=timeout
         )
         if project is None:
             status = _status(client.url, timeout, auth=client.auth, params=client.params_for(client.url))
@@ -264,9 +268,8 @@ def _index_check(loaded: LoadedStack, workspace: Workspace, iname: str, timeout:
     return Check(loaded.name, f"index {iname}", redact(idx.url), key=f"indexes.{iname}.url", placeholder=fix, run=run)
 
 
-def _system_layers(loaded: LoadedStack) -> Iterable[tuple[tuple[str, ...], SystemLayer]]:
+def _system_layers(stack: Stack) -> Iterable[tuple[tuple[str, ...], SystemLayer]]:
     """(key path, layer) of every system layer: the stack's, then each target's."""
-    stack = loaded.model
     for lname, layer in (stack.system or {}).items():
         yield ("system", lname), layer
     for tname, target in stack.targets.items():
@@ -392,7 +395,7 @@ _PUSH_FIX = (
 )
 
 
-def registry_check(loaded: LoadedStack, registry: str, timeout: float = DEFAULT_TIMEOUT) -> Check:
+def registry_check(loaded: LoadedStack | ResolvedStack, registry: str, timeout: float = DEFAULT_TIMEOUT) -> Check:
     """Can this host push the stack's image to ``registry``: the registry answers and takes the credentials (an
     upload started and cancelled in the repository the publisher uses; nothing is stored)."""
     repository = tags.publish_ref(loaded, registry).repository
@@ -441,7 +444,7 @@ def registry_only_check(registry: str, timeout: float = DEFAULT_TIMEOUT) -> Chec
 
 
 def diagnose(
-    stacks: list[LoadedStack],
+    stacks: Sequence[LoadedStack | ResolvedStack],
     workspace: Workspace,
     *,
     timeout: float = DEFAULT_TIMEOUT,

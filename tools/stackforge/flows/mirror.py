@@ -50,14 +50,17 @@ from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256, stack_lock
 from stackforge.safeio import OutputDir
-from stackforge.stack.load import LoadedStack, fingerprint
+from stackforge.stack.load import fingerprint
+from stackforge.stack.resolved import ResolvedStack
 from stackforge.urls import redact, scrub
 from stackforge.urls import split as split_credentials
 
 PIN_REF = "refs/heads/stackforge/pinned"
 
 
-def make_mirror(loaded: LoadedStack, to: Path, workspace: Workspace | None = None, network: str | None = None) -> dict:
+def make_mirror(
+    loaded: ResolvedStack, to: Path, workspace: Workspace | None = None, network: str | None = None
+) -> dict:
     """Write (or complete) the mirror of ``loaded`` in ``to``; returns a summary: the directory, the
     manifest's sha256 and the parts added and kept. ``network`` is the engine network of the containers and
     builds the mirror runs (apt layers, toolchain stages): ``host`` reaches endpoints on the host's loopback."""
@@ -128,7 +131,7 @@ def _repo_record(repo: Path) -> tuple[str, int]:
     return hashlib.sha256(refs.encode()).hexdigest(), size
 
 
-def _git(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
+def _git(loaded: ResolvedStack, to: Path, data: dict, ws: Workspace) -> None:
     stack = loaded.model
     for name, up in stack.upstreams.items():
         if up.git is None or up.commit is None:
@@ -137,7 +140,10 @@ def _git(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
         dest = to / rel
         if not _holds(dest, up.tag, up.commit):
             spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
-            cached = upstreams.fetch_upstream(spec, ws.cache(), root=loaded.root, workspace=ws, reuse=True)
+            credential = loaded.credentials.for_url(up.git) if up.git else None
+            cached = upstreams.fetch_upstream(
+                spec, ws.cache(), root=loaded.root, workspace=ws, reuse=True, credential=credential
+            )
             full = git(cached, "rev-parse", f"{up.commit}^{{commit}}").stdout.strip()
             if not dest.is_dir():
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +176,7 @@ def _git(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
 SUBMODULE_REF = "refs/stackforge/submodules/"
 
 
-def _submodules(loaded: LoadedStack, name: str, dest: Path, ws: Workspace) -> list[dict[str, str]]:
+def _submodules(loaded: ResolvedStack, name: str, dest: Path, ws: Workspace) -> list[dict[str, str]]:
     """The upstream's submodules (recursively), each commit kept in the mirror's repository of the upstream
     (``refs/stackforge/submodules/<commit>``), where the offline build finds it; fetched through the cache only
     when the repository does not hold it yet. Returns their records (path, URL, commit)."""
@@ -211,14 +217,15 @@ def _file_part(data: dict, to: Path, rel: str, **extra: object) -> None:
     manifest.add_part(data, {"path": rel, "sha256": file_sha256(path), "size": path.stat().st_size, **extra})
 
 
-def _sdists(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
+def _sdists(loaded: ResolvedStack, to: Path, data: dict, ws: Workspace) -> None:
     stack = loaded.model
     for name, up in stack.upstreams.items():
         if up.sdist is None:
             continue
         index_url = stack.indexes[up.sdist.index].url
         spec = upstreams.SdistSpec(index_url, up.sdist.name, up.sdist.version, up.sdist.sha256)
-        archive = upstreams.fetch_sdist(spec, ws.cache(), workspace=ws)
+        credential = loaded.credentials.for_index(up.sdist.index)
+        archive = upstreams.fetch_sdist(spec, ws.cache(), workspace=ws, credential=credential)
         source = f"{redact(index_url)}/{canonicalize_name(up.sdist.name)}/"
         for rel in (f"sdist/{archive.name}", f"indexes/{up.sdist.index}/files/{archive.name}"):
             have = manifest.part(data, rel)
@@ -232,7 +239,7 @@ def _sdists(loaded: LoadedStack, to: Path, data: dict, ws: Workspace) -> None:
 # --------------------------------------------------------------------------- pip phases
 
 
-def _wheels(loaded: LoadedStack, ctx: Context, to: Path, data: dict, ws: Workspace) -> None:
+def _wheels(loaded: ResolvedStack, ctx: Context, to: Path, data: dict, ws: Workspace) -> None:
     """Every pip phase of the deps stage and of every target, each resolved as the build runs it."""
     target = resolve.Target.of(loaded.model)
     pip.check_pip()
@@ -250,7 +257,7 @@ def _wheels(loaded: LoadedStack, ctx: Context, to: Path, data: dict, ws: Workspa
 
 
 def _phase(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     phase: PipPhase | PhaseView,
     name: str,
     key: str,
@@ -299,7 +306,7 @@ def _phase(
 
 
 def _download(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     phase: PipPhase | PhaseView,
     context_dir: Path,
     tmp: Path,
@@ -310,7 +317,7 @@ def _download(
     """``pip download`` of one phase into ``tmp/files``: the files it would install, for the target."""
     stack = loaded.model
     url = stack.indexes[phase.index].url
-    credential = ws.index_credential(loaded, phase.index)
+    credential = loaded.credentials.for_index(phase.index)
     env, index_args = pip.pip_env(tmp, url, credential, ws.ca_bundle_file())
     dest = tmp / "files"
     cmd = [
@@ -353,7 +360,7 @@ def _simple(to: Path, index: str, data: dict) -> None:
 # --------------------------------------------------------------------------- base image
 
 
-def _base(loaded: LoadedStack, to: Path, data: dict, engine: Engine) -> str:
+def _base(loaded: ResolvedStack, to: Path, data: dict, engine: Engine) -> str:
     """The base image as the build resolves it (pulled when the engine lacks it, checked against base.digest),
     saved once per image id."""
 

@@ -60,11 +60,12 @@ from stackforge.publish.publisher import PushLog, advance_aliases, default_lock_
 from stackforge.publish.stack import alias_tags, destination
 from stackforge.safeio import OutputDir
 from stackforge.stack.load import load
+from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.scheme import validate_date
 from stackforge.urls import redact_text
 
 if TYPE_CHECKING:
-    from stackforge.stack.load import LoadedStack
+    pass
 
 #: a published row's statuses (``not-run``: published, its smoke did not run)
 PUBLISHED = ("published", "already-published", NOT_RUN)
@@ -293,7 +294,7 @@ def _aliases(night: _Night, root: Path) -> None:
             options.echo(f"nightly: merge: {name}: aliases not moved: {why}")
             continue
         try:
-            loaded = load(name, root=root, overrides=for_stack(name))
+            loaded = ResolvedStack.of(load(name, root=root, overrides=for_stack(name)))
         except UserError as err:
             for row in rows:
                 row.aliases = {"*": f"not moved: the stack does not load here: {err.message}"}
@@ -302,7 +303,7 @@ def _aliases(night: _Night, root: Path) -> None:
             row.aliases = _move(loaded, row, summary, options, log)
 
 
-def _move(loaded: LoadedStack, row: Row, summary: Summary, options: MergeOptions, log: PushLog) -> dict[str, str]:
+def _move(loaded: ResolvedStack, row: Row, summary: Summary, options: MergeOptions, log: PushLog) -> dict[str, str]:
     assert row.tag and row.digest
     try:
         _, repository, scheme, first, suffix = destination(loaded, summary.registry, summary.date, row.target)

@@ -54,8 +54,9 @@ from stackforge.flows.nightly_smoke import nightly_recipes
 from stackforge.publish import night as nightreg
 from stackforge.publish.stack import destination
 from stackforge.signals import Interrupted
-from stackforge.stack.load import LoadedStack, load
+from stackforge.stack.load import load
 from stackforge.stack.names import list_stacks
+from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.scheme import validate_date
 
 # --------------------------------------------------------------------------------------------------------------
@@ -69,24 +70,26 @@ def plan_night(
     ``options.stacks``) loaded with their ``--set`` values, each published target (or ``options.targets``) a unit;
     a stack that does not load is a problem of the plan, which the merge reports as a failed row."""
     for_stack = per_stack(overrides)
-    loaded: list[LoadedStack] = []
+    loaded: list[ResolvedStack] = []
     problems: list[Problem] = []
     for name in options.stacks or list_stacks(root):
         try:
-            one = load(name, root=root, overrides=for_stack(name))
+            read = load(name, root=root, overrides=for_stack(name))
+            if not (options.stacks or read.model.nightly):
+                continue
+            one = ResolvedStack.of(read)
         except UserError as err:
             if not options.stacks and not _nightly_as_declared(root, name):
                 continue
             problems.append(Problem(stack=name, reason=err.render()))
             continue
-        if options.stacks or one.model.nightly:
-            loaded.append(one)
+        loaded.append(one)
     recipes = nightly_recipes(root)
 
     def needs_device(stack: str, target: str) -> bool:
         return any(r.model.hardware.devices != "none" and r.model.hardware.count > 0 for r in recipes.of(stack, target))
 
-    def targets_of(stack: LoadedStack) -> list[str]:
+    def targets_of(stack: ResolvedStack) -> list[str]:
         try:
             return bakemod.stack_targets(stack, options.targets)
         except UserError as err:
@@ -166,7 +169,7 @@ class ShardRun:
 
 def shard_cache(
     given: RegistryCache | None,
-    loaded: list[LoadedStack],
+    loaded: list[ResolvedStack],
     registry: str,
     date: str,
     policy: RetryPolicy | None,
@@ -252,7 +255,7 @@ def run_shard(
     loaded = []
     for name in stacks:
         try:
-            loaded.append(load(name, root=root, overrides=for_stack(name)))
+            loaded.append(ResolvedStack.of(load(name, root=root, overrides=for_stack(name))))
         except UserError:
             pass  # its row says why (the nightly loads it again)
     cache = shard_cache(options.cache, loaded, registry, date, options.publish.policy, echo)

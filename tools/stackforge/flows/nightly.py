@@ -59,8 +59,9 @@ from stackforge.safeio import OutputDir
 from stackforge.signals import Interrupted
 from stackforge.smoke import slices as slice_runs
 from stackforge.smoke.run import SmokeOptions, smoke
-from stackforge.stack.load import LoadedStack, load, load_stack
+from stackforge.stack.load import load, load_stack
 from stackforge.stack.names import list_stacks
+from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.scheme import validate_date
 from stackforge.urls import redact, redact_text
 
@@ -398,7 +399,7 @@ def per_stack(overrides: Overrides) -> Callable[[str], list[str]]:
 
 def select_stacks(
     root: Path, names: list[str] | None, overrides: Overrides = None
-) -> tuple[list[LoadedStack], list[Row]]:
+) -> tuple[list[ResolvedStack], list[Row]]:
     """Load the named stacks (default: every stack with ``nightly: true``) and lint them.
 
     ``overrides`` (``--set key.path=value``) apply when each stack loads: a list applies to every
@@ -407,18 +408,23 @@ def select_stacks(
     """
 
     for_stack = per_stack(overrides)
-    loaded: list[LoadedStack] = []
+    loaded: list[ResolvedStack] = []
     rows: list[Row] = []
     for name in names or list_stacks(root):
         own = for_stack(name)
         try:
-            one = load(name, root=root, overrides=own)
+            read = load(name, root=root, overrides=own)
         except UserError as err:
             if not names and own and not _nightly_as_declared(root, name):
                 continue
             rows.append(Row(stack=name, target="*", status="failed", stage="load", reason=err.render()))
             continue
-        if not names and not one.model.nightly:
+        if not names and not read.model.nightly:
+            continue
+        try:
+            one = ResolvedStack.of(read)  # every template renders, or the stack's row says which does not
+        except UserError as err:
+            rows.append(Row(stack=name, target="*", status="failed", stage="load", reason=err.render()))
             continue
         try:
             lint_or_fail(one)
@@ -567,7 +573,7 @@ def _nightly_recipes(root: Path, summary: Summary, echo: Callable[[str], None]) 
     return recipes
 
 
-def _targets_or_star(bakemod: ModuleType, stack: LoadedStack, targets: list[str] | None) -> list[str]:
+def _targets_or_star(bakemod: ModuleType, stack: ResolvedStack, targets: list[str] | None) -> list[str]:
     try:
         return bakemod.stack_targets(stack, targets)
     except UserError:
@@ -614,7 +620,7 @@ def _write_summary(
 
 def _bake_and_build(
     summary: Summary,
-    loaded: list[LoadedStack],
+    loaded: list[ResolvedStack],
     options: NightlyOptions,
     registry: str,
     workspace: Workspace,
@@ -707,7 +713,7 @@ def _redirect(row: doctor.Check) -> str:
 
 
 def _preflight(
-    summary: Summary, loaded: list[LoadedStack], options: NightlyOptions, registry: str, workspace: Workspace
+    summary: Summary, loaded: list[ResolvedStack], options: NightlyOptions, registry: str, workspace: Workspace
 ) -> bool:
     """Doctor's rows for the night's stacks and each stack's push to the registry, before anything is built;
     False (every row failed at stage ``preflight``, naming what failed and its redirect) when one fails."""
@@ -762,7 +768,7 @@ def evidence_name(stack: str, target: str, taken: dict[str, tuple[str, str]]) ->
     return name
 
 
-def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
+def _one(run: NightlyRun, stack: ResolvedStack, target: str) -> Row:
     """Build, gate and publish one stack and target; its evidence bundle is copied under ``run.outdir``."""
     echo = run.echo
     t0 = time.monotonic()
@@ -827,7 +833,7 @@ def _one(run: NightlyRun, stack: LoadedStack, target: str) -> Row:
     return row
 
 
-def _test_slices(run: NightlyRun, stack: LoadedStack, target: str, row: Row, evidence: Path) -> None:
+def _test_slices(run: NightlyRun, stack: ResolvedStack, target: str, row: Row, evidence: Path) -> None:
     """Run the target's nightly test slices that need no device in the built image, into the build's evidence
     (``tests/<slice>/``, which the publish record reads); a slice that does not pass fails the row before
     publishing, as the gate does."""
@@ -858,7 +864,7 @@ def _test_slices(run: NightlyRun, stack: LoadedStack, target: str, row: Row, evi
 
 def _smoke_then_aliases(
     run: NightlyRun,
-    stack: LoadedStack,
+    stack: ResolvedStack,
     target: str,
     row: Row,
     recipes: list,
@@ -895,7 +901,7 @@ def _smoke_then_aliases(
     run.echo(f"nightly: {stack.name}/{target}: smoke {verdict.verdict}; aliases not moved")
 
 
-def _evidence_dir(stack: LoadedStack) -> Path:
+def _evidence_dir(stack: ResolvedStack) -> Path:
     """The newest build's evidence (under the nightly's stack lock: the one it just ran, failed or not)."""
 
     root = build_dir_for(stack) / "evidence"

@@ -19,6 +19,7 @@ from stackforge.stack.load import LoadedStack
 
 if TYPE_CHECKING:
     from stackforge.clients.workspace import Workspace
+    from stackforge.stack.resolved import ResolvedStack
 
 
 @dataclass
@@ -90,7 +91,7 @@ def smoke_image(
     return SmokeVerdict(worst, verdicts, "; ".join(why))
 
 
-def pin_freshness(loaded: LoadedStack, workspace: Workspace) -> dict[str, Any]:
+def pin_freshness(loaded: LoadedStack | ResolvedStack, workspace: Workspace) -> dict[str, Any]:
     """Whether every pin of the stack is the newest of its line: the packages with a newer release, the
     trains whose newest members differ from the pins (the train has moved); an index that does not answer
     makes the answer unknown."""

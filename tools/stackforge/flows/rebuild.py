@@ -38,6 +38,7 @@ from stackforge.publish.record_schema import PublishRecord
 from stackforge.safeio import write_confined
 from stackforge.stack.load import load
 from stackforge.stack.names import STACKS_DIR
+from stackforge.stack.resolved import ResolvedStack
 
 Line = tuple[bool, str]
 #: top-level entries of a checkout the scratch repository does not take
@@ -90,7 +91,7 @@ def rebuild(
     with tempfile.TemporaryDirectory(prefix="stackforge-rebuild-") as tmp:
         work = Path(tmp)
         root = scratch_root(rec, checkout, work / "repo")
-        loaded = load(rec.stack, root=root, overrides=[str(o) for o in rec.overrides])
+        loaded = ResolvedStack.of(load(rec.stack, root=root, overrides=[str(o) for o in rec.overrides]))
         platform = f"{config.get('os') or 'linux'}/{config.get('architecture') or ''}"
         try:
             loaded = loaded.for_platform(platform)

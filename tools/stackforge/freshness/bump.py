@@ -29,6 +29,7 @@ from stackforge.stack.document import stack_path
 from stackforge.stack.load import LoadedStack, load
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
+from stackforge.stack.resolved import ResolvedStack
 
 
 @dataclass
@@ -282,7 +283,7 @@ def write_bump(loaded: LoadedStack, plan: BumpPlan, *, force: bool = False, desc
     path.write_text(text)
     try:
         new = load(plan.new, root=root, overrides=loaded.overrides)
-        lint_or_fail(new)
+        lint_or_fail(ResolvedStack.of(new))
     except BuildFailed as err:  # lint findings, every one rendered
         _restore(path, previous)
         raise UserError(

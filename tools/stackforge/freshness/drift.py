@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.builder.sources import agree
 from stackforge.clients import upstream as sources
@@ -21,7 +22,10 @@ from stackforge.errors import UserError
 from stackforge.stack import agreement
 from stackforge.stack.agreement import DriftRow
 from stackforge.stack.load import LoadedStack
-from stackforge.urls import split
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
+from stackforge.urls import Credential, split
 
 
 @dataclass
@@ -96,7 +100,7 @@ class DriftReport:
         return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _agreeing(loaded: LoadedStack, upstream: str | None) -> list[str]:
+def _agreeing(loaded: LoadedStack | ResolvedStack, upstream: str | None) -> list[str]:
     stack = loaded.model
     declared = [n for n, up in stack.upstreams.items() if up.agree is not None]
     if upstream is None:
@@ -120,13 +124,15 @@ def _agreeing(loaded: LoadedStack, upstream: str | None) -> list[str]:
     return [upstream]
 
 
-def default_branch(mirror: Path, url: str, workspace: Workspace, fetch: bool) -> str:
+def default_branch(
+    mirror: Path, url: str, workspace: Workspace, fetch: bool, credential: Credential | None = None
+) -> str:
     """The upstream's default branch: asked of the upstream when ``fetch`` (and recorded as the mirror's HEAD),
-    else the mirror's HEAD as last recorded."""
+    else the mirror's HEAD as last recorded. ``credential``: what the stack gives for ``url``."""
 
     if fetch:
         clean, in_url = split(url)
-        credential = in_url or workspace.url_credential(clean)
+        credential = in_url or credential or workspace.url_credential(clean)
         env = sources.git_credential_env(clean, credential)
         res = git(mirror, "ls-remote", "--symref", "origin", "HEAD", check=False, env=env, timeout=120)
         for line in res.stdout.splitlines():
@@ -155,7 +161,7 @@ def resolve(mirror: Path, ref: str) -> str | None:
 
 
 def upstream_drift(
-    loaded: LoadedStack, name: str, *, at: str | None, workspace: Workspace, fetch: bool = True
+    loaded: LoadedStack | ResolvedStack, name: str, *, at: str | None, workspace: Workspace, fetch: bool = True
 ) -> UpstreamDrift:
     """Upstream ``name`` (it declares ``agree``) at its pin against ``at`` (default: its default branch's head)."""
     up = loaded.model.upstreams[name]
@@ -167,15 +173,17 @@ def upstream_drift(
             fix="run drift for a git upstream",
         )
     if fetch:
-        mirror: Path | None = agree.fetch_mirror(loaded, name, workspace, refresh=True)
+        mirror: Path | None = agree.fetch_mirror(
+            loaded.model, loaded.root, name, workspace, refresh=True, credentials=loaded.credentials
+        )
     else:
-        mirror = agree.cached_mirror(loaded, name, workspace)
+        mirror = agree.cached_mirror(loaded.model, loaded.root, name, workspace)
     if mirror is None:
         raise UserError(
             f"upstream {name} at {up.commit} is not fetched",
             fix=f"run stackforge render {loaded.name}, or drift with network",
         )
-    ref = at or default_branch(mirror, up.git, workspace, fetch)
+    ref = at or default_branch(mirror, up.git, workspace, fetch, loaded.credentials.for_url(up.git))
     commit = resolve(mirror, ref)
     if commit is None:
         raise UserError(
@@ -184,9 +192,9 @@ def upstream_drift(
         )
     before_read = agree.git_reader(mirror, up.commit, name)
     after_read = agree.git_reader(mirror, commit, name)
-    before, _ = agree.read_lines(loaded, name, before_read)
-    after, gone = agree.read_lines(loaded, name, after_read)
-    wanted = agree.key_values(loaded, name)
+    before, _ = agree.read_lines(loaded.model, name, before_read)
+    after, gone = agree.read_lines(loaded.model, name, after_read)
+    wanted = agree.key_values(loaded.model, name)
     keys_before, keys_after, shown = {}, {}, {}
     for path, keys in wanted.items():
         text_b, text_a = before_read(path), after_read(path)
@@ -203,19 +211,19 @@ def upstream_drift(
     rows = agreement.drift(
         before,
         after,
-        agree.pins(loaded),
-        env=agree.environment(loaded),
+        agree.pins(loaded.model),
+        env=agree.environment(loaded.model),
         keys_before=keys_before,
         keys_after=keys_after,
         key_values={p: {k: v for k, (_, v) in keys.items()} for p, keys in wanted.items()},
     )
-    _, was = agree.read_lines(loaded, name, before_read)
+    _, was = agree.read_lines(loaded.model, name, before_read)
     missing = sorted({f.path for f in gone if f.path and f.package == ""} - {f.path for f in was if f.path})
     return UpstreamDrift(name, up.commit, up.pin, ref, commit, rows, shown, missing)
 
 
 def drift(
-    loaded: LoadedStack,
+    loaded: LoadedStack | ResolvedStack,
     *,
     upstream: str | None = None,
     at: str | None = None,
@@ -230,7 +238,9 @@ def drift(
     return report
 
 
-def nightly_cell(loaded: LoadedStack, workspace: Workspace | None = None, *, fetch: bool = True) -> dict:
+def nightly_cell(
+    loaded: LoadedStack | ResolvedStack, workspace: Workspace | None = None, *, fetch: bool = True
+) -> dict:
     """What the nightly summary shows for a stack: ``{"drifted", "rows", "upstreams"}``, or ``{"error"}`` with
     the reason drift is n/a (no upstream declares agree, the upstream cannot be fetched, …)."""
     try:

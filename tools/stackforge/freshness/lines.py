@@ -34,6 +34,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 from jinja2.sandbox import SecurityError
@@ -42,10 +43,13 @@ from packaging.version import Version
 
 from stackforge import progress
 from stackforge.clients.index import IndexClient, IndexFile, IndexQueryError, IndexUnreachable, ProjectPage
-from stackforge.clients.workspace import Workspace, workspace_for
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 
@@ -229,22 +233,19 @@ def built_for_pattern(template: str, family_local: str) -> re.Pattern:
 
 
 def clients_for(
-    loaded: LoadedStack,
+    loaded: LoadedStack | ResolvedStack,
     cache_dir: Path | None,
     *,
-    workspace: Workspace | None = None,
     max_workers: int = 8,
     reuse: dict[str, IndexClient] | None = None,
 ) -> dict[str, IndexClient]:
-    """One client per stack index, with the credential the workspace resolves for it (default: the
-    workspace at the stack's root). A client of ``reuse`` (by index name: e.g. the one ``prefetch.start``
+    """One client per stack index, with the credential the stack gives for it (``StackCredentials``). A client of ``reuse`` (by index name: e.g. the one ``prefetch.start``
     made, with the pages it has fetched) stands in for the new one only when it asks the same index the same
     way (``IndexClient.same_as``)."""
-    ws = workspace_for(loaded, workspace)
     out = {}
     for name, idx in loaded.model.indexes.items():
         client = IndexClient(
-            idx.url, credential=ws.index_credential(loaded, name), cache_dir=cache_dir, max_workers=max_workers
+            idx.url, credential=loaded.credentials.for_index(name), cache_dir=cache_dir, max_workers=max_workers
         )
         earlier = (reuse or {}).get(name)
         out[name] = earlier if earlier is not None and earlier.same_as(client) else client
@@ -311,7 +312,7 @@ class Catalog:
 
 
 def load_catalog(
-    loaded: LoadedStack,
+    loaded: LoadedStack | ResolvedStack,
     names: list[str] | None = None,
     *,
     cache_dir: Path | None = None,
@@ -322,7 +323,7 @@ def load_catalog(
     (default: :func:`clients_for`); a query over more than one package is a progress step on stderr."""
     stack = loaded.model
     names = list(names) if names else list(stack.packages)
-    clients = clients or clients_for(loaded, cache_dir, workspace=workspace)
+    clients = clients or clients_for(loaded, cache_dir)
     if len(names) < 2:
         return Catalog(stack, fetch_pages(stack, names, clients)), clients
     indexes = len({stack.packages[n].index for n in names})

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
@@ -33,6 +34,9 @@ from stackforge.freshness.lines import (
     versions_in_line,
 )
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 from stackforge.urls import redact
@@ -262,7 +266,7 @@ UNREACHABLE_NOTE = "cannot reach index"
 
 
 def newest(
-    loaded: LoadedStack,
+    loaded: LoadedStack | ResolvedStack,
     *,
     packages: list[str] | None = None,
     cache_dir: Path | None = None,

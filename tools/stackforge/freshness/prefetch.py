@@ -110,7 +110,7 @@ def start(
                 continue
             if index not in clients:
                 url, found = urls[index]
-                cred = credentials.resolve(url, index, found, remembered=False)
+                cred = credentials.resolve(url, index, found)
                 clients[index] = IndexClient(url, credential=cred, cache_dir=cache_dir, max_workers=max_workers)
             work.put((clients[index], name))
     except Exception:  # whatever the unvalidated document trips here, the validated run meets and reports

@@ -43,6 +43,8 @@ from stackforge.overlay.load import OVERLAY_FILE, LoadedOverlay, check_files
 from stackforge.publish.stack import check_gated
 from stackforge.stack import tags
 from stackforge.stack.load import LoadedStack
+from stackforge.stack.model import Stack
+from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.yamlsrc import Pos
 
 NS = f"{LABEL_NS}.overlay"
@@ -90,12 +92,12 @@ class _At:
         return self.ov.pos(path)
 
 
-def overlay_build_dir(loaded: LoadedStack, ov: LoadedOverlay, out: Path | None = None) -> Path:
+def overlay_build_dir(loaded: ResolvedStack, ov: LoadedOverlay, out: Path | None = None) -> Path:
     """``build/<stack>/overlays/<name>/`` (or under ``--out``): the overlay's context, Dockerfile and evidence."""
     return build_dir_for(loaded, out) / "overlays" / ov.name
 
 
-def check_stack(loaded: LoadedStack, ov: LoadedOverlay, target: str | None) -> str:
+def check_stack(loaded: ResolvedStack, ov: LoadedOverlay, target: str | None) -> str:
     """The stack and target the overlay is built for; returns the target (the base's, or ``overlay`` for an
     image base). A stack or target other than the overlay's base is an error naming ``base``."""
     base = ov.model.base
@@ -124,31 +126,31 @@ def check_stack(loaded: LoadedStack, ov: LoadedOverlay, target: str | None) -> s
     return "overlay"
 
 
-def _render(loaded: LoadedStack, ov: LoadedOverlay, template: str, path: tuple, **extra: Any) -> str:
-    shim = cast(LoadedStack, _At(loaded.model, ov))
+def _render(stack: Stack, ov: LoadedOverlay, template: str, path: tuple, **extra: Any) -> str:
+    shim = cast(LoadedStack, _At(stack, ov))
     return tags.render_template(shim, template, path, overlay={"name": ov.name}, **extra)
 
 
-def local_ref(loaded: LoadedStack, ov: LoadedOverlay) -> str:
-    text = _render(loaded, ov, ov.model.tags.local, ("tags", "local"))
+def local_ref(loaded: ResolvedStack, ov: LoadedOverlay) -> str:
+    text = _render(loaded.model, ov, ov.model.tags.local, ("tags", "local"))
     return str(tags.checked_ref(cast(LoadedStack, _At(loaded.model, ov)), text, ("tags", "local")))
 
 
-def publish_ref(loaded: LoadedStack, ov: LoadedOverlay, registry: str, date: str, revision: int) -> tags.Ref:
+def publish_ref(loaded: ResolvedStack, ov: LoadedOverlay, registry: str, date: str, revision: int) -> tags.Ref:
     if not ov.model.tags.publish:
         raise ov.error(
             f"overlay {ov.name} declares no tags.publish template",
             ("tags",),
             fix="add tags.publish, e.g. 'vllm:…-{{ overlay.name }}-{{ date }}-r{{ revision }}'",
         )
-    text = _render(loaded, ov, ov.model.tags.publish, ("tags", "publish"), date=date, revision=revision)
+    text = _render(loaded.model, ov, ov.model.tags.publish, ("tags", "publish"), date=date, revision=revision)
     return tags.checked_ref(
         cast(LoadedStack, _At(loaded.model, ov)), f"{tags.check_registry(registry)}/{text}", ("tags", "publish")
     )
 
 
-def rendered_labels(loaded: LoadedStack, ov: LoadedOverlay) -> dict[str, str]:
-    return {k: _render(loaded, ov, v, ("labels", k)) for k, v in ov.model.labels.items()}
+def rendered_labels(loaded: ResolvedStack, ov: LoadedOverlay) -> dict[str, str]:
+    return {k: _render(loaded.model, ov, v, ("labels", k)) for k, v in ov.model.labels.items()}
 
 
 def fingerprint(ov: LoadedOverlay) -> str:
@@ -168,7 +170,7 @@ def _image_attrs(engine: Engine, ref: str) -> dict:
 
 
 def resolve_base(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     ov: LoadedOverlay,
     engine: Engine,
     opts: BuildOptions,
@@ -217,7 +219,7 @@ def _layer_count(attrs: dict) -> int:
 
 
 def check_base_series(
-    loaded: LoadedStack, ov: LoadedOverlay, base_labels: dict[str, str], base: BaseImage, workspace: Workspace
+    loaded: ResolvedStack, ov: LoadedOverlay, base_labels: dict[str, str], base: BaseImage, workspace: Workspace
 ) -> None:
     """A range continues the base's series: the base image must carry the stack's pin and series of each
     upstream the overlay layers a range on (its ``org.stackforge.upstream.*`` and ``series.*`` labels)."""
@@ -252,7 +254,7 @@ def check_base_series(
 
 
 def write_context(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     ov: LoadedOverlay,
     ctx: Path,
     images: Path,
@@ -282,7 +284,7 @@ def write_context(
         images / "gate" / "localver.py",
     ):
         shutil.copyfile(src, bin_dir / src.name)
-    checks = [c.model_dump() for c in ov.model.checks if _wanted(loaded, c.when)]
+    checks = [c.model_dump() for c in ov.model.checks if _wanted(loaded.model, c.when)]
     atomic_write(ctx / "overlay" / "checks.json", json.dumps(checks, indent=2) + "\n")
     shutil.copyfile(ov.dir / OVERLAY_FILE, ctx / "overlay" / OVERLAY_FILE)
     (ctx / "files").mkdir()
@@ -294,8 +296,8 @@ def write_context(
     return data, changed
 
 
-def _wanted(loaded: LoadedStack, when: dict[str, str]) -> bool:
-    options = {n: o.value for n, o in loaded.model.options.items()}
+def _wanted(stack: Stack, when: dict[str, str]) -> bool:
+    options = {n: o.value for n, o in stack.options.items()}
     return all(options.get(k) == v for k, v in when.items())
 
 
@@ -322,7 +324,7 @@ def render_dockerfile(ov: LoadedOverlay, view: dict, root: Path | None) -> str:
 
 
 def template_view(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     ov: LoadedOverlay,
     base: BaseImage,
     data: dict,
@@ -347,7 +349,7 @@ def template_view(
         "packages_text": ", ".join(data["packages"]),
         "files": [{"key": "-".join(map(str, at)), "dest": f.dest} for at, f in ov.file_entries()],
         "env": {k: v.default for k, v in m.env.items()},
-        "checks": bool([c for c in m.checks if _wanted(loaded, c.when)]),
+        "checks": bool([c for c in m.checks if _wanted(loaded.model, c.when)]),
         "ports": list(m.ports.values()),
         "labels": labels,
         "entrypoint": [m.entrypoint.dest] if m.entrypoint is not None else None,
@@ -356,7 +358,7 @@ def template_view(
 
 
 def overlay_labels(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     ov: LoadedOverlay,
     base: BaseImage,
     changed: dict[str, list[ranges.Changed]],
@@ -409,7 +411,7 @@ def layers_extend(engine: Engine, base_id: str, ref: str) -> bool:
 
 
 def build_overlay(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     ov: LoadedOverlay,
     opts: BuildOptions | None = None,
     engine: Engine | None = None,

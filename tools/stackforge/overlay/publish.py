@@ -20,12 +20,12 @@ from stackforge.publish.codec import codec
 from stackforge.publish.oci import DockerImage
 from stackforge.publish.publisher import PublishOptions, PublishResult, publish
 from stackforge.publish.stack import check_gated, publish_dir
-from stackforge.stack.load import LoadedStack
+from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.scheme import TagScheme, validate_date
 
 
 def publish_overlay(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     ov: LoadedOverlay,
     registry: str,
     options: PublishOptions | None = None,

@@ -14,6 +14,7 @@ import json
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
@@ -23,7 +24,9 @@ from stackforge.patches.apply import failure_error
 from stackforge.patches.ops import apply_to, scratch, target_from_stack
 from stackforge.patches.patchfile import parse_patch
 from stackforge.patches.series import read_series, series_hash
-from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def changed_paths(ov: LoadedOverlay, upstream: str) -> list[tuple[str, str]]:
 
 
 def apply_range(
-    loaded: LoadedStack, ov: LoadedOverlay, upstream: str, dest: Path, *, workspace: Workspace | None = None
+    loaded: ResolvedStack, ov: LoadedOverlay, upstream: str, dest: Path, *, workspace: Workspace | None = None
 ) -> list[Changed]:
     """Apply the base series and the range onto the upstream at the stack's pinned commit (a scratch tree) and
     copy the post-image of every changed file to ``dest/<path>``; returns the changed files with their hashes."""
@@ -118,7 +121,7 @@ def apply_range(
     return out
 
 
-def base_series_hash(loaded: LoadedStack, upstream: str, workspace: Workspace | None = None) -> str | None:
+def base_series_hash(loaded: ResolvedStack, upstream: str, workspace: Workspace | None = None) -> str | None:
     """The series hash the base image's ``org.stackforge.series.<upstream>`` label carries when it was built from
     this stack's series (carried series, then the stack's own), computed on the host; None without a series."""
     up = loaded.model.upstreams[upstream]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.clients import upstream as up
 from stackforge.clients.git import BASE_REF, git, git_bytes, rev_parse
@@ -49,6 +50,10 @@ from stackforge.patches.series import (
     renumber,
 )
 from stackforge.stack.load import LoadedStack
+from stackforge.urls import Credential
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import Stack, Upstream
 
 
@@ -61,6 +66,8 @@ class Target:
     cache_dir: Path
     offline: bool = False
     workspace: Workspace | None = None  # whose credentials fetch the upstream (default: Workspace.default())
+    #: what the stack gives for the upstream's git URL or sdist index (None: the workspace's resolver decides)
+    credential: Credential | None = field(default=None, repr=False)
     #: a series another upstream carries for this one (``patches_from``): applied before the layers, as the
     #: build applies it, and part of the base the layers sit on (export writes only the layers)
     carried: Series | None = None
@@ -100,7 +107,7 @@ def make_target(
 
 
 def target_from_stack(
-    loaded: LoadedStack,
+    loaded: LoadedStack | ResolvedStack,
     upstream: str | None = None,
     *,
     overlays: Sequence[str] = (),
@@ -127,6 +134,14 @@ def target_from_stack(
     target = make_target(
         upstream, spec, root=loaded.root, cache_dir=cache_dir, overlays=overlays, offline=offline, workspace=workspace
     )
+    found = ups[upstream]
+    target.credential = (
+        loaded.credentials.for_index(found.sdist.index)
+        if found.sdist is not None and found.sdist.index in stack.indexes
+        else loaded.credentials.for_url(found.git)
+        if found.git
+        else None
+    )
     if stack.upstreams[upstream].patches_from is not None:
         target.carry = functools.partial(
             carried_series, loaded, upstream, target.cache_dir, offline=offline, workspace=workspace
@@ -135,7 +150,12 @@ def target_from_stack(
 
 
 def carried_series(
-    loaded: LoadedStack, name: str, cache_dir: Path, *, offline: bool = False, workspace: Workspace | None = None
+    loaded: LoadedStack | ResolvedStack,
+    name: str,
+    cache_dir: Path,
+    *,
+    offline: bool = False,
+    workspace: Workspace | None = None,
 ) -> Series:
     """The series ``upstreams.<name>.patches_from`` names, read from the carrying upstream's tree at its pinned
     commit (the build's rules: ``patches.series.in_tree_series``) and kept in the cache under that pin."""
@@ -146,7 +166,10 @@ def carried_series(
     kept = Path(cache_dir) / "carried" / re.sub(r"[^A-Za-z0-9._-]", "_", key)
     if not (kept / SERIES_FILE).is_file():
         with scratch() as tmp:
-            mirror = up.fetch_upstream(carrier, cache_dir, root=loaded.root, offline=offline, workspace=workspace)
+            credential = loaded.credentials.for_url(carrier.git) if carrier.git else None
+            mirror = up.fetch_upstream(
+                carrier, cache_dir, root=loaded.root, offline=offline, workspace=workspace, credential=credential
+            )
             up.export_commit(mirror, str(carrier.commit), tmp / "src" / src.upstream)
             found = in_tree_series(loaded, name, tmp / "src")
             staged = Path(tempfile.mkdtemp(prefix=kept.name + ".", dir=_parent(kept)))
@@ -238,6 +261,7 @@ def _prepare(target: Target, dest: Path, *, commit: str | None = None, history: 
         offline=target.offline,
         label=target.name,
         workspace=target.workspace,
+        credential=target.credential,
     )
     carried = target.carried_layer()
     if carried is None:

@@ -15,6 +15,7 @@ from stackforge.clients import upstream as up
 from stackforge.clients.git import BASE_REF, NOTES_REF, git, rev_parse
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
+from stackforge.urls import Credential
 
 BRANCH = "patched"
 # Fixed identity and date of the synthetic commit made from a plain tree, so
@@ -89,15 +90,16 @@ def prepare(
     offline: bool = False,
     label: str = "upstream",
     workspace: Workspace | None = None,
+    credential: Credential | None = None,
 ) -> str:
     """A repository at ``dest`` holding the pinned upstream (or ``commit`` of its mirror), fetched with the
     workspace's credentials."""
     sdist = up.sdist_of(spec) if commit is None else None
     if sdist:
-        up.export_sdist(sdist, cache_dir, dest, offline=offline, workspace=workspace)
+        up.export_sdist(sdist, cache_dir, dest, offline=offline, workspace=workspace, credential=credential)
         msg = f"{label}: {sdist.name} {sdist.version} sdist\n\nsha256 {sdist.sha256}\n"
         return init_tree_repo(dest, msg)
-    mirror = up.fetch_upstream(spec, cache_dir, root=root, offline=offline, workspace=workspace)
+    mirror = up.fetch_upstream(spec, cache_dir, root=root, offline=offline, workspace=workspace, credential=credential)
     if commit is None:
         commit = up.pinned_commit(spec)
     elif rev_parse(mirror, commit) is None:

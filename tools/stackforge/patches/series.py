@@ -18,9 +18,13 @@ import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.errors import UserError
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 SERIES_FILE = "series"
 INDEX_FILE = "README.md"
@@ -328,7 +332,7 @@ def drop_entries(series: Series, names: Iterable[str], notes: Sequence[str] = ()
 HISTORY_HEADING = "# History (patches that left the series):"
 
 
-def in_tree_series(loaded: LoadedStack, name: str, src_root: Path) -> Path:
+def in_tree_series(loaded: LoadedStack | ResolvedStack, name: str, src_root: Path) -> Path:
     """The series directory ``upstreams.<name>.patches_from`` names, inside the other upstream's exported tree
     (already exported under ``src_root``); a UserError naming the key when it is missing or leaves the tree."""
     stack = loaded.model
@@ -364,7 +368,7 @@ def in_tree_series(loaded: LoadedStack, name: str, src_root: Path) -> Path:
     return found
 
 
-def _series_by_name(loaded: LoadedStack, name: str, found: Path, out: Path) -> Path:
+def _series_by_name(loaded: LoadedStack | ResolvedStack, name: str, found: Path, out: Path) -> Path:
     """A series directory beside the exported trees listing every regular ``*.patch`` of ``found`` in file-name
     order (the carrier's tree is left as exported); a directory without patches is an error naming the key."""
     tree = found.parent.resolve()

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from stackforge.clients.engine import Engine
     from stackforge.clients.registry import Repository
     from stackforge.publish.publisher import PublishResult
-    from stackforge.stack.load import LoadedStack
+    from stackforge.stack.resolved import ResolvedStack
 
 ARTIFACT_TYPE = "application/vnd.stackforge.publish-record.v1+json"
 MAX_RECORD = 16 << 20
@@ -153,18 +153,18 @@ def stack_files(files: dict[str, bytes]) -> dict[str, FileEntry]:
 
 
 def make(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     target: str,
     evidence_dir: Path,
     published: PublishResult,
     labels: dict[str, str],
 ) -> PublishRecord:
-    """The record of one publish: ``loaded`` (a LoadedStack), the build's evidence directory, the
+    """The record of one publish: ``loaded`` (a ResolvedStack), the build's evidence directory, the
     ``PublishResult`` and the local image's labels."""
     return PublishRecord(**head(loaded.model.name, target, published), **details(loaded, evidence_dir, labels))
 
 
-def details(loaded: LoadedStack, evidence_dir: Path, labels: dict[str, str]) -> dict[str, Any]:
+def details(loaded: ResolvedStack, evidence_dir: Path, labels: dict[str, str]) -> dict[str, Any]:
     """The keys of a record after :func:`head`: what the publish result does not decide."""
 
     stack = loaded.model
@@ -384,7 +384,7 @@ class Attacher:
     results), its blobs uploaded and the subject read. :meth:`finish` runs on the result the publish
     reported: the record for its tags (uploaded again only where they differ) and the artifact manifest."""
 
-    loaded: LoadedStack
+    loaded: ResolvedStack
     target: str
     evidence_dir: Path
     repository: Repository

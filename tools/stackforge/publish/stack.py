@@ -36,7 +36,7 @@ from stackforge.publish.publisher import (
     write_evidence,
 )
 from stackforge.stack import tags as tagsmod
-from stackforge.stack.load import LoadedStack
+from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.scheme import validate_date
 from stackforge.stack.targets import published
 
@@ -101,7 +101,7 @@ def publish_dir(evidence_root: Path, gated: dict[str, Any] | None, image_id: str
 
 
 def destination(
-    loaded: LoadedStack, registry: str, date: str, target: str | None
+    loaded: ResolvedStack, registry: str, date: str, target: str | None
 ) -> tuple[str, Repository, TagScheme, tagsmod.Ref, str]:
     """(target, repository, tag scheme, the first tag's reference, the target's tag suffix) of a stack's
     published image under ``registry``, from the stack's ``tags.publish`` template."""
@@ -114,7 +114,7 @@ def destination(
     return target, repository, scheme, first, suffix
 
 
-def alias_tags(loaded: LoadedStack, registry: str, first: tagsmod.Ref, suffix: str) -> list[str]:
+def alias_tags(loaded: ResolvedStack, registry: str, first: tagsmod.Ref, suffix: str) -> list[str]:
     """The alias tags of a stack's target (``suffix``: its tag suffix) in the publish repository of ``first`` (the
     first tag's reference, :func:`destination`)."""
     reg = parse_registry(registry, what="--registry")
@@ -130,7 +130,7 @@ def alias_tags(loaded: LoadedStack, registry: str, first: tagsmod.Ref, suffix: s
 
 
 def publish_stack(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     registry: str,
     options: PublishOptions | None = None,
     *,
@@ -275,7 +275,7 @@ def _attach_sbom(evidence_dir: Path, repository: Repository, options: PublishOpt
 
 
 def _signing(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     target: str,
     options: PublishOptions,
     evidence_dir: Path,
@@ -328,7 +328,7 @@ class PlatformsResult:
 
 
 def publish_platforms(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     registry: str,
     options: PublishOptions | None = None,
     *,
@@ -375,7 +375,7 @@ def publish_platforms(
     codec(compression, options.level)
     options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
     engine = engine or ws.engine
-    pushed: list[tuple[str, LoadedStack, PublishResult, Path, dict[str, Any], Any, dict | None]] = []
+    pushed: list[tuple[str, ResolvedStack, PublishResult, Path, dict[str, Any], Any, dict | None]] = []
     blocked: list[str] = []
     for name, line in lines.items():
         assert line.line is not None

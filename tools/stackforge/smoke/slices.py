@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge import safeio
 from stackforge.clients import upstream as upstreams
@@ -44,6 +44,9 @@ from stackforge.smoke.report import EXIT_FAILED, EXIT_NOT_RUN, FAILED, NOT_RUN, 
 from stackforge.smoke.run import PLATFORM_OPTIONS, HostFacts, host_facts, missing_hardware, tail
 from stackforge.stack import targets as target_rules
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import Slice
 
 RESULT_JSON = "result.json"
@@ -132,7 +135,7 @@ class SliceResult:
         return out
 
 
-def declared(loaded: LoadedStack, overlay: str | None = None) -> list[SliceRef]:
+def declared(loaded: LoadedStack | ResolvedStack, overlay: str | None = None) -> list[SliceRef]:
     """The slices that run in an image of ``loaded``'s stack: the stack's own (target: as declared, else its first
     published target), then those of each recipe whose image is of this stack (target: as declared, else the
     recipe's), in recipe order. A recipe whose image carries an overlay counts only for an image of that
@@ -151,7 +154,7 @@ def declared(loaded: LoadedStack, overlay: str | None = None) -> list[SliceRef]:
     return out
 
 
-def image_mismatch(loaded: LoadedStack, labels: dict[str, str], refs: list[SliceRef]) -> list[str]:
+def image_mismatch(loaded: LoadedStack | ResolvedStack, labels: dict[str, str], refs: list[SliceRef]) -> list[str]:
     """Why an image's labels say it is not an image of ``loaded``'s stack as declared: its stack label, its pins,
     and the pinned commit of every upstream a slice reads (empty: it is)."""
     ns = "org.stackforge"
@@ -174,7 +177,7 @@ def image_mismatch(loaded: LoadedStack, labels: dict[str, str], refs: list[Slice
 # -- staging ---------------------------------------------------------------------------------------------
 
 
-def stage(loaded: LoadedStack, ref: SliceRef, dest: Path, workspace: Workspace) -> dict[str, Any]:
+def stage(loaded: LoadedStack | ResolvedStack, ref: SliceRef, dest: Path, workspace: Workspace) -> dict[str, Any]:
     """Put the slice's files into ``dest`` at their relative paths; returns where they came from."""
     files = ref.slice.files
     at = (*ref.declared_at, "files", "paths")
@@ -204,7 +207,10 @@ def stage(loaded: LoadedStack, ref: SliceRef, dest: Path, workspace: Workspace) 
             f"name one of: {', '.join(n for n, u in loaded.model.upstreams.items() if u.git) or 'none'}",
         )
     spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=files.upstream)
-    mirror = upstreams.fetch_upstream(spec, workspace.cache(), root=loaded.root, workspace=workspace, reuse=True)
+    credential = loaded.credentials.for_url(up.git) if up.git else None
+    mirror = upstreams.fetch_upstream(
+        spec, workspace.cache(), root=loaded.root, workspace=workspace, reuse=True, credential=credential
+    )
     missing = upstreams.export_paths(mirror, up.commit, files.paths, dest)
     if missing:
         raise _placed(
@@ -223,7 +229,7 @@ def stage(loaded: LoadedStack, ref: SliceRef, dest: Path, workspace: Workspace) 
     }
 
 
-def _placed(loaded: LoadedStack, ref: SliceRef, at: tuple, message: str, fix: str) -> UserError:
+def _placed(loaded: LoadedStack | ResolvedStack, ref: SliceRef, at: tuple, message: str, fix: str) -> UserError:
     """An error at the slice's key ``at``: in the recipe that declares it, else in the stack's file."""
     text = f"{'.'.join(map(str, at))}: {message}"
     if ref.recipe is not None:
@@ -310,7 +316,7 @@ class SliceTarget:
 
 
 def run_slice(
-    loaded: LoadedStack,
+    loaded: LoadedStack | ResolvedStack,
     ref: SliceRef,
     where: SliceTarget,
     workspace: Workspace,

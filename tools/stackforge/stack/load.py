@@ -14,13 +14,14 @@ import hashlib
 import json
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from stackforge.clients.credentials import remember as remember_credentials
+from stackforge.clients.credentials import StackCredentials
 from stackforge.errors import UserError
 from stackforge.stack import artifacts, document, installed
 from stackforge.stack import platforms as lines_of
@@ -31,7 +32,7 @@ from stackforge.stack.yamlsrc import Pos, load_with_positions
 from stackforge.urls import Credential
 
 if TYPE_CHECKING:
-    from stackforge.stack.resolved import Resolved
+    from stackforge.stack.resolved import Resolved, ResolvedStack
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,8 @@ class LoadedStack:
     keypositions: dict[tuple, Pos]
     files: list[str]
     root: Path
-    overrides: list[str]
-    credentials: dict[str, Credential] = dataclasses.field(repr=False)
+    overrides: list[str] = dataclasses.field(repr=False)  # a --set value may carry a credential
+    credentials: StackCredentials = dataclasses.field(repr=False)
     #: the platform line this stack is (the stack's own line for a stack as loaded)
     line: lines_of.Line | None = dataclasses.field(default=None, compare=False)
     #: every declared line as a stack of its own, by name (empty when the stack declares no ``platforms:``)
@@ -65,17 +66,7 @@ class LoadedStack:
     def for_platform(self, which: str) -> LoadedStack:
         """The line named ``which``: its name (arm64), its OCI platform (linux/arm64) or its architecture
         (aarch64)."""
-        found = self.platform_lines()
-        for name, line in found.items():
-            arch = line.model.platform.arch
-            if which in (name, arch, lines_of.OCI_PLATFORMS[arch]):
-                return line
-        shown = which if len(which) <= 64 and which.isprintable() else "this value"
-        raise UserError(
-            f"stack '{self.name}' has no platform {shown!r}",
-            fix="name one of its platforms: "
-            + ", ".join(f"{n} ({lines_of.OCI_PLATFORMS[ln.model.platform.arch]})" for n, ln in found.items()),
-        )
+        return line_named(self.name, self.platform_lines(), which)
 
     @functools.cached_property
     def resolved(self) -> Resolved:
@@ -87,11 +78,34 @@ class LoadedStack:
 
     def position(self, path: tuple) -> Pos:
         """Where the value at ``path`` (or its nearest declared parent) was written."""
-        return _pos_for(tuple(path), self.positions, self.keypositions, False)
+        return position_of(tuple(path), self.positions, self.keypositions)
 
     def placed(self, err: UserError, path: tuple) -> UserError:
         """``err`` (its message, fix and exit code) placed at the stack key ``path``."""
         return UserError(err.message, **self.position(path).as_error_kwargs(), fix=err.fix, exit_code=err.exit_code)
+
+
+L = typing.TypeVar("L", bound="LoadedStack | ResolvedStack")
+
+
+def line_named(stack: str, found: dict[str, L], which: str) -> L:
+    """The line of ``found`` (a stack's platform lines) named ``which``: its name (arm64), its OCI platform
+    (linux/arm64) or its architecture (aarch64); a UserError naming the lines when none is."""
+    for name, line in found.items():
+        arch = line.model.platform.arch
+        if which in (name, arch, lines_of.OCI_PLATFORMS[arch]):
+            return line
+    shown = which if len(which) <= 64 and which.isprintable() else "this value"
+    raise UserError(
+        f"stack '{stack}' has no platform {shown!r}",
+        fix="name one of its platforms: "
+        + ", ".join(f"{n} ({lines_of.OCI_PLATFORMS[ln.model.platform.arch]})" for n, ln in found.items()),
+    )
+
+
+def position_of(path: tuple, positions: Mapping[tuple, Pos], keypositions: Mapping[tuple, Pos]) -> Pos:
+    """Where the value at ``path`` (or its nearest declared parent) was written."""
+    return _pos_for(path, positions, keypositions, False)
 
 
 class Located:
@@ -194,7 +208,7 @@ _FIXES = {
 }
 
 
-def _pos_for(loc: tuple, values: dict, keys: dict, missing: bool) -> Pos:
+def _pos_for(loc: tuple, values: Mapping, keys: Mapping, missing: bool) -> Pos:
     if missing:
         parent = loc[:-1]
         while parent not in values and parent:
@@ -603,15 +617,17 @@ def load(
         stack = Stack.model_validate(data)
     except ValidationError as exc:
         raise StackInvalid(validation_problems(exc, values, keys)) from None
-    credentials: dict[str, Credential] = {}
+    split_off: dict[str, Credential] = {}
     for iname, idx in stack.indexes.items():
         found = index_found.get(iname)
         if found:
-            credentials[iname] = found
-        remember_credentials(idx.url, found, iname)
+            split_off[idx.url.rstrip("/")] = found
     for uname, up in stack.upstreams.items():
         if up.git is not None:
-            remember_credentials(up.git, git_found.get(uname))
+            found = git_found.get(uname)
+            if found:
+                split_off[up.git.rstrip("/")] = found
+    credentials = StackCredentials({iname: idx.url for iname, idx in stack.indexes.items()}, split_off)
     for pname, pkg in stack.packages.items():
         if pkg.import_ is None:
             pkg.import_ = pname.replace("-", "_")

@@ -18,9 +18,15 @@ then, from the context resolved here (:attr:`Resolved.context`).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stackforge.clients.credentials import StackCredentials
+from stackforge.errors import UserError
+from stackforge.stack import platforms as lines_of
 from stackforge.stack import tags
 from stackforge.stack import targets as target_rules
 from stackforge.stack.model import Stack, SystemLayer
@@ -148,3 +154,71 @@ def resolve(loaded: LoadedStack) -> Resolved:
         targets[tname] = TargetValues(t_labels, r.each(t.env, (*base, "env")), t_kernels, t_steps)
         r.system(t.system or {}, (*base, "system"))
     return Resolved(local, labels, kernels, toolchains, steps, targets, r.rendered, r.context)
+
+
+@dataclass(frozen=True, eq=False)
+class ResolvedStack:
+    """The build's one input: a stack loaded and resolved, made once (``ResolvedStack.of``) and taken by every
+    build step. It holds the validated model, every templated value rendered (``resolved``), the repository
+    root, the files of the inheritance chain and the ``--set`` overrides, where each value and key was written,
+    the credentials the stack names (``clients.credentials.StackCredentials``: each index's name and URL and what
+    its URLs carried) and its platform lines, each resolved too."""
+
+    model: Stack = dataclasses.field(repr=False)
+    resolved: Resolved = dataclasses.field(repr=False)
+    root: Path
+    positions: Mapping[tuple, Pos] = dataclasses.field(repr=False)
+    keypositions: Mapping[tuple, Pos] = dataclasses.field(repr=False)
+    files: tuple[str, ...]
+    overrides: tuple[str, ...] = dataclasses.field(repr=False)  # a --set value may carry a credential
+    credentials: StackCredentials = dataclasses.field(repr=False)
+    #: the platform line this stack is
+    line: lines_of.Line | None = None
+    #: every declared line as a resolved stack of its own, by name (empty when the stack declares no ``platforms:``)
+    lines: Mapping[str, ResolvedStack] = dataclasses.field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, stack: LoadedStack | ResolvedStack) -> ResolvedStack:
+        """The resolved value of a loaded stack (``stack`` itself when it is one): its templates rendered, each of
+        its platform lines resolved. Raises the first template error (a UserError naming the key)."""
+        if isinstance(stack, ResolvedStack):
+            return stack
+        lines = {name: cls.of(line) for name, line in stack.lines.items()}
+        return cls(
+            stack.model,
+            stack.resolved,
+            stack.root,
+            stack.positions,
+            stack.keypositions,
+            tuple(stack.files),
+            tuple(stack.overrides),
+            stack.credentials,
+            stack.line,
+            lines,
+        )
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def platform_lines(self) -> dict[str, ResolvedStack]:
+        """Every platform line of the stack as a stack of its own: the declared ones, else the stack itself."""
+        if self.lines:
+            return dict(self.lines)
+        return {self.line.name if self.line else lines_of.ARCH_NAMES[self.model.platform.arch]: self}
+
+    def for_platform(self, which: str) -> ResolvedStack:
+        """The line named ``which`` (its name, OCI platform or architecture; see ``LoadedStack.for_platform``)."""
+        from stackforge.stack.load import line_named
+
+        return line_named(self.name, self.platform_lines(), which)
+
+    def position(self, path: tuple) -> Pos:
+        """Where the value at ``path`` (or its nearest declared parent) was written."""
+        from stackforge.stack.load import position_of
+
+        return position_of(tuple(path), self.positions, self.keypositions)
+
+    def placed(self, err: UserError, path: tuple) -> UserError:
+        """``err`` (its message, fix and exit code) placed at the stack key ``path``."""
+        return UserError(err.message, **self.position(path).as_error_kwargs(), fix=err.fix, exit_code=err.exit_code)

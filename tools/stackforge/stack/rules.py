@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import jinja2
 from jinja2.sandbox import SecurityError
@@ -19,6 +20,9 @@ from stackforge import localver
 from stackforge.errors import UserError
 from stackforge.stack import platforms, tags
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
 from stackforge.stack.yamlsrc import Pos
@@ -43,7 +47,7 @@ class Finding:
         """A finding about the version the stack pins for ``package`` (located at that pin)."""
         return cls(rule, message, ("packages", package, "version"), fix)
 
-    def located(self, loaded: LoadedStack) -> dict:
+    def located(self, loaded: LoadedStack | ResolvedStack) -> dict:
         pos = self.at or loaded.position(self.path)
         file, line, col = (self.file, self.line, None) if self.file else (pos.file, pos.line, pos.col)
         return {
@@ -56,7 +60,7 @@ class Finding:
             **({"platforms": list(self.platforms)} if self.platforms else {}),
         }
 
-    def render(self, loaded: LoadedStack) -> str:
+    def render(self, loaded: LoadedStack | ResolvedStack) -> str:
         d = self.located(loaded)
         loc = d["file"] + (f":{d['line']}" if d["line"] else "") + (f":{d['col']}" if d["line"] and d["col"] else "")
         on = f" (platform {', '.join(self.platforms)})" if self.platforms else ""
@@ -67,7 +71,7 @@ def _pin(stack: Stack, name: str) -> Pin:
     return Pin(stack.packages[name].version)
 
 
-def check_trains(loaded: LoadedStack) -> list[Finding]:
+def check_trains(loaded: LoadedStack | ResolvedStack) -> list[Finding]:
     """Train members move together: same postN (among members that carry one) and same local label."""
     stack = loaded.model
     out = []
@@ -121,7 +125,7 @@ def check_trains(loaded: LoadedStack) -> list[Finding]:
     return out
 
 
-def check_built_for(loaded: LoadedStack) -> list[Finding]:
+def check_built_for(loaded: LoadedStack | ResolvedStack) -> list[Finding]:
     """A package built against another names that package's exact version in its local label."""
     stack = loaded.model
     out = []
@@ -161,7 +165,7 @@ def check_built_for(loaded: LoadedStack) -> list[Finding]:
     return out
 
 
-def check_aligned(loaded: LoadedStack) -> list[Finding]:
+def check_aligned(loaded: LoadedStack | ResolvedStack) -> list[Finding]:
     """An aligned family (a library and its wrappers) shares one public version; each member may be its own
     build of it (``mate 0.2.7`` beside ``flash_attn_3 0.2.7+musa``: the local-label rule)."""
     stack = loaded.model
@@ -185,7 +189,7 @@ def check_aligned(loaded: LoadedStack) -> list[Finding]:
     return out
 
 
-def check_vendor_build(loaded: LoadedStack) -> list[Finding]:
+def check_vendor_build(loaded: LoadedStack | ResolvedStack) -> list[Finding]:
     """A package that must be the vendor's build carries the vendor's local label."""
     stack = loaded.model
     out = []
@@ -203,7 +207,7 @@ def check_vendor_build(loaded: LoadedStack) -> list[Finding]:
     return out
 
 
-def check_minimums(loaded: LoadedStack) -> list[Finding]:
+def check_minimums(loaded: LoadedStack | ResolvedStack) -> list[Finding]:
     """Declared minimum versions, optionally conditional on another pin."""
     stack = loaded.model
     out = []
@@ -224,7 +228,7 @@ def check_minimums(loaded: LoadedStack) -> list[Finding]:
     return out
 
 
-def check_indexes(loaded: LoadedStack) -> list[Finding]:
+def check_indexes(loaded: LoadedStack | ResolvedStack) -> list[Finding]:
     """Vendor wheels come from a vendor index whose dependencies come from a public one."""
     stack = loaded.model
     out = []
@@ -258,7 +262,7 @@ def _line(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
-def check_runtime(loaded: LoadedStack) -> list[Finding]:
+def check_runtime(loaded: LoadedStack | ResolvedStack) -> list[Finding]:
     """``platform.musa_runtime`` is the MUSA line the train was built for (its ``+musaX.Y.Z`` label), the line of
     ``platform.musa``, and the line every runtime-suffixed apt package and MUSA version line resolves to."""
     stack = loaded.model
@@ -293,7 +297,7 @@ def check_runtime(loaded: LoadedStack) -> list[Finding]:
     return out
 
 
-def _apt_lines(loaded: LoadedStack, want: str, at: tuple) -> list[Finding]:
+def _apt_lines(loaded: LoadedStack | ResolvedStack, want: str, at: tuple) -> list[Finding]:
     """Apt names with a runtime suffix (``musa-toolkit-5-1``) and MUSA version lines (``5.1``) of another line,
     as the load resolved them (``stack/resolved.py``)."""
     stack = loaded.model
@@ -336,12 +340,12 @@ def _apt_lines(loaded: LoadedStack, want: str, at: tuple) -> list[Finding]:
     return out
 
 
-def _where(loaded: LoadedStack, path: tuple) -> str:
+def _where(loaded: LoadedStack | ResolvedStack, path: tuple) -> str:
     pos = loaded.position(path)
     return pos.file + (f":{pos.line}" if pos.line else "")
 
 
-def check_line(loaded: LoadedStack) -> list[Finding]:
+def check_line(loaded: LoadedStack | ResolvedStack) -> list[Finding]:
     """A platform line's pins are builds of one MUSA line: every pin whose local label names a MUSA build line
     (``+musa5.2.0``, ``+musa5.2.1mp22``, ``+musa5.2.0torch2.11.0.post2``) names the line's (``platforms.<line>
     .local``; undeclared, the first train's lead pin's). A pin of another line is a finding naming both."""
@@ -385,7 +389,7 @@ RULES = [
 ]
 
 
-def on_lines(loaded: LoadedStack, rules: list) -> list[Finding]:
+def on_lines(loaded: LoadedStack | ResolvedStack, rules: list) -> list[Finding]:
     """``rules`` run on every platform line of the stack. A finding at a key a line declares unknown is left
     out; each finding is placed at its line's position, and one that does not hold on the stack's own line
     names the lines it holds on."""
@@ -407,5 +411,5 @@ def on_lines(loaded: LoadedStack, rules: list) -> list[Finding]:
     ]
 
 
-def lint(loaded: LoadedStack) -> list[Finding]:
+def lint(loaded: LoadedStack | ResolvedStack) -> list[Finding]:
     return on_lines(loaded, RULES)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import jinja2
 from jinja2 import nodes
@@ -21,6 +22,9 @@ from stackforge import grammar
 from stackforge.errors import UserError
 from stackforge.grammar import DATE_RE, check_repository, check_tag, split_tag
 from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import TRIPLETS, Stack
 from stackforge.stack.pins import Pin
 from stackforge.stack.scheme import TagScheme
@@ -260,7 +264,9 @@ def render_sandboxed(template: str, data: dict, env: Sandbox | None = None) -> s
     return env.render_limited(env.from_string(template), data).strip()
 
 
-def render_template(loaded: LoadedStack, template: str, path: tuple, *, data: dict | None = None, **extra) -> str:
+def render_template(
+    loaded: LoadedStack | ResolvedStack, template: str, path: tuple, *, data: dict | None = None, **extra
+) -> str:
     """A stack template rendered in the sandbox with ``data`` (default: the stack's :func:`context`) and
     ``extra``; every refusal is a UserError naming the key and its place."""
     key = ".".join(map(str, path))
@@ -302,7 +308,7 @@ def parse_ref(text: str) -> Ref:
     return Ref(repository, tag)
 
 
-def checked_ref(loaded: LoadedStack, text: str, path: tuple) -> Ref:
+def checked_ref(loaded: LoadedStack | ResolvedStack, text: str, path: tuple) -> Ref:
     try:
         ref = parse_ref(text)
     except ValueError as exc:
@@ -327,7 +333,7 @@ def checked_ref(loaded: LoadedStack, text: str, path: tuple) -> Ref:
     return ref
 
 
-def local_ref(loaded: LoadedStack) -> Ref:
+def local_ref(loaded: LoadedStack | ResolvedStack) -> Ref:
     """The local reference (``tags.local``), as the load resolved it (``stack/resolved.py``)."""
     return loaded.resolved.local
 
@@ -345,7 +351,7 @@ def check_registry(registry: str) -> str:
     return registry
 
 
-def publish_ref(loaded: LoadedStack, registry: str, date: str | None = None, revision: int = 1) -> Ref:
+def publish_ref(loaded: LoadedStack | ResolvedStack, registry: str, date: str | None = None, revision: int = 1) -> Ref:
     """The immutable publish reference under ``registry``. Rendered here, at publish time, not with the rest of
     the stack's templates (``stack/resolved.py``): it depends on the registry, the date and the revision; the
     other values come from the resolved context."""
@@ -366,7 +372,7 @@ def publish_ref(loaded: LoadedStack, registry: str, date: str | None = None, rev
     return checked_ref(loaded, f"{check_registry(registry)}/{text}", ("tags", "publish"))
 
 
-def publish_scheme(loaded: LoadedStack, registry: str, suffix: str = "") -> TagScheme:
+def publish_scheme(loaded: LoadedStack | ResolvedStack, registry: str, suffix: str = "") -> TagScheme:
     """The immutable tag scheme of ``tags.publish`` under ``registry`` (``suffix``: a target's ``-<target>``):
     the one check that the template holds the date and then the revision, which ``tags --registry`` and
     ``publish`` both make."""
@@ -380,7 +386,7 @@ def publish_scheme(loaded: LoadedStack, registry: str, suffix: str = "") -> TagS
         ) from None
 
 
-def alias_refs(loaded: LoadedStack, registry: str) -> list[Ref]:
+def alias_refs(loaded: LoadedStack | ResolvedStack, registry: str) -> list[Ref]:
     """The moving aliases under ``registry``: rendered at publish time, like :func:`publish_ref`, from the
     resolved context."""
     data = loaded.resolved.context

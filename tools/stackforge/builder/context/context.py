@@ -15,6 +15,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
@@ -34,13 +35,16 @@ from stackforge.builder.sources.sources import SourceInfo, export_source
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.stack.installed import export_order
-from stackforge.stack.load import LoadedStack, fingerprint
+from stackforge.stack.load import fingerprint
 from stackforge.stack.model import Stack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 
 @dataclass
 class Context:
-    loaded: LoadedStack
+    loaded: ResolvedStack
     plan: Plan
     build_dir: Path  # build/<stack>/
     context_dir: Path  # build/<stack>/context/
@@ -85,14 +89,14 @@ class Context:
         return None
 
 
-def build_dir_for(loaded: LoadedStack, out: Path | None = None) -> Path:
+def build_dir_for(loaded: ResolvedStack, out: Path | None = None) -> Path:
     """``out``, or build/<stack>/ in the stack's repository (build/<stack>@<line>/ for a platform line that is not
     the stack's own)."""
     return Path(out) if out else loaded.root / "build" / (loaded.name + (loaded.line.suffix if loaded.line else ""))
 
 
 def assemble(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     out: Path | None = None,
     *,
     sources: bool = True,
@@ -146,7 +150,7 @@ def assemble(
     )
 
 
-def _offline(loaded: LoadedStack, plan: Plan, staging: Path, ws: Workspace) -> dict:
+def _offline(loaded: ResolvedStack, plan: Plan, staging: Path, ws: Workspace) -> dict:
     assert ws.mirror is not None
     return apply(loaded, plan, ws.mirror, staging)
 
@@ -164,7 +168,7 @@ def _remove_leftovers(bdir: Path) -> None:
 
 
 def _fill(
-    loaded: LoadedStack, plan: Plan, locks: dict, staging: Path, sources: bool, root: Path, workspace: Workspace
+    loaded: ResolvedStack, plan: Plan, locks: dict, staging: Path, sources: bool, root: Path, workspace: Workspace
 ) -> tuple[list[SourceInfo], dict[str, str]]:
     """Requirements files, the gate and the (patched) upstream sources (through the workspace's cache),
     written into ``staging``."""
@@ -204,7 +208,7 @@ def _fill(
                 loaded, name, staging, staging.parent / "context", export, refresh=workspace.refresh
             )
         infos = [exported[name] for name in stack.upstreams]
-        agree.check_trees(loaded, {n: staging / "src" / n for n in stack.upstreams})
+        agree.check_trees(loaded.model, {n: staging / "src" / n for n in stack.upstreams})
         requirements.write_phases(
             loaded,
             staging,

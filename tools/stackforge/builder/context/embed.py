@@ -11,16 +11,19 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge import safeio
 from stackforge.builder.plan.plan import LABEL_NS
 from stackforge.errors import UserError, printable
 from stackforge.fslock import atomic_write
 from stackforge.safeio import write_confined
-from stackforge.stack.load import LoadedStack, load
+from stackforge.stack.load import load
 from stackforge.stack.names import STACK_FILE, STACKS_DIR
 from stackforge.urls import redact_text
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 LABEL = f"{LABEL_NS}.stack.files"
 IMAGE_DIR = "/stackforge/stack"
@@ -29,7 +32,7 @@ OVERRIDES = "overrides.json"
 ENTRY = re.compile(rf"^({STACK_FILE.pattern})=(sha256:[0-9a-f]{{64}})$")
 
 
-def files(loaded: LoadedStack) -> dict[str, bytes]:
+def files(loaded: ResolvedStack) -> dict[str, bytes]:
     """File name → bytes of what goes into the image: each stack file of the chain (parent first), then
     the overrides."""
     out: dict[str, bytes] = {}
@@ -57,11 +60,11 @@ def digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def label(loaded: LoadedStack) -> str:
+def label(loaded: ResolvedStack) -> str:
     return " ".join(f"{name}={digest(data)}" for name, data in files(loaded).items())
 
 
-def write_context(loaded: LoadedStack, staging: Path) -> None:
+def write_context(loaded: ResolvedStack, staging: Path) -> None:
     """``stack/`` of the build context (copied to ``/stackforge/stack/`` by the root targets)."""
     (staging / CONTEXT_DIR).mkdir(parents=True, exist_ok=True)
     for name, data in files(loaded).items():

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.builder.context import embed
 from stackforge.builder.context.context import Context, assemble, write_dockerfile
@@ -25,7 +26,9 @@ from stackforge.builder.plan.plan import EPOCH_LABEL, image_labels
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.stack import rules
-from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 #: Why `org.stackforge.inputs` is left out of a Dockerfile rendered without sources.
 INPUTS_OMITTED = (
@@ -74,12 +77,12 @@ class Prepared:
 RULES = [*rules.RULES, check_locks, contract.check]
 
 
-def lint(loaded: LoadedStack) -> list[rules.Finding]:
+def lint(loaded: ResolvedStack) -> list[rules.Finding]:
     """Every rule on every platform line of the stack (``rules.on_lines``)."""
     return rules.on_lines(loaded, RULES)
 
 
-def buildable(loaded: LoadedStack) -> None:
+def buildable(loaded: ResolvedStack) -> None:
     """Refuse a platform line that declares values no record states (``platforms.<line>.unknown``)."""
     line = loaded.line
     if line is None or not line.unknown:
@@ -96,7 +99,7 @@ def buildable(loaded: LoadedStack) -> None:
     )
 
 
-def lint_or_fail(loaded: LoadedStack) -> None:
+def lint_or_fail(loaded: ResolvedStack) -> None:
     buildable(loaded)
     stack = loaded.model
     for key in lock_keys(stack):
@@ -135,7 +138,7 @@ def layer_epoch(base_created: str | None, source_date_epoch: int | None) -> int 
 
 
 def prepare_dockerfile(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     *,
     out: Path | None = None,
     sources: bool = True,

@@ -33,6 +33,7 @@ import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -45,10 +46,12 @@ from stackforge.clients import credentials, pip
 from stackforge.clients.index import IndexClient
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError, printable
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.rules import Finding
 from stackforge.urls import redact, scrub
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 ENTRY = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>[A-Za-z0-9._+!-]+)$")
 HASH = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
@@ -71,7 +74,7 @@ class Lock:
 DEPS = "-deps"  # the key of a vendor's dependency lock: "<vendor>-deps" (the name of its pip phase)
 
 
-def lock_path(loaded: LoadedStack, index: str) -> Path:
+def lock_path(loaded: ResolvedStack, index: str) -> Path:
     """``<index>.txt``; for the key ``<vendor>-deps``, the vendor wheels' dependency lock ``<vendor>.deps.txt``; in
     stacks/locks/<stack>/ (stacks/locks/<stack>@<line>/ for a platform line that is not the stack's own: each
     architecture resolves on its own)."""
@@ -82,7 +85,7 @@ def lock_path(loaded: LoadedStack, index: str) -> Path:
     return folder / f"{index}.txt"
 
 
-def lock_command(loaded: LoadedStack) -> str:
+def lock_command(loaded: ResolvedStack) -> str:
     """The command that writes the stack's locks (with ``--platform`` for a line that is not the stack's own)."""
     line = loaded.line
     return f"stackforge lock {loaded.model.name}" + (f" --platform {line.name}" if line and not line.own else "")
@@ -95,7 +98,7 @@ def vendor_names(stack: Stack) -> dict[str, str]:
     }
 
 
-def public_inputs(loaded: LoadedStack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
+def public_inputs(loaded: ResolvedStack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
     """Everything the public resolution of ``index`` must install: its exact pins (``requirements.in``), then
     each requirement file a ``requirements:`` phase of this index reads, flattened from ``trees`` (the exported,
     patched upstream trees; without them, the labels alone) as ``<upstream>/<path>`` (``builder/locks/reqlocks.py``);
@@ -249,7 +252,7 @@ def _required_by_pins(lock: Lock, pins: set[str]) -> set[str]:
     return reached
 
 
-def verify_lock(loaded: LoadedStack, index: str, lock: Lock, rel: str) -> None:
+def verify_lock(loaded: ResolvedStack, index: str, lock: Lock, rel: str) -> None:
     """The lock lists every pin of ``index`` once at its version, and nothing the stack does not lead to:
     a vendor index's lock holds exactly its pins; a public index's lock may add only packages that a pin,
     one of its :func:`public_inputs` or a vendor pin requires (by the ``# via`` annotations), and none that
@@ -313,7 +316,7 @@ def lock_keys(stack: Stack) -> list[str]:
     return keys
 
 
-def confined(loaded: LoadedStack, path: Path, rel: str) -> Path:
+def confined(loaded: ResolvedStack, path: Path, rel: str) -> Path:
     """``path`` (a lock file or where one goes), refused when it resolves outside the repository's ``stacks/``:
     a symlinked lock file or locks directory pointing elsewhere is neither read nor written through."""
     stacks = (loaded.root / "stacks").resolve()
@@ -329,7 +332,7 @@ def confined(loaded: LoadedStack, path: Path, rel: str) -> Path:
     return path
 
 
-def read_lock(loaded: LoadedStack, key: str) -> Lock | None:
+def read_lock(loaded: ResolvedStack, key: str) -> Lock | None:
     """The lock file of ``key`` read, parsed strictly and checked against the stack's pins (None when there is
     none): what render, build and lint all check. A UserError names the file, the line and the fix."""
     stack = loaded.model
@@ -347,7 +350,7 @@ def read_lock(loaded: LoadedStack, key: str) -> Lock | None:
     return lock
 
 
-def read_locks(loaded: LoadedStack) -> dict[str, Lock]:
+def read_locks(loaded: ResolvedStack) -> dict[str, Lock]:
     """The stack's lock files, parsed strictly and checked against its pins (:func:`read_lock`). {lock key: Lock}
 
     An index declared ``lock: true`` whose lock file is missing is an error (for a vendor index with
@@ -397,7 +400,7 @@ def _requested_by(inputs: list[resolve.Input]) -> dict[str, str]:
 
 
 def lock_public(
-    loaded: LoadedStack, index: str, workspace: Workspace | None = None, trees: dict[str, Path] | None = None
+    loaded: ResolvedStack, index: str, workspace: Workspace | None = None, trees: dict[str, Path] | None = None
 ) -> dict[str, str]:
     """Resolve :func:`public_inputs` of ``index`` with uv for the stack's Python and platform, the vendor
     pins held at their exact versions (``builder/plan/resolve.py``). {lock key: text}: the index's lock, and
@@ -411,7 +414,7 @@ def lock_public(
             return lock_public(loaded, index, ws, exported)
     uv = pip.find_uv()
     url = stack.indexes[index].url
-    credential = ws.index_credential(loaded, index)
+    credential = loaded.credentials.for_index(index)
     ca_bundle = ws.ca_bundle_file()
     target = resolve.Target.of(stack)
     vendors = vendor_names(stack)
@@ -429,7 +432,7 @@ def lock_public(
                     pkg.version,
                     target,
                     ws.cache("wheel-metadata"),
-                    ws.index_credential(loaded, pkg.index),
+                    loaded.credentials.for_index(pkg.index),
                     ca_bundle,
                 )
                 resolve.stub_wheel(stubs, name, pkg.version, meta)
@@ -487,12 +490,12 @@ def lock_public(
     return {k: scrub(v, credential) for k, v in texts.items()}
 
 
-def lock_vendor(loaded: LoadedStack, index: str, workspace: Workspace | None = None) -> str:
+def lock_vendor(loaded: ResolvedStack, index: str) -> str:
     """Hashes of the exact pins as the vendor index lists them."""
 
-    stack, ws = loaded.model, workspace_for(loaded, workspace)
+    stack = loaded.model
     idx = stack.indexes[index]
-    client = IndexClient(idx.url, credential=ws.index_credential(loaded, index))
+    client = IndexClient(idx.url, credential=loaded.credentials.for_index(index))
     lines = [
         f"# Lock of the '{index}' pins of stack '{stack.name}', made by `{lock_command(loaded)}`\n"
         f"# from the index's own file hashes ({redact(idx.url)}). Do not edit.\n"
@@ -512,7 +515,7 @@ def lock_vendor(loaded: LoadedStack, index: str, workspace: Workspace | None = N
 
 
 def write_locks(
-    loaded: LoadedStack, indexes: list[str] | None = None, workspace: Workspace | None = None
+    loaded: ResolvedStack, indexes: list[str] | None = None, workspace: Workspace | None = None
 ) -> list[Path]:
     """Lock each index (all by default); locking a public index also writes the dependency lock of every
     vendor whose ``deps_from`` it is. Every lock is checked as the build reads it before any is written.
@@ -548,9 +551,7 @@ def write_locks(
             how = "resolve (uv) for" if role == "public" else "read the file hashes of"
             with progress.step(f"lock {stack.name}: {how} index '{index}' ({redact(stack.indexes[index].url)})"):
                 texts.update(
-                    lock_public(loaded, index, ws, trees)
-                    if role == "public"
-                    else {index: lock_vendor(loaded, index, ws)}
+                    lock_public(loaded, index, ws, trees) if role == "public" else {index: lock_vendor(loaded, index)}
                 )
     for key, text in texts.items():
         path = lock_path(loaded, key)
@@ -654,7 +655,7 @@ def _held_moves(stack: Stack, index: str, made: dict[str, tuple[str, str, str]])
 
 
 def check_stack(
-    loaded: LoadedStack, sources: bool = False, workspace: Workspace | None = None, indexes: list[str] | None = None
+    loaded: ResolvedStack, sources: bool = False, workspace: Workspace | None = None, indexes: list[str] | None = None
 ) -> tuple[list[Path], list[Stale], list[str]]:
     """``stackforge lock --check``: is every checked-in lock of the stack current for its inputs? Writes nothing.
 
@@ -746,7 +747,7 @@ def check_stack(
     return checked, stale, notes
 
 
-def unlocked_indexes(loaded: LoadedStack) -> list[str]:
+def unlocked_indexes(loaded: ResolvedStack) -> list[str]:
     """The public indexes of the stack whose phases install without a lock: with pins, requirement files, or the
     dependencies of a vendor index (``deps_from``), and no lock file."""
     stack = loaded.model
@@ -759,7 +760,7 @@ def unlocked_indexes(loaded: LoadedStack) -> list[str]:
     return out
 
 
-def unlocked_notes(loaded: LoadedStack) -> list[str]:
+def unlocked_notes(loaded: ResolvedStack) -> list[str]:
     """One ``note:`` per public index of the stack whose phases install without a lock (no
     ``--require-hashes``): the reason the stack gives (``indexes.<name>.unlocked``), else how to lock it."""
     stack = loaded.model
@@ -779,7 +780,7 @@ def unlocked_notes(loaded: LoadedStack) -> list[str]:
     return out
 
 
-def check_locks(loaded: LoadedStack) -> list[Finding]:
+def check_locks(loaded: ResolvedStack) -> list[Finding]:
     """An index declared ``lock: true`` has its lock file: deleting it never drops ``--require-hashes``; and
     each lock file passes the check render and build make before they use it (``build/locks.read_lock``)."""
     stack = loaded.model
@@ -814,7 +815,7 @@ def check_locks(loaded: LoadedStack) -> list[Finding]:
     return out
 
 
-def _unhashed_installer(loaded: LoadedStack) -> list[Finding]:
+def _unhashed_installer(loaded: ResolvedStack) -> list[Finding]:
     """A stack whose public index installs from a lock (with hashes) pins its installer with a hash too: the
     installer phase (``base.pip``) comes from that index before every other phase."""
     stack = loaded.model

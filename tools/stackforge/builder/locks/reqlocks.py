@@ -35,11 +35,11 @@ from stackforge.builder.sources.sources import export_source
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.stack.installed import export_order
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 
 if TYPE_CHECKING:
     from stackforge.builder.locks.locks import Lock
+    from stackforge.stack.resolved import ResolvedStack
 
 HEADER = re.compile(r"^# input (?P<label>\S+) flattened sha256:(?P<digest>[0-9a-f]{64})(?:\s|$)")
 
@@ -77,7 +77,7 @@ def pin_of(stack: Stack, name: str) -> str:
 
 
 @contextmanager
-def exported(loaded: LoadedStack, names: list[str], workspace: Workspace | None = None) -> Iterator[dict[str, Path]]:
+def exported(loaded: ResolvedStack, names: list[str], workspace: Workspace | None = None) -> Iterator[dict[str, Path]]:
     """The upstreams ``names`` fetched, verified and patched by the build's own export (the workspace's cache,
     same credentials), in a temporary directory removed afterwards. {upstream: tree}"""
     ws = workspace_for(loaded, workspace)
@@ -89,7 +89,7 @@ def exported(loaded: LoadedStack, names: list[str], workspace: Workspace | None 
         yield {name: src / name for name in names}
 
 
-def inputs(loaded: LoadedStack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
+def inputs(loaded: ResolvedStack, index: str, trees: dict[str, Path] | None = None) -> list[Input]:
     """One resolution input per requirement file of ``index``, labelled ``<upstream>/<path>``: its flattened
     requirements and constraints when ``trees`` are given, else the label alone (what the lock verifier needs)."""
     stack = loaded.model
@@ -176,7 +176,7 @@ def verify_header(stack: Stack, key: str, lock: Lock, rel: str) -> None:
             )
 
 
-def check_fresh(loaded: LoadedStack, locks: dict[str, Lock], trees: dict[str, Path]) -> None:
+def check_fresh(loaded: ResolvedStack, locks: dict[str, Lock], trees: dict[str, Path]) -> None:
     """Each locked public index was locked from the requirement files the build reads now: the digest of
     every file flattened from today's exported, patched tree matches the lock's header, and every package
     a file requires for the stack's target is in the lock (or a vendor pin)."""

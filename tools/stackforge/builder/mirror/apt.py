@@ -235,7 +235,7 @@ def deb_control(path: Path) -> str:
     raise UserError(f"{path.name} holds no control archive", fix="make the mirror again")
 
 
-def apply(loaded, plan, root: Path, data: dict, staging: Path, fix: str) -> bool:
+def apply(plan, root: Path, data: dict, staging: Path, fix: str) -> bool:
     """Point every layer that installs at the repository, copied into ``staging``; False when none installs."""
     todo = chains(plan)
     if not todo:

@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge import progress
 from stackforge.builder.mirror import apt, manifest, toolchains
@@ -40,19 +40,21 @@ from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError, printable
 from stackforge.fslock import file_sha256
-from stackforge.stack.load import LoadedStack
 from stackforge.urls import split as split_credentials
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 #: where a phase's index tree is mounted in its RUN step
 MOUNT = "/stackforge/mirror"
 FIX = "re-run `stackforge mirror {stack} --to DIR` with the same --set values on a host with network"
 
 
-def _fix(loaded: LoadedStack) -> str:
+def _fix(loaded: ResolvedStack) -> str:
     return FIX.format(stack=loaded.name)
 
 
-def _manifest(loaded: LoadedStack, root: Path) -> dict:
+def _manifest(loaded: ResolvedStack, root: Path) -> dict:
     data = manifest.read(root)
     assert data is not None
     if data.get("stack") != loaded.name:
@@ -64,7 +66,7 @@ def _manifest(loaded: LoadedStack, root: Path) -> dict:
     return data
 
 
-def upstream_cache(loaded: LoadedStack, workspace: Workspace) -> Path:
+def upstream_cache(loaded: ResolvedStack, workspace: Workspace) -> Path:
     """A cache directory whose git mirrors and sdists are the mirror's (links), for the build's offline fetch."""
     root = workspace.mirror
     assert root is not None
@@ -106,7 +108,7 @@ def upstream_cache(loaded: LoadedStack, workspace: Workspace) -> Path:
     return view
 
 
-def apply(loaded: LoadedStack, plan, root: Path, staging: Path) -> dict:
+def apply(loaded: ResolvedStack, plan, root: Path, staging: Path) -> dict:
     """Point every pip phase of ``plan`` at the mirror's tree of its index, copied into the context in
     ``staging``; returns what the evidence records of the mirror."""
     data = _manifest(loaded, root)
@@ -142,7 +144,7 @@ def apply(loaded: LoadedStack, plan, root: Path, staging: Path) -> dict:
                 fix=_fix(loaded),
             )
         _point(phase)
-    apt.apply(loaded, plan, root, data, staging, _fix(loaded))
+    apt.apply(plan, root, data, staging, _fix(loaded))
     return {
         "directory": str(root.resolve()),
         "manifest": manifest.digest(root),
@@ -183,7 +185,7 @@ def _link(src: Path, dest: Path) -> None:
         shutil.copyfile(src, dest)
 
 
-def load_base(loaded: LoadedStack, root: Path, engine: Engine) -> None:
+def load_base(loaded: ResolvedStack, root: Path, engine: Engine) -> None:
     """The stack's base image in the engine, loaded from the mirror when missing, with the mirror's id; then
     the kernels' toolchain images."""
     data = _manifest(loaded, root)

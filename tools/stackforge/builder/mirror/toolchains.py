@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge import progress
 from stackforge.builder.mirror import manifest
@@ -28,13 +29,16 @@ from stackforge.clients.engine import Engine, save_image
 from stackforge.digests import tree_digest
 from stackforge.errors import UserError
 from stackforge.fslock import file_sha256
-from stackforge.stack.load import LoadedStack, fingerprint
+from stackforge.stack.load import fingerprint
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 DIR = "toolchains"
 REPOSITORY = "stackforge-mirror/toolchain"
 
 
-def built_from(loaded: LoadedStack, plan, kernel, context_dir: Path, base_id: str) -> dict:
+def built_from(loaded: ResolvedStack, plan, kernel, context_dir: Path, base_id: str) -> dict:
     """What the ``toolchain-<kernel>`` stage is built from (the stages before it and its own step)."""
     target = resolve.Target.of(loaded.model)
     tc = kernel.toolchain
@@ -57,7 +61,7 @@ def _key(record: dict) -> str:
 
 
 def mirror_toolchains(
-    loaded: LoadedStack, prepared, to: Path, data: dict, ws, network: str | None, base_id: str
+    loaded: ResolvedStack, prepared, to: Path, data: dict, ws, network: str | None, base_id: str
 ) -> None:
     """Build (or keep) the toolchain stage of every selected kernel that has one, and save it in the mirror."""
     ctx = prepared.ctx
@@ -124,7 +128,7 @@ def mirror_toolchains(
     data["toolchains"] = kept
 
 
-def _record(loaded: LoadedStack, data: dict, kernel: str, fix: str) -> dict:
+def _record(data: dict, kernel: str, fix: str) -> dict:
     rec = data.get("toolchains", {}).get(kernel)
     if rec is None:
         raise UserError(
@@ -133,13 +137,13 @@ def _record(loaded: LoadedStack, data: dict, kernel: str, fix: str) -> dict:
     return rec
 
 
-def apply(loaded: LoadedStack, plan, data: dict, staging: Path, fix: str) -> None:
+def apply(loaded: ResolvedStack, plan, data: dict, staging: Path, fix: str) -> None:
     """Each toolchain stage from the mirror's image, when the mirror built it from the same inputs."""
     base = manifest.part(data, "base/image.tar")
     for k in plan.kernels:
         if k.toolchain is None:
             continue
-        rec = _record(loaded, data, k.name, fix)
+        rec = _record(data, k.name, fix)
         now = built_from(loaded, plan, k, staging, base["id"] if base else "")
         if rec["key"] != _key(now):
             changed = sorted(key for key in now if now[key] != rec.get("built_from", {}).get(key))
@@ -152,13 +156,13 @@ def apply(loaded: LoadedStack, plan, data: dict, staging: Path, fix: str) -> Non
         k.toolchain.image = rec["image"]
 
 
-def load(loaded: LoadedStack, root: Path, data: dict, engine: Engine, fix: str) -> None:
+def load(loaded: ResolvedStack, root: Path, data: dict, engine: Engine, fix: str) -> None:
     """The toolchain images the build needs, loaded from the mirror's archives when the engine lacks them."""
 
     for k in make_plan(loaded).kernels:
         if k.toolchain is None:
             continue
-        rec = _record(loaded, data, k.name, fix)
+        rec = _record(data, k.name, fix)
         if engine.image_id(rec["image"]) == rec["id"]:
             continue
         path = manifest.checked(root, manifest.part(data, f"{DIR}/{k.name}.tar"), f"{DIR}/{k.name}.tar")

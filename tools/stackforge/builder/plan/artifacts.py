@@ -15,12 +15,15 @@ import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.stack.artifacts import writes_wheels
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 #: Where the file installer and its spec live in the build context and the image.
 CONTEXT_DIR = "kernels"
@@ -85,7 +88,7 @@ def write_context(all_files: list[KernelFile], images: Path, staging: Path) -> N
     atomic_write(out / "files.json", json.dumps([asdict(f) for f in all_files], indent=2) + "\n")
 
 
-def check_uses(loaded: LoadedStack, kernel: str, upstream: str, tree: Path) -> None:
+def check_uses(loaded: ResolvedStack, kernel: str, upstream: str, tree: Path) -> None:
     """Each path a toolchain ``uses`` is in the exported tree (a UserError naming the key otherwise)."""
     stack = loaded.model
     tc = stack.kernels[kernel].toolchain

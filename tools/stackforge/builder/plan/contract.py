@@ -19,21 +19,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from stackforge.builder.plan.plan import image_labels
 from stackforge.stack import tags
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import ContractLine, Stack
 from stackforge.stack.rules import Finding
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 CREATED = "org.opencontainers.image.created"
 
 
-def lines(loaded: LoadedStack) -> Iterator[tuple[str, str, int, ContractLine]]:
+def lines(loaded: ResolvedStack) -> Iterator[tuple[str, str, int, ContractLine]]:
     """(upstream, contract file, index, line) of every contract line of the stack."""
     for name, up in loaded.model.upstreams.items():
         if up.contract is not None:
@@ -49,7 +51,7 @@ def chain(stack: Stack, target: str) -> list[str]:
     return out
 
 
-def target_env(loaded: LoadedStack, target: str) -> dict[str, str]:
+def target_env(loaded: ResolvedStack, target: str) -> dict[str, str]:
     """The ENV a target's image has as the stack declares it: the system layers', then each target's of its chain."""
     stack, out = loaded.model, {}
     for layer in (stack.system or {}).values():
@@ -59,7 +61,7 @@ def target_env(loaded: LoadedStack, target: str) -> dict[str, str]:
     return out
 
 
-def target_labels(loaded: LoadedStack, target: str) -> dict[str, str]:
+def target_labels(loaded: ResolvedStack, target: str) -> dict[str, str]:
     """The labels a target's image carries: the image's (with ``created`` when the stack sets it), then each
     target's of its chain."""
     out = dict(image_labels(loaded, created="<the sources' time>" if loaded.model.labels_created else None))
@@ -76,7 +78,7 @@ def _nearest(stack: Stack, target: str, field: str) -> Any:
     return None
 
 
-def every_env(loaded: LoadedStack) -> dict[str, set[str]]:
+def every_env(loaded: ResolvedStack) -> dict[str, set[str]]:
     """NAME -> where the rendered Dockerfile sets it (ENV or a build step's environment)."""
     stack, resolved = loaded.model, loaded.resolved
     out: dict[str, set[str]] = {}
@@ -111,11 +113,11 @@ def _files(stack: Stack) -> Iterator[tuple[str, Any]]:
                 yield f"targets.{tname}.pip.{pname}.files[{i}]", item
 
 
-def _render(loaded: LoadedStack, value: str, path: tuple) -> str:
+def _render(loaded: ResolvedStack, value: str, path: tuple) -> str:
     return tags.render_template(loaded, value, path) if "{{" in value or "{%" in value else value
 
 
-def _check(loaded: LoadedStack, path: tuple, cl: ContractLine) -> str | None:
+def _check(loaded: ResolvedStack, path: tuple, cl: ContractLine) -> str | None:
     """What the stack has where the line wants something else (None: the line holds)."""
     stack = loaded.model
     if cl.target is not None and cl.target not in stack.targets:
@@ -220,7 +222,7 @@ def _file_check(stack: Stack, cl: ContractLine) -> str | None:
     return f"no requirement phase installs {file.upstream}:{file.path}"
 
 
-def _gate_check(loaded: LoadedStack, cl: ContractLine) -> str | None:
+def _gate_check(loaded: ResolvedStack, cl: ContractLine) -> str | None:
     stack = loaded.model
     packages = [canonicalize_name(n) for n in stack.packages]
     if cl.gate_pins is not None:
@@ -262,7 +264,7 @@ def _gate_check(loaded: LoadedStack, cl: ContractLine) -> str | None:
     return None
 
 
-def check(loaded: LoadedStack) -> list[Finding]:
+def check(loaded: ResolvedStack) -> list[Finding]:
     """Every contract line the stack does not hold, as a finding at the contract's file and line (a lint rule:
     ``stackforge lint``, and render and build before anything is written)."""
     out = []
@@ -298,7 +300,7 @@ IMAGE_CHECKS: dict[str, Callable[[dict], Any]] = {
 }
 
 
-def _rendered(loaded: LoadedStack, target: str, kind: str, keys: list[str]) -> Any:
+def _rendered(loaded: ResolvedStack, target: str, kind: str, keys: list[str]) -> Any:
     """What the stack renders for ``kind`` (of ``keys``) at ``target``: the value its image's config has."""
     if kind in ("labels", "no_labels"):
         labels = target_labels(loaded, target)
@@ -309,7 +311,7 @@ def _rendered(loaded: LoadedStack, target: str, kind: str, keys: list[str]) -> A
     return _nearest(loaded.model, target, kind)
 
 
-def image_lines(loaded: LoadedStack, config: dict) -> list[tuple[bool, str]]:
+def image_lines(loaded: ResolvedStack, config: dict) -> list[tuple[bool, str]]:
     """The contract lines about an image's configuration (labels, ENV, WORKDIR, CMD, ENTRYPOINT), checked on
     ``config`` (the image's ``Config``): ``(ok, text)`` per line. The image may be of any published target: a
     line about a target is checked when every published target renders the same value as that target (a line

@@ -10,10 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.errors import UserError
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 LABEL = "org.stackforge.edits"
 
@@ -27,7 +30,7 @@ def digest(stack: Stack, name: str) -> str | None:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-def apply(loaded: LoadedStack, name: str, tree: Path) -> list[str]:
+def apply(loaded: ResolvedStack, name: str, tree: Path) -> list[str]:
     """Apply the edits of upstream ``name`` to its exported ``tree``; the files changed, in order."""
     up = loaded.model.upstreams[name]
     pin = up.pin if up.git else name

@@ -12,12 +12,15 @@ import json
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.stack import installed
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 #: Where the post-install step's spec, patches and report live in the build context and the image.
 CONTEXT_DIR = "installed"
@@ -67,7 +70,9 @@ def gate_extras(stack: Stack) -> dict:
     return out
 
 
-def write_context(loaded: LoadedStack, patches: list[PostInstallPatch], staging: Path, images: Path) -> dict[str, str]:
+def write_context(
+    loaded: ResolvedStack, patches: list[PostInstallPatch], staging: Path, images: Path
+) -> dict[str, str]:
     """Copy the post-install script and patches into the context; {dist: 'sha256:<hex>:applied|skipped'}."""
     if not patches:
         return {}
@@ -97,7 +102,7 @@ def labels(records: dict[str, str]) -> dict[str, str]:
     return {f"{LABEL}.{dist}": value for dist, value in records.items()}
 
 
-def naming_key(loaded: LoadedStack, name: str, err: UserError) -> UserError:
+def naming_key(loaded: ResolvedStack, name: str, err: UserError) -> UserError:
     """A failure applying an in-tree series, reported against the stack key that asked for it."""
     src = loaded.model.upstreams[name].patches_from
     assert src is not None

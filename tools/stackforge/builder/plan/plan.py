@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
@@ -16,10 +17,13 @@ from stackforge.builder.plan.phases import PipPhase as PipPhase
 from stackforge.builder.plan.requirements import guarded, requirement_phases
 from stackforge.builder.plan.system import SystemStage, system_stages
 from stackforge.builder.plan.targets import TargetStage, target_stages
-from stackforge.stack.load import LoadedStack, fingerprint
+from stackforge.stack.load import fingerprint
 from stackforge.stack.model import Stack
 from stackforge.stack.resolved import Resolved, selected
 from stackforge.urls import redact
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 LABEL_NS = "org.stackforge"
 
@@ -209,7 +213,7 @@ BASE_LAYERS_LABEL = "org.stackforge.base.layers"
 
 
 def image_labels(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     *,
     base_digest: str | None = None,
     created: str | None = None,
@@ -292,7 +296,7 @@ def kernel_steps(stack: Stack, resolved: Resolved) -> list[KernelStep]:
     ]
 
 
-def make_plan(loaded: LoadedStack, locks: dict[str, str] | None = None) -> Plan:
+def make_plan(loaded: ResolvedStack, locks: dict[str, str] | None = None) -> Plan:
     """``locks``: {index: repository-relative lock file} for the indexes that have one."""
     stack, locks = loaded.model, locks or {}
     resolved = loaded.resolved  # every template renders (or refuses) before anything is written

@@ -26,6 +26,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -34,9 +35,11 @@ from stackforge import progress
 from stackforge.builder.plan.phases import PipPhase
 from stackforge.errors import BuildFailed, UserError
 from stackforge.stack import agreement
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.urls import redact
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 VENDOR_PINS = "deps/vendor-pins.json"  # {name: version} of every vendor pin, read by preserve.py
 PUBLIC_PINS = "deps/public-pins.json"  # {name: version} of every public pin, read by preserve.py
@@ -122,7 +125,7 @@ class PhaseFiles:
 class _Reader:
     def __init__(
         self,
-        loaded: LoadedStack,
+        loaded: ResolvedStack,
         name: str,
         index: int,
         upstream: str,
@@ -298,7 +301,7 @@ class _Reader:
 _logical_lines = agreement.logical_lines
 
 
-def read_item(loaded: LoadedStack, name: str, index: int, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
+def read_item(loaded: ResolvedStack, name: str, index: int, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
     """Read one file of requirement phase ``name`` (``files[index]``) alone, as :func:`read_phase` reads it."""
     out = PhaseFiles(f"requirements.{name}")
     item = loaded.model.requirements[name].files[index]
@@ -307,7 +310,7 @@ def read_item(loaded: LoadedStack, name: str, index: int, trees: dict[str, Path]
     return out
 
 
-def read_phase(loaded: LoadedStack, name: str, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
+def read_phase(loaded: ResolvedStack, name: str, trees: dict[str, Path], pins: dict[str, str]) -> PhaseFiles:
     """Read requirement phase ``name`` from the exported trees (upstream -> directory); ``pins``: upstream ->
     the pin shown in errors (tag@commit)."""
     out = PhaseFiles(f"requirements.{name}")
@@ -336,7 +339,7 @@ def constraints_file(stack: Stack, phase: PhaseFiles | None = None) -> str:
 
 
 def write_phases(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     staging: Path,
     trees: dict[str, Path] | None,
     pins: dict[str, str],

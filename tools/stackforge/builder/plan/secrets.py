@@ -6,37 +6,38 @@ argument, never in a layer)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from stackforge.builder.plan import cabundle
 from stackforge.clients import credentials
 from stackforge.clients.workspace import Workspace, workspace_for
-from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 
-def netrc_text(loaded: LoadedStack, workspace: Workspace | None = None) -> str:
-    """netrc lines for the stack's indexes, from the workspace's resolver (``credentials.for_index``: the
+def netrc_text(loaded: ResolvedStack) -> str:
+    """netrc lines for the stack's indexes, from the stack's credentials (``StackCredentials.for_index``: the
     URL's own credentials split off at load time, STACKFORGE_INDEX_<NAME>_USERNAME/_PASSWORD, ~/.netrc)."""
-    ws = workspace_for(loaded, workspace)
     return credentials.netrc_entries(
-        [(idx.url, ws.index_credential(loaded, name)) for name, idx in loaded.model.indexes.items()]
+        [(idx.url, loaded.credentials.for_index(name)) for name, idx in loaded.model.indexes.items()]
     )
 
 
 @overload
 def secret_files(
-    loaded: LoadedStack, secrets_dir: Path, workspace: Workspace | None = None, *, ca_secret: bool = False
+    loaded: ResolvedStack, secrets_dir: Path, workspace: Workspace | None = None, *, ca_secret: bool = False
 ) -> list[tuple[str, Path]]: ...
 
 
 @overload
 def secret_files(
-    loaded: LoadedStack, secrets_dir: None, workspace: Workspace | None = None, *, ca_secret: bool = False
+    loaded: ResolvedStack, secrets_dir: None, workspace: Workspace | None = None, *, ca_secret: bool = False
 ) -> list[tuple[str, Path | None]]: ...
 
 
 def secret_files(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     secrets_dir: Path | None,
     workspace: Workspace | None = None,
     *,
@@ -47,7 +48,7 @@ def secret_files(
     without named contexts), the workspace's CA bundle."""
     ws = workspace_for(loaded, workspace)
     secrets: list[tuple[str, Path | None]] = []
-    text = netrc_text(loaded, ws)
+    text = netrc_text(loaded)
     if text:
         path = None
         if secrets_dir is not None:
@@ -60,7 +61,7 @@ def secret_files(
 
 
 def host_inputs(
-    loaded: LoadedStack, secrets_dir: Path, named_contexts: bool, workspace: Workspace | None = None
+    loaded: ResolvedStack, secrets_dir: Path, named_contexts: bool, workspace: Workspace | None = None
 ) -> tuple[list[tuple[str, Path]], dict[str, Path]]:
     """The secrets and named contexts of one build, written into ``secrets_dir`` (the caller removes it):
     the CA bundle as the named context ``stackforge-cabundle`` when the engine takes ``named_contexts``,

@@ -17,15 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from stackforge import grammar
 from stackforge.clients.containers import isolated
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack, SystemLayer
 from stackforge.stack.resolved import Resolved
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 #: The image's evidence of the system layers: resolution lines, then every installed package.
 EVIDENCE = "/stackforge/system/packages.txt"
@@ -46,7 +49,9 @@ class SystemStage:
     mirror: str | None = None  # context path of the mirror's apt repository in an offline build (builder/mirror/apt.py)
 
 
-def _value(loaded: LoadedStack, resolved: Resolved, path: tuple, text: str, check: Callable[[str], str | None]) -> str:
+def _value(
+    loaded: ResolvedStack, resolved: Resolved, path: tuple, text: str, check: Callable[[str], str | None]
+) -> str:
     """``text`` as the load resolved it (rendered when it is a template) checked against its grammar; errors
     name the key."""
     out = resolved.value(path, text)
@@ -63,7 +68,7 @@ def _value(loaded: LoadedStack, resolved: Resolved, path: tuple, text: str, chec
 
 
 def _source_line(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     layer: str,
     name: str,
     keys: dict[str, str],
@@ -100,7 +105,7 @@ def _source_line(
 
 
 def system_stages(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     resolved: Resolved,
     layers: dict[str, SystemLayer] | None = None,
     at: tuple = ("system",),

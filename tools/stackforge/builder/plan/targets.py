@@ -15,6 +15,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.requirements import Requirement
 
@@ -25,10 +26,12 @@ from stackforge.builder.plan.system import SystemStage, system_stages
 from stackforge.builder.plan.system import write_context as write_system_context
 from stackforge.fslock import atomic_write
 from stackforge.stack import targets as rules
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.resolved import Resolved, selected
 from stackforge.urls import redact
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 CONTEXT = "targets"  # context dir: targets/_bin (the scripts), targets/<target>/ (its files)
 IMAGE = "/stackforge/targets"
@@ -94,7 +97,7 @@ def _pin(stack: Stack, name: str) -> str:
     return up.pin
 
 
-def target_stages(loaded: LoadedStack, resolved: Resolved) -> list[TargetStage]:
+def target_stages(loaded: ResolvedStack, resolved: Resolved) -> list[TargetStage]:
     """Every target, a parent before its children, with the values ``resolved`` rendered."""
     stack, credentials = loaded.model, loaded.credentials
     out: list[TargetStage] = []
@@ -166,7 +169,7 @@ def target_stages(loaded: LoadedStack, resolved: Resolved) -> list[TargetStage]:
 
 
 def write_context(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     stages: list[TargetStage],
     images: Path,
     staging: Path,

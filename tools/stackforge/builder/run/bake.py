@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge.builder.context.context import build_dir_for
 from stackforge.builder.plan import cabundle
@@ -37,8 +37,10 @@ from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import UserError
 from stackforge.fslock import stack_lock, stack_locks
 from stackforge.signals import Interrupted
-from stackforge.stack.load import LoadedStack
 from stackforge.stack.targets import published
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 SECRET_PLACEHOLDER = "(a temporary file written by `stackforge bake` when it runs)"
 
@@ -90,7 +92,7 @@ def targets_of(targets: Targets, stack: str) -> list[str] | None:
     return targets
 
 
-def stack_targets(loaded: LoadedStack, targets: list[str] | None) -> list[str]:
+def stack_targets(loaded: ResolvedStack, targets: list[str] | None) -> list[str]:
     """Every published target of the stack, or those of ``targets`` it has (none of them: an error with the fix)."""
 
     stack = loaded.model
@@ -102,7 +104,7 @@ def stack_targets(loaded: LoadedStack, targets: list[str] | None) -> list[str]:
 
 
 def prepare(
-    stacks: list[LoadedStack],
+    stacks: list[ResolvedStack],
     *,
     targets: Targets = None,
     engine: Engine | None = None,
@@ -149,7 +151,7 @@ def prepare(
 
 
 def _host_inputs(
-    loaded: LoadedStack, secrets_dir: Path | None, ws: Workspace, engine: Engine, sources: bool
+    loaded: ResolvedStack, secrets_dir: Path | None, ws: Workspace, engine: Engine, sources: bool
 ) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """The secrets and named contexts of one stack's targets (``builder/plan/secrets.py``), as the engine takes the
     CA bundle (a plan rendered without sources asks the engine nothing: a named context, as it renders);
@@ -229,7 +231,7 @@ def run(
 
 
 def bake(
-    stacks: list[LoadedStack],
+    stacks: list[ResolvedStack],
     *,
     workspace: Workspace | None = None,
     targets: Targets = None,
@@ -260,7 +262,7 @@ def bake(
 
 
 def _bake(
-    stacks: list[LoadedStack],
+    stacks: list[ResolvedStack],
     workspace: Workspace | None,
     *,
     targets,

@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.builder.plan.plan import gate_spec
 from stackforge.builder.plan.render import images_dir
 from stackforge.clients.containers import Mount, RunSpec
 from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
-from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 
 def run_gate(
-    loaded: LoadedStack, image: str, engine: Engine | None = None, script: str = "gate.py"
+    loaded: ResolvedStack, image: str, engine: Engine | None = None, script: str = "gate.py"
 ) -> tuple[bool, list[str]]:
     """Run images/gate/<script> (of the stack's repository) with this stack's spec inside ``image``, with a
     read-only root filesystem and a writable /tmp, as a hardened runtime would; (all passed, output lines)."""

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge import progress
 from stackforge.builder.context.context import Context, build_dir_for
@@ -37,8 +38,11 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write, stack_lock
 from stackforge.signals import Interrupted
 from stackforge.stack import targets as target_rules
-from stackforge.stack.load import LoadedStack, fingerprint, resolved
+from stackforge.stack.load import fingerprint, resolved
 from stackforge.urls import redact_text
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 GATE_LINE = re.compile(
     r"^(?:#\d+ [\d.]+ )?((?:read-only: )?(?:(?:PASS|FAIL|WARN) "
@@ -73,7 +77,7 @@ class BuildOutcome:
     duration_s: float = 0.0
 
 
-def default_target(loaded: LoadedStack, target: str | None) -> str:
+def default_target(loaded: ResolvedStack, target: str | None) -> str:
     stack = loaded.model
     if not stack.targets:
         raise UserError(
@@ -99,7 +103,7 @@ def default_target(loaded: LoadedStack, target: str | None) -> str:
     return target
 
 
-def target_ref(loaded: LoadedStack, target: str) -> str:
+def target_ref(loaded: ResolvedStack, target: str) -> str:
     """The local reference: the stack's local tag for its first published target, `<tag>-<target>` for the
     others."""
     ref = loaded.resolved.local
@@ -108,7 +112,7 @@ def target_ref(loaded: LoadedStack, target: str) -> str:
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
 
 
-def base_identity(engine: Engine, loaded: LoadedStack) -> tuple[str | None, str, str | None, int | None]:
+def base_identity(engine: Engine, loaded: ResolvedStack) -> tuple[str | None, str, str | None, int | None]:
     """(registry manifest digest or None for a local-only image, image id, creation time or None, layer count or
     None) of the base image."""
     stack = loaded.model
@@ -203,7 +207,7 @@ def gate_lines(log: str) -> list[str]:
 
 
 def prepare(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     engine: Engine,
     *,
     out: Path | None = None,
@@ -257,7 +261,7 @@ def _holding_build_dir(fn):
     """Run ``fn(loaded, opts, …)`` holding the lock of the stack's build directory for all of it."""
 
     @functools.wraps(fn)
-    def locked(loaded: LoadedStack, opts: BuildOptions | None = None, *args, **kwargs):
+    def locked(loaded: ResolvedStack, opts: BuildOptions | None = None, *args, **kwargs):
         opts = opts or BuildOptions()
         with stack_lock(build_dir_for(loaded, opts.out), timeout=opts.lock_timeout):
             return fn(loaded, opts, *args, **kwargs)
@@ -267,7 +271,7 @@ def _holding_build_dir(fn):
 
 @_holding_build_dir
 def build(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     opts: BuildOptions | None = None,
     engine: Engine | None = None,
     echo: Callable[[str], None] | None = None,
@@ -427,7 +431,7 @@ def recording_interrupts(engine: Engine, evidence: Path, ref: str, had: str | No
 
 
 def _write_inputs(
-    evidence: Path, loaded: LoadedStack, ctx: Context, labels: dict, info, target: str, ref: str, epoch: bool = False
+    evidence: Path, loaded: ResolvedStack, ctx: Context, labels: dict, info, target: str, ref: str, epoch: bool = False
 ) -> None:
     """``epoch``: the engine stamps the image with SOURCE_DATE_EPOCH (its ``created`` label may be left out)."""
     stack = loaded.model

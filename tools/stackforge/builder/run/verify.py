@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge.builder.context.context import build_dir_for
 from stackforge.builder.plan import contract
@@ -19,7 +19,10 @@ from stackforge.builder.records import evidence
 from stackforge.builder.run.gate import run_gate
 from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
-from stackforge.stack.load import LoadedStack, fingerprint
+from stackforge.stack.load import fingerprint
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 PIN = f"{LABEL_NS}.pin."
 OPTION = f"{LABEL_NS}.option."
@@ -158,7 +161,7 @@ def _part(c: dict[str, Any]) -> str:
     return text if c["ok"] is not False or what in ("tests", "smoke") else f"{text} (FAILED)"
 
 
-def local_record(loaded: LoadedStack, image_id: str | None) -> dict[str, Any] | None:
+def local_record(loaded: ResolvedStack, image_id: str | None) -> dict[str, Any] | None:
     """The publish record the build that made ``image_id`` kept (``record.json`` of its evidence, written when
     it was published); None when no build here made the image, or it was never published."""
     if not image_id:
@@ -188,7 +191,7 @@ def image_config(engine: Engine, image: str) -> dict[str, Any]:
     return dict(engine.sdk().images.get(image).attrs.get("Config") or {})
 
 
-def line_of(loaded: LoadedStack, engine: Engine, image: str) -> LoadedStack:
+def line_of(loaded: ResolvedStack, engine: Engine, image: str) -> ResolvedStack:
     """The platform line of ``loaded`` the image was built for (by its config's OS and architecture): an arm64 image
     is checked against the arm64 line's pins, fingerprint and machine. A stack with no line of that platform is
     checked as it is: its fingerprint and gate say the image is not its."""
@@ -212,7 +215,7 @@ def stack_of(labels: dict[str, str], image: str) -> str:
 
 
 def verify(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     image: str,
     labels: dict[str, str],
     engine: Engine | None = None,

@@ -16,16 +16,21 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge.clients import upstream as sources
 from stackforge.clients.git import git
-from stackforge.clients.workspace import Workspace, workspace_for
+from stackforge.clients.workspace import Workspace
 from stackforge.errors import BuildFailed, UserError
 from stackforge.stack import agreement
 from stackforge.stack.agreement import Finding
-from stackforge.stack.load import LoadedStack, stack_value
+from stackforge.stack.load import stack_value
 from stackforge.stack.targets import agreed_pins, target_pins
 from stackforge.urls import split
+
+if TYPE_CHECKING:
+    from stackforge.clients.credentials import StackCredentials
+    from stackforge.stack.model import Stack
 
 MAX_BYTES = 256 * 1024  # one file of an upstream read for a comparison
 
@@ -69,26 +74,26 @@ def git_reader(mirror: Path, commit: str, upstream: str) -> Reader:
     return read
 
 
-def environment(loaded: LoadedStack) -> dict[str, str]:
-    p = loaded.model.platform
+def environment(stack: Stack) -> dict[str, str]:
+    p = stack.platform
     return agreement.marker_environment(p.python, p.arch)
 
 
-def pins(loaded: LoadedStack) -> dict[str, str]:
+def pins(stack: Stack) -> dict[str, str]:
     """Every pin an ``agree`` compares: the packages, and the exact requirements of the targets' own phases."""
-    return {n: version for n, (version, _) in agreed_pins(loaded.model).items()}
+    return {n: version for n, (version, _) in agreed_pins(stack).items()}
 
 
-def pin_keys(loaded: LoadedStack) -> dict[str, str]:
+def pin_keys(stack: Stack) -> dict[str, str]:
     """The stack key of each pin :func:`pins` gives that is not a package's version (a target's requirement)."""
-    return {n: key for n, (_, key) in target_pins(loaded.model).items()}
+    return {n: key for n, (_, key) in target_pins(stack).items()}
 
 
-def read_lines(loaded: LoadedStack, upstream: str, read: Reader) -> tuple[list[agreement.Line], list[Finding]]:
+def read_lines(stack: Stack, upstream: str, read: Reader) -> tuple[list[agreement.Line], list[Finding]]:
     """The lines ``upstreams.<upstream>.agree`` compares, read through ``read``: its requirement files' lines, then
     its Dockerfiles' ARG lines as requirement lines; and a finding for each file or build argument it names that
     ``read`` does not have."""
-    agree = loaded.model.upstreams[upstream].agree
+    agree = stack.upstreams[upstream].agree
     assert agree is not None
     found = agreement.read_requirements(read, list(agree.requirements))
     missing = [
@@ -144,26 +149,26 @@ def read_lines(loaded: LoadedStack, upstream: str, read: Reader) -> tuple[list[a
     return lines, missing
 
 
-def key_values(loaded: LoadedStack, upstream: str) -> dict[str, dict[str, tuple[str, str | None]]]:
+def key_values(stack: Stack, upstream: str) -> dict[str, dict[str, tuple[str, str | None]]]:
     """``{path: {KEY: (stack key, stack value)}}`` of the upstream's ``agree.keys`` (None: the stack leaves the
     value unset)."""
-    agree = loaded.model.upstreams[upstream].agree
+    agree = stack.upstreams[upstream].agree
     out: dict[str, dict[str, tuple[str, str | None]]] = {}
     for path, keys in (agree.keys if agree else {}).items():
-        out[path] = {k: (ref, stack_value(loaded.model, ref)) for k, ref in keys.items()}
+        out[path] = {k: (ref, stack_value(stack, ref)) for k, ref in keys.items()}
     return out
 
 
-def check(loaded: LoadedStack, upstream: str, read: Reader) -> list[Finding]:
+def check(stack: Stack, upstream: str, read: Reader) -> list[Finding]:
     """Every finding of ``upstreams.<upstream>.agree`` against the files ``read`` gives."""
-    agree = loaded.model.upstreams[upstream].agree
+    agree = stack.upstreams[upstream].agree
     if agree is None:
         return []
-    lines, out = read_lines(loaded, upstream, read)
+    lines, out = read_lines(stack, upstream, read)
     excepts = {n: r for n, r in agree.except_.items() if r is not None}
-    result = agreement.compare(upstream, lines, pins(loaded), excepts, env=environment(loaded), keys=pin_keys(loaded))
+    result = agreement.compare(upstream, lines, pins(stack), excepts, env=environment(stack), keys=pin_keys(stack))
     out += result.findings
-    for path, wanted in key_values(loaded, upstream).items():
+    for path, wanted in key_values(stack, upstream).items():
         out += agreement.compare_keys(upstream, path, read(path), wanted)
     return out
 
@@ -189,33 +194,33 @@ def render(finding: Finding) -> str:
     return f"{d['file']}{':' + str(d['line']) if d['line'] else ''}: agree: {d['message']}\n  fix: {d['fix']}"
 
 
-def failure(loaded: LoadedStack, upstream: str, findings: list[Finding]) -> BuildFailed:
+def failure(stack: Stack, upstream: str, findings: list[Finding]) -> BuildFailed:
     """The one error render and build stop with: the finding itself, or every finding of the upstream."""
-    pin = loaded.model.upstreams[upstream].pin
+    pin = stack.upstreams[upstream].pin
     if len(findings) == 1:
         f = findings[0]
         return BuildFailed(
-            f"stack '{loaded.name}' disagrees with upstream {upstream} at {pin}: {f.message}; nothing was built",
+            f"stack '{stack.name}' disagrees with upstream {upstream} at {pin}: {f.message}; nothing was built",
             file=f"{f.upstream}:{f.path}" if f.path else None,
             line=f.line,
             fix=f.fix,
         )
     text = "\n".join(render(f) for f in findings)
     return BuildFailed(
-        f"stack '{loaded.name}' disagrees with upstream {upstream} at {pin} in {len(findings)} places; nothing was "
+        f"stack '{stack.name}' disagrees with upstream {upstream} at {pin} in {len(findings)} places; nothing was "
         f"built:\n{text}",
         fix=f"pin the upstream's versions, or add reasoned upstreams.{upstream}.agree.except entries "
-        f"(stackforge lint {loaded.name} lists them)",
+        f"(stackforge lint {stack.name} lists them)",
     )
 
 
-def check_trees(loaded: LoadedStack, trees: dict[str, Path]) -> None:
+def check_trees(stack: Stack, trees: dict[str, Path]) -> None:
     """Render and build: every upstream with ``agree`` against its exported, patched tree; fail on a finding."""
-    for name, up in loaded.model.upstreams.items():
+    for name, up in stack.upstreams.items():
         if up.agree is not None and name in trees:
-            findings = check(loaded, name, tree_reader(trees[name], name))
+            findings = check(stack, name, tree_reader(trees[name], name))
             if findings:
-                raise failure(loaded, name, findings)
+                raise failure(stack, name, findings)
 
 
 # --- lint: the host's mirror cache ----------------------------------------------------------------------------
@@ -228,15 +233,15 @@ class LintResult:
     checked: list[str] = field(default_factory=list)  # upstreams compared
 
 
-def cached_mirror(loaded: LoadedStack, name: str, workspace: Workspace) -> Path | None:
+def cached_mirror(stack: Stack, root: Path, name: str, workspace: Workspace) -> Path | None:
     """The host's bare mirror of git upstream ``name`` when it holds the pinned commit, else None (no network)."""
 
-    up = loaded.model.upstreams[name]
+    up = stack.upstreams[name]
     if up.git is None or up.commit is None:
         return None
     url = split(up.git)[0]
     try:
-        url = sources.resolve_git_url(url, loaded.root)
+        url = sources.resolve_git_url(url, root)
     except UserError:
         return None
     mirror = sources.mirror_path(url, workspace.cache())
@@ -245,37 +250,59 @@ def cached_mirror(loaded: LoadedStack, name: str, workspace: Workspace) -> Path 
     return mirror
 
 
-def fetch_mirror(loaded: LoadedStack, name: str, workspace: Workspace, *, refresh: bool = False) -> Path:
+def fetch_mirror(
+    stack: Stack,
+    root: Path,
+    name: str,
+    workspace: Workspace,
+    *,
+    refresh: bool = False,
+    credentials: StackCredentials | None = None,
+) -> Path:
     """The mirror of git upstream ``name`` holding its pinned commit: fetched when it does not, or always with
-    ``refresh`` (to see the upstream's newest branches and tags)."""
+    ``refresh`` (to see the upstream's newest branches and tags); ``credentials``: the stack's."""
 
-    up = loaded.model.upstreams[name]
+    up = stack.upstreams[name]
     spec = sources.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
-    return sources.fetch_upstream(spec, workspace.cache(), root=loaded.root, workspace=workspace, reuse=not refresh)
+    credential = credentials.for_url(up.git) if credentials is not None and up.git else None
+    return sources.fetch_upstream(
+        spec, workspace.cache(), root=root, workspace=workspace, reuse=not refresh, credential=credential
+    )
 
 
-def lint_upstreams(loaded: LoadedStack, workspace: Workspace | None = None, *, fetch: bool = False) -> LintResult:
+def lint_upstreams(
+    stack: Stack,
+    root: Path,
+    workspace: Workspace | None = None,
+    *,
+    fetch: bool = False,
+    credentials: StackCredentials | None = None,
+) -> LintResult:
     """Every upstream with ``agree`` compared at its pinned commit from the host's mirror cache; an upstream whose
     commit is not cached is a note, or fetched first with ``fetch`` (``stackforge lint --upstreams``)."""
-    ws = workspace_for(loaded, workspace)
+    ws = workspace if workspace is not None else Workspace.at(root)
     out = LintResult()
-    for name, up in loaded.model.upstreams.items():
+    for name, up in stack.upstreams.items():
         if up.agree is None:
             continue
         if up.git is None:
             out.notes.append(
                 f"not checked: upstream {name} is a release sdist (render and build check it: "
-                f"stackforge render {loaded.name})"
+                f"stackforge render {stack.name})"
             )
             continue
-        mirror = fetch_mirror(loaded, name, ws) if fetch else cached_mirror(loaded, name, ws)
+        mirror = (
+            fetch_mirror(stack, root, name, ws, credentials=credentials)
+            if fetch
+            else cached_mirror(stack, root, name, ws)
+        )
         if mirror is None:
             out.notes.append(
-                f"not checked: upstream {name} at {up.commit} is not fetched (run stackforge render {loaded.name}, "
-                f"or stackforge lint --upstreams {loaded.name})"
+                f"not checked: upstream {name} at {up.commit} is not fetched (run stackforge render {stack.name}, "
+                f"or stackforge lint --upstreams {stack.name})"
             )
             continue
         assert up.commit is not None
-        out.findings += check(loaded, name, git_reader(mirror, up.commit, name))
+        out.findings += check(stack, name, git_reader(mirror, up.commit, name))
         out.checked.append(name)
     return out

@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackforge.builder.sources.contextfiles import normalize_tree
 from stackforge.builder.sources.sources import SourceInfo
@@ -33,7 +33,9 @@ from stackforge.digests import code_fingerprint, tree_digest
 from stackforge.errors import UserError
 from stackforge.fslock import atomic_write
 from stackforge.patches import series_hash
-from stackforge.stack.load import LoadedStack
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 #: bump when the layout of a record or the meaning of a fingerprint changes
 VERSION = 3  # 3: the image records carry dpkg.txt
@@ -56,7 +58,7 @@ def _code_digest() -> str:
     return code_fingerprint(within=_EXPORT_CODE)
 
 
-def upstream_inputs(loaded: LoadedStack, name: str, _seen: frozenset[str] = frozenset()) -> str:
+def upstream_inputs(loaded: ResolvedStack, name: str, _seen: frozenset[str] = frozenset()) -> str:
     """sha256 over everything upstream ``name``'s exported, patched tree is made from."""
 
     up = loaded.model.upstreams[name]
@@ -69,7 +71,7 @@ def upstream_inputs(loaded: LoadedStack, name: str, _seen: frozenset[str] = froz
 
 
 def exported(
-    loaded: LoadedStack,
+    loaded: ResolvedStack,
     name: str,
     staging: Path,
     previous: Path,

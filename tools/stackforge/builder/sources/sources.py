@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackforge import patches
 from stackforge.builder.mirror.offline import _fix, upstream_cache
@@ -16,8 +17,10 @@ from stackforge.clients import upstream as upstreams
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.patches.series import in_tree_series
-from stackforge.stack.load import LoadedStack
 from stackforge.urls import split as split_credentials
+
+if TYPE_CHECKING:
+    from stackforge.stack.resolved import ResolvedStack
 
 
 @dataclass
@@ -38,7 +41,7 @@ class SourceInfo:
         return data
 
 
-def _redirect(loaded: LoadedStack, path: tuple[str, ...], err: UserError) -> UserError:
+def _redirect(loaded: ResolvedStack, path: tuple[str, ...], err: UserError) -> UserError:
     """``err`` placed at the stack key whose endpoint failed, with the redirect in the CLI's and make's spelling
     (an error that already names a file keeps it)."""
     if err.file:
@@ -53,7 +56,7 @@ def _redirect(loaded: LoadedStack, path: tuple[str, ...], err: UserError) -> Use
     )
 
 
-def export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspace) -> SourceInfo:
+def export_source(loaded: ResolvedStack, name: str, dest: Path, workspace: Workspace) -> SourceInfo:
     """Fetch (into the workspace's cache, with its credentials), export, patch and edit upstream ``name``."""
     stack, root, cache = loaded.model, loaded.root, workspace.cache()
     offline = workspace.mirror is not None
@@ -62,7 +65,8 @@ def export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspa
     up = stack.upstreams[name]
     if up.sdist is not None:
         sdist = upstreams.SdistSpec(stack.indexes[up.sdist.index].url, up.sdist.name, up.sdist.version, up.sdist.sha256)
-        archive = upstreams.fetch_sdist(sdist, cache, offline=offline, workspace=workspace)
+        credential = loaded.credentials.for_index(up.sdist.index)
+        archive = upstreams.fetch_sdist(sdist, cache, offline=offline, workspace=workspace, credential=credential)
         upstreams.unpack_sdist(archive, dest)
         pin = f"{up.sdist.name}=={up.sdist.version}@sha256:{up.sdist.sha256}"
         info = SourceInfo(name, "sdist", pin, commit_time=upstreams.sdist_time(archive))
@@ -75,7 +79,13 @@ def export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspa
         spec = upstreams.UpstreamSpec(git=up.git, tag=up.tag, commit=up.commit, name=name)
         try:
             mirror = upstreams.fetch_upstream(
-                spec, cache, root=root, workspace=workspace, reuse=not workspace.refresh, offline=offline
+                spec,
+                cache,
+                root=root,
+                workspace=workspace,
+                reuse=not workspace.refresh,
+                offline=offline,
+                credential=loaded.credentials.for_url(up.git) if up.git else None,
             )
         except UserError as err:
             raise _redirect(loaded, ("upstreams", name, "git"), err) from None
@@ -104,7 +114,7 @@ def export_source(loaded: LoadedStack, name: str, dest: Path, workspace: Workspa
 
 
 def _export_submodules(
-    loaded: LoadedStack, name: str, mirror: Path, dest: Path, cache: Path, workspace: Workspace, offline: bool
+    loaded: ResolvedStack, name: str, mirror: Path, dest: Path, cache: Path, workspace: Workspace, offline: bool
 ) -> list[dict[str, str]]:
     """Fetch the submodules the pinned commit records (recursively; from the mirror's repository when offline),
     write their trees into ``dest`` and return their records; a refusal is placed at
