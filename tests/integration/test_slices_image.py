@@ -125,7 +125,10 @@ def _root_with_probes(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     (root / "stacks").mkdir(parents=True)
     shutil.copy(REPO / "stacks" / "post1.yaml", root / "stacks")
-    (root / "stacks" / "post2.yaml").write_text((REPO / "stacks" / "post2.yaml").read_text() + PROBE_SLICE)
+    text = (REPO / "stacks" / "post2.yaml").read_text()
+    # the slice goes first under post2's `tests:` mapping (keys after it, e.g. `platforms:`, stay where they are)
+    assert text.count("\ntests:\n") == 1
+    (root / "stacks" / "post2.yaml").write_text(text.replace("\ntests:\n", "\ntests:" + PROBE_SLICE, 1))
     (root / "tests" / "slices").mkdir(parents=True)
     (root / "tests" / "slices" / "test_probes.py").write_text(PROBES)
     for part in ("patches", "overlays"):
