@@ -53,6 +53,7 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20
 _SMALL_JSON = 64 << 20
 _OCI_BLOB = re.compile(r"blobs/sha256/([0-9a-f]{64})")
+_OCI_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _CREATED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
@@ -392,6 +393,7 @@ class _Entry:
     diff_id: str | None = None
     link: str | None = None
     remote: bool = False
+    kept: bool = False  # stored as the archive held it (its digest is the archive's bytes')
 
     def blob(self) -> Blob:
         return Blob(
@@ -566,6 +568,11 @@ def _read_members(
             counter += 1
             path = workdir / f"blob-{counter}"
             entry = entries[name] = _store_layer(head, src, path, packer, cache, pool, bool(named))
+            if named and entry.kept and entry.digest != "sha256:" + named.group(1):
+                raise BuildFailed(
+                    f"the exported blob {name} hashes to {entry.digest}",
+                    fix="the export is corrupt; re-run the publish",
+                )
             if sink is not None and entry.path is not None:
                 sink(entry.blob())
     return entries
@@ -602,6 +609,7 @@ def _store_layer(
                 size=writer.size,
                 media_type=media,
                 diff_id=digest if media == OCI_LAYER_TAR else None,
+                kept=True,
             )
         if cache is not None and not named:
             return _store_layer_cached(head, src, path, writer, packer, cache, pool)
@@ -674,9 +682,12 @@ def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedIm
     if not isinstance(items, list) or not items:
         raise BuildFailed("image archive manifest.json lists no image")
     chosen = None
+    # the classic store's image id is its config digest; the containerd store's is its manifest's or index's
+    # digest (a blob of the OCI-layout flavour), which names the config
+    configs = _configs_named(entries, expected_id) if expected_id else set()
     for item in items:
         cfg = _resolve(entries, item["Config"])
-        if expected_id is None or cfg.digest == expected_id:
+        if expected_id is None or cfg.digest == expected_id or cfg.digest in configs:
             chosen, config_entry = item, cfg
             break
     if chosen is None:
@@ -707,7 +718,34 @@ def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedIm
                 f"layer {i} of the exported image hashes to {layer.diff_id}, its config says {want}",
                 fix="the export is corrupt; re-run the publish",
             )
+        if layer.diff_id is None and isinstance(want, str) and DIGEST_RE.fullmatch(want):
+            # a compressed layer (the containerd store exports its blobs as stored): its bytes hashed to the
+            # digest its content-addressed name gives (_read_members); its diff id is the config's
+            layer.diff_id = want
     return PreparedImage(image_id=config.digest, config=config, layers=layers)
+
+
+def _configs_named(entries: dict[str, _Entry], digest: str, depth: int = 0) -> set[str]:
+    """The config digests the manifest or index blob ``digest`` of an OCI-layout archive names (an index's
+    manifests followed, four levels at most); empty when the archive has no such blob."""
+    found = _OCI_DIGEST.fullmatch(digest)
+    entry = entries.get(f"blobs/sha256/{found.group(1)}") if found else None
+    if entry is None or entry.data is None or entry.digest != digest or depth > 4:
+        return set()
+    try:
+        doc = json.loads(entry.data)
+    except ValueError:
+        return set()
+    if not isinstance(doc, dict):
+        return set()
+    config = doc.get("config")
+    if isinstance(config, dict) and isinstance(config.get("digest"), str):
+        return {config["digest"]}
+    out: set[str] = set()
+    for child in doc.get("manifests") or []:
+        if isinstance(child, dict) and isinstance(child.get("digest"), str):
+            out |= _configs_named(entries, child["digest"], depth + 1)
+    return out
 
 
 @dataclass
