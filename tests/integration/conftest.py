@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,51 @@ def post2(standins):
     build = standins.happy("post2")
     assert build.ok, build.describe()
     return build
+
+
+@dataclass(frozen=True)
+class ImageStore:
+    """The engine a store-parametrized test runs on: ``env`` is what its stackforge and docker commands run with
+    (the first engine's, or ``DOCKER_HOST`` at a second engine with the containerd image store)."""
+
+    name: str  # classic | containerd
+    env: dict[str, str]
+    second: object | None = None  # the second engine (tests/fixtures/second_engine.SecondEngine), containerd only
+
+    def docker(self, *args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, timeout=timeout, **kw)
+
+    def load(self, image: str) -> None:
+        """Make ``image`` of the first engine present in this one (a no-op on the first engine)."""
+        if self.second is not None and self.docker("image", "inspect", image).returncode != 0:
+            self.second.load(image)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def containerd_store(tmp_path_factory, base_image):
+    """A second dockerd with the containerd image store (scripts/second-engine.sh start --store containerd), the base
+    image loaded; started once per session by the first module that asks, stopped and its data root deleted at the
+    end (its images and build cache go with it)."""
+    from tests.fixtures import second_engine as se
+
+    engine = se.start(
+        tmp_path_factory.mktemp("containerd-store-config"), store="containerd", name=f"c{run_names.RUN[:7]}"
+    )
+    try:
+        store = ImageStore("containerd", engine.bound_env(), engine)
+        info = store.docker("info", "--format", "{{json .DriverStatus}}")
+        assert "io.containerd.snapshotter" in info.stdout, info.stdout + info.stderr
+        store.load(base_image)
+        yield store
+    finally:
+        stopped = engine.stop()
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+@pytest.fixture(scope="module", params=["classic", "containerd"])
+def image_store(request) -> ImageStore:
+    """The few modules whose behaviour differs by image store (export for publish, multi-platform images, verify)
+    run once on each: the first engine's (classic) store and a second engine's containerd store."""
+    if request.param == "classic":
+        return ImageStore("classic", dict(os.environ))
+    return request.getfixturevalue("containerd_store")
