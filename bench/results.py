@@ -30,6 +30,8 @@ GOALS: dict[str, float] = {
     "list-first": 1.0,  # first `stackforge list` after a change / the 0.25 s budget
     "pull-zstd": 0.6,  # docker pull of our zstd image / of docker push's gzip image
     "second-host": 0.25,  # rebuild on a second host from the registry cache / a cold build
+    "publish-platforms": 0.5,  # publish a two-platform index / docker push of both + imagetools create
+    "build-emulated": 1.15,  # emulated arm64 build of the benchmark stack / buildx --platform linux/arm64 of the naive
 }
 
 
