@@ -193,3 +193,37 @@ def image_store(request) -> ImageStore:
     if request.param == "classic":
         return ImageStore("classic", dict(os.environ))
     return request.getfixturevalue("containerd_store")
+
+
+@dataclass(frozen=True)
+class InstalledWheel:
+    cli: Path  # its ``stackforge`` executable
+    empty_site_mb: int  # the virtual environment's site-packages before the install
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory) -> InstalledWheel:
+    """stackforge as an operator installs it: a wheel built from this checkout (its git metadata copied too, so the
+    build records the commit), installed with its dependencies in a fresh virtual environment (no editable install,
+    no PYTHONPATH, none of the builder's extras). Built once per session for the modules that run the installed CLI."""
+    import sys
+
+    def du_mb(path: Path) -> int:
+        out = subprocess.run(["du", "-sm", str(path)], capture_output=True, text=True, check=True).stdout
+        return int(out.split()[0])
+
+    tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "source"
+    shutil.copytree(REPO_ROOT, source, symlinks=True,
+                    ignore=shutil.ignore_patterns(".venv", "build", "__pycache__", "*.egg-info"))  # fmt: skip
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (tmp / "dist").glob("stackforge-*.whl")
+    venv = tmp / "venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True, timeout=300)
+    empty = du_mb(next(venv.glob("lib/python3*/site-packages")))
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
+                         timeout=900)  # fmt: skip
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    return InstalledWheel(venv / "bin" / "stackforge", empty)
