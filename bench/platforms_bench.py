@@ -15,11 +15,24 @@ colder in the page cache than the other:
          (``publish(..., tag_it=False)``), then the index tagged with the first free -rN, re-read, settled and checked
          (``publish/platforms.publish_index``)
 Goal (results.json id ``publish-platforms``): ours ≤ 0.5 of the peer.
-Run alone: python bench/platforms_bench.py (the arm64 base: scripts/base-image.sh --platform linux/arm64)
+
+And the emulated arm64 build (id ``build-emulated``, goal ≤ 1.15): the build benchmark's stack
+(bench/stacks/benchpost.yaml) built for its arm64 line under emulation, ``stackforge build benchpost --platform
+arm64`` (as shipped but ``--ca-bundle none``, as the build benchmark's peer trusts the same certificates; its own
+empty ccache), against ``docker buildx build --platform linux/arm64`` of bench/benchpost.naive.Dockerfile FROM the
+arm64 base, from the context ``stackforge render benchpost --platform arm64`` writes (not timed). The aarch64 wheels
+are fetched from PyPI once into build/cache/bench/index-arm64/{vendor,public}/ and served on loopback, on ports of
+this run: no step of either build is in the engine's cache, and no ``--no-cache`` build resets the shared cache
+mounts. One build each (an emulated cold build takes minutes): ours first, then the peer. The line leaves out
+triton (3.1.0 has no aarch64 wheel); the rest is the build benchmark's content.
+Run alone: python bench/platforms_bench.py [--only publish|build] (the arm64 base: scripts/base-image.sh --platform
+linux/arm64; the emulator: scripts/engine-setup.sh)
 """
 
 from __future__ import annotations
 
+import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,15 +43,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tools")]
 
+from bench import build_bench as bb  # noqa: E402
 from bench.publish_bench import DATE, SCHEME, sh, write_context  # noqa: E402
 from bench.results import GOALS, Result, table, write  # noqa: E402
 from stackforge.clients.registry import RegistryClient, parse_repository  # noqa: E402
 from stackforge.publish.oci import DockerImage  # noqa: E402
 from stackforge.publish.platforms import Child, publish_index  # noqa: E402
 from stackforge.publish.publisher import PublishOptions, publish  # noqa: E402
+from tests.fixtures.index_server import IndexServer  # noqa: E402
 from tests.fixtures.registry import start_registry  # noqa: E402
 
 BASES = {"linux/amd64": "stackforge/base:bookworm", "linux/arm64": "stackforge/base:bookworm-arm64"}
+#: the aarch64 wheels of the build benchmark's indexes
+ARM_INDEXES = bb.CACHE / "bench" / "index-arm64"
 
 
 def build(ctx: Path, base: str, platform: str, tag: str) -> None:
@@ -81,13 +98,81 @@ def ours(registry: str, images: dict[str, str], repo: str, cache: Path) -> tuple
     return time.monotonic() - t0, index.digest
 
 
-def measure() -> list[Result]:
-    run = uuid.uuid4().hex[:8]
+def _bases() -> None:
     missing = [
         b for b in BASES.values() if subprocess.run(["docker", "image", "inspect", b], capture_output=True).returncode
     ]
     if missing:
         sys.exit(f"missing base image(s) {', '.join(missing)}: scripts/base-image.sh [--platform linux/arm64]")
+
+
+def measure(only: str | None = None) -> list[Result]:
+    _bases()
+    return [
+        *(measure_build() if only in (None, "build") else []),
+        *(measure_publish() if only in (None, "publish") else []),
+    ]
+
+
+# --------------------------------------------------------------------------- the emulated arm64 build
+
+
+def measure_build() -> list[Result]:
+    dirs = bb.fetch_indexes(ARM_INDEXES, "aarch64", without=frozenset({"triton"}))
+    with (
+        tempfile.TemporaryDirectory(prefix="stackforge-armbench-") as tmp,
+        IndexServer(dirs["vendor"]) as vendor,
+        IndexServer(dirs["public"]) as public,
+    ):
+        urls = {"vendor": vendor.url, "public": public.url}
+        sets = [f"indexes.{n}.url={u}" for n, u in urls.items()]
+        ours = bb.Side("stackforge-arm64", Path(tmp) / "ours", [*sets, bb._own_ccache()])
+        peer = bb.Side("naive-arm64", Path(tmp) / "naive", list(sets))
+        for side in (ours, peer):
+            shutil.copytree(bb.BENCH / "stacks", side.root / "stacks")
+            shutil.copytree(bb.BENCH / "patches", side.root / "patches")
+        naive = Path(tmp) / "naive-arm64.Dockerfile"
+        text = bb.NAIVE.read_text()
+        assert "\nFROM stackforge/base:bookworm\n" in text, bb.NAIVE
+        naive.write_text(text.replace("\nFROM stackforge/base:bookworm\n", f"\nFROM {BASES['linux/arm64']}\n", 1))
+        try:
+            mine = bb._stackforge(ours, "build", bb.STACK, "--platform", "arm64", "--network", "host",
+                                  "--ca-bundle", "none", "--set", f"tags.local={ours.tag}")  # fmt: skip
+            ours.images.add(_image_id(f"{ours.tag}-arm64"))
+            bb._stackforge(peer, "render", bb.STACK, "--platform", "arm64")
+            cmd = ["docker", "buildx", "build", "--progress=plain", "--platform", "linux/arm64", "--load",
+                   "--network", "host", "-t", peer.tag, "-f", str(naive),
+                   "--build-arg", f"VENDOR_INDEX={urls['vendor']}/", "--build-arg", f"PUBLIC_INDEX={urls['public']}/",
+                   str(peer.root / "build" / f"{bb.STACK}@arm64" / "context")]  # fmt: skip
+            theirs = peer.built(bb._run(cmd))
+        finally:
+            bb.remove_images(ours, peer)
+            bb.forget_records(urls)
+    steps = len(mine.ran())
+    return [
+        Result(
+            "emulated arm64 build of the benchmark stack",
+            mine.seconds,
+            theirs.seconds,
+            GOALS["build-emulated"],
+            "buildx --platform linux/arm64, naive Dockerfile",
+            f"cold (this run's index ports), one build each, ours first; {steps} steps ran in ours, "
+            f"{len(theirs.ran())} in the peer's; without triton (no aarch64 wheel)",
+            id="build-emulated",
+        )
+    ]
+
+
+def _image_id(ref: str) -> str:
+    return subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the two-platform index
+
+
+def measure_publish() -> list[Result]:
+    run = uuid.uuid4().hex[:8]
     images = {p: f"stackforge-bench/platforms:{run}-{p.split('/')[1]}" for p in BASES}
     with tempfile.TemporaryDirectory(prefix="stackforge-platbench-") as tmp:
         registry, stop = start_registry(Path(tmp) / "registry")
@@ -115,6 +200,8 @@ def measure() -> list[Result]:
 
 
 if __name__ == "__main__":
-    results = measure()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--only", choices=("publish", "build"), help="one of the two measures")
+    results = measure(parser.parse_args().only)
     print(table(results))
     print(f"written: {write(results)}")
