@@ -902,6 +902,8 @@ class PublishOptions:
     #: above ``fail_on`` stands (the immutable tag is published either way)
     osv: Path | None = None
     fail_on: str = "high"
+    #: push the image by digest only, no tag (a platform's image under an index: see :class:`Publisher`)
+    by_digest: bool = False
     #: how old ``osv``'s snapshot may be before the gate refuses it (None: 7 days)
     osv_max_age: _dt.timedelta | None = None
 
@@ -920,10 +922,9 @@ def publish(
     extra: dict[str, Any] | None = None,
     during_settle: Callable[[PublishResult], object] | None = None,
     before_tag: Callable[[str, str], object] | None = None,
-    tag_it: bool = True,
 ) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``, as ``options`` say. See the
-    module docstring. ``tag_it=False``: push it by digest only (see :class:`Publisher`).
+    module docstring. ``options.by_digest``: push it by digest only (see :class:`Publisher`).
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.
@@ -958,7 +959,7 @@ def publish(
         settle_seconds=options.settle_seconds,
         during_settle=during_settle,
         before_tag=before_tag,
-        tag_it=tag_it,
+        tag_it=not options.by_digest,
     )
     try:
         try:

@@ -386,7 +386,8 @@ def publish_platforms(
             attacher = record.Attacher(line, target, evidence_dir, repository, engine, local, options.policy)
             attacher.scan = scanned.summary() if scanned is not None else None
             signing = _signing(line, target, options, evidence_dir, repository, engine, local)
-            child = publish(image, repository, scheme, date, options, engine=engine, before_tag=signing, tag_it=False)
+            by_digest = replace(options, by_digest=True)
+            child = publish(image, repository, scheme, date, by_digest, engine=engine, before_tag=signing)
             pushed.append((name, line, child, evidence_dir, extra, attacher, held))
     children = [platforms.Child(line.line.oci, r.digest, *_pushed_manifest(r))  # type: ignore[union-attr]
                 for _, line, r, *_ in pushed]  # fmt: skip
