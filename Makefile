@@ -105,11 +105,16 @@ demo: $(STAMP) base ## fresh machine: set up the engine, build the example stack
 	@echo 'stackforge is installed in $(VENV)/bin: run `. $(VENV)/bin/activate` to put it on PATH for this shell,'
 	@echo 'or call $(VENV)/bin/stackforge (every make target uses it already).'
 
+# The suite runs in TEST_WORKERS pytest-xdist workers, each test module in one worker, in the order collected
+# (docs/testing.md); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+PARALLEL = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 unit: $(STAMP) ## the unit tests only (no engine; about 3 min on 2 cores)
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q $(PARALLEL) tests/unit
 
 test: $(STAMP) ## the whole test suite (unit + integration against a real engine); CI runs it via .ci/run
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL)
 
 bench: $(STAMP) base ## every benchmark side by side with its peer: prints the table, writes build/bench/results.json
 	$(PY) bench/run_all.py

@@ -9,21 +9,25 @@ tests/fixtures/index_server.py, one server per index. The peer, bench/benchpost.
 the same content (same pins, same patched source, same gate) from the context ``stackforge render`` writes.
 
 Each measure runs stackforge, then the peer, back to back:
-  cold build        --no-cache (layer cache off; cache mounts stay as they are); three rounds, each side
-                    in each place once, each side's median
-  no-op rebuild     the same build again
-  one-patch rebuild after a one-line change to the upstream's last patch; stackforge must re-run no
-                    dependency step (checked in BuildKit's plain progress: the steps that ran are noted)
+  cold build        --no-cache (layer cache off; stackforge's clean build has empty pip and compiler caches of
+                    its own); three rounds, each side in each place once, each side's median
+  no-op rebuild     the same build again (after one plain build, not timed, that fills the shared ccache as a
+                    user's first build of the stack does)
+  one-patch rebuild after a one-line change to the upstream's last patch, right after a neighbour's clean build
+                    (``--no-cache``) of the same stack under another name, with another compiler identity;
+                    stackforge must re-run no dependency step (checked in BuildKit's plain progress: the steps
+                    that ran are noted)
   one-pin change    after moving one public pin (filelock 3.16.1 -> 3.16.0)
 Both sides trust the same certificates: the peer passes no CA bundle, so stackforge builds with
 ``--ca-bundle none`` (its steps then declare no mount of a bundle). Each round of cold builds also builds the
 default as shipped (the host's CA bundle bind-mounted into each downloading step from a named build context);
 its median against the peer's is held to the same goal (results.json id ``cold-default``).
 stackforge builds as it ships: its kernel step compiles through ccache (a BuildKit cache mount the peer
-does not have). A cold build (``--no-cache``) starts with new, empty cache mounts, which the builds after it
-use, and each of ours also gets its own compiler identity (``--set
-tuning.CCACHE_COMPILERCHECK=string:bench-<run>``), so it compiles everything; the rebuilds after it hit where
-the compiler's input is unchanged. Needs the engine and the base image (``make base``).
+does not have). A cold build (``--no-cache``) compiles everything with an empty ccache of its own and leaves the
+shared one as it is; the rebuilds use the shared one, filled by the plain build before them under this run's
+compiler identity (``--set tuning.CCACHE_COMPILERCHECK=string:bench-<run>``), and hit where the compiler's input
+is unchanged, whatever another stack's clean build did meanwhile. Needs the engine and the base image (``make
+base``).
 Run alone: python bench/build_bench.py [--json]
 """
 
@@ -97,6 +101,10 @@ class Side:
         return f"stackforge-bench/{self.who}:latest"
 
 
+#: the neighbour: the same stack under this name, in a root of its own
+NEIGHBOUR = "benchneighbour"
+
+
 def _run(cmd: list[str], **kw) -> Run:
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
@@ -112,12 +120,12 @@ def _stackforge(side: Side, *args: str) -> Run:
     return _run([sys.executable, "-m", "stackforge", "--root", str(side.root), *args, *sets], env=env)
 
 
-def build_ours(side: Side, no_cache: bool = False, ca_bundle: str = "none") -> Run:
+def build_ours(side: Side, no_cache: bool = False, ca_bundle: str = "none", stack: str = STACK) -> Run:
     return side.built(
         _stackforge(
             side,
             "build",
-            STACK,
+            stack,
             "--network",
             "host",
             "--ca-bundle",
@@ -253,11 +261,11 @@ MEASURES = (
     # measure, goal, what the ours side runs before it, what the peer side runs before it
     ("cold build", 1.15),
     ("no-op rebuild", GOALS["noop"]),
-    ("one-patch rebuild", 0.5),
+    ("one-patch rebuild", GOALS["one-patch"]),
     ("one-pin change", 1.0),
 )
 #: the tracked figures' ids (bench/results.GOALS) by measure
-IDS = {"no-op rebuild": "noop"}
+IDS = {"no-op rebuild": "noop", "one-patch rebuild": "one-patch"}
 
 
 #: the default build (the host's CA bundle bind-mounted into each downloading step) is held to the cold goal too
@@ -265,7 +273,8 @@ DEFAULT_COLD_GOAL = 1.15
 
 
 def _own_ccache() -> str:
-    """A run-unique compiler identity: the build's ccache starts empty."""
+    """A compiler identity no build has used (``CCACHE_COMPILERCHECK``, part of the kernel step): a plain build
+    under it compiles everything, and fills the shared ccache for the rebuilds under it."""
     return f"tuning.CCACHE_COMPILERCHECK=string:bench-{uuid.uuid4().hex[:12]}"
 
 
@@ -273,12 +282,8 @@ def cold_rounds(ours: Side, default: Side, peer: Side, urls: dict[str, str]) -> 
     """COLD_ROUNDS rounds of three cold builds: stackforge as shipped, stackforge ``--ca-bundle none`` and the
     peer, in ROUND_ORDERS. Each side takes each place once, since a build's place in a round moved its time by
     up to 14 s here, and a compile's time varies by a few seconds from one build to the next on a shared
-    machine; each side's figure is its median build of the same hours.
-
-    Each of ours gets its own empty ccache. The last ``--ca-bundle none`` build is the last stackforge build
-    before the rebuilds, so they start from its ccache as they would on a user's machine: each ``--no-cache``
-    build gives the builds after it a new cache mount, and one holding another identity's entries made the
-    one-patch rebuild compile everything again (46 s against 9 s).
+    machine; each side's figure is its median build of the same hours. Each of ours is a clean build: it
+    compiles with an empty ccache of its own.
     Returns the medians (``none``, as shipped, the peer) and a note with every time."""
     runs: dict[str, list[Run]] = {"default": [], "none": [], "naive": []}
     build = {
@@ -287,8 +292,6 @@ def cold_rounds(ours: Side, default: Side, peer: Side, urls: dict[str, str]) -> 
         "naive": lambda: build_peer(peer, urls, no_cache=True),
     }
     for order in ROUND_ORDERS:
-        for side in (ours, default):
-            side.overrides[-1] = _own_ccache()
         for who in order:
             runs[who].append(build[who]())
 
@@ -300,6 +303,17 @@ def cold_rounds(ours: Side, default: Side, peer: Side, urls: dict[str, str]) -> 
     return median(runs["none"]), median(runs["default"]), median(runs["naive"]), note
 
 
+def neighbour_root(side: Side) -> None:
+    """The neighbour's root: the benchmark's stack renamed NEIGHBOUR (another stack to the engine and its
+    caches), and its patches."""
+    (side.root / "stacks").mkdir(parents=True)
+    text = (BENCH / "stacks" / f"{STACK}.yaml").read_text()
+    renamed = re.sub(rf"^name: {STACK}$", f"name: {NEIGHBOUR}", text, count=1, flags=re.M)
+    assert renamed != text, "the bench stack's name line moved"
+    (side.root / "stacks" / f"{NEIGHBOUR}.yaml").write_text(renamed)
+    shutil.copytree(BENCH / "patches", side.root / "patches")
+
+
 def measure(echo=print) -> list[Result]:
     """Every measure, stackforge then the peer, back to back; one Result per measure."""
     with tempfile.TemporaryDirectory(prefix="stackforge-bench-") as tmp, serving() as urls:
@@ -309,23 +323,35 @@ def measure(echo=print) -> list[Result]:
         for side in (ours, peer, default):
             shutil.copytree(BENCH / "stacks", side.root / "stacks")
             shutil.copytree(BENCH / "patches", side.root / "patches")
+        neighbour = Side("neighbour", Path(tmp) / "neighbour", [*sets, _own_ccache()])
+        neighbour_root(neighbour)
         try:
-            return _measure(ours, peer, default, urls, echo)
+            return _measure(ours, peer, default, neighbour, urls, echo)
         finally:
-            remove_images(ours, peer, default)
+            remove_images(ours, peer, default, neighbour)
             forget_records(urls, echo)
 
 
-def _measure(ours: Side, peer: Side, default: Side, urls: dict[str, str], echo) -> list[Result]:
+def _measure(ours: Side, peer: Side, default: Side, neighbour: Side, urls: dict[str, str], echo) -> list[Result]:
     results: list[Result] = []
     for name, goal in MEASURES:
-        if name == "one-patch rebuild":
+        note = ""
+        if name == "no-op rebuild":
+            # A user's first build of the stack is a plain one: it fills the shared ccache (a clean build's ccache
+            # is its own, and goes with it). Under the cold builds' compiler identity every step would come from
+            # their layers, so under a new one: the kernel compiles.
+            ours.overrides[-1] = _own_ccache()
+            first = build_ours(ours)
+            echo(f"first plain build (not timed): {first.seconds:.1f} s")
+        elif name == "one-patch rebuild":
             change_patch(ours.root)
             change_patch(peer.root)
+            # Right before it, a neighbour's clean build: another stack, another compiler identity.
+            other = build_ours(neighbour, no_cache=True, stack=NEIGHBOUR)
+            note = f"right after a neighbour's clean build of another stack ({other.seconds:.0f} s); "
         elif name == "one-pin change":
             change_pin(ours.root)
             change_pin(peer.root)
-        note = ""
         if name == "cold build":
             a, default.runs[name], b, note = cold_rounds(ours, default, peer, urls)
             ours.runs[name], peer.runs[name] = a, b
@@ -336,7 +362,7 @@ def _measure(ours: Side, peer: Side, default: Side, urls: dict[str, str], echo) 
             ran = a.ran()
             deps = [s for s in ran if s.startswith("deps:")]
             stages = sorted({s.split(":", 1)[0] for s in ran})
-            note = f"stages that ran: {', '.join(stages)}; dependency steps re-run: {len(deps)}"
+            note += f"stages that ran: {', '.join(stages)}; dependency steps re-run: {len(deps)}"
             if deps:
                 note += " (" + "; ".join(deps) + ")"
         elif name in ("no-op rebuild", "one-pin change"):

@@ -12,7 +12,7 @@ colder in the page cache than the other:
   peer   docker push of the amd64 image and of the arm64 image (two tags), then `docker buildx imagetools create`
          of the index over them under a third tag
   ours   what `stackforge publish STACK --platform all` runs after its gate checks: each image pushed by digest
-         (``PublishOptions(by_digest=True)``), then the index tagged with the first free -rN, re-read, settled and checked
+         (``PublishOptions(tag_it=False)``), then the index tagged with the first free -rN, re-read, settled and checked
          (``publish/platforms.publish_index``)
 Goal (results.json id ``publish-platforms``): ours ≤ 0.5 of the peer.
 
@@ -87,7 +87,7 @@ def peer(registry: str, images: dict[str, str], repo: str) -> float:
 def ours(registry: str, images: dict[str, str], repo: str, cache: Path) -> tuple[float, str]:
     """Each image pushed by digest, then the index published under the first free -rN: seconds, index digest."""
     t0 = time.monotonic()
-    options = PublishOptions(layer_cache=cache, by_digest=True)
+    options = PublishOptions(layer_cache=cache, tag_it=False)
     children = []
     for platform, image in images.items():
         res = publish(DockerImage(image), f"{registry}/{repo}", SCHEME, DATE, options)

@@ -12,9 +12,12 @@ Measured back to back:
   publish (first)        stackforge to another fresh repository
   re-publish             stackforge again after the one-layer rebuild (same repository); its peer is the first publish
   pull of our zstd image one ~600 MB layer of real files (the base image's root filesystem: ELF binaries and
-                         libraries, Python sources and bytecode, text), pushed by docker push (gzip) and published
-                         with zstd, then pulled back PULL_PAIRS times each, alternating; $STACKFORGE_BENCH_PULL_LAYER
-                         names another layer tar to pull instead (e.g. an unpacked torch wheel)
+                         libraries, Python sources and bytecode, text), published by stackforge with zstd and
+                         uncompressed, then pulled back PULL_ROUNDS times each, alternating which goes first; its
+                         peer is the uncompressed pull, the floor of any codec on this engine (id ``pull``). Also
+                         pushed by docker push (gzip) and pulled in every other round, reported beside it.
+                         $STACKFORGE_BENCH_PULL_LAYER names another layer tar to pull instead (e.g. an unpacked
+                         torch wheel)
 The publish goes through :func:`stackforge.publish.publisher.publish` with the engine's image, the code
 path ``stackforge publish`` runs after its gate check, with the production defaults (settle re-read
 included; the library call has no publish record to prepare in the pause, so the pause is all sleep).
@@ -172,8 +175,9 @@ def sf_publish(
     return time.monotonic() - t0, engine_cpu() + own_cpu() - cpu, res.push_log
 
 
-#: pulls of each reference, alternating which goes first; each side's median is the figure
-PULL_PAIRS = 3
+#: rounds of pulls of the zstd and the uncompressed image, alternating which goes first; each one's median is the
+#: figure (docker push's gzip image is pulled in every other round, between the two)
+PULL_ROUNDS = 6
 #: a layer tar to pull instead of the base image's root filesystem (e.g. an unpacked wheel set such as torch)
 PULL_LAYER_ENV = "STACKFORGE_BENCH_PULL_LAYER"
 
@@ -214,13 +218,14 @@ def _layer_tar(tmp: Path, run: str) -> tuple[Path, str]:
     return rootfs, what
 
 
-def pull_pairs(registry: str, tmp: Path, run: str, cache: Path, pairs: int = PULL_PAIRS) -> Pulls:
+def pull_rounds(registry: str, tmp: Path, run: str, cache: Path, rounds: int = PULL_ROUNDS) -> Pulls:
     """One layer (the base image's root filesystem, or $STACKFORGE_BENCH_PULL_LAYER, plus a file unique to this run)
-    imported as an image no build cache or other image refers to, so removing the image removes the layer. ``docker
-    push`` publishes it with gzip, stackforge with zstd; each is then pulled back by its reference into an engine that
-    lacks it, ``pairs`` times, rotating which goes first, each after ``sync`` (so one pull's write-back does not
-    land in the next) and followed by removing the image. The layer published uncompressed is pulled the same way:
-    the floor."""
+    imported as an image no build cache or other image refers to, so removing the image removes the layer.
+    stackforge publishes it with zstd and uncompressed (the floor: a pull with no decompression at all), ``docker
+    push`` with gzip; each is then pulled back by its reference into an engine that lacks it, the zstd and the
+    uncompressed one ``rounds`` times, alternating which goes first, the gzip one between them in every other
+    round; each pull after ``sync`` (so one pull's write-back does not land in the next) and followed by removing
+    the image."""
     rootfs, what = _layer_tar(tmp, run)
     image = f"stackforge-bench/pull:{run}"
     sh("docker", "import", str(rootfs), image)
@@ -233,10 +238,10 @@ def pull_pairs(registry: str, tmp: Path, run: str, cache: Path, pairs: int = PUL
         sf_publish(registry, image, f"bench/pull-sfn-{run}", cache, compression="none")
     finally:
         subprocess.run(["docker", "image", "rm", image], capture_output=True)
-    order = [zstd_ref, gzip_ref, plain_ref]
-    runs: dict[str, list[float]] = {ref: [] for ref in order}
-    for i in range(pairs):
-        for ref in order[i % 3 :] + order[: i % 3]:
+    runs: dict[str, list[float]] = {ref: [] for ref in (zstd_ref, gzip_ref, plain_ref)}
+    for i in range(rounds):
+        pair = [zstd_ref, plain_ref] if i % 2 == 0 else [plain_ref, zstd_ref]
+        for ref in pair[:1] + ([gzip_ref] if i % 2 else []) + pair[1:]:
             subprocess.run(["sync"], check=False)
             runs[ref].append(sh("docker", "pull", "-q", ref))
             subprocess.run(["docker", "image", "rm", ref], capture_output=True)
@@ -334,7 +339,7 @@ def measure(deps_mb: int = 60) -> list[Result]:
             again, again_cpu, log2 = sf_publish(registry, tags[1], f"bench/sf-{run}", cache)
             uploaded = sum(1 for e in log2 if e["event"] == "blob-uploaded")
             limits = bounds(registry, tags[0])
-            pulls = pull_pairs(registry, Path(tmp), run, cache)
+            pulls = pull_rounds(registry, Path(tmp), run, cache)
         finally:
             stop()
             subprocess.run(["docker", "image", "rm", *tags], capture_output=True)
@@ -363,20 +368,29 @@ def measure(deps_mb: int = 60) -> list[Result]:
         Result(
             "pull of our zstd image",
             pulls.zstd_s,
-            pulls.gzip_s,
-            GOALS["pull-zstd"],
-            "docker pull of docker push's gzip image",
+            statistics.median(pulls.plain_runs),
+            GOALS["pull"],
+            "docker pull of the same layer uncompressed",
             f"{pulls.layer} imported as one {pulls.layer_bytes / 1e6:.0f} MB layer, pulled into an engine without it; "
-            f"docker push published it with gzip, stackforge with zstd (level {LEVELS['zstd'][2]}, "
-            f"{pulls.publish_s:.1f} s); median of {len(pulls.zstd_runs)} rotating pulls each: zstd "
+            f"stackforge published it with zstd (level {LEVELS['zstd'][2]}, {pulls.publish_s:.1f} s) and "
+            f"uncompressed, the floor of any codec; medians of {len(pulls.zstd_runs)} alternating pulls each: zstd "
             + ", ".join(f"{t:.1f}" for t in pulls.zstd_runs)
-            + " s; gzip "
-            + ", ".join(f"{t:.1f}" for t in pulls.gzip_runs)
-            + " s; the floor, the layer uncompressed: "
+            + " s; uncompressed "
             + ", ".join(f"{t:.1f}" for t in pulls.plain_runs)
-            + f" s (median / gzip {statistics.median(pulls.plain_runs) / pulls.gzip_s:.2f}); gzip inflated by "
+            + " s",
+            id="pull",
+        ),
+        Result(
+            "pull of our zstd image, against gzip",
+            pulls.zstd_s,
+            pulls.gzip_s,
+            None,
+            "docker pull of docker push's gzip image",
+            f"the same layer pushed by docker push (gzip), pulled {len(pulls.gzip_runs)} times between the others: "
+            + ", ".join(f"{t:.1f}" for t in pulls.gzip_runs)
+            + f" s; the uncompressed pull's median / gzip's {statistics.median(pulls.plain_runs) / pulls.gzip_s:.2f}"
+            + "; gzip inflated by "
             + gzip_inflater(),
-            id="pull-zstd",
         ),
     ]
 

@@ -27,8 +27,9 @@ GOALS: dict[str, float] = {
     "republish": 0.1,  # re-publish after a one-patch rebuild / the first publish
     "cold-default": 1.15,  # cold build as shipped (default options) / the naive build
     "noop": 1.0,  # no-op rebuild / the naive build's
-    "list-first": 1.0,  # first `stackforge list` after a change / the 0.25 s budget
-    "pull-zstd": 0.6,  # docker pull of our zstd image / of docker push's gzip image
+    "one-patch": 0.5,  # one-patch rebuild right after a neighbour's clean build / the naive build's
+    "list-first": 1.25,  # first `stackforge list` after a change / importing the libraries it loads, alone
+    "pull": 1.05,  # docker pull of our zstd image / of the same layer published uncompressed
     "second-host": 0.25,  # rebuild on a second host from the registry cache / a cold build
     "publish-platforms": 0.5,  # publish a two-platform index / docker push of both + imagetools create
     "build-emulated": 1.15,  # emulated arm64 build of the benchmark stack / buildx --platform linux/arm64 of the naive

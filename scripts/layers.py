@@ -1,6 +1,6 @@
 """The package's floors, checked: an import may reach down, never up, and never sideways into another unit
-of the same floor. Imports inside functions count; imports under ``if TYPE_CHECKING:`` (annotations only,
-never run) do not.
+of the same floor. A unit built in rooms (``builder/``) keeps the same rule among its rooms. Imports inside
+functions count; imports under ``if TYPE_CHECKING:`` (annotations only, never run) do not.
 
 usage: python scripts/layers.py [PACKAGE_DIR]   (default: tools/stackforge); exit 1 and one line per
 upward or sideways import, naming the file, the line and the floors.
@@ -44,6 +44,19 @@ FLOORS: list[list[str]] = [
     ["__main__"],
 ]
 SHARED_FLOOR = 0
+#: units built in rooms: each unit's subpackages, bottom to top, by the rule of FLOORS (down only, never
+#: sideways between two rooms of one floor; a room's own modules may use each other). Every module of such a
+#: unit sits in a room: only its ``__init__`` stays at the top.
+ROOMS: dict[str, list[list[str]]] = {
+    "builder": [
+        ["plan"],
+        ["mirror", "records"],
+        ["sources"],
+        ["locks"],
+        ["context"],
+        ["run"],
+    ],
+}
 PACKAGE = "stackforge"
 
 
@@ -64,7 +77,7 @@ def floor_of(unit: str) -> int | None:
 
 
 def unit_of(module: str, package_dir: Path) -> str | None:
-    """The unit of a dotted module inside the package (``stackforge.builder.run`` → ``builder``); a name the
+    """The unit of a dotted module inside the package (``stackforge.builder.run.run`` → ``builder``); a name the
     package's ``__init__`` defines (``stackforge.__version__``) is the package itself."""
     parts = module.split(".")
     if parts[0] != PACKAGE:
@@ -72,6 +85,30 @@ def unit_of(module: str, package_dir: Path) -> str | None:
     if len(parts) == 1 or not ((package_dir / parts[1]).is_dir() or (package_dir / f"{parts[1]}.py").is_file()):
         return PACKAGE
     return parts[1]
+
+
+def room_of(module: str) -> str | None:
+    """The room of a dotted module inside a unit built in rooms (``stackforge.builder.plan.render`` → ``plan``);
+    None for the unit itself (``stackforge.builder``)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else None
+
+
+def room_floor(unit: str, room: str) -> int | None:
+    return next((i for i, rooms in enumerate(ROOMS[unit]) if room in rooms), None)
+
+
+def _room_violation(path: Path, line: int, unit: str, source: str, target: str) -> Violation | None:
+    """An import from room ``source`` to room ``target`` of ``unit`` against the rooms' order, or None."""
+    src_floor, dst_floor = room_floor(unit, source), room_floor(unit, target)
+    src, dst = f"{unit}.{source}", f"{unit}.{target}"
+    if dst_floor is None:
+        return Violation(path, line, src, dst, "a room on no floor")
+    if src_floor is not None and dst_floor > src_floor:
+        return Violation(path, line, src, dst, f"up from room floor {src_floor} to {dst_floor} of {unit}/")
+    if src_floor is not None and dst_floor == src_floor and source != target:
+        return Violation(path, line, src, dst, f"sideways on room floor {src_floor} of {unit}/")
+    return None
 
 
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
@@ -124,9 +161,24 @@ def check(package_dir: Path) -> list[Violation]:
         if src_floor is None:
             found.append(Violation(path, 1, source, "-", "a unit on no floor: add it to FLOORS in scripts/layers.py"))
             continue
+        room = room_of(module) if source in ROOMS else None
+        if source in ROOMS and room is not None and room_floor(source, room) is None:
+            why = f"a room on no floor: add it to ROOMS[{source!r}] in scripts/layers.py"
+            if module.count(".") == 2 and not is_package:
+                why = f"a module outside every room of {source}/: move it into one (ROOMS in scripts/layers.py)"
+            found.append(Violation(path, 1, f"{source}.{room}", "-", why))
+            continue
         seen: set[tuple[int, str]] = set()
         for line, target_module in imported(ast.parse(path.read_text(), str(path)), module, is_package):
             target = unit_of(target_module, package_dir)
+            if target == source and room is not None:
+                target_room = room_of(target_module)
+                if target_room is not None and (line, f"{source}.{target_room}") not in seen:
+                    seen.add((line, f"{source}.{target_room}"))
+                    violation = _room_violation(path, line, source, room, target_room)
+                    if violation:
+                        found.append(violation)
+                continue
             if target is None or target in (source, PACKAGE) or (line, target) in seen:
                 continue
             seen.add((line, target))

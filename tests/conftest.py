@@ -12,7 +12,10 @@ import pytest
 
 from tests.fixtures.stack_support import RootSpec, repo_root
 
-pytest_plugins = ["tests.fixtures.durations"]  # the suite's time by module (STACKFORGE_DURATIONS, .ci/run)
+pytest_plugins = [
+    "tests.fixtures.run_share",  # what the run's processes share, and the run's end (docs/testing.md)
+    "tests.fixtures.durations",  # the suite's time by module (STACKFORGE_DURATIONS, .ci/run)
+]
 
 
 @pytest.fixture

@@ -6,13 +6,19 @@ tests marked ``@pytest.mark.engine`` get the ``engine`` fixture automatically.
 own test modules.
 
 Names: every image, tag and container the session creates is under its own namespace (tests/fixtures/run_names.py),
-so two runs share one engine. A ``docker`` shim first on PATH records each docker command line of the session; at
-its end the run's images and containers are removed, and the session FAILS when a command created a name outside
-the namespace (the terminal summary lists them).
+so two runs share one engine. A ``docker`` shim first on PATH records each docker command line of the run; at its
+end the run's images and containers are removed, and the session FAILS when a command created a name outside the
+namespace (the terminal summary lists them; tests/fixtures/run_share.py).
+
+Parallel runs: each pytest-xdist worker has a session of its own (a module's tests and its module fixtures stay in
+one worker: ``--dist loadfile``). What costs minutes to make is made once for the run and shared by the workers
+through tests/fixtures/run_share.py: the stand-in wheels, upstreams, indexes and apt repository, and the stand-in
+builds' layers (one worker builds under a run-wide lock, the others' same build is then answered from the cache).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -23,64 +29,12 @@ import pytest
 
 from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
-from tests.fixtures import run_names
+from tests.fixtures import run_names, run_share
 from tests.fixtures.registry import start_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The locally built stand-in for the vendor (MUSA) base image; see scripts/base-image.sh.
-BASE_IMAGE = os.environ.get("STACKFORGE_TEST_BASE_IMAGE", "stackforge/base:bookworm")
-
-
-#: The names every run may create: the local base image (scripts/base-image.sh builds it under a lock when missing).
-SHARED = (BASE_IMAGE, "{}-rootfs:{}".format(*BASE_IMAGE.rsplit(":", 1)))
-_shim: dict[str, Path] = {}
-_foreign: list[str] = []
-#: the repository prefixes of the session's images: its namespace and its registries (``host:port/``)
-_prefixes: list[str] = [f"{run_names.NS}/"]
-
-
-def pytest_configure(config):
-    real = shutil.which("docker")
-    if real and "dir" not in _shim:
-        _shim["dir"], _shim["real"] = run_names.install_shim(real), Path(real)
-        os.environ["PATH"] = f"{_shim['dir']}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if "dir" not in _shim:
-        return
-    _remove_run_objects(str(_shim["real"]))
-    _foreign[:] = run_names.foreign(run_names.recorded(_shim["dir"]), SHARED)
-    shutil.rmtree(_shim["dir"], ignore_errors=True)
-    if _foreign:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if _foreign:
-        terminalreporter.section("names outside the run's namespace", sep="=", red=True)
-        for name in _foreign:
-            terminalreporter.line(f"FAIL {name}: name it under {run_names.NS} (tests/fixtures/run_names.py)")
-
-
-def _remove_run_objects(docker: str) -> None:
-    """Remove this run's containers and the references of its images (cheap; no test relies on it). By reference,
-    never by image id: another run may hold the same image under its own name."""
-
-    def lines(*args: str) -> list[str]:
-        proc = subprocess.run([docker, *args], capture_output=True, text=True, timeout=120)
-        return proc.stdout.splitlines() if proc.returncode == 0 else []
-
-    containers = lines("ps", "-aq", "--filter", f"name={run_names.NS}-")
-    if containers:
-        subprocess.run([docker, "rm", "-f", *containers], capture_output=True, timeout=300)
-    refs = []
-    for line in lines("image", "ls", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}"):
-        repo, tag, digest = (line.split() + ["", "", ""])[:3]
-        if repo.startswith(tuple(_prefixes)):
-            refs.append(f"{repo}:{tag}" if tag != "<none>" else f"{repo}@{digest}")
-    if refs:
-        subprocess.run([docker, "image", "rm", *refs], capture_output=True, timeout=600)
+BASE_IMAGE = run_share.BASE_IMAGE
 
 
 def pytest_collection_modifyitems(config, items):
@@ -118,12 +72,13 @@ def base_image(engine: Engine) -> str:
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory):
-    """``host:port`` of a docker-registry on 127.0.0.1 (filesystem storage), stopped at session end."""
+    """``host:port`` of a docker-registry on 127.0.0.1 (filesystem storage), stopped at session end: one per process
+    (it starts in about a second, and the repository names a worker's modules push to stay that worker's)."""
     try:
         url, stop = start_registry(tmp_path_factory.mktemp("registry"))
     except UserError as err:
         pytest.fail(f"registry not usable: {err.render()}", pytrace=False)
-    _prefixes.append(f"{url}/")
+    run_share.registry_started(url)
     try:
         yield url
     finally:
@@ -172,9 +127,8 @@ def containerd_store(tmp_path_factory, base_image):
     end (its images and build cache go with it)."""
     from tests.fixtures import second_engine as se
 
-    engine = se.start(
-        tmp_path_factory.mktemp("containerd-store-config"), store="containerd", name=f"c{run_names.RUN[:7]}"
-    )
+    name = "c" + hashlib.sha256(run_names.NS.encode()).hexdigest()[:7]  # this worker's, beside its classic one
+    engine = se.start(tmp_path_factory.mktemp("containerd-store-config"), store="containerd", name=name)
     try:
         store = ImageStore("containerd", engine.bound_env(), engine)
         info = store.docker("info", "--format", "{{json .DriverStatus}}")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stackforge.builder import prepare
+from stackforge.builder.context import prepare
 from stackforge.cli.main import main
 from stackforge.stack.load import load, load_stack
 from tests.fixtures.musa_index import build_wheels, index_dirs, serve

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import cabundle
+from stackforge.builder.plan import cabundle
 from stackforge.clients.engine import Engine
 from tests.fixtures import run_names
 
@@ -122,7 +122,7 @@ RUN --mount=type=secret,id=cabundle --mount=type=cache,target=/root/.cache/pip \
 
 def test_pip_inside_a_build_trusts_the_named_context_bundle(engine, base_image, tag, tmp_path):
     """HTTPS to PyPI from inside a build, with the host CA bundle as stackforge passes it by default: a one-file
-    named context, bind-mounted read-only by the step (builder/cabundle.py); nothing of it stays in the image."""
+    named context, bind-mounted read-only by the step (builder/plan/cabundle.py); nothing of it stays in the image."""
     assert HOST_CA_BUNDLE.is_file(), f"{HOST_CA_BUNDLE} missing on the host"
     contexts = cabundle.write_context(HOST_CA_BUNDLE, tmp_path)
     ctx = tmp_path / "ctx"

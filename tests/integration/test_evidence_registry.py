@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import evidence
+from stackforge.builder.records import evidence
 from tests.fixtures import run_names
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]

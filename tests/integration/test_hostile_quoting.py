@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.render import dockerword, execform
+from stackforge.builder.plan.render import dockerword, execform
 from stackforge.clients.engine import Engine
 from tests.fixtures import run_names
 

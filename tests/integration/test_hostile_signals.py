@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import evidence as evidence_dirs
-from stackforge.builder.render import SOURCE_IMAGES
+from stackforge.builder.plan.render import SOURCE_IMAGES
+from stackforge.builder.records import evidence as evidence_dirs
 from tests.fixtures import run_names
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_tiny_sdist, build_wheel

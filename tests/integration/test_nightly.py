@@ -91,7 +91,7 @@ def test_make_nightly_fails_but_publishes_the_stack_that_passed(nightly_run, reg
     good = rows["nightly-good"]
     assert good["status"] == "published" and good["target"] == "escape"
     assert good["tag"] == f"{registry}/{ns}/stackforge-example:py3.11-markupsafe3.0.3-{DATE}-r1"
-    assert good["gate"] == "gate result: 7 PASS, 0 FAIL" and good["duration_s"] > 0
+    assert good["gate"] == "gate result: 8 PASS, 0 FAIL" and good["duration_s"] > 0
     repo_tags = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]
     record_tag = "sha256-" + good["digest"].removeprefix("sha256:")  # the publish record (tag-schema fallback)
     assert sorted(repo_tags) == sorted([good["tag"].rsplit(":", 1)[1], "py3.11-latest", record_tag])
@@ -113,7 +113,7 @@ def test_make_nightly_fails_but_publishes_the_stack_that_passed(nightly_run, reg
     bad = rows["nightly-bad"]
     assert bad["status"] == "failed" and bad["stage"] == "gate"
     assert "FAIL import markupsafe expected=3.0.2 found=3.0.3" in bad["reason"]
-    assert bad["tag"] is None and bad["digest"] is None and bad["gate"] == "gate result: 7 PASS, 1 FAIL"
+    assert bad["tag"] is None and bad["digest"] is None and bad["gate"] == "gate result: 8 PASS, 1 FAIL"
 
     md = (root / "build" / "nightly" / DATE / "summary.md").read_text()
     assert "| nightly-good | escape | published |" in md and "| nightly-bad | escape | FAILED (gate) |" in md

@@ -8,12 +8,13 @@ See tests/fixtures/musa_standins.py for what the stand-ins are.
 from __future__ import annotations
 
 import json
+import platform
 import re
 import subprocess
 
 import pytest
 
-from stackforge.builder.plan import pip_check_allow
+from stackforge.builder.plan.plan import pip_check_allow
 from stackforge.stack.load import fingerprint
 from tests.fixtures import musa_builds as mb
 from tests.fixtures import musa_standins as ms
@@ -47,11 +48,13 @@ def post1(standins):
     return build
 
 
-def assert_python_line(line: str) -> None:
-    """The gate's first check: the image's interpreter is the stack's platform.python (the stand-ins set 3.11)."""
+def assert_machine_and_python(lines: list[str]) -> None:
+    """The gate's first checks: the machine it ran on is this host's (the stack's platform.arch), and the image's
+    interpreter is the stack's platform.python (the stand-ins set 3.11)."""
+    assert lines[0] == f"PASS machine {platform.machine()}", lines[0]
     assert re.fullmatch(
-        rf"PASS python +version={re.escape(ms.BASE_PYTHON)}\.\d+ platform={re.escape(ms.BASE_PYTHON)}", line
-    ), line
+        rf"PASS python +version={re.escape(ms.BASE_PYTHON)}\.\d+ platform={re.escape(ms.BASE_PYTHON)}", lines[1]
+    ), lines[1]
 
 
 def expected_gate(stack) -> list[str]:
@@ -97,9 +100,9 @@ def test_post2_every_gate_line_passes(post2, standins):
         assert line in gate, f"{line!r} not in gate output:\n" + "\n".join(gate)
     # Every check, in stack order (torchada before torch), and nothing else.
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
-    assert_python_line(checks[0])
-    assert checks[1:] == expected_gate(stack)
-    assert len(stack.packages) == 18 and len(checks) == 1 + 1 + 18 + len(stack.gate.imports) + 2 + 2 + 1
+    assert_machine_and_python(checks)
+    assert checks[2:] == expected_gate(stack)
+    assert len(stack.packages) == 18 and len(checks) == 2 + 1 + 18 + len(stack.gate.imports) + 2 + 2 + 1
     assert gate[-1] == f"gate result: {len(checks)} PASS, 0 FAIL"
     # The platform plugin activates when vllm is imported, before vllm's own line, as in the seed.
     assert gate.index(ms.PLUGIN_LINE) == gate.index("PASS import vllm       version=0.28.0") - 1
@@ -138,7 +141,10 @@ def test_post2_installs_the_musa_apt_stack_of_its_runtime_line_in_one_transactio
 def test_post2_readonly_rerun_and_abi_stage_pass(post2, standins):
     stack = standins.stack("post2", post2.overrides)
     readonly = post2.evidence_lines("gate-readonly.txt")
-    imports = [l for l in expected_gate(stack) if not l.startswith(("PASS probe", "PASS pip", "PASS requires"))]
+    machine = f"PASS machine {platform.machine()}"  # the read-only gate runs on the stack's platform too
+    imports = [machine] + [
+        l for l in expected_gate(stack) if not l.startswith(("PASS probe", "PASS pip", "PASS requires"))
+    ]
     assert [l for l in readonly if l.startswith("read-only: ")] == [f"read-only: {l}" for l in imports] + [
         f"read-only: gate result: {len(imports)} PASS, 0 FAIL"
     ]
@@ -240,9 +246,9 @@ def test_gate_verb_reruns_the_gate_on_the_built_image(post2, standins):
         "PASS probe  fused-moe-configs result=100 space-free + 41 spaced = 141",
     ):
         assert line in out, proc.stdout
-    assert_python_line(out[0])
+    assert_machine_and_python(out)
     assert PIP_CHECK in out
-    assert out[-1] == f"gate result: {1 + len(expected_gate(standins.stack('post2', post2.overrides)))} PASS, 0 FAIL"
+    assert out[-1] == f"gate result: {2 + len(expected_gate(standins.stack('post2', post2.overrides)))} PASS, 0 FAIL"
 
 
 def test_abi_verb_reports_deep_ep_resolved(post2, standins):
@@ -271,10 +277,10 @@ def test_post1_builds_end_to_end(post1, standins):
     assert "PASS import torchaudio version=2.11.0+musa5.2.0" in gate
     assert "PASS import deep_ep    version=1.1.0+musa5.2.0torch2.11.0.post1" in gate
     checks = [l for l in gate if l.startswith(("PASS ", "FAIL ", "WARN "))]
-    assert_python_line(checks[0])
+    assert_machine_and_python(checks)
     expected = expected_gate(stack)
     allowed = [l for l in checks if l.startswith("PASS pip    check      allowed: ")]
-    assert checks[1 : len(checks) - len(allowed)] == [l for l in expected if "allowed: " not in l]
+    assert checks[2 : len(checks) - len(allowed)] == [l for l in expected if "allowed: " not in l]
     # the plugin revision requires the post2 train and torchada 0.1.90: pip check reports each, and post1 allows
     # each with its reason
     assert len(allowed) == 6 and all(

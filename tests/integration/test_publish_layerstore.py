@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import imagerecords
+from stackforge.builder.records import imagerecords
 from stackforge.clients import layerstore
 from stackforge.clients.engine import Engine
 from stackforge.publish.oci import ArchiveImage, DockerImage, LayerCache
@@ -39,7 +39,7 @@ def docker(*args: str) -> str:
     return proc.stdout.strip()
 
 
-#: records a build leaves in an image (builder/imagerecords.py); the RUN layer deletes target b's and appends
+#: records a build leaves in an image (builder/records/imagerecords.py); the RUN layer deletes target b's and appends
 #: to the gate's result
 RECORDS = {
     "gate/result.txt": "PASS import torch version=2.14.1\n",

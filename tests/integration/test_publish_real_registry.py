@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from stackforge.builder import evidence as evidence_dirs
+from stackforge.builder.records import evidence as evidence_dirs
 from stackforge.clients.registry import RetryPolicy
 from stackforge.errors import BuildFailed
 from stackforge.publish.oci import DockerImage

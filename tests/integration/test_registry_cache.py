@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from stackforge.builder.render import SOURCE_IMAGES
+from stackforge.builder.plan.render import SOURCE_IMAGES
 from tests.fixtures import buildcache, run_names
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_wheel

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.render import SOURCE_IMAGES
+from stackforge.builder.plan.render import SOURCE_IMAGES
 from tests.fixtures import run_names
 from tests.fixtures.hostcopy import copy_as_checkout, listing, seconds
 

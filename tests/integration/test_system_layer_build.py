@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from stackforge.builder import evidence as evidence_dirs
+from stackforge.builder.records import evidence as evidence_dirs
 from tests.fixtures import apt_repo, run_names
 from tests.fixtures import musa_builds as mb
 from tests.fixtures.stack_support import RootSpec, repo_root

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.prepare import prepare_dockerfile
+from stackforge.builder.context.prepare import prepare_dockerfile
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, fingerprint, load
@@ -504,7 +504,7 @@ def plugin_standins(tmp_path_factory):
 def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plugin_standins, tmp_path, monkeypatch):
     import shutil
 
-    from stackforge.builder.context import assemble
+    from stackforge.builder.context.context import assemble
     from tests.fixtures import facts, standin_slices
     from tests.fixtures import musa_standins as ms
     from tests.fixtures.stack_support import REPO
@@ -541,7 +541,7 @@ def test_post_stacks_agree_with_the_plugin_and_post1_excepts_its_train(name, plu
     ]
     assert own == (plugin_common if name == "post1" else ["torchada==0.1.90", *plugin_common])
     # lint, from the mirror the render filled, agrees too
-    from stackforge.builder.agree import lint_upstreams
+    from stackforge.builder.sources.agree import lint_upstreams
 
     result = lint_upstreams(loaded, Workspace.at(root))
     assert (result.findings, result.notes, result.checked) == ([], [], ["vllm_musa"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import bake as bakemod
+from stackforge.builder.run import bake as bakemod
 from stackforge.errors import UserError
 from stackforge.flows.nightly import NightlyOptions, Row, Summary, _gate_summary, _host_free, nightly, select_stacks
 from stackforge.stack.load import load

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stackforge.builder.plan import image_labels, make_plan
+from stackforge.builder.plan.plan import image_labels, make_plan
 from stackforge.errors import UserError
 from stackforge.stack.load import fingerprint, load
 from stackforge.stack.tags import local_ref

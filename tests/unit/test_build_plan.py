@@ -7,11 +7,12 @@ import os
 
 import pytest
 
-from stackforge.builder import context, render
-from stackforge.builder.context import assemble
-from stackforge.builder.plan import gate_spec, image_labels, make_plan, pip_phases
-from stackforge.builder.render import dockerword, execform, render_dockerfile, requirements_text, shellword
-from stackforge.builder.sources import SourceInfo
+from stackforge.builder.context import context
+from stackforge.builder.context.context import assemble
+from stackforge.builder.plan import render
+from stackforge.builder.plan.plan import gate_spec, image_labels, make_plan, pip_phases
+from stackforge.builder.plan.render import dockerword, execform, render_dockerfile, requirements_text, shellword
+from stackforge.builder.sources.sources import SourceInfo
 from stackforge.errors import UserError
 from stackforge.stack.load import fingerprint, load
 from tests.fixtures.stack_support import REPO, make_root

@@ -1,4 +1,4 @@
-"""The rebuild skips (builder/reuse.py): an upstream's patched tree and the image's records are reused only
+"""The rebuild skips (builder/sources/reuse.py): an upstream's patched tree and the image's records are reused only
 when their inputs fingerprint (and the tree's digest, or the image id) prove them the same."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from stackforge.builder import reuse
-from stackforge.builder.sources import SourceInfo
+from stackforge.builder.sources import reuse
+from stackforge.builder.sources.sources import SourceInfo
 from stackforge.stack.load import load
 
 REPO = Path(__file__).resolve().parents[2]

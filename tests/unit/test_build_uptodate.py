@@ -1,4 +1,4 @@
-"""A no-op build answered from the record of the last gated build of the same inputs (builder/uptodate.py), and
+"""A no-op build answered from the record of the last gated build of the same inputs (builder/run/uptodate.py), and
 every input change (or engine-side doubt) falling through to the full build."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import stackforge.builder.run as run
-from stackforge.builder import uptodate
-from stackforge.builder.render import SOURCE_IMAGES
+import stackforge.builder.run.run as run
+from stackforge.builder.plan.render import SOURCE_IMAGES
+from stackforge.builder.run import uptodate
 from stackforge.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def test_the_answer_imports_no_library(rig, capsys, tmp_path):
     build(capsys, root)
     probe = (
         "import json, sys\n"
-        "from stackforge.builder import uptodate\n"
+        "from stackforge.builder.run import uptodate\n"
         "uptodate._engine_ids = lambda refs, builder=None: [" + repr(IMAGE) + ", " + repr(BASE_ID) + "]\n"
         "from stackforge.cli.main import main\n"
         f"rc = main(['--root', {str(root)!r}, 'build', 'example', '--set', 'tags.local={TAG}'])\n"

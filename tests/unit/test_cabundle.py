@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import cabundle
-from stackforge.builder.secrets import host_inputs
+from stackforge.builder.plan import cabundle
+from stackforge.builder.plan.secrets import host_inputs
 from stackforge.clients.workspace import Workspace
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import REPO

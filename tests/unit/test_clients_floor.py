@@ -14,7 +14,7 @@ SPAWNERS = {("subprocess", name) for name in ("run", "Popen", "call", "check_cal
 }
 #: processes that are neither the engine, git nor an installer, each with its reason
 ALLOWED = {
-    ("builder/mirror_apt.py", "subprocess.run"): "dpkg-deb reads a .deb's control fields for the mirror's apt tree",
+    ("builder/mirror/apt.py", "subprocess.run"): "dpkg-deb reads a .deb's control fields for the mirror's apt tree",
 }
 
 

@@ -1,4 +1,4 @@
-"""The build context's files have one mode rule and one time (builder/contextfiles.py), whatever the umask, clock,
+"""The build context's files have one mode rule and one time (builder/sources/contextfiles.py), whatever the umask, clock,
 time zone and checkout time of the host that wrote them: COPY keeps both in the image, and a module imported from a
 copied file records its time in its bytecode."""
 
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import reuse
-from stackforge.builder.context import assemble
-from stackforge.builder.contextfiles import CONTEXT_TIME, context_time, normalize_tree
-from stackforge.builder.plan import EPOCH_LABEL
-from stackforge.builder.prepare import BaseImage, EngineFacts, prepare_dockerfile
-from stackforge.builder.render import SOURCE_IMAGES, images_dir, templates_digest
-from stackforge.builder.sources import SourceInfo
+from stackforge.builder.context.context import assemble
+from stackforge.builder.context.prepare import BaseImage, EngineFacts, prepare_dockerfile
+from stackforge.builder.plan.plan import EPOCH_LABEL
+from stackforge.builder.plan.render import SOURCE_IMAGES, images_dir, templates_digest
+from stackforge.builder.sources import reuse
+from stackforge.builder.sources.contextfiles import CONTEXT_TIME, context_time, normalize_tree
+from stackforge.builder.sources.sources import SourceInfo
 from stackforge.stack.load import load
 from tests.fixtures.hostcopy import copy_as_checkout, listing, seconds
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from stackforge.builder import contract
-from stackforge.builder.plan import gate_spec, image_labels
-from stackforge.builder.prepare import lint, prepare_dockerfile
+from stackforge.builder.context.prepare import lint, prepare_dockerfile
+from stackforge.builder.plan import contract
+from stackforge.builder.plan.plan import gate_spec, image_labels
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, fingerprint, load
 from stackforge.stack.model import CONTRACT_CHECKS
@@ -219,8 +219,8 @@ def test_verify_checks_the_images_configuration_against_the_contract():
 
 
 def test_verify_adds_the_contract_lines_of_a_stack_image_not_of_an_overlays(monkeypatch):
-    from stackforge.builder import verify as verifymod
-    from stackforge.builder.plan import LABEL_NS
+    from stackforge.builder.plan.plan import LABEL_NS
+    from stackforge.builder.run import verify as verifymod
 
     monkeypatch.setattr(verifymod, "run_gate", lambda loaded, image, engine, script="gate.py": (True, []))
     loaded = load("post2", root=REPO)

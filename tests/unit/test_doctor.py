@@ -231,7 +231,7 @@ def test_a_bad_stack_is_exit_2(capsys, root):
 
 
 def test_a_build_that_cannot_fetch_an_upstream_names_the_key_and_the_redirect(root, repos, tmp_path, monkeypatch):
-    from stackforge.builder.context import assemble
+    from stackforge.builder.context.context import assemble
     from stackforge.errors import UserError
     from stackforge.stack.load import load
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import evidence
+from stackforge.builder.records import evidence
 from stackforge.errors import BuildFailed, UserError
 from stackforge.publish.stack import check_gated, publish_dir
 

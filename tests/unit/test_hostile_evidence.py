@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stackforge.builder import evidence
+from stackforge.builder.records import evidence
 from stackforge.errors import UserError
 from stackforge.publish import record as records
 from tests.fixtures import hostile_files as hf

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from stackforge import fslock
-from stackforge.builder import evidence as evidence_dirs
+from stackforge.builder.records import evidence as evidence_dirs
 from stackforge.cli.main import main
 from stackforge.clients.engine import BuildResult, EngineInfo
 from tests.fixtures.stack_support import RootSpec

@@ -253,7 +253,7 @@ def test_a_lock_linked_inside_stacks_is_read(root, tmp_path):
 
 
 def test_lock_writes_no_file_through_a_locks_directory_linked_out_of_stacks(root, tmp_path, monkeypatch):
-    from stackforge.builder import locks
+    from stackforge.builder.locks import locks
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -610,7 +610,7 @@ def test_an_interrupted_nightly_writes_its_summary_with_the_undecided_rows(root,
     ``interrupted``, and the command says where the summary is."""
     import signal
 
-    from stackforge.builder import bake as bakemod
+    from stackforge.builder.run import bake as bakemod
     from stackforge.clients.engine import Engine
     from stackforge.signals import Interrupted
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.render import SOURCE_IMAGES
+from stackforge.builder.plan.render import SOURCE_IMAGES
 from tests.fixtures.stack_support import REPO, parse_errors
 
 TIMEOUT = 20  # seconds; every refusal here takes well under one

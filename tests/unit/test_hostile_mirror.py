@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import mirror_manifest as manifest
-from stackforge.builder import offline
+from stackforge.builder.mirror import manifest, offline
 from stackforge.clients import upstream as sources
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError

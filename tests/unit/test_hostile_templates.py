@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.render import SOURCE_IMAGES
+from stackforge.builder.plan.render import SOURCE_IMAGES
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "pwned"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stackforge import grammar
-from stackforge.builder.render import dockerword, execform, shellword
+from stackforge.builder.plan.render import dockerword, execform, shellword
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT = "0" * 40

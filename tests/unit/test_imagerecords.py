@@ -1,5 +1,5 @@
 """Reading an image's files from its layers' diff directories (clients/layerstore.py ``ImageTree``) with
-overlayfs' rules, and the Debian package list read from a dpkg status file (builder/sbom.py), checked
+overlayfs' rules, and the Debian package list read from a dpkg status file (builder/records/sbom.py), checked
 against the host's own ``dpkg-query`` on the same file."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import sbom
+from stackforge.builder.records import sbom
 from stackforge.clients.layerstore import ImageTree, Unusable
 
 
@@ -158,7 +158,7 @@ def test_the_package_list_is_what_dpkg_query_prints_for_the_same_status_file(tmp
 
 
 def test_records_come_from_the_store_and_from_a_container_only_when_it_cannot_serve(tmp_path, monkeypatch):
-    from stackforge.builder import imagerecords
+    from stackforge.builder.records import imagerecords
     from stackforge.clients import layerstore
 
     gate = imagerecords.GATE_FILES[0]

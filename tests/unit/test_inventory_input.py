@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from stackforge.builder import inventory
+from stackforge.builder.records import inventory
 from stackforge.errors import UserError
 from tests.fixtures import hostile_files as hf
 from tests.fixtures.stack_support import make_root, run_cli

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.artifacts import check_uses
-from stackforge.builder.plan import image_labels, make_plan
-from stackforge.builder.render import SOURCE_IMAGES, render_dockerfile
+from stackforge.builder.plan.artifacts import check_uses
+from stackforge.builder.plan.plan import image_labels, make_plan
+from stackforge.builder.plan.render import SOURCE_IMAGES, render_dockerfile
 from stackforge.errors import UserError
 from stackforge.stack.load import load
 from tests.fixtures import image_scripts

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from stackforge.builder.context import assemble
-from stackforge.builder.plan import INSTALLER, make_plan
-from stackforge.builder.render import render_dockerfile
+from stackforge.builder.context.context import assemble
+from stackforge.builder.plan.plan import INSTALLER, make_plan
+from stackforge.builder.plan.render import render_dockerfile
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import assert_refused, make_root
 

@@ -4,6 +4,7 @@ sideways is caught wherever it sits."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def test_a_relative_upward_import_fails(tree: Path):
 
 
 def test_annotations_only_imports_do_not_count(tree: Path):
-    _append(tree / "clients" / "git.py", "\nif TYPE_CHECKING:\n    from stackforge.builder.plan import Plan\n")
+    _append(tree / "clients" / "git.py", "\nif TYPE_CHECKING:\n    from stackforge.builder.plan.plan import Plan\n")
     assert layers.check(tree) == []
 
 
@@ -92,3 +93,71 @@ def test_the_script_exits_non_zero_and_names_the_file(tree: Path):
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "errors.py:" in proc.stdout and "errors imports stack: up from floor 0 to 2" in proc.stdout
+
+
+def test_every_room_of_builder_is_on_a_floor_and_every_module_in_a_room():
+    builder = REPO / "tools" / "stackforge" / "builder"
+    rooms = {p.name for p in builder.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert rooms == {room for floor in layers.ROOMS["builder"] for room in floor}
+    assert [p.name for p in builder.glob("*.py")] == ["__init__.py"]
+
+
+def test_the_architecture_page_lists_the_rooms_as_the_check_does():
+    """docs/architecture.md's table of builder/'s rooms gives each room the floor scripts/layers.py gives it."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("### Rooms of builder/", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| `([a-z_]+)/` \|", section, re.M)
+    assert sorted((int(floor), room) for floor, room in rows) == sorted(
+        (i, room) for i, floor in enumerate(layers.ROOMS["builder"]) for room in floor
+    )
+
+
+def test_an_upward_import_between_rooms_of_builder_fails(tree: Path):
+    _append(tree / "builder" / "plan" / "render.py", "\nfrom stackforge.builder.run import gate  # noqa\n")
+    found = layers.check(tree)
+    assert [(v.path.name, v.source, v.target) for v in found] == [("render.py", "builder.plan", "builder.run")]
+    assert "up from room floor 0 to 5 of builder/" in str(found[0])
+
+
+def test_a_relative_upward_import_between_rooms_inside_a_function_fails(tree: Path):
+    _append(
+        tree / "builder" / "locks" / "locks.py",
+        "\n\ndef _late():\n    from ..context import prepare\n    return prepare\n",
+    )
+    assert [(v.source, v.target) for v in layers.check(tree)] == [("builder.locks", "builder.context")]
+
+
+def test_a_sideways_import_between_rooms_of_one_floor_fails(tree: Path):
+    _append(tree / "builder" / "mirror" / "apt.py", "\nfrom stackforge.builder.records import sbom  # noqa\n")
+    assert [(v.source, v.target, v.why) for v in layers.check(tree)] == [
+        ("builder.mirror", "builder.records", "sideways on room floor 1 of builder/")
+    ]
+
+
+def test_imports_down_the_rooms_within_a_room_and_for_annotations_pass(tree: Path):
+    _append(
+        tree / "builder" / "run" / "gate.py",
+        "\nfrom stackforge.builder import plan  # noqa\nfrom stackforge.builder.records import sbom  # noqa\n"
+        "from stackforge.builder.run import bake  # noqa\n",
+    )
+    _append(
+        tree / "builder" / "plan" / "phases.py",
+        "\nif TYPE_CHECKING:\n    from stackforge.builder.locks.locks import Lock\n",
+    )
+    assert layers.check(tree) == []
+
+
+def test_a_module_outside_every_room_of_builder_fails(tree: Path):
+    (tree / "builder" / "helpers.py").write_text('"""Helpers."""\n')
+    found = layers.check(tree)
+    assert [(v.path.name, v.source) for v in found] == [("helpers.py", "builder.helpers")]
+    assert found[0].why.startswith("a module outside every room of builder/")
+
+
+def test_a_new_room_must_be_placed_on_a_floor(tree: Path):
+    (tree / "builder" / "extra").mkdir()
+    (tree / "builder" / "extra" / "__init__.py").write_text("")
+    (tree / "builder" / "extra" / "tool.py").write_text("from stackforge.builder.plan import plan  # noqa\n")
+    assert {v.why for v in layers.check(tree)} == {
+        "a room on no floor: add it to ROOMS['builder'] in scripts/layers.py"
+    }

@@ -6,7 +6,7 @@ never reach a lock: a ``torch`` 2.15.0 (with ``triton`` and an ``nvidia-*`` whee
 2.x beside the pinned numpy, and packages whose resolution differs between CPython 3.10 and 3.11 (scipy
 1.16.2 has cp311 wheels only and ``Requires-Python >=3.11``; anyio needs exceptiongroup and typing_extensions
 only below 3.11). The upstreams
-are the stand-in git repositories, whose requirement files the post2 lock covers (``builder/reqlocks.py``).
+are the stand-in git repositories, whose requirement files the post2 lock covers (``builder/locks/reqlocks.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.locks import parse_lock
-from stackforge.builder.render import SOURCE_IMAGES
+from stackforge.builder.locks.locks import parse_lock
+from stackforge.builder.plan.render import SOURCE_IMAGES
 from stackforge.cli import main as cli
 from stackforge.errors import UserError
 from tests.fixtures import musa_standins as ms
@@ -358,7 +358,7 @@ PUBLIC_REL = "stacks/locks/post2/pypi.txt"
 
 def _assemble(root: Path, sets: list[str], monkeypatch, *more: str):
     """Assemble post2's context as the build does (upstreams exported and patched, locks checked): no engine."""
-    from stackforge.builder.context import assemble
+    from stackforge.builder.context.context import assemble
     from stackforge.stack.load import load
 
     monkeypatch.setenv("STACKFORGE_CACHE", str(root.parent / "cache"))

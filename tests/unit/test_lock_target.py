@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.locks import parse_lock
+from stackforge.builder.locks.locks import parse_lock
 from stackforge.cli import main as cli
 from tests.fixtures.index_server import IndexServer
 from tests.fixtures.wheels import build_wheel

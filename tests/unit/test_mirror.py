@@ -11,20 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import (
-    mirror_apt as apt,
-)
-from stackforge.builder import (
-    mirror_manifest as manifest,
-)
-from stackforge.builder import (
-    mirror_toolchains as toolchains,
-)
-from stackforge.builder import (
-    offline,
-)
-from stackforge.builder.plan import make_plan
-from stackforge.builder.resolve import Target
+from stackforge.builder.mirror import apt, manifest, offline, toolchains
+from stackforge.builder.plan.plan import make_plan
+from stackforge.builder.plan.resolve import Target
 from stackforge.clients import upstream as sources
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError

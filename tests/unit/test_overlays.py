@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.render import SOURCE_IMAGES
+from stackforge.builder.plan.render import SOURCE_IMAGES
 from stackforge.errors import UserError
 from stackforge.overlay import build as ob
 from stackforge.overlay import range as ranges

@@ -348,8 +348,8 @@ def test_the_gate_checks_it_runs_on_the_stacks_platform(monkeypatch):
 
 
 def test_the_gate_spec_names_the_lines_machine(root):
-    from stackforge.builder.plan import gate_spec
-    from stackforge.builder.run import gate_lines
+    from stackforge.builder.plan.plan import gate_spec
+    from stackforge.builder.run.run import gate_lines
 
     lines = load("two", root=root).platform_lines()
     assert [gate_spec(ln.model)["machine"] for ln in lines.values()] == ["x86_64", "aarch64"]

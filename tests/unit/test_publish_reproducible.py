@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.prepare import layer_epoch, rfc3339_seconds
+from stackforge.builder.context.prepare import layer_epoch, rfc3339_seconds
 from stackforge.clients.upstream import sdist_time
 from stackforge.publish.oci import (
     LayerCache,

@@ -182,7 +182,7 @@ def test_the_rebuild_writes_a_record_s_files_only_under_its_own_stacks(tmp_path)
 
 
 def test_verify_shows_the_scan_the_record_carries_waived_findings_with_their_reason():
-    from stackforge.builder.verify import Verification
+    from stackforge.builder.run.verify import Verification
     from stackforge.flows.operator import scan_lines
 
     waived = {"id": "GHSA-xxxx", "package": "torchvision", "version": "0.26.0.post2+musa5.2.0", "severity": "high",

@@ -1,4 +1,4 @@
-"""Registry build cache options (builder/regcache.py): what reaches buildx and the bake plan, and what is refused."""
+"""Registry build cache options (builder/run/regcache.py): what reaches buildx and the bake plan, and what is refused."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import bake as bakemod
-from stackforge.builder.regcache import RegistryCache, export_refused
-from stackforge.builder.run import BuildOptions, _extra_args
+from stackforge.builder.run import bake as bakemod
+from stackforge.builder.run.regcache import RegistryCache, export_refused
+from stackforge.builder.run.run import BuildOptions, _extra_args
 from stackforge.errors import UserError
 from tests.fixtures.stack_support import RootSpec, parse_errors, run_cli
 

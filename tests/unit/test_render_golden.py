@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import pytest
 from test_stack_golden import compare_golden
 
-from stackforge.builder import bake, context, run
-from stackforge.builder.prepare import INPUTS_OMITTED, BaseImage, EngineFacts, prepare_dockerfile
-from stackforge.builder.sources import SourceInfo
+from stackforge.builder.context import context
+from stackforge.builder.context.prepare import INPUTS_OMITTED, BaseImage, EngineFacts, prepare_dockerfile
+from stackforge.builder.run import bake, run
+from stackforge.builder.sources.sources import SourceInfo
 from stackforge.clients.workspace import Workspace
 from stackforge.stack.load import fingerprint, load
 from stackforge.stack.names import list_stacks

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import inventory as inv
-from stackforge.builder.plan import make_plan
-from stackforge.builder.render import render_dockerfile
-from stackforge.builder.requirements import constraints_file, read_phase, requirements_file, write_phases
-from stackforge.builder.resolve import pin_conflicts
+from stackforge.builder.plan.plan import make_plan
+from stackforge.builder.plan.render import render_dockerfile
+from stackforge.builder.plan.requirements import constraints_file, read_phase, requirements_file, write_phases
+from stackforge.builder.plan.resolve import pin_conflicts
+from stackforge.builder.records import inventory as inv
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, load
 from tests.fixtures.image_scripts import GATE_DIR

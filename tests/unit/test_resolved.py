@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.plan import image_labels, make_plan
-from stackforge.builder.run import target_ref
+from stackforge.builder.plan.plan import image_labels, make_plan
+from stackforge.builder.run.run import target_ref
 from stackforge.errors import UserError
 from stackforge.stack import tags
 from stackforge.stack.load import load

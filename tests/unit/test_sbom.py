@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stackforge.builder import sbom
+from stackforge.builder.records import sbom
 from stackforge.errors import UserError
 from stackforge.osv import Ecosystem, Package
 from tests.fixtures import hostile_files as hf
@@ -192,7 +192,7 @@ def test_warm_imports_the_validator_in_the_background():
 
     script = (
         "import sys\n"
-        "from stackforge.builder import sbom\n"
+        "from stackforge.builder.records import sbom\n"
         "assert 'cyclonedx.validation.json' not in sys.modules\n"
         "t = sbom.warm()\n"
         "assert t.daemon\n"

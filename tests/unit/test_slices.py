@@ -477,7 +477,7 @@ def test_the_cli_exit_codes_tell_passed_failed_not_run_and_bad_input(tmp_path, c
 
 
 def test_evidence_goes_to_the_gated_build_that_made_the_image(tmp_path):
-    from stackforge.builder import evidence
+    from stackforge.builder.records import evidence
 
     stack_dir = tmp_path / "build" / "post2"
     build = stack_dir / "evidence" / "20261202T101500Z-001"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stackforge.builder import edits
-from stackforge.builder.plan import image_labels
+from stackforge.builder.plan import edits
+from stackforge.builder.plan.plan import image_labels
 from stackforge.errors import UserError
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import make_root

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stackforge.builder import prepare
+from stackforge.builder.context import prepare
 from stackforge.stack.load import load
 from stackforge.stack.yamlsrc import Pos
 from tests.fixtures.stack_support import RootSpec, locate, parse_errors, run_cli

@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from stackforge.builder import contract, locks, prepare
+from stackforge.builder.context import prepare
+from stackforge.builder.locks import locks
+from stackforge.builder.plan import contract
 from stackforge.stack import rules
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import REPO, locate, make_root, run_cli

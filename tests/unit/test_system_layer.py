@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.plan import make_plan
-from stackforge.builder.render import SOURCE_IMAGES, render_dockerfile
+from stackforge.builder.plan.plan import make_plan
+from stackforge.builder.plan.render import SOURCE_IMAGES, render_dockerfile
 from stackforge.errors import UserError
 from stackforge.stack.load import load
 from tests.fixtures.stack_support import make_root, parse_errors, run_cli

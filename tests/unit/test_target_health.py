@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import reports
-from stackforge.builder.plan import make_plan
-from stackforge.builder.render import render_dockerfile
+from stackforge.builder.plan.plan import make_plan
+from stackforge.builder.plan.render import render_dockerfile
+from stackforge.builder.records import reports
 from stackforge.clients.engine import Engine
 from stackforge.stack.load import StackInvalid, load
 

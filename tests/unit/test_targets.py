@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from stackforge.builder.bake import stack_targets
-from stackforge.builder.plan import make_plan
-from stackforge.builder.render import render_dockerfile
-from stackforge.builder.run import default_target, target_ref
+from stackforge.builder.plan.plan import make_plan
+from stackforge.builder.plan.render import render_dockerfile
+from stackforge.builder.run.bake import stack_targets
+from stackforge.builder.run.run import default_target, target_ref
 from stackforge.errors import UserError
 from stackforge.stack.load import StackInvalid, load
 from stackforge.stack.tags import local_ref

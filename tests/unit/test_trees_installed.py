@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_stage_history_order import every_violation
 
-from stackforge.builder.plan import make_plan
-from stackforge.builder.render import SOURCE_IMAGES, render_dockerfile
+from stackforge.builder.plan.plan import make_plan
+from stackforge.builder.plan.render import SOURCE_IMAGES, render_dockerfile
 from stackforge.errors import UserError
 from stackforge.patches.series import in_tree_series
 from stackforge.stack import load as stackload

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder.context import assemble
+from stackforge.builder.context.context import assemble
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError
 from stackforge.stack.load import load, load_stack

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import mirror_manifest as manifest
-from stackforge.builder import sources
-from stackforge.builder.context import assemble
-from stackforge.builder.sources import SourceInfo
+from stackforge.builder.context.context import assemble
+from stackforge.builder.mirror import manifest
+from stackforge.builder.sources import sources
+from stackforge.builder.sources.sources import SourceInfo
 from stackforge.clients import submodules
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError

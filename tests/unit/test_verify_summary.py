@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from stackforge.builder import evidence
-from stackforge.builder import verify as verifymod
-from stackforge.builder.plan import LABEL_NS
-from stackforge.builder.verify import Verification, local_record, verify
+from stackforge.builder.plan.plan import LABEL_NS
+from stackforge.builder.records import evidence
+from stackforge.builder.run import verify as verifymod
+from stackforge.builder.run.verify import Verification, local_record, verify
 from stackforge.cli.publish import print_verification
 from stackforge.stack.load import fingerprint, load
 from tests.fixtures.stack_support import make_root

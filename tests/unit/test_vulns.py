@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stackforge.builder import sbom, vulns, waivers
+from stackforge.builder.records import sbom, vulns, waivers
 from stackforge.cli.main import main
 from stackforge.errors import UserError
 from tests.fixtures import hostile_osv, osv_db

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stackforge.builder import waivers
+from stackforge.builder.records import waivers
 from stackforge.errors import UserError
 from stackforge.stack.load import load
 from stackforge.stack.names import list_stacks

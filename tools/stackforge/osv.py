@@ -4,7 +4,7 @@ The directory holds OSV records (https://ossf.github.io/osv-schema/) as ``*.json
 each: the layout of OSV's per-ecosystem exports unpacked (``PyPI/all.zip`` into ``PyPI/``, ``Debian/all.zip`` into
 ``Debian/``, ``Ubuntu/all.zip`` into ``Ubuntu/``). Beside each export, the fetch writes :data:`SNAPSHOT`
 (``{"ecosystem": "PyPI", "fetched_at": "2026-12-06T02:00:00Z", "source": URL}``): when the snapshot was taken, which
-the gate (``builder/vulns.py``) holds against its maximum age.
+the gate (``builder/records/vulns.py``) holds against its maximum age.
 
 Every file is read bounded (``safeio``: a regular file of at most :data:`MAX_RECORD_BYTES`, no FIFO or device, no
 link out of the directory, no linked directory descended) and validated by :class:`Record`, the parts of the OSV

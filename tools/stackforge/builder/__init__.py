@@ -1,1 +1,2 @@
-"""From a loaded stack to a gated image: plan, sources, locks, context, render, engine, run, bake, gate, verify."""
+"""From a loaded stack to a gated image, in rooms along the data flow (docs/architecture.md, "Rooms of builder/"):
+plan → mirror, records → sources → locks → context → run."""

@@ -25,9 +25,9 @@ from stackforge.errors import UserError
 from stackforge.stack.names import list_stacks
 
 if TYPE_CHECKING:
-    from stackforge.builder import bake as bakemod
+    from stackforge.builder.run import bake as bakemod
 else:
-    bakemod = lazy("stackforge.builder.bake")
+    bakemod = lazy("stackforge.builder.run.bake")
 
 
 def register(sub) -> None:

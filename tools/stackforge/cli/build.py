@@ -29,19 +29,19 @@ from stackforge.errors import UserError
 from stackforge.fslock import DEFAULT_TIMEOUT, TIMEOUT_ENV, stack_lock
 
 if TYPE_CHECKING:
-    from stackforge.builder import prepare as prepare_dockerfile
-    from stackforge.builder.context import build_dir_for
-    from stackforge.builder.gate import run_gate
-    from stackforge.builder.run import BuildOptions, build, default_target, prepare, target_ref
+    from stackforge.builder.context import prepare as prepare_dockerfile
+    from stackforge.builder.context.context import build_dir_for
+    from stackforge.builder.run.gate import run_gate
+    from stackforge.builder.run.run import BuildOptions, build, default_target, prepare, target_ref
 else:
-    prepare_dockerfile = lazy("stackforge.builder.prepare")
-    build_dir_for = lazy("stackforge.builder.context", "build_dir_for")
-    run_gate = lazy("stackforge.builder.gate", "run_gate")
-    BuildOptions = lazy("stackforge.builder.run", "BuildOptions")
-    build = lazy("stackforge.builder.run", "build")
-    default_target = lazy("stackforge.builder.run", "default_target")
-    prepare = lazy("stackforge.builder.run", "prepare")
-    target_ref = lazy("stackforge.builder.run", "target_ref")
+    prepare_dockerfile = lazy("stackforge.builder.context.prepare")
+    build_dir_for = lazy("stackforge.builder.context.context", "build_dir_for")
+    run_gate = lazy("stackforge.builder.run.gate", "run_gate")
+    BuildOptions = lazy("stackforge.builder.run.run", "BuildOptions")
+    build = lazy("stackforge.builder.run.run", "build")
+    default_target = lazy("stackforge.builder.run.run", "default_target")
+    prepare = lazy("stackforge.builder.run.run", "prepare")
+    target_ref = lazy("stackforge.builder.run.run", "target_ref")
 
 
 def register(sub) -> None:
@@ -219,7 +219,7 @@ def _prepare_line(args, loaded):
 
 
 def _render_line(args, loaded) -> int:
-    from stackforge.builder.plan import INSTALLER, LABEL_NS
+    from stackforge.builder.plan.plan import INSTALLER, LABEL_NS
 
     stack = loaded.model
     target = default_target(loaded, args.target)
@@ -259,7 +259,7 @@ def _render_line(args, loaded) -> int:
 
 
 def cmd_build(args) -> int:
-    from stackforge.builder import uptodate
+    from stackforge.builder.run import uptodate
 
     ws = workspace_of(args)
     lookup, key = _uptodate_keys(args)  # a --no-cache or --refresh build records its answer for a plain one
@@ -306,7 +306,7 @@ def cmd_build(args) -> int:
 
 def _uptodate_keys(args) -> tuple[str | None, str | None]:
     """The keys of this build's recorded answer (``build.uptodate.keys``); None where it may have none."""
-    from stackforge.builder import uptodate
+    from stackforge.builder.run import uptodate
 
     ws = workspace_of(args)
     try:
@@ -318,7 +318,7 @@ def _uptodate_keys(args) -> tuple[str | None, str | None]:
 def _offline_options(args, loaded) -> None:
     """--offline needs --mirror (and the reverse), no --doctor, --overlay or network but none; the base image is
     loaded from the mirror before the build asks the engine for it."""
-    from stackforge.builder.offline import load_base
+    from stackforge.builder.mirror.offline import load_base
     from stackforge.errors import UserError
 
     if not (args.offline and args.mirror):
@@ -364,7 +364,7 @@ def _build_overlay(args, loaded, opts: BuildOptions) -> int:
 
 
 def cmd_verify(args) -> int:
-    from stackforge.builder.verify import image_config, image_labels, line_of, local_record, stack_of, verify
+    from stackforge.builder.run.verify import image_config, image_labels, line_of, local_record, stack_of, verify
     from stackforge.clients.registry import is_remote
 
     engine = workspace_of(args).engine

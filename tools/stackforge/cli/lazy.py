@@ -7,10 +7,10 @@ import for the type checker::
 
     if TYPE_CHECKING:
         from stackforge.freshness import newest as freshness
-        from stackforge.builder.run import build
+        from stackforge.builder.run.run import build
     else:
         freshness = lazy("stackforge.freshness.newest")
-        build = lazy("stackforge.builder.run", "build")
+        build = lazy("stackforge.builder.run.run", "build")
 
 The module is imported (through the ordinary, thread-safe import machinery) on the first attribute
 access or call. Constants a parser needs at build time are written in the verb module itself.

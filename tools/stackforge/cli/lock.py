@@ -10,10 +10,10 @@ from stackforge.cli.options import add_json, add_platform, add_set, load, print_
 from stackforge.errors import UserError
 
 if TYPE_CHECKING:
-    from stackforge.builder.locks import check_stack, write_locks
+    from stackforge.builder.locks.locks import check_stack, write_locks
 else:
-    write_locks = lazy("stackforge.builder.locks", "write_locks")
-    check_stack = lazy("stackforge.builder.locks", "check_stack")
+    write_locks = lazy("stackforge.builder.locks.locks", "write_locks")
+    check_stack = lazy("stackforge.builder.locks.locks", "check_stack")
 
 
 def register(sub) -> None:

@@ -68,7 +68,7 @@ def add_osv(parser: argparse.ArgumentParser, what: str) -> None:
 
 def osv_max_age_of(args) -> Any:
     """``--osv-max-age`` as a timedelta (an error naming the flag when it is not an age)."""
-    from stackforge.builder.vulns import parse_max_age
+    from stackforge.builder.records.vulns import parse_max_age
 
     return parse_max_age(args.osv_max_age)
 
@@ -248,13 +248,13 @@ def add_refresh(parser: argparse.ArgumentParser) -> None:
 
 
 NO_CACHE_HELP = (
-    "run every step again; BuildKit also starts the cache mounts (pip, ccache, apt) empty and keeps those for "
-    "the builds after it"
+    "run every step again, with empty pip, ccache and apt caches of this build's own (removed when it ends); "
+    "the shared caches other builds use stay as they are"
 )
 
 
 def add_registry_cache(parser: argparse.ArgumentParser) -> None:
-    """``--cache-from REF``, ``--cache-to inline|REF`` and ``--registry-cache REF`` (builder/regcache.py)."""
+    """``--cache-from REF``, ``--cache-to inline|REF`` and ``--registry-cache REF`` (builder/run/regcache.py)."""
     parser.add_argument(
         "--cache-from",
         action="append",
@@ -279,8 +279,8 @@ def add_registry_cache(parser: argparse.ArgumentParser) -> None:
 
 
 def registry_cache_of(args):
-    """The :class:`~stackforge.builder.regcache.RegistryCache` the verb's options ask for, checked (None: none)."""
-    from stackforge.builder.regcache import RegistryCache
+    """The :class:`~stackforge.builder.run.regcache.RegistryCache` the verb's options ask for, checked (None: none)."""
+    from stackforge.builder.run.regcache import RegistryCache
 
     return RegistryCache.parse(
         getattr(args, "cache_from", None) or [],

@@ -11,10 +11,10 @@ from stackforge.cli.options import add_json, print_json, root_of, workspace_of
 from stackforge.errors import UserError
 
 if TYPE_CHECKING:
-    from stackforge.builder import evidence
+    from stackforge.builder.records import evidence
     from stackforge.recipes.load import LoadedRecipe, load_recipe
 else:
-    evidence = lazy("stackforge.builder.evidence")
+    evidence = lazy("stackforge.builder.records.evidence")
     load_recipe = lazy("stackforge.recipes.load", "load_recipe")
 
 
@@ -97,7 +97,7 @@ def checkout_of(args) -> Path | None:
 
 def default_image(recipe: LoadedRecipe, root: Path | None) -> str:
     """The local tag ``stackforge build`` gives the recipe's stack and target."""
-    from stackforge.builder.run import target_ref
+    from stackforge.builder.run.run import target_ref
     from stackforge.stack.load import load
 
     img = recipe.model.image

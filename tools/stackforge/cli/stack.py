@@ -14,16 +14,19 @@ from stackforge.stack.names import list_stacks
 from stackforge.urls import redact_text
 
 if TYPE_CHECKING:
-    from stackforge.builder import agree, locks, prepare, waivers
+    from stackforge.builder.context import prepare
+    from stackforge.builder.locks import locks
+    from stackforge.builder.records import waivers
+    from stackforge.builder.sources import agree
     from stackforge.stack import diff as diffmod
     from stackforge.stack import platforms as lines_of
     from stackforge.stack import rules, tags
     from stackforge.stack.load import fingerprint, resolved
 else:
-    agree = lazy("stackforge.builder.agree")
-    locks = lazy("stackforge.builder.locks")
-    prepare = lazy("stackforge.builder.prepare")
-    waivers = lazy("stackforge.builder.waivers")
+    agree = lazy("stackforge.builder.sources.agree")
+    locks = lazy("stackforge.builder.locks.locks")
+    prepare = lazy("stackforge.builder.context.prepare")
+    waivers = lazy("stackforge.builder.records.waivers")
     diffmod = lazy("stackforge.stack.diff")
     rules = lazy("stackforge.stack.rules")
     lines_of = lazy("stackforge.stack.platforms")
@@ -293,7 +296,7 @@ def cmd_tags(args) -> int:
 
 def cmd_diff(args) -> int:
     if args.inventory:
-        from stackforge.builder import inventory
+        from stackforge.builder.records import inventory
 
         d_inv = inventory.diff(inventory.load(args.old), inventory.load(args.new))
         print(d_inv.to_json() if args.json or args.format == "json" else inventory.to_text(d_inv), end="")

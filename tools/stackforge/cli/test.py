@@ -12,11 +12,11 @@ from stackforge.cli.options import add_json, add_set, load, print_json, root_of,
 from stackforge.errors import UserError
 
 if TYPE_CHECKING:
-    from stackforge.builder import evidence
+    from stackforge.builder.records import evidence
     from stackforge.smoke import slices
     from stackforge.stack.load import LoadedStack
 else:
-    evidence = lazy("stackforge.builder.evidence")
+    evidence = lazy("stackforge.builder.records.evidence")
     slices = lazy("stackforge.smoke.slices")
 
 
@@ -66,7 +66,7 @@ def _runs(args, root: Path) -> tuple[LoadedStack, list[tuple[slices.SliceRef, st
     """The stack and each slice to run with its image and that image's id."""
     engine = workspace_of(args).engine
     if _is_stack(root, args.subject):
-        from stackforge.builder.run import target_ref
+        from stackforge.builder.run.run import target_ref
 
         loaded = load(args, args.subject)
         refs = _chosen(slices.declared(loaded), args.slice, loaded.name)
@@ -79,7 +79,7 @@ def _runs(args, root: Path) -> tuple[LoadedStack, list[tuple[slices.SliceRef, st
             image = target_ref(loaded, ref.target)
             out.append((ref, image, engine.image_id(image)))
         return loaded, out
-    from stackforge.builder.verify import image_labels, stack_of
+    from stackforge.builder.run.verify import image_labels, stack_of
 
     labels = image_labels(engine, args.subject)
     name = stack_of(labels, args.subject)

@@ -13,12 +13,12 @@ from stackforge.cli.options import add_json, add_osv_max_age, print_json, worksp
 from stackforge.errors import UserError
 
 if TYPE_CHECKING:
-    from stackforge.builder import vulns, waivers
+    from stackforge.builder.records import vulns, waivers
     from stackforge.flows import scan
 else:
     scan = lazy("stackforge.flows.scan")
-    vulns = lazy("stackforge.builder.vulns")
-    waivers = lazy("stackforge.builder.waivers")
+    vulns = lazy("stackforge.builder.records.vulns")
+    waivers = lazy("stackforge.builder.records.waivers")
 
 
 def register(sub) -> None:

@@ -127,6 +127,24 @@ def parse_buildx_inspect(output: str) -> dict[str, str | None]:
     return info
 
 
+#: a build cache record's id as BuildKit lists it (``docker buildx du``)
+_RECORD_ID = re.compile(r"^[a-z0-9]{10,64}$")
+
+
+def parse_cache_mounts(output: str) -> list[tuple[str, str]]:
+    """(record id, cache mount id) of each record ``docker buildx du --verbose`` lists with a ``Description`` of
+    a cache mount (``cached mount /root/.cache/pip from exec … with id "/stackforge-pip"``; the engine's built-in
+    builder prefixes the id with ``/``). A record whose id or description does not read so is left out."""
+    found: list[tuple[str, str]] = []
+    for block in output.split("\n\n"):
+        fields = dict(line.partition(":")[::2] for line in block.splitlines() if ":" in line)
+        record = fields.get("ID", "").strip()
+        m = re.search(r' with id "/?([^"]+)"$', fields.get("Description", "").strip())
+        if m and _RECORD_ID.match(record):
+            found.append((record, m.group(1)))
+    return found
+
+
 def parse_buildx_endpoint(output: str) -> str | None:
     """The endpoint of the first node ``docker buildx inspect`` lists: a docker context's name, or an address
     (``unix://…``, ``tcp://…``) for the builders buildx runs itself."""
@@ -468,6 +486,22 @@ class Engine:
     def history(self, ref: str) -> str:
         """``docker history --no-trunc`` of an image (every layer's command, untruncated)."""
         return self.cli("history", "--no-trunc", ref, timeout=30, check=True).stdout
+
+    # -- build cache
+    def drop_cache_mounts(self, suffix: str) -> list[str]:
+        """Remove the builder's cache mounts whose id ends with ``suffix`` (a clean build's own, once it has
+        ended), one ``docker buildx prune --filter id=RECORD`` each; the records removed. A mount still in use
+        stays; an engine that cannot list them removes nothing."""
+        if not suffix:
+            return []
+        listed = self._buildx("du", "--verbose", "--filter", "type=exec.cachemount", timeout=120)
+        if listed.returncode != 0:
+            return []
+        dropped = []
+        for record, mount in parse_cache_mounts(listed.stdout):
+            if mount.endswith(suffix) and self._buildx("prune", "--force", "--filter", f"id={record}").returncode == 0:
+                dropped.append(record)
+        return dropped
 
     def sdk(self):
         """A docker SDK client for the daemon the CLI uses (current context or DOCKER_HOST)."""

@@ -131,7 +131,7 @@ def pip_credentials(tmp: Path, url: str, credential) -> dict[str, str]:
 
 # pip download with its marker environment replaced by the target's (argv[1] is the environment as JSON):
 # ``pip download`` has no option for the markers of another interpreter. `stackforge lock` resolves with uv
-# (builder/resolve.py) and needs no such hook; the mirror still downloads with pip.
+# (builder/plan/resolve.py) and needs no such hook; the mirror still downloads with pip.
 PIP_SHIM = """import json, runpy, sys
 env = json.loads(sys.argv.pop(1))
 from pip._vendor.packaging import markers

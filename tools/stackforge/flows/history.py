@@ -41,8 +41,8 @@ import jinja2
 from markupsafe import Markup
 
 from stackforge import safeio
-from stackforge.builder import inventory
-from stackforge.builder.render import images_dir
+from stackforge.builder.plan.render import images_dir
+from stackforge.builder.records import inventory
 from stackforge.errors import UserError, printable
 from stackforge.flows.night_records import (
     Envelope,

@@ -6,14 +6,14 @@ files flattened from the patched trees, locks read), then:
 - each git upstream: a bare repository holding the pinned commit (``refs/heads/stackforge/pinned``) and tag;
 - each sdist upstream: its release sdist (sha256 checked against the pin), also served by its index's tree;
 - each pip phase of the deps stage: ``pip download`` with the phase's own flags, requirements and constraints
-  (the files the Dockerfile installs from), for the stack's Python and platform (``builder/resolve.py``'s target
+  (the files the Dockerfile installs from), for the stack's Python and platform (``builder/plan/resolve.py``'s target
   and a marker shim), from the phase's index with its credential; a phase after the vendor phases also sees the
   vendor wheels already mirrored (``--find-links``), as the build has them installed; a phase whose
   requirements the index's lock already installed (``--no-index``) needs nothing;
 - each target pip phase: the same, with the constraints the image writes before it (every vendor pin, with the
   re-pins of the phases before it; :class:`PhaseView`);
-- the apt packages of every system layer that installs (:mod:`stackforge.builder.mirror_apt`) and the toolchain stage
-  of every kernel that has one (:mod:`stackforge.builder.mirror_toolchains`);
+- the apt packages of every system layer that installs (:mod:`stackforge.builder.mirror.apt`) and the toolchain stage
+  of every kernel that has one (:mod:`stackforge.builder.mirror.toolchains`);
 - the base image: ``docker save`` of the image the engine has (pulled first when it has none).
 
 Each part is recorded in ``mirror.json`` with its source (credentials redacted), sha256 and size. A part
@@ -34,15 +34,13 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from stackforge import progress
-from stackforge.builder import mirror_apt as apt
-from stackforge.builder import mirror_manifest as manifest
-from stackforge.builder import mirror_toolchains as toolchains
-from stackforge.builder import resolve
-from stackforge.builder.context import Context
-from stackforge.builder.locks import vendor_names
-from stackforge.builder.mirror_manifest import BASE, target_phase_view
-from stackforge.builder.prepare import lint_or_fail
-from stackforge.builder.run import base_identity, prepare
+from stackforge.builder.context.context import Context
+from stackforge.builder.context.prepare import lint_or_fail
+from stackforge.builder.locks.locks import vendor_names
+from stackforge.builder.mirror import apt, manifest, toolchains
+from stackforge.builder.mirror.manifest import BASE, target_phase_view
+from stackforge.builder.plan import resolve
+from stackforge.builder.run.run import base_identity, prepare
 from stackforge.clients import credentials, pip, submodules
 from stackforge.clients import upstream as upstreams
 from stackforge.clients.engine import Engine, save_image

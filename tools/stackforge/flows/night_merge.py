@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from stackforge import safeio
-from stackforge.builder.verify import Verification
+from stackforge.builder.run.verify import Verification
 from stackforge.clients.registry import RegistryClient, RegistryError, RetryPolicy, parse_registry, split_ref
 from stackforge.errors import UserError
 from stackforge.flows.night_plan import Plan, Shard, Unit

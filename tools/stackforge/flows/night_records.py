@@ -3,8 +3,8 @@
 A night's directory holds ``summary.json`` (written by :mod:`stackforge.flows.nightly`, :meth:`Summary.to_json`)
 and, per row, a copy of the build's evidence (``<stack>-<target>/``): ``inventory.json`` (the in-image inventory,
 images/gate/inventory.py), ``publish.json`` (the publisher's record, ``PublishResult.evidence()`` with the stack's
-fields first), ``inputs.json`` (the build's inputs and labels, builder/run.py), ``provenance.json`` (the signed
-DSSE envelope, publish/attest.py) and ``sbom.cdx.json`` (builder/sbom.py). Each is read through
+fields first), ``inputs.json`` (the build's inputs and labels, builder/run/run.py), ``provenance.json`` (the signed
+DSSE envelope, publish/attest.py) and ``sbom.cdx.json`` (builder/records/sbom.py). Each is read through
 :mod:`stackforge.safeio` within its bound and validated here: types are strict (JSON as it is, nothing coerced), a
 wrong type is one error naming the file and the field, and keys a model does not name are kept, so a document a
 newer writer extended still reads. The models name every key the history uses; those it does not use are typed

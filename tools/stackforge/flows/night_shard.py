@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from stackforge import safeio
-from stackforge.builder import bake as bakemod
-from stackforge.builder.regcache import INLINE, RegistryCache
+from stackforge.builder.run import bake as bakemod
+from stackforge.builder.run.regcache import INLINE, RegistryCache
 from stackforge.clients.registry import RegistryClient, RegistryError, RetryPolicy, parse_registry, split_ref
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import UserError

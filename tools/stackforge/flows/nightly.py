@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from stackforge import safeio
-from stackforge.builder import bake as bakemod
-from stackforge.builder import evidence, vulns
-from stackforge.builder.context import build_dir_for
-from stackforge.builder.prepare import lint_or_fail
-from stackforge.builder.regcache import RegistryCache
-from stackforge.builder.run import BuildOptions, build, target_ref
+from stackforge.builder.context.context import build_dir_for
+from stackforge.builder.context.prepare import lint_or_fail
+from stackforge.builder.records import evidence, vulns
+from stackforge.builder.run import bake as bakemod
+from stackforge.builder.run.regcache import RegistryCache
+from stackforge.builder.run.run import BuildOptions, build, target_ref
 from stackforge.clients.registry import RetryPolicy, parse_registry
 from stackforge.clients.workspace import Workspace
 from stackforge.errors import BuildFailed, UserError
@@ -83,7 +83,7 @@ class Row:
     aliases: dict[str, str] = field(default_factory=dict)  # alias -> moved | unchanged | not moved: why
     #: the vulnerability gate (``--osv``): {verdict: clear|waived|blocked, fail_on, blocked: [ids], waived: [{id,
     #: package, version, severity, reason, expires, waiver}], findings: N, database: {ecosystem: {fetched_at, from,
-    #: age_hours}}, waivers: file}; None: not scanned (builder/vulns.py ScanReport.summary)
+    #: age_hours}}, waivers: file}; None: not scanned (builder/records/vulns.py ScanReport.summary)
     scan: dict[str, Any] | None = None
     #: a sharded night: the shard that built the row, and the row's platform (None in a one-process night)
     shard: str | None = None
@@ -478,7 +478,7 @@ class NightlyOptions:
     fail_on: str = "high"
     #: how old the OSV snapshot may be (None: 7 days); an older one stops the night before it builds
     osv_max_age: _dt.timedelta | None = None
-    #: build cache imported from / exported to a registry by the bake and every build (builder/regcache.py)
+    #: build cache imported from / exported to a registry by the bake and every build (builder/run/regcache.py)
     cache: RegistryCache | None = None
     #: each stack's targets (a shard's units; None: ``targets`` for every stack)
     units: Mapping[str, list[str]] | None = None
@@ -746,8 +746,8 @@ class NightlyRun:
     engine: Any
     outdir: Path
     echo: Callable[[str], None]
-    build: Callable[..., Any]  # stackforge.builder.run.build
-    options: Callable[..., Any]  # stackforge.builder.run.BuildOptions
+    build: Callable[..., Any]  # stackforge.builder.run.run.build
+    options: Callable[..., Any]  # stackforge.builder.run.run.BuildOptions
     publish: Callable[..., Any]  # stackforge.publish.stack.publish_stack
     smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
     recipes: Any = None  # stackforge.flows.nightly_smoke.NightlyRecipes

@@ -3,7 +3,7 @@
 :func:`verify_ref` checks a published image from the registry and the image alone: the reference's
 manifest digest, the publish record attached to it (:mod:`stackforge.publish.record`), the record against
 that digest and against the image's labels, the stack files embedded in the image against their label
-(:mod:`stackforge.builder.embed`) and the record, then loads the stack from those files and re-runs the
+(:mod:`stackforge.builder.context.embed`) and the record, then loads the stack from those files and re-runs the
 checks of ``stackforge verify`` (labels against the stack's pins and fingerprint, gate and ABI in the image
 with a read-only root). An overlay image's record and labels are checked by
 :func:`stackforge.overlay.record.check_ref` first (its base's stack, when the image carries one, as above).
@@ -24,10 +24,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stackforge.builder import embed, sbom
-from stackforge.builder.embed import load_embedded
-from stackforge.builder.plan import LABEL_NS
-from stackforge.builder.verify import Verification, image_config, line_of, verify
+from stackforge.builder.context import embed
+from stackforge.builder.context.embed import load_embedded
+from stackforge.builder.plan.plan import LABEL_NS
+from stackforge.builder.records import sbom
+from stackforge.builder.run.verify import Verification, image_config, line_of, verify
 from stackforge.clients.engine import image_files
 from stackforge.clients.registry import (
     DOCKER_MANIFEST_LIST,

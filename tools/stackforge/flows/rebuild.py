@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stackforge.builder.embed import stack_file_name
-from stackforge.builder.run import BuildOptions, build, target_ref
+from stackforge.builder.context.embed import stack_file_name
+from stackforge.builder.run.run import BuildOptions, build, target_ref
 from stackforge.clients import layerstore
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import RegistryClient

@@ -1,5 +1,5 @@
 """``stackforge sbom`` and ``stackforge scan``: an image's SBOM, from the local engine or as published (or a
-CycloneDX file a user names), and its scan against an OSV database directory (``builder/vulns.py``)."""
+CycloneDX file a user names), and its scan against an OSV database directory (``builder/records/vulns.py``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from stackforge import safeio
-from stackforge.builder import sbom, vulns
-from stackforge.builder.vulns import ScanReport
-from stackforge.builder.waivers import Waivers
+from stackforge.builder.records import sbom, vulns
+from stackforge.builder.records.vulns import ScanReport
+from stackforge.builder.records.waivers import Waivers
 from stackforge.clients.registry import RegistryClient, RegistryError, RetryPolicy, split_ref
 from stackforge.errors import UserError, printable
 from stackforge.publish import attest

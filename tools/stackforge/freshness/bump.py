@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from packaging.version import Version
 
-from stackforge.builder.prepare import lint_or_fail
+from stackforge.builder.context.prepare import lint_or_fail
 from stackforge.errors import BuildFailed, UserError
 from stackforge.freshness import lines as pin_lines
 from stackforge.freshness.lines import (

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stackforge.builder import agree
+from stackforge.builder.sources import agree
 from stackforge.clients import upstream as sources
 from stackforge.clients.git import git, rev_parse
 from stackforge.clients.workspace import Workspace, workspace_for

@@ -26,13 +26,13 @@ import jinja2
 from jinja2.sandbox import SecurityError
 
 from stackforge import grammar, progress
-from stackforge.builder import evidence as evidence_dirs
-from stackforge.builder import render as dockerfile_render
-from stackforge.builder.context import build_dir_for
-from stackforge.builder.contextfiles import context_time, normalize_tree
-from stackforge.builder.plan import BASE_LAYERS_LABEL, EPOCH_LABEL, LABEL_NS
-from stackforge.builder.run import BuildOptions, default_target, failure_reason, recording_interrupts, target_ref
-from stackforge.builder.run import build as build_stack
+from stackforge.builder.context.context import build_dir_for
+from stackforge.builder.plan import render as dockerfile_render
+from stackforge.builder.plan.plan import BASE_LAYERS_LABEL, EPOCH_LABEL, LABEL_NS
+from stackforge.builder.records import evidence as evidence_dirs
+from stackforge.builder.run.run import BuildOptions, default_target, failure_reason, recording_interrupts, target_ref
+from stackforge.builder.run.run import build as build_stack
+from stackforge.builder.sources.contextfiles import context_time, normalize_tree
 from stackforge.clients.engine import Engine
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
@@ -261,7 +261,7 @@ def write_context(
 ) -> tuple[dict, dict[str, list[ranges.Changed]]]:
     """The overlay's build context: ``overlay/`` (manifest, patched files, scripts, checks, overlay.yaml; it
     becomes /stackforge/overlay/<name>/) and ``files/`` (the declared files with their modes), each entry with
-    the context's mode and time (``builder/contextfiles.py``; ``base_epoch``: the base image's layer epoch)."""
+    the context's mode and time (``builder/sources/contextfiles.py``; ``base_epoch``: the base image's layer epoch)."""
     if ctx.exists():
         shutil.rmtree(ctx)
     (ctx / "overlay" / "range").mkdir(parents=True)

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from stackforge import safeio
-from stackforge.builder import embed
-from stackforge.builder.embed import load_embedded
-from stackforge.builder.plan import LABEL_NS
-from stackforge.builder.verify import Verification
+from stackforge.builder.context import embed
+from stackforge.builder.context.embed import load_embedded
+from stackforge.builder.plan.plan import LABEL_NS
+from stackforge.builder.run.verify import Verification
 from stackforge.clients.engine import image_files
 from stackforge.clients.registry import RegistryClient, RegistryError, parse_answer, sha256_digest, split_ref
 from stackforge.errors import UserError, printable

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stackforge.builder.verify import Verification
+from stackforge.builder.run.verify import Verification
 from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
 from stackforge.overlay import range as ranges

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol, cast
 
 from stackforge import extras
-from stackforge.builder.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
+from stackforge.builder.plan.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
 from stackforge.clients import contentstore, layerstore
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import OCI_MANIFEST, sha256_digest

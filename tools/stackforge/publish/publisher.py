@@ -165,7 +165,7 @@ class PublishResult:
     local_size: int | None = None
     #: the local image's id when publishing normalized it (``image_id`` is then what a pull gives)
     gated_image_id: str | None = None
-    #: the vulnerability gate's verdict (builder/vulns.py ScanReport.summary()); None: not scanned
+    #: the vulnerability gate's verdict (builder/records/vulns.py ScanReport.summary()); None: not scanned
     scan: dict[str, Any] | None = None
 
     @property
@@ -902,10 +902,10 @@ class PublishOptions:
     #: above ``fail_on`` stands (the immutable tag is published either way)
     osv: Path | None = None
     fail_on: str = "high"
-    #: push the image by digest only, no tag (a platform's image under an index: see :class:`Publisher`)
-    by_digest: bool = False
     #: how old ``osv``'s snapshot may be before the gate refuses it (None: 7 days)
     osv_max_age: _dt.timedelta | None = None
+    #: False: push the image by digest only, no tag (an image index's platform image; see :class:`Publisher`)
+    tag_it: bool = True
 
 
 def publish(
@@ -924,7 +924,7 @@ def publish(
     before_tag: Callable[[str, str], object] | None = None,
 ) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``, as ``options`` say. See the
-    module docstring. ``options.by_digest``: push it by digest only (see :class:`Publisher`).
+    module docstring (``options.tag_it=False``: push it by digest only).
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.
@@ -959,7 +959,7 @@ def publish(
         settle_seconds=options.settle_seconds,
         during_settle=during_settle,
         before_tag=before_tag,
-        tag_it=not options.by_digest,
+        tag_it=options.tag_it,
     )
     try:
         try:

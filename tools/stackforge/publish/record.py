@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from stackforge import safeio
-from stackforge.builder import embed
+from stackforge.builder.context import embed
 from stackforge.clients.registry import (
     OCI_INDEX,
     OCI_MANIFEST,

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from stackforge import safeio
-from stackforge.builder import evidence, sbom, vulns, waivers
-from stackforge.builder.context import build_dir_for
-from stackforge.builder.prepare import lint_or_fail
-from stackforge.builder.run import default_target, target_ref
+from stackforge.builder.context.context import build_dir_for
+from stackforge.builder.context.prepare import lint_or_fail
+from stackforge.builder.records import evidence, sbom, vulns, waivers
+from stackforge.builder.run.run import default_target, target_ref
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import RegistryClient, RegistryError, RetryPolicy, parse_registry, parse_repository
 from stackforge.clients.workspace import Workspace, workspace_for
@@ -386,7 +386,7 @@ def publish_platforms(
             attacher = record.Attacher(line, target, evidence_dir, repository, engine, local, options.policy)
             attacher.scan = scanned.summary() if scanned is not None else None
             signing = _signing(line, target, options, evidence_dir, repository, engine, local)
-            by_digest = replace(options, by_digest=True)
+            by_digest = replace(options, tag_it=False)
             child = publish(image, repository, scheme, date, by_digest, engine=engine, before_tag=signing)
             pushed.append((name, line, child, evidence_dir, extra, attacher, held))
     children = [platforms.Child(line.line.oci, r.digest, *_pushed_manifest(r))  # type: ignore[union-attr]

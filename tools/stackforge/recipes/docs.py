@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import SecurityError
 
-from stackforge.builder.render import images_dir
+from stackforge.builder.plan.render import images_dir
 from stackforge.errors import UserError
 from stackforge.recipes.load import LoadedRecipe
 from stackforge.recipes.model import LogLine, Recipe, SmokeRow

@@ -955,7 +955,7 @@ class Target(Strict):
         default_factory=dict,
         description="ENV of the target; values may use {{ … }} like tags (e.g. from platform.gpu_arch)",
     )
-    # Per-target layers (builder/targets.py): a target builds on the gate, or on another target with `from:`.
+    # Per-target layers (builder/plan/targets.py): a target builds on the gate, or on another target with `from:`.
     from_: Name | None = Field(
         None, alias="from", description="the target this one builds on (a child target); default: the gate"
     )

@@ -14,7 +14,7 @@ from stackforge.clients.workspace import find_root as find_root  # the root is f
 
 #: A stack is named by its file in stacks/ without ".yaml": one path segment, lowercase.
 STACK_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
-#: stacks/waivers.yaml holds the repository's vulnerability waivers (builder/waivers.py), not a stack
+#: stacks/waivers.yaml holds the repository's vulnerability waivers (builder/records/waivers.py), not a stack
 WAIVERS = "waivers.yaml"
 RESERVED = {WAIVERS.removesuffix(".yaml")}
 #: A file an image or a publish record carries as one of its stack files (a stack, a parent, the overrides):

@@ -1,0 +1,1 @@
+"""The build context and its Dockerfile, assembled on the host: the one path render, build and bake share."""

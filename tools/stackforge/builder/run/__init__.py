@@ -1,0 +1,1 @@
+"""The engine side: build, bake, gate, registry cache, the no-op build, and verify."""
