@@ -17,6 +17,8 @@ REGISTRY ?=
 DATE ?=
 STACKS ?=
 ROOT ?=
+# The engine's image store for `make engine`: classic (default) or containerd (scripts/engine-setup.sh)
+STORE ?= classic
 
 STACKFORGE = $(PY) -m stackforge
 
@@ -40,8 +42,8 @@ venv: $(STAMP) ## create .venv (VENV=…) and install stackforge into it (only w
 
 install: $(STAMP) ## same as venv
 
-engine: ## dockerd + buildx (+ docker-registry, debootstrap); a fast no-op when already up
-	@bash scripts/engine-setup.sh
+engine: ## dockerd + buildx (+ docker-registry, debootstrap); a fast no-op when already up; STORE=containerd: the containerd image store
+	@STACKFORGE_STORE=$(STORE) bash scripts/engine-setup.sh
 
 base: engine ## the local base image (Debian bookworm + python) the example stack and the tests start from
 	@bash scripts/base-image.sh $(BASE_IMAGE)

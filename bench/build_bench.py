@@ -187,11 +187,20 @@ def _wanted() -> dict[str, list[str]]:
     return wanted
 
 
-def fetch_indexes() -> dict[str, Path]:
-    """Fill build/cache/bench/index/<index>/ from PyPI once; a marker lists what is there."""
+#: the wheel platforms of each architecture's indexes
+WHEEL_PLATFORMS = {
+    "x86_64": ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "any"),
+    "aarch64": ("manylinux_2_28_aarch64", "manylinux2014_aarch64", "any"),
+}
+
+
+def fetch_indexes(into: Path = INDEXES, arch: str = "x86_64", without: frozenset[str] = frozenset()) -> dict[str, Path]:
+    """Fill ``into``/<index>/ (build/cache/bench/index/) from PyPI once, with the wheels of ``arch``, leaving out the
+    projects ``without`` names; a marker lists what is there."""
     dirs: dict[str, Path] = {}
-    for index, reqs in _wanted().items():
-        d = INDEXES / index
+    for index, every in _wanted().items():
+        reqs = [r for r in every if r.removeprefix("sdist:").split("==")[0] not in without]
+        d = into / index
         dirs[index] = d
         marker = d / ".fetched"
         if marker.is_file() and marker.read_text().split() == sorted(reqs):
@@ -201,7 +210,7 @@ def fetch_indexes() -> dict[str, Path]:
         sdists = [r.removeprefix("sdist:") for r in reqs if r.startswith("sdist:")]
         pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(d)]
         target = ["--only-binary", ":all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
-        target += [a for p in ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "any") for a in ("--platform", p)]
+        target += [a for p in WHEEL_PLATFORMS[arch] for a in ("--platform", p)]
         print(f"fetching {len(reqs)} files for the {index} index into {d} (once)", file=sys.stderr, flush=True)
         for req in wheels:  # one at a time: two versions of one project may be wanted
             subprocess.run([*pip, *target, req], check=True)

@@ -31,6 +31,8 @@ GOALS: dict[str, float] = {
     "list-first": 1.25,  # first `stackforge list` after a change / importing the libraries it loads, alone
     "pull": 1.05,  # docker pull of our zstd image / of the same layer published uncompressed
     "second-host": 0.25,  # rebuild on a second host from the registry cache / a cold build
+    "publish-platforms": 0.5,  # publish a two-platform index / docker push of both + imagetools create
+    "build-emulated": 1.15,  # emulated arm64 build of the benchmark stack / buildx --platform linux/arm64 of the naive
 }
 
 

@@ -20,6 +20,15 @@
 #                            as root on Debian, mounts binfmt_misc when it is not, installs qemu-user-static and
 #                            binfmt-support from Debian and registers the handler, so BuildKit builds and runs
 #                            linux/arm64 on an x86_64 host (a native host needs none)
+#   STACKFORGE_STORE         the image store the engine keeps images in (make engine STORE=…): classic (the
+#                            default: whatever the running engine has; a new one gets the overlay2 store) or
+#                            containerd (the containerd image store, daemon.json "features":
+#                            {"containerd-snapshotter": true}). With containerd: a daemon this script starts gets
+#                            it in /etc/docker/daemon.json; a daemon that already runs with the classic store is
+#                            never reconfigured or restarted: a second dockerd with the containerd store is started
+#                            beside it (scripts/second-engine.sh start --store containerd NAME, NAME from
+#                            STACKFORGE_STORE_ENGINE, default ctrd) and the script says how to reach it
+#                            (DOCKER_HOST, docker context, --builder).
 set -euo pipefail
 
 DOCKERD_LOG=${STACKFORGE_DOCKERD_LOG:-/var/log/stackforge-dockerd.log}
@@ -38,6 +47,10 @@ DEBIAN_MIRROR=${STACKFORGE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # docs/benchmarks.md); and skopeo, the tag-only copy the copy tests check `verify` against.
 declare -A TOOLS=([docker-registry]=docker-registry [debootstrap]=debootstrap [ccache]=ccache [chromium]=chromium [unpigz]=pigz [skopeo]=skopeo)
 
+STORE=${STACKFORGE_STORE:-classic}
+case "$STORE" in classic|containerd) ;; *) printf 'engine-setup: error: STACKFORGE_STORE=%s: use classic or containerd\n' "$STORE" >&2; exit 2;; esac
+STORE_ENGINE=${STACKFORGE_STORE_ENGINE:-ctrd}
+
 EMULATE=${STACKFORGE_EMULATE:-arm64}
 case "$EMULATE" in arm64|none) ;; *) printf 'engine-setup: error: STACKFORGE_EMULATE=%s: use arm64 or none\n' "$EMULATE" >&2; exit 2;; esac
 BINFMT=/proc/sys/fs/binfmt_misc
@@ -46,6 +59,39 @@ say() { printf 'engine-setup: %s\n' "$*"; }
 die() { printf 'engine-setup: error: %s\n' "$*" >&2; exit 1; }
 
 docker_ok() { docker info >/dev/null 2>&1; }
+# The image store of the daemon the CLI reaches: containerd when its driver is a containerd snapshotter.
+store_of() { docker "$@" info --format '{{json .DriverStatus}}' 2>/dev/null | grep -q 'io.containerd.snapshotter' && echo containerd || echo classic; }
+# STORE=containerd on a daemon started here: the feature in /etc/docker/daemon.json (merged into what is there).
+daemon_json_store() {
+    local conf=/etc/docker/daemon.json
+    [ "$STORE" = containerd ] || return 0
+    mkdir -p /etc/docker
+    python3 - "$conf" <<'PY' || die "could not set features.containerd-snapshotter in /etc/docker/daemon.json"
+import json, os, sys
+path = sys.argv[1]
+doc = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
+if not isinstance(doc, dict):
+    sys.exit(f"{path} is not a JSON object")
+doc.setdefault("features", {})["containerd-snapshotter"] = True
+tmp = path + ".stackforge"
+with open(tmp, "w") as fh:
+    json.dump(doc, fh, indent=2)
+    fh.write("\n")
+os.replace(tmp, path)
+PY
+    say "containerd image store: features.containerd-snapshotter=true in /etc/docker/daemon.json"
+}
+# STORE=containerd while the running daemon has the classic store: a second dockerd with it, beside the first.
+second_store_engine() {
+    local here
+    [ "$STORE" = containerd ] || return 0
+    [ "$(store_of)" = containerd ] && { say "image store: containerd (the running daemon has it)"; return 0; }
+    here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+    say "the running daemon keeps the classic image store and is left as it is; starting a second dockerd with the containerd image store"
+    [ "$(id -u)" = 0 ] || die "STORE=containerd: the running daemon has the classic store, and starting a second dockerd needs root (or set features.containerd-snapshotter in daemon.json and restart the daemon yourself)"
+    bash "$here/second-engine.sh" start --store containerd "$STORE_ENGINE"
+    say "image store: containerd on the second engine $STORE_ENGINE: export DOCKER_HOST=unix:///run/stackforge-engines/$STORE_ENGINE/docker.sock (or docker context use stackforge-$STORE_ENGINE, or --builder stackforge-$STORE_ENGINE on build, bake and nightly); load the base image into it: docker save stackforge/base:bookworm | docker --context stackforge-$STORE_ENGINE load"
+}
 buildx_ok() { docker buildx version >/dev/null 2>&1; }
 # Major version of the installed dockerd binary (0 when there is none or it does not say).
 dockerd_major() {
@@ -71,7 +117,7 @@ missing_tools() {
 report() {
     local server
     server=$(docker version --format '{{.Server.Version}}' 2>/dev/null || echo '?')
-    say "docker daemon $server ($(docker info --format '{{.Driver}}' 2>/dev/null) storage, root $(docker info --format '{{.DockerRootDir}}' 2>/dev/null))"
+    say "docker daemon $server ($(docker info --format '{{.Driver}}' 2>/dev/null) storage, $(store_of) image store, root $(docker info --format '{{.DockerRootDir}}' 2>/dev/null))"
     say "buildx: $(docker buildx version 2>/dev/null | head -n1)"
     local bk
     bk=$(docker buildx inspect 2>/dev/null | awk -F': *' '
@@ -138,6 +184,7 @@ apt_update_once() {
 if command -v docker >/dev/null 2>&1 && docker_ok && buildx_ok && [ -z "$(missing_tools)" ] && ! wants_modern; then
     emulators
     report
+    second_store_engine
     major=$(docker version --format '{{.Server.Version}}' 2>/dev/null | cut -d. -f1)
     if [ "${major:-0}" -lt "$ENGINE_MIN_MAJOR" ] 2>/dev/null; then
         say "note: this engine predates Docker $ENGINE_MIN_MAJOR (no RUN --network=none, no SOURCE_DATE_EPOCH); STACKFORGE_ENGINE=modern! replaces it"
@@ -164,6 +211,7 @@ if [ "$(id -u)" != 0 ] || ! is_debian; then
     tools=$(missing_tools)
     say "engine is usable; missing optional tools: ${tools} (tests need docker-registry; scripts/base-image.sh needs debootstrap)"
     report
+    second_store_engine
     exit 0
 fi
 
@@ -253,6 +301,7 @@ if ! docker_ok; then
         say "dockerd is running but not answering yet; waiting"
     else
         mkdir -p "$(dirname "$DOCKERD_LOG")"
+        daemon_json_store
         say "starting dockerd (log: $DOCKERD_LOG)"
         # The daemon outlives this script: it keeps none of its caller's descriptors (a `flock` around this
         # script would otherwise stay held for as long as dockerd runs).
@@ -277,6 +326,7 @@ docker buildx inspect >/dev/null 2>&1 || die "docker buildx inspect fails on the
 
 emulators
 report
+second_store_engine
 if [ "$unpigz_late" = 1 ] && command -v unpigz >/dev/null 2>&1; then
     say "note: unpigz was installed while dockerd ran; restart dockerd for its layer pulls and BuildKit to use it"
 fi

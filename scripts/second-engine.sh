@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # A second Docker engine on this host, for a nightly shard: its own dockerd, as a second build host would be.
 #
-#   scripts/second-engine.sh start [NAME]    start it (a no-op when it runs); prints how to use it
+#   scripts/second-engine.sh start [--store classic|containerd] [NAME]   start it (a no-op when it runs); prints how
+#                                            to use it
 #   scripts/second-engine.sh stop [NAME]     stop it; remove its bridge, its three iptables rules and its context
 #   scripts/second-engine.sh purge [NAME]    stop it and delete its data root (its images and build cache)
-#   scripts/second-engine.sh status [NAME]   whether it runs, and where
+#   scripts/second-engine.sh status [NAME]   whether it runs, and where (and its image store)
 #
 # NAME (default sf2; 1-8 of a-z 0-9) names everything of it. Once started, `--builder stackforge-NAME` on
 # `stackforge build`, `bake` and `nightly` builds, gates, tests and publishes on it (a buildx builder of the docker
 # context stackforge-NAME, created in $DOCKER_CONFIG), and `docker --context stackforge-NAME …` reaches it.
+#
+# --store picks its image store: classic (the default: the overlay2 graph driver and its layer store) or containerd
+# (the containerd image store, daemon.json "features": {"containerd-snapshotter": true}: images and their layers in
+# containerd's content store and overlayfs snapshotter, multi-platform images and OCI export in the docker driver).
+# It is written to the engine's own daemon.json; an engine that runs is never switched (stop it, or purge it: the
+# two stores do not see each other's images). Without --store a start keeps the store NAME had.
 #
 # Nothing of the first engine (the one at /var/run/docker.sock) is touched. The second dockerd has its own
 #   -H unix socket, --pidfile   /run/stackforge-engines/NAME/docker.{sock,pid}
@@ -31,11 +38,26 @@
 set -euo pipefail
 
 cmd=${1:-}
-name=${2:-${STACKFORGE_ENGINE_NAME:-sf2}}
+shift || true
+store=""
 say() { printf 'second-engine: %s\n' "$*"; }
 die() { printf 'second-engine: error: %s\n' "$*" >&2; exit 1; }
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-case "$cmd" in start|stop|purge|status) ;; *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;; esac
+case "$cmd" in start|stop|purge|status) ;; *) usage ;; esac
+args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --store) store=${2:-}; shift 2 || usage ;;
+        --store=*) store=${1#*=}; shift ;;
+        -*) usage ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+[ ${#args[@]} -le 1 ] || usage
+name=${args[0]:-${STACKFORGE_ENGINE_NAME:-sf2}}
+case "$store" in ""|classic|containerd) ;; *) die "--store $store: use classic or containerd" ;; esac
+[ -z "$store" ] || [ "$cmd" = start ] || die "--store is an option of start"
 [[ "$name" =~ ^[a-z0-9]{1,8}$ ]] || die "NAME $name: use 1 to 8 of a-z and 0-9 (it names the bridge sfe-NAME)"
 
 engines=${STACKFORGE_ENGINES:-/var/lib/stackforge-engines}
@@ -74,6 +96,15 @@ net=$(subnet)
 
 pid_alive() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 answers() { docker -H "unix://$sock" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+# The image store of the running engine: containerd when its driver is a containerd snapshotter, else classic.
+running_store() {
+    docker -H "unix://$sock" info --format '{{json .DriverStatus}}' 2>/dev/null | grep -q 'io.containerd.snapshotter' \
+        && echo containerd || echo classic
+}
+# The store NAME's daemon.json asks for.
+config_store() {
+    grep -Eq '"containerd-snapshotter"[[:space:]]*:[[:space:]]*true' "$config" 2>/dev/null && echo containerd || echo classic
+}
 
 rules() {  # the three rules, as iptables arguments after -A/-C/-D CHAIN (one per line: table|chain|spec)
     printf '%s\n' \
@@ -150,7 +181,7 @@ stop_engine() {
 case "$cmd" in
 status)
     if pid_alive && answers; then
-        say "$name runs: pid $(cat "$pidfile"), DOCKER_HOST=unix://$sock, bridge $bridge $net.1/24, data $data"
+        say "$name runs: pid $(cat "$pidfile"), DOCKER_HOST=unix://$sock, bridge $bridge $net.1/24, data $data, $(running_store) image store"
         exit 0
     fi
     say "$name does not run"
@@ -174,7 +205,10 @@ esac
 [ "$(id -u)" = 0 ] || die "start needs root (dockerd, ip, iptables)"
 for tool in dockerd docker ip iptables; do command -v "$tool" >/dev/null 2>&1 || die "$tool is not installed"; done
 if pid_alive && answers; then
-    say "$name already runs (pid $(cat "$pidfile")): --builder $context, DOCKER_HOST=unix://$sock"
+    have=$(running_store)
+    [ -z "$store" ] || [ "$store" = "$have" ] \
+        || die "$name runs with the $have image store, not $store; stop it first (scripts/second-engine.sh stop $name) or use another NAME"
+    say "$name already runs (pid $(cat "$pidfile"), $have image store): --builder $context, DOCKER_HOST=unix://$sock"
     exit 0
 fi
 pid_alive && die "dockerd $(cat "$pidfile") of $name runs but does not answer on $sock; stop it first"
@@ -182,12 +216,18 @@ pid_alive && die "dockerd $(cat "$pidfile") of $name runs but does not answer on
 mkdir -p "$data" "$exec_root"
 chmod 0711 "$engines" "$home" 2>/dev/null || true
 [ -f "$config" ] || echo '{}' >"$config"
+store=${store:-$(config_store)}
+if [ "$store" = containerd ]; then
+    echo '{"features": {"containerd-snapshotter": true}}' >"$config"
+else
+    echo '{}' >"$config"
+fi
 add_bridge
 add_rules
 [ "$(cat /proc/sys/net/ipv4/ip_forward 2>/dev/null)" = 1 ] \
     || say "note: net.ipv4.ip_forward is 0: containers of $name reach nothing outside the host (left as it is)"
 
-say "starting dockerd $name: socket $sock, bridge $bridge $net.1/24, data $data (log $log)"
+say "starting dockerd $name ($store image store): socket $sock, bridge $bridge $net.1/24, data $data (log $log)"
 setsid dockerd \
     --config-file "$config" \
     -H "unix://$sock" \
@@ -213,4 +253,6 @@ until answers; do
 done
 docker context rm -f "$context" >/dev/null 2>&1 || true
 docker context create "$context" --description "stackforge second engine $name" --docker "host=unix://$sock" >/dev/null 2>&1
-say "$name runs (pid $(cat "$pidfile")): --builder $context (docker context $context), DOCKER_HOST=unix://$sock"
+have=$(running_store)
+[ "$have" = "$store" ] || { stop_engine; die "dockerd $name started with the $have image store, not $store; see $log"; }
+say "$name runs (pid $(cat "$pidfile"), $store image store): --builder $context (docker context $context), DOCKER_HOST=unix://$sock"

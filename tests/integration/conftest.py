@@ -18,14 +18,18 @@ builds' layers (one worker builds under a run-wide lock, the others' same build 
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from stackforge.clients.engine import Engine
 from stackforge.errors import UserError
-from tests.fixtures import run_share
+from tests.fixtures import run_names, run_share
 from tests.fixtures.registry import start_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -96,3 +100,84 @@ def post2(standins):
     build = standins.happy("post2")
     assert build.ok, build.describe()
     return build
+
+
+@dataclass(frozen=True)
+class ImageStore:
+    """The engine a store-parametrized test runs on: ``env`` is what its stackforge and docker commands run with
+    (the first engine's, or ``DOCKER_HOST`` at a second engine with the containerd image store)."""
+
+    name: str  # classic | containerd
+    env: dict[str, str]
+    second: object | None = None  # the second engine (tests/fixtures/second_engine.SecondEngine), containerd only
+
+    def docker(self, *args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, timeout=timeout, **kw)
+
+    def load(self, image: str) -> None:
+        """Make ``image`` of the first engine present in this one (a no-op on the first engine)."""
+        if self.second is not None and self.docker("image", "inspect", image).returncode != 0:
+            self.second.load(image)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def containerd_store(tmp_path_factory, base_image):
+    """A second dockerd with the containerd image store (scripts/second-engine.sh start --store containerd), the base
+    image loaded; started once per session by the first module that asks, stopped and its data root deleted at the
+    end (its images and build cache go with it)."""
+    from tests.fixtures import second_engine as se
+
+    name = "c" + hashlib.sha256(run_names.NS.encode()).hexdigest()[:7]  # this worker's, beside its classic one
+    engine = se.start(tmp_path_factory.mktemp("containerd-store-config"), store="containerd", name=name)
+    try:
+        store = ImageStore("containerd", engine.bound_env(), engine)
+        info = store.docker("info", "--format", "{{json .DriverStatus}}")
+        assert "io.containerd.snapshotter" in info.stdout, info.stdout + info.stderr
+        store.load(base_image)
+        yield store
+    finally:
+        stopped = engine.stop()
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+@pytest.fixture(scope="module", params=["classic", "containerd"])
+def image_store(request) -> ImageStore:
+    """The few modules whose behaviour differs by image store (export for publish, multi-platform images, verify)
+    run once on each: the first engine's (classic) store and a second engine's containerd store."""
+    if request.param == "classic":
+        return ImageStore("classic", dict(os.environ))
+    return request.getfixturevalue("containerd_store")
+
+
+@dataclass(frozen=True)
+class InstalledWheel:
+    cli: Path  # its ``stackforge`` executable
+    empty_site_mb: int  # the virtual environment's site-packages before the install
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory) -> InstalledWheel:
+    """stackforge as an operator installs it: a wheel built from this checkout (its git metadata copied too, so the
+    build records the commit), installed with its dependencies in a fresh virtual environment (no editable install,
+    no PYTHONPATH, none of the builder's extras). Built once per session for the modules that run the installed CLI."""
+    import sys
+
+    def du_mb(path: Path) -> int:
+        out = subprocess.run(["du", "-sm", str(path)], capture_output=True, text=True, check=True).stdout
+        return int(out.split()[0])
+
+    tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "source"
+    shutil.copytree(REPO_ROOT, source, symlinks=True,
+                    ignore=shutil.ignore_patterns(".venv", "build", "__pycache__", "*.egg-info"))  # fmt: skip
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (tmp / "dist").glob("stackforge-*.whl")
+    venv = tmp / "venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True, timeout=300)
+    empty = du_mb(next(venv.glob("lib/python3*/site-packages")))
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
+                         timeout=900)  # fmt: skip
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    return InstalledWheel(venv / "bin" / "stackforge", empty)

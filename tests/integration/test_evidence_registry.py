@@ -131,25 +131,10 @@ def du_mb(path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def installed_cli(tmp_path_factory) -> Path:
-    """stackforge as an operator installs it: a wheel built from this checkout (its git metadata copied too, so the
-    build records the commit), installed with its dependencies in a fresh virtual environment (no editable install,
-    no PYTHONPATH, none of the builder's extras); its ``stackforge`` executable."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    source = tmp / "source"
-    shutil.copytree(REPO, source, symlinks=True,
-                    ignore=shutil.ignore_patterns(".venv", "build", "__pycache__", "*.egg-info"))  # fmt: skip
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(source)],
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert built.returncode == 0, built.stdout + built.stderr
-    (wheel,) = (tmp / "dist").glob("stackforge-*.whl")
-    venv = tmp / "venv"
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True, timeout=300)
-    _EMPTY_SITE_MB[:] = [du_mb(next(venv.glob("lib/python3*/site-packages")))]
-    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
-                         timeout=900)  # fmt: skip
-    assert pip.returncode == 0, pip.stdout + pip.stderr
-    return venv / "bin" / "stackforge"
+def installed_cli(installed_wheel) -> Path:
+    """stackforge as an operator installs it (the session's ``installed_wheel``): its ``stackforge`` executable."""
+    _EMPTY_SITE_MB[:] = [installed_wheel.empty_site_mb]
+    return installed_wheel.cli
 
 
 def test_the_installed_wheel_verifies_a_published_image_from_an_empty_directory(installed_cli, published, tmp_path):

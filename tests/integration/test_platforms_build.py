@@ -5,7 +5,10 @@ image and say so (``uname -m`` inside: aarch64); the image's config is arm64 and
 published under one tag to a loopback registry: an OCI index with a manifest per platform, each with its record and
 SBOM, the alias moved with the index.
 
-Emulated builds are slow on a small host: one build per line, shared by the module's tests.
+The module runs on both image stores (``image_store``): the first engine's classic store, and a second engine with
+the containerd image store, where an image's id is its manifest's or index's digest and publish exports the image
+with ``docker save`` (the containerd store's OCI layout, its layers as stored). Emulated builds are slow on a small
+host: one build per line and store, shared by the module's tests.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ DATE = "20261206"
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
 
-def stackforge(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
+def stackforge(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(env or os.environ, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
     return subprocess.run(
         [sys.executable, "-m", "stackforge", "--root", str(root), *args],
         capture_output=True,
@@ -40,8 +43,9 @@ def stackforge(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def arm_base() -> str:
-    """The arm64 base image (built once on the engine, under the script's lock, when it is missing)."""
+def arm_base(image_store) -> str:
+    """The arm64 base image (built once on the first engine, under the script's lock, when it is missing; loaded
+    into a second engine from there)."""
     proc = subprocess.run(
         ["bash", str(REPO / "scripts" / "base-image.sh"), "--platform", "linux/arm64"],
         capture_output=True,
@@ -49,45 +53,45 @@ def arm_base() -> str:
         timeout=3600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    image_store.load(ARM_BASE)
     return ARM_BASE
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory, arm_base, base_image):
-    """Both lines of example-multi built in one root: {line: build outcome}."""
-    root = repo_root(tmp_path_factory.mktemp("platforms"), RootSpec(parts=("stacks", "patches")))
-    tag = run_names.image("example-multi", "multi")
+def builds(tmp_path_factory, image_store, arm_base, base_image):
+    """Both lines of example-multi built in one root on the store's engine: (root, tag, {line: outcome}, store)."""
+    root = repo_root(tmp_path_factory.mktemp(f"platforms-{image_store.name}"), RootSpec(parts=("stacks", "patches")))
+    tag = run_names.image("example-multi", f"multi-{image_store.name}")
     outcomes = {}
     try:
         for line in ("arm64", "amd64"):
             args = ("build", "example-multi", "--platform", line, "--set", f"tags.local={tag}", "--json")
-            proc = stackforge(root, *args)
+            proc = stackforge(root, *args, env=image_store.env)
             assert proc.returncode == 0, proc.stdout + proc.stderr
             outcomes[line] = json.loads(proc.stdout)
-        yield root, tag, outcomes
+        yield root, tag, outcomes, image_store
     finally:
         for outcome in outcomes.values():
-            subprocess.run(["docker", "image", "rm", "-f", outcome["tag"]], capture_output=True)
+            image_store.docker("image", "rm", "-f", outcome["tag"])
 
 
 @pytest.fixture(scope="module")
 def arm_build(builds):
-    root, _, outcomes = builds
-    return root, outcomes["arm64"]
+    root, _, outcomes, store = builds
+    return root, outcomes["arm64"], store
 
 
 def test_the_arm64_line_is_built_for_arm64_and_tagged_apart(arm_build):
-    root, outcome = arm_build
+    root, outcome, store = arm_build
     assert outcome["tag"].endswith("-arm64")  # the line's local tag is its own, beside the stack's
-    inspect = json.loads(subprocess.run(["docker", "image", "inspect", outcome["tag"]], capture_output=True,
-                                        text=True, check=True).stdout)[0]  # fmt: skip
+    inspect = json.loads(store.docker("image", "inspect", outcome["tag"], check=True).stdout)[0]
     assert (inspect["Os"], inspect["Architecture"]) == ("linux", "arm64")
     evidence = Path(outcome["evidence"])
     assert evidence.parent.parent == root / "build" / "example-multi@arm64"
 
 
 def test_the_gates_and_the_inventory_ran_on_arm64(arm_build):
-    _, outcome = arm_build
+    _, outcome, _ = arm_build
     evidence = Path(outcome["evidence"])
     gate = (evidence / "gate.txt").read_text(encoding="utf-8").splitlines()
     assert gate[0] == "PASS machine aarch64"
@@ -97,21 +101,10 @@ def test_the_gates_and_the_inventory_ran_on_arm64(arm_build):
 
 
 def test_the_arm64_image_runs_its_target(arm_build):
-    _, outcome = arm_build
-    run = subprocess.run(
-        ["docker", "run", "--rm", "-i", "--network=none", outcome["tag"]],
-        input="<a & b>",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    _, outcome, store = arm_build
+    run = store.docker("run", "--rm", "-i", "--network=none", outcome["tag"], input="<a & b>", timeout=300)
     assert (run.returncode, run.stdout) == (0, "&lt;a &amp; b&gt;"), run.stderr
-    machine = subprocess.run(
-        ["docker", "run", "--rm", "--network=none", "--entrypoint", "uname", outcome["tag"], "-m"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    machine = store.docker("run", "--rm", "--network=none", "--entrypoint", "uname", outcome["tag"], "-m", timeout=300)
     assert machine.stdout.strip() == "aarch64"
 
 
@@ -125,17 +118,17 @@ def manifest(registry: str, repo: str, ref: str) -> requests.Response:
 
 @pytest.fixture(scope="module")
 def published(builds, registry):
-    root, tag, outcomes = builds
-    ns = run_names.NS
+    root, tag, outcomes, store = builds
+    ns = f"{run_names.NS}/{store.name}"
     args = ("publish", "example-multi", "--platform", "all", "--registry", f"{registry}/{ns}", "--date", DATE,
             "--set", f"tags.local={tag}", "--json")  # fmt: skip
-    proc = stackforge(root, *args)
+    proc = stackforge(root, *args, env=store.env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return root, json.loads(proc.stdout), f"{ns}/stackforge-example-multi", args
+    return root, json.loads(proc.stdout), f"{ns}/stackforge-example-multi", args, store
 
 
 def test_the_tag_is_an_index_with_a_manifest_per_platform(published, registry):
-    _, ev, repo, _ = published
+    _, ev, repo, _, _ = published
     inspect = subprocess.run(
         ["docker", "buildx", "imagetools", "inspect", "--raw", f"{registry}/{repo}:{ev['tag']}"],
         capture_output=True,
@@ -161,7 +154,7 @@ def test_the_tag_is_an_index_with_a_manifest_per_platform(published, registry):
 
 
 def test_each_platform_has_its_own_record_and_sbom(published):
-    root, ev, _, _ = published
+    root, ev, _, _, _ = published
     for line, build in (("amd64", "example-multi"), ("arm64", "example-multi@arm64")):
         latest = root / "build" / build / "evidence" / "latest"
         record = json.loads((latest / "record.json").read_text(encoding="utf-8"))
@@ -175,8 +168,8 @@ def test_each_platform_has_its_own_record_and_sbom(published):
 
 
 def test_the_same_images_publish_the_same_index_once(published, registry):
-    root, ev, repo, args = published
-    again = stackforge(root, *args)
+    root, ev, repo, args, store = published
+    again = stackforge(root, *args, env=store.env)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["digest"] == ev["digest"]  # the index's bytes depend on its images only
     assert json.loads(again.stdout)["status"] == "already-published"
@@ -184,18 +177,21 @@ def test_the_same_images_publish_the_same_index_once(published, registry):
     assert [t for t in tags if t.startswith("py3.11-markupsafe")] == [ev["tag"]]
 
 
-def test_verify_all_platforms_from_an_empty_directory(published, registry, tmp_path):
-    _, ev, repo, _ = published
+def test_verify_all_platforms_from_an_empty_directory(published, registry, installed_wheel, tmp_path):
+    """With the CLI an operator installs from the wheel (tests/integration/conftest.py: installed_wheel)."""
+    _, ev, repo, _, store = published
     empty = tmp_path / "empty"
     empty.mkdir()
     ref = f"{registry}/{repo}:{ev['tag']}"
+    env = {k: v for k, v in store.env.items() if k not in ("PYTHONPATH", "STACKFORGE_ROOT")}
+    env["STACKFORGE_CACHE"] = str(tmp_path / "cache")
     proc = subprocess.run(
-        [sys.executable, "-m", "stackforge", "verify", ref, "--all-platforms"],
+        [str(installed_wheel.cli), "verify", ref, "--all-platforms"],
         cwd=empty,
         capture_output=True,
         text=True,
         timeout=1800,
-        env={k: v for k, v in os.environ.items() if k != "STACKFORGE_ROOT"},
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
@@ -212,26 +208,25 @@ def test_verify_all_platforms_from_an_empty_directory(published, registry, tmp_p
 
 
 def test_verify_and_pull_pick_one_platform(published, registry):
-    root, ev, repo, _ = published
+    root, ev, repo, _, store = published
     ref = f"{registry}/{repo}:{ev['tag']}"
-    proc = stackforge(root, "verify", ref, "--platform", "ppc64le")
+    proc = stackforge(root, "verify", ref, "--platform", "ppc64le", env=store.env)
     assert proc.returncode == 1
     assert "FAIL platform ppc64le: the index holds no image for it (linux/amd64, linux/arm64)" in proc.stdout
-    pulled = stackforge(root, "pull", "example-multi", "--registry", f"{registry}/{run_names.NS}", "--date", DATE,
-                        "--platform", "arm64", "--set", "tags.local=unused/x:y")  # fmt: skip
+    pulled = stackforge(root, "pull", "example-multi", "--registry", f"{registry}/{repo.rsplit('/', 1)[0]}", "--date",
+                        DATE, "--platform", "arm64", "--set", "tags.local=unused/x:y", env=store.env)  # fmt: skip
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     assert f"PASS platform linux/arm64 {registry}/{repo}@{ev['platforms']['arm64']['digest']}" in pulled.stdout
-    arch = subprocess.run(["docker", "image", "inspect", "--format", "{{.Architecture}}", ref], capture_output=True,
-                          text=True, check=True).stdout.strip()  # fmt: skip
+    arch = store.docker("image", "inspect", "--format", "{{.Architecture}}", ref, check=True).stdout.strip()
     assert arch == "arm64"  # the tag names the platform's image it pulled
 
 
 def test_a_copy_of_the_index_verifies_on_every_platform(published, registry):
-    root, ev, repo, _ = published
-    dst = f"{registry}/{run_names.NS}/copied-multi:{ev['tag']}"
-    copied = stackforge(root, "copy", f"{registry}/{repo}:{ev['tag']}", dst)
+    root, ev, repo, _, store = published
+    dst = f"{registry}/{repo.rsplit('/', 1)[0]}/copied-multi:{ev['tag']}"
+    copied = stackforge(root, "copy", f"{registry}/{repo}:{ev['tag']}", dst, env=store.env)
     assert copied.returncode == 0, copied.stdout + copied.stderr
-    proc = stackforge(root, "verify", dst, "--all-platforms")
+    proc = stackforge(root, "verify", dst, "--all-platforms", env=store.env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"PASS index   {dst} resolves to {ev['digest']}, an index of linux/amd64, linux/arm64" in proc.stdout
     assert proc.stdout.count("PASS record  digest=") == 2  # each platform's own record came along

@@ -51,11 +51,8 @@ RECORDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def image(engine: Engine, base_image: str, tmp_path_factory):
-    """(reference, image id) of the test image; removed at the end."""
-    base = ROOTFS if engine.image_exists(ROOTFS) else base_image  # the small one when the base build kept it
-    ctx = tmp_path_factory.mktemp("layerstore")
+def write_context(ctx: Path, base: str) -> Path:
+    """The test image's build context on ``base``."""
     files = ctx / "files"
     files.mkdir()
     (files / os.fsdecode(b"caf\xe9-latin1.txt")).write_bytes(b"not a UTF-8 name\n")
@@ -75,6 +72,14 @@ def image(engine: Engine, base_image: str, tmp_path_factory):
         " && ln /srv/files/big.bin /srv/hard && cp /bin/true /srv/suid && chmod 4755 /srv/suid"
         " && mkfifo /srv/fifo && rm -r /stackforge/targets/b && echo late >> /stackforge/gate/result.txt\n"
     )
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def image(engine: Engine, base_image: str, tmp_path_factory):
+    """(reference, image id) of the test image; removed at the end."""
+    base = ROOTFS if engine.image_exists(ROOTFS) else base_image  # the small one when the base build kept it
+    ctx = write_context(tmp_path_factory.mktemp("layerstore"), base)
     ref = f"{run_names.NS}/layerstore:{uuid.uuid4().hex[:8]}"
     docker("buildx", "build", "--load", "-q", "-t", ref, str(ctx))
     yield ref, engine.image_id(ref)
@@ -199,3 +204,41 @@ def test_the_files_read_from_the_store_are_what_a_container_of_the_image_sees(en
     assert layers["result.txt"] == ["PASS import torch version=2.14.1", "late"]
     assert layers["checks.txt"] == ["a: PASS one", "c: PASS two"] and layers["abi.txt"] == ["abi line"]
     assert len(layers[imagerecords.DPKG]) > 50 and any(line.startswith("libc6\t") for line in layers[imagerecords.DPKG])
+
+
+# ------------------------------------------------------------------ the containerd image store
+
+
+@pytest.fixture(scope="module")
+def containerd_image(containerd_store, base_image, tmp_path_factory):
+    """The same image built on a second engine with the containerd image store: (reference, its engine)."""
+    ctx = write_context(tmp_path_factory.mktemp("contentstore"), base_image)
+    ref = f"{run_names.NS}/contentstore:{uuid.uuid4().hex[:8]}"
+    built = containerd_store.docker("buildx", "build", "--load", "-q", "-t", ref, str(ctx))
+    assert built.returncode == 0, built.stderr
+    yield ref, Engine(env=containerd_store.env)
+    containerd_store.docker("image", "rm", "-f", ref)
+
+
+def test_on_the_containerd_store_publish_reads_the_content_store_and_matches_docker_save(containerd_image, tmp_path):
+    """No layer store there: the export reads the image's blobs from containerd's content store (the store names
+    the image by its index's digest; the config is the index's amd64 manifest's) and gives what `docker save` of
+    that store gives, itself read through the index."""
+    ref, engine = containerd_image
+    image_id = engine.image_id(ref)
+    log = PushLog()
+    fast = DockerImage(ref, engine=engine).prepare(tmp_path / "fast", compression="gzip", log=log)
+    events = [e["event"] for e in log.events]
+    assert "export-from-content-store" in events and "export-from-layer-store-refused" not in events, log.events
+    saved = tmp_path / "saved.tar"
+    with open(saved, "wb") as out:
+        for chunk in engine.sdk().api.get_image(image_id, chunk_size=1 << 20):
+            out.write(chunk)
+    from_save = ArchiveImage(saved, image_id=image_id).prepare(tmp_path / "save", compression="gzip", log=PushLog())
+    assert image_id != fast.image_id == from_save.image_id  # the config digest, not the store's name of the image
+    assert [b.diff_id for b in fast.layers] == json.loads(fast.config.data or b"")["rootfs"]["diff_ids"]
+    assert fast.digest == from_save.digest
+    # the build records: no layer store to read them from, so a container of the image prints them
+    records = imagerecords.read(engine, ref, image_id)
+    assert records["result.txt"] == ["PASS import torch version=2.14.1", "late"]
+    assert records[imagerecords.CHECKS] == ["a: PASS one", "c: PASS two"]

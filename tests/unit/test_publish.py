@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
+import io
 import json
 import tarfile
 import threading
@@ -176,6 +177,38 @@ def test_uncompressed_and_precompressed_layers(tmp_path):
     with open(tmp_path / "b.tar", "rb") as fh:
         img = read_save_stream(fh, tmp_path / "w2")
     assert img.layers[0].media_type == OCI_LAYER_GZIP and img.layers[0].digest == digest_of(gz)
+
+
+def test_a_containerd_store_save_is_read_by_the_index_digest_it_names_the_image_by(tmp_path):
+    layers = [layer_tar({"a": b"1"}), layer_tar({"b": b"2" * 5000})]
+    stored = [layers[0], gzip.compress(layers[1], mtime=0)]  # a loaded layer as it came, a built one compressed
+    index_id = save_archive(tmp_path / "c.tar", layers, flavour="containerd", stored=stored)
+    save_archive(tmp_path / "o.tar", layers, flavour="oci")
+    with open(tmp_path / "c.tar", "rb") as fh:
+        img = read_save_stream(fh, tmp_path / "w1", expected_id=index_id)
+    with open(tmp_path / "o.tar", "rb") as fh:
+        plain = read_save_stream(fh, tmp_path / "w2")
+    assert index_id != img.image_id == plain.image_id  # the config the index names, not the attestation's
+    assert [l.diff_id for l in img.layers] == [digest_of(l) for l in layers]  # the compressed one's from the config
+    assert img.layers[1].media_type == OCI_LAYER_GZIP and img.layers[1].digest == digest_of(stored[1])
+    with open(tmp_path / "c.tar", "rb") as fh, pytest.raises(BuildFailed, match="holds no image with id"):
+        read_save_stream(fh, tmp_path / "w3", expected_id=digest_of(b"another image"))
+
+
+def test_a_compressed_blob_that_is_not_its_name_is_refused(tmp_path):
+    layer = layer_tar({"f": b"x" * 100})
+    gz = gzip.compress(layer, mtime=0)
+    save_archive(tmp_path / "c.tar", [layer], flavour="containerd", stored=[gz])
+    with tarfile.open(tmp_path / "c.tar") as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]
+    with tarfile.open(tmp_path / "bad.tar", "w") as tar:
+        for member, data in members:
+            if member.name == f"blobs/sha256/{digest_of(gz).split(':')[1]}":
+                data = gzip.compress(layer_tar({"f": b"y" * 100}), mtime=0)
+                member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    with open(tmp_path / "bad.tar", "rb") as fh, pytest.raises(BuildFailed, match="the export is corrupt"):
+        read_save_stream(fh, tmp_path / "w")
 
 
 def test_corrupt_layer_is_caught(tmp_path):

@@ -195,6 +195,16 @@ def verify_ref(
     return v
 
 
+def _config_digest(manifest: Any) -> str | None:
+    """The config digest an image manifest names (None when it names none)."""
+    try:
+        config = manifest.json().get("config")
+    except (RegistryError, ValueError, AttributeError):
+        return None
+    digest = config.get("digest") if isinstance(config, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
 def _verify_image(
     ref: str,
     engine: Engine,
@@ -227,7 +237,13 @@ def _verify_image(
     pinned = f"{repo}@{digest}"
     _pull(engine, pinned)
     labels, image_id = _labels(engine, pinned)
-    v.add(image_id == rec.image_id, f"image   id={image_id} record={rec.image_id}")
+    if image_id == digest and image_id != rec.image_id:
+        # the containerd image store names a pulled image by its manifest's digest: its config is the image id
+        config = _config_digest(manifest)
+        v.add(config == rec.image_id, f"image   id={config} record={rec.image_id} (the config of {digest}, the "
+              "engine's name of the image)")  # fmt: skip
+    else:
+        v.add(image_id == rec.image_id, f"image   id={image_id} record={rec.image_id}")
     differ = sorted(k for k in set(labels) | set(rec.labels) if labels.get(k) != rec.labels.get(k))
     v.add(not differ, "labels  the image's labels equal the record's" if not differ else
           "labels  differ from the record: " + ", ".join(f"{k} image={labels.get(k)!r} record={rec.labels.get(k)!r}" for k in differ[:8]))  # fmt: skip

@@ -36,7 +36,7 @@ from typing import IO, Any, BinaryIO, Protocol, cast
 
 from stackforge import extras
 from stackforge.builder.plan.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
-from stackforge.clients import layerstore
+from stackforge.clients import contentstore, layerstore
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import OCI_MANIFEST, sha256_digest
 from stackforge.errors import BuildFailed, UserError
@@ -53,6 +53,7 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20
 _SMALL_JSON = 64 << 20
 _OCI_BLOB = re.compile(r"blobs/sha256/([0-9a-f]{64})")
+_OCI_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _CREATED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
@@ -392,6 +393,7 @@ class _Entry:
     diff_id: str | None = None
     link: str | None = None
     remote: bool = False
+    kept: bool = False  # stored as the archive held it (its digest is the archive's bytes')
 
     def blob(self) -> Blob:
         return Blob(
@@ -566,6 +568,11 @@ def _read_members(
             counter += 1
             path = workdir / f"blob-{counter}"
             entry = entries[name] = _store_layer(head, src, path, packer, cache, pool, bool(named))
+            if named and entry.kept and entry.digest != "sha256:" + named.group(1):
+                raise BuildFailed(
+                    f"the exported blob {name} hashes to {entry.digest}",
+                    fix="the export is corrupt; re-run the publish",
+                )
             if sink is not None and entry.path is not None:
                 sink(entry.blob())
     return entries
@@ -602,6 +609,7 @@ def _store_layer(
                 size=writer.size,
                 media_type=media,
                 diff_id=digest if media == OCI_LAYER_TAR else None,
+                kept=True,
             )
         if cache is not None and not named:
             return _store_layer_cached(head, src, path, writer, packer, cache, pool)
@@ -674,9 +682,12 @@ def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedIm
     if not isinstance(items, list) or not items:
         raise BuildFailed("image archive manifest.json lists no image")
     chosen = None
+    # the classic store's image id is its config digest; the containerd store's is its manifest's or index's
+    # digest (a blob of the OCI-layout flavour), which names the config
+    configs = _configs_named(entries, expected_id) if expected_id else set()
     for item in items:
         cfg = _resolve(entries, item["Config"])
-        if expected_id is None or cfg.digest == expected_id:
+        if expected_id is None or cfg.digest == expected_id or cfg.digest in configs:
             chosen, config_entry = item, cfg
             break
     if chosen is None:
@@ -707,7 +718,34 @@ def _assemble(entries: dict[str, _Entry], expected_id: str | None) -> PreparedIm
                 f"layer {i} of the exported image hashes to {layer.diff_id}, its config says {want}",
                 fix="the export is corrupt; re-run the publish",
             )
+        if layer.diff_id is None and isinstance(want, str) and DIGEST_RE.fullmatch(want):
+            # a compressed layer (the containerd store exports its blobs as stored): its bytes hashed to the
+            # digest its content-addressed name gives (_read_members); its diff id is the config's
+            layer.diff_id = want
     return PreparedImage(image_id=config.digest, config=config, layers=layers)
+
+
+def _configs_named(entries: dict[str, _Entry], digest: str, depth: int = 0) -> set[str]:
+    """The config digests the manifest or index blob ``digest`` of an OCI-layout archive names (an index's
+    manifests followed, four levels at most); empty when the archive has no such blob."""
+    found = _OCI_DIGEST.fullmatch(digest)
+    entry = entries.get(f"blobs/sha256/{found.group(1)}") if found else None
+    if entry is None or entry.data is None or entry.digest != digest or depth > 4:
+        return set()
+    try:
+        doc = json.loads(entry.data)
+    except ValueError:
+        return set()
+    if not isinstance(doc, dict):
+        return set()
+    config = doc.get("config")
+    if isinstance(config, dict) and isinstance(config.get("digest"), str):
+        return {config["digest"]}
+    out: set[str] = set()
+    for child in doc.get("manifests") or []:
+        if isinstance(child, dict) and isinstance(child.get("digest"), str):
+            out |= _configs_named(entries, child["digest"], depth + 1)
+    return out
 
 
 @dataclass
@@ -770,6 +808,8 @@ class DockerImage:
     engine: Engine | None = None
     image_id: str | None = None
     local_size: int | None = None
+    #: (os, architecture, variant) of the local image: the manifest of an index the containerd store exports
+    platform: tuple[str, str, str | None] | None = None
 
     @property
     def description(self) -> str:
@@ -786,9 +826,11 @@ class DockerImage:
             raise UserError(f"local image {self.ref} does not exist", fix="build it first (stackforge build STACK)")
         self.image_id = image_id
         try:
-            self.local_size = self._engine().sdk().api.inspect_image(image_id).get("Size")
+            attrs = self._engine().sdk().api.inspect_image(image_id)
         except Exception:
-            self.local_size = None
+            attrs = {}
+        self.local_size = attrs.get("Size")
+        self.platform = (str(attrs.get("Os") or "linux"), str(attrs.get("Architecture") or ""), attrs.get("Variant"))
 
     def prepare(
         self,
@@ -804,10 +846,15 @@ class DockerImage:
             self.inspect()
         packer = codec(compression, level)
         if packer is not None:
-            try:
-                return self._prepare_from_store(workdir, log=log, cache=cache, packer=packer, sink=sink)
-            except layerstore.Unusable as exc:
-                log("export-from-layer-store-refused", reason=str(exc), then="docker save")
+            reasons = []
+            for store in ("layer", "content"):  # the classic store's layer store; the containerd store's content
+                try:
+                    return self._prepare_from_store(
+                        workdir, log=log, cache=cache, packer=packer, sink=sink, store=store
+                    )
+                except layerstore.Unusable as exc:
+                    reasons.append(str(exc))
+            log("export-from-layer-store-refused", reason="; ".join(reasons), then="docker save")
         import docker.errors  # the SDK streams `docker save` without a temporary tar file
 
         try:
@@ -840,14 +887,32 @@ class DockerImage:
         cache: LayerCache | None,
         packer: Codec,
         sink: Callable[[Blob], object] | None,
+        store: str = "layer",
     ) -> PreparedImage:
         """The image without ``docker save``: config and the layers the target lacks read from the engine's
-        layer store (``layerstore.py``), each rebuilt layer compressed while it is hashed and refused
-        (:class:`layerstore.Unusable`) unless its sha256 is its diff id. Every layer is checked in the store
-        before any is read, so a refusal costs at most the layers already compressed (kept valid: digest-checked)."""
+        layer store (``store="layer"``, the classic store: ``layerstore.py``) or from its containerd content store
+        (``store="content"``, the containerd image store: ``contentstore.py``), each layer compressed while its
+        tar is hashed and refused (:class:`layerstore.Unusable`) unless its sha256 is its diff id. Every layer is
+        found in the store before any is read, so a refusal costs at most the layers already compressed (kept
+        valid: digest-checked)."""
         assert self.image_id is not None
-        store = layerstore.open_store(self._engine())
-        config_bytes = store.config(self.image_id)
+        if store == "layer":
+            layer_store = layerstore.open_store(self._engine())
+            config_bytes, root = layer_store.config(self.image_id), str(layer_store.root)
+
+            def find(i: int, diff_id: str, chain_id: str) -> LayerSource:
+                return layer_store.layer(diff_id, chain_id)
+        else:
+            content = contentstore.open_store(self._engine())
+            if self.platform is None:
+                self.inspect()
+            assert self.platform is not None
+            image = content.image(self.image_id, self.platform)
+            config_bytes, root = image.config, str(content.root)
+
+            def find(i: int, diff_id: str, chain_id: str) -> LayerSource:
+                return image.layers[i]
+
         try:
             diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
         except (ValueError, KeyError, TypeError):
@@ -857,14 +922,14 @@ class DockerImage:
         norm = normalizing(config_bytes)
         if norm is not None and cache is not None:
             cache.scope(norm.key)
-        wanted: list[tuple[str, int, str] | layerstore.Layer] = []
+        wanted: list[tuple[str, int, str] | LayerSource] = []
         for i, (diff_id, chain_id) in enumerate(zip(diff_ids, layerstore.chain_ids(diff_ids))):
             hit = _cached(cache, diff_id, norm and norm.of(i))
-            wanted.append(hit if hit is not None else store.layer(diff_id, chain_id))
+            wanted.append(hit if hit is not None else find(i, diff_id, chain_id))
         log(
-            "export-from-layer-store",
-            root=str(store.root),
-            read=sum(isinstance(w, layerstore.Layer) for w in wanted),
+            "export-from-layer-store" if store == "layer" else "export-from-content-store",
+            root=root,
+            read=sum(not isinstance(w, tuple) for w in wanted),
             normalize_epoch=norm.epoch if norm else None,
         )
         layers: list[Blob] = []
@@ -872,7 +937,7 @@ class DockerImage:
         pool = packer.pool()
         try:
             for i, (diff_id, want) in enumerate(zip(diff_ids, wanted)):
-                if not isinstance(want, layerstore.Layer):
+                if isinstance(want, tuple):
                     source = diff_id if want[2] != diff_id else None
                     layers.append(
                         Blob(want[0], want[1], packer.media_type, diff_id=want[2], remote=True, source_diff_id=source)
@@ -914,8 +979,17 @@ def _cached(cache: LayerCache | None, diff_id: str, norm: Normalizing | None) ->
     return (hit[0], hit[1], blob_diff_id) if blob_diff_id else None
 
 
+class LayerSource(Protocol):
+    """A layer a store gives: its diff id and its tar in pieces (``layerstore.Layer``, ``contentstore.Layer``)."""
+
+    @property
+    def diff_id(self) -> str: ...
+
+    def chunks(self) -> Iterator[bytes]: ...
+
+
 def _rebuild(
-    layer: layerstore.Layer, path: Path, packer: Codec, norm: Normalizing | None, pool: ThreadPoolExecutor | None
+    layer: LayerSource, path: Path, packer: Codec, norm: Normalizing | None, pool: ThreadPoolExecutor | None
 ) -> Blob:
     """Rebuild ``layer``'s tar from the store and compress it to ``path`` (normalized first with ``norm``);
     :class:`layerstore.Unusable` unless the rebuilt tar hashes to the layer's diff id."""
@@ -936,7 +1010,7 @@ def _rebuild(
         blob.source_diff_id = layer.diff_id
     if got != layer.diff_id:
         path.unlink()
-        raise layerstore.Unusable(f"a layer rebuilt from the layer store hashes to {got}, not {layer.diff_id}")
+        raise layerstore.Unusable(f"a layer read from the store hashes to {got}, not {layer.diff_id}")
     return blob
 
 

@@ -1,0 +1,229 @@
+"""An image's config and layers read from the engine's containerd content store instead of a ``docker save``.
+
+An engine with the containerd image store (daemon.json ``"features": {"containerd-snapshotter": true}``) keeps no
+overlay2 layer store: an image is a manifest (or an index of manifests: a platform's image and BuildKit's
+attestation manifest) in containerd's content store, ``<root>/io.containerd.content.v1.content/blobs/sha256/<hex>``,
+beside its config and its layers as they were pulled, loaded or built (uncompressed, gzip or zstd). The engine names
+the image by that manifest's or index's digest. A dockerd that runs its own containerd keeps the store under its
+data root (``<data-root>/containerd/daemon``); one that uses the host's containerd, under ``/var/lib/containerd``.
+
+Nothing here is trusted: :func:`open_store` only answers for a daemon on a local socket with the containerd store
+whose content store this process can read; every manifest, index and config read is checked against its digest; a
+caller hashes every layer's uncompressed tar and refuses one whose sha256 is not its diff id. :class:`Unusable`
+(:class:`clients.layerstore.Unusable`) says why the store cannot serve (the caller falls back to ``docker save``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stackforge import extras
+from stackforge.clients.layerstore import Unusable
+
+_CHUNK = 1 << 20
+_HEX = frozenset("0123456789abcdef")
+#: a manifest, index or config read into memory: larger is not an engine's
+_SMALL = 4 << 20
+_SNAPSHOTTER = "io.containerd.snapshotter.v1"
+_CONTENT = Path("io.containerd.content.v1.content") / "blobs" / "sha256"
+#: where a dockerd that uses the host's containerd finds it (containerd's default root)
+HOST_CONTAINERD = Path("/var/lib/containerd")
+_INDEXES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+_LAYERS = {
+    "application/vnd.oci.image.layer.v1.tar": None,
+    "application/vnd.docker.image.rootfs.diff.tar": None,
+    "application/vnd.oci.image.layer.v1.tar+gzip": "gzip",
+    "application/vnd.docker.image.rootfs.diff.tar.gzip": "gzip",
+    "application/vnd.oci.image.layer.v1.tar+zstd": "zstd",
+}
+
+
+def _hex(digest: object) -> str:
+    algorithm, _, value = str(digest).partition(":")
+    if algorithm != "sha256" or len(value) != 64 or not set(value) <= _HEX:
+        raise Unusable(f"{digest!r} is not a sha256 digest")
+    return value
+
+
+def uses_containerd_store(info: dict[str, Any]) -> bool:
+    """Whether ``docker info`` says the daemon keeps its images in the containerd image store."""
+    status = info.get("DriverStatus") or []
+    return any(isinstance(row, list) and _SNAPSHOTTER in row for row in status)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer blob of the content store: its uncompressed tar through :meth:`chunks`."""
+
+    diff_id: str
+    digest: str
+    path: Path
+    compression: str | None  # None, gzip or zstd
+
+    def chunks(self) -> Iterator[bytes]:
+        if not os.access(self.path, os.R_OK):
+            raise Unusable(f"cannot read layer {self.digest} ({self.path})")
+        with open(self.path, "rb") as fh:
+            if self.compression is None:
+                while data := fh.read(_CHUNK):
+                    yield data
+            elif self.compression == "gzip":
+                yield from _inflate(fh, self.digest)
+            else:
+                zstandard = extras.need("zstandard", "zstd", "an engine's zstd layers")
+                reader = zstandard.ZstdDecompressor().stream_reader(fh)
+                while data := reader.read(_CHUNK):
+                    yield data
+
+
+def _inflate(fh: Any, digest: str) -> Iterator[bytes]:
+    """The gzip stream of ``fh`` inflated (every member of a multi-member stream)."""
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        while data := fh.read(_CHUNK):
+            yield inflate.decompress(data)
+            while inflate.eof and inflate.unused_data:
+                rest = inflate.unused_data
+                inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                yield inflate.decompress(rest)
+        yield inflate.flush()
+    except zlib.error as exc:
+        raise Unusable(f"layer {digest} does not inflate: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Image:
+    """A platform image of the content store: its config (checked against its digest) and its layers."""
+
+    config: bytes
+    config_digest: str
+    layers: list[Layer]
+
+
+@dataclass(frozen=True)
+class ContentStore:
+    """The content stores of a daemon's containerd (its own, then the host's), read-only."""
+
+    roots: tuple[Path, ...]
+
+    @property
+    def root(self) -> Path:
+        return self.roots[0]
+
+    def path(self, digest: str) -> Path:
+        name = _hex(digest)
+        for root in self.roots:
+            path = root / name
+            if path.is_file():
+                return path
+        raise Unusable(f"blob {digest} is not in the content store {self.root}")
+
+    def read(self, digest: str) -> bytes:
+        """A small blob (manifest, index, config), checked against its digest."""
+        path = self.path(digest)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(_SMALL + 1)
+        except OSError as exc:
+            raise Unusable(f"cannot read {path}: {exc.strerror or exc}") from None
+        if len(data) > _SMALL:
+            raise Unusable(f"blob {digest} is larger than a manifest or config is")
+        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            raise Unusable(f"blob {digest} of the content store does not hash to its name")
+        return data
+
+    def _json(self, digest: str) -> dict[str, Any]:
+        try:
+            doc = json.loads(self.read(digest))
+        except ValueError:
+            raise Unusable(f"blob {digest} is not JSON") from None
+        if not isinstance(doc, dict):
+            raise Unusable(f"blob {digest} is not a JSON object")
+        return doc
+
+    def image(self, image_id: str, platform: tuple[str, str, str | None]) -> Image:
+        """The image the engine names ``image_id`` (a manifest's or an index's digest) for ``platform``
+        (os, architecture, variant or None): an index's attestation manifests and other platforms' are skipped."""
+        doc = self._json(image_id)
+        for _ in range(4):
+            if doc.get("mediaType") not in _INDEXES and "manifests" not in doc:
+                break
+            doc = self._json(self._pick(image_id, doc, platform))
+        else:
+            raise Unusable(f"image {image_id}: indexes nested too deep")
+        config = doc.get("config")
+        if not isinstance(config, dict) or not isinstance(doc.get("layers"), list):
+            raise Unusable(f"image {image_id}: its manifest has no config or layers")
+        config_digest = str(config.get("digest"))
+        config_bytes = self.read(config_digest)
+        try:
+            diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
+        except (ValueError, KeyError, TypeError):
+            raise Unusable(f"image {image_id}: its config has no rootfs.diff_ids") from None
+        if not isinstance(diff_ids, list) or len(diff_ids) != len(doc["layers"]):
+            raise Unusable(f"image {image_id}: its config and its manifest list different layers")
+        layers = []
+        for desc, diff_id in zip(doc["layers"], diff_ids):
+            if not isinstance(desc, dict) or desc.get("mediaType") not in _LAYERS:
+                media = desc.get("mediaType") if isinstance(desc, dict) else desc
+                raise Unusable(f"image {image_id}: a layer of media type {media!r}")
+            _hex(diff_id)
+            digest = str(desc.get("digest"))
+            layers.append(Layer(diff_id, digest, self.path(digest), _LAYERS[desc["mediaType"]]))
+        return Image(config_bytes, config_digest, layers)
+
+    def _pick(self, image_id: str, index: dict[str, Any], platform: tuple[str, str, str | None]) -> str:
+        """The digest of the index's one manifest of ``platform`` whose blob the store holds."""
+        found = []
+        for child in index.get("manifests") or []:
+            if not isinstance(child, dict) or "vnd.docker.reference.type" in (child.get("annotations") or {}):
+                continue  # an attestation manifest
+            plat = child.get("platform") or {}
+            if (plat.get("os"), plat.get("architecture")) != platform[:2]:
+                continue
+            if platform[2] and plat.get("variant") not in (None, platform[2]):
+                continue
+            try:
+                self.path(str(child.get("digest")))
+            except Unusable:
+                continue  # a platform the engine did not pull
+            found.append(str(child.get("digest")))
+        if len(found) != 1:
+            want = "/".join(p for p in platform if p)
+            raise Unusable(f"image {image_id}: its index holds {len(found)} local manifests of {want}, not one")
+        return found[0]
+
+
+def open_store(engine: Any) -> ContentStore:
+    """The content store of ``engine``'s daemon, when it is local, keeps the containerd image store and is readable
+    here; else :class:`Unusable`."""
+    try:
+        client = engine.sdk()
+        base_url = str(client.api.base_url)
+        info = client.info()
+    except Exception as exc:
+        raise Unusable(f"the engine did not answer: {exc}") from None
+    if not uses_containerd_store(info):
+        raise Unusable("the engine keeps the classic image store, not the containerd one")
+    if base_url != "http+docker://localhost":  # what the SDK makes of a unix socket; tcp, ssh, npipe are not
+        raise Unusable(f"the engine is not on a local socket ({base_url})")
+    data_root = Path(str(info.get("DockerRootDir") or ""))
+    if not data_root.is_absolute():
+        raise Unusable(f"the engine names no data root ({data_root})")
+    roots = tuple(
+        root / _CONTENT
+        for root in (data_root / "containerd" / "daemon", HOST_CONTAINERD)
+        if os.access(root / _CONTENT, os.R_OK | os.X_OK)
+    )
+    if not roots:
+        raise Unusable(
+            f"the containerd content store ({data_root / 'containerd' / 'daemon' / _CONTENT}) is not readable here"
+        )
+    return ContentStore(roots)
