@@ -91,7 +91,7 @@ def test_the_contract_slice_runs_in_the_image(post2, tmp_path):
     assert len(names) == 20 and "test_mate_027_cohort_is_exactly_pinned" in names
     assert "20 passed" in (out / "contracts" / "pytest.txt").read_text()
     docker = result["docker"]
-    assert "--read-only" in docker and docker[docker.index("--network") + 1] == "none"
+    assert "--read-only" in docker and "--network=none" in docker  # the slice runs with no network
 
 
 def test_the_contract_slice_fails_when_a_pin_of_post2_is_moved_away_from_the_plugin(post2, standins, tmp_path):
