@@ -5,8 +5,7 @@ into "did you mean" errors before pydantic sees them, and turns pydantic's
 type errors into errors that name the file, line and column.
 """
 
-from __future__ import annotations
-
+import functools
 import re
 import types
 import typing
@@ -20,10 +19,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 from stackforge import grammar
 from stackforge.grammar import ENV_NAME_RE as ENV_NAME
@@ -37,16 +39,22 @@ TOOLKIT_VERSION = re.compile(r"^[0-9][0-9A-Za-z._+-]{0,63}$")
 REQUIREMENT_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9 ._+-]{0,62}[A-Za-z0-9+])?$")
 
 
-def _grammar(check: Callable[[str], str | None]) -> AfterValidator:
-    """A pydantic validator from a ``grammar.check_*`` function (``None`` = valid, else the reason)."""
+class _grammar:
+    """A pydantic validator from a ``grammar.check_*`` function (``None`` = valid, else the reason), run after
+    the type's own validation. It says it takes no validation info, so pydantic need not inspect its signature
+    at every field that uses it (which is most of the cost of building the schema)."""
 
-    def validate(value: str) -> str:
-        reason = check(value)
+    def __init__(self, check: Callable[[str], str | None]) -> None:
+        self.check = check
+
+    def validate(self, value: str) -> str:
+        reason = self.check(value)
         if reason:
             raise ValueError(reason)
         return value
 
-    return AfterValidator(validate)
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.validate, handler(source))
 
 
 def _project(name: str) -> str | None:
@@ -110,24 +118,45 @@ def _is_model(annotation: Any) -> bool:
     return any(isinstance(a, type) and issubclass(a, BaseModel) for a in options)
 
 
+@functools.cache
+def _checked_keys(model: type[BaseModel]) -> dict[str, bool]:
+    """The input keys (each field's name and alias) whose raw value ``Strict`` checks for control characters,
+    each with whether it may hold \\n and \\t; a field holding a model is left to that model."""
+    multiline = getattr(model, "multiline_fields", frozenset())
+    keys: dict[str, bool] = {}
+    for name, info in model.model_fields.items():
+        if not _is_model(info.annotation):
+            keys[name] = name in multiline
+            if info.alias:
+                keys[info.alias] = name in multiline
+    return keys
+
+
 class Strict(BaseModel):
     """Unknown keys are refused; no string holds a control character (``multiline_fields`` may hold \\n, \\t)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, defer_build=True)
     multiline_fields: ClassVar[frozenset[str]] = frozenset()
 
-    @field_validator("*", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _printable(cls, value: Any, info: ValidationInfo) -> Any:
-        field = info.field_name
-        if field is None:
-            raise TypeError(f"{cls.__name__}._printable validates fields; pydantic called it without a field name")
-        if _is_model(cls.model_fields[field].annotation):
-            return value  # a nested model checks its own fields
-        reason = _unprintable(value, field in cls.multiline_fields)
-        if reason:
-            raise ValueError(reason)
-        return value
+    def _printable(cls, data: Any) -> Any:
+        """Every raw field value of the mapping, checked once per model before its fields validate; each finding
+        is located at its field, as a field's own error would be. (One check per model rather than a validator
+        on every field: pydantic inspects a field validator at each field while it builds the schema.)"""
+        if not isinstance(data, dict):
+            return data
+        keys = _checked_keys(cls)
+        errors = []
+        for key, value in data.items():
+            multiline = keys.get(key) if isinstance(key, str) else None
+            reason = None if multiline is None else _unprintable(value, multiline)
+            if reason:
+                error = PydanticCustomError("value_error", "Value error, {reason}", {"reason": reason})
+                errors.append(InitErrorDetails(type=error, loc=(key,), input=value))
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return data
 
 
 def _exact_version(value: object) -> str:
@@ -286,7 +315,7 @@ class Index(Strict):
     )
 
     @model_validator(mode="after")
-    def _lock_or_reason(self) -> Index:
+    def _lock_or_reason(self) -> "Index":
         if self.lock and self.unlocked is not None:
             raise ValueError("lock: true and unlocked: say the opposite; keep one")
         return self
@@ -397,6 +426,18 @@ class Agree(Strict):
         return {k: v for k, v in value.items() if v is not None}
 
 
+class RequirementFile(Strict):
+    upstream: Name = Field(description="the upstream whose exported, patched tree holds the file")
+    path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
+        description="the requirement file, relative to the upstream's tree (e.g. requirements/common.txt)"
+    )
+    constraint: bool = Field(
+        False,
+        description="true: the file's lines constrain the phase (pip -c) instead of being installed, e.g. the "
+        "plugin's requirements/common.txt over vLLM's (its huggingface_hub cap)",
+    )
+
+
 class ConstrainedFiles(Strict):
     file: RequirementFile = Field(description="the requirement file a phase installs")
     by: RequirementFile = Field(description="the file that phase must read as a constraint (constraint: true)")
@@ -467,7 +508,7 @@ class ContractLine(Strict):
     stages: list[Name] | None = Field(None, description="targets each built on the one before (from:)")
 
     @model_validator(mode="after")
-    def _one(self) -> ContractLine:
+    def _one(self) -> "ContractLine":
         given = [k for k in CONTRACT_CHECKS if k in self.model_fields_set]
         if len(given) != 1:
             raise ValueError(
@@ -943,74 +984,6 @@ class Healthcheck(Strict):
     start_period_s: int = Field(0, ge=0, le=86400, description="seconds of start-up during which failures do not count")
 
 
-class Target(Strict):
-    # The exec form is written as JSON: newlines and tabs inside an argument stay on one Dockerfile line.
-    multiline_fields: ClassVar[frozenset[str]] = frozenset({"entrypoint", "cmd"})
-
-    entrypoint: list[str] | None = Field(
-        None, description="ENTRYPOINT in exec form, e.g. [vllm, serve]; child targets inherit it"
-    )
-    cmd: list[str] | None = Field(None, description="CMD in exec form; child targets inherit it")
-    env: dict[EnvName, str] = Field(
-        default_factory=dict,
-        description="ENV of the target; values may use {{ … }} like tags (e.g. from platform.gpu_arch)",
-    )
-    # Per-target layers (builder/plan/targets.py): a target builds on the gate, or on another target with `from:`.
-    from_: Name | None = Field(
-        None, alias="from", description="the target this one builds on (a child target); default: the gate"
-    )
-    publish: bool | None = Field(
-        None, description="false: an intermediate stage other targets build on; never tagged or published"
-    )
-    workdir: AbsPath | None = Field(None, description="WORKDIR of the target")
-    labels: dict[LabelKey, str] = Field(
-        default_factory=dict, description="labels of this target; values may use {{ … }} like tags"
-    )
-    system: dict[SystemLayerName, SystemLayer] | None = Field(
-        None, description="apt layers of this target, each one apt transaction, as the top-level system:"
-    )
-    sources: dict[Name, AbsPath] = Field(
-        default_factory=dict,
-        description="upstreams (declared under upstreams:) placed in the image: {upstream: absolute path}",
-    )
-    kernels: dict[Name, Kernel] = Field(
-        default_factory=dict,
-        description="wheels built offline from an upstream's tree in their own stage (the toolchain stays out); "
-        "installed --no-deps in this target",
-    )
-    pip: dict[Name, TargetPhase] = Field(
-        default_factory=dict,
-        description="pip phases in order, each with a constraints file generated in the image from every "
-        "installed vendor dist and a preserve check after it",
-    )
-    steps: dict[Name, Step] = Field(
-        default_factory=dict, description="shell lines run after the pip phases (e.g. compileall)"
-    )
-    checks: list[Probe] = Field(
-        default_factory=list, description="probes run in the target's stage; a failure fails the build"
-    )
-    healthcheck: Healthcheck | None = Field(
-        None, description="HEALTHCHECK of the image: {cmd, interval_s, timeout_s, retries, start_period_s}"
-    )
-    reports: dict[Name, Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
-        default_factory=dict,
-        description="{name: one shell line} run in the built image after the gate (--network=none); each output "
-        "is kept in the evidence as reports/<name>.txt, e.g. {mate-config: python -m mate show-config --json}",
-    )
-
-    _reports = field_validator("reports")(classmethod(lambda cls, v: {k: _one_line(c) for k, c in v.items()}))
-
-    @property
-    def alias(self) -> bool:
-        """Only ``from:`` (and ``publish``): the same image as its parent."""
-        own = self.model_fields_set - {"from_", "publish"}
-        return self.from_ is not None and not any(getattr(self, f) for f in own)
-
-    @property
-    def published(self) -> bool:
-        return self.publish is not False
-
-
 def _pep508(text: str) -> str | None:
     from packaging.requirements import InvalidRequirement, Requirement
 
@@ -1040,7 +1013,7 @@ class TargetPhase(Strict):
     )
 
     @model_validator(mode="after")
-    def _some(self) -> TargetPhase:
+    def _some(self) -> "TargetPhase":
         if not self.requirements and not self.files:
             raise ValueError("a phase needs requirements or files")
         if self.repin and (self.files or not all("==" in r for r in self.requirements)):
@@ -1122,7 +1095,7 @@ class SystemPackage(Strict):
         return {"name": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _one_pin(self) -> SystemPackage:
+    def _one_pin(self) -> "SystemPackage":
         if self.version is not None and self.line is not None:
             raise ValueError("give either version (exact) or line (a version line), not both")
         return self
@@ -1152,7 +1125,7 @@ class SystemLayer(Strict):
     path: list[AbsPath] = Field(default_factory=list, description="directories put in front of PATH")
 
     @model_validator(mode="after")
-    def _probe(self) -> SystemLayer:
+    def _probe(self) -> "SystemLayer":
         if self.install == "auto" and self.probe is None:
             raise ValueError("install: auto needs a probe command (e.g. probe: mcc)")
         return self
@@ -1161,16 +1134,72 @@ class SystemLayer(Strict):
 SystemLayerName = Annotated[str, _grammar(_layer_name)]
 
 
-class RequirementFile(Strict):
-    upstream: Name = Field(description="the upstream whose exported, patched tree holds the file")
-    path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
-        description="the requirement file, relative to the upstream's tree (e.g. requirements/common.txt)"
+class Target(Strict):
+    # The exec form is written as JSON: newlines and tabs inside an argument stay on one Dockerfile line.
+    multiline_fields: ClassVar[frozenset[str]] = frozenset({"entrypoint", "cmd"})
+
+    entrypoint: list[str] | None = Field(
+        None, description="ENTRYPOINT in exec form, e.g. [vllm, serve]; child targets inherit it"
     )
-    constraint: bool = Field(
-        False,
-        description="true: the file's lines constrain the phase (pip -c) instead of being installed, e.g. the "
-        "plugin's requirements/common.txt over vLLM's (its huggingface_hub cap)",
+    cmd: list[str] | None = Field(None, description="CMD in exec form; child targets inherit it")
+    env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="ENV of the target; values may use {{ … }} like tags (e.g. from platform.gpu_arch)",
     )
+    # Per-target layers (builder/plan/targets.py): a target builds on the gate, or on another target with `from:`.
+    from_: Name | None = Field(
+        None, alias="from", description="the target this one builds on (a child target); default: the gate"
+    )
+    publish: bool | None = Field(
+        None, description="false: an intermediate stage other targets build on; never tagged or published"
+    )
+    workdir: AbsPath | None = Field(None, description="WORKDIR of the target")
+    labels: dict[LabelKey, str] = Field(
+        default_factory=dict, description="labels of this target; values may use {{ … }} like tags"
+    )
+    system: dict[SystemLayerName, SystemLayer] | None = Field(
+        None, description="apt layers of this target, each one apt transaction, as the top-level system:"
+    )
+    sources: dict[Name, AbsPath] = Field(
+        default_factory=dict,
+        description="upstreams (declared under upstreams:) placed in the image: {upstream: absolute path}",
+    )
+    kernels: dict[Name, Kernel] = Field(
+        default_factory=dict,
+        description="wheels built offline from an upstream's tree in their own stage (the toolchain stays out); "
+        "installed --no-deps in this target",
+    )
+    pip: dict[Name, TargetPhase] = Field(
+        default_factory=dict,
+        description="pip phases in order, each with a constraints file generated in the image from every "
+        "installed vendor dist and a preserve check after it",
+    )
+    steps: dict[Name, Step] = Field(
+        default_factory=dict, description="shell lines run after the pip phases (e.g. compileall)"
+    )
+    checks: list[Probe] = Field(
+        default_factory=list, description="probes run in the target's stage; a failure fails the build"
+    )
+    healthcheck: Healthcheck | None = Field(
+        None, description="HEALTHCHECK of the image: {cmd, interval_s, timeout_s, retries, start_period_s}"
+    )
+    reports: dict[Name, Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=dict,
+        description="{name: one shell line} run in the built image after the gate (--network=none); each output "
+        "is kept in the evidence as reports/<name>.txt, e.g. {mate-config: python -m mate show-config --json}",
+    )
+
+    _reports = field_validator("reports")(classmethod(lambda cls, v: {k: _one_line(c) for k, c in v.items()}))
+
+    @property
+    def alias(self) -> bool:
+        """Only ``from:`` (and ``publish``): the same image as its parent."""
+        own = self.model_fields_set - {"from_", "publish"}
+        return self.from_ is not None and not any(getattr(self, f) for f in own)
+
+    @property
+    def published(self) -> bool:
+        return self.publish is not False
 
 
 class RequirementsPhase(Strict):
@@ -1181,13 +1210,6 @@ class RequirementsPhase(Strict):
         "tree are followed, every other option is refused, and a package a vendor index provides is dropped",
     )
     no_deps: bool = Field(default=False, description="install with --no-deps")
-
-
-Target.model_rebuild()
-ConstrainedFiles.model_rebuild()
-ContractLine.model_rebuild()
-Contract.model_rebuild()
-Upstream.model_rebuild()
 
 
 #: pytest's outcome words, as its summary line and `expect:` spell them.
@@ -1301,7 +1323,7 @@ class Slice(Strict):
         return value
 
     @model_validator(mode="after")
-    def _staged(self) -> Slice:
+    def _staged(self) -> "Slice":
         staged = [p.rstrip("/") for p in self.files.paths]
         for node in selection_nodes(self.select):
             path = node.split("::")[0].rstrip("/")
