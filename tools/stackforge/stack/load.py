@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from stackforge.clients.credentials import StackCredentials
 from stackforge.errors import UserError
@@ -761,6 +762,13 @@ def resolved(stack: Stack) -> dict:
 UNFINGERPRINTED = ("tuning", "tests", "platforms")
 
 
+def _empty_by_default(field: FieldInfo) -> bool:
+    """Whether a field's default is an empty mapping or list (written as a value or as a factory)."""
+    if field.default_factory is not None:
+        return field.default_factory in (dict, list)
+    return isinstance(field.default, (dict, list)) and not field.default
+
+
 def _unused_dropped(model: BaseModel, data: dict) -> dict:
     """``data`` (the model's dump) without fields that are empty and empty by default: a stack that does not
     use a feature has the same fingerprint whether or not the schema knows the feature."""
@@ -770,7 +778,7 @@ def _unused_dropped(model: BaseModel, data: dict) -> dict:
         if key not in data:
             continue
         value, attr = data[key], getattr(model, name)
-        if value in ({}, []) and field.default_factory in (dict, list):
+        if value in ({}, []) and not isinstance(attr, BaseModel) and _empty_by_default(field):
             continue
         if isinstance(attr, BaseModel) and isinstance(value, dict):
             value = _unused_dropped(attr, value)

@@ -190,7 +190,7 @@ class Platform(Strict):
     musa_runtime: Annotated[str, _grammar(_toolkit_version)] | None = Field(
         None, description='MUSA runtime apt series, e.g. "5.2"'
     )
-    gpu_arch: list[Name] = Field(default_factory=list, description="GPU architectures to compile for, e.g. [mp_31]")
+    gpu_arch: list[Name] = Field(default=[], description="GPU architectures to compile for, e.g. [mp_31]")
 
     @field_validator("python", "musa_runtime", "musa", mode="before")
     @classmethod
@@ -228,14 +228,14 @@ class PlatformLine(Strict):
         "(+musaX.Y.Z, optionally a GPU suffix such as mp22) must carry this one; a pin of another line is a finding",
     )
     with_: dict[str, Any] = Field(
-        default_factory=dict,
+        default={},
         alias="with",
         description="what differs on this platform, in the stack's own keys (platform, base, packages, system, "
         "gate, rules): merged over the resolved stack as a child stack's keys are (a list replaces, a mapping "
         "merges, null removes the key); the stack's own line (its platform.arch) has none",
     )
     unknown: dict[Annotated[str, _grammar(lambda t: _stack_ref(t))], str] = Field(
-        default_factory=dict,
+        default={},
         description="{stack key: why}: values of this line no record states (e.g. packages.deep_ep: no aarch64 "
         "build is named). lint leaves findings at these keys out and names them; render and build refuse the line",
     )
@@ -261,7 +261,7 @@ class PlatformLine(Strict):
 
 class Installer(Strict):
     version: str = Field(description="the exact pip release")
-    sha256: list[Sha256] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
+    sha256: list[Sha256] = Field(default=[], description="allowed wheel hashes; enables --require-hashes")
 
     _v = field_validator("version", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
 
@@ -388,7 +388,7 @@ class Agree(Strict):
     multiline_fields: ClassVar[frozenset[str]] = frozenset({"except_"})
 
     requirements: list[Annotated[str, _grammar(grammar.check_relative_path)]] = Field(
-        default_factory=list,
+        default=[],
         description="requirement files of the upstream (-r/-c inside its tree followed): every line naming a pin "
         "of the stack must agree with it (==V is Version equality: 0.2.7 is not 0.2.7+musa; any other specifier "
         "must be met)",
@@ -397,7 +397,7 @@ class Agree(Strict):
         Annotated[str, _grammar(grammar.check_relative_path)],
         dict[EnvName, Annotated[str, _grammar(_stack_ref)]],
     ] = Field(
-        default_factory=dict,
+        default={},
         description="KEY=VALUE files of the upstream, read by regex, and the stack key each KEY must equal, e.g. "
         "{third_party/PINS: {VLLM_TAG: upstreams.vllm.tag, VLLM_COMMIT: upstreams.vllm.commit}}",
     )
@@ -405,14 +405,14 @@ class Agree(Strict):
         Annotated[str, _grammar(grammar.check_relative_path)],
         dict[EnvName, ProjectName],
     ] = Field(
-        default_factory=dict,
+        default={},
         description="Dockerfiles of the upstream and, for each build argument, the project it pins: every `ARG "
         "NAME=VALUE` line of every stage is compared as the requirement NAME's project ==VALUE, with the stack's "
         "pin of it (a package, or a target's exact requirement), e.g. {docker/musa.Dockerfile: {MOONCAKE_VERSION: "
         "mooncake-transfer-engine-musa}}",
     )
     except_: dict[ProjectName, Annotated[str | None, BeforeValidator(_reason)]] = Field(
-        default_factory=dict,
+        default={},
         alias="except",
         description="{package (or a target's pinned project): why the stack differs from the upstream's line}: the "
         "only way past a "
@@ -552,7 +552,7 @@ class Upstream(Strict):
         "commit and applied on the host like patches:",
     )
     edits: list[SourceEdit] = Field(
-        default_factory=list,
+        default=[],
         description="in-place fixes applied on the host after the patch series, each checked to match exactly "
         "once (a fix that no longer matches the pinned tree fails the build); labelled org.stackforge.edits.<name>",
     )
@@ -665,15 +665,15 @@ class Toolchain(Strict):
         "(toolchain-<kernel>) that holds no source, so a source change re-runs only the build"
     )
     env: dict[EnvName, str] = Field(
-        default_factory=dict,
+        default={},
         description="environment of the toolchain step and of the build after it; values may use {{ … }} like "
         "kernel env",
     )
     path: list[Annotated[str, _grammar(grammar.check_absolute_path)]] = Field(
-        default_factory=list, description="directories put in front of PATH, e.g. [/usr/local/cargo/bin]"
+        default=[], description="directories put in front of PATH, e.g. [/usr/local/cargo/bin]"
     )
     uses: list[FileSource] = Field(
-        default_factory=list,
+        default=[],
         description="files or directories of the kernel's tree the toolchain step reads (e.g. "
         "rust-toolchain.toml, the Cargo workspace to fetch crates for), copied alone into its working directory: "
         "a change to them re-runs it, any other source change does not",
@@ -686,18 +686,18 @@ class Toolchain(Strict):
 class Kernel(Strict):
     upstream: Name = Field(description="the upstream whose patched tree this step builds")
     when: dict[EnvName, Annotated[str, _grammar(grammar.check_name)]] = Field(
-        default_factory=dict,
+        default={},
         description="build options this step needs, e.g. {BUILD_VLLM_RS: '1'}: the step is left out otherwise",
     )
     env: dict[EnvName, str] = Field(
-        default_factory=dict, description="environment of the build command; values may use {{ … }} like tags"
+        default={}, description="environment of the build command; values may use {{ … }} like tags"
     )
     run: str = Field(
         description="shell command run in the upstream tree, offline; it writes wheels to /out/wheels (and the "
         "files it declares to /out/files)"
     )
     trees: dict[Name, TreePath] = Field(
-        default_factory=dict,
+        default={},
         description="other upstreams' exported, patched trees placed inside this tree before the build: "
         "{upstream: relative path}, e.g. {vllm: third_party/vllm}",
     )
@@ -705,7 +705,7 @@ class Kernel(Strict):
         None, description="a build toolchain installed with network before the offline build, never in the image"
     )
     files: dict[FileSource, FileDest] = Field(
-        default_factory=dict,
+        default={},
         description="files or directories the step writes besides wheels, {path under /out/files: destination} "
         "(an absolute path or {site}/…), installed in the gate stage after the wheels with their mode (a directory "
         "replaces the destination directory as a whole); a missing one fails the build",
@@ -742,7 +742,7 @@ def _env_values(value):
 
 class Step(Strict):
     env: dict[EnvName, str] = Field(
-        default_factory=dict, description="environment of the command; values may use {{ … }} like tags"
+        default={}, description="environment of the command; values may use {{ … }} like tags"
     )
     run: str = Field(description="one shell line run in the installed environment, offline")
 
@@ -796,7 +796,7 @@ class Package(Strict):
     import_: Module | None = Field(
         default=None, alias="import", description="module to import (default: name with - → _)"
     )
-    sha256: list[Sha256] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
+    sha256: list[Sha256] = Field(default=[], description="allowed wheel hashes; enables --require-hashes")
 
     _v = field_validator("version", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
 
@@ -820,12 +820,10 @@ class Probe(Strict):
     code: str = Field(description="Python run in the gate after the imports; it prints one result line")
     expect: str = Field(description="the exact line the code must print")
     when: dict[EnvName, Annotated[str, _grammar(grammar.check_name)]] = Field(
-        default_factory=dict,
+        default={},
         description="build options this probe needs, e.g. {BUILD_VLLM_RS: '1'}: left out of the gate otherwise",
     )
-    env: dict[EnvName, str] = Field(
-        default_factory=dict, description="environment set while the probe runs (restored after it)"
-    )
+    env: dict[EnvName, str] = Field(default={}, description="environment set while the probe runs (restored after it)")
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values(v)))
 
@@ -838,16 +836,16 @@ class PipCheckAllow(Strict):
 
 class Gate(Strict):
     prepare: list[str] = Field(
-        default_factory=list,
+        default=[],
         description="commands run in the gate stage before the checks; what they write stays in the image layer "
         "(e.g. files a package would otherwise create at import time)",
     )
     imports: list[GateImport] = Field(
-        default_factory=list,
+        default=[],
         description="extra modules the gate imports after the packages, e.g. {module: vllm, dist: vllm}",
     )
     probes: list[Probe] = Field(
-        default_factory=list,
+        default=[],
         description="Python snippets the gate runs after the imports; each must print its expected line",
     )
 
@@ -855,16 +853,16 @@ class Gate(Strict):
     read_only: bool = Field(default=True, description="re-run the imports with site-packages mounted read-only")
     abi: bool = Field(default=True, description="resolve every DT_NEEDED of the vendor packages' shared objects")
     pip_check_allow: list[PipCheckAllow] = Field(
-        default_factory=list,
+        default=[],
         description="unmet requirements `pip check` may report, each with its reason (e.g. a plugin revision "
         "that pins another release train than this stack); any other unmet requirement fails the gate",
     )
     library_path: list[str] = Field(
-        default_factory=list,
+        default=[],
         description="directories the loader searches for the ABI check, as the runtime would; {site} is site-packages",
     )
     exact: list[ProjectName] = Field(
-        default_factory=list,
+        default=[],
         description="packages whose installed version must be the pin itself, local label and all (the fork's "
         "exact_version_dists): for them the gate refuses a build of the pin (0.1.90+x for a pin 0.1.90) that the "
         "local-label rule accepts for the others",
@@ -940,30 +938,30 @@ class Requirement(Strict):
 
 class Rules(Strict):
     trains: list[Train] = Field(
-        default_factory=list, description="release trains: pins whose versions move together, e.g. torch and torch_musa"
+        default=[], description="release trains: pins whose versions move together, e.g. torch and torch_musa"
     )
     built_for: list[BuiltFor] = Field(
-        default_factory=list,
+        default=[],
         description="pins whose local label names the pin they were built against (deep_ep names the stack's torch)",
     )
     aligned: list[Aligned] = Field(
-        default_factory=list, description="families sharing one public version (MATE and its wrappers)"
+        default=[], description="families sharing one public version (MATE and its wrappers)"
     )
     vendor_build: list[VendorBuild] = Field(
-        default_factory=list, description="pins that must be a vendor build (a +<local_prefix> label)"
+        default=[], description="pins that must be a vendor build (a +<local_prefix> label)"
     )
     minimums: list[Minimum] = Field(
-        default_factory=list, description="minimum versions of pins, each optionally conditional on another pin"
+        default=[], description="minimum versions of pins, each optionally conditional on another pin"
     )
     requires: list[Requirement] = Field(
-        default_factory=list, description="minimum versions checked in the image by the gate (PASS requires …)"
+        default=[], description="minimum versions checked in the image by the gate (PASS requires …)"
     )
 
 
 class Tags(Strict):
     local: str = Field(description="Jinja2 template of the local image reference")
     publish: str | None = Field(default=None, description="template of the publish reference (needs date and revision)")
-    aliases: list[str] = Field(default_factory=list, description="moving tags updated after a verified publish")
+    aliases: list[str] = Field(default=[], description="moving tags updated after a verified publish")
     compression: Literal["gzip", "zstd"] | None = Field(
         None,
         description="the layer compression `publish` and the nightly write (default gzip; zstd needs Docker 23 or "
@@ -999,10 +997,10 @@ def _pep508(text: str) -> str | None:
 class TargetPhase(Strict):
     index: Name = Field(description="the one index this phase installs from")
     requirements: list[Annotated[str, _grammar(_pep508)]] = Field(
-        default_factory=list, description="PEP 508 requirements, e.g. 'numpy>=1.26.4,<2' (no URLs or options)"
+        default=[], description="PEP 508 requirements, e.g. 'numpy>=1.26.4,<2' (no URLs or options)"
     )
     files: list[RequirementFile] = Field(
-        default_factory=list, description="requirement files of an upstream, read on the host like requirements:"
+        default=[], description="requirement files of an upstream, read on the host like requirements:"
     )
     no_deps: bool = Field(False, description="install with --no-deps")
     only_binary: bool = Field(False, description="install wheels only (--only-binary=:all:)")
@@ -1076,7 +1074,7 @@ class SystemPackage(Strict):
         description="the logical package; without candidates also the apt package name; may use {{ … }}"
     )
     candidates: list[Annotated[str, _templated(grammar.check_apt_name)]] = Field(
-        default_factory=list,
+        default=[],
         description="apt package names tried in order, e.g. "
         '["libmudnn3-musa-{{ platform.musa_runtime | dashed }}", "libmudnn3-musa-{{ platform.musa_runtime | major }}"]',
     )
@@ -1111,18 +1109,18 @@ class SystemLayer(Strict):
         None, description="command whose presence means the base already carries this layer (install: auto)"
     )
     mirror: AptMirror | None = Field(None, description="rewrite the base OS's apt source to a mirror")
-    sources: dict[Name, AptSource] = Field(default_factory=dict, description="apt sources this layer adds")
+    sources: dict[Name, AptSource] = Field(default={}, description="apt sources this layer adds")
     packages: list[SystemPackage] = Field(
-        default_factory=list,
+        default=[],
         description="installed in one apt transaction (--allow-downgrades "
         "--no-install-recommends); a string is an unpinned package",
     )
-    ld_dirs: list[AbsPath] = Field(default_factory=list, description="written to /etc/ld.so.conf.d/<layer>.conf")
+    ld_dirs: list[AbsPath] = Field(default=[], description="written to /etc/ld.so.conf.d/<layer>.conf")
     symlinks: dict[AbsPath, Annotated[str, _templated(grammar.check_absolute_path)]] = Field(
-        default_factory=dict, description="link: target (ln -sfn); a target missing after the install fails the build"
+        default={}, description="link: target (ln -sfn); a target missing after the install fails the build"
     )
-    env: dict[EnvName, str] = Field(default_factory=dict, description="environment set from this layer on")
-    path: list[AbsPath] = Field(default_factory=list, description="directories put in front of PATH")
+    env: dict[EnvName, str] = Field(default={}, description="environment set from this layer on")
+    path: list[AbsPath] = Field(default=[], description="directories put in front of PATH")
 
     @model_validator(mode="after")
     def _probe(self) -> "SystemLayer":
@@ -1143,7 +1141,7 @@ class Target(Strict):
     )
     cmd: list[str] | None = Field(None, description="CMD in exec form; child targets inherit it")
     env: dict[EnvName, str] = Field(
-        default_factory=dict,
+        default={},
         description="ENV of the target; values may use {{ … }} like tags (e.g. from platform.gpu_arch)",
     )
     # Per-target layers (builder/plan/targets.py): a target builds on the gate, or on another target with `from:`.
@@ -1155,36 +1153,32 @@ class Target(Strict):
     )
     workdir: AbsPath | None = Field(None, description="WORKDIR of the target")
     labels: dict[LabelKey, str] = Field(
-        default_factory=dict, description="labels of this target; values may use {{ … }} like tags"
+        default={}, description="labels of this target; values may use {{ … }} like tags"
     )
     system: dict[SystemLayerName, SystemLayer] | None = Field(
         None, description="apt layers of this target, each one apt transaction, as the top-level system:"
     )
     sources: dict[Name, AbsPath] = Field(
-        default_factory=dict,
+        default={},
         description="upstreams (declared under upstreams:) placed in the image: {upstream: absolute path}",
     )
     kernels: dict[Name, Kernel] = Field(
-        default_factory=dict,
+        default={},
         description="wheels built offline from an upstream's tree in their own stage (the toolchain stays out); "
         "installed --no-deps in this target",
     )
     pip: dict[Name, TargetPhase] = Field(
-        default_factory=dict,
+        default={},
         description="pip phases in order, each with a constraints file generated in the image from every "
         "installed vendor dist and a preserve check after it",
     )
-    steps: dict[Name, Step] = Field(
-        default_factory=dict, description="shell lines run after the pip phases (e.g. compileall)"
-    )
-    checks: list[Probe] = Field(
-        default_factory=list, description="probes run in the target's stage; a failure fails the build"
-    )
+    steps: dict[Name, Step] = Field(default={}, description="shell lines run after the pip phases (e.g. compileall)")
+    checks: list[Probe] = Field(default=[], description="probes run in the target's stage; a failure fails the build")
     healthcheck: Healthcheck | None = Field(
         None, description="HEALTHCHECK of the image: {cmd, interval_s, timeout_s, retries, start_period_s}"
     )
     reports: dict[Name, Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
-        default_factory=dict,
+        default={},
         description="{name: one shell line} run in the built image after the gate (--network=none); each output "
         "is kept in the evidence as reports/<name>.txt, e.g. {mate-config: python -m mate show-config --json}",
     )
@@ -1294,7 +1288,7 @@ class Slice(Strict):
     description: str = Field("", max_length=200, description="what the slice shows, one line")
     files: SliceFiles = Field(description="where the test files come from: {upstream, paths}")
     select: list[Annotated[str, Field(min_length=1, max_length=512)]] = Field(
-        default_factory=list,
+        default=[],
         max_length=256,
         description="pytest arguments: node ids (tests/test_x.py::test_y), -k EXPR, -m EXPR, --deselect NODEID; "
         "default: the paths",
@@ -1305,7 +1299,8 @@ class Slice(Strict):
         "(passed, failed, skipped, xfailed, xpassed, error)",
     )
     hardware: SliceHardware = Field(
-        default_factory=lambda: SliceHardware.model_validate({}),
+        default={},
+        validate_default=True,
         description="the devices the slice needs: {devices: none | mthreads, count}",
     )
     target: Name | None = Field(
@@ -1374,7 +1369,7 @@ class Stack(Strict):
     )
     base: Base = Field(description="the base image, its interpreter and the pip the phases run with")
     platforms: dict[Name, PlatformLine] = Field(
-        default_factory=dict,
+        default={},
         description="the CPU platforms one tag publishes, by name (e.g. amd64, arm64), each a line of the train "
         "with what differs; the stack as written is the line of its platform.arch. Absent: that one platform",
     )
@@ -1382,11 +1377,11 @@ class Stack(Strict):
         description="package indexes by name, each vendor or public; every package comes from exactly one"
     )
     upstreams: dict[Name, Upstream] = Field(
-        default_factory=dict,
+        default={},
         description="source trees (git or release sdist) fetched, verified and patched on the host",
     )
     kernels: dict[Name, Kernel] = Field(
-        default_factory=dict,
+        default={},
         description="offline build steps in their own stages, from an upstream's patched tree; their wheels and "
         "files are installed after the pip phases",
     )
@@ -1394,51 +1389,53 @@ class Stack(Strict):
         description="the pins, {project: {version, index, …}}: one exact version from one index each"
     )
     requirements: dict[Name, RequirementsPhase] = Field(
-        default_factory=dict,
+        default={},
         description="pip phases from upstream requirement files, run in order after the public pins, with every "
         "pin of the stack (vendor and public) as constraints: a file that would move a pin fails the phase",
     )
     gate: Gate = Field(
-        default_factory=Gate,
+        default={},
+        validate_default=True,
         description="what the gate checks beyond the pins: prepare commands, imports, probes, the read-only "
         "re-run, ABI, pip check",
     )
     rules: Rules = Field(
-        default_factory=Rules,
+        default={},
+        validate_default=True,
         description="rules between the pins that `stackforge lint` checks, and the minimums the gate checks (requires)",
     )
     tags: Tags = Field(description="tag templates: the local tag, the publish tag and the moving aliases")
     labels: dict[LabelKey, str] = Field(
-        default_factory=dict, description="extra labels of the image; values may use {{ … }} like tags"
+        default={}, description="extra labels of the image; values may use {{ … }} like tags"
     )
     targets: dict[Name, Target] = Field(
-        default_factory=dict,
+        default={},
         description="the images built on the gate (or on another target), by name, e.g. vllm-openai",
     )
     options: dict[EnvName, BuildOption] = Field(
-        default_factory=dict,
+        default={},
         description="build options with declared choices; they select optional steps, are part of the "
         "fingerprint and labelled org.stackforge.option.<NAME>",
     )
     tuning: dict[EnvName, Annotated[str, AfterValidator(_one_line)]] = Field(
-        default_factory=dict,
+        default={},
         description="environment of the build steps that does not change what is built (e.g. MAX_JOBS): "
         "kept out of the fingerprint, the tags and the labels; recorded in the evidence",
     )
     post_install: list[PostInstall] = Field(
-        default_factory=list,
+        default=[],
         description="patches of installed distributions, applied in site-packages after the pip phases when the "
         "installed version matches (label org.stackforge.postinstall.<dist>)",
     )
     steps: dict[Name, Step] = Field(
-        default_factory=dict,
+        default={},
         description="commands run in the installed environment after the pip phases and post-install patches",
     )
     system: dict[SystemLayerName, SystemLayer] | None = Field(
         None, description="system layers (apt), in order, each its own stage system-<layer> after base"
     )
     tests: dict[Name, Slice] = Field(
-        default_factory=dict,
+        default={},
         description="pytest slices run in the built image by `stackforge test` (read-only root, no network), each "
         "with the counts pytest must report; never part of the fingerprint",
     )
