@@ -606,10 +606,6 @@ def load(
     doc = doc or document.read(root, name_or_path, overrides)
     doc.used = True
     data, values, keys, files = doc.data, doc.values, doc.keys, doc.files
-    problems: list[UserError] = []
-    check_keys(Stack, data, (), keys, values, problems)
-    if problems:
-        raise StackInvalid(problems)
     # Credentials (userinfo and sensitive query parameters) are split off before validation, so they
     # never reach the model, its error messages or anything that prints or hashes it. The resolver
     # keeps them for the steps that use them.
@@ -617,7 +613,10 @@ def load(
     try:
         stack = Stack.model_validate(data)
     except ValidationError as exc:
-        raise StackInvalid(validation_problems(exc, values, keys)) from None
+        # Unknown keys first, every one with the key it may have meant; else what the model refused.
+        problems: list[UserError] = []
+        check_keys(Stack, data, (), keys, values, problems)
+        raise StackInvalid(problems or validation_problems(exc, values, keys)) from None
     split_off: dict[str, Credential] = {}
     for iname, idx in stack.indexes.items():
         found = index_found.get(iname)
