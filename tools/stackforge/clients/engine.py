@@ -633,9 +633,19 @@ class Engine:
         listed = self._buildx("du", "--verbose", "--filter", "type=exec.cachemount", timeout=120)
         if listed.returncode != 0:
             return []
+        records = [record for record, mount in parse_cache_mounts(listed.stdout) if mount.endswith(suffix)]
+        gone: set[str] = set()
+        if len(records) > 1:
+            # One prune for all: the engine's own builder reads an id filter as a regular expression (the daemon
+            # hands BuildKit ``id~=…``), and lists what it removed. A builder that matches ids exactly removes
+            # nothing here, and each record is then removed on its own.
+            both = self._buildx("prune", "--force", "--filter", f"id=^({'|'.join(records)})$")
+            if both.returncode == 0:
+                listed_ids = {line.split()[0].rstrip("*") for line in both.stdout.splitlines() if line.strip()}
+                gone = listed_ids & set(records)
         dropped = []
-        for record, mount in parse_cache_mounts(listed.stdout):
-            if mount.endswith(suffix) and self._buildx("prune", "--force", "--filter", f"id={record}").returncode == 0:
+        for record in records:
+            if record in gone or self._buildx("prune", "--force", "--filter", f"id={record}").returncode == 0:
                 dropped.append(record)
         return dropped
 
