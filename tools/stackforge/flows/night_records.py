@@ -132,6 +132,10 @@ class PublishRecord(Doc):
     aliases: dict[str, str] = Field(default_factory=dict)
     stack: str | None = None
     target: str | None = None
+    #: the image's platform (``publish --platform all``, a stack of platform lines: each line's image has its record)
+    platform: str | None = None
+    #: the index the tag holds, over every platform's image (``{digest, reference}``); absent for one image
+    index: JsonValue = None
     #: read apart with :class:`Scan` (a scan the history cannot read does not make the record unreadable)
     scan: JsonValue = None
 
