@@ -228,3 +228,20 @@ def test_evidence_names_of_platform_lines():
     assert evidence_name("post2", "vllm", taken) == "post2-vllm"  # the same row, the same name
     clash = evidence_name("post2", "vllm@arm64", taken)
     assert clash.startswith("post2-vllm@arm64-") and len(clash) == len("post2-vllm@arm64-") + 10
+
+
+def test_a_line_declared_not_buildable_is_left_out_and_the_summary_says_so():
+    from stackforge.flows.night_records import NightSummary
+    from stackforge.flows.nightly import not_buildable
+
+    post2 = ResolvedStack.of(load("post2", root=REPO))  # its arm64 line names values no record states
+    assert lines_of(post2) == [post2] and platforms_of(post2) == ["linux/amd64"]  # built as today: one image
+    (note,) = not_buildable(post2)
+    assert note.startswith("platform arm64 (linux/arm64) is declared, not buildable: no record states ")
+    summary = Summary("20261206", "r", rows=[Row("post2", "vllm-openai", "published", platform="linux/amd64")])
+    summary.not_buildable = {"post2": [note]}
+    assert f"Not built, `post2`: {note}." in summary.markdown()
+    doc = json.loads(json.dumps(summary.to_json()))
+    assert doc["not_buildable"] == {"post2": [note]}
+    assert NightSummary.model_validate(doc).not_buildable == {"post2": [note]}
+    assert "not_buildable" not in Summary("20261206", "r").to_json()

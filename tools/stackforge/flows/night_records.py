@@ -68,6 +68,8 @@ class NightSummary(Doc):
     #: ``rows``, ``duration_s``, ``reason``…) and the merge's own ``duration_s``
     shards: dict[str, dict[str, JsonValue]] = Field(default_factory=dict)
     merge: dict[str, JsonValue] = Field(default_factory=dict)
+    #: per stack, each platform line the night left out: declared, not buildable (values no record states)
+    not_buildable: dict[str, list[str]] = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ from stackforge.safeio import OutputDir
 from stackforge.signals import Interrupted
 from stackforge.smoke import slices as slice_runs
 from stackforge.smoke.run import SmokeOptions, smoke
+from stackforge.stack import platforms as lines_of_mod
 from stackforge.stack.load import load, load_stack
 from stackforge.stack.names import list_stacks
 from stackforge.stack.resolved import ResolvedStack
@@ -150,6 +151,8 @@ class Summary:
     #: missing, unreadable or stale; its runner labels, rows, times, CI run), and the merge's own time
     shards: dict[str, dict[str, Any]] = field(default_factory=dict)
     merge: dict[str, Any] = field(default_factory=dict)
+    #: stack -> each of its platform lines the night left out: declared, not buildable (values no record states)
+    not_buildable: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -191,6 +194,7 @@ class Summary:
             **({"ci": self.ci} if self.ci else {}),
             **({"shards": self.shards} if self.shards else {}),
             **({"merge": self.merge} if self.merge else {}),
+            **({"not_buildable": self.not_buildable} if self.not_buildable else {}),
         }
 
     def markdown(self) -> str:
@@ -211,6 +215,8 @@ class Summary:
             lines += [f"Overrides of `{name}`: " + " ".join(f"`--set {o}`" for o in values) for name, values in own]
             lines.append("")
         lines += [self.bake_line(), ""]
+        for name, notes in self.not_buildable.items():
+            lines += [f"Not built, `{name}`: " + "; ".join(_cell(n) for n in notes) + ".", ""]
         if self.shards:
             lines += self.shard_lines()
         lines += [
@@ -529,6 +535,10 @@ def nightly(
     loaded, summary.rows = select_stacks(root, options.stacks, for_stack)
     for row in summary.rows:
         echo(f"nightly: {row.stack}: {row.stage} failed")
+    for stack in loaded if options.every_platform else []:
+        if not_buildable(stack):
+            summary.not_buildable[stack.name] = not_buildable(stack)
+            echo(f"nightly: {stack.name}: not built: {'; '.join(summary.not_buildable[stack.name])}")
     if not loaded and not summary.rows:
         raise UserError(
             f"no nightly stacks in {root / 'stacks'}",
@@ -806,9 +816,17 @@ def _own(stack: ResolvedStack) -> bool:
 
 
 def lines_of(stack: ResolvedStack, every: bool = True) -> list[ResolvedStack]:
-    """The platform lines a night builds of ``stack``: every line it declares (``every``), else the stack as written
-    (its own line: a shard, whose plan has one unit per stack's platform)."""
-    return list(stack.platform_lines().values()) if every and stack.lines else [stack]
+    """The platform lines a night builds of ``stack``: every line it declares that can be built (``every``; a line
+    declared with values no record states is not, :func:`not_buildable`), else the stack as written (its own line:
+    a shard, whose plan has one unit per stack's platform). A stack with one such line is built as itself."""
+    built = [ln for ln in stack.platform_lines().values() if ln.line is None or not ln.line.unknown]
+    return built if every and len(built) > 1 else [stack]
+
+
+def not_buildable(stack: ResolvedStack) -> list[str]:
+    """What ``lint`` says of each platform line of ``stack`` that is declared, not buildable (values no record
+    states): the night leaves those lines out, and its summary says so."""
+    return [note for ln in stack.lines.values() if ln.line is not None and (note := lines_of_mod.unknown_note(ln.line))]
 
 
 def platforms_of(stack: ResolvedStack, every: bool = True) -> list[str | None]:
@@ -902,8 +920,10 @@ def _platform_lines(run: NightlyRun, stack: ResolvedStack, target: str) -> list[
     each line's image with its own record, signature and SBOM. The own line is smoked with the image's nightly
     recipes; the aliases move with the index only when every line passed and the smoke did. A row per line."""
     t0 = time.monotonic()
+    lines = lines_of(stack)
+    stack = replace(stack, lines={ln.line.name: ln for ln in lines if ln.line is not None})  # what is published
     built: list[tuple[ResolvedStack, Row, Path | None, float]] = []
-    for line in lines_of(stack):
+    for line in lines:
         started = time.monotonic()
         row, evidence = _build_and_gate(run, line, target)
         built.append((line, row, evidence, time.monotonic() - started))
