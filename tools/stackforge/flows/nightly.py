@@ -240,7 +240,11 @@ class Summary:
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         scanned = [r for r in self.rows if r.scan]
         if scanned:
-            lines += ["", "| stack | target | scan | blocked | waived |", "| --- | --- | --- | --- | --- |"]
+            lines += [
+                "",
+                "| stack | target | platform | scan | blocked | waived |",
+                "| --- | --- | --- | --- | --- | --- |",
+            ]
             lines += [_scan_line(r) for r in scanned]
         slices = [v for r in self.rows for v in r.tests.values()]
         if slices:
@@ -374,7 +378,7 @@ def _scan_line(row: Row) -> str:
         f"{w.get('id')} {w.get('package')} {w.get('version')} until {w.get('expires')}: {w.get('reason')}"
         for w in scan.get("waived") or []
     )
-    cells = [row.stack, row.target, f"{scan.get('verdict')} (at or above {scan.get('fail_on')})"]
+    cells = [row.stack, row.target, row.platform or "", f"{scan.get('verdict')} (at or above {scan.get('fail_on')})"]
     cells += [", ".join(scan.get("blocked") or []), _cell(waived)]
     return "| " + " | ".join(safeio.for_terminal(c, lines=False).replace("|", "\\|") for c in cells) + " |"
 
