@@ -245,3 +245,20 @@ def test_a_line_declared_not_buildable_is_left_out_and_the_summary_says_so():
     assert doc["not_buildable"] == {"post2": [note]}
     assert NightSummary.model_validate(doc).not_buildable == {"post2": [note]}
     assert "not_buildable" not in Summary("20261206", "r").to_json()
+
+
+def test_a_publish_that_fails_after_the_smoke_fails_every_row_at_publish(root):
+    from stackforge.errors import UserError
+
+    fakes = Fakes(root)
+    first = fakes.publish_platforms
+
+    def flaky(stack, registry, *, move_aliases=True, **kw):
+        if move_aliases:
+            raise UserError("registry.test refused the alias")
+        return first(stack, registry, move_aliases=move_aliases, **kw)
+
+    run = NightlyRun(**{**fakes.run(recipes()).__dict__, "publish_platforms": flaky})
+    rows = _platform_lines(run, multi(root), "escape")
+    assert [(r.status, r.stage) for r in rows] == [("failed", "publish"), ("failed", "publish")]
+    assert all("registry.test refused the alias" in str(r.reason) and r.tag == TAG for r in rows)

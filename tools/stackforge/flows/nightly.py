@@ -540,9 +540,9 @@ def nightly(
     for row in summary.rows:
         echo(f"nightly: {row.stack}: {row.stage} failed")
     for stack in loaded if options.every_platform else []:
-        if not_buildable(stack):
-            summary.not_buildable[stack.name] = not_buildable(stack)
-            echo(f"nightly: {stack.name}: not built: {'; '.join(summary.not_buildable[stack.name])}")
+        if notes := not_buildable(stack):
+            summary.not_buildable[stack.name] = notes
+            echo(f"nightly: {stack.name}: not built: {'; '.join(notes)}")
     if not loaded and not summary.rows:
         raise UserError(
             f"no nightly stacks in {root / 'stacks'}",
@@ -971,24 +971,25 @@ def _publish_lines(
     )
     try:
         result = publish(move_aliases=not recipes and run.move_aliases)
-    except UserError as err:
+        index = result.index
+        run.echo(f"nightly: {label}: {index.status} {index.reference} ({index.digest})")
+        for line, row, _ in built:
+            assert line.line is not None
+            child = result.platforms[line.line.name]
+            row.status, row.tag, row.digest = index.status, index.reference, child.digest
+            row.scan = getattr(child, "scan", None)
+        if not recipes:
+            for _, row, _ in built:
+                row.smoke, row.aliases = "none", dict(index.aliases)
+            return
+        own, own_row, own_evidence = next(((ln, r, e) for ln, r, e in built if _own(ln)), built[0])
+        _smoke_then_aliases(run, own, target, own_row, recipes, own_evidence, lambda **kw: publish(**kw).index)
+    except UserError as err:  # nothing published, or the aliases not moved after the smoke
         for _, row, _ in built:
             row.stage, row.reason = "publish", err.render()
+            row.status = "failed"
         run.echo(f"nightly: {label}: publish FAILED")
         return
-    index = result.index
-    run.echo(f"nightly: {label}: {index.status} {index.reference} ({index.digest})")
-    for line, row, _ in built:
-        assert line.line is not None
-        child = result.platforms[line.line.name]
-        row.status, row.tag, row.digest = index.status, index.reference, child.digest
-        row.scan = getattr(child, "scan", None)
-    if not recipes:
-        for _, row, _ in built:
-            row.smoke, row.aliases = "none", dict(index.aliases)
-        return
-    own, own_row, own_evidence = next(((ln, r, e) for ln, r, e in built if _own(ln)), built[0])
-    _smoke_then_aliases(run, own, target, own_row, recipes, own_evidence, lambda **kw: publish(**kw).index)
     for _, row, _ in built:
         if row is own_row:
             continue
