@@ -420,7 +420,7 @@ def publish_platforms(
         index.aliases.update({a: f"not moved: {'; '.join(blocked)}" for a in aliases})
     results: dict[str, PublishResult] = {}
     for name, _line, child, evidence_dir, extra, attacher, _held in pushed:
-        final = replace(child, status=index.status, tag=index.tag, aliases=dict(index.aliases))
+        final = replace(child, status=index.status, tag=index.tag, aliases=dict(index.aliases), scan=attacher.scan)
         attacher.finish(final)
         _attach_sbom(evidence_dir, repository, options, final)
         write_evidence(evidence_dir, {**extra, **final.evidence(), "index": {"digest": index.digest,
