@@ -122,7 +122,7 @@ def _is_model(annotation: Any) -> bool:
 def _checked_keys(model: type[BaseModel]) -> dict[str, bool]:
     """The input keys (each field's name and alias) whose raw value ``Strict`` checks for control characters,
     each with whether it may hold \\n and \\t; a field holding a model is left to that model."""
-    multiline = getattr(model, "multiline_fields", frozenset())
+    multiline: frozenset[str] = getattr(model, "multiline_fields", frozenset())
     keys: dict[str, bool] = {}
     for name, info in model.model_fields.items():
         if not _is_model(info.annotation):
@@ -1019,7 +1019,7 @@ class TargetPhase(Strict):
         return self
 
 
-def _templated(check: Callable[[str], str | None]) -> AfterValidator:
+def _templated(check: Callable[[str], str | None]) -> _grammar:
     """A grammar checked on load unless the value is a template ({{ … }}): then it is checked once rendered."""
     return _grammar(lambda v: None if "{{" in v or "{%" in v else check(v))
 
