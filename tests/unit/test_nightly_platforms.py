@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stackforge.errors import BuildFailed
+from stackforge.errors import BuildFailed, UserError
 from stackforge.flows.nightly import (
     NightlyRun,
     Row,
@@ -219,6 +219,27 @@ def test_a_stack_of_one_line_keeps_its_one_row_and_names_its_platform(root):
     row = _one(fakes.run(), ResolvedStack.of(load("example", root=root)), "escape")
     assert (row.platform, row.status, row.evidence) == ("linux/amd64", "published", "example-escape")
     assert isinstance(row, Row) and fakes.published == []
+
+
+def test_an_alias_move_that_fails_after_the_smoke_fails_the_row(root):
+    """A stack of one line: the immutable tag is published, the smoke passes, then moving the aliases fails: the
+    row fails at stage publish (its tag stays named: that much was published), and the night fails."""
+    fakes = Fakes(root)
+    moves: list[bool] = []
+
+    def publish_stack(stack, registry, move_aliases=True, **kw):
+        moves.append(move_aliases)
+        if move_aliases:
+            raise UserError("the registry refused the alias py3.11-latest")
+        return SimpleNamespace(status="published", reference="r/x:t", digest=DIGEST["amd64"], aliases={})
+
+    fakes.publish_stack = publish_stack  # type: ignore[method-assign]
+    plan = NightlyRecipes({("example", "escape"): [load_recipe(REPO, "qwen3-8b")]})
+    row = _one(fakes.run(plan), ResolvedStack.of(load("example", root=root)), "escape")
+    assert moves == [False, True] and row.smoke == "passed"
+    assert (row.status, row.stage, row.tag) == ("failed", "publish", "r/x:t")
+    assert "refused the alias" in str(row.reason) and not row.ok
+    assert Summary("20261206", "r", rows=[row]).verdict == "failed"
 
 
 def test_evidence_names_of_platform_lines():

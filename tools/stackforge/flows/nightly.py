@@ -864,8 +864,8 @@ def _one(run: NightlyRun, stack: ResolvedStack, target: str) -> Row:
                 _smoke_then_aliases(run, stack, target, row, recipes, evidence, publish)
             else:
                 row.smoke, row.aliases = "none", dict(result.aliases)
-        except UserError as err:
-            row.stage, row.reason = "publish", err.render()
+        except UserError as err:  # nothing published, or the aliases not moved after the smoke
+            row.status, row.stage, row.reason = "failed", "publish", err.render()
             run.echo(f"nightly: {_label(stack, target)}: publish FAILED")
     row.duration_s = round(time.monotonic() - t0, 1)
     _keep_evidence(run, stack, target, row, evidence)
