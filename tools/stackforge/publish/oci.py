@@ -779,7 +779,7 @@ class ArchiveImage:
 
 
 class ChunkReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (the SDK's streamed ``docker save``)."""
+    """A readable file over an iterator of byte chunks (the engine's streamed ``docker save``: ``Engine.export_image``)."""
 
     def __init__(self, chunks: Iterator[bytes]):
         self._chunks = iter(chunks)
