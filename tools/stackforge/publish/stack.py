@@ -292,7 +292,7 @@ def _signing(
     provenance.signer(options.trust.sign_key)
 
     def unsigned() -> dict[str, Any]:
-        labels = dict(engine.sdk().images.get(local).attrs.get("Config", {}).get("Labels") or {})
+        labels = engine.image_labels(local)
         data = record.details(loaded, evidence_dir, labels)
         data["stack_files"] = {n: e.model_dump() for n, e in data["stack_files"].items()}
         gated = engine.image_id(local)  # the image the gate ran in; the published id may be its normalized form
