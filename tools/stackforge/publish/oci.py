@@ -37,7 +37,7 @@ from typing import IO, Any, BinaryIO, Protocol, cast
 from stackforge import extras
 from stackforge.builder.plan.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
 from stackforge.clients import contentstore, layerstore
-from stackforge.clients.engine import Engine, platform_of
+from stackforge.clients.engine import Engine, NoSuchImage, platform_of
 from stackforge.clients.registry import OCI_MANIFEST, sha256_digest
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write
@@ -821,14 +821,20 @@ class DockerImage:
         return self.engine
 
     def inspect(self) -> None:
-        image_id = self._engine().image_id(self.ref)
-        if image_id is None:
-            raise UserError(f"local image {self.ref} does not exist", fix="build it first (stackforge build STACK)")
-        self.image_id = image_id
+        """The image's id, size and platform, from one description of the reference (one snapshot: a tag moved
+        meanwhile cannot pair one image's id with another's size)."""
         try:
-            attrs = self._engine().image_attrs(image_id)
-        except UserError:  # removed meanwhile, or an engine that cannot say: the export below tells
-            attrs = {}
+            attrs = self._engine().image_attrs(self.ref)
+        except NoSuchImage:
+            raise UserError(
+                f"local image {self.ref} does not exist", fix="build it first (stackforge build STACK)"
+            ) from None
+        image_id = attrs.get("Id")
+        if not isinstance(image_id, str) or not image_id.startswith("sha256:"):
+            raise UserError(
+                f"the engine described {self.ref} without an image id", fix="check the engine (stackforge doctor)"
+            )
+        self.image_id = image_id
         size = attrs.get("Size")
         self.local_size = size if isinstance(size, int) else None
         self.platform = platform_of(attrs)
