@@ -283,3 +283,42 @@ def test_a_publish_that_fails_after_the_smoke_fails_every_row_at_publish(root):
     rows = _platform_lines(run, multi(root), "escape")
     assert [(r.status, r.stage) for r in rows] == [("failed", "publish"), ("failed", "publish")]
     assert all("registry.test refused the alias" in str(r.reason) and r.tag == TAG for r in rows)
+
+
+def test_the_preflight_asks_for_each_built_lines_own_base(root, monkeypatch):
+    """A line whose base is not the stack's (example-multi's arm64 line) gets its own base-image row; the own line
+    gets none (the stack's row asks for it)."""
+    from stackforge.flows import doctor
+
+    stack = multi(root)
+    present: set[str] = set()
+    workspace = SimpleNamespace(engine=SimpleNamespace(image_exists=lambda image: image in present))
+
+    def unreachable(image, timeout):
+        raise UserError(f"its registry cannot be asked for {image}")
+
+    monkeypatch.setattr(doctor, "registry_digest", unreachable)
+    rows = doctor.run_checks(doctor.line_base_checks(stack, lines_of(stack), workspace))  # type: ignore[arg-type]
+    arm = stack.platform_lines()["arm64"].model.base.image
+    assert arm != stack.model.base.image
+    assert [(r.check, r.endpoint, r.key, r.status) for r in rows] == [
+        ("base image (arm64)", arm, "platforms.arm64.with.base.image", doctor.FAIL)
+    ]
+    present.add(arm)
+    rows = doctor.run_checks(doctor.line_base_checks(stack, lines_of(stack), workspace))  # type: ignore[arg-type]
+    assert [(r.status, r.detail) for r in rows] == [(doctor.OK, "present in the engine")]
+
+
+def test_a_missing_line_base_fails_the_preflight_before_anything_is_built(root, monkeypatch):
+    from stackforge.flows import doctor
+    from stackforge.flows import nightly as nightly_mod
+
+    stack = multi(root)
+    monkeypatch.setattr(doctor, "diagnose", lambda *a, **kw: [])  # the engine, registry and endpoints answer
+    monkeypatch.setattr(doctor, "registry_digest", lambda image, timeout: (_ for _ in ()).throw(UserError("no")))
+    workspace = SimpleNamespace(engine=SimpleNamespace(image_exists=lambda image: False))
+    summary = Summary("20261206", "registry.test/x")
+    options = nightly_mod.NightlyOptions(date="20261206", stacks=["example-multi"], echo=lambda line: None)
+    assert nightly_mod._preflight(summary, [stack], options, "registry.test/x", workspace) is False  # type: ignore[arg-type]
+    assert {(r.platform, r.stage) for r in summary.rows} == {("linux/amd64", "preflight"), ("linux/arm64", "preflight")}
+    assert all("base image (arm64)" in str(r.reason) for r in summary.rows)

@@ -175,7 +175,9 @@ def _unless_never(row: Check, layer: SystemLayer) -> Check:
     return row
 
 
-def _base_check(stack: Stack, workspace: Workspace | None, timeout: float) -> Check:
+def _base_check(
+    stack: Stack, workspace: Workspace | None, timeout: float, check: str = "base image", key: str = "base.image"
+) -> Check:
     image = stack.base.image
 
     def run() -> str:
@@ -184,7 +186,26 @@ def _base_check(stack: Stack, workspace: Workspace | None, timeout: float) -> Ch
         digest = registry_digest(image, timeout)
         return f"not in the engine; its registry has it ({digest})" if workspace else f"its registry has it ({digest})"
 
-    return Check(stack.name, "base image", image, key="base.image", placeholder="IMAGE", run=run)
+    return Check(stack.name, check, image, key=key, placeholder="IMAGE", run=run)
+
+
+def line_base_checks(
+    stack: LoadedStack | ResolvedStack,
+    lines: Sequence[LoadedStack | ResolvedStack],
+    workspace: Workspace,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> list[Check]:
+    """A ``base image`` row for each of ``lines`` (platform lines of ``stack`` that will be built) whose base is
+    not the stack's own: present in the engine, or its registry has it."""
+    rows = []
+    for line in lines:
+        if line.line is None or line.line.own or line.model.base.image == stack.model.base.image:
+            continue
+        name = line.line.name
+        row = _base_check(line.model, workspace, timeout, f"base image ({name})", f"platforms.{name}.with.base.image")
+        row.limit = timeout
+        rows.append(row)
+    return rows
 
 
 def registry_digest(image: str, timeout: float) -> str | None:

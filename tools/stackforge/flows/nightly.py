@@ -751,6 +751,8 @@ def _preflight(
     False (every row failed at stage ``preflight``, naming what failed and its redirect) when one fails."""
     options.echo(f"nightly: preflight: the engine, the registry and every endpoint of {len(loaded)} stack(s)")
     rows = doctor.diagnose(loaded, workspace, registry=registry)
+    bases = [row for s in loaded for row in doctor.line_base_checks(s, lines_of(s, options.every_platform), workspace)]
+    rows += doctor.run_checks(bases)
     failed = [r for r in rows if r.status == doctor.FAIL]
     if not failed:
         return True
