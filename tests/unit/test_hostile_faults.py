@@ -329,6 +329,9 @@ class FillingEngine:
         attrs = {"Id": "sha256:" + "b" * 64, "RepoDigests": []}
         return SimpleNamespace(images=SimpleNamespace(get=lambda image: SimpleNamespace(attrs=attrs)))
 
+    def config_digest(self, image_id, platform=None):
+        return image_id  # the classic store: the id is the config's digest
+
     def supports_source_date_epoch(self):
         return False
 
