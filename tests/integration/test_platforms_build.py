@@ -8,11 +8,15 @@ SBOM, the alias moved with the index.
 The module runs on both image stores (``image_store``): the first engine's classic store, and a second engine with
 the containerd image store, where an image's id is its manifest's or index's digest and publish exports the image
 with ``docker save`` (the containerd store's OCI layout, its layers as stored). Emulated builds are slow on a small
-host: one build per line and store, shared by the module's tests.
+host: one build per line and store, shared by the module's tests. The two halves' builds give one image per line
+and one index: the containerd half's are clean builds on a new engine, so that comparison is also two builds of one
+stack, one of them clean, publishing one index digest.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import subprocess
@@ -22,6 +26,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from stackforge.publish import layerdiff
 from tests.fixtures import run_names
 from tests.fixtures.stack_support import RootSpec, repo_root
 
@@ -61,7 +66,9 @@ def arm_base(image_store) -> str:
 def builds(tmp_path_factory, image_store, arm_base, base_image):
     """Both lines of example-multi built in one root on the store's engine: (root, tag, {line: outcome}, store)."""
     root = repo_root(tmp_path_factory.mktemp(f"platforms-{image_store.name}"), RootSpec(parts=("stacks", "patches")))
-    tag = run_names.image("example-multi", f"multi-{image_store.name}")
+    # one local tag on both stores (each store is its own engine): the image carries its --set values
+    # (/stackforge/stack/overrides.json), so a tag of each store's own would make the two stores' images two
+    tag = run_names.image("example-multi", "multi")
     outcomes = {}
     try:
         for line in ("arm64", "amd64"):
@@ -116,6 +123,10 @@ def manifest(registry: str, repo: str, ref: str) -> requests.Response:
     return requests.get(f"http://{registry}/v2/{repo}/manifests/{ref}", headers={"Accept": accept}, timeout=10)
 
 
+#: what each store's half of the module published (``publish --json``), by store: the classic half runs first
+PUBLISHED: dict[str, dict] = {}
+
+
 @pytest.fixture(scope="module")
 def published(builds, registry):
     root, tag, outcomes, store = builds
@@ -124,7 +135,8 @@ def published(builds, registry):
             "--set", f"tags.local={tag}", "--json")  # fmt: skip
     proc = stackforge(root, *args, env=store.env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return root, json.loads(proc.stdout), f"{ns}/stackforge-example-multi", args, store
+    PUBLISHED[store.name] = json.loads(proc.stdout)
+    return root, PUBLISHED[store.name], f"{ns}/stackforge-example-multi", args, store
 
 
 def test_the_tag_is_an_index_with_a_manifest_per_platform(published, registry):
@@ -175,6 +187,93 @@ def test_the_same_images_publish_the_same_index_once(published, registry):
     assert json.loads(again.stdout)["status"] == "already-published"
     tags = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=10).json()["tags"]
     assert [t for t in tags if t.startswith("py3.11-markupsafe")] == [ev["tag"]]
+
+
+def published_image(registry: str, repo: str, digest: str) -> tuple[dict, list[str]]:
+    """(config, layer digests) of a published image."""
+    m = manifest(registry, repo, digest).json()
+    config = requests.get(f"http://{registry}/v2/{repo}/blobs/{m['config']['digest']}", timeout=10).json()
+    return config, [layer["digest"] for layer in m["layers"]]
+
+
+def layer_entries(registry: str, repo: str, digest: str) -> dict[str, layerdiff.Entry]:
+    blob = requests.get(f"http://{registry}/v2/{repo}/blobs/{digest}", timeout=60).content
+    return layerdiff.entries(gzip.GzipFile(fileobj=io.BytesIO(blob)))
+
+
+OPAQUE = ".wh..wh..opq"
+
+
+def encodings(classic: dict[str, layerdiff.Entry], containerd: dict[str, layerdiff.Entry]) -> tuple[list, list]:
+    """How two layers that make one change differ: (directories only the classic layer holds, anything else). The
+    classic store's differ (overlay2's upper directory) writes every directory a step's container touched (``/etc``,
+    where the runtime mounts /etc/hosts and /etc/resolv.conf; ``/tmp``) and an opaque whiteout for a directory
+    removed and made again; the containerd store's writes a directory only when its mode or owner changed, and a
+    whiteout for each entry removed; each writes a whiteout's own mode and time its way."""
+    opaque = {path.removesuffix(OPAQUE).rstrip("/") for path in classic if path.rsplit("/", 1)[-1] == OPAQUE}
+
+    def under_opaque(path: str) -> bool:
+        return any(path.startswith(f"{d}/") for d in opaque)
+
+    dirs, other = [], []
+    for path in sorted(set(classic) | set(containerd)):
+        a, b = classic.get(path), containerd.get(path)
+        name = path.rsplit("/", 1)[-1]
+        if a == b or (name == OPAQUE and b is None) or (name.startswith(".wh.") and a is None and under_opaque(path)):
+            continue
+        if name.startswith(".wh.") and a is not None and b is not None and a.content == b.content:
+            continue  # one whiteout: its mode, owner and time mean nothing, and the two differs write their own
+        if b is None and a is not None and a.type == "directory":
+            dirs.append((path, a))
+        else:
+            other.append(f"/{path}: classic {a}, containerd {b}")
+    return dirs, other
+
+
+@pytest.mark.parametrize("image_store", ["containerd"], indirect=True)  # once, after the classic half published
+def test_the_two_stores_build_one_config_and_the_same_files(builds, published, registry):
+    """The containerd half's builds are clean (a new engine: no build cache, no cache mounts); the classic half's
+    are this engine's. Each line's image on the two stores has one config (labels, the base by its config digest,
+    history, times) but for the layers' diff ids, and its layers hold the same files; the layers encode directories
+    and removals each store's way (:func:`encodings`), so the layers' digests differ."""
+    _, outcomes, _ = builds[1:]
+    _, ev, repo, _, store = published
+    classic = PUBLISHED.get("classic")
+    assert classic is not None, "the classic store's half of this module did not publish in this session"
+    classic_repo = f"{run_names.NS}/classic/stackforge-example-multi"
+    for line in ("amd64", "arm64"):
+        (ours, our_layers), (theirs, their_layers) = (
+            published_image(registry, repo, ev["platforms"][line]["digest"]),
+            published_image(registry, classic_repo, classic["platforms"][line]["digest"]),
+        )
+        assert {**ours, "rootfs": None} == {**theirs, "rootfs": None}
+        assert len(our_layers) == len(their_layers) and our_layers[:2] == their_layers[:2]  # the base's own
+        copied_up: dict[str, layerdiff.Entry] = {}
+        for i, (a, b) in enumerate(zip(their_layers, our_layers)):
+            if a != b:
+                dirs, other = encodings(layer_entries(registry, classic_repo, a), layer_entries(registry, repo, b))
+                assert other == [], f"{line} layer {i}"
+                copied_up.update(dirs)
+        if copied_up:  # a directory only the classic layers hold changes nothing but its time: alike in the other
+            found = store.docker("run", "--rm", "--network=none", "--entrypoint", "find", outcomes[line]["tag"],
+                                 *(f"/{d}" for d in copied_up), "-maxdepth", "0", "-printf", "%p %m %U:%G\\n",
+                                 timeout=300)  # fmt: skip
+            assert found.returncode == 0, found.stderr
+            assert sorted(found.stdout.splitlines()) == sorted(
+                f"/{d} {int(e.mode, 8) & 0o7777:o} {e.owner}" for d, e in copied_up.items()
+            )
+
+
+@pytest.mark.xfail(strict=True, reason="the two stores' differs encode one layer two ways (see encodings())")
+@pytest.mark.parametrize("image_store", ["containerd"], indirect=True)
+def test_the_two_stores_publish_one_index(published):
+    """Two builds of one stack, one of them clean, on the two image stores: one image per line, one index."""
+    _, ev, _, _, _ = published
+    classic = PUBLISHED["classic"]
+    assert [ev["platforms"][line]["digest"] for line in ("amd64", "arm64")] == [
+        classic["platforms"][line]["digest"] for line in ("amd64", "arm64")
+    ]
+    assert ev["digest"] == classic["digest"]
 
 
 def test_verify_all_platforms_from_an_empty_directory(published, registry, installed_wheel, tmp_path):

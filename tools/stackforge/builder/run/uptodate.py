@@ -7,9 +7,9 @@ the bytes of every file under the root's ``stacks/`` (lock files included: ``sta
 ``images/`` (and of the template tree beside the source, which a root without one renders from), the
 environment (``STACKFORGE_*``, ``DOCKER_*``, ``BUILDX_*``), the docker client's configuration and current
 builder, ``~/.netrc``, the CA bundle's bytes, and :func:`~stackforge.digests.code_fingerprint` (stackforge,
-pydantic, PyYAML, Jinja). The record holds what the build produced (tag, image id, base reference and the engine's id of it,
-the evidence directory, and what it printed) and the digests of the other repository files the stack names
-(a patch series, a key file outside those trees).
+pydantic, PyYAML, Jinja). The record holds what the build produced (tag, image id, base reference and the
+engine's id of it, the evidence directory, and what it printed) and the digests of the other repository files the
+stack names (a patch series, a key file outside those trees).
 
 A later build whose key matches asks the engine once (``docker image inspect TAG BASE``): when the tag still
 names the recorded image, the base the recorded id, the extra files their recorded digests and the evidence
