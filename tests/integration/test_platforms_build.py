@@ -70,14 +70,33 @@ def builds(tmp_path_factory, image_store, arm_base, base_image):
     # (/stackforge/stack/overrides.json), so a tag of each store's own would make the two stores' images two
     tag = run_names.image("example-multi", "multi")
     outcomes = {}
+    env = dict(image_store.env, STACKFORGE_CACHE=str(REPO / "build" / "cache"))
+    # the two lines at once: the amd64 line's downloads and disk waits beside the arm64 line's emulated compiles (each
+    # writes to files, so neither waits on a full pipe)
+    to = tmp_path_factory.mktemp(f"platforms-{image_store.name}-logs")
+    logs = {line: (to / f"build-{line}.out", to / f"build-{line}.err") for line in ("arm64", "amd64")}
+    procs = {}
+    for line, (out, err) in logs.items():
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            procs[line] = subprocess.Popen([sys.executable, "-m", "stackforge", "--root", str(root), "build",
+                                            "example-multi", "--platform", line, "--set", f"tags.local={tag}",
+                                            "--json"], stdout=stdout, stderr=stderr, env=env)  # fmt: skip
     try:
-        for line in ("arm64", "amd64"):
-            args = ("build", "example-multi", "--platform", line, "--set", f"tags.local={tag}", "--json")
-            proc = stackforge(root, *args, env=image_store.env)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            outcomes[line] = json.loads(proc.stdout)
+        for line, proc in procs.items():
+            proc.wait(timeout=3600)
+            out, err = (path.read_text(encoding="utf-8", errors="replace") for path in logs[line])
+            assert proc.returncode == 0, out + err[-20000:]
+            outcomes[line] = json.loads(out)
         yield root, tag, outcomes, image_store
     finally:
+        for proc in procs.values():
+            if proc.poll() is None:  # a build left when the other failed: stopped as an interrupt stops it
+                proc.terminate()
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         for outcome in outcomes.values():
             image_store.docker("image", "rm", "-f", outcome["tag"])
 
