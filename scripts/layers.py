@@ -1,11 +1,12 @@
 """The package's floors, checked: an import may reach down, never up, and never sideways into another unit
 of the same floor. A unit built in rooms (``builder/``) keeps the same rule among its rooms. Imports inside
 functions count; imports under ``if TYPE_CHECKING:`` (annotations only, never run) do not. The engine is reached
-through its verbs only: a call that hands docker its arguments raw (``engine.cli(…)``, ``engine.stream(argv)``)
-outside ``clients/`` is refused as well.
+through its verbs only: a call that hands docker its arguments raw (``engine.cli(…)``, ``engine.stream(argv)``) or
+reaches past the verbs to the docker SDK (``engine.sdk()``, ``import docker``, ``from docker.errors import …``,
+``importlib.import_module("docker")``) outside ``clients/`` is refused as well.
 
 usage: python scripts/layers.py [PACKAGE_DIR]   (default: tools/stackforge); exit 1 and one line per
-upward or sideways import, naming the file, the line and the floors, and one per raw engine call.
+upward or sideways import, naming the file, the line and the floors, and one per raw engine call or SDK use.
 """
 
 from __future__ import annotations
@@ -60,8 +61,11 @@ ROOMS: dict[str, list[list[str]]] = {
     ],
 }
 PACKAGE = "stackforge"
-#: the engine client's methods that take a docker command line as it is; only ``clients/`` calls them
-RAW_ENGINE_CALLS = frozenset({"cli", "stream", "_merged", "_buildx", "run_merged"})
+#: the engine client's methods that take a docker command line as it is, or hand out the docker SDK's client;
+#: only ``clients/`` calls them
+RAW_ENGINE_CALLS = frozenset({"cli", "stream", "_merged", "_buildx", "run_merged", "sdk"})
+#: the docker SDK's package: only ``clients/`` imports it
+SDK_PACKAGE = "docker"
 ENGINE_UNIT = "clients"
 
 
@@ -201,18 +205,46 @@ def check(package_dir: Path) -> list[Violation]:
 class RawCall:
     path: Path
     line: int
+    #: the method called (``cli``, ``sdk``, …), or for an import of the SDK ``import docker.errors`` and the like
     method: str
 
     def __str__(self) -> str:
+        what = self.method if self.method.startswith("import ") else f".{self.method}(…)"
+        kind = "a use of the docker SDK" if self.method.startswith("import ") else "a raw engine call"
         return (
-            f"{self.path}:{self.line}: a raw engine call (.{self.method}(…)) outside {ENGINE_UNIT}/: "
+            f"{self.path}:{self.line}: {kind} ({what}) outside {ENGINE_UNIT}/: "
             "call a verb of the engine client (clients/engine.py) instead"
         )
 
 
+def _is_sdk(module: str | None) -> bool:
+    return module is not None and (module == SDK_PACKAGE or module.startswith(f"{SDK_PACKAGE}."))
+
+
+def sdk_import(node: ast.AST) -> str | None:
+    """``import docker.errors`` (as written, shortened) when ``node`` imports the docker SDK, in any form (``import
+    docker``, ``from docker import errors``, ``importlib.import_module("docker")``, ``__import__("docker")``);
+    None otherwise. A relative import (``from .docker import x``) is the package's own."""
+    if isinstance(node, ast.Import):
+        hit = next((a.name for a in node.names if _is_sdk(a.name)), None)
+        return f"import {hit}" if hit else None
+    if isinstance(node, ast.ImportFrom) and not node.level and _is_sdk(node.module):
+        return f"import {node.module}"
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        name = node.args[0].value
+        func = node.func
+        dynamic = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+            isinstance(func, ast.Name) and func.id in ("__import__", "import_module")
+        )
+        if dynamic and isinstance(name, str) and _is_sdk(name):
+            return f"import {name}"
+    return None
+
+
 def raw_engine_calls(package_dir: Path) -> list[RawCall]:
-    """Every call of a method that passes docker its arguments raw (:data:`RAW_ENGINE_CALLS`), whatever the
-    object, in a module outside ``clients/``."""
+    """Every call of a method that passes docker its arguments raw or hands out the SDK (:data:`RAW_ENGINE_CALLS`),
+    whatever the object, and every import of the docker SDK (:func:`sdk_import`, annotations-only imports too), in a
+    module outside ``clients/``."""
     found: list[RawCall] = []
     for path in sorted(package_dir.rglob("*.py")):
         if not _in_package(path, package_dir):
@@ -220,13 +252,18 @@ def raw_engine_calls(package_dir: Path) -> list[RawCall]:
         rel = path.relative_to(package_dir)
         if rel.parts[0] == ENGINE_UNIT:
             continue
+        here: list[RawCall] = []
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (
+            sdk = sdk_import(node)
+            if sdk is not None:
+                here.append(RawCall(path, node.lineno, sdk))
+            elif (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr in RAW_ENGINE_CALLS
             ):
-                found.append(RawCall(path, node.lineno, node.func.attr))
+                here.append(RawCall(path, node.lineno, node.func.attr))
+        found.extend(sorted(here, key=lambda c: c.line))
     return found
 
 
@@ -239,7 +276,7 @@ def main(argv: list[str]) -> int:
     if found:
         print(f"{len(found)} import(s) against the floors; the floors are listed in scripts/layers.py", file=sys.stderr)
     if raw:
-        print(f"{len(raw)} raw engine call(s) outside {ENGINE_UNIT}/", file=sys.stderr)
+        print(f"{len(raw)} raw engine call(s) or use(s) of the docker SDK outside {ENGINE_UNIT}/", file=sys.stderr)
     return 1 if found or raw else 0
 
 

@@ -70,6 +70,27 @@ def base_image(engine: Engine) -> str:
     return BASE_IMAGE
 
 
+#: The arm64 base image of the arm64 platform lines (example-multi's), built by scripts/base-image.sh for linux/arm64.
+ARM_BASE_IMAGE = "stackforge/base:bookworm-arm64"
+
+
+@pytest.fixture(scope="session")
+def arm_base_image(base_image: str) -> str:
+    """The arm64 base image on the first engine: built once (debootstrap's foreign stage, the second under
+    emulation; the script's lock, a no-op when the image is there) when it is missing."""
+    proc = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "base-image.sh"), "--platform", "linux/arm64"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"scripts/base-image.sh --platform linux/arm64 failed:\n{proc.stdout}\n{proc.stderr}", pytrace=False
+        )
+    return ARM_BASE_IMAGE
+
+
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory):
     """``host:port`` of a docker-registry on 127.0.0.1 (filesystem storage), stopped at session end: one per process

@@ -1,8 +1,10 @@
 """`make nightly` over two stacks against a local registry, one of them failing its gate.
 
 Both stacks inherit the example train; one pins markupsafe 3.0.2 while its kernel stage builds
-3.0.3, so its dependency gate fails. The other must be published, the summary must show both,
-and make must fail.
+3.0.3, so its dependency gate fails. The other is example-multi's (it declares linux/amd64 and linux/arm64): each
+line must be built and gated on its platform (arm64 under emulation on an x86_64 host) and both published under one
+tag as an index, a row per platform; the summary must show every row, and make must fail. The good stack keeps
+example-multi's locks, so its builds are the same steps as test_platforms_build.py's and share BuildKit's cache.
 """
 
 from __future__ import annotations
@@ -39,17 +41,18 @@ DATE = "20260929"
 
 
 @pytest.fixture(scope="module")
-def nightly_run(tmp_path_factory, base_image, registry):
+def nightly_run(tmp_path_factory, base_image, arm_base_image, registry):
     run = uuid.uuid4().hex[:8]
     root = tmp_path_factory.mktemp("nightly") / "repo"
     root.mkdir()
     copy_stacks(root / "stacks")
     shutil.copytree(REPO / "patches", root / "patches")
     (root / "stacks" / "nightly-good.yaml").write_text(
-        f"name: nightly-good\ninherits: example\nnightly: true\n"
-        f"indexes:\n  pypi: {{lock: false}}\n"  # the example's lock is its own
-        f'tags:\n  local: "{run_names.NS}/nightly-good:{run}"\n'
+        f'name: nightly-good\ninherits: example-multi\nnightly: true\ntags:\n  local: "{run_names.NS}/nightly-good:{run}"\n'
     )
+    for line in ("", "@arm64"):  # each line's lock, example-multi's as it is: the same bytes, the same build steps
+        locks = root / "stacks" / "locks"
+        shutil.copytree(locks / f"example-multi{line}", locks / f"nightly-good{line}")
     (root / "stacks" / "nightly-bad.yaml").write_text(
         f"name: nightly-bad\ninherits: example\nnightly: true\n"
         f"indexes:\n  pypi: {{lock: false}}\n"
@@ -75,49 +78,87 @@ def nightly_run(tmp_path_factory, base_image, registry):
         timeout=1800,
     )
     yield root, ns, proc
-    subprocess.run(["docker", "image", "rm", f"{run_names.NS}/nightly-good:{run}"], capture_output=True)
+    local = f"{run_names.NS}/nightly-good:{run}"
+    subprocess.run(["docker", "image", "rm", local, f"{local}-arm64"], capture_output=True)
+
+
+def index_of(registry: str, repo: str, ref: str) -> requests.Response:
+    accept = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json"
+    return requests.get(f"http://{registry}/v2/{repo}/manifests/{ref}", headers={"Accept": accept}, timeout=10)
 
 
 def test_make_nightly_fails_but_publishes_the_stack_that_passed(nightly_run, registry):
     root, ns, proc = nightly_run
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
-    text = (root / "build" / "nightly" / DATE / "summary.json").read_text()
+    night = root / "build" / "nightly" / DATE
+    text = (night / "summary.json").read_text()
     assert str(root) not in text and str(REPO) not in text  # no host path: it travels as a CI artifact
     summary = json.loads(text)
-    rows = {r["stack"]: r for r in summary["rows"]}
-    assert set(rows) == {"nightly-good", "nightly-bad"} and summary["ok"] is False
+    assert [(r["stack"], r["platform"]) for r in summary["rows"]] == [
+        ("nightly-bad", "linux/amd64"),
+        ("nightly-good", "linux/amd64"),
+        ("nightly-good", "linux/arm64"),
+    ]
+    assert summary["ok"] is False and summary["counts"]["images"] == {"passed": 2, "failed": 1, "not_run": 0}
+    good = {r["platform"]: r for r in summary["rows"] if r["stack"] == "nightly-good"}
+    amd, arm = good["linux/amd64"], good["linux/arm64"]
 
-    good = rows["nightly-good"]
-    assert good["status"] == "published" and good["target"] == "escape"
-    assert good["tag"] == f"{registry}/{ns}/stackforge-example:py3.11-markupsafe3.0.3-{DATE}-r1"
-    assert good["gate"] == "gate result: 8 PASS, 0 FAIL" and good["duration_s"] > 0
-    repo_tags = requests.get(f"http://{registry}/v2/{ns}/stackforge-example/tags/list", timeout=10).json()["tags"]
-    record_tag = "sha256-" + good["digest"].removeprefix("sha256:")  # the publish record (tag-schema fallback)
-    assert sorted(repo_tags) == sorted([good["tag"].rsplit(":", 1)[1], "py3.11-latest", record_tag])
-    head = requests.head(
-        f"http://{registry}/v2/{ns}/stackforge-example/manifests/{good['tag'].rsplit(':', 1)[1]}",
-        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
-        timeout=10,
-    )
-    assert head.headers["Docker-Content-Digest"] == good["digest"]
-    evidence = root / "build" / "nightly" / DATE / good["evidence"]  # relative to the run directory
-    assert not Path(good["evidence"]).is_absolute()
-    assert json.loads((evidence / "publish.json").read_text())["digest"] == good["digest"]
-    assert json.loads((evidence / "result.json").read_text())["ok"] is True
-    # The bake prepared exactly the Dockerfile the build used (same labels, same cache keys).
-    assert (root / "build" / "nightly" / DATE / "nightly-good.Dockerfile").read_text() == (
-        evidence / "Dockerfile"
-    ).read_text()
+    # one immutable tag for both lines: an OCI index with each line's image; the alias moved with it
+    tag = f"{registry}/{ns}/stackforge-example-multi:py3.11-markupsafe3.0.3-{DATE}-r1"
+    for row in (amd, arm):
+        assert row["status"] == "published" and row["target"] == "escape" and row["tag"] == tag
+        assert row["gate"].startswith("gate result: ") and row["gate"].endswith(" PASS, 0 FAIL")
+        assert row["duration_s"] > 0 and row["aliases"] == {"py3.11-latest": "moved"}
+    repo = f"{ns}/stackforge-example-multi"
+    index = index_of(registry, repo, tag.rsplit(":", 1)[1])
+    assert index.json()["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    listed = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index.json()["manifests"]}
+    assert listed == {"linux/amd64": amd["digest"], "linux/arm64": arm["digest"]}
+    assert index_of(registry, repo, "py3.11-latest").headers["Docker-Content-Digest"] == index.headers["Docker-Content-Digest"]  # fmt: skip
+    repo_tags = requests.get(f"http://{registry}/v2/{repo}/tags/list", timeout=10).json()["tags"]
+    records = ["sha256-" + r["digest"].removeprefix("sha256:") for r in (amd, arm)]  # each image's own record
+    assert sorted(repo_tags) == sorted([tag.rsplit(":", 1)[1], "py3.11-latest", *records])
 
-    bad = rows["nightly-bad"]
+    # each line's evidence under its own name: the arm64 line's gate, read-only gate and inventory ran on aarch64
+    assert (amd["evidence"], arm["evidence"]) == ("nightly-good-escape", "nightly-good-escape@arm64")
+    evidence = night / arm["evidence"]
+    assert (evidence / "gate.txt").read_text().splitlines()[0] == "PASS machine aarch64"
+    assert "read-only: PASS machine aarch64" in (evidence / "gate-readonly.txt").read_text()
+    assert json.loads((evidence / "inventory.json").read_text())["machine"] == "aarch64"
+    record = json.loads((evidence / "publish.json").read_text())
+    assert (record["digest"], record["platform"]) == (arm["digest"], "linux/arm64")
+    assert record["index"]["digest"] == index.headers["Docker-Content-Digest"]
+    assert (night / amd["evidence"] / "gate.txt").read_text().splitlines()[0] == "PASS machine x86_64"
+    assert json.loads((night / amd["evidence"] / "result.json").read_text())["ok"] is True
+    # The bake (the stack's own line) prepared exactly the Dockerfile the build used (same labels, same cache keys).
+    assert (night / "nightly-good.Dockerfile").read_text() == (night / amd["evidence"] / "Dockerfile").read_text()
+
+    (bad,) = [r for r in summary["rows"] if r["stack"] == "nightly-bad"]
     assert bad["status"] == "failed" and bad["stage"] == "gate"
     assert "FAIL import markupsafe expected=3.0.2 found=3.0.3" in bad["reason"]
     assert bad["tag"] is None and bad["digest"] is None and bad["gate"] == "gate result: 8 PASS, 1 FAIL"
 
-    md = (root / "build" / "nightly" / DATE / "summary.md").read_text()
-    assert "| nightly-good | escape | published |" in md and "| nightly-bad | escape | FAILED (gate) |" in md
-    assert good["digest"] in md
+    md = (night / "summary.md").read_text()
+    assert "| nightly-good | escape | linux/amd64 | published |" in md
+    assert "| nightly-good | escape | linux/arm64 | published |" in md
+    assert "| nightly-bad | escape | linux/amd64 | FAILED (gate) |" in md
+    assert amd["digest"] in md and arm["digest"] in md
+
+
+def test_the_history_shows_a_row_and_a_page_per_platform(nightly_run, tmp_path):
+    root, _, _ = nightly_run
+    site = tmp_path / "site"
+    proc = mb.stackforge("history", "--nights", str(root / "build" / "nightly"), "--out", str(site),
+                         "--registry-check", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    html = (site / "index.html").read_text()
+    assert re.search(r"<td>escape</td>\s*<td>linux/arm64</td>\s*<td class=\"status\">published</td>", html)
+    pages = sorted(p.name for p in (site / "images").iterdir())
+    assert f"{DATE}.nightly-good.escape.linux_2farm64.html" in pages
+    assert f"{DATE}.nightly-good.escape.linux_2famd64.html" in pages
+    arm = (site / "images" / f"{DATE}.nightly-good.escape.linux_2farm64.html").read_text()
+    assert "digest confirmed by the night&#39;s publish record and the registry (its index" in arm
 
 
 def test_the_bake_shared_the_common_stages(nightly_run):

@@ -32,7 +32,6 @@ from tests.fixtures import run_names
 from tests.fixtures.stack_support import RootSpec, repo_root
 
 REPO = Path(__file__).resolve().parents[2]
-ARM_BASE = "stackforge/base:bookworm-arm64"
 DATE = "20261206"
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
@@ -49,18 +48,11 @@ def stackforge(root: Path, *args: str, env: dict[str, str] | None = None) -> sub
 
 
 @pytest.fixture(scope="module")
-def arm_base(image_store) -> str:
-    """The arm64 base image (built once on the first engine, under the script's lock, when it is missing; loaded
-    into a second engine from there)."""
-    proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "base-image.sh"), "--platform", "linux/arm64"],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    image_store.load(ARM_BASE)
-    return ARM_BASE
+def arm_base(image_store, arm_base_image) -> str:
+    """The arm64 base image (built once on the first engine when it is missing, tests/integration/conftest.py;
+    loaded into a second engine from there)."""
+    image_store.load(arm_base_image)
+    return arm_base_image
 
 
 @pytest.fixture(scope="module")

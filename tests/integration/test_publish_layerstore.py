@@ -91,7 +91,7 @@ def saved(engine: Engine, image, tmp_path_factory) -> Path:
     """The image as `docker save` exports it."""
     path = tmp_path_factory.mktemp("saved") / "image.tar"
     with open(path, "wb") as out:
-        for chunk in engine.sdk().api.get_image(image[1], chunk_size=1 << 20):
+        for chunk in engine.export_image(image[1]):
             out.write(chunk)
     return path
 
@@ -232,7 +232,7 @@ def test_on_the_containerd_store_publish_reads_the_content_store_and_matches_doc
     assert "export-from-content-store" in events and "export-from-layer-store-refused" not in events, log.events
     saved = tmp_path / "saved.tar"
     with open(saved, "wb") as out:
-        for chunk in engine.sdk().api.get_image(image_id, chunk_size=1 << 20):
+        for chunk in engine.export_image(image_id):
             out.write(chunk)
     from_save = ArchiveImage(saved, image_id=image_id).prepare(tmp_path / "save", compression="gzip", log=PushLog())
     assert image_id != fast.image_id == from_save.image_id  # the config digest, not the store's name of the image

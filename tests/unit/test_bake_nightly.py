@@ -204,6 +204,7 @@ def test_summary_rows_markdown_and_json(tmp_path):
             digest="sha256:" + "a" * 64,
             gate="gate result: 5 PASS, 0 FAIL",
             duration_s=3.2,
+            platform="linux/amd64",
         ),
         Row(
             "bad",
@@ -216,12 +217,15 @@ def test_summary_rows_markdown_and_json(tmp_path):
     ]
     assert not s.ok
     md = s.markdown()
-    assert "| good | escape | published | `r/x:t-20260929-r1` |" in md
+    assert "| stack | target | platform | status |" in md
+    assert "| good | escape | linux/amd64 | published | `r/x:t-20260929-r1` |" in md
+    assert "| bad | escape |  | FAILED (gate) |" in md  # a row of no known platform leaves its cell empty
     assert "FAILED (gate)" in md and "expected=3.0.2 \\| found=3.0.3" in md
     assert "1 of 2 passed" in md
     doc = s.to_json()
     assert doc["ok"] is False and [r["status"] for r in doc["rows"]] == ["published", "failed"]
     assert doc["rows"][1]["stage"] == "gate"
+    assert doc["rows"][0]["platform"] == "linux/amd64" and "platform" not in doc["rows"][1]
     assert Summary(date="d", registry="r").ok is False  # nothing ran: not a success
 
 

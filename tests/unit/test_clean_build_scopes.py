@@ -92,18 +92,27 @@ def test_the_cache_mounts_buildx_du_lists_are_read_with_their_ids():
     ]
 
 
-def fake_docker(tmp_path: Path, du: str, du_rc: int = 0) -> tuple[Path, Path]:
-    """A docker CLI that lists ``du`` for ``buildx du`` and records each ``buildx prune`` it is asked."""
+def fake_docker(tmp_path: Path, du: str, du_rc: int = 0, regex_ids: bool = False) -> tuple[Path, Path]:
+    """A docker CLI that lists ``du`` for ``buildx du`` and records each ``buildx prune`` it is asked;
+    ``regex_ids``: its prune reads ``id=`` as a regular expression and lists the records of ``du`` it matched,
+    as the engine's own builder does (else it matches nothing and lists nothing)."""
     (tmp_path / "du.txt").write_text(du)
     calls = tmp_path / "calls.txt"
     script = tmp_path / "docker"
     script.write_text(
         f"#!{sys.executable}\n"
-        "import sys\n"
+        "import re, sys\n"
         f"open({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        f"du = open({str(tmp_path / 'du.txt')!r}).read()\n"
         "if 'du' in sys.argv[1:]:\n"
-        f"    sys.stdout.write(open({str(tmp_path / 'du.txt')!r}).read())\n"
+        "    sys.stdout.write(du)\n"
         f"    sys.exit({du_rc})\n"
+        f"if 'prune' in sys.argv[1:] and {regex_ids}:\n"
+        "    pattern = sys.argv[-1].removeprefix('id=')\n"
+        "    print('ID\\tRECLAIMABLE\\tSIZE\\tLAST ACCESSED')\n"
+        "    for rid in re.findall(r'^ID:\\s+(\\S+)', du, re.M):\n"
+        "        if re.search(pattern, rid):\n"
+        "            print(rid + '*\\ttrue\\t0B\\tnow')\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script, calls
@@ -114,12 +123,26 @@ def test_the_engine_removes_the_mounts_of_one_scope_and_no_other(tmp_path):
     docker, calls = fake_docker(tmp_path, DU.format(scope=scope))
     dropped = Engine(docker=str(docker), builder="mybuilder").drop_cache_mounts(scope)
     assert dropped == ["zlgjvbb3mgwsp70g3hzy9w2j7", "lpd01s4l1ao9rwsq9xq13q663"]
-    # the engine first asks where the named builder runs (``buildx inspect``), then lists and removes
+    # the engine first asks where the named builder runs (``buildx inspect``), then lists and removes: one prune
+    # for both, which this builder (ids matched exactly) answers with nothing, then one each
     asked = [line for line in calls.read_text().splitlines() if not line.startswith("buildx inspect ")]
     assert asked == [
         "buildx --builder mybuilder du --verbose --filter type=exec.cachemount",
+        "buildx --builder mybuilder prune --force --filter id=^(zlgjvbb3mgwsp70g3hzy9w2j7|lpd01s4l1ao9rwsq9xq13q663)$",
         "buildx --builder mybuilder prune --force --filter id=zlgjvbb3mgwsp70g3hzy9w2j7",
         "buildx --builder mybuilder prune --force --filter id=lpd01s4l1ao9rwsq9xq13q663",
+    ]
+
+
+def test_the_engines_own_builder_removes_a_scopes_mounts_in_one_prune(tmp_path):
+    scope = clean_scope()
+    docker, calls = fake_docker(tmp_path, DU.format(scope=scope), regex_ids=True)
+    dropped = Engine(docker=str(docker)).drop_cache_mounts(scope)
+    assert dropped == ["zlgjvbb3mgwsp70g3hzy9w2j7", "lpd01s4l1ao9rwsq9xq13q663"]
+    asked = [line for line in calls.read_text().splitlines() if not line.startswith("buildx inspect ")]
+    assert asked == [
+        "buildx du --verbose --filter type=exec.cachemount",
+        "buildx prune --force --filter id=^(zlgjvbb3mgwsp70g3hzy9w2j7|lpd01s4l1ao9rwsq9xq13q663)$",
     ]
 
 

@@ -1,12 +1,16 @@
-"""Pure parts of stackforge.clients.engine: argv assembly and version parsing (no engine needed)."""
+"""Pure parts of stackforge.clients.engine: argv assembly, version parsing and reading the engine's answers about
+an image (no engine needed)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from stackforge.clients.engine import (
     BuildCommand,
     Engine,
+    NoSuchImage,
     check_build_args,
     effective_buildkit,
     parse_buildx_endpoint,
@@ -14,7 +18,7 @@ from stackforge.clients.engine import (
     parse_buildx_version,
     parse_version,
 )
-from stackforge.errors import UserError
+from stackforge.errors import BuildFailed, UserError
 
 
 def _pairs(cmd: list[str], flag: str) -> list[str]:
@@ -269,3 +273,118 @@ def test_other_builders_leave_the_engine_where_it_is(tmp_path, inspect, current)
     engine.image_id("img")
     assert (tmp_path / "calls").read_text().splitlines()[-1].startswith("||image inspect")
     assert engine.context is None
+
+
+# --------------------------------------------------------------------------- what the engine says of an image
+
+#: ``docker image inspect`` of an image as Docker 26 answers it (the fields the verbs read, and a few more)
+IMAGE = {
+    "Id": "sha256:" + "f" * 64,
+    "RepoTags": ["stackforge/base:bookworm"],
+    "RepoDigests": [],
+    "Created": "2026-12-06T14:08:28.918152582Z",
+    "Config": {"Env": ["PATH=/usr/bin"], "Labels": {"org.stackforge.stack": "example", "empty": ""}},
+    "Architecture": "arm64",
+    "Variant": "v8",
+    "Os": "linux",
+    "Size": 74_000_000,
+    "RootFS": {"Type": "layers", "Layers": ["sha256:" + "1" * 64, "sha256:" + "2" * 64]},
+}
+
+
+def _inspecting_docker(tmp_path, answer: str, stderr: str = "", rc: int = 0) -> Engine:
+    """An engine whose CLI answers every ``image inspect`` with ``answer`` (and ``stderr``, exit ``rc``), as the
+    docker CLI prints them, and records each call."""
+    (tmp_path / "answer").write_text(answer)
+    (tmp_path / "stderr").write_text(stderr)
+    script = tmp_path / "docker"
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$*" >> {tmp_path}/calls\n'
+        f"cat {tmp_path}/answer; cat {tmp_path}/stderr >&2; exit {rc}\n"
+    )
+    script.chmod(0o755)
+    return Engine(docker=str(script), env={"PATH": "/usr/bin:/bin"})
+
+
+def test_the_image_verbs_read_one_inspect_of_the_reference(tmp_path):
+    engine = _inspecting_docker(tmp_path, json.dumps([IMAGE], indent=4) + "\n")
+    assert engine.image_attrs("-weird") == IMAGE
+    assert engine.image_labels("img") == {"org.stackforge.stack": "example", "empty": ""}
+    assert engine.image_config("img")["Env"] == ["PATH=/usr/bin"]
+    assert engine.image_created("img") == "2026-12-06T14:08:28.918152582Z"
+    assert engine.image_layers("img") == ["sha256:" + "1" * 64, "sha256:" + "2" * 64]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0] == "image inspect -- -weird"  # a reference is never read as an option
+    assert len(calls) == 5
+
+
+@pytest.mark.parametrize(
+    ("changes", "labels", "config", "created", "layers"),
+    [
+        ({"Config": None}, {}, {}, IMAGE["Created"], 2),
+        ({"Config": {"Labels": None}}, {}, {"Labels": None}, IMAGE["Created"], 2),
+        ({"Config": {"Labels": {"a": "1", "n": 1, "z": None}}}, {"a": "1"}, None, IMAGE["Created"], 2),
+        ({"Config": "x", "Created": "", "RootFS": None}, {}, {}, None, 0),
+        ({"Created": None, "RootFS": {"Layers": None}}, None, None, None, 0),
+    ],
+    ids=["config-null", "labels-null", "labels-not-strings", "config-not-an-object", "no-time-no-layers"],
+)
+def test_an_image_that_says_less_gives_empty_answers(tmp_path, changes, labels, config, created, layers):
+    image = {**IMAGE, **changes}
+    engine = _inspecting_docker(tmp_path, json.dumps([image]))
+    assert engine.image_labels("img") == (IMAGE["Config"]["Labels"] if labels is None else labels)
+    assert engine.image_config("img") == (image["Config"] if config is None else config)
+    assert engine.image_created("img") == created
+    assert len(engine.image_layers("img")) == layers
+
+
+def test_an_image_the_engine_does_not_hold_is_an_error_naming_it(tmp_path):
+    engine = _inspecting_docker(
+        tmp_path, "[]\n", "Error response from daemon: No such image: reg.example/a/b:1\n", rc=1
+    )
+    for verb in (engine.image_attrs, engine.image_labels, engine.image_config, engine.image_created):
+        with pytest.raises(NoSuchImage) as exc:
+            verb("reg.example/a/b:1")
+        assert isinstance(exc.value, UserError) and exc.value.ref == "reg.example/a/b:1"
+        assert exc.value.render() == (
+            "error: image reg.example/a/b:1 is not in the local engine\n"
+            "  fix: pull it (docker pull reg.example/a/b:1) or build it (stackforge build STACK)"
+        )
+    assert engine.image_id("reg.example/a/b:1") is None  # the same words, read the same way
+
+
+def test_a_reference_with_control_characters_is_named_escaped(tmp_path):
+    engine = _inspecting_docker(tmp_path, "[]\n", "Error response from daemon: No such image: x\n", rc=1)
+    with pytest.raises(NoSuchImage) as exc:
+        engine.image_labels("img\nerror: forged")
+    assert "\n" not in exc.value.message and "img\\nerror: forged" in exc.value.message
+
+
+@pytest.mark.parametrize(
+    ("answer", "stderr", "rc", "words"),
+    [
+        ("", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.\n", 1, "Cannot connect"),
+        ("not json\n", "", 0, "answered no single image description"),
+        (json.dumps([IMAGE, IMAGE]), "", 0, "answered no single image description"),
+        (json.dumps(["sha256:abc"]), "", 0, "answered no single image description"),
+        (json.dumps(IMAGE), "", 0, "answered no single image description"),
+    ],
+    ids=["no-daemon", "not-json", "two-images", "not-an-object", "not-a-list"],
+)
+def test_an_engine_that_cannot_answer_is_an_error_not_an_empty_image(tmp_path, answer, stderr, rc, words):
+    engine = _inspecting_docker(tmp_path, answer, stderr, rc)
+    with pytest.raises(UserError) as exc:
+        engine.image_labels("img")
+    assert not isinstance(exc.value, NoSuchImage)
+    assert words in exc.value.message and "img" in exc.value.message
+    assert "engine-setup.sh" in (exc.value.fix or "")
+
+
+def test_an_export_asks_nothing_until_read_and_a_refusing_engine_is_a_build_failure(tmp_path):
+    engine = Engine(env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"})
+    chunks = engine.export_image("sha256:" + "f" * 64)  # a generator: no engine asked yet
+    with pytest.raises(BuildFailed) as exc:
+        next(chunks)
+    assert exc.value.message.startswith(f"exporting sha256:{'f' * 64} from the engine failed: ")
+    assert exc.value.exit_code == 1 and "docker info" in (exc.value.fix or "")

@@ -10,9 +10,11 @@ import yaml
 from packaging.tags import Tag
 from packaging.version import Version
 
+from stackforge.builder.plan.resolve import Target
 from stackforge.clients.index import IndexFile, ProjectPage
 from stackforge.errors import UserError
 from stackforge.freshness import audit, bump, lines, newest
+from stackforge.stack import platforms
 from stackforge.stack.load import load, load_stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -292,3 +294,17 @@ def test_write_bump_that_fails_lint_leaves_no_file(tmp_path):
     assert "would not pass lint, so it was not written" in exc.value.message and "torchvision" in exc.value.message
     assert exc.value.fix == "check the index for the builds named above"
     assert not (root / "stacks" / "half.yaml").exists()
+
+
+@pytest.mark.parametrize("os_label", [*platforms.GLIBC, "someos1.0"])
+def test_lock_and_newest_take_one_glibc_for_each_base_os(post1, os_label):
+    """`lock` resolves for the base OS's glibc and `newest` reads wheel tags by it: the same table, the same
+    newest manylinux tag; an OS the table does not name runs manylinux2014 (glibc 2.17) and nothing newer."""
+    stack = post1.model_copy(update={"platform": post1.platform.model_copy(update={"os": os_label})})
+    glibc = platforms.GLIBC.get(os_label, (2, 17))
+    newest_tag = f"manylinux_2_{glibc[1]}_x86_64"
+    assert Target.of(stack).platforms[0] == newest_tag
+    assert lines.target_tags(stack)[0].platform == newest_tag
+    newer = f"manylinux_2_{glibc[1] + 1}_x86_64"
+    assert newer not in Target.of(stack).platforms
+    assert all(t.platform != newer for t in lines.target_tags(stack))

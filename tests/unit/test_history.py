@@ -11,7 +11,7 @@ import pytest
 from stackforge.cli.main import main
 from stackforge.flows import history
 from stackforge.flows.nightly import Row, Summary
-from tests.fixtures.nights import Image, write_night
+from tests.fixtures.nights import Image, edit_summary, write_night
 
 D1 = "sha256:" + "a" * 64
 D2 = "sha256:" + "b" * 64
@@ -144,3 +144,77 @@ def test_a_night_counts_not_run_apart_from_passed_and_failed(tmp_path):
     assert "1 of 3 passed, 1 failed, 1 not run" in html and "Smoke recipes: 2 passed, 1 failed, 2 not run." in html
     assert re.search(r'<tr class="not-run">\s*<td>post2</td>', html)  # not painted green, nor red
     assert "not-run (qwen3-8b not-run, dsv2 not-run)" in html and "failed (qwen3-8b failed, dsv2 passed)" in html
+
+
+# --- a stack of platform lines: a row per platform -------------------------------------------------------------------
+
+AMD, ARM = "linux/amd64", "linux/arm64"
+INDEX = "sha256:" + "c" * 64
+D3 = "sha256:" + "d" * 64
+
+
+def lines(amd: str, arm: str, dists: dict[str, str]) -> list[Image]:
+    """example-multi's two lines under one tag (an index): each its own image, record and evidence."""
+    return [
+        Image("example-multi", "escape", amd, dists, platform=AMD, index=INDEX),
+        Image("example-multi", "escape", arm, dists, platform=ARM, index=INDEX, line="@arm64"),
+    ]
+
+
+@pytest.fixture
+def platform_nights(tmp_path):
+    root = tmp_path / "nightly"
+    write_night(root, "20261204", [Image("example", "escape", D1, VLLM)])  # written before rows named a platform
+    write_night(root, "20261205", [*lines(D1, D2, VLLM), Image("example", "escape", D1, VLLM, platform=AMD)])
+    moved = {**VLLM, "numpy": "2.2.6"}
+    write_night(root, "20261206", [*lines(D1, D3, moved), Image("example", "escape", D1, VLLM, platform=AMD)])
+    return root
+
+
+def test_the_index_shows_the_platform_of_every_row(platform_nights, tmp_path):
+    index, nights = history.history(platform_nights, tmp_path / "site")
+    html = index.read_text()
+    assert "<th>target</th><th>platform</th><th>status</th>" in html
+    newest = nights[0]
+    assert [(i.stack, i.platform, i.outcome) for i in newest.images] == [
+        ("example-multi", AMD, "passed"),
+        ("example-multi", ARM, "passed"),
+        ("example", AMD, "passed"),
+    ]
+    assert all(i.verified == "the night's publish record" for n in nights for i in n.images)
+    assert re.search(r"<td>escape</td>\s*<td>linux/arm64</td>", html)
+    (old,) = nights[-1].images  # a night before rows named their platform still reads; its cell is "-"
+    assert old.platform is None and re.search(r"<td>escape</td>\s*<td>-</td>", html)
+    assert history.problems(nights) == []
+
+
+def test_each_platform_has_its_own_page_and_series_of_nights(platform_nights, tmp_path):
+    _, nights = history.history(platform_nights, tmp_path / "site")
+    pages = tmp_path / "site" / "images"
+    arm = (pages / "20261206.example-multi.escape.linux_2farm64.html").read_text()
+    assert 'href="20261205.example-multi.escape.linux_2farm64.html"' in arm  # its previous night: the same platform
+    assert "<h1>example-multi/escape (linux/arm64) — night 20261206</h1>" in arm
+    assert "<tr><th>platform</th><td>linux/arm64</td></tr>" in arm
+    assert re.search(r'<tr class="changed"><td[^>]*>changed</td><td>numpy</td>', arm)
+    amd = (pages / "20261206.example-multi.escape.linux_2famd64.html").read_text()
+    assert 'href="20261205.example-multi.escape.linux_2famd64.html"' in amd
+    # "same image as": per platform (the amd64 digest is the 5th's amd64 one; the arm64 one is new)
+    by_platform = {i.platform: i for i in nights[0].images if i.stack == "example-multi"}
+    assert by_platform[AMD].same_as == "20261205" and by_platform[ARM].same_as is None
+    # a stack of one line keeps one page per night, its series across nights with and without the platform
+    one = (pages / "20261205.example.escape.html").read_text()
+    assert 'href="20261204.example.escape.html"' in one and 'href="20261206.example.escape.html"' in one
+
+
+def test_a_row_claiming_another_platform_than_its_record_is_unverified(tmp_path):
+    root = tmp_path / "nightly"
+    night = write_night(root, "20261206", lines(D1, D2, VLLM))
+
+    def swap(data):
+        data["rows"][0]["platform"], data["rows"][1]["platform"] = ARM, AMD
+
+    edit_summary(night, swap)
+    _, nights = history.history(root, tmp_path / "site")
+    amd, _ = nights[0].images
+    assert amd.unverified and "it is the record of the linux/amd64 image" in amd.unverified
+    assert len(history.problems(nights)) == 2

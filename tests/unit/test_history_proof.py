@@ -16,11 +16,12 @@ import pytest
 
 from stackforge import safeio
 from stackforge.cli.main import main
-from stackforge.clients.registry import OCI_MANIFEST, RegistryClient, parse_repository, sha256_digest
+from stackforge.clients.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient, parse_repository, sha256_digest
 from stackforge.clients.workspace import Workspace
 from stackforge.flows import history, nightly
 from stackforge.flows.night_records import NightSummary, SummaryRow
 from stackforge.publish import attest
+from stackforge.publish import night as nightreg
 from stackforge.publish.publisher import PublishOptions
 from stackforge.stack.load import load
 from tests.fixtures.nights import VLLM_COMMIT, Image, edit_summary, signing_key, write_night
@@ -251,7 +252,7 @@ def test_a_digest_edited_by_hand_is_unverified_not_published(tmp_path, capsys):
     assert edited.outcome == "unverified" and edited.same_as is None and edited.verified is None
     assert (nights[0].passed, nights[0].unverified) == (1, 1)
     html = (tmp_path / "site" / "index.html").read_text()
-    assert re.search(r'<tr class="unverified">\s*<td><a [^>]+>a</a></td>\s*<td>t</td>\s*<td class="status">unverified: published</td>', html)  # fmt: skip
+    assert re.search(r'<tr class="unverified">\s*<td><a [^>]+>a</a></td>\s*<td>t</td>\s*<td>-</td>\s*<td class="status">unverified: published</td>', html)  # fmt: skip
     assert "1 of 2 passed, 0 failed, 0 not run, 1 unverified" in html
     assert _row(nights, "20261101", "a").verified == "the night's publish record"
 
@@ -270,10 +271,10 @@ def test_a_missing_publish_record_or_one_of_another_row_leaves_the_digest_unveri
     assert [p.message for p in night_read.problems] == [f"rows[1].digest: {b.unverified}"]
 
 
-def _push(registry: str, name: str, tag: str) -> str:
-    """A one-blob image pushed to the real registry under ``tag``; its manifest digest."""
+def _push(registry: str, name: str, tag: str | None, arch: str = "amd64") -> str:
+    """A one-blob image pushed to the real registry under ``tag`` (None: by its digest); its manifest digest."""
     client = RegistryClient(parse_repository(f"{registry}/{name}"))
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+    config = json.dumps({"architecture": arch, "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}).encode()
     client.upload_blob(sha256_digest(config), len(config), lambda: io.BytesIO(config))
     manifest = {
         "schemaVersion": 2,
@@ -286,7 +287,7 @@ def _push(registry: str, name: str, tag: str) -> str:
         "layers": [],
     }
     body = json.dumps(manifest).encode()
-    client.put_manifest(tag, body, OCI_MANIFEST)
+    client.put_manifest(tag or sha256_digest(body), body, OCI_MANIFEST)
     return sha256_digest(body)
 
 
@@ -338,8 +339,41 @@ def test_the_registry_check_confirms_a_tag_or_marks_it_unverified(tmp_path, caps
 # --- the summary the nightly writes ---------------------------------------------------------------------------------
 
 
+def test_the_registry_check_confirms_each_platforms_image_through_the_index_its_tag_holds(tmp_path, registry):
+    """A stack of platform lines: its tag holds an index (written by the publisher's own code); each row's digest is
+    the image of its platform the index lists."""
+    from stackforge.publish import platforms
+
+    repo, tag = "team/example-multi", "example-multi-20261101-r1"
+    amd, arm = _push(registry, repo, None, "amd64"), _push(registry, repo, None, "arm64")
+    sizes = {d: len(RegistryClient(parse_repository(f"{registry}/{repo}")).get_manifest(d).body) for d in (amd, arm)}  # type: ignore[union-attr]  # fmt: skip
+    body = platforms.index_body([platforms.Child("linux/amd64", amd, sizes[amd], OCI_MANIFEST),
+                                 platforms.Child("linux/arm64", arm, sizes[arm], OCI_MANIFEST)])  # fmt: skip
+    RegistryClient(parse_repository(f"{registry}/{repo}")).put_manifest(tag, body, OCI_INDEX)
+    root = tmp_path / "nightly"
+    rows = [Image("example-multi", "escape", amd, PKGS, platform="linux/amd64", index=sha256_digest(body)),
+            Image("example-multi", "escape", arm, PKGS, platform="linux/arm64", index=sha256_digest(body), line="@a")]  # fmt: skip
+    write_night(root, "20261101", rows, registry=f"{registry}/team")
+    _, nights = history.history(root, tmp_path / "site", history.HistoryOptions(registry_check=True))
+    assert [(i.platform, i.unverified) for i in nights[0].images] == [("linux/amd64", None), ("linux/arm64", None)]
+    assert all(i.verified and i.verified.endswith(f"and the registry (its index {sha256_digest(body)[:19]}…)")
+               for i in nights[0].images)  # fmt: skip
+    assert history.problems(nights) == []
+    # a row whose record names no platform, claiming the arm64 image is the amd64 one: the index says otherwise
+    wrong = tmp_path / "wrong"
+    write_night(wrong, "20261101", [Image("example-multi", "escape", arm, PKGS, platform="linux/amd64")],
+                registry=f"{registry}/team")  # fmt: skip
+    _, nights = history.history(wrong, tmp_path / "site2", history.HistoryOptions(registry_check=True))
+    (image,) = nights[0].images
+    assert image.unverified == f"the registry's {tag} lists {arm} for linux/arm64, not linux/amd64"
+    assert [p.message for p in history.problems(nights)] == [f"example-multi/escape: {image.unverified}"]
+
+
 def test_every_field_the_nightly_writes_is_named_by_the_summary_model():
-    assert {f.name for f in dataclasses.fields(nightly.Row)} <= set(SummaryRow.model_fields)
+    # one row type: the row the nightly writes, the row a shard reports and the row the history reads name the same
+    # fields (publish/night.py NightRow)
+    assert {f.name for f in dataclasses.fields(nightly.Row)} == set(SummaryRow.model_fields)
+    assert set(nightreg.Row.model_fields) == set(SummaryRow.model_fields) and SummaryRow is nightreg.NightRow
     doc = nightly.Summary("20261101", "r.example/t", rows=[nightly.Row("a", "t", "published")], drift={"a": {}},
                           ci={"provider": "github"}).to_json()  # fmt: skip
     assert set(doc) <= set(NightSummary.model_fields)

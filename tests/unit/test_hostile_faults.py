@@ -325,10 +325,6 @@ class FillingEngine:
     def image_exists(self, image):
         return True
 
-    def sdk(self):
-        attrs = {"Id": "sha256:" + "b" * 64, "RepoDigests": []}
-        return SimpleNamespace(images=SimpleNamespace(get=lambda image: SimpleNamespace(attrs=attrs)))
-
     def config_digest(self, image_id, platform=None):
         return image_id  # the classic store: the id is the config's digest
 

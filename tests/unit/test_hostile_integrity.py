@@ -626,5 +626,8 @@ def test_an_interrupted_nightly_writes_its_summary_with_the_undecided_rows(root,
         ("example", "escape", "interrupted", "bake")
     ]
     md = (out / "summary.md").read_text()
-    assert "| example | escape | INTERRUPTED (bake) |" in md and "Bake: not run: interrupted by SIGTERM." in md
+    assert (
+        "| example | escape | linux/amd64 | INTERRUPTED (bake) |" in md
+        and "Bake: not run: interrupted by SIGTERM." in md
+    )
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]

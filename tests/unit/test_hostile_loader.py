@@ -471,3 +471,20 @@ def test_a_file_name_with_control_characters_is_listed_escaped(tmp_path):
     assert row.startswith("'x\\x1b[2J'") and "invalid: 'x\\x1b[2J' is not a stack name" in row
     proc = run(root, "show", "post3")
     assert "\x1b" not in proc.stderr and "known stacks: example, example-multi, post1, post2" in proc.stderr
+
+
+def test_the_control_character_patterns_are_unicode_category_cc_and_the_line_separators():
+    """grammar.bad_char scans with a regular expression; it must find exactly what Unicode calls a control
+    character (category Cc) plus U+2028/U+2029, and the multi-line one the same less \\n and \\t."""
+    import unicodedata
+
+    from stackforge import grammar
+
+    for cp in [*range(0x3000), 0x2028, 0x2029, 0xFEFF, 0xFFFF, 0x10FFFF]:
+        ch = chr(cp)
+        control = ch in "\u2028\u2029" or unicodedata.category(ch) == "Cc"
+        assert bool(grammar.CONTROL_RE.search(ch)) == control, hex(cp)
+        assert bool(grammar.CONTROL_MULTILINE_RE.search(ch)) == (control and ch not in "\n\t"), hex(cp)
+    assert grammar.bad_char("ab\x85c") == "the control character U+0085"
+    assert grammar.bad_char("a\tb\nc", multiline=True) is None
+    assert grammar.bad_char("a\tb", multiline=False) == "a tab"

@@ -180,3 +180,45 @@ def test_a_raw_engine_call_outside_the_clients_fails(tree: Path):
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True)
     assert proc.returncode == 1 and "gate.py" in proc.stdout and "raw engine call (.cli(…))" in proc.stdout
     assert "git.py" not in proc.stdout
+
+
+def test_the_docker_sdk_outside_the_clients_fails(tree: Path):
+    module = tree / "publish" / "oci.py"
+    lines = module.read_text().count("\n")
+    _append(
+        module,
+        "\n\ndef attrs(engine, ref):\n"  # lines + 3
+        "    return engine.sdk().images.get(ref).attrs\n"
+        "\n\ndef errors():\n"  # lines + 7
+        "    import docker.errors\n"
+        "    from docker import types  # noqa\n"
+        "    import importlib\n"
+        "    return importlib.import_module('docker.models'), __import__('docker'), docker.errors\n",
+    )
+    _append(tree / "flows" / "nightly.py", "\nfrom docker.errors import NotFound  # noqa\n")
+    _append(
+        tree / "smoke" / "run.py", "\nimport dockerfile_parse, json as docker  # noqa\nfrom .docker import x  # noqa\n"
+    )
+    _append(
+        tree / "clients" / "layerstore.py",
+        "\n\ndef inside(engine):\n    import docker\n    return engine.sdk(), docker\n",
+    )
+    found = layers.raw_engine_calls(tree)
+    assert [(c.path.name, c.line - lines, c.method) for c in found if c.path.name == "oci.py"] == [
+        ("oci.py", 4, "sdk"),
+        ("oci.py", 8, "import docker.errors"),
+        ("oci.py", 9, "import docker"),
+        ("oci.py", 11, "import docker.models"),
+        ("oci.py", 11, "import docker"),
+    ]
+    assert [(c.path.name, c.method) for c in found if c.path.name != "oci.py"] == [
+        ("nightly.py", "import docker.errors")
+    ]
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tree)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert f"oci.py:{lines + 4}: a raw engine call (.sdk(…)) outside clients/" in proc.stdout
+    assert (
+        "nightly.py:" in proc.stdout
+        and "a use of the docker SDK (import docker.errors) outside clients/" in proc.stdout
+    )
+    assert "layerstore.py" not in proc.stdout and "run.py" not in proc.stdout

@@ -79,10 +79,10 @@ def test_shards_out_of_range_is_an_error_naming_the_option():
     assert exc.value.file == "--shards"
 
 
-def _night(nights, date: str, rows: list[tuple[str, str, float]]) -> None:
+def _night(nights, date: str, rows: list[tuple[str, str, float]], platform: str | None = None) -> None:
     """A night's summary as the nightly writes it (Summary.to_json)."""
     summary = Summary(date=date, registry="r.example/t")
-    summary.rows = [Row(stack=s, target=t, status="published", duration_s=d) for s, t, d in rows]
+    summary.rows = [Row(stack=s, target=t, status="published", duration_s=d, platform=platform) for s, t, d in rows]
     (nights / date).mkdir(parents=True)
     (nights / date / "summary.json").write_text(json.dumps(summary.to_json()))
 
@@ -100,6 +100,23 @@ def test_expected_times_are_the_median_of_the_newest_nights_before_this_one(tmp_
     assert len(read.unreadable) == 1 and "summary.json" in read.unreadable[0]
     units = np.estimate([unit("a", "x"), unit("b", "y"), unit("c", "z")], read)
     assert [u.estimate_s for u in units] == [20, 2, 11]  # a unit no night recorded: the median of the others
+
+
+def test_a_units_expected_time_is_its_own_platforms(tmp_path):
+    """A one-process night has a row per platform line: the emulated arm64 build says nothing of the amd64 unit."""
+    nights = tmp_path / "nights"
+    _night(nights, "20261101", [("a", "x", 30)])  # a night before rows named a platform: counts for any platform
+    for day, amd, arm in (("20261102", 10, 900), ("20261103", 20, 1100)):
+        summary = Summary(date=day, registry="r.example/t")
+        summary.rows = [Row("a", "x", "published", duration_s=amd, platform="linux/amd64"),
+                        Row("a", "x", "published", duration_s=arm, platform="linux/arm64")]  # fmt: skip
+        (nights / day).mkdir(parents=True)
+        (nights / day / "summary.json").write_text(json.dumps(summary.to_json()))
+    read = np.read_durations(nights)
+    assert read.estimate("a", "x", "linux/amd64") == 20 and read.estimate("a", "x", "linux/arm64") == 900
+    assert read.estimate("a", "x") == 30  # no platform asked: the rows that name none
+    (planned,) = np.estimate([unit("a", "x")], read)
+    assert planned.estimate_s == 20
 
 
 def test_a_plan_reads_back_through_its_model_and_carries_the_ci_matrix():

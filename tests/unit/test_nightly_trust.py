@@ -104,7 +104,7 @@ def test_the_summary_carries_the_scan_verdict_and_each_waiver_with_its_reason(tm
     assert data["rows"][0]["scan"]["verdict"] == "waived" and data["rows"][0]["scan"]["blocked"] == []
     assert data["rows"][0]["scan"]["waived"][0]["reason"].startswith("the vendor's build")
     text = summary.markdown()
-    line = next(line for line in text.splitlines() if line.startswith("| post2 | vllm-openai | waived"))
+    line = next(line for line in text.splitlines() if line.startswith("| post2 | vllm-openai | linux/amd64 | waived"))
     assert "GHSA-aaaa-bbbb-cccc torchvision 0.26.0.post2 until 2027-01-31" in line and "\x1b" not in line
     assert "build \\| not reachable" in line  # a table cell stays one cell
 

@@ -159,16 +159,11 @@ class StandInEngine:
     """Answers what the prepare path asks the engine: the base image's identity, SOURCE_DATE_EPOCH support."""
 
     def __init__(self):
-        attrs = {"RepoDigests": [f"stackforge/base@{BASE_DIGEST}"], "Id": BASE_ID}
-        self.images = SimpleNamespace(get=lambda ref: SimpleNamespace(attrs=attrs))
         self.asked: list[str] = []
 
     def image_exists(self, ref: str) -> bool:
         self.asked.append(ref)
         return True
-
-    def sdk(self):
-        return self
 
     def inspect_image(self, ref: str, template: str, *, timeout: float = 30) -> SimpleNamespace:
         assert template == run.INSPECT, template

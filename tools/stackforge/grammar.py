@@ -10,7 +10,6 @@ completes "<key>: …" in an error message; ``split_*`` functions cut a referenc
 from __future__ import annotations
 
 import re
-import unicodedata
 from urllib.parse import urlsplit
 
 # OCI distribution: tags, repository path components, registry host[:port].
@@ -41,19 +40,20 @@ REL_PATH_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(?:/[A-Za-z0-9_][A-Za-z0-
 URL_CHARS = re.compile(r"^[A-Za-z0-9._~:/%+,=@\[\]-]*$")
 GIT_URL_SCHEMES = ("https", "http", "ssh", "git", "file")
 
-# Line breaks as Python's str.splitlines sees them, besides the C0/C1 control characters.
-_LINE_BREAKS = {"\u2028", "\u2029"}
+#: The control characters (Unicode category Cc: C0, DEL and C1) and the line separators Python's str.splitlines
+#: sees besides them; the second leaves out \t (U+0009) and \n (U+000A), which multi-line values may hold.
+CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+CONTROL_MULTILINE_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_NAMES = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\x00": "a NUL byte"}
 
 
 def bad_char(text: str, multiline: bool = False) -> str | None:
     """The first control character (or line separator) in ``text``, described; ``multiline`` allows \\n and \\t."""
-    for ch in text:
-        if multiline and ch in "\n\t":
-            continue
-        if ch in _LINE_BREAKS or unicodedata.category(ch) == "Cc":
-            names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", "\x00": "a NUL byte"}
-            return names.get(ch, f"the control character U+{ord(ch):04X}")
-    return None
+    found = (CONTROL_MULTILINE_RE if multiline else CONTROL_RE).search(text)
+    if found is None:
+        return None
+    ch = found.group()
+    return _CONTROL_NAMES.get(ch, f"the control character U+{ord(ch):04X}")
 
 
 def check_text(text: str, multiline: bool = False) -> str | None:

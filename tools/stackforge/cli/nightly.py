@@ -54,7 +54,8 @@ def register(sub) -> None:
         "nightly",
         help="lint, bake, gate, publish and smoke every nightly stack; summary in build/nightly/<date>/",
         description="Lint every stack with `nightly: true` (or the named ones), bake them together, build and gate "
-        "each (stack, target), publish each that passed, smoke it with its `nightly: true` recipes (its aliases "
+        "each (stack, target) — every platform line a stack declares, each on its platform, published together as "
+        "one index under its tag — publish each that passed, smoke it with its `nightly: true` recipes (its aliases "
         "move only when every smoke passed), check that every pin is still the newest of its line, and write "
         "build/nightly/<date>/summary.md and summary.json. Exits 1 if any row failed; the rows that passed are "
         "published anyway.",

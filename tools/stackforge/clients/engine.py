@@ -3,11 +3,12 @@
 Everything else in stackforge talks to the engine through :class:`Engine`'s verbs (``run``, ``exec``, ``pull``,
 ``tag``, ``inspect_image``, …: typed arguments, a docker ``run`` as a
 :class:`~stackforge.clients.containers.RunSpec`); nothing else spawns ``docker`` or hands it a command line
-(``cli`` and ``stream`` are this floor's own: scripts/layers.py refuses them elsewhere). Builds go through the ``docker buildx`` CLI (the Python SDK
-has no buildx); image queries also go through the CLI so that they always reach the
-same daemon as the builds (the CLI honours docker contexts, the SDK does not).
-:meth:`Engine.sdk` hands out a docker SDK client bound to that same daemon for
-callers that need the API directly.
+(``cli``, ``stream`` and ``sdk`` are this floor's own: scripts/layers.py refuses them, and any import of the
+docker SDK, elsewhere). Builds go through the ``docker buildx`` CLI (the Python SDK has no buildx); image queries
+(:meth:`Engine.image_attrs`, ``image_labels``, ``image_config``, ``image_created``, ``image_layers``) also go through the CLI so that
+they always reach the same daemon as the builds (the CLI honours docker contexts, the SDK does not).
+:meth:`Engine.sdk` is a docker SDK client bound to that same daemon, for what this floor asks the API directly
+(the streamed export of :meth:`Engine.export_image`, the layer and content stores' questions).
 
 The pure half (argument assembly, version parsing) is separate functions so it can
 be unit-tested without an engine.
@@ -30,7 +31,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -39,7 +40,7 @@ from stackforge import progress, safeio
 from stackforge.clients import credentials
 from stackforge.clients import proc as bounded
 from stackforge.clients.containers import RunSpec
-from stackforge.errors import UserError, clip
+from stackforge.errors import BuildFailed, UserError, clip, printable
 from stackforge.urls import redact_text
 
 SETUP_FIX = "run scripts/engine-setup.sh (as root on Debian it installs and starts dockerd + buildx)"
@@ -515,7 +516,7 @@ class Engine:
         """``sha256:…`` id of a local image, or None when there is no such image."""
         proc = self.cli("image", "inspect", "--format", "{{.Id}}", ref, timeout=30)
         if proc.returncode != 0:
-            if "no such image" in proc.stderr.lower() or "not found" in proc.stderr.lower():
+            if _no_such_image(proc.stderr):
                 return None
             raise UserError(f"'docker image inspect {ref}' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
         return proc.stdout.strip() or None
@@ -538,6 +539,56 @@ class Engine:
         """``docker image inspect --format TEMPLATE REF``: the caller reads the exit status (no such image) and the
         answer."""
         return self.cli("image", "inspect", "--format", template, ref, timeout=timeout)
+
+    def image_attrs(self, ref: str) -> dict[str, Any]:
+        """What the engine knows of the local image ``ref`` (a name or an id), as its API reports it
+        (``docker image inspect``: ``Id``, ``RepoTags``, ``RepoDigests``, ``Created``, ``Config``, ``Os``,
+        ``Architecture``, ``Variant``, ``Size``, …). An image the engine does not hold is :class:`NoSuchImage`
+        (naming ``ref``); an engine that cannot answer, or answers with something else than one image's
+        description, is a :class:`UserError`."""
+        proc = self.cli("image", "inspect", "--", ref, timeout=30)
+        if proc.returncode != 0:
+            if _no_such_image(proc.stderr):
+                raise NoSuchImage(ref)
+            raise UserError(f"'docker image inspect {ref}' failed: {_last_line(proc.stderr)}", fix=SETUP_FIX)
+        return parse_image_attrs(ref, proc.stdout)
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        """The labels of the local image ``ref`` (its config's ``Labels``; none: empty); :class:`NoSuchImage` when
+        the engine does not hold it."""
+        return labels_of(self.image_attrs(ref))
+
+    def image_config(self, ref: str) -> dict[str, Any]:
+        """The ``Config`` of the local image ``ref`` (``Labels``, ``Env``, ``WorkingDir``, ``Cmd``, ``Entrypoint``, …;
+        none: empty); :class:`NoSuchImage` when the engine does not hold it."""
+        return config_of(self.image_attrs(ref))
+
+    def image_created(self, ref: str) -> str | None:
+        """When the local image ``ref`` says it was made (its ``Created``, RFC 3339 as the engine writes it); None
+        when it does not say. :class:`NoSuchImage` when the engine does not hold it."""
+        created = self.image_attrs(ref).get("Created")
+        return created if isinstance(created, str) and created else None
+
+    def image_layers(self, ref: str) -> list[str]:
+        """The diff ids of the local image ``ref``'s layers, bottom first (its ``RootFS.Layers``; none: empty);
+        :class:`NoSuchImage` when the engine does not hold it."""
+        return layers_of(self.image_attrs(ref))
+
+    def export_image(self, ref: str, *, chunk_size: int = 2 << 20) -> Iterator[bytes]:
+        """The image archive of ``ref`` (``docker save``'s tar; pass an image id so that a re-tag meanwhile cannot
+        change what is read) as it streams from the engine, ``chunk_size`` bytes at a time, without a temporary
+        file. Nothing is asked before the first chunk is; an engine that refuses (no such image) or breaks off is
+        a :class:`BuildFailed` naming ``ref``."""
+        import docker.errors  # the SDK's stream of GET /images/{name}/get
+        import requests
+
+        try:
+            yield from self.sdk().api.get_image(ref, chunk_size=chunk_size)
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise BuildFailed(
+                f"exporting {ref} from the engine failed: {clip(redact_text(str(exc)))}",
+                fix="check the engine (docker info) and re-run",
+            ) from None
 
     def image_ids(self, refs: Sequence[str]) -> list[str] | None:
         """The image id of each reference (one ``docker image inspect``); None when any is missing."""
@@ -677,14 +728,25 @@ class Engine:
         listed = self._buildx("du", "--verbose", "--filter", "type=exec.cachemount", timeout=120)
         if listed.returncode != 0:
             return []
+        records = [record for record, mount in parse_cache_mounts(listed.stdout) if mount.endswith(suffix)]
+        gone: set[str] = set()
+        if len(records) > 1:
+            # One prune for all: the engine's own builder reads an id filter as a regular expression (the daemon
+            # hands BuildKit ``id~=…``), and lists what it removed. A builder that matches ids exactly removes
+            # nothing here, and each record is then removed on its own.
+            both = self._buildx("prune", "--force", "--filter", f"id=^({'|'.join(records)})$")
+            if both.returncode == 0:
+                listed_ids = {line.split()[0].rstrip("*") for line in both.stdout.splitlines() if line.strip()}
+                gone = listed_ids & set(records)
         dropped = []
-        for record, mount in parse_cache_mounts(listed.stdout):
-            if mount.endswith(suffix) and self._buildx("prune", "--force", "--filter", f"id={record}").returncode == 0:
+        for record in records:
+            if record in gone or self._buildx("prune", "--force", "--filter", f"id={record}").returncode == 0:
                 dropped.append(record)
         return dropped
 
     def sdk(self) -> Any:  # docker.DockerClient (the docker package has no type information)
-        """A docker SDK client for the daemon the CLI uses (current context or DOCKER_HOST)."""
+        """A docker SDK client for the daemon the CLI uses (current context or DOCKER_HOST): ``clients/``'s own;
+        everything else asks the engine's verbs."""
         import docker  # local import: only callers of sdk() need the package
 
         if self.env.get("DOCKER_HOST"):
@@ -852,6 +914,64 @@ def daemon_error(stderr: str | None) -> UserError:
     if down:
         return UserError(f"no Docker daemon runs at {down.group(1)}", fix=SETUP_FIX)
     return UserError(f"no Docker daemon answers: {clip(_last_line(text)) or 'docker version failed'}", fix=SETUP_FIX)
+
+
+class NoSuchImage(UserError):
+    """The engine holds no image of this reference; ``ref`` is the reference asked for."""
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(
+            f"image {printable(ref)} is not in the local engine",
+            fix=f"pull it (docker pull {printable(ref)}) or build it (stackforge build STACK)",
+        )
+        self.ref = ref
+
+
+def _no_such_image(stderr: str | None) -> bool:
+    """The docker CLI's words for an image it does not hold (``No such image: …``, ``… not found``)."""
+    text = (stderr or "").lower()
+    return "no such image" in text or "not found" in text
+
+
+def parse_image_attrs(ref: str, text: str) -> dict[str, Any]:
+    """The one image description in ``docker image inspect REF``'s answer (a JSON list of one object); anything
+    else is a :class:`UserError` naming ``ref``."""
+    try:
+        doc = json.loads(text or "null")
+    except ValueError:
+        doc = None
+    if not (isinstance(doc, list) and len(doc) == 1 and isinstance(doc[0], dict)):
+        raise UserError(f"'docker image inspect {printable(ref)}' answered no single image description", fix=SETUP_FIX)
+    return doc[0]
+
+
+def config_of(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """An image description's ``Config`` (empty when it has none: an image of ``scratch`` may say ``null``)."""
+    config = attrs.get("Config")
+    return dict(config) if isinstance(config, dict) else {}
+
+
+def labels_of(attrs: Mapping[str, Any]) -> dict[str, str]:
+    """An image description's labels (``Config.Labels``; ``null`` or none: empty), each name and value a string:
+    an entry that is not one is left out."""
+    labels = config_of(attrs).get("Labels")
+    if not isinstance(labels, dict):
+        return {}
+    return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def layers_of(attrs: Mapping[str, Any]) -> list[str]:
+    """An image description's layers (``RootFS.Layers``: diff ids, bottom first); empty when it lists none."""
+    rootfs = attrs.get("RootFS")
+    layers = rootfs.get("Layers") if isinstance(rootfs, dict) else None
+    return [str(layer) for layer in layers] if isinstance(layers, list) else []
+
+
+def platform_of(attrs: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    """An image description's (os, architecture, variant); ``linux`` when it names no os, an empty architecture
+    when it names none, None when it names no variant."""
+    variant = attrs.get("Variant")
+    return str(attrs.get("Os") or "linux"), str(attrs.get("Architecture") or ""), str(variant) if variant else None
 
 
 def _last_line(text: str | None) -> str:

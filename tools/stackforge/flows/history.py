@@ -4,12 +4,14 @@ Each night the nightly writes ``summary.json`` into its directory (``build/night
 them outside the work tree, e.g. ``$NIGHTS/<date>``) and copies each image's evidence beside it. This reads every
 ``NIGHTS/*/summary.json`` and writes:
 
-- ``DIR/index.html``: the nights, newest first and grouped by month, each a table of its images — status (a failed
+- ``DIR/index.html``: the nights, newest first and grouped by month, each a table of its images — stack, target,
+  platform (linux/amd64, linux/arm64: a row per platform line of a stack that declares them), status (a failed
   row is red, with its stage and reason; a row whose digest the night's own publish record does not confirm is
   "unverified"), tag, digest ("same image as" the earlier night that published the same digest), size, duration,
   gate, smoke, signed or unsigned, the scan's verdict, where the aliases went (and why one was held back), the
   source commit and the night's CI run (its log and artifacts);
-- ``DIR/images/<night>.<stack>.<target>.html``: one page per image — the same facts, its SBOM
+- ``DIR/images/<night>.<stack>.<target>.html`` (``….<platform>.html`` when the night has a row per platform of the
+  stack and target): one page per image — the same facts, its SBOM
   (``DIR/sbom/<sha256>.cdx.json``), its installed Python distributions and Debian packages and what changed since
   the same image's previous night, with links to the previous and next nights and back to the index.
 
@@ -98,7 +100,8 @@ def escape_part(text: str) -> str:
 
 
 def page_name(*parts: str) -> str:
-    """The file name of a page for ``parts`` (night, stack, target): :func:`escape_part` of each, joined by ``.``;
+    """The file name of a page for ``parts`` (night, stack, target[, platform]): :func:`escape_part` of each, joined
+    by ``.``;
     one longer than a file name may be is cut and ends in ``~`` and the sha256 of the parts (a ``~`` no other name
     has)."""
     name = ".".join(escape_part(p) for p in parts)
@@ -187,13 +190,18 @@ class Source:
 
 @dataclass
 class Image:
-    """One stack and target of one night, as the site shows it."""
+    """One stack, target and platform of one night, as the site shows it."""
 
     night: str
     night_key: str
     stack: str
     target: str
     status: str
+    #: the OCI platform of the image (linux/amd64); None for a row that names none (a night written before rows did)
+    platform: str | None = None
+    #: the platform when the night has a row per platform of the stack and target (a stack of platform lines): it
+    #: parts the image's page and its series of nights from the other platforms'; None for a stack's one row
+    line: str | None = None
     stage: str | None = None
     tag: str | None = None
     digest: str | None = None
@@ -281,7 +289,17 @@ class Image:
 
     @property
     def page_name(self) -> str:
-        return page_name(self.night_dir or self.night_key, self.stack, self.target)
+        lined = (self.line,) if self.line else ()
+        return page_name(self.night_dir or self.night_key, self.stack, self.target, *lined)
+
+    @property
+    def series(self) -> tuple[str, str, str | None]:
+        """The images of other nights this one follows: the same stack and target (and platform line)."""
+        return self.stack, self.target, self.line
+
+    @property
+    def title(self) -> str:
+        return f"{self.stack}/{self.target}" + (f" ({self.line})" if self.line else "")
 
     @property
     def short_digest(self) -> str | None:
@@ -451,6 +469,7 @@ class _NightReader:
             stack=row.stack,
             target=row.target,
             status=row.status,
+            platform=row.platform,
             stage=row.stage,
             tag=row.tag,
             digest=row.digest,
@@ -531,6 +550,8 @@ class _NightReader:
             wrong.append(f"its reference is {record.reference}")
         if (record.stack or row.stack, record.target or row.target) != (row.stack, row.target):
             wrong.append(f"it is the record of {record.stack}/{record.target}")
+        if record.platform and row.platform and record.platform != row.platform:
+            wrong.append(f"it is the record of the {record.platform} image")
         if wrong:
             image.unverified = f"the night's publish record does not confirm {image.digest}: " + "; ".join(wrong)
             self.problem(SUMMARY, f"rows[{index}].digest: {image.unverified}")  # the row shows it as unverified
@@ -634,7 +655,18 @@ def read_night(directory: Path, options: HistoryOptions | None = None, public_ke
         night.commit, night.commit_url = ci.commit, web_url(ci.commit_url)
     reader = _NightReader(directory, night, public_key, options.key)
     night.images = [reader.image(i, row) for i, row in enumerate(doc.rows)]
+    _lines(night.images)
     return night
+
+
+def _lines(images: list[Image]) -> None:
+    """Each image of a stack and target the night has a row per platform of: its platform is its line."""
+    rows: dict[tuple[str, str], int] = {}
+    for image in images:
+        rows[(image.stack, image.target)] = rows.get((image.stack, image.target), 0) + 1
+    for image in images:
+        if image.platform and rows[(image.stack, image.target)] > 1:
+            image.line = image.platform
 
 
 def _a_site(path: Path) -> bool:
@@ -698,14 +730,15 @@ def problems(nights: list[Night]) -> list[Problem]:
 
 
 def check_registry(nights: list[Night], seconds: float = 20.0) -> None:
-    """Each pushed row's tag as its registry holds it now: a digest other than the row's makes it unverified; a
+    """Each pushed row's tag as its registry holds it now: a digest other than the row's makes it unverified — unless
+    the tag holds an image index that lists the row's digest for the row's platform (a stack of platform lines); a
     registry that cannot be reached (or refuses) is noted once per host and the row keeps its record's word."""
     from stackforge.clients.registry import RegistryClient, RegistryError, RetryPolicy, split_ref
 
     policy = RetryPolicy(attempts=2, total_seconds=seconds)
     clients: dict[str, Any] = {}
     down: dict[str, str] = {}
-    answers: dict[str, str | None] = {}
+    answers: dict[str, tuple[str, dict[str, str | None]] | None] = {}  # tag -> (digest, an index's {digest: platform})
     for night in nights:
         for image in night.images:
             if image.digest is None or image.tag is None or image.unverified:
@@ -729,27 +762,55 @@ def check_registry(nights: list[Night], seconds: float = 20.0) -> None:
                         down[repo.host] = note
                     image.registry_note = note
                     continue
-                answers[image.tag] = manifest.digest if manifest is not None else None
-            held = answers[image.tag]
-            if held is None:
+                answers[image.tag] = (manifest.digest, _children(manifest)) if manifest is not None else None
+            answer = answers[image.tag]
+            if answer is None:
                 image.registry_note = f"the registry no longer holds {tag}"
+                continue
+            held, children = answer
+            if held != image.digest and image.digest in children:
+                listed = children[image.digest]
+                if image.platform is None or listed == image.platform:
+                    image.verified = f"{image.verified or 'the summary'} and the registry (its index {held[:19]}…)"
+                    continue
+                image.unverified = f"the registry's {tag} lists {image.digest} for {listed}, not {image.platform}"
             elif held != image.digest:
                 image.unverified = f"the registry's {tag} is {held}, not {image.digest}"
-                message = f"{image.stack}/{image.target}: {image.unverified}"
+            if image.unverified:
+                message = f"{image.title}: {image.unverified}"
                 where = (night.directory or Path(night.name)) / SUMMARY
                 night.problems.append(Problem(str(where), f"{night.name}/{SUMMARY}", message))
             else:
                 image.verified = f"{image.verified or 'the summary'} and the registry"
 
 
+def _children(manifest: Any) -> dict[str, str | None]:
+    """The images an index lists (``{digest: os/architecture}``); {} for an image manifest (or one not JSON)."""
+    from stackforge.clients.registry import DOCKER_MANIFEST_LIST, OCI_INDEX, MalformedAnswer
+
+    try:
+        doc = manifest.json()
+    except MalformedAnswer:
+        return {}
+    if doc.get("mediaType", manifest.media_type) not in (OCI_INDEX, DOCKER_MANIFEST_LIST):
+        return {}
+    out: dict[str, str | None] = {}
+    for entry in doc.get("manifests") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("digest"), str):
+            platform = entry.get("platform")
+            os_name, arch = (platform.get("os"), platform.get("architecture")) if isinstance(platform, dict) else (None, None)  # fmt: skip
+            out[entry["digest"]] = f"{os_name}/{arch}" if isinstance(os_name, str) and isinstance(arch, str) else None
+    return out
+
+
 def _link(nights: list[Night]) -> None:
     """Pages for images with something to show; "same image as" the earliest night with the same (confirmed)
     digest."""
-    first: dict[tuple[str, str, str], str] = {}
+    first: dict[tuple[str, str, str | None, str], str] = {}
     for night in reversed(nights):  # oldest first
         for image in night.images:
             if image.digest and not image.unverified:
-                seen = first.setdefault((image.stack, image.target, image.digest), night.date)
+                seen = first.setdefault((*image.series, image.digest), night.date)
                 image.same_as = seen if seen != night.date else None
             if image.digest or image.kept or image.problems:
                 image.page = f"images/{image.page_name}"
@@ -797,13 +858,13 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def _series(nights: list[Night]) -> dict[tuple[str, str], list[Image]]:
-    """Each stack and target's images with a page, oldest first."""
-    out: dict[tuple[str, str], list[Image]] = {}
+def _series(nights: list[Night]) -> dict[tuple[str, str, str | None], list[Image]]:
+    """Each stack and target's (and platform line's) images with a page, oldest first."""
+    out: dict[tuple[str, str, str | None], list[Image]] = {}
     for night in reversed(nights):
         for image in night.images:
             if image.page:
-                out.setdefault((image.stack, image.target), []).append(image)
+                out.setdefault(image.series, []).append(image)
     return out
 
 

@@ -93,7 +93,7 @@ class _Night:
     plan_digest: str
     outdir: Path
     options: MergeOptions
-    taken: dict[str, tuple[str, str]] = field(default_factory=dict)
+    taken: dict[str, tuple[str, ...]] = field(default_factory=dict)
     starts: list[float] = field(default_factory=list)
 
 

@@ -175,12 +175,15 @@ def platform_of(arch: str) -> str:
 class Durations:
     """Each unit's recorded durations (seconds, newest night first) and the nights they came from."""
 
-    by_unit: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    #: (stack, target, platform) -> seconds; platform None: a row of a night written before rows named it
+    by_unit: dict[tuple[str, str, str | None], list[float]] = field(default_factory=dict)
     nights: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
 
-    def estimate(self, stack: str, target: str) -> float | None:
-        seen = self.by_unit.get((stack, target))
+    def estimate(self, stack: str, target: str, platform: str | None = None) -> float | None:
+        """The median of the unit's rows on ``platform`` (an emulated line's build is no estimate of a native one's),
+        with the rows that name no platform."""
+        seen = self.by_unit.get((stack, target, platform), []) + (self.by_unit.get((stack, target, None), []) if platform else [])  # fmt: skip
         return float(statistics.median(seen)) if seen else None
 
 
@@ -208,7 +211,7 @@ def read_durations(nights: Path | None, newest: int = NIGHTS_READ, before: str |
         out.nights.append(doc.date)
         for row in doc.rows:
             if row.duration_s > 0 and row.target != "*":
-                out.by_unit.setdefault((row.stack, row.target), []).append(row.duration_s)
+                out.by_unit.setdefault((row.stack, row.target, row.platform), []).append(row.duration_s)
     return out
 
 
@@ -320,7 +323,7 @@ def group(
 
 def estimate(units: list[Unit], durations: Durations) -> list[Unit]:
     """``units`` with their expected times (see the module)."""
-    known = {u.key: t for u in units if (t := durations.estimate(u.stack, u.target)) is not None}
+    known = {u.key: t for u in units if (t := durations.estimate(u.stack, u.target, u.platform)) is not None}
     fallback = float(statistics.median(known.values())) if known else 1.0
     return [u.model_copy(update={"estimate_s": round(known.get(u.key, fallback), 1)}) for u in units]
 

@@ -17,6 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
+from stackforge.publish.night import NightRow
+
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 Date = Annotated[str, StringConstraints(pattern=r"^[0-9]{8}$")]
 
@@ -40,30 +42,9 @@ class CiRun(Doc):
     commit_url: str | None = None
 
 
-class SummaryRow(Doc):
-    """One stack and target of a night: :class:`stackforge.flows.nightly.Row`."""
-
-    stack: str
-    target: str
-    status: str
-    stage: str | None = None
-    tag: str | None = None
-    digest: Digest | None = None
-    gate: str | None = None
-    duration_s: float = Field(0.0, ge=0)
-    reason: str | None = None
-    evidence: str | None = None
-    overrides: list[str] = Field(default_factory=list)
-    smoke: str | None = None
-    smoke_recipes: dict[str, str] = Field(default_factory=dict)
-    tests: dict[str, str] = Field(default_factory=dict)
-    aliases: dict[str, str] = Field(default_factory=dict)
-    #: the vulnerability gate's verdict (read apart with :class:`Scan`: one the history cannot read does not make the
-    #: summary unreadable); None: not scanned
-    scan: JsonValue = None
-    #: a sharded night's (``flows/night_merge.py``): the shard that built the row and the row's platform
-    shard: str | None = None
-    platform: str | None = None
+#: One stack, target and platform of a night: :class:`stackforge.flows.nightly.Row` as ``summary.json`` has it — the
+#: model a shard's report is read with too (``publish/night.py``)
+SummaryRow = NightRow
 
 
 class NightSummary(Doc):
@@ -87,6 +68,8 @@ class NightSummary(Doc):
     #: ``rows``, ``duration_s``, ``reason``…) and the merge's own ``duration_s``
     shards: dict[str, dict[str, JsonValue]] = Field(default_factory=dict)
     merge: dict[str, JsonValue] = Field(default_factory=dict)
+    #: per stack, each platform line the night left out: declared, not buildable (values no record states)
+    not_buildable: dict[str, list[str]] = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -151,6 +134,10 @@ class PublishRecord(Doc):
     aliases: dict[str, str] = Field(default_factory=dict)
     stack: str | None = None
     target: str | None = None
+    #: the image's platform (``publish --platform all``, a stack of platform lines: each line's image has its record)
+    platform: str | None = None
+    #: the index the tag holds, over every platform's image (``{digest, reference}``); absent for one image
+    index: JsonValue = None
     #: read apart with :class:`Scan` (a scan the history cannot read does not make the record unreadable)
     scan: JsonValue = None
 

@@ -260,7 +260,8 @@ def run_shard(
             pass  # its row says why (the nightly loads it again)
     cache = shard_cache(options.cache, loaded, registry, date, options.publish.policy, echo)
     echo(f"nightly: shard {shard_id} of night {date}: {night_plan.title(shard, 400)}")
-    mine = replace(options, date=date, stacks=stacks, units=units, move_aliases=False, out=outdir, cache=cache)
+    mine = replace(options, date=date, stacks=stacks, units=units, move_aliases=False, out=outdir, cache=cache,
+                   every_platform=False)  # fmt: skip
     started, t0 = _now(), time.monotonic()
     try:
         summary = nightly(root, registry, mine, workspace=workspace)

@@ -9,15 +9,21 @@ Order per run (``build/nightly/<date>/``):
 3. for each stack and target, ``stackforge build`` (from the cache the bake filled) gives the
    verdict, the gate output and the evidence; a failed gate or build fails only that row; then the target's
    ``nightly: true`` test slices that need no device run in the built image (``stackforge test``, into the
-   evidence's ``tests/<slice>/``), and one that does not pass fails the row before it is published;
-4. each row that passed is published (``stackforge publish``) under its immutable tag; an image that
+   evidence's ``tests/<slice>/``), and one that does not pass fails the row before it is published. A stack that
+   declares platform lines (``platforms:``) has a row per line: each line is built and gated on its platform as
+   ``stackforge build --platform LINE`` does (emulated, or on the line's builder, where the host differs; the bake
+   builds the stack's own line), the test slices run on the stack's own line;
+4. each row that passed is published (``stackforge publish``) under its immutable tag — a stack's lines together,
+   as ``publish --platform all`` does, one OCI index under one tag and only when every line passed; an image that
    ``nightly: true`` recipes serve is smoked with each of them (``stackforge smoke``) and its aliases
-   (``-latest``) move only when every smoke passed; an image without a nightly recipe moves them at
-   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/`` (:func:`evidence_name`);
+   (``-latest``) move only when every smoke passed (a stack of lines: its own line's image is smoked, and the
+   aliases move with the index); an image without a nightly recipe moves them at
+   once. Its evidence bundle (with ``smoke/<recipe>/``) is copied to ``<stack>-<target>/`` (``…@<line>`` for
+   another line than the stack's own, :func:`evidence_name`);
 5. per stack, whether every pin is still the newest of its line (``stackforge newest``), and whether
    its upstreams' own pins drifted since the pinned commits (``stackforge drift``: "n/a" with the reason
    when it cannot be computed, e.g. no upstream declares ``agree:`` or the upstream cannot be fetched);
-6. ``summary.json`` and ``summary.md``: a row per stack and target — status, tag, digest,
+6. ``summary.json`` and ``summary.md``: a row per stack, target and platform — status, tag, digest,
    gate result, smoke verdict, duration, failure reason, the ``--set`` values its stack was loaded
    with — and the pins' freshness and drift per stack. Any failed row (a failed smoke too) makes the run fail;
    the rows that passed are published regardless.
@@ -52,13 +58,14 @@ from stackforge.errors import BuildFailed, UserError
 from stackforge.flows import doctor
 from stackforge.flows.nightly_smoke import NightlyRecipes, freshness_line, nightly_recipes, pin_freshness, smoke_image
 from stackforge.freshness.drift import nightly_cell, nightly_line
-from stackforge.fslock import atomic_write, stack_lock
+from stackforge.fslock import atomic_write, stack_locks
 from stackforge.publish.publisher import PublishOptions
-from stackforge.publish.stack import publish_stack
+from stackforge.publish.stack import publish_platforms, publish_stack
 from stackforge.safeio import OutputDir
 from stackforge.signals import Interrupted
 from stackforge.smoke import slices as slice_runs
 from stackforge.smoke.run import SmokeOptions, smoke
+from stackforge.stack import platforms as lines_of_mod
 from stackforge.stack.load import load, load_stack
 from stackforge.stack.names import list_stacks
 from stackforge.stack.resolved import ResolvedStack
@@ -90,8 +97,10 @@ class Row:
     #: package, version, severity, reason, expires, waiver}], findings: N, database: {ecosystem: {fetched_at, from,
     #: age_hours}}, waivers: file}; None: not scanned (builder/records/vulns.py ScanReport.summary)
     scan: dict[str, Any] | None = None
-    #: a sharded night: the shard that built the row, and the row's platform (None in a one-process night)
+    #: a sharded night: the shard that built the row
     shard: str | None = None
+    #: the OCI platform of the row's image (linux/amd64, linux/arm64): the platform line it was built for; None in a
+    #: row that built nothing of a known line (a stack that did not load)
     platform: str | None = None
 
     @property
@@ -99,7 +108,7 @@ class Row:
         return self.status not in ("failed", "interrupted", NOT_RUN)
 
     def to_json(self) -> dict[str, Any]:
-        """The row as the summary has it (``shard`` and ``platform`` only in a sharded night)."""
+        """The row as the summary has it (``shard`` only in a sharded night, ``platform`` only when known)."""
         return {k: v for k, v in asdict(self).items() if v is not None or k not in ("shard", "platform")}
 
     @property
@@ -142,6 +151,8 @@ class Summary:
     #: missing, unreadable or stale; its runner labels, rows, times, CI run), and the merge's own time
     shards: dict[str, dict[str, Any]] = field(default_factory=dict)
     merge: dict[str, Any] = field(default_factory=dict)
+    #: stack -> each of its platform lines the night left out: declared, not buildable (values no record states)
+    not_buildable: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -183,6 +194,7 @@ class Summary:
             **({"ci": self.ci} if self.ci else {}),
             **({"shards": self.shards} if self.shards else {}),
             **({"merge": self.merge} if self.merge else {}),
+            **({"not_buildable": self.not_buildable} if self.not_buildable else {}),
         }
 
     def markdown(self) -> str:
@@ -203,17 +215,20 @@ class Summary:
             lines += [f"Overrides of `{name}`: " + " ".join(f"`--set {o}`" for o in values) for name, values in own]
             lines.append("")
         lines += [self.bake_line(), ""]
+        for name, notes in self.not_buildable.items():
+            lines += [f"Not built, `{name}`: " + "; ".join(_cell(n) for n in notes) + ".", ""]
         if self.shards:
             lines += self.shard_lines()
         lines += [
-            "| stack | target | status | tag | digest | gate | smoke | duration | failure |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| stack | target | platform | status | tag | digest | gate | smoke | duration | failure |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in self.rows:
             verdict = r.status if r.ok else {"interrupted": "INTERRUPTED", NOT_RUN: "NOT RUN"}.get(r.status, "FAILED")
             cells = [
                 r.stack,
                 r.target,
+                r.platform or "",
                 verdict if r.ok else f"{verdict} ({r.stage})",
                 f"`{r.tag}`" if r.tag else "",
                 f"`{r.digest}`" if r.digest else "",
@@ -225,7 +240,11 @@ class Summary:
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         scanned = [r for r in self.rows if r.scan]
         if scanned:
-            lines += ["", "| stack | target | scan | blocked | waived |", "| --- | --- | --- | --- | --- |"]
+            lines += [
+                "",
+                "| stack | target | platform | scan | blocked | waived |",
+                "| --- | --- | --- | --- | --- | --- |",
+            ]
             lines += [_scan_line(r) for r in scanned]
         slices = [v for r in self.rows for v in r.tests.values()]
         if slices:
@@ -359,7 +378,7 @@ def _scan_line(row: Row) -> str:
         f"{w.get('id')} {w.get('package')} {w.get('version')} until {w.get('expires')}: {w.get('reason')}"
         for w in scan.get("waived") or []
     )
-    cells = [row.stack, row.target, f"{scan.get('verdict')} (at or above {scan.get('fail_on')})"]
+    cells = [row.stack, row.target, row.platform or "", f"{scan.get('verdict')} (at or above {scan.get('fail_on')})"]
     cells += [", ".join(scan.get("blocked") or []), _cell(waived)]
     return "| " + " | ".join(safeio.for_terminal(c, lines=False).replace("|", "\\|") for c in cells) + " |"
 
@@ -488,6 +507,9 @@ class NightlyOptions:
     move_aliases: bool = True
     #: the RUN steps' network of the bake and every build, e.g. ``host`` to reach an index on the host's loopback
     network: str | None = None
+    #: build, gate and publish every platform line a stack declares (one index under its tag); False: each stack's
+    #: own line only (a shard: its plan has one unit per stack × target on the stack's platform)
+    every_platform: bool = True
 
 
 def nightly(
@@ -517,6 +539,10 @@ def nightly(
     loaded, summary.rows = select_stacks(root, options.stacks, for_stack)
     for row in summary.rows:
         echo(f"nightly: {row.stack}: {row.stage} failed")
+    for stack in loaded if options.every_platform else []:
+        if notes := not_buildable(stack):
+            summary.not_buildable[stack.name] = notes
+            echo(f"nightly: {stack.name}: not built: {'; '.join(notes)}")
     if not loaded and not summary.rows:
         raise UserError(
             f"no nightly stacks in {root / 'stacks'}",
@@ -536,15 +562,17 @@ def nightly(
         for stack in loaded:
             for target in _targets_or_star(bakemod, stack, bakemod.targets_of(options.units or options.targets, stack.name)):  # fmt: skip
                 if (stack.name, target) not in decided:
-                    summary.rows.append(
+                    summary.rows += [
                         Row(
                             stack=stack.name,
                             target=target,
                             status="interrupted",
                             stage="bake" if not summary.bake else "build",
                             reason=f"interrupted by {intr.name} before it finished",
+                            platform=platform,
                         )
-                    )
+                        for platform in platforms_of(stack, options.every_platform)
+                    ]
         if not summary.bake:
             summary.bake = {"not_run": f"interrupted by {intr.name}"}
         _write_summary(summary, outdir, started, for_stack, root)
@@ -675,6 +703,7 @@ def _bake_and_build(
         build=build,
         options=BuildOptions,
         publish=publish_stack,
+        publish_platforms=publish_platforms,
         smoke=smoke,
         recipes=recipes,
         smoking=options.smoke,
@@ -689,13 +718,16 @@ def _bake_and_build(
         except UserError as err:
             summary.rows.append(Row(stack=stack.name, target="*", status="failed", stage="build", reason=err.render()))
             continue
+        lines = lines_of(stack, options.every_platform)
         for target in names:
             try:
-                with stack_lock(build_dir_for(stack)):  # its build, publish and evidence copy, as one
-                    row = _one(run, stack, target)
-            except UserError as err:  # the build directory is busy or cannot be written
-                row = Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render())
-            summary.rows.append(row)
+                # its builds, publish and evidence copies, as one
+                with stack_locks([build_dir_for(line) for line in lines]):
+                    rows = _platform_lines(run, stack, target) if len(lines) > 1 else [_one(run, lines[0], target)]
+            except UserError as err:  # a build directory is busy or cannot be written
+                rows = [Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render(),
+                            platform=platform) for platform in platforms_of(stack, options.every_platform)]  # fmt: skip
+            summary.rows += rows
 
 
 def _cache_of(run: NightlyRun, stack: str, target: str) -> dict[str, Any]:
@@ -727,7 +759,9 @@ def _preflight(
     reason = "preflight failed, nothing was built: " + "; ".join(dict.fromkeys(lines))
     for stack in loaded:
         for target in _targets_or_star(bakemod, stack, bakemod.targets_of(options.units or options.targets, stack.name)):  # fmt: skip
-            summary.rows.append(Row(stack=stack.name, target=target, status="failed", stage="preflight", reason=reason))
+            for platform in platforms_of(stack, options.every_platform):
+                summary.rows.append(Row(stack=stack.name, target=target, status="failed", stage="preflight",
+                                        reason=reason, platform=platform))  # fmt: skip
     summary.bake = {"not_run": "the preflight failed"}
     return False
 
@@ -746,6 +780,8 @@ class NightlyRun:
     build: Callable[..., Any]  # stackforge.builder.run.run.build
     options: Callable[..., Any]  # stackforge.builder.run.run.BuildOptions
     publish: Callable[..., Any]  # stackforge.publish.stack.publish_stack
+    #: stackforge.publish.stack.publish_platforms: every platform line of a stack that declares them, as one index
+    publish_platforms: Callable[..., Any] | None = None
     smoke: Callable[..., Any] | None = None  # stackforge.smoke.run.smoke
     recipes: NightlyRecipes | None = None
     smoking: SmokeOptions = field(default_factory=SmokeOptions)  # how each smoke runs (hardware, lease's uuids)
@@ -754,52 +790,60 @@ class NightlyRun:
     #: False: publish the immutable tags only, never an alias (a shard: the merge moves them for the whole night)
     move_aliases: bool = True
     network: str | None = None  # the RUN steps' network of the bake and every build (None: the builder's default)
-    #: the evidence directories this night named so far: name -> (stack, target)
-    evidence_names: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: the evidence directories this night named so far: name -> (stack, target[, line])
+    evidence_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def evidence_name(stack: str, target: str, taken: dict[str, tuple[str, str]]) -> str:
-    """The directory of a row's evidence in the night: ``<stack>-<target>``, and a short hash of the pair after it
-    when another row of the night has that name already (``hp-a``/``b-c`` and ``hp-a-b``/``c``)."""
-    name = f"{stack}-{target}"
-    if taken.setdefault(name, (stack, target)) != (stack, target):
-        name += "-" + hashlib.sha256(json.dumps([stack, target]).encode()).hexdigest()[:10]
-        taken[name] = (stack, target)
+def evidence_name(stack: str, target: str, taken: dict[str, tuple[str, ...]], line: str = "") -> str:
+    """The directory of a row's evidence in the night: ``<stack>-<target>`` (``line``, the platform line's suffix, after
+    it for a line that is not the stack's own: ``post2-vllm-openai@arm64``), and a short hash of the row after it when
+    another row of the night has that name already (``hp-a``/``b-c`` and ``hp-a-b``/``c``)."""
+    key = (stack, target, line) if line else (stack, target)
+    name = f"{stack}-{target}{line}"
+    if taken.setdefault(name, key) != key:
+        name += "-" + hashlib.sha256(json.dumps(list(key)).encode()).hexdigest()[:10]
+        taken[name] = key
     return name
+
+
+def _label(stack: ResolvedStack, target: str) -> str:
+    """``<stack>/<target>``, the line after the stack for a platform line that is not its own (``post2@arm64/…``)."""
+    return f"{stack.name}{_suffix(stack)}/{target}"
+
+
+def _suffix(stack: ResolvedStack) -> str:
+    return stack.line.suffix if stack.line is not None else ""
+
+
+def _own(stack: ResolvedStack) -> bool:
+    return stack.line is None or stack.line.own
+
+
+def lines_of(stack: ResolvedStack, every: bool = True) -> list[ResolvedStack]:
+    """The platform lines a night builds of ``stack``: every line it declares that can be built (``every``; a line
+    declared with values no record states is not, :func:`not_buildable`), else the stack as written (its own line:
+    a shard, whose plan has one unit per stack's platform). A stack with one such line is built as itself."""
+    built = [ln for ln in stack.platform_lines().values() if ln.line is None or not ln.line.unknown]
+    return built if every and len(built) > 1 else [stack]
+
+
+def not_buildable(stack: ResolvedStack) -> list[str]:
+    """What ``lint`` says of each platform line of ``stack`` that is declared, not buildable (values no record
+    states): the night leaves those lines out, and its summary says so."""
+    return [note for ln in stack.lines.values() if ln.line is not None and (note := lines_of_mod.unknown_note(ln.line))]
+
+
+def platforms_of(stack: ResolvedStack, every: bool = True) -> list[str | None]:
+    """The OCI platform of each line :func:`lines_of` gives."""
+    return [line.line.oci if line.line is not None else None for line in lines_of(stack, every)]
 
 
 def _one(run: NightlyRun, stack: ResolvedStack, target: str) -> Row:
     """Build, gate and publish one stack and target; its evidence bundle is copied under ``run.outdir``."""
-    echo = run.echo
     t0 = time.monotonic()
-    row = Row(stack=stack.name, target=target, status="failed")
-    echo(f"nightly: {stack.name}/{target}: build and gate")
-    evidence = None
-    try:
-        outcome = run.build(
-            stack,
-            run.options(target=target, **_cache_of(run, stack.name, target)),
-            engine=run.engine,
-            echo=lambda line: echo(f"[{stack.name}/{target}] {line}"),  # the engine's log, each line prefixed
-            workspace=run.workspace,
-        )
-        evidence = outcome.evidence
-        row.gate = _gate_summary(outcome.gate)
-    except BuildFailed as err:
-        evidence = _evidence_dir(stack)
-        gate = _read_lines(evidence / "gate.txt")
-        failed_gate = any(line.strip().startswith("FAIL ") for line in gate)
-        row.stage = "gate" if failed_gate else "build"
-        row.gate = _gate_summary(gate)
-        row.reason = err.message
-        echo(f"nightly: {stack.name}/{target}: {row.stage} FAILED")
-    except UserError as err:
-        row.stage, row.reason = "build", err.render()
-        echo(f"nightly: {stack.name}/{target}: build FAILED")
-    if row.stage is None and evidence is not None and run.test is not None:
-        _test_slices(run, stack, target, row, evidence)
+    row, evidence = _build_and_gate(run, stack, target)
     if row.stage is None:
-        echo(f"nightly: {stack.name}/{target}: publish")
+        run.echo(f"nightly: {_label(stack, target)}: publish")
         recipes = run.recipes.of(stack.name, target) if run.recipes is not None else []
         publish = functools.partial(
             run.publish,
@@ -815,22 +859,145 @@ def _one(run: NightlyRun, stack: ResolvedStack, target: str) -> Row:
             result = publish(move_aliases=not recipes and run.move_aliases)
             row.status, row.tag, row.digest = result.status, result.reference, result.digest
             row.scan = getattr(result, "scan", None)
-            echo(f"nightly: {stack.name}/{target}: {result.status} {result.reference}")
+            run.echo(f"nightly: {_label(stack, target)}: {result.status} {result.reference}")
             if recipes:
                 _smoke_then_aliases(run, stack, target, row, recipes, evidence, publish)
             else:
                 row.smoke, row.aliases = "none", dict(result.aliases)
-        except UserError as err:
-            row.stage, row.reason = "publish", err.render()
-            echo(f"nightly: {stack.name}/{target}: publish FAILED")
+        except UserError as err:  # nothing published, or the aliases not moved after the smoke
+            row.status, row.stage, row.reason = "failed", "publish", err.render()
+            run.echo(f"nightly: {_label(stack, target)}: publish FAILED")
     row.duration_s = round(time.monotonic() - t0, 1)
+    _keep_evidence(run, stack, target, row, evidence)
+    return row
+
+
+def _build_and_gate(run: NightlyRun, stack: ResolvedStack, target: str) -> tuple[Row, Path | None]:
+    """Build and gate one platform line of a stack and target (on its platform: a line of another platform than the
+    host's builds under emulation or on its builder, as ``build --platform`` does), then, on the stack's own line,
+    the target's device-free nightly test slices: the row (``stage`` None when it may be published) and the build's
+    evidence."""
+    echo, label = run.echo, _label(stack, target)
+    row = Row(stack=stack.name, target=target, status="failed", platform=stack.line.oci if stack.line else None)
+    echo(f"nightly: {label}: build and gate")
+    evidence = None
+    try:
+        outcome = run.build(
+            stack,
+            run.options(target=target, **_cache_of(run, stack.name + _suffix(stack), target)),
+            engine=run.engine,
+            echo=lambda line: echo(f"[{label}] {line}"),  # the engine's log, each line prefixed
+            workspace=run.workspace,
+        )
+        evidence = outcome.evidence
+        row.gate = _gate_summary(outcome.gate)
+    except BuildFailed as err:
+        evidence = _evidence_dir(stack)
+        gate = _read_lines(evidence / "gate.txt")
+        failed_gate = any(line.strip().startswith("FAIL ") for line in gate)
+        row.stage = "gate" if failed_gate else "build"
+        row.gate = _gate_summary(gate)
+        row.reason = err.message
+        echo(f"nightly: {label}: {row.stage} FAILED")
+    except UserError as err:
+        row.stage, row.reason = "build", err.render()
+        echo(f"nightly: {label}: build FAILED")
+    if row.stage is None and evidence is not None and run.test is not None and _own(stack):
+        _test_slices(run, stack, target, row, evidence)
+    return row, evidence
+
+
+def _keep_evidence(run: NightlyRun, stack: ResolvedStack, target: str, row: Row, evidence: Path | None) -> None:
+    """The build's evidence bundle copied into the night's directory; the row names it there."""
     if evidence is not None and evidence.is_dir():
-        dest = run.outdir / evidence_name(stack.name, target, run.evidence_names)
+        dest = run.outdir / evidence_name(stack.name, target, run.evidence_names, _suffix(stack))
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(evidence, dest)
         row.evidence = dest.name  # relative to the run directory: the summary travels as an artifact
-    return row
+
+
+def _platform_lines(run: NightlyRun, stack: ResolvedStack, target: str) -> list[Row]:
+    """Every platform line of a stack that declares them, for one target: each built and gated on its platform (the
+    own line's test slices run, as for a stack of one line), then — only when every line passed — all published
+    under one immutable tag as an OCI image index (``publish --platform all``: ``publish.stack.publish_platforms``),
+    each line's image with its own record, signature and SBOM. The own line is smoked with the image's nightly
+    recipes; the aliases move with the index only when every line passed and the smoke did. A row per line."""
+    t0 = time.monotonic()
+    lines = lines_of(stack)
+    stack = replace(stack, lines={ln.line.name: ln for ln in lines if ln.line is not None})  # what is published
+    built: list[tuple[ResolvedStack, Row, Path | None, float]] = []
+    for line in lines:
+        started = time.monotonic()
+        row, evidence = _build_and_gate(run, line, target)
+        built.append((line, row, evidence, time.monotonic() - started))
+    failed = [row for _, row, _, _ in built if row.stage is not None]
+    started = time.monotonic()
+    if failed:
+        why = ", ".join(f"{r.platform} failed ({r.stage})" for r in failed)
+        for _, row, _, _ in built:
+            if row.stage is None:
+                row.stage = "publish"
+                row.reason = f"not published: {why}; the stack's tag is one index of every platform line"
+        run.echo(f"nightly: {stack.name}/{target}: not published: {why}")
+    else:
+        _publish_lines(run, stack, target, [(line, row, evidence) for line, row, evidence, _ in built])
+    shared = time.monotonic() - started
+    for line, row, evidence, took in built:
+        row.duration_s = round(took + shared, 1)
+        _keep_evidence(run, line, target, row, evidence)
+    run.echo(f"nightly: {stack.name}/{target}: {len(built)} platform lines in {time.monotonic() - t0:.0f} s")
+    return [row for _, row, _, _ in built]
+
+
+def _publish_lines(
+    run: NightlyRun, stack: ResolvedStack, target: str, built: list[tuple[ResolvedStack, Row, Path | None]]
+) -> None:
+    """Publish every line (gated) of ``stack``/``target`` as one index, smoke the own line, move the aliases (each row
+    filled in)."""
+    assert run.publish_platforms is not None
+    label = f"{stack.name}/{target}"
+    run.echo(f"nightly: {label}: publish {', '.join(str(row.platform) for _, row, _ in built)} as one index")
+    recipes = run.recipes.of(stack.name, target) if run.recipes is not None else []
+    publish = functools.partial(
+        run.publish_platforms,
+        stack,
+        run.registry,
+        options=replace(run.publishing, echo=lambda line: None),
+        date=run.date,
+        target=target,
+        engine=run.engine,
+        workspace=run.workspace,
+    )
+    try:
+        result = publish(move_aliases=not recipes and run.move_aliases)
+        index = result.index
+        run.echo(f"nightly: {label}: {index.status} {index.reference} ({index.digest})")
+        for line, row, _ in built:
+            assert line.line is not None
+            child = result.platforms[line.line.name]
+            row.status, row.tag, row.digest = index.status, index.reference, child.digest
+            row.scan = getattr(child, "scan", None)
+        if not recipes:
+            for _, row, _ in built:
+                row.smoke, row.aliases = "none", dict(index.aliases)
+            return
+        own, own_row, own_evidence = next(((ln, r, e) for ln, r, e in built if _own(ln)), built[0])
+        _smoke_then_aliases(run, own, target, own_row, recipes, own_evidence, lambda **kw: publish(**kw).index)
+    except UserError as err:  # nothing published, or the aliases not moved after the smoke
+        for _, row, _ in built:
+            row.stage, row.reason = "publish", err.render()
+            row.status = "failed"
+        run.echo(f"nightly: {label}: publish FAILED")
+        return
+    for _, row, _ in built:
+        if row is own_row:
+            continue
+        row.smoke = NOT_RUN  # a recipe serves the image on the host's platform: the own line's image is smoked
+        if own_row.ok:
+            row.aliases = dict(own_row.aliases)
+        elif run.move_aliases:
+            row.aliases = {"*": f"not moved: smoke {own_row.smoke} on {own_row.platform}"}
 
 
 def _test_slices(run: NightlyRun, stack: ResolvedStack, target: str, row: Row, evidence: Path) -> None:

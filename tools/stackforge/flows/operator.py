@@ -29,7 +29,7 @@ from stackforge.builder.context.embed import load_embedded
 from stackforge.builder.plan.plan import LABEL_NS
 from stackforge.builder.records import sbom
 from stackforge.builder.run.verify import Verification, image_config, line_of, verify
-from stackforge.clients.engine import image_files
+from stackforge.clients.engine import image_files, labels_of
 from stackforge.clients.registry import (
     DOCKER_MANIFEST_LIST,
     OCI_INDEX,
@@ -108,8 +108,8 @@ def _pull(engine: Engine, pinned: str) -> None:
 
 
 def _labels(engine: Engine, image: str) -> tuple[dict[str, str], str]:
-    attrs = engine.sdk().images.get(image).attrs
-    return dict(attrs.get("Config", {}).get("Labels") or {}), str(attrs.get("Id"))
+    attrs = engine.image_attrs(image)
+    return labels_of(attrs), str(attrs.get("Id"))
 
 
 def host_platform(engine: Engine) -> str:

@@ -52,18 +52,7 @@ if TYPE_CHECKING:
     from stackforge.stack.resolved import ResolvedStack
 from stackforge.stack.model import Stack
 from stackforge.stack.pins import Pin
-
-# glibc of the base OS, for manylinux tags; other OS labels get the widest of these.
-GLIBC = {
-    "ubuntu20.04": (2, 31),
-    "ubuntu22.04": (2, 35),
-    "ubuntu24.04": (2, 39),
-    "debian11": (2, 31),
-    "debian12": (2, 36),
-    "bookworm": (2, 36),
-    "rockylinux8": (2, 28),
-    "rockylinux9": (2, 34),
-}
+from stackforge.stack.platforms import glibc_of
 
 
 def standalone(version: str) -> str:
@@ -88,7 +77,7 @@ def target_tags(stack: Stack) -> list[Tag]:
     """Wheel tags that install on the stack's platform, most specific first."""
     major, minor = (int(x) for x in stack.platform.python.split(".")[:2])
     arch = stack.platform.arch
-    glibc_max = GLIBC.get(stack.platform.os, max(GLIBC.values()))
+    glibc_max = glibc_of(stack.platform.os)
     platforms = [f"manylinux_{glibc_max[0]}_{m}_{arch}" for m in range(glibc_max[1], 4, -1)]
     legacy = {(2, 17): "manylinux2014", (2, 12): "manylinux2010", (2, 5): "manylinux1"}
     out_platforms = []

@@ -34,7 +34,7 @@ from stackforge.builder.run.run import BuildOptions, default_target, failure_rea
 from stackforge.builder.run.run import build as build_stack
 from stackforge.builder.sources.contextfiles import context_time, normalize_tree
 from stackforge.clients.containers import isolated
-from stackforge.clients.engine import Engine
+from stackforge.clients.engine import Engine, layers_of
 from stackforge.clients.workspace import Workspace, workspace_for
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write, stack_lock
@@ -165,10 +165,6 @@ def files_digest(ov: LoadedOverlay) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _image_attrs(engine: Engine, ref: str) -> dict:
-    return dict(engine.sdk().images.get(ref).attrs)
-
-
 def resolve_base(
     loaded: ResolvedStack,
     ov: LoadedOverlay,
@@ -195,8 +191,8 @@ def resolve_base(
                     fix="pin a digest the registry holds (the publish evidence's `pinned:` line), or layer on "
                     "{stack, target}",
                 )
-        attrs = _image_attrs(engine, base.image)
-        return BaseImage(base.image, attrs["Id"], base.digest, layers=_layer_count(attrs))
+        attrs = engine.image_attrs(base.image)
+        return BaseImage(base.image, str(attrs.get("Id")), base.digest, layers=len(layers_of(attrs)))
     assert base.target is not None
     if reuse:
         ref = target_ref(loaded, base.target)
@@ -211,11 +207,7 @@ def resolve_base(
     else:
         outcome = build_stack(loaded, replace(opts, target=base.target, load=True), engine, echo, workspace=workspace)
         ref, image_id = outcome.tag, str(outcome.image_id)
-    return BaseImage(ref, image_id, None, loaded.name, base.target, _layer_count(_image_attrs(engine, image_id)))
-
-
-def _layer_count(attrs: dict) -> int:
-    return len((attrs.get("RootFS") or {}).get("Layers") or [])
+    return BaseImage(ref, image_id, None, loaded.name, base.target, len(engine.image_layers(image_id)))
 
 
 def check_base_series(
@@ -405,8 +397,8 @@ def read_records(engine: Engine, ref: str, name: str) -> dict[str, list[str]]:
 
 def layers_extend(engine: Engine, base_id: str, ref: str) -> bool:
     """Whether the image's layers start with every layer of the base (it was built FROM that base)."""
-    base = (_image_attrs(engine, base_id).get("RootFS") or {}).get("Layers") or []
-    mine = (_image_attrs(engine, ref).get("RootFS") or {}).get("Layers") or []
+    base = engine.image_layers(base_id)
+    mine = engine.image_layers(ref)
     return bool(base) and mine[: len(base)] == base
 
 
@@ -435,7 +427,7 @@ def build_overlay(
     engine = engine or ws.engine
     info = engine.check()
     base = resolve_base(loaded, ov, engine, opts, reuse=reuse_base, workspace=ws, echo=echo)
-    base_labels = dict(_image_attrs(engine, base.ref).get("Config", {}).get("Labels") or {})
+    base_labels = engine.image_labels(base.ref)
     if ov.model.patches:
         check_base_series(loaded, ov, base_labels, base, ws)
     odir = overlay_build_dir(loaded, ov, opts.out)

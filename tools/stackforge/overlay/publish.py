@@ -78,11 +78,7 @@ def publish_overlay(
         evidence_dir = publish_dir(root, gated, image.image_id)
         options = replace(options, layer_cache=ws.cache("layers"))
         result = publish(image, repository, scheme, date, options, engine=engine, evidence=evidence_dir, extra=extra)
-        labels = _labels(engine, local)
+        labels = engine.image_labels(local)
         made = overlay_record.make(target, evidence_dir, result, labels, engine, local)
         records.attach_made(made, evidence_dir, result, repository, options.policy)
         return result
-
-
-def _labels(engine: Engine, ref: str) -> dict[str, str]:
-    return dict(engine.sdk().images.get(ref).attrs.get("Config", {}).get("Labels") or {})

@@ -88,18 +88,25 @@ def shard_tag(date: str, shard: str) -> str:
 # Documents
 
 
-class Row(BaseModel):
-    """A row as a shard reports it: the summary's row (``flows/nightly.py`` ``Row``) and its platform."""
+class NightRow(BaseModel):
+    """One row of a night: a stack, one of its targets and the platform its image was built for. What
+    ``flows/nightly.py`` ``Row`` writes into ``summary.json`` (its fields are these, a unit test holds them together),
+    what a shard reports (:class:`Row`) and what ``stackforge history`` reads back (``flows/night_records.py``
+    ``SummaryRow``): strict JSON types, keys a newer writer added kept."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
     stack: str
     target: str
     status: str
+    #: the OCI platform of the image (linux/amd64, linux/arm64): the platform line it was built for; None in a row
+    #: that built nothing (a stack that did not load) and in a night written before rows named it
     platform: str | None = None
+    #: a sharded night's: the shard that built the row
     shard: str | None = None
     stage: str | None = None
     tag: str | None = None
+    #: the image's manifest (of its platform, under a tag that is an index of every platform line)
     digest: Digest | None = None
     gate: str | None = None
     duration_s: float = Field(default=0.0, ge=0)
@@ -110,6 +117,14 @@ class Row(BaseModel):
     smoke_recipes: dict[str, str] = Field(default_factory=dict)
     tests: dict[str, str] = Field(default_factory=dict)
     aliases: dict[str, str] = Field(default_factory=dict)
+    #: the vulnerability gate's verdict; typed loosely here so that one the history cannot read (it reads it apart,
+    #: ``night_records.Scan``) does not make the whole summary unreadable. None: not scanned
+    scan: JsonValue = None
+
+
+class Row(NightRow):
+    """A row as a shard reports it: the summary's row, its scan an object when there is one."""
+
     scan: dict[str, JsonValue] | None = None
 
 
@@ -371,6 +386,7 @@ __all__ = [
     "PLAN_TYPE",
     "ROW_TYPE",
     "SHARD_TYPE",
+    "NightRow",
     "Reported",
     "Row",
     "ShardResult",

@@ -37,7 +37,7 @@ from typing import IO, Any, BinaryIO, Protocol, cast
 from stackforge import extras
 from stackforge.builder.plan.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
 from stackforge.clients import contentstore, layerstore
-from stackforge.clients.engine import Engine
+from stackforge.clients.engine import Engine, platform_of
 from stackforge.clients.registry import OCI_MANIFEST, sha256_digest
 from stackforge.errors import BuildFailed, UserError
 from stackforge.fslock import atomic_write
@@ -779,7 +779,7 @@ class ArchiveImage:
 
 
 class ChunkReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (the SDK's streamed ``docker save``)."""
+    """A readable file over an iterator of byte chunks (the engine's streamed ``docker save``: ``Engine.export_image``)."""
 
     def __init__(self, chunks: Iterator[bytes]):
         self._chunks = iter(chunks)
@@ -826,11 +826,12 @@ class DockerImage:
             raise UserError(f"local image {self.ref} does not exist", fix="build it first (stackforge build STACK)")
         self.image_id = image_id
         try:
-            attrs = self._engine().sdk().api.inspect_image(image_id)
-        except Exception:
+            attrs = self._engine().image_attrs(image_id)
+        except UserError:  # removed meanwhile, or an engine that cannot say: the export below tells
             attrs = {}
-        self.local_size = attrs.get("Size")
-        self.platform = (str(attrs.get("Os") or "linux"), str(attrs.get("Architecture") or ""), attrs.get("Variant"))
+        size = attrs.get("Size")
+        self.local_size = size if isinstance(size, int) else None
+        self.platform = platform_of(attrs)
 
     def prepare(
         self,
@@ -855,10 +856,10 @@ class DockerImage:
                 except layerstore.Unusable as exc:
                     reasons.append(str(exc))
             log("export-from-layer-store-refused", reason="; ".join(reasons), then="docker save")
-        import docker.errors  # the SDK streams `docker save` without a temporary tar file
-
+        image_id = self.image_id
+        assert image_id is not None  # inspect() set it
         try:
-            chunks = self._engine().sdk().api.get_image(self.image_id)
+            chunks = self._engine().export_image(image_id)  # streamed: no temporary tar file
             with io.BufferedReader(ChunkReader(chunks), buffer_size=_CHUNK) as stream:
                 return read_image(
                     stream,
@@ -869,11 +870,6 @@ class DockerImage:
                     cache=cache,
                     sink=sink,
                 )
-        except docker.errors.DockerException as exc:
-            raise BuildFailed(
-                f"exporting {self.ref} ({self.image_id}) from the engine failed: {exc}",
-                fix="check the engine (docker info) and re-run",
-            ) from None
         except tarfile.TarError as exc:
             raise BuildFailed(
                 f"the engine's export of {self.ref} is unreadable: {exc}", fix="re-run the publish"

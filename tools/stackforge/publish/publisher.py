@@ -77,13 +77,14 @@ from stackforge.clients.registry import (
     with_retries,
 )
 from stackforge.clients.workspace import cache_dir
-from stackforge.errors import BuildFailed, UserError
+from stackforge.errors import BuildFailed, UserError, clip
 from stackforge.fslock import flock_wait
 from stackforge.publish.codec import codec
 from stackforge.publish.oci import ImageSource, LayerCache, PreparedImage, PublishedImages
 from stackforge.publish.transfer import UPLOADS, Uploader
 from stackforge.signals import Interrupted
 from stackforge.stack.scheme import TagScheme, first_free_revision, validate_date
+from stackforge.urls import redact_text
 
 # --------------------------------------------------------------------------------------------
 # Push log
@@ -839,12 +840,12 @@ class Publisher:
         engine = self.engine or Engine()
         t = time.monotonic()
         had = engine.image_id(ref)
-        try:
-            engine.sdk().api.pull(str(self.repository), tag=tag)
-        except Exception as exc:
+        pulled = engine.pull(ref)
+        if pulled.returncode != 0:
             raise BuildFailed(
-                f"re-pull of {ref} failed: {exc}", fix="check the registry from the engine's side"
-            ) from None
+                f"re-pull of {ref} failed: {clip(redact_text(pulled.stderr or pulled.stdout))}",
+                fix="check the registry from the engine's side",
+            )
         got = engine.image_id(ref)
         ok = got == image_id
         self.log("re-pull", reference=ref, image_id=got, ok=ok)
@@ -852,7 +853,7 @@ class Publisher:
             raise BuildFailed(f"re-pull of {ref} yields image id {got}, the published image is {image_id}")
         if had is None:
             # Drop the pulled name again when the image keeps another one, so the engine is left as it was.
-            tags = engine.sdk().api.inspect_image(got).get("RepoTags") or []
+            tags = engine.image_attrs(image_id).get("RepoTags") or []
             if len(tags) > 1:
                 engine.remove_image(ref)
         return {"reference": ref, "image_id": got, "identical": ok, "seconds": round(time.monotonic() - t, 3)}

@@ -398,7 +398,7 @@ class Attacher:
 
     def _record(self, published: PublishResult) -> PublishRecord:
         if self._details is None:
-            labels = dict(self.engine.sdk().images.get(self.local_ref).attrs.get("Config", {}).get("Labels") or {})
+            labels = self.engine.image_labels(self.local_ref)
             self._details = details(self.loaded, self.evidence_dir, labels)
             if self.scan is not None:
                 keys = ("verdict", "fail_on", "blocked", "waived", "findings", "database")

@@ -292,7 +292,7 @@ def _signing(
     provenance.signer(options.trust.sign_key)
 
     def unsigned() -> dict[str, Any]:
-        labels = dict(engine.sdk().images.get(local).attrs.get("Config", {}).get("Labels") or {})
+        labels = engine.image_labels(local)
         data = record.details(loaded, evidence_dir, labels)
         data["stack_files"] = {n: e.model_dump() for n, e in data["stack_files"].items()}
         gated = engine.image_id(local)  # the image the gate ran in; the published id may be its normalized form
@@ -420,7 +420,7 @@ def publish_platforms(
         index.aliases.update({a: f"not moved: {'; '.join(blocked)}" for a in aliases})
     results: dict[str, PublishResult] = {}
     for name, _line, child, evidence_dir, extra, attacher, _held in pushed:
-        final = replace(child, status=index.status, tag=index.tag, aliases=dict(index.aliases))
+        final = replace(child, status=index.status, tag=index.tag, aliases=dict(index.aliases), scan=attacher.scan)
         attacher.finish(final)
         _attach_sbom(evidence_dir, repository, options, final)
         write_evidence(evidence_dir, {**extra, **final.evidence(), "index": {"digest": index.digest,

@@ -124,13 +124,9 @@ def _value_at(data: Any, path: tuple) -> Any:
 
 
 def _merge_positions(base: dict, over: dict, over_data: Any) -> dict:
-    out = dict(base)
     # A replaced (non-mapping) value drops the parent's positions below it; mappings merge.
-    for path in over:
-        if isinstance(_value_at(over_data, path), dict):
-            continue
-        for old in [p for p in out if len(p) > len(path) and p[: len(path)] == path]:
-            del out[old]
+    replaced = {path for path in over if not isinstance(_value_at(over_data, path), dict)}
+    out = {p: at for p, at in base.items() if not any(p[:k] in replaced for k in range(1, len(p)))}
     out.update(over)
     return out
 

@@ -30,9 +30,10 @@ KEEP = 16  # keys kept in the store (e.g. list with and without a --set)
 VALIDATING_LIBRARIES = ("pydantic", "pydantic_core", "yaml")
 
 
-def key(root: Path, names: list[str], overrides: list[str]) -> str:
-    """The key of the rows of ``names`` under ``root`` with ``overrides``."""
-    h = hashlib.sha256(f"{code_fingerprint(VALIDATING_LIBRARIES)}\0{root}\n".encode())
+def key(root: Path, names: list[str], overrides: list[str], code: str | None = None) -> str:
+    """The key of the rows of ``names`` under ``root`` with ``overrides`` (``code``: the validating code's
+    fingerprint, when already taken in this run)."""
+    h = hashlib.sha256(f"{code or code_fingerprint(VALIDATING_LIBRARIES)}\0{root}\n".encode())
     for name in names:
         path = root / STACKS_DIR / f"{name}.yaml"
         h.update(f"{name}\0{path.resolve()}\0".encode())
@@ -60,7 +61,8 @@ def rows(
     if cache is None:
         return compute()
     try:
-        k = key(root, names, overrides)
+        code = code_fingerprint(VALIDATING_LIBRARIES)
+        k = key(root, names, overrides, code)
     except OSError:
         return compute()
     store = cache / STORE
@@ -76,7 +78,7 @@ def rows(
     if any("invalid" in r for r in result):
         return result
     try:
-        if key(root, names, overrides) != k:  # an input changed while the rows were computed
+        if key(root, names, overrides, code) != k:  # a stack file changed while the rows were computed
             return result
     except OSError:
         return result

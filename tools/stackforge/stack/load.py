@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from stackforge.clients.credentials import StackCredentials
 from stackforge.errors import UserError
@@ -605,10 +606,6 @@ def load(
     doc = doc or document.read(root, name_or_path, overrides)
     doc.used = True
     data, values, keys, files = doc.data, doc.values, doc.keys, doc.files
-    problems: list[UserError] = []
-    check_keys(Stack, data, (), keys, values, problems)
-    if problems:
-        raise StackInvalid(problems)
     # Credentials (userinfo and sensitive query parameters) are split off before validation, so they
     # never reach the model, its error messages or anything that prints or hashes it. The resolver
     # keeps them for the steps that use them.
@@ -616,7 +613,10 @@ def load(
     try:
         stack = Stack.model_validate(data)
     except ValidationError as exc:
-        raise StackInvalid(validation_problems(exc, values, keys)) from None
+        # Unknown keys first, every one with the key it may have meant; else what the model refused.
+        problems: list[UserError] = []
+        check_keys(Stack, data, (), keys, values, problems)
+        raise StackInvalid(problems or validation_problems(exc, values, keys)) from None
     split_off: dict[str, Credential] = {}
     for iname, idx in stack.indexes.items():
         found = index_found.get(iname)
@@ -761,6 +761,13 @@ def resolved(stack: Stack) -> dict:
 UNFINGERPRINTED = ("tuning", "tests", "platforms")
 
 
+def _empty_by_default(field: FieldInfo) -> bool:
+    """Whether a field's default is an empty mapping or list (written as a value or as a factory)."""
+    if field.default_factory is not None:
+        return field.default_factory in (dict, list)
+    return isinstance(field.default, (dict, list)) and not field.default
+
+
 def _unused_dropped(model: BaseModel, data: dict) -> dict:
     """``data`` (the model's dump) without fields that are empty and empty by default: a stack that does not
     use a feature has the same fingerprint whether or not the schema knows the feature."""
@@ -770,7 +777,7 @@ def _unused_dropped(model: BaseModel, data: dict) -> dict:
         if key not in data:
             continue
         value, attr = data[key], getattr(model, name)
-        if value in ({}, []) and field.default_factory in (dict, list):
+        if value in ({}, []) and not isinstance(attr, BaseModel) and _empty_by_default(field):
             continue
         if isinstance(attr, BaseModel) and isinstance(value, dict):
             value = _unused_dropped(attr, value)

@@ -5,8 +5,7 @@ into "did you mean" errors before pydantic sees them, and turns pydantic's
 type errors into errors that name the file, line and column.
 """
 
-from __future__ import annotations
-
+import functools
 import re
 import types
 import typing
@@ -20,10 +19,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
 from stackforge import grammar
 from stackforge.grammar import ENV_NAME_RE as ENV_NAME
@@ -37,16 +39,22 @@ TOOLKIT_VERSION = re.compile(r"^[0-9][0-9A-Za-z._+-]{0,63}$")
 REQUIREMENT_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9 ._+-]{0,62}[A-Za-z0-9+])?$")
 
 
-def _grammar(check: Callable[[str], str | None]) -> AfterValidator:
-    """A pydantic validator from a ``grammar.check_*`` function (``None`` = valid, else the reason)."""
+class _grammar:
+    """A pydantic validator from a ``grammar.check_*`` function (``None`` = valid, else the reason), run after
+    the type's own validation. It says it takes no validation info, so pydantic need not inspect its signature
+    at every field that uses it (which is most of the cost of building the schema)."""
 
-    def validate(value: str) -> str:
-        reason = check(value)
+    def __init__(self, check: Callable[[str], str | None]) -> None:
+        self.check = check
+
+    def validate(self, value: str) -> str:
+        reason = self.check(value)
         if reason:
             raise ValueError(reason)
         return value
 
-    return AfterValidator(validate)
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.validate, handler(source))
 
 
 def _project(name: str) -> str | None:
@@ -110,24 +118,45 @@ def _is_model(annotation: Any) -> bool:
     return any(isinstance(a, type) and issubclass(a, BaseModel) for a in options)
 
 
+@functools.cache
+def _checked_keys(model: type[BaseModel]) -> dict[str, bool]:
+    """The input keys (each field's name and alias) whose raw value ``Strict`` checks for control characters,
+    each with whether it may hold \\n and \\t; a field holding a model is left to that model."""
+    multiline: frozenset[str] = getattr(model, "multiline_fields", frozenset())
+    keys: dict[str, bool] = {}
+    for name, info in model.model_fields.items():
+        if not _is_model(info.annotation):
+            keys[name] = name in multiline
+            if info.alias:
+                keys[info.alias] = name in multiline
+    return keys
+
+
 class Strict(BaseModel):
     """Unknown keys are refused; no string holds a control character (``multiline_fields`` may hold \\n, \\t)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, defer_build=True)
     multiline_fields: ClassVar[frozenset[str]] = frozenset()
 
-    @field_validator("*", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _printable(cls, value: Any, info: ValidationInfo) -> Any:
-        field = info.field_name
-        if field is None:
-            raise TypeError(f"{cls.__name__}._printable validates fields; pydantic called it without a field name")
-        if _is_model(cls.model_fields[field].annotation):
-            return value  # a nested model checks its own fields
-        reason = _unprintable(value, field in cls.multiline_fields)
-        if reason:
-            raise ValueError(reason)
-        return value
+    def _printable(cls, data: Any) -> Any:
+        """Every raw field value of the mapping, checked once per model before its fields validate; each finding
+        is located at its field, as a field's own error would be. (One check per model rather than a validator
+        on every field: pydantic inspects a field validator at each field while it builds the schema.)"""
+        if not isinstance(data, dict):
+            return data
+        keys = _checked_keys(cls)
+        errors = []
+        for key, value in data.items():
+            multiline = keys.get(key) if isinstance(key, str) else None
+            reason = None if multiline is None else _unprintable(value, multiline)
+            if reason:
+                error = PydanticCustomError("value_error", "Value error, {reason}", {"reason": reason})
+                errors.append(InitErrorDetails(type=error, loc=(key,), input=value))
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return data
 
 
 def _exact_version(value: object) -> str:
@@ -161,7 +190,7 @@ class Platform(Strict):
     musa_runtime: Annotated[str, _grammar(_toolkit_version)] | None = Field(
         None, description='MUSA runtime apt series, e.g. "5.2"'
     )
-    gpu_arch: list[Name] = Field(default_factory=list, description="GPU architectures to compile for, e.g. [mp_31]")
+    gpu_arch: list[Name] = Field(default=[], description="GPU architectures to compile for, e.g. [mp_31]")
 
     @field_validator("python", "musa_runtime", "musa", mode="before")
     @classmethod
@@ -199,14 +228,14 @@ class PlatformLine(Strict):
         "(+musaX.Y.Z, optionally a GPU suffix such as mp22) must carry this one; a pin of another line is a finding",
     )
     with_: dict[str, Any] = Field(
-        default_factory=dict,
+        default={},
         alias="with",
         description="what differs on this platform, in the stack's own keys (platform, base, packages, system, "
         "gate, rules): merged over the resolved stack as a child stack's keys are (a list replaces, a mapping "
         "merges, null removes the key); the stack's own line (its platform.arch) has none",
     )
     unknown: dict[Annotated[str, _grammar(lambda t: _stack_ref(t))], str] = Field(
-        default_factory=dict,
+        default={},
         description="{stack key: why}: values of this line no record states (e.g. packages.deep_ep: no aarch64 "
         "build is named). lint leaves findings at these keys out and names them; render and build refuse the line",
     )
@@ -232,7 +261,7 @@ class PlatformLine(Strict):
 
 class Installer(Strict):
     version: str = Field(description="the exact pip release")
-    sha256: list[Sha256] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
+    sha256: list[Sha256] = Field(default=[], description="allowed wheel hashes; enables --require-hashes")
 
     _v = field_validator("version", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
 
@@ -288,7 +317,7 @@ class Index(Strict):
     )
 
     @model_validator(mode="after")
-    def _lock_or_reason(self) -> Index:
+    def _lock_or_reason(self) -> "Index":
         if self.lock and self.unlocked is not None:
             raise ValueError("lock: true and unlocked: say the opposite; keep one")
         return self
@@ -361,7 +390,7 @@ class Agree(Strict):
     multiline_fields: ClassVar[frozenset[str]] = frozenset({"except_"})
 
     requirements: list[Annotated[str, _grammar(grammar.check_relative_path)]] = Field(
-        default_factory=list,
+        default=[],
         description="requirement files of the upstream (-r/-c inside its tree followed): every line naming a pin "
         "of the stack must agree with it (==V is Version equality: 0.2.7 is not 0.2.7+musa; any other specifier "
         "must be met)",
@@ -370,7 +399,7 @@ class Agree(Strict):
         Annotated[str, _grammar(grammar.check_relative_path)],
         dict[EnvName, Annotated[str, _grammar(_stack_ref)]],
     ] = Field(
-        default_factory=dict,
+        default={},
         description="KEY=VALUE files of the upstream, read by regex, and the stack key each KEY must equal, e.g. "
         "{third_party/PINS: {VLLM_TAG: upstreams.vllm.tag, VLLM_COMMIT: upstreams.vllm.commit}}",
     )
@@ -378,14 +407,14 @@ class Agree(Strict):
         Annotated[str, _grammar(grammar.check_relative_path)],
         dict[EnvName, ProjectName],
     ] = Field(
-        default_factory=dict,
+        default={},
         description="Dockerfiles of the upstream and, for each build argument, the project it pins: every `ARG "
         "NAME=VALUE` line of every stage is compared as the requirement NAME's project ==VALUE, with the stack's "
         "pin of it (a package, or a target's exact requirement), e.g. {docker/musa.Dockerfile: {MOONCAKE_VERSION: "
         "mooncake-transfer-engine-musa}}",
     )
     except_: dict[ProjectName, Annotated[str | None, BeforeValidator(_reason)]] = Field(
-        default_factory=dict,
+        default={},
         alias="except",
         description="{package (or a target's pinned project): why the stack differs from the upstream's line}: the "
         "only way past a "
@@ -397,6 +426,18 @@ class Agree(Strict):
     @classmethod
     def _drop_nulls(cls, value: dict) -> dict:
         return {k: v for k, v in value.items() if v is not None}
+
+
+class RequirementFile(Strict):
+    upstream: Name = Field(description="the upstream whose exported, patched tree holds the file")
+    path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
+        description="the requirement file, relative to the upstream's tree (e.g. requirements/common.txt)"
+    )
+    constraint: bool = Field(
+        False,
+        description="true: the file's lines constrain the phase (pip -c) instead of being installed, e.g. the "
+        "plugin's requirements/common.txt over vLLM's (its huggingface_hub cap)",
+    )
 
 
 class ConstrainedFiles(Strict):
@@ -469,7 +510,7 @@ class ContractLine(Strict):
     stages: list[Name] | None = Field(None, description="targets each built on the one before (from:)")
 
     @model_validator(mode="after")
-    def _one(self) -> ContractLine:
+    def _one(self) -> "ContractLine":
         given = [k for k in CONTRACT_CHECKS if k in self.model_fields_set]
         if len(given) != 1:
             raise ValueError(
@@ -513,7 +554,7 @@ class Upstream(Strict):
         "commit and applied on the host like patches:",
     )
     edits: list[SourceEdit] = Field(
-        default_factory=list,
+        default=[],
         description="in-place fixes applied on the host after the patch series, each checked to match exactly "
         "once (a fix that no longer matches the pinned tree fails the build); labelled org.stackforge.edits.<name>",
     )
@@ -626,15 +667,15 @@ class Toolchain(Strict):
         "(toolchain-<kernel>) that holds no source, so a source change re-runs only the build"
     )
     env: dict[EnvName, str] = Field(
-        default_factory=dict,
+        default={},
         description="environment of the toolchain step and of the build after it; values may use {{ … }} like "
         "kernel env",
     )
     path: list[Annotated[str, _grammar(grammar.check_absolute_path)]] = Field(
-        default_factory=list, description="directories put in front of PATH, e.g. [/usr/local/cargo/bin]"
+        default=[], description="directories put in front of PATH, e.g. [/usr/local/cargo/bin]"
     )
     uses: list[FileSource] = Field(
-        default_factory=list,
+        default=[],
         description="files or directories of the kernel's tree the toolchain step reads (e.g. "
         "rust-toolchain.toml, the Cargo workspace to fetch crates for), copied alone into its working directory: "
         "a change to them re-runs it, any other source change does not",
@@ -647,18 +688,18 @@ class Toolchain(Strict):
 class Kernel(Strict):
     upstream: Name = Field(description="the upstream whose patched tree this step builds")
     when: dict[EnvName, Annotated[str, _grammar(grammar.check_name)]] = Field(
-        default_factory=dict,
+        default={},
         description="build options this step needs, e.g. {BUILD_VLLM_RS: '1'}: the step is left out otherwise",
     )
     env: dict[EnvName, str] = Field(
-        default_factory=dict, description="environment of the build command; values may use {{ … }} like tags"
+        default={}, description="environment of the build command; values may use {{ … }} like tags"
     )
     run: str = Field(
         description="shell command run in the upstream tree, offline; it writes wheels to /out/wheels (and the "
         "files it declares to /out/files)"
     )
     trees: dict[Name, TreePath] = Field(
-        default_factory=dict,
+        default={},
         description="other upstreams' exported, patched trees placed inside this tree before the build: "
         "{upstream: relative path}, e.g. {vllm: third_party/vllm}",
     )
@@ -666,7 +707,7 @@ class Kernel(Strict):
         None, description="a build toolchain installed with network before the offline build, never in the image"
     )
     files: dict[FileSource, FileDest] = Field(
-        default_factory=dict,
+        default={},
         description="files or directories the step writes besides wheels, {path under /out/files: destination} "
         "(an absolute path or {site}/…), installed in the gate stage after the wheels with their mode (a directory "
         "replaces the destination directory as a whole); a missing one fails the build",
@@ -703,7 +744,7 @@ def _env_values(value):
 
 class Step(Strict):
     env: dict[EnvName, str] = Field(
-        default_factory=dict, description="environment of the command; values may use {{ … }} like tags"
+        default={}, description="environment of the command; values may use {{ … }} like tags"
     )
     run: str = Field(description="one shell line run in the installed environment, offline")
 
@@ -757,7 +798,7 @@ class Package(Strict):
     import_: Module | None = Field(
         default=None, alias="import", description="module to import (default: name with - → _)"
     )
-    sha256: list[Sha256] = Field(default_factory=list, description="allowed wheel hashes; enables --require-hashes")
+    sha256: list[Sha256] = Field(default=[], description="allowed wheel hashes; enables --require-hashes")
 
     _v = field_validator("version", mode="before")(classmethod(lambda cls, v: _exact_version(v)))
 
@@ -781,12 +822,10 @@ class Probe(Strict):
     code: str = Field(description="Python run in the gate after the imports; it prints one result line")
     expect: str = Field(description="the exact line the code must print")
     when: dict[EnvName, Annotated[str, _grammar(grammar.check_name)]] = Field(
-        default_factory=dict,
+        default={},
         description="build options this probe needs, e.g. {BUILD_VLLM_RS: '1'}: left out of the gate otherwise",
     )
-    env: dict[EnvName, str] = Field(
-        default_factory=dict, description="environment set while the probe runs (restored after it)"
-    )
+    env: dict[EnvName, str] = Field(default={}, description="environment set while the probe runs (restored after it)")
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _env_values(v)))
 
@@ -799,16 +838,16 @@ class PipCheckAllow(Strict):
 
 class Gate(Strict):
     prepare: list[str] = Field(
-        default_factory=list,
+        default=[],
         description="commands run in the gate stage before the checks; what they write stays in the image layer "
         "(e.g. files a package would otherwise create at import time)",
     )
     imports: list[GateImport] = Field(
-        default_factory=list,
+        default=[],
         description="extra modules the gate imports after the packages, e.g. {module: vllm, dist: vllm}",
     )
     probes: list[Probe] = Field(
-        default_factory=list,
+        default=[],
         description="Python snippets the gate runs after the imports; each must print its expected line",
     )
 
@@ -816,16 +855,16 @@ class Gate(Strict):
     read_only: bool = Field(default=True, description="re-run the imports with site-packages mounted read-only")
     abi: bool = Field(default=True, description="resolve every DT_NEEDED of the vendor packages' shared objects")
     pip_check_allow: list[PipCheckAllow] = Field(
-        default_factory=list,
+        default=[],
         description="unmet requirements `pip check` may report, each with its reason (e.g. a plugin revision "
         "that pins another release train than this stack); any other unmet requirement fails the gate",
     )
     library_path: list[str] = Field(
-        default_factory=list,
+        default=[],
         description="directories the loader searches for the ABI check, as the runtime would; {site} is site-packages",
     )
     exact: list[ProjectName] = Field(
-        default_factory=list,
+        default=[],
         description="packages whose installed version must be the pin itself, local label and all (the fork's "
         "exact_version_dists): for them the gate refuses a build of the pin (0.1.90+x for a pin 0.1.90) that the "
         "local-label rule accepts for the others",
@@ -901,30 +940,30 @@ class Requirement(Strict):
 
 class Rules(Strict):
     trains: list[Train] = Field(
-        default_factory=list, description="release trains: pins whose versions move together, e.g. torch and torch_musa"
+        default=[], description="release trains: pins whose versions move together, e.g. torch and torch_musa"
     )
     built_for: list[BuiltFor] = Field(
-        default_factory=list,
+        default=[],
         description="pins whose local label names the pin they were built against (deep_ep names the stack's torch)",
     )
     aligned: list[Aligned] = Field(
-        default_factory=list, description="families sharing one public version (MATE and its wrappers)"
+        default=[], description="families sharing one public version (MATE and its wrappers)"
     )
     vendor_build: list[VendorBuild] = Field(
-        default_factory=list, description="pins that must be a vendor build (a +<local_prefix> label)"
+        default=[], description="pins that must be a vendor build (a +<local_prefix> label)"
     )
     minimums: list[Minimum] = Field(
-        default_factory=list, description="minimum versions of pins, each optionally conditional on another pin"
+        default=[], description="minimum versions of pins, each optionally conditional on another pin"
     )
     requires: list[Requirement] = Field(
-        default_factory=list, description="minimum versions checked in the image by the gate (PASS requires …)"
+        default=[], description="minimum versions checked in the image by the gate (PASS requires …)"
     )
 
 
 class Tags(Strict):
     local: str = Field(description="Jinja2 template of the local image reference")
     publish: str | None = Field(default=None, description="template of the publish reference (needs date and revision)")
-    aliases: list[str] = Field(default_factory=list, description="moving tags updated after a verified publish")
+    aliases: list[str] = Field(default=[], description="moving tags updated after a verified publish")
     compression: Literal["gzip", "zstd"] | None = Field(
         None,
         description="the layer compression `publish` and the nightly write (default gzip; zstd needs Docker 23 or "
@@ -945,74 +984,6 @@ class Healthcheck(Strict):
     start_period_s: int = Field(0, ge=0, le=86400, description="seconds of start-up during which failures do not count")
 
 
-class Target(Strict):
-    # The exec form is written as JSON: newlines and tabs inside an argument stay on one Dockerfile line.
-    multiline_fields: ClassVar[frozenset[str]] = frozenset({"entrypoint", "cmd"})
-
-    entrypoint: list[str] | None = Field(
-        None, description="ENTRYPOINT in exec form, e.g. [vllm, serve]; child targets inherit it"
-    )
-    cmd: list[str] | None = Field(None, description="CMD in exec form; child targets inherit it")
-    env: dict[EnvName, str] = Field(
-        default_factory=dict,
-        description="ENV of the target; values may use {{ … }} like tags (e.g. from platform.gpu_arch)",
-    )
-    # Per-target layers (builder/plan/targets.py): a target builds on the gate, or on another target with `from:`.
-    from_: Name | None = Field(
-        None, alias="from", description="the target this one builds on (a child target); default: the gate"
-    )
-    publish: bool | None = Field(
-        None, description="false: an intermediate stage other targets build on; never tagged or published"
-    )
-    workdir: AbsPath | None = Field(None, description="WORKDIR of the target")
-    labels: dict[LabelKey, str] = Field(
-        default_factory=dict, description="labels of this target; values may use {{ … }} like tags"
-    )
-    system: dict[SystemLayerName, SystemLayer] | None = Field(
-        None, description="apt layers of this target, each one apt transaction, as the top-level system:"
-    )
-    sources: dict[Name, AbsPath] = Field(
-        default_factory=dict,
-        description="upstreams (declared under upstreams:) placed in the image: {upstream: absolute path}",
-    )
-    kernels: dict[Name, Kernel] = Field(
-        default_factory=dict,
-        description="wheels built offline from an upstream's tree in their own stage (the toolchain stays out); "
-        "installed --no-deps in this target",
-    )
-    pip: dict[Name, TargetPhase] = Field(
-        default_factory=dict,
-        description="pip phases in order, each with a constraints file generated in the image from every "
-        "installed vendor dist and a preserve check after it",
-    )
-    steps: dict[Name, Step] = Field(
-        default_factory=dict, description="shell lines run after the pip phases (e.g. compileall)"
-    )
-    checks: list[Probe] = Field(
-        default_factory=list, description="probes run in the target's stage; a failure fails the build"
-    )
-    healthcheck: Healthcheck | None = Field(
-        None, description="HEALTHCHECK of the image: {cmd, interval_s, timeout_s, retries, start_period_s}"
-    )
-    reports: dict[Name, Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
-        default_factory=dict,
-        description="{name: one shell line} run in the built image after the gate (--network=none); each output "
-        "is kept in the evidence as reports/<name>.txt, e.g. {mate-config: python -m mate show-config --json}",
-    )
-
-    _reports = field_validator("reports")(classmethod(lambda cls, v: {k: _one_line(c) for k, c in v.items()}))
-
-    @property
-    def alias(self) -> bool:
-        """Only ``from:`` (and ``publish``): the same image as its parent."""
-        own = self.model_fields_set - {"from_", "publish"}
-        return self.from_ is not None and not any(getattr(self, f) for f in own)
-
-    @property
-    def published(self) -> bool:
-        return self.publish is not False
-
-
 def _pep508(text: str) -> str | None:
     from packaging.requirements import InvalidRequirement, Requirement
 
@@ -1028,10 +999,10 @@ def _pep508(text: str) -> str | None:
 class TargetPhase(Strict):
     index: Name = Field(description="the one index this phase installs from")
     requirements: list[Annotated[str, _grammar(_pep508)]] = Field(
-        default_factory=list, description="PEP 508 requirements, e.g. 'numpy>=1.26.4,<2' (no URLs or options)"
+        default=[], description="PEP 508 requirements, e.g. 'numpy>=1.26.4,<2' (no URLs or options)"
     )
     files: list[RequirementFile] = Field(
-        default_factory=list, description="requirement files of an upstream, read on the host like requirements:"
+        default=[], description="requirement files of an upstream, read on the host like requirements:"
     )
     no_deps: bool = Field(False, description="install with --no-deps")
     only_binary: bool = Field(False, description="install wheels only (--only-binary=:all:)")
@@ -1042,7 +1013,7 @@ class TargetPhase(Strict):
     )
 
     @model_validator(mode="after")
-    def _some(self) -> TargetPhase:
+    def _some(self) -> "TargetPhase":
         if not self.requirements and not self.files:
             raise ValueError("a phase needs requirements or files")
         if self.repin and (self.files or not all("==" in r for r in self.requirements)):
@@ -1050,7 +1021,7 @@ class TargetPhase(Strict):
         return self
 
 
-def _templated(check: Callable[[str], str | None]) -> AfterValidator:
+def _templated(check: Callable[[str], str | None]) -> _grammar:
     """A grammar checked on load unless the value is a template ({{ … }}): then it is checked once rendered."""
     return _grammar(lambda v: None if "{{" in v or "{%" in v else check(v))
 
@@ -1105,7 +1076,7 @@ class SystemPackage(Strict):
         description="the logical package; without candidates also the apt package name; may use {{ … }}"
     )
     candidates: list[Annotated[str, _templated(grammar.check_apt_name)]] = Field(
-        default_factory=list,
+        default=[],
         description="apt package names tried in order, e.g. "
         '["libmudnn3-musa-{{ platform.musa_runtime | dashed }}", "libmudnn3-musa-{{ platform.musa_runtime | major }}"]',
     )
@@ -1124,7 +1095,7 @@ class SystemPackage(Strict):
         return {"name": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _one_pin(self) -> SystemPackage:
+    def _one_pin(self) -> "SystemPackage":
         if self.version is not None and self.line is not None:
             raise ValueError("give either version (exact) or line (a version line), not both")
         return self
@@ -1140,21 +1111,21 @@ class SystemLayer(Strict):
         None, description="command whose presence means the base already carries this layer (install: auto)"
     )
     mirror: AptMirror | None = Field(None, description="rewrite the base OS's apt source to a mirror")
-    sources: dict[Name, AptSource] = Field(default_factory=dict, description="apt sources this layer adds")
+    sources: dict[Name, AptSource] = Field(default={}, description="apt sources this layer adds")
     packages: list[SystemPackage] = Field(
-        default_factory=list,
+        default=[],
         description="installed in one apt transaction (--allow-downgrades "
         "--no-install-recommends); a string is an unpinned package",
     )
-    ld_dirs: list[AbsPath] = Field(default_factory=list, description="written to /etc/ld.so.conf.d/<layer>.conf")
+    ld_dirs: list[AbsPath] = Field(default=[], description="written to /etc/ld.so.conf.d/<layer>.conf")
     symlinks: dict[AbsPath, Annotated[str, _templated(grammar.check_absolute_path)]] = Field(
-        default_factory=dict, description="link: target (ln -sfn); a target missing after the install fails the build"
+        default={}, description="link: target (ln -sfn); a target missing after the install fails the build"
     )
-    env: dict[EnvName, str] = Field(default_factory=dict, description="environment set from this layer on")
-    path: list[AbsPath] = Field(default_factory=list, description="directories put in front of PATH")
+    env: dict[EnvName, str] = Field(default={}, description="environment set from this layer on")
+    path: list[AbsPath] = Field(default=[], description="directories put in front of PATH")
 
     @model_validator(mode="after")
-    def _probe(self) -> SystemLayer:
+    def _probe(self) -> "SystemLayer":
         if self.install == "auto" and self.probe is None:
             raise ValueError("install: auto needs a probe command (e.g. probe: mcc)")
         return self
@@ -1163,16 +1134,68 @@ class SystemLayer(Strict):
 SystemLayerName = Annotated[str, _grammar(_layer_name)]
 
 
-class RequirementFile(Strict):
-    upstream: Name = Field(description="the upstream whose exported, patched tree holds the file")
-    path: Annotated[str, _grammar(grammar.check_relative_path)] = Field(
-        description="the requirement file, relative to the upstream's tree (e.g. requirements/common.txt)"
+class Target(Strict):
+    # The exec form is written as JSON: newlines and tabs inside an argument stay on one Dockerfile line.
+    multiline_fields: ClassVar[frozenset[str]] = frozenset({"entrypoint", "cmd"})
+
+    entrypoint: list[str] | None = Field(
+        None, description="ENTRYPOINT in exec form, e.g. [vllm, serve]; child targets inherit it"
     )
-    constraint: bool = Field(
-        False,
-        description="true: the file's lines constrain the phase (pip -c) instead of being installed, e.g. the "
-        "plugin's requirements/common.txt over vLLM's (its huggingface_hub cap)",
+    cmd: list[str] | None = Field(None, description="CMD in exec form; child targets inherit it")
+    env: dict[EnvName, str] = Field(
+        default={},
+        description="ENV of the target; values may use {{ … }} like tags (e.g. from platform.gpu_arch)",
     )
+    # Per-target layers (builder/plan/targets.py): a target builds on the gate, or on another target with `from:`.
+    from_: Name | None = Field(
+        None, alias="from", description="the target this one builds on (a child target); default: the gate"
+    )
+    publish: bool | None = Field(
+        None, description="false: an intermediate stage other targets build on; never tagged or published"
+    )
+    workdir: AbsPath | None = Field(None, description="WORKDIR of the target")
+    labels: dict[LabelKey, str] = Field(
+        default={}, description="labels of this target; values may use {{ … }} like tags"
+    )
+    system: dict[SystemLayerName, SystemLayer] | None = Field(
+        None, description="apt layers of this target, each one apt transaction, as the top-level system:"
+    )
+    sources: dict[Name, AbsPath] = Field(
+        default={},
+        description="upstreams (declared under upstreams:) placed in the image: {upstream: absolute path}",
+    )
+    kernels: dict[Name, Kernel] = Field(
+        default={},
+        description="wheels built offline from an upstream's tree in their own stage (the toolchain stays out); "
+        "installed --no-deps in this target",
+    )
+    pip: dict[Name, TargetPhase] = Field(
+        default={},
+        description="pip phases in order, each with a constraints file generated in the image from every "
+        "installed vendor dist and a preserve check after it",
+    )
+    steps: dict[Name, Step] = Field(default={}, description="shell lines run after the pip phases (e.g. compileall)")
+    checks: list[Probe] = Field(default=[], description="probes run in the target's stage; a failure fails the build")
+    healthcheck: Healthcheck | None = Field(
+        None, description="HEALTHCHECK of the image: {cmd, interval_s, timeout_s, retries, start_period_s}"
+    )
+    reports: dict[Name, Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default={},
+        description="{name: one shell line} run in the built image after the gate (--network=none); each output "
+        "is kept in the evidence as reports/<name>.txt, e.g. {mate-config: python -m mate show-config --json}",
+    )
+
+    _reports = field_validator("reports")(classmethod(lambda cls, v: {k: _one_line(c) for k, c in v.items()}))
+
+    @property
+    def alias(self) -> bool:
+        """Only ``from:`` (and ``publish``): the same image as its parent."""
+        own = self.model_fields_set - {"from_", "publish"}
+        return self.from_ is not None and not any(getattr(self, f) for f in own)
+
+    @property
+    def published(self) -> bool:
+        return self.publish is not False
 
 
 class RequirementsPhase(Strict):
@@ -1183,13 +1206,6 @@ class RequirementsPhase(Strict):
         "tree are followed, every other option is refused, and a package a vendor index provides is dropped",
     )
     no_deps: bool = Field(default=False, description="install with --no-deps")
-
-
-Target.model_rebuild()
-ConstrainedFiles.model_rebuild()
-ContractLine.model_rebuild()
-Contract.model_rebuild()
-Upstream.model_rebuild()
 
 
 #: pytest's outcome words, as its summary line and `expect:` spell them.
@@ -1274,7 +1290,7 @@ class Slice(Strict):
     description: str = Field("", max_length=200, description="what the slice shows, one line")
     files: SliceFiles = Field(description="where the test files come from: {upstream, paths}")
     select: list[Annotated[str, Field(min_length=1, max_length=512)]] = Field(
-        default_factory=list,
+        default=[],
         max_length=256,
         description="pytest arguments: node ids (tests/test_x.py::test_y), -k EXPR, -m EXPR, --deselect NODEID; "
         "default: the paths",
@@ -1285,7 +1301,8 @@ class Slice(Strict):
         "(passed, failed, skipped, xfailed, xpassed, error)",
     )
     hardware: SliceHardware = Field(
-        default_factory=lambda: SliceHardware.model_validate({}),
+        default={},
+        validate_default=True,
         description="the devices the slice needs: {devices: none | mthreads, count}",
     )
     target: Name | None = Field(
@@ -1303,7 +1320,7 @@ class Slice(Strict):
         return value
 
     @model_validator(mode="after")
-    def _staged(self) -> Slice:
+    def _staged(self) -> "Slice":
         staged = [p.rstrip("/") for p in self.files.paths]
         for node in selection_nodes(self.select):
             path = node.split("::")[0].rstrip("/")
@@ -1354,7 +1371,7 @@ class Stack(Strict):
     )
     base: Base = Field(description="the base image, its interpreter and the pip the phases run with")
     platforms: dict[Name, PlatformLine] = Field(
-        default_factory=dict,
+        default={},
         description="the CPU platforms one tag publishes, by name (e.g. amd64, arm64), each a line of the train "
         "with what differs; the stack as written is the line of its platform.arch. Absent: that one platform",
     )
@@ -1362,11 +1379,11 @@ class Stack(Strict):
         description="package indexes by name, each vendor or public; every package comes from exactly one"
     )
     upstreams: dict[Name, Upstream] = Field(
-        default_factory=dict,
+        default={},
         description="source trees (git or release sdist) fetched, verified and patched on the host",
     )
     kernels: dict[Name, Kernel] = Field(
-        default_factory=dict,
+        default={},
         description="offline build steps in their own stages, from an upstream's patched tree; their wheels and "
         "files are installed after the pip phases",
     )
@@ -1374,51 +1391,53 @@ class Stack(Strict):
         description="the pins, {project: {version, index, …}}: one exact version from one index each"
     )
     requirements: dict[Name, RequirementsPhase] = Field(
-        default_factory=dict,
+        default={},
         description="pip phases from upstream requirement files, run in order after the public pins, with every "
         "pin of the stack (vendor and public) as constraints: a file that would move a pin fails the phase",
     )
     gate: Gate = Field(
-        default_factory=Gate,
+        default={},
+        validate_default=True,
         description="what the gate checks beyond the pins: prepare commands, imports, probes, the read-only "
         "re-run, ABI, pip check",
     )
     rules: Rules = Field(
-        default_factory=Rules,
+        default={},
+        validate_default=True,
         description="rules between the pins that `stackforge lint` checks, and the minimums the gate checks (requires)",
     )
     tags: Tags = Field(description="tag templates: the local tag, the publish tag and the moving aliases")
     labels: dict[LabelKey, str] = Field(
-        default_factory=dict, description="extra labels of the image; values may use {{ … }} like tags"
+        default={}, description="extra labels of the image; values may use {{ … }} like tags"
     )
     targets: dict[Name, Target] = Field(
-        default_factory=dict,
+        default={},
         description="the images built on the gate (or on another target), by name, e.g. vllm-openai",
     )
     options: dict[EnvName, BuildOption] = Field(
-        default_factory=dict,
+        default={},
         description="build options with declared choices; they select optional steps, are part of the "
         "fingerprint and labelled org.stackforge.option.<NAME>",
     )
     tuning: dict[EnvName, Annotated[str, AfterValidator(_one_line)]] = Field(
-        default_factory=dict,
+        default={},
         description="environment of the build steps that does not change what is built (e.g. MAX_JOBS): "
         "kept out of the fingerprint, the tags and the labels; recorded in the evidence",
     )
     post_install: list[PostInstall] = Field(
-        default_factory=list,
+        default=[],
         description="patches of installed distributions, applied in site-packages after the pip phases when the "
         "installed version matches (label org.stackforge.postinstall.<dist>)",
     )
     steps: dict[Name, Step] = Field(
-        default_factory=dict,
+        default={},
         description="commands run in the installed environment after the pip phases and post-install patches",
     )
     system: dict[SystemLayerName, SystemLayer] | None = Field(
         None, description="system layers (apt), in order, each its own stage system-<layer> after base"
     )
     tests: dict[Name, Slice] = Field(
-        default_factory=dict,
+        default={},
         description="pytest slices run in the built image by `stackforge test` (read-only root, no network), each "
         "with the counts pytest must report; never part of the fingerprint",
     )

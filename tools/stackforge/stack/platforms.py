@@ -26,6 +26,29 @@ MUSA_LINE = re.compile(r"^(musa\d+(?:\.\d+)+(?:mp\d+)?)(?![\d.])")
 #: The short name of each architecture's line when a stack declares none (OCI's architecture names).
 ARCH_NAMES = {arch: oci.split("/", 1)[1] for arch, oci in OCI_PLATFORMS.items()}
 
+#: The glibc of each base OS a stack's ``platform.os`` may name: the newest ``manylinux_2_X`` wheel it runs.
+#: ``lock`` resolves for it and ``newest`` reads wheel tags by it, so the two agree on what installs.
+GLIBC: dict[str, tuple[int, int]] = {
+    "ubuntu20.04": (2, 31),
+    "ubuntu22.04": (2, 35),
+    "ubuntu24.04": (2, 39),
+    "debian11": (2, 31),
+    "debian12": (2, 36),
+    "bookworm": (2, 36),
+    "debian13": (2, 41),
+    "trixie": (2, 41),
+    "rockylinux8": (2, 28),
+    "rockylinux9": (2, 34),
+}
+#: An OS the table does not name is taken to run manylinux2014 (glibc 2.17) wheels and nothing newer: a wheel
+#: that needs more may not run on it.
+FALLBACK_GLIBC = (2, 17)
+
+
+def glibc_of(os_label: str) -> tuple[int, int]:
+    """The glibc of base OS ``os_label`` (``platform.os``), or FALLBACK_GLIBC for one the table does not name."""
+    return GLIBC.get(os_label, FALLBACK_GLIBC)
+
 
 @dataclass(frozen=True)
 class Line:

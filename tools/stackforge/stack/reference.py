@@ -107,8 +107,8 @@ def _default(info: FieldInfo) -> str:
     value = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
     if value is PydanticUndefined:
         return "required"
-    if isinstance(value, BaseModel):
-        return "(the defaults below)"
+    if isinstance(value, BaseModel) or (value == {} and info.validate_default and _is_model(info.annotation)):
+        return "(the defaults below)"  # a model, or the empty mapping a model field validates as its default
     return json.dumps(value, ensure_ascii=False)
 
 

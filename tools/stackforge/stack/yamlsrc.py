@@ -15,6 +15,7 @@ the first alias over the budget).
 
 from __future__ import annotations
 
+import copy
 import re
 import stat
 from dataclasses import dataclass
@@ -268,10 +269,29 @@ def _read_limited(path: Path, display: str) -> str:
         ) from None
 
 
+#: Files parsed in this process, by how errors name them and their text: a stack's parent is read again for each
+#: stack that inherits it (``stackforge list`` reads post1 twice). Only small texts, at most MAX_PARSED of them.
+_PARSED: dict[tuple[str, str], Sourced] = {}
+MAX_PARSED = 32
+MAX_PARSED_BYTES = 256 << 10
+
+
 def load_with_positions(path: Path, display: str | None = None) -> Sourced:
-    """Parse one YAML file under the limits; raise UserError (with line and column) on bad YAML."""
+    """Parse one YAML file under the limits; raise UserError (with line and column) on bad YAML. The data is
+    the caller's own (a copy when the same text was parsed before in this process)."""
     display = display or str(path)
     text = _read_limited(path, display)
+    parsed = _PARSED.get((display, text))
+    if parsed is None:
+        parsed = _parse(text, display)
+        if len(text) <= MAX_PARSED_BYTES:
+            if len(_PARSED) >= MAX_PARSED:
+                _PARSED.pop(next(iter(_PARSED)))
+            _PARSED[(display, text)] = parsed
+    return Sourced(copy.deepcopy(parsed.data), dict(parsed.values), dict(parsed.keys))
+
+
+def _parse(text: str, display: str) -> Sourced:
     try:
         check_text(text)
         for i, cls in enumerate(_LOADERS):

@@ -14,8 +14,8 @@ interpreter of the target and takes no private hook. Two runs:
    the target (the first by the target's tag priority), so a lock holds one hash per entry.
 
 - **Target.** ``platform.python`` selects the interpreter tags, ``Requires-Python`` and the markers;
-  ``platform.arch`` and the glibc of ``platform.os`` (:data:`GLIBC`; an unknown OS falls back to
-  manylinux2014, glibc 2.17) select uv's ``--python-platform <arch>-manylinux_2_X`` (the newest uv knows
+  ``platform.arch`` and the glibc of ``platform.os`` (:func:`~stackforge.stack.platforms.glibc_of`, the table
+  ``newest`` reads wheel tags by too; an unknown OS falls back to manylinux2014, glibc 2.17) select uv's ``--python-platform <arch>-manylinux_2_X`` (the newest uv knows
   that is not newer than the OS's glibc) and the ``manylinux_2_X_<arch>`` wheels.
 - **Vendor pins held fixed.** Every vendor pin is offered to uv only as a local stand-in wheel carrying
   the vendor wheel's own METADATA (read from the vendor index, cached by sha256) at the exact pinned
@@ -48,18 +48,8 @@ from stackforge.clients import pip
 from stackforge.clients.index import IndexClient, IndexQueryError
 from stackforge.errors import UserError
 from stackforge.stack.model import Stack
+from stackforge.stack.platforms import glibc_of
 from stackforge.urls import Credential, redact
-
-#: glibc of the base OS named by ``platform.os``: the newest manylinux_2_X a wheel may need
-GLIBC = {
-    "ubuntu20.04": (2, 31),
-    "ubuntu22.04": (2, 35),
-    "ubuntu24.04": (2, 39),
-    "debian11": (2, 31),
-    "debian12": (2, 36),
-    "debian13": (2, 41),
-}
-FALLBACK_GLIBC = (2, 17)
 
 #: the glibc minors uv's --python-platform names, per architecture
 UV_GLIBC = {"x86_64": (17, 28, *range(31, 41)), "aarch64": (17, 28, *range(31, 41))}
@@ -73,7 +63,7 @@ class Target:
 
     @classmethod
     def of(cls, stack: Stack) -> Target:
-        return cls(stack.platform.python, stack.platform.arch, GLIBC.get(stack.platform.os, FALLBACK_GLIBC))
+        return cls(stack.platform.python, stack.platform.arch, glibc_of(stack.platform.os))
 
     @property
     def platforms(self) -> list[str]:

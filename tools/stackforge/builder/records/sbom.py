@@ -284,7 +284,7 @@ def write_evidence(
 ) -> Path:
     """``sbom.cdx.json`` in the build's evidence, from the records the build read out of the image (its inventory
     and its dpkg-query lines): no container runs for it."""
-    created = engine.sdk().images.get(image_id).attrs.get("Created")
+    created = engine.image_created(image_id)
     debs = parse_dpkg("\n".join(dpkg_lines))
     release = os_release_of(engine, ref, image_id, debs)
     text = document(ref, image_id, created, installed.get("dists", []), debs, release)
@@ -294,9 +294,14 @@ def write_evidence(
 
 def of_image(engine: Engine, ref: str) -> str:
     """The SBOM of a local image: its inventory and dpkg database."""
-    if not engine.image_exists(ref):
-        raise UserError(f"image {ref!r} is not in the local engine", file="IMAGE", fix=f"docker pull {ref} first")
-    attrs = engine.sdk().images.get(ref).attrs
+    from stackforge.clients.engine import NoSuchImage
+
+    try:
+        attrs = engine.image_attrs(ref)
+    except NoSuchImage:
+        raise UserError(
+            f"image {ref!r} is not in the local engine", file="IMAGE", fix=f"docker pull {ref} first"
+        ) from None
     data = inventory.from_image(engine, ref) or inventory.taken_from(engine, ref)
     debs = dpkg_of(engine, ref)
     image_id = str(attrs.get("Id"))

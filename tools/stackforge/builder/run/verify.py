@@ -17,7 +17,7 @@ from stackforge.builder.plan import contract
 from stackforge.builder.plan.plan import LABEL_NS, gate_spec
 from stackforge.builder.records import evidence
 from stackforge.builder.run.gate import run_gate
-from stackforge.clients.engine import Engine
+from stackforge.clients.engine import Engine, NoSuchImage, platform_of
 from stackforge.errors import UserError
 from stackforge.stack.load import fingerprint
 
@@ -177,26 +177,29 @@ def local_record(loaded: ResolvedStack, image_id: str | None) -> dict[str, Any] 
 
 
 def image_labels(engine: Engine, image: str) -> dict[str, str]:
-    if not engine.image_exists(image):
+    """The labels of the image to verify; one that is not in the local engine is a UserError naming it, with the
+    way to get it."""
+    try:
+        return engine.image_labels(image)
+    except NoSuchImage:
         raise UserError(
             f"image '{image}' is not in the local engine",
             file="IMAGE",
             fix=f"docker pull {image} first, or build it with stackforge build",
-        )
-    return dict(engine.sdk().images.get(image).attrs.get("Config", {}).get("Labels") or {})
+        ) from None
 
 
 def image_config(engine: Engine, image: str) -> dict[str, Any]:
     """The image's ``Config`` (labels, Env, WorkingDir, Cmd, Entrypoint) as the engine reports it."""
-    return dict(engine.sdk().images.get(image).attrs.get("Config") or {})
+    return engine.image_config(image)
 
 
 def line_of(loaded: ResolvedStack, engine: Engine, image: str) -> ResolvedStack:
     """The platform line of ``loaded`` the image was built for (by its config's OS and architecture): an arm64 image
     is checked against the arm64 line's pins, fingerprint and machine. A stack with no line of that platform is
     checked as it is: its fingerprint and gate say the image is not its."""
-    attrs = engine.sdk().images.get(image).attrs
-    platform = f"{attrs.get('Os') or 'linux'}/{attrs.get('Architecture') or ''}"
+    os_name, arch, _ = platform_of(engine.image_attrs(image))
+    platform = f"{os_name}/{arch}"
     try:
         return loaded.for_platform(platform)
     except UserError:
