@@ -24,6 +24,7 @@ TAG, IMAGE, BASE, BASE_ID = (
     "stackforge/base:bookworm",
     "sha256:" + "b" * 64,
 )
+CONFIG = "sha256:" + "c" * 64
 
 
 @pytest.fixture
@@ -42,8 +43,10 @@ def rig(tmp_path, monkeypatch):
         evidence = root / "build" / loaded.name / "evidence" / f"20260101T000000Z-{len(runs) + 1:03d}"
         evidence.mkdir(parents=True)
         outcome = run.BuildOutcome(loaded.name, "example", TAG, IMAGE, evidence, ["gate result: 7 PASS, 0 FAIL"], 9.5)
-        labels = {"org.opencontainers.image.base.name": loaded.model.base.image, "org.stackforge.base.id": BASE_ID}
-        (evidence / "inputs.json").write_text(json.dumps({"labels": labels}))
+        # as on the containerd store: the label names the base's config, the engine names it by its manifest
+        labels = {"org.opencontainers.image.base.name": loaded.model.base.image, "org.stackforge.base.id": CONFIG}
+        base = {"image": loaded.model.base.image, "id": CONFIG, "engine_id": BASE_ID}
+        (evidence / "inputs.json").write_text(json.dumps({"labels": labels, "base": base}))
         (evidence / "result.json").write_text(
             json.dumps({"ok": True, "image_id": IMAGE, "build_id": evidence.name, "tag": TAG})
         )

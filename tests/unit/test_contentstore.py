@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 from stackforge.clients import contentstore
 from stackforge.clients.contentstore import ContentStore
 from stackforge.clients.layerstore import Unusable
-from tests.fixtures.save_archive import layer_tar
+from tests.fixtures.save_archive import add_file, layer_tar
 
 AMD64 = ("linux", "amd64", None)
 
@@ -140,3 +142,67 @@ def test_open_store_says_why_it_cannot_serve(tmp_path, monkeypatch):
     blobs = tmp_path / "containerd" / "daemon" / "io.containerd.content.v1.content" / "blobs" / "sha256"
     blobs.mkdir(parents=True)
     assert contentstore.open_store(_Engine(_Client(ctrd))).root == blobs
+
+
+# ------------------------------------------------------------------ the config digest both stores agree on
+
+
+def test_the_config_digest_of_an_index_or_a_manifest_is_its_platforms_config(store):
+    """What the classic store names the image by (its image id), read from the containerd store's manifest."""
+    cs, index, manifest, config, _ = store
+    assert cs.config_digest(index, AMD64) == cs.config_digest(manifest, AMD64) == digest(config)
+    with pytest.raises(Unusable, match="holds 0 local manifests of linux/arm64"):
+        cs.config_digest(index, ("linux", "arm64", None))
+    (cs.root / digest(config).split(":")[1]).write_bytes(config + b" ")
+    with pytest.raises(Unusable, match="does not hash to its name"):
+        cs.config_digest(index, AMD64)  # the config is read and checked, not only named
+
+
+def oci_save(root: Path, index_digest: str, big: bytes) -> bytes:
+    """A containerd store's ``docker save`` of the image named ``index_digest``: every blob of ``root`` under
+    blobs/sha256/, a layer larger than any manifest first, then index.json."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        add_file(tar, "blobs/sha256/" + digest(big).split(":")[1], big)
+        for blob in sorted(root.iterdir()):
+            add_file(tar, f"blobs/sha256/{blob.name}", blob.read_bytes())
+        add_file(tar, "index.json", json.dumps({"manifests": [{"digest": index_digest}]}).encode())
+        add_file(tar, "oci-layout", b'{"imageLayoutVersion": "1.0.0"}')
+    return buf.getvalue()
+
+
+class _SavingClient(_Client):
+    """A remote engine with the containerd store (its content store is not here) that exports ``saved``."""
+
+    def __init__(self, saved: bytes, fail: Exception | None = None):
+        super().__init__({"DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}, "http://10.0.0.1:2375")
+        self.asked: list[str] = []
+
+        def get_image(image: str, chunk_size: int = 2 << 20):
+            self.asked.append(image)
+            if fail is not None:
+                raise fail
+            return (saved[i : i + 1000] for i in range(0, len(saved), 1000))
+
+        self.api.get_image = get_image  # type: ignore[attr-defined]
+
+
+def test_without_its_content_store_the_config_digest_is_read_from_the_export(store):
+    cs, index, _, config, _ = store
+    big = b"\0" * (contentstore._SMALL + 1)  # a layer: read past, never kept
+    client = _SavingClient(oci_save(cs.root, index, big))
+    assert contentstore.config_digest(_Engine(client), index, AMD64) == digest(config)
+    assert client.asked == [index]
+    saved = contentstore.saved_blobs(io.BytesIO(oci_save(cs.root, index, big)))
+    assert digest(big).split(":")[1] not in saved.blobs and saved.holds(digest(config))
+
+
+def test_an_export_that_lies_or_fails_is_unusable(store):
+    cs, index, _, config, _ = store
+    forged = oci_save(cs.root, index, b"layer").replace(b'"architecture": "amd64"', b'"architecture": "arm64"')
+    with pytest.raises(Unusable, match="not on a local socket.*does not hash to its name"):
+        contentstore.config_digest(_Engine(_SavingClient(forged)), index, AMD64)
+    with pytest.raises(Unusable, match="exporting it failed: gone"):
+        contentstore.config_digest(_Engine(_SavingClient(b"", fail=OSError("gone"))), index, AMD64)
+    with pytest.raises(Unusable, match="export is unreadable"):
+        contentstore.saved_blobs(io.BytesIO(b"not a tar" * 100))

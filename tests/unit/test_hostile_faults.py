@@ -325,6 +325,9 @@ class FillingEngine:
     def image_exists(self, image):
         return True
 
+    def config_digest(self, image_id, platform=None):
+        return image_id  # the classic store: the id is the config's digest
+
     def supports_source_date_epoch(self):
         return False
 

@@ -16,13 +16,15 @@ caller hashes every layer's uncompressed tar and refuses one whose sha256 is not
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import tarfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from stackforge import extras
 from stackforge.clients.layerstore import Unusable
@@ -107,8 +109,80 @@ class Image:
     layers: list[Layer]
 
 
+class Blobs:
+    """Manifests, indexes and configs read by digest (each checked against it): an image the engine names by a
+    manifest's or an index's digest resolved to its platform's manifest and config. ``read`` and ``holds`` are the
+    store's (:class:`ContentStore`, :class:`SavedBlobs`)."""
+
+    def read(self, digest: str) -> bytes:
+        raise NotImplementedError
+
+    def holds(self, digest: str) -> bool:
+        raise NotImplementedError
+
+    def _json(self, digest: str) -> dict[str, Any]:
+        try:
+            doc = json.loads(self.read(digest))
+        except ValueError:
+            raise Unusable(f"blob {digest} is not JSON") from None
+        if not isinstance(doc, dict):
+            raise Unusable(f"blob {digest} is not a JSON object")
+        return doc
+
+    def manifest(self, image_id: str, platform: tuple[str, str, str | None]) -> dict[str, Any]:
+        """The manifest of the image the engine names ``image_id`` (a manifest's or an index's digest) for
+        ``platform`` (os, architecture, variant or None): an index's attestation manifests and other platforms' are
+        skipped."""
+        doc = self._json(image_id)
+        for _ in range(4):
+            if doc.get("mediaType") not in _INDEXES and "manifests" not in doc:
+                break
+            doc = self._json(self._pick(image_id, doc, platform))
+        else:
+            raise Unusable(f"image {image_id}: indexes nested too deep")
+        config = doc.get("config")
+        if not isinstance(config, dict) or not isinstance(doc.get("layers"), list):
+            raise Unusable(f"image {image_id}: its manifest has no config or layers")
+        _hex(config.get("digest"))
+        return doc
+
+    def config_digest(self, image_id: str, platform: tuple[str, str, str | None]) -> str:
+        """The digest of the config of ``image_id``'s image of ``platform`` (what the classic store names it by),
+        the config read and checked."""
+        digest = str(self.manifest(image_id, platform)["config"]["digest"])
+        self.read(digest)
+        return digest
+
+    def _pick(self, image_id: str, index: dict[str, Any], platform: tuple[str, str, str | None]) -> str:
+        """The digest of the index's one manifest of ``platform`` whose blob the store holds."""
+        found = []
+        for child in index.get("manifests") or []:
+            if not isinstance(child, dict) or "vnd.docker.reference.type" in (child.get("annotations") or {}):
+                continue  # an attestation manifest
+            plat = child.get("platform") or {}
+            if (plat.get("os"), plat.get("architecture")) != platform[:2]:
+                continue
+            if platform[2] and plat.get("variant") not in (None, platform[2]):
+                continue
+            if not self.holds(str(child.get("digest"))):
+                continue  # a platform the engine did not pull
+            found.append(str(child.get("digest")))
+        if len(found) != 1:
+            want = "/".join(p for p in platform if p)
+            raise Unusable(f"image {image_id}: its index holds {len(found)} local manifests of {want}, not one")
+        return found[0]
+
+
+def _checked(digest: str, data: bytes, where: str) -> bytes:
+    if len(data) > _SMALL:
+        raise Unusable(f"blob {digest} is larger than a manifest or config is")
+    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+        raise Unusable(f"blob {digest} of {where} does not hash to its name")
+    return data
+
+
 @dataclass(frozen=True)
-class ContentStore:
+class ContentStore(Blobs):
     """The content stores of a daemon's containerd (its own, then the host's), read-only."""
 
     roots: tuple[Path, ...]
@@ -125,6 +199,13 @@ class ContentStore:
                 return path
         raise Unusable(f"blob {digest} is not in the content store {self.root}")
 
+    def holds(self, digest: str) -> bool:
+        try:
+            self.path(digest)
+        except Unusable:
+            return False
+        return True
+
     def read(self, digest: str) -> bytes:
         """A small blob (manifest, index, config), checked against its digest."""
         path = self.path(digest)
@@ -133,35 +214,13 @@ class ContentStore:
                 data = fh.read(_SMALL + 1)
         except OSError as exc:
             raise Unusable(f"cannot read {path}: {exc.strerror or exc}") from None
-        if len(data) > _SMALL:
-            raise Unusable(f"blob {digest} is larger than a manifest or config is")
-        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
-            raise Unusable(f"blob {digest} of the content store does not hash to its name")
-        return data
-
-    def _json(self, digest: str) -> dict[str, Any]:
-        try:
-            doc = json.loads(self.read(digest))
-        except ValueError:
-            raise Unusable(f"blob {digest} is not JSON") from None
-        if not isinstance(doc, dict):
-            raise Unusable(f"blob {digest} is not a JSON object")
-        return doc
+        return _checked(digest, data, "the content store")
 
     def image(self, image_id: str, platform: tuple[str, str, str | None]) -> Image:
-        """The image the engine names ``image_id`` (a manifest's or an index's digest) for ``platform``
-        (os, architecture, variant or None): an index's attestation manifests and other platforms' are skipped."""
-        doc = self._json(image_id)
-        for _ in range(4):
-            if doc.get("mediaType") not in _INDEXES and "manifests" not in doc:
-                break
-            doc = self._json(self._pick(image_id, doc, platform))
-        else:
-            raise Unusable(f"image {image_id}: indexes nested too deep")
-        config = doc.get("config")
-        if not isinstance(config, dict) or not isinstance(doc.get("layers"), list):
-            raise Unusable(f"image {image_id}: its manifest has no config or layers")
-        config_digest = str(config.get("digest"))
+        """The image the engine names ``image_id`` for ``platform``: its config and its layers (see
+        :meth:`Blobs.manifest`)."""
+        doc = self.manifest(image_id, platform)
+        config_digest = str(doc["config"]["digest"])
         config_bytes = self.read(config_digest)
         try:
             diff_ids = json.loads(config_bytes)["rootfs"]["diff_ids"]
@@ -179,26 +238,86 @@ class ContentStore:
             layers.append(Layer(diff_id, digest, self.path(digest), _LAYERS[desc["mediaType"]]))
         return Image(config_bytes, config_digest, layers)
 
-    def _pick(self, image_id: str, index: dict[str, Any], platform: tuple[str, str, str | None]) -> str:
-        """The digest of the index's one manifest of ``platform`` whose blob the store holds."""
-        found = []
-        for child in index.get("manifests") or []:
-            if not isinstance(child, dict) or "vnd.docker.reference.type" in (child.get("annotations") or {}):
-                continue  # an attestation manifest
-            plat = child.get("platform") or {}
-            if (plat.get("os"), plat.get("architecture")) != platform[:2]:
-                continue
-            if platform[2] and plat.get("variant") not in (None, platform[2]):
-                continue
+
+@dataclass(frozen=True)
+class SavedBlobs(Blobs):
+    """The small blobs (manifests, indexes, configs) of an OCI-layout ``docker save`` stream, by digest; its layers
+    are read past, not kept (:func:`saved_blobs`)."""
+
+    blobs: dict[str, bytes]
+
+    def holds(self, digest: str) -> bool:
+        return _hex(digest) in self.blobs
+
+    def read(self, digest: str) -> bytes:
+        data = self.blobs.get(_hex(digest))
+        if data is None:
+            raise Unusable(f"blob {digest} is not in the engine's export")
+        return _checked(digest, data, "the engine's export")
+
+
+#: small blobs kept from an export: an image's manifests, indexes and configs are a few
+_SAVED_MAX = 256
+
+
+def saved_blobs(stream: BinaryIO) -> SavedBlobs:
+    """The small blobs of a ``docker save`` stream (the OCI layout's ``blobs/sha256/<hex>``), read in one pass: a
+    member larger than a manifest or config is read past; at most :data:`_SAVED_MAX` are kept."""
+    kept: dict[str, bytes] = {}
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                parts = member.name.lstrip("./").split("/")
+                if not member.isfile() or member.size > _SMALL or len(parts) != 3 or parts[:2] != ["blobs", "sha256"]:
+                    continue
+                if len(kept) >= _SAVED_MAX:
+                    raise Unusable(f"the engine's export holds more than {_SAVED_MAX} small blobs")
+                src = tar.extractfile(member)
+                if src is not None and len(parts[2]) == 64 and set(parts[2]) <= _HEX:
+                    kept[parts[2]] = src.read(_SMALL + 1)
+    except tarfile.TarError as exc:
+        raise Unusable(f"the engine's export is unreadable: {exc}") from None
+    return SavedBlobs(kept)
+
+
+class _ChunkStream(io.RawIOBase):
+    """An iterator of byte chunks (the SDK's ``docker save`` stream) as a readable file."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._chunks = chunks
+        self._rest = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._rest:
             try:
-                self.path(str(child.get("digest")))
-            except Unusable:
-                continue  # a platform the engine did not pull
-            found.append(str(child.get("digest")))
-        if len(found) != 1:
-            want = "/".join(p for p in platform if p)
-            raise Unusable(f"image {image_id}: its index holds {len(found)} local manifests of {want}, not one")
-        return found[0]
+                self._rest = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._rest))
+        b[:n] = self._rest[:n]
+        self._rest = self._rest[n:]
+        return n
+
+
+def config_digest(engine: Any, image_id: str, platform: tuple[str, str, str | None]) -> str:
+    """The config digest of the image a containerd-store engine names ``image_id`` (a manifest's or an index's
+    digest), for ``platform``: read from its content store when that serves (:func:`open_store`), else from the
+    engine's ``docker save`` of it, streamed (its layers read past). :class:`Unusable` says why neither could."""
+    try:
+        return open_store(engine).config_digest(image_id, platform)
+    except Unusable as exc:
+        why = str(exc)
+    try:
+        chunks = engine.sdk().api.get_image(image_id, chunk_size=_CHUNK)
+        with io.BufferedReader(_ChunkStream(iter(chunks)), buffer_size=_CHUNK) as stream:
+            return saved_blobs(stream).config_digest(image_id, platform)
+    except Unusable as exc:
+        raise Unusable(f"{why}; its export: {exc}") from None
+    except Exception as exc:  # the SDK's errors (docker.errors.DockerException, requests' own)
+        raise Unusable(f"{why}; exporting it failed: {exc}") from None
 
 
 def open_store(engine: Any) -> ContentStore:

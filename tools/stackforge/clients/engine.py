@@ -314,6 +314,7 @@ class Engine:
         self._server: str | None = None
         self._config_checked = False
         self._bound = builder is None
+        self._containerd_store: bool | None = None
 
     def _bind(self) -> None:
         """A ``docker``-driver builder of another docker context (a second engine, scripts/second-engine.sh) builds
@@ -594,6 +595,49 @@ class Engine:
         proc = self.cli("image", "inspect", "--format", "{{.Id}}", "--", *refs, timeout=30)
         ids = proc.stdout.split()
         return ids if proc.returncode == 0 and len(ids) == len(refs) else None
+
+    def uses_containerd_store(self) -> bool:
+        """Whether the daemon keeps its images in the containerd image store (``docker info``), asked once."""
+        if self._containerd_store is None:
+            proc = self.cli("info", "--format", "{{json .DriverStatus}}", timeout=30)
+            if proc.returncode != 0:
+                raise daemon_error(redact_text(proc.stderr or proc.stdout or ""))
+            try:
+                status = json.loads(proc.stdout or "null")
+            except ValueError:
+                status = None
+            from stackforge.clients import contentstore
+
+            self._containerd_store = contentstore.uses_containerd_store({"DriverStatus": status})
+        return self._containerd_store
+
+    def config_digest(self, image_id: str, platform: tuple[str, str, str | None] | None = None) -> str:
+        """The digest of the config of the local image ``image_id``: the image's identity both image stores agree
+        on. The classic store names an image by it; the containerd store by its manifest's or index's digest, so
+        there it is read from the manifest of ``platform`` (os, architecture, variant; default: the image's own, as
+        ``docker image inspect`` reports it): from the content store, else from the engine's export. One that
+        cannot be read is a UserError."""
+        if not self.uses_containerd_store():
+            return image_id
+        from stackforge.clients import contentstore, layerstore
+
+        if platform is None:
+            proc = self.inspect_image(image_id, '{{json .Os}} {{json .Architecture}} {{json (index . "Variant")}}')
+            try:
+                os_, arch, variant = (json.loads(word) for word in proc.stdout.split())
+            except ValueError:
+                os_ = arch = variant = None
+            if proc.returncode != 0 or not os_ or not arch:
+                raise UserError(f"'docker image inspect {image_id}' names no platform: {_last_line(proc.stderr)}")
+            platform = (str(os_), str(arch), str(variant) if variant else None)
+        try:
+            return contentstore.config_digest(self, image_id, platform)
+        except layerstore.Unusable as exc:
+            raise UserError(
+                f"cannot read the config digest of image {image_id} ({'/'.join(p for p in platform if p)}) on the "
+                f"containerd image store: {exc}",
+                fix="check the engine (docker info) and that the image holds that platform (docker image inspect)",
+            ) from None
 
     def tag(self, source: str, ref: str, *, check: bool = False) -> bool:
         """``docker tag SOURCE REF``; True when it was tagged (``check``: a failure is a UserError)."""

@@ -366,10 +366,11 @@ def _base(loaded: ResolvedStack, to: Path, data: dict, engine: Engine) -> str:
 
     image = loaded.model.base.image
     engine.check()
-    digest, image_id, _created, _layers = base_identity(engine, loaded)
+    base = base_identity(engine, loaded)
+    image_id = str(base.id)  # its config's digest: the mirror's base is the same on either image store
     have = manifest.part(data, BASE)
     if have and have.get("id") == image_id and (to / BASE).is_file():
         return image_id
     save_image(engine, image, to / BASE, f"base image {image} ({image_id})")
-    _file_part(data, to, BASE, kind="base", image=image, id=image_id, digest=digest, source=image)
+    _file_part(data, to, BASE, kind="base", image=image, id=image_id, digest=base.digest, source=image)
     return image_id

@@ -279,7 +279,9 @@ class Base(Strict):
         "python3", description="interpreter inside the base image"
     )
     digest: Annotated[str, _grammar(grammar.check_digest)] | None = Field(
-        None, description="sha256 digest the base image must have"
+        None,
+        description="sha256 digest the base image must have: a registry digest (recorded as the image's "
+        "org.opencontainers.image.base.digest) or its config digest",
     )
     pip: Installer | None = Field(
         None,

@@ -73,6 +73,12 @@ class Line:
         return OCI_PLATFORMS[self.arch]
 
     @property
+    def os_arch(self) -> tuple[str, str, str | None]:
+        """(os, architecture, variant) of :attr:`oci`: the platform an engine picks an image's manifest by."""
+        os_, _, arch = self.oci.partition("/")
+        return (os_, arch, None)
+
+    @property
     def triplet(self) -> str:
         return TRIPLETS[self.arch]
 

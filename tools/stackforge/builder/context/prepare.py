@@ -42,12 +42,14 @@ _RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|z|[+-]\d\d:
 
 @dataclass(frozen=True)
 class BaseImage:
-    """The base image as the engine resolved it."""
+    """The base image as the engine resolved it. Its identity in the image and the inputs is what every image store
+    agrees on: its config's digest, and the registry digest the stack pins."""
 
-    digest: str | None  # registry manifest digest; None for a local-only image
-    id: str | None  # image id
+    digest: str | None  # the registry digest the stack pins (base.digest, or base.image@sha256:…); else None
+    id: str | None  # its config's digest: the classic store's image id, the containerd store's config
     created: str | None = None  # its config's creation time (RFC 3339), when it records one
     layers: int | None = None  # how many layers it has
+    engine_id: str | None = None  # the engine's own name for it (``docker image inspect .Id``): this store's
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Prepared:
     labels: dict[str, str]
     build_args: dict[str, str]
     inputs_omitted: str | None = None
+    base: BaseImage | None = None  # the base image as the engine resolved it (None: the engine was not asked)
 
 
 #: every rule a stack is held to: the release-train rules (``stack.rules``), its lock files, then its upstreams'
@@ -197,4 +200,4 @@ def prepare_dockerfile(
         ),
         cache_scope=cache_scope,
     )
-    return Prepared(ctx, labels, build_args, omitted)
+    return Prepared(ctx, labels, build_args, omitted, base)

@@ -199,6 +199,10 @@ def load_base(loaded: ResolvedStack, root: Path, engine: Engine) -> None:
         with progress.step(f"load base image {image} from the mirror"):
             engine.load(path, timeout=3600)
         have = engine.image_id(image)
+    line = loaded.line
+    platform = line.os_arch if line is not None and line.declared else None
+    # the mirror names its base by its config's digest (the build's base identity, the same on either image store)
+    have = engine.config_digest(have, platform) if have else None
     if have != rec["id"]:
         raise UserError(
             f"base.image: the engine's {image} is {have}, the mirror's is {rec['id']}",

@@ -112,9 +112,12 @@ def target_ref(loaded: ResolvedStack, target: str) -> str:
     return f"{ref.repository}:{ref.tag}-{target}"[: len(ref.repository) + 1 + 128]
 
 
-def base_identity(engine: Engine, loaded: ResolvedStack) -> tuple[str | None, str, str | None, int | None]:
-    """(registry manifest digest or None for a local-only image, image id, creation time or None, layer count or
-    None) of the base image."""
+def base_identity(engine: Engine, loaded: ResolvedStack) -> BaseImage:
+    """The base image as the build records it (pulled when the engine lacks it): its config's digest (the classic
+    store's image id; on the containerd store, whose id is a manifest's or index's digest, the config of the build's
+    platform read from it), the registry digest the stack pins, its creation time and layer count. The pin
+    (``base.digest``, or ``base.image`` by digest) must be one the engine knows the image by: a repository digest,
+    its id or its config digest."""
     stack = loaded.model
     image = stack.base.image
     with progress.step(f"resolve base image {image}"):
@@ -131,21 +134,39 @@ def base_identity(engine: Engine, loaded: ResolvedStack) -> tuple[str | None, st
                     f"STACK={stack.name} ARGS='--set base.image=<IMAGE>')",
                 )
             info = _inspect(engine, image) or {}
-    digests = info.get("RepoDigests") or []
-    digest = digests[0].split("@", 1)[1] if digests else None
-    image_id = str(info.get("Id") or "")
-    if stack.base.digest and stack.base.digest not in (digest, image_id):
+        image_id = str(info.get("Id") or "")
+        line = loaded.line
+        platform: tuple[str, str, str | None] | None = None
+        if line is not None and line.declared:  # the platform the line builds for
+            platform = line.os_arch
+        elif info.get("Os") and info.get("Architecture"):
+            platform = (str(info["Os"]), str(info["Architecture"]), str(info.get("Variant") or "") or None)
+        config = engine.config_digest(image_id, platform) if image_id else ""
+    known = {str(d).split("@", 1)[1] for d in info.get("RepoDigests") or [] if "@" in str(d)}
+    pin = stack.base.digest or (image.split("@", 1)[1] if "@" in image else None)
+    if pin and pin not in known | {image_id, config}:
+        have = ", ".join(sorted(known | {config})) or image_id
         raise BuildFailed(
-            f"base image '{image}' has digest {digest or image_id}, but the stack pins {stack.base.digest}",
-            **loaded.position(("base", "digest")).as_error_kwargs(),
+            f"base image '{image}' has digest {have}, but the stack pins {pin}",
+            **loaded.position(("base", "digest") if stack.base.digest else ("base", "image")).as_error_kwargs(),
             fix="pull the pinned image, or update base.digest",
         )
     layers = info.get("Layers")
-    return digest, image_id, str(info.get("Created") or "") or None, layers if isinstance(layers, int) else None
+    return BaseImage(
+        pin if pin and pin != config else None,
+        config or None,
+        str(info.get("Created") or "") or None,
+        layers if isinstance(layers, int) else None,
+        engine_id=image_id or None,
+    )
 
 
-#: what the build reads of the base image, as one JSON object
-INSPECT = '{"Id":{{json .Id}},"RepoDigests":{{json .RepoDigests}},"Created":{{json .Created}},"Layers":{{len .RootFS.Layers}}}'
+#: what the build reads of the base image, as one JSON object (``index`` for the keys an engine may leave out)
+INSPECT = (
+    '{"Id":{{json .Id}},"RepoDigests":{{json .RepoDigests}},"Created":{{json .Created}},'
+    '"Layers":{{len .RootFS.Layers}},"Os":{{json (index . "Os")}},"Architecture":{{json (index . "Architecture")}},'
+    '"Variant":{{json (index . "Variant")}}}'
+)
 
 
 def _inspect(engine: Engine, image: str) -> dict | None:
@@ -223,7 +244,7 @@ def prepare(
 
     def engine_facts() -> EngineFacts:
         return EngineFacts(
-            BaseImage(*base_identity(engine, loaded)),
+            base_identity(engine, loaded),
             engine.supports_source_date_epoch(),
             engine.supports_run_network(),
             engine.supports_named_contexts(),
@@ -297,7 +318,9 @@ def build(
     evidence_dirs.keep_builds(opts.keep_builds)  # a bad value fails before the engine runs
     evidence = evidence_dirs.new_build(ctx.build_dir / "evidence")
     atomic_write(evidence / "Dockerfile", ctx.dockerfile.read_bytes())
-    _write_inputs(evidence, loaded, ctx, labels, info, target, ref, bool(build_args.get("SOURCE_DATE_EPOCH")))
+    _write_inputs(
+        evidence, loaded, ctx, labels, info, target, ref, bool(build_args.get("SOURCE_DATE_EPOCH")), prepared.base
+    )
     if opts.cache is not None:  # where this build's cache came from and went (references only)
         atomic_write(evidence / "cache.json", json.dumps(opts.cache.record(), indent=2) + "\n")
 
@@ -431,9 +454,19 @@ def recording_interrupts(engine: Engine, evidence: Path, ref: str, had: str | No
 
 
 def _write_inputs(
-    evidence: Path, loaded: ResolvedStack, ctx: Context, labels: dict, info, target: str, ref: str, epoch: bool = False
+    evidence: Path,
+    loaded: ResolvedStack,
+    ctx: Context,
+    labels: dict,
+    info,
+    target: str,
+    ref: str,
+    epoch: bool = False,
+    base: BaseImage | None = None,
 ) -> None:
-    """``epoch``: the engine stamps the image with SOURCE_DATE_EPOCH (its ``created`` label may be left out)."""
+    """``epoch``: the engine stamps the image with SOURCE_DATE_EPOCH (its ``created`` label may be left out).
+    ``base``: the base image as the engine resolved it (``base.engine_id`` is this engine's name for it, which
+    the no-op build asks the engine about; the labels hold its config digest)."""
     stack = loaded.model
     data = {
         "stack": stack.name,
@@ -449,6 +482,7 @@ def _write_inputs(
         "overrides": [redact_text(o) for o in loaded.overrides],
         "labels": labels,
         "engine": asdict(info),
+        **({"base": {"image": loaded.model.base.image, **asdict(base)}} if base else {}),
         "source_date_epoch": ctx.source_date_epoch if labels.get("org.opencontainers.image.created") or epoch else None,
         "resolved": resolved(stack),
         "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -7,9 +7,9 @@ the bytes of every file under the root's ``stacks/`` (lock files included: ``sta
 ``images/`` (and of the template tree beside the source, which a root without one renders from), the
 environment (``STACKFORGE_*``, ``DOCKER_*``, ``BUILDX_*``), the docker client's configuration and current
 builder, ``~/.netrc``, the CA bundle's bytes, and :func:`~stackforge.digests.code_fingerprint` (stackforge,
-pydantic, PyYAML, Jinja). The record holds what the build produced (tag, image id, base reference and id,
-the evidence directory, and what it printed) and the digests of the other repository files the stack names
-(a patch series, a key file outside those trees).
+pydantic, PyYAML, Jinja). The record holds what the build produced (tag, image id, base reference and the
+engine's id of it, the evidence directory, and what it printed) and the digests of the other repository files the
+stack names (a patch series, a key file outside those trees).
 
 A later build whose key matches asks the engine once (``docker image inspect TAG BASE``): when the tag still
 names the recorded image, the base the recorded id, the extra files their recorded digests and the evidence
@@ -34,7 +34,7 @@ from stackforge.clients import credentials
 from stackforge.digests import code_fingerprint, file_digest, tree_digest
 from stackforge.errors import UserError
 
-VERSION = 2
+VERSION = 3
 STORE = "uptodate.json"
 KEEP = 16  # keys kept (e.g. each target, with and without --json)
 #: options (argparse destinations) a recorded answer may stand for: each is part of the key
@@ -241,8 +241,10 @@ def store(
         return
     try:
         inputs = json.loads((Path(outcome.evidence) / "inputs.json").read_text())
-        labels = inputs["labels"]
-        base, base_id = labels["org.opencontainers.image.base.name"], labels["org.stackforge.base.id"]
+        # the engine's own name for the base (its config digest, the label, is not the containerd store's id)
+        base, base_id = inputs["base"]["image"], inputs["base"]["engine_id"]
+        if not (isinstance(base, str) and isinstance(base_id, str) and base and base_id):
+            return
         record = {
             "version": VERSION,
             "tag": outcome.tag,
