@@ -297,18 +297,6 @@ def test_the_two_stores_build_one_config_and_the_same_files(published, registry)
         assert timeless[0] == timeless[1], layerdiff.first_entry(timeless[0], timeless[1])
 
 
-@pytest.mark.xfail(strict=True, reason="the two stores' differs encode one layer two ways (see encodings())")
-@pytest.mark.parametrize("image_store", ["containerd"], indirect=True)
-def test_the_two_stores_publish_one_index(published):
-    """Two builds of one stack, one of them clean, on the two image stores: one image per line, one index."""
-    _, ev, _, _, _ = published
-    classic = PUBLISHED["classic"]
-    assert [ev["platforms"][line]["digest"] for line in ("amd64", "arm64")] == [
-        classic["platforms"][line]["digest"] for line in ("amd64", "arm64")
-    ]
-    assert ev["digest"] == classic["digest"]
-
-
 def test_verify_all_platforms_from_an_empty_directory(published, registry, installed_wheel, tmp_path):
     """With the CLI an operator installs from the wheel (tests/integration/conftest.py: installed_wheel)."""
     _, ev, repo, _, store = published
