@@ -840,6 +840,21 @@ def platforms_of(stack: ResolvedStack, every: bool = True) -> list[str | None]:
     return [line.line.oci if line.line is not None else None for line in lines_of(stack, every)]
 
 
+def _publisher(run: NightlyRun, fn: Callable[..., Any], stack: ResolvedStack, target: str) -> Callable[..., Any]:
+    """``fn`` (publish_stack or publish_platforms) bound to this night's registry, options, date, engine and
+    workspace for one stack and target; the caller says whether the aliases move."""
+    return functools.partial(
+        fn,
+        stack,
+        run.registry,
+        options=replace(run.publishing, echo=lambda line: None),
+        date=run.date,
+        target=target,
+        engine=run.engine,
+        workspace=run.workspace,
+    )
+
+
 def _one(run: NightlyRun, stack: ResolvedStack, target: str) -> Row:
     """Build, gate and publish one stack and target; its evidence bundle is copied under ``run.outdir``."""
     t0 = time.monotonic()
@@ -847,16 +862,7 @@ def _one(run: NightlyRun, stack: ResolvedStack, target: str) -> Row:
     if row.stage is None:
         run.echo(f"nightly: {_label(stack, target)}: publish")
         recipes = run.recipes.of(stack.name, target) if run.recipes is not None else []
-        publish = functools.partial(
-            run.publish,
-            stack,
-            run.registry,
-            options=replace(run.publishing, echo=lambda line: None),
-            date=run.date,
-            target=target,
-            engine=run.engine,
-            workspace=run.workspace,
-        )
+        publish = _publisher(run, run.publish, stack, target)
         try:
             result = publish(move_aliases=not recipes and run.move_aliases)
             row.status, row.tag, row.digest = result.status, result.reference, result.digest
@@ -961,16 +967,7 @@ def _publish_lines(
     label = f"{stack.name}/{target}"
     run.echo(f"nightly: {label}: publish {', '.join(str(row.platform) for _, row, _ in built)} as one index")
     recipes = run.recipes.of(stack.name, target) if run.recipes is not None else []
-    publish = functools.partial(
-        run.publish_platforms,
-        stack,
-        run.registry,
-        options=replace(run.publishing, echo=lambda line: None),
-        date=run.date,
-        target=target,
-        engine=run.engine,
-        workspace=run.workspace,
-    )
+    publish = _publisher(run, run.publish_platforms, stack, target)
     try:
         result = publish(move_aliases=not recipes and run.move_aliases)
         index = result.index
