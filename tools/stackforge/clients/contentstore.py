@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stackforge import extras
-from stackforge.clients.layerstore import Unusable
+from stackforge.clients.layerstore import Unusable, local_daemon
 
 _CHUNK = 1 << 20
 _HEX = frozenset("0123456789abcdef")
@@ -323,16 +323,9 @@ def config_digest(engine: Any, image_id: str, platform: tuple[str, str, str | No
 def open_store(engine: Any) -> ContentStore:
     """The content store of ``engine``'s daemon, when it is local, keeps the containerd image store and is readable
     here; else :class:`Unusable`."""
-    try:
-        client = engine.sdk()
-        base_url = str(client.api.base_url)
-        info = client.info()
-    except Exception as exc:
-        raise Unusable(f"the engine did not answer: {exc}") from None
+    info = local_daemon(engine)
     if not uses_containerd_store(info):
         raise Unusable("the engine keeps the classic image store, not the containerd one")
-    if base_url != "http+docker://localhost":  # what the SDK makes of a unix socket; tcp, ssh, npipe are not
-        raise Unusable(f"the engine is not on a local socket ({base_url})")
     data_root = Path(str(info.get("DockerRootDir") or ""))
     if not data_root.is_absolute():
         raise Unusable(f"the engine names no data root ({data_root})")

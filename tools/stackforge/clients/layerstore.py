@@ -316,12 +316,9 @@ def _check_attrs(path: Path) -> None:
 _STORES: weakref.WeakKeyDictionary[Any, LayerStore] = weakref.WeakKeyDictionary()
 
 
-def open_store(engine: Engine) -> LayerStore:
-    """The layer store of ``engine``'s daemon, when it is local, overlay2 and readable; else :class:`Unusable`."""
-    try:
-        return _STORES[engine]
-    except (KeyError, TypeError):  # not asked yet, or an engine object that cannot be weakly referenced
-        pass
+def local_daemon(engine: Engine) -> dict[str, Any]:
+    """The ``docker info`` of ``engine``'s daemon, when it answers on a local socket (the stores below its data root
+    may then be read here); else :class:`Unusable`."""
     try:
         client = engine.sdk()
         base_url = str(client.api.base_url)
@@ -330,6 +327,16 @@ def open_store(engine: Engine) -> LayerStore:
         raise Unusable(f"the engine did not answer: {exc}") from None
     if base_url != "http+docker://localhost":  # what the SDK makes of a unix socket; tcp, ssh, npipe are not
         raise Unusable(f"the engine is not on a local socket ({base_url})")
+    return dict(info)
+
+
+def open_store(engine: Engine) -> LayerStore:
+    """The layer store of ``engine``'s daemon, when it is local, overlay2 and readable; else :class:`Unusable`."""
+    try:
+        return _STORES[engine]
+    except (KeyError, TypeError):  # not asked yet, or an engine object that cannot be weakly referenced
+        pass
+    info = local_daemon(engine)
     driver = info.get("Driver")
     if driver != "overlay2":
         raise Unusable(f"the engine's storage driver is {driver!r}, not overlay2")
