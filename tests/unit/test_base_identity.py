@@ -121,7 +121,7 @@ def test_the_engine_reads_the_config_digest_only_on_the_containerd_store(monkeyp
     assert classic.config_digest(CONFIG) == CONFIG  # its id is the config's digest
     asked = []
 
-    def read(engine, image_id, platform):
+    def read(engine, image_id, platform, memo=None):
         asked.append((image_id, platform))
         return CONFIG
 
@@ -135,7 +135,7 @@ def test_the_engine_reads_the_config_digest_only_on_the_containerd_store(monkeyp
 
     from stackforge.clients.layerstore import Unusable
 
-    def unreadable(engine, image_id, platform):
+    def unreadable(engine, image_id, platform, memo=None):
         raise Unusable("the engine is not on a local socket; exporting it failed: gone")
 
     monkeypatch.setattr("stackforge.clients.contentstore.config_digest", unreadable)

@@ -197,6 +197,26 @@ def test_without_its_content_store_the_config_digest_is_read_from_the_export(sto
     assert digest(big).split(":")[1] not in saved.blobs and saved.holds(digest(config))
 
 
+def test_a_remote_engine_exports_an_image_once_for_each_platform(store, tmp_path):
+    """What an export told is remembered by (digest, platform): a digest names the image's bytes, so its config is
+    the same on every engine and at every later build; a memo that is not well formed is not believed."""
+    cs, index, _, config, _ = store
+    client = _SavingClient(oci_save(cs.root, index, b"layer"))
+    memo = tmp_path / "engine"
+    for _ in range(3):
+        assert contentstore.config_digest(_Engine(client), index, AMD64, memo) == digest(config)
+    assert client.asked == [index]  # exported once
+    with pytest.raises(Unusable, match="holds 0 local manifests of linux/arm64"):
+        contentstore.config_digest(_Engine(client), index, ("linux", "arm64", None), memo)
+    assert client.asked == [index, index]  # another platform is another question
+    (memo / contentstore.MEMO).write_text(json.dumps({f"{index.split(':')[1]} linux/amd64": "sha256:forged"}))
+    assert contentstore.config_digest(_Engine(client), index, AMD64, memo) == digest(config)
+    assert client.asked == [index] * 3  # a malformed entry is asked again, and replaced
+    assert json.loads((memo / contentstore.MEMO).read_text()) == {f"{index.split(':')[1]} linux/amd64": digest(config)}
+    assert contentstore.config_digest(_Engine(client), index, AMD64) == digest(config)
+    assert client.asked == [index] * 4  # no memo: no remembering
+
+
 def test_an_export_that_lies_or_fails_is_unusable(store):
     cs, index, _, config, _ = store
     forged = oci_save(cs.root, index, b"layer").replace(b'"architecture": "amd64"', b'"architecture": "arm64"')

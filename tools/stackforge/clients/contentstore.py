@@ -302,22 +302,79 @@ class _ChunkStream(io.RawIOBase):
         return n
 
 
-def config_digest(engine: Any, image_id: str, platform: tuple[str, str, str | None]) -> str:
+#: the file (in the engine cache, ``Workspace.cache("engine")``) that remembers the config digests read from an
+#: engine's export: an index's or a manifest's digest names its bytes, so the config of each of its platforms is
+#: a fact about that digest, true on every engine
+MEMO = "config-digests.json"
+MEMO_KEEP = 256
+
+
+def config_digest(engine: Any, image_id: str, platform: tuple[str, str, str | None], memo: Path | None = None) -> str:
     """The config digest of the image a containerd-store engine names ``image_id`` (a manifest's or an index's
-    digest), for ``platform``: read from its content store when that serves (:func:`open_store`), else from the
-    engine's ``docker save`` of it, streamed (its layers read past). :class:`Unusable` says why neither could."""
+    digest), for ``platform``: read from its content store when that serves (:func:`open_store`), else remembered in
+    ``memo`` (a directory) from an earlier export, else from the engine's ``docker save`` of it, streamed (its layers
+    read past) and then remembered: a remote engine exports a base image once, not at every build.
+    :class:`Unusable` says why none could."""
     try:
         return open_store(engine).config_digest(image_id, platform)
     except Unusable as exc:
         why = str(exc)
+    key = _memo_key(image_id, platform) if memo is not None else None
+    remembered = _memo(memo / MEMO).get(key) if memo is not None and key else None
+    if remembered:
+        return remembered
     try:
         chunks = engine.sdk().api.get_image(image_id, chunk_size=_CHUNK)
         with io.BufferedReader(_ChunkStream(iter(chunks)), buffer_size=_CHUNK) as stream:
-            return saved_blobs(stream).config_digest(image_id, platform)
+            found = saved_blobs(stream).config_digest(image_id, platform)
     except Unusable as exc:
         raise Unusable(f"{why}; its export: {exc}") from None
     except Exception as exc:  # the SDK's errors (docker.errors.DockerException, requests' own)
         raise Unusable(f"{why}; exporting it failed: {exc}") from None
+    if memo is not None and key:
+        _remember(memo / MEMO, key, found)
+    return found
+
+
+def _memo(path: Path) -> dict[str, str]:
+    """The memo's entries that are well formed (a missing, unreadable or malformed file: none)."""
+    try:
+        doc = json.loads(path.read_bytes()[: 1 << 20])
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    out = {}
+    for key, value in doc.items():
+        try:
+            _hex(value)
+        except Unusable:
+            continue
+        out[str(key)] = str(value)
+    return out
+
+
+def _memo_key(image_id: str, platform: tuple[str, str, str | None]) -> str | None:
+    """The memo's key of an image named by a digest, on a platform (None: not a digest, not remembered)."""
+    try:
+        return f"{_hex(image_id)} {'/'.join(p for p in platform if p)}"
+    except Unusable:
+        return None
+
+
+def _remember(path: Path, key: str, digest: str) -> None:
+    """Add ``key`` to the memo (the newest MEMO_KEEP kept), written whole through a temporary file; a memo that
+    cannot be written is not kept (the next build exports again)."""
+    entries = {k: v for k, v in _memo(path).items() if k != key}
+    entries = dict(list(entries.items())[-(MEMO_KEEP - 1) :])
+    entries[key] = digest
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(entries, indent=0) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def open_store(engine: Any) -> ContentStore:

@@ -306,8 +306,16 @@ class Engine:
     current one, ``default`` on a plain dockerd).
     """
 
-    def __init__(self, docker: str = "docker", builder: str | None = None, env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        docker: str = "docker",
+        builder: str | None = None,
+        env: Mapping[str, str] | None = None,
+        memo: Path | None = None,
+    ):
         self.docker = docker
+        #: the directory where facts read the slow way are remembered (:meth:`config_digest`); None: not kept
+        self.memo = memo
         self.builder = builder
         self.env = dict(os.environ if env is None else env)
         self._inspect: dict[str, str | None] | None = None
@@ -615,8 +623,8 @@ class Engine:
         """The digest of the config of the local image ``image_id``: the image's identity both image stores agree
         on. The classic store names an image by it; the containerd store by its manifest's or index's digest, so
         there it is read from the manifest of ``platform`` (os, architecture, variant; default: the image's own, as
-        ``docker image inspect`` reports it): from the content store, else from the engine's export. One that
-        cannot be read is a UserError."""
+        ``docker image inspect`` reports it): from the content store, else from the engine's export (remembered
+        in ``memo``, so a remote engine exports an image once). One that cannot be read is a UserError."""
         if not self.uses_containerd_store():
             return image_id
         from stackforge.clients import contentstore, layerstore
@@ -631,7 +639,7 @@ class Engine:
                 raise UserError(f"'docker image inspect {image_id}' names no platform: {_last_line(proc.stderr)}")
             platform = (str(os_), str(arch), str(variant) if variant else None)
         try:
-            return contentstore.config_digest(self, image_id, platform)
+            return contentstore.config_digest(self, image_id, platform, self.memo)
         except layerstore.Unusable as exc:
             raise UserError(
                 f"cannot read the config digest of image {image_id} ({'/'.join(p for p in platform if p)}) on the "

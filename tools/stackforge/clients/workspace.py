@@ -19,6 +19,8 @@ subdirectory of it:
 - ``wheels/``: wheels downloaded by ``stackforge wheel``
 - ``list/``: the rows of ``stackforge list`` (``stack.listing``)
 - ``build/``: the records that answer a no-op ``stackforge build`` (``build.uptodate``)
+- ``engine/``: what an engine's export told (the config digest of an image a remote containerd-store engine
+  names by its manifest's or index's digest: ``clients.contentstore``)
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class Workspace:
         imported here, so a run that answers without the engine (``stackforge list``, a no-op build) never loads it."""
         from stackforge.clients.engine import Engine
 
-        return Engine(builder=self.builder)
+        return Engine(builder=self.builder, memo=self.cache("engine"))
 
     def url_credential(self, url: str) -> Credential | None:
         """The credential for a URL held without its stack (``credentials.for_url``)."""
