@@ -12,6 +12,7 @@ upward or sideways import, naming the file, the line and the floors, and one per
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,27 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
+@functools.lru_cache(maxsize=4096)
+def _imports_in(text: str, filename: str, module: str, is_package: bool) -> tuple[tuple[int, str], ...]:
+    """:func:`imported` of a module's source: a file read again unchanged in one process (the floors' tests check
+    trees that differ in one file) is not parsed again."""
+    return tuple(imported(ast.parse(text, filename), module, is_package))
+
+
+@functools.lru_cache(maxsize=4096)
+def _raw_calls_in(text: str, filename: str) -> tuple[tuple[int, str], ...]:
+    """(line, method or ``import …``) of each raw engine call and SDK import in a module's source (see
+    :func:`raw_engine_calls`), parsed once per text in one process."""
+    here: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(text, filename)):
+        sdk = sdk_import(node)
+        if sdk is not None:
+            here.append((getattr(node, "lineno", 1), sdk))  # an import or a call: both have one
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in RAW_ENGINE_CALLS:
+            here.append((node.lineno, node.func.attr))
+    return tuple(sorted(here, key=lambda c: c[0]))
+
+
 def imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
     """(line, dotted target) of every import that runs; ``from X import name`` yields ``X.name``."""
     skip = _type_checking_nodes(tree)
@@ -178,7 +200,9 @@ def check(package_dir: Path) -> list[Violation]:
             found.append(Violation(path, 1, f"{source}.{room}", "-", why))
             continue
         seen: set[tuple[int, str]] = set()
-        for line, target_module in imported(ast.parse(path.read_text(), str(path)), module, is_package):
+        for line, target_module in _imports_in(
+            path.read_text(), str(path.relative_to(package_dir.parent)), module, is_package
+        ):
             target = unit_of(target_module, package_dir)
             if target == source and room is not None:
                 target_room = room_of(target_module)
@@ -252,18 +276,10 @@ def raw_engine_calls(package_dir: Path) -> list[RawCall]:
         rel = path.relative_to(package_dir)
         if rel.parts[0] == ENGINE_UNIT:
             continue
-        here: list[RawCall] = []
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            sdk = sdk_import(node)
-            if sdk is not None:
-                here.append(RawCall(path, node.lineno, sdk))
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in RAW_ENGINE_CALLS
-            ):
-                here.append(RawCall(path, node.lineno, node.func.attr))
-        found.extend(sorted(here, key=lambda c: c.line))
+        found.extend(
+            RawCall(path, line, method)
+            for line, method in _raw_calls_in(path.read_text(), str(path.relative_to(package_dir.parent)))
+        )
     return found
 
 
