@@ -356,7 +356,7 @@ def case_full_while_writing_evidence(root, tmp_path, mounts, monkeypatch, capsys
     fs = mounts("small", tmp_path / "small")
     out = fs / "tiny"
     shutil.rmtree(root / "images" / "gate" / "bulk")  # a context that fits in 128 KiB
-    monkeypatch.setattr("stackforge.clients.engine.Engine", lambda builder=None: FillingEngine(fs))  # the workspace's
+    monkeypatch.setattr("stackforge.clients.engine.Engine", lambda **_: FillingEngine(fs))  # the workspace's
     monkeypatch.setenv("STACKFORGE_PROGRESS", "0")  # stderr holds the error alone
     rc = main(["--root", str(root), "build", "tiny", "--out", str(out), "--ca-bundle", "none"])
     err = capsys.readouterr().err

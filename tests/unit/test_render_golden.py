@@ -207,7 +207,7 @@ def root_spec() -> RootSpec:
 def three_dockerfiles(root: Path, tmp_path: Path, capsys, monkeypatch, *, sources: bool):
     """The Dockerfiles `render`, `build` and `bake` write for the example stack (and what they returned)."""
     engine = StandInEngine()
-    monkeypatch.setattr("stackforge.clients.engine.Engine", lambda builder=None: engine)  # the workspace's engine
+    monkeypatch.setattr("stackforge.clients.engine.Engine", lambda **_: engine)  # the workspace's engine
     rc, out, err = run_cli(
         capsys, root, "render", "example", "--out", str(tmp_path / "render"), *([] if sources else ["--no-sources"])
     )
