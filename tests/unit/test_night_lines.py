@@ -18,6 +18,7 @@ import pytest
 from stackforge.clients.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient, RetryPolicy, parse_repository
 from stackforge.flows import night_plan as np
 from stackforge.flows.night_merge import MergeOptions, merge
+from stackforge.flows.nightly import Summary
 from stackforge.publish import night as nightreg
 from stackforge.publish import record as records
 from stackforge.publish.record_schema import SCHEMA, GateResults, PublishRecord
@@ -78,9 +79,11 @@ class Night:
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         self.image.put_manifest(digest, body, OCI_MANIFEST)
         if record:
-            rec = PublishRecord(schema=SCHEMA, stack=STACK, target=TARGET, repository=str(self.image.repository),
-                                digest=digest, image_id=config_digest, tags=[], stack_files={}, overrides=[], pins={},
-                                options={}, fingerprint="sha256:0", labels={}, gate=GateResults(), smoke={})  # fmt: skip
+            rec = PublishRecord.model_validate({"schema": SCHEMA, "stack": STACK, "target": TARGET, "digest": digest,
+                                                "repository": str(self.image.repository), "image_id": config_digest,
+                                                "tags": [], "stack_files": {}, "overrides": [], "pins": {},
+                                                "options": {}, "fingerprint": "sha256:0", "labels": {},
+                                                "gate": GateResults().data(), "smoke": {}})  # fmt: skip
             records.attach(self.image, rec, records.subject_of(self.image, digest), "2026-12-01T01:00:00Z")
         return digest
 
@@ -102,7 +105,7 @@ class Night:
                                       plan=self.plan_digest, rows=[nightreg.Row(**row)])  # fmt: skip
         nightreg.report_shard(self.night, result, nightreg.plan_subject(self.night, self.plan_digest), bundles)
 
-    def merge(self, out: Path) -> tuple[object, list[str]]:
+    def merge(self, out: Path) -> tuple[Summary, list[str]]:
         said: list[str] = []
         opts = MergeOptions(date=DATE, out=out, policy=FAST, echo=said.append, lock_dir=self.root.parent / "locks")
         return merge(self.root, self.registry, opts), said

@@ -7,7 +7,9 @@
 :func:`run_shard` is the nightly of one shard's units: it reads the night's recorded plan from the registry, then
 lints, bakes, builds, gates, tests, signs, scans and publishes its units exactly as ``stackforge nightly`` does
 (``flows/nightly.py``), under the night's immutable tags and never an alias (the merge moves the aliases, once, for
-the whole night); it smokes each image whose recipes need this runner's devices, and reports:
+the whole night) — a unit of a stack of several platform lines (its ``line``) is built on its platform and pushed by
+digest with its record, signature and SBOM, untagged, for the merge to tag the index over every line; it smokes each
+image whose recipes need this runner's devices, and reports:
 
 - every row of its units, their bake, freshness and drift, and each row's evidence bundle, under the tag
   ``<date>-<shard id>`` of the night's repository (``<registry>/stackforge-nightly``), whatever happened: a shard
