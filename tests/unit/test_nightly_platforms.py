@@ -13,9 +13,11 @@ import pytest
 
 from stackforge.errors import BuildFailed, UserError
 from stackforge.flows.nightly import (
+    NightlyOptions,
     NightlyRun,
     Row,
     Summary,
+    _baked,
     _one,
     _platform_lines,
     evidence_name,
@@ -335,7 +337,8 @@ def test_a_shards_line_of_an_index_is_pushed_by_digest_untagged_and_only_the_own
     def push_line(line, registry, *, move_aliases=False, **kw):
         pushes.append((line.line.name, move_aliases))
         return SimpleNamespace(status="pushed", reference=f"{registry}/stackforge-example-multi:", tag="",
-                               digest=DIGEST[line.line.name], aliases={}, scan=None)  # fmt: skip
+                               repository=f"{registry}/stackforge-example-multi", digest=DIGEST[line.line.name],
+                               aliases={}, scan=None)  # fmt: skip
 
     (arm,) = night_lines(stack, False, {"example-multi": "arm64"})
     assert arm.line is not None and (arm.line.name, arm.line.own) == ("arm64", False)
@@ -344,6 +347,7 @@ def test_a_shards_line_of_an_index_is_pushed_by_digest_untagged_and_only_the_own
     row = _one(run, arm, "escape")
     assert pushes == [("arm64", False)] and fakes.smoked == []
     assert (row.status, row.tag, row.digest, row.platform) == ("pushed", None, DIGEST["arm64"], "linux/arm64")
+    assert row.pushed == f"registry.test/x/stackforge-example-multi@{DIGEST['arm64']}"  # what the shard reports
     assert row.ok and row.smoke == "not-run" and row.aliases == {}
     assert row.evidence == "example-multi-escape@arm64"
     (amd,) = night_lines(stack, False, {"example-multi": "amd64"})
@@ -352,3 +356,12 @@ def test_a_shards_line_of_an_index_is_pushed_by_digest_untagged_and_only_the_own
     with pytest.raises(UserError) as exc:
         night_lines(stack, False, {"example-multi": "riscv"})
     assert "platform line 'riscv' of example-multi" in exc.value.message
+
+
+def test_a_shard_of_another_line_than_the_stacks_own_bakes_nothing_of_it(root):
+    """A bake file carries no platform per target: the bake builds a stack's own line, so a shard that builds the
+    arm64 line leaves the stack out of its bake (and its preflight asks for that line's base, not the stack's)."""
+    stack = multi(root)
+    assert _baked([stack], NightlyOptions()) == [stack]  # the one-process nightly bakes the own line
+    assert _baked([stack], NightlyOptions(lines={"example-multi": "amd64"})) == [stack]
+    assert _baked([stack], NightlyOptions(lines={"example-multi": "arm64"})) == []

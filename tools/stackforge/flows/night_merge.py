@@ -371,7 +371,7 @@ def _name_the_tag(night: _Night, client: RegistryClient, row: Row, index: Any) -
     except UserError:
         return
     if isinstance(doc, dict):
-        doc.update(status=row.status if row.ok else index.status, tag=index.tag, reference=index.reference,
+        doc.update(status=index.status, tag=index.tag, reference=index.reference,
                    index={"digest": index.digest, "reference": index.reference})  # fmt: skip
         atomic_write(path, json.dumps(doc, indent=2) + "\n")
 

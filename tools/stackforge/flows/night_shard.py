@@ -309,9 +309,9 @@ def _report(
     summary.rows = rows + rest
     problems = []
     for row in rows:
-        if row.digest and row.tag:
+        if row.digest and (row.tag or row.pushed):
             try:
-                repo, _ = split_ref(row.tag)
+                repo, _ = split_ref(row.tag or row.pushed or "")
                 image = RegistryClient(repo, policy=client.policy)
                 doc = {**_portable(row.to_json(), outdir, root), "night": summary.date}
                 nightreg.attach_row(image, row.digest, doc, summary.date, shard.id)

@@ -102,14 +102,17 @@ class Row:
     #: the OCI platform of the row's image (linux/amd64, linux/arm64): the platform line it was built for; None in a
     #: row that built nothing of a known line (a stack that did not load)
     platform: str | None = None
+    #: a shard's line of a stack of several lines: ``<repository>@<digest>`` it pushed, untagged, for the merge's index
+    pushed: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.status not in ("failed", "interrupted", NOT_RUN)
 
     def to_json(self) -> dict[str, Any]:
-        """The row as the summary has it (``shard`` only in a sharded night, ``platform`` only when known)."""
-        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("shard", "platform")}
+        """The row as the summary has it (``shard`` only in a sharded night, ``platform`` only when known, ``pushed``
+        only when a shard pushed a line by digest)."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("shard", "platform", "pushed")}
 
     @property
     def outcome(self) -> str:
@@ -776,6 +779,11 @@ def _preflight(
     False (every row failed at stage ``preflight``, naming what failed and its redirect) when one fails."""
     options.echo(f"nightly: preflight: the engine, the registry and every endpoint of {len(loaded)} stack(s)")
     rows = doctor.diagnose(loaded, workspace, registry=registry)
+    # a shard that builds another line than a stack's own needs that line's base, not the stack's (an arm64 runner
+    # need not hold the amd64 base image)
+    baked = {s.name for s in _baked(loaded, options)}
+    other = {s.name for s in loaded if s.name not in baked}
+    rows = [r for r in rows if not (r.check == "base image" and r.stack in other)]
     bases = [row for s in loaded for row in doctor.line_base_checks(s, _lines_or_none(s, options), workspace)]
     rows += doctor.run_checks(bases)
     failed = [r for r in rows if r.status == doctor.FAIL]
@@ -920,6 +928,7 @@ def _one(run: NightlyRun, stack: ResolvedStack, target: str) -> Row:
             row.status, row.digest = result.status, result.digest
             pushed = result.status == "pushed"  # by digest, for the index the merge tags
             row.tag = None if pushed else result.reference
+            row.pushed = f"{result.repository}@{result.digest}" if pushed else None
             row.scan = getattr(result, "scan", None)
             run.echo(
                 f"nightly: {_label(stack, target)}: {result.status} {result.digest if pushed else result.reference}"
