@@ -15,6 +15,11 @@ The night, in order (one module fixture; the tests read what it recorded):
    its image already published under its tag, no new -rN; the merge leaves the aliases as they are.
 
 Then the second engine stops, and the first engine still runs a container, its bridge and rules as they were.
+
+Last, a night of a stack of two platform lines (example-multi: linux/amd64 and linux/arm64) against a registry of its
+own: a shard per line — the arm64 one under emulation on this host, on a native arm64 runner in CI — each pushing its
+gated image by digest, untagged; the merge tags one OCI index of both under the night's tag and moves the alias to it,
+and the history reads both rows verified.
 """
 
 from __future__ import annotations
@@ -290,8 +295,8 @@ MULTI = "example-multi"
 def lines_night(tmp_path_factory, base_image, arm_base_image):
     """example-multi's night on two shards — its linux/amd64 line on one, its linux/arm64 line on the other (on this
     x86_64 host under emulation; a native arm64 runner in CI) — then the merge, against a registry of its own:
-    (the plan, {platform: shard's process}, the merge's process, its summary, the night's tag's raw manifest, the
-    alias's digest, the history's process)."""
+    (the plan, {platform: shard's process}, the merge's process, its summary, the night's tags, the tag's raw
+    manifest, the alias's digest, the history's process, the night's directory)."""
     tmp = tmp_path_factory.mktemp("lines")
     registry, stop_registry = start_registry(tmp / "registry")
     root = _root(tmp / "repo")
@@ -324,7 +329,7 @@ def lines_night(tmp_path_factory, base_image, arm_base_image):
             raw = json.loads(inspect.stdout) if inspect.returncode == 0 else inspect.stderr
         alias = client.head_manifest("py3.11-latest")
         history = stackforge("history", "--nights", str(tmp / "nights"), "--out", str(tmp / "site"), "--json")
-        yield plan, shards, merged, summary, tags, raw, alias.digest if alias else None, history
+        yield plan, shards, merged, summary, tags, raw, alias.digest if alias else None, history, out
     finally:
         stop_registry()
         subprocess.run(["docker", "image", "rm", local, f"{local}-arm64"], capture_output=True)
@@ -343,7 +348,7 @@ def test_each_line_is_built_on_a_shard_of_its_platform_and_pushed_by_digest_unta
 
 
 def test_the_merge_tags_one_index_of_both_lines_and_moves_the_alias_to_it(lines_night):
-    _, shards, merged, summary, tags, raw, alias, history = lines_night
+    _, shards, merged, summary, tags, raw, alias, history, out = lines_night
     assert merged.returncode == 0, merged.stdout + merged.stderr[-6000:]
     pushed = {p: json.loads(proc.stdout)["rows"][0]["digest"] for p, proc in shards.items()}
     rows = {r["platform"]: r for r in summary["rows"]}
@@ -356,6 +361,7 @@ def test_the_merge_tags_one_index_of_both_lines_and_moves_the_alias_to_it(lines_
     index_digest = "sha256:" + hashlib.sha256(json.dumps(raw, separators=(",", ":"), sort_keys=True).encode()).hexdigest()  # fmt: skip
     assert alias == index_digest and all(r["aliases"] == {"py3.11-latest": "moved"} for r in rows.values())
     assert rows["linux/arm64"]["evidence"] == f"{MULTI}-escape@arm64"
+    assert "PASS machine aarch64" in (out / f"{MULTI}-escape@arm64" / "gate.txt").read_text()  # gated on arm64
     assert history.returncode == 0, history.stdout + history.stderr
     (one,) = json.loads(history.stdout)["nights"]
     assert (one["images"], one["unverified"]) == (2, 0)

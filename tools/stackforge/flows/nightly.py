@@ -745,6 +745,7 @@ def _bake_and_build(
 
 
 def _lines_or_none(stack: ResolvedStack, options: NightlyOptions) -> list[ResolvedStack]:
+    """:func:`night_lines` of ``stack`` for this night; none when the plan's line is not the stack's any more."""
     try:
         return night_lines(stack, options.every_platform, options.lines)
     except UserError:
@@ -752,8 +753,8 @@ def _lines_or_none(stack: ResolvedStack, options: NightlyOptions) -> list[Resolv
 
 
 def _baked(loaded: list[ResolvedStack], options: NightlyOptions) -> list[ResolvedStack]:
-    """The stacks the bake builds (each stack's own line): not a stack whose line a shard builds is another (a bake
-    file carries no platform per target; that line is built on its own)."""
+    """The stacks the bake builds, each on its own line: every stack but one whose line this shard builds is another
+    platform's (a bake file carries no platform per target; such a line is built on its own)."""
     own = [s for s in loaded if not _by_digest(s, options.lines)]
     return own + [s for s in loaded if _by_digest(s, options.lines) and all(ln.line is not None and ln.line.own for ln in _lines_or_none(s, options))]  # fmt: skip
 
