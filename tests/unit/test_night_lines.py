@@ -205,3 +205,22 @@ def test_a_line_without_its_record_is_not_indexed(root, registry, tmp_path):
     assert {(r.status, r.stage) for r in summary.rows} == {("failed", "publish")}
     assert all(f"@{arm} (linux/arm64) carries no publish record of {STACK}/{TARGET}" in (r.reason or "")
                for r in summary.rows)  # fmt: skip
+
+
+def test_a_failed_smoke_of_the_own_line_publishes_the_index_and_holds_the_aliases(root, registry, tmp_path):
+    """As in the one-process nightly: the smoke holds the aliases, not the index (every line passed its gate)."""
+    n = Night(root, registry, "lines-smoke")
+    before = n.stand_in_alias()
+    amd, arm = n.push("linux/amd64"), n.push("linux/arm64")
+    n.report("linux/amd64", {**pushed(amd), "status": "failed", "stage": "smoke", "smoke": "failed",
+                             "reason": f"smoke failed (chat); published {amd}, its aliases were not moved"})  # fmt: skip
+    n.report("linux/arm64", {**pushed(arm), "smoke": "not-run"})
+    summary, _ = n.merge(tmp_path / "night")
+    (tag,) = n.night_tags()
+    rows = {r.platform: r for r in summary.rows}
+    assert (rows["linux/amd64"].status, rows["linux/amd64"].stage) == ("failed", "smoke")
+    assert (rows["linux/arm64"].status, rows["linux/arm64"].stage) == ("published", None)
+    assert {r.tag for r in summary.rows} == {f"{n.image.repository}:{tag}"}
+    alias = n.image.head_manifest(n.alias)
+    assert alias is not None and alias.digest == before
+    assert all(r.aliases["*"].startswith("not moved: 1 of 2 rows of the stack did not pass") for r in summary.rows)
