@@ -15,6 +15,11 @@ The night, in order (one module fixture; the tests read what it recorded):
    its image already published under its tag, no new -rN; the merge leaves the aliases as they are.
 
 Then the second engine stops, and the first engine still runs a container, its bridge and rules as they were.
+
+Last, a night of a stack of two platform lines (example-multi: linux/amd64 and linux/arm64) against a registry of its
+own: a shard per line — the arm64 one under emulation on this host, on a native arm64 runner in CI — each pushing its
+gated image by digest, untagged; the merge tags one OCI index of both under the night's tag and moves the alias to it,
+and the history reads both rows verified.
 """
 
 from __future__ import annotations
@@ -278,3 +283,85 @@ def test_the_first_engine_still_runs_containers_after_the_second_stopped(night, 
     assert se.first_engine_state() == night.first_engine_before
     ran = se.first_engine_runs(base_image)
     assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A stack of two platform lines: each line on a shard of its platform, one index tagged by the merge
+
+MULTI = "example-multi"
+
+
+@pytest.fixture(scope="module")
+def lines_night(tmp_path_factory, base_image, arm_base_image):
+    """example-multi's night on two shards — its linux/amd64 line on one, its linux/arm64 line on the other (on this
+    x86_64 host under emulation; a native arm64 runner in CI) — then the merge, against a registry of its own:
+    (the plan, {platform: shard's process}, the merge's process, its summary, the night's tags, the tag's raw
+    manifest, the alias's digest, the history's process, the night's directory)."""
+    tmp = tmp_path_factory.mktemp("lines")
+    registry, stop_registry = start_registry(tmp / "registry")
+    root = _root(tmp / "repo")
+    repo = f"{registry}/l{run_names.RUN}"
+    local = run_names.image(MULTI, "shards")
+    sets = ["--set", f"tags.local={local}"]
+    env = {"STACKFORGE_CACHE": str(REPO / "build" / "cache"), "STACKFORGE_LOCK_DIR": str(tmp / "locks")}
+
+    def stackforge(*args: str) -> subprocess.CompletedProcess:
+        return mb.stackforge("--root", str(root), *args, env=env, timeout=1800)
+
+    night = ["--registry", repo, "--date", DATE]
+    try:
+        planned = stackforge("nightly", "--plan", "--json", *night, MULTI, *sets)
+        assert planned.returncode == 0, planned.stdout + planned.stderr
+        plan = json.loads(planned.stdout)
+        shards = {}
+        for shard in plan["shards"]:
+            shards[shard["platform"]] = stackforge("nightly", "--shard", shard["id"], *night, "--no-freshness",
+                                                   "--no-drift", "--json", *sets)  # fmt: skip
+        out = tmp / "nights" / DATE
+        merged = stackforge("nightly", "--merge", *night, "--out", str(out), *sets)
+        summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+        client = RegistryClient(parse_repository(f"{repo}/stackforge-{MULTI}"))
+        tags = [t for t in client.list_tags() if f"-{DATE}-r" in t]
+        raw = None
+        if len(tags) == 1:
+            inspect = subprocess.run(["docker", "buildx", "imagetools", "inspect", "--raw", f"{repo}/stackforge-{MULTI}:{tags[0]}"],
+                                     capture_output=True, text=True, timeout=120)  # fmt: skip
+            raw = json.loads(inspect.stdout) if inspect.returncode == 0 else inspect.stderr
+        alias = client.head_manifest("py3.11-latest")
+        history = stackforge("history", "--nights", str(tmp / "nights"), "--out", str(tmp / "site"), "--json")
+        yield plan, shards, merged, summary, tags, raw, alias.digest if alias else None, history, out
+    finally:
+        stop_registry()
+        subprocess.run(["docker", "image", "rm", local, f"{local}-arm64"], capture_output=True)
+
+
+def test_each_line_is_built_on_a_shard_of_its_platform_and_pushed_by_digest_untagged(lines_night):
+    plan, shards, *_ = lines_night
+    by_platform = {s["platform"]: s for s in plan["shards"]}
+    assert set(by_platform) == {"linux/amd64", "linux/arm64"}
+    assert by_platform["linux/arm64"]["runs_on"] == ["linux", "arm64"]
+    assert [u["line"] for u in by_platform["linux/arm64"]["units"]] == ["arm64"]
+    for platform, proc in shards.items():
+        assert proc.returncode == 0, f"{platform}: rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        (row,) = json.loads(proc.stdout)["rows"]
+        assert (row["status"], row["platform"], row.get("tag")) == ("pushed", platform, None) and row["digest"]
+
+
+def test_the_merge_tags_one_index_of_both_lines_and_moves_the_alias_to_it(lines_night):
+    _, shards, merged, summary, tags, raw, alias, history, out = lines_night
+    assert merged.returncode == 0, merged.stdout + merged.stderr[-6000:]
+    pushed = {p: json.loads(proc.stdout)["rows"][0]["digest"] for p, proc in shards.items()}
+    rows = {r["platform"]: r for r in summary["rows"]}
+    assert len(tags) == 1 and isinstance(raw, dict), raw  # one tag of the night: the index
+    assert raw["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    listed = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in raw["manifests"]}
+    assert listed == pushed  # each child is the digest its shard reported
+    assert all(r["status"] == "published" and r["tag"].endswith(f":{tags[0]}") for r in rows.values())
+    assert {p: r["digest"] for p, r in rows.items()} == pushed
+    index_digest = "sha256:" + hashlib.sha256(json.dumps(raw, separators=(",", ":"), sort_keys=True).encode()).hexdigest()  # fmt: skip
+    assert alias == index_digest and all(r["aliases"] == {"py3.11-latest": "moved"} for r in rows.values())
+    assert rows["linux/arm64"]["evidence"] == f"{MULTI}-escape@arm64"
+    assert "PASS machine aarch64" in (out / f"{MULTI}-escape@arm64" / "gate.txt").read_text()  # gated on arm64
+    assert history.returncode == 0, history.stdout + history.stderr
+    (one,) = json.loads(history.stdout)["nights"]
+    assert (one["images"], one["unverified"]) == (2, 0)

@@ -5,6 +5,7 @@ registry)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -174,3 +175,53 @@ def test_a_plan_without_registry_records_nothing_and_a_shard_without_registry_is
     assert rc == 0 and "recorded" not in err and "night-b/escape" in out
     rc, out, err = run_cli(capsys, root, "nightly", "--shard", "amd64-0123456789")
     assert rc == 2 and "--registry is required" in err
+
+
+def test_a_stack_of_platform_lines_has_a_unit_per_line_on_its_platforms_runner_and_a_refused_line_is_named(
+    tmp_path, capsys
+):
+    """example-multi declares linux/amd64 and linux/arm64: a unit per line, each in a shard of its platform with that
+    CPU's runner label; post2's aarch64 line names values no record states, so it is left out (as the one-process
+    nightly leaves it out) and the plan says why."""
+    root = repo_root(tmp_path, RootSpec(parts=("stacks",)))
+    args = ("nightly", "--plan", "--json", "--runner-label", "self-hosted", "example-multi", "post2")
+    rc, out, err = run_cli(capsys, root, *args)
+    assert rc == 0, err
+    plan = np.Plan.model_validate({k: v for k, v in json.loads(out).items() if k != "matrix"})
+    multi = {(u.platform, u.line): s for s, u in plan.units() if u.stack == "example-multi"}
+    assert set(multi) == {("linux/amd64", "amd64"), ("linux/arm64", "arm64")}
+    arm, amd = multi["linux/arm64", "arm64"], multi["linux/amd64", "amd64"]
+    assert arm.id.startswith("arm64-") and arm.runs_on == ["self-hosted", "linux", "arm64"]
+    assert amd.id.startswith("amd64-") and amd.runs_on == ["self-hosted", "linux", "x64"]
+    assert {u.platform for u in arm.units} == {"linux/arm64"}  # a shard is of one platform: its runner's
+    post2 = [u for _, u in plan.units() if u.stack == "post2"]
+    assert post2 and {(u.platform, u.line) for u in post2} == {("linux/amd64", None)}  # one line left: one image
+    (note,) = plan.not_buildable["post2"]
+    assert note.startswith("platform arm64 (linux/arm64) is declared, not buildable") and "packages.torchaudio" in note
+    assert "post2: not built: platform arm64" in err
+    # the (stack, target)s whose tag the merge makes an index: example-multi's, not post2's
+    assert set(np.lines_of_plan(plan)) == {(u.stack, u.target) for _, u in plan.units() if u.stack == "example-multi"}
+    rc, again, _ = run_cli(capsys, root, *args)
+    assert again == out  # the same stacks: the same units under the same ids
+
+
+def test_only_the_stacks_own_line_needs_a_device_and_a_lines_id_is_its_units():
+    """The smoke runs on the stack's own line: its unit goes to a device runner, the other line's does not."""
+
+    def line(name: str, arch: str, own: bool):
+        return SimpleNamespace(line=SimpleNamespace(name=name, own=own), model=SimpleNamespace(platform=SimpleNamespace(arch=arch)))  # fmt: skip
+
+    stack = SimpleNamespace(name="m")
+    units = np.units_of([stack], lambda s: ["t"], lambda s, t: True,
+                        lambda s: [line("amd64", "x86_64", True), line("arm64", "aarch64", False)])  # fmt: skip
+    assert [(u.platform, u.line, u.device) for u in units] == [("linux/amd64", "amd64", True), ("linux/arm64", "arm64", False)]  # fmt: skip
+    shards = np.group(units)
+    assert {(s.platform, s.device, tuple(s.labels)) for s in shards} == {
+        ("linux/amd64", True, ("linux", "x64", "device")),
+        ("linux/arm64", False, ("linux", "arm64")),
+    }
+    # one line of its own (a stack without platforms:, or one whose other lines cannot be built): no line named, and the
+    # unit's key — hence its shard's id — is what it was before stacks had lines
+    (one,) = np.units_of([stack], lambda s: ["t"], lambda s, t: False, lambda s: [line("amd64", "x86_64", True)])
+    assert one.line is None and one.key == "m/t/linux/amd64"
+    assert np.shard_id([one], False) == np.shard_id([unit("m", "t")], False)

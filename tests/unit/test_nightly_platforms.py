@@ -13,13 +13,16 @@ import pytest
 
 from stackforge.errors import BuildFailed, UserError
 from stackforge.flows.nightly import (
+    NightlyOptions,
     NightlyRun,
     Row,
     Summary,
+    _baked,
     _one,
     _platform_lines,
     evidence_name,
     lines_of,
+    night_lines,
     platforms_of,
 )
 from stackforge.flows.nightly_smoke import NightlyRecipes
@@ -322,3 +325,43 @@ def test_a_missing_line_base_fails_the_preflight_before_anything_is_built(root, 
     assert nightly_mod._preflight(summary, [stack], options, "registry.test/x", workspace) is False  # type: ignore[arg-type]
     assert {(r.platform, r.stage) for r in summary.rows} == {("linux/amd64", "preflight"), ("linux/arm64", "preflight")}
     assert all("base image (arm64)" in str(r.reason) for r in summary.rows)
+
+
+def test_a_shards_line_of_an_index_is_pushed_by_digest_untagged_and_only_the_own_line_is_smoked(root):
+    """A sharded night: each line's unit is built by the shard of its platform and pushed by digest (``push_line``'s
+    place); the merge tags the index. The arm64 line's row names no tag, and its smoke is not run: a recipe serves the
+    image on the stack's own platform."""
+    fakes, stack = Fakes(root), multi(root)
+    pushes: list[tuple[str, bool]] = []
+
+    def push_line(line, registry, *, move_aliases=False, **kw):
+        pushes.append((line.line.name, move_aliases))
+        return SimpleNamespace(status="pushed", reference=f"{registry}/stackforge-example-multi:", tag="",
+                               repository=f"{registry}/stackforge-example-multi", digest=DIGEST[line.line.name],
+                               aliases={}, scan=None)  # fmt: skip
+
+    (arm,) = night_lines(stack, False, {"example-multi": "arm64"})
+    assert arm.line is not None and (arm.line.name, arm.line.own) == ("arm64", False)
+    assert platforms_of(stack, False, {"example-multi": "arm64"}) == ["linux/arm64"]
+    run = NightlyRun(**{**fakes.run(recipes()).__dict__, "publish": push_line, "move_aliases": False})
+    row = _one(run, arm, "escape")
+    assert pushes == [("arm64", False)] and fakes.smoked == []
+    assert (row.status, row.tag, row.digest, row.platform) == ("pushed", None, DIGEST["arm64"], "linux/arm64")
+    assert row.pushed == f"registry.test/x/stackforge-example-multi@{DIGEST['arm64']}"  # what the shard reports
+    assert row.ok and row.smoke == "not-run" and row.aliases == {}
+    assert row.evidence == "example-multi-escape@arm64"
+    (amd,) = night_lines(stack, False, {"example-multi": "amd64"})
+    own = _one(run, amd, "escape")
+    assert fakes.smoked and own.smoke == "passed" and own.tag is None and own.status == "pushed"
+    with pytest.raises(UserError) as exc:
+        night_lines(stack, False, {"example-multi": "riscv"})
+    assert "platform line 'riscv' of example-multi" in exc.value.message
+
+
+def test_a_shard_of_another_line_than_the_stacks_own_bakes_nothing_of_it(root):
+    """A bake file carries no platform per target: the bake builds a stack's own line, so a shard that builds the
+    arm64 line leaves the stack out of its bake (and its preflight asks for that line's base, not the stack's)."""
+    stack = multi(root)
+    assert _baked([stack], NightlyOptions()) == [stack]  # the one-process nightly bakes the own line
+    assert _baked([stack], NightlyOptions(lines={"example-multi": "amd64"})) == [stack]
+    assert _baked([stack], NightlyOptions(lines={"example-multi": "arm64"})) == []

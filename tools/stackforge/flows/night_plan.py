@@ -2,9 +2,12 @@
 runner labels it needs, balanced by the durations the last nights recorded.
 
 A *unit* is one image of the night: a stack, one of its published targets, and a platform (``linux/amd64`` from
-``platform.arch: x86_64``, ``linux/arm64`` from ``aarch64``; a stack has one platform today, so a unit's platform is
-the stack's). A unit *needs a device* when a ``nightly: true`` recipe serves its image with devices (its smoke runs
-where the shard runs: the shard's runner must have them).
+``platform.arch: x86_64``, ``linux/arm64`` from ``aarch64``): a unit per platform line the stack declares and the
+night can build (a line declared with values no record states is left out, as the one-process nightly leaves it out,
+and the plan says so in ``not_buildable``), else one on the stack's platform. A unit of a stack of several lines
+names its ``line``: its shard pushes the image by digest and the merge tags the index over every line. A unit *needs
+a device* when a ``nightly: true`` recipe serves its image with devices and it is the stack's own line (the smoke
+runs on the stack's own platform, where the shard runs: the shard's runner must have them).
 
 Grouping, in order:
 
@@ -60,6 +63,7 @@ Label = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0
 Platform = Literal["linux/amd64", "linux/arm64"]
 StackName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 TargetName = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,127}|\*)$")]
+LineName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 
 
 class _Doc(BaseModel):
@@ -74,6 +78,9 @@ class Unit(_Doc):
     platform: Platform
     device: bool = False
     estimate_s: float = Field(default=0.0, ge=0)
+    #: the platform line (its name under ``platforms:``) when the stack's tag is one index of several lines, which the
+    #: merge composes; None: the stack's one image, published under its tag by the shard
+    line: LineName | None = None
 
     @property
     def key(self) -> str:
@@ -108,6 +115,8 @@ class Plan(_Doc):
     problems: list[Problem] = Field(default_factory=list)
     #: the nights the durations were read from (their dates, newest first)
     durations_from: list[str] = Field(default_factory=list)
+    #: per stack, each platform line left out: declared, not buildable (what ``lint`` says of it)
+    not_buildable: dict[StackName, list[str]] = Field(default_factory=dict)
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
 
@@ -343,23 +352,46 @@ class PlanOptions:
 
 
 def make_plan(
-    units: list[Unit], problems: list[Problem], options: PlanOptions, durations: Durations | None = None
+    units: list[Unit],
+    problems: list[Problem],
+    options: PlanOptions,
+    durations: Durations | None = None,
+    not_buildable: dict[str, list[str]] | None = None,
 ) -> Plan:
-    """The plan of ``units`` as ``options`` say (pure: ``durations`` as read)."""
+    """The plan of ``units`` as ``options`` say (pure: ``durations`` as read; ``not_buildable``: the lines left out)."""
     for label in options.runner_labels:
         safeio.validate(Label, label, source="--runner-label", what="runner label")
     durations = durations or Durations()
     shards = group(estimate(units, durations), options.shards, options.runner_labels, options.date)
-    return Plan(schema=SCHEMA, date=options.date, shards=shards, problems=problems, durations_from=durations.nights)
+    return Plan(schema=SCHEMA, date=options.date, shards=shards, problems=problems, durations_from=durations.nights,
+                not_buildable=dict(not_buildable or {}))  # fmt: skip
 
 
 def units_of(
-    loaded: Iterable[Any], targets_of: Callable[[Any], list[str]], needs_device: Callable[[str, str], bool]
+    loaded: Iterable[Any],
+    targets_of: Callable[[Any], list[str]],
+    needs_device: Callable[[str, str], bool],
+    lines_of: Callable[[Any], list[Any]] = lambda stack: [stack],
 ) -> list[Unit]:
-    """The units of the loaded stacks: each published target (``targets_of``) on the stack's platform."""
+    """The units of the loaded stacks: each published target (``targets_of``) on each platform line the night builds
+    of the stack (``lines_of``: ``flows/nightly.py`` :func:`lines_of`, each a resolved stack of its line; one: the
+    stack itself). Only the stack's own line needs a device (its smoke runs there)."""
     out = []
     for stack in loaded:
-        platform = platform_of(stack.model.platform.arch)
+        lines = lines_of(stack)
         for target in targets_of(stack):
-            out.append(Unit(stack=stack.name, target=target, platform=platform, device=needs_device(stack.name, target)))  # type: ignore[arg-type]  # fmt: skip
+            for line in lines:
+                own = line.line is None or line.line.own
+                out.append(Unit(stack=stack.name, target=target, platform=platform_of(line.model.platform.arch),  # type: ignore[arg-type]
+                                device=own and needs_device(stack.name, target),
+                                line=line.line.name if len(lines) > 1 and line.line is not None else None))  # fmt: skip
+    return out
+
+
+def lines_of_plan(plan: Plan) -> dict[tuple[str, str], list[Unit]]:
+    """Each (stack, target) whose tag is one index of several platform lines, with its units (every shard's)."""
+    out: dict[tuple[str, str], list[Unit]] = {}
+    for _, unit in plan.units():
+        if unit.line is not None:
+            out.setdefault((unit.stack, unit.target), []).append(unit)
     return out

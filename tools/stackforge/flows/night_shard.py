@@ -7,7 +7,9 @@
 :func:`run_shard` is the nightly of one shard's units: it reads the night's recorded plan from the registry, then
 lints, bakes, builds, gates, tests, signs, scans and publishes its units exactly as ``stackforge nightly`` does
 (``flows/nightly.py``), under the night's immutable tags and never an alias (the merge moves the aliases, once, for
-the whole night); it smokes each image whose recipes need this runner's devices, and reports:
+the whole night) — a unit of a stack of several platform lines (its ``line``) is built on its platform and pushed by
+digest with its record, signature and SBOM, untagged, for the merge to tag the index over every line; it smokes each
+image whose recipes need this runner's devices, and reports:
 
 - every row of its units, their bake, freshness and drift, and each row's evidence bundle, under the tag
   ``<date>-<shard id>`` of the night's repository (``<registry>/stackforge-nightly``), whatever happened: a shard
@@ -47,7 +49,9 @@ from stackforge.flows.nightly import (
     Summary,
     _host_free,
     _nightly_as_declared,
+    lines_of,
     nightly,
+    not_buildable,
     per_stack,
 )
 from stackforge.flows.nightly_smoke import nightly_recipes
@@ -96,7 +100,10 @@ def plan_night(
             problems.append(Problem(stack=stack.name, reason=err.render()))
             return []
 
-    units = night_plan.units_of(loaded, targets_of, needs_device)
+    units = night_plan.units_of(loaded, targets_of, needs_device, lines_of)
+    left_out = {stack.name: notes for stack in loaded if (notes := not_buildable(stack))}
+    for name, notes in left_out.items():
+        echo(f"nightly: plan: {name}: not built: {'; '.join(notes)}")
     if not units and not problems:
         raise UserError(
             f"no nightly stacks in {root / 'stacks'}",
@@ -105,7 +112,7 @@ def plan_night(
     durations = night_plan.read_durations(options.nights, before=options.date)
     for problem in durations.unreadable:
         echo(f"nightly: plan: a night's durations are not read: {problem}")
-    return night_plan.make_plan(units, problems, options, durations)
+    return night_plan.make_plan(units, problems, options, durations, left_out)
 
 
 def night_client(registry: str, policy: RetryPolicy | None) -> RegistryClient:
@@ -246,9 +253,12 @@ def run_shard(
             fix="check that the push credential (STACKFORGE_REGISTRY_USER/_PASSWORD) may write there",
         ) from None
     units: dict[str, list[str]] = {}
+    lines: dict[str, str] = {}  # a stack of several lines: the one this shard builds (a shard is of one platform)
     for unit in shard.units:
         if unit.target != "*":
             units.setdefault(unit.stack, []).append(unit.target)
+        if unit.line is not None:
+            lines[unit.stack] = unit.line
     stacks = sorted({u.stack for u in shard.units})
     outdir = options.out or root / "build" / "shards" / date / shard_id
     for_stack = per_stack(options.overrides)
@@ -261,7 +271,7 @@ def run_shard(
     cache = shard_cache(options.cache, loaded, registry, date, options.publish.policy, echo)
     echo(f"nightly: shard {shard_id} of night {date}: {night_plan.title(shard, 400)}")
     mine = replace(options, date=date, stacks=stacks, units=units, move_aliases=False, out=outdir, cache=cache,
-                   every_platform=False)  # fmt: skip
+                   every_platform=False, lines=lines)  # fmt: skip
     started, t0 = _now(), time.monotonic()
     try:
         summary = nightly(root, registry, mine, workspace=workspace)
@@ -299,9 +309,9 @@ def _report(
     summary.rows = rows + rest
     problems = []
     for row in rows:
-        if row.digest and row.tag:
+        if row.digest and (row.tag or row.pushed):
             try:
-                repo, _ = split_ref(row.tag)
+                repo, _ = split_ref(row.tag or row.pushed or "")
                 image = RegistryClient(repo, policy=client.policy)
                 doc = {**_portable(row.to_json(), outdir, root), "night": summary.date}
                 nightreg.attach_row(image, row.digest, doc, summary.date, shard.id)

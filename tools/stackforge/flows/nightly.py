@@ -60,7 +60,7 @@ from stackforge.flows.nightly_smoke import NightlyRecipes, freshness_line, night
 from stackforge.freshness.drift import nightly_cell, nightly_line
 from stackforge.fslock import atomic_write, stack_locks
 from stackforge.publish.publisher import PublishOptions
-from stackforge.publish.stack import publish_platforms, publish_stack
+from stackforge.publish.stack import publish_platforms, publish_stack, push_line
 from stackforge.safeio import OutputDir
 from stackforge.signals import Interrupted
 from stackforge.smoke import slices as slice_runs
@@ -102,14 +102,17 @@ class Row:
     #: the OCI platform of the row's image (linux/amd64, linux/arm64): the platform line it was built for; None in a
     #: row that built nothing of a known line (a stack that did not load)
     platform: str | None = None
+    #: a shard's line of a stack of several lines: ``<repository>@<digest>`` it pushed, untagged, for the merge's index
+    pushed: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.status not in ("failed", "interrupted", NOT_RUN)
 
     def to_json(self) -> dict[str, Any]:
-        """The row as the summary has it (``shard`` only in a sharded night, ``platform`` only when known)."""
-        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("shard", "platform")}
+        """The row as the summary has it (``shard`` only in a sharded night, ``platform`` only when known, ``pushed``
+        only when a shard pushed a line by digest)."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in ("shard", "platform", "pushed")}
 
     @property
     def outcome(self) -> str:
@@ -508,8 +511,11 @@ class NightlyOptions:
     #: the RUN steps' network of the bake and every build, e.g. ``host`` to reach an index on the host's loopback
     network: str | None = None
     #: build, gate and publish every platform line a stack declares (one index under its tag); False: each stack's
-    #: own line only (a shard: its plan has one unit per stack × target on the stack's platform)
+    #: own line only, or the line ``lines`` names
     every_platform: bool = True
+    #: a shard's: per stack of several platform lines, the one line it builds (by name); its image is pushed by digest
+    #: with its record, signature and SBOM, and tagged by the merge as a child of the stack's index
+    lines: Mapping[str, str] | None = None
 
 
 def nightly(
@@ -539,7 +545,7 @@ def nightly(
     loaded, summary.rows = select_stacks(root, options.stacks, for_stack)
     for row in summary.rows:
         echo(f"nightly: {row.stack}: {row.stage} failed")
-    for stack in loaded if options.every_platform else []:
+    for stack in loaded if options.every_platform and not options.lines else []:
         if notes := not_buildable(stack):
             summary.not_buildable[stack.name] = notes
             echo(f"nightly: {stack.name}: not built: {'; '.join(notes)}")
@@ -571,7 +577,7 @@ def nightly(
                             reason=f"interrupted by {intr.name} before it finished",
                             platform=platform,
                         )
-                        for platform in platforms_of(stack, options.every_platform)
+                        for platform in platforms_of(stack, options.every_platform, options.lines)
                     ]
         if not summary.bake:
             summary.bake = {"not_run": f"interrupted by {intr.name}"}
@@ -665,11 +671,12 @@ def _bake_and_build(
         engine.check()
     if loaded and options.preflight and not _preflight(summary, loaded, options, registry, workspace):
         return
-    if loaded and options.use_bake:
-        echo(f"nightly: bake {', '.join(s.name for s in loaded)}")
+    baking = _baked(loaded, options)
+    if baking and options.use_bake:
+        echo(f"nightly: bake {', '.join(s.name for s in baking)}")
         try:
             items, baked = bakemod.bake(
-                loaded,
+                baking,
                 workspace=workspace,
                 targets=targets,
                 workdir=outdir,
@@ -691,6 +698,8 @@ def _bake_and_build(
         except UserError as err:
             summary.bake = {"not_run": f"the bake could not start: {err.message}", "error": err.render()}
             echo(f"nightly: bake could not run: {err.message}")
+    elif loaded and options.use_bake:
+        summary.bake = {"not_run": "every line built here is of another platform than the stacks' own: each is built on its own"}  # fmt: skip
 
     run = NightlyRun(
         registry=registry,
@@ -718,16 +727,36 @@ def _bake_and_build(
         except UserError as err:
             summary.rows.append(Row(stack=stack.name, target="*", status="failed", stage="build", reason=err.render()))
             continue
-        lines = lines_of(stack, options.every_platform)
         for target in names:
             try:
+                lines = night_lines(stack, options.every_platform, options.lines)
                 # its builds, publish and evidence copies, as one
                 with stack_locks([build_dir_for(line) for line in lines]):
-                    rows = _platform_lines(run, stack, target) if len(lines) > 1 else [_one(run, lines[0], target)]
+                    if _by_digest(stack, options.lines):  # a shard's line of an index: pushed by digest
+                        rows = [_one(replace(run, publish=functools.partial(push_line, of=stack)), lines[0], target)]  # fmt: skip
+                    elif len(lines) > 1:
+                        rows = _platform_lines(run, stack, target)
+                    else:
+                        rows = [_one(run, lines[0], target)]
             except UserError as err:  # a build directory is busy or cannot be written
                 rows = [Row(stack=stack.name, target=target, status="failed", stage="build", reason=err.render(),
-                            platform=platform) for platform in platforms_of(stack, options.every_platform)]  # fmt: skip
+                            platform=platform) for platform in platforms_of(stack, options.every_platform, options.lines)]  # fmt: skip
             summary.rows += rows
+
+
+def _lines_or_none(stack: ResolvedStack, options: NightlyOptions) -> list[ResolvedStack]:
+    """:func:`night_lines` of ``stack`` for this night; none when the plan's line is not the stack's any more."""
+    try:
+        return night_lines(stack, options.every_platform, options.lines)
+    except UserError:
+        return []  # the build's row says why
+
+
+def _baked(loaded: list[ResolvedStack], options: NightlyOptions) -> list[ResolvedStack]:
+    """The stacks the bake builds, each on its own line: every stack but one whose line this shard builds is another
+    platform's (a bake file carries no platform per target; such a line is built on its own)."""
+    own = [s for s in loaded if not _by_digest(s, options.lines)]
+    return own + [s for s in loaded if _by_digest(s, options.lines) and all(ln.line is not None and ln.line.own for ln in _lines_or_none(s, options))]  # fmt: skip
 
 
 def _cache_of(run: NightlyRun, stack: str, target: str) -> dict[str, Any]:
@@ -751,7 +780,12 @@ def _preflight(
     False (every row failed at stage ``preflight``, naming what failed and its redirect) when one fails."""
     options.echo(f"nightly: preflight: the engine, the registry and every endpoint of {len(loaded)} stack(s)")
     rows = doctor.diagnose(loaded, workspace, registry=registry)
-    bases = [row for s in loaded for row in doctor.line_base_checks(s, lines_of(s, options.every_platform), workspace)]
+    # a shard that builds another line than a stack's own needs that line's base, not the stack's (an arm64 runner
+    # need not hold the amd64 base image)
+    baked = {s.name for s in _baked(loaded, options)}
+    other = {s.name for s in loaded if s.name not in baked}
+    rows = [r for r in rows if not (r.check == "base image" and r.stack in other)]
+    bases = [row for s in loaded for row in doctor.line_base_checks(s, _lines_or_none(s, options), workspace)]
     rows += doctor.run_checks(bases)
     failed = [r for r in rows if r.status == doctor.FAIL]
     if not failed:
@@ -761,7 +795,7 @@ def _preflight(
     reason = "preflight failed, nothing was built: " + "; ".join(dict.fromkeys(lines))
     for stack in loaded:
         for target in _targets_or_star(bakemod, stack, bakemod.targets_of(options.units or options.targets, stack.name)):  # fmt: skip
-            for platform in platforms_of(stack, options.every_platform):
+            for platform in platforms_of(stack, options.every_platform, options.lines):
                 summary.rows.append(Row(stack=stack.name, target=target, status="failed", stage="preflight",
                                         reason=reason, platform=platform))  # fmt: skip
     summary.bake = {"not_run": "the preflight failed"}
@@ -823,10 +857,33 @@ def _own(stack: ResolvedStack) -> bool:
 
 def lines_of(stack: ResolvedStack, every: bool = True) -> list[ResolvedStack]:
     """The platform lines a night builds of ``stack``: every line it declares that can be built (``every``; a line
-    declared with values no record states is not, :func:`not_buildable`), else the stack as written (its own line:
-    a shard, whose plan has one unit per stack's platform). A stack with one such line is built as itself."""
+    declared with values no record states is not, :func:`not_buildable`), else the stack as written (its own line).
+    A stack with one such line is built as itself."""
     built = [ln for ln in stack.platform_lines().values() if ln.line is None or not ln.line.unknown]
     return built if every and len(built) > 1 else [stack]
+
+
+def night_lines(
+    stack: ResolvedStack, every: bool = True, lines: Mapping[str, str] | None = None
+) -> list[ResolvedStack]:
+    """:func:`lines_of`, or — a shard's stack of several lines (``lines`` names the one it builds) — that line alone.
+    A line the stack no longer declares is a :class:`UserError` (the plan was made from other stack files)."""
+    name = (lines or {}).get(stack.name)
+    if name is None:
+        return lines_of(stack, every)
+    found = stack.platform_lines().get(name)
+    if found is None or found.line is None or found.line.unknown:
+        raise UserError(
+            f"the night's plan builds platform line {name!r} of {stack.name}, which the stack does not declare as "
+            "buildable here",
+            fix="run the shard from the commit the plan was made from",
+        )
+    return [found]
+
+
+def _by_digest(stack: ResolvedStack, lines: Mapping[str, str] | None) -> bool:
+    """Whether a shard pushes ``stack``'s line by digest for the merge's index (a stack of several lines)."""
+    return stack.name in (lines or {})
 
 
 def not_buildable(stack: ResolvedStack) -> list[str]:
@@ -835,9 +892,13 @@ def not_buildable(stack: ResolvedStack) -> list[str]:
     return [note for ln in stack.lines.values() if ln.line is not None and (note := lines_of_mod.unknown_note(ln.line))]
 
 
-def platforms_of(stack: ResolvedStack, every: bool = True) -> list[str | None]:
-    """The OCI platform of each line :func:`lines_of` gives."""
-    return [line.line.oci if line.line is not None else None for line in lines_of(stack, every)]
+def platforms_of(stack: ResolvedStack, every: bool = True, lines: Mapping[str, str] | None = None) -> list[str | None]:
+    """The OCI platform of each line :func:`night_lines` gives."""
+    try:
+        built = night_lines(stack, every, lines)
+    except UserError:
+        return [None]
+    return [line.line.oci if line.line is not None else None for line in built]
 
 
 def _publisher(run: NightlyRun, fn: Callable[..., Any], stack: ResolvedStack, target: str) -> Callable[..., Any]:
@@ -865,10 +926,17 @@ def _one(run: NightlyRun, stack: ResolvedStack, target: str) -> Row:
         publish = _publisher(run, run.publish, stack, target)
         try:
             result = publish(move_aliases=not recipes and run.move_aliases)
-            row.status, row.tag, row.digest = result.status, result.reference, result.digest
+            row.status, row.digest = result.status, result.digest
+            pushed = result.status == "pushed"  # by digest, for the index the merge tags
+            row.tag = None if pushed else result.reference
+            row.pushed = f"{result.repository}@{result.digest}" if pushed else None
             row.scan = getattr(result, "scan", None)
-            run.echo(f"nightly: {_label(stack, target)}: {result.status} {result.reference}")
-            if recipes:
+            run.echo(
+                f"nightly: {_label(stack, target)}: {result.status} {result.digest if pushed else result.reference}"
+            )
+            if recipes and not _own(stack):
+                row.smoke = NOT_RUN  # a recipe serves the image on the stack's own platform: that line is smoked
+            elif recipes:
                 _smoke_then_aliases(run, stack, target, row, recipes, evidence, publish)
             else:
                 row.smoke, row.aliases = "none", dict(result.aliases)
@@ -1062,7 +1130,9 @@ def _smoke_then_aliases(
         run.echo(f"nightly: {stack.name}/{target}: smoke passed; aliases {row.aliases}")
         return
     row.status, row.stage = ("failed" if verdict.verdict == "failed" else NOT_RUN), "smoke"
-    row.reason = f"smoke {verdict.verdict} ({verdict.reason}); published {row.tag}, its aliases were not moved"
+    row.reason = (
+        f"smoke {verdict.verdict} ({verdict.reason}); published {row.tag or row.digest}, its aliases were not moved"
+    )
     row.aliases = {"*": f"not moved: smoke {verdict.verdict}"} if run.move_aliases else {}
     run.echo(f"nightly: {stack.name}/{target}: smoke {verdict.verdict}; aliases not moved")
 

@@ -104,6 +104,9 @@ class NightRow(BaseModel):
     platform: str | None = None
     #: a sharded night's: the shard that built the row
     shard: str | None = None
+    #: a shard's line of a stack of several platform lines: ``<repository>@<digest>`` it pushed (untagged); the merge
+    #: tags the index over every line
+    pushed: str | None = None
     stage: str | None = None
     tag: str | None = None
     #: the image's manifest (of its platform, under a tag that is an index of every platform line)

@@ -138,7 +138,7 @@ def head(stack: str, target: str, published: PublishResult) -> dict[str, Any]:
         "digest": published.digest,
         "image_id": published.image_id,
         **({"gated_image_id": published.gated_image_id} if getattr(published, "gated_image_id", None) else {}),
-        "tags": [published.tag, *moved],
+        "tags": [t for t in (published.tag, *moved) if t],  # none yet: pushed by digest for an index (``pushed``)
     }
 
 

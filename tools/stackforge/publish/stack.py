@@ -378,30 +378,12 @@ def publish_platforms(
     pushed: list[tuple[str, ResolvedStack, PublishResult, Path, dict[str, Any], Any, dict | None]] = []
     blocked: list[str] = []
     for name, line in lines.items():
-        assert line.line is not None
-        local = target_ref(line, target)
-        build_dir = build_dir_for(line) if out is None else Path(f"{out}{line.line.suffix}")
-        with stack_lock(build_dir):  # no build of this line replaces its evidence meanwhile
-            root = build_dir / "evidence"
-            image = DockerImage(local, engine=engine)
-            image.inspect()
-            assert image.image_id is not None
-            gated = None if allow_ungated else check_gated(root, stack.name, target, image.image_id, local)
-            extra = {"stack": stack.name, "target": target, "platform": line.line.oci, "local_ref": local,
-                     "gated_build": gated, "date": date}  # fmt: skip
-            evidence_dir = publish_dir(root, gated, image.image_id)
-            scanned = vulnerability_gate(options, evidence_dir, engine, local, loaded.root)
-            held = scan_record(scanned) if scanned is not None else None
-            if held is not None:
-                extra["scan"] = held
-                if held["blocking"]:
-                    blocked.append(f"{name}: {held['reason']}")
-            attacher = record.Attacher(line, target, evidence_dir, repository, engine, local, options.policy)
-            attacher.scan = scanned.summary() if scanned is not None else None
-            signing = _signing(line, target, options, evidence_dir, repository, engine, local)
-            hooks = PublishHooks(before_tag=signing)
-            child = publish(image, repository, scheme, date, options, engine=engine, hooks=hooks, tag_it=False)
-            pushed.append((name, line, child, evidence_dir, extra, attacher, held))
+        child, evidence_dir, extra, attacher, held = _push_by_digest(
+            loaded, line, target, date, repository, scheme, options, engine, out, allow_ungated
+        )
+        if held is not None and held["blocking"]:
+            blocked.append(f"{name}: {held['reason']}")
+        pushed.append((name, line, child, evidence_dir, extra, attacher, held))
     children = [platforms.Child(line.line.oci, r.digest, *_pushed_manifest(r))  # type: ignore[union-attr]
                 for _, line, r, *_ in pushed]  # fmt: skip
     client = RegistryClient(repository, policy=options.policy or RetryPolicy())
@@ -427,6 +409,85 @@ def publish_platforms(
                                                                           "reference": index.reference}})  # fmt: skip
         results[name] = final
     return PlatformsResult(index, results)
+
+
+def _push_by_digest(
+    loaded: ResolvedStack,
+    line: ResolvedStack,
+    target: str,
+    date: str,
+    repository: Repository,
+    scheme: TagScheme,
+    options: PublishOptions,
+    engine: Engine,
+    out: Path | None,
+    allow_ungated: bool,
+) -> tuple[PublishResult, Path, dict[str, Any], record.Attacher, dict[str, Any] | None]:
+    """One platform line's gated image pushed by digest with its signed provenance (no tag): (the push's result, the
+    gated build's evidence directory, the record's extra keys, its attacher, the scan's hold or None)."""
+    assert line.line is not None
+    local = target_ref(line, target)
+    build_dir = build_dir_for(line) if out is None else Path(f"{out}{line.line.suffix}")
+    with stack_lock(build_dir):  # no build of this line replaces its evidence meanwhile
+        root = build_dir / "evidence"
+        image = DockerImage(local, engine=engine)
+        image.inspect()
+        assert image.image_id is not None
+        gated = None if allow_ungated else check_gated(root, loaded.model.name, target, image.image_id, local)
+        extra = {"stack": loaded.model.name, "target": target, "platform": line.line.oci, "local_ref": local,
+                 "gated_build": gated, "date": date}  # fmt: skip
+        evidence_dir = publish_dir(root, gated, image.image_id)
+        scanned = vulnerability_gate(options, evidence_dir, engine, local, loaded.root)
+        held = scan_record(scanned) if scanned is not None else None
+        if held is not None:
+            extra["scan"] = held
+        attacher = record.Attacher(line, target, evidence_dir, repository, engine, local, options.policy)
+        attacher.scan = scanned.summary() if scanned is not None else None
+        signing = _signing(line, target, options, evidence_dir, repository, engine, local)
+        hooks = PublishHooks(before_tag=signing)
+        child = publish(image, repository, scheme, date, options, engine=engine, hooks=hooks, tag_it=False)
+    return child, evidence_dir, extra, attacher, held
+
+
+def push_line(
+    line: ResolvedStack,
+    registry: str,
+    options: PublishOptions | None = None,
+    *,
+    of: ResolvedStack,
+    date: str | None = None,
+    target: str | None = None,
+    engine: Engine | None = None,
+    workspace: Workspace | None = None,
+    move_aliases: bool = False,
+) -> PublishResult:
+    """One platform line of stack ``of`` pushed by digest into the stack's repository, as :func:`publish_platforms`
+    pushes each line — its gated image, signed provenance, its own record and SBOM attached — and no tag: the index
+    over every line is tagged later (a sharded night's merge, :func:`platforms.publish_index`). The result's status
+    is ``pushed``; its record names no tag yet and ``publish.json`` of the build's evidence says what was pushed."""
+    assert not move_aliases, "a line pushed by digest moves no alias: the index's publish does"
+    assert line.line is not None
+    ws = workspace_for(of, workspace)
+    date = validate_date(date)
+    try:
+        lint_or_fail(line)
+    except BuildFailed as err:
+        raise BuildFailed(f"{err.message}\nNothing was published.", fix=f"{err.fix}, rebuild, then publish",
+                          file=err.file, line=err.line, col=err.col, exit_code=err.exit_code) from None  # fmt: skip
+    target, repository, scheme, _, _ = destination(of, registry, date, target)
+    options = options or PublishOptions()
+    compression = options.compression or of.model.tags.compression or "gzip"
+    codec(compression, options.level)
+    options = replace(options, layer_cache=ws.cache("layers"), compression=compression)
+    engine = engine or ws.engine
+    child, evidence_dir, extra, attacher, _held = _push_by_digest(
+        of, line, target, date, repository, scheme, options, engine, None, False
+    )
+    final = replace(child, scan=attacher.scan)
+    attacher.finish(final)
+    _attach_sbom(evidence_dir, repository, options, final)
+    write_evidence(evidence_dir, {**extra, **final.evidence()})
+    return final
 
 
 def _pushed_manifest(result: PublishResult) -> tuple[int, str]:
