@@ -8,9 +8,12 @@ SBOM, the alias moved with the index.
 The module runs on both image stores (``image_store``): the first engine's classic store, and a second engine with
 the containerd image store, where an image's id is its manifest's or index's digest and publish exports the image
 with ``docker save`` (the containerd store's OCI layout, its layers as stored). Emulated builds are slow on a small
-host: one build per line and store, shared by the module's tests. The two halves' builds give one image per line
-and one index: the containerd half's are clean builds on a new engine, so that comparison is also two builds of one
-stack, one of them clean, publishing one index digest.
+host: one build per line and store, shared by the module's tests. The containerd half's builds are clean (a new
+engine: no build cache, empty cache mounts); the classic half's come from this engine's cache. The two stores'
+images of each line have one config and the same files, each store writing the layers its way. On each store,
+``verify --all-platforms --rebuild`` of the index (its copy) builds every line again with no cache and finds the
+same config and manifest per platform, so the same index: on the containerd store two clean builds, on the classic
+store a clean build against the cached one.
 """
 
 from __future__ import annotations
@@ -341,12 +344,26 @@ def test_verify_and_pull_pick_one_platform(published, registry):
     assert arch == "arm64"  # the tag names the platform's image it pulled
 
 
-def test_a_copy_of_the_index_verifies_on_every_platform(published, registry):
+def test_a_copy_of_the_index_verifies_and_each_platform_rebuilds_identical(published, registry):
+    """The copy carries each platform's record, so ``verify COPY --all-platforms --rebuild`` checks every platform's
+    image there and builds each line again from its record with no cache (its own empty cache mounts; the arm64 line
+    under emulation), normalized as the publisher does: the same config and manifest as the index lists, so the
+    index, whose bytes are its manifests' (:func:`test_the_same_images_publish_the_same_index_once`), is the same. On
+    the containerd store both builds are clean (the published one on a new engine); on the classic store the
+    published one came from this engine's cache."""
     root, ev, repo, _, store = published
     dst = f"{registry}/{repo.rsplit('/', 1)[0]}/copied-multi:{ev['tag']}"
     copied = stackforge(root, "copy", f"{registry}/{repo}:{ev['tag']}", dst, env=store.env)
     assert copied.returncode == 0, copied.stdout + copied.stderr
-    proc = stackforge(root, "verify", dst, "--all-platforms", env=store.env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = stackforge(root, "verify", dst, "--all-platforms", "--rebuild", env=store.env)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert f"PASS index   {dst} resolves to {ev['digest']}, an index of linux/amd64, linux/arm64" in proc.stdout
-    assert proc.stdout.count("PASS record  digest=") == 2  # each platform's own record came along
+    sections = proc.stdout.split("PASS platform ")[1:]
+    assert [s.split()[0] for s in sections] == ["linux/amd64", "linux/arm64"]
+    for line, section in zip(("amd64", "arm64"), sections):
+        assert section.split()[1] == f"{dst.rsplit(':', 1)[0]}@{ev['platforms'][line]['digest']}"
+        assert section.count("PASS record  digest=") == 1  # the platform's own record came along
+        rebuilt = [text for text in section.splitlines() if text.startswith(("PASS rebuild", "FAIL rebuild"))]
+        assert len(rebuilt) == 1, section
+        assert rebuilt[0].startswith(f"PASS rebuild identical: config {ev['platforms'][line]['image_id']}, ")
+        assert rebuilt[0].endswith("(and the same manifest)"), rebuilt[0]
