@@ -6,8 +6,8 @@ published under one tag to a loopback registry: an OCI index with a manifest per
 SBOM, the alias moved with the index.
 
 The module runs on both image stores (``image_store``): the first engine's classic store, and a second engine with
-the containerd image store, where an image's id is its manifest's or index's digest and publish exports the image
-with ``docker save`` (the containerd store's OCI layout, its layers as stored). Emulated builds are slow on a small
+the containerd image store, where an image's id is its manifest's or index's digest and publish reads the image
+from that store's content store (its layers as stored; ``docker save`` only when the store cannot be read). Emulated builds are slow on a small
 host: one build per line and store, shared by the module's tests. The containerd half's builds are clean (a new
 engine: no build cache, empty cache mounts); the classic half's come from this engine's cache. The two stores'
 images of each line have one config and the same files, each store writing the layers its way. On each store,
