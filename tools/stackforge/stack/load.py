@@ -8,7 +8,6 @@ it; they are collected, so one run reports every problem in a file.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import hashlib
 import json
@@ -161,6 +160,13 @@ def _model_for(annotation) -> tuple[str, Any]:
     return "scalar", None
 
 
+def _close(word: str, choices: list[str], cutoff: float = 0.6) -> list[str]:
+    """The choice closest to ``word`` (a list of at most one), for a hint; difflib is imported for a problem only."""
+    import difflib
+
+    return difflib.get_close_matches(word, choices, n=1, cutoff=cutoff)
+
+
 def _field_names(cls: type[BaseModel]) -> dict[str, str]:
     """Accepted key → field name (aliases included)."""
     out = {}
@@ -175,7 +181,7 @@ def check_keys(cls: type[BaseModel], data: Any, path: tuple, keys: dict, values:
     accepted = _field_names(cls)
     for key, value in data.items():
         if key not in accepted:
-            near = difflib.get_close_matches(key, list(accepted), n=1, cutoff=0.6)
+            near = _close(key, list(accepted), cutoff=0.6)
             pos = keys.get(path + (key,)) or values.get(path) or Pos("?")
             where = ".".join(str(p) for p in path) or "the top level"
             fix = f"did you mean '{near[0]}'?" if near else f"allowed keys in {where}: {', '.join(accepted)}"
@@ -337,7 +343,7 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
     def ref(path: tuple, name: str, pool: dict | list, what: str, fix_add: str) -> bool:
         """Whether ``name`` is declared in ``pool``; records the problem when it is not."""
         if name not in pool:
-            near = difflib.get_close_matches(name, list(pool), n=1)
+            near = _close(name, list(pool))
             fix = f"did you mean '{near[0]}'?" if near else fix_add
             problems.append(
                 UserError(
@@ -564,7 +570,7 @@ def _agree_references(stack: Stack, values: dict) -> list[UserError]:
             continue
         for pkg in up.agree.except_:
             if canonicalize_name(pkg) not in packages:
-                near = difflib.get_close_matches(pkg, pinned, n=1)
+                near = _close(pkg, pinned)
                 path = ("upstreams", uname, "agree", "except", pkg)
                 problems.append(
                     UserError(
@@ -703,7 +709,7 @@ def _platform_lines(stack: Stack, data: dict, values: dict, keys: dict) -> dict[
                 pkg.import_ = pname.replace("-", "_")
         cross = _cross_references(model, lvalues)
         problems += cross
-        dumped = resolved(model)
+        dumped = resolved(model) if line.unknown else {}
         for key in line.unknown:
             if not lines_of.key_exists(dumped, key):
                 problem(
