@@ -1441,3 +1441,21 @@ class Stack(Strict):
         description="pytest slices run in the built image by `stackforge test` (read-only root, no network), each "
         "with the counts pytest must report; never part of the fingerprint",
     )
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        """The schema a previous process built for this same code, when ``stack/schemacache.py`` offers one for
+        this build; else the schema pydantic builds."""
+        if cls is Stack and source is Stack and _offered:
+            return _offered[0]
+        return handler(source)
+
+
+#: the core schema offered for the stack model's next build (stack/schemacache.py): none, or one
+_offered: list[core_schema.CoreSchema] = []
+
+
+def offer_schema(schema: core_schema.CoreSchema | None) -> None:
+    """Offer ``schema`` (a core schema this code built before) to the stack model's next build; None: withdraw
+    it."""
+    _offered[:] = [schema] if schema is not None else []
