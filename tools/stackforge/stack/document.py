@@ -132,7 +132,12 @@ def _value_at(data: Any, path: tuple) -> Any:
 def _merge_positions(base: dict, over: dict, over_data: Any) -> dict:
     # A replaced (non-mapping) value drops the parent's positions below it; mappings merge.
     replaced = {path for path in over if not isinstance(_value_at(over_data, path), dict)}
-    out = {p: at for p, at in base.items() if not any(p[:k] in replaced for k in range(1, len(p)))}
+    heads = {path[0] for path in replaced if path}  # a path below a replaced one starts with its first key
+    out = {
+        p: at
+        for p, at in base.items()
+        if len(p) < 2 or p[0] not in heads or not any(p[:k] in replaced for k in range(1, len(p)))
+    }
     out.update(over)
     return out
 
