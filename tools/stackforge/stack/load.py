@@ -701,16 +701,21 @@ def _platform_lines(stack: Stack, data: dict, values: dict, keys: dict) -> dict[
         lkeys = lines_of.line_positions(keys, name, raw_with)
         if problems:
             continue
-        try:
-            model = Stack.model_validate(ldata)
-        except ValidationError as exc:
-            problems += validation_problems(exc, lvalues, lkeys)
-            continue
-        for pname, pkg in model.packages.items():
-            if pkg.import_ is None:
-                pkg.import_ = pname.replace("-", "_")
-        cross = _cross_references(model, lvalues)
-        problems += cross
+        if line.arch == arch:
+            # The stack's own line changes nothing (its with: is refused above): it is the stack as validated,
+            # without its lines. No check reads platforms, so the stack's checks hold for it. The copy shares
+            # the stack's values, which nothing changes after loading.
+            model = stack.model_copy(update={"platforms": {}})
+        else:
+            try:
+                model = Stack.model_validate(ldata)
+            except ValidationError as exc:
+                problems += validation_problems(exc, lvalues, lkeys)
+                continue
+            for pname, pkg in model.packages.items():
+                if pkg.import_ is None:
+                    pkg.import_ = pname.replace("-", "_")
+            problems += _cross_references(model, lvalues)
         dumped = resolved(model) if line.unknown else {}
         for key in line.unknown:
             if not lines_of.key_exists(dumped, key):
