@@ -22,7 +22,6 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from stackforge.clients.credentials import StackCredentials
-from stackforge.clients.workspace import cache_dir
 from stackforge.errors import UserError
 from stackforge.stack import artifacts, document, installed, schemacache
 from stackforge.stack import platforms as lines_of
@@ -617,7 +616,7 @@ def load(
     # never reach the model, its error messages or anything that prints or hashes it. The resolver
     # keeps them for the steps that use them.
     index_found, git_found = document.split_off_credentials(data)
-    schemacache.build(cache_dir(None, "schema"))  # the model's validator, from the schema kept for this code
+    schemacache.build(schemacache.user_cache())  # the model's validator, from the schema kept for this code
     try:
         stack = Stack.model_validate(data)
     except ValidationError as exc:

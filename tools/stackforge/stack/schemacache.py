@@ -39,6 +39,7 @@ import pydantic
 import pydantic_core
 from pydantic import BaseModel
 
+from stackforge.clients.workspace import cache_dir
 from stackforge.stack import model
 
 FORMAT = b"stackforge-schema 1"
@@ -351,6 +352,15 @@ def write(cache: Path, k: str, schema: Any) -> bool:
 
 
 _ready = False
+
+
+def user_cache() -> Path | None:
+    """``schema/`` of ``$STACKFORGE_CACHE``, else of the user's cache (never a repository's: the schema is a
+    function of the code); None when there is no home to hold it."""
+    try:
+        return cache_dir(None, "schema")
+    except (RuntimeError, KeyError, OSError):
+        return None
 
 
 def build(cache: Path | None) -> None:
