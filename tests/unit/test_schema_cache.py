@@ -40,6 +40,7 @@ for name in sorted(p.stem for p in (root / "stacks").glob("*.yaml")):
         out[name] = [load.resolved(line.model) for line in loaded.platform_lines().values()]
     except UserError as err:
         out[name] = err.render()
+schemacache.keep()  # as the command line does when a command succeeds
 print(json.dumps({"generated": "Stack" in generated, "loads": out, "schema": load.json_schema()}))
 """
 
@@ -147,3 +148,16 @@ def test_a_schema_holding_an_object_the_model_does_not_define_is_not_kept(tmp_pa
     alien = {**schema, "metadata": {"f": lambda value: value}}
     assert schemacache.dumps(alien) is None
     assert not schemacache.write(tmp_path, "2" * 64, alien) and not list(tmp_path.iterdir())
+
+
+def test_a_command_keeps_the_schema_only_when_it_succeeds(tmp_path):
+    root = make_root(tmp_path, {"bad.yaml": "name: bad\ninherits: post1\nplatform: {python: 3.10}\n"})
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(TOOLS), "STACKFORGE_CACHE": str(cache)}
+    argv = [sys.executable, "-m", "stackforge", "--root", str(root), "list"]
+    refused = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "bad" in refused.stdout
+    assert not cache.exists()  # a refused command writes nothing, this cache included
+    (root / "stacks" / "bad.yaml").unlink()
+    assert subprocess.run(argv, capture_output=True, text=True, env=env).returncode == 0
+    assert _kept(cache).is_file()

@@ -104,6 +104,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 NO_PYDANTIC_PLUGINS = ("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
+def _keep_schema() -> None:
+    """A command that succeeded keeps the stack model's schema it built, if it built one (stack/schemacache.py;
+    looked up, not imported: a command that loaded no stack has nothing to keep)."""
+    schemacache = sys.modules.get("stackforge.stack.schemacache")
+    if schemacache is not None:
+        schemacache.keep()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault(*NO_PYDANTIC_PLUGINS)
@@ -112,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     setattr(args, WORKSPACE, make_workspace(args))
     try:
         with handle_signals():
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+        if code == 0:
+            _keep_schema()
+        return code
     except Interrupted as intr:
         print(for_terminal(intr.render()), file=sys.stderr)
         return intr.exit_code

@@ -3,7 +3,7 @@
 pydantic builds a model's core schema in Python the first time the model validates, in every process: for the
 stack model (47 classes, one schema) that is about 12 ms, a tenth of a first ``stackforge list``. The schema is
 a function of the code alone (the model's modules and pydantic), so it is kept as bytecode is: a process that
-built it writes it to ``<cache>/schema/``, and a later process whose code is the same gives it to pydantic
+built it writes it to ``<cache>/schema/`` (when its command succeeds: ``keep``), and a later process whose code is the same gives it to pydantic
 instead of building it again (``Stack.__get_pydantic_core_schema__``, pydantic's hook for a type's own schema).
 
 The schema is plain data but for the model's classes and the functions it validates with. The file holds the
@@ -363,10 +363,14 @@ def user_cache() -> Path | None:
         return None
 
 
+#: the schema this process built, to keep when it ends well (``keep``): (cache, key, schema)
+_built: list[tuple[Path, str, Any]] = []
+
+
 def build(cache: Path | None) -> None:
     """Build the stack model's validator now, from the schema kept under ``cache`` when there is one for this
-    code, else as pydantic builds it (and keep it under ``cache``). Once per process; ``cache`` None: build
-    only."""
+    code, else as pydantic builds it (and ``keep`` keeps it under ``cache``). Once per process; ``cache`` None:
+    build only."""
     global _ready
     if _ready or model.Stack.__pydantic_complete__:
         _ready = True
@@ -385,4 +389,11 @@ def build(cache: Path | None) -> None:
             model.offer_schema(None)
     model.Stack.model_rebuild(force=True)
     if cache is not None and k is not None:
-        write(cache, k, model.Stack.__pydantic_core_schema__)
+        _built[:] = [(cache, k, model.Stack.__pydantic_core_schema__)]
+
+
+def keep() -> None:
+    """Write the schema this process built (if it built one) for the processes after it. The command line calls
+    it when a command succeeds, so that a refused command writes nothing, a cache included."""
+    while _built:
+        write(*_built.pop())
