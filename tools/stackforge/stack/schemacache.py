@@ -31,6 +31,7 @@ import os
 import pickle
 import stat
 import sys
+import threading
 import typing
 from pathlib import Path
 from typing import Any
@@ -352,6 +353,7 @@ def write(cache: Path, k: str, schema: Any) -> bool:
 
 
 _ready = False
+_lock = threading.Lock()
 
 
 def user_cache() -> Path | None:
@@ -372,10 +374,13 @@ def build(cache: Path | None) -> None:
     code, else as pydantic builds it (and ``keep`` keeps it under ``cache``). Once per process; ``cache`` None:
     build only."""
     global _ready
-    if _ready or model.Stack.__pydantic_complete__:
+    with _lock:  # one build, whichever thread loads a stack first
+        if not (_ready or model.Stack.__pydantic_complete__):
+            _build(cache)
         _ready = True
-        return
-    _ready = True
+
+
+def _build(cache: Path | None) -> None:
     k = key() if cache is not None else None
     kept = read(cache, k) if cache is not None and k is not None else None
     if kept is not None:
@@ -396,4 +401,7 @@ def keep() -> None:
     """Write the schema this process built (if it built one) for the processes after it. The command line calls
     it when a command succeeds, so that a refused command writes nothing, a cache included."""
     while _built:
-        write(*_built.pop())
+        try:
+            write(*_built.pop())
+        except Exception:  # the cache only saves time: nothing about it fails a command
+            pass
