@@ -228,3 +228,39 @@ def test_list_ignores_a_store_that_does_not_match_its_stacks(tmp_path):
     assert _list(root, cache)["printed"] == first["printed"]
     store.write_text("{not json")
     assert _list(root, cache)["printed"] == first["printed"]
+
+
+#: a first list in a fresh interpreter, reporting whether pydantic looked for its plugins (read from the
+#: entry points of every installed distribution)
+PLUGIN_PROBE = """
+import contextlib, io, json, sys, importlib.metadata
+looked = []
+real = importlib.metadata.entry_points
+def entry_points(**kw):
+    looked.append(kw.get("group"))
+    return real(**kw)
+importlib.metadata.entry_points = entry_points
+from stackforge.cli.main import main
+with contextlib.redirect_stdout(io.StringIO()):
+    code = main(sys.argv[1:])
+print(json.dumps({"code": code, "looked": looked, "modules": sorted(sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize("setting", [None, "some-plugin"])
+def test_a_first_list_looks_for_no_pydantic_plugin_unless_told_to(tmp_path, setting):
+    root = make_root(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    env |= {"PYTHONPATH": str(TOOLS), "STACKFORGE_CACHE": str(tmp_path / "cache")}
+    if setting:
+        env["PYDANTIC_DISABLE_PLUGINS"] = setting  # the user's own setting is kept: pydantic looks
+    proc = subprocess.run(
+        [sys.executable, "-c", PLUGIN_PROBE, "--root", str(root), "list"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["code"] == 0 and "pydantic_core" in result["modules"]  # the stacks were validated
+    assert ("pydantic" in result["looked"]) == bool(setting)

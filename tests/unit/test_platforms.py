@@ -196,6 +196,43 @@ def test_null_removes_what_a_line_does_not_have():
     assert base["system"]["os"]["symlinks"] == {"/x": "/y"}  # unchanged
 
 
+def test_a_line_drops_the_positions_below_what_it_replaces_or_removes():
+    at = {
+        p: f"{i}"
+        for i, p in enumerate(
+            [
+                ("name",),
+                ("packages",),
+                ("packages", "torch"),
+                ("packages", "torch", "version"),
+                ("packages", "torchvision", "version"),
+                ("system", "os", "packages", 0),
+                ("system", "os", "symlinks", "/x"),
+                ("platforms", "amd64", "arch"),
+                ("platforms", "arm64", "arch"),
+                ("platforms", "arm64", "with", "packages", "torch"),
+                ("platforms", "arm64", "with", "system", "os", "symlinks"),
+            ]
+        )
+    }
+    with_data = {"packages": {"torch": "2.11.0"}, "system": {"os": {"symlinks": None}}}
+    assert platforms.line_positions(at, "arm64", with_data) == {
+        ("name",): "0",
+        ("packages",): "1",
+        ("packages", "torch"): "9",  # the line's own value, where the line wrote it
+        ("packages", "torchvision", "version"): "4",
+        ("system", "os", "packages", 0): "5",
+        ("system", "os", "symlinks"): "10",
+        ("platforms", "arm64", "arch"): "8",
+        ("platforms", "arm64", "with", "packages", "torch"): "9",
+        ("platforms", "arm64", "with", "system", "os", "symlinks"): "10",
+        ("platform", "arch"): "8",
+    }
+    assert platforms.line_positions(at, "amd64", {}) == {
+        p: v for p, v in at.items() if p[:2] != ("platforms", "arm64")
+    } | {("platform", "arch"): "7"}
+
+
 @pytest.mark.parametrize(
     ("version", "line"),
     [

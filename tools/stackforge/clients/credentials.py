@@ -26,7 +26,6 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from netrc import NetrcParseError, netrc
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,9 +90,11 @@ def netrc_credentials(hostname: str, environ: dict[str, str] | None = None) -> t
     if not path.is_file():  # absent, or a FIFO or device (never opened)
         return None
     safeio.read_bytes(path, limit=NETRC_LIMIT, what="netrc")  # an endless or huge file is refused, not parsed
+    import netrc  # with shlex: imported when a credential is looked up, not by every command
+
     try:
-        found = netrc(str(path)).authenticators(hostname)
-    except (NetrcParseError, OSError):
+        found = netrc.netrc(str(path)).authenticators(hostname)
+    except (netrc.NetrcParseError, OSError):
         return None
     if not found:
         return None

@@ -18,6 +18,8 @@ subdirectory of it:
 - ``index/``: package index pages, revalidated with ETag / Last-Modified
 - ``wheels/``: wheels downloaded by ``stackforge wheel``
 - ``list/``: the rows of ``stackforge list`` (``stack.listing``)
+- ``schema/``: the stack model's core schema (``stack.schemacache``), a function of the code alone: under
+  ``$STACKFORGE_CACHE`` or the user's cache, never in a repository
 - ``build/``: the records that answer a no-op ``stackforge build`` (``build.uptodate``)
 - ``engine/``: what an engine's export told (the config digest of an image a remote containerd-store engine
   names by its manifest's or index's digest: ``clients.contentstore``)

@@ -8,7 +8,6 @@ input: check it with the model's own grammar (``stackforge.grammar``) before it 
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +98,13 @@ def _confined(root: Path, path: Path, display: str) -> None:
         ) from None
 
 
+def _close(word: str, choices: list[str]) -> list[str]:
+    """The choice closest to ``word`` (a list of at most one), for a hint; difflib is imported for a problem only."""
+    import difflib
+
+    return difflib.get_close_matches(word, choices, n=1)
+
+
 def _known(root: Path) -> list[str]:
     """The stacks that hints may name: files of stacks/ whose stem is a stack name."""
     return [n for n in list_stacks(root) if STACK_NAME.fullmatch(n)]
@@ -126,7 +132,12 @@ def _value_at(data: Any, path: tuple) -> Any:
 def _merge_positions(base: dict, over: dict, over_data: Any) -> dict:
     # A replaced (non-mapping) value drops the parent's positions below it; mappings merge.
     replaced = {path for path in over if not isinstance(_value_at(over_data, path), dict)}
-    out = {p: at for p, at in base.items() if not any(p[:k] in replaced for k in range(1, len(p)))}
+    heads = {path[0] for path in replaced if path}  # a path below a replaced one starts with its first key
+    out = {
+        p: at
+        for p, at in base.items()
+        if len(p) < 2 or p[0] not in heads or not any(p[:k] in replaced for k in range(1, len(p)))
+    }
     out.update(over)
     return out
 
@@ -135,7 +146,7 @@ def read_chain(root: Path, name: str, seen: list[str]) -> tuple[dict, dict, dict
     path = stack_path(root, name)
     display = f"{STACKS_DIR}/{name}.yaml"
     if not path.exists():
-        near = difflib.get_close_matches(name, _known(root), n=1)
+        near = _close(name, _known(root))
         hint = f"did you mean '{near[0]}'? " if near else ""
         raise UserError(
             f"no stack named '{name}' ({display} does not exist)",
@@ -213,7 +224,7 @@ def _check_parent(root: Path, parent: Any, pos: Pos, chain: list[str]) -> None:
             fix="inherit from a stack nearer the root of the chain",
         )
     if not stack_path(root, parent).exists():
-        near = difflib.get_close_matches(parent, _known(root), n=1)
+        near = _close(parent, _known(root))
         raise UserError(
             f"parent stack '{parent}' does not exist ({STACKS_DIR}/{parent}.yaml)",
             **pos.as_error_kwargs(),

@@ -8,7 +8,6 @@ it; they are collected, so one run reports every problem in a file.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import hashlib
 import json
@@ -24,7 +23,7 @@ from pydantic.fields import FieldInfo
 
 from stackforge.clients.credentials import StackCredentials
 from stackforge.errors import UserError
-from stackforge.stack import artifacts, document, installed
+from stackforge.stack import artifacts, document, installed, schemacache
 from stackforge.stack import platforms as lines_of
 from stackforge.stack import targets as target_rules
 from stackforge.stack.model import LINE_KEYS, PROJECT_NAME, RESERVED_STAGE_PREFIXES, RESERVED_STAGES, Stack
@@ -161,6 +160,13 @@ def _model_for(annotation) -> tuple[str, Any]:
     return "scalar", None
 
 
+def _close(word: str, choices: list[str], cutoff: float = 0.6) -> list[str]:
+    """The choice closest to ``word`` (a list of at most one), for a hint; difflib is imported for a problem only."""
+    import difflib
+
+    return difflib.get_close_matches(word, choices, n=1, cutoff=cutoff)
+
+
 def _field_names(cls: type[BaseModel]) -> dict[str, str]:
     """Accepted key → field name (aliases included)."""
     out = {}
@@ -175,7 +181,7 @@ def check_keys(cls: type[BaseModel], data: Any, path: tuple, keys: dict, values:
     accepted = _field_names(cls)
     for key, value in data.items():
         if key not in accepted:
-            near = difflib.get_close_matches(key, list(accepted), n=1, cutoff=0.6)
+            near = _close(key, list(accepted), cutoff=0.6)
             pos = keys.get(path + (key,)) or values.get(path) or Pos("?")
             where = ".".join(str(p) for p in path) or "the top level"
             fix = f"did you mean '{near[0]}'?" if near else f"allowed keys in {where}: {', '.join(accepted)}"
@@ -337,7 +343,7 @@ def _cross_references(stack: Stack, values: dict) -> list[UserError]:
     def ref(path: tuple, name: str, pool: dict | list, what: str, fix_add: str) -> bool:
         """Whether ``name`` is declared in ``pool``; records the problem when it is not."""
         if name not in pool:
-            near = difflib.get_close_matches(name, list(pool), n=1)
+            near = _close(name, list(pool))
             fix = f"did you mean '{near[0]}'?" if near else fix_add
             problems.append(
                 UserError(
@@ -564,7 +570,7 @@ def _agree_references(stack: Stack, values: dict) -> list[UserError]:
             continue
         for pkg in up.agree.except_:
             if canonicalize_name(pkg) not in packages:
-                near = difflib.get_close_matches(pkg, pinned, n=1)
+                near = _close(pkg, pinned)
                 path = ("upstreams", uname, "agree", "except", pkg)
                 problems.append(
                     UserError(
@@ -610,6 +616,7 @@ def load(
     # never reach the model, its error messages or anything that prints or hashes it. The resolver
     # keeps them for the steps that use them.
     index_found, git_found = document.split_off_credentials(data)
+    schemacache.build(schemacache.user_cache())  # the model's validator, from the schema kept for this code
     try:
         stack = Stack.model_validate(data)
     except ValidationError as exc:
@@ -693,17 +700,22 @@ def _platform_lines(stack: Stack, data: dict, values: dict, keys: dict) -> dict[
         lkeys = lines_of.line_positions(keys, name, raw_with)
         if problems:
             continue
-        try:
-            model = Stack.model_validate(ldata)
-        except ValidationError as exc:
-            problems += validation_problems(exc, lvalues, lkeys)
-            continue
-        for pname, pkg in model.packages.items():
-            if pkg.import_ is None:
-                pkg.import_ = pname.replace("-", "_")
-        cross = _cross_references(model, lvalues)
-        problems += cross
-        dumped = resolved(model)
+        if line.arch == arch:
+            # The stack's own line changes nothing (its with: is refused above): it is the stack as validated,
+            # without its lines. No check reads platforms, so the stack's checks hold for it. The copy shares
+            # the stack's values, which nothing changes after loading.
+            model = stack.model_copy(update={"platforms": {}})
+        else:
+            try:
+                model = Stack.model_validate(ldata)
+            except ValidationError as exc:
+                problems += validation_problems(exc, lvalues, lkeys)
+                continue
+            for pname, pkg in model.packages.items():
+                if pkg.import_ is None:
+                    pkg.import_ = pname.replace("-", "_")
+            problems += _cross_references(model, lvalues)
+        dumped = resolved(model) if line.unknown else {}
         for key in line.unknown:
             if not lines_of.key_exists(dumped, key):
                 problem(

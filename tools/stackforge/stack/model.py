@@ -10,7 +10,7 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from packaging.version import InvalidVersion, Version
 from pydantic import (
@@ -30,6 +30,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 from stackforge import grammar
 from stackforge.grammar import ENV_NAME_RE as ENV_NAME
 from stackforge.urls import redact
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement as PackagingRequirement
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -984,13 +987,23 @@ class Healthcheck(Strict):
     start_period_s: int = Field(0, ge=0, le=86400, description="seconds of start-up during which failures do not count")
 
 
+@functools.lru_cache(maxsize=4096)
+def requirement(text: str) -> "PackagingRequirement":
+    """``text`` parsed as a PEP 508 requirement (packaging's InvalidRequirement when it is not one), once per
+    process: packaging's parser is pure Python, and a stack, each of its platform lines and the checks across
+    keys read the same requirements. The object is shared: read it, never change it."""
+    from packaging.requirements import Requirement
+
+    return Requirement(text)
+
+
 def _pep508(text: str) -> str | None:
-    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.requirements import InvalidRequirement
 
     if text.lstrip().startswith("-") or "://" in text or "\\" in text:
         return f"{text!r}: options, URLs and paths are refused; name a package and a version specifier"
     try:
-        req = Requirement(text)
+        req = requirement(text)
     except InvalidRequirement as exc:
         return f"{text!r} is not a requirement: {exc}"
     return f"{text!r}: a direct URL reference is refused" if req.url else None
@@ -1441,3 +1454,21 @@ class Stack(Strict):
         description="pytest slices run in the built image by `stackforge test` (read-only root, no network), each "
         "with the counts pytest must report; never part of the fingerprint",
     )
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        """The schema a previous process built for this same code, when ``stack/schemacache.py`` offers one for
+        this build; else the schema pydantic builds."""
+        if cls is Stack and source is Stack and _offered:
+            return _offered[0]
+        return handler(source)
+
+
+#: the core schema offered for the stack model's next build (stack/schemacache.py): none, or one
+_offered: list[core_schema.CoreSchema] = []
+
+
+def offer_schema(schema: core_schema.CoreSchema | None) -> None:
+    """Offer ``schema`` (a core schema this code built before) to the stack model's next build; None: withdraw
+    it."""
+    _offered[:] = [schema] if schema is not None else []

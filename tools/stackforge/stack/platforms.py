@@ -142,9 +142,15 @@ def line_positions(positions: dict, name: str, with_data: dict) -> dict:
     prefix = ("platforms", name, "with")
     # the line's own keys (local, unknown, …) stay where they were written; other lines are not this one's
     out = {p: pos for p, pos in positions.items() if p[:1] != ("platforms",) or p[:2] == ("platforms", name)}
-    for path in _removed(with_data, ()):
-        for old in [p for p in out if p[: len(path)] == path and len(p) >= len(path)]:
-            del out[old]
+    removed = set(_removed(with_data, ()))
+    if removed:  # a position at or below a removed path goes
+        heads = None if () in removed else {path[0] for path in removed}
+        out = {
+            p: pos
+            for p, pos in out.items()
+            if heads is not None
+            and (not p or p[0] not in heads or not any(p[:k] in removed for k in range(len(p) + 1)))
+        }
     for p, pos in positions.items():
         if p[: len(prefix)] == prefix and len(p) > len(prefix):
             out[p[len(prefix) :]] = pos

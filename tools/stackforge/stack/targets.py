@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from stackforge.errors import UserError
-from stackforge.stack.model import Stack
+from stackforge.stack.model import Stack, requirement
 from stackforge.stack.yamlsrc import Pos
 
 PosFor = Callable[[tuple], Pos]
@@ -103,7 +102,7 @@ def problems(stack: Stack, pos_for: PosFor) -> list[UserError]:
             if not ph.repin:
                 continue
             for i, text in enumerate(ph.requirements):
-                if canonicalize_name(Requirement(text).name) not in vendor:
+                if canonicalize_name(requirement(text).name) not in vendor:
                     out.append(
                         _error(
                             pos_for,
@@ -133,7 +132,7 @@ def repins(stack: Stack) -> dict[str, tuple[str, str]]:
         for pname, ph in t.pip.items():
             if ph.repin:
                 for text in ph.requirements:
-                    req = Requirement(text)
+                    req = requirement(text)
                     version = str(req.specifier).lstrip("=")
                     out[req.name] = (version, f"targets.{tname}.pip.{pname}")
     return out
@@ -150,7 +149,7 @@ def target_pins(stack: Stack) -> dict[str, tuple[str, str]]:
             if ph.repin:
                 continue
             for i, text in enumerate(ph.requirements):
-                req = Requirement(text)
+                req = requirement(text)
                 specs = list(req.specifier)
                 if len(specs) != 1 or specs[0].operator not in ("==", "===") or specs[0].version.endswith(".*"):
                     continue

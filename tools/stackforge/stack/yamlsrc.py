@@ -16,6 +16,7 @@ the first alias over the budget).
 from __future__ import annotations
 
 import copy
+import datetime
 import re
 import stat
 from dataclasses import dataclass
@@ -189,12 +190,73 @@ class _SafeLimited(_Limits, yaml.SafeLoader):
     """SafeLoader under the limits: stack files."""
 
 
-# libyaml, when PyYAML was built with it, scans and parses in C (most of the time of reading a stack). The
-# composer stays the Python one above, so the limits hold whichever parser feeds it events. Text that fails
-# is read again by the Python loader, which gives the error: one message for a fault, with or without libyaml.
+def _check_limits(root: yaml.Node) -> None:
+    """The limits of _Limits over a tree composed by libyaml, walked in the order the composer read it: a
+    node met again is an alias (libyaml, as PyYAML's composer, gives an alias its anchor's node), so the
+    counts are those _Limits takes while composing. Raises Refused where _Limits would refuse."""
+    sizes: dict[int, int] = {}  # nodes composed: what an alias of each stands for
+    open_: set[int] = set()  # collections being walked: an alias of one is inside its own anchor
+    count = [0, 0, 0]  # values, aliases, nodes the aliases stand for
+
+    def visit(node: yaml.Node, depth: int) -> int:
+        key = id(node)
+        if key in sizes or key in open_:
+            if key in open_:
+                raise Refused("alias inside its own anchor", None, None, "")
+            count[1] += 1
+            count[2] += sizes[key]
+            if count[1] > MAX_ALIASES or count[2] > MAX_ALIAS_NODES:
+                raise Refused("over the alias budgets", None, None, "")
+            return sizes[key]
+        count[0] += 1
+        if count[0] > MAX_NODES:
+            raise Refused("over the node budget", None, None, "")
+        size = 1
+        if isinstance(node, yaml.CollectionNode):
+            if depth >= MAX_DEPTH:
+                raise Refused("over the depth budget", None, None, "")
+            open_.add(key)
+            if isinstance(node, yaml.MappingNode):
+                for key_node, value_node in node.value:
+                    size += visit(key_node, depth + 1) + visit(value_node, depth + 1)
+            else:
+                for item in node.value:
+                    size += visit(item, depth + 1)
+            open_.discard(key)
+        sizes[key] = size
+        return size
+
+    visit(root, 0)
+
+
+# libyaml, when PyYAML was built with it, scans, parses and composes in C (most of the time of reading a stack);
+# _check_limits then walks the composed tree for the limits before anything expands an alias. libyaml refuses
+# nesting deeper than its own limit (1000 levels), which bounds its composer's recursion; a libyaml without that
+# limit only parses, under the Python composer above. Text that fails (a limit included) is read again by the
+# Python loader, which gives the error: one message for a fault, with or without libyaml.
 _CParser = getattr(yaml, "cyaml", None) and getattr(yaml.cyaml, "CParser", None)  # None without libyaml
 
+
+def _limits_nesting(parser: type) -> bool:
+    """Whether libyaml refuses nesting past its limit before its composer recurses into it. The limit came in
+    one change for block and flow nesting; scanning 1001 block levels (not parsing) tells it in microseconds."""
+    try:
+        parser("- " * 1001 + "x").raw_scan()
+    except yaml.YAMLError:
+        return True
+    return False
+
+
 if _CParser is not None and not TYPE_CHECKING:
+
+    class _CLimited(yaml.cyaml.CSafeLoader):
+        """SafeLoader with libyaml's parser and composer, the limits checked on the composed tree."""
+
+        def get_single_node(self):
+            node = super().get_single_node()
+            if node is not None:
+                _check_limits(node)
+            return node
 
     class _FastSafeLimited(
         _Limits, yaml.composer.Composer, _CParser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver
@@ -208,7 +270,10 @@ if _CParser is not None and not TYPE_CHECKING:
             yaml.resolver.Resolver.__init__(self)
             self._start_limits()
 
-    _LOADERS: tuple[type, ...] = (_FastSafeLimited, _SafeLimited)
+    _LOADERS: tuple[type, ...] = (
+        _CLimited if _limits_nesting(_CParser) else _FastSafeLimited,
+        _SafeLimited,
+    )
 else:
     _LOADERS = (_SafeLimited,)
 
@@ -288,7 +353,25 @@ def load_with_positions(path: Path, display: str | None = None) -> Sourced:
             if len(_PARSED) >= MAX_PARSED:
                 _PARSED.pop(next(iter(_PARSED)))
             _PARSED[(display, text)] = parsed
-    return Sourced(copy.deepcopy(parsed.data), dict(parsed.values), dict(parsed.keys))
+    return Sourced(_copied(parsed.data), dict(parsed.values), dict(parsed.keys))
+
+
+#: Values _convert makes that nothing can change: shared between copies.
+_IMMUTABLE = frozenset({str, int, bool, float, YamlFloat, type(None), bytes, datetime.date, datetime.datetime})
+
+
+def _copied(data: Any) -> Any:
+    """A deep copy of parsed data (_convert makes mappings, lists and scalars): its mappings and lists copied,
+    its scalars shared, anything else deep-copied. _convert builds every alias anew: there is no sharing to
+    keep."""
+    kind = type(data)
+    if kind is dict:
+        return {key: _copied(value) for key, value in data.items()}
+    if kind is list:
+        return [_copied(value) for value in data]
+    if kind in _IMMUTABLE:
+        return data
+    return copy.deepcopy(data)
 
 
 def _parse(text: str, display: str) -> Sourced:
@@ -386,8 +469,13 @@ def _convert(loader, node, path, file, values, keys):
     return value
 
 
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
 def _construct(loader, node, file):
     """One scalar (or key) as Python data; a value Python cannot hold is an error at its position."""
+    if node.tag == _STR_TAG and type(node) is yaml.ScalarNode:
+        return node.value  # what SafeConstructor makes of a string, without its bookkeeping
     try:
         return loader.construct_object(node, deep=True)
     except (ValueError, OverflowError) as exc:
