@@ -19,7 +19,8 @@ Then the second engine stops, and the first engine still runs a container, its b
 Last, a night of a stack of two platform lines (example-multi: linux/amd64 and linux/arm64) against a registry of its
 own: a shard per line — the arm64 one under emulation on this host, on a native arm64 runner in CI — each pushing its
 gated image by digest, untagged; the merge tags one OCI index of both under the night's tag and moves the alias to it,
-and the history reads both rows verified.
+the history reads both rows verified, and an operator's `stackforge verify TAG --all-platforms` (no checkout) passes
+every platform, each record naming the tag that resolves to the index.
 """
 
 from __future__ import annotations
@@ -329,7 +330,12 @@ def lines_night(tmp_path_factory, base_image, arm_base_image):
             raw = json.loads(inspect.stdout) if inspect.returncode == 0 else inspect.stderr
         alias = client.head_manifest("py3.11-latest")
         history = stackforge("history", "--nights", str(tmp / "nights"), "--out", str(tmp / "site"), "--json")
-        yield plan, shards, merged, summary, tags, raw, alias.digest if alias else None, history, out
+        # an operator's verify of the tag, every platform, from an empty directory (no checkout): each child's
+        # newest record names the tag, which resolves to the index listing it
+        (tmp / "operator").mkdir()
+        ref = f"{repo}/stackforge-{MULTI}:{tags[0]}" if len(tags) == 1 else f"{repo}/stackforge-{MULTI}:missing"
+        verified = mb.stackforge("verify", ref, "--all-platforms", env=env, cwd=tmp / "operator", timeout=900)
+        yield plan, shards, merged, summary, tags, raw, alias.digest if alias else None, history, out, verified
     finally:
         stop_registry()
         subprocess.run(["docker", "image", "rm", local, f"{local}-arm64"], capture_output=True)
@@ -348,7 +354,7 @@ def test_each_line_is_built_on_a_shard_of_its_platform_and_pushed_by_digest_unta
 
 
 def test_the_merge_tags_one_index_of_both_lines_and_moves_the_alias_to_it(lines_night):
-    _, shards, merged, summary, tags, raw, alias, history, out = lines_night
+    _, shards, merged, summary, tags, raw, alias, history, out, *_ = lines_night
     assert merged.returncode == 0, merged.stdout + merged.stderr[-6000:]
     pushed = {p: json.loads(proc.stdout)["rows"][0]["digest"] for p, proc in shards.items()}
     rows = {r["platform"]: r for r in summary["rows"]}
@@ -365,3 +371,19 @@ def test_the_merge_tags_one_index_of_both_lines_and_moves_the_alias_to_it(lines_
     assert history.returncode == 0, history.stdout + history.stderr
     (one,) = json.loads(history.stdout)["nights"]
     assert (one["images"], one["unverified"]) == (2, 0)
+
+
+def test_verify_of_the_merged_tag_checks_every_platform_from_its_record(lines_night):
+    """``stackforge verify TAG --all-platforms`` from an empty directory, once the merge tagged the index: each
+    platform's image passes every check, its newest record (the merge's) naming the tag, which resolves to the index
+    listing the image for its platform."""
+    _, _, _, _, tags, raw, *_, verified = lines_night
+    out = verified.stdout + verified.stderr
+    assert verified.returncode == 0, out[-8000:]
+    assert not [line for line in out.splitlines() if line.startswith("FAIL")], out[-8000:]
+    index = raw["manifests"] if isinstance(raw, dict) else []
+    for child in index:
+        platform = f"{child['platform']['os']}/{child['platform']['architecture']}"
+        assert f"PASS platform {platform} " in out and f"record  digest={child['digest']} matches" in out
+    told = [line for line in out.splitlines() if line.startswith(f"PASS tag     {tags[0]} (from the record) resolves to the index")]  # fmt: skip
+    assert len(told) == len(index) == 2, out[-8000:]

@@ -224,3 +224,50 @@ def test_a_failed_smoke_of_the_own_line_publishes_the_index_and_holds_the_aliase
     alias = n.image.head_manifest(n.alias)
     assert alias is not None and alias.digest == before
     assert all(r.aliases["*"].startswith("not moved: 1 of 2 rows of the stack did not pass") for r in summary.rows)
+
+
+def test_a_shard_rerun_after_the_merge_attaches_a_record_naming_the_tag_verify_checks(root, registry, tmp_path):
+    """A line's shard run again once the merge tagged the index (the same image: its digest is in the index): the
+    record it attaches, the newest, names the night's tag as the merge's did, so ``verify TAG --all-platforms`` still
+    checks that child's tag against the index; before the merge, and for an image no index lists, it names none."""
+    from stackforge.builder.run.verify import Verification
+    from stackforge.flows.operator import registry_checks
+    from stackforge.publish.publisher import PublishResult
+    from stackforge.publish.stack import named_by_index
+
+    n = Night(root, registry, "lines-rerun")
+    digests = {p: n.push(p) for p in LINES.values()}
+    scheme = destination(ResolvedStack.of(load(STACK, root=root)), n.registry, DATE, TARGET)[2]
+
+    def rerun(platform: str, digest: str) -> PublishResult:
+        pushed = PublishResult(status="pushed", repository=str(n.image.repository), tag="", digest=digest,
+                               image_id=digest, size=None, aliases={}, verification={}, push_log=[], started_at="",
+                               finished_at="2026-12-01T05:00:00Z", duration_s=0.0, source="")  # fmt: skip
+        return named_by_index(pushed, n.image, scheme, DATE, platform)
+
+    assert records.head(STACK, TARGET, rerun("linux/arm64", digests["linux/arm64"]))["tags"] == []  # not merged yet
+    for platform, digest in digests.items():
+        n.report(platform, pushed(digest))
+    summary, _ = n.merge(tmp_path / "night")
+    assert summary.verdict == "passed"
+    (tag,) = n.night_tags()
+    index = n.image.get_manifest(tag)
+    assert index is not None
+    arm = digests["linux/arm64"]
+    result = rerun("linux/arm64", arm)
+    assert records.head(STACK, TARGET, result)["tags"] == [tag]
+    assert rerun("linux/amd64", arm).tag == ""  # the index lists it for another platform only
+    other = "sha256:" + "0" * 64  # an arm64 image the index does not list (a rebuild that changed)
+    assert records.head(STACK, TARGET, rerun("linux/arm64", other))["tags"] == []
+    # the re-run shard's record, attached after the merge's, is the one verify reads: the tag check still runs
+    newest = records.fetch(n.image, arm)
+    assert newest is not None
+    again = newest.parsed().model_copy(update={"tags": records.head(STACK, TARGET, result)["tags"]})
+    records.attach(n.image, again, records.subject_of(n.image, arm), "2026-12-01T05:00:00Z")
+    v = Verification(f"{n.image.repository}@{arm}", "?")
+    assert registry_checks(v, n.image, arm, v.image, None, (index.digest, "linux/arm64")) is not None
+    assert any(
+        line.startswith(f"PASS tag     {tag} (from the record) resolves to the index {index.digest}")
+        for line in v.lines
+    ), v.lines
+    assert v.failed == 0, v.lines

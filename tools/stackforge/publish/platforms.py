@@ -213,3 +213,30 @@ def publish_index(
     result = pub.run()
     pub.log("index", seconds=round(time.monotonic() - t0, 3), finished_at=_now())
     return result
+
+
+def listing_tag(client: RegistryClient, scheme: TagScheme, date: str, digest: str, platform: str) -> str | None:
+    """The newest tag of ``date`` (the scheme's ``-rN``) that holds an image index listing ``digest`` for
+    ``platform`` (``linux/arm64``), or None: the tag a merge gave the index over a line already pushed by digest,
+    which a record of that line attached again names (a re-run shard's record says no less than the merge's)."""
+    for _rev, tag in sorted(scheme.revisions(client.list_tags(), date).items(), reverse=True):
+        m = client.get_manifest(tag)
+        if m is not None and platform in _platforms_of(m, digest):
+            return tag
+    return None
+
+
+def _platforms_of(m: Manifest, digest: str) -> set[str]:
+    """The platforms (``os/architecture[/variant]``) the index ``m`` lists ``digest`` for; none when ``m`` is no
+    image index or does not list it."""
+    try:
+        doc = m.json()
+    except ValueError:
+        return set()
+    entries = doc.get("manifests") if isinstance(doc, dict) and doc.get("mediaType") == OCI_INDEX else None
+    out = set()
+    for entry in entries if isinstance(entries, list) else []:
+        p = entry.get("platform") if isinstance(entry, dict) else None
+        if isinstance(p, dict) and entry.get("digest") == digest:
+            out.add(f"{p.get('os')}/{p.get('architecture')}" + (f"/{p['variant']}" if p.get("variant") else ""))
+    return out

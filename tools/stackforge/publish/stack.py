@@ -464,7 +464,8 @@ def push_line(
     """One platform line of stack ``of`` pushed by digest into the stack's repository, as :func:`publish_platforms`
     pushes each line — its gated image, signed provenance, its own record and SBOM attached — and no tag: the index
     over every line is tagged later (a sharded night's merge, :func:`platforms.publish_index`). The result's status
-    is ``pushed``; its record names no tag yet and ``publish.json`` of the build's evidence says what was pushed."""
+    is ``pushed``; its record names no tag yet (unless a tag of the date already holds the index over it:
+    :func:`named_by_index`) and ``publish.json`` of the build's evidence says what was pushed."""
     assert not move_aliases, "a line pushed by digest moves no alias: the index's publish does"
     assert line.line is not None
     ws = workspace_for(of, workspace)
@@ -484,10 +485,25 @@ def push_line(
         of, line, target, date, repository, scheme, options, engine, None, False
     )
     final = replace(child, scan=attacher.scan)
-    attacher.finish(final)
+    client = RegistryClient(repository, policy=options.policy or RetryPolicy())
+    attacher.finish(named_by_index(final, client, scheme, date, line.line.oci))
     _attach_sbom(evidence_dir, repository, options, final)
     write_evidence(evidence_dir, {**extra, **final.evidence()})
     return final
+
+
+def named_by_index(
+    pushed: PublishResult, client: RegistryClient, scheme: TagScheme, date: str, platform: str
+) -> PublishResult:
+    """What the record of a line pushed by digest describes: ``pushed`` (no tag), or, when a tag of ``date`` already
+    holds the index listing it for ``platform`` (a shard re-run after the merge), ``pushed`` under that tag — the
+    newest record is the one ``verify`` reads, and it names the tag the merge's record named."""
+    try:
+        tag = platforms.listing_tag(client, scheme, date, pushed.digest, platform)
+    except RegistryError as exc:
+        raise BuildFailed(f"{pushed.repository}@{pushed.digest} is pushed, but the tags of {date} cannot be read: {exc}",
+                          fix="check the registry, then re-run the same shard") from None  # fmt: skip
+    return replace(pushed, tag=tag) if tag else pushed
 
 
 def _pushed_manifest(result: PublishResult) -> tuple[int, str]:
