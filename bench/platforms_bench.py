@@ -87,10 +87,10 @@ def peer(registry: str, images: dict[str, str], repo: str) -> float:
 def ours(registry: str, images: dict[str, str], repo: str, cache: Path) -> tuple[float, str]:
     """Each image pushed by digest, then the index published under the first free -rN: seconds, index digest."""
     t0 = time.monotonic()
-    options = PublishOptions(layer_cache=cache, tag_it=False)
+    options = PublishOptions(layer_cache=cache)
     children = []
     for platform, image in images.items():
-        res = publish(DockerImage(image), f"{registry}/{repo}", SCHEME, DATE, options)
+        res = publish(DockerImage(image), f"{registry}/{repo}", SCHEME, DATE, options, tag_it=False)
         event = next(e for e in reversed(res.push_log) if e["event"] == "pushed-by-digest")
         children.append(Child(platform, res.digest, int(event["size"]), str(event["media_type"])))
     client = RegistryClient(parse_repository(f"{registry}/{repo}"))
