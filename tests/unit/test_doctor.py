@@ -249,3 +249,40 @@ def test_a_build_that_cannot_fetch_an_upstream_names_the_key_and_the_redirect(ro
     assert err.message.startswith("upstreams.vllm.git: ") and str(err.file).startswith("--set upstreams.vllm.git=")
     assert "make image STACK=post2 ARGS='--set upstreams.vllm.git=<URL>'" in err.fix
     assert "stackforge doctor post2" in err.fix
+
+
+def test_a_registry_probe_outlasts_one_reset_connection():
+    """The base image's registry resets the probe's first connection (a load balancer's hiccup) and answers the
+    second: the check passes, one transient fault is not a failed check."""
+    from stackforge.flows.doctor import registry_digest
+
+    digest = "sha256:" + "ab" * 32
+    listener = socket.create_server(("127.0.0.1", 0))
+    connections: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            connections.append(1)
+            if len(connections) == 1:  # the first connection: reset (RST, not an orderly close)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                conn.close()
+                continue
+            conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nDocker-Content-Digest: " + digest.encode() + b"\r\n"
+                b"Content-Type: application/vnd.oci.image.manifest.v1+json\r\nContent-Length: 0\r\n"
+                b"Connection: close\r\n\r\n"
+            )
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        port = listener.getsockname()[1]
+        assert registry_digest(f"127.0.0.1:{port}/stand-in/ubuntu:22.04", timeout=10) == digest
+        assert len(connections) == 2
+    finally:
+        listener.close()

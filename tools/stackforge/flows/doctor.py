@@ -208,6 +208,13 @@ def line_base_checks(
     return rows
 
 
+def probe_policy(timeout: float) -> RetryPolicy:
+    """How a registry probe tries: twice, the second try at most 0.1 s after the first, all within ``timeout``: one
+    transient fault (a connection reset, a 503) is not a failed check, and an unreachable registry still answers
+    at once."""
+    return RetryPolicy(attempts=2, base_delay=0.1, max_delay=0.1, total_seconds=timeout)
+
+
 def registry_digest(image: str, timeout: float) -> str | None:
     """The manifest digest ``image``'s registry answers for it (Docker Hub for a reference without a host);
     a UserError when the registry cannot be reached or does not have it."""
@@ -218,7 +225,7 @@ def registry_digest(image: str, timeout: float) -> str | None:
     if host is None or host in ("docker.io", "index.docker.io"):
         host, path = "registry-1.docker.io", path if "/" in path else f"library/{path}"
     repo = Repository(host=host, name=path, scheme="http" if is_loopback_host(host) else "https")
-    client = RegistryClient(repo, policy=RetryPolicy(attempts=1, total_seconds=timeout), timeout=(timeout, timeout))
+    client = RegistryClient(repo, policy=probe_policy(timeout), timeout=(timeout, timeout))
     try:
         info = client.head_manifest(digest or tag or "latest")
     except (RegistryError, requests.RequestException) as exc:
@@ -424,7 +431,7 @@ def registry_check(loaded: LoadedStack | ResolvedStack, registry: str, timeout: 
     def run() -> str:
         client = RegistryClient(
             parse_repository(repository, what="--registry"),
-            policy=RetryPolicy(attempts=1, total_seconds=timeout),
+            policy=probe_policy(timeout),
             timeout=(timeout, timeout),
         )
         try:
@@ -452,9 +459,7 @@ def registry_only_check(registry: str, timeout: float = DEFAULT_TIMEOUT) -> Chec
         ) from None
 
     def run() -> str:
-        client = RegistryClient(
-            repository, policy=RetryPolicy(attempts=1, total_seconds=timeout), timeout=(timeout, timeout)
-        )
+        client = RegistryClient(repository, policy=probe_policy(timeout), timeout=(timeout, timeout))
         try:
             client.check_push()
         except (RegistryError, requests.RequestException) as exc:
