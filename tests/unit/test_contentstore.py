@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -215,6 +216,10 @@ def test_a_remote_engine_exports_an_image_once_for_each_platform(store, tmp_path
     assert json.loads((memo / contentstore.MEMO).read_text()) == {f"{index.split(':')[1]} linux/amd64": digest(config)}
     assert contentstore.config_digest(_Engine(client), index, AMD64) == digest(config)
     assert client.asked == [index] * 4  # no memo: no remembering
+    (memo / contentstore.MEMO).unlink()
+    os.mkfifo(memo / contentstore.MEMO)  # a FIFO where the memo was: refused by the bounded reader, never waited on
+    assert contentstore.config_digest(_Engine(client), index, AMD64, memo) == digest(config)
+    assert client.asked == [index] * 5
 
 
 def test_an_export_that_lies_or_fails_is_unusable(store):

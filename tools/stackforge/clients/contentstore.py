@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from stackforge import extras
+from stackforge import extras, safeio
 from stackforge.clients.layerstore import Unusable, local_daemon
+from stackforge.errors import UserError
 
 _CHUNK = 1 << 20
 _HEX = frozenset("0123456789abcdef")
@@ -338,9 +339,9 @@ def config_digest(engine: Any, image_id: str, platform: tuple[str, str, str | No
 
 def _memo(path: Path) -> dict[str, str]:
     """The memo's entries that are well formed (a missing, unreadable or malformed file: none)."""
-    try:
-        doc = json.loads(path.read_bytes()[: 1 << 20])
-    except (OSError, ValueError):
+    try:  # the one bounded reader: a regular file within the limit (a FIFO or /dev/zero is refused, not read)
+        doc = safeio.read_json(path, what="config-digest memo", limit=1 << 20)
+    except (UserError, OSError, ValueError):
         return {}
     if not isinstance(doc, dict):
         return {}
