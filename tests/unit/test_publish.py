@@ -882,3 +882,52 @@ def test_the_same_image_with_other_build_cache_records_is_already_published(stub
     save_archive(tmp_path / "three.tar", other, config_extra={"moby.buildkit.cache.v0": "W3sib25lIjox"})
     third = run(stub.address, ArchiveImage(tmp_path / "three.tar"), tmp_path / "third")
     assert third.status == "published" and third.tag == SCHEME.tag(DATE, 2)
+
+
+def test_a_line_pushed_again_with_other_build_cache_records_is_the_child_the_index_lists(stub, tmp_path):
+    """A line pushed by digest again (a shard re-run after the merge, on another host): the same layers and config
+    but BuildKit's cache records. The push reports the child the date's index lists for the platform instead of a
+    new manifest, so the index over the lines is the one already tagged, not a new revision; a line that differs in
+    a layer is pushed as a new image; a child listed for another platform is not taken."""
+    from stackforge.clients.registry import RegistryClient, parse_repository
+    from stackforge.publish import platforms
+
+    layers = [layer_tar({"etc/os-release": b"ID=debian\n"}), layer_tar({"app/a.txt": b"a" * 100})]
+    save_archive(tmp_path / "one.tar", layers, config_extra={"moby.buildkit.cache.v0": "W3sib25lIjox"})
+    save_archive(tmp_path / "two.tar", layers, config_extra={"moby.buildkit.cache.v0": "W3sidHdvIjoy"})
+    client = RegistryClient(parse_repository(f"{stub.address}/{REPO}"), policy=FAST)
+
+    def push(archive: str, platform: str, work: Path) -> publisher.PublishResult:
+        options = publisher.PublishOptions(policy=FAST, lock_dir=tmp_path / "locks", layer_cache=work / "layers")
+        listed = lambda c: platforms.listed_children(c, SCHEME, DATE, platform)  # noqa: E731
+        image = ArchiveImage(tmp_path / archive)
+        hooks = publisher.PublishHooks(listed=listed)
+        return publisher.publish(image, f"{stub.address}/{REPO}", SCHEME, DATE, options, hooks=hooks, tag_it=False)
+
+    def index(child: publisher.PublishResult) -> publisher.PublishResult:
+        event = next(e for e in reversed(child.push_log) if e["event"] == "pushed-by-digest")
+        kid = platforms.Child("linux/amd64", child.digest, int(event["size"]), str(event["media_type"]))
+        return platforms.publish_index([kid], client, SCHEME, DATE, lock_dir=tmp_path / "locks", settle_seconds=0)
+
+    first = push("one.tar", "linux/amd64", tmp_path / "a")
+    assert first.status == "pushed" and "already_pushed" not in first.verification
+    tagged = index(first)
+    assert tagged.status == "published" and tagged.tag == SCHEME.tag(DATE, 1)
+    manifests = set(stub.manifests)
+
+    again = push("two.tar", "linux/amd64", tmp_path / "b")
+    assert (again.status, again.digest, again.verification) == ("pushed", first.digest, {"already_pushed": True})
+    assert again.image_id == first.image_id  # the config a pull of the child gives
+    assert set(stub.manifests) == manifests  # no manifest written
+    assert [e["event"] for e in again.push_log].count("already-pushed") == 1
+    reindexed = index(again)
+    assert (reindexed.status, reindexed.tag, reindexed.digest) == ("already-published", tagged.tag, tagged.digest)
+
+    elsewhere = push("two.tar", "linux/arm64", tmp_path / "c")  # the index lists the child for amd64 only
+    assert elsewhere.status == "pushed" and elsewhere.digest != first.digest
+    assert "already_pushed" not in elsewhere.verification
+
+    save_archive(tmp_path / "three.tar", [layers[0], layer_tar({"app/a.txt": b"b" * 100})])
+    other = push("three.tar", "linux/amd64", tmp_path / "d")
+    assert other.status == "pushed" and other.digest not in (first.digest, elsewhere.digest)
+    assert "already_pushed" not in other.verification

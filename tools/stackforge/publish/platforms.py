@@ -29,6 +29,7 @@ from stackforge.publish.publisher import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
     from stackforge.clients.registry import RegistryClient
@@ -219,24 +220,41 @@ def listing_tag(client: RegistryClient, scheme: TagScheme, date: str, digest: st
     """The newest tag of ``date`` (the scheme's ``-rN``) that holds an image index listing ``digest`` for
     ``platform`` (``linux/arm64``), or None: the tag a merge gave the index over a line already pushed by digest,
     which a record of that line attached again names (a re-run shard's record says no less than the merge's)."""
-    for _rev, tag in sorted(scheme.revisions(client.list_tags(), date).items(), reverse=True):
-        m = client.get_manifest(tag)
-        if m is not None and platform in _platforms_of(m, digest):
+    for tag, m in _indexes_of(client, scheme, date):
+        if (digest, platform) in _listed(m):
             return tag
     return None
 
 
-def _platforms_of(m: Manifest, digest: str) -> set[str]:
-    """The platforms (``os/architecture[/variant]``) the index ``m`` lists ``digest`` for; none when ``m`` is no
-    image index or does not list it."""
+def listed_children(client: RegistryClient, scheme: TagScheme, date: str, platform: str) -> list[str]:
+    """The digests the indexes tagged on ``date`` list for ``platform``, the newest tag's first, each once: what a
+    line pushed by digest again (a shard re-run after the merge) may already be."""
+    out: list[str] = []
+    for _tag, m in _indexes_of(client, scheme, date):
+        out += [d for d, p in _listed(m) if p == platform and d not in out]
+    return out
+
+
+def _indexes_of(client: RegistryClient, scheme: TagScheme, date: str) -> Iterator[tuple[str, Manifest]]:
+    """(tag, manifest) of each tag of ``date``, the newest revision first."""
+    for _rev, tag in sorted(scheme.revisions(client.list_tags(), date).items(), reverse=True):
+        m = client.get_manifest(tag)
+        if m is not None:
+            yield tag, m
+
+
+def _listed(m: Manifest) -> list[tuple[str, str]]:
+    """(digest, platform ``os/architecture[/variant]``) of each image the index ``m`` lists; none when ``m`` is no
+    image index."""
     try:
         doc = m.json()
     except ValueError:
-        return set()
+        return []
     entries = doc.get("manifests") if isinstance(doc, dict) and doc.get("mediaType") == OCI_INDEX else None
-    out = set()
+    out = []
     for entry in entries if isinstance(entries, list) else []:
         p = entry.get("platform") if isinstance(entry, dict) else None
-        if isinstance(p, dict) and entry.get("digest") == digest:
-            out.add(f"{p.get('os')}/{p.get('architecture')}" + (f"/{p['variant']}" if p.get("variant") else ""))
+        if isinstance(p, dict) and isinstance(entry.get("digest"), str):
+            platform = f"{p.get('os')}/{p.get('architecture')}" + (f"/{p['variant']}" if p.get("variant") else "")
+            out.append((entry["digest"], platform))
     return out

@@ -294,13 +294,18 @@ class PublishOptions:
 
 @dataclass(frozen=True)
 class PublishHooks:
-    """Work a publish runs at two points of its timeline (see :class:`Publisher`): ``during_settle`` with the result
-    it is about to report, in the settle pause (its failure is logged, never fatal); ``before_tag`` with (manifest
+    """Work a publish runs at points of its timeline (see :class:`Publisher`): ``during_settle`` with the result it
+    is about to report, in the settle pause (its failure is logged, never fatal); ``before_tag`` with (manifest
     digest, image id) once the registry holds the image by digest and before any tag names it (its failure fails
-    the publish with no tag written)."""
+    the publish with no tag written); ``listed``, for a push by digest only, once the image is exported."""
 
     during_settle: Callable[[PublishResult], object] | None = None
     before_tag: Callable[[str, str], object] | None = None
+    #: a push by digest only (``tag_it=False``): asked once the image is exported, the digests of the images already
+    #: published for its platform (the children the date's indexes list for it, :func:`platforms.listed_children`);
+    #: one that is the image, or is it but for BuildKit's cache records (:meth:`Publisher._same_content`), is reported
+    #: instead of a new push, so an index over the same lines is the index already tagged
+    listed: Callable[[RegistryClient], list[str]] | None = None
 
 
 @dataclass
@@ -523,6 +528,9 @@ class Publisher:
                     size=img.size,
                     layers_already_in_registry=cache.hits if cache else 0,
                 )
+                kept = self._listed_image(img) if not self.tag_it else None
+                if kept is not None:
+                    return self._pushed_before(kept)
                 if self.tag_it and (not pre_checked or img.source_id is not None):
                     # A normalized image's tags were looked at by the local id only: look again by digest.
                     skip = checked if not pre_checked else set()
@@ -552,6 +560,25 @@ class Publisher:
             verification["pull"] = self._verify_pull(tag, img.image_id)
         self.log("done", tag=tag, digest=img.digest)
         return self._result("published", tag, img.digest, img.image_id, aliases, verification)
+
+    def _listed_image(self, img: PreparedImage) -> Manifest | None:
+        """The first image of the ``listed`` hook that ``img`` is (by digest, config or content), or None."""
+        listed = self.hooks.listed
+        for digest in listed(self.client) if listed is not None else []:
+            m = self.client.get_manifest(digest)
+            if m is not None and (m.digest == img.digest or _config_digest(m) == img.image_id or self._same_content(m)):
+                return m
+        return None
+
+    def _pushed_before(self, m: Manifest) -> PublishResult:
+        """The result of a push by digest whose image the registry holds already as ``m`` (the ``listed`` hook): nothing
+        uploaded, its provenance signed for ``m`` (as :meth:`_already` does for a tag)."""
+        image_id = _config_digest(m) or (self.prepared.image_id if self.prepared else "")
+        self.log("already-pushed", digest=m.digest, image_id=image_id)
+        self.log("pushed-by-digest", digest=m.digest, size=len(m.body), media_type=m.media_type or OCI_MANIFEST)
+        if self.hooks.before_tag is not None:
+            self.hooks.before_tag(m.digest, image_id)
+        return self._result("pushed", "", m.digest, image_id, {}, {"already_pushed": True})
 
     def _published_images(self) -> PublishedImages | None:
         if self.layer_cache is None or self.codec is None:
@@ -946,7 +973,8 @@ def publish(
     tag_it: bool = True,
 ) -> PublishResult:
     """Publish ``image`` to ``repository`` under the first free revision of ``date``, as ``options`` say. See the
-    module docstring. ``tag_it=False``: push it by digest only (see :class:`Publisher`).
+    module docstring. ``tag_it=False``: push it by digest only, or report the image of the ``listed`` hook it
+    already is (see :class:`Publisher`).
 
     Raises ``UserError`` for bad input (exit 2) and ``BuildFailed`` (exit 1) when the publish
     fails; either way no new immutable tag is left behind unless the message says otherwise.

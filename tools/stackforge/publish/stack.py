@@ -444,7 +444,9 @@ def _push_by_digest(
         attacher = record.Attacher(line, target, evidence_dir, repository, engine, local, options.policy)
         attacher.scan = scanned.summary() if scanned is not None else None
         signing = _signing(line, target, options, evidence_dir, repository, engine, local)
-        hooks = PublishHooks(before_tag=signing)
+        platform = line.line.oci
+        hooks = PublishHooks(before_tag=signing,
+                             listed=lambda client: platforms.listed_children(client, scheme, date, platform))  # fmt: skip
         child = publish(image, repository, scheme, date, options, engine=engine, hooks=hooks, tag_it=False)
     return child, evidence_dir, extra, attacher, held
 
