@@ -181,11 +181,12 @@ def test_the_tag_is_an_index_with_a_manifest_per_platform(published, registry):
 
 
 def test_each_platform_has_its_own_record_and_sbom(published):
-    root, ev, _, _, _ = published
+    root, ev, _, _, store = published
     for line, build in (("amd64", "example-multi"), ("arm64", "example-multi@arm64")):
         latest = root / "build" / build / "evidence" / "latest"
         record = json.loads((latest / "record.json").read_text(encoding="utf-8"))
         assert record["record"]["digest"] == ev["platforms"][line]["digest"]
+        assert record["record"]["image_store"] == store.name  # the store the image was built in
         assert record["record"]["tags"] == [ev["tag"], "py3.11-latest"]
         assert record["attached"]["fallback_tag"] == "sha256-" + ev["platforms"][line]["digest"].split(":")[1]
         publish = json.loads((latest / "publish.json").read_text(encoding="utf-8"))

@@ -203,3 +203,38 @@ def test_verify_shows_the_scan_the_record_carries_waived_findings_with_their_rea
             assert any("the vendor's build" in line and "until 2027-01-31" in line for line in v.lines)
     with pytest.raises(UserError, match="scan"):
         record_schema.parse({**a_record(DIGEST), "scan": {"verdict": "fine", "fail_on": "high"}})
+
+
+@pytest.mark.parametrize(
+    "built_on, here, named",
+    [("classic", True, True), ("containerd", False, True), ("classic", False, False), (None, True, False)],
+)
+def test_a_differing_rebuild_in_the_other_image_store_says_so(built_on, here, named):
+    """The record names the image store the image was built in; a rebuild that differs in the other store says the
+    two stores write different layers, and names the store to rebuild on. The record's key is validated."""
+    from stackforge.flows.rebuild import compare
+
+    engine = SimpleNamespace(uses_containerd_store=lambda: here)
+    config = {"architecture": "amd64", "rootfs": {"diff_ids": []}, "config": {"Labels": {"a": "1"}}}
+    rebuilt = {**config, "config": {"Labels": {"a": "2"}}}
+    ours = SimpleNamespace(
+        image_id="sha256:" + "c" * 64,
+        digest=DIGEST,
+        layers=[],
+        config=SimpleNamespace(data=json.dumps(rebuilt).encode()),
+    )
+    manifest = {"config": {"digest": "sha256:" + "d" * 64}, "layers": []}
+    lines = compare(ours, DIGEST, manifest, config, engine, built_on=built_on)  # type: ignore[arg-type]
+    assert lines[0][0] is False and lines[0][1].startswith("rebuild differs")
+    store = [text for ok, text in lines if "image store" in text]
+    if named:
+        other = "containerd" if here else "classic"
+        assert store == [
+            f"rebuild ran in the {other} image store, the image was built in the {built_on} one: the two write "
+            f"different layers for one build; rebuild on a host of the {built_on} store to compare like with like"
+        ]
+    else:
+        assert store == []
+    assert records.image_store(engine) == ("containerd" if here else "classic")  # type: ignore[arg-type]
+    assert record_schema.problems({**a_record(DIGEST), "image_store": "containerd"}) == []
+    assert record_schema.problems({**a_record(DIGEST), "image_store": "zfs"}) == ["image_store: missing or not a str"]

@@ -31,7 +31,7 @@ from stackforge.clients import layerstore
 from stackforge.clients.engine import Engine
 from stackforge.clients.registry import RegistryClient
 from stackforge.errors import UserError, printable
-from stackforge.publish import layerdiff
+from stackforge.publish import layerdiff, record
 from stackforge.publish.codec import OCI_LAYER_ZSTD
 from stackforge.publish.oci import ChunkReader, DockerImage, PreparedImage, uncompressed
 from stackforge.publish.record_schema import PublishRecord
@@ -104,7 +104,7 @@ def rebuild(
         try:
             image = DockerImage(ref, engine, image_id=outcome.image_id)
             prepared = image.prepare(work / "prepare", compression=_codec(manifest), log=lambda *a, **k: None)
-            return compare(prepared, digest, manifest, config, engine)
+            return compare(prepared, digest, manifest, config, engine, built_on=rec.image_store)
         finally:
             _restore(engine, ref, before, outcome.image_id)
 
@@ -124,10 +124,17 @@ def _restore(engine: Engine, ref: str, before: str | None, rebuilt: str | None) 
 
 
 def compare(
-    ours: PreparedImage, digest: str, manifest: dict[str, Any], theirs_config: dict[str, Any], engine: Engine
+    ours: PreparedImage,
+    digest: str,
+    manifest: dict[str, Any],
+    theirs_config: dict[str, Any],
+    engine: Engine,
+    *,
+    built_on: str | None = None,
 ) -> list[Line]:
     """The verify lines of the rebuilt image ``ours`` against the published manifest (``digest``, ``manifest``)
-    and its config."""
+    and its config; ``built_on``: the image store the record says the published image was built in, named when
+    a differing rebuild ran in the other one."""
     published = manifest["config"]["digest"]
     if ours.image_id == published:
         same = "and the same manifest" if ours.digest == digest else "compressed otherwise: another manifest"
@@ -142,6 +149,11 @@ def compare(
     key = layerdiff.first_config_key(ours_config, theirs_config)
     if key is not None:
         lines.append((False, f"rebuild config {key[0]}: rebuilt {key[1]!r}, published {key[2]!r}"))
+    here = record.image_store(engine)
+    if built_on is not None and built_on != here:
+        lines.append((False, f"rebuild ran in the {here} image store, the image was built in the {built_on} one: the "
+                             f"two write different layers for one build; rebuild on a host of the {built_on} store "
+                             "to compare like with like"))  # fmt: skip
     return lines
 
 

@@ -188,6 +188,11 @@ def details(loaded: ResolvedStack, evidence_dir: Path, labels: dict[str, str]) -
     }
 
 
+def image_store(engine: Engine) -> str:
+    """The record's name of ``engine``'s image store: ``containerd`` or ``classic``."""
+    return "containerd" if engine.uses_containerd_store() else "classic"
+
+
 def check_schema(record: Any) -> list[str]:
     """What is wrong with ``record`` as a record of this schema (empty when nothing is): one line per key."""
     return problems(record)
@@ -400,6 +405,7 @@ class Attacher:
         if self._details is None:
             labels = self.engine.image_labels(self.local_ref)
             self._details = details(self.loaded, self.evidence_dir, labels)
+            self._details["image_store"] = image_store(self.engine)
             if self.scan is not None:
                 keys = ("verdict", "fail_on", "blocked", "waived", "findings", "database")
                 self._details["scan"] = ScanPart(**{k: self.scan[k] for k in keys if k in self.scan})

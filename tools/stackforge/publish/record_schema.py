@@ -162,6 +162,13 @@ class PublishRecord(Part):
         default_factory=dict, description="each test slice's verdict and counts, by slice (`stackforge test`)"
     )
     build_id: str | None = Field(None, description="the build id of the evidence the record was made from")
+    image_store: Literal["classic", "containerd"] | None = Field(
+        None,
+        description="the engine's image store the image was built in: `classic` (dockerd's graph driver) or "
+        "`containerd` (the containerd image store). The two write different layers for one build (the classic "
+        "store keeps entries of directories whose only change is their time, and whiteouts the other does not "
+        "write), so `verify --rebuild` compares like with like on a host of the same store",
+    )
     scan: ScanPart | None = Field(None, description="the vulnerability gate's verdict; absent when none ran")
     overlay: OverlayPart | None = Field(None, description="an overlay image's overlay; absent for a stack image")
 
