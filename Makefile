@@ -110,7 +110,7 @@ demo: $(STAMP) base ## fresh machine: set up the engine, build the example stack
 TEST_WORKERS ?= 2
 PARALLEL = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-unit: $(STAMP) ## the unit tests only (no engine; about 3 min on 2 cores)
+unit: $(STAMP) ## the unit tests only (about 3 min on 2 cores; the few that render or build ask a running engine for the base image)
 	$(PY) -m pytest -q $(PARALLEL) tests/unit
 
 test: $(STAMP) ## the whole test suite (unit + integration against a real engine); CI runs it via .ci/run
