@@ -3,8 +3,9 @@
 Runs ``measure()`` of each module below, prints bench/results.table and writes build/bench/results.json
 through bench/results.write. MODULES run first, in their order; any other ``bench/*_bench.py`` (a benchmark
 added since, e.g. the second-host rebuild) runs after them, so a new module needs no edit here. Exit 1 when
-a figure misses its goal or a tracked figure (bench/results.GOALS) lacks its goal; a tracked id no module
-measured is named, not failed (its module may not exist yet).
+a figure misses its goal, a tracked figure (bench/results.GOALS) lacks its goal or a module fails (it is named,
+and the other modules' figures are still printed and written); a tracked id no module measured is named, not
+failed (its module may not exist yet).
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ def modules(bench: Path = REPO / "bench") -> list[str]:
 
 def main() -> int:
     results: list[Result] = []
+    failed: list[str] = []
     for name in modules():
-        module = importlib.import_module(f"bench.{name}")
         print(f"--- bench/{name}.py", file=sys.stderr, flush=True)
-        results += module.measure()
+        try:
+            results += importlib.import_module(f"bench.{name}").measure()
+        except (Exception, SystemExit) as exc:  # the other modules' figures are still reported and written
+            failed.append(name)
+            print(f"error: bench/{name}.py failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     print(table(results))
     print(
         "\nWall-clock seconds on this machine (shared cores make them noisy); each ratio is ours / peer "
@@ -46,7 +51,9 @@ def main() -> int:
     if missing:
         print(f"not measured (no module gives the row): {', '.join(missing)}")
     print(f"written: {write(results)}")
-    return 0 if all(r.met for r in results) and not problems else 1
+    if failed:
+        print(f"failed (no figures): {', '.join(f'bench/{n}.py' for n in failed)}")
+    return 0 if all(r.met for r in results) and not problems and not failed else 1
 
 
 if __name__ == "__main__":

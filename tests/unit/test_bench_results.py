@@ -97,6 +97,43 @@ def test_run_all_runs_a_bench_module_added_later(tmp_path):
     assert run_all.modules(REPO / "bench")[: len(run_all.MODULES)] == list(run_all.MODULES)
 
 
+def test_a_failing_bench_module_is_named_and_the_others_figures_are_still_written(monkeypatch, capsys):
+    """One module's failure (an exception or a SystemExit, as a benchmark's failed command raises) does not lose the
+    figures the other modules measured: they are printed and written, the failed module named, and the exit is 1."""
+    from types import SimpleNamespace
+
+    def broken() -> list[Result]:
+        raise SystemExit("nightly exited 1")
+
+    row = Result("measure b", 1.0, 10.0, 0.5, "peer")
+    found = {"bench.a_bench": SimpleNamespace(measure=broken), "bench.b_bench": SimpleNamespace(measure=lambda: [row])}
+    written: list[list[Result]] = []
+    monkeypatch.setattr(run_all, "modules", lambda: ["a_bench", "b_bench"])
+    monkeypatch.setattr(run_all.importlib, "import_module", found.__getitem__)
+    monkeypatch.setattr(run_all, "write", lambda results: written.append(results) or Path("results.json"))
+    assert run_all.main() == 1
+    out, err = capsys.readouterr()
+    assert written == [[row]] and "| measure b |" in out
+    assert "failed (no figures): bench/a_bench.py" in out
+    assert "error: bench/a_bench.py failed: SystemExit: nightly exited 1" in err
+    found["bench.a_bench"] = SimpleNamespace(measure=lambda: [])
+    assert run_all.main() == 0  # every module ran and the figure met its goal
+
+
+def test_the_sharded_night_is_the_build_benchmarks_stack_on_its_own_platform_with_a_second_target():
+    """The shard benchmark's stack is benchpost's keys without its arm64 line (the platform benchmark's), plus a
+    cli target: a night of it builds the stack's own line only."""
+    import yaml
+
+    from bench import shards_bench
+
+    doc = yaml.safe_load(shards_bench.stack_file())
+    source = yaml.safe_load((REPO / "bench" / "stacks" / "benchpost.yaml").read_text(encoding="utf-8"))
+    assert "arm64" in source["platforms"] and "platforms" not in doc and "inherits" not in doc
+    assert (doc["name"], doc["nightly"]) == ("benchshards", True)
+    assert set(doc["targets"]) == {*source["targets"], "cli"} and doc["packages"] == source["packages"]
+
+
 def test_docs_list_the_tracked_ids_with_their_goals():
     text = (REPO / "docs" / "benchmarks.md").read_text()
     section = text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
