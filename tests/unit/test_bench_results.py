@@ -108,9 +108,14 @@ def test_a_failing_bench_module_is_named_and_the_others_figures_are_still_writte
     row = Result("measure b", 1.0, 10.0, 0.5, "peer")
     found = {"bench.a_bench": SimpleNamespace(measure=broken), "bench.b_bench": SimpleNamespace(measure=lambda: [row])}
     written: list[list[Result]] = []
+
+    def write(results: list[Result]) -> Path:
+        written.append(results)
+        return Path("results.json")
+
     monkeypatch.setattr(run_all, "modules", lambda: ["a_bench", "b_bench"])
     monkeypatch.setattr(run_all.importlib, "import_module", found.__getitem__)
-    monkeypatch.setattr(run_all, "write", lambda results: written.append(results) or Path("results.json"))
+    monkeypatch.setattr(run_all, "write", write)
     assert run_all.main() == 1
     out, err = capsys.readouterr()
     assert written == [[row]] and "| measure b |" in out
