@@ -191,7 +191,8 @@ def test_unreachable_index_is_exit_2(capsys, dirs):
     assert pkgs["torchada"]["status"] == "newest"
 
 
-def test_disk_cache_revalidates(capsys, dirs, tmp_path):
+def test_disk_cache_revalidates(capsys, dirs, tmp_path, monkeypatch):
+    monkeypatch.delenv("STACKFORGE_CACHE", raising=False)  # the default: the repository's build/cache/
     root = tmp_path / "repo"
     (root / "stacks").mkdir(parents=True)
     for name in ("post1", "post2"):
