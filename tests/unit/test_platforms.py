@@ -522,3 +522,20 @@ def test_diff_shows_platforms_as_rows(root, capsys):
     ]  # fmt: skip
     rc, out, _ = run_cli(capsys, root, "diff", "single2", "single2", "--json")
     assert "platforms" not in json.loads(out)  # one platform on both sides: the table as it always was
+
+
+def test_an_index_entry_whose_digest_is_not_a_digest_is_not_listed():
+    """What an index lists is asked for again by its digest (a line pushed again, a record's tag): an entry naming a
+    path or anything but ``sha256:<64 hex>`` is not a child of the index."""
+    from stackforge.clients.registry import OCI_INDEX, Manifest
+    from stackforge.publish import platforms
+
+    good = "sha256:" + "a" * 64
+    entries = [
+        {"digest": good, "platform": {"os": "linux", "architecture": "amd64"}},
+        {"digest": "../../other/manifests/latest", "platform": {"os": "linux", "architecture": "arm64"}},
+        {"digest": "sha256:" + "B" * 64, "platform": {"os": "linux", "architecture": "arm64"}},
+        {"digest": 7, "platform": {"os": "linux", "architecture": "arm64"}},
+    ]
+    body = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}).encode()
+    assert platforms._listed(Manifest(body=body, media_type=OCI_INDEX, header_digest=None)) == [(good, "linux/amd64")]

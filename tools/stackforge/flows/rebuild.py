@@ -149,8 +149,8 @@ def compare(
     key = layerdiff.first_config_key(ours_config, theirs_config)
     if key is not None:
         lines.append((False, f"rebuild config {key[0]}: rebuilt {key[1]!r}, published {key[2]!r}"))
-    here = record.image_store(engine)
-    if built_on is not None and built_on != here:
+    here = record.image_store(engine) if built_on is not None else None  # one `docker info`, only when it can matter
+    if here is not None and built_on != here:
         lines.append((False, f"rebuild ran in the {here} image store, the image was built in the {built_on} one: the "
                              f"two write different layers for one build; rebuild on a host of the {built_on} store "
                              "to compare like with like"))  # fmt: skip

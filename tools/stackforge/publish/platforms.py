@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from stackforge.clients.registry import OCI_INDEX, Manifest, sha256_digest
 from stackforge.errors import BuildFailed
+from stackforge.grammar import DIGEST_RE
 from stackforge.publish.publisher import (
     Publisher,
     PublishOptions,
@@ -244,8 +245,8 @@ def _indexes_of(client: RegistryClient, scheme: TagScheme, date: str) -> Iterato
 
 
 def _listed(m: Manifest) -> list[tuple[str, str]]:
-    """(digest, platform ``os/architecture[/variant]``) of each image the index ``m`` lists; none when ``m`` is no
-    image index."""
+    """(digest, platform ``os/architecture[/variant]``) of each image the index ``m`` lists by a well-formed digest
+    (a registry's answer: what it lists is asked for again by that digest); none when ``m`` is no image index."""
     try:
         doc = m.json()
     except ValueError:
@@ -254,7 +255,7 @@ def _listed(m: Manifest) -> list[tuple[str, str]]:
     out = []
     for entry in entries if isinstance(entries, list) else []:
         p = entry.get("platform") if isinstance(entry, dict) else None
-        if isinstance(p, dict) and isinstance(entry.get("digest"), str):
+        if isinstance(p, dict) and isinstance(entry.get("digest"), str) and DIGEST_RE.match(entry["digest"]):
             platform = f"{p.get('os')}/{p.get('architecture')}" + (f"/{p['variant']}" if p.get("variant") else "")
             out.append((entry["digest"], platform))
     return out

@@ -530,7 +530,7 @@ class Publisher:
                 )
                 kept = self._listed_image(img) if not self.tag_it else None
                 if kept is not None:
-                    return self._pushed_before(kept)
+                    return self._pushed_before(kept, img)
                 if self.tag_it and (not pre_checked or img.source_id is not None):
                     # A normalized image's tags were looked at by the local id only: look again by digest.
                     skip = checked if not pre_checked else set()
@@ -566,14 +566,16 @@ class Publisher:
         listed = self.hooks.listed
         for digest in listed(self.client) if listed is not None else []:
             m = self.client.get_manifest(digest)
-            if m is not None and (m.digest == img.digest or _config_digest(m) == img.image_id or self._same_content(m)):
+            if m is None or m.digest != digest:  # not the bytes the index names
+                continue
+            if m.digest == img.digest or _config_digest(m) == img.image_id or self._same_content(m):
                 return m
         return None
 
-    def _pushed_before(self, m: Manifest) -> PublishResult:
+    def _pushed_before(self, m: Manifest, img: PreparedImage) -> PublishResult:
         """The result of a push by digest whose image the registry holds already as ``m`` (the ``listed`` hook): nothing
         uploaded, its provenance signed for ``m`` (as :meth:`_already` does for a tag)."""
-        image_id = _config_digest(m) or (self.prepared.image_id if self.prepared else "")
+        image_id = _config_digest(m) or img.image_id
         self.log("already-pushed", digest=m.digest, image_id=image_id)
         self.log("pushed-by-digest", digest=m.digest, size=len(m.body), media_type=m.media_type or OCI_MANIFEST)
         if self.hooks.before_tag is not None:
