@@ -86,19 +86,20 @@ def loaded_libraries(env: dict[str, str], cache: Path) -> list[str]:
 
 
 def alternating(
-    a: list[str], b: list[str], env: dict[str, str], repeat: int, fresh: Path, kept: Path
-) -> tuple[float, float, float]:
+    a: list[str], others: list[list[str]], env: dict[str, str], repeat: int, fresh: Path, kept: Path
+) -> tuple[float, list[float], float]:
     """Medians of ``repeat`` runs of ``a`` (each with an empty cache under ``fresh`` holding only a copy of
-    ``kept`` as its ``schema/``), of ``b``, and of ``a`` with an empty cache, taken in alternation so that all
-    three see the same hours of a shared machine."""
-    runs: tuple[list[float], list[float], list[float]] = ([], [], [])
+    ``kept`` as its ``schema/``), of each of ``others``, and of ``a`` with an empty cache, taken in alternation so
+    that all of them see the same hours of a shared machine."""
+    runs: tuple[list[float], list[list[float]], list[float]] = ([], [[] for _ in others], [])
     for i in range(repeat):
         cache = fresh / "kept" / str(i)
         shutil.copytree(kept, cache / "schema")
         runs[0].append(_time(a, {**env, "STACKFORGE_CACHE": str(cache)}))
-        runs[1].append(_time(b, env))
+        for argv, times in zip(others, runs[1]):
+            times.append(_time(argv, env))
         runs[2].append(_time(a, {**env, "STACKFORGE_CACHE": str(fresh / "empty" / str(i))}))
-    return statistics.median(runs[0]), statistics.median(runs[1]), statistics.median(runs[2])
+    return statistics.median(runs[0]), [statistics.median(t) for t in runs[1]], statistics.median(runs[2])
 
 
 #: runs of each command: the medians of 7 alternating runs put the ``list-first`` ratio anywhere between 1.05 and 1.45
@@ -121,9 +122,11 @@ def measure(repeat: int = REPEAT) -> list[Result]:
         kept = Path(env["STACKFORGE_CACHE"]) / "schema"
         if not any(kept.glob("*.schema")):
             raise SystemExit(f"the first list kept no schema under {kept}")
-        first, floor, cold = alternating(
-            [*root, "list"], ["-c", "import " + ", ".join(libraries)], env, repeat, Path(tmp) / "fresh", kept
-        )
+        imports = "import " + ", ".join(libraries)
+        first, (floor, paused), cold = alternating(
+            [*root, "list"], [["-c", imports], ["-c", "import gc; gc.disable(); " + imports]], env, repeat,
+            Path(tmp) / "fresh", kept,
+        )  # fmt: skip
         return [
             _budget("stackforge --help", _median([*root, "--help"], env, repeat)),
             _budget("stackforge list", _median([*root, "list"], env, repeat), "rows stored by the previous list"),
@@ -136,7 +139,9 @@ def measure(repeat: int = REPEAT) -> list[Result]:
                 f"validates every stack ({first / BUDGET_S:.2f} of the {BUDGET_S} s budget); the peer imports the "
                 f"{len(libraries)} modules a first list loads from outside the standard library and stackforge "
                 f"({', '.join(tops)}), the floor of any first validation with them; importing the stack model "
-                f"alone takes {model:.2f} s (the interpreter {bare:.2f} s); medians of {repeat} alternating runs, "
+                f"alone takes {model:.2f} s (the interpreter {bare:.2f} s); stackforge starts with the garbage "
+                f"collector paused (__main__.py): the same imports with it paused take {paused:.2f} s "
+                f"({first / paused:.2f} of those); medians of {repeat} alternating runs, "
                 f"each with the model's schema kept by the run before (with none kept: {cold:.2f} s, "
                 f"{cold / floor:.2f} of the peer)",
                 id="list-first",

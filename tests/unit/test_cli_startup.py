@@ -264,3 +264,59 @@ def test_a_first_list_looks_for_no_pydantic_plugin_unless_told_to(tmp_path, sett
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["code"] == 0 and "pydantic_core" in result["modules"]  # the stacks were validated
     assert ("pydantic" in result["looked"]) == bool(setting)
+
+
+#: a process started as ``stackforge`` starts: ``run()`` of ``__main__``, with ``main`` wrapped to report whether the
+#: collector ran during the verb's work and after it, and how many objects were frozen out of its passes
+GC_PROBE = """
+import gc, json, sys
+import stackforge.cli.main as cli
+real = cli.main
+def main(argv=None):
+    code = real(argv)
+    print(json.dumps({"code": code, "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}), file=sys.stderr)
+    return code
+cli.main = main
+from stackforge.__main__ import run
+sys.argv = ["stackforge", *sys.argv[1:]]
+run()
+"""
+
+
+def _started(tmp_path: Path, *argv: str) -> tuple[int, dict]:
+    env = {**os.environ, "PYTHONPATH": str(TOOLS), "STACKFORGE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", GC_PROBE, *argv], capture_output=True, text=True, env=env)
+    return proc.returncode, json.loads(proc.stderr.splitlines()[-1])
+
+
+def test_a_quick_verb_runs_with_the_collector_paused_and_others_set_it_going(tmp_path):
+    from stackforge.cli.main import QUICK_VERBS, VERB_MODULES
+
+    assert VERB_MODULES.keys() >= QUICK_VERBS
+    root = make_root(tmp_path)
+    code, state = _started(tmp_path, "--root", str(root), "list")
+    assert code == 0 and state == {"code": 0, "enabled": False, "frozen": 0}
+    # render is not quick: the collector runs again before its work, start-up's objects frozen out of its passes
+    code, state = _started(tmp_path, "--root", str(root), "render", "no-such-stack")
+    assert code == state["code"] == 2
+    assert state["enabled"] is True and state["frozen"] > 10_000
+
+
+def test_main_called_in_a_process_leaves_its_collector_as_it_was(tmp_path):
+    """``main`` pauses nothing itself: a program (or a test) that calls it keeps its collector running."""
+    import gc
+
+    from stackforge.cli.main import main
+
+    root = make_root(tmp_path)
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    assert main(["--root", str(root), "list"]) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+
+def test_the_installed_script_starts_as_python_m_does():
+    import tomllib
+
+    project = tomllib.loads((TOOLS.parent / "pyproject.toml").read_text())
+    assert project["project"]["scripts"] == {"stackforge": "stackforge.__main__:run"}

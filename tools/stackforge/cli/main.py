@@ -9,6 +9,7 @@ credentials, CA bundle, engine) once and sets it on ``args``; verbs hand it to t
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -51,6 +52,11 @@ VERB_MODULES = {
     **dict.fromkeys(("sbom", "scan"), "trust"),
     **{name: name for name in COMMAND_MODULES if name not in ("stack", "build", "publish", "trust")},
 }
+
+
+#: verbs that read stacks and print: they end with the collector paused by the process's start (``__main__.py``);
+#: every other verb sets it going again before its work
+QUICK_VERBS = frozenset(("list", "show", "lint", "tags", "diff", "schema"))
 
 
 def _named_verb(argv: list[str]) -> str | None:
@@ -117,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(*NO_PYDANTIC_PLUGINS)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    if not gc.isenabled() and args.command not in QUICK_VERBS:
+        gc.freeze()  # what start-up made lives as long as the process: the collector's passes skip it
+        gc.enable()
     setattr(args, WORKSPACE, make_workspace(args))
     try:
         with handle_signals():
