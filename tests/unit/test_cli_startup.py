@@ -210,6 +210,38 @@ def test_list_recomputes_when_a_stack_or_a_set_value_changes(tmp_path):
     assert "post1            moved" in overridden["printed"] and "pydantic" in overridden["modules"]
 
 
+def _outside(modules: list[str], within: tuple[str, ...]) -> list[str]:
+    """The stackforge modules of ``modules`` whose files lie outside ``within`` (paths in the package)."""
+    out = []
+    for name in modules:
+        if name != "stackforge" and not name.startswith("stackforge."):
+            continue
+        parts = name.split(".")[1:]
+        package = (TOOLS / "stackforge" / Path(*parts)).is_dir() if parts else True
+        rel = "/".join([*parts, "__init__.py"]) if package else "/".join(parts) + ".py"
+        if not any(rel == w or rel.startswith(w + "/") for w in within):
+            out.append(rel)
+    return out
+
+
+def test_the_rows_key_covers_every_module_a_list_runs(tmp_path):
+    """The rows are kept by the fingerprint of VALIDATING_CODE alone: a first list, with a valid stack, an
+    invalid one and a --set value, loads no stackforge module outside it."""
+    from stackforge.stack.listing import VALIDATING_CODE
+
+    root = make_root(tmp_path)
+    post2 = root / "stacks" / "post2.yaml"
+    post2.write_text(post2.read_text().replace("description: MUSA", "descripton: MUSA"))
+    ran = _list(root, tmp_path / "cache", "--set", "post1:description=moved")
+    assert ran["codes"] == [2, 2] and "descripton" in ran["printed"] and "post1            moved" in ran["printed"]
+    assert "stackforge.stack.model" in ran["modules"]
+    assert _outside(ran["modules"], VALIDATING_CODE) == []
+    assert _outside(["stackforge.builder.plan", "stackforge.clients.proc"], VALIDATING_CODE) == [
+        "builder/plan/__init__.py",
+        "clients/proc.py",
+    ]
+
+
 def test_list_ignores_a_store_that_does_not_match_its_stacks(tmp_path):
     root = make_root(tmp_path)
     cache = tmp_path / "cache"

@@ -485,6 +485,8 @@ def test_the_control_character_patterns_are_unicode_category_cc_and_the_line_sep
         control = ch in "\u2028\u2029" or unicodedata.category(ch) == "Cc"
         assert bool(grammar.CONTROL_RE.search(ch)) == control, hex(cp)
         assert bool(grammar.CONTROL_MULTILINE_RE.search(ch)) == (control and ch not in "\n\t"), hex(cp)
+        if control:  # the stack model searches only what str.isprintable refuses (stack/model.py _unprintable)
+            assert not ch.isprintable() and not f"a{ch}b".isprintable(), hex(cp)
     assert grammar.bad_char("ab\x85c") == "the control character U+0085"
     assert grammar.bad_char("a\tb\nc", multiline=True) is None
     assert grammar.bad_char("a\tb", multiline=False) == "a tab"

@@ -17,7 +17,6 @@ import sys
 from stackforge import __version__
 from stackforge.cli.options import WORKSPACE, make_workspace
 from stackforge.errors import UserError, for_terminal
-from stackforge.fslock import fs_error
 from stackforge.signals import Interrupted, handle_signals
 
 # Order here is the order of `stackforge --help`.
@@ -143,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as exc:
+        from stackforge.fslock import fs_error
+
         # A path given on the command line (--out, --to, --from …) that cannot be used: one line, no traceback.
         problem = fs_error(exc) or UserError(
             f"cannot use {exc.filename or 'a path'}: {exc.strerror or exc}",

@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackforge import safeio
-from stackforge.clients import proc
 from stackforge.errors import UserError, printable
 from stackforge.urls import Credential, host, split
 
@@ -89,8 +87,13 @@ def netrc_credentials(hostname: str, environ: dict[str, str] | None = None) -> t
     path = netrc_file(environ)
     if not path.is_file():  # absent, or a FIFO or device (never opened)
         return None
+    # with shlex, the bounded reads and the child processes: imported when a credential is looked up, not by the
+    # commands that only load a stack
+    import netrc
+
+    from stackforge import safeio
+
     safeio.read_bytes(path, limit=NETRC_LIMIT, what="netrc")  # an endless or huge file is refused, not parsed
-    import netrc  # with shlex: imported when a credential is looked up, not by every command
 
     try:
         found = netrc.netrc(str(path)).authenticators(hostname)
@@ -291,6 +294,8 @@ def _ask_helper(name: str, host: str, environ: Mapping[str, str], config: Path) 
             "STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD",
         )
     fix = "check the helper, or set STACKFORGE_REGISTRY_USER and STACKFORGE_REGISTRY_PASSWORD"
+    from stackforge.clients import proc
+
     for key in _server_keys(host):
         try:
             done = proc.run([program, "get"], input=key, timeout=HELPER_SECONDS, limit=HELPER_OUTPUT_LIMIT, env=environ)
@@ -319,6 +324,7 @@ def _ask_helper(name: str, host: str, environ: Mapping[str, str], config: Path) 
 
 
 def _helper_answer(name: str, host: str, data: bytes) -> tuple[str, str]:
+    from stackforge import safeio
     from stackforge.clients.dockerconfig import HelperAnswer
 
     try:

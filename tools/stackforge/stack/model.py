@@ -92,20 +92,22 @@ Sha256 = Annotated[str, _grammar(_sha256)]
 def _unprintable(value: Any, multiline: bool) -> str | None:
     """The reason a raw field value holds a control character: the string, a list item, a mapping key or value.
 
-    Nested mappings inside lists and mappings are models with their own check."""
+    Nested mappings inside lists and mappings are models with their own check. A string ``str.isprintable``
+    accepts holds none of the characters ``grammar.check_text`` refuses (control characters and line separators
+    are not printable): only the others are searched."""
     if isinstance(value, str):
-        return grammar.check_text(value, multiline)
+        return None if value.isprintable() else grammar.check_text(value, multiline)
     if isinstance(value, list):
         for i, item in enumerate(value):
-            reason = isinstance(item, str) and grammar.check_text(item, multiline)
+            reason = isinstance(item, str) and not item.isprintable() and grammar.check_text(item, multiline)
             if reason:
                 return f"item {i} {reason}"
     if isinstance(value, dict):
         for key, item in value.items():
-            reason = isinstance(key, str) and grammar.check_text(key)
+            reason = isinstance(key, str) and not key.isprintable() and grammar.check_text(key)
             if reason:
                 return f"key {key!r} {reason}"
-            reason = isinstance(item, str) and grammar.check_text(item, multiline)
+            reason = isinstance(item, str) and not item.isprintable() and grammar.check_text(item, multiline)
             if reason:
                 return f"the value of {key!r} {reason}"
     return None
