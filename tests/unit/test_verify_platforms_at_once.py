@@ -267,3 +267,27 @@ def test_the_lines_rebuild_under_tags_of_their_own_and_an_interrupted_rebuild_pu
     assert list(held) == ["two:x86_64", "two:aarch64-arm64"] and all(held.values())
     assert engine.tags == {"two:x86_64": before, "two:aarch64-arm64": before}  # each put back
     assert not any(rebuild_mod.tag_lock(ref).locked() for ref in held)
+
+
+def test_at_once_each_rebuild_s_buildkit_lines_name_their_platform(monkeypatch, capsys, tmp_path):
+    """Two builds' BuildKit logs meet on stderr (their step numbers alike): with --rebuild and more than one platform
+    each line starts with its platform; one platform's, or a verify without --rebuild, passes none."""
+    echoes: dict[str, object] = {}
+
+    def verify_image(ref, engine, policy, key, rebuild_from, client, reference, manifest, index=None, echo=None):
+        echoes[platform_of(index)] = echo
+        if echo is not None:
+            echo("#5 [wheels 1/3] RUN pip wheel")
+        return Verification(ref, "?")
+
+    monkeypatch.setattr(operator, "_verify_image", verify_image)
+    with StubRegistry() as reg:
+        index_of(reg, ("amd64", "arm64"))
+        ref = f"{reg.address}/{REPO}:{TAG}"
+        operator.verify_ref(ref, None, ONE_TRY, rebuild_from=tmp_path, all_platforms=True)  # type: ignore[arg-type]
+        err = capsys.readouterr().err.splitlines()
+        assert sorted(err) == ["linux/amd64 #5 [wheels 1/3] RUN pip wheel", "linux/arm64 #5 [wheels 1/3] RUN pip wheel"]
+        operator.verify_ref(ref, None, ONE_TRY, all_platforms=True)  # type: ignore[arg-type]
+        assert echoes == {"linux/amd64": None, "linux/arm64": None}
+        operator.verify_ref(ref, None, ONE_TRY, rebuild_from=tmp_path, platform="arm64")  # type: ignore[arg-type]
+        assert echoes["linux/arm64"] is None and capsys.readouterr().err == ""
