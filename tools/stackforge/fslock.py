@@ -191,6 +191,61 @@ def stack_locks(build_dirs: Iterable[Path], *, timeout: float | None = None) -> 
         yield
 
 
+@contextmanager
+def entry_lock(entry: Path, what: str, *, timeout: float | None = None) -> Iterator[None]:
+    """Hold the exclusive lock of a cache entry (``entry``: the directory or file it guards; the lock file beside
+    it, :func:`lock_path`) while it is made: one writer at a time, in other processes and in other threads of this
+    one alike (each holder opens the lock file itself, and two opens' ``flock`` exclude each other in one process
+    too). Not re-entrant. ``timeout`` as :func:`lock_timeout`; giving up is a :class:`UserError` naming the holder.
+
+    The cache keeps no lock files: the holder removes its lock file before it lets go, and a waiter that then holds
+    a file no longer at the path opens the path again (whoever holds the file at the path holds the lock)."""
+    lock = lock_path(Path(entry))
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    wait = lock_timeout(timeout)
+    deadline = time.monotonic() + wait
+    said: list[bool] = []
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+
+            def waiting(fd: int = fd) -> None:
+                if not said:
+                    said.append(True)
+                    _stderr(f"waiting for another stackforge (pid {_holder(fd)}) making {what}…")
+
+            if not flock_wait(fd, max(0.0, deadline - time.monotonic()), waiting):
+                raise UserError(
+                    f"another stackforge (pid {_holder(fd)}) is making {what}; gave up after waiting {wait:.0f} s",
+                    file=lock,
+                    fix=f"wait for it to finish (or stop it), or wait longer with {TIMEOUT_ENV}",
+                )
+            if _same_file(fd, lock):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # removed by the holder before: the lock is the file at the path now
+    try:
+        _write_pid(fd)
+        yield
+    finally:
+        try:
+            lock.unlink()
+        except OSError:
+            pass
+        os.close(fd)  # releases the flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        at = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (at.st_dev, at.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -200,13 +255,19 @@ def _stderr(line: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def temp_beside(path: Path, suffix: str = ".tmp") -> Path:
+    """A temporary name beside ``path`` of this process and thread: two writers of one file (two processes, or two
+    threads of one) never write into each other's temporary file; the last rename wins whole."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}{suffix}")
+
+
 def atomic_write(path: Path, data: str | bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file beside it and ``os.replace``.
 
     On failure the temporary file is removed and the ``OSError`` names ``path``.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_beside(path)
     try:
         with open(tmp, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)

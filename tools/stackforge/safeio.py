@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from stackforge.errors import UserError, for_terminal, printable
+from stackforge.fslock import temp_beside
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -363,7 +364,7 @@ def write_confined(
     path = confined(root, name, what=what, source=source, last_may_be_link=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     confined(root, name, what=what, source=source, last_may_be_link=True)  # nothing moved in meanwhile
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_beside(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(tmp, flags, 0o644)
     try:

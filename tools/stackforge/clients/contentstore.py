@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 from stackforge import extras, safeio
 from stackforge.clients.layerstore import Unusable, local_daemon
 from stackforge.errors import UserError
+from stackforge.fslock import temp_beside
 
 _CHUNK = 1 << 20
 _HEX = frozenset("0123456789abcdef")
@@ -369,7 +370,7 @@ def _remember(path: Path, key: str, digest: str) -> None:
     entries = {k: v for k, v in _memo(path).items() if k != key}
     entries = dict(list(entries.items())[-(MEMO_KEEP - 1) :])
     entries[key] = digest
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp = temp_beside(path, "")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(entries, indent=0) + "\n")

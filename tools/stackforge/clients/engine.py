@@ -31,12 +31,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from stackforge import progress, safeio
+from stackforge import progress, safeio, signals
 from stackforge.clients import credentials
 from stackforge.clients import proc as bounded
 from stackforge.clients.containers import RunSpec
@@ -322,14 +323,28 @@ class Engine:
         self._server: str | None = None
         self._config_checked = False
         self._bound = builder is None
+        #: held while the builder's context is chosen: threads sharing this engine (the platforms of one verify) wait
+        #: for it, never running a command in the context it replaces (re-entrant: the choice runs docker itself)
+        self._binding = threading.RLock()
+        self._choosing = False
         self._containerd_store: bool | None = None
 
     def _bind(self) -> None:
         """A ``docker``-driver builder of another docker context (a second engine, scripts/second-engine.sh) builds
         into that context's daemon, and buildx refuses it from any other context: every command of this engine
         (builds, images, containers, the SDK) then runs in that context. Other builders are left as they are (a
-        docker-container, remote or kubernetes builder loads what it builds into the current context's daemon)."""
-        self._bound = True
+        docker-container, remote or kubernetes builder loads what it builds into the current context's daemon).
+        Once per engine; another thread asking meanwhile waits for the choice."""
+        with self._binding:
+            if self._bound or self._choosing:
+                return
+            self._choosing = True
+            try:
+                self._choose_context()
+            finally:
+                self._bound, self._choosing = True, False
+
+    def _choose_context(self) -> None:
         assert self.builder is not None
         proc = self.cli("buildx", "inspect", self.builder, timeout=30)
         if proc.returncode != 0:
@@ -846,6 +861,7 @@ class Engine:
             if log:
                 log.write("$ " + " ".join(cmd) + "\n")
                 log.flush()
+            signals.checkpoint()  # stopped work starts no build
             try:
                 # Its own session: a signal to stackforge does not reach it by accident, and
                 # stop_group() ends it with every process it started.
@@ -865,19 +881,29 @@ class Engine:
                 raise UserError(f"'{self.docker}' (the docker CLI) is not installed", fix=SETUP_FIX) from None
             assert proc.stdout is not None
             try:
-                for raw in proc.stdout:
-                    line = raw.rstrip("\n")
-                    lines.append(line)
-                    if log:
-                        log.write(line + "\n")
-                        log.flush()
-                    if on_line:
-                        on_line(line)
-                rc = proc.wait()
+                # stopped from another thread (signals.Stop), it is ended as stop_group() begins: SIGTERM
+                with signals.while_running(lambda: _signal_group(proc, signal.SIGTERM)):
+                    for raw in proc.stdout:
+                        line = raw.rstrip("\n")
+                        lines.append(line)
+                        if log:
+                            log.write(line + "\n")
+                            log.flush()
+                        if on_line:
+                            on_line(line)
+                    rc = proc.wait()
+                signals.checkpoint()
             except BaseException:
                 stop_group(proc)
                 raise
         return BuildResult(rc, "\n".join(lines) + ("\n" if lines else ""))
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from stackforge import signals
+
 MiB = 1 << 20
 #: what one stream of a program may print before it is stopped
 OUTPUT_LIMIT = 64 * MiB
@@ -65,8 +67,10 @@ def run(
 ) -> Finished:
     """Run ``argv`` (in its own process group) for at most ``timeout`` seconds, keeping at most ``limit`` bytes of
     each of its streams (``merge``: stderr goes into stdout). Over either bound the whole group is killed and
-    :attr:`Finished.stopped` says which. ``FileNotFoundError`` (no such program) is raised as is."""
+    :attr:`Finished.stopped` says which. ``FileNotFoundError`` (no such program) is raised as is. In a thread whose
+    work is stopped (:class:`stackforge.signals.Stop`), the group is killed and ``Interrupted`` raised."""
     data = input.encode() if isinstance(input, str) else input
+    signals.checkpoint()  # stopped work starts nothing new
     proc = subprocess.Popen(
         list(argv),
         stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
@@ -109,7 +113,9 @@ def run(
         t.start()
     stopped: str | None = None
     try:
-        proc.wait(timeout=timeout)
+        with signals.while_running(lambda: _kill(proc)):
+            proc.wait(timeout=timeout)
+        signals.checkpoint()
     except subprocess.TimeoutExpired:
         stopped = "timeout"
         _kill(proc)

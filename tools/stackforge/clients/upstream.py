@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from packaging.utils import canonicalize_name
 
-from stackforge import netread, progress
+from stackforge import fslock, netread, progress
 from stackforge.clients.git import git, rev_parse
 from stackforge.clients.index import IndexClient, IndexQueryError
 from stackforge.clients.workspace import Workspace
@@ -245,15 +245,22 @@ def fetch_upstream(
                 fix="run once with network access, or drop --offline",
             )
     elif reuse and _holds_pin(mirror, tag, commit):
-        progress.note(
-            f"{label or redact(url)} {tag or commit[:12]}: the pinned commit is in the cache "
-            "(not fetched; --refresh fetches anyway)"
-        )
+        _in_cache(label or redact(url), tag or commit[:12])
     else:
-        with progress.step(f"fetch {label or redact(url)} {tag or commit[:12]} (git)"):
-            _update_mirror(mirror, url, commit, auth_env, credential)
+        # one fetch of a mirror at a time (another stackforge, another platform's build of this one): a second one
+        # waits, then finds what the first fetched
+        with fslock.entry_lock(mirror, f"the mirror of {redact(url)}"):
+            if reuse and _holds_pin(mirror, tag, commit):
+                _in_cache(label or redact(url), tag or commit[:12])
+            else:
+                with progress.step(f"fetch {label or redact(url)} {tag or commit[:12]} (git)"):
+                    _update_mirror(mirror, url, commit, auth_env, credential)
     verify_pin(mirror, url, tag, commit)
     return mirror
+
+
+def _in_cache(what: str, pin: str) -> None:
+    progress.note(f"{what} {pin}: the pinned commit is in the cache (not fetched; --refresh fetches anyway)")
 
 
 def _holds_pin(mirror: Path, tag: str | None, commit: str) -> bool:
@@ -521,14 +528,32 @@ def fetch_sdist(
             fix="set sdist.sha256 to the file's 64-hex sha256",
         )
     cache = Path(cache_dir) / "sdist" / expected
-    if cache.is_dir():
-        for f in cache.glob("*.tar.gz"):
-            if hashlib.sha256(f.read_bytes()).hexdigest() == expected:
-                return f
+    found = _cached_sdist(cache, expected)
+    if found is not None:
+        return found
     if offline:
         raise UserError(
             f"sdist {name}=={version} is not cached and offline mode is on", fix="run once with network access"
         )
+    # one download of a file at a time (another stackforge, another platform's build of this one): a second one
+    # waits, then finds what the first downloaded
+    with fslock.entry_lock(cache, f"sdist {name}=={version}"):
+        found = _cached_sdist(cache, expected)
+        return found if found is not None else _fetch_sdist(sdist, cache, expected, workspace, credential)
+
+
+def _cached_sdist(cache: Path, expected: str) -> Path | None:
+    if cache.is_dir():
+        for f in cache.glob("*.tar.gz"):
+            if hashlib.sha256(f.read_bytes()).hexdigest() == expected:
+                return f
+    return None
+
+
+def _fetch_sdist(
+    sdist: SdistSpec, cache: Path, expected: str, workspace: Workspace | None, credential: Credential | None
+) -> Path:
+    name, version = str(sdist.name), str(sdist.version)
     url, client = find_sdist(sdist_index_url(sdist), name, version, workspace, credential)
     out = cache / sdist_file_name(url, name, version)
     try:

@@ -20,10 +20,16 @@ the stack's tag scheme; :func:`newest_published` does it with no checkout, readi
 from __future__ import annotations
 
 import re
+import signal
+import sys
 import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stackforge import signals
 from stackforge.builder.context import embed
 from stackforge.builder.context.embed import load_embedded
 from stackforge.builder.plan.plan import LABEL_NS
@@ -56,6 +62,15 @@ VERIFY_SECONDS = 60.0
 PLATFORM = re.compile(r"[a-z0-9]{1,16}/[a-z0-9_]{1,16}(?:/[a-z0-9]{1,8})?")
 #: ``uname -m`` names of OCI architectures: --platform aarch64 picks linux/arm64
 ARCH_ALIASES = {"aarch64": "arm64", "x86_64": "amd64"}
+#: the platforms of one index checked at once, at most. What runs at once is the engine's: each platform pulls its
+#: image, runs its checks in containers and with --rebuild a clean build with cache mounts of its own (as much disk
+#: as its downloads and compiles). The case it is for is two (the host's own line beside one under emulation, the
+#: host's compiles and downloads beside the emulated ones); an index of more shares one engine's cores and disk
+#: among four at most, the rest waiting their turn, and four threads are few enough for any host.
+PLATFORMS_AT_ONCE = 4
+#: how often the thread that waits for the platforms looks for a signal at the latest (see :func:`each_platform`)
+SIGNAL_POLL = 0.25
+_ECHO = threading.Lock()
 
 
 def _tags(client: RegistryClient) -> list[str]:
@@ -182,17 +197,87 @@ def verify_ref(
     if asked is not None and not chosen:
         v.add(False, f"platform {asked}: the index holds no image for it ({listed}); pick one with --platform")
         return v
-    for name, digest in chosen:
+    at_once = len(chosen) > 1
+
+    def check(name: str, digest: str) -> Verification:
+        # at once, each build's BuildKit log on stderr says whose it is (two builds' step numbers meet there)
+        echo = _prefixed(name) if at_once and rebuild_from is not None else None
+        return _verify_image(f"{repo}@{digest}", engine, policy, key, rebuild_from, client, digest,
+                             client.get_manifest(digest), index=(manifest.digest, name), echo=echo)  # fmt: skip
+
+    for (name, digest), one in zip(chosen, each_platform(chosen, check)):
         v.add(True, f"platform {name} {repo}@{digest}")
-        one = _verify_image(f"{repo}@{digest}", engine, policy, key, rebuild_from, client, digest,
-                            client.get_manifest(digest), index=(manifest.digest, name))  # fmt: skip
         v.lines.extend(one.lines)
         v.failed += one.failed
-        v.stack = one.stack
+        v.stack = one.stack  # the index's last platform's, as its lines are the last
         v.record_tests, v.record_smoke = one.record_tests, one.record_smoke
         if len(chosen) == 1:
             v.image = one.image  # what `pull` tags: the platform's image
     return v
+
+
+def each_platform(chosen: list[tuple[str, str]], check: Callable[[str, str], Verification]) -> list[Verification]:
+    """``check(platform, digest)`` of every chosen platform of an index, at once (at most
+    :data:`PLATFORMS_AT_ONCE`, one thread each), the results in the index's order, however they finish.
+
+    Each platform's check is whole in its own thread: its pull, checks and rebuild (its own scratch repository,
+    build directory, clean cache mounts and local tag; ``flows/rebuild.py``), its lines in its own
+    :class:`Verification`. A failing check is lines like any other. An exception in one (a UserError, a failed
+    rebuild, a bug) stops the others as an interrupt would (their builds and commands ended, their tags put back),
+    then the first of the index's order is raised, as it was when the platforms ran one after the other. An
+    interrupt of this thread (SIGINT, SIGTERM) stops them the same way (:class:`stackforge.signals.Stop`: signal
+    handlers run in the main thread only) and is raised with what each one's unwinding noted. No thread is left
+    running either way."""
+    if len(chosen) == 1:
+        return [check(*chosen[0])]
+    stop = signals.Stop()
+
+    def run(name: str, digest: str) -> Verification:
+        with signals.stoppable(stop):
+            return check(name, digest)
+
+    pool = ThreadPoolExecutor(max_workers=min(len(chosen), PLATFORMS_AT_ONCE), thread_name_prefix="verify-platform")
+    futures: list[Future[Verification]] = []
+    try:
+        futures += [pool.submit(run, name, digest) for name, digest in chosen]
+        pending: set[Future[Verification]] = set(futures)
+        while pending:
+            # SIGINT/SIGTERM may be taken by any thread of the process, and Python runs the handler in this one
+            # only when it next runs Python code, which a wait with no end may never do: this wait ends every
+            # SIGNAL_POLL seconds
+            done, pending = wait(pending, timeout=SIGNAL_POLL, return_when=FIRST_EXCEPTION)
+            if any(f.exception() is not None for f in done):
+                stop.stop(signal.SIGTERM)  # the others end as a SIGTERM would end them
+                break
+    except BaseException as exc:  # interrupted while waiting (Interrupted; KeyboardInterrupt without handlers)
+        stop.stop(exc.signum if isinstance(exc, signals.Interrupted) else signal.SIGINT)
+        pool.shutdown(wait=True, cancel_futures=True)
+        if isinstance(exc, signals.Interrupted):
+            for (name, _), future in zip(chosen, futures):
+                err = None if future.cancelled() else future.exception()
+                if isinstance(err, signals.Interrupted):
+                    exc.notes.extend(f"{name}: {note}" for note in err.notes)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    errors = [f.exception() for f in futures if not f.cancelled()]
+    first = next((e for e in errors if e is not None and not isinstance(e, signals.Interrupted)), None)
+    if first is None:
+        first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return [f.result() for f in futures]
+
+
+def _prefixed(platform: str) -> Callable[[str], None]:
+    """A build's BuildKit lines on stderr, each after ``platform``, written whole."""
+
+    def echo(line: str) -> None:
+        with _ECHO:
+            sys.stderr.write(f"{platform} {line}\n")
+            sys.stderr.flush()
+
+    return echo
 
 
 def _config_digest(manifest: Any) -> str | None:
@@ -215,9 +300,10 @@ def _verify_image(
     reference: str,
     manifest: Any,
     index: tuple[str, str] | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> Verification:
     """:func:`verify_ref` of one image manifest; ``index``: (digest, platform) of the index it was reached through,
-    whose tag the record names."""
+    whose tag the record names; ``echo``: where a rebuild's BuildKit lines go (default: stderr)."""
     repo, _ = split_ref(ref)
     v = Verification(ref, "?")
     if manifest is None:
@@ -290,7 +376,7 @@ def _verify_image(
     if rebuild_from is not None:
         from stackforge.flows.rebuild import rebuild
 
-        for ok, line in rebuild(rec, rebuild_from, client, digest, manifest.json(), engine):
+        for ok, line in rebuild(rec, rebuild_from, client, digest, manifest.json(), engine, echo=echo):
             v.add(ok, line)
     return v
 

@@ -12,7 +12,11 @@ anything. Then:
   compared with the published layer read from the engine's layer store after the pull (``publish/layerdiff.py``):
   the first file and field (type, content, link, mode, owner, time) that differ; then the first config key.
 
-The local tag the record's stack names is put back as it was; the rebuilt image is removed.
+The local tag the record's stack names is put back as it was, whether the rebuild compared, failed or was
+interrupted; the rebuilt image is removed. Rebuilds in one process that would move the same local tag (two images
+of an index whose stack has no line of the second one's platform: both rebuild as written) take turns; those of
+different tags (an index's lines: the arm64 line's ends in ``-arm64``) run at once, each in its own scratch
+repository, build directory and cache mounts.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import io
 import json
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,15 +103,29 @@ def rebuild(
         except UserError:
             pass  # a stack without a line of that platform rebuilds as written; the comparison says what differs
         ref = target_ref(loaded, rec.target)
-        before = engine.image_id(ref)
         opts = BuildOptions(target=rec.target, no_cache=no_cache, out=work / "build", keep_builds=1)
-        outcome = build(loaded, opts, engine=engine, echo=echo)
-        try:
-            image = DockerImage(ref, engine, image_id=outcome.image_id)
-            prepared = image.prepare(work / "prepare", compression=_codec(manifest), log=lambda *a, **k: None)
-            return compare(prepared, digest, manifest, config, engine, built_on=rec.image_store)
-        finally:
-            _restore(engine, ref, before, outcome.image_id)
+        with tag_lock(ref):
+            before = engine.image_id(ref)
+            rebuilt: str | None = None
+            try:
+                outcome = build(loaded, opts, engine=engine, echo=echo)
+                rebuilt = outcome.image_id
+                image = DockerImage(ref, engine, image_id=outcome.image_id)
+                prepared = image.prepare(work / "prepare", compression=_codec(manifest), log=lambda *a, **k: None)
+                return compare(prepared, digest, manifest, config, engine, built_on=rec.image_store)
+            finally:
+                # a failed or interrupted build has dropped a tag it moved; the one before is put back
+                _restore(engine, ref, before, rebuilt)
+
+
+_tag_locks: dict[str, threading.Lock] = {}
+_tag_locks_guard = threading.Lock()
+
+
+def tag_lock(ref: str) -> threading.Lock:
+    """The lock a rebuild of this process holds while it moves the local tag ``ref`` and puts it back."""
+    with _tag_locks_guard:
+        return _tag_locks.setdefault(ref, threading.Lock())
 
 
 def _codec(manifest: dict[str, Any]) -> str:
