@@ -77,7 +77,7 @@ class Stop:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.signum: int | None = None
-        self._enders: dict[object, Callable[[], None]] = {}
+        self._enders: dict[object, Callable[[], object]] = {}
         self._raised: set[int] = set()  # threads that have raised it: their unwinding runs on
 
     def stop(self, signum: int) -> None:
@@ -101,7 +101,7 @@ class Stop:
         raise Interrupted(signum)
 
     @contextmanager
-    def running(self, end: Callable[[], None]) -> Iterator[None]:
+    def running(self, end: Callable[[], object]) -> Iterator[None]:
         """A process runs in this block: ``end()`` (which must not raise) ends it if the work is stopped meanwhile;
         stopped already, this raises at once (the process was just started: its caller ends it)."""
         key = object()
@@ -138,7 +138,7 @@ def checkpoint() -> None:
 
 
 @contextmanager
-def while_running(end: Callable[[], None]) -> Iterator[None]:
+def while_running(end: Callable[[], object]) -> Iterator[None]:
     """A process runs in this block; under a :class:`Stop`, ``end()`` ends it when the work is stopped (see
     :meth:`Stop.running`). In the main thread, or any thread not under one, this does nothing."""
     stop: Stop | None = getattr(_local, "stop", None)

@@ -899,30 +899,27 @@ class Engine:
         return BuildResult(rc, "\n".join(lines) + ("\n" if lines else ""))
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _signal_group(proc: subprocess.Popen, sig: int) -> bool:
+    """Send ``sig`` to ``proc``'s process group; False when the group is gone (or not ours to signal)."""
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+    return True
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """End ``proc`` and its process group (started with ``start_new_session``): SIGTERM first, so
     buildx cancels the build in BuildKit, then SIGKILL after ``grace`` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
+        if not _signal_group(proc, sig):
             break
         try:
             proc.wait(timeout=grace)
             break
         except subprocess.TimeoutExpired:
             continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # anything of the group still running after the leader exited
-    except (ProcessLookupError, PermissionError):
-        pass
+    _signal_group(proc, signal.SIGKILL)  # anything of the group still running after the leader exited
     proc.wait()
 
 
