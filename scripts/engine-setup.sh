@@ -9,13 +9,16 @@
 # Environment:
 #   STACKFORGE_DOCKERD_LOG   dockerd log file (default /var/log/stackforge-dockerd.log)
 #   STACKFORGE_DOCKERD_WAIT  seconds to wait for the daemon (default 60)
-#   STACKFORGE_BUILDX_SUITE  Debian suite that provides docker-buildx (default trixie)
+#   STACKFORGE_BUILDX_SUITE  Debian suite that provides docker-buildx (default: STACKFORGE_ENGINE_SUITE)
 #   STACKFORGE_ENGINE        modern (default): when no daemon is running and the installed dockerd is
-#                            older than Docker 25, install Debian trixie's docker.io (Docker 26,
-#                            BuildKit 0.13: RUN --network=none, SOURCE_DATE_EPOCH) in its place.
+#                            older than Docker 27, install Debian trixie-backports' docker.io (Docker 28,
+#                            with docker-cli, docker-buildx and tini-static of the same suite) in its place.
+#                            Docker 27 is the first whose BuildKit (0.14+) records a build's history without
+#                            walking every cache key linked to its result (moby/buildkit#4976): on Docker 26
+#                            a fully cached build of a big stack waited 77-115 s after its last step for that.
 #                            A daemon that is already running is used as it is (say modern! to
 #                            replace it anyway). host: never replace the installed engine.
-#   STACKFORGE_ENGINE_SUITE  Debian suite that provides the modern docker.io (default trixie)
+#   STACKFORGE_ENGINE_SUITE  Debian suite that provides the modern docker.io (default trixie-backports)
 #   STACKFORGE_EMULATE       foreign platforms to run under emulation (default arm64; none: leave binfmt alone):
 #                            as root on Debian, mounts binfmt_misc when it is not, installs qemu-user-static and
 #                            binfmt-support from Debian and registers the handler, so BuildKit builds and runs
@@ -33,10 +36,10 @@ set -euo pipefail
 
 DOCKERD_LOG=${STACKFORGE_DOCKERD_LOG:-/var/log/stackforge-dockerd.log}
 DOCKERD_WAIT=${STACKFORGE_DOCKERD_WAIT:-60}
-BUILDX_SUITE=${STACKFORGE_BUILDX_SUITE:-trixie}
 ENGINE=${STACKFORGE_ENGINE:-modern}
-ENGINE_SUITE=${STACKFORGE_ENGINE_SUITE:-trixie}
-ENGINE_MIN_MAJOR=25
+ENGINE_SUITE=${STACKFORGE_ENGINE_SUITE:-trixie-backports}
+BUILDX_SUITE=${STACKFORGE_BUILDX_SUITE:-$ENGINE_SUITE}
+ENGINE_MIN_MAJOR=27
 case "$ENGINE" in modern|modern!|host) ;; *) printf 'engine-setup: error: STACKFORGE_ENGINE=%s: use modern, modern! or host\n' "$ENGINE" >&2; exit 2;; esac
 DEBIAN_MIRROR=${STACKFORGE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
@@ -187,7 +190,7 @@ if command -v docker >/dev/null 2>&1 && docker_ok && buildx_ok && [ -z "$(missin
     second_store_engine
     major=$(docker version --format '{{.Server.Version}}' 2>/dev/null | cut -d. -f1)
     if [ "${major:-0}" -lt "$ENGINE_MIN_MAJOR" ] 2>/dev/null; then
-        say "note: this engine predates Docker $ENGINE_MIN_MAJOR (no RUN --network=none, no SOURCE_DATE_EPOCH); STACKFORGE_ENGINE=modern! replaces it"
+        say "note: this engine predates Docker $ENGINE_MIN_MAJOR (before 25: no RUN --network=none, no SOURCE_DATE_EPOCH; before 27: every build's history record walks the cache, minutes on a big cached build); STACKFORGE_ENGINE=modern! replaces it"
     fi
     exit 0
 fi
@@ -269,8 +272,10 @@ fetch_debs() {
 }
 
 if wants_modern; then
-    # Debian trixie's docker.io (Docker 26, BuildKit 0.13) runs on bookworm: its dependencies
-    # (containerd, runc, tini, iptables, sysvinit-utils) are all met by bookworm's packages.
+    # Debian trixie-backports' docker.io (Docker 28) runs on bookworm: its dependencies (containerd >= 1.4,
+    # runc, iptables, sysvinit-utils, systemd's sysusers, libc6 >= 2.34) are met by bookworm's packages, and
+    # tini-static comes from the same suite (it replaces bookworm's tini). Since Docker 27.5 the client is
+    # its own package (docker-cli), and buildx comes along so client, plugin and daemon match.
     if docker_ok; then
         say "stopping the running dockerd $(docker version --format '{{.Server.Version}}' 2>/dev/null) to replace it"
         pkill -x dockerd || true
@@ -278,11 +283,12 @@ if wants_modern; then
     fi
     say "fetching docker.io from Debian $ENGINE_SUITE (installed dockerd: $(dockerd --version 2>/dev/null || echo none))"
     t0=$SECONDS
-    deb=$(fetch_debs "$ENGINE_SUITE" docker.io)
+    mapfile -t debs < <(fetch_debs "$ENGINE_SUITE" docker.io docker-cli docker-buildx tini-static)
+    [ ${#debs[@]} -eq 4 ] || die "could not download docker.io, docker-cli, docker-buildx and tini-static from $DEBIAN_MIRROR $ENGINE_SUITE"
     apt_update_once
-    apt-get install -y -qq --no-install-recommends "$deb" >/dev/null \
-        || die "could not install $(basename "$deb") (STACKFORGE_ENGINE=host keeps the installed engine)"
-    say "installed $(basename "$deb") in $((SECONDS - t0)) s: $(dockerd --version)"
+    apt-get install -y -qq --no-install-recommends "${debs[@]}" >/dev/null \
+        || die "could not install $(basename -a "${debs[@]}" | tr '\n' ' ')(STACKFORGE_ENGINE=host keeps the installed engine; STACKFORGE_ENGINE_SUITE names another suite)"
+    say "installed $(basename -a "${debs[@]}" | tr '\n' ' ')in $((SECONDS - t0)) s: $(dockerd --version)"
 fi
 
 if ! buildx_ok; then
