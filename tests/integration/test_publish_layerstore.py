@@ -1,9 +1,10 @@
 """Layers rebuilt from the engine's overlay2 layer store are the bytes `docker save` exports, and a layer the
 store cannot rebuild exactly sends the publish back to `docker save`.
 
-One image, built by the engine on the Debian rootfs: a COPY layer with a non-UTF-8 name, a name over 100
-bytes, a 3 MiB random file, an empty file and a symlink; a RUN layer with a whiteout (a deleted file of the
-base), an opaque directory, a hard link, a setuid file and a FIFO.
+One image, built by the engine on the Debian rootfs: a COPY layer with a name over 100 bytes, a 3 MiB random
+file, an empty file and a symlink; a RUN layer with a non-UTF-8 name, a whiteout (a deleted file of the base), an
+opaque directory, a hard link, a setuid file and a FIFO. (The non-UTF-8 name is made by the RUN step: BuildKit 0.14
+and later refuse one in a build context, their gRPC messages carrying file names as UTF-8 strings.)
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ def write_context(ctx: Path, base: str) -> Path:
     """The test image's build context on ``base``."""
     files = ctx / "files"
     files.mkdir()
-    (files / os.fsdecode(b"caf\xe9-latin1.txt")).write_bytes(b"not a UTF-8 name\n")
     (files / ("long-name-" * 15 + ".txt")).write_text("over 100 bytes: a PAX header\n")
     (files / "big.bin").write_bytes(os.urandom(3 << 20))
     (files / "empty").write_bytes(b"")
@@ -69,6 +69,7 @@ def write_context(ctx: Path, base: str) -> Path:
         "COPY files /srv/files\n"
         "COPY records /stackforge\n"
         "RUN rm /etc/issue && rm -rf /etc/apt && mkdir /etc/apt && echo new > /etc/apt/sources.list"
+        " && printf 'not a UTF-8 name\\n' > \"$(printf '/srv/files/caf\\351-latin1.txt')\""
         " && ln /srv/files/big.bin /srv/hard && cp /bin/true /srv/suid && chmod 4755 /srv/suid"
         " && mkfifo /srv/fifo && rm -r /stackforge/targets/b && echo late >> /stackforge/gate/result.txt\n"
     )

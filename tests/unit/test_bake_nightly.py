@@ -112,6 +112,44 @@ def test_bake_command():
         "/w/m.json",
     ]
     assert bake_command(Path("p.json"))[:3] == ["docker", "buildx", "bake"]
+    granted = bake_command(Path("p.json"), reads=[Path("/w/ctx"), "/tmp/s/netrc"])
+    assert granted[3:] == [
+        "--file",
+        "p.json",
+        "--progress=plain",
+        "--allow=fs.read=/w/ctx",
+        "--allow=fs.read=/tmp/s/netrc",
+    ]
+
+
+def test_a_target_reads_its_context_dockerfile_secrets_and_named_contexts(tmp_path):
+    ctx, secret, named = tmp_path / "ctx", tmp_path / "s" / "netrc", tmp_path / "named"
+    for d in (ctx, named, secret.parent):
+        d.mkdir()
+    (ctx / "Dockerfile").write_text("FROM x\n")
+    secret.write_text("machine x\n")
+    target = item(context=ctx, dockerfile=ctx / "Dockerfile", secrets=[("netrc", str(secret)), ("gone", str(tmp_path / "no"))],
+                  contexts={"cabundle": str(named), "later": bakemod.SECRET_PLACEHOLDER})  # fmt: skip
+    assert target.reads() == [str(ctx), str(ctx / "Dockerfile"), str(secret), str(named)]
+
+
+@pytest.mark.parametrize(
+    ("buildx", "granted"), [("0.29.1+ds1", True), ("0.19.0", True), ("0.18.0", False), ("0.13.1+ds1", False)]
+)
+def test_the_engine_grants_a_bake_its_reads_only_where_buildx_checks_them(monkeypatch, buildx, granted):
+    from stackforge.clients.engine import BuildResult, Engine
+
+    engine, seen = Engine(), []
+
+    def stream(cmd, **kw):
+        seen.append(cmd)
+        return BuildResult(0, "")
+
+    monkeypatch.setattr(engine, "buildx_version", lambda: buildx)
+    monkeypatch.setattr(engine, "stream", stream)
+    engine.bake(Path("/w/bake.json"), reads=["/w/ctx"])
+    assert ("--allow=fs.read=/w/ctx" in seen[0]) is granted
+    assert not any(a.startswith("--allow") for a in seen[0]) or granted
 
 
 def test_stack_targets(root):
@@ -375,7 +413,7 @@ def test_an_interrupted_bake_ends_its_log_with_the_signal_and_says_where_it_is(t
     from stackforge.signals import Interrupted
 
     class InterruptedEngine:
-        def bake(self, plan_file, *, no_cache=False, metadata_file=None, on_line=None, log_file=None):
+        def bake(self, plan_file, *, no_cache=False, metadata_file=None, on_line=None, log_file=None, reads=()):
             log_file.write_text("#1 building\n")
             raise Interrupted(signal.SIGINT)
 

@@ -56,6 +56,9 @@ RUN_NETWORK_BUILDKIT = (0, 11)
 #: First BuildKit whose built-in Dockerfile frontend (1.4) takes named build contexts (``--build-context``,
 #: ``RUN --mount=type=bind,from=NAME``).
 NAMED_CONTEXT_BUILDKIT = (0, 10)
+#: First buildx whose ``bake`` checks the files a bake definition reads outside the working directory (a warning
+#: in 0.19, refused from 0.20 unless each is granted with ``--allow=fs.read=PATH``); older ones refuse that flag.
+BAKE_READS_BUILDX = (0, 19)
 #: BuildKit embedded in each Docker Engine major release, for the ``docker`` driver when the builder reports
 #: no usable version (distribution builds, e.g. Debian's, say ``v0.0.0+unknown``).
 DOCKER_EMBEDDED_BUILDKIT = {20: (0, 8), 23: (0, 11), 24: (0, 12), 25: (0, 12), 26: (0, 13), 27: (0, 15), 28: (0, 20)}
@@ -264,12 +267,15 @@ def bake_command(
     metadata_file: str | os.PathLike[str] | None = None,
     targets: Sequence[str] | None = None,
     docker: str = "docker",
+    reads: Sequence[str | os.PathLike[str]] = (),
 ) -> list[str]:
-    """The ``docker buildx bake`` argv of a bake file (``targets``: the ones to build, default all)."""
+    """The ``docker buildx bake`` argv of a bake file (``targets``: the ones to build, default all; ``reads``: the
+    files and directories it may read, each granted by its own ``--allow=fs.read``)."""
     cmd = [docker, "buildx"]
     if builder:
         cmd += ["--builder", builder]
     cmd += ["bake", "--file", os.fspath(plan_file), "--progress=plain"]
+    cmd += [f"--allow=fs.read={os.fspath(path)}" for path in reads]
     if no_cache:
         cmd.append("--no-cache")
     if metadata_file is not None:
@@ -827,9 +833,12 @@ class Engine:
         targets: Sequence[str] | None = None,
         on_line: Callable[[str], None] | None = None,
         log_file: str | os.PathLike[str] | None = None,
+        reads: Sequence[str | os.PathLike[str]] = (),
     ) -> BuildResult:
         """``docker buildx bake`` of a bake file with this engine's builder, streamed as :meth:`build` streams;
-        a failing bake is not raised."""
+        a failing bake is not raised. ``reads``: the contexts, Dockerfiles and secret files the definition names,
+        granted to a buildx that checks them (and not named to one that would refuse the flag)."""
+        grant = reads if parse_version(self.buildx_version()) >= BAKE_READS_BUILDX else ()
         cmd = bake_command(
             plan_file,
             builder=self.builder,
@@ -837,6 +846,7 @@ class Engine:
             metadata_file=metadata_file,
             targets=targets,
             docker=self.docker,
+            reads=grant,
         )
         return self.stream(cmd, on_line=on_line, log_file=log_file)
 

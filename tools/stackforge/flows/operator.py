@@ -19,6 +19,7 @@ the stack's tag scheme; :func:`newest_published` does it with no checkout, readi
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import sys
@@ -34,8 +35,8 @@ from stackforge.builder.context import embed
 from stackforge.builder.context.embed import load_embedded
 from stackforge.builder.plan.plan import LABEL_NS
 from stackforge.builder.records import sbom
-from stackforge.builder.run.verify import Verification, image_config, line_of, verify
-from stackforge.clients.engine import image_files, labels_of
+from stackforge.builder.run.verify import Verification, line_of, verify
+from stackforge.clients.engine import config_of, image_files, labels_of
 from stackforge.clients.registry import (
     DOCKER_MANIFEST_LIST,
     OCI_INDEX,
@@ -122,9 +123,44 @@ def _pull(engine: Engine, pinned: str) -> None:
                         fix="check the registry is reachable from the engine (a loopback registry is insecure-allowed)")  # fmt: skip
 
 
-def _labels(engine: Engine, image: str) -> tuple[dict[str, str], str]:
-    attrs = engine.image_attrs(image)
-    return labels_of(attrs), str(attrs.get("Id"))
+#: an image config read from the registry when the engine does not describe the pulled image
+CONFIG_LIMIT = 4 << 20
+
+
+def _described(engine: Engine, pinned: str, manifest: Any, client: RegistryClient, v: Verification) -> dict[str, Any]:
+    """What the engine says of the pulled image ``pinned`` (``docker image inspect``). The containerd image store of
+    Docker 28 names a pulled image by its manifest, and reports no platform and no config for a manifest whose
+    layers it did not fetch; it fetches none when it holds their snapshots already under another manifest (the
+    image built here, published with layers of its own compression). Then the config blob the manifest names, read
+    from the registry with its digest and size checked (the bytes the engine holds under that digest), stands for
+    the engine's description, and a note says so."""
+    attrs = engine.image_attrs(pinned)
+    if attrs.get("Id") != manifest.digest or attrs.get("Os") or attrs.get("Architecture"):
+        return attrs
+    try:
+        config = manifest.json().get("config") or {}
+        blob = client.get_blob(config["digest"], max_bytes=CONFIG_LIMIT, size=int(config["size"]))
+        doc = json.loads(blob)
+    except (RegistryError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        v.add(False, f"image   the engine reports no config for {manifest.digest}, and the registry's cannot be read: "
+              f"{printable(exc)}")  # fmt: skip
+        return attrs
+    if not isinstance(doc, dict):
+        v.add(False, f"image   the config blob {config['digest']} is not a JSON object")
+        return attrs
+    v.lines.append(f"note    the engine reports no config for {manifest.digest} (the containerd image store fetched none "
+                   f"of its layers, holding their snapshots already): labels and config read from its config blob "
+                   f"{config['digest']}")  # fmt: skip
+    rootfs = doc.get("rootfs")
+    return {
+        **attrs,
+        "Config": doc.get("config") if isinstance(doc.get("config"), dict) else {},
+        "Os": doc.get("os"),
+        "Architecture": doc.get("architecture"),
+        "Variant": doc.get("variant"),
+        "Created": doc.get("created"),
+        "RootFS": {"Type": "layers", "Layers": rootfs.get("diff_ids") if isinstance(rootfs, dict) else []},
+    }
 
 
 def host_platform(engine: Engine) -> str:
@@ -322,7 +358,8 @@ def _verify_image(
         return v
     pinned = f"{repo}@{digest}"
     _pull(engine, pinned)
-    labels, image_id = _labels(engine, pinned)
+    attrs = _described(engine, pinned, manifest, client, v)
+    labels, image_id = labels_of(attrs), str(attrs.get("Id"))
     if image_id == digest and image_id != rec.image_id:
         # the containerd image store names a pulled image by its manifest's digest: its config is the image id
         config = _config_digest(manifest)
@@ -369,8 +406,8 @@ def _verify_image(
     if v.failed:
         return v
     with tempfile.TemporaryDirectory(prefix="stackforge-verify-") as tmp:
-        loaded = line_of(load_embedded(files, rec.stack, Path(tmp)), engine, pinned)
-        checked = verify(loaded, pinned, labels, engine, image_config(engine, pinned))
+        loaded = line_of(load_embedded(files, rec.stack, Path(tmp)), engine, pinned, attrs)
+        checked = verify(loaded, pinned, labels, engine, config_of(attrs))
     v.lines.extend(checked.lines)
     v.failed += checked.failed
     if rebuild_from is not None:

@@ -76,6 +76,12 @@ class BakeTarget:
             d.update(cache.for_target(self.name).bake_fields())
         return d
 
+    def reads(self) -> list[str]:
+        """The host paths the engine reads for this target: its context, Dockerfile, secret files and named
+        contexts (placeholders left out)."""
+        found = [str(self.context), str(self.dockerfile), *(src for _, src in self.secrets), *self.contexts.values()]
+        return [path for path in found if os.path.isabs(path) and os.path.exists(path)]
+
 
 def target_name(stack: str, target: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", f"{stack}-{target}")
@@ -211,8 +217,9 @@ def run(
     log_file.unlink(missing_ok=True)
     started = time.monotonic()
     try:
+        reads = list(dict.fromkeys(path for i in items for path in i.reads()))
         rc = engine.bake(
-            plan_file, no_cache=no_cache, metadata_file=metadata_file, on_line=on_line, log_file=log_file
+            plan_file, no_cache=no_cache, metadata_file=metadata_file, on_line=on_line, log_file=log_file, reads=reads
         ).returncode
     except Interrupted as intr:
         # The engine's process group is already stopped; the log ends with what stopped it.

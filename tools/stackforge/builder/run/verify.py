@@ -9,6 +9,7 @@ dependency gate and the ABI check run again inside the image, with a read-only r
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -194,11 +195,12 @@ def image_config(engine: Engine, image: str) -> dict[str, Any]:
     return engine.image_config(image)
 
 
-def line_of(loaded: ResolvedStack, engine: Engine, image: str) -> ResolvedStack:
-    """The platform line of ``loaded`` the image was built for (by its config's OS and architecture): an arm64 image
-    is checked against the arm64 line's pins, fingerprint and machine. A stack with no line of that platform is
-    checked as it is: its fingerprint and gate say the image is not its."""
-    os_name, arch, _ = platform_of(engine.image_attrs(image))
+def line_of(loaded: ResolvedStack, engine: Engine, image: str, attrs: Mapping[str, Any] | None = None) -> ResolvedStack:
+    """The platform line of ``loaded`` the image was built for (by its config's OS and architecture; ``attrs``: the
+    image's description when the caller holds it): an arm64 image is checked against the arm64 line's pins,
+    fingerprint and machine. A stack with no line of that platform is checked as it is: its fingerprint and gate
+    say the image is not its."""
+    os_name, arch, _ = platform_of(engine.image_attrs(image) if attrs is None else attrs)
     platform = f"{os_name}/{arch}"
     try:
         return loaded.for_platform(platform)
