@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import time
 
 import pytest
@@ -347,6 +348,38 @@ def test_verify_against_a_registry_that_trickles_ends_within_its_budget(monkeypa
             failed = 1
         elapsed = time.monotonic() - started
     assert failed and elapsed < 3.0 + 1.5, elapsed
+
+
+class SlowPullEngine:
+    """An engine whose pull of a big image takes longer than a verify's registry budget, and which describes the
+    image as the record does."""
+
+    def __init__(self, pull_seconds: float, image_id: str) -> None:
+        self.pull_seconds, self.image_id = pull_seconds, image_id
+
+    def pull(self, ref: str, timeout: float):
+        time.sleep(self.pull_seconds)
+        return subprocess.CompletedProcess(["docker", "pull", ref], 0, "", "")
+
+    def image_attrs(self, ref: str) -> dict:
+        return {"Id": self.image_id, "Os": "linux", "Architecture": "amd64", "Config": {"Labels": {}}}
+
+
+def test_the_registry_reads_after_a_long_pull_have_their_own_budget(monkeypatch):
+    """The registry's budget bounds its own answers: the SBOM read after a pull that took longer than the whole
+    budget is read, not refused as late."""
+    monkeypatch.setattr(operator, "VERIFY_SECONDS", 1.0)
+    with StubRegistry() as reg:
+        digest = an_image(reg)
+        body, media = reg.manifests[digest]
+        client = RegistryClient(parse_repository(f"{reg.address}/{REPO}"), policy=ONE_TRY)
+        record = PublishRecord.model_validate(a_record(digest))
+        records.attach(
+            client, record, {"mediaType": media, "digest": digest, "size": len(body)}, "2026-09-29T10:00:00Z"
+        )
+        v = operator.verify_ref(f"{reg.address}/{REPO}@{digest}", SlowPullEngine(1.5, record.image_id), ONE_TRY)  # type: ignore[arg-type]
+    assert f"note    no SBOM attached to {digest}" in v.lines, v.lines
+    assert not any("cannot be read" in line or "budget" in line for line in v.lines), v.lines
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlencode, urljoin, urlparse
@@ -473,6 +473,12 @@ class RegistryClient:
         """Make every read operation of this client from now on end within ``seconds`` in all (a verb's reads)."""
         self.until = time.monotonic() + seconds
         return self
+
+    def within(self, seconds: float) -> RegistryClient:
+        """A client of the same repository, session and credentials whose read operations from now on end within
+        ``seconds`` in all: one phase of a verb's reads, the other phases' budgets left as they are (a thread's
+        phase does not move another's)."""
+        return replace(self, until=time.monotonic() + seconds, _local=threading.local())
 
     def _read(self, what: str, url: str, fn: Callable[[], T], seconds: float | None = None) -> T:
         """A read operation: ``fn`` with retries, all of it within ``read_seconds`` (and the policy's total); past

@@ -57,7 +57,10 @@ if TYPE_CHECKING:
 
 PIN = f"{LABEL_NS}.pin."
 OVERLAY = f"{LABEL_NS}.overlay"
-#: every registry read of one ``verify REF`` (manifest, record, tag) ends within this, however slow the registry
+#: each phase of a ``verify REF``'s registry reads ends within this, however slow the registry: the reference and
+#: its index; each image's manifest, record and tag; the reads after its pull (SBOM, overlay, a config the engine
+#: does not describe); a rebuild's config read. A pull or a rebuild between them, minutes for a big image, is not
+#: the registry's time.
 VERIFY_SECONDS = 60.0
 #: an index entry's platform as it is shown and matched (os/architecture[/variant])
 PLATFORM = re.compile(r"[a-z0-9]{1,16}/[a-z0-9_]{1,16}(?:/[a-z0-9]{1,8})?")
@@ -238,8 +241,9 @@ def verify_ref(
     def check(name: str, digest: str) -> Verification:
         # at once, each build's BuildKit log on stderr says whose it is (two builds' step numbers meet there)
         echo = _prefixed(name) if at_once and rebuild_from is not None else None
-        return _verify_image(f"{repo}@{digest}", engine, policy, key, rebuild_from, client, digest,
-                             client.get_manifest(digest), index=(manifest.digest, name), echo=echo)  # fmt: skip
+        own = client.within(VERIFY_SECONDS)  # a platform checked after another's pull has its own budget
+        return _verify_image(f"{repo}@{digest}", engine, policy, key, rebuild_from, own, digest,
+                             own.get_manifest(digest), index=(manifest.digest, name), echo=echo)  # fmt: skip
 
     for (name, digest), one in zip(chosen, each_platform(chosen, check)):
         v.add(True, f"platform {name} {repo}@{digest}")
@@ -358,6 +362,7 @@ def _verify_image(
         return v
     pinned = f"{repo}@{digest}"
     _pull(engine, pinned)
+    client = client.within(VERIFY_SECONDS)  # the reads after the pull
     attrs = _described(engine, pinned, manifest, client, v)
     labels, image_id = labels_of(attrs), str(attrs.get("Id"))
     if image_id == digest and image_id != rec.image_id:
@@ -413,7 +418,8 @@ def _verify_image(
     if rebuild_from is not None:
         from stackforge.flows.rebuild import rebuild
 
-        for ok, line in rebuild(rec, rebuild_from, client, digest, manifest.json(), engine, echo=echo):
+        for ok, line in rebuild(rec, rebuild_from, client.within(VERIFY_SECONDS), digest, manifest.json(), engine,
+                                echo=echo):  # fmt: skip
             v.add(ok, line)
     return v
 
