@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -142,3 +143,32 @@ def test_a_cache_entry_is_made_by_one_thread_at_a_time_and_temporary_files_are_p
     other.start()
     other.join(GUARD)
     assert len(set(names)) == 2 and {n.parent for n in names} == {entry.parent}
+
+
+def test_a_signal_a_pool_thread_took_reaches_the_main_thread_waiting_for_its_future():
+    """The kernel may give a process's signal to any of its threads; Python runs the handler in the main thread when
+    that next runs Python code. The main thread waiting with ``signals.result`` does within its poll: the handler
+    runs while the work still waits for it (a plain ``future.result()`` would wait for the work first, here until
+    the guard)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    handled = threading.Event()
+    main = threading.main_thread().ident
+
+    def work() -> bool:
+        deadline = time.monotonic() + GUARD
+        while getattr(sys._current_frames().get(main), "f_code", None) is None or (
+            sys._current_frames()[main].f_code.co_name != "wait"  # the main thread waits for this work
+        ):
+            assert time.monotonic() < deadline, "the main thread never waited"
+            time.sleep(0.01)
+        time.sleep(0.1)  # from the wait's Python lines into its lock (the test passes at any pace with the poll)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # taken by this thread, not the main one
+        return handled.wait(GUARD)
+
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.set())
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            assert signals.result(pool.submit(work)) is True
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

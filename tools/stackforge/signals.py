@@ -12,7 +12,9 @@ interrupted it calls ``Stop.stop(signum)``, which ends the process groups those 
 pull, any docker or git command started through ``clients``) and makes each of them raise ``Interrupted`` once, as
 a signal would have there: when its stopped process has ended, or when it next starts one (:func:`while_running`,
 :func:`checkpoint`). What a thread runs after that, unwinding (dropping a tag, putting one back), is not stopped,
-as the second signal is ignored in the main thread.
+as the second signal is ignored in the main thread. The main thread itself waits for other threads' work in slices
+(:func:`result`, :data:`POLL`): a signal the kernel gave one of those threads runs its handler only when the main
+thread next runs Python code.
 """
 
 from __future__ import annotations
@@ -20,9 +22,17 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
+from typing import TypeVar
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
+#: how long a wait of the main thread for other threads' work lasts at most before it runs Python code again: a
+#: signal the kernel gave another thread of the process reaches its handler in the main thread only then
+POLL = 0.25
+
+T = TypeVar("T")
 
 
 class Interrupted(BaseException):
@@ -147,3 +157,13 @@ def while_running(end: Callable[[], object]) -> Iterator[None]:
         return
     with stop.running(end):
         yield
+
+
+def result(future: Future[T]) -> T:
+    """``future.result()``, waited for in slices of :data:`POLL`: a wait with no end in the main thread may never run
+    the handler of a signal another thread took (a thread of the pool), so SIGINT would wait for the work."""
+    while True:
+        try:
+            return future.result(timeout=POLL)
+        except FutureTimeout:
+            continue

@@ -73,7 +73,7 @@ ARCH_ALIASES = {"aarch64": "arm64", "x86_64": "amd64"}
 #: among four at most, the rest waiting their turn, and four threads are few enough for any host.
 PLATFORMS_AT_ONCE = 4
 #: how often the thread that waits for the platforms looks for a signal at the latest (see :func:`each_platform`)
-SIGNAL_POLL = 0.25
+SIGNAL_POLL = signals.POLL
 _ECHO = threading.Lock()
 
 

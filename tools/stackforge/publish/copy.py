@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stackforge import progress
+from stackforge import progress, signals
 from stackforge.clients.registry import (
     BLOB_LIMIT,
     DOCKER_MANIFEST,
@@ -470,7 +470,7 @@ class _Writer:
                 done, first = [], None
                 for blob, fut in zip(blobs, futures, strict=True):
                     try:
-                        done.append({"digest": blob.digest, "size": blob.size, "status": fut.result()})
+                        done.append({"digest": blob.digest, "size": blob.size, "status": signals.result(fut)})
                     except Exception as exc:  # the others still finish: a re-run skips them
                         first = first or exc
             finally:  # interrupted: what has not started does not start

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from stackforge import progress
+from stackforge import progress, signals
 from stackforge.clients.registry import RegistryClient
 from stackforge.publish.oci import Blob, LayerCache
 
@@ -95,7 +95,7 @@ class Uploader:
         out: dict[str, str] = {}
         for digest, fut in futures.items():
             try:
-                out[digest] = fut.result()
+                out[digest] = signals.result(fut)
             except BaseException as exc:
                 first = first or exc
         if first is not None:
