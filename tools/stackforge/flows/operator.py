@@ -72,8 +72,6 @@ ARCH_ALIASES = {"aarch64": "arm64", "x86_64": "amd64"}
 #: host's compiles and downloads beside the emulated ones); an index of more shares one engine's cores and disk
 #: among four at most, the rest waiting their turn, and four threads are few enough for any host.
 PLATFORMS_AT_ONCE = 4
-#: how often the thread that waits for the platforms looks for a signal at the latest (see :func:`each_platform`)
-SIGNAL_POLL = signals.POLL
 _ECHO = threading.Lock()
 
 
@@ -284,8 +282,8 @@ def each_platform(chosen: list[tuple[str, str]], check: Callable[[str, str], Ver
         while pending:
             # SIGINT/SIGTERM may be taken by any thread of the process, and Python runs the handler in this one
             # only when it next runs Python code, which a wait with no end may never do: this wait ends every
-            # SIGNAL_POLL seconds
-            done, pending = wait(pending, timeout=SIGNAL_POLL, return_when=FIRST_EXCEPTION)
+            # signals.POLL seconds
+            done, pending = wait(pending, timeout=signals.POLL, return_when=FIRST_EXCEPTION)
             if any(f.exception() is not None for f in done):
                 stop.stop(signal.SIGTERM)  # the others end as a SIGTERM would end them
                 break
