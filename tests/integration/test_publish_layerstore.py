@@ -115,7 +115,7 @@ def test_each_layer_rebuilt_from_the_store_is_the_layer_docker_save_exports(engi
     assert "etc/.wh.issue" in names and "etc/apt/.wh..wh..opq" in names and "srv/fifo" in names
 
 
-def test_publish_export_skips_docker_save_and_matches_it(image, saved, tmp_path):
+def test_publish_export_skips_docker_save_and_matches_it(engine, image, saved, tmp_path):
     log = PushLog()
     from_store = DockerImage(image[0]).prepare(tmp_path / "store", compression="gzip", log=log)
     events = [e["event"] for e in log.events]
@@ -124,6 +124,14 @@ def test_publish_export_skips_docker_save_and_matches_it(image, saved, tmp_path)
     assert from_store.image_id == from_save.image_id == image[1]
     assert [b.digest for b in from_store.layers] == [b.digest for b in from_save.layers]
     assert from_store.digest == from_save.digest
+    # rebuilt largest first (the sizes the store records), the manifest in the image's own order all the same
+    store = layerstore.open_store(engine)
+    diff_ids = json.loads(store.config(image[1]))["rootfs"]["diff_ids"]
+    sizes = [store.layer(d, c).size for d, c in zip(diff_ids, layerstore.chain_ids(diff_ids))]
+    rebuilt = [e["index"] for e in log.events if e["event"] == "layer-rebuilt"]
+    assert sizes[0] > 1 << 20 and sizes[1] >= 3 << 20  # the base's files; the COPY of a 3 MiB file
+    assert rebuilt == sorted(range(len(diff_ids)), key=lambda i: -sizes[i])
+    assert rebuilt != sorted(rebuilt)  # this image's layers are not largest first already (its base's second is)
 
 
 def test_a_layer_the_store_rebuilds_wrong_falls_back_to_docker_save(engine, image, tmp_path, monkeypatch):
@@ -239,6 +247,10 @@ def test_on_the_containerd_store_publish_reads_the_content_store_and_matches_doc
     assert image_id != fast.image_id == from_save.image_id  # the config digest, not the store's name of the image
     assert [b.diff_id for b in fast.layers] == json.loads(fast.config.data or b"")["rootfs"]["diff_ids"]
     assert fast.digest == from_save.digest
+    rebuilt = [e["index"] for e in log.events if e["event"] == "layer-rebuilt"]
+    sizes = [b.size for b in fast.layers]  # ours, where the store's blobs ordered the work: the largest is clear here
+    assert sorted(rebuilt) == list(range(len(fast.layers))) and rebuilt != sorted(rebuilt)
+    assert sizes[rebuilt[0]] == max(sizes)
     # the build records: no layer store to read them from, so a container of the image prints them
     records = imagerecords.read(engine, ref, image_id)
     assert records["result.txt"] == ["PASS import torch version=2.14.1", "late"]

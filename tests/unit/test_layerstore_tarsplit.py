@@ -152,6 +152,18 @@ def test_store_entries_are_checked(tmp_path):
         store.layer(diff_id, chain)
 
 
+def test_a_layer_carries_the_size_the_store_records_and_none_it_cannot_read(tmp_path):
+    """``size`` orders work only: what the store records beside ``diff`` when it is a number, else 0."""
+    store, diff_id, chain = store_with(tmp_path, make_tar({b"srv/x": b"x"}))
+    entry = store.root / "image" / "overlay2" / "layerdb" / "sha256" / chain.split(":")[1]
+    assert store.layer(diff_id, chain).size == 0  # not recorded
+    (entry / "size").write_text("3145728")
+    assert store.layer(diff_id, chain).size == 3145728
+    for bad in ("-5", "many", ""):
+        (entry / "size").write_text(bad)
+        assert store.layer(diff_id, chain).size == 0
+
+
 def test_config_must_hash_to_the_image_id(tmp_path):
     config = b'{"rootfs":{"type":"layers","diff_ids":[]}}'
     content = tmp_path / "image" / "overlay2" / "imagedb" / "content" / "sha256"

@@ -186,3 +186,67 @@ def test_whiteouts_sort_where_the_name_they_delete_would():
         (b"sp", b"pkg", b""),
         (b"sp", b"pkg-1.0.dist-info"),
     ]
+
+
+def _piped_in_thread(produce, path):
+    """Run ``oci._piped`` in a thread, so a hang is a failed test rather than a stuck run: (result, error, stuck)."""
+    import threading
+
+    from stackforge.publish.codec import codec
+    from stackforge.publish.oci import _piped
+
+    got: dict[str, object] = {}
+
+    def run():
+        try:
+            got["blob"] = _piped(produce, path, codec("gzip"), None)
+        except BaseException as exc:  # handed to the test
+            got["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(30)
+    return got.get("blob"), got.get("error"), worker.is_alive()
+
+
+def test_a_piped_layer_is_compressed_whole_and_named_by_what_the_producer_wrote(tmp_path):
+    import gzip
+
+    data = bytes(range(256)) * (12 << 12)  # 12 MiB: more than the hand-over queue holds at once
+
+    def produce(out):
+        for at in range(0, len(data), 70_000):  # writes that are not whole pieces
+            out.write(data[at : at + 70_000])
+
+    blob, error, stuck = _piped_in_thread(produce, tmp_path / "layer.gz")
+    assert not stuck and error is None
+    assert gzip.decompress((tmp_path / "layer.gz").read_bytes()) == data
+    assert blob.diff_id == "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_a_producer_that_fails_fails_the_layer_after_the_compressor_ends(tmp_path):
+    def produce(out):
+        out.write(b"x" * (3 << 20))
+        raise OutOfOrder("b")
+
+    blob, error, stuck = _piped_in_thread(produce, tmp_path / "layer.gz")
+    assert not stuck and blob is None and isinstance(error, OutOfOrder)
+
+
+def test_a_compressor_that_stops_reading_does_not_leave_the_producer_waiting(tmp_path):
+    """The blob cannot be written (its directory is missing): the producer, blocked on a full queue, gets a broken
+    pipe and ends, and the compressor's own error is what the caller sees."""
+    seen: list[BaseException] = []
+
+    def produce(out):
+        try:
+            for _ in range(64):
+                out.write(b"y" * (1 << 20))
+        except BaseException as exc:
+            seen.append(exc)
+            raise
+
+    blob, error, stuck = _piped_in_thread(produce, tmp_path / "missing" / "layer.gz")
+    assert not stuck, "the producer waits for a reader that has gone"
+    assert isinstance(error, FileNotFoundError) and blob is None
+    assert seen and isinstance(seen[0], BrokenPipeError)

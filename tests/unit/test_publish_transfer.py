@@ -90,3 +90,24 @@ def test_a_republish_reads_only_the_layers_the_registry_lacks(tmp_path):
     assert exported["layers_already_in_registry"] == 1
     uploads = [e["size"] for e in res.push_log if e["event"] == "blob-upload"]
     assert len(uploads) == 2  # the changed layer and the config
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_blocks_cut_any_chunking_into_whole_blocks(seed):
+    """Chunks of any sizes (empty ones, ones longer than a block) give the same blocks, and the same blob, as the
+    whole input read from a file."""
+    rng = random.Random(seed)
+    data = rng.randbytes(rng.choice([0, BLOCK, 3 * BLOCK, 3 * BLOCK + rng.randrange(1, BLOCK)]))
+    chunks, at = [], 0
+    while at < len(data):
+        n = rng.choice([0, 1, 511, 4096, BLOCK - 1, BLOCK, 2 * BLOCK + 7])
+        chunks.append(data[at : at + n])
+        at += n
+    pieces = list(pgzip.blocks(iter(chunks), BLOCK))
+    assert b"".join(pieces) == data
+    assert all(len(p) == BLOCK for p in pieces[:-1]) and len(pieces[-1]) < BLOCK
+    assert len(pieces) == len(data) // BLOCK + 1  # the last is empty when the input is a whole number of blocks
+    out = io.BytesIO()
+    with ThreadPoolExecutor(2) as pool:
+        diff = pgzip.compress_chunks(iter(chunks), out.write, level=2, block=BLOCK, pool=pool)
+    assert (out.getvalue(), diff) == _gz(data, workers=2, level=2)

@@ -70,6 +70,8 @@ class Layer:
     digest: str
     path: Path
     compression: str | None  # None, gzip or zstd
+    #: the blob's size as its manifest gives it (what a caller orders work by; the bytes are checked elsewhere)
+    size: int = 0
 
     def chunks(self) -> Iterator[bytes]:
         if not os.access(self.path, os.R_OK):
@@ -237,7 +239,16 @@ class ContentStore(Blobs):
                 raise Unusable(f"image {image_id}: a layer of media type {media!r}")
             _hex(diff_id)
             digest = str(desc.get("digest"))
-            layers.append(Layer(diff_id, digest, self.path(digest), _LAYERS[desc["mediaType"]]))
+            size = desc.get("size")
+            layers.append(
+                Layer(
+                    diff_id,
+                    digest,
+                    self.path(digest),
+                    _LAYERS[desc["mediaType"]],
+                    size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0,
+                )
+            )
         return Image(config_bytes, config_digest, layers)
 
 

@@ -42,6 +42,7 @@ T = TypeVar("T")
 
 _CHUNK = 1 << 20
 _HEX = frozenset("0123456789abcdef")
+_DECODE = json.JSONDecoder().decode
 
 
 class Unusable(Exception):
@@ -79,14 +80,17 @@ class Layer:
     chain_id: str
     tar_split: Path
     files: Path
+    #: the bytes of its files as the store records them (``size`` beside ``diff``; 0 when unrecorded): what a caller
+    #: orders work by, never trusted for content
+    size: int = 0
 
     def chunks(self) -> Iterator[bytes]:
         """The layer tar, in pieces (segments as stored, file payloads in ≤ 1 MiB reads)."""
         try:
-            with gzip.open(self.tar_split, "rb") as lines:
+            with gzip.open(self.tar_split, "rt", encoding="utf-8") as lines:
                 for line in lines:
                     if line.strip():
-                        yield from self._entry(json.loads(line))
+                        yield from self._entry(_DECODE(line))
         except (OSError, EOFError, ValueError) as exc:
             raise Unusable(f"tar-split of layer {self.diff_id} is unreadable: {exc}") from None
 
@@ -112,21 +116,23 @@ class Layer:
         parts = [p for p in name.split(b"/") if p not in (b"", b".")]
         if not parts or b".." in parts:
             raise Unusable(f"layer {self.diff_id}: file name {name!r} leaves the layer")
-        path = os.path.join(os.fsencode(self.files), *parts)
+        path = b"/".join([os.fsencode(self.files), *parts])
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise Unusable(f"layer {self.diff_id}: {os.fsdecode(name)}: {exc.strerror or exc}") from None
-        with os.fdopen(fd, "rb", buffering=0) as fh:
+        try:
             if os.fstat(fd).st_size != size:
                 raise Unusable(f"layer {self.diff_id}: {os.fsdecode(name)} is not {size} bytes as the tar-split says")
             left = size
             while left:
-                data = fh.read(min(left, _CHUNK))
+                data = os.read(fd, min(left, _CHUNK))
                 if not data:
                     raise Unusable(f"layer {self.diff_id}: {os.fsdecode(name)} ended early")
                 left -= len(data)
                 yield data
+        finally:
+            os.close(fd)
 
 
 @dataclass
@@ -161,7 +167,11 @@ class LayerStore:
         for needed in (files, tar_split):
             if not os.access(needed, os.R_OK):
                 raise Unusable(f"{needed} is missing or unreadable")
-        return Layer(diff_id=diff_id, chain_id=chain_id, tar_split=tar_split, files=files)
+        try:
+            recorded_size = int(_read(entry / "size", 32).decode("ascii", errors="replace").strip() or 0)
+        except (Unusable, ValueError):
+            recorded_size = 0
+        return Layer(diff_id=diff_id, chain_id=chain_id, tar_split=tar_split, files=files, size=max(recorded_size, 0))
 
     def tree(self, image_id: str) -> ImageTree:
         """The files of ``image_id`` (config checked against the id, every layer against its diff id)."""

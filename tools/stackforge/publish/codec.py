@@ -18,7 +18,8 @@ gzip 2 with a blob a fifth smaller, and higher levels cost more time than they s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, cast
@@ -67,9 +68,15 @@ class Codec:
         head: bytes = b"",
     ) -> str:
         """Compress ``head`` + ``src`` into ``write``; returns the input's sha256 digest (the layer's diff id)."""
+        return self.compress_chunks(itertools.chain((head,), pgzip.reads(src)), write, pool=pool)
+
+    def compress_chunks(
+        self, chunks: Iterable[bytes], write: Callable[[bytes], object], *, pool: ThreadPoolExecutor | None = None
+    ) -> str:
+        """Compress the concatenated ``chunks`` into ``write``; returns their sha256 digest (the layer's diff id)."""
         if self.name == "gzip":
-            return pgzip.compress(src, write, level=self.level, pool=pool, head=head)
-        return _zstd(src, write, self.level, head)
+            return pgzip.compress_chunks(chunks, write, level=self.level, pool=pool)
+        return _zstd(chunks, write, self.level)
 
 
 class _Sink:
@@ -86,7 +93,7 @@ class _Sink:
         pass
 
 
-def _zstd(src: IO[bytes], write: Callable[[bytes], object], level: int, head: bytes) -> str:
+def _zstd(chunks: Iterable[bytes], write: Callable[[bytes], object], level: int) -> str:
     zstandard = extras.need("zstandard", "zstd", "zstd layers (--compression zstd)")  # the only user
 
     diff = hashlib.sha256()
@@ -94,11 +101,9 @@ def _zstd(src: IO[bytes], write: Callable[[bytes], object], level: int, head: by
         level=level, threads=pgzip.workers(), write_checksum=True, write_content_size=False
     )
     with compressor.stream_writer(cast(IO[bytes], _Sink(write)), closefd=False) as out:
-        diff.update(head)
-        out.write(head)
-        while chunk := src.read(_CHUNK):
-            diff.update(chunk)
-            out.write(chunk)
+        for piece in pgzip.blocks(chunks, _CHUNK):  # whole pieces: fewer calls into libzstd
+            diff.update(piece)
+            out.write(piece)
     return "sha256:" + diff.hexdigest()
 
 

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import posixpath
+import queue
 import re
 import tarfile
 import threading
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol, cast
 
-from stackforge import extras
+from stackforge import extras, signals
 from stackforge.builder.plan.plan import BASE_LAYERS_LABEL, EPOCH_LABEL
 from stackforge.clients import contentstore, layerstore
 from stackforge.clients.engine import Engine, NoSuchImage, platform_of
@@ -199,29 +200,78 @@ def normalize_layer(
 
 
 def _piped(produce: Callable[[IO[bytes]], None], path: Path, packer: Codec, pool: ThreadPoolExecutor | None) -> Blob:
-    """Compress to ``path`` what ``produce`` writes, through a pipe (``produce`` runs in a thread); ``produce``'s
-    exception is raised here, after the compressor has seen the end of what it wrote."""
-    read_end, write_end = os.pipe()
+    """Compress to ``path`` what ``produce`` writes (``produce`` runs in a thread, its writes handed over in 1 MiB
+    pieces); ``produce``'s exception is raised here, after the compressor has seen the end of what it wrote."""
+    handoff = _Handoff()
     failed: list[BaseException] = []
 
     def run() -> None:
         try:
-            with open(write_end, "wb", buffering=_CHUNK) as out:
+            with io.BufferedWriter(handoff, _CHUNK) as out:
                 produce(cast(IO[bytes], out))
         except BaseException as exc:  # handed to the caller below
             failed.append(exc)
+        finally:
+            handoff.end()
 
     producer = threading.Thread(target=run, name="normalize", daemon=True)
     producer.start()
     try:
-        with open(read_end, "rb", buffering=_CHUNK) as src, open(path, "wb") as out:
+        with open(path, "wb") as out:
             writer = _HashingWriter(out)
-            diff_id = packer.compress(src, writer.write, pool=pool)
+            diff_id = packer.compress_chunks(handoff.pieces(), writer.write, pool=pool)
     finally:
+        handoff.stop()
         producer.join()
     if failed:
         raise failed[0]
     return Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=diff_id)
+
+
+class _Handoff(io.RawIOBase):
+    """Byte pieces from a writing thread to a reading one through a bounded queue: :meth:`write` (the producer)
+    blocks while ``DEPTH`` pieces wait, :meth:`pieces` (the consumer) yields them until :meth:`end`. Once the
+    consumer calls :meth:`stop`, a write raises ``BrokenPipeError`` (as a pipe's write end would), so a producer
+    never waits for a reader that has gone."""
+
+    DEPTH = 8
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[bytes | None] = queue.Queue(self.DEPTH)
+        self._stopped = threading.Event()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        data = bytes(b)
+        if data:
+            self._put(data)
+        return len(data)
+
+    def end(self) -> None:
+        """No more pieces (the producer is done, or failed)."""
+        try:
+            self._put(None)
+        except BrokenPipeError:
+            pass
+
+    def stop(self) -> None:
+        """The consumer has stopped reading: writes from now on fail."""
+        self._stopped.set()
+
+    def _put(self, item: bytes | None) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(item, timeout=signals.POLL)
+                return
+            except queue.Full:
+                continue
+        raise BrokenPipeError("the compressor stopped reading")
+
+    def pieces(self) -> Iterator[bytes]:
+        while (item := self._queue.get()) is not None:
+            yield item
 
 
 class ImageSource(Protocol):
@@ -934,17 +984,22 @@ class DockerImage:
             read=sum(not isinstance(w, tuple) for w in wanted),
             normalize_epoch=norm.epoch if norm else None,
         )
-        layers: list[Blob] = []
+        blobs: dict[int, Blob] = {}
+        for i, (diff_id, want) in enumerate(zip(diff_ids, wanted)):
+            if isinstance(want, tuple):
+                source = diff_id if want[2] != diff_id else None
+                blobs[i] = Blob(
+                    want[0], want[1], packer.media_type, diff_id=want[2], remote=True, source_diff_id=source
+                )
+        # The largest layers first: their uploads then overlap the compression of the smaller ones, and what is left
+        # to upload after the last layer is compressed is small.
+        order = sorted((i for i in range(len(wanted)) if i not in blobs), key=lambda i: -_size_of(wanted[i]))
         workdir.mkdir(parents=True, exist_ok=True)
         pool = packer.pool()
         try:
-            for i, (diff_id, want) in enumerate(zip(diff_ids, wanted)):
-                if isinstance(want, tuple):
-                    source = diff_id if want[2] != diff_id else None
-                    layers.append(
-                        Blob(want[0], want[1], packer.media_type, diff_id=want[2], remote=True, source_diff_id=source)
-                    )
-                    continue
+            for i in order:
+                diff_id, want = diff_ids[i], wanted[i]
+                assert not isinstance(want, tuple)
                 t = time.monotonic()
                 blob = _rebuild(want, workdir / f"layer-{i}", packer, norm and norm.of(i), pool)
                 log(
@@ -960,10 +1015,11 @@ class DockerImage:
                     cache.record(diff_id, blob.digest, blob.size, blob_diff_id=blob.diff_id)
                 if sink is not None:
                     sink(blob)
-                layers.append(blob)
+                blobs[i] = blob
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
+        layers = [blobs[i] for i in range(len(wanted))]
         if norm is None:
             config = Blob(sha256_digest(config_bytes), len(config_bytes), OCI_CONFIG, data=config_bytes)
             return PreparedImage(image_id=config.digest, config=config, layers=layers)
@@ -982,12 +1038,20 @@ def _cached(cache: LayerCache | None, diff_id: str, norm: Normalizing | None) ->
 
 
 class LayerSource(Protocol):
-    """A layer a store gives: its diff id and its tar in pieces (``layerstore.Layer``, ``contentstore.Layer``)."""
+    """A layer a store gives: its diff id, its tar in pieces and roughly how big it is (``layerstore.Layer``,
+    ``contentstore.Layer``)."""
 
     @property
     def diff_id(self) -> str: ...
 
+    @property
+    def size(self) -> int: ...
+
     def chunks(self) -> Iterator[bytes]: ...
+
+
+def _size_of(want: tuple[str, int, str] | LayerSource) -> int:
+    return 0 if isinstance(want, tuple) else want.size
 
 
 def _rebuild(
@@ -996,9 +1060,9 @@ def _rebuild(
     """Rebuild ``layer``'s tar from the store and compress it to ``path`` (normalized first with ``norm``);
     :class:`layerstore.Unusable` unless the rebuilt tar hashes to the layer's diff id."""
     if norm is None:
-        with io.BufferedReader(ChunkReader(layer.chunks()), _CHUNK) as src, open(path, "wb") as out:
+        with open(path, "wb") as out:
             writer = _HashingWriter(out)
-            got = packer.compress(src, writer.write, pool=pool)
+            got = packer.compress_chunks(layer.chunks(), writer.write, pool=pool)
         blob = Blob("sha256:" + writer.hash.hexdigest(), writer.size, packer.media_type, path, diff_id=got)
     else:
         readers: list[_HashingReader] = []

@@ -16,11 +16,12 @@ hosts of different architectures are not promised the same bytes from it; where 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import struct
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO
 
@@ -50,20 +51,29 @@ def _deflate(block: bytes, dictionary: bytes, level: int, last: bool) -> bytes:
     return c.compress(block) + c.flush(lib.Z_FINISH if last else lib.Z_SYNC_FLUSH)
 
 
-def _blocks(head: bytes, src: IO[bytes], block: int) -> Iterator[bytes]:
-    """Yield ``block``-sized pieces of ``head`` + ``src`` (the last may be shorter, never empty unless all is)."""
-    buf = bytearray(head)
-    while True:
-        while len(buf) < block:
-            more = src.read(block - len(buf))
-            if not more:
-                break
-            buf += more
-        if len(buf) < block:
-            yield bytes(buf)
-            return
-        yield bytes(buf[:block])
-        del buf[:block]
+def blocks(chunks: Iterable[bytes], block: int) -> Iterator[bytes]:
+    """Yield ``block``-sized pieces of the concatenated ``chunks`` (the last may be shorter, and is empty when the
+    input is empty or a multiple of ``block``); each piece is one join of the chunks it spans, a chunk split where
+    a piece ends."""
+    parts: list[memoryview] = []
+    have = 0
+    for chunk in chunks:
+        view = memoryview(chunk)
+        while have + len(view) >= block:
+            take = block - have
+            parts.append(view[:take])
+            yield b"".join(parts)
+            view = view[take:]
+            parts, have = [], 0
+        if view:
+            parts.append(view)
+            have += len(view)
+    yield b"".join(parts)
+
+
+def reads(src: IO[bytes], block: int = BLOCK) -> Iterator[bytes]:
+    """``src`` read to its end, ``block`` bytes at a time."""
+    return iter(lambda: src.read(block), b"")
 
 
 def compress(
@@ -75,21 +85,34 @@ def compress(
     head: bytes = b"",
     block: int = BLOCK,
 ) -> str:
-    """Gzip ``head`` + ``src`` into ``write``; returns the input's sha256 digest (``sha256:…``).
+    """Gzip ``head`` + ``src`` into ``write``; returns the input's sha256 digest (``sha256:…``). See
+    :func:`compress_chunks`."""
+    return compress_chunks(itertools.chain((head,), reads(src, block)), write, level=level, pool=pool, block=block)
 
-    ``pool`` runs the blocks (None: compress in this thread); at most two per core are in flight.
+
+def compress_chunks(
+    chunks: Iterable[bytes],
+    write: Callable[[bytes], object],
+    *,
+    level: int,
+    pool: ThreadPoolExecutor | None = None,
+    block: int = BLOCK,
+) -> str:
+    """Gzip the concatenated ``chunks`` into ``write``; returns the input's sha256 digest (``sha256:…``).
+
+    ``pool`` runs the blocks (None: compress in this thread); at most four per core are in flight.
     """
     diff = hashlib.sha256()
     crc, total = 0, 0
-    depth = 2 * workers() if pool is not None else 1
+    depth = 4 * workers() if pool is not None else 1
     pending: deque[Future[bytes] | bytes] = deque()
     write(_HEADER)
     previous = b""
-    pieces = _blocks(head, src, block)
+    pieces = blocks(chunks, block)
     current = next(pieces)
     while True:
         following = next(pieces, None)
-        last = following is None or (not following)
+        last = not following  # None (the end) or the empty piece after a whole last block
         diff.update(current)
         crc = isal_zlib.crc32(current, crc)
         total += len(current)
@@ -101,8 +124,9 @@ def compress(
         while len(pending) > (0 if last else depth):
             done = pending.popleft()
             write(done if isinstance(done, bytes) else done.result())
-        if following is None or last:
+        if last:
             break
+        assert following is not None
         previous, current = current, following
     write(struct.pack("<II", crc & 0xFFFFFFFF, total & 0xFFFFFFFF))
     return "sha256:" + diff.hexdigest()
