@@ -467,7 +467,7 @@ def test_a_rebuild_builds_the_line_of_the_published_images_platform(tmp_path, mo
         client = type(
             "C",
             (),
-            {"get_blob": lambda self, d, size=None, a=arch: json.dumps({"os": "linux", "architecture": a}).encode()},
+            {"config_of": lambda self, m, a=arch: {"os": "linux", "architecture": a}},
         )()
         with pytest.raises(Stop):
             rebuild_mod.rebuild(

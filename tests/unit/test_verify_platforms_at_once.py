@@ -259,8 +259,8 @@ def test_the_lines_rebuild_under_tags_of_their_own_and_an_interrupted_rebuild_pu
     monkeypatch.setattr(rebuild_mod, "build", build)
     engine = Engine()
     for arch in ("amd64", "arm64"):
-        config = json.dumps({"os": "linux", "architecture": arch}).encode()
-        client = type("C", (), {"get_blob": lambda self, d, size=None, c=config: c})()
+        config = {"os": "linux", "architecture": arch}
+        client = type("C", (), {"config_of": lambda self, m, c=config: c})()
         manifest = {"config": {"digest": "sha256:" + "e" * 64, "size": 9}}
         with pytest.raises(signals.Interrupted):
             rebuild_mod.rebuild(rec, checkout, client, "sha256:" + "a" * 64, manifest, engine)  # type: ignore[arg-type]

@@ -59,6 +59,8 @@ DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+jso
 MANIFEST_ACCEPT = ", ".join([OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_MANIFEST_LIST])
 #: the largest blob :meth:`RegistryClient.download_blob` takes, and the slowest rate it waits for one at
 BLOB_LIMIT = 64 << 30
+#: the most an image config blob may take (a build's history of hundreds of steps is well under a MiB)
+CONFIG_LIMIT = 16 << 20
 BLOB_MIN_RATE = 256 << 10  # bytes per second
 
 
@@ -671,6 +673,28 @@ class RegistryClient:
             return data
 
         return self._read(f"GET blob {digest[:19]}", url, call)
+
+    def config_blob(self, manifest: Any, *, max_bytes: int = CONFIG_LIMIT) -> tuple[str, bytes]:
+        """The config blob an image manifest names (``manifest``: the parsed manifest document): its digest and its
+        bytes, read with the descriptor's digest and size checked; :class:`MalformedAnswer` when the document names
+        no config by a sha256 digest and a size within 0..``max_bytes``."""
+        config = manifest.get("config") if isinstance(manifest, dict) else None
+        digest = config.get("digest") if isinstance(config, dict) else None
+        size = config.get("size") if isinstance(config, dict) else None
+        if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
+            raise MalformedAnswer("the manifest names no config blob by a sha256 digest")
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise MalformedAnswer(f"the manifest gives config {digest} no size")
+        return digest, self.get_blob(digest, max_bytes=max_bytes, size=size)
+
+    def config_of(self, manifest: Any, *, max_bytes: int = CONFIG_LIMIT) -> dict[str, Any]:
+        """The image config an image manifest names (see :meth:`config_blob`), parsed: a JSON object, else
+        :class:`MalformedAnswer`."""
+        digest, blob = self.config_blob(manifest, max_bytes=max_bytes)
+        doc = parse_answer(blob, f"config {digest}")
+        if not isinstance(doc, dict):
+            raise MalformedAnswer(f"config {digest} is not a JSON object")
+        return doc
 
     def download_blob(self, digest: str, size: int, dest: Path, advance: Callable[[int], None] | None = None) -> None:
         """The blob ``digest`` streamed to ``dest`` (through ``dest.part``): at most ``size`` bytes (what its descriptor

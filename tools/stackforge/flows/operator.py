@@ -19,7 +19,6 @@ the stack's tag scheme; :func:`newest_published` does it with no checkout, readi
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import sys
@@ -124,10 +123,6 @@ def _pull(engine: Engine, pinned: str) -> None:
                         fix="check the registry is reachable from the engine (a loopback registry is insecure-allowed)")  # fmt: skip
 
 
-#: an image config read from the registry when the engine does not describe the pulled image
-CONFIG_LIMIT = 4 << 20
-
-
 def _described(engine: Engine, pinned: str, manifest: Any, client: RegistryClient, v: Verification) -> dict[str, Any]:
     """What the engine says of the pulled image ``pinned`` (``docker image inspect``). The containerd image store of
     Docker 28 names a pulled image by its manifest, and reports no platform and no config for a manifest whose
@@ -139,19 +134,14 @@ def _described(engine: Engine, pinned: str, manifest: Any, client: RegistryClien
     if attrs.get("Id") != manifest.digest or attrs.get("Os") or attrs.get("Architecture"):
         return attrs
     try:
-        config = manifest.json().get("config") or {}
-        blob = client.get_blob(config["digest"], max_bytes=CONFIG_LIMIT, size=int(config["size"]))
-        doc = json.loads(blob)
-    except (RegistryError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        doc = client.config_of(manifest.json())
+    except (RegistryError, ValueError) as exc:
         v.add(False, f"image   the engine reports no config for {manifest.digest}, and the registry's cannot be read: "
               f"{printable(exc)}")  # fmt: skip
         return attrs
-    if not isinstance(doc, dict):
-        v.add(False, f"image   the config blob {config['digest']} is not a JSON object")
-        return attrs
     v.lines.append(f"note    the engine reports no config for {manifest.digest} (the containerd image store fetched none "
                    f"of its layers, holding their snapshots already): labels and config read from its config blob "
-                   f"{config['digest']}")  # fmt: skip
+                   f"{_config_digest(manifest)}")  # fmt: skip
     rootfs = doc.get("rootfs")
     return {
         **attrs,

@@ -34,7 +34,7 @@ from stackforge.builder.context.embed import stack_file_name
 from stackforge.builder.run.run import BuildOptions, build, target_ref
 from stackforge.clients import layerstore
 from stackforge.clients.engine import Engine
-from stackforge.clients.registry import RegistryClient
+from stackforge.clients.registry import RegistryClient, RegistryError
 from stackforge.errors import UserError, printable
 from stackforge.publish import layerdiff, record
 from stackforge.publish.codec import OCI_LAYER_ZSTD
@@ -92,7 +92,10 @@ def rebuild(
     document ``manifest``, already pulled into ``engine``); the verify lines. The stack's platform line of the
     published image's platform (its config's OS and architecture) is rebuilt: an index's arm64 image as the arm64
     line, for linux/arm64."""
-    config = json.loads(client.get_blob(manifest["config"]["digest"], size=int(manifest["config"]["size"])))
+    try:
+        config = client.config_of(manifest)
+    except RegistryError as exc:
+        return [(False, f"rebuild the published image's config cannot be read: {printable(exc)}")]
     with tempfile.TemporaryDirectory(prefix="stackforge-rebuild-") as tmp:
         work = Path(tmp)
         root = scratch_root(rec, checkout, work / "repo")

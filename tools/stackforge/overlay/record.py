@@ -27,7 +27,7 @@ from stackforge.builder.context.embed import load_embedded
 from stackforge.builder.plan.plan import LABEL_NS
 from stackforge.builder.run.verify import Verification
 from stackforge.clients.engine import image_files
-from stackforge.clients.registry import RegistryClient, RegistryError, parse_answer, sha256_digest, split_ref
+from stackforge.clients.registry import RegistryClient, RegistryError, split_ref
 from stackforge.errors import UserError, printable
 from stackforge.overlay import range as ranges
 from stackforge.overlay.build import NS, files_digest, fingerprint, layers_extend
@@ -132,14 +132,11 @@ def _definition(text: bytes, name: str) -> LoadedOverlay:
 
 
 def _diff_ids(client: RegistryClient, manifest: dict[str, Any]) -> list[str] | None:
-    config = manifest.get("config") or {}
-    if not isinstance(config.get("digest"), str):
+    config = manifest.get("config") if isinstance(manifest, dict) else None
+    if not isinstance(config, dict) or not isinstance(config.get("digest"), str):
         return None
-    blob = client.get_blob(config["digest"], max_bytes=8 << 20)
-    if sha256_digest(blob) != config["digest"]:
-        raise RegistryError(f"config {config['digest']}: the registry served other bytes")
-    doc = parse_answer(blob, f"config {config['digest']}")
-    rootfs = doc.get("rootfs") if isinstance(doc, dict) else None
+    doc = client.config_of(manifest)
+    rootfs = doc.get("rootfs")
     diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
     return [str(d) for d in diff_ids] if isinstance(diff_ids, list) else []
 

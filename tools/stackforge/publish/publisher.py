@@ -212,8 +212,6 @@ def _now() -> str:
 
 #: the image config key where BuildKit writes an inline cache export's records (``--cache-to type=inline``)
 BUILD_CACHE_KEY = "moby.buildkit.cache.v0"
-#: the most bytes of an image config read back to compare it
-CONFIG_LIMIT = 16 << 20
 
 
 def _without_build_cache(config: bytes) -> Any:
@@ -386,18 +384,18 @@ class Publisher:
             doc = m.json()
         except ValueError:
             return False
-        layers, config = doc.get("layers"), doc.get("config")
-        if not isinstance(layers, list) or not isinstance(config, dict) or not isinstance(config.get("digest"), str):
+        layers = doc.get("layers")
+        if not isinstance(layers, list):
             return False
         if [x.get("digest") if isinstance(x, dict) else None for x in layers] != [b.digest for b in img.layers]:
             return False
         try:
-            theirs = self.client.get_blob(config["digest"], max_bytes=CONFIG_LIMIT, size=config.get("size"))
+            config, theirs = self.client.config_blob(doc)
         except RegistryError:
             return False
         same = _without_build_cache(theirs) == _without_build_cache(img.config.data)
         if same:
-            self.log("same-content", tag_config=config["digest"], image_id=img.image_id)
+            self.log("same-content", tag_config=config, image_id=img.image_id)
         return same
 
     def _find_published(
