@@ -4,6 +4,7 @@ an image (no engine needed)."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -388,3 +389,18 @@ def test_an_export_asks_nothing_until_read_and_a_refusing_engine_is_a_build_fail
         next(chunks)
     assert exc.value.message.startswith(f"exporting sha256:{'f' * 64} from the engine failed: ")
     assert exc.value.exit_code == 1 and "docker info" in (exc.value.fix or "")
+
+
+def test_buildx_is_asked_its_version_once_per_engine(monkeypatch):
+    """``check`` and every bake read the plugin's version: one ``docker buildx version`` for all of them."""
+    asked: list[tuple[str, ...]] = []
+
+    def cli(self, *args, timeout=60, check=False):
+        asked.append(args)
+        return subprocess.CompletedProcess(args, 0, "github.com/docker/buildx v0.29.1 abc\n", "")
+
+    monkeypatch.setattr(Engine, "cli", cli)
+    engine = Engine()
+    assert [engine.buildx_version() for _ in range(3)] == ["0.29.1"] * 3
+    assert asked == [("buildx", "version")]
+    assert Engine().buildx_version() == "0.29.1" and len(asked) == 2  # another engine object asks again

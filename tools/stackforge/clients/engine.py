@@ -327,6 +327,7 @@ class Engine:
         self.env = dict(os.environ if env is None else env)
         self._inspect: dict[str, str | None] | None = None
         self._server: str | None = None
+        self._buildx_version: str | None = None  # the plugin's, asked once per engine object
         self._config_checked = False
         self._bound = builder is None
         #: held while the builder's context is chosen: threads sharing this engine (the platforms of one verify) wait
@@ -436,9 +437,7 @@ class Engine:
         if info.returncode != 0 or not info.stdout.strip():
             raise daemon_error(info.stderr)
         self._server = info.stdout.strip()
-        bx = self.cli("buildx", "version", timeout=20)
-        if bx.returncode != 0:
-            raise UserError("the docker buildx plugin is missing ('docker buildx version' fails)", fix=SETUP_FIX)
+        buildx = self.buildx_version()
         insp = self._inspect_builder()
         bk = insp.get("buildkit")
         if not bk:
@@ -454,7 +453,7 @@ class Engine:
             )
         return EngineInfo(
             server_version=info.stdout.strip(),
-            buildx_version=parse_buildx_version(bx.stdout),
+            buildx_version=buildx,
             builder=insp.get("name"),
             driver=insp.get("driver"),
             buildkit_version=bk,
@@ -475,10 +474,13 @@ class Engine:
         return self._inspect
 
     def buildx_version(self) -> str:
-        proc = self.cli("buildx", "version", timeout=20)
-        if proc.returncode != 0:
-            raise UserError("the docker buildx plugin is missing ('docker buildx version' fails)", fix=SETUP_FIX)
-        return parse_buildx_version(proc.stdout)
+        """The buildx plugin's version (``docker buildx version``, asked once: :meth:`check` and every bake use it)."""
+        if self._buildx_version is None:
+            proc = self.cli("buildx", "version", timeout=20)
+            if proc.returncode != 0:
+                raise UserError("the docker buildx plugin is missing ('docker buildx version' fails)", fix=SETUP_FIX)
+            self._buildx_version = parse_buildx_version(proc.stdout)
+        return self._buildx_version
 
     def buildkit_version(self) -> str:
         """BuildKit version of the current (or chosen) builder as it reports it, e.g. ``v0.8+unknown``; with the
