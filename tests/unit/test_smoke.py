@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -62,6 +63,9 @@ class ProcessContainer:
                 env=env,
             )
         self.removed = False
+        #: directories a command made in the "container's" /tmp (the dump rows' MATE_DUMP_DIR): a container's
+        #: removal takes its filesystem along, so :meth:`remove` deletes them from the host
+        self.made: set[str] = set()
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -83,6 +87,7 @@ class ProcessContainer:
             (image / "bin" / "python").symlink_to(sys.executable)
         env = {**os.environ, **self.spec.env, "PYTHONPATH": str(image / "site")}
         env["PATH"] = f"{image / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        self.made |= {a.partition("=")[2] for a in argv if a.startswith("MATE_DUMP_DIR=/tmp/stackforge-dumps-")}
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env)
         return proc.returncode, proc.stdout if proc.returncode == 0 else proc.stderr
 
@@ -93,6 +98,8 @@ class ProcessContainer:
         if self.running():
             self.proc.terminate()
         self.proc.wait(timeout=10)
+        for made in self.made:
+            shutil.rmtree(made, ignore_errors=True)
         self.removed = True
 
 
